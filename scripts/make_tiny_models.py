@@ -1,0 +1,117 @@
+"""Make the bundled random-weight test models under ``data/models/``.
+
+Deterministic: the tokenizer is a byte-level BPE trained with the ``tokenizers``
+package on a fixed list of CPython standard-library files, and the weights come
+from ``mx.random.seed(SEED)``. The output is mlx-lm's on-disk format
+(``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``tokenizer_config.json``), so ``mlx_lm.load(folder)`` loads it exactly like a
+downloaded model.
+
+Usage::
+
+    python scripts/make_tiny_models.py            # writes data/models/tiny-llama
+    python scripts/make_tiny_models.py --out DIR  # somewhere else
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sysconfig
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+SEED = 0
+VOCAB_SIZE = 1024
+EOS = "<|endoftext|>"
+# Fixed, long-lived stdlib modules: the tokenizer corpus.
+CORPUS_FILES = [
+    "textwrap.py", "string.py", "heapq.py", "bisect.py", "fractions.py",
+    "functools.py", "dataclasses.py", "argparse.py", "json/decoder.py",
+    "json/encoder.py", "collections/__init__.py", "statistics.py",
+]
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "intermediate_size": 344,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 2048,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+}
+
+
+def corpus_texts() -> list[str]:
+    """The tokenizer's training texts: the fixed stdlib files, read in order."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return [(stdlib / name).read_text(encoding="utf-8") for name in CORPUS_FILES]
+
+
+def train_tokenizer() -> Tokenizer:
+    """A byte-level BPE of ``VOCAB_SIZE`` tokens with ``EOS`` as id 0."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_texts(), trainer=trainer)
+    return tok
+
+
+def write_model(out: Path, config: dict, tok: Tokenizer) -> None:
+    """Write random weights for ``config`` plus the tokenizer into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(SEED)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tok.save(str(out / "tokenizer.json"))
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS,
+        "bos_token": None,
+        "unk_token": None,
+        "model_max_length": config["max_position_embeddings"],
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    n_params = sum(v.size for v in weights.values())
+    (out / "README.md").write_text(
+        f"# {out.name}\n\nRandom weights (seed {SEED}) of mlx-lm's `{config['model_type']}` "
+        f"architecture, {n_params:,} parameters, float32; a byte-level BPE tokenizer of "
+        f"{VOCAB_SIZE} tokens trained on {len(CORPUS_FILES)} CPython {platform.python_version()} "
+        "standard-library files. Made by `python scripts/make_tiny_models.py`; for tests of "
+        "the engine's mechanics, not for legible text.\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = Path(__file__).resolve().parent.parent
+    parser.add_argument("--out", type=Path, default=here / "data" / "models")
+    args = parser.parse_args()
+    tok = train_tokenizer()
+    write_model(args.out / "tiny-llama", TINY_LLAMA, tok)
+    print(f"wrote {args.out / 'tiny-llama'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Events: the typed log of everything the scheduler did.
+
+Knows: the event kinds and their fields. Must not know: MLX, caches, metrics.
+Every metric (TTFT, TPOT, E2E, queue time, throughput) is computed from this log by
+:mod:`workbench.metrics`, so no counter can drift from what happened.
+
+Kinds (``Event.kind``):
+
+============  ==============================================================
+``submit``    request accepted into the queue; ``n_tokens`` = prompt tokens
+``admit``     request joined the running batch at ``row`` (after its prefill)
+``prefill``   one prefill chunk for the joining group; ``n_tokens`` = chunk
+              tokens per row (the group's padded width), ``uid`` = -1
+``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
+``finish``    the row is done; ``finish_reason`` is ``stop`` or ``length``
+``evict``     the finished row left the batch at ``filter`` (was ``row``)
+============  ==============================================================
+
+``step`` is the scheduler's decode-step index at the time of the event (the number of
+decode steps completed before it); ``time_s`` is the injected clock in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import pandas as pd
+
+EVENT_KINDS = ("submit", "admit", "prefill", "token", "finish", "evict")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One record of the event log (see the module docstring for the kinds)."""
+
+    kind: str
+    uid: int
+    step: int
+    time_s: float
+    row: int = -1
+    token: int = -1
+    logprob: float = float("nan")
+    n_tokens: int = 0
+    finish_reason: str = ""
+
+    def __post_init__(self):
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"Event.kind must be one of {EVENT_KINDS}, got {self.kind!r}")
+
+
+EVENT_COLUMNS = [f.name for f in fields(Event)]
+
+
+def events_frame(events: list[Event]) -> pd.DataFrame:
+    """The events as a DataFrame with one row per event and columns ``EVENT_COLUMNS``."""
+    return pd.DataFrame([asdict(e) for e in events], columns=EVENT_COLUMNS)

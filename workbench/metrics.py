@@ -1,0 +1,86 @@
+"""Metrics from events only: per-request latencies and aggregate throughput.
+
+Knows: the event log as a DataFrame (:func:`workbench.events.events_frame`). Must not
+know: the scheduler, MLX, caches. Pure functions, tested on synthetic events.
+
+Definitions (seconds; all differences of the injected clock):
+
+- ``queue_s``  = admit time − submit time
+- ``ttft_s``   = first token time − submit time (time to first token, queue included)
+- ``tpot_s``   = (last token time − first token time) / (generated tokens − 1), NaN for
+  one token (time per output token after the first; the mean inter-token latency, ITL)
+- ``e2e_s``    = finish time − submit time
+- ``throughput_tok_per_s`` = generated tokens / (last token time − first submit time)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+REQUEST_COLUMNS = [
+    "uid", "prompt_tokens", "generated_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s",
+    "finish_reason", "text",
+]
+
+
+def _first_time(ev: pd.DataFrame, kind: str) -> pd.Series:
+    return ev[ev.kind == kind].groupby("uid").time_s.min()
+
+
+def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str] | None = None) -> pd.DataFrame:
+    """One row per submitted request with ``REQUEST_COLUMNS``.
+
+    Args:
+        events: the event log frame (``events_frame``).
+        decode: ``decode(tokens, uid) -> text`` for the ``text`` column (the caller strips
+            a final stop token); ``None`` leaves ``text`` empty.
+
+    Returns:
+        DataFrame indexed 0..N-1 in submit order; times in seconds, NaN where the event
+        has not happened yet (e.g. a queued request has no ``ttft_s``).
+    """
+    sub = events[events.kind == "submit"].set_index("uid")
+    tok = events[events.kind == "token"]
+    fin = events[events.kind == "finish"].set_index("uid")
+    first_tok = tok.groupby("uid").time_s.min()
+    last_tok = tok.groupby("uid").time_s.max()
+    n_tok = tok.groupby("uid").size()
+    admit = _first_time(events, "admit")
+    rows = []
+    for uid, s in sub.iterrows():
+        n = int(n_tok.get(uid, 0))
+        tpot = (last_tok[uid] - first_tok[uid]) / (n - 1) if n > 1 else math.nan
+        tokens = tok[tok.uid == uid].token.astype(int).tolist()
+        rows.append({
+            "uid": int(uid),
+            "prompt_tokens": int(s.n_tokens),
+            "generated_tokens": n,
+            "queue_s": admit.get(uid, math.nan) - s.time_s,
+            "ttft_s": first_tok.get(uid, math.nan) - s.time_s,
+            "tpot_s": tpot,
+            "e2e_s": (fin.time_s[uid] - s.time_s) if uid in fin.index else math.nan,
+            "finish_reason": fin.finish_reason[uid] if uid in fin.index else "",
+            "text": decode(tokens, int(uid)) if decode else "",
+        })
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+
+
+def throughput_tok_per_s(events: pd.DataFrame) -> float:
+    """Generated tokens per second from the first submit to the last token; NaN if none."""
+    tok = events[events.kind == "token"]
+    sub = events[events.kind == "submit"]
+    if tok.empty or sub.empty:
+        return math.nan
+    span_s = tok.time_s.max() - sub.time_s.min()
+    return len(tok) / span_s if span_s > 0 else math.nan
+
+
+def percentiles(values: pd.Series, qs=(50, 95)) -> dict[str, float]:
+    """``{"p50": ..., "p95": ...}`` of the finite values (NaN when there are none)."""
+    v = values.to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    return {f"p{q}": (float(np.percentile(v, q)) if v.size else math.nan) for q in qs}

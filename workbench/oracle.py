@@ -1,0 +1,174 @@
+"""Oracles: the same requests through mlx-lm itself, and the comparison with our rows.
+
+Knows: mlx-lm's ``generate_step`` (solo oracle: one request alone, with the model's own
+cache from ``make_prompt_cache``) and ``BatchGenerator`` (batch oracle: mlx-lm's own
+continuous batching). Must not know: the scheduler's internals; it compares traces.
+
+A *trace* is one request's generated tokens, the log-probability of each chosen token
+and, for references, the top-2 logprob margin at each step (how close the argmax was to
+a tie). Greedy traces only: sampled rows have no oracle here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
+
+DEFAULT_ATOL = 1e-4
+
+
+@dataclass
+class Trace:
+    """Tokens ``[T]``, chosen-token logprobs ``[T]`` and reference margins ``[T]``
+    (top-1 minus top-2 logprob; empty for our own rows)."""
+
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)
+
+    def add(self, token: int, logprobs_v: mx.array) -> None:
+        """Append one step from a ``[V]`` logprob vector."""
+        top2 = mx.topk(logprobs_v, 2)
+        mx.eval(top2, logprobs_v)
+        a, b = sorted(top2.tolist(), reverse=True)
+        self.tokens.append(int(token))
+        self.logprobs.append(float(logprobs_v[token].item()))
+        self.margins.append(a - b)
+
+
+@dataclass(frozen=True)
+class RefRequest:
+    """What an oracle needs of a request: prompt ids, ``max_tokens`` and stop ids."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    stop_ids: frozenset[int]
+
+
+def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048) -> Trace:
+    """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, model's own cache).
+
+    Stops after a stop id (included, as mlx-lm yields it) or ``max_tokens`` tokens.
+    """
+    trace = Trace()
+    prompt = mx.array(list(req.prompt_ids), dtype=mx.uint32)
+    for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
+                                           prefill_step_size=prefill_step_size):
+        trace.add(int(token), logprobs_v)
+        if int(token) in req.stop_ids:
+            break
+    return trace
+
+
+def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
+                    prefill_step_size: int = 2048) -> list[Trace]:
+    """Run ``reqs`` together through mlx-lm's ``BatchGenerator`` (greedy), all inserted
+    at once, ``max_batch`` rows decoding and prefilling at a time. Returns traces in
+    request order."""
+    gen = BatchGenerator(model, completion_batch_size=max_batch, prefill_batch_size=max_batch,
+                         prefill_step_size=prefill_step_size)
+    try:
+        uids = gen.insert(
+            [list(r.prompt_ids) for r in reqs],
+            max_tokens=[r.max_tokens for r in reqs],
+            stop_sequences=[StopSequences([[s] for s in sorted(r.stop_ids)]) for r in reqs],
+        )
+        traces = {uid: Trace() for uid in uids}
+        active = set(uids)
+        while active:
+            for resp in gen.next_generated():
+                traces[resp.uid].add(resp.token, resp.logprobs)
+                if resp.finish_reason is not None:
+                    active.discard(resp.uid)
+    finally:
+        gen.close()
+    return [traces[u] for u in uids]
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """Comparison of one row with its reference.
+
+    ``match`` is True when tokens are equal and every logprob is within ``atol``, or when
+    the first token divergence happens where the reference's top-2 margin is below
+    ``atol`` (an accepted near-tie, ``tie_accepted``).
+    """
+
+    uid: int
+    match: bool
+    n_tokens: int
+    max_logprob_diff: float
+    first_divergence_step: int | None = None
+    ours: int | None = None
+    theirs: int | None = None
+    logprob_gap: float | None = None
+    ref_margin: float | None = None
+    tie_accepted: bool = False
+
+    def describe(self) -> str:
+        """One line for humans."""
+        if self.first_divergence_step is None:
+            return f"uid {self.uid}: {'match' if self.match else 'MISMATCH'} ({self.n_tokens} tokens, max |dlogprob| {self.max_logprob_diff:.2e})"
+        return (f"uid {self.uid}: {'near-tie accepted' if self.tie_accepted else 'MISMATCH'} at step "
+                f"{self.first_divergence_step}: ours {self.ours} vs reference {self.theirs}, logprob gap "
+                f"{self.logprob_gap:.2e}, reference top-2 margin {self.ref_margin:.2e}")
+
+
+def compare_row(uid: int, ours: Trace, ref: Trace, atol: float = DEFAULT_ATOL) -> RowResult:
+    """Compare our trace with the reference trace of the same request."""
+    n = min(len(ours.tokens), len(ref.tokens))
+    diffs = [abs(a - b) for a, b in zip(ours.logprobs[:n], ref.logprobs[:n])]
+    for t in range(max(len(ours.tokens), len(ref.tokens))):
+        a = ours.tokens[t] if t < len(ours.tokens) else None
+        b = ref.tokens[t] if t < len(ref.tokens) else None
+        if a != b:
+            gap = abs(ours.logprobs[t] - ref.logprobs[t]) if a is not None and b is not None else float("nan")
+            margin = ref.margins[t] if t < len(ref.margins) else float("nan")
+            tie = margin < atol
+            return RowResult(uid, tie, len(ours.tokens), max(diffs[:t], default=0.0), t, a, b, gap, margin, tie)
+    worst = max(diffs, default=0.0)
+    return RowResult(uid, worst <= atol, len(ours.tokens), worst)
+
+
+@dataclass(frozen=True)
+class OracleReport:
+    """Per-row results; ``ok`` when every row matches."""
+
+    rows: list[RowResult]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.match for r in self.rows)
+
+    @property
+    def n_match(self) -> int:
+        return sum(r.match for r in self.rows)
+
+    def text(self) -> str:
+        return "\n".join(r.describe() for r in self.rows)
+
+
+def compare(ours: dict[int, Trace], refs: dict[int, Trace], atol: float = DEFAULT_ATOL) -> OracleReport:
+    """Compare every uid of ``refs`` with ``ours`` (same keys)."""
+    return OracleReport([compare_row(uid, ours[uid], refs[uid], atol) for uid in refs])
+
+
+def scheduler_trace(sched: Any, uid: int) -> Trace:
+    """Our trace of ``uid`` from a scheduler (tokens and logprobs, no margins)."""
+    return Trace(tokens=sched.tokens(uid), logprobs=sched.logprobs(uid))
+
+
+def ref_request(valid: Any) -> RefRequest:
+    """A :class:`RefRequest` from a validated request (``workbench.request.ValidRequest``)."""
+    return RefRequest(valid.prompt_ids, valid.request.max_tokens, valid.stop_ids)
+
+
+def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: float = DEFAULT_ATOL) -> OracleReport:
+    """Solo oracle for finished greedy rows of ``sched``: each uid run alone through
+    mlx-lm and compared. ``uids`` defaults to every finished greedy uid."""
+    uids = list(uids) if uids is not None else sched.finished_greedy_uids()
+    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size) for u in uids}
+    return compare({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -1,0 +1,150 @@
+"""Requests: what a user asks the engine for, and the validation done at submit.
+
+Knows: the fields of a request and their limits, the tokenizer (to turn a str prompt
+into token ids) and the vocabulary size. Must not know: the scheduler, caches, MLX.
+
+Glossary: *prompt tokens* are the request's input ids; *max_tokens* caps the number of
+generated tokens; *stop ids* end a row when sampled (finish reason ``stop``); reaching
+``max_tokens`` gives finish reason ``length``.
+
+Validation happens in :func:`validate` before the scheduler changes any state, so a bad
+request never touches the running rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request.
+
+    Args:
+        prompt: text (tokenized with the model's tokenizer, no special tokens added) or a
+            non-empty list of token ids, each in ``[0, vocab_size)``.
+        max_tokens: maximum number of generated tokens, ``>= 1``.
+        temperature: ``0.0`` means greedy (argmax); ``> 0`` samples through mlx-lm's
+            ``make_sampler``.
+        top_p: nucleus mass in ``(0, 1]``; ``1.0`` disables it. Needs ``temperature > 0``.
+        top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
+        stop_ids: token ids that end the row (finish reason ``stop``); ``None`` means the
+            tokenizer's EOS ids.
+
+    Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
+    """
+
+    prompt: str | Sequence[int]
+    max_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_ids: Sequence[int] | None = None
+
+    @property
+    def greedy(self) -> bool:
+        """True when the row is decoded by argmax (``temperature == 0``)."""
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> "Request":
+        """Build a request from a mapping; unknown keys raise ``ValueError`` naming them."""
+        return cls(**fields)
+
+
+_dataclass_init = Request.__init__
+_FIELDS = tuple(f.name for f in dataclasses.fields(Request))
+
+
+def _init_refusing_unknown_fields(self, *args, **kwargs):
+    unknown = sorted(set(kwargs) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"Request: unknown field(s) {unknown}; allowed fields: {list(_FIELDS)}")
+    _dataclass_init(self, *args, **kwargs)
+
+
+# An unknown keyword is bad input like any other: a ValueError naming it, not a TypeError.
+Request.__init__ = _init_refusing_unknown_fields
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """A request after validation: prompt as token ids and stop ids as a frozenset."""
+
+    request: Request
+    prompt_ids: tuple[int, ...]
+    stop_ids: frozenset[int]
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
+    for i, t in enumerate(ids):
+        if not _is_int(t):
+            raise ValueError(f"{name}[{i}] must be an int token id, got {type(t).__name__}")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"{name}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+    return tuple(ids)
+
+
+def validate(request: Any, tokenizer: Any, vocab_size: int) -> ValidRequest:
+    """Check every field of ``request`` and tokenize its prompt.
+
+    Args:
+        request: a :class:`Request` (anything else is refused).
+        tokenizer: an mlx-lm ``TokenizerWrapper`` (or any object with ``encode`` and
+            ``eos_token_ids``).
+        vocab_size: number of rows of the model's output projection (tokens).
+
+    Returns:
+        A :class:`ValidRequest`.
+
+    Raises:
+        ValueError: naming the field and its allowed range, for a wrong type, an empty
+            prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
+            or non-finite temperature, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
+            ``top_p``/``top_k`` with ``temperature == 0``.
+    """
+    if not isinstance(request, Request):
+        raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
+    r = request
+    if isinstance(r.prompt, str):
+        if not r.prompt:
+            raise ValueError("prompt must be a non-empty str or list of token ids, got ''")
+        ids = tuple(tokenizer.encode(r.prompt, add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
+    elif isinstance(r.prompt, (list, tuple)):
+        if len(r.prompt) == 0:
+            raise ValueError("prompt must have at least 1 token id, got an empty list")
+        ids = _check_ids("prompt", r.prompt, vocab_size)
+    else:
+        raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
+    if not _is_int(r.max_tokens) or r.max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {r.max_tokens!r}")
+    if not _is_real(r.temperature) or r.temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
+    if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
+        raise ValueError(f"top_p must be a number in (0, 1], got {r.top_p!r}")
+    if not _is_int(r.top_k) or r.top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0, got {r.top_k!r}")
+    if r.temperature == 0 and (r.top_p < 1 or r.top_k > 0):
+        raise ValueError("top_p / top_k need temperature > 0; temperature 0 is greedy decoding")
+    if r.stop_ids is None:
+        stop = frozenset(tokenizer.eos_token_ids)
+    elif isinstance(r.stop_ids, (list, tuple, set, frozenset)):
+        stop = frozenset(_check_ids("stop_ids", list(r.stop_ids), vocab_size))
+    else:
+        raise ValueError(f"stop_ids must be a list of int token ids or None, got {type(r.stop_ids).__name__}")
+    return ValidRequest(request=r, prompt_ids=ids, stop_ids=stop)

@@ -48,7 +48,7 @@ TINY_LLAMA = {
     "vocab_size": VOCAB_SIZE,
     "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
-    "tie_word_embeddings": True,
+    "tie_word_embeddings": False,
     "torch_dtype": "float32",
 }
 

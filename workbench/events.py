@@ -8,9 +8,10 @@ Kinds (``Event.kind``):
 
 ============  ==============================================================
 ``submit``    request accepted into the queue; ``n_tokens`` = prompt tokens
-``admit``     request joined the running batch at ``row`` (after its prefill)
-``prefill``   one prefill chunk for the joining group; ``n_tokens`` = chunk
-              tokens per row (the group's padded width), ``uid`` = -1
+``admit``     request left the queue to be prefilled for ``row``
+``prefill``   one prefill chunk of ``uid``; ``n_tokens`` = its real (non-pad)
+              prompt tokens in the chunk
+``join``      the prefilled row entered the running batch (cache ``extend``)
 ``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
 ``finish``    the row is done; ``finish_reason`` is ``stop`` or ``length``
 ``evict``     the finished row left the batch at ``filter`` (was ``row``)
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 
-EVENT_KINDS = ("submit", "admit", "prefill", "token", "finish", "evict")
+EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict")
 
 
 @dataclass(frozen=True)

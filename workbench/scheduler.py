@@ -121,9 +121,11 @@ class Scheduler:
 
     # -- the three engine calls -------------------------------------------------------
     def admit(self) -> list[Event]:
-        """Join queued requests FCFS up to ``max_batch`` rows. Returns the admit events.
+        """Admit queued requests FCFS up to ``max_batch`` rows. Returns the admit events.
 
-        Joiners are prefilled (all but the last prompt token) as one group in chunks of
+        Each admitted request leaves the queue (``admit`` event), is prefilled with the
+        other joiners (``prefill`` events, one per chunk per row) and joins the batch
+        (``join`` event). Joiners are prefilled (all but the last prompt token) as one group in chunks of
         ``prefill_step_size``, then joined with ``extend``; their first token comes from
         the next ``step()``.
         """
@@ -131,6 +133,9 @@ class Scheduler:
         if n <= 0:
             return []
         joiners = [self._queue.popleft() for _ in range(n)]
+        first_row = len(self._rows)
+        admitted = [self._log("admit", uid, row=first_row + i, n_tokens=len(v.prompt_ids))
+                    for i, (uid, v) in enumerate(joiners)]
         group = kv.new_batch_cache(self.model, n)
         uids = [uid for uid, _ in joiners]
 
@@ -141,11 +146,10 @@ class Scheduler:
 
         prefill(self.model, group, [v.prompt_ids[:-1] for _, v in joiners], self.prefill_step_size, on_chunk)
         self._cache = kv.join(self._cache, group)
-        first_row = len(self._rows)
-        for uid, v in joiners:
+        for i, (uid, v) in enumerate(joiners):
             self._rows.append(_Row(uid, v, sampler_for(v.request), next_input=v.prompt_ids[-1]))
-        return [self._log("admit", uid, row=first_row + i, n_tokens=len(v.prompt_ids))
-                for i, (uid, v) in enumerate(joiners)]
+            self._log("join", uid, row=first_row + i)
+        return admitted
 
     def step(self) -> list[Event]:
         """One decode step: forward ``[B, 1]``, one token per unfinished row.

@@ -1,0 +1,44 @@
+"""Shared fixtures: the bundled model (loaded once), a fake clock, prompt helpers."""
+
+from __future__ import annotations
+
+import pytest
+
+import workbench as wb
+from workbench.workloads import prompt_of_length
+
+
+class FakeClock:
+    """A clock that advances by ``tick_s`` seconds on every read."""
+
+    def __init__(self, tick_s: float = 0.5):
+        self.now_s = 0.0
+        self.tick_s = tick_s
+
+    def __call__(self) -> float:
+        self.now_s += self.tick_s
+        return self.now_s
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    """``(model, tokenizer)`` of the bundled tiny-llama, loaded through mlx_lm.load."""
+    return wb.load()
+
+
+@pytest.fixture
+def make_sched(bundled):
+    """``make_sched(**kwargs)`` -> a Scheduler on the bundled model."""
+    model, tokenizer = bundled
+
+    def make(**kwargs):
+        return wb.Scheduler(model, tokenizer, **kwargs)
+
+    return make
+
+
+@pytest.fixture
+def prompt(bundled):
+    """``prompt(n, start=0)`` -> n token ids from the bundled prompt set."""
+    _, tokenizer = bundled
+    return lambda n, start=0: prompt_of_length(tokenizer, n, start)

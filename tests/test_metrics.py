@@ -1,0 +1,70 @@
+"""Metrics computed from synthetic events with exact expected values."""
+
+import math
+
+import pytest
+
+from workbench.events import Event, events_frame
+from workbench.metrics import percentiles, request_metrics, throughput_tok_per_s
+
+
+def _events():
+    # uid 0: submitted at 0 s, admitted at 1 s, tokens at 2, 3, 5 s, finishes at 5 s (length)
+    # uid 1: submitted at 1 s, admitted at 4 s, one token at 6 s, stops at 6 s
+    # uid 2: submitted at 2 s, still queued
+    return events_frame([
+        Event("submit", 0, 0, 0.0, n_tokens=7),
+        Event("submit", 1, 0, 1.0, n_tokens=3),
+        Event("admit", 0, 0, 1.0, row=0, n_tokens=7),
+        Event("submit", 2, 0, 2.0, n_tokens=9),
+        Event("token", 0, 0, 2.0, row=0, token=11, logprob=-1.0),
+        Event("token", 0, 1, 3.0, row=0, token=12, logprob=-1.0),
+        Event("admit", 1, 2, 4.0, row=1, n_tokens=3),
+        Event("token", 0, 2, 5.0, row=0, token=13, logprob=-1.0),
+        Event("finish", 0, 2, 5.0, row=0, finish_reason="length"),
+        Event("token", 1, 3, 6.0, row=1, token=0, logprob=-0.5),
+        Event("finish", 1, 3, 6.0, row=1, finish_reason="stop"),
+    ])
+
+
+def test_request_metrics_from_events_are_exact():
+    r = request_metrics(_events(), decode=lambda toks, uid: ",".join(map(str, toks))).set_index("uid")
+    assert r.loc[0, "queue_s"] == 1.0
+    assert r.loc[0, "ttft_s"] == 2.0
+    assert r.loc[0, "tpot_s"] == 1.5
+    assert r.loc[0, "e2e_s"] == 5.0
+    assert r.loc[0, "generated_tokens"] == 3
+    assert r.loc[0, "text"] == "11,12,13"
+    assert r.loc[1, "queue_s"] == 3.0
+    assert r.loc[1, "ttft_s"] == 5.0
+    assert math.isnan(r.loc[1, "tpot_s"])
+    assert r.loc[1, "finish_reason"] == "stop"
+    assert r.loc[1, "prompt_tokens"] == 3
+
+
+def test_a_queued_request_has_no_latencies_yet():
+    r = request_metrics(_events()).set_index("uid")
+    assert r.loc[2, "generated_tokens"] == 0
+    assert math.isnan(r.loc[2, "ttft_s"]) and math.isnan(r.loc[2, "queue_s"])
+    assert r.loc[2, "finish_reason"] == ""
+
+
+def test_throughput_is_tokens_over_first_submit_to_last_token():
+    assert throughput_tok_per_s(_events()) == pytest.approx(4 / 6.0)
+
+
+def test_throughput_without_tokens_is_nan():
+    assert math.isnan(throughput_tok_per_s(events_frame([Event("submit", 0, 0, 0.0)])))
+
+
+def test_percentiles_ignore_nan():
+    import pandas as pd
+
+    p = percentiles(pd.Series([1.0, 2.0, 3.0, math.nan]))
+    assert p["p50"] == 2.0
+    assert p["p95"] == pytest.approx(2.9)
+
+
+def test_unknown_event_kind_is_refused():
+    with pytest.raises(ValueError, match="Event.kind"):
+        Event("tokens", 0, 0, 0.0)

@@ -1,0 +1,79 @@
+"""Bad input is refused at submit with a ValueError naming the field, before any state
+changes, and never disturbs the running rows."""
+
+import math
+
+import pytest
+
+import workbench as wb
+
+BAD = [
+    (dict(prompt=""), "prompt"),
+    (dict(prompt=[]), "prompt"),
+    (dict(prompt=[1, 5000]), r"prompt\[1\] = 5000 is outside the vocabulary \[0, 1024\)"),
+    (dict(prompt=[-1]), "prompt"),
+    (dict(prompt=[1.5]), "prompt"),
+    (dict(prompt=42), "prompt"),
+    (dict(prompt=[1], max_tokens=0), "max_tokens must be an int >= 1"),
+    (dict(prompt=[1], max_tokens=-3), "max_tokens"),
+    (dict(prompt=[1], max_tokens=2.0), "max_tokens"),
+    (dict(prompt=[1], temperature=-1.0), "temperature"),
+    (dict(prompt=[1], temperature=math.nan), "temperature"),
+    (dict(prompt=[1], temperature=0.5, top_p=0.0), r"top_p must be a number in \(0, 1\]"),
+    (dict(prompt=[1], temperature=0.5, top_k=-1), "top_k"),
+    (dict(prompt=[1], top_p=0.9), "temperature > 0"),
+    (dict(prompt=[1], stop_ids=[2000]), "stop_ids"),
+    (dict(prompt=[1], stop_ids=3), "stop_ids"),
+]
+
+
+@pytest.mark.parametrize("fields,message", BAD)
+def test_bad_request_field_raises_value_error_naming_it(make_sched, fields, message):
+    sched = make_sched()
+    with pytest.raises(ValueError, match=message):
+        sched.submit(wb.Request(**fields))
+    assert sched.idle and sched.events == []
+
+
+def test_unknown_request_field_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['temprature'\]"):
+        wb.Request(prompt=[1], temprature=0.5)
+
+
+def test_unknown_field_in_a_submitted_dict_is_refused(make_sched):
+    with pytest.raises(ValueError, match="unknown field"):
+        make_sched().submit({"prompt": [1], "colour": "red"})
+
+
+def test_something_that_is_not_a_request_is_refused(make_sched):
+    with pytest.raises(ValueError, match="request must be a workbench.Request"):
+        make_sched().submit("def f():")
+
+
+@pytest.mark.parametrize("kwargs,field", [({"max_batch": 0}, "max_batch"), ({"prefill_step_size": -1}, "prefill_step_size")])
+def test_scheduler_limits_below_one_are_refused(make_sched, kwargs, field):
+    with pytest.raises(ValueError, match=f"{field} must be an int >= 1"):
+        make_sched(**kwargs)
+
+
+def test_bad_submits_while_rows_decode_change_nothing(make_sched, prompt):
+    def run(with_bad_input: bool):
+        sched = make_sched(max_batch=3)
+        uids = [sched.submit(wb.Request(prompt=prompt(n, 11 * n), max_tokens=10)) for n in (4, 13)]
+        sched.admit()
+        for _ in range(3):
+            sched.step()
+        if with_bad_input:
+            before = (len(sched.events), sched.snapshot().queue, sched.snapshot().uids)
+            for fields, _ in BAD:
+                with pytest.raises(ValueError):
+                    sched.submit(wb.Request(**fields))
+            assert (len(sched.events), sched.snapshot().queue, sched.snapshot().uids) == before
+        late = sched.submit(wb.Request(prompt=prompt(6), max_tokens=5))
+        sched.run()
+        return [sched.tokens(u) for u in uids + [late]], late
+
+    clean, late_clean = run(False)
+    disturbed, late_disturbed = run(True)
+    assert disturbed == clean
+    assert late_disturbed == late_clean  # refused requests consumed no uid

@@ -1,0 +1,79 @@
+"""The ``workbench`` command: ``demo``, ``goldens`` and ``info`` subcommands.
+
+Knows: argument parsing only; each subcommand calls one package function.
+Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out))
+
+
+def _goldens(args: argparse.Namespace) -> int:
+    from .goldens import make_goldens, write_goldens
+    from .loading import BUNDLED_MODEL, load
+
+    name = args.model or BUNDLED_MODEL.name
+    model, tokenizer = load(args.model) if args.model else load()
+    out = Path(args.out) / f"{Path(name).name}.json"
+    write_goldens(make_goldens(model, tokenizer, name), out)
+    print(f"wrote {out}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import platform
+    from importlib.metadata import version
+
+    import mlx.core as mx
+
+    print(f"python {platform.python_version()} on {platform.system()} {platform.machine()}")
+    for pkg in ("mlx", "mlx-lm", "numpy", "pandas", "matplotlib"):
+        print(f"{pkg} {version(pkg)}")
+    print(f"mlx default device: {mx.default_device()}")
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``workbench`` command."""
+    p = argparse.ArgumentParser(prog="workbench", description="The batching workbench.")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="run a staggered workload, print metrics and the oracle check")
+    d.add_argument("--model", default=None, help="mlx-lm model path or Hugging Face repo id (default: bundled)")
+    d.add_argument("--max-batch", type=_positive, default=4, help="most rows decoding at once (default 4)")
+    d.add_argument("--max-tokens", type=_positive, default=None, help="cap on each request's max_tokens")
+    d.add_argument("--prefill-step-size", type=_positive, default=2048, help="prefill chunk length in tokens")
+    d.add_argument("--out", default="workbench-out", help="output folder (default ./workbench-out)")
+    d.set_defaults(func=_demo)
+    g = sub.add_parser("goldens", help="write reference trajectories from mlx-lm to goldens/")
+    g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
+    g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
+    g.set_defaults(func=_goldens)
+    i = sub.add_parser("info", help="print versions and the MLX device")
+    i.set_defaults(func=_info)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``workbench`` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

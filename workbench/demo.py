@@ -1,0 +1,73 @@
+"""The main job, ``workbench demo``: a staggered workload on a model, its metrics, the
+solo oracle for every row, and the timeline and event log written to a folder.
+
+Knows: the scheduler's public contract, the oracle, the timeline view. Must not know:
+argument parsing (see :mod:`workbench.cli`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from . import oracle
+from .loading import load
+from .scheduler import Scheduler
+from .views.timeline import render_timeline
+from .workloads import demo_workload
+
+TEXT_CHARS = 40
+
+
+def requests_table(requests: pd.DataFrame) -> str:
+    """The per-request table as text: times in milliseconds, completions cut to 40 chars."""
+    t = pd.DataFrame({
+        "uid": requests.uid,
+        "prompt_tok": requests.prompt_tokens,
+        "gen_tok": requests.generated_tokens,
+        "queue_ms": (requests.queue_s * 1e3).round(1),
+        "ttft_ms": (requests.ttft_s * 1e3).round(1),
+        "tpot_ms": (requests.tpot_s * 1e3).round(2),
+        "finish": requests.finish_reason,
+        "completion": [repr(s[:TEXT_CHARS]) for s in requests.text],
+    })
+    return t.to_string(index=False)
+
+
+def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: int | None = None,
+             prefill_step_size: int = 2048, out_dir: Path = Path("workbench-out"),
+             echo: Callable[[str], None] = print) -> int:
+    """Run the demo workload and print its report; returns the exit code.
+
+    Args:
+        model: any mlx-lm model path or Hugging Face repo id (default: the bundled one).
+        max_batch: most rows decoding at once.
+        max_tokens: cap on every request's ``max_tokens`` (tokens); ``None`` keeps the
+            workload's 8..64.
+        prefill_step_size: prefill chunk length (tokens).
+        out_dir: folder for ``timeline.png``, ``events.csv`` and ``requests.csv``.
+
+    Returns:
+        0 when every row matches the solo oracle, 1 otherwise.
+    """
+    model_obj, tokenizer = load(model) if model else load()
+    sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size)
+    workload = demo_workload(tokenizer, max_tokens)
+    echo(f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
+         f"prefill_step_size {prefill_step_size}, model {model or 'bundled tiny-llama'}")
+    report = sched.run(workload)
+    echo(requests_table(report.requests))
+    echo(f"throughput: {report.throughput_tok_per_s:.1f} tok/s ({report.summary()})")
+    check = oracle.solo_check(model_obj, sched)
+    echo(f"oracle: {check.n_match}/{len(check.rows)} rows match solo")
+    for row in check.rows:
+        if not row.match or row.tie_accepted:
+            echo("  " + row.describe())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    render_timeline(report.events, title="workbench demo").savefig(out_dir / "timeline.png", dpi=110)
+    report.events.to_csv(out_dir / "events.csv", index=False)
+    report.requests.to_csv(out_dir / "requests.csv", index=False)
+    echo(f"wrote {out_dir / 'timeline.png'}, {out_dir / 'events.csv'}, {out_dir / 'requests.csv'}")
+    return 0 if check.ok else 1

@@ -1,0 +1,18 @@
+"""Execute notebooks in place so their stored outputs are fresh (nbval compares them).
+
+Usage: ``python scripts/execute_notebooks.py notebooks/01_tour.ipynb [...]``
+Run it after editing a notebook, review the output diff, commit.
+"""
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+for name in sys.argv[1:]:
+    path = Path(name)
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    nbformat.write(nb, path)
+    print(f"executed {path}")

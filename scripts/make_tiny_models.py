@@ -9,7 +9,8 @@ downloaded model.
 
 Usage::
 
-    python scripts/make_tiny_models.py            # writes data/models/tiny-llama
+    python scripts/make_tiny_models.py            # writes every data/models/tiny-* model
+    python scripts/make_tiny_models.py --only tiny-gemma3
     python scripts/make_tiny_models.py --out DIR  # somewhere else
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama
+from mlx_lm.models import gemma3_text, llama, mamba2, qwen3_next
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SEED = 0
@@ -53,6 +54,80 @@ TINY_LLAMA = {
 }
 
 
+# One small random-weight model per cache family, for the family tests (windows of 8
+# tokens so the ring buffers wrap inside the tests). All share the tiny-llama tokenizer.
+TINY_GEMMA3 = {  # sliding window (BatchRotatingKVCache) + global attention (BatchKVCache)
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": VOCAB_SIZE,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 8,
+    "sliding_window_pattern": 2,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float32",
+}
+TINY_QWEN3_NEXT = {  # gated-delta linear attention (ArraysCache) + full attention (BatchKVCache)
+    "model_type": "qwen3_next",
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "shared_expert_intermediate_size": 64,
+    "mlp_only_layers": [],
+    "moe_intermediate_size": 32,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": VOCAB_SIZE,
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.25,
+    "max_position_embeddings": 2048,
+    "full_attention_interval": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+TINY_MAMBA2 = {  # pure SSM (ArraysCache: conv state + SSM state)
+    "model_type": "mamba2",
+    "num_heads": 8,
+    "head_dim": 16,
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "state_size": 16,
+    "num_hidden_layers": 3,
+    "layer_norm_epsilon": 1e-5,
+    "conv_kernel": 4,
+    "n_groups": 1,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "tie_word_embeddings": False,
+    "time_step_limit": [0.0, 1e9],
+    "time_step_rank": "auto",
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float32",
+}
+FAMILIES = {
+    "tiny-llama": (llama, TINY_LLAMA),
+    "tiny-gemma3": (gemma3_text, TINY_GEMMA3),
+    "tiny-qwen3-next": (qwen3_next, TINY_QWEN3_NEXT),
+    "tiny-mamba2": (mamba2, TINY_MAMBA2),
+}
+
+
 def corpus_texts() -> list[str]:
     """The tokenizer's training texts: the fixed stdlib files, read in order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -74,11 +149,11 @@ def train_tokenizer() -> Tokenizer:
     return tok
 
 
-def write_model(out: Path, config: dict, tok: Tokenizer) -> None:
-    """Write random weights for ``config`` plus the tokenizer into ``out``."""
+def write_model(out: Path, arch, config: dict, tok: Tokenizer) -> None:
+    """Write random weights of mlx-lm module ``arch`` for ``config`` plus the tokenizer."""
     out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(SEED)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = arch.Model(arch.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -89,7 +164,7 @@ def write_model(out: Path, config: dict, tok: Tokenizer) -> None:
         "eos_token": EOS,
         "bos_token": None,
         "unk_token": None,
-        "model_max_length": config["max_position_embeddings"],
+        "model_max_length": config.get("max_position_embeddings", 2048),
         "clean_up_tokenization_spaces": False,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
@@ -107,10 +182,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = Path(__file__).resolve().parent.parent
     parser.add_argument("--out", type=Path, default=here / "data" / "models")
+    parser.add_argument("--only", nargs="*", choices=sorted(FAMILIES), help="models to write (default: all)")
     args = parser.parse_args()
     tok = train_tokenizer()
-    write_model(args.out / "tiny-llama", TINY_LLAMA, tok)
-    print(f"wrote {args.out / 'tiny-llama'}")
+    for name in args.only or FAMILIES:
+        arch, config = FAMILIES[name]
+        write_model(args.out / name, arch, config, tok)
+        print(f"wrote {args.out / name}")
 
 
 if __name__ == "__main__":

@@ -15,35 +15,57 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+import numpy as np
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    CacheList,
+    make_prompt_cache,
+)
 
 LayerCaches = list[Any]
 
 
-def check_batchable(model: Any) -> None:
+def check_batchable(model: Any, max_kv_size: int | None = None) -> None:
     """Refuse a model whose per-layer caches cannot be batched.
+
+    Args:
+        max_kv_size: mlx-lm's bounded KV size (tokens), only for models without their own
+            ``make_cache`` (mlx-lm silently ignores it otherwise; we refuse).
 
     Raises:
         ValueError: naming the first layer index and cache type with no ``merge`` (e.g.
-            ``QuantizedKVCache``, ``ChunkedKVCache``, ``ConcatenateKVCache``).
+            ``QuantizedKVCache``, ``ChunkedKVCache``, ``ConcatenateKVCache``), or when
+            ``max_kv_size`` is given for a model that defines ``make_cache``.
     """
-    for i, c in enumerate(make_prompt_cache(model)):
-        if not hasattr(type(c), "merge"):
-            raise ValueError(
-                f"layer {i}: cache type {type(c).__name__} cannot be batched by mlx-lm "
-                "(no merge/extend/filter); use a model or KV setting with KVCache, "
-                "RotatingKVCache or ArraysCache layers"
-            )
+    if max_kv_size is not None and hasattr(model, "make_cache"):
+        raise ValueError(
+            f"max_kv_size={max_kv_size} would be ignored: {type(model).__module__} defines "
+            "make_cache, so its layers choose their own caches (mlx-lm's make_prompt_cache)"
+        )
+    for i, c in enumerate(make_prompt_cache(model, max_kv_size)):
+        subs = c.caches if isinstance(c, CacheList) else (c,)
+        for sub in subs:
+            if not hasattr(type(sub), "merge"):
+                raise ValueError(
+                    f"layer {i}: cache type {type(sub).__name__} cannot be batched by mlx-lm "
+                    "(no merge/extend/filter); use a model or KV setting with KVCache, "
+                    "RotatingKVCache or ArraysCache layers, or serve it one request at a time "
+                    "with mlx_lm.generate"
+                )
 
 
-def new_batch_cache(model: Any, n_rows: int) -> LayerCaches:
+def new_batch_cache(model: Any, n_rows: int, max_kv_size: int | None = None) -> LayerCaches:
     """Empty batch caches for ``n_rows`` joining rows.
 
-    Mirrors mlx-lm's ``generate._merge_caches`` over fresh ``make_prompt_cache(model)``
-    caches: each layer's solo cache class ``merge``s into its batch class
-    (``KVCache`` -> ``BatchKVCache``, ``ArraysCache`` -> ``ArraysCache``, ...).
+    Mirrors mlx-lm's ``generate._merge_caches`` over fresh
+    ``make_prompt_cache(model, max_kv_size)`` caches: each layer's solo cache class
+    ``merge``s into its batch class (``KVCache`` -> ``BatchKVCache``, ``RotatingKVCache``
+    -> ``BatchRotatingKVCache``, ``ArraysCache`` -> ``ArraysCache``, ``CacheList`` ->
+    ``CacheList``).
     """
-    solo = [make_prompt_cache(model) for _ in range(n_rows)]
+    solo = [make_prompt_cache(model, max_kv_size) for _ in range(n_rows)]
     return [type(layer[0]).merge(list(layer)) for layer in zip(*solo)]
 
 
@@ -69,36 +91,82 @@ def evict(running: LayerCaches, keep: Sequence[int]) -> LayerCaches | None:
     return running
 
 
-def full_attention_layer(caches: LayerCaches) -> BatchKVCache | None:
-    """The first ``BatchKVCache`` layer (the full-attention layer group), or ``None``."""
-    return next((c for c in caches if isinstance(c, BatchKVCache)), None)
-
-
-def geometry(cache: BatchKVCache) -> dict[str, Any]:
-    """Per-row geometry of one ``BatchKVCache`` layer.
-
-    Returns:
-        ``left_padding`` ``[B]`` int (tokens), ``offset`` ``[B]`` int (RoPE position of
-        the next token), ``kv_width_tokens`` (positions in use), ``capacity_tokens``
-        (allocated positions; mlx-lm grows it in steps of 256).
-    """
-    mx.eval(cache.left_padding, cache.offset)
-    return {
-        "left_padding": [int(x) for x in cache.left_padding.tolist()],
-        "offset": [int(x) for x in cache.offset.tolist()],
-        "kv_width_tokens": int(cache.size()),
-        "capacity_tokens": 0 if cache.keys is None else int(cache.keys.shape[2]),
-    }
-
-
 def kv_bytes(caches: LayerCaches | None) -> int:
     """Bytes allocated by all layers' caches (mlx-lm's ``nbytes``, capacity included)."""
     return 0 if caches is None else int(sum(c.nbytes for c in caches))
 
 
-def next_step_mask(cache: BatchKVCache) -> mx.array:
-    """The mask the next decode step gives this layer: ``cache.make_mask(1)`` as an
-    ``[B, S]`` bool array, ``S = kv_width + 1``."""
+def _flat_layers(caches: LayerCaches) -> list[tuple[str, Any]]:
+    """``(layer label, cache)`` pairs with ``CacheList`` members as ``"i.j"``."""
+    out = []
+    for i, c in enumerate(caches):
+        if isinstance(c, CacheList):
+            out += [(f"{i}.{j}", sub) for j, sub in enumerate(c.caches)]
+        else:
+            out.append((str(i), c))
+    return out
+
+
+def group_name(cache: Any) -> str:
+    """The layer group a batch cache belongs to: ``full`` (``BatchKVCache``),
+    ``window<W>`` (``BatchRotatingKVCache`` of ``W`` tokens), ``ssm`` (``ArraysCache``),
+    else the class name."""
+    if isinstance(cache, BatchKVCache):
+        return "full"
+    if isinstance(cache, BatchRotatingKVCache):
+        return f"window{cache.max_size}"
+    if isinstance(cache, ArraysCache):
+        return "ssm"
+    return type(cache).__name__
+
+
+def layer_groups(caches: LayerCaches) -> dict[str, list[tuple[str, Any]]]:
+    """Layers grouped by :func:`group_name`, in first-layer order."""
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for label, c in _flat_layers(caches):
+        groups.setdefault(group_name(c), []).append((label, c))
+    return groups
+
+
+def _ints(a: mx.array) -> list[int]:
+    return [int(x) for x in np.array(a).reshape(-1).tolist()]
+
+
+def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> dict[str, Any]:
+    """Per-row geometry of one attention layer's batch cache, and its next-step mask.
+
+    Returns a dict with ``left_padding`` ``[B]`` (pad positions, tokens; for a ring that
+    has dropped old positions this can be negative, as in mlx-lm), ``offset`` ``[B]``
+    (RoPE position of each row's next token), ``kv_width_tokens`` (positions in use),
+    ``capacity_tokens`` (allocated positions), ``mask`` ``[B, S]`` bool: what
+    ``cache.make_mask(1)`` gives the layer at the next step. For a rotating cache also
+    ``window_tokens``, ``write_index`` (the ring slot written next), ``wrapped`` and
+    ``mask_temporal`` (the mask rolled back to oldest-first order).
+    """
+    mx.eval(cache.left_padding, cache.offset)
     B = cache.left_padding.shape[0]
-    mask = cache.make_mask(1)  # [B, 1, 1, S]
-    return mask.reshape(B, -1)
+    out = {"left_padding": _ints(cache.left_padding), "offset": _ints(cache.offset),
+           "capacity_tokens": 0 if cache.keys is None else int(cache.keys.shape[2])}
+    if isinstance(cache, BatchRotatingKVCache):
+        mask = np.array(cache.make_mask(1, window_size=cache.max_size)).reshape(B, -1)
+        wrapped = bool(cache.rotated or cache._idx >= cache.max_size)
+        write_index = 0 if cache._idx >= cache.max_size else int(cache._idx)
+        out.update(kv_width_tokens=int(cache.size()), window_tokens=int(cache.max_size),
+                   write_index=write_index, wrapped=wrapped,
+                   mask_temporal=np.roll(mask, -(write_index + 1), axis=-1) if wrapped else mask)
+    else:
+        mask = np.array(cache.make_mask(1)).reshape(B, -1)
+        out.update(kv_width_tokens=int(cache.size()))
+    out["mask"] = mask
+    return out
+
+
+def ssm_geometry(cache: ArraysCache, n_rows: int) -> dict[str, Any]:
+    """State shapes of one ``ArraysCache`` layer (e.g. conv state ``[B, K-1, C]`` and SSM
+    state ``[B, n_heads, head_dim, state]``) and the mask its next step uses, as
+    ``[B, 1]`` bool (all True when mlx-lm gives none: every row's token enters the state).
+    """
+    B = n_rows
+    mask = cache.make_mask(1)
+    return {"state_shapes": tuple(tuple(a.shape) for a in cache.cache if a is not None),
+            "mask": np.ones((B, 1), bool) if mask is None else np.array(mask).reshape(B, -1)}

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
 DEFAULT_ATOL = 1e-4
 
@@ -48,15 +49,30 @@ class RefRequest:
     stop_ids: frozenset[int]
 
 
-def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048) -> Trace:
-    """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, model's own cache).
+def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> list[Any]:
+    """The model's own single-sequence cache (``make_prompt_cache``), with every
+    ``RotatingKVCache`` rebuilt to keep ``keep`` sink tokens.
+
+    mlx-lm's ``make_prompt_cache(model, max_kv_size)`` keeps 4 sink tokens while its
+    ``BatchRotatingKVCache`` keeps none, so the reference for a batched row uses
+    ``keep=0``; ``keep=4`` reproduces mlx-lm's solo default (a known semantic gap).
+    """
+    return [RotatingKVCache(c.max_size, keep=keep) if isinstance(c, RotatingKVCache) else c
+            for c in make_prompt_cache(model, max_kv_size)]
+
+
+def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
+                   max_kv_size: int | None = None, keep: int = 0) -> Trace:
+    """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, the model's own
+    cache from :func:`solo_cache`).
 
     Stops after a stop id (included, as mlx-lm yields it) or ``max_tokens`` tokens.
     """
     trace = Trace()
     prompt = mx.array(list(req.prompt_ids), dtype=mx.uint32)
     for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
-                                           prefill_step_size=prefill_step_size):
+                                           prefill_step_size=prefill_step_size,
+                                           prompt_cache=solo_cache(model, max_kv_size, keep)):
         trace.add(int(token), logprobs_v)
         if int(token) in req.stop_ids:
             break
@@ -64,12 +80,12 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048) -
 
 
 def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
-                    prefill_step_size: int = 2048) -> list[Trace]:
+                    prefill_step_size: int = 2048, max_kv_size: int | None = None) -> list[Trace]:
     """Run ``reqs`` together through mlx-lm's ``BatchGenerator`` (greedy), all inserted
     at once, ``max_batch`` rows decoding and prefilling at a time. Returns traces in
     request order."""
     gen = BatchGenerator(model, completion_batch_size=max_batch, prefill_batch_size=max_batch,
-                         prefill_step_size=prefill_step_size)
+                         prefill_step_size=prefill_step_size, max_kv_size=max_kv_size)
     try:
         uids = gen.insert(
             [list(r.prompt_ids) for r in reqs],
@@ -170,5 +186,6 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     """Solo oracle for finished greedy rows of ``sched``: each uid run alone through
     mlx-lm and compared. ``uids`` defaults to every finished greedy uid."""
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
-    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size) for u in uids}
+    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size,
+                              sched.max_kv_size) for u in uids}
     return compare({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -41,7 +41,7 @@ from .prefill import prefill
 from .report import Report, build_report
 from .request import Request, ValidRequest, validate
 from .sampling import Sampler, sample_rows, sampler_for
-from .snapshot import Snapshot, frozen
+from .snapshot import LayerGroup, Snapshot, frozen
 
 
 @dataclass
@@ -51,6 +51,7 @@ class _Row:
     sampler: Sampler | None
     next_input: int
     tokens: list[int] = field(default_factory=list)
+    fed: int = 0
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -78,20 +79,29 @@ class Scheduler:
         prefill_step_size: prefill chunk length in tokens, ``>= 1`` (mlx-lm's
             ``--prefill-step-size``).
         clock: ``() -> seconds``; inject a fake clock for deterministic metrics.
+        max_kv_size: bound every layer's KV cache to this many tokens (a rotating
+            cache, mlx-lm's ``--max-kv-size``); only for models without ``make_cache``.
+            Note mlx-lm's batch rotating cache keeps no "sink" tokens (its solo
+            ``RotatingKVCache`` keeps 4), so the solo oracle uses ``keep=0``.
+        history_size: how many snapshots :attr:`history` keeps (a ring buffer).
 
     Raises:
-        ValueError: for a limit below 1, or a model with a cache type that cannot batch
-            (naming the layer and type).
+        ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
+            ``make_cache``, or a model with a cache type that cannot batch (naming the
+            layer and type).
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, max_kv_size: int | None = None,
+                 history_size: int = 64):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
         self.prefill_step_size = _positive_int("prefill_step_size", prefill_step_size)
         self.clock = clock
-        kv.check_batchable(model)
+        self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
+        kv.check_batchable(model, self.max_kv_size)
+        self.history: deque[Snapshot] = deque(maxlen=_positive_int("history_size", history_size))
         self.vocab_size = vocab_size(model, tokenizer)
         self.events: list[Event] = []
         self.step_index = 0
@@ -136,7 +146,7 @@ class Scheduler:
         first_row = len(self._rows)
         admitted = [self._log("admit", uid, row=first_row + i, n_tokens=len(v.prompt_ids))
                     for i, (uid, v) in enumerate(joiners)]
-        group = kv.new_batch_cache(self.model, n)
+        group = kv.new_batch_cache(self.model, n, self.max_kv_size)
         uids = [uid for uid, _ in joiners]
 
         def on_chunk(real_tokens: list[int]) -> None:
@@ -168,6 +178,7 @@ class Scheduler:
         toks, lps = sampled.tolist(), chosen.astype(mx.float32).tolist()
         out, finished = [], []
         for b, row in enumerate(self._rows):
+            row.fed += 1
             if row.finish_reason is not None:
                 continue
             row.tokens.append(toks[b])
@@ -266,27 +277,41 @@ class Scheduler:
         return self.tokenizer.decode(toks)
 
     def snapshot(self) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it."""
+        """Frozen numpy view of the batch as the next ``step()`` will see it.
+
+        Also appended to :attr:`history` (the last ``history_size`` snapshots)."""
         B = len(self._rows)
-        layer = kv.full_attention_layer(self._cache) if self._cache else None
-        geo = kv.geometry(layer) if layer is not None else {
-            "left_padding": [0] * B, "offset": [0] * B, "kv_width_tokens": 0, "capacity_tokens": 0}
-        masks = {}
-        if layer is not None:
-            masks["full"] = frozen(np.array(kv.next_step_mask(layer)))
-        return Snapshot(
+        groups = []
+        for name, layers in (kv.layer_groups(self._cache) if self._cache else {}).items():
+            first = layers[0][1]
+            nbytes = sum(int(c.nbytes) for _, c in layers)
+            labels = tuple(label for label, _ in layers)
+            if name == "ssm":
+                geo = kv.ssm_geometry(first, B)
+            elif hasattr(first, "left_padding") and hasattr(first, "offset"):
+                geo = kv.attention_geometry(first)
+            else:
+                geo = {"mask": np.ones((B, 1), bool)}
+            geo = {k: (frozen(v) if isinstance(v, (list, np.ndarray)) else v) for k, v in geo.items()}
+            groups.append(LayerGroup(name=name, layers=labels, kv_bytes=nbytes, **geo))
+        attn = next((g for g in groups if g.name == "full"), None) or next(
+            (g for g in groups if g.window_tokens is not None), None)
+        snap = Snapshot(
             step=self.step_index,
             uids=tuple(r.uid for r in self._rows),
             finished=tuple(r.finish_reason is not None for r in self._rows),
             generated_tokens=tuple(len(r.tokens) for r in self._rows),
-            left_padding=frozen(geo["left_padding"]),
-            offset=frozen(geo["offset"]),
-            kv_width_tokens=geo["kv_width_tokens"],
-            capacity_tokens=geo["capacity_tokens"],
+            context_tokens=tuple(len(r.valid.prompt_ids) - 1 + r.fed for r in self._rows),
+            left_padding=attn.left_padding if attn else frozen(np.zeros(B, int)),
+            offset=attn.offset if attn else frozen(np.zeros(B, int)),
+            kv_width_tokens=attn.kv_width_tokens if attn else 0,
+            capacity_tokens=attn.capacity_tokens if attn else 0,
             kv_bytes=kv.kv_bytes(self._cache),
-            masks=masks,
+            groups=tuple(groups),
             queue=tuple(uid for uid, _ in self._queue),
         )
+        self.history.append(snap)
+        return snap
 
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics)."""

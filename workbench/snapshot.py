@@ -4,7 +4,12 @@ Knows: what a view, a test or a golden needs to see of the batch. Must not know:
 (the scheduler converts MLX arrays to numpy once, after ``mx.eval``), widgets.
 
 Axis letters: ``B`` rows in the running batch, ``S`` key positions of the next decode
-step (KV width + 1; see :mod:`workbench.masks`).
+step (for full attention the KV width + 1; see :mod:`workbench.masks`).
+
+Layers are shown per *layer group* (:class:`LayerGroup`): ``full`` for full-attention
+layers (mlx-lm ``BatchKVCache``), ``window<W>`` for sliding-window layers
+(``BatchRotatingKVCache`` ring buffers of ``W`` tokens), ``ssm`` for recurrent layers
+(``ArraysCache``: conv and SSM states, no sequence axis).
 """
 
 from __future__ import annotations
@@ -24,6 +29,64 @@ def frozen(a) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """One group of layers that share a cache kind and geometry.
+
+    Attributes:
+        name: ``full``, ``window<W>``, ``ssm`` (or a cache class name).
+        layers: layer labels (``"3"``, or ``"3.1"`` inside a ``CacheList``).
+        kv_bytes: bytes allocated by the group's caches.
+        mask: ``[B, S]`` bool, what the group's layers get at the next step (storage
+            order for ring buffers; ``[B, 1]`` for ``ssm``: True = the token enters the
+            state).
+        left_padding, offset: ``[B]`` int (attention groups; empty for ``ssm``).
+        kv_width_tokens, capacity_tokens: positions in use / allocated (attention groups).
+        window_tokens, write_index, wrapped, mask_temporal: ring-buffer state (window
+            groups): the window, the slot written next, whether the ring has wrapped,
+            and ``mask`` rolled to oldest-first order.
+        state_shapes: per state array its shape, e.g. ``(B, K-1, C)`` (``ssm`` groups).
+    """
+
+    name: str
+    layers: tuple[str, ...]
+    kv_bytes: int
+    mask: np.ndarray
+    left_padding: np.ndarray = field(default_factory=lambda: frozen(np.zeros(0, int)))
+    offset: np.ndarray = field(default_factory=lambda: frozen(np.zeros(0, int)))
+    kv_width_tokens: int = 0
+    capacity_tokens: int = 0
+    window_tokens: int | None = None
+    write_index: int | None = None
+    wrapped: bool | None = None
+    mask_temporal: np.ndarray | None = None
+    state_shapes: tuple[tuple[int, ...], ...] = ()
+
+    def text(self, uids) -> str:
+        """ASCII form: geometry line(s) and the mask grid labelled by uid."""
+        head = f"[{self.name}] layers {','.join(self.layers)}, {self.kv_bytes:,} bytes"
+        if self.name == "ssm":
+            return "\n".join([
+                f"{head}; state shapes {list(self.state_shapes)}",
+                "  enters the state at the next step ('#' yes):",
+                mask_grid(self.mask, uids, fed_slot=False),
+            ])
+        if self.window_tokens is not None:
+            return "\n".join([
+                f"{head}; window {self.window_tokens} tokens, write index {self.write_index}, "
+                f"wrapped {'yes' if self.wrapped else 'no'}, width {self.kv_width_tokens}",
+                "  mask in ring (storage) order ('#' attended, '.' masked):",
+                mask_grid(self.mask, uids, fed_slot=False),
+                "  mask in temporal order (oldest first, '@' = fed token):",
+                mask_grid(self.mask_temporal, uids),
+            ])
+        return "\n".join([
+            f"{head}; KV width {self.kv_width_tokens} tokens",
+            "  mask ('#' attended, '.' padding, '@' fed token):",
+            mask_grid(self.mask, uids),
+        ])
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The batch as the next decode step will see it.
 
@@ -32,13 +95,14 @@ class Snapshot:
         uids: ``[B]`` uid of each row, in row order.
         finished: ``[B]`` True for rows that finished but are not yet evicted by ``filter``.
         generated_tokens: ``[B]`` tokens generated so far per row.
-        left_padding: ``[B]`` int, pad positions at the start of each row (tokens).
-        offset: ``[B]`` int, RoPE position of each row's next token (tokens).
-        kv_width_tokens: the batch cache's sequence length in use (tokens).
-        capacity_tokens: the batch cache's allocated sequence length (tokens).
+        context_tokens: ``[B]`` tokens each row's cache holds (prompt and generated).
+        left_padding: ``[B]`` int, pad positions at the start of each row (tokens), of
+            the first attention group (``full`` if any); zeros for a pure SSM model.
+        offset: ``[B]`` int, RoPE position of each row's next token (same group).
+        kv_width_tokens: that group's sequence length in use (tokens).
+        capacity_tokens: that group's allocated sequence length (tokens).
         kv_bytes: bytes allocated by every layer's cache.
-        masks: per layer group (``"full"`` for full attention) a ``[B, S]`` bool mask that
-            the attention layers use at the next step.
+        groups: the :class:`LayerGroup` s, in first-layer order.
         queue: uids waiting for admission, in queue order.
     """
 
@@ -46,12 +110,13 @@ class Snapshot:
     uids: tuple[int, ...]
     finished: tuple[bool, ...]
     generated_tokens: tuple[int, ...]
+    context_tokens: tuple[int, ...]
     left_padding: np.ndarray
     offset: np.ndarray
     kv_width_tokens: int
     capacity_tokens: int
     kv_bytes: int
-    masks: dict[str, np.ndarray] = field(default_factory=dict)
+    groups: tuple[LayerGroup, ...] = ()
     queue: tuple[int, ...] = ()
 
     @property
@@ -60,12 +125,24 @@ class Snapshot:
         return len(self.uids)
 
     @property
+    def masks(self) -> dict[str, np.ndarray]:
+        """Per group name, the ``[B, S]`` bool mask its layers use at the next step."""
+        return {g.name: g.mask for g in self.groups}
+
+    def group(self, name: str) -> LayerGroup:
+        """The group called ``name``. Raises KeyError naming the groups there are."""
+        for g in self.groups:
+            if g.name == name:
+                return g
+        raise KeyError(f"no layer group {name!r}; groups: {[g.name for g in self.groups]}")
+
+    @property
     def padding_waste(self) -> float:
         """Share of the cache's in-use slots that hold left padding (0..1)."""
-        return padding_waste(self.left_padding, self.kv_width_tokens)
+        return padding_waste(np.clip(self.left_padding, 0, None), self.kv_width_tokens)
 
     def text(self) -> str:
-        """Deterministic text form: a header, per-row geometry and the ASCII masks."""
+        """Deterministic text form: a header, per-row geometry and each group's masks."""
         lines = [
             f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
             f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
@@ -76,9 +153,11 @@ class Snapshot:
                 f"  row {r}: uid {uid} {state}, left_padding {int(self.left_padding[r])}, "
                 f"offset {int(self.offset[r])}, generated {self.generated_tokens[r]}"
             )
-        for group, mask in self.masks.items():
-            lines.append(f"mask [{group}] ('#' attended, '.' padding, '@' fed token):")
-            lines.append(mask_grid(mask, self.uids))
+        if len(self.groups) == 1 and self.groups[0].name == "full":
+            lines.append("mask [full] ('#' attended, '.' padding, '@' fed token):")
+            lines.append(mask_grid(self.groups[0].mask, self.uids))
+        elif self.uids:
+            lines += [g.text(self.uids) for g in self.groups]
         return "\n".join(lines)
 
     def __str__(self) -> str:

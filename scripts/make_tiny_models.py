@@ -24,7 +24,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models import gemma3_text, llama, mamba2, qwen3_next
+from mlx_lm.models import gemma3_text, llama, mamba2, qwen3, qwen3_next
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SEED = 0
@@ -120,11 +120,27 @@ TINY_MAMBA2 = {  # pure SSM (ArraysCache: conv state + SSM state)
     "max_position_embeddings": 2048,
     "torch_dtype": "float32",
 }
+TINY_QWEN3 = {  # full attention, no make_cache: mlx-lm's max_kv_size gives it rotating caches
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-6,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 2048,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
 FAMILIES = {
     "tiny-llama": (llama, TINY_LLAMA),
     "tiny-gemma3": (gemma3_text, TINY_GEMMA3),
     "tiny-qwen3-next": (qwen3_next, TINY_QWEN3_NEXT),
     "tiny-mamba2": (mamba2, TINY_MAMBA2),
+    "tiny-qwen3": (qwen3, TINY_QWEN3),
 }
 
 

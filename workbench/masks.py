@@ -55,11 +55,12 @@ def padding_waste(left_padding: Sequence[int], kv_width_tokens: int) -> float:
     return float(lp.sum()) / slots if slots else 0.0
 
 
-def mask_grid(mask: np.ndarray, uids: Sequence[int], fed_slot: bool = True) -> str:
+def mask_grid(mask: np.ndarray, uids: Sequence[int], fed_slot: bool | int = True) -> str:
     """ASCII form of a ``[B, S]`` bool mask, one line per row labelled by uid.
 
-    ``#`` attended cached position, ``.`` masked (padding), and, when ``fed_slot`` is
-    True, ``@`` for the last column (the slot of the token fed at the next step).
+    ``#`` attended cached position, ``.`` masked (padding), and ``@`` for the slot of the
+    token fed at the next step: the last column when ``fed_slot`` is True, column
+    ``fed_slot`` when it is an int (a ring buffer's write index), none when False.
     An empty batch renders as ``(no rows)``.
     """
     mask = np.asarray(mask, dtype=bool)
@@ -69,7 +70,8 @@ def mask_grid(mask: np.ndarray, uids: Sequence[int], fed_slot: bool = True) -> s
     lines = []
     for uid, row in zip(uids, mask):
         cells = ["#" if m else "." for m in row]
-        if fed_slot and cells:
-            cells[-1] = "@" if row[-1] else "."
+        col = -1 if fed_slot is True else fed_slot
+        if col is not False and cells:
+            cells[col] = "@" if row[col] else "."
         lines.append(f"uid {uid:>{width}} | " + " ".join(cells))
     return "\n".join(lines)

@@ -244,6 +244,12 @@ class Scheduler:
             return _Row(uid, None, None, -1)  # type: ignore[arg-type]
         raise KeyError(f"uid {uid} is unknown (submitted uids are 0..{self._next_uid - 1})")
 
+    @property
+    def batch_cache(self) -> list[Any] | None:
+        """The running batch's per-layer mlx-lm caches (``None`` when no row runs), for
+        inspection and oracles; do not mutate."""
+        return self._cache
+
     def request_of(self, uid: int) -> ValidRequest:
         """The validated request (prompt ids, stop ids) behind ``uid``.
 

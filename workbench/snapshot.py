@@ -74,8 +74,8 @@ class LayerGroup:
             return "\n".join([
                 f"{head}; window {self.window_tokens} tokens, write index {self.write_index}, "
                 f"wrapped {'yes' if self.wrapped else 'no'}, width {self.kv_width_tokens}",
-                "  mask in ring (storage) order ('#' attended, '.' masked):",
-                mask_grid(self.mask, uids, fed_slot=False),
+                "  mask in ring (storage) order ('#' attended, '.' masked, '@' write slot):",
+                mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True),
                 "  mask in temporal order (oldest first, '@' = fed token):",
                 mask_grid(self.mask_temporal, uids),
             ])
@@ -147,12 +147,12 @@ class Snapshot:
             f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
             f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
         ]
+        attention = any(g.name != "ssm" for g in self.groups)
         for r, uid in enumerate(self.uids):
             state = "finished" if self.finished[r] else "running"
-            lines.append(
-                f"  row {r}: uid {uid} {state}, left_padding {int(self.left_padding[r])}, "
-                f"offset {int(self.offset[r])}, generated {self.generated_tokens[r]}"
-            )
+            where = (f"left_padding {int(self.left_padding[r])}, offset {int(self.offset[r])}"
+                     if attention or not self.groups else f"context {self.context_tokens[r]} tokens")
+            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}")
         if len(self.groups) == 1 and self.groups[0].name == "full":
             lines.append("mask [full] ('#' attended, '.' padding, '@' fed token):")
             lines.append(mask_grid(self.groups[0].mask, self.uids))

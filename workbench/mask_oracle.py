@@ -1,0 +1,108 @@
+"""Mask oracle: record the masks a model's layers actually receive during a decode step,
+and compare them with a snapshot's per-group masks.
+
+Knows: how mlx-lm model modules build masks (they call ``scaled_dot_product_attention``
+with the mask of each attention layer, and ``create_ssm_mask`` for recurrent layers, both
+imported by name into the model's module). Must not know: the scheduler's internals
+beyond ``Scheduler.batch_cache``.
+
+Usage::
+
+    snap = sched.snapshot()
+    with recorded_masks(model) as seen:
+        sched.step()
+    assert mismatches(snap, seen, sched_cache_before_step) == []
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import caches as kv
+from .snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class SeenMask:
+    """One mask a layer received at a decode step: the layer's cache object id and the
+    mask as ``[B, S]`` bool (``None`` when the model passed no mask)."""
+
+    cache_id: int
+    mask: np.ndarray | None
+
+
+@contextmanager
+def recorded_masks(model: Any) -> Iterator[list[SeenMask]]:
+    """Within the block, record every single-token (decode) mask the model's layers get.
+
+    Patches the model module's ``scaled_dot_product_attention`` and ``create_ssm_mask``
+    (restored on exit).
+
+    Raises:
+        ValueError: if the model's module has neither function (unknown architecture).
+    """
+    module = sys.modules[type(model).__module__]
+    seen: list[SeenMask] = []
+    originals = {}
+
+    def as_rows(mask, B):
+        return None if mask is None or isinstance(mask, str) else np.array(mask).reshape(B, -1)
+
+    if hasattr(module, "scaled_dot_product_attention"):
+        sdpa = originals["scaled_dot_product_attention"] = module.scaled_dot_product_attention
+
+        def recording_sdpa(queries, keys, values, cache, scale, mask, **kw):
+            if queries.shape[2] == 1:  # [B, n_heads, 1, head_dim]: a decode step
+                seen.append(SeenMask(id(cache), as_rows(mask, queries.shape[0])))
+            return sdpa(queries, keys, values, cache=cache, scale=scale, mask=mask, **kw)
+
+        module.scaled_dot_product_attention = recording_sdpa
+    if hasattr(module, "create_ssm_mask"):
+        ssm_mask = originals["create_ssm_mask"] = module.create_ssm_mask
+
+        def recording_ssm_mask(h, cache=None):
+            mask = ssm_mask(h, cache)
+            if h.shape[1] == 1:  # h: [B, 1, hidden]
+                seen.append(SeenMask(id(cache), as_rows(mask, h.shape[0])))
+            return mask
+
+        module.create_ssm_mask = recording_ssm_mask
+    if not originals:
+        raise ValueError(f"{module.__name__} has no scaled_dot_product_attention or create_ssm_mask to record")
+    try:
+        yield seen
+    finally:
+        for name, fn in originals.items():
+            setattr(module, name, fn)
+
+
+def mismatches(snap: Snapshot, seen: list[SeenMask], caches: list[Any]) -> list[str]:
+    """Compare each recorded mask with the snapshot's mask of the layer's group.
+
+    Args:
+        snap: taken just before the step.
+        seen: what :func:`recorded_masks` recorded during that step.
+        caches: the batch cache during the step (``Scheduler.batch_cache``).
+
+    Returns:
+        One message per disagreement (empty when all agree). A ``None`` mask counts as
+        all-True; an ``ssm`` mask is compared with the group's ``[B, 1]`` mask.
+    """
+    group_of = {id(c): name for name, layers in kv.layer_groups(caches).items() for _, c in layers}
+    problems = []
+    for i, s in enumerate(seen):
+        name = group_of.get(s.cache_id)
+        if name is None:
+            problems.append(f"call {i}: a cache that is not in the batch cache")
+            continue
+        expected = snap.group(name).mask
+        got = np.ones_like(expected) if s.mask is None else s.mask
+        if got.shape != expected.shape or not np.array_equal(got, expected):
+            problems.append(f"call {i} [{name}]: model saw {got.astype(int).tolist()}, "
+                            f"snapshot has {expected.astype(int).tolist()}")
+    return problems

@@ -17,8 +17,8 @@ def test_demo_prints_table_and_oracle_and_writes_outputs(tmp_path):
     code = run_demo(out_dir=tmp_path, echo=lines.append)
     text = "\n".join(lines)
     assert code == 0
-    assert "oracle: 14/14 rows match solo" in text
-    assert "throughput:" in text
+    assert "oracle: 14/14 rows match solo, 14/14 match mlx-lm BatchGenerator" in text
+    assert "summary: 14 requests" in text and "tok/s" in text
     requests = pd.read_csv(tmp_path / "requests.csv")
     assert len(requests) == 14 and set(requests.finish_reason) <= {"stop", "length"}
     assert requests.prompt_tokens.min() == 1 and requests.prompt_tokens.max() == 200
@@ -37,13 +37,22 @@ def test_demo_console_script_runs_with_mlx_lm_style_flags(tmp_path):
     assert "max_batch 2" in out.stdout and "oracle: 14/14 rows match solo" in out.stdout
 
 
-def test_demo_refuses_a_zero_batch_with_a_clear_message(capsys):
+@pytest.mark.parametrize("value,shown", [("0", "0"), ("abc", "'abc'")])
+def test_demo_refuses_a_bad_batch_size_with_a_clear_message(capsys, value, shown):
     with pytest.raises(SystemExit) as exc:
-        main(["demo", "--max-batch", "0"])
+        main(["demo", "--max-batch", value])
     assert exc.value.code == 2
-    assert "--max-batch: must be an int >= 1, got 0" in capsys.readouterr().err
+    assert f"--max-batch: must be an int >= 1, got {shown}" in capsys.readouterr().err
 
 
-def test_demo_refuses_a_missing_model_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        run_demo(model=str(tmp_path / "nope"), out_dir=tmp_path)
+def test_demo_refuses_a_missing_model_path_in_one_line(tmp_path, capsys):
+    assert main(["demo", "--model", str(tmp_path / "nope"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"workbench demo: error: model path '{tmp_path / 'nope'}' does not exist"
+
+
+def test_demo_checks_the_output_folder_before_running(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["demo", "--out", str(blocker / "sub")]) == 2
+    assert "workbench demo: error:" in capsys.readouterr().err

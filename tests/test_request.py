@@ -40,6 +40,28 @@ def test_unknown_request_field_is_a_value_error_naming_it():
         wb.Request(prompt=[1], temprature=0.5)
 
 
+def test_missing_prompt_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match="'prompt' is required"):
+        wb.Request(max_tokens=3)
+
+
+def test_prompt_plus_max_tokens_over_the_context_is_refused(make_sched):
+    sched = make_sched()
+    limit = sched.context_tokens
+    with pytest.raises(ValueError, match=f"exceeds the model's context of {limit} tokens"):
+        sched.submit(wb.Request(prompt=[1] * 10, max_tokens=limit - 9))
+    sched.submit(wb.Request(prompt=[1] * 10, max_tokens=limit - 10))  # exactly fits
+
+
+def test_numpy_token_ids_are_accepted_as_plain_ints(make_sched):
+    import numpy as np
+
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=np.array([5, 9, 11]), max_tokens=2, stop_ids=[np.int64(0)]))
+    assert sched.request_of(uid).prompt_ids == (5, 9, 11)
+    assert all(type(t) is int for t in sched.request_of(uid).prompt_ids)
+
+
 def test_unknown_field_in_a_submitted_dict_is_refused(make_sched):
     with pytest.raises(ValueError, match="unknown field"):
         make_sched().submit({"prompt": [1], "colour": "red"})

@@ -128,8 +128,8 @@ def layer_groups(caches: LayerCaches) -> dict[str, list[tuple[str, Any]]]:
     return groups
 
 
-def _ints(a: mx.array) -> list[int]:
-    return [int(x) for x in np.array(a).reshape(-1).tolist()]
+def _ints(a: mx.array) -> np.ndarray:
+    return np.array(a).reshape(-1).astype(np.int64)
 
 
 def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> dict[str, Any]:

@@ -42,8 +42,12 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
     return value
@@ -55,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a staggered workload, print metrics and the oracle check")
     d.add_argument("--model", default=None, help="mlx-lm model path or Hugging Face repo id (default: bundled)")
-    d.add_argument("--max-batch", type=_positive, default=4, help="most rows decoding at once (default 4)")
-    d.add_argument("--max-tokens", type=_positive, default=None, help="cap on each request's max_tokens")
-    d.add_argument("--prefill-step-size", type=_positive, default=2048, help="prefill chunk length in tokens")
+    d.add_argument("--max-batch", type=positive_int, default=4, help="most rows decoding at once (default 4)")
+    d.add_argument("--max-tokens", type=positive_int, default=None, help="cap on each request's max_tokens")
+    d.add_argument("--prefill-step-size", type=positive_int, default=2048, help="prefill chunk length in tokens")
     d.add_argument("--out", default="workbench-out", help="output folder (default ./workbench-out)")
     d.set_defaults(func=_demo)
     g = sub.add_parser("goldens", help="write reference trajectories from mlx-lm to goldens/")
@@ -70,9 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``workbench`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Entry point of the ``workbench`` console script; returns the exit code (2 for a
+    bad argument, a missing model or an unwritable output folder, with a one-line
+    message on stderr)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (OSError, ValueError) as exc:  # bad model path / folder, bad config: one line, no traceback
+        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -50,8 +50,12 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
         out_dir: folder for ``timeline.png``, ``events.csv`` and ``requests.csv``.
 
     Returns:
-        0 when every row matches the solo oracle, 1 otherwise.
+        0 when every row matches both oracles, 1 otherwise.
+
+    Raises:
+        OSError: if ``out_dir`` cannot be created (checked before the run).
     """
+    out_dir.mkdir(parents=True, exist_ok=True)
     model_obj, tokenizer = load(model) if model else load()
     sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size)
     workload = demo_workload(tokenizer, max_tokens)
@@ -59,15 +63,19 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
          f"prefill_step_size {prefill_step_size}, model {model or 'bundled tiny-llama'}")
     report = sched.run(workload)
     echo(requests_table(report.requests))
-    echo(f"throughput: {report.throughput_tok_per_s:.1f} tok/s ({report.summary()})")
+    echo(f"summary: {report.summary()}")
     check = oracle.solo_check(model_obj, sched)
-    echo(f"oracle: {check.n_match}/{len(check.rows)} rows match solo")
-    for row in check.rows:
+    uids = [r.uid for r in check.rows]
+    refs = oracle.batch_reference(model_obj, [oracle.ref_request(sched.request_of(u)) for u in uids],
+                                  max_batch, prefill_step_size, sched.max_kv_size)
+    batch = oracle.compare({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
+    echo(f"oracle: {check.n_match}/{len(check.rows)} rows match solo, "
+         f"{batch.n_match}/{len(batch.rows)} match mlx-lm BatchGenerator")
+    for row in check.rows + batch.rows:
         if not row.match or row.tie_accepted:
             echo("  " + row.describe())
-    out_dir.mkdir(parents=True, exist_ok=True)
     render_timeline(report.events, title="workbench demo").savefig(out_dir / "timeline.png", dpi=110)
     report.events.to_csv(out_dir / "events.csv", index=False)
     report.requests.to_csv(out_dir / "requests.csv", index=False)
     echo(f"wrote {out_dir / 'timeline.png'}, {out_dir / 'events.csv'}, {out_dir / 'requests.csv'}")
-    return 0 if check.ok else 1
+    return 0 if check.ok and batch.ok else 1

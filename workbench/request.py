@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -65,6 +67,8 @@ def _init_refusing_unknown_fields(self, *args, **kwargs):
     unknown = sorted(set(kwargs) - set(_FIELDS))
     if unknown:
         raise ValueError(f"Request: unknown field(s) {unknown}; allowed fields: {list(_FIELDS)}")
+    if not args and "prompt" not in kwargs:
+        raise ValueError("Request: the field 'prompt' is required (a str or a list of token ids)")
     _dataclass_init(self, *args, **kwargs)
 
 
@@ -82,7 +86,7 @@ class ValidRequest:
 
 
 def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _is_real(x: Any) -> bool:
@@ -95,10 +99,10 @@ def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...
             raise ValueError(f"{name}[{i}] must be an int token id, got {type(t).__name__}")
         if not 0 <= t < vocab_size:
             raise ValueError(f"{name}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
-    return tuple(ids)
+    return tuple(int(t) for t in ids)
 
 
-def validate(request: Any, tokenizer: Any, vocab_size: int) -> ValidRequest:
+def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int | None = None) -> ValidRequest:
     """Check every field of ``request`` and tokenize its prompt.
 
     Args:
@@ -106,6 +110,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int) -> ValidRequest:
         tokenizer: an mlx-lm ``TokenizerWrapper`` (or any object with ``encode`` and
             ``eos_token_ids``).
         vocab_size: number of rows of the model's output projection (tokens).
+        context_tokens: the model's context length (``max_position_embeddings``);
+            ``None`` for no limit.
 
     Returns:
         A :class:`ValidRequest`.
@@ -114,7 +120,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int) -> ValidRequest:
         ValueError: naming the field and its allowed range, for a wrong type, an empty
             prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
             or non-finite temperature, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
-            ``top_p``/``top_k`` with ``temperature == 0``.
+            ``top_p``/``top_k`` with ``temperature == 0``, or a prompt plus
+            ``max_tokens`` longer than ``context_tokens``.
     """
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
@@ -125,7 +132,7 @@ def validate(request: Any, tokenizer: Any, vocab_size: int) -> ValidRequest:
         ids = tuple(tokenizer.encode(r.prompt, add_special_tokens=False))
         if not ids:
             raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
-    elif isinstance(r.prompt, (list, tuple)):
+    elif isinstance(r.prompt, (list, tuple, np.ndarray)):
         if len(r.prompt) == 0:
             raise ValueError("prompt must have at least 1 token id, got an empty list")
         ids = _check_ids("prompt", r.prompt, vocab_size)
@@ -133,6 +140,10 @@ def validate(request: Any, tokenizer: Any, vocab_size: int) -> ValidRequest:
         raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
     if not _is_int(r.max_tokens) or r.max_tokens < 1:
         raise ValueError(f"max_tokens must be an int >= 1, got {r.max_tokens!r}")
+    if context_tokens is not None and len(ids) + r.max_tokens > context_tokens:
+        raise ValueError(
+            f"prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) = {len(ids) + r.max_tokens} "
+            f"exceeds the model's context of {context_tokens} tokens (max_position_embeddings)")
     if not _is_real(r.temperature) or r.temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
     if not _is_real(r.top_p) or not 0 < r.top_p <= 1:

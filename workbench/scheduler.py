@@ -103,6 +103,7 @@ class Scheduler:
         kv.check_batchable(model, self.max_kv_size)
         self.history: deque[Snapshot] = deque(maxlen=_positive_int("history_size", history_size))
         self.vocab_size = vocab_size(model, tokenizer)
+        self.context_tokens = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         self.events: list[Event] = []
         self.step_index = 0
         self._next_uid = 0
@@ -121,7 +122,7 @@ class Scheduler:
         """
         if isinstance(request, dict):
             request = Request.from_dict(request)
-        valid = validate(request, self.tokenizer, self.vocab_size)
+        valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens)
         uid = self._next_uid
         self._next_uid += 1
         self._queue.append((uid, valid))
@@ -242,7 +243,8 @@ class Scheduler:
             return self._done[uid]
         if any(u == uid for u, _ in self._queue):
             return _Row(uid, None, None, -1)  # type: ignore[arg-type]
-        raise KeyError(f"uid {uid} is unknown (submitted uids are 0..{self._next_uid - 1})")
+        known = f"submitted uids are 0..{self._next_uid - 1}" if self._next_uid else "nothing was submitted yet"
+        raise KeyError(f"uid {uid} is unknown ({known})")
 
     @property
     def batch_cache(self) -> list[Any] | None:
@@ -308,8 +310,8 @@ class Scheduler:
             finished=tuple(r.finish_reason is not None for r in self._rows),
             generated_tokens=tuple(len(r.tokens) for r in self._rows),
             context_tokens=tuple(len(r.valid.prompt_ids) - 1 + r.fed for r in self._rows),
-            left_padding=attn.left_padding if attn else frozen(np.zeros(B, int)),
-            offset=attn.offset if attn else frozen(np.zeros(B, int)),
+            left_padding=attn.left_padding if attn else frozen(np.zeros(B, np.int64)),
+            offset=attn.offset if attn else frozen(np.zeros(B, np.int64)),
             kv_width_tokens=attn.kv_width_tokens if attn else 0,
             capacity_tokens=attn.capacity_tokens if attn else 0,
             kv_bytes=kv.kv_bytes(self._cache),

@@ -83,7 +83,9 @@ class Scheduler:
             cache, mlx-lm's ``--max-kv-size``); only for models without ``make_cache``.
             Note mlx-lm's batch rotating cache keeps no "sink" tokens (its solo
             ``RotatingKVCache`` keeps 4), so the solo oracle uses ``keep=0``.
-        history_size: how many snapshots :attr:`history` keeps (a ring buffer).
+        history_size: how many snapshots :attr:`history` keeps (a ring buffer); one is
+            taken after every ``admit``/``step``/``filter`` that changed the batch. ``0``
+            turns recording off (no snapshot cost per step).
 
     Raises:
         ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
@@ -101,7 +103,9 @@ class Scheduler:
         self.clock = clock
         self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
         kv.check_batchable(model, self.max_kv_size)
-        self.history: deque[Snapshot] = deque(maxlen=_positive_int("history_size", history_size))
+        if not isinstance(history_size, int) or isinstance(history_size, bool) or history_size < 0:
+            raise ValueError(f"history_size must be an int >= 0, got {history_size!r}")
+        self.history: deque[Snapshot] = deque(maxlen=history_size)
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         self.events: list[Event] = []
@@ -160,6 +164,7 @@ class Scheduler:
         for i, (uid, v) in enumerate(joiners):
             self._rows.append(_Row(uid, v, sampler_for(v.request), next_input=v.prompt_ids[-1]))
             self._log("join", uid, row=first_row + i)
+        self._record()
         return admitted
 
     def step(self) -> list[Event]:
@@ -193,6 +198,7 @@ class Scheduler:
             if row.finish_reason:
                 finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason))
         self.step_index += 1
+        self._record()
         return out + finished
 
     def filter(self) -> list[Event]:
@@ -207,6 +213,7 @@ class Scheduler:
             self._done[self._rows[b].uid] = self._rows[b]
             events.append(self._log("evict", self._rows[b].uid, row=b))
         self._rows = [self._rows[b] for b in keep]
+        self._record()
         return events
 
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
@@ -285,9 +292,8 @@ class Scheduler:
         return self.tokenizer.decode(toks)
 
     def snapshot(self) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it.
-
-        Also appended to :attr:`history` (the last ``history_size`` snapshots)."""
+        """Frozen numpy view of the batch as the next ``step()`` will see it. Pure: it
+        changes nothing (the engine records :attr:`history` itself)."""
         B = len(self._rows)
         groups = []
         for name, layers in (kv.layer_groups(self._cache) if self._cache else {}).items():
@@ -318,8 +324,12 @@ class Scheduler:
             groups=tuple(groups),
             queue=tuple(uid for uid, _ in self._queue),
         )
-        self.history.append(snap)
         return snap
+
+    def _record(self) -> None:
+        """Append a snapshot to :attr:`history` after an engine call that changed the batch."""
+        if self.history.maxlen:
+            self.history.append(self.snapshot())
 
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics)."""

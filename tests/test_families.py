@@ -54,12 +54,13 @@ def test_lengths_1_5_17_40_together_equal_solo(family):
     assert_solo(family, sched)
 
 
-def test_row_joining_after_another_has_wrapped_equals_solo(family):
+@pytest.mark.parametrize("join_after_steps", [3, 10])  # 12 + 10 tokens: past the 8-token window
+def test_row_joining_mid_decode_equals_solo_before_and_after_a_wrap(family, join_after_steps):
     sched = family(max_batch=4)
     for n in (12, 3):
         sched.submit(wb.Request(prompt=family.prompt(n, n), max_tokens=24))
     sched.admit()
-    for _ in range(10):  # 12 + 10 tokens: past the 8-token window
+    for _ in range(join_after_steps):
         sched.step()
     sched.submit(wb.Request(prompt=family.prompt(21, 400), max_tokens=14))
     sched.admit()

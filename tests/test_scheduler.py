@@ -41,6 +41,8 @@ def test_prompts_of_lengths_1_5_17_40_admitted_together_each_equal_solo(bundled,
     sched.run()
     check = assert_solo(model, sched)
     assert [r.uid for r in check.rows] == uids and all(len(sched.tokens(u)) == 20 for u in uids)
+    # full attention on CPU: bit-exact, not just within tolerance
+    assert all(r.max_logprob_diff == 0.0 for r in check.rows), check.text()
 
 
 def test_row_joining_after_three_decode_steps_matches_solo(bundled, make_sched, prompt):

@@ -1,5 +1,6 @@
-"""Prefill of a joining group: run the prompts (all but their last token) into fresh
-batch caches, in chunks of ``prefill_step_size`` tokens.
+"""Prefill of a joining group: the prompts (all but their last token) run into fresh
+batch caches, one chunk of ``prefill_step_size`` tokens at a time, so the scheduler can
+interleave the chunks with decode steps of the running rows (chunked prefill).
 
 Knows: mlx-lm's ``prepare(lengths=, right_padding=)`` / ``finalize()`` protocol. Must
 not know: requests, events, scheduling policy.
@@ -18,47 +19,77 @@ Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk l
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 
+from . import caches as kv
 
-def prefill(
-    model: Any,
-    caches: list[Any],
-    prompts: Sequence[Sequence[int]],
-    prefill_step_size: int,
-    on_chunk: Callable[[list[int]], None] | None = None,
-) -> None:
-    """Fill ``caches`` (the group's batch caches, modified in place) with ``prompts``.
+
+class PrefillGroup:
+    """A group of joining rows being prefilled together.
 
     Args:
         model: an mlx-lm model.
-        caches: per-layer batch caches for the ``B`` rows, empty (``new_batch_cache``).
-        prompts: ``B`` token-id lists (may be empty; an all-empty group is a no-op).
+        prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
-        on_chunk: called after each chunk with the real (non-pad) tokens per row.
+        max_kv_size: passed to :func:`workbench.caches.new_batch_cache`.
 
-    Raises:
-        ValueError: if ``len(prompts)`` does not match the caches' batch size.
+    Attributes:
+        caches: the group's per-layer batch caches (joined to the running batch when
+            :attr:`done`).
+        position: prompt columns processed so far (tokens).
+        length: ``L``, the longest prompt (tokens).
     """
-    lengths = [len(p) for p in prompts]
-    L = max(lengths, default=0)
-    if L == 0:
-        return
-    right_padding = [L - n for n in lengths]
-    tokens = mx.array([list(p) + [0] * (L - len(p)) for p in prompts], dtype=mx.uint32)  # [B, L]
-    if max(right_padding) > 0:
-        for c in caches:
-            c.prepare(lengths=lengths, right_padding=right_padding)
-    for start in range(0, L, prefill_step_size):
-        chunk = tokens[:, start : start + prefill_step_size]  # [B, C]
-        model(chunk, cache=caches)
-        mx.eval([c.state for c in caches])
-        if on_chunk is not None:
-            C = chunk.shape[1]
-            on_chunk([max(0, min(C, n - start)) for n in lengths])
-    if max(right_padding) > 0:
-        for c in caches:
-            c.finalize()
-        mx.eval([c.state for c in caches])
+
+    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
+                 max_kv_size: int | None = None):
+        self.model = model
+        self.caches = kv.new_batch_cache(model, len(prompts), max_kv_size)
+        self.lengths = [len(p) for p in prompts]
+        self.length = max(self.lengths, default=0)
+        self.right_padding = [self.length - n for n in self.lengths]
+        self.step_size = prefill_step_size
+        self.position = 0
+        self._tokens = mx.array([list(p) + [0] * (self.length - len(p)) for p in prompts],
+                                dtype=mx.uint32)  # [B, L]
+        self._padded = max(self.right_padding, default=0) > 0
+        if self._padded:
+            for c in self.caches:
+                c.prepare(lengths=self.lengths, right_padding=self.right_padding)
+        if self.length == 0:
+            self._finish()
+
+    @property
+    def done(self) -> bool:
+        """True when every prompt column is in the cache and padding moved left."""
+        return self.position >= self.length and not self._padded
+
+    def run_chunk(self) -> list[int]:
+        """Run the next chunk ``[B, C]`` through the model (evaluated before returning).
+
+        Returns:
+            Real (non-pad) tokens per row in this chunk.
+
+        Raises:
+            RuntimeError: if the group is already :attr:`done`.
+        """
+        if self.done:
+            raise RuntimeError("prefill group is done; nothing left to run")
+        start = self.position
+        chunk = self._tokens[:, start : start + self.step_size]  # [B, C]
+        self.model(chunk, cache=self.caches)
+        mx.eval([c.state for c in self.caches])
+        self.position += chunk.shape[1]
+        real = [max(0, min(chunk.shape[1], n - start)) for n in self.lengths]
+        if self.position >= self.length:
+            self._finish()
+        return real
+
+    def _finish(self) -> None:
+        if self._padded:
+            for c in self.caches:
+                c.finalize()
+            mx.eval([c.state for c in self.caches])
+            self._padded = False
+        self.position = self.length

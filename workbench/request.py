@@ -37,6 +37,7 @@ class Request:
         top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
         stop_ids: token ids that end the row (finish reason ``stop``); ``None`` means the
             tokenizer's EOS ids.
+        priority: larger is more urgent; used by the ``priority`` admission policy.
 
     Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
     """
@@ -47,6 +48,7 @@ class Request:
     top_p: float = 1.0
     top_k: int = 0
     stop_ids: Sequence[int] | None = None
+    priority: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -152,6 +154,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         raise ValueError(f"top_k must be an int >= 0, got {r.top_k!r}")
     if r.temperature == 0 and (r.top_p < 1 or r.top_k > 0):
         raise ValueError("top_p / top_k need temperature > 0; temperature 0 is greedy decoding")
+    if not _is_int(r.priority):
+        raise ValueError(f"priority must be an int, got {r.priority!r}")
     if r.stop_ids is None:
         stop = frozenset(tokenizer.eos_token_ids)
     elif isinstance(r.stop_ids, (list, tuple, set, frozenset)):

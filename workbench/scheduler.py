@@ -1,26 +1,36 @@
 """The step-at-a-time continuous-batching scheduler.
 
-Knows: the queue, the running rows, admission (FCFS up to ``max_batch``), the event log.
-Uses: :mod:`workbench.caches` for mlx-lm's batch caches, :mod:`workbench.prefill`,
-:mod:`workbench.sampling`. Must not know: views, Jupyter.
+Knows: the queue, the joining (prefilling) group, the running rows, the admission
+policy, the event log. Uses: :mod:`workbench.caches` for mlx-lm's batch caches,
+:mod:`workbench.prefill`, :mod:`workbench.decode`. Must not know: views, Jupyter.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
 
-    submit ─▶ queue ─admit()─▶ running rows ─step()─▶ tokens ─filter()─▶ evicted
-                     [insert]   {add_request}  [next]  {schedule}  [remove] {update_from_output}
+    submit ─▶ queue ─admit()─▶ prefilling group ─admit()…─▶ running rows ─step()─▶ tokens ─filter()─▶ evicted
+             [insert] {add_request}     (chunked prefill)        [next] {schedule}       [remove] {update_from_output}
 
-- ``admit()`` takes queued requests FCFS while fewer than ``max_batch`` rows are in the
-  batch (finished rows count until ``filter()`` evicts them), prefills all but the last
-  prompt token of the joiners as one right-padded group, and joins them to the running
-  batch with the caches' ``extend``. **A joiner's first token is sampled by the next
-  ``step()``**, which feeds its last prompt token together with every other row (as
-  mlx-lm's ``BatchGenerator`` does). TTFT is therefore measured from ``submit`` to the
-  ``token`` event of that step, prefill and queueing included.
-- ``step()`` runs one forward of shape ``[B, 1]`` for every row, samples one token per
-  row and checks stop ids and ``max_tokens``. Rows that finished earlier but were not
-  yet evicted are fed too (their cache grows) but their outputs are discarded.
+- ``admit()`` forms a prefilling group from the queue (the policy's order, FCFS by
+  default, while rows + group stay within ``max_batch`` and the group within
+  ``prompt_concurrency``), runs prefill chunks of ``prefill_step_size`` tokens (one chunk
+  per call when ``interleave_prefill``, so running rows stall at most one chunk between
+  their tokens; the whole prompt otherwise), and when the group's prompts are in its
+  cache it *joins*: one ``[n, 1]`` forward feeds each joiner's last prompt token
+  (computing its first token's distribution, as mlx-lm's ``GenerationBatch`` does),
+  then the caches' ``extend`` appends the rows to the running batch.
+- ``step()`` reads one token per running row (the distribution computed by the
+  previous forward) and feeds it: one ``[B, 1]`` forward. With ``pipeline`` that
+  forward is launched (``mx.async_eval``) *before* the tokens are read, so the model
+  computes while Python does the bookkeeping, as in mlx-lm's ``GenerationBatch._step``.
+  A joiner's first token is therefore computed in ``admit()`` and **read, and timed,
+  in the next ``step()``**: TTFT runs from ``submit`` to that ``token`` event, queueing
+  and prefill included. Stop ids and ``max_tokens`` are checked on read; rows finished
+  earlier but not yet evicted are fed too, their outputs discarded.
 - ``filter()`` evicts finished rows with the caches' ``filter`` (which trims the left
   padding all remaining rows share).
+
+Invariant between calls: every running row's latest token is in the cache, and the
+distribution of its next token is pending. So a snapshot's masks are those of the next
+forward, the one the next ``step()`` launches.
 
 Axis letters: ``B`` rows, ``V`` vocabulary.
 """
@@ -36,11 +46,13 @@ import mlx.core as mx
 import numpy as np
 
 from . import caches as kv
+from .decode import Pending, launch
 from .events import Event
-from .prefill import prefill
+from .policies import Policy, Queued, policy_from
+from .prefill import PrefillGroup
 from .report import Report, build_report
 from .request import Request, ValidRequest, validate
-from .sampling import Sampler, sample_rows, sampler_for
+from .sampling import Sampler, sampler_for
 from .snapshot import LayerGroup, Snapshot, frozen
 
 
@@ -49,11 +61,18 @@ class _Row:
     uid: int
     valid: ValidRequest
     sampler: Sampler | None
-    next_input: int
     tokens: list[int] = field(default_factory=list)
     fed: int = 0
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+
+
+@dataclass
+class _Group:
+    """A prefilling group: its requests and the prefill in progress."""
+
+    members: list[tuple[int, ValidRequest]]
+    prefill: PrefillGroup
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -95,11 +114,19 @@ class Scheduler:
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,
                  clock: Callable[[], float] = time.perf_counter, max_kv_size: int | None = None,
-                 history_size: int = 64):
+                 history_size: int = 64, prompt_concurrency: int | None = None,
+                 interleave_prefill: bool = True, pipeline: bool = True,
+                 policy: str | Policy = "fcfs", clear_cache_every: int = 256):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
         self.prefill_step_size = _positive_int("prefill_step_size", prefill_step_size)
+        self.prompt_concurrency = self.max_batch if prompt_concurrency is None else _positive_int(
+            "prompt_concurrency", prompt_concurrency)
+        self.interleave_prefill = bool(interleave_prefill)
+        self.pipeline = bool(pipeline)
+        self.policy = policy_from(policy)
+        self.clear_cache_every = _positive_int("clear_cache_every", clear_cache_every)
         self.clock = clock
         self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
         kv.check_batchable(model, self.max_kv_size)
@@ -111,8 +138,10 @@ class Scheduler:
         self.events: list[Event] = []
         self.step_index = 0
         self._next_uid = 0
-        self._queue: deque[tuple[int, ValidRequest]] = deque()
+        self._queue: dict[int, ValidRequest] = {}  # insertion order = arrival order
+        self._group: _Group | None = None
         self._rows: list[_Row] = []
+        self._pending: Pending | None = None
         self._done: dict[int, _Row] = {}
         self._cache: list[Any] | None = None
         self._requests: dict[int, ValidRequest] = {}
@@ -129,59 +158,83 @@ class Scheduler:
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens)
         uid = self._next_uid
         self._next_uid += 1
-        self._queue.append((uid, valid))
+        self._queue[uid] = valid
         self._requests[uid] = valid
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
         return uid
 
     # -- the three engine calls -------------------------------------------------------
     def admit(self) -> list[Event]:
-        """Admit queued requests FCFS up to ``max_batch`` rows. Returns the admit events.
+        """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
+        ``join``).
 
-        Each admitted request leaves the queue (``admit`` event), is prefilled with the
-        other joiners (``prefill`` events, one per chunk per row) and joins the batch
-        (``join`` event). Joiners are prefilled (all but the last prompt token) as one group in chunks of
-        ``prefill_step_size``, then joined with ``extend``; their first token comes from
-        the next ``step()``.
+        Forms a prefilling group from the queue when none is in progress (the policy's
+        order; rows + group within ``max_batch``, group within ``prompt_concurrency``),
+        runs its prefill chunks (at most one per call with ``interleave_prefill``), and
+        joins it to the running batch once its prompts are cached. After a join it forms
+        and starts the next group in the same call if the chunk budget allows.
         """
-        n = min(self.max_batch - len(self._rows), len(self._queue))
-        if n <= 0:
-            return []
-        joiners = [self._queue.popleft() for _ in range(n)]
+        start = len(self.events)
+        chunks = 0
+        while True:
+            if self._group is None and not self._form_group():
+                break
+            group = self._group
+            if not group.prefill.done:
+                if self.interleave_prefill and chunks >= 1:
+                    break
+                real = group.prefill.run_chunk()
+                chunks += 1
+                for (uid, _), k in zip(group.members, real):
+                    if k:
+                        self._log("prefill", uid, n_tokens=k)
+                continue
+            self._join(group)
+        if len(self.events) > start:
+            self._record()
+        return self.events[start:]
+
+    def _form_group(self) -> bool:
+        slots = min(self.max_batch - len(self._rows), self.prompt_concurrency)
+        if slots <= 0 or not self._queue:
+            return False
+        queued = [Queued(uid, len(v.prompt_ids), v.request.priority, i)
+                  for i, (uid, v) in enumerate(self._queue.items())]
+        chosen = self.policy.order(queued)[:slots]
+        members = [(uid, self._queue.pop(uid)) for uid in chosen]
+        for uid, v in members:
+            self._log("admit", uid, n_tokens=len(v.prompt_ids))
+        prompts = [v.prompt_ids[:-1] for _, v in members]
+        self._group = _Group(members, PrefillGroup(self.model, prompts, self.prefill_step_size, self.max_kv_size))
+        return True
+
+    def _join(self, group: _Group) -> None:
+        rows = [_Row(uid, v, sampler_for(v.request)) for uid, v in group.members]
+        last = mx.array([v.prompt_ids[-1] for _, v in group.members], dtype=mx.uint32)
+        pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], self.pipeline)
+        self._cache = kv.join(self._cache, group.prefill.caches)
+        self._pending = Pending.concat(self._pending, pending)
         first_row = len(self._rows)
-        admitted = [self._log("admit", uid, row=first_row + i, n_tokens=len(v.prompt_ids))
-                    for i, (uid, v) in enumerate(joiners)]
-        group = kv.new_batch_cache(self.model, n, self.max_kv_size)
-        uids = [uid for uid, _ in joiners]
-
-        def on_chunk(real_tokens: list[int]) -> None:
-            for uid, k in zip(uids, real_tokens):
-                if k:
-                    self._log("prefill", uid, n_tokens=k)
-
-        prefill(self.model, group, [v.prompt_ids[:-1] for _, v in joiners], self.prefill_step_size, on_chunk)
-        self._cache = kv.join(self._cache, group)
-        for i, (uid, v) in enumerate(joiners):
-            self._rows.append(_Row(uid, v, sampler_for(v.request), next_input=v.prompt_ids[-1]))
-            self._log("join", uid, row=first_row + i)
-        self._record()
-        return admitted
+        self._rows += rows
+        self._group = None
+        for i, (uid, v) in enumerate(group.members):
+            self._log("join", uid, row=first_row + i, n_tokens=len(v.prompt_ids))
 
     def step(self) -> list[Event]:
-        """One decode step: forward ``[B, 1]``, one token per unfinished row.
+        """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
 
-        Returns the token events, then any finish events. With no rows it is a no-op
-        that returns ``[]`` and does not advance ``step_index``.
+        Returns the token events, then any finish events. With no running rows it is a
+        no-op that returns ``[]`` and does not advance ``step_index``.
         """
         if not self._rows:
             return []
-        inputs = mx.array([r.next_input for r in self._rows], dtype=mx.uint32)[:, None]  # [B, 1]
-        logits = self.model(inputs, cache=self._cache)[:, -1, :]  # [B, V]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        sampled = sample_rows(logprobs, [r.sampler for r in self._rows])  # [B]
-        chosen = mx.take_along_axis(logprobs, sampled[:, None].astype(mx.int32), axis=-1)[:, 0]
-        mx.eval(sampled, chosen)
-        toks, lps = sampled.tolist(), chosen.astype(mx.float32).tolist()
+        current = self._pending
+        samplers = [r.sampler for r in self._rows]
+        if self.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
+            self._pending = launch(self.model, self._cache, current.tokens, samplers, asynchronous=True)
+        toks, lps = current.read()
+        if not self.pipeline:
+            self._pending = launch(self.model, self._cache, current.tokens, samplers, asynchronous=False)
         out, finished = [], []
         for b, row in enumerate(self._rows):
             row.fed += 1
@@ -189,7 +242,6 @@ class Scheduler:
                 continue
             row.tokens.append(toks[b])
             row.logprobs.append(lps[b])
-            row.next_input = toks[b]
             out.append(self._log("token", row.uid, row=b, token=toks[b], logprob=lps[b]))
             if toks[b] in row.valid.stop_ids:
                 row.finish_reason = "stop"
@@ -198,6 +250,8 @@ class Scheduler:
             if row.finish_reason:
                 finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason))
         self.step_index += 1
+        if self.step_index % self.clear_cache_every == 0:
+            mx.clear_cache()
         self._record()
         return out + finished
 
@@ -208,6 +262,7 @@ class Scheduler:
             return []
         keep = [b for b, r in enumerate(self._rows) if r.finish_reason is None]
         self._cache = kv.evict(self._cache, keep)
+        self._pending = self._pending.take(keep) if keep else None
         events = []
         for b in gone:
             self._done[self._rows[b].uid] = self._rows[b]
@@ -239,8 +294,8 @@ class Scheduler:
     # -- inspection -------------------------------------------------------------------
     @property
     def idle(self) -> bool:
-        """True when nothing is queued and no row is in the batch."""
-        return not self._queue and not self._rows
+        """True when nothing is queued, prefilling or in the batch."""
+        return not self._queue and self._group is None and not self._rows
 
     def _row_of(self, uid: int) -> _Row:
         for r in self._rows:
@@ -248,8 +303,8 @@ class Scheduler:
                 return r
         if uid in self._done:
             return self._done[uid]
-        if any(u == uid for u, _ in self._queue):
-            return _Row(uid, None, None, -1)  # type: ignore[arg-type]
+        if uid in self._requests:  # queued or prefilling: nothing generated yet
+            return _Row(uid, self._requests[uid], None)
         known = f"submitted uids are 0..{self._next_uid - 1}" if self._next_uid else "nothing was submitted yet"
         raise KeyError(f"uid {uid} is unknown ({known})")
 
@@ -315,14 +370,16 @@ class Scheduler:
             uids=tuple(r.uid for r in self._rows),
             finished=tuple(r.finish_reason is not None for r in self._rows),
             generated_tokens=tuple(len(r.tokens) for r in self._rows),
-            context_tokens=tuple(len(r.valid.prompt_ids) - 1 + r.fed for r in self._rows),
+            context_tokens=tuple(len(r.valid.prompt_ids) + r.fed for r in self._rows),
             left_padding=attn.left_padding if attn else frozen(np.zeros(B, np.int64)),
             offset=attn.offset if attn else frozen(np.zeros(B, np.int64)),
             kv_width_tokens=attn.kv_width_tokens if attn else 0,
             capacity_tokens=attn.capacity_tokens if attn else 0,
             kv_bytes=kv.kv_bytes(self._cache),
             groups=tuple(groups),
-            queue=tuple(uid for uid, _ in self._queue),
+            queue=tuple(self._queue),
+            prefilling=tuple((uid, g.prefill.position, len(v.prompt_ids) - 1)
+                             for g in ([self._group] if self._group else []) for uid, v in g.members),
         )
         return snap
 

@@ -103,7 +103,9 @@ class Snapshot:
         capacity_tokens: that group's allocated sequence length (tokens).
         kv_bytes: bytes allocated by every layer's cache.
         groups: the :class:`LayerGroup` s, in first-layer order.
-        queue: uids waiting for admission, in queue order.
+        queue: uids waiting for admission, in arrival order.
+        prefilling: ``(uid, prefilled_tokens, tokens_to_prefill)`` of the joining group
+            (all prompt tokens but the last are prefilled before the join).
     """
 
     step: int
@@ -118,6 +120,7 @@ class Snapshot:
     kv_bytes: int
     groups: tuple[LayerGroup, ...] = ()
     queue: tuple[int, ...] = ()
+    prefilling: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -147,6 +150,8 @@ class Snapshot:
             f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
             f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
         ]
+        for uid, done, total in self.prefilling:
+            lines.append(f"  prefilling uid {uid}: {min(done, total)}/{total} prompt tokens")
         attention = any(g.name != "ssm" for g in self.groups)
         for r, uid in enumerate(self.uids):
             state = "finished" if self.finished[r] else "running"

@@ -1,0 +1,82 @@
+"""Admission policies: which queued requests join next.
+
+Knows: a queued request's uid, prompt length, priority and arrival order. Must not know:
+MLX, caches, the scheduler's loop (policies are configuration, not forks of it).
+
+A policy is any object with ``name`` and ``order(queue) -> list[uid]``; the scheduler
+admits the first ``slots`` uids of that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What a policy may see of a queued request.
+
+    Attributes:
+        uid: request id. prompt_tokens: prompt length (tokens). priority: larger first
+        (for :class:`Priority`). arrival: submit order (0, 1, ...).
+    """
+
+    uid: int
+    prompt_tokens: int
+    priority: int
+    arrival: int
+
+
+class Policy(Protocol):
+    """Orders the queue for admission."""
+
+    name: str
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids in the order they should be admitted."""
+
+
+class FCFS:
+    """First come, first served (mlx-lm's and vLLM's default)."""
+
+    name = "fcfs"
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        return [q.uid for q in sorted(queue, key=lambda q: q.arrival)]
+
+
+class ShortestPromptFirst:
+    """Shortest prompt first (ties by arrival): lowers mean TTFT, can starve long prompts."""
+
+    name = "shortest-prompt-first"
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        return [q.uid for q in sorted(queue, key=lambda q: (q.prompt_tokens, q.arrival))]
+
+
+class Priority:
+    """Highest ``Request.priority`` first (ties by arrival)."""
+
+    name = "priority"
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        return [q.uid for q in sorted(queue, key=lambda q: (-q.priority, q.arrival))]
+
+
+POLICIES = {p.name: p for p in (FCFS, ShortestPromptFirst, Priority)}
+
+
+def policy_from(spec: "str | Policy") -> Policy:
+    """A policy object from a name in ``POLICIES`` or a policy object itself.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    if isinstance(spec, str):
+        if spec not in POLICIES:
+            raise ValueError(f"policy must be one of {sorted(POLICIES)} or a Policy object, got {spec!r}")
+        return POLICIES[spec]()
+    if not callable(getattr(spec, "order", None)):
+        raise ValueError(f"policy object {spec!r} has no order(queue) method")
+    return spec

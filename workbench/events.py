@@ -13,7 +13,8 @@ Kinds (``Event.kind``):
               prompt tokens in the chunk
 ``join``      the prefilled row entered the running batch (cache ``extend``)
 ``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
-``finish``    the row is done; ``finish_reason`` is ``stop`` or ``length``
+``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
+              ``error`` (``message`` says why) or ``abort``
 ``evict``     the finished row left the batch at ``filter`` (was ``row``)
 ============  ==============================================================
 
@@ -43,6 +44,7 @@ class Event:
     logprob: float = float("nan")
     n_tokens: int = 0
     finish_reason: str = ""
+    message: str = ""
 
     def __post_init__(self):
         if self.kind not in EVENT_KINDS:

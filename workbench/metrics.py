@@ -23,7 +23,7 @@ import pandas as pd
 
 REQUEST_COLUMNS = [
     "uid", "prompt_tokens", "generated_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s",
-    "finish_reason", "text",
+    "finish_reason", "text", "error",
 ]
 
 
@@ -65,6 +65,7 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
             "e2e_s": (fin.time_s[uid] - s.time_s) if uid in fin.index else math.nan,
             "finish_reason": fin.finish_reason[uid] if uid in fin.index else "",
             "text": decode(tokens, int(uid)) if decode else "",
+            "error": fin.message[uid] if uid in fin.index and "message" in fin else "",
         })
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 

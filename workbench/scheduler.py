@@ -52,7 +52,7 @@ from .policies import Policy, Queued, policy_from
 from .prefill import PrefillGroup
 from .report import Report, build_report
 from .request import Request, ValidRequest, validate
-from .sampling import Sampler, sampler_for
+from .sampling import RowSampler
 from .snapshot import LayerGroup, Snapshot, frozen
 
 
@@ -60,11 +60,12 @@ from .snapshot import LayerGroup, Snapshot, frozen
 class _Row:
     uid: int
     valid: ValidRequest
-    sampler: Sampler | None
+    sampler: RowSampler
     tokens: list[int] = field(default_factory=list)
     fed: int = 0
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    message: str = ""
 
 
 @dataclass
@@ -116,7 +117,7 @@ class Scheduler:
                  clock: Callable[[], float] = time.perf_counter, max_kv_size: int | None = None,
                  history_size: int = 64, prompt_concurrency: int | None = None,
                  interleave_prefill: bool = True, pipeline: bool = True,
-                 policy: str | Policy = "fcfs", clear_cache_every: int = 256):
+                 policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -145,6 +146,9 @@ class Scheduler:
         self._done: dict[int, _Row] = {}
         self._cache: list[Any] | None = None
         self._requests: dict[int, ValidRequest] = {}
+        self._seeds: dict[int, int] = {}
+        self._aborted: set[int] = set()
+        self._rng = np.random.default_rng(seed)
 
     # -- requests ---------------------------------------------------------------------
     def submit(self, request: Request | dict) -> int:
@@ -160,6 +164,8 @@ class Scheduler:
         self._next_uid += 1
         self._queue[uid] = valid
         self._requests[uid] = valid
+        drawn = int(self._rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
+        self._seeds[uid] = valid.request.seed if valid.request.seed is not None else drawn
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
         return uid
 
@@ -209,9 +215,14 @@ class Scheduler:
         return True
 
     def _join(self, group: _Group) -> None:
-        rows = [_Row(uid, v, sampler_for(v.request)) for uid, v in group.members]
+        rows = [_Row(uid, v, RowSampler(v.request, self._seeds[uid], self.vocab_size)) for uid, v in group.members]
+        for row in rows:
+            if row.uid in self._aborted:  # aborted while prefilling: joins finished, evicted at filter
+                row.finish_reason = "abort"
         last = mx.array([v.prompt_ids[-1] for _, v in group.members], dtype=mx.uint32)
-        pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], self.pipeline)
+        contexts = [self._context(r, None, b) for b, r in enumerate(rows)]
+        pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], contexts,
+                         [0] * len(rows), self.pipeline)
         self._cache = kv.join(self._cache, group.prefill.caches)
         self._pending = Pending.concat(self._pending, pending)
         first_row = len(self._rows)
@@ -230,30 +241,83 @@ class Scheduler:
             return []
         current = self._pending
         samplers = [r.sampler for r in self._rows]
+        contexts = [self._context(r, current, b) for b, r in enumerate(self._rows)]
+        index = [len(r.tokens) + 1 for r in self._rows]
         if self.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
-            self._pending = launch(self.model, self._cache, current.tokens, samplers, asynchronous=True)
-        toks, lps = current.read()
+            self._pending = launch(self.model, self._cache, current.tokens, samplers, contexts, index, True)
+        toks, lps, finite = current.read()
         if not self.pipeline:
-            self._pending = launch(self.model, self._cache, current.tokens, samplers, asynchronous=False)
+            self._pending = launch(self.model, self._cache, current.tokens, samplers, contexts, index, False)
         out, finished = [], []
         for b, row in enumerate(self._rows):
             row.fed += 1
             if row.finish_reason is not None:
                 continue
-            row.tokens.append(toks[b])
-            row.logprobs.append(lps[b])
-            out.append(self._log("token", row.uid, row=b, token=toks[b], logprob=lps[b]))
-            if toks[b] in row.valid.stop_ids:
+            message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
+            if not message:
+                row.tokens.append(toks[b])
+                row.logprobs.append(lps[b])
+                out.append(self._log("token", row.uid, row=b, token=toks[b], logprob=lps[b]))
+                message = self._call_on_token(row, toks[b])
+            if message:
+                row.finish_reason, row.message = "error", message
+            elif toks[b] in row.valid.stop_ids:
                 row.finish_reason = "stop"
             elif len(row.tokens) >= row.valid.request.max_tokens:
                 row.finish_reason = "length"
             if row.finish_reason:
-                finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason))
+                finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason,
+                                          message=row.message))
         self.step_index += 1
         if self.step_index % self.clear_cache_every == 0:
             mx.clear_cache()
         self._record()
         return out + finished
+
+    @staticmethod
+    def _context(row: _Row, pending: Pending | None, b: int) -> Callable[[], mx.array]:
+        """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one in
+        ``pending``) for its logits processors: built only when asked."""
+        def build() -> mx.array:
+            known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
+            return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
+        return build
+
+    @staticmethod
+    def _call_on_token(row: _Row, token: int) -> str:
+        """Run the request's ``on_token`` callback; its exception becomes the row's error."""
+        callback = row.valid.request.on_token
+        if callback is None:
+            return ""
+        try:
+            callback(row.uid, token)
+        except Exception as exc:  # contained: only this row ends
+            return f"on_token raised {type(exc).__name__}: {exc}"
+        return ""
+
+    def abort(self, uid: int) -> list[Event]:
+        """End ``uid`` with finish reason ``abort``, wherever it is.
+
+        A queued request leaves the queue; a prefilling one finishes and its row is
+        dropped right after its group joins; a running row finishes and is evicted by the
+        next ``filter()``. Aborting a finished uid is a documented no-op (returns ``[]``).
+
+        Raises:
+            KeyError: for a uid that was never submitted.
+        """
+        row = self._row_of(uid)
+        if row.finish_reason is not None or uid in self._aborted:
+            return []
+        if uid in self._queue:
+            del self._queue[uid]
+            self._done[uid] = row
+        elif any(r is row for r in self._rows):
+            pass
+        else:  # prefilling: dropped at join
+            self._aborted.add(uid)
+            return [self._log("finish", uid, finish_reason="abort")]
+        row.finish_reason = "abort"
+        return [self._log("finish", uid, finish_reason="abort")]
 
     def filter(self) -> list[Event]:
         """Evict finished rows (cache ``filter``). Returns the evict events (old rows)."""
@@ -304,7 +368,9 @@ class Scheduler:
         if uid in self._done:
             return self._done[uid]
         if uid in self._requests:  # queued or prefilling: nothing generated yet
-            return _Row(uid, self._requests[uid], None)
+            row = _Row(uid, self._requests[uid], None)
+            row.finish_reason = "abort" if uid in self._aborted else None
+            return row
         known = f"submitted uids are 0..{self._next_uid - 1}" if self._next_uid else "nothing was submitted yet"
         raise KeyError(f"uid {uid} is unknown ({known})")
 
@@ -322,9 +388,10 @@ class Scheduler:
         return self._requests[uid]
 
     def finished_greedy_uids(self) -> list[int]:
-        """Uids that finished (evicted or not) and were decoded greedily, in uid order."""
+        """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
+        greedily, in uid order: the rows an oracle can check."""
         rows = list(self._done.values()) + [r for r in self._rows if r.finish_reason]
-        return sorted(r.uid for r in rows if r.valid.request.greedy)
+        return sorted(r.uid for r in rows if r.valid.request.greedy and r.finish_reason in ("stop", "length"))
 
     def tokens(self, uid: int) -> list[int]:
         """Generated token ids of ``uid`` so far (a final stop token included).
@@ -337,8 +404,12 @@ class Scheduler:
         return list(self._row_of(uid).logprobs)
 
     def finish_reason(self, uid: int) -> str | None:
-        """``stop``, ``length``, or ``None`` while queued or running."""
+        """``stop``, ``length``, ``error``, ``abort``, or ``None`` while queued or running."""
         return self._row_of(uid).finish_reason
+
+    def error(self, uid: int) -> str:
+        """The message of a row that finished with ``error`` (else ``""``)."""
+        return self._row_of(uid).message
 
     def text(self, uid: int) -> str:
         """Visible completion of ``uid``: its tokens decoded, a final stop token excluded."""

@@ -11,6 +11,7 @@ Definitions (seconds; all differences of the injected clock):
   one token (time per output token after the first; the mean inter-token latency, ITL)
 - ``e2e_s``    = finish time − submit time
 - ``throughput_tok_per_s`` = generated tokens / (last token time − first submit time)
+- ``cached_tokens`` = prompt tokens found in the prompt cache at (first) admission
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pandas as pd
 
 REQUEST_COLUMNS = [
     "uid", "prompt_tokens", "generated_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s",
-    "finish_reason", "text", "error",
+    "finish_reason", "text", "error", "cached_tokens",
 ]
 
 
@@ -50,6 +51,8 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
     last_tok = tok.groupby("uid").time_s.max()
     n_tok = tok.groupby("uid").size()
     admit = _first_time(events, "admit")
+    adm = events[events.kind == "admit"]
+    cached = adm.groupby("uid").n_cached.first() if "n_cached" in adm else {}
     rows = []
     for uid, s in sub.iterrows():
         n = int(n_tok.get(uid, 0))
@@ -66,6 +69,7 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
             "finish_reason": fin.finish_reason[uid] if uid in fin.index else "",
             "text": decode(tokens, int(uid)) if decode else "",
             "error": fin.message[uid] if uid in fin.index and "message" in fin else "",
+            "cached_tokens": int(cached.get(uid, 0)) if len(cached) else 0,
         })
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 

@@ -48,8 +48,10 @@ import numpy as np
 from . import caches as kv
 from .decode import Pending, launch
 from .events import Event
+from .budget import kv_profile, projected_bytes
 from .policies import Policy, Queued, policy_from
 from .prefill import PrefillGroup
+from .promptcache import PromptCache
 from .report import Report, build_report
 from .request import Request, ValidRequest, validate
 from .sampling import RowSampler
@@ -70,10 +72,12 @@ class _Row:
 
 @dataclass
 class _Group:
-    """A prefilling group: its requests and the prefill in progress."""
+    """A prefilling group: its requests, the prefill in progress, each row's last input
+    token (fed at the join)."""
 
     members: list[tuple[int, ValidRequest]]
     prefill: PrefillGroup
+    last_tokens: list[int]
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -117,7 +121,8 @@ class Scheduler:
                  clock: Callable[[], float] = time.perf_counter, max_kv_size: int | None = None,
                  history_size: int = 64, prompt_concurrency: int | None = None,
                  interleave_prefill: bool = True, pipeline: bool = True,
-                 policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0):
+                 policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
+                 kv_budget_bytes: int | None = None, prompt_cache: Any = None):
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -148,6 +153,12 @@ class Scheduler:
         self._requests: dict[int, ValidRequest] = {}
         self._seeds: dict[int, int] = {}
         self._aborted: set[int] = set()
+        self._preempted: dict[int, _Row] = {}
+        self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
+        self._kv_profile = kv_profile(model, self.max_kv_size)
+        self._projected: dict[int, int] = {}
+        self.prompt_cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
+        self._cached_tokens: dict[int, int] = {}
         self._rng = np.random.default_rng(seed)
 
     # -- requests ---------------------------------------------------------------------
@@ -160,10 +171,17 @@ class Scheduler:
         if isinstance(request, dict):
             request = Request.from_dict(request)
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens)
+        need = projected_bytes(self._kv_profile, len(valid.prompt_ids) + valid.request.max_tokens)
+        if self.kv_budget_bytes is not None and need > self.kv_budget_bytes:
+            raise ValueError(
+                f"request projects {need:,} KV bytes (prompt {len(valid.prompt_ids)} + max_tokens "
+                f"{valid.request.max_tokens} tokens) but kv_budget_bytes is {self.kv_budget_bytes:,}; "
+                "it could never be admitted")
         uid = self._next_uid
         self._next_uid += 1
         self._queue[uid] = valid
         self._requests[uid] = valid
+        self._projected[uid] = need
         drawn = int(self._rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
         self._seeds[uid] = valid.request.seed if valid.request.seed is not None else drawn
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
@@ -200,29 +218,100 @@ class Scheduler:
             self._record()
         return self.events[start:]
 
+    @property
+    def kv_projected_bytes(self) -> int:
+        """Projected KV bytes of the running and prefilling requests (the budget's use)."""
+        live = [r.uid for r in self._rows if r.finish_reason is None]
+        live += [uid for uid, _ in self._group.members] if self._group else []
+        return sum(self._projected[u] for u in live)
+
     def _form_group(self) -> bool:
         slots = min(self.max_batch - len(self._rows), self.prompt_concurrency)
         if slots <= 0 or not self._queue:
             return False
         queued = [Queued(uid, len(v.prompt_ids), v.request.priority, i)
                   for i, (uid, v) in enumerate(self._queue.items())]
-        chosen = self.policy.order(queued)[:slots]
+        chosen, used = [], self.kv_projected_bytes
+        for uid in self.policy.order(queued)[:slots]:
+            if self.kv_budget_bytes is not None and used + self._projected[uid] > self.kv_budget_bytes:
+                if not chosen and self._preempt_for(uid):
+                    used = self.kv_projected_bytes
+                    if used + self._projected[uid] <= self.kv_budget_bytes:
+                        chosen.append(uid)
+                        used += self._projected[uid]
+                        continue
+                break  # keep the policy's order: nobody jumps a request that does not fit
+            chosen.append(uid)
+            used += self._projected[uid]
+        if not chosen:
+            return False
         members = [(uid, self._queue.pop(uid)) for uid in chosen]
-        for uid, v in members:
-            self._log("admit", uid, n_tokens=len(v.prompt_ids))
-        prompts = [v.prompt_ids[:-1] for _, v in members]
-        self._group = _Group(members, PrefillGroup(self.model, prompts, self.prefill_step_size, self.max_kv_size))
+        inputs = [list(v.prompt_ids) + (self._preempted[uid].tokens if uid in self._preempted else [])
+                  for uid, v in members]
+        caches = None
+        if self.prompt_cache is not None:
+            fetched = [self.prompt_cache.fetch(inp[:-1]) for inp in inputs]
+            caches = [c for c, _ in fetched]
+            tails = [rest for _, rest in fetched]
+            for (uid, _), inp, rest in zip(members, inputs, tails):
+                self._cached_tokens[uid] = len(inp) - 1 - len(rest)
+        else:
+            tails = [inp[:-1] for inp in inputs]
+        for (uid, v), inp in zip(members, inputs):
+            self._log("admit", uid, n_tokens=len(inp), n_cached=self._cached_tokens.get(uid, 0))
+        group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
+        self._group = _Group(members, group, [inp[-1] for inp in inputs])
         return True
 
+    def _preempt_for(self, uid: int) -> bool:
+        """Preempt running rows of lower priority than ``uid`` (lowest first, the latest
+        joined among equals) until ``uid`` fits the KV budget. Returns True if any was."""
+        want = self._requests[uid].request.priority
+        preempted = False
+        while self.kv_projected_bytes + self._projected[uid] > self.kv_budget_bytes:
+            victims = [r for r in self._rows if r.finish_reason is None and r.valid.request.priority < want]
+            if not victims:
+                break
+            victim = min(reversed(victims), key=lambda r: r.valid.request.priority)
+            self.preempt(victim.uid)
+            preempted = True
+        return preempted
+
+    def preempt(self, uid: int) -> list[Event]:
+        """Preempt running row ``uid``: drop its cache row now and re-queue it (original
+        arrival order) to resume from its prompt plus the tokens generated so far; its
+        greedy output equals an uninterrupted run. Returns the ``preempt`` event.
+
+        Raises:
+            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
+        """
+        row = self._row_of(uid)
+        b = next((i for i, r in enumerate(self._rows) if r is row), None)
+        if b is None or row.finish_reason is not None:
+            raise ValueError(f"uid {uid} is not a running, unfinished row; only those can be preempted")
+        keep = [i for i in range(len(self._rows)) if i != b]
+        self._cache = kv.evict(self._cache, keep)
+        self._pending = self._pending.take(keep) if keep else None
+        self._rows = [self._rows[i] for i in keep]
+        self._preempted[uid] = row
+        order = list(self._queue.items()) + [(uid, row.valid)]
+        self._queue = dict(sorted(order, key=lambda item: item[0]))  # uids grow with arrival
+        event = self._log("preempt", uid, row=b, n_tokens=len(row.tokens))
+        self._record()
+        return [event]
+
     def _join(self, group: _Group) -> None:
-        rows = [_Row(uid, v, RowSampler(v.request, self._seeds[uid], self.vocab_size)) for uid, v in group.members]
-        for row in rows:
-            if row.uid in self._aborted:  # aborted while prefilling: joins finished, evicted at filter
+        rows = []
+        for uid, v in group.members:
+            row = self._preempted.pop(uid, None) or _Row(uid, v, RowSampler(v.request, self._seeds[uid], self.vocab_size))
+            row.fed = len(row.tokens)  # a resumed row's generated tokens are in its cache again
+            if uid in self._aborted:  # aborted while prefilling: joins finished, evicted at filter
                 row.finish_reason = "abort"
-        last = mx.array([v.prompt_ids[-1] for _, v in group.members], dtype=mx.uint32)
+            rows.append(row)
+        last = mx.array(group.last_tokens, dtype=mx.uint32)
         contexts = [self._context(r, None, b) for b, r in enumerate(rows)]
         pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], contexts,
-                         [0] * len(rows), self.pipeline)
+                         [len(r.tokens) for r in rows], self.pipeline)
         self._cache = kv.join(self._cache, group.prefill.caches)
         self._pending = Pending.concat(self._pending, pending)
         first_row = len(self._rows)
@@ -310,6 +399,7 @@ class Scheduler:
             return []
         if uid in self._queue:
             del self._queue[uid]
+            self._preempted.pop(uid, None)
             self._done[uid] = row
         elif any(r is row for r in self._rows):
             pass
@@ -325,6 +415,13 @@ class Scheduler:
         if not gone:
             return []
         keep = [b for b, r in enumerate(self._rows) if r.finish_reason is None]
+        if self.prompt_cache is not None:
+            for b in gone:
+                row = self._rows[b]
+                if row.finish_reason in ("stop", "length"):
+                    solo = [c.extract(b) for c in self._cache]
+                    mx.eval([c.state for c in solo])
+                    self.prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, solo, row.fed - len(row.tokens))
         self._cache = kv.evict(self._cache, keep)
         self._pending = self._pending.take(keep) if keep else None
         events = []
@@ -367,6 +464,8 @@ class Scheduler:
                 return r
         if uid in self._done:
             return self._done[uid]
+        if uid in self._preempted:
+            return self._preempted[uid]
         if uid in self._requests:  # queued or prefilling: nothing generated yet
             row = _Row(uid, self._requests[uid], None)
             row.finish_reason = "abort" if uid in self._aborted else None
@@ -447,6 +546,8 @@ class Scheduler:
             kv_width_tokens=attn.kv_width_tokens if attn else 0,
             capacity_tokens=attn.capacity_tokens if attn else 0,
             kv_bytes=kv.kv_bytes(self._cache),
+            kv_budget_bytes=self.kv_budget_bytes,
+            kv_projected_bytes=self.kv_projected_bytes,
             groups=tuple(groups),
             queue=tuple(self._queue),
             prefilling=tuple((uid, g.prefill.position, len(v.prompt_ids) - 1)

@@ -42,3 +42,19 @@ def prompt(bundled):
     """``prompt(n, start=0)`` -> n token ids from the bundled prompt set."""
     _, tokenizer = bundled
     return lambda n, start=0: prompt_of_length(tokenizer, n, start)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--long", action="store_true", default=False,
+                     help="run the stateful fuzzer long enough for >= 10,000 operations")
+
+
+def pytest_terminal_summary(terminalreporter):
+    try:
+        from test_fuzz import STATS
+    except ImportError:
+        return
+    if STATS["operations"]:
+        terminalreporter.write_line(
+            f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
+            f"against solo, {STATS['divergences']} divergences")

@@ -9,6 +9,7 @@ Public contract (see README and docs/)::
     sched.tokens(uid); sched.snapshot(); sched.run()
 """
 
+from . import blas  # first: an optimized BLAS must be loaded before mlx (see workbench.blas)
 from .events import Event
 from .loading import BUNDLED_MODEL, load
 from .report import Report

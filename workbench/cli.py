@@ -39,6 +39,10 @@ def _info(args: argparse.Namespace) -> int:
     for pkg in ("mlx", "mlx-lm", "numpy", "pandas", "matplotlib"):
         print(f"{pkg} {version(pkg)}")
     print(f"mlx default device: {mx.default_device()}")
+    from .blas import STATUS, matmul_seconds
+
+    print(f"BLAS: {STATUS.note}")
+    print(f"measured: 1024x1024 float32 matmul {matmul_seconds() * 1e3:.1f} ms")
     return 0
 
 
@@ -68,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
     g.set_defaults(func=_goldens)
-    i = sub.add_parser("info", help="print versions and the MLX device")
+    i = sub.add_parser("info", help="print versions, the MLX device and the active BLAS")
     i.set_defaults(func=_info)
     return p
 

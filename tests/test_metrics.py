@@ -5,7 +5,7 @@ import math
 import pytest
 
 from workbench.events import Event, events_frame
-from workbench.metrics import percentiles, request_metrics, throughput_tok_per_s
+from workbench.metrics import percentiles, request_metrics, throughput_tok_per_s, token_gaps
 
 
 def _events():
@@ -55,6 +55,13 @@ def test_throughput_is_tokens_over_first_submit_to_last_token():
 
 def test_throughput_without_tokens_is_nan():
     assert math.isnan(throughput_tok_per_s(events_frame([Event("submit", 0, 0, 0.0)])))
+
+
+def test_token_gaps_pair_consecutive_tokens_of_each_request():
+    gaps = token_gaps(_events())
+    assert gaps.uid.tolist() == [0, 0]
+    assert gaps.from_s.tolist() == [2.0, 3.0] and gaps.to_s.tolist() == [3.0, 5.0]
+    assert gaps.gap_s.tolist() == [1.0, 2.0]  # their mean is uid 0's tpot_s, 1.5
 
 
 def test_percentiles_ignore_nan():

@@ -29,6 +29,12 @@ def _goldens(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .benchreport import bench_job
+
+    return bench_job(args.quick, Path(args.out) if args.out else None)
+
+
 def _info(args: argparse.Namespace) -> int:
     import platform
     from importlib.metadata import version
@@ -72,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
     g.set_defaults(func=_goldens)
+    b = sub.add_parser("bench", help="the workbench against mlx-lm's BatchGenerator: tok/s, latency, "
+                       "instrumentation overhead, join cost, head-of-line, roofline")
+    b.add_argument("--quick", action="store_true", help="tiny model, B=1 and 8: a smoke run (under 2 minutes)")
+    b.add_argument("--out", default=None, help="output folder for benchmarks.md and benchmarks/ "
+                   "(default ./docs, or ./workbench-out with --quick)")
+    b.set_defaults(func=_bench)
     i = sub.add_parser("info", help="print versions, the MLX device and the active BLAS")
     i.set_defaults(func=_info)
     return p

@@ -89,3 +89,21 @@ def percentiles(values: pd.Series, qs=(50, 95)) -> dict[str, float]:
     v = values.to_numpy(dtype=float)
     v = v[np.isfinite(v)]
     return {f"p{q}": (float(np.percentile(v, q)) if v.size else math.nan) for q in qs}
+
+
+GAP_COLUMNS = ["uid", "from_s", "to_s", "gap_s"]
+
+
+def token_gaps(events: pd.DataFrame) -> pd.DataFrame:
+    """Inter-token latencies: one row per pair of consecutive token events of a request,
+    with ``GAP_COLUMNS`` (``gap_s`` = ``to_s`` − ``from_s``, seconds). Their distribution
+    is the ITL; ``tpot_s`` is their per-request mean.
+
+    Example: tokens of uid 0 at 1.0, 1.5, 2.5 s give gaps 0.5 and 1.0 s.
+    """
+    tok = events[events.kind == "token"].sort_values(["uid", "time_s"], kind="stable")
+    prev = tok.groupby("uid").time_s.shift()
+    keep = prev.notna()
+    return pd.DataFrame({"uid": tok.uid[keep].astype(int).to_numpy(), "from_s": prev[keep].to_numpy(),
+                         "to_s": tok.time_s[keep].to_numpy(),
+                         "gap_s": (tok.time_s - prev)[keep].to_numpy()}, columns=GAP_COLUMNS)

@@ -1,0 +1,145 @@
+"""The job behind ``workbench bench``: every scenario of :mod:`workbench.benchscenarios`
+on one random-weight model, with the machine's state recorded.
+
+Knows: the run's sizes (:data:`FULL_CONFIG` for the docs, :data:`QUICK_CONFIG` for the CI
+smoke run), the order of the scenarios, the load average while they run. Must not know:
+how results are printed, drawn or written (:mod:`workbench.benchreport`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import mlx.core as mx
+import pandas as pd
+
+from .benchmodel import FULL, QUICK, ModelShape, make_model, parameter_count
+from .benchscenarios import (
+    MLX_LM, PREFILL_FIRST, WORKBENCH, decode_runs, engine_factories, equal_prompts, head_of_line,
+    join_cost, latency_runs, staggered_arrivals,
+)
+from .loading import load
+from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Sizes of every scenario: rows, tokens, repeats."""
+
+    name: str
+    shape: ModelShape
+    batch_sizes: tuple[int, ...]
+    prompt_tokens: int            # decode runs: prompt length of every row
+    decode_tokens: int            # decode runs: max_tokens of every row
+    pairs: int                    # decode runs: measured runs per engine variant
+    prefill_step_size: int        # decode and latency runs, both engines
+    latency_requests: int
+    latency_max_batch: int
+    latency_arrival_steps: float  # one arrival every this many decode steps
+    latency_rounds: int
+    join_rows: int
+    join_context_tokens: int
+    join_repeats: int
+    hol_rows: int
+    hol_prompt_tokens: int
+    hol_chunk_tokens: int
+
+
+FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16, decode_tokens=24, pairs=4,
+                          prefill_step_size=512, latency_requests=16, latency_max_batch=8,
+                          latency_arrival_steps=4, latency_rounds=2, join_rows=32, join_context_tokens=1024,
+                          join_repeats=3, hol_rows=4, hol_prompt_tokens=4096, hol_chunk_tokens=512)
+QUICK_CONFIG = BenchConfig("quick", QUICK, batch_sizes=(1, 8), prompt_tokens=16, decode_tokens=16, pairs=3,
+                           prefill_step_size=128, latency_requests=6, latency_max_batch=4,
+                           latency_arrival_steps=4, latency_rounds=1, join_rows=8, join_context_tokens=256,
+                           join_repeats=3, hol_rows=2, hol_prompt_tokens=512, hol_chunk_tokens=64)
+
+
+@dataclass
+class BenchResult:
+    """Everything a run measured, as frames (one row per measurement) and ``meta``
+    (``key -> value`` strings and numbers: model, machine, load, bandwidth, ...)."""
+
+    config: BenchConfig
+    runs: pd.DataFrame        # decode runs: engine, B, pair, tok_per_s, window_s, tokens, step_s, same_tokens
+    requests: pd.DataFrame    # latency: engine, round, uid, prompt_tokens, ttft_s, tpot_s
+    gaps: pd.DataFrame        # latency: engine, round, uid, gap_s
+    join: pd.DataFrame        # method, seconds
+    hol: pd.DataFrame         # engine, kind, uid, time_s, role
+    roofline: pd.DataFrame    # B, context_tokens, bytes_per_step, bounds, measured tok/s
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def load_1min() -> float:
+    """The 1-minute load average (``os.getloadavg``)."""
+    return os.getloadavg()[0]
+
+
+def roofline_frame(model: Any, cfg: BenchConfig, runs: pd.DataFrame, join: pd.DataFrame,
+                   bandwidth_bytes_per_s: float, flops_per_s: float) -> pd.DataFrame:
+    """One row per decode-run batch size (mean context: prompt + half the decode) and one
+    for the join scenario's bare forward, with the bounds and the measured tok/s."""
+    cost = decode_cost(model)
+    med = runs.groupby(["engine", "B"]).tok_per_s.median()
+    rows = []
+    for B in cfg.batch_sizes:
+        context = cfg.prompt_tokens + cfg.decode_tokens / 2
+        rows.append({"case": f"decode B={B}", "B": B, "context_tokens": context,
+                     **bounds_tok_per_s(cost, B, context, bandwidth_bytes_per_s, flops_per_s),
+                     "workbench_tok_per_s": med[(WORKBENCH, B)], "mlx_lm_tok_per_s": med[(MLX_LM, B)]})
+    step_s = join[join.method == "step"].seconds.median()
+    rows.append({"case": f"bare forward B={cfg.join_rows}", "B": cfg.join_rows,
+                 "context_tokens": cfg.join_context_tokens,
+                 **bounds_tok_per_s(cost, cfg.join_rows, cfg.join_context_tokens, bandwidth_bytes_per_s, flops_per_s),
+                 "workbench_tok_per_s": cfg.join_rows / step_s, "mlx_lm_tok_per_s": float("nan")})
+    return pd.DataFrame(rows)
+
+
+def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = print) -> BenchResult:
+    """Run every scenario of ``cfg`` in order (decode, latency, join, head-of-line,
+    roofline), echoing progress, and return what was measured."""
+    started_s, loads = time.perf_counter(), []
+
+    def section(title: str) -> None:
+        loads.append(load_1min())
+        echo(f"{title} (load average {loads[-1]:.2f}, {time.perf_counter() - started_s:.0f} s in)")
+
+    model = make_model(cfg.shape)
+    _, tokenizer = load()  # the bundled tokenizer: prompts are cut from its prompt set
+    echo(f"model {cfg.shape.describe()}, {parameter_count(model) / 1e6:.1f}M parameters, float32")
+
+    section("decode throughput (alternating runs)")
+    runs = pd.concat([decode_runs(engine_factories(model, tokenizer, B, cfg.prefill_step_size),
+                                  equal_prompts(tokenizer, B, cfg.prompt_tokens), cfg.decode_tokens, cfg.pairs, echo)
+                      for B in cfg.batch_sizes], ignore_index=True)
+
+    section("staggered-arrival latency")
+    near = min(cfg.batch_sizes, key=lambda b: abs(b - cfg.latency_max_batch))
+    interval_s = cfg.latency_arrival_steps * runs[runs.B == near].step_s.median()
+    requests, gaps = latency_runs(
+        engine_factories(model, tokenizer, cfg.latency_max_batch, cfg.prefill_step_size, (WORKBENCH, MLX_LM)),
+        staggered_arrivals(tokenizer, cfg.latency_requests, interval_s), cfg.latency_rounds, echo)
+
+    section("join cost")
+    join = join_cost(model, cfg.join_rows, cfg.join_context_tokens, cfg.join_repeats)
+
+    section("head-of-line")
+    hol = head_of_line(
+        engine_factories(model, tokenizer, cfg.hol_rows + 1, cfg.hol_chunk_tokens, (WORKBENCH, MLX_LM, PREFILL_FIRST)),
+        tokenizer, cfg.hol_rows, cfg.hol_prompt_tokens, cfg.hol_chunk_tokens, echo=echo)
+
+    section("roofline")
+    bandwidth = copy_bandwidth_bytes_per_s()
+    flops = matmul_flops_per_s()
+    roofline = roofline_frame(model, cfg, runs, join, bandwidth, flops)
+    loads.append(load_1min())
+    meta = {"mode": cfg.name, "model": cfg.shape.describe(), "parameters": parameter_count(model),
+            "dtype": "float32", "device": str(mx.default_device()),
+            "copy_bandwidth_bytes_per_s": bandwidth, "mlx_copy_bytes_per_s": copy_bandwidth_bytes_per_s(backend="mlx"),
+            "matmul_flops_per_s": flops, "latency_arrival_interval_s": interval_s,
+            "load_1min_samples": " ".join(f"{x:.2f}" for x in loads), "load_1min_min": min(loads),
+            "load_1min_max": max(loads), "wall_s": time.perf_counter() - started_s}
+    return BenchResult(cfg, runs, requests, gaps, join, hol, roofline, meta)

@@ -1,0 +1,154 @@
+"""The engines under benchmark behind one small interface, and the driver that feeds them
+the same arrivals.
+
+Knows: the Scheduler's ``submit / admit / step / filter``, mlx-lm's ``BatchGenerator``
+(``insert / next_generated / close``), the event records. Must not know: what is measured
+or reported (:mod:`workbench.bench` does that).
+
+An *engine* here has ``submit(prompt_ids, max_tokens) -> uid``, ``iterate() -> tokens``,
+``idle``, ``events`` and ``close()``. One iteration is what the engine's own loop does
+once:
+
+- ``WorkbenchEngine``: ``admit(); step(); filter()`` (the body of ``Scheduler.run``): at
+  most one prefill chunk (``interleave_prefill``), one ``[B, 1]`` decode step, evictions.
+- ``MlxLmEngine``: one ``next_generated()``: one decode step and at most one prompt chunk
+  (mlx-lm's ``BatchGenerator._next``), evictions inside.
+
+Both decode greedily with no stop ids (every request runs to ``max_tokens``). The
+workbench's ``events`` are its own log; mlx-lm has none, so its adapter records the same
+kinds (``submit``, ``token``, ``finish``) stamped with the time ``next_generated()``
+returned, and :mod:`workbench.metrics` reads both logs alike.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+from mlx_lm.generate import BatchGenerator
+
+from .events import Event
+from .request import Request
+from .scheduler import Scheduler
+
+
+class WorkbenchEngine:
+    """The workbench :class:`~workbench.scheduler.Scheduler` as a benchmark engine.
+
+    Args:
+        model, tokenizer: the model under test and any tokenizer (prompts are token ids).
+        max_batch, prefill_step_size, clock: the Scheduler's.
+        **scheduler_kwargs: any other Scheduler keyword (``history_size``,
+            ``interleave_prefill``, ``pipeline``, ...).
+    """
+
+    name = "workbench"
+
+    def __init__(self, model: Any, tokenizer: Any, max_batch: int, prefill_step_size: int,
+                 clock: Callable[[], float] = time.perf_counter, **scheduler_kwargs: Any):
+        self.sched = Scheduler(model, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size,
+                               clock=clock, **scheduler_kwargs)
+
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
+        return self.sched.submit(Request(prompt=list(prompt_ids), max_tokens=max_tokens, stop_ids=[]))
+
+    def iterate(self) -> int:
+        self.sched.admit()
+        tokens = sum(e.kind == "token" for e in self.sched.step())
+        self.sched.filter()
+        return tokens
+
+    @property
+    def idle(self) -> bool:
+        return self.sched.idle
+
+    @property
+    def events(self) -> list[Event]:
+        return self.sched.events
+
+    def close(self) -> None:
+        pass
+
+
+class MlxLmEngine:
+    """mlx-lm's ``BatchGenerator`` as a benchmark engine (greedy, no stop tokens).
+
+    Args:
+        max_batch: ``completion_batch_size`` and ``prefill_batch_size`` (rows decoding,
+            rows prefilling at once), as the workbench's ``max_batch``.
+        prefill_step_size: mlx-lm's prompt chunk length in tokens.
+        clock: stamps the recorded events.
+    """
+
+    name = "mlx-lm"
+
+    def __init__(self, model: Any, max_batch: int, prefill_step_size: int,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.gen = BatchGenerator(model, completion_batch_size=max_batch, prefill_batch_size=max_batch,
+                                  prefill_step_size=prefill_step_size)
+        self.clock = clock
+        self.events: list[Event] = []
+        self._active: set[int] = set()
+        self._iterations = 0
+
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
+        uid = self.gen.insert([list(prompt_ids)], max_tokens=[max_tokens])[0]
+        self._active.add(uid)
+        self.events.append(Event("submit", uid, self._iterations, self.clock(), n_tokens=len(prompt_ids)))
+        return uid
+
+    def iterate(self) -> int:
+        responses = self.gen.next_generated()
+        now_s = self.clock()
+        for r in responses:
+            self.events.append(Event("token", r.uid, self._iterations, now_s, token=int(r.token)))
+            if r.finish_reason is not None:
+                self.events.append(Event("finish", r.uid, self._iterations, now_s, finish_reason=r.finish_reason))
+                self._active.discard(r.uid)
+        self._iterations += 1
+        return len(responses)
+
+    @property
+    def idle(self) -> bool:
+        return not self._active
+
+    def close(self) -> None:
+        self.gen.close()
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A request of a benchmark workload: submitted once ``at_s`` seconds have passed
+    since the drive started *and* ``at_iteration`` engine iterations have run."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    at_s: float = 0.0
+    at_iteration: int = 0
+
+
+ITERATION_COLUMNS = ["iteration", "time_s", "tokens"]
+
+
+def drive(engine: Any, arrivals: Sequence[Arrival], clock: Callable[[], float] = time.perf_counter) -> pd.DataFrame:
+    """Run ``engine`` until every arrival was submitted and it is idle again.
+
+    Arrivals are submitted in the given order, each when due; an idle engine does not
+    wait for ``at_iteration`` and the driver sleeps until the next ``at_s``. Returns one
+    row per iteration with ``ITERATION_COLUMNS``: ``time_s`` is the clock when the
+    iteration returned, ``tokens`` how many tokens it produced.
+    """
+    start_s, done, rows = clock(), 0, []
+    while done < len(arrivals) or not engine.idle:
+        while done < len(arrivals):
+            due_s = start_s + arrivals[done].at_s
+            if not engine.idle and (arrivals[done].at_iteration > len(rows) or clock() < due_s):
+                break
+            time.sleep(max(0.0, due_s - clock()))
+            engine.submit(arrivals[done].prompt, arrivals[done].max_tokens)
+            done += 1
+        tokens = engine.iterate()
+        rows.append((len(rows), clock(), tokens))
+    return pd.DataFrame(rows, columns=ITERATION_COLUMNS)

@@ -1,0 +1,289 @@
+"""The benchmark's table, its text form, and the files ``workbench bench`` writes.
+
+Knows: a :class:`~workbench.bench.BenchResult`, the goals of issue 6, percentiles
+(:mod:`workbench.metrics`), the figures (:mod:`workbench.views.bench`). Must not know:
+engines or MLX; everything here is arithmetic on the measured frames.
+
+The table has one row per entry of :func:`row_ids` and columns ``TABLE_COLUMNS``:
+``measured`` is the number the row is about, ``reference`` what it is compared with
+(``reference_is`` says what), ``value`` their comparison (``value_is``), ``spread`` the
+range of that comparison over repeats (text, empty when there is one measurement),
+``goal`` a bound on ``value`` (empty when the row has none), ``met`` ``yes`` / ``no`` /
+empty. Ratios of alternating runs are medians of per-pair ratios (each pair ran back to
+back).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .bench import BenchResult
+from .benchscenarios import MLX_LM, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
+from .metrics import percentiles
+
+TABLE_COLUMNS = ["row", "metric", "unit", "measured", "reference", "reference_is", "value", "value_is",
+                 "spread", "goal", "met"]
+GOALS = {"decode": (">=", 1.10), "overhead": ("<=", 1.03), "join_extend": ("<=", 1.0), "hol_workbench": ("<=", 1.5)}
+NOTES_MARKER = "<!-- Everything below this line is hand-written and kept when `workbench bench` rewrites the file. -->"
+
+
+def row_ids(batch_sizes: tuple[int, ...]) -> list[str]:
+    """Every row of the table, in order (the smoke test and the notebook check these)."""
+    return ([f"decode_B{b}" for b in batch_sizes] + [f"overhead_B{b}" for b in batch_sizes]
+            + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "join_extend", "join_remerge",
+               "hol_workbench", "hol_mlx_lm", "hol_prefill_first"] + [f"roofline_B{b}" for b in batch_sizes])
+
+
+def goal_text(row: str) -> str:
+    """The goal on ``value`` for ``row`` as text (``">= 1.10"``), or ``""``."""
+    kind = next((k for k in GOALS if row == k or row.startswith(k + "_B")), None)
+    if kind is None:
+        return ""
+    op, bound = GOALS[kind]
+    return f"{op} {bound:.2f}"
+
+
+def _met(value: float, goal: str) -> str:
+    if not goal:
+        return ""
+    op, bound = goal.split()
+    ok = value >= float(bound) if op == ">=" else value <= float(bound)
+    return "yes" if ok else "no"
+
+
+def _pair_ratios(runs: pd.DataFrame, B: int, top: str, bottom: str) -> pd.Series:
+    """Per pair, ``top``'s tok/s / ``bottom``'s tok/s at batch size ``B``."""
+    r = runs[runs.B == B].pivot_table(index="pair", columns="engine", values="tok_per_s")
+    return r[top] / r[bottom]
+
+
+def _spread(values: pd.Series) -> str:
+    return f"{values.min():.3f}..{values.max():.3f}" if len(values) > 1 else ""
+
+
+def build_table(result: BenchResult) -> pd.DataFrame:
+    """The table of ``result`` (see the module docstring)."""
+    cfg, runs = result.config, result.runs
+    med = runs.groupby(["engine", "B"]).tok_per_s.median()
+    rows = []
+
+    def add(row: str, metric: str, unit: str, measured: float, reference: float, reference_is: str,
+            value: float, value_is: str, spread: str = "") -> None:
+        goal = goal_text(row)
+        rows.append([row, metric, unit, measured, reference, reference_is, value, value_is, spread, goal,
+                     _met(value, goal)])
+
+    for B in cfg.batch_sizes:
+        r = _pair_ratios(runs, B, WORKBENCH, MLX_LM)
+        add(f"decode_B{B}", f"decode tok/s, B={B}", "tok/s", med[(WORKBENCH, B)], med[(MLX_LM, B)], "mlx-lm",
+            r.median(), "workbench / mlx-lm", _spread(r))
+    for B in cfg.batch_sizes:
+        r = _pair_ratios(runs, B, WORKBENCH_OFF, WORKBENCH)
+        add(f"overhead_B{B}", f"instrumentation overhead, B={B}", "tok/s", med[(WORKBENCH, B)],
+            med[(WORKBENCH_OFF, B)], "workbench, history_size=0", r.median(), "time instrumented / time off",
+            _spread(r))
+    for name, frame, col in (("ttft", result.requests, "ttft_s"), ("itl", result.gaps, "gap_s")):
+        ours = percentiles(frame[frame.engine == WORKBENCH][col])
+        theirs = percentiles(frame[frame.engine == MLX_LM][col])
+        for q in ("p50", "p95"):
+            add(f"{name}_{q}", f"{name.upper()} {q}, staggered arrivals", "s", ours[q], theirs[q], "mlx-lm",
+                ours[q] / theirs[q], "workbench / mlx-lm (lower is better)")
+    sec = result.join.groupby("method").seconds
+    step_s = sec.median()["step"]
+    where = f"1 row into B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
+    for row, method in (("join_extend", "extend"), ("join_remerge", "re-merge")):
+        ratios = result.join[result.join.method == method].seconds / step_s
+        add(row, f"join by {method}, {where}", "s", sec.median()[method], step_s, "one decode step",
+            ratios.median(), "join / step", _spread(ratios))
+    ref = head_of_line_numbers(result.hol, WORKBENCH)
+    for row, engine in (("hol_workbench", WORKBENCH), ("hol_mlx_lm", MLX_LM), ("hol_prefill_first", PREFILL_FIRST)):
+        n = head_of_line_numbers(result.hol, engine)
+        bound = ref["chunk_s"] + n["step_s"]
+        add(row, f"head-of-line, {engine}: {cfg.hol_prompt_tokens}-token join, chunk {cfg.hol_chunk_tokens}", "s",
+            n["max_gap_s"], bound, "one chunk + one step", n["max_gap_s"] / bound, "max gap / (chunk + step)")
+    for _, r in result.roofline[result.roofline.case.str.startswith("decode")].iterrows():
+        add(f"roofline_B{r.B}", f"roofline, decode B={r.B}", "tok/s", r.workbench_tok_per_s,
+            r.attainable_tok_per_s, "attainable: min(memory, compute bound)",
+            r.workbench_tok_per_s / r.attainable_tok_per_s, "workbench / attainable")
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def _fmt(x: float, unit: str) -> str:
+    return f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:.1f} {unit}"
+
+
+def table_text(table: pd.DataFrame) -> str:
+    """Fixed-width text of the table: metric, measured, reference, value, goal, met."""
+    width = max(len(m) for m in table.metric)
+    lines = [f"{'metric':<{width}}  {'measured':>13}  {'reference':>13}  {'value':>7}  {'spread':>12}  "
+             f"{'goal':>7}  met"]
+    for _, r in table.iterrows():
+        lines.append(f"{r.metric:<{width}}  {_fmt(r.measured, r.unit):>13}  {_fmt(r.reference, r.unit):>13}  "
+                     f"{r.value:7.3f}  {r.spread:>12}  {r.goal:>7}  {r.met}")
+    return "\n".join(lines)
+
+
+def table_markdown(table: pd.DataFrame) -> str:
+    """The table as a Markdown table (measured, reference and what it is, value, goal)."""
+    lines = ["| metric | measured | reference | value | spread | goal | met |",
+             "| --- | ---: | ---: | ---: | ---: | :---: | :---: |"]
+    for _, r in table.iterrows():
+        lines.append(f"| {r.metric} | {_fmt(r.measured, r.unit)} | {_fmt(r.reference, r.unit)} ({r.reference_is}) "
+                     f"| {r.value:.3f} ({r.value_is}) | {r.spread} | {r.goal} | {r.met} |")
+    return "\n".join(lines)
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model (``lscpu``), cores (``nproc``), memory, Python, mlx / mlx-lm versions, BLAS."""
+    from .blas import STATUS
+
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "")
+    except OSError:
+        cpu = platform.processor()
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu": cpu or platform.machine(), "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1),
+            "system": f"{platform.system()} {platform.machine()}", "python": platform.python_version(),
+            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "blas": STATUS.library or "MLX's bundled",
+            "blas_note": STATUS.note}
+
+
+FIGURES = {"throughput.png": "decode tok/s per engine and batch size, with the roofline bound",
+           "latency.png": "TTFT and ITL distributions, staggered arrivals",
+           "join.png": "join by extend vs re-merge, against one decode step",
+           "head_of_line.png": "running rows' tokens while a long prompt joins"}
+CSV_FILES = {"table.csv": "the table", "runs.csv": "every decode run", "requests.csv": "latency workload, per request",
+             "gaps.csv": "latency workload, per inter-token gap", "join.csv": "join-cost measurements",
+             "head_of_line.csv": "head-of-line events", "roofline.csv": "roofline per case",
+             "meta.csv": "model, machine, load, bandwidth"}
+
+
+def meta_of(result: BenchResult) -> dict[str, Any]:
+    """``result.meta`` plus the machine, the date and the decode runs' token agreement."""
+    same = result.runs.same_tokens.dropna()
+    return {**machine_info(), **result.meta, "date": datetime.date.today().isoformat(),
+            "same_tokens_runs": f"{int(same.sum())}/{len(same)}"}
+
+
+def _outcomes(table: pd.DataFrame) -> list[str]:
+    out = []
+    for _, r in table[table.goal != ""].iterrows():
+        verdict = "**met**" if r.met == "yes" else "**missed**"
+        out.append(f"- {r.metric}: {verdict}, {r.value_is} = {r.value:.3f} (goal {r.goal})")
+    return out
+
+
+def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], notes: str) -> str:
+    """``docs/benchmarks.md``: machine, load, BLAS, versions, model, the table, each
+    goal's outcome, the definitions, the figures, then the kept hand-written ``notes``."""
+    cfg = result.config
+    gb = lambda x: f"{x / 1e9:.1f} GB/s"  # noqa: E731
+    lines = [
+        "# Benchmarks: the workbench against mlx-lm's BatchGenerator", "",
+        f"Written by `workbench bench` ({meta['mode']} mode, {meta['date']}, {meta['wall_s'] / 60:.1f} min); "
+        "`workbench bench --quick` is the CI smoke run. The numbers below are from one run on a shared machine: "
+        "read the ratios, which come from alternating runs, more than the absolute rates.", "",
+        "## Machine", "",
+        f"- CPU: {meta['cpu']}, {meta['cores']} cores (`nproc`), {meta['memory_gib']} GiB; {meta['system']}",
+        f"- load average (1 min) during the run: {meta['load_1min_min']:.2f} to {meta['load_1min_max']:.2f} "
+        f"(at each section: {meta['load_1min_samples']}) on {meta['cores']} cores: other jobs shared the CPU",
+        f"- BLAS: {meta['blas']} ({meta['blas_note']}); measured float32 matmul "
+        f"{meta['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s",
+        f"- memory bandwidth: {gb(meta['copy_bandwidth_bytes_per_s'])} (numpy copy, read + write); "
+        f"an MLX copy reaches {gb(meta['mlx_copy_bytes_per_s'])}",
+        f"- Python {meta['python']}, mlx {meta['mlx']}, mlx-lm {meta['mlx_lm']}, device {meta['device']}", "",
+        "## Model", "",
+        f"- {meta['model']}; {meta['parameters'] / 1e6:.1f}M parameters, {meta['dtype']} (random weights, seed 0, "
+        "built in memory: speed depends on shapes only; float32 because MLX's CPU matmuls in float16/bfloat16 "
+        "do not use the BLAS and are several times slower here)",
+        f"- decode runs: B equal requests, prompts of {cfg.prompt_tokens} tokens, max_tokens {cfg.decode_tokens}, "
+        f"greedy, no stop ids, prefill_step_size {cfg.prefill_step_size}, {cfg.pairs} measured runs per engine "
+        f"after a warm-up, alternating (A B C, C B A, ...); the workbench's tokens equal mlx-lm's in "
+        f"{meta['same_tokens_runs']} runs",
+        f"- latency: {cfg.latency_requests} requests, prompts {min(result.requests.prompt_tokens)}-"
+        f"{max(result.requests.prompt_tokens)} tokens, one arrival every {meta['latency_arrival_interval_s'] * 1e3:.0f} ms "
+        f"({cfg.latency_arrival_steps:g} decode steps at B={cfg.latency_max_batch}), max_batch {cfg.latency_max_batch}, "
+        f"{cfg.latency_rounds} round(s) per engine", "",
+        "## Results", "", table_markdown(table), "",
+        "## Goals", "", *_outcomes(table), "",
+        "## Definitions", "",
+        "- **decode tok/s**: tokens of the engine iterations after the first one that produced tokens, over the "
+        "time from that iteration's return to the last one's; the same driver stamps both engines (one iteration: "
+        "the workbench's `admit(); step(); filter()`, one mlx-lm `next_generated()`). The workbench runs as "
+        "shipped: events and a snapshot after every call (`history_size=64`).",
+        "- **instrumentation overhead**: the same runs with `history_size=0` (no snapshots; events are always "
+        "logged); value = decode time instrumented / time off.",
+        "- **TTFT / ITL**: from each engine's event log (the workbench's own; for mlx-lm the benchmark records "
+        "submit and token events stamped when `next_generated()` returns): first token - submit, and the gaps "
+        "between consecutive tokens of a request.",
+        "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); extend = "
+        "`caches.join` (mlx-lm's `BatchKVCache.extend`), re-merge = `extract` every row and `merge`; each over "
+        "the median time of one bare `[B, 1]` forward at that context.",
+        "- **head-of-line**: running rows decode while a long prompt joins (the same chunk size for both engines). "
+        "Max gap = the largest gap between two tokens of a running row overlapping the joiner's submit .. first "
+        "token; one chunk = the longest of the workbench's prefill chunks (its `prefill` event minus the event "
+        "before it); one step = the median gap of running rows before the joiner arrived.",
+        "- **roofline**: bytes per step = weights read by a step (the untied input embedding excluded) + B x "
+        "context x KV bytes per token; memory bound = B x bandwidth / bytes; compute bound = B x matmul flop/s / "
+        "(2 x weight parameters + attention flops per row); attainable = the smaller.", "",
+        "## Figures", "", *[f"![{desc}](benchmarks/{name})" for name, desc in FIGURES.items()], "",
+        "Data: " + ", ".join(f"`benchmarks/{name}` ({desc})" for name, desc in CSV_FILES.items()) + ".", "",
+        NOTES_MARKER, notes.rstrip(), "",
+    ]
+    return "\n".join(lines)
+
+
+def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
+    """Write ``out_dir/benchmarks/*.csv``, ``*.png`` and ``out_dir/benchmarks.md`` (keeping
+    the hand-written notes below :data:`NOTES_MARKER` of an existing file). Returns the table."""
+    from .views.bench import render_head_of_line, render_join, render_latency, render_throughput
+
+    data = Path(out_dir) / "benchmarks"
+    data.mkdir(parents=True, exist_ok=True)
+    table = build_table(result)
+    meta = meta_of(result)
+    frames = {"table.csv": table, "runs.csv": result.runs, "requests.csv": result.requests, "gaps.csv": result.gaps,
+              "join.csv": result.join, "head_of_line.csv": result.hol, "roofline.csv": result.roofline,
+              "meta.csv": pd.DataFrame({"key": list(meta), "value": [json.dumps(v) if not isinstance(v, str) else v
+                                                                     for v in meta.values()]})}
+    for name, frame in frames.items():
+        frame.to_csv(data / name, index=False)
+    figures = {"throughput.png": render_throughput(result.runs, result.roofline),
+               "latency.png": render_latency(result.requests, result.gaps),
+               "join.png": render_join(result.join, result.config.join_rows, result.config.join_context_tokens),
+               "head_of_line.png": render_head_of_line(result.hol)}
+    for name, fig in figures.items():
+        fig.savefig(data / name, dpi=110)
+    md = Path(out_dir) / "benchmarks.md"
+    old = md.read_text() if md.exists() else ""
+    notes = old.split(NOTES_MARKER, 1)[1] if NOTES_MARKER in old else ""
+    md.write_text(markdown(result, table, meta, notes))
+    return table
+
+
+def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print) -> int:
+    """The job behind ``workbench bench``: run the full (or ``quick``) benchmark, write its
+    files under ``out_dir`` (default ``docs`` for the full run, ``workbench-out`` for the
+    quick one, so a smoke run never overwrites the documented numbers), print the table.
+    Returns the exit code (0)."""
+    from .bench import FULL_CONFIG, QUICK_CONFIG, run_bench
+
+    out = Path(out_dir) if out_dir is not None else Path("workbench-out" if quick else "docs")
+    (out / "benchmarks").mkdir(parents=True, exist_ok=True)  # fail before a long run, not after
+    result = run_bench(QUICK_CONFIG if quick else FULL_CONFIG, echo)
+    table = write_outputs(result, out)
+    echo(table_text(table))
+    echo(f"load average (1 min) during the run: {result.meta['load_1min_min']:.2f} to "
+         f"{result.meta['load_1min_max']:.2f}; {result.meta['wall_s']:.0f} s")
+    echo(f"wrote {out / 'benchmarks.md'} and {out / 'benchmarks'}/ ({', '.join([*CSV_FILES, *FIGURES])})")
+    return 0

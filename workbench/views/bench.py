@@ -1,0 +1,106 @@
+"""Benchmark figures: pure functions from the benchmark's frames (as written to
+``docs/benchmarks/*.csv``) to matplotlib Figures.
+
+Knows: the columns of :class:`workbench.bench.BenchResult`'s frames. Must not know: the
+engines; these never run anything, so the notebook draws them from the stored CSV files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+ENGINE_COLOURS = {"workbench": "#3b7dd8", "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
+                  "workbench, prefill-first": "#7f7f7f"}
+
+
+def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
+    """Decode tok/s per batch size: one bar per engine (median of its runs, whiskers to
+    the slowest and fastest run) and the roofline's attainable bound as a black tick."""
+    fig = Figure(figsize=(7.5, 4.2))
+    ax = fig.subplots()
+    sizes = sorted(runs.B.unique())
+    engines = [e for e in ENGINE_COLOURS if e in set(runs.engine)]
+    width = 0.8 / len(engines)
+    for i, engine in enumerate(engines):
+        g = runs[runs.engine == engine].groupby("B").tok_per_s
+        med, lo, hi = g.median().reindex(sizes), g.min().reindex(sizes), g.max().reindex(sizes)
+        x = np.arange(len(sizes)) + (i - (len(engines) - 1) / 2) * width
+        ax.bar(x, med, width, color=ENGINE_COLOURS[engine], label=engine,
+               yerr=[med - lo, hi - med], capsize=3, error_kw={"lw": 0.8})
+    bound = roofline[roofline.case.str.startswith("decode")].set_index("B").attainable_tok_per_s.reindex(sizes)
+    ax.scatter(np.arange(len(sizes)), bound, marker="_", s=900, color="black", label="attainable (roofline)")
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(sizes)), [f"B = {b}" for b in sizes])
+    ax.set_ylabel("decode tokens / s (log)")
+    ax.set_title("Decode throughput (median of alternating runs; whiskers: min..max)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _cdf(ax, values_s: pd.Series, colour: str, label: str) -> None:
+    v = np.sort(values_s.dropna().to_numpy() * 1e3)
+    ax.step(v, np.arange(1, len(v) + 1) / max(len(v), 1), where="post", color=colour, label=label)
+
+
+def render_latency(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
+    """Cumulative distributions of TTFT (per request) and ITL (per token gap), in ms,
+    one line per engine, with the p50 and p95 levels marked."""
+    fig = Figure(figsize=(9, 3.6))
+    axes = fig.subplots(1, 2)
+    for ax, frame, col, title in ((axes[0], requests, "ttft_s", "TTFT"), (axes[1], gaps, "gap_s", "ITL")):
+        for engine in [e for e in ENGINE_COLOURS if e in set(frame.engine)]:
+            _cdf(ax, frame[frame.engine == engine][col], ENGINE_COLOURS[engine], engine)
+        for q in (0.5, 0.95):
+            ax.axhline(q, color="grey", lw=0.5, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{title} (ms, log)")
+        ax.set_ylabel("fraction")
+        ax.set_title(f"{title}, staggered arrivals")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
+    """Median seconds of one decode step, a join by ``extend`` and a join by re-merging,
+    each measurement as a dot."""
+    fig = Figure(figsize=(5.5, 3.2))
+    ax = fig.subplots()
+    methods = ["step", "extend", "re-merge"]
+    colours = ["#7f7f7f", "#3b7dd8", "#e07b39"]
+    for i, (m, c) in enumerate(zip(methods, colours)):
+        s = join[join.method == m].seconds * 1e3
+        ax.barh(i, s.median(), color=c)
+        ax.plot(s, [i] * len(s), "k.", ms=4)
+    ax.set_yticks(range(len(methods)), ["one decode step", "join by extend", "join by re-merge"])
+    ax.set_xlabel("ms")
+    ax.set_title(f"Joining 1 row into B={rows} rows of {context_tokens} tokens")
+    fig.tight_layout()
+    return fig
+
+
+def render_head_of_line(hol: pd.DataFrame) -> Figure:
+    """Per engine, the tokens of running rows (dots, one line per row) over time since
+    the joiner's submit, the joiner's prefill chunks (orange ticks) and its first token
+    (red line): the widest white gap is the head-of-line stall."""
+    engines = [e for e in ENGINE_COLOURS if e in set(hol.engine)]
+    fig = Figure(figsize=(9, 1.0 + 1.3 * len(engines)))
+    axes = np.atleast_1d(fig.subplots(len(engines), 1, sharex=True))
+    for ax, engine in zip(axes, engines):
+        ev = hol[hol.engine == engine]
+        joiner = ev[ev.role == "joiner"]
+        t0 = joiner[joiner.kind == "submit"].time_s.min()
+        run = ev[(ev.role == "running") & (ev.kind == "token")]
+        ax.plot(run.time_s - t0, run.uid, "|", color=ENGINE_COLOURS[engine], ms=8)
+        for t in joiner[joiner.kind == "prefill"].time_s:
+            ax.axvline(t - t0, color="#f2a541", lw=0.8)
+        ax.axvline(joiner[joiner.kind == "token"].time_s.min() - t0, color="#c0392b", lw=1.5)
+        ax.set_yticks(sorted(run.uid.unique()))
+        ax.set_ylabel("row uid")
+        ax.set_title(engine, fontsize=9, loc="left")
+    axes[-1].set_xlabel("seconds since the long prompt arrived (orange: its prefill chunks; red: its first token)")
+    fig.tight_layout()
+    return fig

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -48,9 +48,9 @@ class BenchConfig:
     hol_chunk_tokens: int
 
 
-FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16, decode_tokens=24, pairs=4,
+FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16, decode_tokens=24, pairs=8,
                           prefill_step_size=512, latency_requests=16, latency_max_batch=8,
-                          latency_arrival_steps=4, latency_rounds=2, join_rows=32, join_context_tokens=1024,
+                          latency_arrival_steps=8, latency_rounds=2, join_rows=32, join_context_tokens=1024,
                           join_repeats=3, hol_rows=4, hol_prompt_tokens=4096, hol_chunk_tokens=512)
 QUICK_CONFIG = BenchConfig("quick", QUICK, batch_sizes=(1, 8), prompt_tokens=16, decode_tokens=16, pairs=3,
                            prefill_step_size=128, latency_requests=6, latency_max_batch=4,
@@ -136,7 +136,8 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
     flops = matmul_flops_per_s()
     roofline = roofline_frame(model, cfg, runs, join, bandwidth, flops)
     loads.append(load_1min())
-    meta = {"mode": cfg.name, "model": cfg.shape.describe(), "parameters": parameter_count(model),
+    sizes = {k: v for k, v in asdict(cfg).items() if k not in ("name", "shape")}
+    meta = {"mode": cfg.name, **sizes, "model": cfg.shape.describe(), "parameters": parameter_count(model),
             "dtype": "float32", "device": str(mx.default_device()),
             "copy_bandwidth_bytes_per_s": bandwidth, "mlx_copy_bytes_per_s": copy_bandwidth_bytes_per_s(backend="mlx"),
             "matmul_flops_per_s": flops, "latency_arrival_interval_s": interval_s,

@@ -238,7 +238,7 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "(2 x weight parameters + attention flops per row); attainable = the smaller.", "",
         "## Figures", "", *[f"![{desc}](benchmarks/{name})" for name, desc in FIGURES.items()], "",
         "Data: " + ", ".join(f"`benchmarks/{name}` ({desc})" for name, desc in CSV_FILES.items()) + ".", "",
-        NOTES_MARKER, notes.rstrip(), "",
+        NOTES_MARKER, "", notes.strip(), "",
     ]
     return "\n".join(lines)
 

@@ -21,10 +21,10 @@ Scenarios, each a function returning DataFrames:
 - :func:`join_cost`: joining one row into ``rows`` rows of ``context_tokens`` tokens (in
   decode, random K/V): the engine's path (``caches.join`` = mlx-lm's ``extend``) versus
   re-merging the whole batch (``extract`` every row, ``merge``), each over one decode step.
-- :func:`head_of_line`: running rows decode while a long prompt joins (chunks of
-  ``hol_chunk_tokens``); the largest gap between two tokens of a running row while the
-  joiner is prefilled and joins, over (one chunk + one step), both from the workbench's
-  events.
+- :func:`head_of_line`: running rows decode while a long prompt joins (prefilled in
+  chunks); :func:`head_of_line_numbers` gives the largest gap between two tokens of a
+  running row while the joiner is prefilled and joins, one step and one chunk, from the
+  event logs.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
 
     The running batch is merged, then decoded ``warm_steps`` steps (so its cache has
     decode slack, as in the engine); each join works on shallow copies of the cache
-    objects (``extend`` replaces their arrays, it does not write into them). Returns
+    objects (``extend`` replaces their arrays, it does not write into them); one join of
+    each kind runs untimed first (fresh pages fault in on a first copy). Returns
     one row per measurement: ``method`` (``step``, ``extend``, ``re-merge``), ``seconds``.
     """
     running = kv.merge_rows(_filled_rows(model, rows, context_tokens))
@@ -207,6 +208,7 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
         solo = [[c.extract(b) for c in running] for b in range(rows)] + [[c.extract(0) for c in joiner]]
         return [c.state[:2] for c in kv.merge_rows(solo)]
 
+    _timed(extend), _timed(remerge)  # warm-up: the first copies of this size fault fresh pages in
     for _ in range(repeats):
         out += [("extend", _timed(extend)), ("re-merge", _timed(remerge))]
     return pd.DataFrame(out, columns=["method", "seconds"])

@@ -1,0 +1,67 @@
+"""``workbench bench --quick``, as CI runs it: every row of the table, finite positive
+numbers, the files it writes. No timing thresholds: speed claims come from the full run
+(docs/benchmarks.md), not from tests."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from workbench.bench import QUICK_CONFIG
+from workbench.benchreport import CSV_FILES, FIGURES, NOTES_MARKER, goal_text, row_ids
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One quick run in a subprocess with the optimized BLAS (the suite pins MLX's own
+    BLAS for bit-exact oracles; the benchmark runs as a user runs it)."""
+    out = tmp_path_factory.mktemp("bench")
+    (out / "benchmarks.md").write_text(f"old text\n{NOTES_MARKER}\nhand-written diagnosis\n")
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    return proc, out
+
+
+def test_quick_bench_prints_a_table_with_every_row(quick_run):
+    proc, _ = quick_run
+    assert proc.returncode == 0, proc.stderr
+    for label in ("decode tok/s, B=1", "decode tok/s, B=8", "instrumentation overhead, B=8", "TTFT p95",
+                  "ITL p50", "join by extend", "join by re-merge", "head-of-line, workbench:", "roofline, decode B=8"):
+        assert label in proc.stdout
+    assert "load average (1 min) during the run" in proc.stdout
+
+
+def test_quick_bench_table_has_finite_positive_numbers_and_goals(quick_run):
+    _, out = quick_run
+    table = pd.read_csv(out / "benchmarks" / "table.csv", keep_default_na=False)
+    assert table.row.tolist() == row_ids(QUICK_CONFIG.batch_sizes)
+    for col in ("measured", "reference", "value"):
+        values = table[col].astype(float)
+        assert all(math.isfinite(v) and v > 0 for v in values), (col, values.tolist())
+    for _, r in table.iterrows():
+        assert r.goal == goal_text(r.row)
+        assert r.met == ("" if not r.goal else r.met) and r.met in ("", "yes", "no")
+
+
+def test_quick_bench_writes_every_file_and_keeps_hand_written_notes(quick_run):
+    _, out = quick_run
+    for name in [*CSV_FILES, *FIGURES]:
+        assert (out / "benchmarks" / name).stat().st_size > 0, name
+    md = (out / "benchmarks.md").read_text()
+    assert md.startswith("# Benchmarks") and "old text" not in md
+    assert md.endswith(f"{NOTES_MARKER}\n\nhand-written diagnosis\n")
+    assert "## Goals" in md and "mlx-lm" in md and "load average" in md
+
+
+def test_goal_text_names_issue_6_bounds():
+    assert goal_text("decode_B32") == ">= 1.10"
+    assert goal_text("overhead_B1") == "<= 1.03"
+    assert goal_text("join_extend") == "<= 1.00"
+    assert goal_text("hol_workbench") == "<= 1.50"
+    assert goal_text("hol_mlx_lm") == "" and goal_text("roofline_B8") == ""

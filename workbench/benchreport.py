@@ -204,12 +204,13 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"- Python {meta['python']}, mlx {meta['mlx']}, mlx-lm {meta['mlx_lm']}, device {meta['device']}", "",
         "## Model", "",
         f"- {meta['model']}; {meta['parameters'] / 1e6:.1f}M parameters, {meta['dtype']} (random weights, seed 0, "
-        "built in memory: speed depends on shapes only; float32 because MLX's CPU matmuls in float16/bfloat16 "
-        "do not use the BLAS and are several times slower here)",
+        "built in memory: speed depends on shapes only; float32 because float16 and bfloat16 decode steps "
+        "measured 3-8x slower than float32 at B = 8 and 32 on this CPU: MLX's half-precision CPU matmuls do not "
+        "reach the float32 BLAS)",
         f"- decode runs: B equal requests, prompts of {cfg.prompt_tokens} tokens, max_tokens {cfg.decode_tokens}, "
         f"greedy, no stop ids, prefill_step_size {cfg.prefill_step_size}, {cfg.pairs} measured runs per engine "
-        f"after a warm-up, alternating (A B C, C B A, ...); the workbench's tokens equal mlx-lm's in "
-        f"{meta['same_tokens_runs']} runs",
+        f"after a warm-up, alternating (A B C, C B A, ...); mlx-lm's tokens and those of the workbench with "
+        f"recording off equal the workbench's of the same round in {meta['same_tokens_runs']} runs",
         f"- latency: {cfg.latency_requests} requests, prompts {min(result.requests.prompt_tokens)}-"
         f"{max(result.requests.prompt_tokens)} tokens, one arrival every {meta['latency_arrival_interval_s'] * 1e3:.0f} ms "
         f"({cfg.latency_arrival_steps:g} decode steps at B={cfg.latency_max_batch}), max_batch {cfg.latency_max_batch}, "
@@ -243,11 +244,24 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
     return "\n".join(lines)
 
 
+def write_figures(data: Path) -> None:
+    """Draw ``FIGURES`` into ``data`` from the CSV files there (so a figure can be redrawn
+    from a stored run without running it again)."""
+    from .views.bench import render_head_of_line, render_join, render_latency, render_throughput
+
+    read = lambda name: pd.read_csv(data / name, keep_default_na=False)  # noqa: E731
+    meta = dict(read("meta.csv").values)
+    figures = {"throughput.png": render_throughput(read("runs.csv"), read("roofline.csv")),
+               "latency.png": render_latency(read("requests.csv"), read("gaps.csv")),
+               "join.png": render_join(read("join.csv"), int(meta["join_rows"]), int(meta["join_context_tokens"])),
+               "head_of_line.png": render_head_of_line(read("head_of_line.csv"))}
+    for name, fig in figures.items():
+        fig.savefig(data / name, dpi=110)
+
+
 def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     """Write ``out_dir/benchmarks/*.csv``, ``*.png`` and ``out_dir/benchmarks.md`` (keeping
     the hand-written notes below :data:`NOTES_MARKER` of an existing file). Returns the table."""
-    from .views.bench import render_head_of_line, render_join, render_latency, render_throughput
-
     data = Path(out_dir) / "benchmarks"
     data.mkdir(parents=True, exist_ok=True)
     table = build_table(result)
@@ -258,12 +272,7 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
                                                                      for v in meta.values()]})}
     for name, frame in frames.items():
         frame.to_csv(data / name, index=False)
-    figures = {"throughput.png": render_throughput(result.runs, result.roofline),
-               "latency.png": render_latency(result.requests, result.gaps),
-               "join.png": render_join(result.join, result.config.join_rows, result.config.join_context_tokens),
-               "head_of_line.png": render_head_of_line(result.hol)}
-    for name, fig in figures.items():
-        fig.savefig(data / name, dpi=110)
+    write_figures(data)
     md = Path(out_dir) / "benchmarks.md"
     old = md.read_text() if md.exists() else ""
     notes = old.split(NOTES_MARKER, 1)[1] if NOTES_MARKER in old else ""

@@ -114,17 +114,18 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
     arrivals = [Arrival(p, decode_tokens) for p in prompts]
     for name, factory in factories.items():  # warm-up: allocator and first-shape costs, discarded
         run_once(factory, [Arrival(p, 4) for p in prompts])
-    rows, first_tokens = [], {}
+    rows, tokens = [], {}
     for pair, name in alternating(list(factories), pairs):
         iterations, events = run_once(factories[name], arrivals)
         tok = events[events.kind == "token"].sort_values(["uid", "time_s"], kind="stable")
-        tokens = tok.groupby("uid").token.apply(tuple).tolist()
-        ref = first_tokens.setdefault(pair, tokens)
-        same = np.nan if name == next(iter(factories)) else float(tokens == ref)
-        row = {"engine": name, "B": len(prompts), "pair": pair, **decode_window(iterations), "same_tokens": same}
-        echo(f"  B={len(prompts):<3} {name:<32} pair {pair}: {row['tok_per_s']:8.2f} tok/s "
-             f"(step {row['step_s'] * 1e3:.1f} ms)")
-        rows.append(row)
+        tokens[pair, name] = tok.groupby("uid").token.apply(tuple).tolist()
+        rows.append({"engine": name, "B": len(prompts), "pair": pair, **decode_window(iterations)})
+        echo(f"  B={len(prompts):<3} {name:<32} pair {pair}: {rows[-1]['tok_per_s']:8.2f} tok/s "
+             f"(step {rows[-1]['step_s'] * 1e3:.1f} ms)")
+    first = next(iter(factories))
+    for row in rows:
+        same = tokens[row["pair"], row["engine"]] == tokens[row["pair"], first]
+        row["same_tokens"] = np.nan if row["engine"] == first else float(same)
     return pd.DataFrame(rows)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 ENGINE_COLOURS = {"workbench": "#3b7dd8", "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
                   "workbench, prefill-first": "#7f7f7f"}
@@ -18,7 +19,7 @@ ENGINE_COLOURS = {"workbench": "#3b7dd8", "workbench, instrumentation off": "#9c
 def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
     """Decode tok/s per batch size: one bar per engine (median of its runs, whiskers to
     the slowest and fastest run) and the roofline's attainable bound as a black tick."""
-    fig = Figure(figsize=(7.5, 4.2))
+    fig = Figure(figsize=(9, 4.2))
     ax = fig.subplots()
     sizes = sorted(runs.B.unique())
     engines = [e for e in ENGINE_COLOURS if e in set(runs.engine)]
@@ -35,7 +36,7 @@ def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
     ax.set_xticks(np.arange(len(sizes)), [f"B = {b}" for b in sizes])
     ax.set_ylabel("decode tokens / s (log)")
     ax.set_title("Decode throughput (median of alternating runs; whiskers: min..max)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 
@@ -56,6 +57,7 @@ def render_latency(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
         for q in (0.5, 0.95):
             ax.axhline(q, color="grey", lw=0.5, ls=":")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"{title} (ms, log)")
         ax.set_ylabel("fraction")
         ax.set_title(f"{title}, staggered arrivals")

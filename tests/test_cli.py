@@ -47,3 +47,14 @@ def test_demo_refuses_a_zero_batch_with_a_clear_message(capsys):
 def test_demo_refuses_a_missing_model_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_demo(model=str(tmp_path / "nope"), out_dir=tmp_path)
+
+
+def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp_path):
+    assert main(["gallery", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "views.md").read_text()
+    pngs = sorted(p.name for p in (tmp_path / "views").glob("*.png"))
+    assert pngs == ["kv.png", "latency.png", "masks.png", "timeline_steps.png", "timeline_time.png"]
+    for name in pngs:
+        assert f"](views/{name})" in md
+        assert (tmp_path / "views" / name).stat().st_size > 10_000
+    assert "uid 2 | . . . # # # # @" in md  # the joiner's window mask, in temporal order

@@ -9,13 +9,14 @@ Per attention group and row, the cache's in-use positions (the KV width) split i
 next step attends to: the group's mask minus the fed slot) and, for a sliding-window ring,
 ``expired`` (slots holding a token outside the window, e.g. the slot the fed token
 overwrites); beyond the KV width lies ``unused`` capacity (allocated, not in use). For a
-full-attention group ``padding + valid = width`` exactly. Text form::
+full-attention group ``padding + valid = width`` exactly. Text form (rows ``uid 7`` and
+``uid 9`` with left padding 0 and 2, KV width 3, capacity 8)::
 
-    KV geometry at step 3: 2 row(s), 1,048,576 KV bytes, padding waste 25.0%
-    [full] layers 0,1: KV width 4 of 256 allocated tokens
-      uid | padding  valid  unused
-        0 |       0      4     252
-        1 |       2      2     252
+    KV geometry at step 3: 2 row(s), 4,096 KV bytes, padding waste 33.3%
+    [full] layers 0,1: KV width 3 of 8 allocated tokens
+      uid | padding    valid   unused
+        7 |       0        3        5
+        9 |       2        1        5
 
 History text form: one line per snapshot (step, rows, KV width, padding waste, KV bytes).
 Rich form: stacked bars per row and group (left), padding waste and KV bytes per step (right).
@@ -27,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from ..snapshot import LayerGroup, Snapshot
 from . import style
@@ -104,7 +106,7 @@ def render_kv(snap: Snapshot, history: Sequence[Snapshot] = ()) -> Figure:
     unused; x in tokens), and, when ``history`` is given, padding waste (%) and KV bytes
     (KiB) per step, with ``snap``'s step marked."""
     groups = attention_groups(snap)
-    fig = Figure(figsize=(11, max(3.2, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
+    fig = Figure(figsize=(11, max(3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
                  layout="constrained")
     fig.suptitle(f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), "
                  f"{snap.kv_bytes:,} KV bytes, padding waste {snap.padding_waste:.1%}")
@@ -128,6 +130,7 @@ def render_kv(snap: Snapshot, history: Sequence[Snapshot] = ()) -> Figure:
         bytes_ax.plot(steps, [s.kv_bytes / 1024 for s in history], "o-", color=style.ATTENDED)
         bytes_ax.set_ylabel("KV bytes (KiB)")
         bytes_ax.set_xlabel("step (history)")
+        bytes_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         for ax in (waste_ax, bytes_ax):
             ax.axvline(snap.step, color=style.FED, linewidth=1)
             ax.grid(alpha=0.3)

@@ -6,11 +6,11 @@ Knows: the report's ``requests`` and ``events`` frames and :mod:`workbench.metri
 
 Text form (deterministic under an injected fake clock)::
 
-    4 requests, 28 generated tokens over 12 decode steps
-    TTFT (ms): p50 1500.0, p95 2600.0 (4 requests)
-    TPOT (ms): p50 500.0, p95 520.0 (4 requests)
-    throughput: 3.5 tok/s over the run; decode tok/s per step: min 2.0, max 6.0
-    batch size by step: 2×2 3×3 2×2 1      (value×steps, in step order)
+    2 requests, 5 generated tokens over 3 decode steps
+    TTFT (ms): p50 1500.0, p95 1950.0 (2 requests)
+    TPOT (ms): p50 1000.0, p95 1000.0 (2 requests)
+    throughput: 1.2 tok/s over the run; decode tok/s per step: min 1.0, max 2.0
+    batch size by step: 2×2 1        (value×steps, in step order)
 
 Rich form: a 2×2 Figure: TTFT histogram, TPOT histogram (p50/p95 as vertical lines, in
 ms), decode tok/s over time (s since the first submit) and batch size over decode steps.

@@ -16,8 +16,8 @@ Widgets (``panel.widget`` is the whole box)::
     step 3 · 2 rows · 1,048,576 KV bytes · queue []          <- status (class wb-status)
     error: ...                                                <- error  (class wb-error)
     history [----o---] snapshot 5 of 9 (step 3)               <- scrubs sched.history
-    [mask image (wb-mask-image)] [KV image (wb-kv-image)]
-    [timeline image (wb-timeline-image)]
+    [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]
+    [KV geometry image (wb-kv-image)]
     ASCII masks of the shown snapshot
 
 *Reset* replaces ``panel.sched`` by a fresh scheduler with the same model, tokenizer and
@@ -85,20 +85,20 @@ class Panel:
             button.on_click(lambda _b, act=actions[name]: act())
         self.status = W.Label().add_class("wb-status")
         self.error = W.HTML().add_class("wb-error")
-        self.slider = W.IntSlider(description="history", min=0, max=0, continuous_update=False)
+        self.slider = W.IntSlider(description="history", min=0, max=0, continuous_update=False, readout=False)
         self.slider_label = W.Label()
         self._quiet = False  # True while the panel itself moves the slider
         self.slider.observe(lambda _change: None if self._quiet else self.render(), names="value")
-        self.mask_image = W.Image(format="png", layout=W.Layout(width="55%")).add_class("wb-mask-image")
-        self.kv_image = W.Image(format="png", layout=W.Layout(width="45%")).add_class("wb-kv-image")
-        self.timeline_image = W.Image(format="png", layout=W.Layout(width="80%")).add_class("wb-timeline-image")
+        self.mask_image = W.Image(format="png", layout=W.Layout(width="48%")).add_class("wb-mask-image")
+        self.timeline_image = W.Image(format="png", layout=W.Layout(width="48%")).add_class("wb-timeline-image")
+        self.kv_image = W.Image(format="png", layout=W.Layout(width="80%")).add_class("wb-kv-image")
         self.mask_ascii = W.HTML()
         self.widget = W.VBox([
             W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
             W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
             self.status, self.error, W.HBox([self.slider, self.slider_label]),
-            W.HBox([self.mask_image, self.kv_image]), self.timeline_image, self.mask_ascii,
+            W.HBox([self.mask_image, self.timeline_image]), self.kv_image, self.mask_ascii,
         ])
         if not self.sched.history:
             self.sched.snapshot()
@@ -125,11 +125,12 @@ class Panel:
         """Up to N iterations of the engine's loop (``run(max_steps=1)``: admit, step,
         filter), with a snapshot after each so the slider can scrub every step."""
         def run(s: Scheduler) -> None:
-            for _ in range(self.run_steps.value):
+            for i in range(self.run_steps.value):
                 if s.idle:
                     break
+                if i:  # the snapshot after the last iteration is _act's
+                    s.snapshot()
                 s.run(max_steps=1)
-                s.snapshot()
         self._act(run)
 
     def on_reset(self) -> None:
@@ -171,13 +172,13 @@ class Panel:
     def render(self) -> None:
         """Re-render the status, the images and the ASCII masks from the shown snapshot."""
         snap, history = self.shown, list(self.sched.history)
-        self.status.value = status_text(history[-1])
-        self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         events = self.sched.report().events
         for image, fig in ((self.mask_image, render_masks(snap)), (self.kv_image, render_kv(snap, history)),
                            (self.timeline_image, render_timeline(events[events.step <= snap.step], x="step"))):
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
+        self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
+        self.status.value = status_text(history[-1])  # last: when it changes, the images have too
 
     # -- display -----------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):

@@ -121,6 +121,7 @@ def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = 
             ax.plot(r.join, y, marker=">", color="black", markersize=4)
         if pd.notna(r.evict):
             ax.plot(r.evict, y, marker="<", color="crimson", markersize=4)
+    ax.set_xlim(0, max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3))  # room for the last evict mark
     ax.set_yticks(range(len(b)), [f"uid {u}" for u in b.index])
     ax.invert_yaxis()
     ax.set_xlabel(AXES[x][1])

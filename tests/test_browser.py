@@ -80,6 +80,8 @@ def lab_server(tmp_path):
     _write_settings(tmp_path / "settings")
     port = _free_port()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for old in OUT_DIR.glob("*.png"):
+        old.unlink()
     log = open(OUT_DIR / "jupyterlab.log", "w")
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--allow-root",
@@ -126,25 +128,30 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.route("**/*", lambda route: route.continue_()
                        if route.request.url.startswith("http://127.0.0.1") else route.abort())
-            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}")
-            page.wait_for_selector(".jp-Notebook", timeout=60_000)
-            page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-            step = page.locator(".jupyter-widgets button:text-is('Step')")
-            step.wait_for(timeout=120_000)
-            page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)
-            status = page.locator(".wb-status")
-            status.scroll_into_view_if_needed()
-            label, mask = status.inner_text(), page.evaluate(MASK_SHA256_JS)
-            assert label.startswith("step "), label
-            page.screenshot(path=str(OUT_DIR / "before_step.png"))
+            try:
+                page.goto(f"{base}/lab/tree/{NOTEBOOK.name}")
+                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+                page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000)
+                page.locator(".jp-Notebook .jp-Cell").first.click()  # focus the notebook
+                page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
+                page.locator(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')").click()
+                step = page.locator(".jupyter-widgets button:text-is('Step')")
+                step.wait_for(timeout=120_000)
+                page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)
+                status = page.locator(".wb-status")
+                status.scroll_into_view_if_needed()
+                label, mask = status.inner_text(), page.evaluate(MASK_SHA256_JS)
+                assert label.startswith("step "), label
+                page.screenshot(path=str(OUT_DIR / "before_step.png"))
 
-            step.click()
-            new_label = _wait_for_change(status.inner_text, label, 60)
-            new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
-            page.screenshot(path=str(OUT_DIR / "after_step.png"))
-            page.locator(".wb-status").locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))
+                step.click()
+                new_label = _wait_for_change(status.inner_text, label, 60)
+                new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
+                page.screenshot(path=str(OUT_DIR / "after_step.png"))
+                status.locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))
+            except Exception:
+                page.screenshot(path=str(OUT_DIR / "failure.png"))
+                raise
         finally:
             browser.close()
     step_before, step_after = int(label.split()[1]), int(new_label.split()[1])

@@ -14,12 +14,13 @@ from matplotlib.figure import Figure
 import workbench as wb
 from workbench import views
 from workbench.masks import decode_mask
-from workbench.report import Report
 from workbench.metrics import request_metrics, throughput_tok_per_s
+from workbench.report import Report
 from workbench.snapshot import LayerGroup, Snapshot, frozen
 from workbench.views.kv import row_geometry
 from workbench.views.latency import run_lengths
 from workbench.views.mask import mask_cells
+from workbench.workloads import prompt_of_length
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_join_evict.ipynb"
 
@@ -46,11 +47,11 @@ def window_run(model_name="tiny-gemma3", steps=8):
     model, tokenizer = wb.load(wb.loading.DATA_DIR / "models" / model_name)
     sched = wb.Scheduler(model, tokenizer, max_batch=3)
     for n, start in ((6, 0), (3, 50)):
-        sched.submit(wb.Request(prompt=wb.workloads.prompt_of_length(tokenizer, n, start), max_tokens=16))
+        sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, n, start), max_tokens=16))
     sched.admit()
     for _ in range(steps):
         sched.step()
-    sched.submit(wb.Request(prompt=wb.workloads.prompt_of_length(tokenizer, 5, 90), max_tokens=4))
+    sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, 5, 90), max_tokens=4))
     sched.admit()
     return sched
 

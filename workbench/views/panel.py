@@ -100,8 +100,7 @@ class Panel:
             self.status, self.error, W.HBox([self.slider, self.slider_label]),
             W.HBox([self.mask_image, self.timeline_image]), self.kv_image, self.mask_ascii,
         ])
-        if not self.sched.history:
-            self.sched.snapshot()
+        self.sched.snapshot()  # the engine as it is now, whatever was called since the last one
         self._follow_history()
 
     # -- actions: call the engine, then snapshot and re-render ------------------------

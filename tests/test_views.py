@@ -224,7 +224,7 @@ def test_bad_submit_shows_the_error_and_leaves_the_running_rows_untouched(panel)
     assert "ValueError: max_tokens must be an int &gt;= 1, got 0" in panel.error.value
     after = panel.sched.snapshot()
     assert after.uids == before.uids and after.queue == () and panel.sched.tokens(0) == tokens
-    assert len(panel.sched.history) == n_history + 1  # only our own snapshot was added
+    assert len(panel.sched.history) == n_history + 2  # the panel's snapshot and ours
     panel.max_tokens.value = 4
     panel.buttons["Submit"].click()
     assert panel.error.value == "" and panel.status.value.endswith("queue [2]")

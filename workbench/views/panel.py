@@ -7,7 +7,7 @@ internals. This is the only module of the workbench that imports ipywidgets.
 The panel holds no engine state: everything it shows is read from ``panel.sched``, its
 snapshots (``sched.history``) and its report. Every button calls the engine *outside* any
 output widget, then takes a snapshot and re-renders; an engine error (e.g. a request that
-fails validation) is shown in the panel's error label, and the engine is left as it was.
+fails validation, which changes nothing) is shown in the panel's error label.
 
 Widgets (``panel.widget`` is the whole box)::
 
@@ -139,14 +139,15 @@ class Panel:
         self._act(reset)
 
     def _act(self, call: Callable[[Scheduler], Any]) -> None:
+        """Run ``call(sched)``; show its error, if any, in the error label (cleared on
+        success); then snapshot (a failed call may have changed the engine part way, e.g.
+        during Run N steps) and re-render."""
         try:
             call(self.sched)
+            self.error.value = ""
         except Exception as exc:  # shown in the panel, never swallowed silently
             self.error.value = (f"<span style='color:#c0392b'>error: {html.escape(type(exc).__name__)}: "
                                 f"{html.escape(str(exc))}</span>")
-            self.render()
-            return
-        self.error.value = ""
         self.sched.snapshot()
         self._follow_history()
 

@@ -68,3 +68,22 @@ def test_percentiles_ignore_nan():
 def test_unknown_event_kind_is_refused():
     with pytest.raises(ValueError, match="Event.kind"):
         Event("tokens", 0, 0, 0.0)
+
+
+def test_step_metrics_count_batch_size_from_joins_and_evictions_and_rate_from_step_gaps(two_request_events):
+    from workbench.metrics import step_metrics
+
+    s = step_metrics(two_request_events)
+    assert s.step.tolist() == [0, 1, 2]
+    assert s.batch_size.tolist() == [2, 2, 1]
+    assert s.tokens.tolist() == [2, 2, 1]
+    assert s.time_s.tolist() == [2.0, 3.0, 4.0]
+    assert math.isnan(s.step_s[0]) and s.step_s.tolist()[1:] == [1.0, 1.0]
+    assert s.tok_per_s.tolist()[1:] == [2.0, 1.0]
+
+
+def test_step_metrics_of_a_log_without_tokens_is_empty(two_request_events):
+    from workbench.metrics import STEP_COLUMNS, step_metrics
+
+    s = step_metrics(two_request_events[two_request_events.kind != "token"])
+    assert s.empty and list(s.columns) == STEP_COLUMNS

@@ -12,6 +12,11 @@ Definitions (seconds; all differences of the injected clock):
 - ``e2e_s``    = finish time − submit time
 - ``throughput_tok_per_s`` = generated tokens / (last token time − first submit time)
 - ``cached_tokens`` = prompt tokens found in the prompt cache at (first) admission
+
+Per decode step (:func:`step_metrics`): ``batch_size`` = rows in the batch during the step
+(joined at or before it, not yet evicted), ``tokens`` = token events of the step,
+``step_s`` = its last token time − the previous step's last token time (so admission and
+prefill between two steps count), ``tok_per_s`` = tokens / step_s.
 """
 
 from __future__ import annotations
@@ -82,6 +87,28 @@ def throughput_tok_per_s(events: pd.DataFrame) -> float:
         return math.nan
     span_s = tok.time_s.max() - sub.time_s.min()
     return len(tok) / span_s if span_s > 0 else math.nan
+
+
+STEP_COLUMNS = ["step", "time_s", "batch_size", "tokens", "step_s", "tok_per_s"]
+
+
+def step_metrics(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode step that produced tokens, with ``STEP_COLUMNS``.
+
+    ``time_s`` is the step's last token time; ``step_s`` and ``tok_per_s`` are NaN for the
+    first step (it has no previous step to measure from). Empty when there are no tokens.
+    """
+    tok = events[events.kind == "token"]
+    if tok.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    per_step = tok.groupby("step").agg(time_s=("time_s", "max"), tokens=("uid", "size")).reset_index()
+    joins = np.sort(events[events.kind == "join"].step.to_numpy())
+    evicts = np.sort(events[events.kind == "evict"].step.to_numpy())
+    steps = per_step.step.to_numpy()
+    per_step["batch_size"] = np.searchsorted(joins, steps, "right") - np.searchsorted(evicts, steps, "right")
+    per_step["step_s"] = per_step.time_s.diff()
+    per_step["tok_per_s"] = per_step.tokens / per_step.step_s
+    return per_step[STEP_COLUMNS]
 
 
 def percentiles(values: pd.Series, qs=(50, 95)) -> dict[str, float]:

@@ -123,6 +123,7 @@ class Scheduler:
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None):
+        self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -473,6 +474,11 @@ class Scheduler:
         known = f"submitted uids are 0..{self._next_uid - 1}" if self._next_uid else "nothing was submitted yet"
         raise KeyError(f"uid {uid} is unknown ({known})")
 
+    def fresh(self) -> "Scheduler":
+        """A new, empty scheduler with this one's model, tokenizer and configuration (a
+        prompt cache object is shared; an int size makes a new one)."""
+        return Scheduler(self.model, self.tokenizer, **self._config)
+
     @property
     def batch_cache(self) -> list[Any] | None:
         """The running batch's per-layer mlx-lm caches (``None`` when no row runs), for
@@ -559,6 +565,17 @@ class Scheduler:
         """Append a snapshot to :attr:`history` after an engine call that changed the batch."""
         if self.history.maxlen:
             self.history.append(self.snapshot())
+            self._recorded_at = len(self.events)
+
+    def record(self) -> Snapshot:
+        """The current snapshot, appended to :attr:`history` unless nothing happened (no
+        event) since the last one there — for views that show the engine after calls that
+        do not change the batch (e.g. ``submit``)."""
+        if not self.history.maxlen:
+            return self.snapshot()
+        if not self.history or getattr(self, "_recorded_at", -1) != len(self.events):
+            self._record()
+        return self.history[-1]
 
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics)."""

@@ -556,10 +556,16 @@ class Scheduler:
             kv_projected_bytes=self.kv_projected_bytes,
             groups=tuple(groups),
             queue=tuple(self._queue),
-            prefilling=tuple((uid, g.prefill.position, len(v.prompt_ids) - 1)
-                             for g in ([self._group] if self._group else []) for uid, v in g.members),
+            prefilling=tuple((uid, done, total) for uid, done, total in self._prefill_progress()),
         )
         return snap
+
+    def _prefill_progress(self) -> list[tuple[int, int, int]]:
+        """``(uid, prefilled tokens, tokens to prefill)`` for the prefilling group."""
+        if self._group is None:
+            return []
+        g = self._group.prefill
+        return [(uid, done, total) for (uid, _), done, total in zip(self._group.members, g.rows_done_tokens, g.lengths)]
 
     def _record(self) -> None:
         """Append a snapshot to :attr:`history` after an engine call that changed the batch."""

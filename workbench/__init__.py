@@ -10,7 +10,7 @@ Public contract (see README and docs/)::
     wb.views.render_masks(sched.snapshot()); wb.views.Panel(sched)   # views, widgets
 """
 
-from . import blas  # first: an optimized BLAS must be loaded before mlx (see workbench.blas)
+from . import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.blas)
 from .events import Event
 from .loading import BUNDLED_MODEL, load
 from .report import Report

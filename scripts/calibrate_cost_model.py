@@ -22,7 +22,7 @@ prefill, decode = measure_costs(model, tokenizer)
 cost = fit_cost_model(prefill, decode, label=f"{Path(model_path).name} on {machine}, {platform.processor() or 'cpu'}")
 print(cost.text())
 for name, frame, keys, predict in (
-    ("prefill", prefill, ["tokens", "start_tokens"], lambda r: cost.prefill_s(r.tokens, r.start_tokens)),
+    ("prefill", prefill, ["rows", "tokens", "start_tokens"], lambda r: cost.prefill_s(r.tokens, r.start_tokens, r.rows)),
     ("decode", decode, ["batch_size", "kv_width_tokens"], lambda r: cost.decode_s(r.batch_size, r.kv_width_tokens)),
 ):
     med = frame.groupby(keys, as_index=False).time_s.median()

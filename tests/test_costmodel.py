@@ -6,9 +6,8 @@ import pandas as pd
 import pytest
 
 from workbench.costmodel import (
-    DECODE_COLUMNS, PREFILL_COLUMNS, CostMeter, CostModel, fit_cost_model, measure_costs, nonnegative_lstsq,
+    DECODE_COLUMNS, PREFILL_COLUMNS, CostedModel, CostModel, fit_cost_model, measure_costs, nonnegative_lstsq,
 )
-from workbench.events import Event
 
 TRUE = CostModel(prefill_s_per_chunk=2e-3, prefill_s_per_token=5e-4, prefill_s_per_pair=2e-7,
                  decode_s_per_step=4e-3, decode_s_per_row=6e-4, decode_s_per_kv_token=3e-7)
@@ -16,8 +15,8 @@ TRUE = CostModel(prefill_s_per_chunk=2e-3, prefill_s_per_token=5e-4, prefill_s_p
 
 def _synthetic_measurements(cost, noise_s=0.0, seed=0):
     rng = np.random.default_rng(seed)
-    prefill = pd.DataFrame([(k, s, cost.prefill_s(k, s)) for k in (8, 32, 128) for s in range(0, 512, 64)],
-                           columns=PREFILL_COLUMNS)
+    prefill = pd.DataFrame([(b, k, s, cost.prefill_s(k, s, b)) for b in (1, 4) for k in (8, 32, 128)
+                            for s in range(0, 512, 64)], columns=PREFILL_COLUMNS)
     decode = pd.DataFrame([(b, w, cost.decode_s(b, w)) for b in (1, 2, 4, 8) for w in (16, 128, 1024)],
                           columns=DECODE_COLUMNS)
     for f in (prefill, decode):
@@ -51,18 +50,35 @@ def test_costs_follow_the_documented_formulas():
     assert TRUE.prefill_s(10, 100) == pytest.approx(2e-3 + 10 * 5e-4 + (10 * 100 + 55) * 2e-7)
     assert TRUE.decode_s(3, 50) == pytest.approx(4e-3 + 3 * 6e-4 + 150 * 3e-7)
     assert TRUE.decode_s(0, 50) == 0.0
-    assert TRUE.join_s([5, 7]) == pytest.approx(4e-3 + 2 * 6e-4 + 12 * 3e-7)
-    assert TRUE.join_s([]) == 0.0
 
 
-def test_the_meter_charges_chunks_at_their_start_position_and_joins_as_one_forward():
-    meter = CostMeter(TRUE)
-    first = [Event("admit", 0, 0, 0.0), Event("prefill", 0, 0, 0.0, n_tokens=16)]
-    second = [Event("prefill", 0, 1, 0.0, n_tokens=4), Event("join", 0, 1, 0.0, n_tokens=21)]
-    assert meter.admit_s(first) == pytest.approx(TRUE.prefill_s(16, 0))
-    assert meter.admit_s(second) == pytest.approx(TRUE.prefill_s(4, 16) + TRUE.join_s([21]))
-    assert meter.admit_s([]) == 0.0
-    assert meter.step_s(2, 30) == TRUE.decode_s(2, 30)
+class _FakeModel:
+    layers = ("layer",)
+
+    def __call__(self, inputs, cache=None):
+        return inputs.shape
+
+
+class _Shape:
+    def __init__(self, *shape):
+        self.shape = shape
+
+
+def test_a_costed_model_charges_prefill_chunks_at_their_start_and_one_token_feeds_as_decode():
+    from workbench.clocks import VirtualClock
+
+    clock = VirtualClock()
+    model = CostedModel(_FakeModel(), clock, TRUE)
+    group, other = [object.__new__(type("C", (), {}))], [object.__new__(type("C", (), {}))]
+    assert model(_Shape(2, 16), cache=group) == (2, 16) and clock() == 0.0  # not charging: free
+    assert model.layers == ("layer",)  # everything else is the wrapped model's
+    with model.charging():
+        model(_Shape(2, 16), cache=group)  # 16 more columns after the uncharged 16
+        assert clock() == pytest.approx(TRUE.prefill_s(16, 16, rows=2))
+        model(_Shape(2, 1), cache=group)  # the join: a [2, 1] feed at width 32
+        model(_Shape(3, 8), cache=other)
+    assert clock() == pytest.approx(TRUE.prefill_s(16, 16, rows=2) + TRUE.decode_s(2, 32) + TRUE.prefill_s(8, 0, 3))
+    assert TRUE.prefill_s(8, 0, rows=3) == pytest.approx(2e-3 + 3 * (8 * 5e-4 + 36 * 2e-7))
 
 
 def test_a_cost_model_round_trips_through_json(tmp_path):
@@ -76,9 +92,9 @@ def test_a_cost_model_round_trips_through_json(tmp_path):
 @pytest.mark.model
 def test_measuring_this_machine_gives_rows_a_cost_model_can_be_fitted_from(bundled):
     prefill, decode = measure_costs(*bundled, batch_sizes=(1, 2), kv_widths_tokens=(8, 24), chunk_tokens=(8, 16),
-                                    prefill_context_tokens=32, decode_steps=2, repeats=1)
+                                    group_rows=(1, 2), prefill_context_tokens=32, decode_steps=2, repeats=1)
     assert list(prefill.columns) == PREFILL_COLUMNS and list(decode.columns) == DECODE_COLUMNS
-    assert prefill.tokens.sum() == 64 and len(decode) == 8 and (decode.time_s > 0).all()
+    assert prefill.groupby("rows").tokens.sum().to_dict() == {1: 64, 2: 64} and len(decode) == 8 and (decode.time_s > 0).all()
     assert sorted(set(decode.kv_width_tokens)) == [9, 10, 25, 26]  # width W + 1 after the warm-up step
     fitted = fit_cost_model(prefill, decode)
     assert fitted.decode_s(1, 10) > 0 and fitted.prefill_s(16) > 0

@@ -1,48 +1,47 @@
-"""A calibrated cost model of the engine's calls, for replays on a virtual clock.
+"""A calibrated cost model of the engine's forwards, for replays on a virtual clock.
 
-Knows: the two kinds of forward the scheduler runs (prefill chunks and ``[B, 1]`` decode
-steps), the ``prefill`` and ``join`` events, numpy least squares. Must not know: the
+Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
+``[B, 1]`` feeds: decode steps and joins), numpy least squares. Must not know: the
 scheduler's internals (measurement drives the public API and
 :class:`workbench.prefill.PrefillGroup`, which is what ``admit()`` runs).
 
 Model (seconds; every coefficient ``>= 0``)::
 
-    prefill chunk of k tokens of one row, after s cached tokens:
-        prefill_s = p_chunk + p_token * k + p_pair * (k * s + k * (k + 1) / 2)
-                                                      └─ causal (query, key) pairs
-    decode step of B rows at KV width W:
+    prefill chunk of B rows x k tokens, after s cached tokens (pads included):
+        prefill_s = p_chunk + B * (p_token * k + p_pair * (k * s + k * (k + 1) / 2))
+                                                        └─ causal (query, key) pairs
+    [B, 1] forward (a decode step, or a join feeding each joiner's last prompt token)
+    at KV width W:
         decode_s  = d_step + d_row * B + d_kv * B * W
-    join of n rows (one [n, 1] forward over their prompts of w_i tokens):
-        join_s    = d_step + sum_i (d_row + d_kv * w_i)
 
-Simplifications, stated: a group's prefill is charged per row from its real (non-pad)
-tokens, so right-padding compute is not charged; the ``filter`` call costs nothing.
-
-:func:`fit_cost_model` fits the coefficients by least squares on the median time of each
-distinct measured configuration (robust to the spikes of a contended machine; a
-coefficient that comes out negative is fixed at 0 and the rest refitted); :func:`measure_costs` measures the
-current machine; :func:`calibrate` does both. :class:`CostMeter` turns the events of one
-``admit()`` into seconds for a replay.
+The ``filter`` call costs nothing. :func:`fit_cost_model` fits the coefficients by least
+squares on the median time of each distinct measured configuration (robust to the
+spikes of a contended machine; a coefficient that comes out negative is fixed at 0 and
+the rest refitted); :func:`measure_costs` measures the current machine;
+:func:`calibrate` does both. :class:`CostedModel` wraps a model so that the forwards run
+inside ``admit()`` advance a virtual clock (so ``prefill`` and ``join`` events carry the
+time their forward ended).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .events import Event
 from .prefill import PrefillGroup
 from .request import Request
 from .scheduler import Scheduler
 from .workloads import prompt_of_length
 
-PREFILL_COLUMNS = ["tokens", "start_tokens", "time_s"]
+PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]
 DECODE_COLUMNS = ["batch_size", "kv_width_tokens", "time_s"]
 
 
@@ -66,22 +65,15 @@ class CostModel:
     decode_s_per_kv_token: float = 0.0
     label: str = ""
 
-    def prefill_s(self, tokens: int, start_tokens: int = 0) -> float:
-        """Seconds for a prefill chunk of ``tokens`` of one row after ``start_tokens``."""
-        return float(prefill_features([tokens], [start_tokens])[0] @ self._prefill_coef)
+    def prefill_s(self, tokens: int, start_tokens: int = 0, rows: int = 1) -> float:
+        """Seconds for a prefill chunk of ``rows`` x ``tokens`` after ``start_tokens``."""
+        return float(prefill_features([rows], [tokens], [start_tokens])[0] @ self._prefill_coef)
 
     def decode_s(self, batch_size: int, kv_width_tokens: int) -> float:
         """Seconds for one decode step of ``batch_size`` rows at KV width; 0 for no rows."""
         if batch_size <= 0:
             return 0.0
         return float(decode_features([batch_size], [kv_width_tokens])[0] @ self._decode_coef)
-
-    def join_s(self, prompt_tokens: Sequence[int]) -> float:
-        """Seconds for the ``[n, 1]`` forward joining rows with these prompt lengths."""
-        if not len(prompt_tokens):
-            return 0.0
-        return self.decode_s_per_step + sum(self.decode_s_per_row + self.decode_s_per_kv_token * w
-                                            for w in prompt_tokens)
 
     @property
     def _prefill_coef(self) -> np.ndarray:
@@ -125,11 +117,12 @@ class CostModel:
         return self.text()
 
 
-def prefill_features(tokens: Iterable[int], start_tokens: Iterable[int]) -> np.ndarray:
-    """``[N, 3]`` float64: ``1``, ``k``, causal pairs ``k * s + k * (k + 1) / 2``."""
+def prefill_features(rows: Iterable[int], tokens: Iterable[int], start_tokens: Iterable[int]) -> np.ndarray:
+    """``[N, 3]`` float64: ``1``, ``B * k``, ``B *`` causal pairs ``(k * s + k * (k + 1) / 2)``."""
+    b = np.asarray(list(rows), np.float64)
     k = np.asarray(list(tokens), np.float64)
     s = np.asarray(list(start_tokens), np.float64)
-    return np.stack([np.ones_like(k), k, k * s + k * (k + 1) / 2], axis=1)
+    return np.stack([np.ones_like(k), b * k, b * (k * s + k * (k + 1) / 2)], axis=1)
 
 
 def decode_features(batch_size: Iterable[int], kv_width_tokens: Iterable[int]) -> np.ndarray:
@@ -163,7 +156,7 @@ def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "")
     """Fit a :class:`CostModel` from measurements.
 
     Args:
-        prefill: rows with ``PREFILL_COLUMNS`` (one chunk of one row each).
+        prefill: rows with ``PREFILL_COLUMNS`` (one chunk of a group each).
         decode: rows with ``DECODE_COLUMNS`` (one decode step each). Repeated
             configurations (same tokens and start, or same batch size and width) are
             reduced to their median time before fitting.
@@ -171,22 +164,23 @@ def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "")
     Raises:
         ValueError: with fewer than 3 distinct configurations in either frame.
     """
-    p = prefill.groupby(["tokens", "start_tokens"], as_index=False).time_s.median()
+    p = prefill.groupby(["rows", "tokens", "start_tokens"], as_index=False).time_s.median()
     d = decode.groupby(["batch_size", "kv_width_tokens"], as_index=False).time_s.median()
-    pc = nonnegative_lstsq(prefill_features(p.tokens, p.start_tokens), p.time_s.to_numpy(float))
+    pc = nonnegative_lstsq(prefill_features(p.rows, p.tokens, p.start_tokens), p.time_s.to_numpy(float))
     dc = nonnegative_lstsq(decode_features(d.batch_size, d.kv_width_tokens), d.time_s.to_numpy(float))
     return CostModel(*map(float, pc), *map(float, dc), label=label)
 
 
 def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8),
                   kv_widths_tokens: Sequence[int] = (32, 128, 512), chunk_tokens: Sequence[int] = (16, 64, 256),
-                  prefill_context_tokens: int = 768, decode_steps: int = 6,
+                  group_rows: Sequence[int] = (1, 4), prefill_context_tokens: int = 512, decode_steps: int = 6,
                   repeats: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure prefill chunks and decode steps of ``model`` on this machine.
 
-    Prefill: for each chunk size ``C``, one row's prompt of ``prefill_context_tokens``
-    runs through :class:`~workbench.prefill.PrefillGroup` in chunks of ``C`` (each timed,
-    at its start position). Decode: for each ``B`` and ``W``, ``B`` prompts of ``W``
+    Prefill: for each group size ``B`` in ``group_rows`` and chunk size ``C``, ``B``
+    prompts of ``prefill_context_tokens`` run through
+    :class:`~workbench.prefill.PrefillGroup` in chunks of ``C`` (each timed, at its start
+    position). Decode: for each ``B`` and ``W``, ``B`` prompts of ``W``
     tokens are admitted into a :class:`~workbench.scheduler.Scheduler`, then
     ``decode_steps`` steps are timed after one warm-up step. Everything ``repeats`` times.
 
@@ -195,19 +189,21 @@ def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2
     """
     prefill_rows, decode_rows = [], []
     for _ in range(repeats):
-        _measure_prefill(model, tokenizer, chunk_tokens, prefill_context_tokens, prefill_rows)
+        _measure_prefill(model, tokenizer, group_rows, chunk_tokens, prefill_context_tokens, prefill_rows)
         _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, decode_rows)
     return (pd.DataFrame(prefill_rows, columns=PREFILL_COLUMNS), pd.DataFrame(decode_rows, columns=DECODE_COLUMNS))
 
 
-def _measure_prefill(model, tokenizer, chunk_tokens, context_tokens, rows) -> None:
-    for c in chunk_tokens:
-        group = PrefillGroup(model, [prompt_of_length(tokenizer, context_tokens, 3 * c)], c)
-        while not group.done:
-            start = group.position
-            t0 = time.perf_counter()
-            k = group.run_chunk()[0]
-            rows.append((k, start, time.perf_counter() - t0))
+def _measure_prefill(model, tokenizer, group_rows, chunk_tokens, context_tokens, out) -> None:
+    for b in group_rows:
+        for c in chunk_tokens:
+            prompts = [prompt_of_length(tokenizer, context_tokens, 3 * c + 7 * i) for i in range(b)]
+            group = PrefillGroup(model, prompts, c)
+            while not group.done:
+                start = group.position
+                t0 = time.perf_counter()
+                k = group.run_chunk()[0]
+                out.append((b, k, start, time.perf_counter() - t0))
 
 
 def _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, rows) -> None:
@@ -232,31 +228,52 @@ def calibrate(model: Any, tokenizer: Any, label: str = "", **measure_kwargs: Any
     return fit_cost_model(prefill, decode, label=label)
 
 
-class CostMeter:
-    """Charges a replay's engine calls with a :class:`CostModel`.
+class CostedModel:
+    """An mlx-lm model whose forwards advance a :class:`~workbench.clocks.VirtualClock`
+    by a :class:`CostModel` inside ``with model.charging():`` (the replay wraps
+    ``admit()`` in it; it charges each decode step itself, before ``step()``).
 
-    Tracks each uid's prefilled tokens, so a chunk's start position (for the pair term)
-    comes from the events alone.
+    Everything else (``layers``, ``args``, ``make_cache``, ...) is the wrapped model's,
+    so the scheduler and mlx-lm's cache helpers see the model unchanged. A ``[B, L > 1]``
+    forward is charged as a prefill chunk, a ``[B, 1]`` forward as ``decode_s`` (a join,
+    or a one-token chunk); the start position / KV width is the tokens this cache list
+    has been fed so far.
     """
 
-    def __init__(self, cost: CostModel):
-        self.cost = cost
-        self._prefilled_tokens: dict[int, int] = {}
+    def __init__(self, model: Any, clock: Any, cost: CostModel):
+        self._model, self._clock, self._cost = model, clock, cost
+        self._fed: dict[int, int] = {}  # id(cache list) -> tokens fed so far
+        self._charging = False
 
-    def admit_s(self, events: Sequence[Event]) -> float:
-        """Seconds for the ``prefill`` chunks and ``join`` s among the events of one
-        ``admit()`` (other kinds cost nothing)."""
-        total_s, joined = 0.0, []
-        for e in events:
-            if e.kind == "prefill":
-                start = self._prefilled_tokens.get(e.uid, 0)
-                total_s += self.cost.prefill_s(e.n_tokens, start)
-                self._prefilled_tokens[e.uid] = start + e.n_tokens
-            elif e.kind == "join":
-                joined.append(e.n_tokens)
-                self._prefilled_tokens.pop(e.uid, None)
-        return total_s + self.cost.join_s(joined)
+    def __getattr__(self, name: str) -> Any:  # only reached for names not set in __init__
+        if name in ("_model", "_clock", "_cost", "_fed", "_charging"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
 
-    def step_s(self, batch_size: int, kv_width_tokens: int) -> float:
-        """Seconds for the next decode step (``CostModel.decode_s``)."""
-        return self.cost.decode_s(batch_size, kv_width_tokens)
+    @contextmanager
+    def charging(self) -> Iterator[None]:
+        """Forwards inside the block advance the clock."""
+        self._charging = True
+        try:
+            yield
+        finally:
+            self._charging = False
+
+    def __call__(self, inputs: Any, cache: Any = None, **kwargs: Any) -> Any:
+        rows, tokens = inputs.shape  # [B, L]
+        cost_s = self.forward_s(rows, tokens, cache)
+        if self._charging:
+            self._clock.advance(cost_s)
+        return self._model(inputs, cache=cache, **kwargs)
+
+    def forward_s(self, rows: int, tokens: int, cache: Any) -> float:
+        """Seconds for a ``[rows, tokens]`` forward into ``cache``; counts its tokens
+        (every forward is counted, charged or not)."""
+        key = id(cache)
+        start = self._fed.get(key, 0)
+        if key not in self._fed and cache:
+            weakref.finalize(cache[0], self._fed.pop, key, None)
+        self._fed[key] = start + tokens
+        if tokens > 1:
+            return self._cost.prefill_s(tokens, start, rows)
+        return self._cost.decode_s(rows, start)

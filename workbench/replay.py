@@ -17,10 +17,11 @@ Modes (``mode=``):
 ``wall``      real time (:class:`~workbench.clocks.WallClock`); sleeps through idle gaps
 ``measured``  virtual time advanced by the measured duration of each engine call; idle
               gaps are skipped, the driver's own bookkeeping is not counted
-``cost``      virtual time advanced by a :class:`~workbench.costmodel.CostModel`: each
-              ``admit()`` by its prefill chunks and joins, each ``step()`` by
-              ``decode_s(B, KV width)`` *before* it runs, so its token events carry the
-              step's end time. Deterministic: the same workload and config give the same
+``cost``      virtual time advanced by a :class:`~workbench.costmodel.CostModel`: inside
+              ``admit()`` by each forward as it runs (:class:`CostedModel`), so
+              ``prefill`` and ``join`` events carry their forward's end; each ``step()``
+              by ``decode_s(B, KV width)`` *before* it runs, so its token events carry
+              the step's end. Deterministic: the same workload and config give the same
               table on every run (and, with ``stop_ids=[]``, on every machine)
 ============  =========================================================================
 
@@ -43,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from .clocks import VirtualClock, WallClock
-from .costmodel import CostMeter, CostModel
+from .costmodel import CostedModel, CostModel
 from .report import Report
 from .scheduler import Scheduler
 from .snapshot import Snapshot
@@ -106,14 +107,13 @@ class Replay:
         return f"{self.name} [{self.mode}]: {self.report.summary()}"
 
 
-def _clock_and_meter(mode: str | None, cost_model: CostModel | None):
+def _mode(mode: str | None, cost_model: CostModel | None) -> str:
     mode = mode or ("cost" if cost_model is not None else "measured")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "cost" and cost_model is None:
         raise ValueError("mode 'cost' needs a cost_model (workbench.costmodel.CostModel or calibrate(...))")
-    clock = WallClock() if mode == "wall" else VirtualClock()
-    return mode, clock, (CostMeter(cost_model) if mode == "cost" else None)
+    return mode
 
 
 def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any] | None = None, *,
@@ -135,9 +135,13 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
         RuntimeError: if an iteration makes no progress while work remains.
     """
     config = check_config(config)
-    mode, clock, meter = _clock_and_meter(mode, cost_model)
+    mode = _mode(mode, cost_model)
+    clock = WallClock() if mode == "wall" else VirtualClock()
+    around_admit = around_call = clock.measuring if mode == "measured" else nullcontext
+    if mode == "cost":
+        model = CostedModel(model, clock, cost_model)
+        around_admit = model.charging
     sched = Scheduler(model, tokenizer, clock=clock, **{"history_size": 0, **config})
-    call = clock.measuring if mode == "measured" else nullcontext
     arrivals, i, samples = workload.arrivals, 0, []
     started = time.perf_counter()
     from tqdm.auto import tqdm
@@ -151,17 +155,15 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
                 with clock.pinned(arrivals[i][0]):
                     sched.submit(arrivals[i][1])
                 i += 1
-            with call():
+            with around_admit():
                 events = sched.admit()
-            if meter:
-                clock.advance(meter.admit_s(events))
             snap = sched.snapshot()
             samples.append(sample_of(snap, clock()))
-            if meter:
-                clock.advance(meter.step_s(snap.batch_size, snap.kv_width_tokens))
-            with call():
+            if mode == "cost":
+                clock.advance(cost_model.decode_s(snap.batch_size, snap.kv_width_tokens))
+            with around_call():
                 events += sched.step()
-            with call():
+            with around_call():
                 events += sched.filter()
             if not events and not sched.idle:
                 raise RuntimeError(f"replay made no progress at step {sched.step_index} with work left "

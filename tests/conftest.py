@@ -42,3 +42,22 @@ def prompt(bundled):
     """``prompt(n, start=0)`` -> n token ids from the bundled prompt set."""
     _, tokenizer = bundled
     return lambda n, start=0: prompt_of_length(tokenizer, n, start)
+
+
+# Notebooks that read data from outside the repository are skipped, with a clear message,
+# when it is absent (nbval would fail on their first cell). This hook lives here, not in a
+# notebooks/conftest.py, because a second conftest module would shadow ``from conftest import``.
+NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
+
+
+def pytest_collection_modifyitems(config, items):
+    from workbench.traces import trace_path
+
+    for item in items:
+        name = NOTEBOOKS_NEEDING_TRACES.get(item.path.name)
+        if name is None:
+            continue
+        try:
+            trace_path(name)
+        except FileNotFoundError as e:
+            item.add_marker(pytest.mark.skip(reason=f"needs the shared Azure trace: {e}"))

@@ -85,10 +85,25 @@ def test_a_policy_is_configuration_shortest_prompt_first_reorders_a_queue(standi
     reqs = [wb.Request(prompt=[3] * n, max_tokens=2, stop_ids=[]) for n in (30, 20, 2)]
     work = Workload(((0.0, reqs[0]), (0.01, reqs[1]), (0.02, reqs[2])))
     first_tokens = {}
-    for policy in ("fcfs", "shortest-prompt-first"):
-        ev = replay(work, *standin, {"policy": policy, "max_batch": 1}, cost_model=COST).report.events
+    for policy in ("fcfs", "shortest-prompt-first", "priority"):
+        w = work.with_priorities([0, 0, 1]) if policy == "priority" else work
+        ev = replay(w, *standin, {"policy": policy, "max_batch": 1}, cost_model=COST).report.events
         first_tokens[policy] = ev[ev.kind == "token"].drop_duplicates("uid").uid.tolist()
-    assert first_tokens == {"fcfs": [0, 1, 2], "shortest-prompt-first": [0, 2, 1]}
+    assert first_tokens == {"fcfs": [0, 1, 2], "shortest-prompt-first": [0, 2, 1], "priority": [0, 2, 1]}
+
+
+def test_prefill_first_stalls_a_running_row_longer_than_decode_first_and_serves_the_joiner_sooner(standin):
+    runner = wb.Request(prompt=[3, 4], max_tokens=12, stop_ids=[])
+    joiner = wb.Request(prompt=[5] * 200, max_tokens=2, stop_ids=[])
+    work = Workload(((0.0, runner), (0.3, joiner)))
+    out = {}
+    for name, cfg in {"decode-first": {"prefill_step_size": 32}, "prefill-first": {"interleave_prefill": False}}.items():
+        ev = replay(work, *standin, cfg, cost_model=COST).report.events
+        gaps = ev[(ev.kind == "token") & (ev.uid == 0)].time_s.diff().max()
+        ttft = ev[(ev.kind == "token") & (ev.uid == 1)].time_s.min() - 0.3
+        out[name] = (gaps, ttft)
+    assert out["prefill-first"][0] > out["decode-first"][0]  # the runner waits through the whole prompt
+    assert out["prefill-first"][1] < out["decode-first"][1]  # the joiner's chunks do not wait for decode steps
 
 
 def test_measured_mode_skips_idle_time_and_counts_only_engine_calls(standin):
@@ -113,6 +128,11 @@ def test_configs_are_checked_against_the_scheduler_signature(standin):
     assert {"policy", "max_batch", "prefill_step_size", "interleave_prefill", "prompt_concurrency"} <= set(
         scheduler_options())
     assert "clock" not in scheduler_options()
+    if "kv_budget_bytes" in scheduler_options():  # the engine's KV budget, once it has one
+        assert check_config({"kv_budget_bytes": 10**9}) == {"kv_budget_bytes": 10**9}
+    else:
+        with pytest.raises(ValueError, match="kv_budget_bytes.*accepted"):
+            check_config({"kv_budget_bytes": 10**9})
     with pytest.raises(ValueError, match=r"\['max_batchsize'\] are not Scheduler options"):
         check_config({"max_batchsize": 4})
     with pytest.raises(ValueError, match="clock"):

@@ -29,6 +29,7 @@ import math
 from typing import Any, Iterable, Mapping
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from .costmodel import CostModel
 from .metrics import SLO, goodput_req_per_s, meets_slo, padding_waste_overall, percentiles, span_s
@@ -91,8 +92,6 @@ def replay_many(workload: Workload, configs: Mapping[str, dict[str, Any]],
         ``{name: Replay}`` in the order of ``configs``.
     """
     pair = model_pair(model)
-    from tqdm.auto import tqdm
-
     return {name: replay(workload, *pair, cfg, mode=mode, cost_model=cost_model, name=name, progress=progress)
             for name, cfg in tqdm(configs.items(), desc="configs", disable=not progress, leave=False)}
 

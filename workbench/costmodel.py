@@ -242,7 +242,7 @@ class CostedModel:
 
     def __init__(self, model: Any, clock: Any, cost: CostModel):
         self._model, self._clock, self._cost = model, clock, cost
-        self._fed: dict[int, int] = {}  # id(cache list) -> tokens fed so far
+        self._fed: dict[int, int] = {}  # id(first layer cache) -> tokens fed so far
         self._charging = False
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not set in __init__
@@ -269,9 +269,9 @@ class CostedModel:
     def forward_s(self, rows: int, tokens: int, cache: Any) -> float:
         """Seconds for a ``[rows, tokens]`` forward into ``cache``; counts its tokens
         (every forward is counted, charged or not)."""
-        key = id(cache)
+        key = id(cache[0])  # a cache list's first layer lives as long as its rows do
         start = self._fed.get(key, 0)
-        if key not in self._fed and cache:
+        if key not in self._fed:
             weakref.finalize(cache[0], self._fed.pop, key, None)
         self._fed[key] = start + tokens
         if tokens > 1:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from .clocks import VirtualClock, WallClock
 from .costmodel import CostedModel, CostModel
@@ -144,8 +145,6 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
     sched = Scheduler(model, tokenizer, clock=clock, **{"history_size": 0, **config})
     arrivals, i, samples = workload.arrivals, 0, []
     started = time.perf_counter()
-    from tqdm.auto import tqdm
-
     with tqdm(total=len(arrivals), desc=name or workload.name, disable=not progress, leave=False) as bar:
         while i < len(arrivals) or not sched.idle:
             if sched.idle:

@@ -26,6 +26,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from .compare import COMPARE_COLUMNS, summary_row
 from .costmodel import CostModel
@@ -89,8 +90,6 @@ def sweep(workload: Workload, configs: Mapping[str, dict[str, Any]], model: Mode
     own = executor is None
     if own:
         executor = local_processes(min(len(configs), os.cpu_count() or 1) or 1)
-    from tqdm.auto import tqdm
-
     try:
         futures = [executor.submit(run_config, workload, name, cfg, model, mode, cost_model, slo)
                    for name, cfg in configs.items()]

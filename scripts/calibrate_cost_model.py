@@ -5,11 +5,13 @@ Usage: ``python scripts/calibrate_cost_model.py [MODEL_PATH] [OUT.json]``
 Prints the fitted model and the measured vs predicted medians, so the fit can be judged.
 """
 
+import os
 import platform
 import sys
 from pathlib import Path
 
 import workbench as wb
+from workbench.blas import STATUS as BLAS
 from workbench.costmodel import fit_cost_model, measure_costs
 
 model_path = sys.argv[1] if len(sys.argv) > 1 else str(wb.BUNDLED_MODEL)
@@ -19,7 +21,8 @@ out = Path(sys.argv[2]) if len(sys.argv) > 2 else default_out
 
 model, tokenizer = wb.load(model_path)
 prefill, decode = measure_costs(model, tokenizer)
-cost = fit_cost_model(prefill, decode, label=f"{Path(model_path).name} on {machine}, {platform.processor() or 'cpu'}")
+blas = Path(BLAS.library).name if BLAS.library else "MLX's own BLAS"
+cost = fit_cost_model(prefill, decode, label=f"{Path(model_path).name} on {machine} ({os.cpu_count()} CPUs), {blas}")
 print(cost.text())
 for name, frame, keys, predict in (
     ("prefill", prefill, ["rows", "tokens", "start_tokens"], lambda r: cost.prefill_s(r.tokens, r.start_tokens, r.rows)),

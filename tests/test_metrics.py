@@ -70,6 +70,25 @@ def test_unknown_event_kind_is_refused():
         Event("tokens", 0, 0, 0.0)
 
 
+def test_step_metrics_count_batch_size_from_joins_and_evictions_and_rate_from_step_gaps(two_request_events):
+    from workbench.metrics import step_metrics
+
+    s = step_metrics(two_request_events)
+    assert s.step.tolist() == [0, 1, 2]
+    assert s.batch_size.tolist() == [2, 2, 1]
+    assert s.tokens.tolist() == [2, 2, 1]
+    assert s.time_s.tolist() == [2.0, 3.0, 4.0]
+    assert math.isnan(s.step_s[0]) and s.step_s.tolist()[1:] == [1.0, 1.0]
+    assert s.tok_per_s.tolist()[1:] == [2.0, 1.0]
+
+
+def test_step_metrics_of_a_log_without_tokens_is_empty(two_request_events):
+    from workbench.metrics import STEP_COLUMNS, step_metrics
+
+    s = step_metrics(two_request_events[two_request_events.kind != "token"])
+    assert s.empty and list(s.columns) == STEP_COLUMNS
+
+
 # -- service levels, goodput, occupancy, padding (hand-built data) ------------------------
 
 def test_the_span_runs_from_the_first_submit_to_the_last_token():
@@ -108,6 +127,19 @@ def test_occupancy_counts_queued_prefilling_and_running_after_each_event_time():
     assert occ.values.tolist() == [[0.0, 1, 0, 0], [0.5, 2, 0, 0], [1.0, 2, 1, 0], [2.0, 2, 0, 1], [4.0, 2, 0, 0]]
     at = occupancy_at(occ, [-1.0, 1.5, 9.0])
     assert at[["queued", "prefilling", "running"]].values.tolist() == [[0, 0, 0], [2, 1, 0], [2, 0, 0]]
+
+
+def test_occupancy_follows_preemption_and_aborts():
+    from workbench.metrics import occupancy
+
+    ev = events_frame([
+        Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 1.0), Event("join", 0, 0, 1.0),
+        Event("preempt", 0, 1, 2.0), Event("finish", 1, 1, 3.0, finish_reason="abort"),
+        Event("admit", 0, 2, 4.0), Event("join", 0, 2, 4.0), Event("finish", 0, 3, 5.0, finish_reason="length"),
+        Event("evict", 0, 3, 5.0),
+    ])
+    assert occupancy(ev).values.tolist() == [[0.0, 2, 0, 0], [1.0, 1, 0, 1], [2.0, 2, 0, 0], [3.0, 1, 0, 0],
+                                             [4.0, 0, 0, 1], [5.0, 0, 0, 0]]
 
 
 def test_padding_waste_overall_weights_every_slot_of_every_step():

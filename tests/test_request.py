@@ -24,6 +24,19 @@ BAD = [
     (dict(prompt=[1], top_p=0.9), "temperature > 0"),
     (dict(prompt=[1], stop_ids=[2000]), "stop_ids"),
     (dict(prompt=[1], stop_ids=3), "stop_ids"),
+    (dict(prompt=[1], logit_bias={5: float("nan")}), r"logit_bias\[5\] must be a finite number"),
+    (dict(prompt=[1], logit_bias={99999: 1.0}), r"logit_bias\[0\] = 99999 is outside the vocabulary"),
+    (dict(prompt=[1], logit_bias=[1, 2]), "logit_bias must be a mapping"),
+    (dict(prompt=[1], seed=-2), "seed must be an int >= 0"),
+    (dict(prompt=[1], min_p=0.1), "min_p needs temperature > 0"),
+    (dict(prompt=[1], temperature=0.5, min_p=1.5), r"min_p must be a number in \[0, 1\)"),
+    (dict(prompt=[1], repetition_penalty=0.0), "repetition_penalty must be a number > 0"),
+    (dict(prompt=[1], presence_penalty=math.inf), "presence_penalty must be a finite number"),
+    (dict(prompt=[1], logits_processors=[3]), "logits_processors must be a list of callables"),
+    (dict(prompt=[1], on_token="print"), "on_token must be callable"),
+    (dict(prompt=[1], sampler=5), "sampler must be callable"),
+    (dict(prompt=[1], priority=1.5), "priority must be an int"),
+    (dict(prompt=[1] * 10, max_tokens=10**6), "exceeds the model's context"),
 ]
 
 
@@ -33,6 +46,19 @@ def test_bad_request_field_raises_value_error_naming_it(make_sched, fields, mess
     with pytest.raises(ValueError, match=message):
         sched.submit(wb.Request(**fields))
     assert sched.idle and sched.events == []
+
+
+def test_the_catalogue_covers_at_least_twenty_kinds_of_bad_input():
+    assert len(BAD) >= 20
+
+
+def test_max_tokens_of_one_and_duplicate_stop_ids_are_valid(make_sched, prompt):
+    sched = make_sched(max_batch=2)
+    one = sched.submit(wb.Request(prompt=prompt(5), max_tokens=1))
+    dup = sched.submit(wb.Request(prompt=prompt(7), max_tokens=4, stop_ids=[3, 3, 3]))
+    sched.run()
+    assert len(sched.tokens(one)) == 1 and sched.finish_reason(one) == "length"
+    assert sched.request_of(dup).stop_ids == frozenset({3})
 
 
 def test_unknown_request_field_is_a_value_error_naming_it():

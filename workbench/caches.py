@@ -65,7 +65,12 @@ def new_batch_cache(model: Any, n_rows: int, max_kv_size: int | None = None) -> 
     -> ``BatchRotatingKVCache``, ``ArraysCache`` -> ``ArraysCache``, ``CacheList`` ->
     ``CacheList``).
     """
-    solo = [make_prompt_cache(model, max_kv_size) for _ in range(n_rows)]
+    return merge_rows([make_prompt_cache(model, max_kv_size) for _ in range(n_rows)])
+
+
+def merge_rows(solo: list[LayerCaches]) -> LayerCaches:
+    """One batch cache from per-row single-sequence caches (empty or holding a cached
+    prefix), layer by layer with each class's ``merge`` (left-padding shorter rows)."""
     return [type(layer[0]).merge(list(layer)) for layer in zip(*solo)]
 
 

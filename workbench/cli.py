@@ -1,4 +1,4 @@
-"""The ``workbench`` command: ``demo``, ``goldens`` and ``info`` subcommands.
+"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery`` and ``info`` subcommands.
 
 Knows: argument parsing only; each subcommand calls one package function.
 Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
@@ -29,6 +29,13 @@ def _goldens(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gallery(args: argparse.Namespace) -> int:
+    from .gallery import write_gallery
+
+    write_gallery(Path(args.out))
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     import platform
     from importlib.metadata import version
@@ -39,6 +46,10 @@ def _info(args: argparse.Namespace) -> int:
     for pkg in ("mlx", "mlx-lm", "numpy", "pandas", "matplotlib"):
         print(f"{pkg} {version(pkg)}")
     print(f"mlx default device: {mx.default_device()}")
+    from .blas import STATUS, matmul_seconds
+
+    print(f"BLAS: {STATUS.note}")
+    print(f"measured: 1024x1024 float32 matmul {matmul_seconds() * 1e3:.1f} ms")
     return 0
 
 
@@ -68,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
     g.set_defaults(func=_goldens)
-    i = sub.add_parser("info", help="print versions and the MLX device")
+    v = sub.add_parser("gallery", help="draw every view of a live run into docs/views.md and docs/views/")
+    v.add_argument("--out", default="docs", help="output folder (default ./docs)")
+    v.set_defaults(func=_gallery)
+    i = sub.add_parser("info", help="print versions, the MLX device and the active BLAS")
     i.set_defaults(func=_info)
     return p
 

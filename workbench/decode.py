@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from .sampling import Sampler, sample_rows
+from .sampling import RowSampler, sample_rows
 
 
 @dataclass
@@ -29,48 +29,61 @@ class Pending:
     Attributes:
         tokens: ``[B]`` uint32, each row's sampled next token.
         logprobs: ``[B]`` float32, the log-probability of that token.
+        finite: ``[B]`` bool, False where the row's processed logits held NaN or +inf
+            (or were all -inf).
+        errors: row -> message for rows whose processors or sampler raised.
     """
 
     tokens: mx.array
     logprobs: mx.array
+    finite: mx.array
+    errors: dict
 
     def take(self, rows: Sequence[int]) -> "Pending":
         """Only rows ``rows`` (after a filter)."""
         idx = mx.array(list(rows), dtype=mx.int32)
-        return Pending(self.tokens[idx], self.logprobs[idx])
+        errors = {new: self.errors[old] for new, old in enumerate(rows) if old in self.errors}
+        return Pending(self.tokens[idx], self.logprobs[idx], self.finite[idx], errors)
 
     @staticmethod
     def concat(a: "Pending | None", b: "Pending") -> "Pending":
         """Rows of ``a`` then rows of ``b`` (after a join)."""
         if a is None:
             return b
-        return Pending(mx.concatenate([a.tokens, b.tokens]), mx.concatenate([a.logprobs, b.logprobs]))
+        n = a.tokens.shape[0]
+        errors = {**a.errors, **{n + k: v for k, v in b.errors.items()}}
+        return Pending(mx.concatenate([a.tokens, b.tokens]), mx.concatenate([a.logprobs, b.logprobs]),
+                       mx.concatenate([a.finite, b.finite]), errors)
 
-    def read(self) -> tuple[list[int], list[float]]:
-        """Evaluate (waits for the forward) and return ``(tokens, logprobs)`` as lists."""
-        mx.eval(self.tokens, self.logprobs)
-        return self.tokens.tolist(), self.logprobs.tolist()
+    def read(self) -> tuple[list[int], list[float], list[bool]]:
+        """Evaluate (waits for the forward) and return ``(tokens, logprobs, finite)`` as
+        lists."""
+        mx.eval(self.tokens, self.logprobs, self.finite)
+        return self.tokens.tolist(), self.logprobs.tolist(), self.finite.tolist()
 
 
-def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[Sampler | None],
-           asynchronous: bool = True) -> Pending:
+def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[RowSampler],
+           contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool = True) -> Pending:
     """Feed ``inputs`` ``[B]`` (token ids, may be lazy) through the model with ``caches``
     (updated in place) and sample each row's next token.
 
     Args:
+        samplers, contexts, token_index: per row, see :func:`workbench.sampling.sample_rows`.
         asynchronous: start evaluation with ``mx.async_eval`` and return at once (the
             pipelined path); ``False`` evaluates before returning.
 
     Returns:
-        The :class:`Pending` next tokens and their log-probabilities.
+        The :class:`Pending` next tokens, their log-probabilities, finiteness and errors.
     """
     logits = model(inputs.reshape(-1, 1), cache=caches)[:, -1, :]  # [B, V]
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    sampled = sample_rows(logprobs, samplers)  # [B]
+    sampled, logprobs, errors = sample_rows(logits, samplers, contexts, token_index)  # [B], [B, V]
+    # NaN or +inf in a row's (processed) logits, or all -inf, makes its log-softmax NaN;
+    # -inf entries alone (banned tokens) are fine.
+    finite = mx.logical_not(mx.isnan(logprobs).any(axis=-1))  # [B]
     chosen = mx.take_along_axis(logprobs, sampled[:, None].astype(mx.int32), axis=-1)[:, 0]
-    pending = Pending(sampled, chosen.astype(mx.float32))
+    pending = Pending(sampled, chosen.astype(mx.float32), finite, errors)
     if asynchronous:
-        mx.async_eval(pending.tokens, pending.logprobs)
+        mx.async_eval(pending.tokens, pending.logprobs, pending.finite)
     else:
-        mx.eval(pending.tokens, pending.logprobs)
+        mx.eval(pending.tokens, pending.logprobs, pending.finite)
     return pending

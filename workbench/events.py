@@ -8,13 +8,18 @@ Kinds (``Event.kind``):
 
 ============  ==============================================================
 ``submit``    request accepted into the queue; ``n_tokens`` = prompt tokens
-``admit``     request left the queue to be prefilled for ``row``
+``admit``     request left the queue to be prefilled; ``n_tokens`` = tokens to
+              run (prompt, plus generated tokens when resuming), ``n_cached`` =
+              those found in the prompt cache
 ``prefill``   one prefill chunk of ``uid``; ``n_tokens`` = its real (non-pad)
               prompt tokens in the chunk
 ``join``      the prefilled row entered the running batch (cache ``extend``)
 ``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
-``finish``    the row is done; ``finish_reason`` is ``stop`` or ``length``
+``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
+              ``error`` (``message`` says why) or ``abort``
 ``evict``     the finished row left the batch at ``filter`` (was ``row``)
+``preempt``   the running row's cache was dropped and the request re-queued;
+              ``n_tokens`` = tokens generated so far (kept; it resumes)
 ============  ==============================================================
 
 ``step`` is the scheduler's decode-step index at the time of the event (the number of
@@ -27,7 +32,7 @@ from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 
-EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict")
+EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict", "preempt")
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,9 @@ class Event:
     token: int = -1
     logprob: float = float("nan")
     n_tokens: int = 0
+    n_cached: int = 0
     finish_reason: str = ""
+    message: str = ""
 
     def __post_init__(self):
         if self.kind not in EVENT_KINDS:

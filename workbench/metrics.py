@@ -11,6 +11,12 @@ Definitions (seconds; all differences of the injected clock):
   one token (time per output token after the first; the mean inter-token latency, ITL)
 - ``e2e_s``    = finish time − submit time
 - ``throughput_tok_per_s`` = generated tokens / (last token time − first submit time)
+- ``cached_tokens`` = prompt tokens found in the prompt cache at (first) admission
+
+Per decode step (:func:`step_metrics`): ``batch_size`` = rows in the batch during the step
+(joined at or before it, not yet evicted), ``tokens`` = token events of the step,
+``step_s`` = its last token time − the previous step's last token time (so admission and
+prefill between two steps count), ``tok_per_s`` = tokens / step_s.
 
 Service levels (:class:`SLO`): a request *meets* the SLO when it finished, its
 ``ttft_s <= SLO.ttft_s`` and its ``tpot_s <= SLO.tpot_s`` (a one-token request, whose
@@ -32,7 +38,7 @@ import pandas as pd
 
 REQUEST_COLUMNS = [
     "uid", "prompt_tokens", "generated_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s",
-    "finish_reason", "text",
+    "finish_reason", "text", "error", "cached_tokens",
 ]
 
 
@@ -59,6 +65,8 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
     last_tok = tok.groupby("uid").time_s.max()
     n_tok = tok.groupby("uid").size()
     admit = _first_time(events, "admit")
+    adm = events[events.kind == "admit"]
+    cached = adm.groupby("uid").n_cached.first() if "n_cached" in adm else {}
     rows = []
     for uid, s in sub.iterrows():
         n = int(n_tok.get(uid, 0))
@@ -74,6 +82,8 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
             "e2e_s": (fin.time_s[uid] - s.time_s) if uid in fin.index else math.nan,
             "finish_reason": fin.finish_reason[uid] if uid in fin.index else "",
             "text": decode(tokens, int(uid)) if decode else "",
+            "error": fin.message[uid] if uid in fin.index and "message" in fin else "",
+            "cached_tokens": int(cached.get(uid, 0)) if len(cached) else 0,
         })
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
@@ -91,6 +101,28 @@ def throughput_tok_per_s(events: pd.DataFrame) -> float:
     """Generated tokens per second over :func:`span_s`; NaN if no tokens."""
     span = span_s(events)
     return int((events.kind == "token").sum()) / span if span > 0 else math.nan
+
+
+STEP_COLUMNS = ["step", "time_s", "batch_size", "tokens", "step_s", "tok_per_s"]
+
+
+def step_metrics(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode step that produced tokens, with ``STEP_COLUMNS``.
+
+    ``time_s`` is the step's last token time; ``step_s`` and ``tok_per_s`` are NaN for the
+    first step (it has no previous step to measure from). Empty when there are no tokens.
+    """
+    tok = events[events.kind == "token"]
+    if tok.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    per_step = tok.groupby("step").agg(time_s=("time_s", "max"), tokens=("uid", "size")).reset_index()
+    joins = np.sort(events[events.kind == "join"].step.to_numpy())
+    evicts = np.sort(events[events.kind == "evict"].step.to_numpy())
+    steps = per_step.step.to_numpy()
+    per_step["batch_size"] = np.searchsorted(joins, steps, "right") - np.searchsorted(evicts, steps, "right")
+    per_step["step_s"] = per_step.time_s.diff()
+    per_step["tok_per_s"] = per_step.tokens / per_step.step_s
+    return per_step[STEP_COLUMNS]
 
 
 def percentiles(values: pd.Series, qs=(50, 95)) -> dict[str, float]:
@@ -126,11 +158,16 @@ def goodput_req_per_s(requests: pd.DataFrame, span_s: float, slo: SLO) -> float:
 
 
 OCCUPANCY_COLUMNS = ["time_s", "queued", "prefilling", "running"]
-_OCCUPANCY_DELTAS = {"submit": (1, 0, 0), "admit": (-1, 1, 0), "join": (0, -1, 1), "evict": (0, 0, -1)}
+_STATE_AFTER = {"submit": "queued", "admit": "prefilling", "join": "running", "evict": None, "preempt": "queued"}
 
 
 def occupancy(events: pd.DataFrame) -> pd.DataFrame:
     """Requests queued, prefilling and running (in the batch) over time.
+
+    Each request moves between states by its events (in time order): ``submit`` and
+    ``preempt`` -> queued, ``admit`` -> prefilling, ``join`` -> running, ``evict`` ->
+    gone; a ``finish`` with reason ``abort`` while queued -> gone (an aborted prefilling
+    request still joins and is evicted).
 
     Returns:
         One row per distinct event time (sorted) with ``OCCUPANCY_COLUMNS``: the counts
@@ -138,11 +175,26 @@ def occupancy(events: pd.DataFrame) -> pd.DataFrame:
         at 1 s and joined at 2 s gives rows ``(0, 1, 0, 0)``, ``(1, 1, 1, 0)``,
         ``(2, 1, 0, 1)``.
     """
-    ev = events[events.kind.isin(list(_OCCUPANCY_DELTAS))].sort_values("time_s", kind="stable")
-    deltas = np.array([_OCCUPANCY_DELTAS[k] for k in ev.kind], dtype=np.int64).reshape(-1, 3)
-    counts = pd.DataFrame(np.cumsum(deltas, axis=0), columns=OCCUPANCY_COLUMNS[1:])
-    counts.insert(0, "time_s", ev.time_s.to_numpy(np.float64))
-    return counts.groupby("time_s", sort=True).last().reset_index()[OCCUPANCY_COLUMNS]
+    ev = events[events.kind.isin([*_STATE_AFTER, "finish"])].sort_values("time_s", kind="stable")
+    state: dict[int, str | None] = {}
+    counts = {"queued": 0, "prefilling": 0, "running": 0}
+    rows = []
+    for kind, uid, t, reason in zip(ev.kind, ev.uid, ev.time_s, ev.finish_reason):
+        if kind == "finish":
+            if reason != "abort" or state.get(uid) != "queued":
+                continue
+            new = None
+        else:
+            new = _STATE_AFTER[kind]
+        old = state.get(uid)
+        if old:
+            counts[old] -= 1
+        if new:
+            counts[new] += 1
+        state[uid] = new
+        rows.append((float(t), counts["queued"], counts["prefilling"], counts["running"]))
+    out = pd.DataFrame(rows, columns=OCCUPANCY_COLUMNS)
+    return out.groupby("time_s", sort=True).last().reset_index()[OCCUPANCY_COLUMNS]
 
 
 def occupancy_at(occ: pd.DataFrame, times_s: Sequence[float]) -> pd.DataFrame:

@@ -34,6 +34,9 @@ class PrefillGroup:
         prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
         max_kv_size: passed to :func:`workbench.caches.new_batch_cache`.
+        caches: optional per-row single-sequence caches already holding a cached prefix
+            (from the prompt cache); ``prompts`` are then the uncached tails. Merged
+            left-padded, then right-padded tails run and ``finalize`` moves all padding left.
 
     Attributes:
         caches: the group's per-layer batch caches (joined to the running batch when
@@ -43,9 +46,9 @@ class PrefillGroup:
     """
 
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
-                 max_kv_size: int | None = None):
+                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None):
         self.model = model
-        self.caches = kv.new_batch_cache(model, len(prompts), max_kv_size)
+        self.caches = kv.merge_rows(caches) if caches else kv.new_batch_cache(model, len(prompts), max_kv_size)
         self.lengths = [len(p) for p in prompts]
         self.length = max(self.lengths, default=0)
         self.right_padding = [self.length - n for n in self.lengths]

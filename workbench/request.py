@@ -18,9 +18,9 @@ import math
 
 import numpy as np
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "length", "error", "abort")
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,27 @@ class Request:
         prompt: text (tokenized with the model's tokenizer, no special tokens added) or a
             non-empty list of token ids, each in ``[0, vocab_size)``.
         max_tokens: maximum number of generated tokens, ``>= 1``.
-        temperature: ``0.0`` means greedy (argmax); ``> 0`` samples through mlx-lm's
-            ``make_sampler``.
+        temperature: ``0.0`` means greedy (argmax); ``> 0`` samples (mlx-lm's filters
+            ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``, then a categorical draw
+            with the row's own PRNG key).
         top_p: nucleus mass in ``(0, 1]``; ``1.0`` disables it. Needs ``temperature > 0``.
         top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
+        min_p: keep tokens with probability ``>= min_p`` times the top one's, ``[0, 1)``.
         stop_ids: token ids that end the row (finish reason ``stop``); ``None`` means the
-            tokenizer's EOS ids.
-        priority: larger is more urgent; used by the ``priority`` admission policy.
+            tokenizer's EOS ids. Duplicates are harmless (a set).
+        priority: larger is more urgent; used by the ``priority`` admission policy and
+            by preemption (the lowest priority is preempted first).
+        seed: PRNG seed of a sampled row (``>= 0``); the row's tokens then do not depend
+            on its neighbours. ``None`` draws one from the scheduler's seed.
+        repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
+            ``make_logits_processors`` options (context = the row's own prompt and
+            generated tokens, never padding).
+        logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables.
+        sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling.
+        on_token: ``(uid, token) -> None``, called when a token is read.
+
+    An exception raised by a processor, sampler or ``on_token``, or non-finite logits,
+    ends only that row (finish reason ``error``).
 
     Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
     """
@@ -49,11 +63,23 @@ class Request:
     top_k: int = 0
     stop_ids: Sequence[int] | None = None
     priority: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | None = None
+    logits_processors: Sequence[Callable] = ()
+    sampler: Callable | None = None
+    on_token: Callable | None = None
 
     @property
     def greedy(self) -> bool:
-        """True when the row is decoded by argmax (``temperature == 0``)."""
-        return self.temperature == 0.0
+        """True when the row is decoded by plain argmax (temperature 0, no custom sampler,
+        no logits processors): the rows the oracles can check."""
+        return (self.temperature == 0.0 and self.sampler is None and not self.logits_processors
+                and not self.logit_bias and not self.repetition_penalty and not self.presence_penalty
+                and not self.frequency_penalty)
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> "Request":
@@ -156,6 +182,29 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         raise ValueError("top_p / top_k need temperature > 0; temperature 0 is greedy decoding")
     if not _is_int(r.priority):
         raise ValueError(f"priority must be an int, got {r.priority!r}")
+    if not _is_real(r.min_p) or not 0 <= r.min_p < 1:
+        raise ValueError(f"min_p must be a number in [0, 1), got {r.min_p!r}")
+    if r.temperature == 0 and r.min_p > 0:
+        raise ValueError("min_p needs temperature > 0; temperature 0 is greedy decoding")
+    if r.seed is not None and (not _is_int(r.seed) or r.seed < 0):
+        raise ValueError(f"seed must be an int >= 0 or None, got {r.seed!r}")
+    if r.repetition_penalty is not None and (not _is_real(r.repetition_penalty) or r.repetition_penalty <= 0):
+        raise ValueError(f"repetition_penalty must be a number > 0 or None, got {r.repetition_penalty!r}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not _is_real(getattr(r, name)):
+            raise ValueError(f"{name} must be a finite number, got {getattr(r, name)!r}")
+    if r.logit_bias is not None:
+        if not isinstance(r.logit_bias, Mapping):
+            raise ValueError(f"logit_bias must be a mapping token id -> bias, got {type(r.logit_bias).__name__}")
+        _check_ids("logit_bias", list(r.logit_bias), vocab_size)
+        for t, b in r.logit_bias.items():
+            if not _is_real(b):
+                raise ValueError(f"logit_bias[{t}] must be a finite number, got {b!r}")
+    if not isinstance(r.logits_processors, (list, tuple)) or not all(callable(f) for f in r.logits_processors):
+        raise ValueError("logits_processors must be a list of callables (tokens, logits) -> logits")
+    for name in ("sampler", "on_token"):
+        if getattr(r, name) is not None and not callable(getattr(r, name)):
+            raise ValueError(f"{name} must be callable or None, got {type(getattr(r, name)).__name__}")
     if r.stop_ids is None:
         stop = frozenset(tokenizer.eos_token_ids)
     elif isinstance(r.stop_ids, (list, tuple, set, frozenset)):

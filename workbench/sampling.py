@@ -1,46 +1,117 @@
-"""Sampling per row: greedy rows share one argmax, others use mlx-lm's ``make_sampler``.
+"""Sampling per row: logits processors, filters and a seeded draw attached to each row,
+so a row samples the same tokens whatever its neighbours are.
 
-Knows: a request's sampling fields, mlx-lm's samplers. Must not know: the scheduler.
+Knows: a request's sampling fields and mlx-lm's sampling pieces
+(``make_logits_processors``, ``apply_top_p``, ``apply_min_p``, ``apply_top_k``). Must not
+know: the scheduler, caches.
 
-Axis letters: ``B`` rows, ``V`` vocabulary size.
+Greedy rows without processors share one ``argmax`` over the batch (as mlx-lm's
+``BatchGenerator`` does when rows share a sampler). Every other row is processed alone:
+its processors see only its own tokens (prompt and generated, never padding), and its
+draw uses its own PRNG key ``split(key(seed), max_tokens + 1)[t]`` for its ``t``-th token
+— mlx-lm draws from one global PRNG state, so it cannot batch seeded requests.
+
+Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from .request import Request
 
-Sampler = Callable[[mx.array], mx.array]
+
+class RowSampler:
+    """How one row turns logits into its next token.
+
+    Args:
+        request: the row's request.
+        seed: the PRNG seed for a sampled row (the request's own, else one the scheduler
+            drew).
+        vocab_size: ``V``.
+    """
+
+    def __init__(self, request: Request, seed: int, vocab_size: int):
+        r = request
+        self.processors = make_logits_processors(
+            dict(r.logit_bias) if r.logit_bias else None, r.repetition_penalty,
+            presence_penalty=r.presence_penalty or None, frequency_penalty=r.frequency_penalty or None,
+        ) + list(r.logits_processors)
+        self.custom = r.sampler
+        self.temperature, self.top_p, self.top_k, self.min_p = r.temperature, r.top_p, r.top_k, r.min_p
+        if self.top_k >= vocab_size:
+            self.top_k = 0
+        self.shared_argmax = r.temperature == 0 and r.sampler is None and not self.processors
+        self.seed = seed
+        self._keys = None if r.temperature == 0 else mx.random.split(mx.random.key(seed), r.max_tokens + 1)
+
+    def process(self, context: mx.array, logits: mx.array) -> mx.array:
+        """Apply the row's logits processors to ``logits`` ``[1, V]`` given its tokens
+        ``[T]``. Exceptions propagate (the caller contains them)."""
+        for processor in self.processors:
+            logits = processor(context, logits)
+        return logits
+
+    def choose(self, logprobs: mx.array, t: int) -> mx.array:
+        """The row's ``t``-th token (0-based) from ``logprobs`` ``[1, V]``; ``[1]`` uint32."""
+        if self.custom is not None:
+            return mx.array(self.custom(logprobs)).reshape(1).astype(mx.uint32)
+        if self.temperature == 0:
+            return mx.argmax(logprobs, axis=-1).astype(mx.uint32)
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p > 0:
+            logprobs = apply_min_p(logprobs, self.min_p)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        key = self._keys[min(t, self._keys.shape[0] - 1)]
+        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=key).astype(mx.uint32)
 
 
-def sampler_for(request: Request) -> Sampler | None:
-    """``None`` for a greedy request, else mlx-lm's ``make_sampler(temp, top_p, top_k=)``."""
-    if request.greedy:
-        return None
-    return make_sampler(temp=request.temperature, top_p=request.top_p, top_k=request.top_k)
-
-
-def sample_rows(logprobs: mx.array, samplers: Sequence[Sampler | None]) -> mx.array:
+def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any],
+                token_index: Sequence[int]) -> tuple[mx.array, mx.array, dict[int, str]]:
     """Next token per row.
 
     Args:
-        logprobs: ``[B, V]`` float log-probabilities.
-        samplers: one per row; ``None`` means greedy.
+        logits: ``[B, V]`` raw logits of the step.
+        samplers: one :class:`RowSampler` per row.
+        contexts: per row a callable returning its tokens ``[T]`` (prompt and generated,
+            possibly lazy), used only by rows with processors.
+        token_index: per row the 0-based index of the token being sampled.
 
     Returns:
-        ``[B]`` uint32 token ids. All-greedy batches take one ``argmax`` (as mlx-lm's
-        ``BatchGenerator`` does when rows share a sampler); mixed batches sample row by
-        row.
+        ``(tokens [B] uint32, logprobs [B, V], errors)``; ``errors`` maps a row to the
+        message of the exception its processors or sampler raised (that row's token is
+        then 0 and must be discarded).
     """
+    errors: dict[int, str] = {}
+    if all(s.shared_argmax for s in samplers):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return mx.argmax(logprobs, axis=-1).astype(mx.uint32), logprobs, errors
+    rows_logits = []
+    for b, s in enumerate(samplers):
+        row = logits[b : b + 1]
+        if s.processors:
+            try:
+                row = s.process(contexts[b](), row)
+            except Exception as exc:  # contained: only this row ends
+                errors[b] = f"logits processor raised {type(exc).__name__}: {exc}"
+                row = mx.zeros_like(logits[b : b + 1])
+        rows_logits.append(row)
+    logits = mx.concatenate(rows_logits, axis=0)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     greedy = mx.argmax(logprobs, axis=-1).astype(mx.uint32)
-    if all(s is None for s in samplers):
-        return greedy
-    rows = [
-        greedy[b : b + 1] if s is None else s(logprobs[b : b + 1]).astype(mx.uint32).reshape(1)
-        for b, s in enumerate(samplers)
-    ]
-    return mx.concatenate(rows)
+    tokens = []
+    for b, s in enumerate(samplers):
+        if b in errors or (s.temperature == 0 and s.custom is None):
+            tokens.append(greedy[b : b + 1])
+            continue
+        try:
+            tokens.append(s.choose(logprobs[b : b + 1], token_index[b]))
+        except Exception as exc:  # contained: only this row ends
+            errors[b] = f"sampler raised {type(exc).__name__}: {exc}"
+            tokens.append(greedy[b : b + 1])
+    return mx.concatenate(tokens), logprobs, errors

@@ -48,11 +48,13 @@ import numpy as np
 from . import caches as kv
 from .decode import Pending, launch
 from .events import Event
+from .budget import kv_profile, projected_bytes
 from .policies import Policy, Queued, policy_from
 from .prefill import PrefillGroup
+from .promptcache import PromptCache
 from .report import Report, build_report
 from .request import Request, ValidRequest, validate
-from .sampling import Sampler, sampler_for
+from .sampling import RowSampler
 from .snapshot import LayerGroup, Snapshot, frozen
 
 
@@ -60,19 +62,22 @@ from .snapshot import LayerGroup, Snapshot, frozen
 class _Row:
     uid: int
     valid: ValidRequest
-    sampler: Sampler | None
+    sampler: RowSampler
     tokens: list[int] = field(default_factory=list)
     fed: int = 0
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    message: str = ""
 
 
 @dataclass
 class _Group:
-    """A prefilling group: its requests and the prefill in progress."""
+    """A prefilling group: its requests, the prefill in progress, each row's last input
+    token (fed at the join)."""
 
     members: list[tuple[int, ValidRequest]]
     prefill: PrefillGroup
+    last_tokens: list[int]
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -116,7 +121,9 @@ class Scheduler:
                  clock: Callable[[], float] = time.perf_counter, max_kv_size: int | None = None,
                  history_size: int = 64, prompt_concurrency: int | None = None,
                  interleave_prefill: bool = True, pipeline: bool = True,
-                 policy: str | Policy = "fcfs", clear_cache_every: int = 256):
+                 policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
+                 kv_budget_bytes: int | None = None, prompt_cache: Any = None):
+        self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -145,6 +152,15 @@ class Scheduler:
         self._done: dict[int, _Row] = {}
         self._cache: list[Any] | None = None
         self._requests: dict[int, ValidRequest] = {}
+        self._seeds: dict[int, int] = {}
+        self._aborted: set[int] = set()
+        self._preempted: dict[int, _Row] = {}
+        self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
+        self._kv_profile = kv_profile(model, self.max_kv_size)
+        self._projected: dict[int, int] = {}
+        self.prompt_cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
+        self._cached_tokens: dict[int, int] = {}
+        self._rng = np.random.default_rng(seed)
 
     # -- requests ---------------------------------------------------------------------
     def submit(self, request: Request | dict) -> int:
@@ -156,10 +172,19 @@ class Scheduler:
         if isinstance(request, dict):
             request = Request.from_dict(request)
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens)
+        need = projected_bytes(self._kv_profile, len(valid.prompt_ids) + valid.request.max_tokens)
+        if self.kv_budget_bytes is not None and need > self.kv_budget_bytes:
+            raise ValueError(
+                f"request projects {need:,} KV bytes (prompt {len(valid.prompt_ids)} + max_tokens "
+                f"{valid.request.max_tokens} tokens) but kv_budget_bytes is {self.kv_budget_bytes:,}; "
+                "it could never be admitted")
         uid = self._next_uid
         self._next_uid += 1
         self._queue[uid] = valid
         self._requests[uid] = valid
+        self._projected[uid] = need
+        drawn = int(self._rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
+        self._seeds[uid] = valid.request.seed if valid.request.seed is not None else drawn
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
         return uid
 
@@ -194,24 +219,100 @@ class Scheduler:
             self._record()
         return self.events[start:]
 
+    @property
+    def kv_projected_bytes(self) -> int:
+        """Projected KV bytes of the running and prefilling requests (the budget's use)."""
+        live = [r.uid for r in self._rows if r.finish_reason is None]
+        live += [uid for uid, _ in self._group.members] if self._group else []
+        return sum(self._projected[u] for u in live)
+
     def _form_group(self) -> bool:
         slots = min(self.max_batch - len(self._rows), self.prompt_concurrency)
         if slots <= 0 or not self._queue:
             return False
         queued = [Queued(uid, len(v.prompt_ids), v.request.priority, i)
                   for i, (uid, v) in enumerate(self._queue.items())]
-        chosen = self.policy.order(queued)[:slots]
+        chosen, used = [], self.kv_projected_bytes
+        for uid in self.policy.order(queued)[:slots]:
+            if self.kv_budget_bytes is not None and used + self._projected[uid] > self.kv_budget_bytes:
+                if not chosen and self._preempt_for(uid):
+                    used = self.kv_projected_bytes
+                    if used + self._projected[uid] <= self.kv_budget_bytes:
+                        chosen.append(uid)
+                        used += self._projected[uid]
+                        continue
+                break  # keep the policy's order: nobody jumps a request that does not fit
+            chosen.append(uid)
+            used += self._projected[uid]
+        if not chosen:
+            return False
         members = [(uid, self._queue.pop(uid)) for uid in chosen]
-        for uid, v in members:
-            self._log("admit", uid, n_tokens=len(v.prompt_ids))
-        prompts = [v.prompt_ids[:-1] for _, v in members]
-        self._group = _Group(members, PrefillGroup(self.model, prompts, self.prefill_step_size, self.max_kv_size))
+        inputs = [list(v.prompt_ids) + (self._preempted[uid].tokens if uid in self._preempted else [])
+                  for uid, v in members]
+        caches = None
+        if self.prompt_cache is not None:
+            fetched = [self.prompt_cache.fetch(inp[:-1]) for inp in inputs]
+            caches = [c for c, _ in fetched]
+            tails = [rest for _, rest in fetched]
+            for (uid, _), inp, rest in zip(members, inputs, tails):
+                self._cached_tokens[uid] = len(inp) - 1 - len(rest)
+        else:
+            tails = [inp[:-1] for inp in inputs]
+        for (uid, v), inp in zip(members, inputs):
+            self._log("admit", uid, n_tokens=len(inp), n_cached=self._cached_tokens.get(uid, 0))
+        group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
+        self._group = _Group(members, group, [inp[-1] for inp in inputs])
         return True
 
+    def _preempt_for(self, uid: int) -> bool:
+        """Preempt running rows of lower priority than ``uid`` (lowest first, the latest
+        joined among equals) until ``uid`` fits the KV budget. Returns True if any was."""
+        want = self._requests[uid].request.priority
+        preempted = False
+        while self.kv_projected_bytes + self._projected[uid] > self.kv_budget_bytes:
+            victims = [r for r in self._rows if r.finish_reason is None and r.valid.request.priority < want]
+            if not victims:
+                break
+            victim = min(reversed(victims), key=lambda r: r.valid.request.priority)
+            self.preempt(victim.uid)
+            preempted = True
+        return preempted
+
+    def preempt(self, uid: int) -> list[Event]:
+        """Preempt running row ``uid``: drop its cache row now and re-queue it (original
+        arrival order) to resume from its prompt plus the tokens generated so far; its
+        greedy output equals an uninterrupted run. Returns the ``preempt`` event.
+
+        Raises:
+            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
+        """
+        row = self._row_of(uid)
+        b = next((i for i, r in enumerate(self._rows) if r is row), None)
+        if b is None or row.finish_reason is not None:
+            raise ValueError(f"uid {uid} is not a running, unfinished row; only those can be preempted")
+        keep = [i for i in range(len(self._rows)) if i != b]
+        self._cache = kv.evict(self._cache, keep)
+        self._pending = self._pending.take(keep) if keep else None
+        self._rows = [self._rows[i] for i in keep]
+        self._preempted[uid] = row
+        order = list(self._queue.items()) + [(uid, row.valid)]
+        self._queue = dict(sorted(order, key=lambda item: item[0]))  # uids grow with arrival
+        event = self._log("preempt", uid, row=b, n_tokens=len(row.tokens))
+        self._record()
+        return [event]
+
     def _join(self, group: _Group) -> None:
-        rows = [_Row(uid, v, sampler_for(v.request)) for uid, v in group.members]
-        last = mx.array([v.prompt_ids[-1] for _, v in group.members], dtype=mx.uint32)
-        pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], self.pipeline)
+        rows = []
+        for uid, v in group.members:
+            row = self._preempted.pop(uid, None) or _Row(uid, v, RowSampler(v.request, self._seeds[uid], self.vocab_size))
+            row.fed = len(row.tokens)  # a resumed row's generated tokens are in its cache again
+            if uid in self._aborted:  # aborted while prefilling: joins finished, evicted at filter
+                row.finish_reason = "abort"
+            rows.append(row)
+        last = mx.array(group.last_tokens, dtype=mx.uint32)
+        contexts = [self._context(r, None, b) for b, r in enumerate(rows)]
+        pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], contexts,
+                         [len(r.tokens) for r in rows], self.pipeline)
         self._cache = kv.join(self._cache, group.prefill.caches)
         self._pending = Pending.concat(self._pending, pending)
         first_row = len(self._rows)
@@ -230,30 +331,84 @@ class Scheduler:
             return []
         current = self._pending
         samplers = [r.sampler for r in self._rows]
+        contexts = [self._context(r, current, b) for b, r in enumerate(self._rows)]
+        index = [len(r.tokens) + 1 for r in self._rows]
         if self.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
-            self._pending = launch(self.model, self._cache, current.tokens, samplers, asynchronous=True)
-        toks, lps = current.read()
+            self._pending = launch(self.model, self._cache, current.tokens, samplers, contexts, index, True)
+        toks, lps, finite = current.read()
         if not self.pipeline:
-            self._pending = launch(self.model, self._cache, current.tokens, samplers, asynchronous=False)
+            self._pending = launch(self.model, self._cache, current.tokens, samplers, contexts, index, False)
         out, finished = [], []
         for b, row in enumerate(self._rows):
             row.fed += 1
             if row.finish_reason is not None:
                 continue
-            row.tokens.append(toks[b])
-            row.logprobs.append(lps[b])
-            out.append(self._log("token", row.uid, row=b, token=toks[b], logprob=lps[b]))
-            if toks[b] in row.valid.stop_ids:
+            message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
+            if not message:
+                row.tokens.append(toks[b])
+                row.logprobs.append(lps[b])
+                out.append(self._log("token", row.uid, row=b, token=toks[b], logprob=lps[b]))
+                message = self._call_on_token(row, toks[b])
+            if message:
+                row.finish_reason, row.message = "error", message
+            elif toks[b] in row.valid.stop_ids:
                 row.finish_reason = "stop"
             elif len(row.tokens) >= row.valid.request.max_tokens:
                 row.finish_reason = "length"
             if row.finish_reason:
-                finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason))
+                finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason,
+                                          message=row.message))
         self.step_index += 1
         if self.step_index % self.clear_cache_every == 0:
             mx.clear_cache()
         self._record()
         return out + finished
+
+    @staticmethod
+    def _context(row: _Row, pending: Pending | None, b: int) -> Callable[[], mx.array]:
+        """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one in
+        ``pending``) for its logits processors: built only when asked."""
+        def build() -> mx.array:
+            known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
+            return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
+        return build
+
+    @staticmethod
+    def _call_on_token(row: _Row, token: int) -> str:
+        """Run the request's ``on_token`` callback; its exception becomes the row's error."""
+        callback = row.valid.request.on_token
+        if callback is None:
+            return ""
+        try:
+            callback(row.uid, token)
+        except Exception as exc:  # contained: only this row ends
+            return f"on_token raised {type(exc).__name__}: {exc}"
+        return ""
+
+    def abort(self, uid: int) -> list[Event]:
+        """End ``uid`` with finish reason ``abort``, wherever it is.
+
+        A queued request leaves the queue; a prefilling one finishes and its row is
+        dropped right after its group joins; a running row finishes and is evicted by the
+        next ``filter()``. Aborting a finished uid is a documented no-op (returns ``[]``).
+
+        Raises:
+            KeyError: for a uid that was never submitted.
+        """
+        row = self._row_of(uid)
+        if row.finish_reason is not None or uid in self._aborted:
+            return []
+        if uid in self._queue:
+            del self._queue[uid]
+            self._preempted.pop(uid, None)
+            self._done[uid] = row
+        elif any(r is row for r in self._rows):
+            pass
+        else:  # prefilling: dropped at join
+            self._aborted.add(uid)
+            return [self._log("finish", uid, finish_reason="abort")]
+        row.finish_reason = "abort"
+        return [self._log("finish", uid, finish_reason="abort")]
 
     def filter(self) -> list[Event]:
         """Evict finished rows (cache ``filter``). Returns the evict events (old rows)."""
@@ -261,6 +416,13 @@ class Scheduler:
         if not gone:
             return []
         keep = [b for b, r in enumerate(self._rows) if r.finish_reason is None]
+        if self.prompt_cache is not None:
+            for b in gone:
+                row = self._rows[b]
+                if row.finish_reason in ("stop", "length"):
+                    solo = [c.extract(b) for c in self._cache]
+                    mx.eval([c.state for c in solo])
+                    self.prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, solo, row.fed - len(row.tokens))
         self._cache = kv.evict(self._cache, keep)
         self._pending = self._pending.take(keep) if keep else None
         events = []
@@ -303,10 +465,19 @@ class Scheduler:
                 return r
         if uid in self._done:
             return self._done[uid]
+        if uid in self._preempted:
+            return self._preempted[uid]
         if uid in self._requests:  # queued or prefilling: nothing generated yet
-            return _Row(uid, self._requests[uid], None)
+            row = _Row(uid, self._requests[uid], None)
+            row.finish_reason = "abort" if uid in self._aborted else None
+            return row
         known = f"submitted uids are 0..{self._next_uid - 1}" if self._next_uid else "nothing was submitted yet"
         raise KeyError(f"uid {uid} is unknown ({known})")
+
+    def fresh(self) -> "Scheduler":
+        """A new, empty scheduler with this one's model, tokenizer and configuration (a
+        prompt cache object is shared; an int size makes a new one)."""
+        return Scheduler(self.model, self.tokenizer, **self._config)
 
     @property
     def batch_cache(self) -> list[Any] | None:
@@ -322,9 +493,10 @@ class Scheduler:
         return self._requests[uid]
 
     def finished_greedy_uids(self) -> list[int]:
-        """Uids that finished (evicted or not) and were decoded greedily, in uid order."""
+        """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
+        greedily, in uid order: the rows an oracle can check."""
         rows = list(self._done.values()) + [r for r in self._rows if r.finish_reason]
-        return sorted(r.uid for r in rows if r.valid.request.greedy)
+        return sorted(r.uid for r in rows if r.valid.request.greedy and r.finish_reason in ("stop", "length"))
 
     def tokens(self, uid: int) -> list[int]:
         """Generated token ids of ``uid`` so far (a final stop token included).
@@ -337,8 +509,12 @@ class Scheduler:
         return list(self._row_of(uid).logprobs)
 
     def finish_reason(self, uid: int) -> str | None:
-        """``stop``, ``length``, or ``None`` while queued or running."""
+        """``stop``, ``length``, ``error``, ``abort``, or ``None`` while queued or running."""
         return self._row_of(uid).finish_reason
+
+    def error(self, uid: int) -> str:
+        """The message of a row that finished with ``error`` (else ``""``)."""
+        return self._row_of(uid).message
 
     def text(self, uid: int) -> str:
         """Visible completion of ``uid``: its tokens decoded, a final stop token excluded."""
@@ -376,6 +552,8 @@ class Scheduler:
             kv_width_tokens=attn.kv_width_tokens if attn else 0,
             capacity_tokens=attn.capacity_tokens if attn else 0,
             kv_bytes=kv.kv_bytes(self._cache),
+            kv_budget_bytes=self.kv_budget_bytes,
+            kv_projected_bytes=self.kv_projected_bytes,
             groups=tuple(groups),
             queue=tuple(self._queue),
             prefilling=tuple((uid, g.prefill.position, len(v.prompt_ids) - 1)
@@ -387,6 +565,17 @@ class Scheduler:
         """Append a snapshot to :attr:`history` after an engine call that changed the batch."""
         if self.history.maxlen:
             self.history.append(self.snapshot())
+            self._recorded_at = len(self.events)
+
+    def record(self) -> Snapshot:
+        """The current snapshot, appended to :attr:`history` unless nothing happened (no
+        event) since the last one there — for views that show the engine after calls that
+        do not change the batch (e.g. ``submit``)."""
+        if not self.history.maxlen:
+            return self.snapshot()
+        if not self.history or getattr(self, "_recorded_at", -1) != len(self.events):
+            self._record()
+        return self.history[-1]
 
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics)."""

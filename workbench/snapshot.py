@@ -102,6 +102,9 @@ class Snapshot:
         kv_width_tokens: that group's sequence length in use (tokens).
         capacity_tokens: that group's allocated sequence length (tokens).
         kv_bytes: bytes allocated by every layer's cache.
+        kv_budget_bytes: the scheduler's KV budget (``None``: no budget).
+        kv_projected_bytes: projected bytes of the running and prefilling requests
+            (prompt + max_tokens each), what admission counts against the budget.
         groups: the :class:`LayerGroup` s, in first-layer order.
         queue: uids waiting for admission, in arrival order.
         prefilling: ``(uid, prefilled_tokens, tokens_to_prefill)`` of the joining group
@@ -118,6 +121,8 @@ class Snapshot:
     kv_width_tokens: int
     capacity_tokens: int
     kv_bytes: int
+    kv_budget_bytes: int | None = None
+    kv_projected_bytes: int = 0
     groups: tuple[LayerGroup, ...] = ()
     queue: tuple[int, ...] = ()
     prefilling: tuple[tuple[int, int, int], ...] = ()
@@ -150,6 +155,8 @@ class Snapshot:
             f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
             f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
         ]
+        if self.kv_budget_bytes is not None:
+            lines.append(f"  KV budget: {self.kv_projected_bytes:,} of {self.kv_budget_bytes:,} bytes projected in use")
         for uid, done, total in self.prefilling:
             lines.append(f"  prefilling uid {uid}: {min(done, total)}/{total} prompt tokens")
         attention = any(g.name != "ssm" for g in self.groups)

@@ -1,0 +1,158 @@
+"""A faulty row ends alone (finish reason ``error``) and every other row produces exactly
+the tokens it would have produced without it; abort works in every state; per-row
+sampling (mlx-lm processors, seeds) does not depend on the neighbours."""
+
+import math
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors
+
+import workbench as wb
+
+pytestmark = pytest.mark.model
+
+NEIGHBOURS = ((5, 14), (23, 12), (2, 16))
+
+
+def run(make_sched, prompt, extra=None, max_batch=4, join_extra_at=2, **kw):
+    """Neighbours from step 0; ``extra`` (a Request) submitted at step ``join_extra_at``."""
+    sched = make_sched(max_batch=max_batch, **kw)
+    uids = [sched.submit(wb.Request(prompt=prompt(n, 7 * n), max_tokens=m)) for n, m in NEIGHBOURS]
+    arrivals = [(join_extra_at, extra)] if extra is not None else []
+    sched.run(arrivals)
+    extra_uid = len(uids) if extra is not None else None
+    return sched, [sched.tokens(u) for u in uids], extra_uid
+
+
+def raises_on_call(n):
+    calls = {"n": 0}
+
+    def processor(tokens, logits):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise RuntimeError("boom")
+        return logits
+
+    return processor
+
+
+def nan_on_call(n):
+    calls = {"n": 0}
+
+    def processor(tokens, logits):
+        calls["n"] += 1
+        return logits * math.nan if calls["n"] == n else logits
+
+    return processor
+
+
+def failing_callback(uid, token):
+    raise ValueError("callback failed")
+
+
+FAULTS = {
+    "processor raises": (dict(logits_processors=[raises_on_call(3)]), "logits processor raised RuntimeError: boom", 2),
+    "nan logits": (dict(logits_processors=[nan_on_call(4)]), "non-finite logits (NaN or inf)", 3),
+    "sampler raises": (dict(temperature=0.7, sampler=lambda lp: 1 / 0), "sampler raised ZeroDivisionError", 0),
+    "callback raises": (dict(on_token=failing_callback), "on_token raised ValueError: callback failed", 1),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_faulty_row_ends_with_error_and_neighbours_are_untouched(make_sched, prompt, fault):
+    fields, message, n_tokens = FAULTS[fault]
+    _, clean, _ = run(make_sched, prompt)
+    faulty = wb.Request(prompt=prompt(9, 300), max_tokens=10, **fields)
+    sched, tokens, bad = run(make_sched, prompt, faulty)
+    assert tokens == clean
+    assert sched.finish_reason(bad) == "error"
+    assert sched.error(bad).startswith(message)
+    assert len(sched.tokens(bad)) == n_tokens
+    row = sched.report().requests.set_index("uid").loc[bad]
+    assert row.finish_reason == "error" and row.error.startswith(message)
+    assert sched.idle and sched.snapshot().kv_bytes == 0
+
+
+@pytest.mark.parametrize("when", ["queued", "prefilling", "running"])
+def test_abort_works_in_every_state_and_keeps_the_batch_consistent(make_sched, prompt, when):
+    _, clean, _ = run(make_sched, prompt)
+    sched = make_sched(max_batch=4 if when != "queued" else 3, prefill_step_size=4)
+    uids = [sched.submit(wb.Request(prompt=prompt(n, 7 * n), max_tokens=m)) for n, m in NEIGHBOURS]
+    sched.admit()
+    for _ in range(6):  # a 1-chunk prefill each admit: let the neighbours join
+        sched.admit()
+        sched.step()
+    victim = sched.submit(wb.Request(prompt=prompt(30, 90), max_tokens=20))
+    if when != "queued":
+        sched.admit()  # one chunk of 4 of 29 tokens: prefilling
+        assert sched.snapshot().prefilling[0][0] == victim
+    if when == "running":
+        while victim not in sched.snapshot().uids:
+            sched.admit()
+            sched.step()
+            sched.filter()
+    events = sched.abort(victim)
+    assert [(e.kind, e.finish_reason) for e in events] == [("finish", "abort")]
+    assert sched.abort(victim) == []  # a second abort is a no-op
+    assert sched.finish_reason(victim) == "abort"
+    sched.run()
+    assert [sched.tokens(u) for u in uids] == clean
+    assert sched.idle and sched.snapshot().kv_bytes == 0
+    assert (sched.report().events.kind == "finish").sum() == 4
+
+
+def test_abort_of_an_unknown_uid_raises(make_sched):
+    with pytest.raises(KeyError, match="uid 5 is unknown"):
+        make_sched().abort(5)
+
+
+def sampled(prompt, seed):
+    return wb.Request(prompt=prompt(6, 400), max_tokens=12, temperature=0.9, top_p=0.95, top_k=50, seed=seed)
+
+
+def test_a_seeded_sampled_row_is_identical_alone_and_beside_any_neighbours(make_sched, prompt):
+    alone = make_sched(max_batch=1)
+    uid = alone.submit(sampled(prompt, 7))
+    alone.run()
+    reference = alone.tokens(uid)
+    for max_batch, join_at in ((4, 0), (4, 3), (2, 5)):
+        sched, _, extra = run(make_sched, prompt, sampled(prompt, 7), max_batch=max_batch, join_extra_at=join_at)
+        assert sched.tokens(extra) == reference
+    # with sampled neighbours too
+    sched = make_sched(max_batch=3)
+    sched.submit(wb.Request(prompt=prompt(3), max_tokens=12, temperature=1.0, seed=1))
+    uid = sched.submit(sampled(prompt, 7))
+    sched.submit(wb.Request(prompt=prompt(40), max_tokens=12, temperature=0.5))
+    sched.run()
+    assert sched.tokens(uid) == reference
+    other = make_sched(max_batch=1)
+    uid8 = other.submit(sampled(prompt, 8))
+    other.run()
+    assert other.tokens(uid8) != reference  # the seed matters
+
+
+def test_unseeded_sampled_runs_are_reproducible_from_the_scheduler_seed(make_sched, prompt):
+    def once(seed):
+        sched = make_sched(max_batch=2, seed=seed)
+        uid = sched.submit(wb.Request(prompt=prompt(6), max_tokens=10, temperature=1.0))
+        sched.run()
+        return sched.tokens(uid)
+
+    assert once(3) == once(3)
+
+
+def test_penalties_equal_mlx_lm_solo_with_the_same_processors_and_never_see_padding(bundled, make_sched, prompt):
+    model, _ = bundled
+    p = prompt(4, 600)
+    fields = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2, logit_bias={17: 2.0})
+    reference = []
+    for token, _ in generate_step(mx.array(p), model, max_tokens=15, logits_processors=make_logits_processors(
+            {17: 2.0}, 1.3, presence_penalty=0.5, frequency_penalty=0.2)):
+        reference.append(int(token))
+    sched = make_sched(max_batch=3)
+    sched.submit(wb.Request(prompt=prompt(60, 5), max_tokens=15))  # long neighbour: lots of padding
+    uid = sched.submit(wb.Request(prompt=p, max_tokens=15, stop_ids=[], **fields))
+    sched.run()
+    assert sched.tokens(uid) == reference

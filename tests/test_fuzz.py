@@ -1,0 +1,157 @@
+"""Stateful fuzzing of the engine: random submit / admit / step / filter / abort / preempt
+sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch and KV
+budgets, for every bundled model family. After every operation the invariants hold; every
+finished greedy row equals its solo mlx-lm reference.
+
+CI runs a bounded number of examples; ``pytest tests/test_fuzz.py --long`` runs at least
+10,000 operations and prints the count of operations and divergences."""
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import workbench as wb
+from workbench import oracle
+from workbench.budget import kv_profile, projected_bytes
+from workbench.loading import DATA_DIR
+from workbench.workloads import prompt_of_length
+
+pytestmark = pytest.mark.model
+
+FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwen3next": ("tiny-qwen3-next", None),
+            "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8)}
+_MODELS: dict = {}
+_REFS: dict = {}
+STATS = {"operations": 0, "divergences": 0, "rows_checked": 0}
+
+
+def model_of(folder):
+    if folder not in _MODELS:
+        _MODELS[folder] = wb.load(DATA_DIR / "models" / folder)
+    return _MODELS[folder]
+
+
+def make_machine(family: str):
+    folder, max_kv_size = FAMILIES[family]
+
+    class EngineMachine(RuleBasedStateMachine):
+        @initialize(max_batch=st.integers(1, 4), chunk=st.sampled_from([3, 16, 64, 2048]),
+                    budget_requests=st.sampled_from([None, 2, 3]), pipeline=st.booleans())
+        def setup(self, max_batch, chunk, budget_requests, pipeline):
+            self.model, self.tok = model_of(folder)
+            self.unit = projected_bytes(kv_profile(self.model, max_kv_size), 300 + 12)
+            budget = None if budget_requests is None else budget_requests * self.unit
+            self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
+                                      max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
+                                      history_size=0)
+            self.submitted = []
+            self.checked = set()
+
+        def op(self):
+            STATS["operations"] += 1
+
+        @rule(n=st.integers(1, 300), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
+              priority=st.integers(0, 2))
+        def submit(self, n, start, max_tokens, priority):
+            self.op()
+            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens,
+                             stop_ids=[], priority=priority)
+            self.submitted.append(self.sched.submit(req))
+
+        @rule()
+        def admit(self):
+            self.op()
+            self.sched.admit()
+
+        @rule()
+        def step(self):
+            self.op()
+            self.sched.step()
+
+        @rule()
+        def filter(self):
+            self.op()
+            self.sched.filter()
+
+        @precondition(lambda self: self.submitted)
+        @rule(data=st.data())
+        def abort(self, data):
+            self.op()
+            self.sched.abort(data.draw(st.sampled_from(self.submitted)))
+
+        @precondition(lambda self: self.sched.snapshot().batch_size)
+        @rule(data=st.data())
+        def preempt(self, data):
+            self.op()
+            snap = self.sched.snapshot()
+            live = [u for u, done in zip(snap.uids, snap.finished) if not done]
+            if live:
+                self.sched.preempt(data.draw(st.sampled_from(live)))
+
+        @invariant()
+        def rows_are_conserved_and_geometry_is_consistent(self):
+            if not hasattr(self, "sched"):
+                return
+            snap = self.sched.snapshot()
+            prefilling = [u for u, _, _ in snap.prefilling]
+            places = list(snap.queue) + prefilling + list(snap.uids)
+            assert len(places) == len(set(places)), f"a uid is in two places: {places}"
+            finished = set(self.sched.report().events.query("kind == 'finish'").uid)
+            for uid in self.submitted:
+                assert uid in places or uid in finished, f"uid {uid} was lost"
+            for g in snap.groups:
+                if g.name == "full":
+                    assert (g.offset + g.left_padding == g.kv_width_tokens).all()
+                    assert g.mask.shape == (snap.batch_size, g.kv_width_tokens + 1)
+            for r, uid in enumerate(snap.uids):
+                assert snap.context_tokens[r] >= len(self.sched.request_of(uid).prompt_ids)
+            if self.sched.idle:
+                assert snap.kv_bytes == 0
+            ev = self.sched.report().events
+            assert not ev[ev.kind == "finish"].uid.duplicated().any(), "a uid finished twice"
+
+        @invariant()
+        def finished_greedy_rows_equal_solo(self):
+            if not hasattr(self, "sched"):
+                return
+            for uid in self.sched.finished_greedy_uids():
+                if uid in self.checked:
+                    continue
+                valid = self.sched.request_of(uid)
+                key = (folder, valid.prompt_ids, valid.request.max_tokens)
+                if key not in _REFS:
+                    _REFS[key] = oracle.solo_reference(self.model, oracle.ref_request(valid), max_kv_size=max_kv_size)
+                result = oracle.compare_row(uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4)
+                STATS["rows_checked"] += 1
+                if not result.match:
+                    STATS["divergences"] += 1
+                assert result.match, result.describe()
+                self.checked.add(uid)
+
+        def teardown(self):  # drain: every request must end, once
+            if not hasattr(self, "sched"):
+                return
+            self.sched.run()
+            self.finished_greedy_rows_equal_solo()
+            ev = self.sched.report().events
+            finishes = ev[ev.kind == "finish"].uid.tolist()
+            assert sorted(finishes) == sorted(self.submitted), "every uid ends in exactly one terminal state"
+            assert self.sched.idle and self.sched.snapshot().kv_bytes == 0
+
+    return EngineMachine
+
+
+def _settings(request):
+    long = request.config.getoption("--long")
+    return settings(max_examples=60 if long else 6, stateful_step_count=40 if long else 25, deadline=None,
+                    suppress_health_check=list(HealthCheck), derandomize=not long)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_random_operation_sequences_keep_every_invariant(family, request):
+    machine = make_machine(family)
+    machine.TestCase.settings = _settings(request)
+    before = STATS["operations"]
+    machine.TestCase("runTest").runTest()
+    assert STATS["operations"] > before

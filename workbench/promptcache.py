@@ -1,0 +1,50 @@
+"""Prompt-cache reuse under batching, over mlx-lm's ``LRUPromptCache``.
+
+Knows: mlx-lm's ``LRUPromptCache`` (``fetch_nearest_cache`` / ``insert_cache``), cache
+``extract`` and ``trim``. Must not know: the queue, events.
+
+At admission a joiner takes the longest cached prefix of the tokens it must prefill and
+prefills only the uncached tail; when a row finishes its cache is extracted from the
+batch (``extract``), trimmed to the tokens it really holds, and stored under those
+tokens (prompt + generated).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+
+class PromptCache:
+    """A per-scheduler view of an ``LRUPromptCache``.
+
+    Args:
+        model: the scheduler's model (fresh caches for misses; its module and id key the trie).
+        lru: an ``LRUPromptCache``, or an int: its ``max_size`` (entries).
+        max_kv_size: as the scheduler's (fresh caches for misses).
+    """
+
+    def __init__(self, model: Any, lru: LRUPromptCache | int, max_kv_size: int | None = None):
+        self.model = model
+        self.key = f"{type(model).__module__}@{id(model):x}"  # mlx-lm partitions its trie by a hashable model key
+        self.lru = LRUPromptCache(max_size=lru) if isinstance(lru, int) else lru
+        self.max_kv_size = max_kv_size
+
+    def fetch(self, tokens: Sequence[int]) -> tuple[list[Any], list[int]]:
+        """``(single-sequence caches, tokens still to prefill)`` for ``tokens``; a miss
+        gives fresh caches and all of ``tokens``. The caches are copies."""
+        cache, rest = self.lru.fetch_nearest_cache(self.key, list(tokens))
+        if cache is None:
+            return make_prompt_cache(self.model, self.max_kv_size), list(tokens)
+        return cache, list(rest)
+
+    def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int) -> bool:
+        """Store single-sequence ``caches`` holding ``tokens`` plus ``extra_tokens`` fed
+        after them (trimmed away first). Returns False when they cannot be trimmed."""
+        if extra_tokens:
+            if not can_trim_prompt_cache(caches):
+                return False
+            trim_prompt_cache(caches, extra_tokens)
+        self.lru.insert_cache(self.key, list(tokens), caches)
+        return True

@@ -2,7 +2,7 @@
 
 Usage: ``python scripts/calibrate_cost_model.py [MODEL_PATH] [OUT.json]``
 (defaults: the bundled tiny-llama, ``data/costmodels/<model>-<machine>.json``).
-Prints the fitted model and the measured vs predicted medians, so the fit can be judged.
+Prints the fitted model and its error against the median time of each configuration.
 """
 
 import os
@@ -31,7 +31,7 @@ for name, frame, keys, predict in (
     med = frame.groupby(keys, as_index=False).time_s.median()
     med["predicted_s"] = [predict(r) for r in med.itertuples()]
     err = (med.predicted_s - med.time_s).abs() / med.time_s
-    print(f"{name}: {len(med)} configurations, median relative error {err.median():.0%}")
+    print(f"{name}: {len(med)} configurations, median relative error {err.median():.0%} (vs the median of each)")
 out.parent.mkdir(parents=True, exist_ok=True)
 cost.save(out)
 print(f"wrote {out}")

@@ -15,9 +15,10 @@ Model (seconds; every coefficient ``>= 0``)::
         decode_s  = d_step + d_row * B + d_kv * B * W
 
 The ``filter`` call costs nothing. :func:`fit_cost_model` fits the coefficients by least
-squares on the median time of each distinct measured configuration (robust to the
-spikes of a contended machine; a coefficient that comes out negative is fixed at 0 and
-the rest refitted); :func:`measure_costs` measures the current machine;
+squares on the median time of each distinct measured configuration (typical, spikes
+ignored: on a shared machine the fastest time would predict an idle machine, not what a
+replay measures; a coefficient that comes out negative is fixed at 0 and the rest
+refitted); :func:`measure_costs` measures the current machine;
 :func:`calibrate` does both. :class:`CostedModel` wraps a model so that the forwards run
 inside ``admit()`` advance a virtual clock (so ``prefill`` and ``join`` events carry the
 time their forward ended).
@@ -158,8 +159,8 @@ def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "")
     Args:
         prefill: rows with ``PREFILL_COLUMNS`` (one chunk of a group each).
         decode: rows with ``DECODE_COLUMNS`` (one decode step each). Repeated
-            configurations (same tokens and start, or same batch size and width) are
-            reduced to their median time before fitting.
+            configurations (same rows, tokens and start, or same batch size and width)
+            are reduced to their median time before fitting.
 
     Raises:
         ValueError: with fewer than 3 distinct configurations in either frame.

@@ -2,10 +2,11 @@
 Chromium driven by Playwright. Runs every cell, clicks the panel's Step button and checks
 that the step label and the mask image change. Screenshots go to ``test-output/browser/``.
 
-Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``; ``.ci/run`` installs it) and
-the dev extra (``playwright``, ``jupyterlab``, ``ipywidgets``). Missing, the test fails
-rather than skips; deselect it locally with ``-m "not browser"``. Browser downloads
-(``playwright install``) are never used.
+Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``) and the dev extra
+(``playwright``, ``jupyterlab``, ``ipywidgets``). In CI (``WORKBENCH_REQUIRE_BROWSER=1``,
+set by ``.ci/run``, which installs Chromium) a missing Chromium is a failure; on a machine
+that has only Python and pip (the README's test command) the test is skipped with that
+reason. Browser downloads (``playwright install``) are never used.
 """
 
 from __future__ import annotations
@@ -64,9 +65,12 @@ def _write_settings(settings_dir: Path) -> None:
 
 @pytest.fixture
 def chromium() -> Path:
-    """Debian's Chromium; a failure (not a skip) when it is missing."""
-    assert CHROMIUM.exists(), ("Debian's chromium is missing: run `apt-get install -y chromium` "
-                               "(.ci/run does), or deselect this test with -m 'not browser'")
+    """Debian's Chromium; in CI a failure when it is missing, elsewhere a skip."""
+    if not CHROMIUM.exists():
+        message = "Debian's chromium is missing: run `apt-get install -y chromium` (.ci/run does)"
+        if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
     return CHROMIUM
 
 

@@ -16,7 +16,7 @@ Workloads, replay and comparison (docs/policies.md)::
                        cost_model=wb.CostModel.load(...), slo=wb.SLO(ttft_s=0.5))
 """
 
-from . import blas  # first: an optimized BLAS must be loaded before mlx (see workbench.blas)
+from . import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.blas)
 from .compare import compare
 from .costmodel import CostModel
 from .events import Event

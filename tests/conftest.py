@@ -98,3 +98,22 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
             f"against solo, {STATS['divergences']} divergences")
+
+
+# Notebooks that read data from outside the repository are skipped, with a clear message,
+# when it is absent (nbval would fail on their first cell). This hook lives here, not in a
+# notebooks/conftest.py, because a second conftest module would shadow ``from conftest import``.
+NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
+
+
+def pytest_collection_modifyitems(config, items):
+    from workbench.traces import trace_path
+
+    for item in items:
+        name = NOTEBOOKS_NEEDING_TRACES.get(item.path.name)
+        if name is None:
+            continue
+        try:
+            trace_path(name)
+        except FileNotFoundError as e:
+            item.add_marker(pytest.mark.skip(reason=f"needs the shared Azure trace: {e}"))

@@ -1,18 +1,23 @@
 """Execute notebooks in place so their stored outputs are fresh (nbval compares them).
 
 Usage: ``python scripts/execute_notebooks.py notebooks/01_tour.ipynb [...]``
-Run it after editing a notebook, review the output diff, commit.
+Run it after editing a notebook, review the output diff, commit. Kernels run with
+``WORKBENCH_BLAS=off`` like the test suite. Widget state is not stored, so a static HTML export of a notebook loads no widget script from a CDN.
 """
 
+import os
 import sys
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
+# the same numerics as the test suite (tests/conftest.py): MLX's own BLAS, bit-exact oracles
+os.environ.setdefault("WORKBENCH_BLAS", "off")
+
 for name in sys.argv[1:]:
     path = Path(name)
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False, record_timing=False, resources={"metadata": {"path": str(path.parent)}}).execute()
     nbformat.write(nb, path)
     print(f"executed {path}")

@@ -56,6 +56,34 @@ def prompt(bundled):
     return lambda n, start=0: prompt_of_length(tokenizer, n, start)
 
 
+@pytest.fixture
+def two_request_events():
+    """A hand-written event log of two requests (times in seconds, steps 0..3).
+
+    uid 0: submitted at 0 s, joins at step 0, tokens at steps 0, 1, 2 (2, 3, 4 s), evicted at step 3.
+    uid 1: submitted at 1 s, joins at step 0, tokens at steps 0, 1 (2, 3 s), evicted at step 2.
+    """
+    from workbench.events import Event, events_frame
+
+    return events_frame([
+        Event("submit", 0, 0, 0.0, n_tokens=4),
+        Event("submit", 1, 0, 1.0, n_tokens=2),
+        Event("admit", 0, 0, 1.5, row=0, n_tokens=4),
+        Event("admit", 1, 0, 1.5, row=1, n_tokens=2),
+        Event("join", 0, 0, 1.8, row=0),
+        Event("join", 1, 0, 1.8, row=1),
+        Event("token", 0, 0, 2.0, row=0, token=5, logprob=-1.0),
+        Event("token", 1, 0, 2.0, row=1, token=6, logprob=-1.0),
+        Event("token", 0, 1, 3.0, row=0, token=7, logprob=-1.0),
+        Event("token", 1, 1, 3.0, row=1, token=8, logprob=-1.0),
+        Event("finish", 1, 1, 3.0, row=1, finish_reason="length"),
+        Event("evict", 1, 2, 3.5, row=1),
+        Event("token", 0, 2, 4.0, row=0, token=9, logprob=-1.0),
+        Event("finish", 0, 2, 4.0, row=0, finish_reason="length"),
+        Event("evict", 0, 3, 4.5, row=0),
+    ])
+
+
 def pytest_addoption(parser):
     parser.addoption("--long", action="store_true", default=False,
                      help="run the stateful fuzzer long enough for >= 10,000 operations")
@@ -70,3 +98,22 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
             f"against solo, {STATS['divergences']} divergences")
+
+
+# Notebooks that read data from outside the repository are skipped, with a clear message,
+# when it is absent (nbval would fail on their first cell). This hook lives here, not in a
+# notebooks/conftest.py, because a second conftest module would shadow ``from conftest import``.
+NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
+
+
+def pytest_collection_modifyitems(config, items):
+    from workbench.traces import trace_path
+
+    for item in items:
+        name = NOTEBOOKS_NEEDING_TRACES.get(item.path.name)
+        if name is None:
+            continue
+        try:
+            trace_path(name)
+        except FileNotFoundError as e:
+            item.add_marker(pytest.mark.skip(reason=f"needs the shared Azure trace: {e}"))

@@ -32,7 +32,8 @@ def test_requests_wait_while_the_budget_is_full_and_outputs_are_unchanged(bundle
     model, _ = bundled
     one = projected_bytes(kv_profile(model), 20 + 12)
     sched = make_sched(max_batch=4, kv_budget_bytes=2 * one)
-    uids = [sched.submit(wb.Request(prompt=prompt(20, 10 * i), max_tokens=12)) for i in range(4)]
+    for i in range(4):
+        sched.submit(wb.Request(prompt=prompt(20, 10 * i), max_tokens=12))
     sched.admit()
     snap = sched.snapshot()
     assert snap.uids == (0, 1) and snap.queue == (2, 3)

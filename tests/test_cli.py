@@ -56,3 +56,14 @@ def test_demo_checks_the_output_folder_before_running(tmp_path, capsys):
     blocker.write_text("")
     assert main(["demo", "--out", str(blocker / "sub")]) == 2
     assert "workbench demo: error:" in capsys.readouterr().err
+
+
+def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp_path):
+    assert main(["gallery", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "views.md").read_text()
+    pngs = sorted(p.name for p in (tmp_path / "views").glob("*.png"))
+    assert pngs == ["kv.png", "latency.png", "masks.png", "timeline_steps.png", "timeline_time.png"]
+    for name in pngs:
+        assert f"](views/{name})" in md
+        assert (tmp_path / "views" / name).stat().st_size > 10_000
+    assert "uid 2 | . . # # # # # @" in md  # the joiner (5 prompt tokens) in temporal window order

@@ -75,3 +75,82 @@ def test_percentiles_ignore_nan():
 def test_unknown_event_kind_is_refused():
     with pytest.raises(ValueError, match="Event.kind"):
         Event("tokens", 0, 0, 0.0)
+
+
+def test_step_metrics_count_batch_size_from_joins_and_evictions_and_rate_from_step_gaps(two_request_events):
+    from workbench.metrics import step_metrics
+
+    s = step_metrics(two_request_events)
+    assert s.step.tolist() == [0, 1, 2]
+    assert s.batch_size.tolist() == [2, 2, 1]
+    assert s.tokens.tolist() == [2, 2, 1]
+    assert s.time_s.tolist() == [2.0, 3.0, 4.0]
+    assert math.isnan(s.step_s[0]) and s.step_s.tolist()[1:] == [1.0, 1.0]
+    assert s.tok_per_s.tolist()[1:] == [2.0, 1.0]
+
+
+def test_step_metrics_of_a_log_without_tokens_is_empty(two_request_events):
+    from workbench.metrics import STEP_COLUMNS, step_metrics
+
+    s = step_metrics(two_request_events[two_request_events.kind != "token"])
+    assert s.empty and list(s.columns) == STEP_COLUMNS
+
+
+# -- service levels, goodput, occupancy, padding (hand-built data) ------------------------
+
+def test_the_span_runs_from_the_first_submit_to_the_last_token():
+    from workbench.metrics import span_s
+
+    assert span_s(_events()) == 6.0
+
+
+def test_meeting_the_slo_needs_a_finish_and_both_bounds():
+    from workbench.metrics import SLO, meets_slo
+
+    r = request_metrics(_events())  # uid 0: ttft 2, tpot 1.5; uid 1: ttft 5, one token; uid 2 queued
+    assert meets_slo(r, SLO()).tolist() == [True, True, False]
+    assert meets_slo(r, SLO(ttft_s=2.0)).tolist() == [True, False, False]
+    assert meets_slo(r, SLO(tpot_s=1.0)).tolist() == [False, True, False]  # a one-token row has no TPOT
+
+
+def test_goodput_counts_requests_within_the_slo_per_second_of_span():
+    from workbench.metrics import SLO, goodput_req_per_s
+
+    r = request_metrics(_events())
+    assert goodput_req_per_s(r, 6.0, SLO(ttft_s=2.0)) == pytest.approx(1 / 6)
+    assert goodput_req_per_s(r, 6.0, SLO()) == pytest.approx(2 / 6)
+    assert math.isnan(goodput_req_per_s(r, 0.0, SLO()))
+
+
+def test_occupancy_counts_queued_prefilling_and_running_after_each_event_time():
+    from workbench.metrics import occupancy, occupancy_at
+
+    ev = events_frame([
+        Event("submit", 0, 0, 0.0), Event("admit", 0, 0, 1.0), Event("submit", 1, 0, 1.0),  # same time
+        Event("join", 0, 0, 2.0), Event("submit", 2, 0, 0.5),  # a submit pinned earlier than the log order
+        Event("evict", 0, 3, 4.0),
+    ])
+    occ = occupancy(ev)
+    assert occ.values.tolist() == [[0.0, 1, 0, 0], [0.5, 2, 0, 0], [1.0, 2, 1, 0], [2.0, 2, 0, 1], [4.0, 2, 0, 0]]
+    at = occupancy_at(occ, [-1.0, 1.5, 9.0])
+    assert at[["queued", "prefilling", "running"]].values.tolist() == [[0, 0, 0], [2, 1, 0], [2, 0, 0]]
+
+
+def test_occupancy_follows_preemption_and_aborts():
+    from workbench.metrics import occupancy
+
+    ev = events_frame([
+        Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 1.0), Event("join", 0, 0, 1.0),
+        Event("preempt", 0, 1, 2.0), Event("finish", 1, 1, 3.0, finish_reason="abort"),
+        Event("admit", 0, 2, 4.0), Event("join", 0, 2, 4.0), Event("finish", 0, 3, 5.0, finish_reason="length"),
+        Event("evict", 0, 3, 5.0),
+    ])
+    assert occupancy(ev).values.tolist() == [[0.0, 2, 0, 0], [1.0, 1, 0, 1], [2.0, 2, 0, 0], [3.0, 1, 0, 0],
+                                             [4.0, 0, 0, 1], [5.0, 0, 0, 0]]
+
+
+def test_padding_waste_overall_weights_every_slot_of_every_step():
+    from workbench.metrics import padding_waste_overall
+
+    assert padding_waste_overall([2, 0], [8, 4]) == pytest.approx(2 / 12)
+    assert padding_waste_overall([], []) == 0.0

@@ -3,7 +3,6 @@ through mlx-lm (solo), equals mlx-lm's BatchGenerator (batch), and the snapshot 
 equals what the attention layers receive. Every scenario has at least two rows, except
 the explicit single-row one."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
 

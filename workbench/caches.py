@@ -21,6 +21,7 @@ from mlx_lm.models.cache import (
     BatchKVCache,
     BatchRotatingKVCache,
     CacheList,
+    RotatingKVCache,
     make_prompt_cache,
 )
 
@@ -54,6 +55,19 @@ def check_batchable(model: Any, max_kv_size: int | None = None) -> None:
                     "RotatingKVCache or ArraysCache layers, or serve it one request at a time "
                     "with mlx_lm.generate"
                 )
+
+
+def single_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> LayerCaches:
+    """The model's own single-sequence cache (``make_prompt_cache``), with every
+    ``RotatingKVCache`` rebuilt to keep ``keep`` sink tokens.
+
+    mlx-lm's ``make_prompt_cache(model, max_kv_size)`` keeps 4 sink tokens while its
+    ``BatchRotatingKVCache`` keeps none, so a row that is prefilled alone and then batched
+    (and the solo reference of a batched row) uses ``keep=0``; ``keep=4`` reproduces
+    mlx-lm's single-sequence default (a known semantic gap).
+    """
+    return [RotatingKVCache(c.max_size, keep=keep) if isinstance(c, RotatingKVCache) else c
+            for c in make_prompt_cache(model, max_kv_size)]
 
 
 def new_batch_cache(model: Any, n_rows: int, max_kv_size: int | None = None) -> LayerCaches:

@@ -1,4 +1,4 @@
-"""The ``workbench`` command: ``demo``, ``goldens`` and ``info`` subcommands.
+"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery``, ``bench`` and ``info`` subcommands.
 
 Knows: argument parsing only; each subcommand calls one package function.
 Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
@@ -26,6 +26,13 @@ def _goldens(args: argparse.Namespace) -> int:
     out = Path(args.out) / f"{Path(name).name}.json"
     write_goldens(make_goldens(model, tokenizer, name), out)
     print(f"wrote {out}")
+    return 0
+
+
+def _gallery(args: argparse.Namespace) -> int:
+    from .gallery import write_gallery
+
+    write_gallery(Path(args.out))
     return 0
 
 
@@ -78,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
     g.set_defaults(func=_goldens)
+    v = sub.add_parser("gallery", help="draw every view of a live run into docs/views.md and docs/views/")
+    v.add_argument("--out", default="docs", help="output folder (default ./docs)")
+    v.set_defaults(func=_gallery)
     b = sub.add_parser("bench", help="the workbench against mlx-lm's BatchGenerator: tok/s, latency, "
                        "instrumentation overhead, join cost, head-of-line, roofline")
     b.add_argument("--quick", action="store_true", help="tiny model, B=1 and 8: a smoke run (under 2 minutes)")

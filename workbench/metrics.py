@@ -12,12 +12,29 @@ Definitions (seconds; all differences of the injected clock):
 - ``e2e_s``    = finish time − submit time
 - ``throughput_tok_per_s`` = generated tokens / (last token time − first submit time)
 - ``cached_tokens`` = prompt tokens found in the prompt cache at (first) admission
+
+Per decode step (:func:`step_metrics`): ``batch_size`` = rows in the batch during the step
+(joined at or before it, not yet evicted), ``tokens`` = token events of the step,
+``step_s`` = its last token time − the previous step's last token time (so admission and
+prefill between two steps count), ``tok_per_s`` = tokens / step_s.
+
+Service levels (:class:`SLO`): a request *meets* the SLO when it finished, its
+``ttft_s <= SLO.ttft_s`` and its ``tpot_s <= SLO.tpot_s`` (a one-token request, whose
+TPOT is NaN, meets the TPOT bound). ``goodput_req_per_s`` = requests meeting the SLO /
+the run's span (first submit to last token), as in DistServe (Zhong et al., OSDI 2024).
+
+Occupancy over time (:func:`occupancy`), counted from events: ``queued`` = submitted −
+admitted, ``prefilling`` = admitted − joined, ``running`` = joined − evicted.
+
+Inter-token gaps (:func:`token_gaps`): every gap between two consecutive tokens of a
+request; their distribution is the ITL (its per-request mean is ``tpot_s``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -74,14 +91,41 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
-def throughput_tok_per_s(events: pd.DataFrame) -> float:
-    """Generated tokens per second from the first submit to the last token; NaN if none."""
+def span_s(events: pd.DataFrame) -> float:
+    """Seconds from the first submit to the last token; NaN without both."""
     tok = events[events.kind == "token"]
     sub = events[events.kind == "submit"]
     if tok.empty or sub.empty:
         return math.nan
-    span_s = tok.time_s.max() - sub.time_s.min()
-    return len(tok) / span_s if span_s > 0 else math.nan
+    return float(tok.time_s.max() - sub.time_s.min())
+
+
+def throughput_tok_per_s(events: pd.DataFrame) -> float:
+    """Generated tokens per second over :func:`span_s`; NaN if no tokens."""
+    span = span_s(events)
+    return int((events.kind == "token").sum()) / span if span > 0 else math.nan
+
+
+STEP_COLUMNS = ["step", "time_s", "batch_size", "tokens", "step_s", "tok_per_s"]
+
+
+def step_metrics(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode step that produced tokens, with ``STEP_COLUMNS``.
+
+    ``time_s`` is the step's last token time; ``step_s`` and ``tok_per_s`` are NaN for the
+    first step (it has no previous step to measure from). Empty when there are no tokens.
+    """
+    tok = events[events.kind == "token"]
+    if tok.empty:
+        return pd.DataFrame(columns=STEP_COLUMNS)
+    per_step = tok.groupby("step").agg(time_s=("time_s", "max"), tokens=("uid", "size")).reset_index()
+    joins = np.sort(events[events.kind == "join"].step.to_numpy())
+    evicts = np.sort(events[events.kind == "evict"].step.to_numpy())
+    steps = per_step.step.to_numpy()
+    per_step["batch_size"] = np.searchsorted(joins, steps, "right") - np.searchsorted(evicts, steps, "right")
+    per_step["step_s"] = per_step.time_s.diff()
+    per_step["tok_per_s"] = per_step.tokens / per_step.step_s
+    return per_step[STEP_COLUMNS]
 
 
 def percentiles(values: pd.Series, qs=(50, 95)) -> dict[str, float]:
@@ -89,6 +133,89 @@ def percentiles(values: pd.Series, qs=(50, 95)) -> dict[str, float]:
     v = values.to_numpy(dtype=float)
     v = v[np.isfinite(v)]
     return {f"p{q}": (float(np.percentile(v, q)) if v.size else math.nan) for q in qs}
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency bounds a request must meet to count toward goodput (seconds; ``inf``: no
+    bound)."""
+
+    ttft_s: float = math.inf
+    tpot_s: float = math.inf
+
+    def text(self) -> str:
+        fmt = lambda s: "none" if math.isinf(s) else f"{s * 1e3:g} ms"
+        return f"SLO: TTFT <= {fmt(self.ttft_s)}, TPOT <= {fmt(self.tpot_s)}"
+
+
+def meets_slo(requests: pd.DataFrame, slo: SLO) -> pd.Series:
+    """Bool per request row (``REQUEST_COLUMNS`` frame): finished within the SLO."""
+    finished = requests.finish_reason.isin(["stop", "length"])
+    tpot_ok = requests.tpot_s.isna() | (requests.tpot_s <= slo.tpot_s)
+    return finished & (requests.ttft_s <= slo.ttft_s) & tpot_ok
+
+
+def goodput_req_per_s(requests: pd.DataFrame, span_s: float, slo: SLO) -> float:
+    """Requests meeting ``slo`` per second of ``span_s``; NaN for a span that is not > 0."""
+    return int(meets_slo(requests, slo).sum()) / span_s if span_s > 0 else math.nan
+
+
+OCCUPANCY_COLUMNS = ["time_s", "queued", "prefilling", "running"]
+_STATE_AFTER = {"submit": "queued", "admit": "prefilling", "join": "running", "evict": None, "preempt": "queued"}
+
+
+def occupancy(events: pd.DataFrame) -> pd.DataFrame:
+    """Requests queued, prefilling and running (in the batch) over time.
+
+    Each request moves between states by its events (in time order): ``submit`` and
+    ``preempt`` -> queued, ``admit`` -> prefilling, ``join`` -> running, ``evict`` ->
+    gone; a ``finish`` with reason ``abort`` while queued -> gone (an aborted prefilling
+    request still joins and is evicted).
+
+    Returns:
+        One row per distinct event time (sorted) with ``OCCUPANCY_COLUMNS``: the counts
+        after every event at that time. Example: submits at 0 and 1 s, the first admitted
+        at 1 s and joined at 2 s gives rows ``(0, 1, 0, 0)``, ``(1, 1, 1, 0)``,
+        ``(2, 1, 0, 1)``.
+    """
+    ev = events[events.kind.isin([*_STATE_AFTER, "finish"])].sort_values("time_s", kind="stable")
+    state: dict[int, str | None] = {}
+    counts = {"queued": 0, "prefilling": 0, "running": 0}
+    rows = []
+    for kind, uid, t, reason in zip(ev.kind, ev.uid, ev.time_s, ev.finish_reason):
+        if kind == "finish":
+            if reason != "abort" or state.get(uid) != "queued":
+                continue
+            new = None
+        else:
+            new = _STATE_AFTER[kind]
+        old = state.get(uid)
+        if old:
+            counts[old] -= 1
+        if new:
+            counts[new] += 1
+        state[uid] = new
+        rows.append((float(t), counts["queued"], counts["prefilling"], counts["running"]))
+    out = pd.DataFrame(rows, columns=OCCUPANCY_COLUMNS)
+    return out.groupby("time_s", sort=True).last().reset_index()[OCCUPANCY_COLUMNS]
+
+
+def occupancy_at(occ: pd.DataFrame, times_s: Sequence[float]) -> pd.DataFrame:
+    """The :func:`occupancy` state at each of ``times_s`` (the last row at or before it;
+    zeros before the first event)."""
+    idx = np.searchsorted(occ.time_s.to_numpy(), np.asarray(times_s, np.float64), side="right") - 1
+    vals = np.where(idx[:, None] >= 0, occ[OCCUPANCY_COLUMNS[1:]].to_numpy()[np.maximum(idx, 0)], 0)
+    out = pd.DataFrame(vals, columns=OCCUPANCY_COLUMNS[1:])
+    out.insert(0, "time_s", np.asarray(times_s, np.float64))
+    return out
+
+
+def padding_waste_overall(padding_tokens: Sequence[int], kv_slots_tokens: Sequence[int]) -> float:
+    """Share of all KV slots (rows x KV width, summed over decode steps) that held left
+    padding: ``sum(padding) / sum(slots)``; 0.0 when there were no slots. Example: steps
+    with (2 pads of 8 slots) and (0 of 4) give 2 / 12."""
+    slots = float(np.sum(kv_slots_tokens))
+    return float(np.sum(padding_tokens)) / slots if slots else 0.0
 
 
 GAP_COLUMNS = ["uid", "from_s", "to_s", "gap_s"]

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
-from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+from .caches import single_cache
 
 DEFAULT_ATOL = 1e-4
 
@@ -50,15 +51,9 @@ class RefRequest:
 
 
 def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> list[Any]:
-    """The model's own single-sequence cache (``make_prompt_cache``), with every
-    ``RotatingKVCache`` rebuilt to keep ``keep`` sink tokens.
-
-    mlx-lm's ``make_prompt_cache(model, max_kv_size)`` keeps 4 sink tokens while its
-    ``BatchRotatingKVCache`` keeps none, so the reference for a batched row uses
-    ``keep=0``; ``keep=4`` reproduces mlx-lm's solo default (a known semantic gap).
-    """
-    return [RotatingKVCache(c.max_size, keep=keep) if isinstance(c, RotatingKVCache) else c
-            for c in make_prompt_cache(model, max_kv_size)]
+    """The solo reference's cache: :func:`workbench.caches.single_cache` (``keep=0``
+    rotating caches, like the batch's; ``keep=4`` is mlx-lm's single-sequence default)."""
+    return single_cache(model, max_kv_size, keep)
 
 
 def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,

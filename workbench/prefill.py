@@ -2,17 +2,29 @@
 batch caches, one chunk of ``prefill_step_size`` tokens at a time, so the scheduler can
 interleave the chunks with decode steps of the running rows (chunked prefill).
 
-Knows: mlx-lm's ``prepare(lengths=, right_padding=)`` / ``finalize()`` protocol. Must
-not know: requests, events, scheduling policy.
+Knows: mlx-lm's ``prepare(lengths=, right_padding=)`` / ``finalize()`` protocol and
+``merge``. Must not know: requests, events, scheduling policy.
 
-Mirrors mlx-lm's ``PromptProcessingBatch.prompt``: prompts are right-padded to the
-group's longest one, the cache is told the right padding, chunks run through the model,
-and ``finalize()`` rolls each row so the padding ends up on the left (where
-``BatchKVCache`` expects it). Example, prompts ``[5, 6, 7]`` and ``[9]``::
+Two modes, chosen per group:
 
-    model input (right-padded)    cache after finalize (left-padded)
-    [5, 6, 7]                     [5, 6, 7]   left_padding 0
-    [9, 0, 0]                     [., ., 9]   left_padding 2
+- **batched** (mirrors mlx-lm's ``PromptProcessingBatch.prompt``): prompts are
+  right-padded to the group's longest one, the cache is told the right padding, the chunk
+  runs through the model, and ``finalize()`` rolls each row so the padding ends up on the
+  left (where ``BatchKVCache`` expects it). Example, prompts ``[5, 6, 7]`` and ``[9]``::
+
+      model input (right-padded)    cache after finalize (left-padded)
+      [5, 6, 7]                     [5, 6, 7]   left_padding 0
+      [9, 0, 0]                     [., ., 9]   left_padding 2
+
+- **per row**: each prompt runs alone, unpadded, in chunks; the rows' caches are merged
+  (``merge``, left-padding the shorter) when all are done.
+
+A group is batched when it needs no padding, or when its padded prompt fits in one chunk
+of at least 2 columns. Otherwise it runs per row, because mlx-lm's right-padding protocol
+is not safe across chunk boundaries for every cache kind (measured with mlx-lm 0.32.2:
+``BatchRotatingKVCache`` raises on a one-column padded chunk, and mamba2's ``ArraysCache``
+prefill gives NaN or drifting logits once a row's real tokens end chunks before the
+group's; the stateful fuzzer in ``tests/test_fuzz.py`` found both).
 
 Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """
@@ -22,7 +34,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import mlx.core as mx
-
 from . import caches as kv
 
 
@@ -33,43 +44,61 @@ class PrefillGroup:
         model: an mlx-lm model.
         prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
-        max_kv_size: passed to :func:`workbench.caches.new_batch_cache`.
+        max_kv_size: passed to mlx-lm's ``make_prompt_cache`` (rotating caches keep no
+            sink tokens, like the batch's: :func:`workbench.caches.single_cache`).
         caches: optional per-row single-sequence caches already holding a cached prefix
-            (from the prompt cache); ``prompts`` are then the uncached tails. Merged
-            left-padded, then right-padded tails run and ``finalize`` moves all padding left.
+            (from the prompt cache); ``prompts`` are then the uncached tails.
 
     Attributes:
-        caches: the group's per-layer batch caches (joined to the running batch when
-            :attr:`done`).
-        position: prompt columns processed so far (tokens).
+        caches: the group's per-layer batch caches once :attr:`done` (joined to the
+            running batch by the scheduler).
+        per_row: True when the group runs row by row (see the module docstring).
+        position: prompt columns processed so far (batched), or prompt tokens summed over
+            rows (per row); see :attr:`rows_done_tokens` for each row.
         length: ``L``, the longest prompt (tokens).
     """
 
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
                  max_kv_size: int | None = None, caches: list[list[Any]] | None = None):
         self.model = model
-        self.caches = kv.merge_rows(caches) if caches else kv.new_batch_cache(model, len(prompts), max_kv_size)
+        self.prompts = [list(p) for p in prompts]
         self.lengths = [len(p) for p in prompts]
         self.length = max(self.lengths, default=0)
         self.right_padding = [self.length - n for n in self.lengths]
         self.step_size = prefill_step_size
+        padded = max(self.right_padding, default=0) > 0
+        self.per_row = padded and not (2 <= self.length <= prefill_step_size)
         self.position = 0
-        self._tokens = mx.array([list(p) + [0] * (self.length - len(p)) for p in prompts],
-                                dtype=mx.uint32)  # [B, L]
-        self._padded = max(self.right_padding, default=0) > 0
-        if self._padded:
-            for c in self.caches:
-                c.prepare(lengths=self.lengths, right_padding=self.right_padding)
+        self._row, self._row_pos = 0, 0
+        if self.per_row:
+            self._solo = caches or [kv.single_cache(model, max_kv_size) for _ in prompts]
+            self.caches: list[Any] = []
+        else:
+            self.caches = kv.merge_rows(caches) if caches else kv.new_batch_cache(model, len(prompts), max_kv_size)
+            if padded:
+                for c in self.caches:
+                    c.prepare(lengths=self.lengths, right_padding=self.right_padding)
+            self._padded = padded
+            self._tokens = mx.array([p + [0] * (self.length - len(p)) for p in self.prompts], dtype=mx.uint32)  # [B, L]
+        self._done = False
         if self.length == 0:
             self._finish()
 
     @property
+    def rows_done_tokens(self) -> list[int]:
+        """Per row, its prompt tokens already in the cache."""
+        if not self.per_row:
+            return [min(self.position, n) for n in self.lengths]
+        return [n if b < self._row else (self._row_pos if b == self._row else 0) for b, n in enumerate(self.lengths)]
+
+    @property
     def done(self) -> bool:
-        """True when every prompt column is in the cache and padding moved left."""
-        return self.position >= self.length and not self._padded
+        """True when every prompt token is in :attr:`caches` (padding moved left)."""
+        return self._done
 
     def run_chunk(self) -> list[int]:
-        """Run the next chunk ``[B, C]`` through the model (evaluated before returning).
+        """Run the next chunk (``[B, C]`` batched, ``[1, C]`` per row), evaluated before
+        returning.
 
         Returns:
             Real (non-pad) tokens per row in this chunk.
@@ -77,22 +106,42 @@ class PrefillGroup:
         Raises:
             RuntimeError: if the group is already :attr:`done`.
         """
-        if self.done:
+        if self._done:
             raise RuntimeError("prefill group is done; nothing left to run")
+        return self._run_row_chunk() if self.per_row else self._run_batch_chunk()
+
+    def _run_batch_chunk(self) -> list[int]:
         start = self.position
-        chunk = self._tokens[:, start : start + self.step_size]  # [B, C]
-        self.model(chunk, cache=self.caches)
+        tokens = self._tokens[:, start : start + self.step_size]  # [B, C]
+        self.model(tokens, cache=self.caches)
         mx.eval([c.state for c in self.caches])
-        self.position += chunk.shape[1]
-        real = [max(0, min(chunk.shape[1], n - start)) for n in self.lengths]
+        C = tokens.shape[1]
+        self.position += C
+        real = [max(0, min(C, n - start)) for n in self.lengths]
         if self.position >= self.length:
             self._finish()
         return real
 
+    def _run_row_chunk(self) -> list[int]:
+        while self._row_pos >= self.lengths[self._row]:
+            self._row, self._row_pos = self._row + 1, 0
+        b, start = self._row, self._row_pos
+        chunk = self.prompts[b][start : start + self.step_size]
+        self.model(mx.array([chunk], dtype=mx.uint32), cache=self._solo[b])  # [1, C]
+        mx.eval([c.state for c in self._solo[b]])
+        self._row_pos += len(chunk)
+        self.position += len(chunk)
+        if self.position >= sum(self.lengths):
+            self._finish()
+        real = [0] * len(self.prompts)
+        real[b] = len(chunk)
+        return real
+
     def _finish(self) -> None:
-        if self._padded:
+        if self.per_row:
+            self.caches = kv.merge_rows(self._solo)
+        elif self._padded:
             for c in self.caches:
                 c.finalize()
             mx.eval([c.state for c in self.caches])
-            self._padded = False
-        self.position = self.length
+        self._done = True

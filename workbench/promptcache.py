@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from .caches import single_cache
 
 
 class PromptCache:
@@ -36,7 +38,7 @@ class PromptCache:
         gives fresh caches and all of ``tokens``. The caches are copies."""
         cache, rest = self.lru.fetch_nearest_cache(self.key, list(tokens))
         if cache is None:
-            return make_prompt_cache(self.model, self.max_kv_size), list(tokens)
+            return single_cache(self.model, self.max_kv_size), list(tokens)
         return cache, list(rest)
 
     def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int) -> bool:

@@ -39,35 +39,25 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import mlx.core as mx
 import numpy as np
 
 from . import caches as kv
+from .budget import kv_profile, projected_bytes
 from .decode import Pending, launch
 from .events import Event
-from .budget import kv_profile, projected_bytes
+from .inspection import Inspection
+from .inspection import Row as _Row
 from .policies import Policy, Queued, policy_from
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
-from .report import Report, build_report
+from .report import Report
 from .request import Request, ValidRequest, validate
 from .sampling import RowSampler
-from .snapshot import LayerGroup, Snapshot, frozen
-
-
-@dataclass
-class _Row:
-    uid: int
-    valid: ValidRequest
-    sampler: RowSampler
-    tokens: list[int] = field(default_factory=list)
-    fed: int = 0
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    message: str = ""
+from .snapshot import Snapshot
 
 
 @dataclass
@@ -93,7 +83,7 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-class Scheduler:
+class Scheduler(Inspection):
     """A continuous-batching engine over an mlx-lm model, driven one call at a time.
 
     Args:
@@ -123,6 +113,7 @@ class Scheduler:
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None):
+        self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -452,117 +443,15 @@ class Scheduler:
             self.filter()
         return self.report()
 
-    # -- inspection -------------------------------------------------------------------
     @property
     def idle(self) -> bool:
         """True when nothing is queued, prefilling or in the batch."""
         return not self._queue and self._group is None and not self._rows
 
-    def _row_of(self, uid: int) -> _Row:
-        for r in self._rows:
-            if r.uid == uid:
-                return r
-        if uid in self._done:
-            return self._done[uid]
-        if uid in self._preempted:
-            return self._preempted[uid]
-        if uid in self._requests:  # queued or prefilling: nothing generated yet
-            row = _Row(uid, self._requests[uid], None)
-            row.finish_reason = "abort" if uid in self._aborted else None
-            return row
-        known = f"submitted uids are 0..{self._next_uid - 1}" if self._next_uid else "nothing was submitted yet"
-        raise KeyError(f"uid {uid} is unknown ({known})")
-
-    @property
-    def batch_cache(self) -> list[Any] | None:
-        """The running batch's per-layer mlx-lm caches (``None`` when no row runs), for
-        inspection and oracles; do not mutate."""
-        return self._cache
-
-    def request_of(self, uid: int) -> ValidRequest:
-        """The validated request (prompt ids, stop ids) behind ``uid``.
-
-        Raises: KeyError for an unknown uid."""
-        self._row_of(uid)
-        return self._requests[uid]
-
-    def finished_greedy_uids(self) -> list[int]:
-        """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
-        greedily, in uid order: the rows an oracle can check."""
-        rows = list(self._done.values()) + [r for r in self._rows if r.finish_reason]
-        return sorted(r.uid for r in rows if r.valid.request.greedy and r.finish_reason in ("stop", "length"))
-
-    def tokens(self, uid: int) -> list[int]:
-        """Generated token ids of ``uid`` so far (a final stop token included).
-
-        Raises: KeyError for an unknown uid."""
-        return list(self._row_of(uid).tokens)
-
-    def logprobs(self, uid: int) -> list[float]:
-        """Log-probability (natural log, float32) of each generated token of ``uid``."""
-        return list(self._row_of(uid).logprobs)
-
-    def finish_reason(self, uid: int) -> str | None:
-        """``stop``, ``length``, ``error``, ``abort``, or ``None`` while queued or running."""
-        return self._row_of(uid).finish_reason
-
-    def error(self, uid: int) -> str:
-        """The message of a row that finished with ``error`` (else ``""``)."""
-        return self._row_of(uid).message
-
-    def text(self, uid: int) -> str:
-        """Visible completion of ``uid``: its tokens decoded, a final stop token excluded."""
-        row = self._row_of(uid)
-        toks = row.tokens[:-1] if row.finish_reason == "stop" else row.tokens
-        return self.tokenizer.decode(toks)
-
-    def snapshot(self) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it. Pure: it
-        changes nothing (the engine records :attr:`history` itself)."""
-        B = len(self._rows)
-        groups = []
-        for name, layers in (kv.layer_groups(self._cache) if self._cache else {}).items():
-            first = layers[0][1]
-            nbytes = sum(int(c.nbytes) for _, c in layers)
-            labels = tuple(label for label, _ in layers)
-            if name == "ssm":
-                geo = kv.ssm_geometry(first, B)
-            elif hasattr(first, "left_padding") and hasattr(first, "offset"):
-                geo = kv.attention_geometry(first)
-            else:
-                geo = {"mask": np.ones((B, 1), bool)}
-            geo = {k: (frozen(v) if isinstance(v, (list, np.ndarray)) else v) for k, v in geo.items()}
-            groups.append(LayerGroup(name=name, layers=labels, kv_bytes=nbytes, **geo))
-        attn = next((g for g in groups if g.name == "full"), None) or next(
-            (g for g in groups if g.window_tokens is not None), None)
-        snap = Snapshot(
-            step=self.step_index,
-            uids=tuple(r.uid for r in self._rows),
-            finished=tuple(r.finish_reason is not None for r in self._rows),
-            generated_tokens=tuple(len(r.tokens) for r in self._rows),
-            context_tokens=tuple(len(r.valid.prompt_ids) + r.fed for r in self._rows),
-            left_padding=attn.left_padding if attn else frozen(np.zeros(B, np.int64)),
-            offset=attn.offset if attn else frozen(np.zeros(B, np.int64)),
-            kv_width_tokens=attn.kv_width_tokens if attn else 0,
-            capacity_tokens=attn.capacity_tokens if attn else 0,
-            kv_bytes=kv.kv_bytes(self._cache),
-            kv_budget_bytes=self.kv_budget_bytes,
-            kv_projected_bytes=self.kv_projected_bytes,
-            groups=tuple(groups),
-            queue=tuple(self._queue),
-            prefilling=tuple((uid, g.prefill.position, len(v.prompt_ids) - 1)
-                             for g in ([self._group] if self._group else []) for uid, v in g.members),
-        )
-        return snap
-
-    def _record(self) -> None:
-        """Append a snapshot to :attr:`history` after an engine call that changed the batch."""
-        if self.history.maxlen:
-            self.history.append(self.snapshot())
-
-    def report(self) -> Report:
-        """The :class:`Report` of everything so far (events and per-request metrics)."""
-        return build_report(self.events, lambda toks, uid: self.text(uid))
+    def fresh(self) -> "Scheduler":
+        """A new, empty scheduler with this one's model, tokenizer and configuration (a
+        prompt cache object is shared; an int size makes a new one)."""
+        return Scheduler(self.model, self.tokenizer, **self._config)
 
     def _log(self, kind: str, uid: int, **fields: Any) -> Event:
         event = Event(kind=kind, uid=uid, step=self.step_index, time_s=self.clock(), **fields)

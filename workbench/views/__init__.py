@@ -1,9 +1,38 @@
-"""Views: pure functions from a snapshot or report to text or a matplotlib Figure.
+"""Views: pure functions from a snapshot, a snapshot history or a report to text or a
+matplotlib Figure, and the ipywidgets :class:`Panel` around a live scheduler.
 
 Knows: snapshots, reports, matplotlib. Must not know: the engine's internals; views never
-call the engine and never hold engine state.
+call the engine and never hold engine state (the panel only calls its public methods).
+
+=====================  ==========================  ==============================
+view                   text form                   rich form
+=====================  ==========================  ==============================
+masks (snapshot)       ``mask_text``               ``render_masks``
+KV geometry            ``kv_text``,                ``render_kv(snap, history)``
+                       ``kv_history_text``
+row timeline (events)  ``timeline_text``           ``render_timeline(x=time|step)``
+latency (report)       ``latency_text``            ``render_latency``
+live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
+=====================  ==========================  ==============================
+
+``Panel`` is imported lazily: importing this package does not import ipywidgets.
 """
 
+from .kv import kv_history_text, kv_text, render_kv
+from .latency import latency_text, render_latency
+from .mask import mask_text, render_masks
+from .style import figure_png
 from .timeline import render_timeline, timeline_text
 
-__all__ = ["render_timeline", "timeline_text"]
+__all__ = [
+    "Panel", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text",
+    "render_kv", "render_latency", "render_masks", "render_timeline", "timeline_text",
+]
+
+
+def __getattr__(name: str):
+    if name == "Panel":
+        from .panel import Panel
+
+        return Panel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-ENGINE_COLOURS = {"workbench": "#3b7dd8", "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
+from . import style
+
+ENGINE_COLOURS = {"workbench": style.ATTENDED, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
                   "workbench, prefill-first": "#7f7f7f"}
 
 
@@ -72,7 +74,7 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
     fig = Figure(figsize=(5.5, 3.2))
     ax = fig.subplots()
     methods = ["step", "extend", "re-merge"]
-    colours = ["#7f7f7f", "#3b7dd8", "#e07b39"]
+    colours = ["#7f7f7f", ENGINE_COLOURS["workbench"], ENGINE_COLOURS["mlx-lm"]]
     for i, (m, c) in enumerate(zip(methods, colours)):
         s = join[join.method == m].seconds * 1e3
         ax.barh(i, s.median(), color=c)
@@ -98,7 +100,7 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
         run = ev[(ev.role == "running") & (ev.kind == "token")]
         ax.plot(run.time_s - t0, run.uid, "|", color=ENGINE_COLOURS[engine], ms=8)
         for t in joiner[joiner.kind == "prefill"].time_s:
-            ax.axvline(t - t0, color="#f2a541", lw=0.8)
+            ax.axvline(t - t0, color=style.PREFILL, lw=0.8)
         ax.axvline(joiner[joiner.kind == "token"].time_s.min() - t0, color="#c0392b", lw=1.5)
         ax.set_yticks(sorted(run.uid.unique()))
         ax.set_ylabel("row uid")

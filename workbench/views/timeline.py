@@ -1,11 +1,22 @@
-"""Row timeline (Gantt): per uid, queued, prefilling and decoding spans, from events.
+"""Row timeline (Gantt): per uid, queued, prefilling, decoding and finished spans, from a
+report's events frame (:func:`workbench.events.events_frame`).
 
-Text form (one column per decode step, one line per uid)::
+Knows: the event kinds and their ``step`` / ``time_s`` columns. Must not know: the engine.
+
+Text form (one column per decode step ``s``, one line per uid; deterministic)::
 
     uid 0 | ####x
-    uid 1 | qq###x         q queued, # token at this step, x finished (evicted at filter)
+    uid 1 | qq###ffx
 
-Rich form: a matplotlib Figure over wall-clock time with join (▶) and evict (◀) marks.
+    q  queued at step s (submitted, not admitted yet)
+    #  a token generated at step s (a row joins at the step of its first token)
+    f  finished, still in the batch (fed, output discarded) until filter() evicts it
+    x  evicted before step s (filter after step s-1)
+
+Rich form: a matplotlib Figure over wall-clock time (``x="time"``) or over decode steps
+(``x="step"``), with join (▶) and evict (◀) marks. Over steps an event logged with step
+index ``s`` sits at ``s`` (before step ``s``'s forward) and a token of step ``s`` fills
+``[s, s + 1)``, so prefill (admit → first token) has no width; over time it has.
 """
 
 from __future__ import annotations
@@ -13,7 +24,11 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-SPANS = (("queued", "#c7c7c7"), ("prefill", "#f2a541"), ("decode", "#3b7dd8"))
+from . import style
+
+SPANS = (("queued", style.QUEUED), ("prefill", style.PREFILL), ("decode", style.ATTENDED),
+         ("finished, not filtered", style.WAITING))
+AXES = {"time": ("time_s", "time since first submit (s)"), "step": ("step", "decode step")}
 
 
 def _per_uid(events: pd.DataFrame, kind: str, col: str, how: str = "min") -> pd.Series:
@@ -28,6 +43,7 @@ def timeline_text(events: pd.DataFrame) -> str:
     sub = _per_uid(events, "submit", "step")
     adm = _per_uid(events, "admit", "step")
     fin = _per_uid(events, "finish", "step")
+    evi = _per_uid(events, "evict", "step")
     tok_steps = events[events.kind == "token"].groupby("uid").step.apply(set)
     width = max(len(str(u)) for u in sub.index)
     lines = []
@@ -36,8 +52,10 @@ def timeline_text(events: pd.DataFrame) -> str:
         for s in range(n_steps):
             if s in tok_steps.get(uid, ()):
                 cells.append("#")
+            elif uid in evi.index and s >= evi[uid]:
+                cells.append("x" if s == evi[uid] else " ")
             elif uid in fin.index and s > fin[uid]:
-                cells.append("x" if s == fin[uid] + 1 else " ")
+                cells.append("f")
             elif sub[uid] <= s and (uid not in adm.index or adm[uid] > s):
                 cells.append("q")
             else:
@@ -46,35 +64,67 @@ def timeline_text(events: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def render_timeline(events: pd.DataFrame, title: str = "row timeline") -> Figure:
-    """Gantt chart over time (seconds since the first submit) of a report's ``events``.
+def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
+    """Per uid (index, submit order) the span boundaries on axis ``x`` (``time`` in seconds
+    since the first submit, or ``step``): columns ``submit``, ``admit``, ``join``,
+    ``first_token``, ``finish``, ``evict`` (NaN where the event has not happened).
+    ``finish`` is the end of decoding: the finish time, or over steps ``finish step + 1``.
+    ``now`` (the same on every row) is the latest position the events reach: the last
+    event time, or over steps the last step index (``+ 1`` after a token).
+
+    Raises:
+        ValueError: for an ``x`` other than ``time`` or ``step``.
+    """
+    if x not in AXES:
+        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
+    col = AXES[x][0]
+    t0 = events[events.kind == "submit"][col].min() if x == "time" else 0
+    out = pd.DataFrame({"submit": _per_uid(events, "submit", col)})
+    for name, kind in (("admit", "admit"), ("join", "join"), ("first_token", "token"),
+                       ("finish", "finish"), ("evict", "evict")):
+        out[name] = _per_uid(events, kind, col)
+    tok = events.kind == "token"
+    if x == "step":
+        out["finish"] += 1
+        out["now"] = max(events.step[~tok].max(), events.step[tok].max() + 1 if tok.any() else 0)
+    else:
+        out["now"] = events.time_s.max()
+    return out - t0
+
+
+def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = "time") -> Figure:
+    """Gantt chart of a report's ``events`` over ``x`` = ``time`` (seconds since the first
+    submit) or ``step`` (decode steps).
 
     Per uid: queued (submit → admit), prefill (admit → first token, which includes the
-    joiner's first decode step) and decode (first token → finish) spans.
+    joiner's first decode step), decode (first token → finish) and finished-not-filtered
+    (finish → evict) spans; joins (▶) and evictions (◀) marked.
+
+    Raises:
+        ValueError: for an unknown ``x``.
     """
     fig = Figure(figsize=(9, 0.35 * max(4, events.uid.nunique()) + 1.2), layout="constrained")
     ax = fig.add_subplot()
     if events.empty:
         return fig
-    t0 = events[events.kind == "submit"].time_s.min()
-    sub = _per_uid(events, "submit", "time_s")
-    adm = _per_uid(events, "admit", "time_s")
-    joi = _per_uid(events, "join", "time_s")
-    tok = _per_uid(events, "token", "time_s")
-    fin = _per_uid(events, "finish", "time_s")
-    evi = _per_uid(events, "evict", "time_s")
-    for y, uid in enumerate(sub.index):
-        bounds = [sub[uid], adm.get(uid, float("nan")), tok.get(uid, float("nan")), fin.get(uid, float("nan"))]
-        for (name, color), a, b in zip(SPANS, bounds, bounds[1:]):
-            if pd.notna(a) and pd.notna(b) and b >= a:
-                ax.barh(y, b - a, left=a - t0, color=color, label=name if y == 0 else None)
-        if uid in joi.index:
-            ax.plot(joi[uid] - t0, y, marker=">", color="black", markersize=4)
-        if uid in evi.index:
-            ax.plot(evi[uid] - t0, y, marker="<", color="crimson", markersize=4)
-    ax.set_yticks(range(len(sub)), [f"uid {u}" for u in sub.index])
+    b = span_bounds(events, x)
+    labelled: set[str] = set()
+    for y, (uid, r) in enumerate(b.iterrows()):
+        bounds = [r.submit, r.admit, r.first_token, r.finish, r.evict]
+        for (name, color), lo, hi in zip(SPANS, bounds, bounds[1:]):
+            if pd.notna(lo) and pd.isna(hi):  # the span still open: draw it up to now
+                hi = r.now
+            if pd.notna(lo) and hi >= lo:
+                ax.barh(y, hi - lo, left=lo, color=color, label=None if name in labelled else name)
+                labelled.add(name)
+        if pd.notna(r.join):
+            ax.plot(r.join, y, marker=">", color="black", markersize=4)
+        if pd.notna(r.evict):
+            ax.plot(r.evict, y, marker="<", color="crimson", markersize=4)
+    ax.set_xlim(0, max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3))  # room for the last evict mark
+    ax.set_yticks(range(len(b)), [f"uid {u}" for u in b.index])
     ax.invert_yaxis()
-    ax.set_xlabel("time since first submit (s)")
+    ax.set_xlabel(AXES[x][1])
     ax.set_title(f"{title}  (▶ join, ◀ evict)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     return fig

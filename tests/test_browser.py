@@ -1,0 +1,163 @@
+"""The teaching notebook in a real browser: JupyterLab (headless, localhost) and Debian's
+Chromium driven by Playwright. Runs every cell, clicks the panel's Step button and checks
+that the step label and the mask image change. Screenshots go to ``test-output/browser/``.
+
+Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``) and the dev extra
+(``playwright``, ``jupyterlab``, ``ipywidgets``). In CI (``WORKBENCH_REQUIRE_BROWSER=1``,
+set by ``.ci/run``, which installs Chromium) a missing Chromium is a failure; on a machine
+that has only Python and pip (the README's test command) the test is skipped with that
+reason. Browser downloads (``playwright install``) are never used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO / "notebooks" / "02_join_evict.ipynb"
+OUT_DIR = REPO / "test-output" / "browser"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+# JupyterLab user settings: no news fetching (its toast covers the page), every cell in the DOM.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+KERNEL_IDLE_JS = """() => {
+  const name = document.querySelector('.jp-Notebook-toolbarKernelName, .jp-KernelName');
+  const state = document.querySelector('.jp-Notebook-ExecutionIndicator');
+  return name && !/No Kernel/.test(name.textContent) && state && state.dataset.status === 'idle';
+}"""
+MASK_SHA256_JS = """async () => {
+  const img = document.querySelector('.wb-mask-image');
+  const bytes = await (await fetch(img.src)).arrayBuffer();
+  const digest = await crypto.subtle.digest('SHA-256', bytes);
+  return Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, '0')).join('');
+}"""
+
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(settings_dir: Path) -> None:
+    for rel, value in LAB_SETTINGS.items():
+        path = settings_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's Chromium; in CI a failure when it is missing, elsewhere a skip."""
+    if not CHROMIUM.exists():
+        message = "Debian's chromium is missing: run `apt-get install -y chromium` (.ci/run does)"
+        if os.environ.get("WORKBENCH_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
+
+
+@pytest.fixture
+def lab_server(tmp_path):
+    """``(base_url, served_dir)`` of a JupyterLab serving a copy of the notebook (so the
+    repo's stored outputs are never autosaved over); stopped by PID afterwards."""
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(NOTEBOOK, served / NOTEBOOK.name)
+    _write_settings(tmp_path / "settings")
+    port = _free_port()
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for old in OUT_DIR.glob("*.png"):
+        old.unlink()
+    log = open(OUT_DIR / "jupyterlab.log", "w")
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
+           "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--allow-root",
+           f"--ServerApp.root_dir={served}", f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start; see {OUT_DIR / 'jupyterlab.log'}")
+                time.sleep(0.5)
+        yield base, served
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the server shuts its kernels down
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _wait_for_change(read, old, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while (new := read()) == old and time.monotonic() < deadline:
+        time.sleep(0.25)
+    return new
+
+
+def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask_image(chromium, lab_server):
+    from playwright.sync_api import sync_playwright
+
+    base, _ = lab_server
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.route("**/*", lambda route: route.continue_()
+                       if route.request.url.startswith("http://127.0.0.1") else route.abort())
+            try:
+                page.goto(f"{base}/lab/tree/{NOTEBOOK.name}")
+                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+                page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000)
+                page.locator(".jp-Notebook .jp-Cell").first.click()  # focus the notebook
+                page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
+                page.locator(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')").click()
+                step = page.locator(".jupyter-widgets button:text-is('Step')")
+                step.wait_for(timeout=120_000)
+                page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)
+                status = page.locator(".wb-status")
+                status.scroll_into_view_if_needed()
+                label, mask = status.inner_text(), page.evaluate(MASK_SHA256_JS)
+                assert label.startswith("step "), label
+                page.screenshot(path=str(OUT_DIR / "before_step.png"))
+
+                step.click()
+                new_label = _wait_for_change(status.inner_text, label, 60)
+                new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
+                page.screenshot(path=str(OUT_DIR / "after_step.png"))
+                status.locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))
+            except Exception:
+                page.screenshot(path=str(OUT_DIR / "failure.png"))
+                raise
+        finally:
+            browser.close()
+    step_before, step_after = int(label.split()[1]), int(new_label.split()[1])
+    assert step_after == step_before + 1, (label, new_label)
+    assert new_mask != mask, "the mask image did not change after Step"

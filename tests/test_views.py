@@ -1,0 +1,278 @@
+"""Views: exact text forms on hand-built snapshots and event logs, figures that render with
+the expected axes, and the Panel's button callbacks driving a live scheduler."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+import workbench as wb
+from workbench import views
+from workbench.masks import decode_mask
+from workbench.metrics import request_metrics, throughput_tok_per_s
+from workbench.report import Report
+from workbench.snapshot import LayerGroup, Snapshot, frozen
+from workbench.views.kv import row_geometry
+from workbench.views.latency import run_lengths
+from workbench.views.mask import mask_cells
+from workbench.workloads import prompt_of_length
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_join_evict.ipynb"
+
+
+def full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3, capacity=8, step=3, finished=None) -> Snapshot:
+    """A hand-built snapshot of a full-attention batch (2 layers, 4,096 KV bytes)."""
+    lp = frozen(np.array(left_padding))
+    offset = frozen(width - lp)
+    group = LayerGroup(name="full", layers=("0", "1"), kv_bytes=4096, mask=frozen(decode_mask(lp, width)),
+                       left_padding=lp, offset=offset, kv_width_tokens=width, capacity_tokens=capacity)
+    B = len(uids)
+    return Snapshot(step=step, uids=tuple(uids), finished=tuple(finished or [False] * B),
+                    generated_tokens=(1,) * B, context_tokens=tuple(int(o) for o in offset),
+                    left_padding=lp, offset=offset, kv_width_tokens=width, capacity_tokens=capacity,
+                    kv_bytes=4096, groups=(group,))
+
+
+def report_of(events) -> Report:
+    return Report(events=events, requests=request_metrics(events), throughput_tok_per_s=throughput_tok_per_s(events))
+
+
+def window_run(model_name="tiny-gemma3", steps=8):
+    """A live tiny-gemma3 batch: two rows decode ``steps`` steps, a third joins."""
+    model, tokenizer = wb.load(wb.loading.DATA_DIR / "models" / model_name)
+    sched = wb.Scheduler(model, tokenizer, max_batch=3)
+    for n, start in ((6, 0), (3, 50)):
+        sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, n, start), max_tokens=16))
+    sched.admit()
+    for _ in range(steps):
+        sched.step()
+    sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, 5, 90), max_tokens=4))
+    sched.admit()
+    return sched
+
+
+# -- mask view --------------------------------------------------------------------------
+def test_mask_text_of_a_two_row_full_attention_snapshot_is_exact():
+    assert views.mask_text(full_snapshot()) == "\n".join([
+        "masks at step 3: 2 row(s)",
+        "[full] layers 0,1, 4,096 bytes; KV width 3 tokens",
+        "  mask ('#' attended, '.' padding, '@' fed token):",
+        "uid 7 | # # # @",
+        "uid 9 | . . # @",
+    ])
+
+
+def test_mask_text_of_an_empty_batch_says_no_rows():
+    empty = Snapshot(step=0, uids=(), finished=(), generated_tokens=(), context_tokens=(),
+                     left_padding=frozen(np.zeros(0, int)), offset=frozen(np.zeros(0, int)),
+                     kv_width_tokens=0, capacity_tokens=0, kv_bytes=0)
+    assert views.mask_text(empty) == "masks at step 0: 0 row(s)\n(no rows)"
+    fig = views.render_masks(empty)
+    assert fig.axes[0].texts[0].get_text() == "no rows in the batch"
+
+
+def test_mask_cells_code_masked_attended_and_the_fed_slot():
+    cells = mask_cells(decode_mask([0, 2], 3))
+    assert cells.tolist() == [[1, 1, 1, 2], [0, 0, 1, 2]]
+
+
+def test_render_masks_of_a_hand_built_snapshot_labels_rows_by_uid_and_marks_finished_rows():
+    fig = views.render_masks(full_snapshot(finished=[False, True]))
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["uid 7", "uid 9 (finished)"]
+    assert ax.get_xlabel() == "key position relative to the fed token (0 = fed token)"
+    assert ax.images[0].get_array().tolist() == [[1, 1, 1, 2], [0, 0, 1, 2]]
+    assert len(views.figure_png(fig)) > 5_000
+
+
+def test_render_masks_of_a_sliding_window_model_draws_each_group_on_shared_positions():
+    snap = window_run().snapshot()
+    fig = views.render_masks(snap)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert len(fig.axes) == 2 and titles[0].startswith("window8 · layers 0,2 · window 8 tokens, ring wrapped")
+    assert titles[1].startswith("full · layers 1,3")
+    window_ax, full_ax = fig.axes
+    assert window_ax.get_xlim() == full_ax.get_xlim() == (-snap.kv_width_tokens - 0.5, 0.5)
+    assert "mask in temporal order" in views.mask_text(snap)
+
+
+# -- KV geometry ------------------------------------------------------------------------
+def test_kv_text_of_a_two_row_snapshot_is_exact():
+    assert views.kv_text(full_snapshot()) == "\n".join([
+        "KV geometry at step 3: 2 row(s), 4,096 KV bytes, padding waste 33.3%",
+        "[full] layers 0,1: KV width 3 of 8 allocated tokens",
+        "  uid | padding    valid   unused",
+        "    7 |       0        3        5",
+        "    9 |       2        1        5",
+    ])
+
+
+def test_row_geometry_of_a_wrapped_ring_counts_the_overwritten_slot_as_expired():
+    # window 4, wrapped: row 0 has no padding left (mlx-lm's left_padding went negative),
+    # row 1 still has 2 pad slots. The fed token overwrites the write slot.
+    mask = np.array([[True, True, True, True], [True, False, False, True]])
+    ring = LayerGroup(name="window4", layers=("0",), kv_bytes=0, mask=mask, left_padding=np.array([-1, 2]),
+                      kv_width_tokens=4, capacity_tokens=4, window_tokens=4, write_index=0, wrapped=True)
+    geo = row_geometry(ring)
+    assert {k: v.tolist() for k, v in geo.items()} == {
+        "padding": [0, 2], "valid": [3, 1], "expired": [1, 1], "unused": [0, 0]}
+
+
+def test_kv_history_text_has_one_line_per_snapshot():
+    history = [full_snapshot(step=3), full_snapshot(uids=(9,), left_padding=(0,), width=1, step=4)]
+    assert views.kv_history_text(history) == "\n".join([
+        "step  rows  KV width  padding waste      KV bytes",
+        "   3     2         3          33.3%         4,096",
+        "   4     1         1           0.0%         4,096",
+    ])
+
+
+def test_render_kv_draws_row_bars_and_waste_and_bytes_per_step():
+    history = [full_snapshot(step=3), full_snapshot(step=4)]
+    fig = views.render_kv(history[-1], history)
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels[-2:] == ["padding waste (%)", "KV bytes (KiB)"]
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["uid 7", "uid 9"]
+    widths = [p.get_width() for p in fig.axes[0].patches]  # padding, valid, expired, unused per row
+    assert widths == [0, 2, 3, 1, 0, 0, 5, 5]
+
+
+def test_kv_view_of_a_live_hybrid_model_lists_the_ssm_state():
+    text = views.kv_text(window_run("tiny-qwen3-next", steps=2).snapshot())
+    assert "[full] layers 1,3: KV width" in text
+    assert "[ssm] layers 0,2:" in text and "no sequence axis" in text
+
+
+# -- timeline ---------------------------------------------------------------------------
+def test_timeline_text_marks_finished_rows_waiting_for_filter_and_evictions(two_request_events):
+    ev = two_request_events.copy()
+    ev.loc[(ev.kind == "evict") & (ev.uid == 0), "step"] = 5  # filter called late for uid 0
+    ev.loc[ev.kind == "submit", "step"] = [0, 0]
+    assert views.timeline_text(ev) == "uid 0 | ###ffx\nuid 1 | ##x"
+
+
+def test_render_timeline_over_steps_draws_spans_and_join_evict_marks(two_request_events):
+    fig = views.render_timeline(two_request_events, x="step")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "decode step"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["uid 0", "uid 1"]
+    decode = [(p.get_x(), p.get_width()) for p in ax.patches if p.get_facecolor()[:3] == (59 / 255, 125 / 255, 216 / 255)]
+    assert decode == [(0, 3), (0, 2)]
+    assert len(ax.lines) == 4  # a join and an evict mark per uid
+
+
+def test_render_timeline_refuses_an_unknown_axis(two_request_events):
+    with pytest.raises(ValueError, match="x must be one of"):
+        views.render_timeline(two_request_events, x="tokens")
+
+
+# -- latency ----------------------------------------------------------------------------
+def test_latency_text_of_a_hand_written_log_is_exact(two_request_events):
+    assert views.latency_text(report_of(two_request_events)) == "\n".join([
+        "2 requests, 5 generated tokens over 3 decode steps",
+        "TTFT (ms): p50 1500.0, p95 1950.0 (2 requests)",
+        "TPOT (ms): p50 1000.0, p95 1000.0 (2 requests)",
+        "throughput: 1.2 tok/s over the run; decode tok/s per step: min 1.0, max 2.0",
+        "batch size by step: 2×2 1",
+    ])
+
+
+def test_run_lengths_collapse_repeats():
+    assert run_lengths([1, 1, 2, 3, 3, 3]) == "1×2 2 3×3"
+    assert run_lengths([]) == "(no steps)"
+
+
+def test_render_latency_has_the_four_panels(two_request_events):
+    fig = views.render_latency(report_of(two_request_events))
+    assert [ax.get_title(loc="left") for ax in fig.axes] == [
+        "TTFT per request", "TPOT per request", "decode throughput per step", "batch size per step"]
+    assert fig.axes[0].get_legend().get_texts()[0].get_text() == "p50 1500.0 ms"
+
+
+# -- the panel --------------------------------------------------------------------------
+@pytest.fixture
+def panel(make_sched, prompt):
+    """A panel on a tiny-llama scheduler with two rows decoding."""
+    sched = make_sched(max_batch=3, history_size=8)
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
+    sched.submit(wb.Request(prompt=prompt(2, 40), max_tokens=12))
+    sched.admit()
+    return views.Panel(sched)
+
+
+def test_step_button_steps_the_engine_and_changes_label_and_mask_image(panel):
+    label, image = panel.status.value, panel.mask_image.value
+    assert label == "step 0 · 2 row(s) · 1,048,576 KV bytes · queue []"
+    panel.buttons["Step"].click()
+    assert panel.sched.step_index == 1
+    assert panel.status.value == "step 1 · 2 row(s) · 1,048,576 KV bytes · queue []"
+    assert bytes(panel.mask_image.value) != bytes(image) and bytes(panel.mask_image.value).startswith(b"\x89PNG")
+    assert "uid 0 | # # # # # # @" in panel.mask_ascii.value
+
+
+def test_bad_submit_shows_the_error_and_leaves_the_running_rows_untouched(panel):
+    before = panel.sched.snapshot()
+    n_history, tokens = len(panel.sched.history), panel.sched.tokens(0)
+    panel.max_tokens.value = 0
+    panel.buttons["Submit"].click()
+    assert "ValueError: max_tokens must be an int &gt;= 1, got 0" in panel.error.value
+    after = panel.sched.snapshot()
+    assert after.uids == before.uids and after.queue == () and panel.sched.tokens(0) == tokens
+    assert len(panel.sched.history) == n_history  # a refused submit changed nothing: no new snapshot
+    panel.max_tokens.value = 4
+    panel.buttons["Submit"].click()
+    assert panel.error.value == "" and panel.status.value.endswith("queue [2]")
+
+
+def test_run_n_steps_snapshots_every_step_and_the_slider_scrubs_history(panel):
+    panel.run_steps.value = 3
+    panel.buttons["Run N steps"].click()
+    assert panel.sched.step_index == 3
+    assert [s.step for s in panel.sched.history][-4:] == [0, 1, 2, 3]
+    assert panel.slider.value == panel.slider.max == len(panel.sched.history) - 1
+    latest = bytes(panel.mask_image.value)
+    panel.slider.value = panel.slider.max - 3
+    assert panel.shown.step == 0 and bytes(panel.mask_image.value) != latest
+    assert panel.slider_label.value.endswith("(step 0)")
+    assert panel.status.value.startswith("step 3 ")  # the label always shows the engine now
+
+
+def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration(panel):
+    old = panel.sched
+    panel.buttons["Reset"].click()
+    new = panel.sched
+    assert new is not old and new.idle and new.step_index == 0 and len(new.history) == 1
+    assert (new.model, new.max_batch, new.history.maxlen) == (old.model, 3, 8)
+    assert old.snapshot().batch_size == 2  # the old scheduler is left as it was
+    assert panel.status.value == "step 0 · 0 row(s) · 0 KV bytes · queue []"
+
+
+def test_static_form_embeds_the_three_images_and_the_ascii_masks(panel):
+    html = panel.static().data
+    assert html.count("data:image/png;base64,") == 3
+    assert "uid 1 | . . . # # @" in html
+
+
+def test_importing_workbench_and_its_views_does_not_import_ipywidgets():
+    code = ("import sys, workbench as wb; wb.views.render_masks; "
+            "assert 'ipywidgets' not in sys.modules, 'ipywidgets imported'; "
+            "wb.views.Panel; assert 'ipywidgets' in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_teaching_notebook_exports_to_static_html_with_its_figures_and_no_widget_script():
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata.kernelspec.name == "python3" and "widgets" not in nb.metadata
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    assert html.count("data:image/png;base64,") >= 9  # 8 figures and the panel's static images
+    assert "@jupyter-widgets/html-manager" not in html

@@ -1,0 +1,280 @@
+"""A calibrated cost model of the engine's forwards, for replays on a virtual clock.
+
+Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
+``[B, 1]`` feeds: decode steps and joins), numpy least squares. Must not know: the
+scheduler's internals (measurement drives the public API and
+:class:`workbench.prefill.PrefillGroup`, which is what ``admit()`` runs).
+
+Model (seconds; every coefficient ``>= 0``)::
+
+    prefill chunk of B rows x k tokens, after s cached tokens (pads included):
+        prefill_s = p_chunk + B * (p_token * k + p_pair * (k * s + k * (k + 1) / 2))
+                                                        └─ causal (query, key) pairs
+    [B, 1] forward (a decode step, or a join feeding each joiner's last prompt token)
+    at KV width W:
+        decode_s  = d_step + d_row * B + d_kv * B * W
+
+The ``filter`` call costs nothing. :func:`fit_cost_model` fits the coefficients by least
+squares on the median time of each distinct measured configuration (typical, spikes
+ignored: on a shared machine the fastest time would predict an idle machine, not what a
+replay measures; a coefficient that comes out negative is fixed at 0 and the rest
+refitted); :func:`measure_costs` measures the current machine;
+:func:`calibrate` does both. :class:`CostedModel` wraps a model so that the forwards run
+inside ``admit()`` advance a virtual clock (so ``prefill`` and ``join`` events carry the
+time their forward ended).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .prefill import PrefillGroup
+from .request import Request
+from .scheduler import Scheduler
+from .workloads import prompt_of_length
+
+PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]
+DECODE_COLUMNS = ["batch_size", "kv_width_tokens", "time_s"]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per engine operation for one model on one machine (see module docstring).
+
+    Attributes:
+        prefill_s_per_chunk, prefill_s_per_token, prefill_s_per_pair: ``p_chunk``,
+            ``p_token``, ``p_pair``.
+        decode_s_per_step, decode_s_per_row, decode_s_per_kv_token: ``d_step``, ``d_row``,
+            ``d_kv`` (per row per KV position).
+        label: where the numbers come from (model, machine).
+    """
+
+    prefill_s_per_chunk: float = 0.0
+    prefill_s_per_token: float = 0.0
+    prefill_s_per_pair: float = 0.0
+    decode_s_per_step: float = 0.0
+    decode_s_per_row: float = 0.0
+    decode_s_per_kv_token: float = 0.0
+    label: str = ""
+
+    def prefill_s(self, tokens: int, start_tokens: int = 0, rows: int = 1) -> float:
+        """Seconds for a prefill chunk of ``rows`` x ``tokens`` after ``start_tokens``."""
+        return float(prefill_features([rows], [tokens], [start_tokens])[0] @ self._prefill_coef)
+
+    def decode_s(self, batch_size: int, kv_width_tokens: int) -> float:
+        """Seconds for one decode step of ``batch_size`` rows at KV width; 0 for no rows."""
+        if batch_size <= 0:
+            return 0.0
+        return float(decode_features([batch_size], [kv_width_tokens])[0] @ self._decode_coef)
+
+    @property
+    def _prefill_coef(self) -> np.ndarray:
+        return np.array([self.prefill_s_per_chunk, self.prefill_s_per_token, self.prefill_s_per_pair])
+
+    @property
+    def _decode_coef(self) -> np.ndarray:
+        return np.array([self.decode_s_per_step, self.decode_s_per_row, self.decode_s_per_kv_token])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CostModel":
+        """Raises ValueError naming unknown keys."""
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"CostModel: unknown field(s) {sorted(unknown)}")
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        """Write as indented JSON (diffable)."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def text(self) -> str:
+        """Deterministic multi-line form in microseconds."""
+        us = lambda s: f"{s * 1e6:.4g} us"
+        return "\n".join([
+            f"cost model{f' ({self.label})' if self.label else ''}:",
+            f"  prefill chunk: {us(self.prefill_s_per_chunk)} + {us(self.prefill_s_per_token)}/token"
+            f" + {us(self.prefill_s_per_pair)}/attended pair",
+            f"  decode step:   {us(self.decode_s_per_step)} + {us(self.decode_s_per_row)}/row"
+            f" + {us(self.decode_s_per_kv_token)}/row/KV token",
+        ])
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def prefill_features(rows: Iterable[int], tokens: Iterable[int], start_tokens: Iterable[int]) -> np.ndarray:
+    """``[N, 3]`` float64: ``1``, ``B * k``, ``B *`` causal pairs ``(k * s + k * (k + 1) / 2)``."""
+    b = np.asarray(list(rows), np.float64)
+    k = np.asarray(list(tokens), np.float64)
+    s = np.asarray(list(start_tokens), np.float64)
+    return np.stack([np.ones_like(k), b * k, b * (k * s + k * (k + 1) / 2)], axis=1)
+
+
+def decode_features(batch_size: Iterable[int], kv_width_tokens: Iterable[int]) -> np.ndarray:
+    """``[N, 3]`` float64: ``1``, ``B``, ``B * W``."""
+    b = np.asarray(list(batch_size), np.float64)
+    w = np.asarray(list(kv_width_tokens), np.float64)
+    return np.stack([np.ones_like(b), b, b * w], axis=1)
+
+
+def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares ``X [N, F] @ c [F] ~ y [N]`` with ``c >= 0``: while a coefficient
+    is negative, fix the most negative at 0 and refit the others (exact for the 3-feature
+    fits here).
+
+    Raises: ValueError when ``X`` has fewer rows than columns."""
+    n, f = X.shape
+    if n < f:
+        raise ValueError(f"need at least {f} measurements to fit {f} coefficients, got {n}")
+    active = list(range(f))
+    coef = np.zeros(f)
+    while active:
+        coef = np.zeros(f)
+        coef[active] = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
+        if coef.min() >= 0:
+            return coef
+        active.remove(int(np.argmin(coef)))
+    return coef
+
+
+def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "") -> CostModel:
+    """Fit a :class:`CostModel` from measurements.
+
+    Args:
+        prefill: rows with ``PREFILL_COLUMNS`` (one chunk of a group each).
+        decode: rows with ``DECODE_COLUMNS`` (one decode step each). Repeated
+            configurations (same rows, tokens and start, or same batch size and width)
+            are reduced to their median time before fitting.
+
+    Raises:
+        ValueError: with fewer than 3 distinct configurations in either frame.
+    """
+    p = prefill.groupby(["rows", "tokens", "start_tokens"], as_index=False).time_s.median()
+    d = decode.groupby(["batch_size", "kv_width_tokens"], as_index=False).time_s.median()
+    pc = nonnegative_lstsq(prefill_features(p.rows, p.tokens, p.start_tokens), p.time_s.to_numpy(float))
+    dc = nonnegative_lstsq(decode_features(d.batch_size, d.kv_width_tokens), d.time_s.to_numpy(float))
+    return CostModel(*map(float, pc), *map(float, dc), label=label)
+
+
+def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8),
+                  kv_widths_tokens: Sequence[int] = (32, 128, 512), chunk_tokens: Sequence[int] = (16, 64, 256),
+                  group_rows: Sequence[int] = (1, 4), prefill_context_tokens: int = 512, decode_steps: int = 6,
+                  repeats: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Measure prefill chunks and decode steps of ``model`` on this machine.
+
+    Prefill: for each group size ``B`` in ``group_rows`` and chunk size ``C``, ``B``
+    prompts of ``prefill_context_tokens`` run through
+    :class:`~workbench.prefill.PrefillGroup` in chunks of ``C`` (each timed, at its start
+    position). Decode: for each ``B`` and ``W``, ``B`` prompts of ``W``
+    tokens are admitted into a :class:`~workbench.scheduler.Scheduler`, then
+    ``decode_steps`` steps are timed after one warm-up step. Everything ``repeats`` times.
+
+    Returns:
+        ``(prefill [N, PREFILL_COLUMNS], decode [M, DECODE_COLUMNS])``, times in seconds.
+    """
+    prefill_rows, decode_rows = [], []
+    for _ in range(repeats):
+        _measure_prefill(model, tokenizer, group_rows, chunk_tokens, prefill_context_tokens, prefill_rows)
+        _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, decode_rows)
+    return (pd.DataFrame(prefill_rows, columns=PREFILL_COLUMNS), pd.DataFrame(decode_rows, columns=DECODE_COLUMNS))
+
+
+def _measure_prefill(model, tokenizer, group_rows, chunk_tokens, context_tokens, out) -> None:
+    for b in group_rows:
+        for c in chunk_tokens:
+            prompts = [prompt_of_length(tokenizer, context_tokens, 3 * c + 7 * i) for i in range(b)]
+            group = PrefillGroup(model, prompts, c)
+            while not group.done:
+                start = group.position
+                t0 = time.perf_counter()
+                k = group.run_chunk()[0]
+                out.append((b, k, start, time.perf_counter() - t0))
+
+
+def _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, rows) -> None:
+    for b in batch_sizes:
+        for w in kv_widths_tokens:
+            sched = Scheduler(model, tokenizer, max_batch=b, prefill_step_size=max(kv_widths_tokens), history_size=0)
+            for i in range(b):
+                sched.submit(Request(prompt=prompt_of_length(tokenizer, w, 11 * i), max_tokens=decode_steps + 2,
+                                     stop_ids=[]))
+            sched.admit()
+            sched.step()
+            for _ in range(decode_steps):
+                width = sched.snapshot().kv_width_tokens
+                t0 = time.perf_counter()
+                sched.step()
+                rows.append((b, width, time.perf_counter() - t0))
+
+
+def calibrate(model: Any, tokenizer: Any, label: str = "", **measure_kwargs: Any) -> CostModel:
+    """:func:`measure_costs` then :func:`fit_cost_model`."""
+    prefill, decode = measure_costs(model, tokenizer, **measure_kwargs)
+    return fit_cost_model(prefill, decode, label=label)
+
+
+class CostedModel:
+    """An mlx-lm model whose forwards advance a :class:`~workbench.clocks.VirtualClock`
+    by a :class:`CostModel` inside ``with model.charging():`` (the replay wraps
+    ``admit()`` in it; it charges each decode step itself, before ``step()``).
+
+    Everything else (``layers``, ``args``, ``make_cache``, ...) is the wrapped model's,
+    so the scheduler and mlx-lm's cache helpers see the model unchanged. A ``[B, L > 1]``
+    forward is charged as a prefill chunk, a ``[B, 1]`` forward as ``decode_s`` (a join,
+    or a one-token chunk); the start position / KV width is the tokens this cache list
+    has been fed so far.
+    """
+
+    def __init__(self, model: Any, clock: Any, cost: CostModel):
+        self._model, self._clock, self._cost = model, clock, cost
+        self._fed: dict[int, int] = {}  # id(first layer cache) -> tokens fed so far
+        self._charging = False
+
+    def __getattr__(self, name: str) -> Any:  # only reached for names not set in __init__
+        if name in ("_model", "_clock", "_cost", "_fed", "_charging"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+    @contextmanager
+    def charging(self) -> Iterator[None]:
+        """Forwards inside the block advance the clock."""
+        self._charging = True
+        try:
+            yield
+        finally:
+            self._charging = False
+
+    def __call__(self, inputs: Any, cache: Any = None, **kwargs: Any) -> Any:
+        rows, tokens = inputs.shape  # [B, L]
+        cost_s = self.forward_s(rows, tokens, cache)
+        if self._charging:
+            self._clock.advance(cost_s)
+        return self._model(inputs, cache=cache, **kwargs)
+
+    def forward_s(self, rows: int, tokens: int, cache: Any) -> float:
+        """Seconds for a ``[rows, tokens]`` forward into ``cache``; counts its tokens
+        (every forward is counted, charged or not)."""
+        key = id(cache[0])  # a cache list's first layer lives as long as its rows do
+        start = self._fed.get(key, 0)
+        if key not in self._fed:
+            weakref.finalize(cache[0], self._fed.pop, key, None)
+        self._fed[key] = start + tokens
+        if tokens > 1:
+            return self._cost.prefill_s(tokens, start, rows)
+        return self._cost.decode_s(rows, start)

@@ -1,0 +1,138 @@
+"""KV geometry view: how each row uses the batch cache, and padding waste and KV bytes
+over the scheduler's snapshot history.
+
+Knows: snapshots (one, or a history: a list in the order they were taken). Must not
+know: the scheduler, MLX.
+
+Per attention group and row, the cache's in-use positions (the KV width) split into
+``padding`` (left padding: ``clip(left_padding, 0, width)``), ``valid`` (cached tokens the
+next step attends to: the group's mask minus the fed slot) and, for a sliding-window ring,
+``expired`` (slots holding a token outside the window, e.g. the slot the fed token
+overwrites); beyond the KV width lies ``unused`` capacity (allocated, not in use). For a
+full-attention group ``padding + valid = width`` exactly. Text form (rows ``uid 7`` and
+``uid 9`` with left padding 0 and 2, KV width 3, capacity 8)::
+
+    KV geometry at step 3: 2 row(s), 4,096 KV bytes, padding waste 33.3%
+    [full] layers 0,1: KV width 3 of 8 allocated tokens
+      uid | padding    valid   unused
+        7 |       0        3        5
+        9 |       2        1        5
+
+History text form: one line per snapshot (step, rows, KV width, padding waste, KV bytes).
+Rich form: stacked bars per row and group (left), padding waste and KV bytes per step (right).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from ..snapshot import LayerGroup, Snapshot
+from . import style
+from .mask import row_labels
+
+SEGMENTS = (("padding", style.PADDING), ("valid", style.ATTENDED), ("expired", style.EXPIRED),
+            ("unused", style.UNUSED))
+
+
+def row_geometry(group: LayerGroup) -> dict[str, np.ndarray]:
+    """Per row of an attention ``group``, ``[B]`` int token counts: ``padding``, ``valid``,
+    ``expired`` (``width - padding - valid``; 0 for full attention) and ``unused``
+    (``capacity - width``)."""
+    width = group.kv_width_tokens
+    padding = np.clip(np.asarray(group.left_padding, np.int64), 0, width)
+    valid = np.asarray(group.mask, bool).sum(axis=1) - 1
+    return {"padding": padding, "valid": valid, "expired": width - padding - valid,
+            "unused": np.full_like(padding, group.capacity_tokens - width)}
+
+
+def attention_groups(snap: Snapshot) -> list[LayerGroup]:
+    """The snapshot's groups with a sequence axis (all but ``ssm``), if it has rows."""
+    return [g for g in snap.groups if g.name != "ssm"] if snap.uids else []
+
+
+def kv_text(snap: Snapshot) -> str:
+    """Deterministic text form of one snapshot's KV geometry (see the module docstring)."""
+    lines = [f"KV geometry at step {snap.step}: {snap.batch_size} row(s), {snap.kv_bytes:,} KV bytes, "
+             f"padding waste {snap.padding_waste:.1%}"]
+    width = max([3] + [len(str(u)) for u in snap.uids])
+    for g in attention_groups(snap):
+        geo = row_geometry(g)
+        cols = [c for c, _ in SEGMENTS if c != "expired" or g.window_tokens is not None]
+        lines.append(f"[{g.name}] layers {','.join(g.layers)}: KV width {g.kv_width_tokens} "
+                     f"of {g.capacity_tokens} allocated tokens")
+        lines.append(f"  {'uid':>{width}} | " + "  ".join(f"{c:>7}" for c in cols))
+        for r, uid in enumerate(snap.uids):
+            lines.append(f"  {uid:>{width}} | " + "  ".join(f"{int(geo[c][r]):>7}" for c in cols))
+    for g in snap.groups if snap.uids else []:
+        if g.name == "ssm":
+            lines.append(f"[ssm] layers {','.join(g.layers)}: {g.kv_bytes:,} bytes of fixed-size "
+                         f"state per batch, no sequence axis; shapes {list(g.state_shapes)}")
+    return "\n".join(lines)
+
+
+def kv_history_text(history: Sequence[Snapshot]) -> str:
+    """One line per snapshot of ``history``: step, rows, KV width, padding waste, KV bytes."""
+    lines = ["step  rows  KV width  padding waste      KV bytes"]
+    for s in history:
+        lines.append(f"{s.step:>4}  {s.batch_size:>4}  {s.kv_width_tokens:>8}  "
+                     f"{s.padding_waste:>13.1%}  {s.kv_bytes:>12,}")
+    return "\n".join(lines)
+
+
+def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
+    geo = row_geometry(g)
+    B = snap.batch_size
+    left = np.zeros(B)
+    for name, color in SEGMENTS:
+        ax.barh(range(B), geo[name], left=left, color=color, edgecolor="#666666", linewidth=0.5)
+        left = left + geo[name]
+    shown = min(g.capacity_tokens, max(2 * g.kv_width_tokens, g.kv_width_tokens + 16))
+    ax.set_xlim(0, max(shown, 1))
+    for r in range(B):
+        if geo["unused"][r] and g.capacity_tokens > shown:
+            ax.text(shown, r, f"+{int(geo['unused'][r])} unused ", ha="right", va="center", fontsize="x-small")
+    ax.set_yticks(range(B), row_labels(snap))
+    ax.invert_yaxis()
+    ax.set_title(f"{g.name} · KV width {g.kv_width_tokens} of {g.capacity_tokens} tokens",
+                 fontsize="small", loc="left")
+
+
+def render_kv(snap: Snapshot, history: Sequence[Snapshot] = ()) -> Figure:
+    """KV geometry figure: per attention group a bar per row (padding, valid, expired,
+    unused; x in tokens), and, when ``history`` is given, padding waste (%) and KV bytes
+    (KiB) per step, with ``snap``'s step marked."""
+    groups = attention_groups(snap)
+    fig = Figure(figsize=(11, max(3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
+                 layout="constrained")
+    fig.suptitle(f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), "
+                 f"{snap.kv_bytes:,} KV bytes, padding waste {snap.padding_waste:.1%}")
+    left, right = fig.subfigures(1, 2, width_ratios=[3, 2]) if history else (fig, None)
+    if groups:
+        axes = left.subplots(len(groups), 1, squeeze=False)[:, 0]
+        for ax, g in zip(axes, groups):
+            _draw_rows(ax, snap, g)
+        axes[-1].set_xlabel("tokens per row (stacked: padding, valid, expired, unused)")
+    else:
+        ax = left.add_subplot()
+        ax.text(0.5, 0.5, "no attention cache" if snap.uids else "no rows in the batch",
+                ha="center", va="center")
+        ax.set_axis_off()
+    if right is not None:
+        steps = [s.step for s in history]
+        waste_ax, bytes_ax = right.subplots(2, 1, sharex=True)
+        waste_ax.plot(steps, [100 * s.padding_waste for s in history], "o-", color=style.PADDING,
+                      markeredgecolor="#666666")
+        waste_ax.set_ylabel("padding waste (%)")
+        bytes_ax.plot(steps, [s.kv_bytes / 1024 for s in history], "o-", color=style.ATTENDED)
+        bytes_ax.set_ylabel("KV bytes (KiB)")
+        bytes_ax.set_xlabel("step (history)")
+        bytes_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        for ax in (waste_ax, bytes_ax):
+            ax.axvline(snap.step, color=style.FED, linewidth=1)
+            ax.grid(alpha=0.3)
+    style.legend(fig, [(n, c) for n, c in SEGMENTS])
+    return fig

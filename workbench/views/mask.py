@@ -1,0 +1,118 @@
+"""Mask view: per layer group and per row (labelled by uid), the attention mask the next
+decode step uses, drawn from a :class:`~workbench.snapshot.Snapshot`.
+
+Knows: snapshots and their layer groups. Must not know: the scheduler, MLX.
+
+Text form: each group's :meth:`LayerGroup.text` (geometry line and ASCII grid; ``#``
+attended, ``.`` masked, ``@`` the fed token's slot)::
+
+    masks at step 3: 2 row(s)
+    [full] layers 0,1, 1,048,576 bytes; KV width 4 tokens
+      mask ('#' attended, '.' padding, '@' fed token):
+    uid 0 | # # # # @
+    uid 1 | . . # # @
+
+Rich form: one heatmap per group. Columns are key positions *relative to the fed token*
+(0 = the fed token, -1 the token before it, ...), in temporal order, so the band of a
+sliding-window group lines up under the same positions of a full-attention group (positions
+a window group does not hold are hatched). A
+window group is drawn from ``mask_temporal`` (the ring rolled to oldest-first order); an
+``ssm`` group is one column (does the fed token enter the row's state).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+from ..snapshot import LayerGroup, Snapshot
+from . import style
+
+MASKED, ATTENDED, FED = 0, 1, 2  # cell codes of :func:`mask_cells`
+CMAP = ListedColormap([style.PADDING, style.ATTENDED, style.FED])
+OUTSIDE_EDGE = "#a0a0a0"  # hatch of positions a window group does not hold
+GRID_MAX_COLUMNS = 64  # draw cell borders up to this many key positions
+
+
+def mask_text(snap: Snapshot) -> str:
+    """Deterministic text form: a header line and each group's geometry and mask grid."""
+    head = f"masks at step {snap.step}: {snap.batch_size} row(s)"
+    if not snap.uids:
+        return f"{head}\n(no rows)"
+    return "\n".join([head] + [g.text(snap.uids) for g in snap.groups])
+
+
+def temporal_mask(group: LayerGroup) -> np.ndarray:
+    """``[B, S]`` bool mask of ``group`` in temporal order, the fed token's slot last."""
+    if group.window_tokens is not None and group.mask_temporal is not None:
+        return np.asarray(group.mask_temporal, bool)
+    return np.asarray(group.mask, bool)
+
+
+def mask_cells(mask: np.ndarray) -> np.ndarray:
+    """``[B, S]`` int cell codes of a temporal-order mask: ``MASKED`` (0), ``ATTENDED``
+    (1), and ``FED`` (2) for the last column where attended.
+
+    >>> mask_cells(np.array([[True, True], [False, True]])).tolist()
+    [[1, 2], [0, 2]]
+    """
+    cells = np.asarray(mask, bool).astype(np.int64)
+    if cells.shape[1]:
+        cells[:, -1] = np.where(cells[:, -1] == 1, FED, MASKED)
+    return cells
+
+
+def row_labels(snap: Snapshot) -> list[str]:
+    """``uid N`` per row, with ``(finished)`` for rows waiting for ``filter()``."""
+    return [f"uid {u}" + (" (finished)" if f else "") for u, f in zip(snap.uids, snap.finished)]
+
+
+def _group_title(g: LayerGroup) -> str:
+    layers = f"{g.name} · layers {','.join(g.layers)}"
+    if g.name == "ssm":
+        return f"{layers} · recurrent state: does the fed token enter it"
+    if g.window_tokens is not None:
+        ring = f"ring wrapped, write slot {g.write_index}" if g.wrapped else "ring not wrapped yet"
+        return f"{layers} · window {g.window_tokens} tokens, {ring} (temporal order)"
+    return f"{layers} · KV width {g.kv_width_tokens} tokens"
+
+
+def render_masks(snap: Snapshot, title: str | None = None) -> Figure:
+    """Heatmap of every layer group's next-step mask, one axes per group, rows by uid.
+
+    The x axis is ``key position relative to the fed token`` (shared by all groups).
+    """
+    groups = list(snap.groups) if snap.uids else []
+    B = snap.batch_size
+    heights = [max(B, 1) * 0.32 + 0.7 for _ in groups] or [1.0]
+    fig = Figure(figsize=(9, sum(heights) + 1.3), layout="constrained")
+    fig.suptitle(title or f"attention masks for the next step (step {snap.step}, {B} row(s))")
+    if not groups:
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, "no rows in the batch", ha="center", va="center")
+        ax.set_axis_off()
+        return fig
+    axes = fig.subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
+    s_max = max(temporal_mask(g).shape[1] for g in groups)
+    for ax, g in zip(axes, groups):
+        cells = mask_cells(temporal_mask(g))
+        S = cells.shape[1]
+        ax.imshow(cells, cmap=CMAP, vmin=0, vmax=2, aspect="auto", interpolation="nearest",
+                  extent=(-S + 0.5, 0.5, B - 0.5, -0.5))
+        if s_max <= GRID_MAX_COLUMNS:
+            ax.set_xticks(np.arange(-S, 1) + 0.5, minor=True)
+            ax.set_yticks(np.arange(-1, B) + 0.5, minor=True)
+            ax.grid(which="minor", color="white", linewidth=1.0)
+            ax.tick_params(which="minor", length=0)
+        ax.set_yticks(range(B), row_labels(snap))
+        ax.set_title(_group_title(g), fontsize="small", loc="left")
+        ax.set_xlim(-s_max + 0.5, 0.5)
+        if S < s_max:  # positions this group's cache does not hold (outside its window)
+            ax.axvspan(-s_max + 0.5, -S + 0.5, facecolor="white", edgecolor=OUTSIDE_EDGE, hatch="//")
+    axes[-1].set_xlabel("key position relative to the fed token (0 = fed token)")
+    entries = [("masked (padding / expired)", style.PADDING), ("attended cached token", style.ATTENDED),
+               ("fed token", style.FED)]
+    style.legend(fig, entries + ([("not held (outside the window)", "white", "//")] if s_max > min(
+        temporal_mask(g).shape[1] for g in groups) else []))
+    return fig

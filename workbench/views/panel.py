@@ -1,0 +1,192 @@
+"""The live panel: an ipywidgets shell around a :class:`~workbench.scheduler.Scheduler`.
+
+Knows: the scheduler's public calls (``submit / admit / step / filter / run / snapshot /
+report`` and its ``history``), the views, ipywidgets. Must not know: the engine's
+internals. This is the only module of the workbench that imports ipywidgets.
+
+The panel holds no engine state: everything it shows is read from ``panel.sched``, its
+snapshots (``sched.history``) and its report. Every button calls the engine *outside* any
+output widget, then takes a snapshot and re-renders; an engine error (e.g. a request that
+fails validation, which changes nothing) is shown in the panel's error label.
+
+Widgets (``panel.widget`` is the whole box)::
+
+    [prompt ..........] [max tokens] [Submit]
+    [Admit] [Step] [Filter] [steps N] [Run N steps] [Reset]
+    step 3 · 2 rows · 1,048,576 KV bytes · queue []          <- status (class wb-status)
+    error: ...                                                <- error  (class wb-error)
+    history [----o---] snapshot 5 of 9 (step 3)               <- scrubs sched.history
+    [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]
+    [KV geometry image (wb-kv-image)]
+    ASCII masks of the shown snapshot
+
+*Reset* replaces ``panel.sched`` by a fresh scheduler with the same model, tokenizer and
+configuration (``reset_scheduler``, or the ``reset`` callable given to the panel); the old
+scheduler is left untouched. In a headless run (nbclient, nbval, static HTML) the widget
+does not render; :meth:`Panel.static` gives the same views as PNG images and text.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from typing import Any, Callable
+
+import ipywidgets as W
+from IPython.display import HTML
+
+from ..request import Request
+from ..scheduler import Scheduler
+from ..snapshot import Snapshot
+from . import style
+from .kv import render_kv
+from .mask import mask_text, render_masks
+from .timeline import render_timeline
+
+IMAGE_DPI = 80
+
+
+def reset_scheduler(sched: Scheduler) -> Scheduler:
+    """A fresh scheduler with ``sched``'s model, tokenizer and configuration
+    (``Scheduler.fresh``)."""
+    return sched.fresh()
+
+
+def status_text(snap: Snapshot) -> str:
+    """The status line: step, rows, KV bytes and the queue of a snapshot."""
+    return (f"step {snap.step} · {snap.batch_size} row(s) · {snap.kv_bytes:,} KV bytes · "
+            f"queue {list(snap.queue)}")
+
+
+class Panel:
+    """Buttons, a history slider and live mask, KV and timeline images for ``sched``.
+
+    Args:
+        sched: the scheduler to drive (``panel.sched``; replaced by Reset).
+        max_tokens: initial value of the max-tokens box.
+        run_steps: initial value of the "steps N" box.
+        reset: ``reset(old_sched) -> new_sched`` used by Reset (default
+            :func:`reset_scheduler`).
+    """
+
+    def __init__(self, sched: Scheduler, max_tokens: int = 16, run_steps: int = 8,
+                 reset: Callable[[Scheduler], Scheduler] = reset_scheduler):
+        self.sched = sched
+        self._reset = reset
+        self.prompt = W.Text(value="def add(a, b):", description="prompt")
+        self.max_tokens = W.IntText(value=max_tokens, description="max tokens")
+        self.run_steps = W.IntText(value=run_steps, description="steps N")
+        self.buttons = {name: W.Button(description=name) for name in
+                        ("Submit", "Admit", "Step", "Filter", "Run N steps", "Reset")}
+        actions = {"Submit": self.on_submit, "Admit": self.on_admit, "Step": self.on_step,
+                   "Filter": self.on_filter, "Run N steps": self.on_run, "Reset": self.on_reset}
+        for name, button in self.buttons.items():
+            button.on_click(lambda _b, act=actions[name]: act())
+        self.status = W.Label().add_class("wb-status")
+        self.error = W.HTML().add_class("wb-error")
+        self.slider = W.IntSlider(description="history", min=0, max=0, continuous_update=False, readout=False)
+        self.slider_label = W.Label()
+        self._quiet = False  # True while the panel itself moves the slider
+        self.slider.observe(lambda _change: None if self._quiet else self.render(), names="value")
+        self.mask_image = W.Image(format="png", layout=W.Layout(width="48%")).add_class("wb-mask-image")
+        self.timeline_image = W.Image(format="png", layout=W.Layout(width="48%")).add_class("wb-timeline-image")
+        self.kv_image = W.Image(format="png", layout=W.Layout(width="80%")).add_class("wb-kv-image")
+        self.mask_ascii = W.HTML()
+        self.widget = W.VBox([
+            W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
+            W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
+                   + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
+            self.status, self.error, W.HBox([self.slider, self.slider_label]),
+            W.HBox([self.mask_image, self.timeline_image]), self.kv_image, self.mask_ascii,
+        ])
+        self.sched.record()  # the engine as it is now, whatever was called since the last one
+        self._follow_history()
+
+    # -- actions: call the engine, then snapshot and re-render ------------------------
+    def on_submit(self) -> None:
+        """Submit the prompt box's text with the max-tokens box's value."""
+        self._act(lambda s: s.submit(Request(prompt=self.prompt.value, max_tokens=self.max_tokens.value)))
+
+    def on_admit(self) -> None:
+        """``sched.admit()``."""
+        self._act(lambda s: s.admit())
+
+    def on_step(self) -> None:
+        """``sched.step()``."""
+        self._act(lambda s: s.step())
+
+    def on_filter(self) -> None:
+        """``sched.filter()``."""
+        self._act(lambda s: s.filter())
+
+    def on_run(self) -> None:
+        """Up to N iterations of the engine's loop (``run(max_steps=1)``: admit, step,
+        filter); each engine call records a snapshot, so the slider can scrub every step."""
+        def run(s: Scheduler) -> None:
+            for _ in range(self.run_steps.value):
+                if s.idle:
+                    break
+                s.run(max_steps=1)
+        self._act(run)
+
+    def on_reset(self) -> None:
+        """Replace ``panel.sched`` by ``reset(panel.sched)``."""
+        def reset(s: Scheduler) -> None:
+            self.sched = self._reset(s)
+        self._act(reset)
+
+    def _act(self, call: Callable[[Scheduler], Any]) -> None:
+        """Run ``call(sched)``; show its error, if any, in the error label (cleared on
+        success); then snapshot (a failed call may have changed the engine part way, e.g.
+        during Run N steps) and re-render."""
+        try:
+            call(self.sched)
+            self.error.value = ""
+        except Exception as exc:  # shown in the panel, never swallowed silently
+            self.error.value = (f"<span style='color:#c0392b'>error: {html.escape(type(exc).__name__)}: "
+                                f"{html.escape(str(exc))}</span>")
+        self.sched.record()
+        self._follow_history()
+
+    # -- rendering ---------------------------------------------------------------------
+    def _follow_history(self) -> None:
+        """Point the slider at the newest snapshot and re-render."""
+        last = len(self.sched.history) - 1
+        self._quiet = True
+        try:
+            self.slider.max = last
+            self.slider.value = last
+        finally:
+            self._quiet = False
+        self.render()
+
+    @property
+    def shown(self) -> Snapshot:
+        """The snapshot the slider points at."""
+        history = self.sched.history
+        return history[min(self.slider.value, len(history) - 1)]
+
+    def render(self) -> None:
+        """Re-render the status, the images and the ASCII masks from the shown snapshot."""
+        snap, history = self.shown, list(self.sched.history)
+        events = self.sched.report().events
+        for image, fig in ((self.mask_image, render_masks(snap)), (self.kv_image, render_kv(snap, history)),
+                           (self.timeline_image, render_timeline(events[events.step <= snap.step], x="step"))):
+            image.value = style.figure_png(fig, dpi=IMAGE_DPI)
+        self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
+        self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
+        self.status.value = status_text(history[-1])  # last: when it changes, the images have too
+
+    # -- display -----------------------------------------------------------------------
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def static(self) -> HTML:
+        """The panel's current views without widgets: status, PNG images and ASCII
+        masks as one HTML output (shows in nbclient/nbval runs and static HTML exports)."""
+        images = "".join(f"<img src='data:image/png;base64,{base64.b64encode(w.value).decode()}' "
+                         "style='max-width:100%'/>"
+                         for w in (self.mask_image, self.kv_image, self.timeline_image))
+        return HTML(f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
+                    f"{self.mask_ascii.value}</div>")
+

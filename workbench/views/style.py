@@ -1,0 +1,37 @@
+"""What the views share: one colour per kind of cache slot or span, legends, PNG export.
+
+Knows: matplotlib. Must not know: the engine. Every view uses these colours, so a padding
+slot is the same grey in the mask heatmap, the KV geometry bars and the legend.
+"""
+
+from __future__ import annotations
+
+import io
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+PADDING = "#d9d9d9"  # masked slot: left padding, or outside a sliding window
+ATTENDED = "#3b7dd8"  # cached token the row attends to (also: decode spans)
+FED = "#e8590c"  # the slot of the token fed at the next step
+UNUSED = "#f4f4f4"  # allocated capacity not in use yet
+EXPIRED = "#9e9e9e"  # ring-buffer slot holding a token outside the window
+QUEUED = "#c7c7c7"
+PREFILL = "#f2a541"
+WAITING = "#b39ddb"  # finished, still in the batch until filter()
+
+
+def legend(fig: Figure, entries: list[tuple], ncol: int | None = None) -> None:
+    """A figure-level legend of ``(label, colour)`` or ``(label, colour, hatch)`` patches,
+    below the axes."""
+    handles = [Patch(facecolor=e[1], edgecolor="#666666", hatch=e[2] if len(e) > 2 else None, label=e[0])
+               for e in entries]
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol or len(entries),
+               fontsize="small", frameon=False)
+
+
+def figure_png(fig: Figure, dpi: int = 90) -> bytes:
+    """The figure rendered as PNG bytes (Agg, no pyplot state)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()

@@ -14,7 +14,7 @@ import workbench as wb
 from workbench.blas import STATUS as BLAS
 from workbench.costmodel import fit_cost_model, measure_costs
 
-model_path = sys.argv[1] if len(sys.argv) > 1 else str(wb.BUNDLED_MODEL)
+model_path = sys.argv[1] if len(sys.argv) > 1 else str(wb.loading.RANDOM_MODEL)
 machine = f"{platform.system().lower()}-{platform.machine()}"
 default_out = Path(__file__).resolve().parent.parent / "data" / "costmodels" / f"{Path(model_path).name}-{machine}.json"
 out = Path(sys.argv[2]) if len(sys.argv) > 2 else default_out

@@ -17,19 +17,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import sysconfig
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text, llama, mamba2, qwen3, qwen3_next
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from model_folder import stdlib_dir, train_bpe, write_model_folder
+from tokenizers import Tokenizer
 
 SEED = 0
 VOCAB_SIZE = 1024
-EOS = "<|endoftext|>"
 # Fixed, long-lived stdlib modules: the tokenizer corpus.
 CORPUS_FILES = [
     "textwrap.py", "string.py", "heapq.py", "bisect.py", "fractions.py",
@@ -146,45 +144,20 @@ FAMILIES = {
 
 def corpus_texts() -> list[str]:
     """The tokenizer's training texts: the fixed stdlib files, read in order."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    return [(stdlib / name).read_text(encoding="utf-8") for name in CORPUS_FILES]
+    return [(stdlib_dir() / name).read_text(encoding="utf-8") for name in CORPUS_FILES]
 
 
 def train_tokenizer() -> Tokenizer:
     """A byte-level BPE of ``VOCAB_SIZE`` tokens with ``EOS`` as id 0."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus_texts(), trainer=trainer)
-    return tok
+    return train_bpe(corpus_texts(), VOCAB_SIZE)
 
 
 def write_model(out: Path, arch, config: dict, tok: Tokenizer) -> None:
     """Write random weights of mlx-lm module ``arch`` for ``config`` plus the tokenizer."""
-    out.mkdir(parents=True, exist_ok=True)
     mx.random.seed(SEED)
     model = arch.Model(arch.ModelArgs.from_dict(config))
     mx.eval(model.parameters())
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tok.save(str(out / "tokenizer.json"))
-    tok_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS,
-        "bos_token": None,
-        "unk_token": None,
-        "model_max_length": config.get("max_position_embeddings", 2048),
-        "clean_up_tokenization_spaces": False,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
-    n_params = sum(v.size for v in weights.values())
+    n_params = write_model_folder(out, config, dict(tree_flatten(model.parameters())), tok)
     (out / "README.md").write_text(
         f"# {out.name}\n\nRandom weights (seed {SEED}) of mlx-lm's `{config['model_type']}` "
         f"architecture, {n_params:,} parameters, float32; a byte-level BPE tokenizer of "

@@ -17,6 +17,7 @@ os.environ.setdefault("WORKBENCH_BLAS", "off")  # before workbench (and mlx) is 
 import pytest
 
 import workbench as wb
+from workbench.loading import RANDOM_MODEL
 from workbench.workloads import prompt_of_length
 
 
@@ -34,8 +35,15 @@ class FakeClock:
 
 @pytest.fixture(scope="session")
 def bundled():
-    """``(model, tokenizer)`` of the bundled tiny-llama, loaded through mlx_lm.load."""
+    """``(model, tokenizer)`` of the bundled default model (the trained tiny-code), loaded
+    through mlx_lm.load."""
     return wb.load()
+
+
+@pytest.fixture(scope="session")
+def random_llama():
+    """``(model, tokenizer)`` of tiny-llama, the random-weight model of another shape."""
+    return wb.load(RANDOM_MODEL)
 
 
 @pytest.fixture

@@ -7,10 +7,13 @@ import pytest
 
 import workbench as wb
 
+OUTSIDE = 1_000_000  # a token id beyond any bundled model's vocabulary
+
+# (fields, message regex); "{vocab}" stands for the bundled model's vocabulary size
 BAD = [
     (dict(prompt=""), "prompt"),
     (dict(prompt=[]), "prompt"),
-    (dict(prompt=[1, 5000]), r"prompt\[1\] = 5000 is outside the vocabulary \[0, 1024\)"),
+    (dict(prompt=[1, OUTSIDE]), r"prompt\[1\] = 1000000 is outside the vocabulary \[0, {vocab}\)"),
     (dict(prompt=[-1]), "prompt"),
     (dict(prompt=[1.5]), "prompt"),
     (dict(prompt=42), "prompt"),
@@ -22,10 +25,10 @@ BAD = [
     (dict(prompt=[1], temperature=0.5, top_p=0.0), r"top_p must be a number in \(0, 1\]"),
     (dict(prompt=[1], temperature=0.5, top_k=-1), "top_k"),
     (dict(prompt=[1], top_p=0.9), "temperature > 0"),
-    (dict(prompt=[1], stop_ids=[2000]), "stop_ids"),
+    (dict(prompt=[1], stop_ids=[OUTSIDE]), "stop_ids"),
     (dict(prompt=[1], stop_ids=3), "stop_ids"),
     (dict(prompt=[1], logit_bias={5: float("nan")}), r"logit_bias\[5\] must be a finite number"),
-    (dict(prompt=[1], logit_bias={99999: 1.0}), r"logit_bias\[0\] = 99999 is outside the vocabulary"),
+    (dict(prompt=[1], logit_bias={OUTSIDE: 1.0}), r"logit_bias\[0\] = 1000000 is outside the vocabulary"),
     (dict(prompt=[1], logit_bias=[1, 2]), "logit_bias must be a mapping"),
     (dict(prompt=[1], seed=-2), "seed must be an int >= 0"),
     (dict(prompt=[1], min_p=0.1), "min_p needs temperature > 0"),
@@ -41,9 +44,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("fields,message", BAD)
-def test_bad_request_field_raises_value_error_naming_it(make_sched, fields, message):
+def test_bad_request_field_raises_value_error_naming_it(bundled, make_sched, fields, message):
     sched = make_sched()
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message.replace("{vocab}", str(bundled[0].args.vocab_size))):
         sched.submit(wb.Request(**fields))
     assert sched.idle and sched.events == []
 

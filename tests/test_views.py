@@ -208,10 +208,10 @@ def panel(make_sched, prompt):
 
 def test_step_button_steps_the_engine_and_changes_label_and_mask_image(panel):
     label, image = panel.status.value, panel.mask_image.value
-    assert label == "step 0 · 2 row(s) · 1,048,576 KV bytes · queue []"
+    assert label == "step 0 · 2 row(s) · 1,310,720 KV bytes · queue []"
     panel.buttons["Step"].click()
     assert panel.sched.step_index == 1
-    assert panel.status.value == "step 1 · 2 row(s) · 1,048,576 KV bytes · queue []"
+    assert panel.status.value == "step 1 · 2 row(s) · 1,310,720 KV bytes · queue []"
     assert bytes(panel.mask_image.value) != bytes(image) and bytes(panel.mask_image.value).startswith(b"\x89PNG")
     assert "uid 0 | # # # # # # @" in panel.mask_ascii.value
 

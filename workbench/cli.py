@@ -42,6 +42,15 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_job(args.quick, Path(args.out) if args.out else None)
 
 
+def _margins(args: argparse.Namespace) -> int:
+    from .loading import load
+    from .margins import demo_margins
+
+    model, tokenizer = load(args.model) if args.model else load()
+    print(demo_margins(model, tokenizer).text())
+    return 0
+
+
 def _info(args: argparse.Namespace) -> int:
     import platform
     from importlib.metadata import version
@@ -94,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="output folder for benchmarks.md and benchmarks/ "
                    "(default ./docs, or ./workbench-out with --quick)")
     b.set_defaults(func=_bench)
+    m = sub.add_parser("margins", help="how often greedy decoding nearly ties over the demo workload")
+    m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
+    m.set_defaults(func=_margins)
     i = sub.add_parser("info", help="print versions, the MLX device and the active BLAS")
     i.set_defaults(func=_info)
     return p

@@ -13,7 +13,7 @@ from typing import Callable
 import pandas as pd
 
 from . import oracle
-from .loading import load
+from .loading import BUNDLED_MODEL, load
 from .scheduler import Scheduler
 from .views.timeline import render_timeline
 from .workloads import demo_workload
@@ -60,7 +60,7 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
     sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size)
     workload = demo_workload(tokenizer, max_tokens)
     echo(f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
-         f"prefill_step_size {prefill_step_size}, model {model or 'bundled tiny-llama'}")
+         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}")
     report = sched.run(workload)
     echo(requests_table(report.requests))
     echo(f"summary: {report.summary()}")

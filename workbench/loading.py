@@ -11,7 +11,10 @@ from typing import Any
 import mlx_lm
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-BUNDLED_MODEL = DATA_DIR / "models" / "tiny-llama"
+# The default: a small llama trained on CPython's stdlib (scripts/train_tiny.py).
+BUNDLED_MODEL = DATA_DIR / "models" / "tiny-code"
+# Random weights, same architecture family: for tests of mechanics on another shape.
+RANDOM_MODEL = DATA_DIR / "models" / "tiny-llama"
 
 
 def load(path_or_repo: str | Path = BUNDLED_MODEL) -> tuple[Any, Any]:
@@ -19,7 +22,8 @@ def load(path_or_repo: str | Path = BUNDLED_MODEL) -> tuple[Any, Any]:
 
     Mirrors ``mlx_lm.load``: ``path_or_repo`` is a local folder in mlx-lm's format
     (config.json, safetensors weights, tokenizer files) or a Hugging Face repo id, which
-    mlx-lm downloads (this needs network access). Defaults to the bundled tiny model.
+    mlx-lm downloads (this needs network access). Defaults to the bundled trained
+    model, ``tiny-code``.
 
     Returns:
         ``(model, tokenizer)``: an ``mlx.nn.Module`` and an mlx-lm ``TokenizerWrapper``.

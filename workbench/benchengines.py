@@ -52,9 +52,11 @@ class WorkbenchEngine:
                                clock=clock, **scheduler_kwargs)
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
+        """Queue one request (prompt ids, max_tokens); returns its id."""
         return self.sched.submit(Request(prompt=list(prompt_ids), max_tokens=max_tokens, stop_ids=[]))
 
     def iterate(self) -> int:
+        """One engine iteration (``admit(); step(); filter()``); returns the tokens produced."""
         self.sched.admit()
         tokens = sum(e.kind == "token" for e in self.sched.step())
         self.sched.filter()
@@ -62,13 +64,16 @@ class WorkbenchEngine:
 
     @property
     def idle(self) -> bool:
+        """True when nothing is queued, prefilling or running."""
         return self.sched.idle
 
     @property
     def events(self) -> list[Event]:
+        """The scheduler's event log as a DataFrame (time_s in seconds)."""
         return self.sched.events
 
     def close(self) -> None:
+        """Release the engine (nothing to free for the workbench)."""
         pass
 
 
@@ -94,12 +99,14 @@ class MlxLmEngine:
         self._iterations = 0
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
+        """Insert one request into mlx-lm's ``BatchGenerator`` (mirrors ``insert``); returns its uid."""
         uid = self.gen.insert([list(prompt_ids)], max_tokens=[max_tokens])[0]
         self._active.add(uid)
         self.events.append(Event("submit", uid, self._iterations, self.clock(), n_tokens=len(prompt_ids)))
         return uid
 
     def iterate(self) -> int:
+        """One ``BatchGenerator.next_generated()`` call, its tokens stamped as token/finish events; returns the tokens produced."""
         responses = self.gen.next_generated()
         now_s = self.clock()
         for r in responses:
@@ -112,9 +119,11 @@ class MlxLmEngine:
 
     @property
     def idle(self) -> bool:
+        """True when every inserted request has finished."""
         return not self._active
 
     def close(self) -> None:
+        """Close the ``BatchGenerator`` (mirrors its ``close``)."""
         self.gen.close()
 
 

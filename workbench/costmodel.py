@@ -85,6 +85,7 @@ class CostModel:
         return np.array([self.decode_s_per_step, self.decode_s_per_row, self.decode_s_per_kv_token])
 
     def to_dict(self) -> dict[str, Any]:
+        """The fitted coefficients (seconds, per token / per pair / per row) as a JSON-ready dict."""
         return asdict(self)
 
     @classmethod
@@ -101,6 +102,10 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
+        """Read a cost model written by ``save`` / ``scripts/calibrate_cost_model.py``.
+
+        Raises:
+            FileNotFoundError: for a missing file."""
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def text(self) -> str:

@@ -36,10 +36,12 @@ class MarginReport:
 
     @property
     def n_steps(self) -> int:
+        """Decode steps pooled (tokens)."""
         return int(self.margins.size)
 
     @property
     def n_near_ties(self) -> int:
+        """Steps whose top-2 margin is below ``threshold``."""
         return int((self.margins < self.threshold).sum())
 
     @property

@@ -144,6 +144,7 @@ class SLO:
     tpot_s: float = math.inf
 
     def text(self) -> str:
+        """One line naming the SLO's limits in milliseconds."""
         fmt = lambda s: "none" if math.isinf(s) else f"{s * 1e3:g} ms"
         return f"SLO: TTFT <= {fmt(self.ttft_s)}, TPOT <= {fmt(self.tpot_s)}"
 

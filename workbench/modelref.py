@@ -69,6 +69,7 @@ class ModelRef:
 
     @property
     def label(self) -> str:
+        """Short name for tables: the folder name, marked when it is the stand-in."""
         return f"{Path(self.path).name}{' (stand-in)' if self.standin else ''}"
 
 

@@ -152,13 +152,16 @@ class OracleReport:
 
     @property
     def ok(self) -> bool:
+        """True when every row matches its reference."""
         return all(r.match for r in self.rows)
 
     @property
     def n_match(self) -> int:
+        """How many rows match."""
         return sum(r.match for r in self.rows)
 
     def text(self) -> str:
+        """One line per row (``RowResult.describe``)."""
         return "\n".join(r.describe() for r in self.rows)
 
 

@@ -43,6 +43,7 @@ class FCFS:
     name = "fcfs"
 
     def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids by arrival."""
         return [q.uid for q in sorted(queue, key=lambda q: q.arrival)]
 
 
@@ -52,6 +53,7 @@ class ShortestPromptFirst:
     name = "shortest-prompt-first"
 
     def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids by prompt tokens, then arrival."""
         return [q.uid for q in sorted(queue, key=lambda q: (q.prompt_tokens, q.arrival))]
 
 
@@ -61,6 +63,7 @@ class Priority:
     name = "priority"
 
     def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids by priority (highest first), then arrival."""
         return [q.uid for q in sorted(queue, key=lambda q: (-q.priority, q.arrival))]
 
 

@@ -105,6 +105,7 @@ class Replay:
     wall_s: float = 0.0
 
     def text(self) -> str:
+        """One line: the replay's name, mode and its report's summary (requests, tokens, throughput, TTFT and TPOT p50/p95)."""
         return f"{self.name} [{self.mode}]: {self.report.summary()}"
 
 

@@ -69,9 +69,11 @@ class DecodeCost:
     attention_flops_per_token: int  # per context token per row: 4 * n_layers * n_heads * head_dim
 
     def bytes_per_step(self, rows: int, context_tokens: float) -> float:
+        """Bytes one decode step moves: weights read plus B x context x KV bytes per token."""
         return self.weight_bytes + rows * context_tokens * self.kv_bytes_per_token
 
     def flops_per_step(self, rows: int, context_tokens: float) -> float:
+        """Floating-point operations of one decode step (matmuls and attention)."""
         return rows * (2 * self.weight_params + context_tokens * self.attention_flops_per_token)
 
 

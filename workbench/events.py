@@ -13,7 +13,9 @@ Kinds (``Event.kind``):
               those found in the prompt cache
 ``prefill``   one prefill chunk of ``uid``; ``n_tokens`` = its real (non-pad)
               prompt tokens in the chunk
-``join``      the prefilled row entered the running batch (cache ``extend``)
+``join``      the prefilled row entered the running batch at ``row``; ``message``
+              says how: ``free slot`` (written into an evicted row's cache row)
+              or ``extend`` (appended by the caches' ``extend``)
 ``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
 ``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
               ``error`` (``message`` says why) or ``abort``

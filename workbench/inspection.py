@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import caches as kv
+from . import slots
 from .report import Report, build_report
 from .request import ValidRequest
 from .sampling import RowSampler
@@ -55,8 +56,12 @@ class Inspection:
     @property
     def batch_cache(self) -> list[Any] | None:
         """The running batch's per-layer mlx-lm caches (``None`` when no row runs), for
-        inspection and oracles; do not mutate."""
-        return self._cache
+        inspection and oracles; do not mutate. Row ``b`` is running row ``b``: while
+        evicted rows' slots wait for a joiner (:attr:`Snapshot.free_slots`) this is a lazy
+        view that leaves them out, as mlx-lm's ``filter`` would."""
+        if not self._cache or not self._free:
+            return self._cache
+        return slots.view_rows(self._cache, self._live_slots())
 
     def request_of(self, uid: int) -> ValidRequest:
         """The validated request (prompt ids, stop ids) behind ``uid``.
@@ -100,9 +105,11 @@ class Inspection:
         changes nothing (the engine records :attr:`history` itself)."""
         B = len(self._rows)
         groups = []
-        for name, layers in (kv.layer_groups(self._cache) if self._cache else {}).items():
+        cache = self.batch_cache  # free slots left out
+        allocated = kv.layer_groups(self._cache) if self._cache else {}  # free slots counted
+        for name, layers in (kv.layer_groups(cache) if cache else {}).items():
             first = layers[0][1]
-            nbytes = sum(int(c.nbytes) for _, c in layers)
+            nbytes = sum(int(c.nbytes) for _, c in allocated[name])
             labels = tuple(label for label, _ in layers)
             if name == "ssm":
                 geo = kv.ssm_geometry(first, B)
@@ -130,6 +137,7 @@ class Inspection:
             groups=tuple(groups),
             queue=tuple(self._queue),
             prefilling=tuple((uid, done, total) for uid, done, total in self._prefill_progress()),
+            free_slots=len(self._free),
         )
         return snap
 

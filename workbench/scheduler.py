@@ -16,7 +16,9 @@ Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
   their tokens; the whole prompt otherwise), and when the group's prompts are in its
   cache it *joins*: one ``[n, 1]`` forward feeds each joiner's last prompt token
   (computing its first token's distribution, as mlx-lm's ``GenerationBatch`` does),
-  then the caches' ``extend`` appends the rows to the running batch.
+  then each joiner is written into a *free slot* (the cache row of a request evicted
+  since the last step, :mod:`workbench.slots`) or, when none is free, the caches'
+  ``extend`` appends it to the running batch.
 - ``step()`` reads one token per running row (the distribution computed by the
   previous forward) and feeds it: one ``[B, 1]`` forward. With ``pipeline`` that
   forward is launched (``mx.async_eval``) *before* the tokens are read, so the model
@@ -25,8 +27,12 @@ Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
   in the next ``step()``**: TTFT runs from ``submit`` to that ``token`` event, queueing
   and prefill included. Stop ids and ``max_tokens`` are checked on read; rows finished
   earlier but not yet evicted are fed too, their outputs discarded.
-- ``filter()`` evicts finished rows with the caches' ``filter`` (which trims the left
-  padding all remaining rows share).
+- ``filter()`` evicts finished rows. With ``reuse_slots`` their cache rows stay as free
+  slots for the next join (one row written instead of the whole batch copied twice, by
+  mlx-lm's ``filter`` then ``extend``); free slots that the next ``admit()`` does not
+  fill (or the next ``step()``, when called without ``admit()``) are dropped with the
+  caches' ``filter`` (which trims the left padding all remaining rows share), so no
+  forward ever runs over a free slot.
 
 Invariant between calls: every running row's latest token is in the cache, and the
 distribution of its next token is pending. So a snapshot's masks are those of the next
@@ -46,6 +52,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import caches as kv
+from . import slots
 from .budget import kv_profile, projected_bytes
 from .decode import Pending, launch
 from .events import Event
@@ -68,6 +75,7 @@ class _Group:
     members: list[tuple[int, ValidRequest]]
     prefill: PrefillGroup
     last_tokens: list[int]
+    lengths: list[int]  # tokens in each row's cache once joined (its whole input)
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -100,6 +108,9 @@ class Scheduler(Inspection):
         history_size: how many snapshots :attr:`history` keeps (a ring buffer); one is
             taken after every ``admit``/``step``/``filter`` that changed the batch. ``0``
             turns recording off (no snapshot cost per step).
+        reuse_slots: keep evicted rows' cache rows as free slots for the next join
+            (``True``), or compact at once with mlx-lm's ``filter`` and join with
+            ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
 
     Raises:
         ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
@@ -112,7 +123,7 @@ class Scheduler(Inspection):
                  history_size: int = 64, prompt_concurrency: int | None = None,
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
-                 kv_budget_bytes: int | None = None, prompt_cache: Any = None):
+                 kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model = model
         self.tokenizer = tokenizer
@@ -141,6 +152,8 @@ class Scheduler(Inspection):
         self._pending: Pending | None = None
         self._done: dict[int, _Row] = {}
         self._cache: list[Any] | None = None
+        self.reuse_slots = bool(reuse_slots)
+        self._free: list[int] = []  # cache rows of evicted requests, kept for the next joiner
         self._requests: dict[int, ValidRequest] = {}
         self._seeds: dict[int, int] = {}
         self._aborted: set[int] = set()
@@ -205,6 +218,7 @@ class Scheduler(Inspection):
                         self._log("prefill", uid, n_tokens=k)
                 continue
             self._join(group)
+        self._compact()  # free slots no joiner took
         if len(self.events) > start:
             self._record()
         return self.events[start:]
@@ -251,7 +265,7 @@ class Scheduler(Inspection):
         for (uid, v), inp in zip(members, inputs):
             self._log("admit", uid, n_tokens=len(inp), n_cached=self._cached_tokens.get(uid, 0))
         group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
-        self._group = _Group(members, group, [inp[-1] for inp in inputs])
+        self._group = _Group(members, group, [inp[-1] for inp in inputs], [len(inp) for inp in inputs])
         return True
 
     def _preempt_for(self, uid: int) -> bool:
@@ -280,10 +294,7 @@ class Scheduler(Inspection):
         b = next((i for i, r in enumerate(self._rows) if r is row), None)
         if b is None or row.finish_reason is not None:
             raise ValueError(f"uid {uid} is not a running, unfinished row; only those can be preempted")
-        keep = [i for i in range(len(self._rows)) if i != b]
-        self._cache = kv.evict(self._cache, keep)
-        self._pending = self._pending.take(keep) if keep else None
-        self._rows = [self._rows[i] for i in keep]
+        self._drop([i for i in range(len(self._rows)) if i != b])
         self._preempted[uid] = row
         order = list(self._queue.items()) + [(uid, row.valid)]
         self._queue = dict(sorted(order, key=lambda item: item[0]))  # uids grow with arrival
@@ -303,13 +314,67 @@ class Scheduler(Inspection):
         contexts = [self._context(r, None, b) for b, r in enumerate(rows)]
         pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], contexts,
                          [len(r.tokens) for r in rows], self.pipeline)
-        self._cache = kv.join(self._cache, group.prefill.caches)
-        self._pending = Pending.concat(self._pending, pending)
-        first_row = len(self._rows)
-        self._rows += rows
+        order = self._place(group.prefill.caches, group.lengths)
+        n_live = len(self._rows)
+        self._pending = Pending.concat(self._pending, pending).take(
+            [i if src == "live" else n_live + i for src, i in order])
+        self._rows = [self._rows[i] if src == "live" else rows[i] for src, i in order]
         self._group = None
+        rows_of = {i: b for b, (src, i) in enumerate(order) if src in ("free slot", "extend")}
         for i, (uid, v) in enumerate(group.members):
-            self._log("join", uid, row=first_row + i, n_tokens=len(v.prompt_ids))
+            self._log("join", uid, row=rows_of[i], n_tokens=len(v.prompt_ids), message=order[rows_of[i]][0])
+
+    def _place(self, joiners: list[Any], lengths: list[int]) -> list[tuple[str, int]]:
+        """Put the joiners' cache rows into the batch cache: into free slots where they
+        fit (:func:`workbench.slots.fill_slots`), the rest by ``extend``; drops unused
+        free slots. Returns the new row order as ``("live", running row)`` /
+        ``("free slot" or "extend", joiner index)`` pairs."""
+        live = self._live_slots()
+        by_slot: dict[int, tuple[str, int]] = {p: ("live", b) for b, p in enumerate(live)}
+        width = slots.fill_width(self._cache) if self._free else 0
+        fit = [i for i, n in enumerate(lengths) if n <= width][: len(self._free)]
+        if fit and slots.can_fill(self._cache, joiners, [lengths[i] for i in fit]):
+            used = self._free[: len(fit)]
+            slots.fill_slots(self._cache, used, joiners, fit, [lengths[i] for i in fit])
+            by_slot.update({p: ("free slot", i) for p, i in zip(used, fit)})
+            held = [len(r.valid.prompt_ids) + r.fed for r in self._rows] + [lengths[i] for i in fit]
+            slots.trim_shared_padding(self._cache, max(held))
+        else:
+            fit = []
+        if len(by_slot) < len(live) + len(self._free):  # free slots nobody took
+            self._cache = kv.evict(self._cache, sorted(by_slot))
+        self._free = []
+        order = [by_slot[p] for p in sorted(by_slot)]
+        rest = [i for i in range(len(lengths)) if i not in fit]
+        if rest:
+            self._cache = kv.join(self._cache, joiners if not fit else kv.evict(joiners, rest))
+            order += [("extend", i) for i in rest]
+        return order
+
+    def _live_slots(self) -> list[int]:
+        """Cache row of each running row (row order): the rows that are not free slots."""
+        free = set(self._free)
+        return [p for p in range(len(self._rows) + len(free)) if p not in free]
+
+    def _drop(self, keep: list[int]) -> None:
+        """Remove running rows not in ``keep`` (sorted row indices) and their pending
+        tokens; their cache rows become free slots (``reuse_slots``) or are filtered out."""
+        live = self._live_slots()
+        if not keep:
+            self._cache, self._free = None, []
+        elif self.reuse_slots:
+            self._free = sorted(set(self._free) | {p for b, p in enumerate(live) if b not in keep})
+        else:
+            self._cache = kv.evict(self._cache, [live[b] for b in keep])
+            self._free = []
+        self._pending = self._pending.take(keep) if keep else None
+        self._rows = [self._rows[b] for b in keep]
+
+    def _compact(self) -> None:
+        """Drop free slots from the batch cache (mlx-lm's ``filter``) before a forward."""
+        if self._free:
+            self._cache = kv.evict(self._cache, self._live_slots())
+            self._free = []
 
     def step(self) -> list[Event]:
         """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
@@ -319,6 +384,7 @@ class Scheduler(Inspection):
         """
         if not self._rows:
             return []
+        self._compact()
         current = self._pending
         samplers = [r.sampler for r in self._rows]
         contexts = [self._context(r, current, b) for b, r in enumerate(self._rows)]
@@ -407,19 +473,18 @@ class Scheduler(Inspection):
             return []
         keep = [b for b, r in enumerate(self._rows) if r.finish_reason is None]
         if self.prompt_cache is not None:
+            live = self._live_slots()
             for b in gone:
                 row = self._rows[b]
                 if row.finish_reason in ("stop", "length"):
-                    solo = [c.extract(b) for c in self._cache]
+                    solo = [c.extract(live[b]) for c in self._cache]
                     mx.eval([c.state for c in solo])
                     self.prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, solo, row.fed - len(row.tokens))
-        self._cache = kv.evict(self._cache, keep)
-        self._pending = self._pending.take(keep) if keep else None
         events = []
         for b in gone:
             self._done[self._rows[b].uid] = self._rows[b]
             events.append(self._log("evict", self._rows[b].uid, row=b))
-        self._rows = [self._rows[b] for b in keep]
+        self._drop(keep)
         self._record()
         return events
 

@@ -109,6 +109,9 @@ class Snapshot:
         queue: uids waiting for admission, in arrival order.
         prefilling: ``(uid, prefilled_tokens, tokens_to_prefill)`` of the joining group
             (all prompt tokens but the last are prefilled before the join).
+        free_slots: cache rows of evicted requests held for the next joiner (not among
+            the ``B`` rows; ``kv_bytes`` counts them): the next join writes into them,
+            else the next ``step()`` drops them (see :mod:`workbench.slots`).
     """
 
     step: int
@@ -126,6 +129,7 @@ class Snapshot:
     groups: tuple[LayerGroup, ...] = ()
     queue: tuple[int, ...] = ()
     prefilling: tuple[tuple[int, int, int], ...] = ()
+    free_slots: int = 0
 
     @property
     def batch_size(self) -> int:
@@ -159,6 +163,9 @@ class Snapshot:
             lines.append(f"  KV budget: {self.kv_projected_bytes:,} of {self.kv_budget_bytes:,} bytes projected in use")
         for uid, done, total in self.prefilling:
             lines.append(f"  prefilling uid {uid}: {min(done, total)}/{total} prompt tokens")
+        if self.free_slots:
+            lines.append(f"  free slots: {self.free_slots} (evicted rows' cache rows: the next admit() writes joiners "
+                         "into them and drops the rest)")
         attention = any(g.name != "ssm" for g in self.groups)
         for r, uid in enumerate(self.uids):
             state = "finished" if self.finished[r] else "running"

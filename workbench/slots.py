@@ -1,0 +1,167 @@
+"""Free slots: a finished row's place in the batch cache, reused by the next joiner.
+
+Knows: the storage of mlx-lm's ``BatchKVCache`` (keys and values
+``[B, n_kv_heads, S, head_dim]``, ``left_padding`` ``[B]``, ``offset`` ``[B]``, the write
+index ``_idx``) and ``ArraysCache`` (states ``[B, ...]``). Must not know: requests,
+events, the scheduling policy.
+
+mlx-lm evicts a row with ``filter`` (a gather that copies every kept row) and joins one
+with ``extend`` (a concatenate that copies every running row), so each costs about as
+much memory traffic as a decode step, which reads the same cache once. When a row
+finishes and another is ready to join, the joiner can instead be *written into the
+finished row's slot*: one slice update of ``[1, n_kv_heads, S, head_dim]`` per layer, the
+slot's older positions zeroed and masked by a new left padding. Cost: one row, not the
+batch. Example, slot 1 (uid 7 finished) reused by a joiner of 2 tokens, ``_idx = 4``::
+
+    before (uid 7 evicted)          after fill_slots
+    row 0  uid 3  [a b c d]  lp 0    row 0  uid 3  [a b c d]  lp 0
+    row 1  ----   [p q r s]  free    row 1  uid 9  [0 0 x y]  lp 2, offset 2
+    row 2  uid 5  [0 e f g]  lp 1    row 2  uid 5  [0 e f g]  lp 1
+
+The result is the cache ``filter`` + ``extend`` would give, with rows in a different
+order and the shared left padding not trimmed; the mask each row gets (mlx-lm's
+``create_causal_mask`` from ``left_padding``) admits exactly the same keys. Layers of any
+other kind (``BatchRotatingKVCache`` rings) make :func:`can_fill` refuse, and the
+scheduler falls back to ``filter`` + ``extend``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList
+
+from .caches import LayerCaches
+
+
+def _flat(caches: LayerCaches) -> list[Any]:
+    out = []
+    for c in caches:
+        out += list(c.caches) if isinstance(c, CacheList) else [c]
+    return out
+
+
+def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int]) -> bool:
+    """True when every layer can take joiner rows into slots: all are non-empty
+    ``BatchKVCache`` with ``_idx >= max(lengths)`` (the joiners fit left of the write
+    index, no row moves) or ``ArraysCache`` outside prefill (no ``left_padding`` /
+    ``lengths``), the same kind in ``running`` and ``joiners``.
+
+    Args:
+        lengths: tokens in each joiner row's cache (its prompt, fed entirely).
+    """
+    need = max(lengths, default=0)
+    for r, q in zip(_flat(running), _flat(joiners), strict=True):
+        if type(r) is not type(q):
+            return False
+        if isinstance(r, BatchKVCache):
+            if r.keys is None or q.keys is None or r._idx < need or q._idx < need:
+                return False
+        elif isinstance(r, ArraysCache):
+            if any(a is not None for a in (r.left_padding, r.lengths, q.left_padding, q.lengths)):
+                return False
+            if any(a is None for a in r.cache + q.cache):
+                return False
+        else:
+            return False
+    return True
+
+
+def _put(a: mx.array, slots: Sequence[int], values: Sequence[int]) -> mx.array:
+    """A new ``[B]`` array equal to ``a`` except ``a[slots[i]] = values[i]``."""
+    where = np.zeros(a.shape[0], bool)
+    full = np.zeros(a.shape[0], np.int64)
+    where[list(slots)] = True
+    full[list(slots)] = list(values)
+    return mx.where(mx.array(where), mx.array(full).astype(a.dtype), a)
+
+
+def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
+               rows: Sequence[int], lengths: Sequence[int]) -> None:
+    """Write joiner row ``rows[i]`` (``lengths[i]`` tokens, right-aligned at the
+    joiners' write index) into running slot ``slots[i]``, in place, lazily.
+
+    For a ``BatchKVCache`` layer the slot's keys and values over ``[0, _idx)`` become
+    zeros then the joiner's ``lengths[i]`` positions, right-aligned at the running
+    ``_idx``; ``left_padding[slot] = _idx - lengths[i]``, ``offset[slot] = lengths[i]``.
+    For an ``ArraysCache`` layer each state's slot row is replaced.
+
+    Raises:
+        ValueError: when :func:`can_fill` is False (nothing is changed then).
+    """
+    if not can_fill(running, joiners, lengths):
+        raise ValueError("fill_slots: these caches cannot take joiners into slots (see can_fill)")
+    for r, q in zip(_flat(running), _flat(joiners)):
+        if isinstance(r, ArraysCache):
+            for e, state in enumerate(r.cache):
+                for slot, j in zip(slots, rows):
+                    state[slot : slot + 1] = q.cache[e][j : j + 1]
+            continue
+        for slot, j, n in zip(slots, rows, lengths):
+            for name in ("keys", "values"):
+                dst, src = getattr(r, name), getattr(q, name)
+                _, H, _, D = src.shape  # [B, n_kv_heads, S, head_dim]
+                row = src[j : j + 1, :, q._idx - n : q._idx, :]
+                if r._idx > n:
+                    row = mx.concatenate([mx.zeros((1, H, r._idx - n, D), src.dtype), row], axis=2)
+                dst[slot : slot + 1, :, : r._idx, :] = row
+        r.left_padding = _put(r.left_padding, slots, [r._idx - n for n in lengths])
+        r.offset = _put(r.offset, slots, lengths)
+
+
+def view_rows(caches: LayerCaches, keep: Sequence[int]) -> LayerCaches:
+    """Shallow copies of ``caches`` with mlx-lm's ``filter(keep)`` applied to the copies:
+    the cache as compacting would leave it, for reading geometry (left padding, offsets,
+    masks). Nothing is evaluated or copied unless the copies' arrays are read; the
+    originals are unchanged."""
+    out = []
+    for c in caches:
+        if isinstance(c, CacheList):
+            view = copy.copy(c)
+            view.caches = tuple(view_rows(list(c.caches), keep))
+        else:
+            view = copy.copy(c)
+            if isinstance(c, ArraysCache):
+                view.cache = list(c.cache)
+            view.filter(list(keep))
+        out.append(view)
+    return out
+
+
+def fill_width(running: LayerCaches) -> int:
+    """Most tokens a joiner row may hold to fit a free slot without moving any row: the
+    smallest write index ``_idx`` over ``BatchKVCache`` layers (a large number when there
+    are none, e.g. a pure SSM model; ``0`` for an empty cache)."""
+    widths = [c._idx if c.keys is not None else 0 for c in _flat(running) if isinstance(c, BatchKVCache)]
+    return min(widths) if widths else 2**62
+
+
+def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
+    """Drop left padding that every row shares once it is at least a quarter of the
+    width, as the end of mlx-lm's ``BatchKVCache.filter`` does ("shift left to reduce
+    padding"): ``keys[..., m:, :]``, ``_idx -= m``, ``left_padding -= m``.
+
+    Joining into free slots never runs ``filter``, so without this a batch whose rows
+    keep being replaced would keep the width of its oldest row forever (every step
+    attends over the masked positions). Trimming makes the next write copy the cache
+    once, hence the threshold.
+
+    Args:
+        longest_row_tokens: the most tokens any row holds (the scheduler's count).
+
+    Returns:
+        ``m``, the positions dropped (0 when below the threshold).
+    """
+    width = fill_width(running)
+    m = width - longest_row_tokens
+    if m <= 0 or 4 * m < width or width == 2**62:
+        return 0
+    for c in _flat(running):
+        if isinstance(c, BatchKVCache):
+            c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
+            c._idx -= m
+            c.left_padding = c.left_padding - m
+    return m

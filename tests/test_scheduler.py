@@ -216,3 +216,18 @@ def test_model_with_an_unbatchable_cache_is_refused_naming_layer_and_type(bundle
 
     with pytest.raises(ValueError, match="layer 1: cache type QuantizedKVCache cannot be batched"):
         wb.Scheduler(QuantizedKVModel(), bundled[1])
+
+
+def test_history_recorded_without_waiting_equals_snapshots_taken_at_each_call(make_sched, prompt):
+    sched = make_sched(max_batch=2, history_size=200)
+    for i, (n, m) in enumerate([(9, 3), (20, 12), (5, 6), (14, 4)]):
+        sched.submit(wb.Request(prompt=prompt(n, 40 * i), max_tokens=m))
+    eager = []
+    while not sched.idle:
+        for call in (sched.admit, sched.step, sched.filter):
+            if call():
+                eager.append(sched.snapshot().text())  # waits for the forward the call launched
+    recorded = [s.text() for s in sched.history]  # captured lazily, converted only now
+    assert len(recorded) == len(eager) > 10
+    assert recorded == eager
+    assert any("free slots: 1" in t for t in recorded)

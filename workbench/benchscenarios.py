@@ -19,8 +19,10 @@ Scenarios, each a function returning DataFrames:
   ``max_tokens``, one arrival every few decode steps, by the clock); TTFT = first token −
   submit, ITL = gaps between consecutive tokens of a request (``metrics.token_gaps``).
 - :func:`join_cost`: joining one row into ``rows`` rows of ``context_tokens`` tokens (in
-  decode, random K/V): the engine's path (``caches.join`` = mlx-lm's ``extend``) versus
-  re-merging the whole batch (``extract`` every row, ``merge``), each over one decode step.
+  decode, random K/V) by the engine's two paths, into the free slot of an evicted row
+  (:func:`workbench.slots.fill_slots`) and by ``extend`` (``caches.join`` = mlx-lm's
+  ``extend``, when no slot is free), versus re-merging the whole batch (``extract`` every
+  row, ``merge``), each over one decode step.
 - :func:`head_of_line`: running rows decode while a long prompt joins (prefilled in
   chunks); :func:`head_of_line_numbers` gives the largest gap between two tokens of a
   running row while the joiner is prefilled and joins, one step and one chunk, from the
@@ -40,6 +42,7 @@ import pandas as pd
 from mlx_lm.models.cache import make_prompt_cache
 
 from . import caches as kv
+from . import slots
 from .benchengines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 from .events import events_frame
 from .metrics import request_metrics, token_gaps
@@ -182,13 +185,16 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_steps: int = 3) -> pd.DataFrame:
     """Seconds of one decode step of ``rows`` rows at ``context_tokens``, of joining one
-    more row (same context) by ``extend`` and of re-merging all ``rows + 1`` rows.
+    more row (same context) by ``extend``, of writing it into the free slot of a
+    ``rows + 1``-row batch, and of re-merging all ``rows + 1`` rows.
 
     The running batch is merged, then decoded ``warm_steps`` steps (so its cache has
     decode slack, as in the engine); each join works on shallow copies of the cache
     objects (``extend`` replaces their arrays, it does not write into them); one join of
-    each kind runs untimed first (fresh pages fault in on a first copy). Returns
-    one row per measurement: ``method`` (``step``, ``extend``, ``re-merge``), ``seconds``.
+    each kind runs untimed first (fresh pages fault in on a first copy). The free-slot
+    join writes into its batch in place, as the engine does, every time into the same
+    slot. Returns one row per measurement: ``method`` (``step``, ``free slot``,
+    ``extend``, ``re-merge``), ``seconds``.
     """
     running = kv.merge_rows(_filled_rows(model, rows, context_tokens))
     joiner = kv.merge_rows(_filled_rows(model, 1, context_tokens, seed=1))
@@ -209,9 +215,16 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
         solo = [[c.extract(b) for c in running] for b in range(rows)] + [[c.extract(0) for c in joiner]]
         return [c.state[:2] for c in kv.merge_rows(solo)]
 
-    _timed(extend), _timed(remerge)  # warm-up: the first copies of this size fault fresh pages in
+    spare = kv.merge_rows(_filled_rows(model, rows + 1, context_tokens, seed=2))  # slot `rows` is free
+    mx.eval([c.state for c in spare])
+
+    def free_slot() -> list[mx.array]:
+        slots.fill_slots(spare, [rows], joiner, [0], [context_tokens])
+        return [c.state[:2] for c in spare]
+
+    _timed(extend), _timed(remerge), _timed(free_slot)  # warm-up: first copies fault fresh pages in
     for _ in range(repeats):
-        out += [("extend", _timed(extend)), ("re-merge", _timed(remerge))]
+        out += [("free slot", _timed(free_slot)), ("extend", _timed(extend)), ("re-merge", _timed(remerge))]
     return pd.DataFrame(out, columns=["method", "seconds"])
 
 

@@ -12,7 +12,7 @@ use, each row left-padded by ``left_padding[b]`` positions.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -151,41 +151,55 @@ def _ints(a: mx.array) -> np.ndarray:
     return np.array(a).reshape(-1).astype(np.int64)
 
 
-def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> dict[str, Any]:
-    """Per-row geometry of one attention layer's batch cache, and its next-step mask.
+Geometry = Callable[[], dict[str, Any]]
 
-    Returns a dict with ``left_padding`` ``[B]`` (pad positions, tokens; for a ring that
-    has dropped old positions this can be negative, as in mlx-lm), ``offset`` ``[B]``
-    (RoPE position of each row's next token), ``kv_width_tokens`` (positions in use),
+
+def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
+    """Per-row geometry of one attention layer's batch cache, and its next-step mask,
+    captured now and converted to numpy when the returned function is called.
+
+    Capturing evaluates nothing (it only keeps mlx-lm's immutable arrays and builds
+    ``cache.make_mask(1)`` lazily), so the engine can record a snapshot right after
+    launching a forward without waiting for it; the call evaluates (and may wait).
+
+    The dict has ``left_padding`` ``[B]`` (pad positions, tokens; for a ring that has
+    dropped old positions this can be negative, as in mlx-lm), ``offset`` ``[B]`` (RoPE
+    position of each row's next token), ``kv_width_tokens`` (positions in use),
     ``capacity_tokens`` (allocated positions), ``mask`` ``[B, S]`` bool: what
     ``cache.make_mask(1)`` gives the layer at the next step. For a rotating cache also
     ``window_tokens``, ``write_index`` (the ring slot written next), ``wrapped`` and
     ``mask_temporal`` (the mask rolled back to oldest-first order).
     """
-    mx.eval(cache.left_padding, cache.offset)
-    B = cache.left_padding.shape[0]
-    out = {"left_padding": _ints(cache.left_padding), "offset": _ints(cache.offset),
-           "capacity_tokens": 0 if cache.keys is None else int(cache.keys.shape[2])}
+    left_padding, offset = cache.left_padding, cache.offset
+    B = left_padding.shape[0]
+    out: dict[str, Any] = {"capacity_tokens": 0 if cache.keys is None else int(cache.keys.shape[2]),
+                           "kv_width_tokens": int(cache.size())}
     if isinstance(cache, BatchRotatingKVCache):
-        mask = np.array(cache.make_mask(1, window_size=cache.max_size)).reshape(B, -1)
+        mask = cache.make_mask(1, window_size=cache.max_size)
         wrapped = bool(cache.rotated or cache._idx >= cache.max_size)
         write_index = 0 if cache._idx >= cache.max_size else int(cache._idx)
-        out.update(kv_width_tokens=int(cache.size()), window_tokens=int(cache.max_size),
-                   write_index=write_index, wrapped=wrapped,
-                   mask_temporal=np.roll(mask, -(write_index + 1), axis=-1) if wrapped else mask)
+        out.update(window_tokens=int(cache.max_size), write_index=write_index, wrapped=wrapped)
     else:
-        mask = np.array(cache.make_mask(1)).reshape(B, -1)
-        out.update(kv_width_tokens=int(cache.size()))
-    out["mask"] = mask
-    return out
+        mask = cache.make_mask(1)
+
+    def finish() -> dict[str, Any]:
+        rows = np.array(mask).reshape(B, -1)
+        geo = dict(out, left_padding=_ints(left_padding), offset=_ints(offset), mask=rows)
+        if "window_tokens" in out:
+            geo["mask_temporal"] = np.roll(rows, -(write_index + 1), axis=-1) if wrapped else rows
+        return geo
+
+    return finish
 
 
-def ssm_geometry(cache: ArraysCache, n_rows: int) -> dict[str, Any]:
+def ssm_geometry(cache: ArraysCache, n_rows: int) -> Geometry:
     """State shapes of one ``ArraysCache`` layer (e.g. conv state ``[B, K-1, C]`` and SSM
     state ``[B, n_heads, head_dim, state]``) and the mask its next step uses, as
     ``[B, 1]`` bool (all True when mlx-lm gives none: every row's token enters the state).
-    """
+    Captured now, converted when the returned function is called (see
+    :func:`attention_geometry`)."""
     B = n_rows
     mask = cache.make_mask(1)
-    return {"state_shapes": tuple(tuple(a.shape) for a in cache.cache if a is not None),
-            "mask": np.ones((B, 1), bool) if mask is None else np.array(mask).reshape(B, -1)}
+    shapes = tuple(tuple(a.shape) for a in cache.cache if a is not None)
+    return lambda: {"state_shapes": shapes,
+                    "mask": np.ones((B, 1), bool) if mask is None else np.array(mask).reshape(B, -1)}

@@ -9,7 +9,8 @@ nothing here changes the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from collections import deque
+from typing import Any, Callable
 
 import numpy as np
 
@@ -102,7 +103,13 @@ class Inspection:
 
     def snapshot(self) -> Snapshot:
         """Frozen numpy view of the batch as the next ``step()`` will see it. Pure: it
-        changes nothing (the engine records :attr:`history` itself)."""
+        changes nothing (the engine records :attr:`history` itself). Waits for an
+        in-flight forward when the batch's arrays are still being computed."""
+        return self._capture()()
+
+    def _capture(self) -> Callable[[], Snapshot]:
+        """Everything a snapshot shows, captured now without evaluating MLX arrays; the
+        returned function converts to numpy (see :func:`workbench.caches.attention_geometry`)."""
         B = len(self._rows)
         groups = []
         cache = self.batch_cache  # free slots left out
@@ -116,30 +123,37 @@ class Inspection:
             elif hasattr(first, "left_padding") and hasattr(first, "offset"):
                 geo = kv.attention_geometry(first)
             else:
-                geo = {"mask": np.ones((B, 1), bool)}
-            geo = {k: (frozen(v) if isinstance(v, (list, np.ndarray)) else v) for k, v in geo.items()}
-            groups.append(LayerGroup(name=name, layers=labels, kv_bytes=nbytes, **geo))
-        attn = next((g for g in groups if g.name == "full"), None) or next(
-            (g for g in groups if g.window_tokens is not None), None)
-        snap = Snapshot(
+                geo = lambda: {"mask": np.ones((B, 1), bool)}  # noqa: E731
+            groups.append((name, labels, nbytes, geo))
+        fields = dict(
             step=self.step_index,
             uids=tuple(r.uid for r in self._rows),
             finished=tuple(r.finish_reason is not None for r in self._rows),
             generated_tokens=tuple(len(r.tokens) for r in self._rows),
             context_tokens=tuple(len(r.valid.prompt_ids) + r.fed for r in self._rows),
-            left_padding=attn.left_padding if attn else frozen(np.zeros(B, np.int64)),
-            offset=attn.offset if attn else frozen(np.zeros(B, np.int64)),
-            kv_width_tokens=attn.kv_width_tokens if attn else 0,
-            capacity_tokens=attn.capacity_tokens if attn else 0,
             kv_bytes=kv.kv_bytes(self._cache),
             kv_budget_bytes=self.kv_budget_bytes,
             kv_projected_bytes=self.kv_projected_bytes,
-            groups=tuple(groups),
             queue=tuple(self._queue),
             prefilling=tuple((uid, done, total) for uid, done, total in self._prefill_progress()),
             free_slots=len(self._free),
         )
-        return snap
+
+        def build() -> Snapshot:
+            built = []
+            for name, labels, nbytes, geo in groups:
+                values = {k: (frozen(v) if isinstance(v, (list, np.ndarray)) else v) for k, v in geo().items()}
+                built.append(LayerGroup(name=name, layers=labels, kv_bytes=nbytes, **values))
+            attn = next((g for g in built if g.name == "full"), None) or next(
+                (g for g in built if g.window_tokens is not None), None)
+            return Snapshot(
+                left_padding=attn.left_padding if attn else frozen(np.zeros(B, np.int64)),
+                offset=attn.offset if attn else frozen(np.zeros(B, np.int64)),
+                kv_width_tokens=attn.kv_width_tokens if attn else 0,
+                capacity_tokens=attn.capacity_tokens if attn else 0,
+                groups=tuple(built), **fields)
+
+        return build
 
     def _prefill_progress(self) -> list[tuple[int, int, int]]:
         """``(uid, prefilled tokens, tokens to prefill)`` for the prefilling group."""
@@ -149,9 +163,11 @@ class Inspection:
         return [(uid, done, total) for (uid, _), done, total in zip(self._group.members, g.rows_done_tokens, g.lengths)]
 
     def _record(self) -> None:
-        """Append a snapshot to :attr:`history` after an engine call that changed the batch."""
+        """Append a snapshot to :attr:`history` after an engine call that changed the batch:
+        captured now, converted to numpy when first read (so recording never waits for
+        the forward the call launched)."""
         if self.history.maxlen:
-            self.history.append(self.snapshot())
+            self.history.append(self._capture())
             self._recorded_at = len(self.events)
 
     def record(self) -> Snapshot:
@@ -167,4 +183,23 @@ class Inspection:
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics)."""
         return build_report(self.events, lambda toks, uid: self.text(uid))
+
+
+class History(deque):
+    """A ring buffer (``collections.deque`` with ``maxlen``) of :class:`Snapshot` s whose
+    entries may be stored as capture functions: each is converted to its
+    :class:`Snapshot` the first time it is read (index, iteration), then kept."""
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        if not isinstance(item, Snapshot):
+            item = item()
+            super().__setitem__(i, item)
+        return item
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __reversed__(self):
+        return (self[i] for i in range(len(self) - 1, -1, -1))
 

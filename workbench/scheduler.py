@@ -56,7 +56,7 @@ from . import slots
 from .budget import kv_profile, projected_bytes
 from .decode import Pending, launch
 from .events import Event
-from .inspection import Inspection
+from .inspection import History, Inspection
 from .inspection import Row as _Row
 from .policies import Policy, Queued, policy_from
 from .prefill import PrefillGroup
@@ -140,7 +140,7 @@ class Scheduler(Inspection):
         kv.check_batchable(model, self.max_kv_size)
         if not isinstance(history_size, int) or isinstance(history_size, bool) or history_size < 0:
             raise ValueError(f"history_size must be an int >= 0, got {history_size!r}")
-        self.history: deque[Snapshot] = deque(maxlen=history_size)
+        self.history: History = History(maxlen=history_size)
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens = getattr(getattr(model, "args", None), "max_position_embeddings", None)
         self.events: list[Event] = []

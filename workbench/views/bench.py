@@ -69,17 +69,19 @@ def render_latency(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
 
 
 def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
-    """Median seconds of one decode step, a join by ``extend`` and a join by re-merging,
-    each measurement as a dot."""
-    fig = Figure(figsize=(5.5, 3.2))
+    """Median seconds of one decode step and of a join into a free slot, by ``extend``
+    and by re-merging, each measurement as a dot (methods absent from ``join`` are
+    skipped)."""
+    fig = Figure(figsize=(5.5, 3.4))
     ax = fig.subplots()
-    methods = ["step", "extend", "re-merge"]
-    colours = ["#7f7f7f", ENGINE_COLOURS["workbench"], ENGINE_COLOURS["mlx-lm"]]
-    for i, (m, c) in enumerate(zip(methods, colours)):
+    spec = [("step", "one decode step", "#7f7f7f"), ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
+            ("extend", "join by extend", "#9ecae1"), ("re-merge", "join by re-merge", ENGINE_COLOURS["mlx-lm"])]
+    spec = [s for s in spec if (join.method == s[0]).any()]
+    for i, (m, _, c) in enumerate(spec):
         s = join[join.method == m].seconds * 1e3
         ax.barh(i, s.median(), color=c)
         ax.plot(s, [i] * len(s), "k.", ms=4)
-    ax.set_yticks(range(len(methods)), ["one decode step", "join by extend", "join by re-merge"])
+    ax.set_yticks(range(len(spec)), [label for _, label, _ in spec])
     ax.set_xlabel("ms")
     ax.set_title(f"Joining 1 row into B={rows} rows of {context_tokens} tokens")
     fig.tight_layout()

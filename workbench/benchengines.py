@@ -72,6 +72,13 @@ class WorkbenchEngine:
         """The scheduler's event log as a DataFrame (time_s in seconds)."""
         return self.sched.events
 
+    def read_history(self) -> tuple[int, float]:
+        """Convert every recorded snapshot to numpy (the engine records them lazily, see
+        :class:`workbench.inspection.History`); returns ``(snapshots, seconds)``."""
+        start = time.perf_counter()
+        n = len(list(self.sched.history))
+        return n, time.perf_counter() - start
+
     def close(self) -> None:
         """Release the engine (nothing to free for the workbench)."""
         pass

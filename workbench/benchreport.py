@@ -185,6 +185,16 @@ def _outcomes(table: pd.DataFrame) -> list[str]:
     return out
 
 
+def _history_read_text(runs: pd.DataFrame) -> str:
+    """How long converting the recorded snapshots took, per snapshot, from ``runs``."""
+    timed = runs[runs.snapshots > 0] if "snapshots" in runs else runs.iloc[0:0]
+    if timed.empty:
+        return "no snapshots were recorded"
+    per = (timed.history_read_s / timed.snapshots).median()
+    return (f"{per * 1e3:.2f} ms per snapshot (median over {len(timed)} runs of {int(timed.snapshots.median())} "
+            "snapshots)")
+
+
 def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], notes: str) -> str:
     """``docs/benchmarks.md``: machine, load, BLAS, versions, model, the table, each
     goal's outcome, the definitions, the figures, then the kept hand-written ``notes``."""
@@ -225,7 +235,10 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "the workbench's `admit(); step(); filter()`, one mlx-lm `next_generated()`). The workbench runs as "
         "shipped: events and a snapshot after every call (`history_size=64`).",
         "- **instrumentation overhead**: the same runs with `history_size=0` (no snapshots; events are always "
-        "logged); value = decode time instrumented / time off.",
+        "logged); value = decode time instrumented / time off. The engine captures a snapshot after every call "
+        "without waiting for the forward it launched and converts it to numpy when it is first read; the "
+        "benchmark reads them all after each run, outside the timed window: "
+        f"{_history_read_text(result.runs)}.",
         "- **TTFT / ITL**: from each engine's event log (the workbench's own; for mlx-lm the benchmark records "
         "submit and token events stamped when `next_generated()` returns): first token - submit, and the gaps "
         "between consecutive tokens of a request.",

@@ -83,10 +83,14 @@ def alternating(names: list[str], rounds: int) -> list[tuple[int, str]]:
 
 
 def run_once(factory: EngineFactory, arrivals: list[Arrival]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One engine, fresh, through ``arrivals``: ``(iterations, events)`` frames."""
+    """One engine, fresh, through ``arrivals``: ``(iterations, events)`` frames. After the
+    run (outside the timed iterations) the workbench's recorded snapshots are converted
+    to numpy; ``iterations.attrs`` holds ``snapshots`` and ``history_read_s``."""
     engine = factory()
     try:
         iterations = drive(engine, arrivals)
+        read = getattr(engine, "read_history", None)
+        iterations.attrs["snapshots"], iterations.attrs["history_read_s"] = read() if read else (0, 0.0)
         return iterations, events_frame(engine.events)
     finally:
         engine.close()
@@ -112,7 +116,8 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
     """Alternating decode runs of every engine on the same prompts (all submitted at once).
 
     Returns one row per measured run: ``engine``, ``B``, ``pair``, ``tok_per_s``,
-    ``window_s``, ``tokens``, ``step_s``, ``same_tokens`` (its tokens equal the first
+    ``window_s``, ``tokens``, ``step_s``, ``snapshots`` and ``history_read_s`` (recorded
+    snapshots, seconds to convert them after the run), ``same_tokens`` (its tokens equal the first
     engine's of that pair: a batch-oracle sanity check; NaN for the first engine)."""
     arrivals = [Arrival(p, decode_tokens) for p in prompts]
     for name, factory in factories.items():  # warm-up: allocator and first-shape costs, discarded
@@ -122,7 +127,8 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
         iterations, events = run_once(factories[name], arrivals)
         tok = events[events.kind == "token"].sort_values(["uid", "time_s"], kind="stable")
         tokens[pair, name] = tok.groupby("uid").token.apply(tuple).tolist()
-        rows.append({"engine": name, "B": len(prompts), "pair": pair, **decode_window(iterations)})
+        rows.append({"engine": name, "B": len(prompts), "pair": pair, **decode_window(iterations),
+                     "snapshots": iterations.attrs["snapshots"], "history_read_s": iterations.attrs["history_read_s"]})
         echo(f"  B={len(prompts):<3} {name:<32} pair {pair}: {rows[-1]['tok_per_s']:8.2f} tok/s "
              f"(step {rows[-1]['step_s'] * 1e3:.1f} ms)")
     first = next(iter(factories))

@@ -33,6 +33,12 @@ class FakeClock:
         return self.now_s
 
 
+@pytest.fixture
+def fake_clock_class():
+    """The :class:`FakeClock` class, for tests that build several clocks."""
+    return FakeClock
+
+
 @pytest.fixture(scope="session")
 def bundled():
     """``(model, tokenizer)`` of the bundled default model (the trained tiny-code), loaded
@@ -109,8 +115,8 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,
-# when it is absent (nbval would fail on their first cell). This hook lives here, not in a
-# notebooks/conftest.py, because a second conftest module would shadow ``from conftest import``.
+# when it is absent (nbval would fail on their first cell). (Tests never ``from conftest
+# import``: notebooks/conftest.py is a second module of that name.)
 NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
 
 

@@ -179,9 +179,8 @@ def test_offset_plus_left_padding_is_the_kv_width_for_every_row(make_sched, prom
     assert sched.idle and sched.snapshot().kv_bytes == 0
 
 
-def test_fake_clock_makes_metrics_identical_run_to_run(bundled, prompt):
-    from conftest import FakeClock
-
+def test_fake_clock_makes_metrics_identical_run_to_run(bundled, prompt, fake_clock_class):
+    FakeClock = fake_clock_class
     model, tokenizer = bundled
 
     def run():

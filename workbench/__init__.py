@@ -17,6 +17,7 @@ Workloads, replay and comparison (docs/policies.md)::
 """
 
 from . import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.blas)
+from . import memory  # noqa: F401  MLX's CPU buffer cache: reuse freed KV-sized buffers (see workbench.memory)
 from .compare import compare
 from .costmodel import CostModel
 from .events import Event

@@ -40,7 +40,7 @@ NOTES_MARKER = "<!-- Everything below this line is hand-written and kept when `w
 def row_ids(batch_sizes: tuple[int, ...]) -> list[str]:
     """Every row of the table, in order (the smoke test and the notebook check these)."""
     return ([f"decode_B{b}" for b in batch_sizes] + [f"overhead_B{b}" for b in batch_sizes]
-            + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "join_slot", "join_extend", "join_remerge",
+            + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "join_slot", "join_extend", "join_extend_fresh", "join_remerge",
                "hol_workbench", "hol_mlx_lm", "hol_prefill_first"] + [f"roofline_B{b}" for b in batch_sizes])
 
 
@@ -102,6 +102,7 @@ def build_table(result: BenchResult) -> pd.DataFrame:
     step_s = sec.median()["step"]
     where = f"1 row into B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
     for row, method, how in (("join_slot", "free slot", "into a free slot"), ("join_extend", "extend", "by extend"),
+                             ("join_extend_fresh", "extend, fresh pages", "by extend into fresh pages"),
                              ("join_remerge", "re-merge", "by re-merge")):
         ratios = result.join[result.join.method == method].seconds / step_s
         add(row, f"join {how}, {where}", "s", sec.median()[method], step_s, "one decode step",
@@ -147,6 +148,7 @@ def table_markdown(table: pd.DataFrame) -> str:
 def machine_info() -> dict[str, Any]:
     """CPU model (``lscpu``), cores (``nproc``), memory, Python, mlx / mlx-lm versions, BLAS."""
     from .blas import STATUS
+    from .memory import STATUS as CACHE
 
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -157,7 +159,7 @@ def machine_info() -> dict[str, Any]:
     return {"cpu": cpu or platform.machine(), "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1),
             "system": f"{platform.system()} {platform.machine()}", "python": platform.python_version(),
             "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "blas": STATUS.library or "MLX's bundled",
-            "blas_note": STATUS.note}
+            "blas_note": STATUS.note, "mlx_cache": CACHE.note}
 
 
 FIGURES = {"throughput.png": "decode tok/s per engine and batch size, with the roofline bound",
@@ -211,6 +213,7 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"(at each section: {meta['load_1min_samples']}) on {meta['cores']} cores: other jobs shared the CPU",
         f"- BLAS: {meta['blas']} ({meta['blas_note']}); measured float32 matmul "
         f"{meta['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s",
+        f"- MLX buffer cache: {meta.get('mlx_cache', 'not recorded')} (`workbench/memory.py`)",
         f"- memory bandwidth: {gb(meta['copy_bandwidth_bytes_per_s'])} (numpy copy, read + write); "
         f"an MLX copy reaches {gb(meta['mlx_copy_bytes_per_s'])}",
         f"- Python {meta['python']}, mlx {meta['mlx']}, mlx-lm {meta['mlx_lm']}, device {meta['device']}", "",
@@ -245,8 +248,9 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); free slot = "
         "`slots.fill_slots` into the cache row of an evicted request (the engine's join whenever a row was "
         "evicted since the last step), extend = `caches.join` (mlx-lm's `BatchKVCache.extend`, the engine's join "
-        "otherwise and mlx-lm's always), re-merge = `extract` every row and `merge`; each over the median time of "
-        "one bare `[B, 1]` forward at that context.",
+        "otherwise and mlx-lm's always; into fresh pages = the first such join, whose new buffers page-fault, as when "
+        "a batch grows to a size it never had), re-merge = `extract` every row and `merge`; each over the median "
+        "time of one bare `[B, 1]` forward at that context.",
         "- **head-of-line**: running rows decode while a long prompt joins (the same chunk size for both engines). "
         "Max gap = the largest gap between two tokens of a running row overlapping the joiner's submit .. first "
         "token; one chunk = the longest of the workbench's prefill chunks (its `prefill` event minus the event "

@@ -65,6 +65,9 @@ def _info(args: argparse.Namespace) -> int:
 
     print(f"BLAS: {STATUS.note}")
     print(f"measured: 1024x1024 float32 matmul {matmul_seconds() * 1e3:.1f} ms")
+    from .memory import STATUS as CACHE
+
+    print(f"MLX buffer cache: {CACHE.note}")
     return 0
 
 

@@ -75,7 +75,8 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
     fig = Figure(figsize=(5.5, 3.4))
     ax = fig.subplots()
     spec = [("step", "one decode step", "#7f7f7f"), ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
-            ("extend", "join by extend", "#9ecae1"), ("re-merge", "join by re-merge", ENGINE_COLOURS["mlx-lm"])]
+            ("extend", "join by extend", "#9ecae1"), ("extend, fresh pages", "by extend, fresh pages", "#c6dbef"),
+            ("re-merge", "join by re-merge", ENGINE_COLOURS["mlx-lm"])]
     spec = [s for s in spec if (join.method == s[0]).any()]
     for i, (m, _, c) in enumerate(spec):
         s = join[join.method == m].seconds * 1e3

@@ -218,3 +218,19 @@ def test_a_padded_group_prefilled_in_any_chunk_size_equals_solo(family, short, l
     sched.submit(wb.Request(prompt=family.prompt(long, 571), max_tokens=4, stop_ids=[]))
     sched.run()
     assert_solo(family, sched)
+
+
+def test_row_joining_into_a_finished_rows_free_slot_equals_solo(family):
+    sched = family(max_batch=2)
+    sched.submit(wb.Request(prompt=family.prompt(9, 0), max_tokens=3))
+    sched.submit(wb.Request(prompt=family.prompt(30, 50), max_tokens=16))
+    sched.admit()
+    for _ in range(3):
+        sched.step()
+    sched.filter()
+    sched.submit(wb.Request(prompt=family.prompt(6, 300), max_tokens=10))
+    joined = [e for e in sched.admit() if e.kind == "join"]
+    rings = any(g.window_tokens is not None for g in sched.snapshot().groups)
+    assert joined[0].message == ("extend" if rings else "free slot")  # ring layers cannot take a slot
+    sched.run()
+    assert_solo(family, sched)

@@ -47,8 +47,8 @@ def _flat(caches: LayerCaches) -> list[Any]:
 def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int]) -> bool:
     """True when every layer can take joiner rows into slots: all are non-empty
     ``BatchKVCache`` with ``_idx >= max(lengths)`` (the joiners fit left of the write
-    index, no row moves) or ``ArraysCache`` outside prefill (no ``left_padding`` /
-    ``lengths``), the same kind in ``running`` and ``joiners``.
+    index, no row moves) or ``ArraysCache`` holding states, the same kind in ``running``
+    and ``joiners``.
 
     Args:
         lengths: tokens in each joiner row's cache (its prompt, fed entirely).
@@ -61,8 +61,6 @@ def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int])
             if r.keys is None or q.keys is None or r._idx < need or q._idx < need:
                 return False
         elif isinstance(r, ArraysCache):
-            if any(a is not None for a in (r.left_padding, r.lengths, q.left_padding, q.lengths)):
-                return False
             if any(a is None for a in r.cache + q.cache):
                 return False
         else:
@@ -79,6 +77,20 @@ def _put(a: mx.array, slots: Sequence[int], values: Sequence[int]) -> mx.array:
     return mx.where(mx.array(where), mx.array(full).astype(a.dtype), a)
 
 
+def _put_rows(a: mx.array | None, slots: Sequence[int], src: mx.array | None, rows: Sequence[int],
+              n_rows: int) -> mx.array | None:
+    """``a`` (``[B]``, ``None`` meaning zeros) with ``a[slots[i]] = src[rows[i]]`` (``src``
+    ``None`` meaning zeros), as mlx-lm's ``ArraysCache.extend`` pads a missing side."""
+    if a is None and src is None:
+        return None
+    dtype = (src if src is not None else a).dtype
+    a = mx.zeros((n_rows,), dtype) if a is None else a
+    src = mx.zeros((max(rows) + 1,), dtype) if src is None else src
+    where, gather = np.zeros(n_rows, bool), np.zeros(n_rows, np.int32)
+    where[list(slots)], gather[list(slots)] = True, list(rows)
+    return mx.where(mx.array(where), src[mx.array(gather)].astype(dtype), a)
+
+
 def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
                rows: Sequence[int], lengths: Sequence[int]) -> None:
     """Write joiner row ``rows[i]`` (``lengths[i]`` tokens, right-aligned at the
@@ -87,7 +99,9 @@ def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
     For a ``BatchKVCache`` layer the slot's keys and values over ``[0, _idx)`` become
     zeros then the joiner's ``lengths[i]`` positions, right-aligned at the running
     ``_idx``; ``left_padding[slot] = _idx - lengths[i]``, ``offset[slot] = lengths[i]``.
-    For an ``ArraysCache`` layer each state's slot row is replaced.
+    For an ``ArraysCache`` layer each state's slot row is replaced, and so are the
+    slot's ``left_padding`` / ``lengths`` entries where either side has them (a missing
+    side counts as zeros, as in mlx-lm's ``ArraysCache.extend``).
 
     Raises:
         ValueError: when :func:`can_fill` is False (nothing is changed then).
@@ -96,9 +110,12 @@ def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
         raise ValueError("fill_slots: these caches cannot take joiners into slots (see can_fill)")
     for r, q in zip(_flat(running), _flat(joiners)):
         if isinstance(r, ArraysCache):
+            n_rows = r.batch_size
             for e, state in enumerate(r.cache):
                 for slot, j in zip(slots, rows):
                     state[slot : slot + 1] = q.cache[e][j : j + 1]
+            r.left_padding = _put_rows(r.left_padding, slots, q.left_padding, rows, n_rows)
+            r.lengths = _put_rows(r.lengths, slots, q.lengths, rows, n_rows)
             continue
         for slot, j, n in zip(slots, rows, lengths):
             for name in ("keys", "values"):

@@ -234,3 +234,17 @@ def test_row_joining_into_a_finished_rows_free_slot_equals_solo(family):
     assert joined[0].message == ("extend" if rings else "free slot")  # ring layers cannot take a slot
     sched.run()
     assert_solo(family, sched)
+
+
+def test_history_read_later_equals_snapshots_taken_at_each_call(family):
+    sched = family(max_batch=3, history_size=500)
+    for i, (n, m) in enumerate([(9, 3), (20, 14), (5, 6), (14, 9)]):
+        sched.submit(wb.Request(prompt=family.prompt(n, 40 * i), max_tokens=m))
+    eager = []
+    while not sched.idle:
+        for call in (sched.admit, sched.step, sched.filter):
+            before = len(sched.history)
+            call()
+            if len(sched.history) > before:
+                eager.append(sched.snapshot().text())
+    assert [s.text() for s in sched.history] == eager  # ring caches update arrays in place

@@ -145,3 +145,57 @@ def test_width_stays_bounded_while_rows_keep_being_replaced(make_sched, prompt, 
     assert max(widths) <= 4 * (8 + 14)  # trimmed: never the sum of the rows' lifetimes
     check = oracle.solo_check(bundled[0], sched)
     assert len(check.rows) == 24 and all(r.match for r in check.rows), check.describe()
+
+
+def _priority_preemption(make_sched, prompt, bundled, reuse):
+    from workbench.budget import kv_profile, projected_bytes
+
+    one = projected_bytes(kv_profile(bundled[0]), 10 + 16)
+    s = make_sched(max_batch=4, kv_budget_bytes=3 * one, policy="priority", reuse_slots=reuse)
+    s.submit(wb.Request(prompt=prompt(10, 0), max_tokens=2))  # uid 0: finishes first
+    for start in (30, 60):
+        s.submit(wb.Request(prompt=prompt(10, start), max_tokens=16))
+    s.admit(), s.step(), s.step(), s.filter()
+    s.submit(wb.Request(prompt=prompt(10, 90), max_tokens=16))  # uid 3 joins last (into uid 0's slot)
+    s.admit(), s.step()
+    s.submit(wb.Request(prompt=prompt(10, 120), max_tokens=16, priority=5))
+    s.admit()
+    return [e.uid for e in s.events if e.kind == "preempt"], [e.message for e in s.events if e.kind == "join"]
+
+
+@pytest.mark.model
+def test_preemption_takes_the_latest_joined_row_wherever_its_slot_is(make_sched, prompt, bundled):
+    reused, joins = _priority_preemption(make_sched, prompt, bundled, True)
+    copied, _ = _priority_preemption(make_sched, prompt, bundled, False)
+    assert "free slot" in joins
+    assert reused == copied == [3]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("interleave", [False, True])
+def test_every_group_of_one_admit_can_take_a_free_slot(make_sched, prompt, interleave):
+    s = make_sched(max_batch=4, prompt_concurrency=1, interleave_prefill=interleave)
+    for i in range(3):
+        s.submit(wb.Request(prompt=prompt(8, 10 * i), max_tokens=2))
+    s.submit(wb.Request(prompt=prompt(30, 100), max_tokens=12))
+    while len(s.snapshot().uids) < 4:
+        s.admit()
+    s.step(), s.step(), s.filter()
+    for i in range(3):
+        s.submit(wb.Request(prompt=prompt(5, 300 + 10 * i), max_tokens=4))
+    joins = [e.message for e in s.admit() if e.kind == "join"]
+    if interleave:  # one chunk per admit: the first group joins, the other slots wait for the next calls
+        assert joins == ["free slot"]
+    else:
+        assert joins == ["free slot"] * 3
+
+
+@pytest.mark.model
+def test_record_after_an_admit_that_only_drops_free_slots_is_fresh(make_sched, prompt):
+    s = make_sched(max_batch=2)
+    s.submit(wb.Request(prompt=prompt(9, 0), max_tokens=2))
+    s.submit(wb.Request(prompt=prompt(20, 50), max_tokens=8))
+    s.admit(), s.step(), s.step(), s.filter()
+    assert s.record().free_slots == 1
+    assert s.admit() == []  # nobody to join: the slot is dropped, no event
+    assert s.record().free_slots == 0 and s.record().kv_bytes == s.snapshot().kv_bytes

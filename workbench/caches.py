@@ -170,7 +170,8 @@ def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
     ``window_tokens``, ``write_index`` (the ring slot written next), ``wrapped`` and
     ``mask_temporal`` (the mask rolled back to oldest-first order).
     """
-    left_padding, offset = cache.left_padding, cache.offset
+    # new handles: mlx-lm's rotating cache updates these arrays in place (``-=``, ``+=``)
+    left_padding, offset = cache.left_padding[:], cache.offset[:]
     B = left_padding.shape[0]
     out: dict[str, Any] = {"capacity_tokens": 0 if cache.keys is None else int(cache.keys.shape[2]),
                            "kv_width_tokens": int(cache.size())}

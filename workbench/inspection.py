@@ -34,6 +34,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     message: str = ""
+    joined: int = -1  # order of joining the running batch (rows in free slots break row order)
 
 
 class Inspection:

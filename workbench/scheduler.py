@@ -154,6 +154,7 @@ class Scheduler(Inspection):
         self._cache: list[Any] | None = None
         self.reuse_slots = bool(reuse_slots)
         self._free: list[int] = []  # cache rows of evicted requests, kept for the next joiner
+        self._joins = 0
         self._requests: dict[int, ValidRequest] = {}
         self._seeds: dict[int, int] = {}
         self._aborted: set[int] = set()
@@ -218,8 +219,8 @@ class Scheduler(Inspection):
                         self._log("prefill", uid, n_tokens=k)
                 continue
             self._join(group)
-        self._compact()  # free slots no joiner took
-        if len(self.events) > start:
+        dropped = self._compact()  # free slots no joiner took
+        if len(self.events) > start or dropped:
             self._record()
         return self.events[start:]
 
@@ -277,7 +278,7 @@ class Scheduler(Inspection):
             victims = [r for r in self._rows if r.finish_reason is None and r.valid.request.priority < want]
             if not victims:
                 break
-            victim = min(reversed(victims), key=lambda r: r.valid.request.priority)
+            victim = min(victims, key=lambda r: (r.valid.request.priority, -r.joined))
             self.preempt(victim.uid)
             preempted = True
         return preempted
@@ -307,6 +308,7 @@ class Scheduler(Inspection):
         for uid, v in group.members:
             row = self._preempted.pop(uid, None) or _Row(uid, v, RowSampler(v.request, self._seeds[uid], self.vocab_size))
             row.fed = len(row.tokens)  # a resumed row's generated tokens are in its cache again
+            row.joined, self._joins = self._joins, self._joins + 1
             if uid in self._aborted:  # aborted while prefilling: joins finished, evicted at filter
                 row.finish_reason = "abort"
             rows.append(row)
@@ -326,10 +328,12 @@ class Scheduler(Inspection):
 
     def _place(self, joiners: list[Any], lengths: list[int]) -> list[tuple[str, int]]:
         """Put the joiners' cache rows into the batch cache: into free slots where they
-        fit (:func:`workbench.slots.fill_slots`), the rest by ``extend``; drops unused
-        free slots. Returns the new row order as ``("live", running row)`` /
-        ``("free slot" or "extend", joiner index)`` pairs."""
+        fit (:func:`workbench.slots.fill_slots`), the rest by ``extend`` (after the free
+        slots left, which the next group of this ``admit()`` may still fill). Returns the
+        new row order as ``("live", running row)`` / ``("free slot" or "extend", joiner
+        index)`` pairs."""
         live = self._live_slots()
+        n_slots = len(live) + len(self._free)
         by_slot: dict[int, tuple[str, int]] = {p: ("live", b) for b, p in enumerate(live)}
         width = slots.fill_width(self._cache) if self._free else 0
         fit = [i for i, n in enumerate(lengths) if n <= width][: len(self._free)]
@@ -339,17 +343,14 @@ class Scheduler(Inspection):
             by_slot.update({p: ("free slot", i) for p, i in zip(used, fit)})
             held = [len(r.valid.prompt_ids) + r.fed for r in self._rows] + [lengths[i] for i in fit]
             slots.trim_shared_padding(self._cache, max(held))
+            self._free = self._free[len(fit):]
         else:
             fit = []
-        if len(by_slot) < len(live) + len(self._free):  # free slots nobody took
-            self._cache = kv.evict(self._cache, sorted(by_slot))
-        self._free = []
-        order = [by_slot[p] for p in sorted(by_slot)]
         rest = [i for i in range(len(lengths)) if i not in fit]
         if rest:
             self._cache = kv.join(self._cache, joiners if not fit else kv.evict(joiners, rest))
-            order += [("extend", i) for i in rest]
-        return order
+            by_slot.update({n_slots + k: ("extend", i) for k, i in enumerate(rest)})
+        return [by_slot[p] for p in sorted(by_slot)]
 
     def _live_slots(self) -> list[int]:
         """Cache row of each running row (row order): the rows that are not free slots."""
@@ -370,11 +371,14 @@ class Scheduler(Inspection):
         self._pending = self._pending.take(keep) if keep else None
         self._rows = [self._rows[b] for b in keep]
 
-    def _compact(self) -> None:
-        """Drop free slots from the batch cache (mlx-lm's ``filter``) before a forward."""
-        if self._free:
-            self._cache = kv.evict(self._cache, self._live_slots())
-            self._free = []
+    def _compact(self) -> bool:
+        """Drop free slots from the batch cache (mlx-lm's ``filter``) before a forward.
+        Returns True if there were any."""
+        if not self._free:
+            return False
+        self._cache = kv.evict(self._cache, self._live_slots())
+        self._free = []
+        return True
 
     def step(self) -> list[Event]:
         """One decode step: read one token per unfinished row, feed it (``[B, 1]``).

@@ -248,8 +248,8 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); free slot = "
         "`slots.fill_slots` into the cache row of an evicted request (the engine's join whenever a row was "
         "evicted since the last step), extend = `caches.join` (mlx-lm's `BatchKVCache.extend`, the engine's join "
-        "otherwise and mlx-lm's always; into fresh pages = the first such join, whose new buffers page-fault, as when "
-        "a batch grows to a size it never had), re-merge = `extract` every row and `merge`; each over the median "
+        "otherwise and mlx-lm's always; into fresh pages = the same right after `mx.clear_cache()`, so its new "
+        "buffers page-fault, as when a batch grows to a size whose buffers MLX has not cached), re-merge = `extract` every row and `merge`; each over the median "
         "time of one bare `[B, 1]` forward at that context.",
         "- **head-of-line**: running rows decode while a long prompt joins (the same chunk size for both engines). "
         "Max gap = the largest gap between two tokens of a running row overlapping the joiner's submit .. first "

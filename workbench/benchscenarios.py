@@ -197,8 +197,10 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
     The running batch is merged, then decoded ``warm_steps`` steps (so its cache has
     decode slack, as in the engine); each join works on shallow copies of the cache
     objects (``extend`` replaces their arrays, it does not write into them); one join of
-    each kind runs first as a warm-up (fresh pages fault in on a first copy; kept for
-    ``extend`` as ``extend, fresh pages``: a batch that grows to a new size pays it). The free-slot
+    each kind runs untimed first (the process's first touch of that much memory is slow,
+    on a virtual machine very slow). ``extend, fresh pages`` runs right after
+    ``mx.clear_cache()``, so its buffers page-fault as when a batch grows to a size whose
+    buffers MLX has not cached; ``extend`` then reuses them. The free-slot
     join writes into its batch in place, as the engine does, every time into the same
     slot. Returns one row per measurement: ``method`` (``step``, ``free slot``,
     ``extend``, ``extend, fresh pages``, ``re-merge``), ``seconds``.
@@ -229,9 +231,10 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
         slots.fill_slots(spare, [rows], joiner, [0], [context_tokens])
         return [c.state[:2] for c in spare]
 
-    out.append(("extend, fresh pages", _timed(extend)))  # the first join of this size page-faults its buffers
-    _timed(remerge), _timed(free_slot)  # warm-up
+    _timed(extend), _timed(remerge), _timed(free_slot)  # warm-up: the process's first touch of this much memory
     for _ in range(repeats):
+        mx.clear_cache()  # MLX's buffer cache emptied: this extend's buffers page-fault, as for a new batch size
+        out.append(("extend, fresh pages", _timed(extend)))
         out += [("free slot", _timed(free_slot)), ("extend", _timed(extend)), ("re-merge", _timed(remerge))]
     return pd.DataFrame(out, columns=["method", "seconds"])
 

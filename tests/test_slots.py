@@ -92,14 +92,20 @@ def test_reusing_slots_or_not_gives_the_same_tokens(make_sched, prompt):
         assert reused.logprobs(uid) == copied.logprobs(uid)
 
 
-@pytest.mark.model
-def test_snapshot_after_filter_shows_free_slots_and_the_compacted_geometry(make_sched, prompt):
+def _one_row_evicted(make_sched, prompt, short_tokens, long_tokens, long_start, long_max_tokens):
+    """Two rows; the short one (2 tokens) is evicted by ``filter()`` after two steps."""
     sched = make_sched(max_batch=2)
-    sched.submit(wb.Request(prompt=prompt(9, 0), max_tokens=2))
-    sched.submit(wb.Request(prompt=prompt(20, 50), max_tokens=8))
+    sched.submit(wb.Request(prompt=prompt(short_tokens, 0), max_tokens=2))
+    sched.submit(wb.Request(prompt=prompt(long_tokens, long_start), max_tokens=long_max_tokens))
     sched.admit()
     sched.step(), sched.step()
     sched.filter()
+    return sched
+
+
+@pytest.mark.model
+def test_snapshot_after_filter_shows_free_slots_and_the_compacted_geometry(make_sched, prompt):
+    sched = _one_row_evicted(make_sched, prompt, 9, 20, 50, 8)
     snap = sched.snapshot()
     assert snap.uids == (1,) and snap.free_slots == 1
     assert "free slots: 1" in snap.text()
@@ -115,12 +121,7 @@ def test_snapshot_after_filter_shows_free_slots_and_the_compacted_geometry(make_
 
 @pytest.mark.model
 def test_joiner_longer_than_the_batch_width_is_appended_and_matches_solo(make_sched, prompt, bundled):
-    sched = make_sched(max_batch=2)
-    sched.submit(wb.Request(prompt=prompt(4, 0), max_tokens=2))
-    sched.submit(wb.Request(prompt=prompt(5, 20), max_tokens=12))
-    sched.admit()
-    sched.step(), sched.step()
-    sched.filter()
+    sched = _one_row_evicted(make_sched, prompt, 4, 5, 20, 12)
     sched.submit(wb.Request(prompt=prompt(40, 100), max_tokens=6))  # 40 > the width of 7
     joined = [e for e in sched.admit() if e.kind == "join"]
     assert (joined[0].row, joined[0].message) == (1, "extend") and sched.snapshot().free_slots == 0
@@ -192,10 +193,7 @@ def test_every_group_of_one_admit_can_take_a_free_slot(make_sched, prompt, inter
 
 @pytest.mark.model
 def test_record_after_an_admit_that_only_drops_free_slots_is_fresh(make_sched, prompt):
-    s = make_sched(max_batch=2)
-    s.submit(wb.Request(prompt=prompt(9, 0), max_tokens=2))
-    s.submit(wb.Request(prompt=prompt(20, 50), max_tokens=8))
-    s.admit(), s.step(), s.step(), s.filter()
+    s = _one_row_evicted(make_sched, prompt, 9, 20, 50, 8)
     assert s.record().free_slots == 1
     assert s.admit() == []  # nobody to join: the slot is dropped, no event
     assert s.record().free_slots == 0 and s.record().kv_bytes == s.snapshot().kv_bytes

@@ -32,8 +32,12 @@ import base64
 import html
 from typing import Any, Callable
 
-import ipywidgets as W
-from IPython.display import HTML
+try:
+    import ipywidgets as W
+    from IPython.display import HTML
+except ImportError as exc:  # the engine and the figure views do not need them
+    raise ImportError(f"wb.views.Panel needs ipywidgets and IPython ({exc}); install them with "
+                      "pip install -e \".[notebooks]\" (or pip install ipywidgets)") from exc
 
 from ..request import Request
 from ..scheduler import Scheduler

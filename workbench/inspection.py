@@ -114,8 +114,9 @@ class Inspection:
         B = len(self._rows)
         groups = []
         cache = self.batch_cache  # free slots left out
-        allocated = kv.layer_groups(self._cache) if self._cache else {}  # free slots counted
-        for name, layers in (kv.layer_groups(cache) if cache else {}).items():
+        shown = kv.layer_groups(cache) if cache else {}
+        allocated = shown if cache is self._cache else kv.layer_groups(self._cache)  # free slots counted
+        for name, layers in shown.items():
             first = layers[0][1]
             nbytes = sum(int(c.nbytes) for _, c in allocated[name])
             labels = tuple(label for label, _ in layers)

@@ -68,15 +68,6 @@ def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int])
     return True
 
 
-def _put(a: mx.array, slots: Sequence[int], values: Sequence[int]) -> mx.array:
-    """A new ``[B]`` array equal to ``a`` except ``a[slots[i]] = values[i]``."""
-    where = np.zeros(a.shape[0], bool)
-    full = np.zeros(a.shape[0], np.int64)
-    where[list(slots)] = True
-    full[list(slots)] = list(values)
-    return mx.where(mx.array(where), mx.array(full).astype(a.dtype), a)
-
-
 def _put_rows(a: mx.array | None, slots: Sequence[int], src: mx.array | None, rows: Sequence[int],
               n_rows: int) -> mx.array | None:
     """``a`` (``[B]``, ``None`` meaning zeros) with ``a[slots[i]] = src[rows[i]]`` (``src``
@@ -125,8 +116,9 @@ def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
                 if r._idx > n:
                     row = mx.concatenate([mx.zeros((1, H, r._idx - n, D), src.dtype), row], axis=2)
                 dst[slot : slot + 1, :, : r._idx, :] = row
-        r.left_padding = _put(r.left_padding, slots, [r._idx - n for n in lengths])
-        r.offset = _put(r.offset, slots, lengths)
+        order = list(range(len(slots)))
+        r.left_padding = _put_rows(r.left_padding, slots, mx.array([r._idx - n for n in lengths]), order, len(r.offset))
+        r.offset = _put_rows(r.offset, slots, mx.array(list(lengths)), order, len(r.offset))
 
 
 def view_rows(caches: LayerCaches, keep: Sequence[int]) -> LayerCaches:

@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import workbench as wb
-from workbench.blas import STATUS as BLAS
-from workbench.costmodel import fit_cost_model, measure_costs
+from workbench.runtime.blas import STATUS as BLAS
+from workbench.sim.costmodel import fit_cost_model, measure_costs
 
-model_path = sys.argv[1] if len(sys.argv) > 1 else str(wb.loading.RANDOM_MODEL)
+model_path = sys.argv[1] if len(sys.argv) > 1 else str(wb.runtime.loading.RANDOM_MODEL)
 machine = f"{platform.system().lower()}-{platform.machine()}"
 default_out = Path(__file__).resolve().parent.parent / "data" / "costmodels" / f"{Path(model_path).name}-{machine}.json"
 out = Path(sys.argv[2]) if len(sys.argv) > 2 else default_out

@@ -300,7 +300,7 @@ def main() -> None:
 
     sys.path.insert(0, str(REPO))
     from workbench import load
-    from workbench.margins import demo_margins
+    from workbench.verify.margins import demo_margins
 
     margins = demo_margins(*load(args.out))
     facts = dict(

@@ -17,8 +17,8 @@ os.environ.setdefault("WORKBENCH_BLAS", "off")  # before workbench (and mlx) is 
 import pytest
 
 import workbench as wb
-from workbench.loading import RANDOM_MODEL
-from workbench.workloads import prompt_of_length
+from workbench.runtime.loading import RANDOM_MODEL
+from workbench.workloads.workload import prompt_of_length
 
 
 class FakeClock:
@@ -77,7 +77,7 @@ def two_request_events():
     uid 0: submitted at 0 s, joins at step 0, tokens at steps 0, 1, 2 (2, 3, 4 s), evicted at step 3.
     uid 1: submitted at 1 s, joins at step 0, tokens at steps 0, 1 (2, 3 s), evicted at step 2.
     """
-    from workbench.events import Event, events_frame
+    from workbench.observe.events import Event, events_frame
 
     return events_frame([
         Event("submit", 0, 0, 0.0, n_tokens=4),
@@ -121,7 +121,7 @@ NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
 
 
 def pytest_collection_modifyitems(config, items):
-    from workbench.traces import trace_path
+    from workbench.workloads.traces import trace_path
 
     for item in items:
         name = NOTEBOOKS_NEEDING_TRACES.get(item.path.name)

@@ -3,8 +3,8 @@
 import pytest
 
 import workbench as wb
-from workbench import oracle
-from workbench.budget import kv_profile, projected_bytes
+from workbench.verify import oracle
+from workbench.engine.budget import kv_profile, projected_bytes
 
 pytestmark = pytest.mark.model
 
@@ -17,7 +17,7 @@ def test_projected_bytes_come_from_the_real_layer_shapes(bundled):
 
 
 def test_windowed_and_ssm_layers_project_bounded_bytes():
-    from workbench.loading import DATA_DIR
+    from workbench.runtime.loading import DATA_DIR
 
     gemma, _ = wb.load(DATA_DIR / "models" / "tiny-gemma3")
     prof = kv_profile(gemma)

@@ -10,8 +10,8 @@ import sys
 import pandas as pd
 import pytest
 
-from workbench.bench import QUICK_CONFIG
-from workbench.benchreport import CSV_FILES, FIGURES, NOTES_MARKER, goal_text, row_ids
+from workbench.bench.run import QUICK_CONFIG
+from workbench.bench.report import CSV_FILES, FIGURES, NOTES_MARKER, goal_text, row_ids
 
 pytestmark = pytest.mark.model
 

@@ -4,10 +4,10 @@ head-of-line numbers, the driver, the roofline arithmetic."""
 import pandas as pd
 import pytest
 
-from workbench.benchengines import Arrival, drive
-from workbench.benchscenarios import alternating, decode_window, head_of_line_numbers
-from workbench.events import Event
-from workbench.roofline import DecodeCost, bounds_tok_per_s
+from workbench.bench.engines import Arrival, drive
+from workbench.bench.scenarios import alternating, decode_window, head_of_line_numbers
+from workbench.observe.events import Event
+from workbench.bench.roofline import DecodeCost, bounds_tok_per_s
 
 
 def test_alternating_runs_reverse_every_other_round():

@@ -8,12 +8,13 @@ import textwrap
 
 import pytest
 
-from workbench.blas import find_blas
+from workbench.runtime.blas import find_blas
 
 SCRIPT = textwrap.dedent("""
     import workbench as wb
-    from workbench import blas, oracle
-    from workbench.workloads import prompt_of_length
+    from workbench.runtime import blas
+    from workbench.verify import oracle
+    from workbench.workloads.workload import prompt_of_length
     print("BLAS:", blas.STATUS.note)
     assert blas.STATUS.library, blas.STATUS.note
     model, tok = wb.load()
@@ -51,7 +52,7 @@ def test_workbench_blas_off_keeps_mlx_reference_blas():
 
 
 def test_importing_mlx_first_is_reported_not_hidden():
-    code = "import mlx.core, workbench.blas as b; print(b.STATUS.note)"
+    code = "import mlx.core, workbench.runtime.blas as b; print(b.STATUS.note)"
     env = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_BLAS", "LD_PRELOAD")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     if not sys.platform.startswith("linux"):

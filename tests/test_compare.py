@@ -8,15 +8,15 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
-from workbench.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
-from workbench.costmodel import CostModel
-from workbench.events import Event
-from workbench.metrics import SLO
-from workbench.modelref import ModelRef
-from workbench.replay import SAMPLE_COLUMNS, Replay
-from workbench.report import build_report
+from workbench.sim.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
+from workbench.sim.costmodel import CostModel
+from workbench.observe.events import Event
+from workbench.observe.metrics import SLO
+from workbench.runtime.modelref import ModelRef
+from workbench.sim.replay import SAMPLE_COLUMNS, Replay
+from workbench.observe.report import build_report
 from workbench.views.replay import latency_cdf_text, occupancy_text, render_latency_cdfs, render_occupancy
-from workbench.workloads import Workload
+from workbench.workloads.workload import Workload
 
 COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
 
@@ -51,7 +51,7 @@ def test_a_summary_row_has_exact_latencies_rates_kv_and_padding():
 def test_compare_runs_each_config_on_the_same_workload_and_returns_the_documented_columns():
     standin = ModelRef(standin=True)
     tok = standin.load()[1]
-    work = wb.synthetic(tok, 8, rate_per_s=20.0, seed=1, prompt_tokens=wb.distributions.Uniform(2, 30),
+    work = wb.synthetic(tok, 8, rate_per_s=20.0, seed=1, prompt_tokens=wb.workloads.distributions.Uniform(2, 30),
                         output_tokens=4)
     configs = {"fcfs": {"max_batch": 2}, "spf": {"max_batch": 2, "policy": "shortest-prompt-first"},
                "wide": {"max_batch": 8}}

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.costmodel import (
+from workbench.sim.costmodel import (
     DECODE_COLUMNS, PREFILL_COLUMNS, CostedModel, CostModel, fit_cost_model, measure_costs, nonnegative_lstsq,
 )
 
@@ -65,7 +65,7 @@ class _Shape:
 
 
 def test_a_costed_model_charges_prefill_chunks_at_their_start_and_one_token_feeds_as_decode():
-    from workbench.clocks import VirtualClock
+    from workbench.sim.clocks import VirtualClock
 
     clock = VirtualClock()
     model = CostedModel(_FakeModel(), clock, TRUE)

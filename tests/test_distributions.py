@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from workbench.distributions import (
+from workbench.workloads.distributions import (
     Fixed, LogNormal, Uniform, gamma_arrivals_s, generator, lengths_from, poisson_arrivals_s,
 )
 

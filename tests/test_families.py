@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench import oracle
-from workbench.loading import DATA_DIR
-from workbench.mask_oracle import mismatches, recorded_masks
-from workbench.workloads import prompt_of_length
+from workbench.verify import oracle
+from workbench.runtime.loading import DATA_DIR
+from workbench.verify.mask_oracle import mismatches, recorded_masks
+from workbench.workloads.workload import prompt_of_length
 
 pytestmark = pytest.mark.model
 

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import workbench as wb
-from workbench import oracle
-from workbench.budget import kv_profile, projected_bytes
-from workbench.loading import DATA_DIR
-from workbench.workloads import prompt_of_length
+from workbench.verify import oracle
+from workbench.engine.budget import kv_profile, projected_bytes
+from workbench.runtime.loading import DATA_DIR
+from workbench.workloads.workload import prompt_of_length
 
 pytestmark = pytest.mark.model
 

@@ -7,9 +7,9 @@ from importlib.metadata import version
 import pytest
 
 import workbench as wb
-from workbench import oracle
-from workbench.goldens import GOLDEN_MAX_BATCH, golden_requests, read_goldens
-from workbench.loading import BUNDLED_MODEL, DATA_DIR, RANDOM_MODEL
+from workbench.verify import oracle
+from workbench.verify.goldens import GOLDEN_MAX_BATCH, golden_requests, read_goldens
+from workbench.runtime.loading import BUNDLED_MODEL, DATA_DIR, RANDOM_MODEL
 
 pytestmark = pytest.mark.model
 

@@ -3,9 +3,9 @@
 import pytest
 
 import workbench as wb
-from workbench import lessons
-from workbench.loading import DATA_DIR
-from workbench.workloads import prompt_of_length
+from workbench.verify import lessons
+from workbench.runtime.loading import DATA_DIR
+from workbench.workloads.workload import prompt_of_length
 
 pytestmark = pytest.mark.model
 

@@ -4,8 +4,8 @@ trained model rarely nearly ties over the demo workload (so its oracle checks ar
 import numpy as np
 import pytest
 
-from workbench.margins import NEAR_TIE_MARGIN, demo_margins, margin_report
-from workbench.oracle import Trace
+from workbench.verify.margins import NEAR_TIE_MARGIN, demo_margins, margin_report
+from workbench.verify.oracle import Trace
 
 
 def test_margins_below_the_threshold_count_as_near_ties_pooled_over_traces():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.base import create_causal_mask
 
-from workbench.masks import decode_mask, mask_grid, padding_waste
+from workbench.observe.masks import decode_mask, mask_grid, padding_waste
 
 
 def test_decode_mask_of_two_rows_masks_exactly_the_left_padding():

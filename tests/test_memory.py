@@ -1,9 +1,9 @@
-"""MLX's CPU buffer cache limit (workbench.memory)."""
+"""MLX's CPU buffer cache limit (workbench.runtime.memory)."""
 
 import mlx.core as mx
 import pytest
 
-from workbench import memory
+from workbench.runtime import memory
 
 
 @pytest.fixture

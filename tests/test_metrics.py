@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from workbench.events import Event, events_frame
-from workbench.metrics import percentiles, request_metrics, throughput_tok_per_s, token_gaps
+from workbench.observe.events import Event, events_frame
+from workbench.observe.metrics import percentiles, request_metrics, throughput_tok_per_s, token_gaps
 
 
 def _events():
@@ -78,7 +78,7 @@ def test_unknown_event_kind_is_refused():
 
 
 def test_step_metrics_count_batch_size_from_joins_and_evictions_and_rate_from_step_gaps(two_request_events):
-    from workbench.metrics import step_metrics
+    from workbench.observe.metrics import step_metrics
 
     s = step_metrics(two_request_events)
     assert s.step.tolist() == [0, 1, 2]
@@ -90,7 +90,7 @@ def test_step_metrics_count_batch_size_from_joins_and_evictions_and_rate_from_st
 
 
 def test_step_metrics_of_a_log_without_tokens_is_empty(two_request_events):
-    from workbench.metrics import STEP_COLUMNS, step_metrics
+    from workbench.observe.metrics import STEP_COLUMNS, step_metrics
 
     s = step_metrics(two_request_events[two_request_events.kind != "token"])
     assert s.empty and list(s.columns) == STEP_COLUMNS
@@ -99,13 +99,13 @@ def test_step_metrics_of_a_log_without_tokens_is_empty(two_request_events):
 # -- service levels, goodput, occupancy, padding (hand-built data) ------------------------
 
 def test_the_span_runs_from_the_first_submit_to_the_last_token():
-    from workbench.metrics import span_s
+    from workbench.observe.metrics import span_s
 
     assert span_s(_events()) == 6.0
 
 
 def test_meeting_the_slo_needs_a_finish_and_both_bounds():
-    from workbench.metrics import SLO, meets_slo
+    from workbench.observe.metrics import SLO, meets_slo
 
     r = request_metrics(_events())  # uid 0: ttft 2, tpot 1.5; uid 1: ttft 5, one token; uid 2 queued
     assert meets_slo(r, SLO()).tolist() == [True, True, False]
@@ -114,7 +114,7 @@ def test_meeting_the_slo_needs_a_finish_and_both_bounds():
 
 
 def test_goodput_counts_requests_within_the_slo_per_second_of_span():
-    from workbench.metrics import SLO, goodput_req_per_s
+    from workbench.observe.metrics import SLO, goodput_req_per_s
 
     r = request_metrics(_events())
     assert goodput_req_per_s(r, 6.0, SLO(ttft_s=2.0)) == pytest.approx(1 / 6)
@@ -123,7 +123,7 @@ def test_goodput_counts_requests_within_the_slo_per_second_of_span():
 
 
 def test_occupancy_counts_queued_prefilling_and_running_after_each_event_time():
-    from workbench.metrics import occupancy, occupancy_at
+    from workbench.observe.metrics import occupancy, occupancy_at
 
     ev = events_frame([
         Event("submit", 0, 0, 0.0), Event("admit", 0, 0, 1.0), Event("submit", 1, 0, 1.0),  # same time
@@ -137,7 +137,7 @@ def test_occupancy_counts_queued_prefilling_and_running_after_each_event_time():
 
 
 def test_occupancy_follows_preemption_and_aborts():
-    from workbench.metrics import occupancy
+    from workbench.observe.metrics import occupancy
 
     ev = events_frame([
         Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 1.0), Event("join", 0, 0, 1.0),
@@ -150,7 +150,7 @@ def test_occupancy_follows_preemption_and_aborts():
 
 
 def test_padding_waste_overall_weights_every_slot_of_every_step():
-    from workbench.metrics import padding_waste_overall
+    from workbench.observe.metrics import padding_waste_overall
 
     assert padding_waste_overall([2, 0], [8, 4]) == pytest.approx(2 / 12)
     assert padding_waste_overall([], []) == 0.0

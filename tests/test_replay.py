@@ -5,12 +5,12 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.clocks import VirtualClock, WallClock
-from workbench.costmodel import CostModel
-from workbench.distributions import Uniform
-from workbench.modelref import ModelRef
-from workbench.replay import SAMPLE_COLUMNS, check_config, replay, scheduler_options
-from workbench.workloads import Workload, synthetic
+from workbench.sim.clocks import VirtualClock, WallClock
+from workbench.sim.costmodel import CostModel
+from workbench.workloads.distributions import Uniform
+from workbench.runtime.modelref import ModelRef
+from workbench.sim.replay import SAMPLE_COLUMNS, check_config, replay, scheduler_options
+from workbench.workloads.workload import Workload, synthetic
 
 COST = CostModel(prefill_s_per_chunk=0.01, prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench import oracle
-from workbench.masks import decode_mask
+from workbench.verify import oracle
+from workbench.observe.masks import decode_mask
 
 pytestmark = pytest.mark.model
 

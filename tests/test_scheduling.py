@@ -4,8 +4,8 @@ pipelined decode, admission policies. Scheduling is not math: tokens never chang
 import pytest
 
 import workbench as wb
-from workbench import oracle
-from workbench.policies import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
+from workbench.verify import oracle
+from workbench.engine.policies import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
 
 pytestmark = pytest.mark.model
 

@@ -7,7 +7,8 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 import workbench as wb
-from workbench import oracle, slots
+from workbench.verify import oracle
+from workbench.engine import slots
 
 
 def _kv(tokens: list[list[float]], width: int) -> BatchKVCache:
@@ -149,7 +150,7 @@ def test_width_stays_bounded_while_rows_keep_being_replaced(make_sched, prompt, 
 
 
 def _priority_preemption(make_sched, prompt, bundled, reuse):
-    from workbench.budget import kv_profile, projected_bytes
+    from workbench.engine.budget import kv_profile, projected_bytes
 
     one = projected_bytes(kv_profile(bundled[0]), 10 + 16)
     s = make_sched(max_batch=4, kv_budget_bytes=3 * one, policy="priority", reuse_slots=reuse)

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.costmodel import CostModel
-from workbench.distributions import Uniform
-from workbench.sweep import grid, local_processes, sweep
+from workbench.sim.costmodel import CostModel
+from workbench.workloads.distributions import Uniform
+from workbench.sim.sweep import grid, local_processes, sweep
 
 COST = CostModel(prefill_s_per_chunk=1e-3, prefill_s_per_token=1e-3, decode_s_per_step=6e-3, decode_s_per_row=1e-3,
                  decode_s_per_kv_token=1e-6)

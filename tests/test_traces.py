@@ -4,7 +4,7 @@ real traces from ../shared/data/ when they are there."""
 import numpy as np
 import pytest
 
-from workbench.traces import (
+from workbench.workloads.traces import (
     TRACE_DIR_ENV, fit_lengths, read_azure_trace, trace_dir, trace_path, trace_workload, window,
 )
 

@@ -13,14 +13,14 @@ from matplotlib.figure import Figure
 
 import workbench as wb
 from workbench import views
-from workbench.masks import decode_mask
-from workbench.metrics import request_metrics, throughput_tok_per_s
-from workbench.report import Report
-from workbench.snapshot import LayerGroup, Snapshot, frozen
+from workbench.observe.masks import decode_mask
+from workbench.observe.metrics import request_metrics, throughput_tok_per_s
+from workbench.observe.report import Report
+from workbench.observe.snapshot import LayerGroup, Snapshot, frozen
 from workbench.views.kv import row_geometry
 from workbench.views.latency import run_lengths
 from workbench.views.mask import mask_cells
-from workbench.workloads import prompt_of_length
+from workbench.workloads.workload import prompt_of_length
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_join_evict.ipynb"
 
@@ -44,7 +44,7 @@ def report_of(events) -> Report:
 
 def window_run(model_name="tiny-gemma3", steps=8):
     """A live tiny-gemma3 batch: two rows decode ``steps`` steps, a third joins."""
-    model, tokenizer = wb.load(wb.loading.DATA_DIR / "models" / model_name)
+    model, tokenizer = wb.load(wb.runtime.loading.DATA_DIR / "models" / model_name)
     sched = wb.Scheduler(model, tokenizer, max_batch=3)
     for n, start in ((6, 0), (3, 50)):
         sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, n, start), max_tokens=16))

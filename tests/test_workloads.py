@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.distributions import Uniform
-from workbench.workloads import WORKLOAD_COLUMNS, Workload, prompt_of_length, source_ids, synthesize_prompts, synthetic
+from workbench.workloads.distributions import Uniform
+from workbench.workloads.workload import WORKLOAD_COLUMNS, Workload, prompt_of_length, source_ids, synthesize_prompts, synthetic
 
 
 @pytest.fixture(scope="module")

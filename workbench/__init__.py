@@ -16,32 +16,36 @@ Workloads, replay and comparison (docs/policies.md)::
                        cost_model=wb.CostModel.load(...), slo=wb.SLO(ttft_s=0.5))
 """
 
-from . import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.blas)
-from . import memory  # noqa: F401  MLX's CPU buffer cache: reuse freed KV-sized buffers (see workbench.memory)
-from .compare import compare
-from .costmodel import CostModel
-from .events import Event
-from .loading import BUNDLED_MODEL, load
-from .metrics import SLO
-from .modelref import ModelRef
-from .replay import replay
-from .report import Report
-from .request import Request
-from .scheduler import Scheduler
-from .snapshot import Snapshot
-from .sweep import grid, sweep
-from .traces import trace_workload
-from .workloads import Workload, synthetic
+from .runtime import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.runtime.blas)
+from .runtime import memory  # noqa: F401  MLX's CPU buffer cache: reuse freed KV-sized buffers (see workbench.runtime.memory)
+from .sim.compare import compare
+from .sim.costmodel import CostModel
+from .observe.events import Event
+from .runtime.loading import BUNDLED_MODEL, load
+from .observe.metrics import SLO
+from .runtime.modelref import ModelRef
+from .sim.replay import replay
+from .observe.report import Report
+from .engine.request import Request
+from .engine.scheduler import Scheduler
+from .observe.snapshot import Snapshot
+from .sim.sweep import grid, sweep
+from .workloads.traces import trace_workload
+from .workloads.workload import Workload, synthetic
 
 __all__ = ["BUNDLED_MODEL", "CostModel", "Event", "ModelRef", "Report", "Request", "SLO", "Scheduler", "Snapshot",
            "Workload", "compare", "grid", "load", "replay", "sweep", "synthetic", "trace_workload", "views"]
 __version__ = "0.1.0"
 
 
+_SUBPACKAGES = ("bench", "engine", "observe", "runtime", "sim", "verify", "views", "workloads")
+
+
 def __getattr__(name: str):
-    """``wb.views`` is imported on first use, so ``import workbench`` stays light."""
-    if name == "views":
+    """Subpackages (``wb.views``, ``wb.verify``, ...) are imported on first use, so
+    ``import workbench`` stays light."""
+    if name in _SUBPACKAGES:
         import importlib
 
-        return importlib.import_module(".views", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _goldens(args: argparse.Namespace) -> int:
-    from .goldens import make_goldens, write_goldens
-    from .loading import BUNDLED_MODEL, load
+    from .verify.goldens import make_goldens, write_goldens
+    from .runtime.loading import BUNDLED_MODEL, load
 
     name = args.model or BUNDLED_MODEL.name
     model, tokenizer = load(args.model) if args.model else load()
@@ -37,14 +37,14 @@ def _gallery(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .benchreport import bench_job
+    from .bench.report import bench_job
 
     return bench_job(args.quick, Path(args.out) if args.out else None)
 
 
 def _margins(args: argparse.Namespace) -> int:
-    from .loading import load
-    from .margins import demo_margins
+    from .runtime.loading import load
+    from .verify.margins import demo_margins
 
     model, tokenizer = load(args.model) if args.model else load()
     print(demo_margins(model, tokenizer).text())
@@ -61,11 +61,11 @@ def _info(args: argparse.Namespace) -> int:
     for pkg in ("mlx", "mlx-lm", "numpy", "pandas", "matplotlib"):
         print(f"{pkg} {version(pkg)}")
     print(f"mlx default device: {mx.default_device()}")
-    from .blas import STATUS, matmul_seconds
+    from .runtime.blas import STATUS, matmul_seconds
 
     print(f"BLAS: {STATUS.note}")
     print(f"measured: 1024x1024 float32 matmul {matmul_seconds() * 1e3:.1f} ms")
-    from .memory import STATUS as CACHE
+    from .runtime.memory import STATUS as CACHE
 
     print(f"MLX buffer cache: {CACHE.note}")
     return 0

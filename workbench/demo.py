@@ -12,11 +12,11 @@ from typing import Callable
 
 import pandas as pd
 
-from . import oracle
-from .loading import BUNDLED_MODEL, load
-from .scheduler import Scheduler
+from .verify import oracle
+from .runtime.loading import BUNDLED_MODEL, load
+from .engine.scheduler import Scheduler
 from .views.timeline import render_timeline
-from .workloads import demo_workload
+from .workloads.workload import demo_workload
 
 TEXT_CHARS = 40
 

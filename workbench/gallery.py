@@ -22,11 +22,11 @@ from typing import Callable
 from matplotlib.figure import Figure
 
 from . import views
-from .loading import DATA_DIR, load
-from .request import Request
-from .scheduler import Scheduler
-from .snapshot import Snapshot
-from .workloads import demo_workload, prompt_of_length
+from .runtime.loading import DATA_DIR, load
+from .engine.request import Request
+from .engine.scheduler import Scheduler
+from .observe.snapshot import Snapshot
+from .workloads.workload import demo_workload, prompt_of_length
 
 WINDOW_MODEL = DATA_DIR / "models" / "tiny-gemma3"
 GALLERY_DPI = 100

@@ -1,7 +1,7 @@
 """Benchmark figures: pure functions from the benchmark's frames (as written to
 ``docs/benchmarks/*.csv``) to matplotlib Figures.
 
-Knows: the columns of :class:`workbench.bench.BenchResult`'s frames. Must not know: the
+Knows: the columns of :class:`workbench.bench.run.BenchResult`'s frames. Must not know: the
 engines; these never run anything, so the notebook draws them from the stored CSV files.
 """
 

@@ -30,7 +30,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..snapshot import LayerGroup, Snapshot
+from ..observe.snapshot import LayerGroup, Snapshot
 from . import style
 from .mask import row_labels
 

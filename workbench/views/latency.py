@@ -1,7 +1,7 @@
 """Latency and throughput view: TTFT and TPOT distributions with p50/p95, decode tokens
-per second over time, batch size per step, from a :class:`~workbench.report.Report`.
+per second over time, batch size per step, from a :class:`~workbench.observe.report.Report`.
 
-Knows: the report's ``requests`` and ``events`` frames and :mod:`workbench.metrics`
+Knows: the report's ``requests`` and ``events`` frames and :mod:`workbench.observe.metrics`
 (every number here is computed there, from events only). Must not know: the engine.
 
 Text form (deterministic under an injected fake clock)::
@@ -23,8 +23,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ..metrics import percentiles, step_metrics
-from ..report import Report
+from ..observe.metrics import percentiles, step_metrics
+from ..observe.report import Report
 from . import style
 
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))

@@ -1,5 +1,5 @@
 """Mask view: per layer group and per row (labelled by uid), the attention mask the next
-decode step uses, drawn from a :class:`~workbench.snapshot.Snapshot`.
+decode step uses, drawn from a :class:`~workbench.observe.snapshot.Snapshot`.
 
 Knows: snapshots and their layer groups. Must not know: the scheduler, MLX.
 
@@ -26,7 +26,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from ..snapshot import LayerGroup, Snapshot
+from ..observe.snapshot import LayerGroup, Snapshot
 from . import style
 
 MASKED, ATTENDED, FED = 0, 1, 2  # cell codes of :func:`mask_cells`

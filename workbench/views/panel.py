@@ -1,4 +1,4 @@
-"""The live panel: an ipywidgets shell around a :class:`~workbench.scheduler.Scheduler`.
+"""The live panel: an ipywidgets shell around a :class:`~workbench.engine.scheduler.Scheduler`.
 
 Knows: the scheduler's public calls (``submit / admit / step / filter / run / snapshot /
 report`` and its ``history``), the views, ipywidgets. Must not know: the engine's
@@ -39,9 +39,9 @@ except ImportError as exc:  # the engine and the figure views do not need them
     raise ImportError(f"wb.views.Panel needs ipywidgets and IPython ({exc}); install them with "
                       "pip install -e \".[notebooks]\" (or pip install ipywidgets)") from exc
 
-from ..request import Request
-from ..scheduler import Scheduler
-from ..snapshot import Snapshot
+from ..engine.request import Request
+from ..engine.scheduler import Scheduler
+from ..observe.snapshot import Snapshot
 from . import style
 from .kv import render_kv
 from .mask import mask_text, render_masks

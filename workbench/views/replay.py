@@ -1,7 +1,7 @@
 """Side-by-side views of replays: latency CDFs, and batch size and queue length over time.
 
-Knows: :class:`~workbench.replay.Replay` (its report's events and requests),
-:mod:`workbench.metrics` (``occupancy`` from events), matplotlib. Must not know: the
+Knows: :class:`~workbench.sim.replay.Replay` (its report's events and requests),
+:mod:`workbench.observe.metrics` (``occupancy`` from events), matplotlib. Must not know: the
 engine. Each figure has a text form with the same content, deterministic for nbval.
 
 Text forms::
@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..metrics import occupancy, occupancy_at, percentiles
-from ..replay import Replay
+from ..observe.metrics import occupancy, occupancy_at, percentiles
+from ..sim.replay import Replay
 
 CDF_QUANTILES = (10, 25, 50, 75, 90, 95, 99)
 LATENCY_LABELS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "queue_s": "queue"}

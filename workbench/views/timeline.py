@@ -1,5 +1,5 @@
 """Row timeline (Gantt): per uid, queued, prefilling, decoding and finished spans, from a
-report's events frame (:func:`workbench.events.events_frame`).
+report's events frame (:func:`workbench.observe.events.events_frame`).
 
 Knows: the event kinds and their ``step`` / ``time_s`` columns. Must not know: the engine.
 

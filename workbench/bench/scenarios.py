@@ -1,11 +1,11 @@
 """Benchmark scenarios: the workbench Scheduler and mlx-lm's ``BatchGenerator`` in one
 process, on the same model, prompts and settings; how each number is defined.
 
-Knows: the scenarios. Uses :mod:`workbench.benchengines`
-(the two engines, one driver), :mod:`workbench.benchmodel` (random-weight llamas),
-:mod:`workbench.roofline`, :mod:`workbench.metrics` (everything latency-like is computed
-from event logs). Must not know: the run's sizes (:mod:`workbench.bench`), how results are
-printed or drawn (:mod:`workbench.benchreport`, :mod:`workbench.views.bench`).
+Knows: the scenarios. Uses :mod:`workbench.bench.engines`
+(the two engines, one driver), :mod:`workbench.bench.model` (random-weight llamas),
+:mod:`workbench.bench.roofline`, :mod:`workbench.observe.metrics` (everything latency-like is computed
+from event logs). Must not know: the run's sizes (:mod:`workbench.bench.run`), how results are
+printed or drawn (:mod:`workbench.bench.report`, :mod:`workbench.views.bench`).
 
 Scenarios, each a function returning DataFrames:
 
@@ -20,7 +20,7 @@ Scenarios, each a function returning DataFrames:
   submit, ITL = gaps between consecutive tokens of a request (``metrics.token_gaps``).
 - :func:`join_cost`: joining one row into ``rows`` rows of ``context_tokens`` tokens (in
   decode, random K/V) by the engine's two paths, into the free slot of an evicted row
-  (:func:`workbench.slots.fill_slots`) and by ``extend`` (``caches.join`` = mlx-lm's
+  (:func:`workbench.engine.slots.fill_slots`) and by ``extend`` (``caches.join`` = mlx-lm's
   ``extend``, when no slot is free), versus re-merging the whole batch (``extract`` every
   row, ``merge``), each over one decode step.
 - :func:`head_of_line`: running rows decode while a long prompt joins (prefilled in
@@ -41,12 +41,12 @@ import numpy as np
 import pandas as pd
 from mlx_lm.models.cache import make_prompt_cache
 
-from . import caches as kv
-from . import slots
-from .benchengines import Arrival, MlxLmEngine, WorkbenchEngine, drive
-from .events import events_frame
-from .metrics import request_metrics, token_gaps
-from .workloads import prompt_of_length
+from ..engine import caches as kv
+from ..engine import slots
+from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
+from ..observe.events import events_frame
+from ..observe.metrics import request_metrics, token_gaps
+from ..workloads.workload import prompt_of_length
 
 WORKBENCH, WORKBENCH_OFF, MLX_LM = "workbench", "workbench, instrumentation off", "mlx-lm"
 PREFILL_FIRST = "workbench, prefill-first"

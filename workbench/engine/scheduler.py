@@ -1,8 +1,8 @@
 """The step-at-a-time continuous-batching scheduler.
 
 Knows: the queue, the joining (prefilling) group, the running rows, the admission
-policy, the event log. Uses: :mod:`workbench.caches` for mlx-lm's batch caches,
-:mod:`workbench.prefill`, :mod:`workbench.decode`. Must not know: views, Jupyter.
+policy, the event log. Uses: :mod:`workbench.engine.caches` for mlx-lm's batch caches,
+:mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`. Must not know: views, Jupyter.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
 
@@ -17,7 +17,7 @@ Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
   cache it *joins*: one ``[n, 1]`` forward feeds each joiner's last prompt token
   (computing its first token's distribution, as mlx-lm's ``GenerationBatch`` does),
   then each joiner is written into a *free slot* (the cache row of a request evicted
-  since the last step, :mod:`workbench.slots`) or, when none is free, the caches'
+  since the last step, :mod:`workbench.engine.slots`) or, when none is free, the caches'
   ``extend`` appends it to the running batch.
 - ``step()`` reads one token per running row (the distribution computed by the
   previous forward) and feeds it: one ``[B, 1]`` forward. With ``pipeline`` that
@@ -55,16 +55,16 @@ from . import caches as kv
 from . import slots
 from .budget import kv_profile, projected_bytes
 from .decode import Pending, launch
-from .events import Event
+from ..observe.events import Event
 from .inspection import History, Inspection
 from .inspection import Row as _Row
 from .policies import Policy, Queued, policy_from
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
-from .report import Report
+from ..observe.report import Report
 from .request import Request, ValidRequest, validate
 from .sampling import RowSampler
-from .snapshot import Snapshot
+from ..observe.snapshot import Snapshot
 
 
 @dataclass
@@ -328,7 +328,7 @@ class Scheduler(Inspection):
 
     def _place(self, joiners: list[Any], lengths: list[int]) -> list[tuple[str, int]]:
         """Put the joiners' cache rows into the batch cache: into free slots where they
-        fit (:func:`workbench.slots.fill_slots`), the rest by ``extend`` (after the free
+        fit (:func:`workbench.engine.slots.fill_slots`), the rest by ``extend`` (after the free
         slots left, which the next group of this ``admit()`` may still fill). Returns the
         new row order as ``("live", running row)`` / ``("free slot" or "extend", joiner
         index)`` pairs."""

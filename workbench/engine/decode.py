@@ -68,7 +68,7 @@ def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[R
     (updated in place) and sample each row's next token.
 
     Args:
-        samplers, contexts, token_index: per row, see :func:`workbench.sampling.sample_rows`.
+        samplers, contexts, token_index: per row, see :func:`workbench.engine.sampling.sample_rows`.
         asynchronous: start evaluation with ``mx.async_eval`` and return at once (the
             pipelined path); ``False`` evaluates before returning.
 

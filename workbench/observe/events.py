@@ -2,7 +2,7 @@
 
 Knows: the event kinds and their fields. Must not know: MLX, caches, metrics.
 Every metric (TTFT, TPOT, E2E, queue time, throughput) is computed from this log by
-:mod:`workbench.metrics`, so no counter can drift from what happened.
+:mod:`workbench.observe.metrics`, so no counter can drift from what happened.
 
 Kinds (``Event.kind``):
 

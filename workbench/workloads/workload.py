@@ -2,8 +2,8 @@
 generators, and the demo's staggered arrivals.
 
 Knows: the bundled prompt set (``data/prompts/``), the tokenizer, :class:`Request`, the
-seeded distributions of :mod:`workbench.distributions`. Must not know: the scheduler
-(replaying a workload is :mod:`workbench.replay`'s job).
+seeded distributions of :mod:`workbench.workloads.distributions`. Must not know: the scheduler
+(replaying a workload is :mod:`workbench.sim.replay`'s job).
 
 Glossary: an *arrival* is ``(arrival_s, Request)``: the request reaches the server
 ``arrival_s`` seconds after the workload starts. A :class:`Workload` is a name and its
@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from .distributions import Lengths, gamma_arrivals_s, generator, lengths_from, poisson_arrivals_s
-from .loading import DATA_DIR
-from .request import Request
+from ..runtime.loading import DATA_DIR
+from ..engine.request import Request
 
 PROMPT_SOURCE = DATA_DIR / "prompts" / "python_source.txt"
 
@@ -74,7 +74,7 @@ def demo_workload(tokenizer: Any, max_tokens_cap: int | None = None) -> list[tup
 
 @dataclass(frozen=True)
 class Workload:
-    """Requests with arrival times, replayable by :func:`workbench.replay.replay`.
+    """Requests with arrival times, replayable by :func:`workbench.sim.replay.replay`.
 
     Args:
         arrivals: ``(arrival_s, Request)`` pairs; ``arrival_s`` finite and ``>= 0``
@@ -191,7 +191,7 @@ def synthetic(tokenizer: Any, n_requests: int, rate_per_s: float, seed: int | np
         rate_per_s: mean arrival rate (requests per second).
         seed: an int or a ``numpy.random.Generator``; the same seed gives the same workload.
         arrivals: ``"poisson"`` or ``"gamma"`` (with ``cv``; see
-            :mod:`workbench.distributions`).
+            :mod:`workbench.workloads.distributions`).
         prompt_tokens, output_tokens: an int (fixed) or a ``Fixed`` / ``Uniform`` /
             ``LogNormal`` length distribution; ``output_tokens`` becomes ``max_tokens``.
         shared_prefix_tokens, n_prefixes: shared prompt prefixes (prompt-cache experiments).

@@ -1,8 +1,8 @@
 """Roofline of a decode step: what memory bandwidth and arithmetic allow, to compare with
 what the engines measure.
 
-Knows: the model's decode weights (:mod:`workbench.benchmodel`), its KV bytes per token
-(:mod:`workbench.budget`), a timed array copy (bandwidth) and a timed matmul (flops).
+Knows: the model's decode weights (:mod:`workbench.bench.model`), its KV bytes per token
+(:mod:`workbench.engine.budget`), a timed array copy (bandwidth) and a timed matmul (flops).
 Must not know: engines, schedulers.
 
 One decode step of ``B`` rows at ``C`` context tokens each::
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .benchmodel import decode_weight_bytes, decode_weight_params
-from .blas import matmul_seconds
-from .budget import kv_profile
+from .model import decode_weight_bytes, decode_weight_params
+from ..runtime.blas import matmul_seconds
+from ..engine.budget import kv_profile
 
 
 def copy_bandwidth_bytes_per_s(n_bytes: int = 256 * 2**20, repeats: int = 5, backend: str = "numpy") -> float:

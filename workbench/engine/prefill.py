@@ -45,7 +45,7 @@ class PrefillGroup:
         prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
         max_kv_size: passed to mlx-lm's ``make_prompt_cache`` (rotating caches keep no
-            sink tokens, like the batch's: :func:`workbench.caches.single_cache`).
+            sink tokens, like the batch's: :func:`workbench.engine.caches.single_cache`).
         caches: optional per-row single-sequence caches already holding a cached prefix
             (from the prompt cache); ``prompts`` are then the uncached tails.
 

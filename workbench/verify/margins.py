@@ -19,9 +19,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .oracle import Trace, ref_request, solo_reference
-from .request import validate
-from .scheduler import vocab_size
-from .workloads import demo_workload
+from ..engine.request import validate
+from ..engine.scheduler import vocab_size
+from ..workloads.workload import demo_workload
 
 NEAR_TIE_MARGIN = 1e-3
 

@@ -1,7 +1,7 @@
 """Sweeps: the comparison table over a grid of configurations, run by any
 ``concurrent.futures``-compatible executor.
 
-Knows: :mod:`workbench.compare` (one row per config), :class:`~workbench.modelref.ModelRef`
+Knows: :mod:`workbench.sim.compare` (one row per config), :class:`~workbench.runtime.modelref.ModelRef`
 (what workers load), ``concurrent.futures``. Must not know: the scheduler's internals.
 There is no task farm here: local processes are a ``ProcessPoolExecutor`` (``spawn``
 start method: MLX does not survive ``fork``), and a cluster is whatever executor the
@@ -30,10 +30,10 @@ from tqdm.auto import tqdm
 
 from .compare import COMPARE_COLUMNS, summary_row
 from .costmodel import CostModel
-from .metrics import SLO
-from .modelref import ModelRef
+from ..observe.metrics import SLO
+from ..runtime.modelref import ModelRef
 from .replay import check_config, replay
-from .workloads import Workload
+from ..workloads.workload import Workload
 
 
 def grid(base: Mapping[str, Any] | None = None, **axes: Sequence[Any]) -> dict[str, dict[str, Any]]:
@@ -79,7 +79,7 @@ def sweep(workload: Workload, configs: Mapping[str, dict[str, Any]], model: Mode
             ``result()`` (``concurrent.futures`` executors, ``dask`` ``Client.get_executor()``).
             ``None``: :func:`local_processes` with one worker per config up to the CPU count,
             shut down at the end.
-        slo, mode, cost_model, progress: as in :func:`workbench.compare.compare`.
+        slo, mode, cost_model, progress: as in :func:`workbench.sim.compare.compare`.
 
     Raises:
         ValueError: for a bad config (checked before anything is submitted).

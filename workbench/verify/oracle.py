@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
 
-from .caches import single_cache
+from ..engine.caches import single_cache
 
 DEFAULT_ATOL = 1e-4
 
@@ -51,7 +51,7 @@ class RefRequest:
 
 
 def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> list[Any]:
-    """The solo reference's cache: :func:`workbench.caches.single_cache` (``keep=0``
+    """The solo reference's cache: :func:`workbench.engine.caches.single_cache` (``keep=0``
     rotating caches, like the batch's; ``keep=4`` is mlx-lm's single-sequence default)."""
     return single_cache(model, max_kv_size, keep)
 
@@ -176,7 +176,7 @@ def scheduler_trace(sched: Any, uid: int) -> Trace:
 
 
 def ref_request(valid: Any) -> RefRequest:
-    """A :class:`RefRequest` from a validated request (``workbench.request.ValidRequest``)."""
+    """A :class:`RefRequest` from a validated request (``workbench.engine.request.ValidRequest``)."""
     return RefRequest(valid.prompt_ids, valid.request.max_tokens, valid.stop_ids)
 
 

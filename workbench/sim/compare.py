@@ -1,7 +1,7 @@
 """Compare scheduler configurations on one workload: a table of latency percentiles,
 throughput, goodput, KV use and padding waste, one row per configuration.
 
-Knows: :mod:`workbench.replay` (runs), :mod:`workbench.metrics` (every number is
+Knows: :mod:`workbench.sim.replay` (runs), :mod:`workbench.observe.metrics` (every number is
 computed there, from events, or from the replay's per-step samples for KV and padding).
 Must not know: the scheduler's internals, views.
 
@@ -13,7 +13,7 @@ named otherwise):
 ``requests``             requests submitted; ``finished``: of them, finished
 ``ttft_p50_s`` ...       TTFT, TPOT and E2E at p50, p95 and p99 (over finished values)
 ``throughput_tok_per_s`` generated tokens / span (first submit to last token)
-``goodput_req_per_s``    requests meeting the SLO / span (:class:`~workbench.metrics.SLO`)
+``goodput_req_per_s``    requests meeting the SLO / span (:class:`~workbench.observe.metrics.SLO`)
 ``slo_attainment``       share of requests meeting the SLO (0..1)
 ``peak_kv_bytes``        most bytes the running batch's caches held at a decode step
 ``peak_kv_tokens``       most KV slots (rows x KV width) at a decode step: model-free
@@ -32,10 +32,10 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .costmodel import CostModel
-from .metrics import SLO, goodput_req_per_s, meets_slo, padding_waste_overall, percentiles, span_s
-from .modelref import ModelRef
+from ..observe.metrics import SLO, goodput_req_per_s, meets_slo, padding_waste_overall, percentiles, span_s
+from ..runtime.modelref import ModelRef
 from .replay import Replay, replay
-from .workloads import Workload
+from ..workloads.workload import Workload
 
 LATENCIES = ("ttft", "tpot", "e2e")
 QUANTILES = (50, 95, 99)
@@ -85,7 +85,7 @@ def replay_many(workload: Workload, configs: Mapping[str, dict[str, Any]],
                 model: ModelRef | tuple[Any, Any] = ModelRef(), *, mode: str | None = None,
                 cost_model: CostModel | None = None, progress: bool = False) -> dict[str, Replay]:
     """Replay ``workload`` once per named config, in this process (see
-    :func:`workbench.replay.replay` for ``mode`` and ``cost_model``; :mod:`workbench.sweep`
+    :func:`workbench.sim.replay.replay` for ``mode`` and ``cost_model``; :mod:`workbench.sim.sweep`
     for many configs in parallel).
 
     Returns:

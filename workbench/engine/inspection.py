@@ -1,8 +1,8 @@
 """Inspection of a running scheduler: per-uid results, snapshots and history, the report.
 
 Knows: the scheduler's state (queue, prefilling group, rows, finished rows, batch cache),
-mlx-lm's caches through :mod:`workbench.caches`. Must not know: how the engine changes
-that state (see :mod:`workbench.scheduler`, which mixes this class in). Reads only:
+mlx-lm's caches through :mod:`workbench.engine.caches`. Must not know: how the engine changes
+that state (see :mod:`workbench.engine.scheduler`, which mixes this class in). Reads only:
 nothing here changes the batch.
 """
 
@@ -16,10 +16,10 @@ import numpy as np
 
 from . import caches as kv
 from . import slots
-from .report import Report, build_report
+from ..observe.report import Report, build_report
 from .request import ValidRequest
 from .sampling import RowSampler
-from .snapshot import LayerGroup, Snapshot, frozen
+from ..observe.snapshot import LayerGroup, Snapshot, frozen
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Row:
 
 
 class Inspection:
-    """The scheduler's read-only side (mixed into :class:`workbench.scheduler.Scheduler`)."""
+    """The scheduler's read-only side (mixed into :class:`workbench.engine.scheduler.Scheduler`)."""
 
     def _row_of(self, uid: int) -> Row:
         for r in self._rows:
@@ -110,7 +110,7 @@ class Inspection:
 
     def _capture(self) -> Callable[[], Snapshot]:
         """Everything a snapshot shows, captured now without evaluating MLX arrays; the
-        returned function converts to numpy (see :func:`workbench.caches.attention_geometry`)."""
+        returned function converts to numpy (see :func:`workbench.engine.caches.attention_geometry`)."""
         B = len(self._rows)
         groups = []
         cache = self.batch_cache  # free slots left out

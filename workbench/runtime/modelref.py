@@ -12,7 +12,7 @@ replaces the model by a one-layer llama with hidden size 16 and all weights zero
 always generates token 0). It has the same cache family as the bundled tiny-llama
 (full attention, mlx-lm ``BatchKVCache``), so the scheduler's geometry (rows, left
 padding, KV width) is real, while each forward costs a few percent of the bundled
-model's. Simulated replays use it with a :class:`~workbench.costmodel.CostModel`
+model's. Simulated replays use it with a :class:`~workbench.sim.costmodel.CostModel`
 advancing the clock and ``stop_ids=[]`` (output lengths come from the workload). Its KV
 bytes are the stand-in's, not the costed model's: compare KV use in tokens.
 """

@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx_lm
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 # The default: a small llama trained on CPython's stdlib (scripts/train_tiny.py).
 BUNDLED_MODEL = DATA_DIR / "models" / "tiny-code"
 # Random weights, same architecture family: for tests of mechanics on another shape.

@@ -1,9 +1,9 @@
-"""The job behind ``workbench bench``: every scenario of :mod:`workbench.benchscenarios`
+"""The job behind ``workbench bench``: every scenario of :mod:`workbench.bench.scenarios`
 on one random-weight model, with the machine's state recorded.
 
 Knows: the run's sizes (:data:`FULL_CONFIG` for the docs, :data:`QUICK_CONFIG` for the CI
 smoke run), the order of the scenarios, the load average while they run. Must not know:
-how results are printed, drawn or written (:mod:`workbench.benchreport`).
+how results are printed, drawn or written (:mod:`workbench.bench.report`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any, Callable
 import mlx.core as mx
 import pandas as pd
 
-from .benchmodel import FULL, QUICK, ModelShape, make_model, parameter_count
-from .benchscenarios import (
+from .model import FULL, QUICK, ModelShape, make_model, parameter_count
+from .scenarios import (
     MLX_LM, PREFILL_FIRST, WORKBENCH, decode_runs, engine_factories, equal_prompts, head_of_line,
     join_cost, latency_runs, staggered_arrivals,
 )
-from .loading import load
+from ..runtime.loading import load
 from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 
 

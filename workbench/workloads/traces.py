@@ -3,7 +3,7 @@ a small model.
 
 Knows: the CSV format (``TIMESTAMP, ContextTokens, GeneratedTokens``; one row per
 request), where the shared copy of the 2023 traces lives, and
-:mod:`workbench.workloads` (to turn lengths into requests). Must not know: the scheduler.
+:mod:`workbench.workloads.workload` (to turn lengths into requests). Must not know: the scheduler.
 
 The traces (conversation and coding services, 2023-11-16, about one hour each) are
 published by Microsoft Azure under CC-BY with: Patel et al., "Splitwise: Efficient
@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .loading import DATA_DIR
-from .request import Request
-from .workloads import Workload, synthesize_prompts
+from ..runtime.loading import DATA_DIR
+from ..engine.request import Request
+from .workload import Workload, synthesize_prompts
 
 TRACE_DIR_ENV = "WORKBENCH_TRACE_DIR"
 DEFAULT_TRACE_DIR = DATA_DIR.parent.parent / "shared" / "data" / "azure-llm-inference-2023"

@@ -4,7 +4,7 @@ Knows: what a view, a test or a golden needs to see of the batch. Must not know:
 (the scheduler converts MLX arrays to numpy once, after ``mx.eval``), widgets.
 
 Axis letters: ``B`` rows in the running batch, ``S`` key positions of the next decode
-step (for full attention the KV width + 1; see :mod:`workbench.masks`).
+step (for full attention the KV width + 1; see :mod:`workbench.observe.masks`).
 
 Layers are shown per *layer group* (:class:`LayerGroup`): ``full`` for full-attention
 layers (mlx-lm ``BatchKVCache``), ``window<W>`` for sliding-window layers
@@ -111,7 +111,7 @@ class Snapshot:
             (all prompt tokens but the last are prefilled before the join).
         free_slots: cache rows of evicted requests held for the next joiner (not among
             the ``B`` rows; ``kv_bytes`` counts them): the next join writes into them,
-            else the next ``step()`` drops them (see :mod:`workbench.slots`).
+            else the next ``step()`` drops them (see :mod:`workbench.engine.slots`).
     """
 
     step: int

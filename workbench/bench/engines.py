@@ -3,7 +3,7 @@ the same arrivals.
 
 Knows: the Scheduler's ``submit / admit / step / filter``, mlx-lm's ``BatchGenerator``
 (``insert / next_generated / close``), the event records. Must not know: what is measured
-or reported (:mod:`workbench.bench` does that).
+or reported (:mod:`workbench.bench.run` does that).
 
 An *engine* here has ``submit(prompt_ids, max_tokens) -> uid``, ``iterate() -> tokens``,
 ``idle``, ``events`` and ``close()``. One iteration is what the engine's own loop does
@@ -17,7 +17,7 @@ once:
 Both decode greedily with no stop ids (every request runs to ``max_tokens``). The
 workbench's ``events`` are its own log; mlx-lm has none, so its adapter records the same
 kinds (``submit``, ``token``, ``finish``) stamped with the time ``next_generated()``
-returned, and :mod:`workbench.metrics` reads both logs alike.
+returned, and :mod:`workbench.observe.metrics` reads both logs alike.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 from mlx_lm.generate import BatchGenerator
 
-from .events import Event
-from .request import Request
-from .scheduler import Scheduler
+from ..observe.events import Event
+from ..engine.request import Request
+from ..engine.scheduler import Scheduler
 
 
 class WorkbenchEngine:
-    """The workbench :class:`~workbench.scheduler.Scheduler` as a benchmark engine.
+    """The workbench :class:`~workbench.engine.scheduler.Scheduler` as a benchmark engine.
 
     Args:
         model, tokenizer: the model under test and any tokenizer (prompts are token ids).
@@ -74,7 +74,7 @@ class WorkbenchEngine:
 
     def read_history(self) -> tuple[int, float]:
         """Convert every recorded snapshot to numpy (the engine records them lazily, see
-        :class:`workbench.inspection.History`); returns ``(snapshots, seconds)``."""
+        :class:`workbench.engine.inspection.History`); returns ``(snapshots, seconds)``."""
         start = time.perf_counter()
         n = len(list(self.sched.history))
         return n, time.perf_counter() - start

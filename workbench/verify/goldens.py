@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .oracle import RefRequest, batch_reference, solo_reference
-from .workloads import prompt_of_length
+from ..workloads.workload import prompt_of_length
 
 GOLDEN_PROMPT_TOKENS = (1, 5, 17, 40, 3, 96)
 GOLDEN_MAX_TOKENS = (12, 20, 16, 24, 10, 18)

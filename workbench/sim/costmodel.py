@@ -3,7 +3,7 @@
 Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
 ``[B, 1]`` feeds: decode steps and joins), numpy least squares. Must not know: the
 scheduler's internals (measurement drives the public API and
-:class:`workbench.prefill.PrefillGroup`, which is what ``admit()`` runs).
+:class:`workbench.engine.prefill.PrefillGroup`, which is what ``admit()`` runs).
 
 Model (seconds; every coefficient ``>= 0``)::
 
@@ -37,10 +37,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import pandas as pd
 
-from .prefill import PrefillGroup
-from .request import Request
-from .scheduler import Scheduler
-from .workloads import prompt_of_length
+from ..engine.prefill import PrefillGroup
+from ..engine.request import Request
+from ..engine.scheduler import Scheduler
+from ..workloads.workload import prompt_of_length
 
 PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]
 DECODE_COLUMNS = ["batch_size", "kv_width_tokens", "time_s"]
@@ -185,9 +185,9 @@ def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2
 
     Prefill: for each group size ``B`` in ``group_rows`` and chunk size ``C``, ``B``
     prompts of ``prefill_context_tokens`` run through
-    :class:`~workbench.prefill.PrefillGroup` in chunks of ``C`` (each timed, at its start
+    :class:`~workbench.engine.prefill.PrefillGroup` in chunks of ``C`` (each timed, at its start
     position). Decode: for each ``B`` and ``W``, ``B`` prompts of ``W``
-    tokens are admitted into a :class:`~workbench.scheduler.Scheduler`, then
+    tokens are admitted into a :class:`~workbench.engine.scheduler.Scheduler`, then
     ``decode_steps`` steps are timed after one warm-up step. Everything ``repeats`` times.
 
     Returns:
@@ -235,7 +235,7 @@ def calibrate(model: Any, tokenizer: Any, label: str = "", **measure_kwargs: Any
 
 
 class CostedModel:
-    """An mlx-lm model whose forwards advance a :class:`~workbench.clocks.VirtualClock`
+    """An mlx-lm model whose forwards advance a :class:`~workbench.sim.clocks.VirtualClock`
     by a :class:`CostModel` inside ``with model.charging():`` (the replay wraps
     ``admit()`` in it; it charges each decode step itself, before ``step()``).
 

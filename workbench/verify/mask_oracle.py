@@ -23,8 +23,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import caches as kv
-from .snapshot import Snapshot
+from ..engine import caches as kv
+from ..observe.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

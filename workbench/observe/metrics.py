@@ -1,6 +1,6 @@
 """Metrics from events only: per-request latencies and aggregate throughput.
 
-Knows: the event log as a DataFrame (:func:`workbench.events.events_frame`). Must not
+Knows: the event log as a DataFrame (:func:`workbench.observe.events.events_frame`). Must not
 know: the scheduler, MLX, caches. Pure functions, tested on synthetic events.
 
 Definitions (seconds; all differences of the injected clock):

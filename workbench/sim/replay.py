@@ -1,9 +1,9 @@
-"""Replay a :class:`~workbench.workloads.Workload` through the real Scheduler, on a wall
+"""Replay a :class:`~workbench.workloads.workload.Workload` through the real Scheduler, on a wall
 or a virtual clock.
 
 Knows: the Scheduler's public API (constructor keywords, ``submit / admit / step /
-filter``, ``idle``, ``snapshot``, ``report``), :mod:`workbench.clocks`,
-:mod:`workbench.costmodel`. Must not know: the scheduler's internals, views.
+filter``, ``idle``, ``snapshot``, ``report``), :mod:`workbench.sim.clocks`,
+:mod:`workbench.sim.costmodel`. Must not know: the scheduler's internals, views.
 
 One *iteration* of the driver (the same loop as ``Scheduler.run``, driven by time)::
 
@@ -14,10 +14,10 @@ One *iteration* of the driver (the same loop as ``Scheduler.run``, driven by tim
 Modes (``mode=``):
 
 ============  =========================================================================
-``wall``      real time (:class:`~workbench.clocks.WallClock`); sleeps through idle gaps
+``wall``      real time (:class:`~workbench.sim.clocks.WallClock`); sleeps through idle gaps
 ``measured``  virtual time advanced by the measured duration of each engine call; idle
               gaps are skipped, the driver's own bookkeeping is not counted
-``cost``      virtual time advanced by a :class:`~workbench.costmodel.CostModel`: inside
+``cost``      virtual time advanced by a :class:`~workbench.sim.costmodel.CostModel`: inside
               ``admit()`` by each forward as it runs (:class:`CostedModel`), so
               ``prefill`` and ``join`` events carry their forward's end; each ``step()``
               by ``decode_s(B, KV width)`` *before* it runs, so its token events carry
@@ -46,10 +46,10 @@ from tqdm.auto import tqdm
 
 from .clocks import VirtualClock, WallClock
 from .costmodel import CostedModel, CostModel
-from .report import Report
-from .scheduler import Scheduler
-from .snapshot import Snapshot
-from .workloads import Workload
+from ..observe.report import Report
+from ..engine.scheduler import Scheduler
+from ..observe.snapshot import Snapshot
+from ..workloads.workload import Workload
 
 MODES = ("wall", "measured", "cost")
 SAMPLE_COLUMNS = ["time_s", "step", "batch_size", "queued", "prefilling", "kv_bytes", "kv_width_tokens",
@@ -114,7 +114,7 @@ def _mode(mode: str | None, cost_model: CostModel | None) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "cost" and cost_model is None:
-        raise ValueError("mode 'cost' needs a cost_model (workbench.costmodel.CostModel or calibrate(...))")
+        raise ValueError("mode 'cost' needs a cost_model (workbench.sim.costmodel.CostModel or calibrate(...))")
     return mode
 
 

@@ -1,7 +1,7 @@
 """The benchmark's table, its text form, and the files ``workbench bench`` writes.
 
-Knows: a :class:`~workbench.bench.BenchResult`, the goals of issue 6, percentiles
-(:mod:`workbench.metrics`), the figures (:mod:`workbench.views.bench`). Must not know:
+Knows: a :class:`~workbench.bench.run.BenchResult`, the goals of issue 6, percentiles
+(:mod:`workbench.observe.metrics`), the figures (:mod:`workbench.views.bench`). Must not know:
 engines or MLX; everything here is arithmetic on the measured frames.
 
 The table has one row per entry of :func:`row_ids` and columns ``TABLE_COLUMNS``:
@@ -26,9 +26,9 @@ from typing import Any
 
 import pandas as pd
 
-from .bench import BenchResult
-from .benchscenarios import MLX_LM, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
-from .metrics import percentiles
+from .run import BenchResult
+from .scenarios import MLX_LM, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
+from ..observe.metrics import percentiles
 
 TABLE_COLUMNS = ["row", "metric", "unit", "measured", "reference", "reference_is", "value", "value_is",
                  "spread", "goal", "met"]
@@ -147,8 +147,8 @@ def table_markdown(table: pd.DataFrame) -> str:
 
 def machine_info() -> dict[str, Any]:
     """CPU model (``lscpu``), cores (``nproc``), memory, Python, mlx / mlx-lm versions, BLAS."""
-    from .blas import STATUS
-    from .memory import STATUS as CACHE
+    from ..runtime.blas import STATUS
+    from ..runtime.memory import STATUS as CACHE
 
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -268,7 +268,7 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
 def write_figures(data: Path) -> None:
     """Draw ``FIGURES`` into ``data`` from the CSV files there (so a figure can be redrawn
     from a stored run without running it again)."""
-    from .views.bench import render_head_of_line, render_join, render_latency, render_throughput
+    from ..views.bench import render_head_of_line, render_join, render_latency, render_throughput
 
     read = lambda name: pd.read_csv(data / name, keep_default_na=False)  # noqa: E731
     meta = dict(read("meta.csv").values)
@@ -306,7 +306,7 @@ def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print) -> i
     files under ``out_dir`` (default ``docs`` for the full run, ``workbench-out`` for the
     quick one, so a smoke run never overwrites the documented numbers), print the table.
     Returns the exit code (0)."""
-    from .bench import FULL_CONFIG, QUICK_CONFIG, run_bench
+    from .run import FULL_CONFIG, QUICK_CONFIG, run_bench
 
     out = Path(out_dir) if out_dir is not None else Path("workbench-out" if quick else "docs")
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)  # fail before a long run, not after

@@ -19,8 +19,8 @@ class Report:
     """What a run produced.
 
     Attributes:
-        events: one row per :class:`workbench.events.Event` (columns ``EVENT_COLUMNS``).
-        requests: one row per request (``workbench.metrics.REQUEST_COLUMNS``: uid,
+        events: one row per :class:`workbench.observe.events.Event` (columns ``EVENT_COLUMNS``).
+        requests: one row per request (``workbench.observe.metrics.REQUEST_COLUMNS``: uid,
             prompt_tokens, generated_tokens, queue_s, ttft_s, tpot_s, e2e_s,
             finish_reason, text).
         throughput_tok_per_s: generated tokens per second over the run.

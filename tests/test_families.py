@@ -231,7 +231,7 @@ def test_row_joining_into_a_finished_rows_free_slot_equals_solo(family):
     sched.submit(wb.Request(prompt=family.prompt(6, 300), max_tokens=10))
     joined = [e for e in sched.admit() if e.kind == "join"]
     rings = any(g.window_tokens is not None for g in sched.snapshot().groups)
-    assert joined[0].message == ("extend" if rings else "free slot")  # ring layers cannot take a slot
+    assert joined[0].join_mode == ("extend" if rings else "free slot")  # ring layers cannot take a slot
     sched.run()
     assert_solo(family, sched)
 

@@ -8,7 +8,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 import workbench as wb
 from workbench.verify import oracle
-from workbench.engine import slots
+from workbench.engine import cache_internals as slots
 
 
 def _kv(tokens: list[list[float]], width: int) -> BatchKVCache:
@@ -77,7 +77,7 @@ def test_row_joining_into_a_finished_rows_slot_matches_solo_run(make_sched, prom
     evicted = next(e for e in sched.events if e.kind == "evict")
     joined = [e for e in sched.events if e.kind == "join" and e.uid == 2][0]
     assert evicted.uid == 0 and joined.row == evicted.row == 0  # the joiner took uid 0's row
-    assert joined.message == "free slot"
+    assert joined.join_mode == "free slot"
     check = oracle.solo_check(bundled[0], sched)
     assert len(check.rows) == 3 and all(r.match for r in check.rows), check.describe()
 
@@ -87,7 +87,7 @@ def test_reusing_slots_or_not_gives_the_same_tokens(make_sched, prompt):
     reused, _ = _staggered(make_sched, prompt)
     copied, _ = _staggered(make_sched, prompt, reuse_slots=False)
     last = [e for e in copied.events if e.kind == "join"][-1]
-    assert (last.row, last.message) == (1, "extend")
+    assert (last.row, last.join_mode) == (1, "extend")
     for uid in range(3):
         assert reused.tokens(uid) == copied.tokens(uid)
         assert reused.logprobs(uid) == copied.logprobs(uid)
@@ -111,11 +111,11 @@ def test_snapshot_after_filter_shows_free_slots_and_the_compacted_geometry(make_
     assert snap.uids == (1,) and snap.free_slots == 1
     assert "free slots: 1" in snap.text()
     assert sched.batch_cache[0].keys.shape[0] == 1  # the view leaves the free slot out
-    assert sched._cache[0].keys.shape[0] == 2  # still allocated, counted in kv_bytes
-    assert snap.kv_bytes == sum(c.nbytes for c in sched._cache)
+    assert sched.batch.caches[0].keys.shape[0] == 2  # still allocated, counted in kv_bytes
+    assert snap.kv_bytes == sum(c.nbytes for c in sched.batch.caches)
     sched.admit()  # nobody to join: the free slot is dropped
     after = sched.snapshot()
-    assert after.free_slots == 0 and sched._cache[0].keys.shape[0] == 1
+    assert after.free_slots == 0 and sched.batch.caches[0].keys.shape[0] == 1
     assert after.left_padding.tolist() == snap.left_padding.tolist() == [0]
     assert np.array_equal(after.group("full").mask, snap.group("full").mask)
 
@@ -125,7 +125,7 @@ def test_joiner_longer_than_the_batch_width_is_appended_and_matches_solo(make_sc
     sched = _one_row_evicted(make_sched, prompt, 4, 5, 20, 12)
     sched.submit(wb.Request(prompt=prompt(40, 100), max_tokens=6))  # 40 > the width of 7
     joined = [e for e in sched.admit() if e.kind == "join"]
-    assert (joined[0].row, joined[0].message) == (1, "extend") and sched.snapshot().free_slots == 0
+    assert (joined[0].row, joined[0].join_mode) == (1, "extend") and sched.snapshot().free_slots == 0
     sched.run()
     check = oracle.solo_check(bundled[0], sched)
     assert len(check.rows) == 3 and all(r.match for r in check.rows), check.describe()
@@ -142,7 +142,7 @@ def test_width_stays_bounded_while_rows_keep_being_replaced(make_sched, prompt, 
         sched.step()
         sched.filter()
         widths.append(sched.snapshot().kv_width_tokens)
-    joins = [e.message for e in sched.events if e.kind == "join"]
+    joins = [e.join_mode for e in sched.events if e.kind == "join"]
     assert joins.count("free slot") >= 18  # all but the first rows
     assert max(widths) <= 4 * (8 + 14)  # trimmed: never the sum of the rows' lifetimes
     check = oracle.solo_check(bundled[0], sched)
@@ -162,7 +162,7 @@ def _priority_preemption(make_sched, prompt, bundled, reuse):
     s.admit(), s.step()
     s.submit(wb.Request(prompt=prompt(10, 120), max_tokens=16, priority=5))
     s.admit()
-    return [e.uid for e in s.events if e.kind == "preempt"], [e.message for e in s.events if e.kind == "join"]
+    return [e.uid for e in s.events if e.kind == "preempt"], [e.join_mode for e in s.events if e.kind == "join"]
 
 
 @pytest.mark.model
@@ -185,7 +185,7 @@ def test_every_group_of_one_admit_can_take_a_free_slot(make_sched, prompt, inter
     s.step(), s.step(), s.filter()
     for i in range(3):
         s.submit(wb.Request(prompt=prompt(5, 300 + 10 * i), max_tokens=4))
-    joins = [e.message for e in s.admit() if e.kind == "join"]
+    joins = [e.join_mode for e in s.admit() if e.kind == "join"]
     if interleave:  # one chunk per admit: the first group joins, the other slots wait for the next calls
         assert joins == ["free slot"]
     else:

@@ -74,7 +74,7 @@ class WorkbenchEngine:
 
     def read_history(self) -> tuple[int, float]:
         """Convert every recorded snapshot to numpy (the engine records them lazily, see
-        :class:`workbench.engine.inspection.History`); returns ``(snapshots, seconds)``."""
+        :class:`workbench.observe.recorder.History`); returns ``(snapshots, seconds)``."""
         start = time.perf_counter()
         n = len(list(self.sched.history))
         return n, time.perf_counter() - start

@@ -25,7 +25,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-LayerCaches = list[Any]
+from .cache_internals import LayerCaches, ring_position
 
 
 def check_batchable(model: Any, max_kv_size: int | None = None) -> None:
@@ -177,8 +177,7 @@ def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
                            "kv_width_tokens": int(cache.size())}
     if isinstance(cache, BatchRotatingKVCache):
         mask = cache.make_mask(1, window_size=cache.max_size)
-        wrapped = bool(cache.rotated or cache._idx >= cache.max_size)
-        write_index = 0 if cache._idx >= cache.max_size else int(cache._idx)
+        wrapped, write_index = ring_position(cache)
         out.update(window_tokens=int(cache.max_size), write_index=write_index, wrapped=wrapped)
     else:
         mask = cache.make_mask(1)

@@ -55,6 +55,10 @@ class Pending:
         return Pending(mx.concatenate([a.tokens, b.tokens]), mx.concatenate([a.logprobs, b.logprobs]),
                        mx.concatenate([a.finite, b.finite]), errors)
 
+    def clone(self) -> "Pending":
+        """A copy sharing the arrays (nothing writes them in place) with its own ``errors``."""
+        return Pending(self.tokens, self.logprobs, self.finite, dict(self.errors))
+
     def read(self) -> tuple[list[int], list[float], list[bool]]:
         """Evaluate (waits for the forward) and return ``(tokens, logprobs, finite)`` as
         lists."""

@@ -31,10 +31,12 @@ Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk l
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Sequence
 
 import mlx.core as mx
 from . import caches as kv
+from .cache_internals import clone_caches
 
 
 class PrefillGroup:
@@ -95,6 +97,15 @@ class PrefillGroup:
     def done(self) -> bool:
         """True when every prompt token is in :attr:`caches` (padding moved left)."""
         return self._done
+
+    def clone(self) -> "PrefillGroup":
+        """An independent copy (for checkpoints): caches cloned sharing their buffers
+        (:func:`workbench.engine.cache_internals.clone_caches`), prompts shared."""
+        out = copy.copy(self)
+        out.caches = clone_caches(self.caches)
+        if self.per_row:
+            out._solo = [clone_caches(c) for c in self._solo]
+        return out
 
     def run_chunk(self) -> list[int]:
         """Run the next chunk (``[B, C]`` batched, ``[1, C]`` per row), evaluated before

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
+from .cache_internals import clone_prompt_cache
 from .caches import single_cache
 
 
@@ -32,6 +33,13 @@ class PromptCache:
         self.key = f"{type(model).__module__}@{id(model):x}"  # mlx-lm partitions its trie by a hashable model key
         self.lru = LRUPromptCache(max_size=lru) if isinstance(lru, int) else lru
         self.max_kv_size = max_kv_size
+
+    def clone(self) -> "PromptCache":
+        """An independent copy: the same model key, a copy of the LRU's index sharing its
+        (never modified) entries (:func:`workbench.engine.cache_internals.clone_prompt_cache`)."""
+        out = PromptCache(self.model, clone_prompt_cache(self.lru), self.max_kv_size)
+        out.key = self.key
+        return out
 
     def fetch(self, tokens: Sequence[int]) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens still to prefill)`` for ``tokens``; a miss

@@ -17,7 +17,7 @@ Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
   cache it *joins*: one ``[n, 1]`` forward feeds each joiner's last prompt token
   (computing its first token's distribution, as mlx-lm's ``GenerationBatch`` does),
   then each joiner is written into a *free slot* (the cache row of a request evicted
-  since the last step, :mod:`workbench.engine.slots`) or, when none is free, the caches'
+  since the last step, :mod:`workbench.engine.batch`) or, when none is free, the caches'
   ``extend`` appends it to the running batch.
 - ``step()`` reads one token per running row (the distribution computed by the
   previous forward) and feeds it: one ``[B, 1]`` forward. With ``pipeline`` that
@@ -43,39 +43,37 @@ Axis letters: ``B`` rows, ``V`` vocabulary.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
 
 import mlx.core as mx
 import numpy as np
 
-from . import caches as kv
-from . import slots
-from .budget import kv_profile, projected_bytes
-from .decode import Pending, launch
 from ..observe.events import Event
-from .inspection import History, Inspection
-from .inspection import Row as _Row
-from .policies import Policy, Queued, policy_from
-from .prefill import PrefillGroup
-from .promptcache import PromptCache
-from ..observe.report import Report
-from .request import Request, ValidRequest, validate
-from .sampling import RowSampler
+from ..observe.recorder import Recorder
+from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
+from . import caches as kv
+from .admission import Admission
+from .batch import Batch
+from .budget import kv_profile, projected_bytes
+from .capture import capture
+from .checkpoint import Checkpoint, EngineState, check_owner
+from .decode import Pending
+from .policies import Policy, policy_from
+from .promptcache import PromptCache
+from .request import Request, ValidRequest, validate
+from .runner import ModelRunner, Prefilling
+from .sampling import RowSampler
+from .state import RequestState, Status
 
-
-@dataclass
-class _Group:
-    """A prefilling group: its requests, the prefill in progress, each row's last input
-    token (fed at the join)."""
-
-    members: list[tuple[int, ValidRequest]]
-    prefill: PrefillGroup
-    last_tokens: list[int]
-    lengths: list[int]  # tokens in each row's cache once joined (its whole input)
+_IDS = itertools.count()
+FORK_OPTIONS = ("policy", "max_batch", "prompt_concurrency", "kv_budget_bytes", "interleave_prefill",
+                "clear_cache_every", "clock", "history_size")
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -91,7 +89,7 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-class Scheduler(Inspection):
+class Scheduler:
     """A continuous-batching engine over an mlx-lm model, driven one call at a time.
 
     Args:
@@ -108,6 +106,16 @@ class Scheduler(Inspection):
         history_size: how many snapshots :attr:`history` keeps (a ring buffer); one is
             taken after every ``admit``/``step``/``filter`` that changed the batch. ``0``
             turns recording off (no snapshot cost per step).
+        prompt_concurrency: most requests prefilled together (default ``max_batch``).
+        interleave_prefill: run at most one prefill chunk per ``admit()`` (chunked
+            prefill between decode steps) instead of the whole prompt.
+        pipeline: launch each decode forward before reading the previous tokens.
+        policy: admission order, a name in ``workbench.engine.policies.POLICIES`` or a
+            policy object.
+        clear_cache_every: call ``mx.clear_cache()`` every this many steps.
+        seed: draws the PRNG seed of sampled requests submitted without one.
+        kv_budget_bytes: projected KV bytes admission may hold (``None``: no budget).
+        prompt_cache: an mlx-lm ``LRUPromptCache`` or its ``max_size`` (entries).
         reuse_slots: keep evicted rows' cache rows as free slots for the next join
             (``True``), or compact at once with mlx-lm's ``filter`` and join with
             ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
@@ -125,46 +133,65 @@ class Scheduler(Inspection):
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
-        self.model = model
-        self.tokenizer = tokenizer
+        self.model, self.tokenizer = model, tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
         self.prefill_step_size = _positive_int("prefill_step_size", prefill_step_size)
         self.prompt_concurrency = self.max_batch if prompt_concurrency is None else _positive_int(
             "prompt_concurrency", prompt_concurrency)
-        self.interleave_prefill = bool(interleave_prefill)
-        self.pipeline = bool(pipeline)
+        self.interleave_prefill, self.pipeline, self.reuse_slots = bool(interleave_prefill), bool(pipeline), bool(reuse_slots)
         self.policy = policy_from(policy)
         self.clear_cache_every = _positive_int("clear_cache_every", clear_cache_every)
-        self.clock = clock
         self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
         kv.check_batchable(model, self.max_kv_size)
         if not isinstance(history_size, int) or isinstance(history_size, bool) or history_size < 0:
             raise ValueError(f"history_size must be an int >= 0, got {history_size!r}")
-        self.history: History = History(maxlen=history_size)
+        self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens = getattr(getattr(model, "args", None), "max_position_embeddings", None)
-        self.events: list[Event] = []
-        self.step_index = 0
-        self._next_uid = 0
-        self._queue: dict[int, ValidRequest] = {}  # insertion order = arrival order
-        self._group: _Group | None = None
-        self._rows: list[_Row] = []
-        self._pending: Pending | None = None
-        self._done: dict[int, _Row] = {}
-        self._cache: list[Any] | None = None
-        self.reuse_slots = bool(reuse_slots)
-        self._free: list[int] = []  # cache rows of evicted requests, kept for the next joiner
-        self._joins = 0
-        self._requests: dict[int, ValidRequest] = {}
-        self._seeds: dict[int, int] = {}
-        self._aborted: set[int] = set()
-        self._preempted: dict[int, _Row] = {}
-        self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
         self._kv_profile = kv_profile(model, self.max_kv_size)
-        self._projected: dict[int, int] = {}
-        self.prompt_cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
-        self._cached_tokens: dict[int, int] = {}
-        self._rng = np.random.default_rng(seed)
+        self.id = f"scheduler-{next(_IDS)}"
+        self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
+        self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline)
+        self.recorder = Recorder(clock, history_size)
+        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
+        self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
+
+    # -- read-only views of the state ---------------------------------------------------
+    clock = property(lambda self: self.recorder.clock, doc="The injected clock ``() -> seconds``.")
+    events = property(lambda self: self.recorder.events, doc="Every :class:`Event` so far (do not mutate).")
+    history = property(lambda self: self.recorder.history, doc="The latest snapshots (:class:`History`).")
+    step_index = property(lambda self: self.state.step_index, doc="Decode steps completed.")
+    prompt_cache = property(lambda self: self.state.prompt_cache, doc="The :class:`PromptCache`, or ``None``.")
+    batch = property(lambda self: self.state.batch, doc="The running :class:`Batch` (read it; do not mutate).")
+
+    @property
+    def requests(self) -> Mapping[int, RequestState]:
+        """uid -> :class:`RequestState` of every submitted request (a read-only mapping)."""
+        return MappingProxyType(self.state.requests)
+
+    @property
+    def queue(self) -> tuple[int, ...]:
+        """Uids waiting for admission (queued or preempted), in arrival order."""
+        return tuple(s.uid for s in self.state.queue)
+
+    @property
+    def batch_cache(self) -> list[Any] | None:
+        """The running batch's per-layer mlx-lm caches, row ``b`` = running row ``b``
+        (``None`` when no row runs; free slots left out by a lazy view); do not mutate."""
+        return self.state.batch.view
+
+    @property
+    def kv_projected_bytes(self) -> int:
+        """Projected KV bytes of the running and prefilling requests (the budget's use)."""
+        st = self.state
+        live = [r for r in st.batch.rows if not r.finished] + (st.prefilling.states if st.prefilling else [])
+        return sum(s.projected_bytes for s in live)
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued, prefilling or in the batch."""
+        st = self.state
+        return not st.queue and st.prefilling is None and not st.batch.rows
 
     # -- requests ---------------------------------------------------------------------
     def submit(self, request: Request | dict) -> int:
@@ -182,203 +209,79 @@ class Scheduler(Inspection):
                 f"request projects {need:,} KV bytes (prompt {len(valid.prompt_ids)} + max_tokens "
                 f"{valid.request.max_tokens} tokens) but kv_budget_bytes is {self.kv_budget_bytes:,}; "
                 "it could never be admitted")
-        uid = self._next_uid
-        self._next_uid += 1
-        self._queue[uid] = valid
-        self._requests[uid] = valid
-        self._projected[uid] = need
-        drawn = int(self._rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
-        self._seeds[uid] = valid.request.seed if valid.request.seed is not None else drawn
+        st = self.state
+        drawn = int(st.rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
+        seed = valid.request.seed if valid.request.seed is not None else drawn
+        uid = st.next_uid
+        state = RequestState(uid, valid, seed, RowSampler(valid.request, seed, self.vocab_size), need)
+        st.next_uid += 1
+        st.requests[uid] = state
+        st.queue.append(state)
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
         return uid
 
-    # -- the three engine calls -------------------------------------------------------
+    # -- the engine calls -------------------------------------------------------------
     def admit(self) -> list[Event]:
         """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
-        ``join``).
+        ``join``, and ``preempt`` for rows preempted to make room).
 
-        Forms a prefilling group from the queue when none is in progress (the policy's
-        order; rows + group within ``max_batch``, group within ``prompt_concurrency``),
-        runs its prefill chunks (at most one per call with ``interleave_prefill``), and
-        joins it to the running batch once its prompts are cached. After a join it forms
-        and starts the next group in the same call if the chunk budget allows.
+        Forms a prefilling group from the queue when none is in progress
+        (:class:`Admission`), runs its prefill chunks (at most one per call with
+        ``interleave_prefill``), and joins it to the running batch once its prompts are
+        cached. After a join it forms and starts the next group in the same call if the
+        chunk budget allows.
         """
-        start = len(self.events)
-        chunks = 0
-        while True:
-            if self._group is None and not self._form_group():
-                break
-            group = self._group
-            if not group.prefill.done:
-                if self.interleave_prefill and chunks >= 1:
-                    break
-                real = group.prefill.run_chunk()
-                chunks += 1
-                for (uid, _), k in zip(group.members, real):
-                    if k:
-                        self._log("prefill", uid, n_tokens=k)
+        start, chunks = len(self.events), 0
+        while self.state.prefilling is not None or self._start_group():
+            group = self.state.prefilling
+            if group.prefill.done:
+                self._join(group)
                 continue
-            self._join(group)
-        dropped = self._compact()  # free slots no joiner took
+            if self.interleave_prefill and chunks >= 1:
+                break
+            real = group.prefill.run_chunk()
+            chunks += 1
+            for s, k in zip(group.states, real):
+                if k:
+                    self._log("prefill", s.uid, n_tokens=k)
+        dropped = self.state.batch.compact()  # free slots no joiner took
         if len(self.events) > start or dropped:
             self._record()
         return self.events[start:]
 
-    @property
-    def kv_projected_bytes(self) -> int:
-        """Projected KV bytes of the running and prefilling requests (the budget's use)."""
-        live = [r.uid for r in self._rows if r.finish_reason is None]
-        live += [uid for uid, _ in self._group.members] if self._group else []
-        return sum(self._projected[u] for u in live)
-
-    def _form_group(self) -> bool:
-        slots = min(self.max_batch - len(self._rows), self.prompt_concurrency)
-        if slots <= 0 or not self._queue:
+    def _start_group(self) -> bool:
+        """Apply admission's decision: preempt, then start prefilling the chosen requests.
+        Returns False when nobody was chosen."""
+        st = self.state
+        decision = self.admission.decide(st.queue, st.batch.rows, self.kv_projected_bytes)
+        for uid in decision.preempt:
+            self.preempt(uid)
+        if not decision.admit:
             return False
-        queued = [Queued(uid, len(v.prompt_ids), v.request.priority, i)
-                  for i, (uid, v) in enumerate(self._queue.items())]
-        chosen, used = [], self.kv_projected_bytes
-        for uid in self.policy.order(queued)[:slots]:
-            if self.kv_budget_bytes is not None and used + self._projected[uid] > self.kv_budget_bytes:
-                if not chosen and self._preempt_for(uid):
-                    used = self.kv_projected_bytes
-                    if used + self._projected[uid] <= self.kv_budget_bytes:
-                        chosen.append(uid)
-                        used += self._projected[uid]
-                        continue
-                break  # keep the policy's order: nobody jumps a request that does not fit
-            chosen.append(uid)
-            used += self._projected[uid]
-        if not chosen:
-            return False
-        members = [(uid, self._queue.pop(uid)) for uid in chosen]
-        inputs = [list(v.prompt_ids) + (self._preempted[uid].tokens if uid in self._preempted else [])
-                  for uid, v in members]
-        caches = None
-        if self.prompt_cache is not None:
-            fetched = [self.prompt_cache.fetch(inp[:-1]) for inp in inputs]
-            caches = [c for c, _ in fetched]
-            tails = [rest for _, rest in fetched]
-            for (uid, _), inp, rest in zip(members, inputs, tails):
-                self._cached_tokens[uid] = len(inp) - 1 - len(rest)
-        else:
-            tails = [inp[:-1] for inp in inputs]
-        for (uid, v), inp in zip(members, inputs):
-            self._log("admit", uid, n_tokens=len(inp), n_cached=self._cached_tokens.get(uid, 0))
-        group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
-        self._group = _Group(members, group, [inp[-1] for inp in inputs], [len(inp) for inp in inputs])
+        chosen = [st.requests[u] for u in decision.admit]
+        st.queue = [s for s in st.queue if s.uid not in set(decision.admit)]
+        for s in chosen:
+            s.status = Status.PREFILLING
+        st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache)
+        for s in chosen:
+            self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
 
-    def _preempt_for(self, uid: int) -> bool:
-        """Preempt running rows of lower priority than ``uid`` (lowest first, the latest
-        joined among equals) until ``uid`` fits the KV budget. Returns True if any was."""
-        want = self._requests[uid].request.priority
-        preempted = False
-        while self.kv_projected_bytes + self._projected[uid] > self.kv_budget_bytes:
-            victims = [r for r in self._rows if r.finish_reason is None and r.valid.request.priority < want]
-            if not victims:
-                break
-            victim = min(victims, key=lambda r: (r.valid.request.priority, -r.joined))
-            self.preempt(victim.uid)
-            preempted = True
-        return preempted
-
-    def preempt(self, uid: int) -> list[Event]:
-        """Preempt running row ``uid``: drop its cache row now and re-queue it (original
-        arrival order) to resume from its prompt plus the tokens generated so far; its
-        greedy output equals an uninterrupted run. Returns the ``preempt`` event.
-
-        Raises:
-            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
-        """
-        row = self._row_of(uid)
-        b = next((i for i, r in enumerate(self._rows) if r is row), None)
-        if b is None or row.finish_reason is not None:
-            raise ValueError(f"uid {uid} is not a running, unfinished row; only those can be preempted")
-        self._drop([i for i in range(len(self._rows)) if i != b])
-        self._preempted[uid] = row
-        order = list(self._queue.items()) + [(uid, row.valid)]
-        self._queue = dict(sorted(order, key=lambda item: item[0]))  # uids grow with arrival
-        event = self._log("preempt", uid, row=b, n_tokens=len(row.tokens))
-        self._record()
-        return [event]
-
-    def _join(self, group: _Group) -> None:
-        rows = []
-        for uid, v in group.members:
-            row = self._preempted.pop(uid, None) or _Row(uid, v, RowSampler(v.request, self._seeds[uid], self.vocab_size))
-            row.fed = len(row.tokens)  # a resumed row's generated tokens are in its cache again
-            row.joined, self._joins = self._joins, self._joins + 1
-            if uid in self._aborted:  # aborted while prefilling: joins finished, evicted at filter
-                row.finish_reason = "abort"
-            rows.append(row)
-        last = mx.array(group.last_tokens, dtype=mx.uint32)
-        contexts = [self._context(r, None, b) for b, r in enumerate(rows)]
-        pending = launch(self.model, group.prefill.caches, last, [r.sampler for r in rows], contexts,
-                         [len(r.tokens) for r in rows], self.pipeline)
-        order = self._place(group.prefill.caches, group.lengths)
-        n_live = len(self._rows)
-        self._pending = Pending.concat(self._pending, pending).take(
-            [i if src == "live" else n_live + i for src, i in order])
-        self._rows = [self._rows[i] if src == "live" else rows[i] for src, i in order]
-        self._group = None
-        rows_of = {i: b for b, (src, i) in enumerate(order) if src in ("free slot", "extend")}
-        for i, (uid, v) in enumerate(group.members):
-            self._log("join", uid, row=rows_of[i], n_tokens=len(v.prompt_ids), message=order[rows_of[i]][0])
-
-    def _place(self, joiners: list[Any], lengths: list[int]) -> list[tuple[str, int]]:
-        """Put the joiners' cache rows into the batch cache: into free slots where they
-        fit (:func:`workbench.engine.slots.fill_slots`), the rest by ``extend`` (after the free
-        slots left, which the next group of this ``admit()`` may still fill). Returns the
-        new row order as ``("live", running row)`` / ``("free slot" or "extend", joiner
-        index)`` pairs."""
-        live = self._live_slots()
-        n_slots = len(live) + len(self._free)
-        by_slot: dict[int, tuple[str, int]] = {p: ("live", b) for b, p in enumerate(live)}
-        width = slots.fill_width(self._cache) if self._free else 0
-        fit = [i for i, n in enumerate(lengths) if n <= width][: len(self._free)]
-        if fit and slots.can_fill(self._cache, joiners, [lengths[i] for i in fit]):
-            used = self._free[: len(fit)]
-            slots.fill_slots(self._cache, used, joiners, fit, [lengths[i] for i in fit])
-            by_slot.update({p: ("free slot", i) for p, i in zip(used, fit)})
-            held = [len(r.valid.prompt_ids) + r.fed for r in self._rows] + [lengths[i] for i in fit]
-            slots.trim_shared_padding(self._cache, max(held))
-            self._free = self._free[len(fit):]
-        else:
-            fit = []
-        rest = [i for i in range(len(lengths)) if i not in fit]
-        if rest:
-            self._cache = kv.join(self._cache, joiners if not fit else kv.evict(joiners, rest))
-            by_slot.update({n_slots + k: ("extend", i) for k, i in enumerate(rest)})
-        return [by_slot[p] for p in sorted(by_slot)]
-
-    def _live_slots(self) -> list[int]:
-        """Cache row of each running row (row order): the rows that are not free slots."""
-        free = set(self._free)
-        return [p for p in range(len(self._rows) + len(free)) if p not in free]
-
-    def _drop(self, keep: list[int]) -> None:
-        """Remove running rows not in ``keep`` (sorted row indices) and their pending
-        tokens; their cache rows become free slots (``reuse_slots``) or are filtered out."""
-        live = self._live_slots()
-        if not keep:
-            self._cache, self._free = None, []
-        elif self.reuse_slots:
-            self._free = sorted(set(self._free) | {p for b, p in enumerate(live) if b not in keep})
-        else:
-            self._cache = kv.evict(self._cache, [live[b] for b in keep])
-            self._free = []
-        self._pending = self._pending.take(keep) if keep else None
-        self._rows = [self._rows[b] for b in keep]
-
-    def _compact(self) -> bool:
-        """Drop free slots from the batch cache (mlx-lm's ``filter``) before a forward.
-        Returns True if there were any."""
-        if not self._free:
-            return False
-        self._cache = kv.evict(self._cache, self._live_slots())
-        self._free = []
-        return True
+    def _join(self, group: Prefilling) -> None:
+        """The join forward (each member's last input token), then the members enter the
+        batch (free slots or ``extend``); one ``join`` event each, with its mode."""
+        st = self.state
+        for s in group.states:
+            s.fed = len(s.tokens)  # a resumed row's generated tokens are in its cache again
+            s.join_order, st.joins = st.joins, st.joins + 1
+            if not s.finished:  # aborted while prefilling: joins finished, evicted at filter
+                s.status = Status.RUNNING
+        contexts = [self._context(s, None, b) for b, s in enumerate(group.states)]
+        pending = self.runner.join_forward(group, contexts)
+        placed = st.batch.place(group.prefill.caches, group.states, pending)
+        st.prefilling = None
+        for s, (row, mode) in zip(group.states, placed):
+            self._log("join", s.uid, row=row, n_tokens=len(s.valid.prompt_ids), join_mode=mode)
 
     def step(self) -> list[Event]:
         """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
@@ -386,46 +289,49 @@ class Scheduler(Inspection):
         Returns the token events, then any finish events. With no running rows it is a
         no-op that returns ``[]`` and does not advance ``step_index``.
         """
-        if not self._rows:
+        st, batch = self.state, self.state.batch
+        if not batch.rows:
             return []
-        self._compact()
-        current = self._pending
-        samplers = [r.sampler for r in self._rows]
-        contexts = [self._context(r, current, b) for b, r in enumerate(self._rows)]
-        index = [len(r.tokens) + 1 for r in self._rows]
+        batch.compact()
+        current = batch.pending
+        contexts = [self._context(r, current, b) for b, r in enumerate(batch.rows)]
         if self.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
-            self._pending = launch(self.model, self._cache, current.tokens, samplers, contexts, index, True)
+            batch.pending = self.runner.decode(batch, current.tokens, contexts, True)
         toks, lps, finite = current.read()
         if not self.pipeline:
-            self._pending = launch(self.model, self._cache, current.tokens, samplers, contexts, index, False)
+            batch.pending = self.runner.decode(batch, current.tokens, contexts, False)
         out, finished = [], []
-        for b, row in enumerate(self._rows):
+        for b, row in enumerate(batch.rows):
             row.fed += 1
-            if row.finish_reason is not None:
-                continue
-            message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
-            if not message:
-                row.tokens.append(toks[b])
-                row.logprobs.append(lps[b])
-                out.append(self._log("token", row.uid, row=b, token=toks[b], logprob=lps[b]))
-                message = self._call_on_token(row, toks[b])
-            if message:
-                row.finish_reason, row.message = "error", message
-            elif toks[b] in row.valid.stop_ids:
-                row.finish_reason = "stop"
-            elif len(row.tokens) >= row.valid.request.max_tokens:
-                row.finish_reason = "length"
-            if row.finish_reason:
-                finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason,
-                                          message=row.message))
-        self.step_index += 1
-        if self.step_index % self.clear_cache_every == 0:
+            if not row.finished:
+                message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
+                self._read_token(row, b, toks[b], lps[b], message, out, finished)
+        st.step_index += 1
+        if st.step_index % self.clear_cache_every == 0:
             mx.clear_cache()
         self._record()
         return out + finished
 
+    def _read_token(self, row: RequestState, b: int, token: int, logprob: float, message: str,
+                    out: list[Event], finished: list[Event]) -> None:
+        """Record row ``b``'s token (unless ``message`` says its step failed), call its
+        ``on_token``, and finish it on an error, a stop id or ``max_tokens``."""
+        if not message:
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            out.append(self._log("token", row.uid, row=b, token=token, logprob=logprob))
+            message = self._call_on_token(row, token)
+        if message:
+            row.finish("error", message)
+        elif token in row.valid.stop_ids:
+            row.finish("stop")
+        elif len(row.tokens) >= row.valid.request.max_tokens:
+            row.finish("length")
+        if row.finished:
+            finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason, message=row.message))
+
     @staticmethod
-    def _context(row: _Row, pending: Pending | None, b: int) -> Callable[[], mx.array]:
+    def _context(row: RequestState, pending: Pending | None, b: int) -> Callable[[], mx.array]:
         """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one in
         ``pending``) for its logits processors: built only when asked."""
         def build() -> mx.array:
@@ -434,7 +340,7 @@ class Scheduler(Inspection):
         return build
 
     @staticmethod
-    def _call_on_token(row: _Row, token: int) -> str:
+    def _call_on_token(row: RequestState, token: int) -> str:
         """Run the request's ``on_token`` callback; its exception becomes the row's error."""
         callback = row.valid.request.on_token
         if callback is None:
@@ -445,52 +351,64 @@ class Scheduler(Inspection):
             return f"on_token raised {type(exc).__name__}: {exc}"
         return ""
 
+    def filter(self) -> list[Event]:
+        """Evict finished rows (mlx-lm's ``filter``; with ``reuse_slots`` their cache rows
+        stay as free slots). Returns the evict events (old rows). With a prompt cache, a
+        row finished by ``stop`` or ``length`` is stored there first."""
+        st, batch = self.state, self.state.batch
+        gone = [b for b, r in enumerate(batch.rows) if r.finished]
+        if not gone:
+            return []
+        if st.prompt_cache is not None:
+            for b in gone:
+                if batch.rows[b].finish_reason in ("stop", "length"):
+                    self.runner.store(st.prompt_cache, batch, b)
+        events = []
+        for b in gone:
+            batch.rows[b].evicted = True
+            events.append(self._log("evict", batch.rows[b].uid, row=b))
+        batch.filter([b for b, r in enumerate(batch.rows) if not r.finished])
+        self._record()
+        return events
+
     def abort(self, uid: int) -> list[Event]:
         """End ``uid`` with finish reason ``abort``, wherever it is.
 
-        A queued request leaves the queue; a prefilling one finishes and its row is
-        dropped right after its group joins; a running row finishes and is evicted by the
-        next ``filter()``. Aborting a finished uid is a documented no-op (returns ``[]``).
+        A queued (or preempted) request leaves the queue; a prefilling one finishes and
+        its row is evicted by the first ``filter()`` after its group joins; a running row
+        finishes and is evicted by the next ``filter()``. Aborting a finished uid is a
+        documented no-op (returns ``[]``).
 
         Raises:
             KeyError: for a uid that was never submitted.
         """
-        row = self._row_of(uid)
-        if row.finish_reason is not None or uid in self._aborted:
+        s = self._state_of(uid)
+        if s.finished:
             return []
-        if uid in self._queue:
-            del self._queue[uid]
-            self._preempted.pop(uid, None)
-            self._done[uid] = row
-        elif any(r is row for r in self._rows):
-            pass
-        else:  # prefilling: dropped at join
-            self._aborted.add(uid)
-            return [self._log("finish", uid, finish_reason="abort")]
-        row.finish_reason = "abort"
+        if s.waiting:
+            self.state.queue.remove(s)
+            s.evicted = True
+        s.finish("abort")
         return [self._log("finish", uid, finish_reason="abort")]
 
-    def filter(self) -> list[Event]:
-        """Evict finished rows (cache ``filter``). Returns the evict events (old rows)."""
-        gone = [b for b, r in enumerate(self._rows) if r.finish_reason is not None]
-        if not gone:
-            return []
-        keep = [b for b, r in enumerate(self._rows) if r.finish_reason is None]
-        if self.prompt_cache is not None:
-            live = self._live_slots()
-            for b in gone:
-                row = self._rows[b]
-                if row.finish_reason in ("stop", "length"):
-                    solo = [c.extract(live[b]) for c in self._cache]
-                    mx.eval([c.state for c in solo])
-                    self.prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, solo, row.fed - len(row.tokens))
-        events = []
-        for b in gone:
-            self._done[self._rows[b].uid] = self._rows[b]
-            events.append(self._log("evict", self._rows[b].uid, row=b))
-        self._drop(keep)
+    def preempt(self, uid: int) -> list[Event]:
+        """Preempt running row ``uid``: drop its cache row now and re-queue it (original
+        arrival order) to resume from its prompt plus the tokens generated so far; its
+        greedy output equals an uninterrupted run. Returns the ``preempt`` event.
+
+        Raises:
+            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
+        """
+        s, st = self._state_of(uid), self.state
+        if s.status is not Status.RUNNING:
+            raise ValueError(f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted")
+        b = next(i for i, r in enumerate(st.batch.rows) if r is s)
+        st.batch.filter([i for i in range(len(st.batch)) if i != b])
+        s.status = Status.PREEMPTED
+        st.queue.insert(bisect.bisect([q.uid for q in st.queue], uid), s)  # uids grow with arrival
+        event = self._log("preempt", uid, row=b, n_tokens=len(s.tokens))
         self._record()
-        return events
+        return [event]
 
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
         """Drive ``admit(); step(); filter()`` until idle and return the :class:`Report`.
@@ -512,17 +430,119 @@ class Scheduler(Inspection):
             self.filter()
         return self.report()
 
-    @property
-    def idle(self) -> bool:
-        """True when nothing is queued, prefilling or in the batch."""
-        return not self._queue and self._group is None and not self._rows
+    # -- checkpoint, restore, fork ----------------------------------------------------
+    def checkpoint(self) -> Checkpoint:
+        """The whole engine state now (queue, request states, batch caches, prefilling
+        group, prompt cache, seed generator, step index, events, history), for
+        :meth:`restore`. Copies no tensor (new handles on the same MLX buffers)."""
+        return Checkpoint(self.id, id(self.model), self.step_index, len(self.events),
+                          self.state.clone(), self.recorder.clone())
 
-    def fresh(self) -> "Scheduler":
-        """A new, empty scheduler with this one's model, tokenizer and configuration (a
-        prompt cache object is shared; an int size makes a new one)."""
-        return Scheduler(self.model, self.tokenizer, **self._config)
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Return to ``checkpoint`` exactly; it stays valid for another restore.
+        Continuing gives the same tokens and events (times aside) as after it was taken.
+
+        Raises:
+            ValueError: for a checkpoint of another scheduler or model (nothing changes).
+        """
+        check_owner(checkpoint, self.id, self.model)
+        self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
+
+    def fork(self, **options: Any) -> "Scheduler":
+        """An independent scheduler in this one's state, sharing the model weights (never
+        a copy): a what-if branch. ``options`` change decision settings of the fork only
+        (any of ``FORK_OPTIONS``, e.g. ``policy="priority"`` or ``max_batch=2``).
+
+        Raises:
+            ValueError: for an option outside ``FORK_OPTIONS`` or an invalid value.
+        """
+        unknown = sorted(set(options) - set(FORK_OPTIONS))
+        if unknown:
+            raise ValueError(f"fork: cannot change {unknown}; a fork may change {list(FORK_OPTIONS)}")
+        other = self.fresh(**options)
+        other.state = self.state.clone()
+        other.recorder = self.recorder.clone(other.clock, other.history.maxlen)
+        return other
+
+    def fresh(self, **options: Any) -> "Scheduler":
+        """A new, empty scheduler with this one's model, tokenizer and configuration
+        (``options`` override it; a prompt cache object is shared, an int size makes a
+        new one)."""
+        return Scheduler(self.model, self.tokenizer, **{**self._config, **options})
+
+    # -- reading a request ------------------------------------------------------------
+    def _state_of(self, uid: int) -> RequestState:
+        try:
+            return self.state.requests[uid]
+        except (KeyError, TypeError):
+            n = self.state.next_uid
+            known = f"submitted uids are 0..{n - 1}" if n else "nothing was submitted yet"
+            raise KeyError(f"uid {uid!r} is unknown ({known})") from None
+
+    def status(self, uid: int) -> Status:
+        """``uid``'s :class:`Status`. Raises: KeyError for an unknown uid."""
+        return self._state_of(uid).status
+
+    def request_of(self, uid: int) -> ValidRequest:
+        """The validated request (prompt ids, stop ids) behind ``uid``. Raises: KeyError."""
+        return self._state_of(uid).valid
+
+    def tokens(self, uid: int) -> list[int]:
+        """Generated token ids of ``uid`` so far (a final stop token included). Raises: KeyError."""
+        return list(self._state_of(uid).tokens)
+
+    def logprobs(self, uid: int) -> list[float]:
+        """Log-probability (natural log, float32) of each generated token of ``uid``."""
+        return list(self._state_of(uid).logprobs)
+
+    def finish_reason(self, uid: int) -> str | None:
+        """``stop``, ``length``, ``error``, ``abort``, or ``None`` while unfinished."""
+        return self._state_of(uid).finish_reason
+
+    def error(self, uid: int) -> str:
+        """The message of a row that finished with ``error`` (else ``""``)."""
+        return self._state_of(uid).message
+
+    def text(self, uid: int) -> str:
+        """Visible completion of ``uid``: its tokens decoded, a final stop token excluded."""
+        s = self._state_of(uid)
+        return self.tokenizer.decode(s.tokens[:-1] if s.finish_reason == "stop" else s.tokens)
+
+    def finished_greedy_uids(self) -> list[int]:
+        """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
+        greedily, in uid order: the rows an oracle can check."""
+        return [u for u, s in self.state.requests.items()
+                if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
+
+    # -- observing --------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """Frozen numpy view of the batch as the next ``step()`` will see it. Pure: it
+        changes nothing (the engine records :attr:`history` itself). Waits for an
+        in-flight forward when the batch's arrays are still being computed."""
+        return self._capture()()
+
+    def record(self) -> Snapshot:
+        """The current snapshot, appended to :attr:`history` unless nothing happened (no
+        event) since the last one there — for views that show the engine after calls that
+        do not change the batch (e.g. ``submit``)."""
+        if not self.history.maxlen:
+            return self.snapshot()
+        if self.recorder.stale:
+            self._record()
+        return self.history[-1]
+
+    def report(self) -> Report:
+        """The :class:`Report` of everything so far (events and per-request metrics)."""
+        return build_report(self.events, lambda toks, uid: self.text(uid))
+
+    def _capture(self) -> Callable[[], Snapshot]:
+        st = self.state
+        return capture(st.batch, st.step_index, queue=self.queue, kv_budget_bytes=self.kv_budget_bytes,
+                       kv_projected_bytes=self.kv_projected_bytes,
+                       prefilling=tuple(st.prefilling.progress()) if st.prefilling else ())
+
+    def _record(self) -> None:
+        self.recorder.record(self._capture())
 
     def _log(self, kind: str, uid: int, **fields: Any) -> Event:
-        event = Event(kind=kind, uid=uid, step=self.step_index, time_s=self.clock(), **fields)
-        self.events.append(event)
-        return event
+        return self.recorder.log(kind, uid, self.state.step_index, **fields)

@@ -13,9 +13,10 @@ Kinds (``Event.kind``):
               those found in the prompt cache
 ``prefill``   one prefill chunk of ``uid``; ``n_tokens`` = its real (non-pad)
               prompt tokens in the chunk
-``join``      the prefilled row entered the running batch at ``row``; ``message``
-              says how: ``free slot`` (written into an evicted row's cache row)
-              or ``extend`` (appended by the caches' ``extend``)
+``join``      the prefilled row entered the running batch at ``row``;
+              ``join_mode`` says how: ``new batch`` (no batch was running),
+              ``free slot`` (written into an evicted row's cache row) or
+              ``extend`` (appended by the caches' ``extend``)
 ``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
 ``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
               ``error`` (``message`` says why) or ``abort``
@@ -23,6 +24,8 @@ Kinds (``Event.kind``):
 ``preempt``   the running row's cache was dropped and the request re-queued;
               ``n_tokens`` = tokens generated so far (kept; it resumes)
 ============  ==============================================================
+
+``message`` carries error text only (a ``finish`` with reason ``error``).
 
 ``step`` is the scheduler's decode-step index at the time of the event (the number of
 decode steps completed before it); ``time_s`` is the injected clock in seconds.
@@ -35,6 +38,7 @@ from dataclasses import asdict, dataclass, fields
 import pandas as pd
 
 EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict", "preempt")
+JOIN_MODES = ("new batch", "extend", "free slot")
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,15 @@ class Event:
     n_tokens: int = 0
     n_cached: int = 0
     finish_reason: str = ""
+    join_mode: str = ""
     message: str = ""
 
     def __post_init__(self):
         if self.kind not in EVENT_KINDS:
             raise ValueError(f"Event.kind must be one of {EVENT_KINDS}, got {self.kind!r}")
+        if self.join_mode and (self.kind != "join" or self.join_mode not in JOIN_MODES):
+            raise ValueError(f"Event.join_mode must be one of {JOIN_MODES} (join events only) or '', "
+                             f"got {self.join_mode!r} for kind {self.kind!r}")
 
 
 EVENT_COLUMNS = [f.name for f in fields(Event)]

@@ -111,7 +111,7 @@ class Snapshot:
             (all prompt tokens but the last are prefilled before the join).
         free_slots: cache rows of evicted requests held for the next joiner (not among
             the ``B`` rows; ``kv_bytes`` counts them): the next join writes into them,
-            else the next ``step()`` drops them (see :mod:`workbench.engine.slots`).
+            else the next ``step()`` drops them (see :mod:`workbench.engine.batch`).
     """
 
     step: int

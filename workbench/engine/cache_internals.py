@@ -1,4 +1,12 @@
-"""Free slots: a finished row's place in the batch cache, reused by the next joiner.
+"""The one module that touches mlx-lm's cache internals, behind named functions: free
+slots, ring positions, and cloning caches for checkpoints.
+
+Every other module uses mlx-lm's caches only through their public methods (``merge``,
+``extend``, ``filter``, ``extract``, ``prepare``, ``finalize``, ``make_mask``, ``state``,
+``nbytes``); what needs private fields (the write index ``_idx``, a ring's ``rotated``,
+an ``LRUPromptCache``'s trie) is here, so a change in mlx-lm breaks one file.
+
+**Free slots**: a finished row's place in the batch cache, reused by the next joiner.
 
 Knows: the storage of mlx-lm's ``BatchKVCache`` (keys and values
 ``[B, n_kv_heads, S, head_dim]``, ``left_padding`` ``[B]``, ``offset`` ``[B]``, the write
@@ -32,9 +40,9 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, CacheList
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList, LRUPromptCache
 
-from .caches import LayerCaches
+LayerCaches = list[Any]  # one batch cache per layer, as a model's forward takes them
 
 
 def _flat(caches: LayerCaches) -> list[Any]:
@@ -174,3 +182,63 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
             c._idx -= m
             c.left_padding = c.left_padding - m
     return m
+
+
+def ring_position(cache: BatchRotatingKVCache) -> tuple[bool, int]:
+    """``(wrapped, write_index)`` of a batch ring buffer: whether it has wrapped (older
+    positions overwritten) and the ring slot written next."""
+    wrapped = bool(cache.rotated or cache._idx >= cache.max_size)
+    return wrapped, (0 if cache._idx >= cache.max_size else int(cache._idx))
+
+
+def _handle(value: Any) -> Any:
+    """A new handle on ``value``'s MLX arrays (lists and tuples walked): ``mx.view``
+    shares the buffer and copies nothing, but mlx-lm's in-place updates of the original
+    (``keys[..., i:j, :] = ...``, ``offset += 1``) no longer reach it."""
+    if isinstance(value, mx.array):
+        return mx.view(value, value.dtype)
+    if isinstance(value, list):
+        return [_handle(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_handle(v) for v in value)
+    return value
+
+
+def clone_cache(cache: Any) -> Any:
+    """An independent copy of one mlx-lm cache object (any class, ``CacheList`` members
+    included): a shallow copy whose MLX arrays are new handles on the same buffers (see
+    :func:`_handle`) and whose Python fields (``_idx``, offsets as ints) are its own.
+
+    Nothing is copied in memory: the first write to a shared buffer after cloning copies
+    that buffer once (MLX does not donate a buffer another array still holds)."""
+    out = copy.copy(cache)
+    for name, value in vars(cache).items():
+        if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (mx.array, type(None), int)):
+            setattr(out, name, type(value)(clone_cache(v) for v in value))  # CacheList members
+        else:
+            setattr(out, name, _handle(value))
+    return out
+
+
+def clone_caches(caches: LayerCaches | None) -> LayerCaches | None:
+    """:func:`clone_cache` of every layer (``None`` stays ``None``)."""
+    return None if caches is None else [clone_cache(c) for c in caches]
+
+
+def clone_prompt_cache(lru: LRUPromptCache) -> LRUPromptCache:
+    """An independent copy of an mlx-lm ``LRUPromptCache``: its trie and LRU order copied,
+    its entries shared (mlx-lm never changes a stored entry: ``fetch_nearest_cache``
+    returns deep copies)."""
+    entries = {}
+
+    def walk(node: dict) -> None:
+        for key, child in node.items():
+            if key == "__value__":
+                entries[id(child)] = child
+            else:
+                walk(child)
+
+    for per_model in lru._trie._trie.values():
+        walk(per_model)
+    memo = dict(entries)
+    return copy.deepcopy(lru, memo)

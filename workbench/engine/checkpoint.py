@@ -1,0 +1,111 @@
+"""The engine's whole mutable state in one object, and checkpoints of it.
+
+Knows: every piece of state a scheduler changes (request states, queue, prefilling group,
+batch, prompt cache, seed generator, counters) and how to copy each cheaply. Must not
+know: how the scheduler changes them.
+
+A checkpoint copies no tensor: MLX arrays are immutable, so the copy holds new handles
+on the same buffers (:func:`workbench.engine.cache_internals.clone_caches`). The price
+comes later: while a checkpoint lives, the live batch's first write into each shared
+cache buffer copies that buffer once (MLX only updates a buffer in place when nothing
+else holds it), and those buffers stay allocated. ``workbench bench`` measures it
+(``docs/benchmarks.md``, "checkpoint").
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..observe.recorder import Recorder
+from .batch import Batch
+from .promptcache import PromptCache
+from .runner import Prefilling
+from .state import RequestState
+
+
+@dataclass
+class EngineState:
+    """Everything a scheduler's calls change.
+
+    Attributes:
+        requests: uid -> :class:`RequestState`, every request ever submitted (the one map).
+        queue: waiting request states (QUEUED or PREEMPTED), arrival (uid) order.
+        prefilling: the group being prefilled, or ``None``.
+        batch: the running batch (:class:`Batch`).
+        prompt_cache: the prompt cache, or ``None``.
+        rng: draws the seed of requests submitted without one.
+        step_index: decode steps completed. next_uid: the uid ``submit`` gives next.
+        joins: rows joined so far (the next row's ``join_order``).
+    """
+
+    batch: Batch
+    rng: np.random.Generator
+    prompt_cache: PromptCache | None = None
+    requests: dict[int, RequestState] = field(default_factory=dict)
+    queue: list[RequestState] = field(default_factory=list)
+    prefilling: Prefilling | None = None
+    step_index: int = 0
+    next_uid: int = 0
+    joins: int = 0
+
+    def clone(self) -> "EngineState":
+        """An independent copy sharing only immutable data (requests, samplers, MLX
+        buffers). Requests that left the batch for good are shared too: nothing changes
+        them again."""
+        requests = {u: (s if s.finished and s.evicted else s.copy()) for u, s in self.requests.items()}
+
+        def state_of(s: RequestState) -> RequestState:
+            return requests[s.uid]
+
+        return EngineState(
+            batch=self.batch.clone(state_of), rng=copy.deepcopy(self.rng),
+            prompt_cache=None if self.prompt_cache is None else self.prompt_cache.clone(),
+            requests=requests, queue=[state_of(s) for s in self.queue],
+            prefilling=None if self.prefilling is None else self.prefilling.clone(state_of),
+            step_index=self.step_index, next_uid=self.next_uid, joins=self.joins)
+
+
+@dataclass(frozen=True, repr=False)
+class Checkpoint:
+    """A scheduler's whole state at one moment (``Scheduler.checkpoint()``); give it to
+    ``Scheduler.restore`` of the same scheduler to return there, any number of times.
+
+    Attributes:
+        scheduler_id: the scheduler that took it. model_id: ``id()`` of its model.
+        step: its decode step index. n_events: events logged before it.
+    """
+
+    scheduler_id: str
+    model_id: int
+    step: int
+    n_events: int
+    state: EngineState
+    recorder: Recorder
+
+    def __repr__(self) -> str:
+        s = self.state
+        return (f"Checkpoint(step {self.step}, {len(s.batch)} row(s), {len(s.queue)} queued, "
+                f"{len(s.requests)} request(s), {self.n_events} events, scheduler {self.scheduler_id})")
+
+
+def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
+    """Refuse a checkpoint this scheduler did not take.
+
+    Raises:
+        ValueError: naming what differs (not a :class:`Checkpoint`, another model, or
+            another scheduler).
+    """
+    if not isinstance(checkpoint, Checkpoint):
+        raise ValueError(f"checkpoint must be a workbench Checkpoint (from Scheduler.checkpoint()), "
+                         f"got {type(checkpoint).__name__}")
+    if checkpoint.model_id != id(model):
+        raise ValueError(f"checkpoint was taken with another model ({checkpoint.model_id:#x}, this scheduler's "
+                         f"is {id(model):#x}); its caches do not fit this model. Nothing was changed.")
+    if checkpoint.scheduler_id != scheduler_id:
+        raise ValueError(f"checkpoint belongs to scheduler {checkpoint.scheduler_id}, not this one ({scheduler_id}); "
+                         "restore it into the scheduler that took it, or continue from it with that "
+                         "scheduler's fork(). Nothing was changed.")

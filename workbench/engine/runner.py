@@ -1,0 +1,97 @@
+"""Running the model: prefill groups (chunked), the join forward and the decode forward.
+
+Knows: the model, :mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`, the
+prompt cache. Must not know: the queue, admission, events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+
+from .batch import Batch
+from .decode import Pending, launch
+from .prefill import PrefillGroup
+from .promptcache import PromptCache
+from .state import RequestState
+
+
+@dataclass
+class Prefilling:
+    """A group of admitted requests being prefilled together.
+
+    Attributes:
+        states: their request states (status PREFILLING, or FINISHED if aborted meanwhile).
+        prefill: the chunked prefill of all but each input's last token.
+        last_tokens: each row's last input token, fed by the join forward.
+    """
+
+    states: list[RequestState]
+    prefill: PrefillGroup
+    last_tokens: list[int]
+
+    def progress(self) -> list[tuple[int, int, int]]:
+        """``(uid, prefilled tokens, tokens to prefill)`` per member."""
+        g = self.prefill
+        return [(s.uid, done, total) for s, done, total in zip(self.states, g.rows_done_tokens, g.lengths)]
+
+    def clone(self, state_of: Callable[[RequestState], RequestState]) -> "Prefilling":
+        """An independent copy (see :meth:`PrefillGroup.clone`)."""
+        return Prefilling([state_of(s) for s in self.states], self.prefill.clone(), list(self.last_tokens))
+
+
+@dataclass(frozen=True)
+class ModelRunner:
+    """Runs the model for the scheduler.
+
+    Args:
+        model: the mlx-lm model. prefill_step_size: prefill chunk length (tokens).
+        max_kv_size: bounded KV size for models without ``make_cache`` (tokens).
+        pipeline: launch each decode forward before reading the previous step's tokens
+            (mlx-lm's ``GenerationBatch._step``).
+    """
+
+    model: Any
+    prefill_step_size: int
+    max_kv_size: int | None
+    pipeline: bool
+
+    def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
+        """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
+        starting from its longest prompt-cache hit; sets ``cached_tokens``. Runs nothing."""
+        inputs = [s.inputs for s in states]
+        caches = None
+        tails = [inp[:-1] for inp in inputs]
+        if prompt_cache is not None:
+            fetched = [prompt_cache.fetch(t) for t in tails]
+            caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
+        for s, inp, rest in zip(states, inputs, tails):
+            s.cached_tokens = len(inp) - 1 - len(rest)
+        group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
+        return Prefilling(list(states), group, [inp[-1] for inp in inputs])
+
+    def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
+        """Feed each member's last input token ``[n, 1]`` into the group's caches: the
+        distribution of its next (first new) token, launched asynchronously when
+        pipelining."""
+        last = mx.array(group.last_tokens, dtype=mx.uint32)
+        return launch(self.model, group.prefill.caches, last, [s.sampler for s in group.states], contexts,
+                      [len(s.tokens) for s in group.states], self.pipeline)
+
+    def decode(self, batch: Batch, tokens: mx.array, contexts: Sequence[Callable[[], mx.array]],
+               asynchronous: bool) -> Pending:
+        """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
+        caches and sample each row's next token (``asynchronous``: evaluation started,
+        not awaited)."""
+        index = [len(r.tokens) + 1 for r in batch.rows]
+        return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
+                      index, asynchronous)
+
+    @staticmethod
+    def store(prompt_cache: PromptCache, batch: Batch, b: int) -> None:
+        """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens
+        (the token fed after the last one read is trimmed away)."""
+        row = batch.rows[b]
+        prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, batch.extract(b), row.fed - len(row.tokens))

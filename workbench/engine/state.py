@@ -1,0 +1,99 @@
+"""Per-request state: one object per uid, with an explicit status.
+
+Knows: a validated request, its sampler and what it has generated. Must not know: MLX
+caches, the batch's row order, events.
+
+Status of a request (mirrors nano-vllm's ``SequenceStatus``, vLLM's ``RequestStatus``)::
+
+    QUEUED ─admit()─▶ PREFILLING ─join─▶ RUNNING ─stop/length/error─▶ FINISHED ─filter()─▶ (evicted)
+       ▲                                    │
+       └────────── PREEMPTED ◀─preempt()────┘      abort(): any status ─▶ FINISHED ("abort")
+
+A FINISHED request may still hold a row of the batch until ``filter()`` evicts it
+(``evicted`` tells). A PREEMPTED request waits in the queue like a QUEUED one and resumes
+from its prompt plus the tokens it generated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+
+from .request import ValidRequest
+from .sampling import RowSampler
+
+
+class Status(enum.Enum):
+    """Where a request is in its life (see the module docstring)."""
+
+    QUEUED = "queued"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestState:
+    """Everything the engine knows about one request.
+
+    Attributes:
+        uid: the request's id. valid: the validated request (prompt ids, stop ids).
+        seed: PRNG seed of its sampler (its own ``Request.seed`` or one the scheduler drew).
+        sampler: its :class:`workbench.engine.sampling.RowSampler`.
+        projected_bytes: KV bytes it may reach (prompt + ``max_tokens``), for the budget.
+        status: its :class:`Status`. finish_reason: ``stop``, ``length``, ``error``,
+            ``abort`` once FINISHED, else ``None``. message: the error text (else ``""``).
+        tokens: generated token ids. logprobs: their log-probabilities (natural log).
+        fed: generated tokens already fed into its cache row (the latest is fed one
+            step after it is read).
+        cached_tokens: prompt tokens found in the prompt cache at its last admission.
+        join_order: order of joining the running batch (0, 1, ...; -1 before), which
+            preemption uses (free slots break row order).
+        evicted: True once ``filter()`` removed its row (or it never had one).
+    """
+
+    uid: int
+    valid: ValidRequest
+    seed: int
+    sampler: RowSampler
+    projected_bytes: int
+    status: Status = Status.QUEUED
+    finish_reason: str | None = None
+    message: str = ""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    fed: int = 0
+    cached_tokens: int = 0
+    join_order: int = -1
+    evicted: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """True once the request has a finish reason."""
+        return self.status is Status.FINISHED
+
+    @property
+    def waiting(self) -> bool:
+        """True while it sits in the queue (QUEUED or PREEMPTED)."""
+        return self.status in (Status.QUEUED, Status.PREEMPTED)
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens in its cache row while running: prompt plus fed generated tokens."""
+        return len(self.valid.prompt_ids) + self.fed
+
+    @property
+    def inputs(self) -> list[int]:
+        """Tokens to prefill at admission: the prompt, plus the generated tokens of a
+        preempted request (it resumes where it stopped)."""
+        return list(self.valid.prompt_ids) + self.tokens
+
+    def finish(self, reason: str, message: str = "") -> None:
+        """Mark it FINISHED with ``reason`` (one of ``workbench.engine.request.FINISH_REASONS``)."""
+        self.status, self.finish_reason, self.message = Status.FINISHED, reason, message
+
+    def copy(self) -> "RequestState":
+        """An independent copy (token lists copied; the immutable request and sampler shared)."""
+        return dataclasses.replace(self, tokens=list(self.tokens), logprobs=list(self.logprobs))

@@ -14,6 +14,7 @@ request never touches the running rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -91,6 +92,7 @@ _dataclass_init = Request.__init__
 _FIELDS = tuple(f.name for f in dataclasses.fields(Request))
 
 
+@functools.wraps(_dataclass_init)  # keeps the real signature for inspect.signature, help() and Shift-Tab
 def _init_refusing_unknown_fields(self, *args, **kwargs):
     unknown = sorted(set(kwargs) - set(_FIELDS))
     if unknown:

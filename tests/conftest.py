@@ -4,7 +4,7 @@ The oracle tests hold the engine to bit-exact (full attention) and 1e-5 (ring bu
 agreement with mlx-lm, which is a property of MLX's own CPU kernels: an optimized BLAS
 (OpenBLAS, MKL) picks different kernels for ``[B, ...]`` and ``[1, ...]`` matmuls and
 differs in the last bits. So the suite runs with ``WORKBENCH_BLAS=off`` unless the caller
-sets it; ``tests/test_blas.py`` checks the optimized path separately (at the design's
+sets it; ``tests/runtime/test_blas.py`` checks the optimized path separately (at the design's
 1e-4 tolerance).
 """
 
@@ -105,7 +105,7 @@ def pytest_addoption(parser):
 
 def pytest_terminal_summary(terminalreporter):
     try:
-        from test_fuzz import STATS
+        from tests.verify.test_fuzz import STATS
     except ImportError:
         return
     if STATS["operations"]:
@@ -116,7 +116,9 @@ def pytest_terminal_summary(terminalreporter):
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,
 # when it is absent (nbval would fail on their first cell). (Tests never ``from conftest
-# import``: notebooks/conftest.py is a second module of that name.)
+# import``: this file is the module ``tests.conftest`` (tests/ and its folders are packages,
+# so test files of one name in two folders do not clash), and notebooks/conftest.py is a
+# plain ``conftest``.)
 NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
 
 

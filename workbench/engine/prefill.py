@@ -24,7 +24,7 @@ of at least 2 columns. Otherwise it runs per row, because mlx-lm's right-padding
 is not safe across chunk boundaries for every cache kind (measured with mlx-lm 0.32.2:
 ``BatchRotatingKVCache`` raises on a one-column padded chunk, and mamba2's ``ArraysCache``
 prefill gives NaN or drifting logits once a row's real tokens end chunks before the
-group's; the stateful fuzzer in ``tests/test_fuzz.py`` found both).
+group's; the stateful fuzzer in ``tests/verify/test_fuzz.py`` found both).
 
 Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """

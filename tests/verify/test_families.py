@@ -210,7 +210,7 @@ def test_cache_kinds_per_family_are_grouped_in_snapshots(family):
 
 @pytest.mark.parametrize("short,long,chunk", [(81, 182, 3), (10, 30, 2), (10, 30, 4), (5, 9, 1), (2, 1, 16)])
 def test_a_padded_group_prefilled_in_any_chunk_size_equals_solo(family, short, long, chunk):
-    """Regression (found by tests/test_fuzz.py): mlx-lm's right-padded prefill crashed on a
+    """Regression (found by tests/verify/test_fuzz.py): mlx-lm's right-padded prefill crashed on a
     one-column chunk of a rotating cache and gave NaN for mamba2 across chunk boundaries;
     such groups now prefill row by row."""
     sched = family(max_batch=2, prefill_step_size=chunk)

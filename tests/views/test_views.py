@@ -22,7 +22,7 @@ from workbench.views.latency import run_lengths
 from workbench.views.mask import mask_cells
 from workbench.workloads.workload import prompt_of_length
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_join_evict.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "02_join_evict.ipynb"
 
 
 def full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3, capacity=8, step=3, finished=None) -> Snapshot:

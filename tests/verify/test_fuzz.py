@@ -3,7 +3,7 @@ sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batc
 budgets, for every bundled model family. After every operation the invariants hold; every
 finished greedy row equals its solo mlx-lm reference.
 
-CI runs a bounded number of examples; ``pytest tests/test_fuzz.py --long`` runs at least
+CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
 
 import pytest

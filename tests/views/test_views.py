@@ -243,6 +243,30 @@ def test_run_n_steps_snapshots_every_step_and_the_slider_scrubs_history(panel):
     assert panel.status.value.startswith("step 3 ")  # the label always shows the engine now
 
 
+def test_restore_returns_the_engine_to_the_snapshot_the_slider_shows(make_sched, prompt):
+    sched = make_sched(max_batch=3, history_size=8, history_checkpoints=8)
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
+    sched.admit()
+    panel = views.Panel(sched)
+    panel.run_steps.value = 4
+    panel.buttons["Run N steps"].click()
+    tokens_at_4 = sched.tokens(0)
+    panel.slider.value = panel.slider.max - 2  # step 2
+    assert not panel.buttons["Restore"].disabled
+    panel.buttons["Restore"].click()
+    assert panel.error.value == "" and sched.step_index == 2 and sched.tokens(0) == tokens_at_4[:2]
+    assert panel.status.value.startswith("step 2 ") and panel.shown.step == 2
+    panel.run_steps.value = 2
+    panel.buttons["Run N steps"].click()
+    assert sched.tokens(0) == tokens_at_4  # the same continuation
+
+
+def test_restore_is_disabled_without_kept_checkpoints_and_says_how_to_keep_them(panel):
+    assert panel.buttons["Restore"].disabled and "history_checkpoints" in panel.buttons["Restore"].tooltip
+    panel.on_restore()
+    assert "history_checkpoints=N" in panel.error.value and panel.sched.step_index == 0
+
+
 def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration(panel):
     old = panel.sched
     panel.buttons["Reset"].click()

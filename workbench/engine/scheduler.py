@@ -73,7 +73,7 @@ from .state import RequestState, Status
 
 _IDS = itertools.count()
 FORK_OPTIONS = ("policy", "max_batch", "prompt_concurrency", "kv_budget_bytes", "interleave_prefill",
-                "clear_cache_every", "clock", "history_size")
+                "clear_cache_every", "clock", "history_size", "history_checkpoints")
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -119,6 +119,11 @@ class Scheduler:
         reuse_slots: keep evicted rows' cache rows as free slots for the next join
             (``True``), or compact at once with mlx-lm's ``filter`` and join with
             ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
+        history_checkpoints: keep a :meth:`checkpoint` with each of the latest this many
+            :attr:`history` snapshots, so :meth:`history_checkpoint` (and the Panel's
+            history slider) can restore the engine to them. Each one keeps its cache
+            buffers alive and makes the next step copy them (``docs/benchmarks.md``);
+            ``0`` (default) keeps none.
 
     Raises:
         ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
@@ -131,7 +136,8 @@ class Scheduler:
                  history_size: int = 64, prompt_concurrency: int | None = None,
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
-                 kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True):
+                 kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True,
+                 history_checkpoints: int = 0):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model, self.tokenizer = model, tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -145,6 +151,9 @@ class Scheduler:
         kv.check_batchable(model, self.max_kv_size)
         if not isinstance(history_size, int) or isinstance(history_size, bool) or history_size < 0:
             raise ValueError(f"history_size must be an int >= 0, got {history_size!r}")
+        if not isinstance(history_checkpoints, int) or isinstance(history_checkpoints, bool) or history_checkpoints < 0:
+            raise ValueError(f"history_checkpoints must be an int >= 0, got {history_checkpoints!r}")
+        self.history_checkpoints = history_checkpoints
         self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens = getattr(getattr(model, "args", None), "max_position_embeddings", None)
@@ -447,6 +456,17 @@ class Scheduler:
         """
         check_owner(checkpoint, self.id, self.model)
         self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
+        if self.history_checkpoints and not self.recorder.stale:  # taken with the latest snapshot: keep it there
+            self.recorder.keep_checkpoint(checkpoint, self.history_checkpoints)
+
+    def history_checkpoint(self, index: int) -> Checkpoint | None:
+        """The checkpoint kept with ``history[index]`` (``Scheduler(history_checkpoints=N)``),
+        for :meth:`restore`; ``None`` when none was kept for it.
+
+        Raises:
+            IndexError: for an index outside the history.
+        """
+        return self.recorder.checkpoints[index]
 
     def fork(self, **options: Any) -> "Scheduler":
         """An independent scheduler in this one's state, sharing the model weights (never
@@ -543,6 +563,8 @@ class Scheduler:
 
     def _record(self) -> None:
         self.recorder.record(self._capture())
+        if self.history_checkpoints and self.history.maxlen:
+            self.recorder.keep_checkpoint(self.checkpoint(), self.history_checkpoints)
 
     def _log(self, kind: str, uid: int, **fields: Any) -> Event:
         return self.recorder.log(kind, uid, self.state.step_index, **fields)

@@ -42,12 +42,15 @@ class Recorder:
     Attributes:
         events: every :class:`Event` so far, in order.
         history: the latest snapshots (:class:`History`).
+        checkpoints: aligned with ``history``: the engine checkpoint kept with each
+            snapshot, or ``None`` (see :meth:`keep_checkpoint`).
     """
 
     def __init__(self, clock: Callable[[], float], history_size: int):
         self.clock = clock
         self.events: list[Event] = []
         self.history = History(maxlen=history_size)
+        self.checkpoints: deque = deque(maxlen=history_size)
         self._recorded_at = -1  # len(events) when the last snapshot was recorded
 
     def log(self, kind: str, uid: int, step: int, **fields: Any) -> Event:
@@ -60,7 +63,19 @@ class Recorder:
         """Append a snapshot (as its capture function) to the history."""
         if self.history.maxlen:
             self.history.append(capture)
+            self.checkpoints.append(None)
             self._recorded_at = len(self.events)
+
+    def keep_checkpoint(self, checkpoint: Any, keep: int) -> None:
+        """Keep ``checkpoint`` (any object; the engine's state at the latest snapshot)
+        with the latest history entry, and at most ``keep`` checkpoints in all (older
+        ones are dropped: each holds its cache buffers alive)."""
+        if not self.checkpoints:
+            return
+        self.checkpoints[-1] = checkpoint
+        held = [i for i, c in enumerate(self.checkpoints) if c is not None]
+        for i in held[: max(0, len(held) - keep)]:
+            self.checkpoints[i] = None
 
     @property
     def stale(self) -> bool:
@@ -73,5 +88,6 @@ class Recorder:
         out = Recorder(clock or self.clock, self.history.maxlen or 0 if history_size is None else history_size)
         out.events = list(self.events)
         out.history.extend(super(History, self.history).__iter__())  # entries as stored, unconverted
+        out.checkpoints.extend(self.checkpoints)
         out._recorded_at = self._recorded_at
         return out

@@ -15,10 +15,15 @@ Widgets (``panel.widget`` is the whole box)::
     [Admit] [Step] [Filter] [steps N] [Run N steps] [Reset]
     step 3 · 2 rows · 1,048,576 KV bytes · queue []          <- status (class wb-status)
     error: ...                                                <- error  (class wb-error)
-    history [----o---] snapshot 5 of 9 (step 3)               <- scrubs sched.history
+    history [----o---] snapshot 5 of 9 (step 3) [Restore]     <- scrubs sched.history; Restore
+                                                                 returns the engine there
     [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]
     [KV geometry image (wb-kv-image)]
     ASCII masks of the shown snapshot
+
+*Restore* returns the engine to the snapshot the slider shows (``sched.restore`` of the
+checkpoint kept with it): enabled when the scheduler keeps checkpoints with its history
+(``Scheduler(history_checkpoints=N)``); the later snapshots then leave the history.
 
 *Reset* replaces ``panel.sched`` by a fresh scheduler with the same model, tokenizer and
 configuration (``reset_scheduler``, or the ``reset`` callable given to the panel); the old
@@ -81,9 +86,10 @@ class Panel:
         self.max_tokens = W.IntText(value=max_tokens, description="max tokens")
         self.run_steps = W.IntText(value=run_steps, description="steps N")
         self.buttons = {name: W.Button(description=name) for name in
-                        ("Submit", "Admit", "Step", "Filter", "Run N steps", "Reset")}
+                        ("Submit", "Admit", "Step", "Filter", "Run N steps", "Reset", "Restore")}
         actions = {"Submit": self.on_submit, "Admit": self.on_admit, "Step": self.on_step,
-                   "Filter": self.on_filter, "Run N steps": self.on_run, "Reset": self.on_reset}
+                   "Filter": self.on_filter, "Run N steps": self.on_run, "Reset": self.on_reset,
+                   "Restore": self.on_restore}
         for name, button in self.buttons.items():
             button.on_click(lambda _b, act=actions[name]: act())
         self.status = W.Label().add_class("wb-status")
@@ -100,7 +106,7 @@ class Panel:
             W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
             W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
-            self.status, self.error, W.HBox([self.slider, self.slider_label]),
+            self.status, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
             W.HBox([self.mask_image, self.timeline_image]), self.kv_image, self.mask_ascii,
         ])
         self.sched.record()  # the engine as it is now, whatever was called since the last one
@@ -138,6 +144,16 @@ class Panel:
         def reset(s: Scheduler) -> None:
             self.sched = self._reset(s)
         self._act(reset)
+
+    def on_restore(self) -> None:
+        """Restore the engine to the snapshot the slider shows (its kept checkpoint)."""
+        def restore(s: Scheduler) -> None:
+            checkpoint = s.history_checkpoint(self.slider.value)
+            if checkpoint is None:
+                raise ValueError("no checkpoint was kept with this snapshot; create the scheduler with "
+                                 "history_checkpoints=N to restore the latest N snapshots")
+            s.restore(checkpoint)
+        self._act(restore)
 
     def _act(self, call: Callable[[Scheduler], Any]) -> None:
         """Run ``call(sched)``; show its error, if any, in the error label (cleared on
@@ -179,6 +195,9 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
+        self.buttons["Restore"].disabled = self.sched.history_checkpoint(self.slider.value) is None
+        self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
+                                           else "Scheduler(history_checkpoints=N) keeps checkpoints to restore")
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
 
     # -- display -----------------------------------------------------------------------

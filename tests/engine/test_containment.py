@@ -133,14 +133,29 @@ def test_a_seeded_sampled_row_is_identical_alone_and_beside_any_neighbours(make_
     assert other.tokens(uid8) != reference  # the seed matters
 
 
-def test_unseeded_sampled_runs_are_reproducible_from_the_scheduler_seed(make_sched, prompt):
-    def once(seed):
-        sched = make_sched(max_batch=2, seed=seed)
-        uid = sched.submit(wb.Request(prompt=prompt(6), max_tokens=10, temperature=1.0))
-        sched.run()
-        return sched.tokens(uid)
+def test_an_unseeded_row_draws_its_seed_from_the_scheduler_seed_and_samples_as_if_given_it(make_sched, prompt):
+    unseeded = wb.Request(prompt=prompt(6), max_tokens=10, temperature=1.0)
 
-    assert once(3) == once(3)
+    def once(scheduler_seed, neighbour):
+        """The unseeded request submitted second, after ``neighbour``; its tokens and drawn seed."""
+        sched = make_sched(max_batch=2, seed=scheduler_seed)
+        sched.submit(neighbour)
+        uid = sched.submit(unseeded)
+        sched.run()
+        return sched.tokens(uid), sched.requests[uid].seed
+
+    greedy = wb.Request(prompt=prompt(9, 40), max_tokens=4)
+    tokens, drawn = once(3, greedy)
+    assert once(3, greedy) == (tokens, drawn)  # same scheduler seed: same seed, same tokens
+    other_tokens, other_drawn = once(4, greedy)
+    assert other_drawn != drawn and other_tokens != tokens  # the scheduler seed is used
+    # the draw does not depend on the neighbour's fields (a seeded, sampled, longer one here)
+    assert once(3, sampled(prompt, 11)) == (tokens, drawn)
+    # the drawn seed acts exactly like a request's own seed: alone, with it given, same tokens
+    alone = make_sched(max_batch=1, seed=99)
+    uid = alone.submit(wb.Request(prompt=prompt(6), max_tokens=10, temperature=1.0, seed=drawn))
+    alone.run()
+    assert alone.tokens(uid) == tokens
 
 
 def test_penalties_equal_mlx_lm_solo_with_the_same_processors_and_never_see_padding(bundled, make_sched, prompt):

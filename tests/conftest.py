@@ -111,7 +111,8 @@ def pytest_terminal_summary(terminalreporter):
     if STATS["operations"]:
         terminalreporter.write_line(
             f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
-            f"against solo, {STATS['divergences']} divergences")
+            f"against solo, {STATS['divergences']} divergences, {STATS['restores']} checkpoint restores "
+            "repeated their continuation")
 
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,

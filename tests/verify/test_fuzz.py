@@ -1,7 +1,10 @@
 """Stateful fuzzing of the engine: random submit / admit / step / filter / abort / preempt
-sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch and KV
-budgets, for every bundled model family. After every operation the invariants hold; every
-finished greedy row equals its solo mlx-lm reference.
+sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch, KV
+budgets, prompt caches and sampled rows, for every bundled model family. After every
+operation the invariants hold; every finished greedy row equals its solo mlx-lm
+reference; and at random points a checkpoint is taken, a random continuation run, the
+checkpoint restored and the same continuation run again: tokens and events (times aside)
+must be the same.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
@@ -23,7 +26,27 @@ FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwe
             "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8)}
 _MODELS: dict = {}
 _REFS: dict = {}
-STATS = {"operations": 0, "divergences": 0, "rows_checked": 0}
+STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0}
+
+
+def continuation(sched, tok, ops, since):
+    """Apply ``ops`` (deterministic targets: abort the latest uid, preempt the first
+    running row, submit a greedy 7-token request) and return every request's tokens and
+    finish reason and the events from ``since`` on without their times."""
+    for op in ops:
+        if op == "submit":
+            sched.submit(wb.Request(prompt=prompt_of_length(tok, 7, 33), max_tokens=5, stop_ids=[]))
+        elif op == "abort" and sched.requests:
+            sched.abort(max(sched.requests))
+        elif op == "preempt":
+            live = [r.uid for r in sched.batch.rows if not r.finished]
+            if live:
+                sched.preempt(live[0])
+        elif op in ("admit", "step", "filter"):
+            getattr(sched, op)()
+    facts = [(e.kind, e.uid, e.step, e.row, e.token, e.n_tokens, e.n_cached, e.finish_reason, e.join_mode, e.message)
+             for e in sched.events[since:]]
+    return {u: (sched.tokens(u), sched.finish_reason(u)) for u in sched.requests}, facts
 
 
 def model_of(folder):
@@ -37,14 +60,15 @@ def make_machine(family: str):
 
     class EngineMachine(RuleBasedStateMachine):
         @initialize(max_batch=st.integers(1, 4), chunk=st.sampled_from([3, 16, 64, 2048]),
-                    budget_requests=st.sampled_from([None, 2, 3]), pipeline=st.booleans())
-        def setup(self, max_batch, chunk, budget_requests, pipeline):
+                    budget_requests=st.sampled_from([None, 2, 3]), pipeline=st.booleans(),
+                    prompt_cache=st.sampled_from([None, 4]))
+        def setup(self, max_batch, chunk, budget_requests, pipeline, prompt_cache):
             self.model, self.tok = model_of(folder)
             self.unit = projected_bytes(kv_profile(self.model, max_kv_size), 300 + 12)
             budget = None if budget_requests is None else budget_requests * self.unit
             self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
                                       max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
-                                      history_size=0)
+                                      history_size=0, prompt_cache=prompt_cache, seed=max_batch)
             self.submitted = []
             self.checked = set()
 
@@ -52,12 +76,24 @@ def make_machine(family: str):
             STATS["operations"] += 1
 
         @rule(n=st.integers(1, 300), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
-              priority=st.integers(0, 2))
-        def submit(self, n, start, max_tokens, priority):
+              priority=st.integers(0, 2), temperature=st.sampled_from([0.0, 0.0, 0.8]))
+        def submit(self, n, start, max_tokens, priority, temperature):
             self.op()
             req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens,
-                             stop_ids=[], priority=priority)
+                             stop_ids=[], priority=priority, temperature=temperature)  # sampled: drawn seed
             self.submitted.append(self.sched.submit(req))
+
+        @rule(ops=st.lists(st.sampled_from(["admit", "step", "filter", "submit", "abort", "preempt"]),
+                           min_size=1, max_size=8))
+        def checkpoint_then_restore_repeats_the_continuation(self, ops):
+            self.op()
+            cp = self.sched.checkpoint()
+            first = continuation(self.sched, self.tok, ops, len(self.sched.events))
+            self.sched.restore(cp)
+            again = continuation(self.sched, self.tok, ops, len(self.sched.events))
+            STATS["restores"] += 1
+            assert again == first, f"restored continuation {ops} differs"
+            self.submitted += [u for u in self.sched.requests if u not in self.submitted]
 
         @rule()
         def admit(self):
@@ -144,7 +180,7 @@ def make_machine(family: str):
 
 def _settings(request):
     long = request.config.getoption("--long")
-    return settings(max_examples=60 if long else 6, stateful_step_count=40 if long else 25, deadline=None,
+    return settings(max_examples=60 if long else 6, stateful_step_count=40 if long else 35, deadline=None,
                     suppress_health_check=list(HealthCheck), derandomize=not long)
 
 

@@ -1,12 +1,40 @@
-"""KV-byte budget, priorities with preemption, and prompt-cache reuse under batching."""
+"""Admission: the order policies (FCFS, shortest prompt first, priority), the KV-byte
+budget (projected from the real layer shapes) and preemption. Admission changes who runs
+when, never the tokens."""
 
 import pytest
 
 import workbench as wb
 from workbench.verify import oracle
 from workbench.engine.budget import kv_profile, projected_bytes
+from workbench.engine.policies import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
 
 pytestmark = pytest.mark.model
+
+
+def test_each_policy_orders_a_hand_built_queue_and_an_unknown_name_is_refused():
+    q = [Queued(7, 30, 0, 0), Queued(8, 4, 1, 1), Queued(9, 4, 3, 2)]
+    assert FCFS().order(q) == [7, 8, 9]
+    assert ShortestPromptFirst().order(q) == [8, 9, 7]
+    assert Priority().order(q) == [9, 8, 7]
+    with pytest.raises(ValueError, match="policy must be one of"):
+        policy_from("lifo")
+
+
+def test_shortest_prompt_first_admits_short_prompts_first(make_sched, prompt):
+    sched = make_sched(max_batch=1, policy="shortest-prompt-first")
+    uids = [sched.submit(wb.Request(prompt=prompt(n), max_tokens=2)) for n in (30, 4, 12)]
+    report = sched.run()
+    joins = report.events[report.events.kind == "join"].uid.tolist()
+    assert joins == [uids[1], uids[2], uids[0]]
+
+
+def test_priority_policy_admits_the_most_urgent_first(make_sched, prompt):
+    sched = make_sched(max_batch=1, policy="priority")
+    low = sched.submit(wb.Request(prompt=prompt(3), max_tokens=2, priority=0))
+    high = sched.submit(wb.Request(prompt=prompt(3), max_tokens=2, priority=5))
+    report = sched.run()
+    assert report.events[report.events.kind == "join"].uid.tolist() == [high, low]
 
 
 def test_projected_bytes_come_from_the_real_layer_shapes(bundled):
@@ -90,22 +118,3 @@ def test_under_kv_pressure_a_higher_priority_request_preempts_the_lowest(bundled
     assert (report.events.kind == "preempt").sum() == 1
     check = oracle.solo_check(model, sched)
     assert check.ok and len(check.rows) == 3, check.text()
-
-
-def test_warm_prompt_cache_gives_the_cold_tokens_inside_a_batch(bundled, make_sched, prompt):
-    model, _ = bundled
-    sched = make_sched(max_batch=3, prompt_cache=8)
-    p = prompt(40, 20)
-    cold = sched.submit(wb.Request(prompt=p, max_tokens=10))
-    sched.submit(wb.Request(prompt=prompt(7, 300), max_tokens=12))
-    sched.run()
-    warm = sched.submit(wb.Request(prompt=p, max_tokens=10))
-    sched.submit(wb.Request(prompt=prompt(25, 500), max_tokens=9))
-    follow = sched.submit(wb.Request(prompt=p + sched.tokens(cold) + prompt(5, 700), max_tokens=8))
-    report = sched.run().requests.set_index("uid")
-    assert sched.tokens(warm) == sched.tokens(cold)
-    assert report.loc[cold, "cached_tokens"] == 0
-    assert report.loc[warm, "cached_tokens"] == 38  # of the 39 to prefill; mlx-lm trims a longer entry to leave one
-    assert report.loc[follow, "cached_tokens"] == 40 + 10  # the whole stored entry: prompt + generated tokens
-    check = oracle.solo_check(model, sched)
-    assert check.ok, check.text()

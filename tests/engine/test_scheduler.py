@@ -1,7 +1,10 @@
-"""The engine's rows against the oracles: each row equals the same request run alone
+"""The scheduler's public calls (``submit``, ``admit``, ``step``, ``filter``, ``run``,
+``snapshot``, ``tokens``) against the oracles: each row equals the same request run alone
 through mlx-lm (solo), equals mlx-lm's BatchGenerator (batch), and the snapshot mask
 equals what the attention layers receive. Every scenario has at least two rows, except
-the explicit single-row one."""
+the explicit single-row one. Also: pipelined decode, options and errors of the calls.
+Prefill is in ``test_prefill.py``; admission, budget and preemption in
+``test_admission.py``."""
 
 import numpy as np
 import pytest
@@ -90,7 +93,7 @@ def test_workload_equals_mlx_lm_batch_generator(bundled, make_sched, prompt):
             for i, (n, m) in enumerate(zip(lengths, max_tokens))]
     sched.run()
     refs = oracle.batch_reference(model, [oracle.ref_request(sched.request_of(u)) for u in uids], max_batch=3)
-    report = oracle.compare({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
+    report = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
     assert report.ok, report.text()
     assert all(r.max_logprob_diff <= 1e-4 and not r.tie_accepted for r in report.rows)
 
@@ -148,20 +151,6 @@ def test_first_generated_token_being_a_stop_token_ends_the_row_with_no_text(bund
     assert_solo(model, sched, neighbours)
 
 
-def test_chunked_prefill_gives_the_same_tokens_as_unchunked(make_sched, prompt):
-    def run(step_size):
-        sched = make_sched(max_batch=3, prefill_step_size=step_size)
-        uids = [sched.submit(wb.Request(prompt=prompt(n, n), max_tokens=10)) for n in (3, 26, 51)]
-        sched.run()
-        return [sched.tokens(u) for u in uids], sched.report().events
-
-    whole, _ = run(2048)
-    chunked, events = run(8)
-    assert chunked == whole
-    # 50 prompt tokens before the last one, in chunks of 8: 7 chunks for the longest row
-    assert (events[(events.kind == "prefill")].groupby("uid").size().tolist()) == [1, 4, 7]
-
-
 def test_offset_plus_left_padding_is_the_kv_width_for_every_row(make_sched, prompt):
     sched = make_sched(max_batch=4)
     for i, n in enumerate((2, 9, 31)):
@@ -193,9 +182,29 @@ def test_fake_clock_makes_metrics_identical_run_to_run(bundled, prompt, fake_clo
     assert (a.ttft_s > 0).all() and (a.queue_s >= 0).all()
 
 
+def test_pipelined_and_unpipelined_decode_give_identical_tokens_and_logprobs(run_specs):
+    tokens, logprobs, report, _ = run_specs(max_batch=3, pipeline=True)
+    tokens_unpipelined, logprobs_unpipelined, report_unpipelined, _ = run_specs(max_batch=3, pipeline=False)
+    assert tokens == tokens_unpipelined and logprobs == logprobs_unpipelined
+    kinds = lambda r: list(zip(r.events.kind, r.events.uid, r.events.step))
+    assert kinds(report) == kinds(report_unpipelined)
+
+
 def test_unknown_uid_raises_key_error(make_sched):
     with pytest.raises(KeyError, match="uid 3 is unknown"):
         make_sched().tokens(3)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"max_batch": 0}, "max_batch must be an int >= 1"),
+    ({"prefill_step_size": -1}, "prefill_step_size must be an int >= 1"),
+    ({"prompt_concurrency": 0}, "prompt_concurrency must be an int >= 1"),
+    ({"clear_cache_every": 0}, "clear_cache_every must be an int >= 1"),
+    ({"history_size": -1}, "history_size must be an int >= 0"),
+])
+def test_a_scheduler_option_out_of_range_is_refused_naming_it(make_sched, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_sched(**kwargs)
 
 
 def test_step_and_filter_with_no_rows_are_no_ops(make_sched):

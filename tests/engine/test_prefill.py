@@ -1,0 +1,87 @@
+"""Prefill: in chunks, interleaved with decode steps or not, in groups capped by
+``prompt_concurrency``, visible in snapshots while it runs, and skipped for a prefix the
+prompt cache holds. Scheduling is not math: the tokens never change."""
+
+import pytest
+
+import workbench as wb
+from workbench.verify import oracle
+
+pytestmark = pytest.mark.model
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_prefill_in_chunks_of_8_interleaved_or_not_gives_the_tokens_of_whole_prefill(run_specs, interleave):
+    whole, _, _, _ = run_specs(max_batch=3, prefill_step_size=2048)
+    chunked, _, report, sched = run_specs(max_batch=3, prefill_step_size=8, interleave_prefill=interleave)
+    assert chunked == whole
+    # a prompt of n tokens prefills the n - 1 before its last one, 8 per chunk (a 1-token prompt: none)
+    prefill_chunks = report.events[report.events.kind == "prefill"].groupby("uid").size().to_dict()
+    assert prefill_chunks == {0: 1, 1: 8, 2: 2, 4: 4}  # prompts of 3, 60, 17, 1, 33 tokens
+    check = oracle.solo_check(sched.model, sched)
+    assert check.ok, check.text()
+
+
+def test_running_rows_stall_at_most_one_chunk_while_a_long_prompt_joins(make_sched, prompt):
+    sched = make_sched(max_batch=3, prefill_step_size=16)
+    runners = [sched.submit(wb.Request(prompt=prompt(n, n), max_tokens=30)) for n in (4, 9)]
+    sched.admit()
+    sched.step()
+    long_uid = sched.submit(wb.Request(prompt=prompt(200, 50), max_tokens=4))
+    report = sched.run()
+    ev = report.events
+    chunks = ev[(ev.kind == "prefill") & (ev.uid == long_uid)]
+    assert len(chunks) == 13  # 199 prompt tokens before the last one, 16 per chunk
+    # between two consecutive tokens of a running row, at most one prefill chunk ran
+    for uid in runners:
+        token_idx = ev.index[(ev.kind == "token") & (ev.uid == uid)].tolist()
+        for a, b in zip(token_idx, token_idx[1:]):
+            assert (ev.loc[a:b].kind == "prefill").sum() <= 1
+    join_step = int(ev[(ev.kind == "join") & (ev.uid == long_uid)].step.iloc[0])
+    assert join_step >= 13, "the long prompt joined only after all its chunks"
+    assert oracle.solo_check(sched.model, sched).ok
+
+
+def test_prompt_concurrency_caps_the_prefilling_group(make_sched, prompt):
+    sched = make_sched(max_batch=4, prompt_concurrency=2)
+    for n in (5, 6, 7, 8):
+        sched.submit(wb.Request(prompt=prompt(n), max_tokens=3))
+    first = sched.admit()  # group [0, 1] prefills in one chunk and joins; group [2, 3] forms
+    assert [e.uid for e in first if e.kind == "join"] == [0, 1]
+    assert [e.uid for e in first if e.kind == "admit"] == [0, 1, 2, 3]
+    assert [e.uid for e in sched.admit() if e.kind == "join"] == [2, 3]
+    sched2 = make_sched(max_batch=4, prompt_concurrency=2, prefill_step_size=2)
+    for n in (5, 6, 7, 8):
+        sched2.submit(wb.Request(prompt=prompt(n), max_tokens=3))
+    sched2.admit()
+    snap = sched2.snapshot()
+    assert [uid for uid, _, _ in snap.prefilling] == [0, 1] and snap.queue == (2, 3)
+
+
+def test_a_prefilling_group_is_visible_in_snapshots(make_sched, prompt):
+    sched = make_sched(max_batch=2, prefill_step_size=10)
+    sched.submit(wb.Request(prompt=prompt(35), max_tokens=3))
+    sched.admit()
+    snap = sched.snapshot()
+    assert snap.prefilling == ((0, 10, 34),) and snap.batch_size == 0
+    assert "prefilling uid 0: 10/34 prompt tokens" in snap.text()
+    assert not sched.idle
+
+
+def test_warm_prompt_cache_gives_the_cold_tokens_inside_a_batch(bundled, make_sched, prompt):
+    model, _ = bundled
+    sched = make_sched(max_batch=3, prompt_cache=8)
+    p = prompt(40, 20)
+    cold = sched.submit(wb.Request(prompt=p, max_tokens=10))
+    sched.submit(wb.Request(prompt=prompt(7, 300), max_tokens=12))
+    sched.run()
+    warm = sched.submit(wb.Request(prompt=p, max_tokens=10))
+    sched.submit(wb.Request(prompt=prompt(25, 500), max_tokens=9))
+    follow = sched.submit(wb.Request(prompt=p + sched.tokens(cold) + prompt(5, 700), max_tokens=8))
+    report = sched.run().requests.set_index("uid")
+    assert sched.tokens(warm) == sched.tokens(cold)
+    assert report.loc[cold, "cached_tokens"] == 0
+    assert report.loc[warm, "cached_tokens"] == 38  # of the 39 to prefill; mlx-lm trims a longer entry to leave one
+    assert report.loc[follow, "cached_tokens"] == 40 + 10  # the whole stored entry: prompt + generated tokens
+    check = oracle.solo_check(model, sched)
+    assert check.ok, check.text()

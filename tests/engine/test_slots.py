@@ -21,7 +21,7 @@ def _kv(tokens: list[list[float]], width: int) -> BatchKVCache:
             c.update_and_fetch(a, a * 10)
         solo.append(c)
     cache = BatchKVCache.merge(solo)
-    assert cache._idx == width
+    assert slots.fill_width([cache]) == width  # the write index
     return cache
 
 
@@ -29,7 +29,7 @@ def test_fill_slots_writes_the_worked_example_of_the_module_docstring():
     running = _kv([[1, 2, 3, 4], [5, 6, 7, 8], [2, 3, 4]], width=4)  # row 1 (uid 7) finished
     joiner = _kv([[9, 9, 9], [8, 9]], width=3)  # joiner row 1: tokens x y = 8 9
     slots.fill_slots([running], [1], [joiner], [1], [2])
-    keys = np.array(running.keys[:, 0, : running._idx, 0])
+    keys = np.array(running.keys[:, 0, : slots.fill_width([running]), 0])
     assert keys.tolist() == [[1, 2, 3, 4], [0, 0, 8, 9], [0, 2, 3, 4]]
     assert np.array(running.values[1, 0, :4, 0]).tolist() == [0, 0, 80, 90]
     assert np.array(running.left_padding).tolist() == [0, 2, 1]
@@ -46,7 +46,7 @@ def test_filled_slot_masks_the_same_keys_as_filter_then_extend():
 
     def attended(cache, b):  # the keys row b attends at the next step, oldest first
         mask = np.array(cache.make_mask(1)).reshape(cache.left_padding.shape[0], -1)[b, :-1]
-        return np.array(cache.keys[b, 0, : cache._idx, 0])[mask].tolist()
+        return np.array(cache.keys[b, 0, : slots.fill_width([cache]), 0])[mask].tolist()
 
     for filled_row, reference_row in [(0, 2), (1, 0), (2, 1)]:
         assert attended(running, filled_row) == attended(reference, reference_row)
@@ -58,7 +58,7 @@ def test_can_fill_refuses_a_joiner_longer_than_the_write_index():
     assert not slots.can_fill([running], [joiner], [3])
     with pytest.raises(ValueError, match="cannot take joiners"):
         slots.fill_slots([running], [0], [joiner], [0], [3])
-    assert running._idx == 2 and np.array(running.left_padding).tolist() == [0, 0]
+    assert slots.fill_width([running]) == 2 and np.array(running.left_padding).tolist() == [0, 0]
 
 
 def _staggered(make_sched, prompt, **kw):

@@ -167,6 +167,16 @@ def test_render_timeline_over_steps_draws_spans_and_join_evict_marks(two_request
     assert len(ax.lines) == 4  # a join and an evict mark per uid
 
 
+def test_render_timelines_draws_one_panel_per_run_on_shared_axes(two_request_events):
+    later = two_request_events.assign(step=two_request_events.step + 2)
+    fig = views.render_timelines({"fcfs": two_request_events, "spf": later})
+    left, right = fig.axes[:2]
+    assert [a.get_title().split()[0] for a in (left, right)] == ["fcfs", "spf"]
+    assert left.get_xlim() == right.get_xlim() and right.get_legend() is not None and left.get_legend() is None
+    with pytest.raises(ValueError, match="at least one run"):
+        views.render_timelines({})
+
+
 def test_render_timeline_refuses_an_unknown_axis(two_request_events):
     with pytest.raises(ValueError, match="x must be one of"):
         views.render_timeline(two_request_events, x="tokens")

@@ -22,11 +22,11 @@ from .kv import kv_history_text, kv_text, render_kv
 from .latency import latency_text, render_latency
 from .mask import mask_text, render_masks
 from .style import figure_png
-from .timeline import render_timeline, timeline_text
+from .timeline import render_timeline, render_timelines, timeline_text
 
 __all__ = [
     "Panel", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text",
-    "render_kv", "render_latency", "render_masks", "render_timeline", "timeline_text",
+    "render_kv", "render_latency", "render_masks", "render_timeline", "render_timelines", "timeline_text",
 ]
 
 

@@ -104,9 +104,35 @@ def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = 
         ValueError: for an unknown ``x``.
     """
     fig = Figure(figsize=(9, 0.35 * max(4, events.uid.nunique()) + 1.2), layout="constrained")
-    ax = fig.add_subplot()
+    _draw(fig.add_subplot(), events, title, x)
+    return fig
+
+
+def render_timelines(runs: dict[str, pd.DataFrame], x: str = "step") -> Figure:
+    """Timelines of several runs side by side, one panel per run on shared axes (e.g. two
+    forks of one scheduler that made different admission choices).
+
+    Args:
+        runs: panel title -> that run's events (a report's ``events``).
+        x: ``step`` or ``time``, as :func:`render_timeline`.
+
+    Raises:
+        ValueError: for an unknown ``x`` or no runs.
+    """
+    if not runs:
+        raise ValueError("render_timelines needs at least one run (title -> events)")
+    rows = max(ev.uid.nunique() for ev in runs.values())
+    fig = Figure(figsize=(5.5 * len(runs), 0.35 * max(4, rows) + 1.4), layout="constrained")
+    axes = fig.subplots(1, len(runs), sharex=True, sharey=True, squeeze=False)[0]
+    for ax, (title, events) in zip(axes, runs.items()):
+        _draw(ax, events, title, x, legend=ax is axes[-1])
+    return fig
+
+
+def _draw(ax, events: pd.DataFrame, title: str, x: str, legend: bool = True) -> None:
+    """One timeline on ``ax`` (see :func:`render_timeline`)."""
     if events.empty:
-        return fig
+        return
     b = span_bounds(events, x)
     labelled: set[str] = set()
     for y, (uid, r) in enumerate(b.iterrows()):
@@ -126,5 +152,5 @@ def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = 
     ax.invert_yaxis()
     ax.set_xlabel(AXES[x][1])
     ax.set_title(f"{title}  (▶ join, ◀ evict)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    return fig
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")

@@ -122,3 +122,13 @@ def test_bad_submits_while_rows_decode_change_nothing(make_sched, prompt):
     disturbed, late_disturbed = run(True)
     assert disturbed == clean
     assert late_disturbed == late_clean  # refused requests consumed no uid
+
+
+def test_request_shows_its_real_fields_to_signature_help_and_shift_tab_and_still_refuses_unknown_ones():
+    import inspect
+
+    params = inspect.signature(wb.Request).parameters
+    assert list(params)[:3] == ["prompt", "max_tokens", "temperature"] and "on_token" in params
+    assert params["max_tokens"].default == 32
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['max_new_tokens'\]"):
+        wb.Request(prompt="x", max_new_tokens=3)

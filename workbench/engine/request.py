@@ -156,24 +156,38 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
     r = request
-    if isinstance(r.prompt, str):
-        if not r.prompt:
-            raise ValueError("prompt must be a non-empty str or list of token ids, got ''")
-        ids = tuple(tokenizer.encode(r.prompt, add_special_tokens=False))
-        if not ids:
-            raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
-    elif isinstance(r.prompt, (list, tuple, np.ndarray)):
-        if len(r.prompt) == 0:
-            raise ValueError("prompt must have at least 1 token id, got an empty list")
-        ids = _check_ids("prompt", r.prompt, vocab_size)
-    else:
-        raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
+    ids = _prompt_ids(r, tokenizer, vocab_size)
     if not _is_int(r.max_tokens) or r.max_tokens < 1:
         raise ValueError(f"max_tokens must be an int >= 1, got {r.max_tokens!r}")
     if context_tokens is not None and len(ids) + r.max_tokens > context_tokens:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) = {len(ids) + r.max_tokens} "
             f"exceeds the model's context of {context_tokens} tokens (max_position_embeddings)")
+    if not _is_int(r.priority):
+        raise ValueError(f"priority must be an int, got {r.priority!r}")
+    _check_sampling(r)
+    _check_processors(r, vocab_size)
+    return ValidRequest(request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size))
+
+
+def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
+    """The prompt as token ids (a str is tokenized without special tokens)."""
+    if isinstance(r.prompt, str):
+        if not r.prompt:
+            raise ValueError("prompt must be a non-empty str or list of token ids, got ''")
+        ids = tuple(tokenizer.encode(r.prompt, add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
+        return ids
+    if isinstance(r.prompt, (list, tuple, np.ndarray)):
+        if len(r.prompt) == 0:
+            raise ValueError("prompt must have at least 1 token id, got an empty list")
+        return _check_ids("prompt", r.prompt, vocab_size)
+    raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
+
+
+def _check_sampling(r: Request) -> None:
+    """temperature, top_p, top_k, min_p and seed within their ranges."""
     if not _is_real(r.temperature) or r.temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
     if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
@@ -182,14 +196,16 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         raise ValueError(f"top_k must be an int >= 0, got {r.top_k!r}")
     if r.temperature == 0 and (r.top_p < 1 or r.top_k > 0):
         raise ValueError("top_p / top_k need temperature > 0; temperature 0 is greedy decoding")
-    if not _is_int(r.priority):
-        raise ValueError(f"priority must be an int, got {r.priority!r}")
     if not _is_real(r.min_p) or not 0 <= r.min_p < 1:
         raise ValueError(f"min_p must be a number in [0, 1), got {r.min_p!r}")
     if r.temperature == 0 and r.min_p > 0:
         raise ValueError("min_p needs temperature > 0; temperature 0 is greedy decoding")
     if r.seed is not None and (not _is_int(r.seed) or r.seed < 0):
         raise ValueError(f"seed must be an int >= 0 or None, got {r.seed!r}")
+
+
+def _check_processors(r: Request, vocab_size: int) -> None:
+    """Penalties, logit bias, processors, sampler and on_token of the right kinds."""
     if r.repetition_penalty is not None and (not _is_real(r.repetition_penalty) or r.repetition_penalty <= 0):
         raise ValueError(f"repetition_penalty must be a number > 0 or None, got {r.repetition_penalty!r}")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -207,10 +223,12 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     for name in ("sampler", "on_token"):
         if getattr(r, name) is not None and not callable(getattr(r, name)):
             raise ValueError(f"{name} must be callable or None, got {type(getattr(r, name)).__name__}")
+
+
+def _stop_ids(r: Request, tokenizer: Any, vocab_size: int) -> frozenset[int]:
+    """The stop ids as a set (``None``: the tokenizer's EOS ids)."""
     if r.stop_ids is None:
-        stop = frozenset(tokenizer.eos_token_ids)
-    elif isinstance(r.stop_ids, (list, tuple, set, frozenset)):
-        stop = frozenset(_check_ids("stop_ids", list(r.stop_ids), vocab_size))
-    else:
-        raise ValueError(f"stop_ids must be a list of int token ids or None, got {type(r.stop_ids).__name__}")
-    return ValidRequest(request=r, prompt_ids=ids, stop_ids=stop)
+        return frozenset(tokenizer.eos_token_ids)
+    if isinstance(r.stop_ids, (list, tuple, set, frozenset)):
+        return frozenset(_check_ids("stop_ids", list(r.stop_ids), vocab_size))
+    raise ValueError(f"stop_ids must be a list of int token ids or None, got {type(r.stop_ids).__name__}")

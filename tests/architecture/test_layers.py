@@ -1,0 +1,73 @@
+"""The package's shape: subpackages import only lower ones, ``observe`` never imports
+MLX, one module touches mlx-lm's private cache fields, no engine function is longer than
+one screen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
+LAYERS = ["runtime", "observe", "engine", "workloads", "verify", "sim", "bench", "views"]
+PRIVATE_CACHE_FIELDS = {"_idx", "rotated", "_trie", "_lru", "_offset"}
+SCREEN_LINES = 50
+
+
+def modules():
+    return sorted(p for p in PACKAGE.rglob("*.py"))
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Our subpackages ``path`` imports (relative or absolute imports)."""
+    rel = path.relative_to(PACKAGE).parts
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(rel[:-1])[: len(rel) - node.level] if node.level > 1 else list(rel[:-1])
+                parts = base + (node.module.split(".") if node.module else [n.name for n in node.names][:1])
+            elif node.module and node.module.startswith("workbench."):
+                parts = node.module.split(".")[1:]
+            else:
+                continue
+            if parts:
+                out.add(parts[0])
+    return out
+
+
+@pytest.mark.parametrize("path", [p for p in modules() if p.parent != PACKAGE], ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_a_subpackage_imports_only_itself_and_lower_subpackages(path):
+    own = path.relative_to(PACKAGE).parts[0]
+    allowed = set(LAYERS[: LAYERS.index(own) + 1])
+    upward = {p for p in imported_packages(path) if p in LAYERS} - allowed
+    assert not upward, f"{path.relative_to(PACKAGE)} imports higher subpackage(s) {sorted(upward)}"
+
+
+def test_observe_never_imports_mlx():
+    for path in (PACKAGE / "observe").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+        assert not [n for n in names if n.startswith("mlx")], f"{path.name} imports MLX"
+
+
+def test_only_cache_internals_reads_mlx_lm_private_cache_fields():
+    readers = set()
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in PRIVATE_CACHE_FIELDS:
+                readers.add(path.relative_to(PACKAGE).as_posix())
+    assert readers == {"engine/cache_internals.py"}
+
+
+def test_no_engine_function_is_longer_than_one_screen():
+    long = []
+    for path in (PACKAGE / "engine").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > SCREEN_LINES:
+                    long.append(f"{path.name}:{node.name} ({n} lines)")
+    assert not long, f"longer than {SCREEN_LINES} lines: {long}"

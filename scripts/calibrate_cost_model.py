@@ -12,7 +12,7 @@ from pathlib import Path
 
 import workbench as wb
 from workbench.runtime.blas import STATUS as BLAS
-from workbench.sim.costmodel import fit_cost_model, measure_costs
+from workbench.sim.calibrate import fit_cost_model, measure_costs
 
 model_path = sys.argv[1] if len(sys.argv) > 1 else str(wb.runtime.loading.RANDOM_MODEL)
 machine = f"{platform.system().lower()}-{platform.machine()}"

@@ -18,7 +18,7 @@ import pytest
 
 import workbench as wb
 from workbench.runtime.loading import RANDOM_MODEL
-from workbench.workloads.workload import prompt_of_length
+from workbench.workloads.workload import prompt_maker
 
 
 class FakeClock:
@@ -67,7 +67,7 @@ def make_sched(bundled):
 def prompt(bundled):
     """``prompt(n, start=0)`` -> n token ids from the bundled prompt set."""
     _, tokenizer = bundled
-    return lambda n, start=0: prompt_of_length(tokenizer, n, start)
+    return prompt_maker(tokenizer)
 
 
 @pytest.fixture

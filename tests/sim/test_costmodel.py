@@ -5,9 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.sim.costmodel import (
-    DECODE_COLUMNS, PREFILL_COLUMNS, CostedModel, CostModel, fit_cost_model, measure_costs, nonnegative_lstsq,
-)
+from workbench.sim.calibrate import DECODE_COLUMNS, PREFILL_COLUMNS, fit_cost_model, measure_costs, nonnegative_lstsq
+from workbench.sim.costmodel import CostedModel, CostModel
 
 TRUE = CostModel(prefill_s_per_chunk=2e-3, prefill_s_per_token=5e-4, prefill_s_per_pair=2e-7,
                  decode_s_per_step=4e-3, decode_s_per_row=6e-4, decode_s_per_kv_token=3e-7)

@@ -12,7 +12,7 @@ import workbench as wb
 from workbench.verify import oracle
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify.mask_oracle import mismatches, recorded_masks
-from workbench.workloads.workload import prompt_of_length
+from workbench.workloads.workload import prompt_maker, prompt_of_length
 
 pytestmark = pytest.mark.model
 
@@ -34,7 +34,7 @@ def family(request):
         return wb.Scheduler(model, tokenizer, max_kv_size=max_kv_size, **kw)
 
     make.model, make.tokenizer, make.max_kv_size = model, tokenizer, max_kv_size
-    make.prompt = lambda n, start=0: prompt_of_length(tokenizer, n, start)
+    make.prompt = prompt_maker(tokenizer)
     return make
 
 
@@ -119,7 +119,7 @@ def test_workload_equals_mlx_lm_batch_generator(family):
     sched.run()
     refs = oracle.batch_reference(family.model, [oracle.ref_request(sched.request_of(u)) for u in uids],
                                   max_batch=3, max_kv_size=family.max_kv_size)
-    report = oracle.compare({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)), atol=ATOL)
+    report = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)), atol=ATOL)
     assert report.ok, report.text()
 
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from workbench.verify.margins import NEAR_TIE_MARGIN, demo_margins, margin_report
-from workbench.verify.oracle import Trace
+from workbench.verify.oracle import TokenTrace
 
 
 def test_margins_below_the_threshold_count_as_near_ties_pooled_over_traces():
-    a = Trace(tokens=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], margins=[0.5, 0.0009, 2.0])
-    b = Trace(tokens=[4, 5], logprobs=[-0.1, -0.1], margins=[0.001, 0.0])
+    a = TokenTrace(tokens=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], margins=[0.5, 0.0009, 2.0])
+    b = TokenTrace(tokens=[4, 5], logprobs=[-0.1, -0.1], margins=[0.001, 0.0])
     report = margin_report([a, b])
     assert report.n_steps == 5 and report.n_near_ties == 2  # 0.0009 and 0.0; 0.001 is not below
     assert report.near_tie_rate == pytest.approx(0.4)

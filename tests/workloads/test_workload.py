@@ -5,7 +5,9 @@ import pytest
 
 import workbench as wb
 from workbench.workloads.distributions import Uniform
-from workbench.workloads.workload import WORKLOAD_COLUMNS, Workload, prompt_of_length, source_ids, synthesize_prompts, synthetic
+from workbench.workloads.workload import (
+    WORKLOAD_COLUMNS, Workload, prompt_maker, prompt_of_length, source_ids, synthesize_prompts, synthetic,
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,14 @@ def test_prompts_are_cut_from_the_prompt_set_tokenized_once(tok):
     ids = source_ids(tok)
     assert prompt_of_length(tok, 5, start=len(ids) - 2) == [ids[-2], ids[-1], ids[0], ids[1], ids[2]]
     assert source_ids(tok) is ids
+
+
+def test_a_prompt_maker_cuts_the_same_prompts_as_prompt_of_length(tok):
+    prompt = prompt_maker(tok)
+    assert prompt(5) == prompt_of_length(tok, 5)
+    assert prompt(4, 80) == prompt(4, start=80) == prompt_of_length(tok, 4, 80)
+    with pytest.raises(ValueError, match="n_tokens must be >= 1"):
+        prompt(0)
 
 
 def test_a_workload_sorts_by_arrival_keeps_ties_in_order_and_refuses_bad_items():

@@ -1,8 +1,20 @@
 """Benchmark figures: pure functions from the benchmark's frames (as written to
-``docs/benchmarks/*.csv``) to matplotlib Figures.
+``docs/benchmarks/*.csv`` and read back by :mod:`workbench.bench.files`) to matplotlib
+Figures.
 
-Knows: the columns of :class:`workbench.bench.run.BenchResult`'s frames. Must not know: the
-engines; these never run anything, so the notebook draws them from the stored CSV files.
+Knows: the columns of :class:`workbench.bench.run.BenchResult`'s frames, matplotlib. Must
+not know: the engines; these never run anything, so the notebook draws them from the
+stored CSV files. They live in the benchmark package, not in :mod:`workbench.views`, because
+they read benchmark frames, not snapshots or reports.
+
+===========================  ==========================================  ===================
+figure                       frames                                      file
+===========================  ==========================================  ===================
+:func:`render_throughput`    ``runs.csv``, ``roofline.csv``              ``throughput.png``
+:func:`render_ttft_itl`      ``requests.csv``, ``gaps.csv``              ``latency.png``
+:func:`render_join`          ``join.csv`` (+ two ``meta.csv`` values)    ``join.png``
+:func:`render_head_of_line`  ``head_of_line.csv``                        ``head_of_line.png``
+===========================  ==========================================  ===================
 """
 
 from __future__ import annotations
@@ -12,15 +24,24 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from . import style
-
-ENGINE_COLOURS = {"workbench": style.ATTENDED, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
+# The views' blue for attended tokens and orange for prefill (workbench.views.style.ATTENDED
+# and PREFILL; tests/bench/test_figures.py checks they agree): the benchmark sits below the
+# views in the import order, so it cannot import them.
+WORKBENCH_COLOUR = "#3b7dd8"
+PREFILL_COLOUR = "#f2a541"
+ENGINE_COLOURS = {"workbench": WORKBENCH_COLOUR, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
                   "workbench, prefill-first": "#7f7f7f"}
 
 
 def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
     """Decode tok/s per batch size: one bar per engine (median of its runs, whiskers to
-    the slowest and fastest run) and the roofline's attainable bound as a black tick."""
+    the slowest and fastest run) and the roofline's attainable bound as a black tick.
+
+    Args:
+        runs: one row per decode run, columns ``engine``, ``B``, ``tok_per_s``.
+        roofline: one row per case, columns ``case`` (``"decode ..."`` rows are drawn),
+            ``B``, ``attainable_tok_per_s``.
+    """
     fig = Figure(figsize=(9, 4.2))
     ax = fig.subplots()
     sizes = sorted(runs.B.unique())
@@ -48,9 +69,16 @@ def _cdf(ax, values_s: pd.Series, colour: str, label: str) -> None:
     ax.step(v, np.arange(1, len(v) + 1) / max(len(v), 1), where="post", color=colour, label=label)
 
 
-def render_latency(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
+def render_ttft_itl(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
     """Cumulative distributions of TTFT (per request) and ITL (per token gap), in ms,
-    one line per engine, with the p50 and p95 levels marked."""
+    one line per engine, with the p50 and p95 levels marked. (Not
+    :func:`workbench.views.render_latency`, which draws one run's report.)
+
+    Args:
+        requests: one row per request, columns ``engine``, ``ttft_s`` (seconds; NaN rows
+            are skipped).
+        gaps: one row per inter-token gap, columns ``engine``, ``gap_s`` (seconds).
+    """
     fig = Figure(figsize=(9, 3.6))
     axes = fig.subplots(1, 2)
     for ax, frame, col, title in ((axes[0], requests, "ttft_s", "TTFT"), (axes[1], gaps, "gap_s", "ITL")):
@@ -71,7 +99,13 @@ def render_latency(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
 def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
     """Median seconds of one decode step and of a join into a free slot, by ``extend``
     and by re-merging, each measurement as a dot (methods absent from ``join`` are
-    skipped)."""
+    skipped).
+
+    Args:
+        join: one row per measurement, columns ``method`` (``"step"``, ``"free slot"``,
+            ``"extend"``, ``"extend, fresh pages"``, ``"re-merge"``) and ``seconds``.
+        rows, context_tokens: the running batch the row joined (for the title).
+    """
     fig = Figure(figsize=(5.5, 3.4))
     ax = fig.subplots()
     spec = [("step", "one decode step", "#7f7f7f"), ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
@@ -92,7 +126,13 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
 def render_head_of_line(hol: pd.DataFrame) -> Figure:
     """Per engine, the tokens of running rows (dots, one line per row) over time since
     the joiner's submit, the joiner's prefill chunks (orange ticks) and its first token
-    (red line): the widest white gap is the head-of-line stall."""
+    (red line): the widest white gap is the head-of-line stall.
+
+    Args:
+        hol: one row per event, columns ``engine``, ``role`` (``"running"`` or
+            ``"joiner"``), ``kind`` (``"submit"``, ``"prefill"``, ``"token"``), ``uid``,
+            ``time_s`` (seconds); every engine needs the joiner's submit and first token.
+    """
     engines = [e for e in ENGINE_COLOURS if e in set(hol.engine)]
     fig = Figure(figsize=(9, 1.0 + 1.3 * len(engines)))
     axes = np.atleast_1d(fig.subplots(len(engines), 1, sharex=True))
@@ -103,7 +143,7 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
         run = ev[(ev.role == "running") & (ev.kind == "token")]
         ax.plot(run.time_s - t0, run.uid, "|", color=ENGINE_COLOURS[engine], ms=8)
         for t in joiner[joiner.kind == "prefill"].time_s:
-            ax.axvline(t - t0, color=style.PREFILL, lw=0.8)
+            ax.axvline(t - t0, color=PREFILL_COLOUR, lw=0.8)
         ax.axvline(joiner[joiner.kind == "token"].time_s.min() - t0, color="#c0392b", lw=1.5)
         ax.set_yticks(sorted(run.uid.unique()))
         ax.set_ylabel("row uid")

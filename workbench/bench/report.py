@@ -1,7 +1,8 @@
 """The benchmark's table, its text form, and the files ``workbench bench`` writes.
 
 Knows: a :class:`~workbench.bench.run.BenchResult`, the goals of issue 6, percentiles
-(:mod:`workbench.observe.metrics`), the figures (:mod:`workbench.views.bench`). Must not know:
+(:mod:`workbench.observe.metrics`), the figures (:mod:`workbench.bench.figures`), the stored
+files (:mod:`workbench.bench.files`). Must not know:
 engines or MLX; everything here is arithmetic on the measured frames.
 
 The table has one row per entry of :func:`row_ids` and columns ``TABLE_COLUMNS``:
@@ -26,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from .files import CSV_FILES, read_frame, read_meta
 from .run import BenchResult
 from .scenarios import MLX_LM, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
 from ..observe.metrics import percentiles
@@ -166,10 +168,6 @@ FIGURES = {"throughput.png": "decode tok/s per engine and batch size, with the r
            "latency.png": "TTFT and ITL distributions, staggered arrivals",
            "join.png": "join into a free slot, by extend and by re-merge, against one decode step",
            "head_of_line.png": "running rows' tokens while a long prompt joins"}
-CSV_FILES = {"table.csv": "the table", "runs.csv": "every decode run", "requests.csv": "latency workload, per request",
-             "gaps.csv": "latency workload, per inter-token gap", "join.csv": "join-cost measurements",
-             "head_of_line.csv": "head-of-line events", "roofline.csv": "roofline per case",
-             "meta.csv": "model, machine, load, bandwidth"}
 
 
 def meta_of(result: BenchResult) -> dict[str, Any]:
@@ -268,12 +266,12 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
 def write_figures(data: Path) -> None:
     """Draw ``FIGURES`` into ``data`` from the CSV files there (so a figure can be redrawn
     from a stored run without running it again)."""
-    from ..views.bench import render_head_of_line, render_join, render_latency, render_throughput
+    from .figures import render_head_of_line, render_join, render_throughput, render_ttft_itl
 
-    read = lambda name: pd.read_csv(data / name, keep_default_na=False)  # noqa: E731
-    meta = dict(read("meta.csv").values)
+    read = lambda name: read_frame(name, data)  # noqa: E731
+    meta = read_meta(data)
     figures = {"throughput.png": render_throughput(read("runs.csv"), read("roofline.csv")),
-               "latency.png": render_latency(read("requests.csv"), read("gaps.csv")),
+               "latency.png": render_ttft_itl(read("requests.csv"), read("gaps.csv")),
                "join.png": render_join(read("join.csv"), int(meta["join_rows"]), int(meta["join_context_tokens"])),
                "head_of_line.png": render_head_of_line(read("head_of_line.csv"))}
     for name, fig in figures.items():

@@ -5,7 +5,7 @@ Knows: the scenarios. Uses :mod:`workbench.bench.engines`
 (the two engines, one driver), :mod:`workbench.bench.model` (random-weight llamas),
 :mod:`workbench.bench.roofline`, :mod:`workbench.observe.metrics` (everything latency-like is computed
 from event logs). Must not know: the run's sizes (:mod:`workbench.bench.run`), how results are
-printed or drawn (:mod:`workbench.bench.report`, :mod:`workbench.views.bench`).
+printed or drawn (:mod:`workbench.bench.report`, :mod:`workbench.bench.figures`).
 
 Scenarios, each a function returning DataFrames:
 

@@ -1,9 +1,9 @@
 """A calibrated cost model of the engine's forwards, for replays on a virtual clock.
 
 Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
-``[B, 1]`` feeds: decode steps and joins), numpy least squares. Must not know: the
-scheduler's internals (measurement drives the public API and
-:class:`workbench.engine.prefill.PrefillGroup`, which is what ``admit()`` runs).
+``[B, 1]`` feeds: decode steps and joins), the model's features. Must not know: the
+engine; it runs nothing. Measuring the engine and fitting the coefficients is
+:mod:`workbench.sim.calibrate`'s.
 
 Model (seconds; every coefficient ``>= 0``)::
 
@@ -14,36 +14,22 @@ Model (seconds; every coefficient ``>= 0``)::
     at KV width W:
         decode_s  = d_step + d_row * B + d_kv * B * W
 
-The ``filter`` call costs nothing. :func:`fit_cost_model` fits the coefficients by least
-squares on the median time of each distinct measured configuration (typical, spikes
-ignored: on a shared machine the fastest time would predict an idle machine, not what a
-replay measures; a coefficient that comes out negative is fixed at 0 and the rest
-refitted); :func:`measure_costs` measures the current machine;
-:func:`calibrate` does both. :class:`CostedModel` wraps a model so that the forwards run
-inside ``admit()`` advance a virtual clock (so ``prefill`` and ``join`` events carry the
-time their forward ended).
+The ``filter`` call costs nothing. :class:`CostModel` holds the coefficients (fitted by
+:func:`workbench.sim.calibrate.fit_cost_model`, stored as JSON); :class:`CostedModel`
+wraps a model so that the forwards run inside ``admit()`` advance a virtual clock (so
+``prefill`` and ``join`` events carry the time their forward ended).
 """
 
 from __future__ import annotations
 
 import json
-import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator
 
 import numpy as np
-import pandas as pd
-
-from ..engine.prefill import PrefillGroup
-from ..engine.request import Request
-from ..engine.scheduler import Scheduler
-from ..workloads.workload import prompt_of_length
-
-PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]
-DECODE_COLUMNS = ["batch_size", "kv_width_tokens", "time_s"]
 
 
 @dataclass(frozen=True)
@@ -136,102 +122,6 @@ def decode_features(batch_size: Iterable[int], kv_width_tokens: Iterable[int]) -
     b = np.asarray(list(batch_size), np.float64)
     w = np.asarray(list(kv_width_tokens), np.float64)
     return np.stack([np.ones_like(b), b, b * w], axis=1)
-
-
-def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares ``X [N, F] @ c [F] ~ y [N]`` with ``c >= 0``: while a coefficient
-    is negative, fix the most negative at 0 and refit the others (exact for the 3-feature
-    fits here).
-
-    Raises: ValueError when ``X`` has fewer rows than columns."""
-    n, f = X.shape
-    if n < f:
-        raise ValueError(f"need at least {f} measurements to fit {f} coefficients, got {n}")
-    active = list(range(f))
-    coef = np.zeros(f)
-    while active:
-        coef = np.zeros(f)
-        coef[active] = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
-        if coef.min() >= 0:
-            return coef
-        active.remove(int(np.argmin(coef)))
-    return coef
-
-
-def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "") -> CostModel:
-    """Fit a :class:`CostModel` from measurements.
-
-    Args:
-        prefill: rows with ``PREFILL_COLUMNS`` (one chunk of a group each).
-        decode: rows with ``DECODE_COLUMNS`` (one decode step each). Repeated
-            configurations (same rows, tokens and start, or same batch size and width)
-            are reduced to their median time before fitting.
-
-    Raises:
-        ValueError: with fewer than 3 distinct configurations in either frame.
-    """
-    p = prefill.groupby(["rows", "tokens", "start_tokens"], as_index=False).time_s.median()
-    d = decode.groupby(["batch_size", "kv_width_tokens"], as_index=False).time_s.median()
-    pc = nonnegative_lstsq(prefill_features(p.rows, p.tokens, p.start_tokens), p.time_s.to_numpy(float))
-    dc = nonnegative_lstsq(decode_features(d.batch_size, d.kv_width_tokens), d.time_s.to_numpy(float))
-    return CostModel(*map(float, pc), *map(float, dc), label=label)
-
-
-def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8),
-                  kv_widths_tokens: Sequence[int] = (32, 128, 512), chunk_tokens: Sequence[int] = (16, 64, 256),
-                  group_rows: Sequence[int] = (1, 4), prefill_context_tokens: int = 512, decode_steps: int = 6,
-                  repeats: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Measure prefill chunks and decode steps of ``model`` on this machine.
-
-    Prefill: for each group size ``B`` in ``group_rows`` and chunk size ``C``, ``B``
-    prompts of ``prefill_context_tokens`` run through
-    :class:`~workbench.engine.prefill.PrefillGroup` in chunks of ``C`` (each timed, at its start
-    position). Decode: for each ``B`` and ``W``, ``B`` prompts of ``W``
-    tokens are admitted into a :class:`~workbench.engine.scheduler.Scheduler`, then
-    ``decode_steps`` steps are timed after one warm-up step. Everything ``repeats`` times.
-
-    Returns:
-        ``(prefill [N, PREFILL_COLUMNS], decode [M, DECODE_COLUMNS])``, times in seconds.
-    """
-    prefill_rows, decode_rows = [], []
-    for _ in range(repeats):
-        _measure_prefill(model, tokenizer, group_rows, chunk_tokens, prefill_context_tokens, prefill_rows)
-        _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, decode_rows)
-    return (pd.DataFrame(prefill_rows, columns=PREFILL_COLUMNS), pd.DataFrame(decode_rows, columns=DECODE_COLUMNS))
-
-
-def _measure_prefill(model, tokenizer, group_rows, chunk_tokens, context_tokens, out) -> None:
-    for b in group_rows:
-        for c in chunk_tokens:
-            prompts = [prompt_of_length(tokenizer, context_tokens, 3 * c + 7 * i) for i in range(b)]
-            group = PrefillGroup(model, prompts, c)
-            while not group.done:
-                start = group.position
-                t0 = time.perf_counter()
-                k = group.run_chunk()[0]
-                out.append((b, k, start, time.perf_counter() - t0))
-
-
-def _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, rows) -> None:
-    for b in batch_sizes:
-        for w in kv_widths_tokens:
-            sched = Scheduler(model, tokenizer, max_batch=b, prefill_step_size=max(kv_widths_tokens), history_size=0)
-            for i in range(b):
-                sched.submit(Request(prompt=prompt_of_length(tokenizer, w, 11 * i), max_tokens=decode_steps + 2,
-                                     stop_ids=[]))
-            sched.admit()
-            sched.step()
-            for _ in range(decode_steps):
-                width = sched.snapshot().kv_width_tokens
-                t0 = time.perf_counter()
-                sched.step()
-                rows.append((b, width, time.perf_counter() - t0))
-
-
-def calibrate(model: Any, tokenizer: Any, label: str = "", **measure_kwargs: Any) -> CostModel:
-    """:func:`measure_costs` then :func:`fit_cost_model`."""
-    prefill, decode = measure_costs(model, tokenizer, **measure_kwargs)
-    return fit_cost_model(prefill, decode, label=label)
 
 
 class CostedModel:

@@ -114,7 +114,8 @@ def _mode(mode: str | None, cost_model: CostModel | None) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "cost" and cost_model is None:
-        raise ValueError("mode 'cost' needs a cost_model (workbench.sim.costmodel.CostModel or calibrate(...))")
+        raise ValueError("mode 'cost' needs a cost_model (a workbench.sim.costmodel.CostModel: "
+                         "CostModel.load(path), or workbench.sim.calibrate.calibrate(model, tokenizer))")
     return mode
 
 

@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from .oracle import RefRequest, Trace, solo_reference
+from .oracle import RefRequest, TokenTrace, solo_reference
 
 
 def next_logprobs(model: Any, tokens: Sequence[int], cache: list[Any] | None = None) -> np.ndarray:
@@ -52,8 +52,8 @@ class SinkGap:
     """Solo references with ``keep=0`` (what mlx-lm's batch rotating cache does) and
     ``keep=4`` (mlx-lm's single-sequence default), and where they first part."""
 
-    keep0: Trace
-    keep4: Trace
+    keep0: TokenTrace
+    keep4: TokenTrace
     first_token_divergence: int | None
     max_logprob_gap: float
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .oracle import Trace, ref_request, solo_reference
+from .oracle import TokenTrace, ref_request, solo_reference
 from ..engine.request import validate
 from ..engine.scheduler import vocab_size
 from ..workloads.workload import demo_workload
@@ -59,7 +59,7 @@ class MarginReport:
                 f"median {np.median(self.margins):.3g}")
 
 
-def margin_report(traces: Sequence[Trace], threshold: float = NEAR_TIE_MARGIN) -> MarginReport:
+def margin_report(traces: Sequence[TokenTrace], threshold: float = NEAR_TIE_MARGIN) -> MarginReport:
     """Pool the reference margins of ``traces`` (each from :func:`oracle.solo_reference`)."""
     margins = np.array([m for t in traces for m in t.margins], dtype=np.float64)
     return MarginReport(margins, threshold)

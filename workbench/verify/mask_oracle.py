@@ -8,10 +8,15 @@ beyond ``Scheduler.batch_cache``.
 
 Usage::
 
-    snap = sched.snapshot()
+    snap, caches = sched.snapshot(), sched.batch_cache
     with recorded_masks(model) as seen:
         sched.step()
-    assert mismatches(snap, seen, sched_cache_before_step) == []
+    assert mismatches(snap, seen, caches) == []
+
+or, the same through the scheduler's public calls only::
+
+    assert checked_step(sched).ok                   # one decode step
+    assert all(c.ok for c in run_checked(sched))    # admit / step / filter until idle
 """
 
 from __future__ import annotations
@@ -106,3 +111,68 @@ def mismatches(snap: Snapshot, seen: list[SeenMask], caches: list[Any]) -> list[
             problems.append(f"call {i} [{name}]: model saw {got.astype(int).tolist()}, "
                             f"snapshot has {expected.astype(int).tolist()}")
     return problems
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    """One decode step checked by the mask oracle.
+
+    Attributes:
+        snapshot: the batch as the step saw it (taken just before it).
+        n_masks: how many masks the layers received during the step (one per attention
+            layer, one per forward for the recurrent layers).
+        problems: :func:`mismatches`' messages, one per disagreement; empty when every
+            mask equals the snapshot's.
+    """
+
+    snapshot: Snapshot
+    n_masks: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        """True when every recorded mask equals the snapshot's."""
+        return not self.problems
+
+
+def checked_step(sched: Any) -> StepCheck:
+    """``sched.step()`` under the mask oracle: snapshot, record the masks the layers
+    receive during the step (:func:`recorded_masks`), compare (:func:`mismatches`).
+
+    Args:
+        sched: a :class:`~workbench.engine.scheduler.Scheduler` with running rows (its
+            ``model``, ``batch_cache``, ``snapshot()`` and ``step()`` are used).
+
+    Raises:
+        ValueError: when the model's module records no masks (see :func:`recorded_masks`);
+            whatever ``step()`` raises.
+    """
+    return _checked_step(sched, sched.snapshot())
+
+
+def _checked_step(sched: Any, snap: Snapshot) -> StepCheck:
+    caches = sched.batch_cache
+    with recorded_masks(sched.model) as seen:
+        sched.step()
+    return StepCheck(snap, len(seen), mismatches(snap, seen, caches))
+
+
+def run_checked(sched: Any) -> list[StepCheck]:
+    """Drive ``admit(); step(); filter()`` until ``sched`` is idle, every step a
+    :func:`checked_step`. A call whose ``admit()`` leaves no running row (a prompt still
+    prefilling in chunks) skips the step.
+
+    Returns:
+        One :class:`StepCheck` per decode step, in order (empty when ``sched`` was idle).
+
+    Raises:
+        ValueError: as :func:`checked_step`.
+    """
+    checks = []
+    while not sched.idle:
+        sched.admit()
+        snap = sched.snapshot()
+        if snap.batch_size:
+            checks.append(_checked_step(sched, snap))
+        sched.filter()
+    return checks

@@ -2,11 +2,14 @@
 
 Knows: mlx-lm's ``generate_step`` (solo oracle: one request alone, with the model's own
 cache from ``make_prompt_cache``) and ``BatchGenerator`` (batch oracle: mlx-lm's own
-continuous batching). Must not know: the scheduler's internals; it compares traces.
+continuous batching). Must not know: the scheduler's internals; it compares token traces.
 
-A *trace* is one request's generated tokens, the log-probability of each chosen token
-and, for references, the top-2 logprob margin at each step (how close the argmax was to
-a tie). Greedy traces only: sampled rows have no oracle here.
+A *token trace* (:class:`TokenTrace`; not a request trace of
+:mod:`workbench.workloads.traces`) is one request's generated tokens, the log-probability
+of each chosen token and, for references, the top-2 logprob margin at each step (how close
+the argmax was to a tie). :func:`compare_traces` compares ours with the references (not
+the policy table :func:`workbench.compare`). Greedy traces only: sampled rows have no
+oracle here.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ DEFAULT_ATOL = 1e-4
 
 
 @dataclass
-class Trace:
-    """Tokens ``[T]``, chosen-token logprobs ``[T]`` and reference margins ``[T]``
-    (top-1 minus top-2 logprob; empty for our own rows)."""
+class TokenTrace:
+    """One request's generation: tokens ``[T]``, chosen-token logprobs ``[T]`` (natural
+    log) and reference margins ``[T]`` (top-1 minus top-2 logprob; empty for our own
+    rows)."""
 
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -57,13 +61,13 @@ def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> lis
 
 
 def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
-                   max_kv_size: int | None = None, keep: int = 0) -> Trace:
+                   max_kv_size: int | None = None, keep: int = 0) -> TokenTrace:
     """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, the model's own
     cache from :func:`solo_cache`).
 
     Stops after a stop id (included, as mlx-lm yields it) or ``max_tokens`` tokens.
     """
-    trace = Trace()
+    trace = TokenTrace()
     prompt = mx.array(list(req.prompt_ids), dtype=mx.uint32)
     for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
                                            prefill_step_size=prefill_step_size,
@@ -75,7 +79,7 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
 
 
 def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
-                    prefill_step_size: int = 2048, max_kv_size: int | None = None) -> list[Trace]:
+                    prefill_step_size: int = 2048, max_kv_size: int | None = None) -> list[TokenTrace]:
     """Run ``reqs`` together through mlx-lm's ``BatchGenerator`` (greedy), all inserted
     at once, ``max_batch`` rows decoding and prefilling at a time. Returns traces in
     request order."""
@@ -87,7 +91,7 @@ def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
             max_tokens=[r.max_tokens for r in reqs],
             stop_sequences=[StopSequences([[s] for s in sorted(r.stop_ids)]) for r in reqs],
         )
-        traces = {uid: Trace() for uid in uids}
+        traces = {uid: TokenTrace() for uid in uids}
         active = set(uids)
         while active:
             for resp in gen.next_generated():
@@ -128,7 +132,7 @@ class RowResult:
                 f"{self.logprob_gap:.2e}, reference top-2 margin {self.ref_margin:.2e}")
 
 
-def compare_row(uid: int, ours: Trace, ref: Trace, atol: float = DEFAULT_ATOL) -> RowResult:
+def compare_row(uid: int, ours: TokenTrace, ref: TokenTrace, atol: float = DEFAULT_ATOL) -> RowResult:
     """Compare our trace with the reference trace of the same request."""
     n = min(len(ours.tokens), len(ref.tokens))
     diffs = [abs(a - b) for a, b in zip(ours.logprobs[:n], ref.logprobs[:n])]
@@ -165,14 +169,25 @@ class OracleReport:
         return "\n".join(r.describe() for r in self.rows)
 
 
-def compare(ours: dict[int, Trace], refs: dict[int, Trace], atol: float = DEFAULT_ATOL) -> OracleReport:
-    """Compare every uid of ``refs`` with ``ours`` (same keys)."""
+def compare_traces(ours: dict[int, TokenTrace], refs: dict[int, TokenTrace],
+                   atol: float = DEFAULT_ATOL) -> OracleReport:
+    """Compare every uid of ``refs`` with ``ours`` (:func:`compare_row` per uid, in
+    ``refs``' order).
+
+    Args:
+        ours: our token trace per uid (e.g. :func:`scheduler_trace`).
+        refs: the reference trace per uid (:func:`solo_reference`, :func:`batch_reference`).
+        atol: logprob tolerance (natural log) and the near-tie margin.
+
+    Raises:
+        KeyError: when a uid of ``refs`` is missing from ``ours``.
+    """
     return OracleReport([compare_row(uid, ours[uid], refs[uid], atol) for uid in refs])
 
 
-def scheduler_trace(sched: Any, uid: int) -> Trace:
+def scheduler_trace(sched: Any, uid: int) -> TokenTrace:
     """Our trace of ``uid`` from a scheduler (tokens and logprobs, no margins)."""
-    return Trace(tokens=sched.tokens(uid), logprobs=sched.logprobs(uid))
+    return TokenTrace(tokens=sched.tokens(uid), logprobs=sched.logprobs(uid))
 
 
 def ref_request(valid: Any) -> RefRequest:
@@ -186,4 +201,4 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
     refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size,
                               sched.max_kv_size) for u in uids}
-    return compare({u: scheduler_trace(sched, u) for u in uids}, refs, atol)
+    return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

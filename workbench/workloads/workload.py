@@ -20,7 +20,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -58,6 +58,21 @@ def prompt_of_length(tokenizer: Any, n_tokens: int, start: int = 0, source: Path
         raise ValueError(f"n_tokens must be >= 1, got {n_tokens}")
     ids = source_ids(tokenizer, source)
     return [ids[(start + i) % len(ids)] for i in range(n_tokens)]
+
+
+def prompt_maker(tokenizer: Any, source: Path = PROMPT_SOURCE) -> Callable[..., list[int]]:
+    """``prompt(n_tokens, start=0) -> list[int]``: :func:`prompt_of_length` bound to
+    ``tokenizer`` and ``source``, for notebooks and tests that cut many prompts with one
+    tokenizer::
+
+        prompt = prompt_maker(tokenizer)
+        prompt(6)        # the prompt set's first 6 token ids
+        prompt(4, 80)    # 4 token ids from token 80 on (wrapping around the text)
+
+    The returned function raises ValueError if ``n_tokens < 1``, as
+    :func:`prompt_of_length` does.
+    """
+    return functools.partial(prompt_of_length, tokenizer, source=source)
 
 
 def demo_workload(tokenizer: Any, max_tokens_cap: int | None = None) -> list[tuple[int, Request]]:

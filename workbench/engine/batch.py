@@ -115,15 +115,15 @@ class Batch:
             by_slot.update({n_slots + k: (EXTEND, i) for k, i in enumerate(rest)})
         return [by_slot[p] for p in sorted(by_slot)]
 
-    def filter(self, keep: Sequence[int]) -> None:
+    def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
         """Keep only rows ``keep`` (sorted row indices), mlx-lm's ``filter``: the other
         rows' pending tokens go, and their cache rows become free slots
-        (``reuse_slots``) or are removed at once."""
+        (``reuse_slots``, default the batch's own) or are removed at once."""
         keep = list(keep)
         live = self.live_slots
         if not keep:
             self.caches, self.free = None, []
-        elif self.reuse_slots:
+        elif self.reuse_slots if reuse_slots is None else reuse_slots:
             self.free = sorted(set(self.free) | {p for b, p in enumerate(live) if b not in keep})
         else:
             self.caches = kv.evict(self.caches, [live[b] for b in keep])
@@ -147,13 +147,13 @@ class Batch:
         mx.eval([c.state for c in solo])
         return solo
 
-    def clone(self, state_of: Callable[[RequestState], RequestState]) -> "Batch":
+    def clone(self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False) -> "Batch":
         """An independent copy sharing the cache buffers (see
-        :func:`cache_internals.clone_caches`); ``state_of`` maps each row's request
-        state to the copy's."""
+        :func:`cache_internals.clone_caches`, and its ``share_appended``); ``state_of``
+        maps each row's request state to the copy's."""
         out = Batch(self.reuse_slots)
         out.rows = [state_of(r) for r in self.rows]
-        out.caches = internals.clone_caches(self.caches)
+        out.caches = internals.clone_caches(self.caches, share_appended)
         out.pending = None if self.pending is None else self.pending.clone()
         out.free = list(self.free)
         return out

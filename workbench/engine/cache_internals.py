@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList, LRUPromptCache
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList, KVCache, LRUPromptCache
 
 LayerCaches = list[Any]  # one batch cache per layer, as a model's forward takes them
 
@@ -204,25 +204,37 @@ def _handle(value: Any) -> Any:
     return value
 
 
-def clone_cache(cache: Any) -> Any:
+APPEND_ONLY = (KVCache, BatchKVCache)  # writes go past the write index only; rings overwrite old slots
+
+
+def clone_cache(cache: Any, share_appended: bool = False) -> Any:
     """An independent copy of one mlx-lm cache object (any class, ``CacheList`` members
     included): a shallow copy whose MLX arrays are new handles on the same buffers (see
     :func:`_handle`) and whose Python fields (``_idx``, offsets as ints) are its own.
 
     Nothing is copied in memory: the first write to a shared buffer after cloning copies
-    that buffer once (MLX does not donate a buffer another array still holds)."""
+    that buffer once (MLX does not donate a buffer another array still holds).
+
+    With ``share_appended`` (the engine's per-call savepoints) the keys and values of
+    append-only caches (``KVCache``, ``BatchKVCache``) are the *same* array objects, so
+    the live cache keeps updating them in place (no copy); the copy stays right because
+    those caches write only at and after the write index it keeps (``_idx`` /
+    ``offset``), and nothing reads past it. Ring buffers and states get new handles."""
     out = copy.copy(cache)
+    shared = ("keys", "values") if share_appended and type(cache) in APPEND_ONLY else ()
     for name, value in vars(cache).items():
+        if name in shared:
+            continue
         if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (mx.array, type(None), int)):
-            setattr(out, name, type(value)(clone_cache(v) for v in value))  # CacheList members
+            setattr(out, name, type(value)(clone_cache(v, share_appended) for v in value))  # CacheList members
         else:
             setattr(out, name, _handle(value))
     return out
 
 
-def clone_caches(caches: LayerCaches | None) -> LayerCaches | None:
+def clone_caches(caches: LayerCaches | None, share_appended: bool = False) -> LayerCaches | None:
     """:func:`clone_cache` of every layer (``None`` stays ``None``)."""
-    return None if caches is None else [clone_cache(c) for c in caches]
+    return None if caches is None else [clone_cache(c, share_appended) for c in caches]
 
 
 def clone_prompt_cache(lru: LRUPromptCache) -> LRUPromptCache:

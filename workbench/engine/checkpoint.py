@@ -52,21 +52,48 @@ class EngineState:
     next_uid: int = 0
     joins: int = 0
 
+    @property
+    def live(self) -> list[RequestState]:
+        """The request states an engine call can change: queued, prefilling, in the batch."""
+        return self.queue + (self.prefilling.states if self.prefilling else []) + self.batch.rows
+
     def clone(self) -> "EngineState":
         """An independent copy sharing only immutable data (requests, samplers, MLX
         buffers). Requests that left the batch for good are shared too: nothing changes
         them again."""
-        requests = {u: (s if s.finished and s.evicted else s.copy()) for u, s in self.requests.items()}
+        requests = dict(self.requests)
+        return self._copy(requests, share_appended=False, prompt_cache=True)
+
+    def savepoint(self, prompt_cache: bool = False) -> "EngineState":
+        """What one engine call may change, copied before it, for :meth:`rollback`: the
+        live request states (only those), the queue, the prefilling group and the batch
+        (append-only cache buffers shared, see ``clone_cache(share_appended=True)``, so
+        the call still updates them in place), the seed generator, the counters, and the
+        prompt cache when ``prompt_cache``. Costs O(live requests), not O(session)."""
+        return self._copy({}, share_appended=True, prompt_cache=prompt_cache)
+
+    def _copy(self, requests: dict[int, RequestState], share_appended: bool, prompt_cache: bool) -> "EngineState":
+        requests.update({s.uid: s.copy() for s in self.live})
 
         def state_of(s: RequestState) -> RequestState:
             return requests[s.uid]
 
+        cache = self.prompt_cache.clone() if prompt_cache and self.prompt_cache is not None else self.prompt_cache
         return EngineState(
-            batch=self.batch.clone(state_of), rng=copy.deepcopy(self.rng),
-            prompt_cache=None if self.prompt_cache is None else self.prompt_cache.clone(),
+            batch=self.batch.clone(state_of, share_appended), rng=copy.deepcopy(self.rng), prompt_cache=cache,
             requests=requests, queue=[state_of(s) for s in self.queue],
-            prefilling=None if self.prefilling is None else self.prefilling.clone(state_of),
+            prefilling=None if self.prefilling is None else self.prefilling.clone(state_of, share_appended),
             step_index=self.step_index, next_uid=self.next_uid, joins=self.joins)
+
+    def rollback(self, savepoint: "EngineState") -> None:
+        """Return to ``savepoint`` (from :meth:`savepoint`, used once): requests submitted
+        since are forgotten, the live states and everything else swapped back."""
+        for uid in range(savepoint.next_uid, self.next_uid):
+            self.requests.pop(uid, None)
+        self.requests.update(savepoint.requests)
+        self.batch, self.rng, self.prompt_cache = savepoint.batch, savepoint.rng, savepoint.prompt_cache
+        self.queue, self.prefilling = savepoint.queue, savepoint.prefilling
+        self.step_index, self.next_uid, self.joins = savepoint.step_index, savepoint.next_uid, savepoint.joins
 
 
 @dataclass(frozen=True, repr=False)

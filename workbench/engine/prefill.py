@@ -98,13 +98,13 @@ class PrefillGroup:
         """True when every prompt token is in :attr:`caches` (padding moved left)."""
         return self._done
 
-    def clone(self) -> "PrefillGroup":
+    def clone(self, share_appended: bool = False) -> "PrefillGroup":
         """An independent copy (for checkpoints): caches cloned sharing their buffers
         (:func:`workbench.engine.cache_internals.clone_caches`), prompts shared."""
         out = copy.copy(self)
-        out.caches = clone_caches(self.caches)
+        out.caches = clone_caches(self.caches, share_appended)
         if self.per_row:
-            out._solo = [clone_caches(c) for c in self._solo]
+            out._solo = [clone_caches(c, share_appended) for c in self._solo]
         return out
 
     def run_chunk(self) -> list[int]:

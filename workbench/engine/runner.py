@@ -37,9 +37,10 @@ class Prefilling:
         g = self.prefill
         return [(s.uid, done, total) for s, done, total in zip(self.states, g.rows_done_tokens, g.lengths)]
 
-    def clone(self, state_of: Callable[[RequestState], RequestState]) -> "Prefilling":
+    def clone(self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False) -> "Prefilling":
         """An independent copy (see :meth:`PrefillGroup.clone`)."""
-        return Prefilling([state_of(s) for s in self.states], self.prefill.clone(), list(self.last_tokens))
+        return Prefilling([state_of(s) for s in self.states], self.prefill.clone(share_appended),
+                          list(self.last_tokens))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ Axis letters: ``B`` rows, ``V`` vocabulary.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import itertools
 import time
 from collections import deque
@@ -64,6 +66,7 @@ from .budget import kv_profile, projected_bytes
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner
 from .decode import Pending
+from .integrity import Integrity, check_state
 from .policies import Policy, policy_from
 from .promptcache import PromptCache
 from .request import Request, ValidRequest, validate
@@ -89,8 +92,28 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+def transactional(prompt_cache: bool = False) -> Callable:
+    """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
+    included, first returns the engine to its state before the call (see
+    :meth:`Scheduler._transaction`), then propagates."""
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: "Scheduler", *args: Any, **kwargs: Any) -> Any:
+            with self._transaction(prompt_cache):
+                return method(self, *args, **kwargs)
+        return call
+    return wrap
+
+
 class Scheduler:
     """A continuous-batching engine over an mlx-lm model, driven one call at a time.
+
+    Every call that changes the engine (``submit``, ``admit``, ``step``, ``filter``,
+    ``abort``, ``preempt``; ``run`` is a loop of them) is a transaction: an exception
+    escaping it, ``KeyboardInterrupt`` from "Kernel → Interrupt" included, leaves the
+    engine as it was before that call, so continuing gives every row the tokens it would
+    have had (an ``on_token`` callback may then see a token twice). :meth:`check`
+    verifies the state's integrity.
 
     Args:
         model: an mlx-lm model (``mlx_lm.load``); every layer's cache must batch.
@@ -164,6 +187,26 @@ class Scheduler:
         self.recorder = Recorder(clock, history_size)
         cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
         self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
+        self._in_call = False
+
+    @contextlib.contextmanager
+    def _transaction(self, prompt_cache: bool = False):
+        """Run the body as one transaction: on any exception (``BaseException``) the state
+        and the books return to their values before it. Nested calls (``admit`` calling
+        ``preempt``) join the outer transaction."""
+        if self._in_call:
+            yield
+            return
+        savepoint, mark = self.state.savepoint(prompt_cache), self.recorder.mark()
+        self._in_call = True
+        try:
+            yield
+        except BaseException:
+            self.state.rollback(savepoint)
+            self.recorder.rollback(mark)
+            raise
+        finally:
+            self._in_call = False
 
     # -- read-only views of the state ---------------------------------------------------
     clock = property(lambda self: self.recorder.clock, doc="The injected clock ``() -> seconds``.")
@@ -203,6 +246,7 @@ class Scheduler:
         return not st.queue and st.prefilling is None and not st.batch.rows
 
     # -- requests ---------------------------------------------------------------------
+    @transactional()
     def submit(self, request: Request | dict) -> int:
         """Validate ``request`` and queue it. Returns its uid (an int, unique per scheduler).
 
@@ -230,6 +274,7 @@ class Scheduler:
         return uid
 
     # -- the engine calls -------------------------------------------------------------
+    @transactional()
     def admit(self) -> list[Event]:
         """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
         ``join``, and ``preempt`` for rows preempted to make room).
@@ -263,8 +308,8 @@ class Scheduler:
         Returns False when nobody was chosen."""
         st = self.state
         decision = self.admission.decide(st.queue, st.batch.rows, self.kv_projected_bytes)
-        for uid in decision.preempt:
-            self.preempt(uid)
+        for uid in decision.preempt:  # compacted, not left as free slots: this call may still fill
+            self._preempt(uid, reuse_slots=False)  # a free slot in place, which a rollback could not undo
         if not decision.admit:
             return False
         chosen = [st.requests[u] for u in decision.admit]
@@ -292,6 +337,7 @@ class Scheduler:
         for s, (row, mode) in zip(group.states, placed):
             self._log("join", s.uid, row=row, n_tokens=len(s.valid.prompt_ids), join_mode=mode)
 
+    @transactional()
     def step(self) -> list[Event]:
         """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
 
@@ -360,6 +406,7 @@ class Scheduler:
             return f"on_token raised {type(exc).__name__}: {exc}"
         return ""
 
+    @transactional(prompt_cache=True)
     def filter(self) -> list[Event]:
         """Evict finished rows (mlx-lm's ``filter``; with ``reuse_slots`` their cache rows
         stay as free slots). Returns the evict events (old rows). With a prompt cache, a
@@ -380,6 +427,7 @@ class Scheduler:
         self._record()
         return events
 
+    @transactional()
     def abort(self, uid: int) -> list[Event]:
         """End ``uid`` with finish reason ``abort``, wherever it is.
 
@@ -400,6 +448,7 @@ class Scheduler:
         s.finish("abort")
         return [self._log("finish", uid, finish_reason="abort")]
 
+    @transactional()
     def preempt(self, uid: int) -> list[Event]:
         """Preempt running row ``uid``: drop its cache row now and re-queue it (original
         arrival order) to resume from its prompt plus the tokens generated so far; its
@@ -408,11 +457,14 @@ class Scheduler:
         Raises:
             KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
         """
+        return self._preempt(uid)
+
+    def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
         s, st = self._state_of(uid), self.state
         if s.status is not Status.RUNNING:
             raise ValueError(f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted")
         b = next(i for i, r in enumerate(st.batch.rows) if r is s)
-        st.batch.filter([i for i in range(len(st.batch)) if i != b])
+        st.batch.filter([i for i in range(len(st.batch)) if i != b], reuse_slots)
         s.status = Status.PREEMPTED
         st.queue.insert(bisect.bisect([q.uid for q in st.queue], uid), s)  # uids grow with arrival
         event = self._log("preempt", uid, row=b, n_tokens=len(s.tokens))
@@ -490,8 +542,17 @@ class Scheduler:
         new one)."""
         return Scheduler(self.model, self.tokenizer, **{**self._config, **options})
 
+    def check(self) -> Integrity:
+        """Check the engine's integrity: every request in the place its status says, no
+        uid lost, each layer's cache offsets and widths equal to the scheduler's token
+        counts (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
+        (``.ok``, ``.problems``; ``print`` it). Raises nothing; changes nothing."""
+        return check_state(self.state)
+
     # -- reading a request ------------------------------------------------------------
     def _state_of(self, uid: int) -> RequestState:
+        if not isinstance(uid, (int, np.integer)) or isinstance(uid, (bool, np.bool_)):
+            raise ValueError(f"uid must be an int (from submit), got {type(uid).__name__} {uid!r}")
         try:
             return self.state.requests[uid]
         except (KeyError, TypeError):

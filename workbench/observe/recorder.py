@@ -82,6 +82,20 @@ class Recorder:
         """True when events happened since the last recorded snapshot (or none was)."""
         return not self.history or self._recorded_at != len(self.events)
 
+    def mark(self) -> tuple:
+        """Where the books stand now, for :meth:`rollback` (O(history size), not O(events))."""
+        return len(self.events), list(super(History, self.history).__iter__()), list(self.checkpoints), self._recorded_at
+
+    def rollback(self, mark: tuple) -> None:
+        """Drop what was logged and recorded since ``mark``."""
+        n_events, history, checkpoints, recorded_at = mark
+        del self.events[n_events:]
+        self.history.clear()
+        self.history.extend(history)
+        self.checkpoints.clear()
+        self.checkpoints.extend(checkpoints)
+        self._recorded_at = recorded_at
+
     def clone(self, clock: Callable[[], float] | None = None, history_size: int | None = None) -> "Recorder":
         """A copy with its own event list and history (events and snapshots are immutable
         and shared); ``clock`` and ``history_size`` replace this one's when given."""

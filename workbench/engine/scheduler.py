@@ -613,8 +613,13 @@ class Scheduler:
         return self.history[-1]
 
     def report(self) -> Report:
-        """The :class:`Report` of everything so far (events and per-request metrics)."""
-        return build_report(self.events, lambda toks, uid: self.text(uid))
+        """The :class:`Report` of everything so far (events and per-request metrics), built
+        when first read: calling it costs the same however long the session."""
+        def text(tokens: list[int], uid: int) -> str:  # from the report's own token events
+            state = self.state.requests.get(uid)  # absent after a restore to before its submit
+            stop = state.valid.stop_ids if state is not None else ()
+            return self.tokenizer.decode(tokens[:-1] if tokens and tokens[-1] in stop else tokens)
+        return build_report(self.events, text)
 
     def _capture(self) -> Callable[[], Snapshot]:
         st = self.state

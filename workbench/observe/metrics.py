@@ -70,11 +70,12 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
     admit = _first_time(events, "admit")
     adm = events[events.kind == "admit"]
     cached = adm.groupby("uid").n_cached.first() if "n_cached" in adm else {}
+    tokens_of = tok.groupby("uid").token.agg(lambda s: s.astype(int).tolist())
     rows = []
     for uid, s in sub.iterrows():
         n = int(n_tok.get(uid, 0))
         tpot = (last_tok[uid] - first_tok[uid]) / (n - 1) if n > 1 else math.nan
-        tokens = tok[tok.uid == uid].token.astype(int).tolist()
+        tokens = tokens_of.get(uid, [])
         rows.append({
             "uid": int(uid),
             "prompt_tokens": int(s.n_tokens),

@@ -5,8 +5,8 @@ Knows: events and metrics. Must not know: MLX, caches, the scheduler's internals
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import functools
+from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -14,9 +14,17 @@ from .events import Event, events_frame
 from .metrics import percentiles, request_metrics, throughput_tok_per_s
 
 
-@dataclass(frozen=True)
 class Report:
-    """What a run produced.
+    """What a run produced, built when first read (so ``run()`` costs the same at event
+    30,000 as at event 3).
+
+    Args:
+        events: the event log: a list of :class:`Event` (only its first ``n_events`` are
+            this report's; later ones are ignored) or an events frame.
+        requests, throughput_tok_per_s: given values for a hand-built report (else
+            computed from ``events``).
+        decode: ``decode(tokens, uid) -> text`` for the ``text`` column.
+        n_events: how many events of a list belong to the report (default: all now).
 
     Attributes:
         events: one row per :class:`workbench.observe.events.Event` (columns ``EVENT_COLUMNS``).
@@ -26,9 +34,36 @@ class Report:
         throughput_tok_per_s: generated tokens per second over the run.
     """
 
-    events: pd.DataFrame
-    requests: pd.DataFrame
-    throughput_tok_per_s: float
+    def __init__(self, events: pd.DataFrame | Sequence[Event], requests: pd.DataFrame | None = None,
+                 throughput_tok_per_s: float | None = None,
+                 decode: Callable[[list[int], int], str] | None = None, n_events: int | None = None):
+        self._log = events
+        self._n = len(events) if n_events is None else n_events
+        self._decode = decode
+        if requests is not None:
+            self.__dict__["requests"] = requests
+        if throughput_tok_per_s is not None:
+            self.__dict__["throughput_tok_per_s"] = throughput_tok_per_s
+
+    @functools.cached_property
+    def events(self) -> pd.DataFrame:
+        """The events frame (built on first read)."""
+        if isinstance(self._log, pd.DataFrame):
+            return self._log
+        return events_frame(list(self._log[: self._n]))
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """Per-request metrics (built on first read)."""
+        return request_metrics(self.events, self._decode)
+
+    @functools.cached_property
+    def throughput_tok_per_s(self) -> float:
+        """Generated tokens per second over the run."""
+        return throughput_tok_per_s(self.events)
+
+    def __repr__(self) -> str:
+        return f"Report({self._n} events)"
 
     def summary(self) -> str:
         """One line: requests, generated tokens, throughput, TTFT and TPOT p50/p95."""
@@ -42,7 +77,7 @@ class Report:
         )
 
 
-def build_report(events: list[Event], decode: Callable[[list[int], int], str] | None = None) -> Report:
-    """Assemble a :class:`Report` from an event list (see ``request_metrics`` for ``decode``)."""
-    ev = events_frame(events)
-    return Report(events=ev, requests=request_metrics(ev, decode), throughput_tok_per_s=throughput_tok_per_s(ev))
+def build_report(events: Sequence[Event], decode: Callable[[list[int], int], str] | None = None) -> Report:
+    """A :class:`Report` of the events logged so far (later appends to ``events`` are not
+    its); frames are built when first read (see ``request_metrics`` for ``decode``)."""
+    return Report(events, decode=decode, n_events=len(events))

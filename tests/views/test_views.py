@@ -277,6 +277,24 @@ def test_restore_is_disabled_without_kept_checkpoints_and_says_how_to_keep_them(
     assert "history_checkpoints=N" in panel.error.value and panel.sched.step_index == 0
 
 
+def test_an_interrupt_during_run_n_steps_is_shown_and_the_status_shows_the_true_state(panel, monkeypatch):
+    calls = {"n": 0}
+    real_step = type(panel.sched).step
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(type(panel.sched), "step", step)
+    panel.run_steps.value = 5
+    panel.buttons["Run N steps"].click()
+    assert "interrupted: KeyboardInterrupt" in panel.error.value
+    assert panel.sched.step_index == 2 and panel.sched.check().ok
+    assert panel.status.value.startswith("step 2 · 2 row(s)")
+
+
 def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration(panel):
     old = panel.sched
     panel.buttons["Reset"].click()

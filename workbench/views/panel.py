@@ -157,14 +157,18 @@ class Panel:
 
     def _act(self, call: Callable[[Scheduler], Any]) -> None:
         """Run ``call(sched)``; show its error, if any, in the error label (cleared on
-        success); then snapshot (a failed call may have changed the engine part way, e.g.
-        during Run N steps) and re-render."""
+        success), a ``KeyboardInterrupt`` ("Kernel → Interrupt") included; then snapshot
+        and re-render the engine's true state. Each engine call is a transaction, so an
+        interrupted call left the engine as before it (Run N steps keeps the steps it
+        finished)."""
         try:
             call(self.sched)
             self.error.value = ""
-        except Exception as exc:  # shown in the panel, never swallowed silently
-            self.error.value = (f"<span style='color:#c0392b'>error: {html.escape(type(exc).__name__)}: "
-                                f"{html.escape(str(exc))}</span>")
+        except (Exception, KeyboardInterrupt) as exc:  # shown in the panel, never swallowed silently
+            what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.error.value = (f"<span style='color:#c0392b'>{what}: {html.escape(detail)} (engine at step "
+                                f"{self.sched.step_index}; the call in progress was undone)</span>")
         self.sched.record()
         self._follow_history()
 

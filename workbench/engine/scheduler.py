@@ -198,8 +198,8 @@ class Scheduler:
             yield
             return
         savepoint, mark = self.state.savepoint(prompt_cache), self.recorder.mark()
-        self._in_call = True
-        try:
+        try:  # set inside the try: an interrupt landing right after it still clears it
+            self._in_call = True
             yield
         except BaseException:
             self.state.rollback(savepoint)

@@ -16,6 +16,8 @@ from typing import Any, Callable
 import mlx.core as mx
 import pandas as pd
 
+from .checkpoint import checkpoint_cost
+from .session import session_cost
 from .model import FULL, QUICK, ModelShape, make_model, parameter_count
 from .scenarios import (
     MLX_LM, PREFILL_FIRST, WORKBENCH, decode_runs, engine_factories, equal_prompts, head_of_line,
@@ -46,16 +48,19 @@ class BenchConfig:
     hol_rows: int
     hol_prompt_tokens: int
     hol_chunk_tokens: int
+    session_steps: int  # the long-session scenario's decode steps (first and last 200 compared)
 
 
 FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16, decode_tokens=24, pairs=8,
                           prefill_step_size=512, latency_requests=16, latency_max_batch=8,
                           latency_arrival_steps=8, latency_rounds=2, join_rows=32, join_context_tokens=1024,
-                          join_repeats=3, hol_rows=4, hol_prompt_tokens=4096, hol_chunk_tokens=512)
+                          join_repeats=3, hol_rows=4, hol_prompt_tokens=4096, hol_chunk_tokens=512,
+                          session_steps=30_000)
 QUICK_CONFIG = BenchConfig("quick", QUICK, batch_sizes=(1, 8), prompt_tokens=16, decode_tokens=16, pairs=3,
                            prefill_step_size=128, latency_requests=6, latency_max_batch=4,
                            latency_arrival_steps=4, latency_rounds=1, join_rows=8, join_context_tokens=256,
-                           join_repeats=3, hol_rows=2, hol_prompt_tokens=512, hol_chunk_tokens=64)
+                           join_repeats=3, hol_rows=2, hol_prompt_tokens=512, hol_chunk_tokens=64,
+                           session_steps=600)
 
 
 @dataclass
@@ -70,6 +75,8 @@ class BenchResult:
     join: pd.DataFrame        # method, seconds
     hol: pd.DataFrame         # engine, kind, uid, time_s, role
     roofline: pd.DataFrame    # B, context_tokens, bytes_per_step, bounds, measured tok/s
+    checkpoint: pd.DataFrame  # measure, value, unit (a checkpoint of the join scenario's batch)
+    session: pd.DataFrame     # step, seconds, events (every run(max_steps=1) of a long session)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -131,6 +138,12 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
         engine_factories(model, tokenizer, cfg.hol_rows + 1, cfg.hol_chunk_tokens, (WORKBENCH, MLX_LM, PREFILL_FIRST)),
         tokenizer, cfg.hol_rows, cfg.hol_prompt_tokens, cfg.hol_chunk_tokens, echo=echo)
 
+    section("checkpoint")
+    checkpoint = checkpoint_cost(model, cfg.join_rows, cfg.join_context_tokens, cfg.join_repeats)
+
+    section(f"long session ({cfg.session_steps:,} steps, bundled model)")
+    session = session_cost(*load(), cfg.session_steps)
+
     section("roofline")
     bandwidth = copy_bandwidth_bytes_per_s()
     flops = matmul_flops_per_s()
@@ -143,4 +156,4 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
             "matmul_flops_per_s": flops, "latency_arrival_interval_s": interval_s,
             "load_1min_samples": " ".join(f"{x:.2f}" for x in loads), "load_1min_min": min(loads),
             "load_1min_max": max(loads), "wall_s": time.perf_counter() - started_s}
-    return BenchResult(cfg, runs, requests, gaps, join, hol, roofline, meta)
+    return BenchResult(cfg, runs, requests, gaps, join, hol, roofline, checkpoint, session, meta)

@@ -220,15 +220,19 @@ def clone_cache(cache: Any, share_appended: bool = False) -> Any:
     the live cache keeps updating them in place (no copy); the copy stays right because
     those caches write only at and after the write index it keeps (``_idx`` /
     ``offset``), and nothing reads past it. Ring buffers and states get new handles."""
-    out = copy.copy(cache)
+    out = object.__new__(type(cache))
+    fields = dict(vars(cache))
     shared = ("keys", "values") if share_appended and type(cache) in APPEND_ONLY else ()
-    for name, value in vars(cache).items():
-        if name in shared:
-            continue
-        if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (mx.array, type(None), int)):
-            setattr(out, name, type(value)(clone_cache(v, share_appended) for v in value))  # CacheList members
-        else:
-            setattr(out, name, _handle(value))
+    for name, value in fields.items():
+        if type(value) is mx.array:
+            if name not in shared:
+                fields[name] = mx.view(value, value.dtype)
+        elif isinstance(value, (list, tuple)) and value:
+            if isinstance(value[0], (mx.array, type(None), int)):
+                fields[name] = _handle(value)
+            else:  # CacheList members
+                fields[name] = type(value)(clone_cache(v, share_appended) for v in value)
+    out.__dict__.update(fields)
     return out
 
 

@@ -62,38 +62,58 @@ class EngineState:
         buffers). Requests that left the batch for good are shared too: nothing changes
         them again."""
         requests = dict(self.requests)
-        return self._copy(requests, share_appended=False, prompt_cache=True)
-
-    def savepoint(self, prompt_cache: bool = False) -> "EngineState":
-        """What one engine call may change, copied before it, for :meth:`rollback`: the
-        live request states (only those), the queue, the prefilling group and the batch
-        (append-only cache buffers shared, see ``clone_cache(share_appended=True)``, so
-        the call still updates them in place), the seed generator, the counters, and the
-        prompt cache when ``prompt_cache``. Costs O(live requests), not O(session)."""
-        return self._copy({}, share_appended=True, prompt_cache=prompt_cache)
-
-    def _copy(self, requests: dict[int, RequestState], share_appended: bool, prompt_cache: bool) -> "EngineState":
         requests.update({s.uid: s.copy() for s in self.live})
 
         def state_of(s: RequestState) -> RequestState:
             return requests[s.uid]
 
-        cache = self.prompt_cache.clone() if prompt_cache and self.prompt_cache is not None else self.prompt_cache
         return EngineState(
-            batch=self.batch.clone(state_of, share_appended), rng=copy.deepcopy(self.rng), prompt_cache=cache,
+            batch=self.batch.clone(state_of), rng=copy.deepcopy(self.rng),
+            prompt_cache=None if self.prompt_cache is None else self.prompt_cache.clone(),
             requests=requests, queue=[state_of(s) for s in self.queue],
-            prefilling=None if self.prefilling is None else self.prefilling.clone(state_of, share_appended),
+            prefilling=None if self.prefilling is None else self.prefilling.clone(state_of),
             step_index=self.step_index, next_uid=self.next_uid, joins=self.joins)
 
-    def rollback(self, savepoint: "EngineState") -> None:
+    def savepoint(self, prompt_cache: bool = False) -> "Savepoint":
+        """What one engine call may change, noted before it, for :meth:`rollback`: each
+        live request's mutable fields (a :meth:`RequestState.memo`), the queue, the
+        prefilling group and the batch (append-only cache buffers shared, see
+        ``clone_cache(share_appended=True)``, so the call still updates them in place),
+        the seed generator's state, the counters, and the prompt cache when
+        ``prompt_cache``. Costs O(live requests), not O(session)."""
+        same = lambda s: s  # noqa: E731  the request states stay the same objects; their memos undo them
+        return Savepoint(
+            memos=[(s, s.memo()) for s in self.live], queue=list(self.queue),
+            prefilling=None if self.prefilling is None else self.prefilling.clone(same, share_appended=True),
+            batch=self.batch.clone(same, share_appended=True), rng_state=self.rng.bit_generator.state,
+            prompt_cache=self.prompt_cache.clone() if prompt_cache and self.prompt_cache is not None else self.prompt_cache,
+            counters=(self.step_index, self.next_uid, self.joins))
+
+    def rollback(self, savepoint: "Savepoint") -> None:
         """Return to ``savepoint`` (from :meth:`savepoint`, used once): requests submitted
-        since are forgotten, the live states and everything else swapped back."""
-        for uid in range(savepoint.next_uid, self.next_uid):
+        since are forgotten, the live requests' fields restored, everything else swapped
+        back."""
+        for uid in range(savepoint.counters[1], self.next_uid):
             self.requests.pop(uid, None)
-        self.requests.update(savepoint.requests)
-        self.batch, self.rng, self.prompt_cache = savepoint.batch, savepoint.rng, savepoint.prompt_cache
-        self.queue, self.prefilling = savepoint.queue, savepoint.prefilling
-        self.step_index, self.next_uid, self.joins = savepoint.step_index, savepoint.next_uid, savepoint.joins
+        for state, memo in savepoint.memos:
+            state.undo(memo)
+        self.queue, self.prefilling, self.batch = savepoint.queue, savepoint.prefilling, savepoint.batch
+        self.rng.bit_generator.state = savepoint.rng_state
+        self.prompt_cache = savepoint.prompt_cache
+        self.step_index, self.next_uid, self.joins = savepoint.counters
+
+
+@dataclass(frozen=True)
+class Savepoint:
+    """An engine call's undo record (:meth:`EngineState.savepoint`)."""
+
+    memos: list[tuple[RequestState, tuple]]
+    queue: list[RequestState]
+    prefilling: Prefilling | None
+    batch: Batch
+    rng_state: dict
+    prompt_cache: PromptCache | None
+    counters: tuple[int, int, int]
 
 
 @dataclass(frozen=True, repr=False)

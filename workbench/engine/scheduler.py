@@ -92,13 +92,16 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-def transactional(prompt_cache: bool = False) -> Callable:
+def transactional(prompt_cache: bool = False, idle: Callable[["Scheduler"], bool] | None = None) -> Callable:
     """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
     included, first returns the engine to its state before the call (see
-    :meth:`Scheduler._transaction`), then propagates."""
+    :meth:`Scheduler._transaction`), then propagates. When ``idle(scheduler)`` says the
+    call has nothing to do, it returns ``[]`` at once (no savepoint)."""
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self: "Scheduler", *args: Any, **kwargs: Any) -> Any:
+            if idle is not None and idle(self):
+                return []
             with self._transaction(prompt_cache):
                 return method(self, *args, **kwargs)
         return call
@@ -274,7 +277,7 @@ class Scheduler:
         return uid
 
     # -- the engine calls -------------------------------------------------------------
-    @transactional()
+    @transactional(idle=lambda s: not s.state.queue and s.state.prefilling is None and not s.state.batch.free)
     def admit(self) -> list[Event]:
         """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
         ``join``, and ``preempt`` for rows preempted to make room).
@@ -406,7 +409,7 @@ class Scheduler:
             return f"on_token raised {type(exc).__name__}: {exc}"
         return ""
 
-    @transactional(prompt_cache=True)
+    @transactional(prompt_cache=True, idle=lambda s: not any(r.finished for r in s.state.batch.rows))
     def filter(self) -> list[Event]:
         """Evict finished rows (mlx-lm's ``filter``; with ``reuse_slots`` their cache rows
         stay as free slots). Returns the evict events (old rows). With a prompt cache, a

@@ -16,7 +16,7 @@ from its prompt plus the tokens it generated.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import enum
 from dataclasses import dataclass, field
 
@@ -94,6 +94,20 @@ class RequestState:
         """Mark it FINISHED with ``reason`` (one of ``workbench.engine.request.FINISH_REASONS``)."""
         self.status, self.finish_reason, self.message = Status.FINISHED, reason, message
 
+    def memo(self) -> tuple:
+        """Its mutable fields now, for :meth:`undo` (token lists by length: an engine call
+        only appends to them)."""
+        return (self.status, self.finish_reason, self.message, len(self.tokens), len(self.logprobs), self.fed,
+                self.cached_tokens, self.join_order, self.evicted)
+
+    def undo(self, memo: tuple) -> None:
+        """Return to the fields of :meth:`memo`."""
+        (self.status, self.finish_reason, self.message, n_tokens, n_logprobs, self.fed,
+         self.cached_tokens, self.join_order, self.evicted) = memo
+        del self.tokens[n_tokens:], self.logprobs[n_logprobs:]
+
     def copy(self) -> "RequestState":
         """An independent copy (token lists copied; the immutable request and sampler shared)."""
-        return dataclasses.replace(self, tokens=list(self.tokens), logprobs=list(self.logprobs))
+        out = copy.copy(self)
+        out.tokens, out.logprobs = list(self.tokens), list(self.logprobs)
+        return out

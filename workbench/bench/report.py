@@ -226,7 +226,7 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"(at each section: {meta['load_1min_samples']}) on {meta['cores']} cores: other jobs shared the CPU",
         f"- BLAS: {meta['blas']} ({meta['blas_note']}); measured float32 matmul "
         f"{meta['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s",
-        f"- MLX buffer cache: {meta.get('mlx_cache', 'not recorded')} (`workbench/memory.py`)",
+        f"- MLX buffer cache: {meta.get('mlx_cache', 'not recorded')} (`workbench/runtime/memory.py`)",
         f"- memory bandwidth: {gb(meta['copy_bandwidth_bytes_per_s'])} (numpy copy, read + write); "
         f"an MLX copy reaches {gb(meta['mlx_copy_bytes_per_s'])}",
         f"- Python {meta['python']}, mlx {meta['mlx']}, mlx-lm {meta['mlx_lm']}, device {meta['device']}", "",
@@ -259,7 +259,7 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "submit and token events stamped when `next_generated()` returns): first token - submit, and the gaps "
         "between consecutive tokens of a request.",
         "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); free slot = "
-        "`slots.fill_slots` into the cache row of an evicted request (the engine's join whenever a row was "
+        "`cache_internals.fill_slots` into the cache row of an evicted request (the engine's join whenever a row was "
         "evicted since the last step), extend = `caches.join` (mlx-lm's `BatchKVCache.extend`, the engine's join "
         "otherwise and mlx-lm's always; into fresh pages = the same right after `mx.clear_cache()`, so its new "
         "buffers page-fault, as when a batch grows to a size whose buffers MLX has not cached), re-merge = `extract` every row and `merge`; each over the median "

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 import workbench as wb
 from workbench import views
+from workbench.views import panel as panel_module
 from workbench.observe.masks import decode_mask
 from workbench.observe.metrics import request_metrics, throughput_tok_per_s
 from workbench.observe.report import Report
@@ -293,6 +294,16 @@ def test_an_interrupt_during_run_n_steps_is_shown_and_the_status_shows_the_true_
     assert "interrupted: KeyboardInterrupt" in panel.error.value
     assert panel.sched.step_index == 2 and panel.sched.check().ok
     assert panel.status.value.startswith("step 2 · 2 row(s)")
+
+
+def test_the_panel_timeline_draws_only_the_latest_uids_so_a_long_session_renders_as_fast(make_sched, prompt):
+    sched = make_sched(max_batch=4, history_size=4)
+    for i in range(40):
+        sched.submit(wb.Request(prompt=prompt(3, 7 * i), max_tokens=2))
+    sched.run()
+    panel = views.Panel(sched)
+    shown = panel.recent_events(sched.step_index)
+    assert shown.uid.nunique() == panel_module.TIMELINE_UIDS and shown.uid.max() == 39
 
 
 def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration(panel):

@@ -37,6 +37,8 @@ import base64
 import html
 from typing import Any, Callable
 
+import pandas as pd
+
 try:
     import ipywidgets as W
     from IPython.display import HTML
@@ -46,6 +48,7 @@ except ImportError as exc:  # the engine and the figure views do not need them
 
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
+from ..observe.events import events_frame
 from ..observe.snapshot import Snapshot
 from . import style
 from .kv import render_kv
@@ -53,6 +56,8 @@ from .mask import mask_text, render_masks
 from .timeline import render_timeline
 
 IMAGE_DPI = 80
+TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
+TIMELINE_UIDS = 24
 
 
 def reset_scheduler(sched: Scheduler) -> Scheduler:
@@ -193,9 +198,8 @@ class Panel:
     def render(self) -> None:
         """Re-render the status, the images and the ASCII masks from the shown snapshot."""
         snap, history = self.shown, list(self.sched.history)
-        events = self.sched.report().events
         for image, fig in ((self.mask_image, render_masks(snap)), (self.kv_image, render_kv(snap, history)),
-                           (self.timeline_image, render_timeline(events[events.step <= snap.step], x="step"))):
+                           (self.timeline_image, render_timeline(self.recent_events(snap.step), x="step"))):
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
@@ -203,6 +207,14 @@ class Panel:
         self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
                                            else "Scheduler(history_checkpoints=N) keeps checkpoints to restore")
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
+
+    def recent_events(self, step: int) -> pd.DataFrame:
+        """Events up to decode step ``step`` of the latest ``TIMELINE_UIDS`` uids, read from
+        the last ``TIMELINE_EVENTS`` events (so rendering costs the same however long the
+        session)."""
+        ev = events_frame(self.sched.events[-TIMELINE_EVENTS:])
+        ev = ev[ev.step <= step]
+        return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 
     # -- display -----------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):

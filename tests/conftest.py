@@ -112,7 +112,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
             f"against solo, {STATS['divergences']} divergences, {STATS['restores']} checkpoint restores "
-            "repeated their continuation")
+            f"repeated their continuation, {STATS['interrupts']} interrupted operations left the engine unchanged")
 
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,

@@ -1,13 +1,18 @@
 """Stateful fuzzing of the engine: random submit / admit / step / filter / abort / preempt
 sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch, KV
 budgets, prompt caches and sampled rows, for every bundled model family. After every
-operation the invariants hold; every finished greedy row equals its solo mlx-lm
-reference; and at random points a checkpoint is taken, a random continuation run, the
-checkpoint restored and the same continuation run again: tokens and events (times aside)
-must be the same.
+operation the invariants hold and ``sched.check()`` is ok; every finished greedy row
+equals its solo mlx-lm reference; at random points a checkpoint is taken, a random
+continuation run, the checkpoint restored and the same continuation run again: tokens
+and events (times aside) must be the same; and an admit / step / filter / abort / preempt
+is interrupted by a KeyboardInterrupt at a random point (the k-th decoder-layer call,
+``mx.eval``, ``on_token`` callback or clock read), which must leave the engine as it was.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
+
+import contextlib
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,6 +24,7 @@ from workbench.verify import oracle
 from workbench.engine.budget import kv_profile, projected_bytes
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
+from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
 
 pytestmark = pytest.mark.model
 
@@ -26,7 +32,7 @@ FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwe
             "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8)}
 _MODELS: dict = {}
 _REFS: dict = {}
-STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0}
+STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0}
 
 
 def continuation(sched, tok, ops, since):
@@ -64,23 +70,33 @@ def make_machine(family: str):
                     prompt_cache=st.sampled_from([None, 4]))
         def setup(self, max_batch, chunk, budget_requests, pipeline, prompt_cache):
             self.model, self.tok = model_of(folder)
+            self.injector = Injector()  # raises only while armed (the interrupted-operation rule)
             self.unit = projected_bytes(kv_profile(self.model, max_kv_size), 300 + 12)
             budget = None if budget_requests is None else budget_requests * self.unit
             self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
                                       max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
-                                      history_size=0, prompt_cache=prompt_cache, seed=max_batch)
+                                      history_size=0, prompt_cache=prompt_cache, seed=max_batch,
+                                      clock=self.clock)
             self.submitted = []
             self.checked = set()
 
         def op(self):
             STATS["operations"] += 1
 
+        def clock(self):
+            self.injector.point()
+            return time.perf_counter()
+
+        def on_token(self, uid, token):
+            self.injector.point()
+
         @rule(n=st.integers(1, 300), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
               priority=st.integers(0, 2), temperature=st.sampled_from([0.0, 0.0, 0.8]))
         def submit(self, n, start, max_tokens, priority, temperature):
             self.op()
             req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens,
-                             stop_ids=[], priority=priority, temperature=temperature)  # sampled: drawn seed
+                             stop_ids=[], priority=priority, temperature=temperature,  # sampled: drawn seed
+                             on_token=self.on_token)
             self.submitted.append(self.sched.submit(req))
 
         @rule(ops=st.lists(st.sampled_from(["admit", "step", "filter", "submit", "abort", "preempt"]),
@@ -124,6 +140,51 @@ def make_machine(family: str):
             live = [u for u, done in zip(snap.uids, snap.finished) if not done]
             if live:
                 self.sched.preempt(data.draw(st.sampled_from(live)))
+
+        @rule(data=st.data())
+        def interrupted_operation_changes_nothing(self, data):
+            self.op()
+            st_, rows = self.sched.state, self.sched.batch.rows
+            unfinished = [u for u in self.submitted if not self.sched.requests[u].finished]
+            running = [r.uid for r in rows if not r.finished]
+            ops = ([("admit", ())] if st_.queue or st_.prefilling else []) + ([("step", ())] if rows else []) + (
+                [("filter", ())] if any(r.finished for r in rows) else []) + (
+                [("abort", (u,)) for u in unfinished] + [("preempt", (u,)) for u in running])
+            if not ops:
+                return
+            op, args = data.draw(st.sampled_from(ops))
+            points = ["clock"] if op in ("abort", "preempt") else ["layer", "eval", "on_token", "clock"]
+            point = data.draw(st.sampled_from(points))
+            with (wrapped_layers(self.model, self.injector) if point == "layer" else
+                  patched_eval(self.injector) if point == "eval" else contextlib.nullcontext()):
+                cp = self.sched.checkpoint()  # count the call's points, undo it, then interrupt at one of them
+                self.injector.arm(10**9)
+                try:
+                    getattr(self.sched, op)(*args)
+                finally:
+                    n_points = self.injector.count
+                    self.injector.disarm()
+                    self.sched.restore(cp)
+                if not n_points:
+                    return
+                k = data.draw(st.integers(1, n_points))
+                before = engine_state(self.sched)
+                self.injector.arm(k)
+                try:
+                    getattr(self.sched, op)(*args)
+                except KeyboardInterrupt:
+                    STATS["interrupts"] += 1
+                    assert engine_state(self.sched) == before, f"{op} interrupted at {point} point {k} changed the engine"
+                finally:
+                    self.injector.disarm()
+                assert self.injector.fired, f"{op} did not reach {point} point {k} of {n_points}"
+                self.injector.fired = 0
+
+        @invariant()
+        def integrity_check_is_ok(self):
+            if hasattr(self, "sched"):
+                report = self.sched.check()
+                assert report.ok, str(report)
 
         @invariant()
         def rows_are_conserved_and_geometry_is_consistent(self):

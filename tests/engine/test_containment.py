@@ -5,6 +5,7 @@ sampling (mlx-lm processors, seeds) does not depend on the neighbours."""
 import math
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
@@ -106,6 +107,20 @@ def test_abort_works_in_every_state_and_keeps_the_batch_consistent(make_sched, p
 def test_abort_of_an_unknown_uid_raises(make_sched):
     with pytest.raises(KeyError, match="uid 5 is unknown"):
         make_sched().abort(5)
+
+
+@pytest.mark.parametrize("not_a_uid", [True, False, 0.0, 1.0, np.bool_(True), "0", None])
+def test_abort_refuses_a_uid_that_is_not_an_int_and_changes_nothing(make_sched, prompt, not_a_uid):
+    sched = make_sched()
+    uids = [sched.submit(wb.Request(prompt=prompt(4, 10 * i), max_tokens=3)) for i in range(2)]
+    sched.admit()
+    n_events = len(sched.events)
+    with pytest.raises(ValueError, match=r"uid must be an int.*" + type(not_a_uid).__name__):
+        sched.abort(not_a_uid)
+    with pytest.raises(ValueError, match="uid must be an int"):
+        sched.preempt(not_a_uid)
+    assert [sched.finish_reason(u) for u in uids] == [None, None] and len(sched.events) == n_events
+    assert sched.abort(np.int64(uids[1])) and sched.finish_reason(uids[1]) == "abort"  # numpy ints are ints
 
 
 def sampled(prompt, seed):

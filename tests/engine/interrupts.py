@@ -109,9 +109,10 @@ def patched_eval(injector: Injector):
 
 ENGINE_DIR = str(Path(wb.__file__).parent)
 # A rollback itself is not interrupted by the tracer (nothing can protect Python code from an
-# exception raised at its every line): the rollback methods and what they call, and
-# _transaction from its ``except`` on.
-_ROLLBACK_CODES = {checkpoint_module.EngineState.rollback.__code__, Recorder.rollback.__code__}
+# exception raised at its every line; a real SIGINT there is held until it ends): the
+# rollback methods and what they call, and _transaction from its ``except`` on.
+_ROLLBACK_CODES = {checkpoint_module.EngineState.rollback.__code__, Recorder.rollback.__code__,
+                   inspect.unwrap(scheduler_module.sigint_deferred).__code__}
 _TX_CODE = inspect.unwrap(scheduler_module.Scheduler._transaction).__code__
 _TX_EXCEPT_LINE = _TX_CODE.co_firstlineno + next(
     i for i, line in enumerate(inspect.getsourcelines(_TX_CODE)[0]) if "except BaseException" in line)

@@ -25,6 +25,9 @@ iterations it completed (tokens so far are a prefix of the uninterrupted ones).
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import time
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -32,6 +35,7 @@ import pytest
 
 import workbench as wb
 from workbench.engine.budget import kv_profile, projected_bytes
+from workbench.engine.checkpoint import EngineState
 from workbench.engine.runner import ModelRunner
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
@@ -404,4 +408,42 @@ def test_run_interrupted_between_iterations_keeps_the_work_done():
     assert [len(sched.tokens(u)) for u in uids] == [4, 4, 0]
     sched.run()
     assert all(sched.finish_reason(u) == "length" for u in uids)
+    assert_solo(sched)
+
+
+def test_a_second_interrupt_during_the_rollback_is_raised_once_the_rollback_is_done(monkeypatch):
+    """Kernel → Interrupt pressed twice: the second SIGINT lands while the first one's
+    rollback runs; the rollback still completes, then KeyboardInterrupt propagates."""
+    model, tok = model_of("llama")
+    armed = [True]
+
+    def callback(uid, token):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    sched = wb.Scheduler(model, tok)
+    uids = [sched.submit(wb.Request(prompt=[4, 5, 6], max_tokens=3, stop_ids=[], on_token=callback)),
+            sched.submit(wb.Request(prompt=[1, 2, 3], max_tokens=4, stop_ids=[]))]
+    sched.admit()
+    before = engine_state(sched)
+    rollback = EngineState.rollback
+
+    def rollback_hit_by_a_second_sigint(self, savepoint):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # Python runs the handler here, on the main thread
+        rollback(self, savepoint)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        monkeypatch.setattr(EngineState, "rollback", rollback_hit_by_a_second_sigint)
+        with pytest.raises(KeyboardInterrupt):
+            sched.step()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    monkeypatch.undo()
+    assert sched.check().ok, str(sched.check())
+    assert engine_state(sched) == before
+    sched.run()
+    assert [len(sched.tokens(u)) for u in uids] == [3, 4]
     assert_solo(sched)

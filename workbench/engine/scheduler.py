@@ -47,6 +47,8 @@ import bisect
 import contextlib
 import functools
 import itertools
+import signal
+import threading
 import time
 from collections import deque
 from types import MappingProxyType
@@ -90,6 +92,25 @@ def _positive_int(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return value
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Hold SIGINT ("Kernel → Interrupt") while the body runs and deliver it after (its
+    handler, e.g. ``KeyboardInterrupt``, then runs); on the main thread with a Python
+    SIGINT handler only (elsewhere Python runs no SIGINT handler)."""
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(signal.SIGINT, held[0])
 
 
 def transactional(prompt_cache: bool = False, idle: Callable[["Scheduler"], bool] | None = None) -> Callable:
@@ -205,8 +226,9 @@ class Scheduler:
             self._in_call = True
             yield
         except BaseException:
-            self.state.rollback(savepoint)
-            self.recorder.rollback(mark)
+            with sigint_deferred():  # a second Ctrl-C must not cut the rollback short
+                self.state.rollback(savepoint)
+                self.recorder.rollback(mark)
             raise
         finally:
             self._in_call = False

@@ -17,6 +17,7 @@ Workloads, replay and comparison (docs/policies.md)::
 """
 
 from .runtime import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.runtime.blas)
+from .runtime import precision  # noqa: F401  before mlx runs a matmul: full float32, MLX_ENABLE_TF32=0 (see workbench.runtime.precision)
 from .runtime import memory  # noqa: F401  MLX's CPU buffer cache: reuse freed KV-sized buffers (see workbench.runtime.memory)
 from .sim.compare import compare
 from .sim.costmodel import CostModel
@@ -27,13 +28,15 @@ from .runtime.modelref import ModelRef
 from .sim.replay import replay
 from .observe.report import Report
 from .engine.request import Request
+from .engine.checkpoint import Checkpoint
 from .engine.scheduler import Scheduler
+from .engine.state import RequestState, Status
 from .observe.snapshot import Snapshot
 from .sim.sweep import grid, sweep
 from .workloads.traces import trace_workload
 from .workloads.workload import Workload, synthetic
 
-__all__ = ["BUNDLED_MODEL", "CostModel", "Event", "ModelRef", "Report", "Request", "SLO", "Scheduler", "Snapshot",
+__all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Report", "Request", "RequestState", "SLO", "Scheduler", "Snapshot", "Status",
            "Workload", "compare", "grid", "load", "replay", "sweep", "synthetic", "trace_workload", "views"]
 __version__ = "0.1.0"
 

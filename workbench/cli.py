@@ -37,6 +37,10 @@ def _gallery(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.device == "gpu":
+        from .bench.gpu import gpu_bench_job
+
+        return gpu_bench_job(args.quick, Path(args.out) if args.out else None)
     from .bench.report import bench_job
 
     return bench_job(args.quick, Path(args.out) if args.out else None)
@@ -61,6 +65,14 @@ def _info(args: argparse.Namespace) -> int:
     for pkg in ("mlx", "mlx-lm", "numpy", "pandas", "matplotlib"):
         print(f"{pkg} {version(pkg)}")
     print(f"mlx default device: {mx.default_device()}")
+    from .runtime.device import cuda_install_note, device_report
+    from .runtime.precision import describe
+
+    print(f"device: {device_report().text()}")
+    note = cuda_install_note()
+    if note:
+        print(f"warning: {note}")
+    print(describe())
     from .runtime.blas import STATUS, matmul_seconds
 
     print(f"BLAS: {STATUS.note}")
@@ -103,13 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="the workbench against mlx-lm's BatchGenerator: tok/s, latency, "
                        "instrumentation overhead, join cost, head-of-line, roofline")
     b.add_argument("--quick", action="store_true", help="tiny model, B=1 and 8: a smoke run (under 2 minutes)")
+    b.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="gpu: a 1B-shaped bf16 llama at B=1,8,32,128 against mlx-lm, decode and wall with prefill, "
+                   "roofline (writes gpu-bench.md; default out ./workbench-out; docs/gpu.md)")
     b.add_argument("--out", default=None, help="output folder for benchmarks.md and benchmarks/ "
                    "(default ./docs, or ./workbench-out with --quick)")
     b.set_defaults(func=_bench)
     m = sub.add_parser("margins", help="how often greedy decoding nearly ties over the demo workload")
     m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     m.set_defaults(func=_margins)
-    i = sub.add_parser("info", help="print versions, the MLX device and the active BLAS")
+    i = sub.add_parser("info", help="print versions, the device and its memory, float32 matmul precision (TF32 or not), the active BLAS")
     i.set_defaults(func=_info)
     return p
 

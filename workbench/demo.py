@@ -13,6 +13,8 @@ from typing import Callable
 import pandas as pd
 
 from .verify import oracle
+from .runtime import precision
+from .runtime.device import device_report
 from .runtime.loading import BUNDLED_MODEL, load
 from .engine.scheduler import Scheduler
 from .views.timeline import render_timeline
@@ -34,6 +36,11 @@ def requests_table(requests: pd.DataFrame) -> str:
         "completion": [repr(s[:TEXT_CHARS]) for s in requests.text],
     })
     return t.to_string(index=False)
+
+
+def causes_text(report: oracle.OracleReport) -> str:
+    """Rows per cause, e.g. ``12 match, 2 near-tie under reduced precision``."""
+    return ", ".join(f"{n} {cause}" for cause, n in report.causes().items())
 
 
 def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: int | None = None,
@@ -71,6 +78,10 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
     batch = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
     echo(f"oracle: {check.n_match}/{len(check.rows)} rows match solo, "
          f"{batch.n_match}/{len(batch.rows)} match mlx-lm BatchGenerator")
+    echo(f"  numerics: on {device_report().text()}; {precision.describe()}; measured log-prob noise "
+         f"{max(check.noise, batch.noise):.1e} (tolerance {oracle.DEFAULT_ATOL:.0e})")
+    if not (check.ok and batch.ok):
+        echo(f"  solo: {causes_text(check)}; batch: {causes_text(batch)}")
     for row in check.rows + batch.rows:
         if not row.match or row.tie_accepted:
             echo("  " + row.describe())

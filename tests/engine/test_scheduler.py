@@ -6,6 +6,7 @@ the explicit single-row one. Also: pipelined decode, options and errors of the c
 Prefill is in ``test_prefill.py``; admission, budget and preemption in
 ``test_admission.py``."""
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -43,8 +44,10 @@ def test_prompts_of_lengths_1_5_17_40_admitted_together_each_equal_solo(bundled,
     sched.run()
     check = assert_solo(model, sched)
     assert [r.uid for r in check.rows] == uids and all(len(sched.tokens(u)) == 20 for u in uids)
-    # full attention on CPU: bit-exact, not just within tolerance
-    assert all(r.max_logprob_diff == 0.0 for r in check.rows), check.text()
+    # full attention on CPU: bit-exact, not just within tolerance (a GPU's kernels for [B, ...] and [1, ...]
+    # differ in the last bits: measured |dlogprob| <= 1.4e-6 on an H200, docs/gpu.md)
+    if mx.default_device() == mx.cpu:
+        assert all(r.max_logprob_diff == 0.0 for r in check.rows), check.text()
 
 
 def test_row_joining_after_three_decode_steps_matches_solo(bundled, make_sched, prompt):

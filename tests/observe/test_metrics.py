@@ -154,3 +154,39 @@ def test_padding_waste_overall_weights_every_slot_of_every_step():
 
     assert padding_waste_overall([2, 0], [8, 4]) == pytest.approx(2 / 12)
     assert padding_waste_overall([], []) == 0.0
+
+
+def test_batch_size_per_step_drops_at_a_preemption_and_rises_when_the_row_rejoins():
+    from workbench.observe.metrics import occupancy, step_metrics
+
+    ev = [Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 0.1), Event("admit", 1, 0, 0.1),
+          Event("join", 0, 0, 0.2), Event("join", 1, 0, 0.2)]
+    ev += [Event("token", u, s, 1.0 + s, token=5) for s in range(4) for u in (0, 1)]
+    ev += [Event("preempt", 0, 4, 4.5), Event("token", 1, 4, 5.0, token=5), Event("admit", 0, 5, 5.2),
+           Event("join", 0, 5, 5.3)]
+    ev += [Event("token", u, s, 1.0 + s, token=5) for s in (5, 6) for u in (0, 1)]
+    frame = events_frame(ev)
+    assert step_metrics(frame).batch_size.tolist() == [2, 2, 2, 2, 1, 2, 2]
+    by_step = occupancy(frame, by="step").set_index("step")
+    assert by_step.loc[4].tolist() == [1, 0, 1] and by_step.loc[5].tolist() == [0, 0, 2]
+    with pytest.raises(ValueError, match="by must be"):
+        occupancy(frame, by="row")
+
+
+def test_prefill_chunks_are_timed_from_the_event_before_them_and_leave_the_decode_rate_alone():
+    from workbench.observe.metrics import prefill_chunks, prefill_tok_per_s, step_metrics
+
+    ev = events_frame([
+        Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 1.0), Event("admit", 1, 0, 1.0),
+        Event("prefill", 0, 0, 3.0, n_tokens=8), Event("prefill", 1, 0, 3.0, n_tokens=4),  # one batched chunk: 2 s
+        Event("join", 0, 0, 3.5), Event("join", 1, 0, 3.5),
+        Event("token", 0, 0, 4.0, token=1), Event("token", 1, 0, 4.0, token=1),
+        Event("submit", 2, 1, 4.2), Event("admit", 2, 1, 4.5), Event("prefill", 2, 1, 5.5, n_tokens=10),  # 1 s
+        Event("token", 0, 1, 6.0, token=1), Event("token", 1, 1, 6.0, token=1),
+    ])
+    chunks = prefill_chunks(ev)
+    assert chunks[["rows", "tokens", "chunk_s"]].values.tolist() == [[2, 12, 2.0], [1, 10, 1.0]]
+    assert chunks.tok_per_s.tolist() == [6.0, 10.0] and prefill_tok_per_s(ev) == 22 / 3.0
+    steps = step_metrics(ev)
+    assert steps.prefill_s.tolist() == [2.0, 1.0] and steps.step_s.tolist()[1] == 2.0
+    assert steps.tok_per_s.tolist()[1] == 2 / (2.0 - 1.0)  # decode alone, not the prefill in between

@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import workbench as wb
 from workbench.verify import oracle
+from workbench.observe.metrics import step_metrics
 from workbench.engine.budget import kv_profile, projected_bytes
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
@@ -79,6 +80,7 @@ def make_machine(family: str):
                                       clock=self.clock)
             self.submitted = []
             self.checked = set()
+            self.rows_at = {}
 
         def op(self):
             STATS["operations"] += 1
@@ -106,6 +108,7 @@ def make_machine(family: str):
             cp = self.sched.checkpoint()
             first = continuation(self.sched, self.tok, ops, len(self.sched.events))
             self.sched.restore(cp)
+            self.rows_at = {s: n for s, n in self.rows_at.items() if s < self.sched.step_index}
             again = continuation(self.sched, self.tok, ops, len(self.sched.events))
             STATS["restores"] += 1
             assert again == first, f"restored continuation {ops} differs"
@@ -119,7 +122,10 @@ def make_machine(family: str):
         @rule()
         def step(self):
             self.op()
+            rows, at = len(self.sched.batch.rows), self.sched.step_index
             self.sched.step()
+            if self.sched.step_index > at:
+                self.rows_at[at] = rows  # the batch size this step ran with, for step_metrics
 
         @rule()
         def filter(self):
@@ -235,13 +241,16 @@ def make_machine(family: str):
             finishes = ev[ev.kind == "finish"].uid.tolist()
             assert sorted(finishes) == sorted(self.submitted), "every uid ends in exactly one terminal state"
             assert self.sched.idle and self.sched.snapshot().kv_bytes == 0
+            steps = step_metrics(ev).set_index("step").batch_size
+            wrong = {s: (int(steps[s]), n) for s, n in self.rows_at.items() if s in steps.index and steps[s] != n}
+            assert not wrong, f"step_metrics batch size != rows that ran (step: (metric, true)): {wrong}"
 
     return EngineMachine
 
 
 def _settings(request):
     long = request.config.getoption("--long")
-    return settings(max_examples=60 if long else 6, stateful_step_count=40 if long else 35, deadline=None,
+    return settings(max_examples=70 if long else 6, stateful_step_count=40 if long else 35, deadline=None,
                     suppress_health_check=list(HealthCheck), derandomize=not long)
 
 

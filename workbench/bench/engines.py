@@ -154,7 +154,8 @@ def drive(engine: Any, arrivals: Sequence[Arrival], clock: Callable[[], float] =
     Arrivals are submitted in the given order, each when due; an idle engine does not
     wait for ``at_iteration`` and the driver sleeps until the next ``at_s``. Returns one
     row per iteration with ``ITERATION_COLUMNS``: ``time_s`` is the clock when the
-    iteration returned, ``tokens`` how many tokens it produced.
+    iteration returned, ``tokens`` how many tokens it produced; ``attrs["start_s"]`` is
+    the clock when the drive started (before the first submit).
     """
     start_s, done, rows = clock(), 0, []
     while done < len(arrivals) or not engine.idle:
@@ -167,4 +168,6 @@ def drive(engine: Any, arrivals: Sequence[Arrival], clock: Callable[[], float] =
             done += 1
         tokens = engine.iterate()
         rows.append((len(rows), clock(), tokens))
-    return pd.DataFrame(rows, columns=ITERATION_COLUMNS)
+    frame = pd.DataFrame(rows, columns=ITERATION_COLUMNS)
+    frame.attrs["start_s"] = start_s
+    return frame

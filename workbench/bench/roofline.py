@@ -34,8 +34,9 @@ def copy_bandwidth_bytes_per_s(n_bytes: int = 256 * 2**20, repeats: int = 5, bac
     """Best bytes moved per second (read + write) copying an ``n_bytes`` float32 array.
 
     ``backend="numpy"`` uses ``np.copyto`` (a ``memcpy``: the machine's bandwidth);
-    ``"mlx"`` an MLX copy (``x + 0`` evaluated: what MLX's CPU kernels reach, the rate of
-    its cache copies such as ``extend``)."""
+    ``"mlx"`` an MLX copy on the default device (``x + 0`` evaluated: on the CPU what
+    MLX's kernels reach, the rate of its cache copies such as ``extend``; on a GPU its
+    memory bandwidth: use an ``n_bytes`` of a few GiB there)."""
     n = n_bytes // 4
     if backend == "numpy":
         src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
@@ -54,9 +55,10 @@ def copy_bandwidth_bytes_per_s(n_bytes: int = 256 * 2**20, repeats: int = 5, bac
     return 2 * n * 4 / best_s
 
 
-def matmul_flops_per_s(n: int = 1024, repeats: int = 3) -> float:
-    """Float32 flops per second of an ``[n, n] @ [n, n]`` MLX matmul (the active BLAS)."""
-    return 2 * n**3 / matmul_seconds(n, repeats)
+def matmul_flops_per_s(n: int = 1024, repeats: int = 3, dtype: str = "float32") -> float:
+    """Flops per second of an ``[n, n] @ [n, n]`` MLX matmul in ``dtype`` on the default
+    device (on the CPU, the active BLAS)."""
+    return 2 * n**3 / matmul_seconds(n, repeats, dtype)
 
 
 @dataclass(frozen=True)

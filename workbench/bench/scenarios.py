@@ -111,6 +111,13 @@ def equal_prompts(tokenizer: Any, rows: int, prompt_tokens: int) -> list[tuple[i
     return [tuple(prompt_of_length(tokenizer, prompt_tokens, start=97 * b)) for b in range(rows)]
 
 
+def tokens_by_uid(events: pd.DataFrame) -> list[tuple[int, ...]]:
+    """Each request's generated tokens, in uid order, from an events frame (``token``
+    rows): what two engines given the same requests must agree on."""
+    tok = events[events.kind == "token"].sort_values(["uid", "time_s"], kind="stable")
+    return tok.groupby("uid").token.apply(tuple).tolist()
+
+
 def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ...]], decode_tokens: int,
                 pairs: int, echo: Callable[[str], None] = print) -> pd.DataFrame:
     """Alternating decode runs of every engine on the same prompts (all submitted at once).
@@ -125,8 +132,7 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
     rows, tokens = [], {}
     for pair, name in alternating(list(factories), pairs):
         iterations, events = run_once(factories[name], arrivals)
-        tok = events[events.kind == "token"].sort_values(["uid", "time_s"], kind="stable")
-        tokens[pair, name] = tok.groupby("uid").token.apply(tuple).tolist()
+        tokens[pair, name] = tokens_by_uid(events)
         rows.append({"engine": name, "B": len(prompts), "pair": pair, **decode_window(iterations),
                      "snapshots": iterations.attrs["snapshots"], "history_read_s": iterations.attrs["history_read_s"]})
         echo(f"  B={len(prompts):<3} {name:<32} pair {pair}: {rows[-1]['tok_per_s']:8.2f} tok/s "

@@ -8,7 +8,9 @@ know: the scheduler, caches.
 Greedy rows without processors share one ``argmax`` over the batch (as mlx-lm's
 ``BatchGenerator`` does when rows share a sampler). Every other row is processed alone:
 its processors see only its own tokens (prompt and generated, never padding), and its
-draw uses its own PRNG key ``split(key(seed), max_tokens + 1)[t]`` for its ``t``-th token
+draw uses its own PRNG key :func:`token_key` ``(seed, t)`` for its ``t``-th token, which
+depends on the seed and ``t`` only (never on ``max_tokens``, neighbours, preemption or
+checkpoints)
 — mlx-lm draws from one global PRNG state, so it cannot batch seeded requests.
 
 Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
@@ -16,12 +18,22 @@ Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from .request import Request
+
+
+def token_key(seed: int, t: int) -> mx.array:
+    """The PRNG key of a row's ``t``-th sampled token (0-based): ``mx.random.key`` of a
+    64-bit hash (BLAKE2b) of ``(seed, t)``, so it depends on nothing else. (mlx-lm draws
+    every row from one global PRNG state; splitting one key into ``max_tokens + 1`` parts
+    would make token ``t`` depend on ``max_tokens``.)"""
+    digest = hashlib.blake2b(f"{seed}:{t}".encode(), digest_size=8).digest()
+    return mx.random.key(int.from_bytes(digest, "little"))
 
 
 class RowSampler:
@@ -46,7 +58,6 @@ class RowSampler:
             self.top_k = 0
         self.shared_argmax = r.temperature == 0 and r.sampler is None and not self.processors
         self.seed = seed
-        self._keys = None if r.temperature == 0 else mx.random.split(mx.random.key(seed), r.max_tokens + 1)
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
         """Apply the row's logits processors to ``logits`` ``[1, V]`` given its tokens
@@ -67,7 +78,7 @@ class RowSampler:
             logprobs = apply_min_p(logprobs, self.min_p)
         if self.top_k > 0:
             logprobs = apply_top_k(logprobs, self.top_k)
-        key = self._keys[min(t, self._keys.shape[0] - 1)]
+        key = token_key(self.seed, t)
         return mx.random.categorical(logprobs * (1.0 / self.temperature), key=key).astype(mx.uint32)
 
 

@@ -107,25 +107,65 @@ def throughput_tok_per_s(events: pd.DataFrame) -> float:
     return int((events.kind == "token").sum()) / span if span > 0 else math.nan
 
 
-STEP_COLUMNS = ["step", "time_s", "batch_size", "tokens", "step_s", "tok_per_s"]
+STEP_COLUMNS = ["step", "time_s", "batch_size", "tokens", "step_s", "prefill_s", "tok_per_s"]
+PREFILL_COLUMNS = ["step", "time_s", "rows", "tokens", "chunk_s", "tok_per_s"]
+
+
+def prefill_chunks(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per prefill chunk, with ``PREFILL_COLUMNS``: ``rows`` joining rows it ran
+    for, ``tokens`` their real (non-pad) prompt tokens, ``chunk_s`` its seconds (from the
+    event before its first ``prefill`` event to that event: the engine logs a chunk's
+    events right after running it), ``tok_per_s`` = tokens / chunk_s (prefill throughput).
+
+    A chunk's events are consecutive ``prefill`` events of distinct uids (a batched chunk
+    logs one per row; per-row chunks one each).
+    """
+    kinds, uids, times, steps, n = (events[c].tolist() for c in ("kind", "uid", "time_s", "step", "n_tokens"))
+    rows, current = [], None
+    for i, kind in enumerate(kinds):
+        if kind != "prefill":
+            current = None
+            continue
+        if current is None or uids[i] in current["uids"]:
+            start = times[i - 1] if i else times[i]
+            current = {"step": steps[i], "time_s": times[i], "uids": set(), "tokens": 0, "chunk_s": times[i] - start}
+            rows.append(current)
+        current["uids"].add(uids[i])
+        current["tokens"] += n[i]
+    out = pd.DataFrame([(r["step"], r["time_s"], len(r["uids"]), r["tokens"], r["chunk_s"]) for r in rows],
+                       columns=PREFILL_COLUMNS[:-1])
+    out["tok_per_s"] = out.tokens / out.chunk_s.where(out.chunk_s > 0)
+    return out[PREFILL_COLUMNS]
+
+
+def prefill_tok_per_s(events: pd.DataFrame) -> float:
+    """Prefill throughput over the run: prompt tokens prefilled / seconds spent in prefill
+    chunks (:func:`prefill_chunks`); NaN without chunks."""
+    chunks = prefill_chunks(events)
+    seconds = chunks.chunk_s.sum()
+    return float(chunks.tokens.sum() / seconds) if seconds > 0 else math.nan
 
 
 def step_metrics(events: pd.DataFrame) -> pd.DataFrame:
     """One row per decode step that produced tokens, with ``STEP_COLUMNS``.
 
-    ``time_s`` is the step's last token time; ``step_s`` and ``tok_per_s`` are NaN for the
-    first step (it has no previous step to measure from). Empty when there are no tokens.
+    ``time_s`` is the step's last token time; ``step_s`` the time since the previous
+    step's; ``prefill_s`` the prefill chunks run in between (:func:`prefill_chunks`), so
+    ``tok_per_s`` = tokens / (``step_s`` − ``prefill_s``) is the decode rate alone.
+    ``step_s`` and ``tok_per_s`` are NaN for the first step (no previous step to measure
+    from). Empty when there are no tokens.
     """
     tok = events[events.kind == "token"]
     if tok.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     per_step = tok.groupby("step").agg(time_s=("time_s", "max"), tokens=("uid", "size")).reset_index()
-    joins = np.sort(events[events.kind == "join"].step.to_numpy())
-    evicts = np.sort(events[events.kind == "evict"].step.to_numpy())
-    steps = per_step.step.to_numpy()
-    per_step["batch_size"] = np.searchsorted(joins, steps, "right") - np.searchsorted(evicts, steps, "right")
+    occ = occupancy(events, by="step")
+    idx = np.searchsorted(occ.step.to_numpy(), per_step.step.to_numpy(), side="right") - 1
+    per_step["batch_size"] = np.where(idx >= 0, occ.running.to_numpy()[np.maximum(idx, 0)], 0)
     per_step["step_s"] = per_step.time_s.diff()
-    per_step["tok_per_s"] = per_step.tokens / per_step.step_s
+    chunk_s = prefill_chunks(events).groupby("step").chunk_s.sum()
+    per_step["prefill_s"] = per_step.step.map(chunk_s).fillna(0.0).astype(float)
+    per_step["tok_per_s"] = per_step.tokens / (per_step.step_s - per_step.prefill_s)
     return per_step[STEP_COLUMNS]
 
 
@@ -166,8 +206,12 @@ OCCUPANCY_COLUMNS = ["time_s", "queued", "prefilling", "running"]
 _STATE_AFTER = {"submit": "queued", "admit": "prefilling", "join": "running", "evict": None, "preempt": "queued"}
 
 
-def occupancy(events: pd.DataFrame) -> pd.DataFrame:
-    """Requests queued, prefilling and running (in the batch) over time.
+def occupancy(events: pd.DataFrame, by: str = "time_s") -> pd.DataFrame:
+    """Requests queued, prefilling and running (in the batch) over time, or over decode
+    steps with ``by="step"`` (the counts after every event logged at step ``s`` are the
+    rows of decode step ``s``: joins before its forward count, rows evicted or preempted
+    before it do not). Every per-step quantity (``step_metrics``' batch size) comes from
+    here.
 
     Each request moves between states by its events (in time order): ``submit`` and
     ``preempt`` -> queued, ``admit`` -> prefilling, ``join`` -> running, ``evict`` ->
@@ -178,13 +222,19 @@ def occupancy(events: pd.DataFrame) -> pd.DataFrame:
         One row per distinct event time (sorted) with ``OCCUPANCY_COLUMNS``: the counts
         after every event at that time. Example: submits at 0 and 1 s, the first admitted
         at 1 s and joined at 2 s gives rows ``(0, 1, 0, 0)``, ``(1, 1, 1, 0)``,
-        ``(2, 1, 0, 1)``.
+        ``(2, 1, 0, 1)``. With ``by="step"`` the first column is ``step`` instead.
+
+    Raises:
+        ValueError: for ``by`` other than ``time_s`` or ``step``.
     """
-    ev = events[events.kind.isin([*_STATE_AFTER, "finish"])].sort_values("time_s", kind="stable")
+    if by not in ("time_s", "step"):
+        raise ValueError(f"by must be 'time_s' or 'step', got {by!r}")
+    ev = events[events.kind.isin([*_STATE_AFTER, "finish"])]
+    ev = ev.sort_values(by, kind="stable") if by == "time_s" else ev  # the log is in step order already
     state: dict[int, str | None] = {}
     counts = {"queued": 0, "prefilling": 0, "running": 0}
     rows = []
-    for kind, uid, t, reason in zip(ev.kind, ev.uid, ev.time_s, ev.finish_reason):
+    for kind, uid, t, reason in zip(ev.kind, ev.uid, ev[by], ev.finish_reason):
         if kind == "finish":
             if reason != "abort" or state.get(uid) != "queued":
                 continue
@@ -197,9 +247,12 @@ def occupancy(events: pd.DataFrame) -> pd.DataFrame:
         if new:
             counts[new] += 1
         state[uid] = new
-        rows.append((float(t), counts["queued"], counts["prefilling"], counts["running"]))
-    out = pd.DataFrame(rows, columns=OCCUPANCY_COLUMNS)
-    return out.groupby("time_s", sort=True).last().reset_index()[OCCUPANCY_COLUMNS]
+        rows.append((t, counts["queued"], counts["prefilling"], counts["running"]))
+    columns = [by, *OCCUPANCY_COLUMNS[1:]]
+    out = pd.DataFrame(rows, columns=columns)
+    if by == "time_s":
+        out["time_s"] = out.time_s.astype(float)
+    return out.groupby(by, sort=True).last().reset_index()[columns]
 
 
 def occupancy_at(occ: pd.DataFrame, times_s: Sequence[float]) -> pd.DataFrame:

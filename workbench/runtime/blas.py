@@ -77,11 +77,13 @@ def activate() -> BlasStatus:
 STATUS = activate()
 
 
-def matmul_seconds(n: int = 1024, repeats: int = 3) -> float:
-    """Measured seconds of one ``[n, n] @ [n, n]`` float32 matmul in MLX (mean of repeats)."""
+def matmul_seconds(n: int = 1024, repeats: int = 3, dtype: str = "float32") -> float:
+    """Measured seconds of one ``[n, n] @ [n, n]`` matmul in MLX on the default device
+    (mean of ``repeats`` after one untimed; ``dtype`` an ``mlx.core`` dtype name, e.g.
+    ``"bfloat16"``)."""
     import mlx.core as mx
 
-    a = mx.random.normal((n, n))
+    a = mx.random.normal((n, n)).astype(getattr(mx, dtype))
     mx.eval(a @ a)
     start = time.perf_counter()
     for _ in range(repeats):

@@ -103,13 +103,34 @@ def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
     return [traces[u] for u in uids]
 
 
+MATCH, NEAR_TIE, PRECISION_NEAR_TIE, LOGPROB_NOISE, DIVERGENCE = (
+    "match", "near-tie", "near-tie under reduced precision", "log-prob noise", "divergence")
+NOISE_FACTOR = 4.0  # a top-2 margin within this many times the measured log-prob noise can flip
+
+
 @dataclass(frozen=True)
 class RowResult:
-    """Comparison of one row with its reference.
+    """Comparison of one row with its reference, classified by what the numerics allow.
 
     ``match`` is True when tokens are equal and every logprob is within ``atol``, or when
     the first token divergence happens where the reference's top-2 margin is below
     ``atol`` (an accepted near-tie, ``tie_accepted``).
+
+    ``noise`` is the measured log-prob noise (nats): the largest ``|ours - reference|``
+    chosen-token log-prob over the steps where both chose the same token and, at the first
+    divergence, the two top-1 log-probs (both runs' best token at the same context). A
+    float32 run agrees to about 1e-6; TF32 matmuls give about 1e-3. ``cause`` is one of:
+
+    - ``match``: as above, no divergence;
+    - ``near-tie``: the tokens diverge where the reference's margin is below ``atol``
+      (accepted, ``match`` True);
+    - ``near-tie under reduced precision``: the margin is above ``atol`` but within
+      ``NOISE_FACTOR`` times the noise: rounding this large can flip the argmax, so the
+      divergence is explained by the precision, not by a bug (``match`` False: the run
+      is not at the tolerance the oracle holds it to);
+    - ``log-prob noise``: the tokens are equal but a log-prob differs by more than
+      ``atol`` (reduced precision, or a bug that changes values without changing the argmax);
+    - ``divergence``: the margin is far above the noise: a real divergence.
     """
 
     uid: int
@@ -122,18 +143,37 @@ class RowResult:
     logprob_gap: float | None = None
     ref_margin: float | None = None
     tie_accepted: bool = False
+    noise: float = 0.0
+    cause: str = MATCH
 
     def describe(self) -> str:
-        """One line for humans."""
+        """One line for humans: the verdict, and for a divergence its step, tokens, the
+        reference's top-2 margin there and the measured log-prob noise."""
         if self.first_divergence_step is None:
-            return f"uid {self.uid}: {'match' if self.match else 'MISMATCH'} ({self.n_tokens} tokens, max |dlogprob| {self.max_logprob_diff:.2e})"
-        return (f"uid {self.uid}: {'near-tie accepted' if self.tie_accepted else 'MISMATCH'} at step "
-                f"{self.first_divergence_step}: ours {self.ours} vs reference {self.theirs}, logprob gap "
-                f"{self.logprob_gap:.2e}, reference top-2 margin {self.ref_margin:.2e}")
+            verdict = "match" if self.match else f"MISMATCH ({self.cause})"
+            return f"uid {self.uid}: {verdict} ({self.n_tokens} tokens, max |dlogprob| {self.max_logprob_diff:.2e})"
+        verdict = "near-tie accepted" if self.tie_accepted else f"MISMATCH ({self.cause})"
+        return (f"uid {self.uid}: {verdict} at step {self.first_divergence_step}: ours {self.ours} vs reference "
+                f"{self.theirs}, logprob gap {self.logprob_gap:.2e}, reference top-2 margin {self.ref_margin:.2e}, "
+                f"measured log-prob noise {self.noise:.2e}")
+
+
+def divergence_cause(margin: float, noise: float, atol: float) -> str:
+    """Why tokens diverged where the reference's top-2 margin is ``margin`` and the
+    measured log-prob noise is ``noise`` (nats): ``near-tie`` below ``atol``, ``near-tie
+    under reduced precision`` within ``NOISE_FACTOR * noise``, else ``divergence``.
+
+    >>> divergence_cause(5e-5, 1e-6, 1e-4), divergence_cause(2e-3, 1e-3, 1e-4), divergence_cause(0.5, 1e-3, 1e-4)
+    ('near-tie', 'near-tie under reduced precision', 'divergence')
+    """
+    if margin < atol:
+        return NEAR_TIE
+    return PRECISION_NEAR_TIE if margin <= NOISE_FACTOR * noise else DIVERGENCE
 
 
 def compare_row(uid: int, ours: TokenTrace, ref: TokenTrace, atol: float = DEFAULT_ATOL) -> RowResult:
-    """Compare our trace with the reference trace of the same request."""
+    """Compare our trace with the reference trace of the same request (see
+    :class:`RowResult` for the fields and the classification)."""
     n = min(len(ours.tokens), len(ref.tokens))
     diffs = [abs(a - b) for a, b in zip(ours.logprobs[:n], ref.logprobs[:n])]
     for t in range(max(len(ours.tokens), len(ref.tokens))):
@@ -142,10 +182,14 @@ def compare_row(uid: int, ours: TokenTrace, ref: TokenTrace, atol: float = DEFAU
         if a != b:
             gap = abs(ours.logprobs[t] - ref.logprobs[t]) if a is not None and b is not None else float("nan")
             margin = ref.margins[t] if t < len(ref.margins) else float("nan")
-            tie = margin < atol
-            return RowResult(uid, tie, len(ours.tokens), max(diffs[:t], default=0.0), t, a, b, gap, margin, tie)
+            noise = max(diffs[: t + 1] if a is not None and b is not None else diffs[:t], default=0.0)
+            cause = divergence_cause(margin, noise, atol) if margin == margin else DIVERGENCE  # NaN: length differs
+            tie = cause == NEAR_TIE
+            return RowResult(uid, tie, len(ours.tokens), max(diffs[:t], default=0.0), t, a, b, gap, margin, tie,
+                             noise, cause)
     worst = max(diffs, default=0.0)
-    return RowResult(uid, worst <= atol, len(ours.tokens), worst)
+    return RowResult(uid, worst <= atol, len(ours.tokens), worst, noise=worst,
+                     cause=MATCH if worst <= atol else LOGPROB_NOISE)
 
 
 @dataclass(frozen=True)
@@ -167,6 +211,19 @@ class OracleReport:
     def text(self) -> str:
         """One line per row (``RowResult.describe``)."""
         return "\n".join(r.describe() for r in self.rows)
+
+    def causes(self) -> dict[str, int]:
+        """Rows per :attr:`RowResult.cause`, in order of first appearance, e.g.
+        ``{"match": 12, "near-tie under reduced precision": 2}``."""
+        out: dict[str, int] = {}
+        for r in self.rows:
+            out[r.cause] = out.get(r.cause, 0) + 1
+        return out
+
+    @property
+    def noise(self) -> float:
+        """The largest measured log-prob noise of any row (nats; 0.0 for no rows)."""
+        return max((r.noise for r in self.rows), default=0.0)
 
 
 def compare_traces(ours: dict[int, TokenTrace], refs: dict[int, TokenTrace],

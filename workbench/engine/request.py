@@ -132,7 +132,8 @@ def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...
     return tuple(int(t) for t in ids)
 
 
-def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int | None = None) -> ValidRequest:
+def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int | None = None,
+             context_field: str = "max_position_embeddings") -> ValidRequest:
     """Check every field of ``request`` and tokenize its prompt.
 
     Args:
@@ -140,8 +141,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         tokenizer: an mlx-lm ``TokenizerWrapper`` (or any object with ``encode`` and
             ``eos_token_ids``).
         vocab_size: number of rows of the model's output projection (tokens).
-        context_tokens: the model's context length (``max_position_embeddings``);
-            ``None`` for no limit.
+        context_tokens: the model's context length (tokens); ``None`` for no limit.
+        context_field: the config field it came from (named in the error).
 
     Returns:
         A :class:`ValidRequest`.
@@ -162,7 +163,7 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     if context_tokens is not None and len(ids) + r.max_tokens > context_tokens:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) = {len(ids) + r.max_tokens} "
-            f"exceeds the model's context of {context_tokens} tokens (max_position_embeddings)")
+            f"exceeds the model's context of {context_tokens} tokens ({context_field})")
     if not _is_int(r.priority):
         raise ValueError(f"priority must be an int, got {r.priority!r}")
     _check_sampling(r)

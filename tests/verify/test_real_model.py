@@ -1,0 +1,46 @@
+"""SmolLM2-135M-Instruct (converted from its GGUF) through the engine: it answers, and every
+batched row equals the same request run alone through mlx-lm (the solo oracle)."""
+
+from __future__ import annotations
+
+import pytest
+
+import workbench as wb
+from tests.real_model import NAME, chat_ids, real_model_folder
+from workbench.verify import oracle
+
+pytestmark = pytest.mark.realmodel
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    real_model_folder()
+    return wb.load(NAME)  # 4-bit; with WORKBENCH_BLAS=off (the suite) float32 is no faster
+
+
+def test_the_converted_model_answers_the_capital_of_france_through_its_chat_template(smollm2):
+    model, tokenizer = smollm2
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>") == 1
+    sched = wb.Scheduler(model, tokenizer, max_batch=1)
+    uid = sched.submit(wb.Request(prompt=ids, max_tokens=10))
+    sched.run()
+    text = tokenizer.decode(sched.tokens(uid))
+    assert "Paris" in text, text
+
+
+def test_chat_rows_joining_a_running_batch_equal_each_request_run_alone(smollm2):
+    model, tokenizer = smollm2
+    sched = wb.Scheduler(model, tokenizer, max_batch=2)
+    questions = ["What is 2+2?", "Name a primary colour.", "Say hello."]
+    first = sched.submit(wb.Request(prompt=chat_ids(tokenizer, questions[0]), max_tokens=6))
+    sched.admit()
+    sched.step()
+    sched.step()  # the second and third join a batch already decoding (different prompt lengths)
+    later = [sched.submit(wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=6)) for q in questions[1:]]
+    sched.run()
+    assert all(len(sched.tokens(u)) >= 1 for u in [first, *later])
+    check = oracle.solo_check(model, sched)
+    assert len(check.rows) == 3
+    assert check.ok, [row.describe() for row in check.rows if not row.match]
+    assert check.n_match == 3  # token for token, not only within a near-tie

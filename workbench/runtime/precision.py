@@ -13,8 +13,9 @@ reference (log-prob differences about 1e-3, ten times the oracle's 1e-4 toleranc
 ``import workbench`` therefore sets ``MLX_ENABLE_TF32=0`` (this module is imported before
 anything of ours imports mlx), unless the user set the variable: ``MLX_ENABLE_TF32=1``
 keeps TF32 and its speed for float32 models, and the oracles then classify what diverges
-(:mod:`workbench.verify.oracle`). On the CPU the variable has no effect. bf16 and float16
-matmuls are not affected by it on CUDA (cuBLAS accumulates them in float32 either way).
+(:mod:`workbench.verify.oracle`). On the CPU the variable has no effect. On the H200 a bf16
+1B llama's decode step was as fast with it at 0 as at 1 (differences within the spread of
+repeats, in both directions; ``docs/gpu.md``).
 
 Since the variable is read by MLX, not by us, the precision that is really in force is
 *measured*: :func:`float32_matmul_error` compares an MLX float32 matmul with a float64

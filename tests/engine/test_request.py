@@ -70,7 +70,7 @@ def test_unknown_request_field_is_a_value_error_naming_it():
 
 
 def test_missing_prompt_is_a_value_error_naming_it():
-    with pytest.raises(ValueError, match="'prompt' is required"):
+    with pytest.raises(ValueError, match=r"'prompt' .* or 'messages' .* is required"):
         wb.Request(max_tokens=3)
 
 

@@ -3,9 +3,11 @@
 Knows: the fields of a request and their limits, the tokenizer (to turn a str prompt
 into token ids) and the vocabulary size. Must not know: the scheduler, caches, MLX.
 
-Glossary: *prompt tokens* are the request's input ids; *max_tokens* caps the number of
-generated tokens; *stop ids* end a row when sampled (finish reason ``stop``); reaching
-``max_tokens`` gives finish reason ``length``.
+Glossary: *prompt tokens* are the request's input ids (from ``prompt`` text or ids, or from
+chat ``messages`` through the tokenizer's chat template); *max_tokens* caps the number of
+generated tokens; *stop ids* end a row when sampled and *stop strings* when they appear in
+its decoded text (finish reason ``stop``); reaching ``max_tokens`` gives finish reason
+``length``.
 
 Validation happens in :func:`validate` before the scheduler changes any state, so a bad
 request never touches the running rows.
@@ -29,8 +31,10 @@ class Request:
     """One generation request.
 
     Args:
-        prompt: text (tokenized with the model's tokenizer, no special tokens added) or a
-            non-empty list of token ids, each in ``[0, vocab_size)``.
+        prompt: text, encoded as mlx-lm's ``generate`` / ``stream_generate`` encode it
+            (``tokenizer.encode(text, add_special_tokens=...)``: the tokenizer's BOS is added
+            unless the text already starts with it), or a non-empty list of token ids, each
+            in ``[0, vocab_size)``. Give ``prompt`` or ``messages``, not both.
         max_tokens: maximum number of generated tokens, ``>= 1``.
         temperature: ``0.0`` means greedy (argmax); ``> 0`` samples (mlx-lm's filters
             ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``, then a categorical draw
@@ -49,7 +53,14 @@ class Request:
             generated tokens, never padding).
         logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables.
         sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling.
-        on_token: ``(uid, token) -> None``, called when a token is read.
+        on_token: ``(uid, token) -> None``, called when a token is read (ids; the text
+            path is ``Scheduler.stream``).
+        messages: chat turns ``[{"role": str, "content": str}, ...]``, encoded with the
+            tokenizer's chat template and its generation prompt (mlx-lm's
+            ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``).
+        stop: stop strings (a str or a list of non-empty str): the row finishes (reason
+            ``stop``) when one appears in its decoded text, across token boundaries; the
+            text ends before it (``workbench.engine.text``).
 
     An exception raised by a processor, sampler or ``on_token``, or non-finite logits,
     ends only that row (finish reason ``error``).
@@ -57,7 +68,7 @@ class Request:
     Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
     """
 
-    prompt: str | Sequence[int]
+    prompt: str | Sequence[int] | None = None
     max_tokens: int = 32
     temperature: float = 0.0
     top_p: float = 1.0
@@ -73,6 +84,8 @@ class Request:
     logits_processors: Sequence[Callable] = ()
     sampler: Callable | None = None
     on_token: Callable | None = None
+    messages: Sequence[Mapping[str, str]] | None = None
+    stop: str | Sequence[str] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -97,8 +110,9 @@ def _init_refusing_unknown_fields(self, *args, **kwargs):
     unknown = sorted(set(kwargs) - set(_FIELDS))
     if unknown:
         raise ValueError(f"Request: unknown field(s) {unknown}; allowed fields: {list(_FIELDS)}")
-    if not args and "prompt" not in kwargs:
-        raise ValueError("Request: the field 'prompt' is required (a str or a list of token ids)")
+    if not args and kwargs.get("prompt") is None and kwargs.get("messages") is None:
+        raise ValueError("Request: the field 'prompt' (a str or a list of token ids) or 'messages' "
+                         "(chat turns) is required")
     _dataclass_init(self, *args, **kwargs)
 
 
@@ -108,11 +122,13 @@ Request.__init__ = _init_refusing_unknown_fields
 
 @dataclass(frozen=True)
 class ValidRequest:
-    """A request after validation: prompt as token ids and stop ids as a frozenset."""
+    """A request after validation: prompt as token ids, stop ids as a frozenset, stop
+    strings as a tuple (empty: none)."""
 
     request: Request
     prompt_ids: tuple[int, ...]
     stop_ids: frozenset[int]
+    stop: tuple[str, ...] = ()
 
 
 def _is_int(x: Any) -> bool:
@@ -151,8 +167,10 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         ValueError: naming the field and its allowed range, for a wrong type, an empty
             prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
             or non-finite temperature, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
-            ``top_p``/``top_k`` with ``temperature == 0``, or a prompt plus
-            ``max_tokens`` longer than ``context_tokens``.
+            ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
+            longer than ``context_tokens``, both or neither of ``prompt`` and
+            ``messages``, ``messages`` for a tokenizer without a chat template, or a stop
+            string that is not a non-empty str.
     """
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
@@ -168,15 +186,32 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         raise ValueError(f"priority must be an int, got {r.priority!r}")
     _check_sampling(r)
     _check_processors(r, vocab_size)
-    return ValidRequest(request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size))
+    return ValidRequest(request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size),
+                        stop=_stop_strings(r))
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """``text`` as token ids, the way mlx-lm's ``stream_generate`` encodes a str prompt:
+    ``tokenizer.encode(text, add_special_tokens=True)`` (the tokenizer's BOS, if it adds
+    one), or ``False`` when the text already starts with the BOS token. Returns ``[T]`` ids."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return list(tokenizer.encode(text, add_special_tokens=bos is None or not text.startswith(bos)))
 
 
 def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
-    """The prompt as token ids (a str is tokenized without special tokens)."""
+    """The prompt as token ids: ``messages`` through the chat template, a str through
+    :func:`encode_text`, ids checked against the vocabulary."""
+    if r.messages is not None:
+        if r.prompt is not None:
+            raise ValueError("Request: give either 'prompt' or 'messages', not both "
+                             "(messages are encoded with the chat template into the prompt)")
+        return _chat_ids(r.messages, tokenizer, vocab_size)
+    if r.prompt is None:
+        raise ValueError("Request: the field 'prompt' or 'messages' is required")
     if isinstance(r.prompt, str):
         if not r.prompt:
             raise ValueError("prompt must be a non-empty str or list of token ids, got ''")
-        ids = tuple(tokenizer.encode(r.prompt, add_special_tokens=False))
+        ids = tuple(encode_text(tokenizer, r.prompt))
         if not ids:
             raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
         return ids
@@ -185,6 +220,36 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
             raise ValueError("prompt must have at least 1 token id, got an empty list")
         return _check_ids("prompt", r.prompt, vocab_size)
     raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
+
+
+def _chat_ids(messages: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
+    """Chat turns as token ids: mlx-lm's ``tokenizer.apply_chat_template(messages,
+    add_generation_prompt=True)`` (tokenized, no special tokens added beyond the template's)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"messages must be a non-empty list of {{'role': str, 'content': str}} dicts, got {messages!r}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
+    if not getattr(tokenizer, "has_chat_template", False):
+        raise ValueError("messages need a tokenizer with a chat template, and this model's tokenizer has none "
+                         "(tokenizer.has_chat_template is False); pass prompt= (text or token ids) instead")
+    ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True)
+    if not ids:
+        raise ValueError("messages encode to zero tokens through the chat template; need >= 1")
+    return _check_ids("messages (chat template)", list(ids), vocab_size)
+
+
+def _stop_strings(r: Request) -> tuple[str, ...]:
+    """The stop strings as a tuple (a single str is one stop string; ``None``: none)."""
+    if r.stop is None:
+        return ()
+    stops = [r.stop] if isinstance(r.stop, str) else r.stop
+    if not isinstance(stops, (list, tuple)):
+        raise ValueError(f"stop must be a str or a list of str, got {type(r.stop).__name__}")
+    for i, s in enumerate(stops):
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop[{i}] must be a non-empty str, got {s!r}")
+    return tuple(dict.fromkeys(stops))
 
 
 def _check_sampling(r: Request) -> None:

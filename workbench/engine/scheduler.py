@@ -52,7 +52,7 @@ import threading
 import time
 from collections import deque
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import mlx.core as mx
 import numpy as np
@@ -75,6 +75,7 @@ from .request import Request, ValidRequest, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
 from .state import RequestState, Status
+from .text import visible_text
 
 _IDS = itertools.count()
 FORK_OPTIONS = ("policy", "max_batch", "prompt_concurrency", "kv_budget_bytes", "interleave_prefill",
@@ -405,6 +406,8 @@ class Scheduler:
             row.finish("error", message)
         elif token in row.valid.stop_ids:
             row.finish("stop")
+        elif row.valid.stop and row.text(self.tokenizer).stop_at is not None:  # a stop string in its text
+            row.finish("stop")
         elif len(row.tokens) >= row.valid.request.max_tokens:
             row.finish("length")
         if row.finished:
@@ -610,9 +613,49 @@ class Scheduler:
         return self._state_of(uid).message
 
     def text(self, uid: int) -> str:
-        """Visible completion of ``uid``: its tokens decoded, a final stop token excluded."""
-        s = self._state_of(uid)
-        return self.tokenizer.decode(s.tokens[:-1] if s.finish_reason == "stop" else s.tokens)
+        """Visible completion of ``uid``: its tokens through mlx-lm's streaming detokenizer
+        (a final stop id excluded; cut before a stop string; finalized once finished). For a
+        finished row without stop strings it equals ``tokenizer.decode`` of those tokens.
+        Raises: KeyError."""
+        return self._state_of(uid).text(self.tokenizer).text
+
+    def stream(self, uid: int) -> Iterator[str]:
+        """Text pieces of ``uid`` as they settle, driving ``admit(); step(); filter()``
+        until it finishes (other rows advance too). Pieces never end in half a multi-byte
+        character nor in a tail that may become a stop string; joined, they equal
+        :meth:`text` (what the row already had comes first). Mirrors mlx-lm's
+        ``stream_generate`` text segments. Raises: KeyError for an unknown uid; whatever
+        an engine call raises (the engine is then as before that call)."""
+        for u, piece in self._stream([self._state_of(uid).uid]):
+            yield piece
+
+    def stream_all(self) -> Iterator[tuple[int, str]]:
+        """``(uid, piece)`` for every row, like :meth:`stream`, driving the engine until idle
+        (requests submitted meanwhile are included); each uid's pieces join to its text."""
+        return self._stream(None)
+
+    def _stream(self, uids: list[int] | None) -> Iterator[tuple[int, str]]:
+        sent: dict[int, int] = {}  # characters handed out per uid
+        done: set[int] = set()  # uids finished and fully handed out: never read again
+
+        def pieces() -> Iterator[tuple[int, str]]:
+            for u in (uids if uids is not None else list(self.state.requests)):
+                state = self.state.requests[u]
+                if u in done:
+                    continue
+                ready = state.text(self.tokenizer).ready
+                if len(ready) > sent.get(u, 0):
+                    yield u, ready[sent.get(u, 0):]
+                    sent[u] = len(ready)
+                if state.finished:
+                    done.add(u)
+
+        yield from pieces()
+        while not (self.idle if uids is None else all(self.state.requests[u].finished for u in uids)):
+            self.admit()
+            self.step()
+            self.filter()
+            yield from pieces()
 
     def finished_greedy_uids(self) -> list[int]:
         """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
@@ -642,8 +685,11 @@ class Scheduler:
         when first read: calling it costs the same however long the session."""
         def text(tokens: list[int], uid: int) -> str:  # from the report's own token events
             state = self.state.requests.get(uid)  # absent after a restore to before its submit
-            stop = state.valid.stop_ids if state is not None else ()
-            return self.tokenizer.decode(tokens[:-1] if tokens and tokens[-1] in stop else tokens)
+            if state is None:
+                return self.tokenizer.decode(tokens)
+            done = len(tokens) == len(state.tokens) and state.finished  # else the report ends mid-row
+            return visible_text(self.tokenizer, tokens, state.finish_reason if done else None,
+                                state.valid.stop_ids, state.valid.stop)  # finalized: all its tokens shown
         return build_report(self.events, text)
 
     def _capture(self) -> Callable[[], Snapshot]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from .request import ValidRequest
 from .sampling import RowSampler
+from .text import RowText, sync, text_tokens
 
 
 class Status(enum.Enum):
@@ -52,6 +53,9 @@ class RequestState:
         join_order: order of joining the running batch (0, 1, ...; -1 before), which
             preemption uses (free slots break row order).
         evicted: True once ``filter()`` removed its row (or it never had one).
+        text_state: its :class:`workbench.engine.text.RowText` (streaming detokenizer and
+            stop strings), a cache re-derivable from ``tokens``: :meth:`undo` and
+            :meth:`copy` drop it when it may differ, :meth:`text` rebuilds it.
     """
 
     uid: int
@@ -68,6 +72,7 @@ class RequestState:
     cached_tokens: int = 0
     join_order: int = -1
     evicted: bool = False
+    text_state: RowText | None = field(default=None, compare=False, repr=False)
 
     @property
     def finished(self) -> bool:
@@ -94,20 +99,31 @@ class RequestState:
         """Mark it FINISHED with ``reason`` (one of ``workbench.engine.request.FINISH_REASONS``)."""
         self.status, self.finish_reason, self.message = Status.FINISHED, reason, message
 
+    def text(self, tokenizer) -> RowText:
+        """Its :class:`RowText`, brought up to date with its tokens (built from them when
+        dropped); closed once it finished. Mirrors mlx-lm's per-request ``detokenizer``."""
+        if self.text_state is None:
+            self.text_state = RowText(tokenizer, self.valid.stop)
+        return sync(self.text_state, text_tokens(self.tokens, self.finish_reason, self.valid.stop_ids), self.finished)
+
     def memo(self) -> tuple:
         """Its mutable fields now, for :meth:`undo` (token lists by length: an engine call
-        only appends to them)."""
+        only appends to them; the text cache by how far it was fed)."""
+        t = self.text_state
         return (self.status, self.finish_reason, self.message, len(self.tokens), len(self.logprobs), self.fed,
-                self.cached_tokens, self.join_order, self.evicted)
+                self.cached_tokens, self.join_order, self.evicted, t, t and (t.n_tokens, t.closed))
 
     def undo(self, memo: tuple) -> None:
-        """Return to the fields of :meth:`memo`."""
+        """Return to the fields of :meth:`memo` (a text cache fed since is dropped)."""
         (self.status, self.finish_reason, self.message, n_tokens, n_logprobs, self.fed,
-         self.cached_tokens, self.join_order, self.evicted) = memo
+         self.cached_tokens, self.join_order, self.evicted, text, fed) = memo
         del self.tokens[n_tokens:], self.logprobs[n_logprobs:]
+        now = self.text_state
+        self.text_state = text if text is not None and now is text and (now.n_tokens, now.closed) == fed else None
 
     def copy(self) -> "RequestState":
-        """An independent copy (token lists copied; the immutable request and sampler shared)."""
+        """An independent copy (token lists copied; the immutable request and sampler shared;
+        the text cache left to be rebuilt from the tokens)."""
         out = copy.copy(self)
-        out.tokens, out.logprobs = list(self.tokens), list(self.logprobs)
+        out.tokens, out.logprobs, out.text_state = list(self.tokens), list(self.logprobs), None
         return out

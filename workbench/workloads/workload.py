@@ -40,8 +40,16 @@ WORKLOAD_COLUMNS = ["arrival_s", "prompt_tokens", "max_tokens", "priority", "tem
 
 @functools.lru_cache(maxsize=8)
 def source_ids(tokenizer: Any, source: Path = PROMPT_SOURCE) -> tuple[int, ...]:
-    """The prompt set's token ids (no special tokens), tokenized once per tokenizer."""
-    ids = tuple(tokenizer.encode(Path(source).read_text(), add_special_tokens=False))
+    """The prompt set's token ids (no special tokens), tokenized once per tokenizer.
+
+    The set is a corpus, not one model input, so it goes through the fast tokenizer's
+    backend (``tokenizers.Tokenizer.encode``: the same ids) when there is one: the
+    transformers front end would warn that its 766 tokens exceed the model's 512-token
+    context, which no request ever sends (prompts are cut from it)."""
+    text = Path(source).read_text()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    ids = tuple(backend.encode(text, add_special_tokens=False).ids if backend is not None
+                else tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise ValueError(f"prompt set {source} tokenizes to zero tokens")
     return ids
@@ -140,9 +148,9 @@ class Workload:
 
     def frame(self) -> pd.DataFrame:
         """One row per arrival with ``WORKLOAD_COLUMNS``; ``prompt_tokens`` is ``-1`` for
-        a text prompt (its length depends on the tokenizer)."""
+        a text prompt or chat messages (their length depends on the tokenizer)."""
         return pd.DataFrame([
-            {"arrival_s": t, "prompt_tokens": -1 if isinstance(r.prompt, str) else len(r.prompt),
+            {"arrival_s": t, "prompt_tokens": len(r.prompt) if isinstance(r.prompt, (list, tuple)) else -1,
              "max_tokens": r.max_tokens, "priority": r.priority, "temperature": r.temperature}
             for t, r in self.arrivals], columns=WORKLOAD_COLUMNS)
 

@@ -1,0 +1,140 @@
+"""Stop strings and streaming text (workbench/engine/text.py and the scheduler's text path)."""
+
+from __future__ import annotations
+
+import pytest
+
+import workbench as wb
+from workbench.engine.text import RowText, sync, visible_text
+
+pytestmark = pytest.mark.model
+
+
+def _solo(make_sched, request):
+    sched = make_sched()
+    uid = sched.submit(request)
+    sched.run()
+    return sched, uid
+
+
+def _straddling_stop(tokenizer, tokens):
+    """A 3-character substring of the decoded tokens that begins in one token and ends in a
+    later one (so it can only be found across a token boundary), its start, and the index of
+    the token that completes it."""
+    ends = [len(tokenizer.decode(tokens[: i + 1])) for i in range(len(tokens))]
+    text = tokenizer.decode(tokens)
+    for i in range(len(tokens) - 1):
+        start = ends[i] - 1  # the last character of token i ...
+        stop = text[start : start + 3]  # ... and the next characters, from later tokens
+        if start >= 4 and ends[i] > (ends[i - 1] if i else 0) and len(stop) == 3 and text.find(stop) == start:
+            return stop, start, next(j for j, e in enumerate(ends) if e >= start + 3)
+    raise AssertionError("no straddling substring found")
+
+
+def test_a_stop_string_across_token_boundaries_ends_the_row_before_it_and_nothing_after_leaks(make_sched, prompt):
+    base = wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[])
+    free, u = _solo(make_sched, base)
+    tokens, full = free.tokens(u), free.text(u)
+    stop, start, done = _straddling_stop(free.tokenizer, tokens)
+    sched, uid = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=["@@never@@", stop]))
+    assert sched.finish_reason(uid) == "stop"
+    assert sched.tokens(uid) == tokens[: done + 1]  # the row ended on the token completing the stop string
+    assert sched.text(uid) == full[:start] and stop not in sched.text(uid)
+    report = sched.report().requests
+    assert report.set_index("uid").loc[uid, "text"] == full[:start]
+    assert report.set_index("uid").loc[uid, "finish_reason"] == "stop"
+
+
+def test_single_token_stop_ids_still_end_a_row_and_hide_their_token(make_sched, prompt):
+    free, u = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=10, stop_ids=[]))
+    third = free.tokens(u)[2]
+    sched, uid = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=10, stop_ids=[third], stop=["@@"]))
+    first = free.tokens(u).index(third)
+    assert sched.tokens(uid) == free.tokens(u)[: first + 1] and sched.finish_reason(uid) == "stop"
+    assert sched.text(uid) == free.tokenizer.decode(free.tokens(u)[:first])
+
+
+def test_stream_yields_pieces_that_join_to_the_text_and_never_show_a_stop_string_prefix(make_sched, prompt):
+    free, u = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[]))
+    stop, start, _ = _straddling_stop(free.tokenizer, free.tokens(u))
+    sched = make_sched(max_batch=2)
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=[stop]))
+    other = sched.submit(wb.Request(prompt=prompt(5, 3), max_tokens=30, stop_ids=[]))
+    pieces = list(sched.stream(uid))
+    assert sched.finish_reason(uid) == "stop" and len(pieces) >= 2
+    assert "".join(pieces) == sched.text(uid) == free.text(u)[:start]
+    assert all(p for p in pieces)
+    assert not sched.status(other).value == "queued" and sched.tokens(other)  # the neighbour advanced too
+
+
+def test_stream_all_gives_every_row_its_text_piece_by_piece(make_sched, prompt):
+    sched = make_sched(max_batch=3)
+    uids = [sched.submit(wb.Request(prompt=prompt(4 + 3 * i, 17 * i), max_tokens=6 + 4 * i, stop_ids=[])) for i in range(5)]
+    got: dict[int, str] = {}
+    counts: dict[int, int] = {}
+    for uid, piece in sched.stream_all():
+        got[uid] = got.get(uid, "") + piece
+        counts[uid] = counts.get(uid, 0) + 1
+    assert sched.idle
+    for uid in uids:
+        assert got.get(uid, "") == sched.text(uid) == sched.tokenizer.decode(sched.tokens(uid))
+    assert max(counts.values()) > 1
+
+
+def test_a_multi_byte_character_split_across_tokens_is_never_streamed_half_done(bundled):
+    _, tokenizer = bundled
+    text = "s = 'héllo wörld ✓ ünïcode →'\n"
+    tokens = tokenizer.encode(text)
+    assert any("\ufffd" in tokenizer.decode([t]) for t in tokens)  # some character really is split
+    row = RowText(tokenizer)
+    seen = []
+    for t in tokens:
+        row.feed(t)
+        seen.append(row.ready)
+    assert all("\ufffd" not in s for s in seen)
+    assert all(b.startswith(a) for a, b in zip(seen, seen[1:]))  # only ever grows
+    sync(row, tokens, True)
+    assert row.text == text == visible_text(tokenizer, tokens, "length", set())
+
+
+def test_a_stop_string_is_held_back_while_it_may_still_complete(bundled):
+    _, tokenizer = bundled
+    row = RowText(tokenizer, ["\n\n"])
+    for t in tokenizer.encode("x = 1\n"):
+        row.feed(t)
+    assert row.text.startswith("x = 1") and row.ready == "x = 1"
+    row.close()
+    assert row.ready == row.text == "x = 1\n"
+
+
+def test_text_state_is_undone_by_an_interrupted_step_and_carried_by_checkpoint_and_fork(make_sched, prompt):
+    free, u = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[]))
+    stop, start, done = _straddling_stop(free.tokenizer, free.tokens(u))
+    hits = {"n": 0}
+
+    def interrupt_on_the_stop_token(uid, token):
+        hits["n"] += 1
+        if hits["n"] == done + 1:
+            raise KeyboardInterrupt
+
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=[stop],
+                                  on_token=interrupt_on_the_stop_token))
+    cp = None
+    with pytest.raises(KeyboardInterrupt):
+        while True:
+            sched.admit()
+            if len(sched.tokens(uid)) == 2:
+                cp = sched.checkpoint()
+            before = sched.text(uid)
+            sched.step()
+            sched.filter()
+    assert sched.text(uid) == before and sched.finish_reason(uid) is None and sched.check().ok
+    sched.run()
+    assert sched.text(uid) == free.text(u)[:start] and sched.finish_reason(uid) == "stop"
+    branch = sched.fork()  # independent: restoring the original below does not touch it
+    sched.restore(cp)
+    assert sched.finish_reason(uid) is None and len(sched.tokens(uid)) == 2
+    rest = "".join(sched.stream(uid))
+    assert rest == sched.text(uid) == free.text(u)[:start]
+    assert branch.text(uid) == free.text(u)[:start] and branch.finish_reason(uid) == "stop"

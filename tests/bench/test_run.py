@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from workbench.bench.run import QUICK_CONFIG
-from workbench.bench.report import CSV_FILES, FIGURES, NOTES_MARKER, goal_text, row_ids
+from workbench.bench.report import CSV_FILES, FIGURES, GOALS, GOAL_MEANINGS, NOTES_MARKER, goal_text, goals_text, row_ids
 
 pytestmark = pytest.mark.model
 
@@ -35,6 +35,7 @@ def test_quick_bench_prints_a_table_with_every_row(quick_run):
                   "ITL p50", "join by extend", "join by re-merge", "head-of-line, workbench:", "roofline, decode B=8"):
         assert label in proc.stdout
     assert "load average (1 min) during the run" in proc.stdout
+    assert "goals (value is the row's value column" in proc.stdout and "goal: the workbench decodes" in proc.stdout
 
 
 def test_quick_bench_table_has_finite_positive_numbers_and_goals(quick_run):
@@ -65,3 +66,19 @@ def test_goal_text_names_issue_6_bounds():
     assert goal_text("join_extend") == "<= 1.00"
     assert goal_text("hol_workbench") == "<= 1.50"
     assert goal_text("hol_mlx_lm") == "" and goal_text("roofline_B8") == ""
+
+
+def test_goals_text_says_what_each_goal_asks_and_what_a_miss_means():
+    assert set(GOAL_MEANINGS) == set(GOALS)
+    table = pd.DataFrame([
+        {"row": "decode_B8", "metric": "decode tok/s, B=8", "value": 0.93, "value_is": "workbench / mlx-lm",
+         "goal": goal_text("decode_B8"), "met": "no"},
+        {"row": "overhead_B8", "metric": "instrumentation overhead, B=8", "value": 1.01, "value_is": "on / off",
+         "goal": goal_text("overhead_B8"), "met": "yes"},
+        {"row": "hol_mlx_lm", "metric": "head-of-line, mlx-lm", "value": 3.0, "value_is": "x", "goal": "", "met": ""},
+    ])
+    lines = goals_text(table).splitlines()
+    assert len(lines) == 3  # a header and one line per row with a goal
+    assert lines[1].startswith("- decode tok/s, B=8: MISSED (workbench / mlx-lm = 0.930, goal >= 1.10)")
+    assert GOAL_MEANINGS["decode"][0] in lines[1] and "a miss means: " + GOAL_MEANINGS["decode"][1] in lines[1]
+    assert lines[2].startswith("- instrumentation overhead, B=8: met") and "a miss means" not in lines[2]

@@ -6,6 +6,7 @@ Knows: events and metrics. Must not know: MLX, caches, the scheduler's internals
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Callable, Sequence
 
 import pandas as pd
@@ -64,6 +65,25 @@ class Report:
 
     def __repr__(self) -> str:
         return f"Report({self._n} events)"
+
+    def to_csv(self, folder: str | Path) -> dict[str, Path]:
+        """Write ``events.csv`` and ``requests.csv`` (no index column; pandas' ``to_csv``) into
+        ``folder`` (created if missing). Returns ``{"events": path, "requests": path}``.
+        Raises: OSError when the folder cannot be written."""
+        return self._write(Path(folder), "csv", lambda frame, path: frame.to_csv(path, index=False))
+
+    def to_parquet(self, folder: str | Path) -> dict[str, Path]:
+        """Write ``events.parquet`` and ``requests.parquet`` (pandas' ``to_parquet`` through
+        pyarrow, column types kept) into ``folder`` (created if missing). Returns
+        ``{"events": path, "requests": path}``. Raises: OSError when it cannot be written."""
+        return self._write(Path(folder), "parquet", lambda frame, path: frame.to_parquet(path, index=False))
+
+    def _write(self, folder: Path, suffix: str, write: Callable[[pd.DataFrame, Path], None]) -> dict[str, Path]:
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {name: folder / f"{name}.{suffix}" for name in ("events", "requests")}
+        write(self.events, paths["events"])
+        write(self.requests, paths["requests"])
+        return paths
 
     def summary(self) -> str:
         """One line: requests, generated tokens, throughput, TTFT and TPOT p50/p95."""

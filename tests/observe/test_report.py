@@ -1,0 +1,36 @@
+"""Report.to_csv / to_parquet: the events and per-request frames written and read back."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import workbench as wb
+
+
+@pytest.fixture(scope="module")
+def report(bundled):
+    model, tokenizer = bundled
+    sched = wb.Scheduler(model, tokenizer, max_batch=2)
+    sched.submit(wb.Request(prompt="def add(a, b):", max_tokens=5, stop=["\n\n"]))
+    sched.submit(wb.Request(prompt=[401, 17, 9], max_tokens=3))
+    sched.submit(wb.Request(prompt=[5, 6], max_tokens=2, sampler=lambda lp: 1 / 0))  # an error row: a message
+    return sched.run()
+
+
+def test_to_csv_writes_events_and_requests_that_read_back_equal(report, tmp_path):
+    paths = report.to_csv(tmp_path / "out")
+    assert paths == {"events": tmp_path / "out" / "events.csv", "requests": tmp_path / "out" / "requests.csv"}
+    events = pd.read_csv(paths["events"], keep_default_na=False)
+    requests = pd.read_csv(paths["requests"], keep_default_na=False)
+    assert list(events.columns) == list(report.events.columns) and len(events) == len(report.events)
+    assert events.kind.tolist() == report.events.kind.tolist()
+    assert requests.uid.tolist() == [0, 1, 2] and requests.text.tolist() == report.requests.text.tolist()
+    assert "error" in requests.finish_reason.tolist()
+
+
+def test_to_parquet_keeps_the_frames_and_their_column_types(report, tmp_path):
+    paths = report.to_parquet(tmp_path)
+    assert {p.name for p in paths.values()} == {"events.parquet", "requests.parquet"}
+    pd.testing.assert_frame_equal(pd.read_parquet(paths["events"]), report.events)
+    pd.testing.assert_frame_equal(pd.read_parquet(paths["requests"]), report.requests)

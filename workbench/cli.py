@@ -17,7 +17,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     print(f"BLAS: {STATUS.note}")  # which BLAS MLX's CPU matmuls use, and what to install if none
 
-    return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out))
+    return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out),
+                    dequantize=args.dequantize)
 
 
 def _goldens(args: argparse.Namespace) -> int:
@@ -116,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="The batching workbench.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run a staggered workload, print metrics and the oracle check")
-    d.add_argument("--model", default=None, help="mlx-lm model path or Hugging Face repo id (default: bundled)")
+    d.add_argument("--model", default=None, help="mlx-lm model path, bundled or fetched name (smollm2-135m), "
+                   "or Hugging Face repo id (default: bundled)")
+    d.add_argument("--dequantize", action="store_true", help="load a quantized model's layers as float32 "
+                   "(faster on CPU with an optimized BLAS; more memory)")
     d.add_argument("--max-batch", type=positive_int, default=4, help="most rows decoding at once (default 4)")
     d.add_argument("--max-tokens", type=positive_int, default=None, help="cap on each request's max_tokens")
     d.add_argument("--prefill-step-size", type=positive_int, default=2048, help="prefill chunk length in tokens")

@@ -45,11 +45,14 @@ def causes_text(report: oracle.OracleReport) -> str:
 
 def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: int | None = None,
              prefill_step_size: int = 2048, out_dir: Path = Path("workbench-out"),
-             echo: Callable[[str], None] = print) -> int:
+             echo: Callable[[str], None] = print, dequantize: bool = False) -> int:
     """Run the demo workload and print its report; returns the exit code.
 
     Args:
-        model: any mlx-lm model path or Hugging Face repo id (default: the bundled one).
+        model: any mlx-lm model path, bundled or fetched name (``"smollm2-135m"``) or
+            Hugging Face repo id (default: the bundled one).
+        dequantize: load a quantized model's layers as float32
+            (:func:`workbench.runtime.loading.load`); faster on CPU with an optimized BLAS.
         max_batch: most rows decoding at once.
         max_tokens: cap on every request's ``max_tokens`` (tokens); ``None`` keeps the
             workload's 8..64.
@@ -63,11 +66,12 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
         OSError: if ``out_dir`` cannot be created (checked before the run).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_obj, tokenizer = load(model) if model else load()
+    model_obj, tokenizer = load(model, dequantize=dequantize) if model else load()
     sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size)
     workload = demo_workload(tokenizer, max_tokens)
     echo(f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
-         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}")
+         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}"
+         + (" (dequantized to float32)" if dequantize and model else ""))
     report = sched.run(workload)
     echo(requests_table(report.requests))
     echo(f"summary: {report.summary()}")

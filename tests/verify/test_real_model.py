@@ -44,3 +44,19 @@ def test_chat_rows_joining_a_running_batch_equal_each_request_run_alone(smollm2)
     assert len(check.rows) == 3
     assert check.ok, [row.describe() for row in check.rows if not row.match]
     assert check.n_match == 3  # token for token, not only within a near-tie
+
+
+def test_dequantized_load_is_float32_and_gives_the_4bit_models_logits(smollm2):
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+
+    model, tokenizer = smollm2
+    dense, _ = wb.load(NAME, dequantize=True)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
+    q_proj = dense.model.layers[0].self_attn.q_proj
+    assert type(q_proj) is nn.Linear and q_proj.weight.dtype == mx.float32 and q_proj.weight.shape == (576, 576)
+    ids = mx.array([chat_ids(tokenizer, "Hi")])
+    quantized, dequantized = np.array(model(ids)[0, -1]), np.array(dense(ids)[0, -1])
+    assert quantized.argmax() == dequantized.argmax()
+    np.testing.assert_allclose(dequantized, quantized, atol=0.05 * np.abs(quantized).max())

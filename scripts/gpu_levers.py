@@ -1,6 +1,6 @@
 """Step-speed levers of issue 15, measured on the bare model (no scheduler) on a GPU.
 
-Usage: ``python scripts/gpu_levers.py [--quick] [--rounds 5] [--no-profile]`` (prints a
+Usage: ``python scripts/gpu_levers.py [--quick] [--rounds 5] [--no-profile] [--prefill]`` (prints a
 CSV-ish table: each variant's median step over alternating rounds and its range; then a
 cProfile of both engines at the largest B; docs/gpu.md records the H200's numbers). Each variant runs the decode forward of
 the 1B-shaped bf16 llama (:data:`workbench.bench.gpu.LLAMA_1B`) on a batch cache of
@@ -129,6 +129,27 @@ def engine_profile(model, rows: int, decode_tokens: int, top: int = 12) -> None:
         stats.sort_stats("tottime").print_stats(top)
 
 
+def prefill_chunks(model, cfg, sizes: tuple[int, ...], chunks: tuple[int, ...], decode_tokens: int, pairs: int) -> None:
+    """Wall throughput (prefill included) of both engines at each prefill chunk size, with
+    the prompts of ``cfg`` (a :class:`workbench.bench.gpu.GpuBenchConfig`) and few new
+    tokens, so prefill dominates the wall."""
+    from workbench.bench.engines import Arrival
+    from workbench.bench.gpu import ENGINES, gpu_runs, prompt_lengths
+    from workbench.bench.scenarios import engine_factories
+    from workbench.runtime.loading import load
+    from workbench.workloads.workload import prompt_of_length
+
+    _, tokenizer = load()
+    print("prefill_step_size,B,engine,wall_tok_per_s_median,wall_s_median")
+    for B in sizes:
+        arrivals = [Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), decode_tokens)
+                    for b, n in enumerate(prompt_lengths(cfg, B))]
+        for chunk in chunks:
+            runs = gpu_runs(engine_factories(model, tokenizer, B, chunk, ENGINES), arrivals, pairs, echo=lambda _: None)
+            for name, g in runs.groupby("engine", sort=False):
+                print(f"{chunk},{B},{name},{g.wall_tok_per_s.median():.0f},{g.wall_s.median():.3f}")
+
+
 def main() -> None:
     """Alternate every variant over ``--rounds`` rounds at B = 1 and 128 (``--quick``: a tiny
     model, B = 1 and 8); print each variant's median step and range; then profile the engines."""
@@ -136,9 +157,16 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--prefill", action="store_true", help="only the prefill chunk sizes' wall throughput")
     args = p.parse_args()
     shape, sizes = (QUICK, (1, 8)) if args.quick else (LLAMA_1B, (1, 128))
     model = make_model(shape, dtype=mx.bfloat16)
+    if args.prefill:
+        from workbench.bench.gpu import GPU_CONFIG, GPU_QUICK_CONFIG
+
+        prefill_chunks(model, GPU_QUICK_CONFIG if args.quick else GPU_CONFIG, (4,) if args.quick else (32, 128), (16, 64) if args.quick else (256, 512, 2048),
+                       8, 1 if args.quick else 2)
+        return
     bw = bandwidth_bytes_per_s(64 * 2**20 if args.quick else 4 * 2**30)
     bound_s = decode_weight_bytes(model) / bw
     print(f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')}; device {mx.default_device()}; weights "

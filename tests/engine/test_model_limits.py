@@ -29,3 +29,39 @@ def test_a_model_without_a_context_field_has_no_limit():
         args = object()
 
     assert context_limit(Bare()) == (None, "")
+
+
+def _bigcode(tokenizer):
+    from mlx_lm.models import gpt_bigcode
+
+    args = gpt_bigcode.ModelArgs(model_type="gpt_bigcode", n_embd=32, n_layer=2, n_inner=64, n_head=2,
+                                 n_positions=64, layer_norm_epsilon=1e-5, vocab_size=len(tokenizer.get_vocab()))
+    model = gpt_bigcode.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_a_model_that_cannot_batch_is_found_when_the_scheduler_is_built_and_served_one_row_at_a_time(bundled):
+    _, tokenizer = bundled
+    model = _bigcode(tokenizer)  # mlx-lm's gpt_bigcode takes int(cache.offset): fails on two rows
+    sched = wb.Scheduler(model, tokenizer, max_batch=4)
+    assert sched.max_batch == 1 and "Only length-1 arrays can be converted" in sched.serial_reason
+    uids = [sched.submit(wb.Request(prompt=list(range(1 + i, 4 + 2 * i)), max_tokens=3, stop_ids=[])) for i in range(3)]
+    sched.run()  # never fails mid-step: the queue drains one row at a time
+    assert all(len(sched.tokens(u)) == 3 for u in uids) and sched.check().ok
+    assert "serial lane (one row at a time)" in sched.snapshot().text()
+    for u in uids:  # each equals the same request alone
+        alone = wb.Scheduler(model, tokenizer, max_batch=1)
+        alone.submit(wb.Request(prompt=list(sched.request_of(u).prompt_ids), max_tokens=3, stop_ids=[]))
+        alone.run()
+        assert alone.tokens(0) == sched.tokens(u)
+
+
+def test_every_bundled_family_passes_the_batch_probe(bundled):
+    from workbench.engine.probe import probe
+    from workbench.runtime.loading import DATA_DIR
+
+    for name, max_kv_size in [("tiny-llama", None), ("tiny-gemma3", None), ("tiny-qwen3-next", None),
+                              ("tiny-mamba2", None), ("tiny-qwen3", 8)]:
+        model, _ = wb.load(DATA_DIR / "models" / name)
+        assert probe(model, max_kv_size) == "", name

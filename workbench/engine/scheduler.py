@@ -69,6 +69,7 @@ from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner
 from .decode import Pending
 from .integrity import Integrity, check_state
+from .probe import probe
 from .policies import Policy, policy_from
 from .promptcache import PromptCache
 from .request import Request, ValidRequest, validate
@@ -173,6 +174,11 @@ class Scheduler:
             buffers alive and makes the next step copy them (``docs/benchmarks.md``);
             ``0`` (default) keeps none.
 
+    A model whose code cannot batch rows of different lengths (found by
+    :func:`workbench.engine.probe.probe` when the scheduler is built, e.g. mlx-lm's
+    ``gpt_bigcode``) runs in a serial lane: ``max_batch`` becomes 1 and
+    :attr:`serial_reason` (also shown in snapshots) says why.
+
     Raises:
         ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
             ``make_cache``, or a model with a cache type that cannot batch (naming the
@@ -192,11 +198,14 @@ class Scheduler:
         self.prefill_step_size = _positive_int("prefill_step_size", prefill_step_size)
         self.prompt_concurrency = self.max_batch if prompt_concurrency is None else _positive_int(
             "prompt_concurrency", prompt_concurrency)
+        self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
+        kv.check_batchable(model, self.max_kv_size)
+        self.serial_reason = probe(model, self.max_kv_size) if self.max_batch > 1 else ""
+        if self.serial_reason:  # the serial lane: one row at a time, never padded
+            self.max_batch = self.prompt_concurrency = 1
         self.interleave_prefill, self.pipeline, self.reuse_slots = bool(interleave_prefill), bool(pipeline), bool(reuse_slots)
         self.policy = policy_from(policy)
         self.clear_cache_every = _positive_int("clear_cache_every", clear_cache_every)
-        self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
-        kv.check_batchable(model, self.max_kv_size)
         if not isinstance(history_size, int) or isinstance(history_size, bool) or history_size < 0:
             raise ValueError(f"history_size must be an int >= 0, got {history_size!r}")
         if not isinstance(history_checkpoints, int) or isinstance(history_checkpoints, bool) or history_checkpoints < 0:
@@ -695,6 +704,7 @@ class Scheduler:
     def _capture(self) -> Callable[[], Snapshot]:
         st = self.state
         return capture(st.batch, st.step_index, queue=self.queue, kv_budget_bytes=self.kv_budget_bytes,
+                       serial_reason=self.serial_reason,
                        kv_projected_bytes=self.kv_projected_bytes,
                        prefilling=tuple(st.prefilling.progress()) if st.prefilling else ())
 

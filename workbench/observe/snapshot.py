@@ -112,6 +112,8 @@ class Snapshot:
         free_slots: cache rows of evicted requests held for the next joiner (not among
             the ``B`` rows; ``kv_bytes`` counts them): the next join writes into them,
             else the next ``step()`` drops them (see :mod:`workbench.engine.batch`).
+        serial_reason: why the scheduler runs one row at a time (a model that cannot batch
+            rows of different lengths, ``Scheduler.serial_reason``), else ``""``.
     """
 
     step: int
@@ -130,6 +132,7 @@ class Snapshot:
     queue: tuple[int, ...] = ()
     prefilling: tuple[tuple[int, int, int], ...] = ()
     free_slots: int = 0
+    serial_reason: str = ""
 
     @property
     def batch_size(self) -> int:
@@ -159,6 +162,8 @@ class Snapshot:
             f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
             f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
         ]
+        if self.serial_reason:
+            lines.append(f"  serial lane (one row at a time): {self.serial_reason}")
         if self.kv_budget_bytes is not None:
             lines.append(f"  KV budget: {self.kv_projected_bytes:,} of {self.kv_budget_bytes:,} bytes projected in use")
         for uid, done, total in self.prefilling:

@@ -1,4 +1,4 @@
-"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery``, ``bench``, ``models`` and ``info`` subcommands.
+"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery``, ``bench``, ``models``, ``families`` and ``info`` subcommands.
 
 Knows: argument parsing only; each subcommand calls one package function.
 Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
@@ -56,6 +56,19 @@ def _margins(args: argparse.Namespace) -> int:
 
     model, tokenizer = load(args.model) if args.model else load()
     print(demo_margins(model, tokenizer).text())
+    return 0
+
+
+def _families(args: argparse.Namespace) -> int:
+    import mlx_lm
+
+    from .verify.families import families_markdown, walk_families
+
+    table = walk_families()
+    out = Path(args.out)
+    out.write_text(families_markdown(table, f"mlx-lm {mlx_lm.__version__}"))
+    print(table.result.value_counts().to_string())
+    print(f"wrote {out}")
     return 0
 
 
@@ -153,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     mf.add_argument("name", help="a catalog name, e.g. smollm2-135m")
     mf.add_argument("--force", action="store_true", help="convert again even if already fetched")
     mo.set_defaults(func=_models)
+    fa = sub.add_parser("families", help="every mlx-lm architecture as a random 2-layer model: batches "
+                        "(oracle-checked), serial lane or refused, and why")
+    fa.add_argument("--out", default="docs/families.md", help="the Markdown table to write")
+    fa.set_defaults(func=_families)
     i = sub.add_parser("info", help="print versions, the device and its memory, float32 matmul precision (TF32 or not), the active BLAS")
     i.set_defaults(func=_info)
     return p

@@ -1,0 +1,30 @@
+"""The model-family walk (``workbench families``) classifies architectures by what they
+really do in the engine."""
+
+import pytest
+
+from workbench.verify.families import families_markdown, try_family, walk_families  # noqa: F401
+
+pytestmark = pytest.mark.model
+
+
+def test_llama_batches_and_matches_solo_and_gpt_bigcode_goes_to_the_serial_lane():
+    assert try_family("llama") == ("batches", "2 rows of 3 and 7 tokens, 2/2 match solo")
+    result, detail = try_family("gpt_bigcode")
+    assert result == "serial lane" and "Only length-1 arrays" in detail
+
+
+def test_an_architecture_the_base_config_cannot_build_is_listed_as_not_built_not_refused():
+    result, detail = try_family("Klear")
+    assert result == "not built" and "missing" in detail
+
+
+def test_the_documented_table_lists_every_architecture_once_with_a_known_result():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "families.md").read_text()
+    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    names = [r[0][2:] for r in rows]
+    assert len(names) == len(set(names)) > 100
+    assert {r[1] for r in rows} <= {"batches", "serial lane", "refused", "not built", "fails", "differs from solo"}
+    assert ("llama", "batches") in {(n, r[1]) for n, r in zip(names, rows)}

@@ -1,0 +1,121 @@
+"""Every model family mlx-lm ships, tried in the workbench: does it batch (oracle-checked),
+run in the serial lane, or is it refused — and why. ``workbench families`` writes the
+table (``docs/families.md``); nothing in it is typed by hand.
+
+Knows: ``mlx_lm.models`` (each module's ``ModelArgs`` / ``Model``), the scheduler's
+public calls, the solo oracle. Must not know: views.
+
+Each architecture is built as a random 2-layer instance from one small base config
+(:data:`BASE_CONFIG`, passed through mlx-lm's ``ModelArgs.from_dict``, which keeps the
+fields the architecture knows). An architecture whose ``ModelArgs`` needs fields the base
+config does not have is listed as "not built" with the error: it is untested, not
+refused. A built one is given to a ``Scheduler`` (which refuses cache types that cannot
+batch and probes batching, :mod:`workbench.engine.probe`); two greedy requests of 3 and
+7 tokens run batched and are compared with each run alone through mlx-lm.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+import mlx.core as mx
+import pandas as pd
+
+BASE_CONFIG = dict(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=256, head_dim=16, rms_norm_eps=1e-5, layer_norm_eps=1e-5, layer_norm_epsilon=1e-5, norm_eps=1e-5,
+    max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True, n_embd=64, n_layer=2, n_head=4,
+    n_inner=128, n_positions=512, n_ctx=512, d_model=64, n_layers=2, n_heads=4, num_layers=2, dim=64,
+    hidden_dim=128, ffn_dim=128, num_heads=4, num_kv_heads=2, sliding_window=8, max_seq_len=512)
+COLUMNS = ["architecture", "result", "detail"]
+
+
+class ByteTokenizer:
+    """The smallest tokenizer the scheduler needs for id prompts: no EOS, ids as text."""
+
+    eos_token_ids: set = set()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Bytes of ``text`` as ids ``[0, 256)``."""
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        """Ids as space-separated numbers."""
+        return " ".join(map(str, ids))
+
+    def get_vocab(self) -> dict[str, int]:
+        """256 byte ids."""
+        return {str(i): i for i in range(256)}
+
+
+def build(name: str) -> Any:
+    """A random 2-layer instance of mlx-lm's architecture ``name`` (:data:`BASE_CONFIG`).
+
+    Raises:
+        Exception: whatever mlx-lm raises for a config it cannot build from."""
+    module = importlib.import_module(f"mlx_lm.models.{name}")
+    model = module.Model(module.ModelArgs.from_dict(dict(BASE_CONFIG, model_type=name)))
+    mx.eval(model.parameters())
+    model(mx.array([[1, 2, 3]]))  # one forward: built for real
+    return model
+
+
+def try_family(name: str) -> tuple[str, str]:
+    """``(result, detail)`` for architecture ``name`` (see the module docstring)."""
+    from ..engine.request import Request
+    from ..engine.scheduler import Scheduler
+    from . import oracle
+
+    try:
+        model = build(name)
+    except BaseException as exc:  # noqa: BLE001  some modules exit or raise at import without extras
+        return "not built", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    try:
+        sched = Scheduler(model, ByteTokenizer(), max_batch=2, history_size=0)
+    except ValueError as exc:
+        return "refused", str(exc).splitlines()[0][:160]
+    except Exception as exc:  # noqa: BLE001  the engine could not even size this model's caches
+        return "fails", f"Scheduler(): {type(exc).__name__}: {str(exc)[:120]}"
+    for prompt in ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15]):
+        sched.submit(Request(prompt=prompt, max_tokens=4, stop_ids=[]))
+    try:
+        sched.run()
+        check = oracle.solo_check(model, sched, atol=1e-3)
+    except Exception as exc:  # noqa: BLE001  reported in the table, not hidden
+        return "fails", f"{type(exc).__name__}: {str(exc)[:120]}"
+    lane = "serial lane" if sched.serial_reason else "batches"
+    detail = sched.serial_reason or f"2 rows of 3 and 7 tokens, {sum(r.match for r in check.rows)}/2 match solo"
+    return (lane if check.ok else "differs from solo"), detail
+
+
+def walk_families() -> pd.DataFrame:
+    """One row per architecture module of ``mlx_lm.models`` with ``COLUMNS``."""
+    import mlx_lm.models as models
+
+    rows = []
+    for info in sorted(pkgutil.iter_modules(models.__path__), key=lambda i: i.name):
+        if info.ispkg or info.name in ("base", "cache", "rope_utils", "switch_layers", "activations", "pipeline"):
+            continue
+        try:
+            module = importlib.import_module(f"mlx_lm.models.{info.name}")
+        except BaseException as exc:  # noqa: BLE001
+            rows.append((info.name, "not built", f"import: {type(exc).__name__}"))
+            continue
+        if hasattr(module, "Model") and hasattr(module, "ModelArgs"):
+            rows.append((info.name, *try_family(info.name)))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def families_markdown(table: pd.DataFrame, versions: str) -> str:
+    """``docs/families.md``: counts per result, then the table."""
+    counts = table.result.value_counts()
+    lines = ["# Model families: batched, serial lane, or refused", "",
+             f"Written by `workbench families` ({versions}); see `workbench/verify/families.py` for how each "
+             "architecture is built and checked. \"not built\" means the walk's small base config did not fit "
+             "that architecture's config: it is untested, not refused.", "",
+             ", ".join(f"{k}: {v}" for k, v in counts.items()), "",
+             "| architecture | result | detail |", "| --- | --- | --- |"]
+    lines += [f"| {r.architecture} | {r.result} | {r.detail.replace('|', '/')} |" for r in table.itertuples()]
+    return "\n".join(lines) + "\n"

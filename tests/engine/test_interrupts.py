@@ -272,8 +272,8 @@ def test_an_interrupt_at_any_point_of_any_call_leaves_the_engine_as_before_the_c
 
 
 # -- the issue's smallest cases, literally -------------------------------------------
-def test_on_token_raising_keyboard_interrupt_on_its_first_call_changes_nothing():
-    model, tok = model_of("llama")
+def interrupting_once():
+    """An ``on_token`` callback that raises KeyboardInterrupt on its first call only."""
     armed = [True]
 
     def callback(uid, token):
@@ -281,6 +281,12 @@ def test_on_token_raising_keyboard_interrupt_on_its_first_call_changes_nothing()
             armed[0] = False
             raise KeyboardInterrupt
 
+    return callback
+
+
+def test_on_token_raising_keyboard_interrupt_on_its_first_call_changes_nothing():
+    model, tok = model_of("llama")
+    callback = interrupting_once()
     sched = wb.Scheduler(model, tok)
     a = sched.submit(wb.Request(prompt=[4, 5, 6], max_tokens=1, stop_ids=[], on_token=callback))
     b = sched.submit(wb.Request(prompt=[1, 2, 3], max_tokens=4, stop_ids=[]))
@@ -415,13 +421,7 @@ def test_a_second_interrupt_during_the_rollback_is_raised_once_the_rollback_is_d
     """Kernel → Interrupt pressed twice: the second SIGINT lands while the first one's
     rollback runs; the rollback still completes, then KeyboardInterrupt propagates."""
     model, tok = model_of("llama")
-    armed = [True]
-
-    def callback(uid, token):
-        if armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-
+    callback = interrupting_once()
     sched = wb.Scheduler(model, tok)
     uids = [sched.submit(wb.Request(prompt=[4, 5, 6], max_tokens=3, stop_ids=[], on_token=callback)),
             sched.submit(wb.Request(prompt=[1, 2, 3], max_tokens=4, stop_ids=[]))]

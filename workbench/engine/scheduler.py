@@ -45,10 +45,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import itertools
-import signal
-import threading
 import time
 from collections import deque
 from types import MappingProxyType
@@ -77,6 +74,7 @@ from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
 from .state import RequestState, Status
 from .text import visible_text
+from .transaction import sigint_deferred, transactional
 
 _IDS = itertools.count()
 FORK_OPTIONS = ("policy", "max_batch", "prompt_concurrency", "kv_budget_bytes", "interleave_prefill",
@@ -94,41 +92,6 @@ def _positive_int(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return value
-
-
-@contextlib.contextmanager
-def sigint_deferred():
-    """Hold SIGINT ("Kernel → Interrupt") while the body runs and deliver it after (its
-    handler, e.g. ``KeyboardInterrupt``, then runs); on the main thread with a Python
-    SIGINT handler only (elsewhere Python runs no SIGINT handler)."""
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous) or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            previous(signal.SIGINT, held[0])
-
-
-def transactional(prompt_cache: bool = False, idle: Callable[["Scheduler"], bool] | None = None) -> Callable:
-    """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
-    included, first returns the engine to its state before the call (see
-    :meth:`Scheduler._transaction`), then propagates. When ``idle(scheduler)`` says the
-    call has nothing to do, it returns ``[]`` at once (no savepoint)."""
-    def wrap(method: Callable) -> Callable:
-        @functools.wraps(method)
-        def call(self: "Scheduler", *args: Any, **kwargs: Any) -> Any:
-            if idle is not None and idle(self):
-                return []
-            with self._transaction(prompt_cache):
-                return method(self, *args, **kwargs)
-        return call
-    return wrap
 
 
 class Scheduler:

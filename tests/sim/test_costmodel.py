@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.sim.calibrate import DECODE_COLUMNS, PREFILL_COLUMNS, fit_cost_model, measure_costs, nonnegative_lstsq
+from workbench.engine.cost import nonnegative_lstsq
+from workbench.sim.calibrate import DECODE_COLUMNS, PREFILL_COLUMNS, fit_cost_model, measure_costs
 from workbench.sim.costmodel import CostedModel, CostModel
 
 TRUE = CostModel(prefill_s_per_chunk=2e-3, prefill_s_per_token=5e-4, prefill_s_per_pair=2e-7,

@@ -27,30 +27,11 @@ from ..engine.prefill import PrefillGroup
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 from ..workloads.workload import prompt_of_length
+from ..engine.cost import nonnegative_lstsq
 from .costmodel import CostModel, decode_features, prefill_features
 
 PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]
 DECODE_COLUMNS = ["batch_size", "kv_width_tokens", "time_s"]
-
-
-def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares ``X [N, F] @ c [F] ~ y [N]`` with ``c >= 0``: while a coefficient
-    is negative, fix the most negative at 0 and refit the others (exact for the 3-feature
-    fits here).
-
-    Raises: ValueError when ``X`` has fewer rows than columns."""
-    n, f = X.shape
-    if n < f:
-        raise ValueError(f"need at least {f} measurements to fit {f} coefficients, got {n}")
-    active = list(range(f))
-    coef = np.zeros(f)
-    while active:
-        coef = np.zeros(f)
-        coef[active] = np.linalg.lstsq(X[:, active], y, rcond=None)[0]
-        if coef.min() >= 0:
-            return coef
-        active.remove(int(np.argmin(coef)))
-    return coef
 
 
 def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "") -> CostModel:

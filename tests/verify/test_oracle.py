@@ -1,8 +1,11 @@
 """The numerics-aware comparison of workbench.verify.oracle on hand-built token traces:
 the step of a divergence, the reference's top-2 margin there, the measured log-prob
 noise, and the cause (near-tie, near-tie under reduced precision, log-prob noise, real
-divergence)."""
+divergence); and the solo oracle of a row ended by a stop string (bundled model)."""
 
+import pytest
+
+import workbench as wb
 from workbench.verify import oracle
 from workbench.verify.oracle import TokenTrace, compare_row, compare_traces
 
@@ -46,3 +49,29 @@ def test_a_shorter_trace_is_a_divergence_and_the_report_counts_causes():
                             {0: REF, 1: REF})
     assert [r.cause for r in report.rows] == [oracle.DIVERGENCE, oracle.MATCH]
     assert report.causes() == {oracle.DIVERGENCE: 1, oracle.MATCH: 1} and report.noise == 0.0
+
+
+@pytest.mark.model
+def test_a_row_ended_by_a_stop_string_equals_its_solo_run_stopped_by_the_same_string(make_sched, prompt):
+    free = make_sched()
+    u = free.submit(wb.Request(prompt=prompt(9, 40), max_tokens=24, stop_ids=[]))
+    free.run()
+    tokens = free.tokens(u)
+    stop = free.tokenizer.decode(tokens[4:6])  # completed by token 5 at the latest
+    assert stop.strip(), stop
+    sched = make_sched(max_batch=2)
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=24, stop_ids=[], stop=[stop]))
+    sched.admit()
+    sched.step()
+    other = sched.submit(wb.Request(prompt=prompt(5, 3), max_tokens=10, stop_ids=[]))  # joins mid-decode
+    sched.run()
+    assert sched.finish_reason(uid) == "stop" and len(sched.tokens(uid)) <= 6
+    check = oracle.solo_check(sched.model, sched, [uid, other])
+    assert check.ok and check.n_match == 2, check.text()
+    valid = sched.request_of(uid)
+    ref = oracle.solo_reference(sched.model, oracle.ref_request(valid), tokenizer=sched.tokenizer)
+    assert ref.tokens == sched.tokens(uid)  # the reference stopped on the same token
+    without = oracle.RefRequest(valid.prompt_ids, 24, valid.stop_ids)  # no stop strings: runs on
+    assert oracle.solo_reference(sched.model, without).tokens == tokens
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        oracle.solo_reference(sched.model, oracle.ref_request(valid))

@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
 
 from ..engine.caches import single_cache
+from ..engine.text import RowText
 
 DEFAULT_ATOL = 1e-4
 
@@ -47,11 +48,13 @@ class TokenTrace:
 
 @dataclass(frozen=True)
 class RefRequest:
-    """What an oracle needs of a request: prompt ids, ``max_tokens`` and stop ids."""
+    """What an oracle needs of a request: prompt ids, ``max_tokens``, stop ids and stop
+    strings (matched on the decoded text, as the engine matches them)."""
 
     prompt_ids: tuple[int, ...]
     max_tokens: int
     stop_ids: frozenset[int]
+    stop: tuple[str, ...] = ()
 
 
 def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> list[Any]:
@@ -61,19 +64,28 @@ def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> lis
 
 
 def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
-                   max_kv_size: int | None = None, keep: int = 0) -> TokenTrace:
+                   max_kv_size: int | None = None, keep: int = 0, tokenizer: Any = None) -> TokenTrace:
     """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, the model's own
     cache from :func:`solo_cache`).
 
-    Stops after a stop id (included, as mlx-lm yields it) or ``max_tokens`` tokens.
+    Stops after a stop id (included, as mlx-lm yields it), after the token whose text
+    completes one of ``req.stop`` (mlx-lm's streaming detokenizer over mlx-lm's tokens,
+    through :class:`workbench.engine.text.RowText`, the engine's own stop-string rule), or
+    after ``max_tokens`` tokens.
+
+    Raises:
+        ValueError: when ``req.stop`` is not empty and no ``tokenizer`` is given.
     """
+    if req.stop and tokenizer is None:
+        raise ValueError("solo_reference: a request with stop strings needs the tokenizer to decode its text")
+    text = RowText(tokenizer, req.stop) if req.stop else None
     trace = TokenTrace()
     prompt = mx.array(list(req.prompt_ids), dtype=mx.uint32)
     for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
                                            prefill_step_size=prefill_step_size,
                                            prompt_cache=solo_cache(model, max_kv_size, keep)):
         trace.add(int(token), logprobs_v)
-        if int(token) in req.stop_ids:
+        if int(token) in req.stop_ids or (text is not None and text.feed(int(token))):
             break
     return trace
 
@@ -248,14 +260,16 @@ def scheduler_trace(sched: Any, uid: int) -> TokenTrace:
 
 
 def ref_request(valid: Any) -> RefRequest:
-    """A :class:`RefRequest` from a validated request (``workbench.engine.request.ValidRequest``)."""
-    return RefRequest(valid.prompt_ids, valid.request.max_tokens, valid.stop_ids)
+    """A :class:`RefRequest` from a validated request (``workbench.engine.request.ValidRequest``),
+    its stop strings included."""
+    return RefRequest(valid.prompt_ids, valid.request.max_tokens, valid.stop_ids, tuple(valid.stop))
 
 
 def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: float = DEFAULT_ATOL) -> OracleReport:
     """Solo oracle for finished greedy rows of ``sched``: each uid run alone through
-    mlx-lm and compared. ``uids`` defaults to every finished greedy uid."""
+    mlx-lm and compared (stop strings decoded with ``sched.tokenizer``). ``uids`` defaults
+    to every finished greedy uid."""
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
     refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size,
-                              sched.max_kv_size) for u in uids}
+                              sched.max_kv_size, tokenizer=sched.tokenizer) for u in uids}
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -31,11 +31,22 @@ def _group_geometries(batch: Batch) -> list[tuple[str, tuple[str, ...], int, kv.
         if name == "ssm":
             geo = kv.ssm_geometry(first, B)
         elif hasattr(first, "left_padding") and hasattr(first, "offset"):
-            geo = kv.attention_geometry(first)
+            geo = _with_allocation(kv.attention_geometry(first), [c for _, c in allocated[name]])
         else:
             geo = lambda: {"mask": np.ones((B, 1), bool)}  # noqa: E731
         out.append((name, tuple(label for label, _ in layers), nbytes, geo))
     return out
+
+
+def _with_allocation(geo: kv.Geometry, layers: list) -> kv.Geometry:
+    """``geo`` plus the group's allocation (free slots included): ``token_bytes`` (one
+    row's keys and values per position, summed over the layers: ``nbytes / (P * capacity)``
+    each, ``P`` cache rows), ``allocated_width_tokens`` and ``allocated_capacity_tokens``."""
+    held = [c for c in layers if c.keys is not None]
+    token_bytes = sum(int(c.nbytes) // (kv.keys_shape(c)[0] * kv.keys_shape(c)[2]) for c in held)
+    width, capacity = (int(held[0].size()), kv.keys_shape(held[0])[2]) if held else (0, 0)
+    return lambda: dict(geo(), token_bytes=token_bytes, allocated_width_tokens=width,
+                        allocated_capacity_tokens=capacity)
 
 
 def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:

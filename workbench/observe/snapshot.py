@@ -45,6 +45,12 @@ class LayerGroup:
             groups): the window, the slot written next, whether the ring has wrapped,
             and ``mask`` rolled to oldest-first order.
         state_shapes: per state array its shape, e.g. ``(B, K-1, C)`` (``ssm`` groups).
+        token_bytes: bytes one token position of one cache row takes over all the
+            group's layers, keys and values (attention groups; 0 for ``ssm``).
+        allocated_width_tokens, allocated_capacity_tokens: KV width and capacity of the
+            cache rows as allocated, free slots included; they differ from
+            ``kv_width_tokens`` / ``capacity_tokens`` only while free slots are held
+            (dropping them would trim the left padding every running row shares).
     """
 
     name: str
@@ -60,6 +66,9 @@ class LayerGroup:
     wrapped: bool | None = None
     mask_temporal: np.ndarray | None = None
     state_shapes: tuple[tuple[int, ...], ...] = ()
+    token_bytes: int = 0
+    allocated_width_tokens: int = 0
+    allocated_capacity_tokens: int = 0
 
     def text(self, uids) -> str:
         """ASCII form: geometry line(s) and the mask grid labelled by uid."""

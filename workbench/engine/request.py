@@ -61,6 +61,9 @@ class Request:
         stop: stop strings (a str or a list of non-empty str): the row finishes (reason
             ``stop``) when one appears in its decoded text, across token boundaries; the
             text ends before it (``workbench.engine.text``).
+        adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
+            (``workbench.engine.adapters``), applied to this row only; ``None`` (default)
+            runs the base model. An unknown name is refused at ``submit``.
 
     An exception raised by a processor, sampler or ``on_token``, or non-finite logits,
     ends only that row (finish reason ``error``).
@@ -86,6 +89,7 @@ class Request:
     on_token: Callable | None = None
     messages: Sequence[Mapping[str, str]] | None = None
     stop: str | Sequence[str] | None = None
+    adapter: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -170,7 +174,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
             ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
             longer than ``context_tokens``, both or neither of ``prompt`` and
             ``messages``, ``messages`` for a tokenizer without a chat template, or a stop
-            string that is not a non-empty str.
+            string that is not a non-empty str, or an ``adapter`` that is not a
+            non-empty str or None (whether it is loaded is the scheduler's check).
     """
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
@@ -184,6 +189,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
             f"exceeds the model's context of {context_tokens} tokens ({context_field})")
     if not _is_int(r.priority):
         raise ValueError(f"priority must be an int, got {r.priority!r}")
+    if r.adapter is not None and (not isinstance(r.adapter, str) or not r.adapter):
+        raise ValueError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {r.adapter!r}")
     _check_sampling(r)
     _check_processors(r, vocab_size)
     return ValidRequest(request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size),

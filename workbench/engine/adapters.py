@@ -1,0 +1,363 @@
+"""Per-request LoRA adapters in one batch: *available*, *loaded*, *selected*.
+
+Knows: mlx-lm's adapter format (``adapter_config.json`` + ``adapters.safetensors``, as
+written by ``mlx_lm.lora`` and read by ``mlx_lm.tuner.utils.load_adapters``), mlx-lm's
+``LoRALinear`` forward, the model's Linear layers. Must not know: the queue, caches, events.
+
+- **available**: an adapter folder on disk that fits the model (:func:`available_adapters`).
+- **loaded**: ``Scheduler(adapters={name: path})`` reads each folder, checks it against the
+  model (:func:`read_adapter`) and stacks every adapter's LoRA matrices per target layer
+  into one :class:`AdapterBank`; its :attr:`AdapterBank.nbytes` are what they hold.
+- **selected**: ``Request(adapter=name)`` picks one per request (``None``: the base model).
+
+How rows with different adapters share one forward: each targeted ``Linear`` of the model
+is wrapped once by a :class:`RowLoRALinear` (idempotent; the weights are not changed, no
+adapter is fused into them). Before every forward the runner sets, with
+:func:`selected`, which adapter each row of *that* forward uses (the prefill group's rows,
+one row of a per-row prefill chunk, the join forward's rows, the running batch's rows: each
+has its own row order). The wrapper then adds, per row ``b``, mlx-lm's LoRA term with that
+row's own matrices, gathered from the bank::
+
+    y[b] = linear(x[b]) + scale[i_b] * ((x[b] @ A[i_b]) @ B[i_b])      i_b = index of row b's adapter
+
+    x [B, L, I] @ A[idx] [B, I, R] -> [B, L, R] @ B[idx] [B, R, O] -> [B, L, O]
+
+Slot 0 of every stack is the base model: ``A``, ``B`` and ``scale`` zero, so a row without
+adapter gets a delta of exactly ``0.0`` (its outputs equal the base model's bit for bit).
+Adapters of different rank are zero-padded to the largest rank ``R``; an adapter that does
+not target a layer has zeros there. A forward whose rows all use the base model (or any
+forward outside the scheduler, e.g. an oracle on the same model object) runs the plain
+``Linear`` and nothing else.
+
+Axis letters: ``B`` rows of one forward, ``L`` tokens per row, ``I`` / ``O`` a Linear's
+input / output features, ``r`` one adapter's rank, ``R`` the largest loaded rank, ``N``
+loaded adapters (stacks have ``N + 1`` slots: slot 0 is the base model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+FILES = ("adapter_config.json", "adapters.safetensors")
+
+
+class Selection:
+    """Which loaded adapter each row of the forward being built uses; one per model, shared
+    by all its :class:`RowLoRALinear` wrappers. ``bank`` and ``rows`` (``[B]`` int32
+    indices into the bank's stacks) are set only while :func:`selected` is active."""
+
+    def __init__(self) -> None:
+        self.bank: AdapterBank | None = None
+        self.rows: mx.array | None = None
+
+
+class RowLoRALinear(nn.Module):
+    """A ``Linear`` (or ``QuantizedLinear``) plus a per-row LoRA delta: mlx-lm's
+    ``LoRALinear.__call__`` with each row's own ``A``, ``B`` and ``scale``.
+
+    Args:
+        linear: the model's layer (kept as is, at ``.linear`` like mlx-lm's ``LoRALinear``).
+        path: its dotted name in the model (``model.layers.0.self_attn.q_proj``), the key
+            of its stacks in an :class:`AdapterBank`.
+        selection: the model's shared :class:`Selection`.
+    """
+
+    def __init__(self, linear: nn.Module, path: str, selection: Selection):
+        super().__init__()
+        self.linear = linear
+        self.path = path
+        self.selection = selection
+
+    def __call__(self, x: mx.array) -> mx.array:
+        """``x`` ``[B, L, I]`` -> ``[B, L, O]``: ``linear(x)`` plus, when a selection is
+        active and its bank targets this layer, ``scale[idx] * (x @ A[idx]) @ B[idx]``.
+
+        Raises:
+            RuntimeError: when the selection has another row count than ``x`` (a runner bug).
+        """
+        y = self.linear(x)
+        sel = self.selection
+        stacks = None if sel.rows is None else sel.bank.layers.get(self.path)
+        if stacks is None:
+            return y
+        a, b, scale = stacks  # [N+1, I, R], [N+1, R, O], [N+1]
+        rows = sel.rows  # [B]
+        if rows.shape[0] != x.shape[0]:
+            raise RuntimeError(f"{self.path}: adapter selection has {rows.shape[0]} rows, the forward {x.shape[0]}")
+        xs = x.reshape(x.shape[0], -1, x.shape[-1])  # [B, L, I]
+        z = (xs @ a[rows]) @ b[rows]  # [B, L, R] -> [B, L, O]
+        delta = (scale[rows][:, None, None] * z).astype(x.dtype)
+        return y + delta.reshape(y.shape)
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One adapter folder read and checked against a model (:func:`read_adapter`).
+
+    Attributes:
+        name, path: as given. rank: ``r``. scale: mlx-lm's ``lora_parameters.scale``.
+        layers: target layer path -> ``(A [I, r], B [r, O])``.
+        file_bytes: size of ``adapters.safetensors`` (bytes).
+    """
+
+    name: str
+    path: str
+    rank: int
+    scale: float
+    layers: Mapping[str, tuple[mx.array, mx.array]]
+    file_bytes: int
+
+
+def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
+    """``(I, O)`` of a ``Linear`` / ``QuantizedLinear`` (mirrors ``LoRALinear.from_base``),
+    else ``None``."""
+    if isinstance(module, RowLoRALinear):
+        module = module.linear
+    if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        return None
+    out_dims, in_dims = module.weight.shape
+    if isinstance(module, nn.QuantizedLinear):
+        in_dims = in_dims * 32 // module.bits
+    return in_dims, out_dims
+
+
+def _read_config(name: str, folder: Path) -> tuple[int, float]:
+    """``(rank, scale)`` from ``adapter_config.json``. Raises ValueError naming the field."""
+    where = f"adapter {name!r} ({folder})"
+    missing = [f for f in FILES if not (folder / f).is_file()]
+    if missing:
+        raise ValueError(f"{where}: missing {missing}; an mlx-lm adapter folder holds {list(FILES)}")
+    try:
+        config = json.loads((folder / FILES[0]).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: adapter_config.json is not JSON ({exc})") from None
+    kind = config.get("fine_tune_type", "lora")
+    if kind != "lora":
+        raise ValueError(f"{where}: fine_tune_type is {kind!r}; only 'lora' adapters can be selected per row")
+    lora = config.get("lora_parameters")
+    if not isinstance(lora, dict):
+        raise ValueError(f"{where}: adapter_config.json has no lora_parameters mapping")
+    rank, scale = lora.get("rank"), lora.get("scale")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"{where}: lora_parameters.rank must be an int >= 1, got {rank!r}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise ValueError(f"{where}: lora_parameters.scale must be a number, got {scale!r}")
+    return rank, float(scale)
+
+
+def _check_pair(where: str, path: str, a: mx.array, b: mx.array, dims: tuple[int, int], rank: int) -> None:
+    """``A [I, r]`` and ``B [r, O]`` fit a layer of ``dims = (I, O)`` and the config's rank."""
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"{where}: {path}.lora_a / lora_b must be 2-D, got shapes {a.shape} and {b.shape}")
+    if a.shape[1] != rank or b.shape[0] != rank:
+        raise ValueError(f"{where}: lora_parameters.rank is {rank} but {path}.lora_a has shape {a.shape} "
+                         f"and lora_b {b.shape} (rank mismatch)")
+    if (a.shape[0], b.shape[1]) != dims:
+        raise ValueError(f"{where}: {path}.lora_a {a.shape} / lora_b {b.shape} need a layer of {a.shape[0]} "
+                         f"inputs and {b.shape[1]} outputs, this model's has {dims[0]} and {dims[1]} "
+                         "(an adapter for another architecture)")
+
+
+def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
+    """Read one mlx-lm adapter folder and check it against ``model``, as mlx-lm's
+    ``load_adapters`` does (every tensor names an adapter parameter of a layer the model
+    has, with that layer's shape), without changing the model.
+
+    Args:
+        name: the adapter's name (what ``Request(adapter=...)`` selects).
+        path: a folder with ``adapter_config.json`` and ``adapters.safetensors``.
+        model: the mlx-lm model it must fit.
+
+    Returns:
+        The :class:`Adapter` (matrices as stored, float32 for mlx-lm's trainer).
+
+    Raises:
+        ValueError: naming the adapter and the field: a missing file, a
+            ``fine_tune_type`` other than ``lora`` (DoRA, full), a bad
+            ``lora_parameters.rank`` / ``scale``, a tensor for a layer the model lacks or
+            that is not a Linear, a ``lora_a`` without its ``lora_b``, shapes of another
+            architecture, or tensors whose rank differs from ``lora_parameters.rank``.
+    """
+    folder = Path(path)
+    where = f"adapter {name!r} ({folder})"
+    rank, scale = _read_config(name, folder)
+    weights = mx.load(str(folder / FILES[1]))
+    modules = dict(model.named_modules())
+    layers = {}
+    for key in sorted(weights):
+        layer, _, leaf = key.rpartition(".")
+        if leaf not in ("lora_a", "lora_b"):
+            raise ValueError(f"{where}: tensor {key!r} is not a LoRA matrix (lora_a / lora_b)")
+        if leaf == "lora_b":
+            continue
+        dims = _linear_dims(modules[layer]) if layer in modules else None
+        if dims is None:
+            what = "a layer this model does not have" if layer not in modules else f"a {type(modules[layer]).__name__}"
+            raise ValueError(f"{where}: tensor {key!r} targets {what}, not a Linear (an adapter for another architecture)")
+        if f"{layer}.lora_b" not in weights:
+            raise ValueError(f"{where}: tensor {key!r} has no {layer}.lora_b")
+        _check_pair(where, layer, weights[key], weights[f"{layer}.lora_b"], dims, rank)
+        layers[layer] = (weights[key], weights[f"{layer}.lora_b"])
+    orphans = sorted(k for k in weights if k.endswith(".lora_b") and k[: -len(".lora_b")] not in layers)
+    if orphans:
+        raise ValueError(f"{where}: tensor {orphans[0]!r} has no matching lora_a")
+    return Adapter(name, str(folder), rank, scale, layers, (folder / FILES[1]).stat().st_size)
+
+
+@dataclass(frozen=True, repr=False)
+class AdapterBank:
+    """The loaded adapters of one scheduler, stacked per target layer.
+
+    Attributes:
+        names: the loaded adapters in load order; adapter ``names[i]`` is slot ``i + 1``.
+        adapters: name -> :class:`Adapter` (rank, scale, path).
+        layers: layer path -> ``(A [N+1, I, R], B [N+1, R, O], scale [N+1])``, slot 0 zeros.
+        selection: the model's shared :class:`Selection`.
+        nbytes: bytes the stacks hold (all layers; padding to ``R`` and slot 0 included).
+    """
+
+    names: tuple[str, ...]
+    adapters: Mapping[str, Adapter]
+    layers: Mapping[str, tuple[mx.array, mx.array, mx.array]]
+    selection: Selection
+    nbytes: int
+
+    def index(self, name: str | None) -> int:
+        """Slot of ``name`` in the stacks (``None``, the base model: 0). Raises KeyError."""
+        return 0 if name is None else self.names.index(name) + 1
+
+    def check(self, name: Any) -> None:
+        """Refuse a ``Request.adapter`` this bank cannot serve.
+
+        Raises:
+            ValueError: naming the field ``adapter`` and the loaded names.
+        """
+        if name is not None and name not in self.names:
+            raise ValueError(f"adapter {name!r} is not loaded; this scheduler's adapters are {list(self.names)} "
+                             "(Scheduler(adapters={name: path})), or None for the base model")
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n} (rank {a.rank}, {len(a.layers)} layers)" for n, a in self.adapters.items())
+        return f"AdapterBank({parts}; {self.nbytes:,} bytes)"
+
+
+def _selection_of(model: nn.Module) -> Selection:
+    """The model's shared :class:`Selection` (that of its wrappers, or a new one)."""
+    for _, module in model.named_modules():
+        if isinstance(module, RowLoRALinear):
+            return module.selection
+    return Selection()
+
+
+def wrap_layers(model: nn.Module, paths: Sequence[str]) -> Selection:
+    """Wrap each Linear at ``paths`` in a :class:`RowLoRALinear` (layers already wrapped
+    stay as they are), in place, like mlx-lm's ``linear_to_lora_layers`` (via
+    ``model.update_modules``). Returns the model's :class:`Selection`."""
+    selection = _selection_of(model)
+    modules = dict(model.named_modules())
+    new = [(p, RowLoRALinear(modules[p], p, selection)) for p in paths if not isinstance(modules[p], RowLoRALinear)]
+    if new:
+        model.update_modules(tree_unflatten(new))
+    return selection
+
+
+def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array, mx.array, mx.array]:
+    """One layer's ``(A [N+1, I, R], B [N+1, R, O], scale [N+1])``: slot 0 and adapters
+    without this layer zero, ranks zero-padded to ``R``."""
+    a0, b0 = next(ad.layers[path] for ad in adapters if path in ad.layers)
+    I, O = a0.shape[0], b0.shape[1]
+    a_rows, b_rows = [mx.zeros((I, rank), a0.dtype)], [mx.zeros((rank, O), b0.dtype)]
+    scales = [0.0]
+    for ad in adapters:
+        a, b = ad.layers.get(path, (mx.zeros((I, ad.rank), a0.dtype), mx.zeros((ad.rank, O), b0.dtype)))
+        a_rows.append(mx.pad(a, [(0, 0), (0, rank - ad.rank)]))
+        b_rows.append(mx.pad(b, [(0, rank - ad.rank), (0, 0)]))
+        scales.append(ad.scale if path in ad.layers else 0.0)
+    return mx.stack(a_rows), mx.stack(b_rows), mx.array(scales, dtype=mx.float32)
+
+
+def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None) -> AdapterBank | None:
+    """Load ``adapters`` (name -> folder) for per-row selection on ``model``.
+
+    Reads and checks every folder first (:func:`read_adapter`), so a bad one changes
+    nothing; then wraps the union of their target layers (:func:`wrap_layers`) and stacks
+    their matrices. An :class:`AdapterBank` is returned as is (a fork shares its parent's).
+
+    Returns:
+        The :class:`AdapterBank`, or ``None`` for ``None`` / ``{}``.
+
+    Raises:
+        ValueError: ``adapters`` not a mapping of str names to paths, or a bad folder
+            (see :func:`read_adapter`).
+    """
+    if adapters is None or isinstance(adapters, AdapterBank):
+        return adapters
+    if not isinstance(adapters, Mapping) or not all(isinstance(n, str) and n for n in adapters):
+        raise ValueError(f"adapters must be a mapping {{name (non-empty str): folder}}, got {adapters!r}")
+    if not adapters:
+        return None
+    read = [read_adapter(n, p, model) for n, p in adapters.items()]
+    paths = sorted({p for ad in read for p in ad.layers})
+    selection = wrap_layers(model, paths)
+    rank = max(ad.rank for ad in read)
+    layers = {p: _stack(read, p, rank) for p in paths}
+    mx.eval(layers)
+    nbytes = sum(int(x.nbytes) for stacks in layers.values() for x in stacks)
+    return AdapterBank(tuple(ad.name for ad in read), {ad.name: ad for ad in read}, layers, selection, nbytes)
+
+
+@contextlib.contextmanager
+def selected(bank: AdapterBank | None, names: Sequence[str | None]) -> Iterator[None]:
+    """While active, the forward built on the bank's model runs row ``b`` with adapter
+    ``names[b]`` (``None``: base). The graph captures the selection when it is built, so
+    an asynchronously evaluated forward (``mx.async_eval``) needs nothing afterwards. With
+    no bank, or only ``None`` names, nothing is set: the plain model runs."""
+    if bank is None or all(n is None for n in names):
+        yield
+        return
+    sel = bank.selection
+    sel.bank, sel.rows = bank, mx.array([bank.index(n) for n in names], dtype=mx.int32)
+    try:
+        yield
+    finally:
+        sel.bank, sel.rows = None, None
+
+
+def snapshot_fields(bank: AdapterBank | None) -> dict[str, Any]:
+    """The snapshot's ``adapters_loaded`` (names) and ``adapter_bytes`` (the bank's bytes)."""
+    return {"adapters_loaded": bank.names if bank else (), "adapter_bytes": bank.nbytes if bank else 0}
+
+
+@dataclass(frozen=True)
+class Available:
+    """An adapter folder found by :func:`available_adapters`: ``name`` (the folder's name),
+    ``path``, ``rank`` (0 when it does not fit) and ``problem`` (``""`` when it fits the model,
+    else the :class:`ValueError` text of :func:`read_adapter`)."""
+
+    name: str
+    path: str
+    rank: int
+    problem: str
+
+
+def available_adapters(folder: str | Path, model: nn.Module) -> list[Available]:
+    """Every sub-folder of ``folder`` holding an mlx-lm adapter, checked against ``model``
+    (nothing is loaded or wrapped), sorted by name: the adapters *available* to a scheduler
+    on this model (those with an empty ``problem``)."""
+    out = []
+    for sub in sorted(Path(folder).iterdir()):
+        if not (sub / FILES[0]).is_file():
+            continue
+        try:
+            out.append(Available(sub.name, str(sub), read_adapter(sub.name, sub, model).rank, ""))
+        except ValueError as exc:
+            out.append(Available(sub.name, str(sub), 0, str(exc)))
+    return out

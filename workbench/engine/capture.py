@@ -56,7 +56,8 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
 
     Args:
         fields: the engine-level fields (``queue``, ``prefilling``, ``kv_budget_bytes``,
-            ``kv_projected_bytes``) passed through to the snapshot.
+            ``kv_projected_bytes``, ``adapters_loaded``, ``adapter_bytes``) passed through
+            to the snapshot.
     """
     B = len(batch)
     groups = _group_geometries(batch)
@@ -68,6 +69,7 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
         context_tokens=tuple(r.context_tokens for r in batch.rows),
         kv_bytes=batch.kv_bytes,
         free_slots=len(batch.free),
+        adapters=tuple(r.valid.request.adapter for r in batch.rows),
     )
 
     def build() -> Snapshot:

@@ -110,10 +110,14 @@ class Snapshot:
         offset: ``[B]`` int, RoPE position of each row's next token (same group).
         kv_width_tokens: that group's sequence length in use (tokens).
         capacity_tokens: that group's allocated sequence length (tokens).
-        kv_bytes: bytes allocated by every layer's cache.
-        kv_budget_bytes: the scheduler's KV budget (``None``: no budget).
-        kv_projected_bytes: projected bytes of the running and prefilling requests
-            (prompt + max_tokens each), what admission counts against the budget.
+        kv_bytes: bytes allocated by every layer's batch cache (the sum of the arrays'
+            ``nbytes``: capacity, padding and free slots included).
+        kv_budget_bytes: the scheduler's KV budget (``None``: no budget); it covers
+            ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes``.
+        kv_projected_bytes: the most bytes the batch and prefilling caches may hold from
+            now until every row finishes, as mlx-lm allocates them (256-token growth
+            steps, rows padded to the widest; :mod:`workbench.engine.allocation`): what
+            admission keeps within the budget.
         groups: the :class:`LayerGroup` s, in first-layer order.
         queue: uids waiting for admission, in arrival order.
         prefilling: ``(uid, prefilled_tokens, tokens_to_prefill)`` of the joining group
@@ -123,6 +127,18 @@ class Snapshot:
             else the next ``step()`` drops them (see :mod:`workbench.engine.batch`).
         serial_reason: why the scheduler runs one row at a time (a model that cannot batch
             rows of different lengths, ``Scheduler.serial_reason``), else ``""``.
+        prefill_kv_bytes: bytes the prefilling group's caches hold (``nbytes``).
+        prompt_cache_bytes: bytes the prompt cache's entries hold (mlx-lm's
+            ``LRUPromptCache.nbytes``).
+        active_memory_bytes, peak_memory_bytes: MLX's measured ``mx.get_active_memory()``
+            and ``mx.get_peak_memory()`` when the snapshot was taken: every live array of
+            the process (weights included), beside the computed bytes above.
+        adapters: ``[B]`` the LoRA adapter each row selected (``Request.adapter``;
+            ``None``: the base model).
+        adapters_loaded: names of the adapters the scheduler loaded
+            (``Scheduler(adapters=...)``), in load order.
+        adapter_bytes: bytes the loaded adapters hold (their per-layer stacks,
+            :class:`workbench.engine.adapters.AdapterBank`); ``0`` without adapters.
     """
 
     step: int
@@ -142,6 +158,18 @@ class Snapshot:
     prefilling: tuple[tuple[int, int, int], ...] = ()
     free_slots: int = 0
     serial_reason: str = ""
+    prefill_kv_bytes: int = 0
+    prompt_cache_bytes: int = 0
+    active_memory_bytes: int = 0
+    peak_memory_bytes: int = 0
+    adapters: tuple[str | None, ...] = ()
+    adapters_loaded: tuple[str, ...] = ()
+    adapter_bytes: int = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Everything the KV budget covers: ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes``."""
+        return self.kv_bytes + self.prefill_kv_bytes + self.prompt_cache_bytes
 
     @property
     def batch_size(self) -> int:
@@ -174,18 +202,23 @@ class Snapshot:
         if self.serial_reason:
             lines.append(f"  serial lane (one row at a time): {self.serial_reason}")
         if self.kv_budget_bytes is not None:
-            lines.append(f"  KV budget: {self.kv_projected_bytes:,} of {self.kv_budget_bytes:,} bytes projected in use")
+            lines.append(f"  KV budget {self.kv_budget_bytes:,} bytes: {self.held_bytes:,} held (batch "
+                         f"{self.kv_bytes:,} + prefill {self.prefill_kv_bytes:,} + prompt cache "
+                         f"{self.prompt_cache_bytes:,}), {self.kv_projected_bytes:,} projected")
         for uid, done, total in self.prefilling:
             lines.append(f"  prefilling uid {uid}: {min(done, total)}/{total} prompt tokens")
         if self.free_slots:
             lines.append(f"  free slots: {self.free_slots} (evicted rows' cache rows: the next admit() writes joiners "
                          "into them and drops the rest)")
+        if self.adapters_loaded:
+            lines.append(f"  adapters loaded: {', '.join(self.adapters_loaded)} ({self.adapter_bytes:,} bytes)")
         attention = any(g.name != "ssm" for g in self.groups)
         for r, uid in enumerate(self.uids):
             state = "finished" if self.finished[r] else "running"
             where = (f"left_padding {int(self.left_padding[r])}, offset {int(self.offset[r])}"
                      if attention or not self.groups else f"context {self.context_tokens[r]} tokens")
-            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}")
+            adapter = f", adapter {self.adapters[r] or 'none'}" if self.adapters_loaded else ""
+            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}")
         if len(self.groups) == 1 and self.groups[0].name == "full":
             lines.append("mask [full] ('#' attended, '.' padding, '@' fed token):")
             lines.append(mask_grid(self.groups[0].mask, self.uids))

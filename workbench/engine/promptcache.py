@@ -41,6 +41,20 @@ class PromptCache:
         out.key = self.key
         return out
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored entries (mlx-lm's ``LRUPromptCache.nbytes``: the sum of their
+        caches' ``nbytes``)."""
+        return int(self.lru.nbytes)
+
+    def trim_to(self, n_bytes: int) -> int:
+        """Drop least-recently-used entries until at most ``n_bytes`` (``< 0`` counts as 0)
+        are stored (mlx-lm's ``LRUPromptCache.trim_to(n_bytes=)``). Returns the bytes dropped."""
+        before = self.nbytes
+        if before > n_bytes:
+            self.lru.trim_to(n_bytes=max(0, int(n_bytes)))
+        return before - self.nbytes
+
     def fetch(self, tokens: Sequence[int]) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens still to prefill)`` for ``tokens``; a miss
         gives fresh caches and all of ``tokens``. The caches are copies."""

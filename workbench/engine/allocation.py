@@ -1,0 +1,232 @@
+"""What mlx-lm's batch caches will really allocate: the projection the KV budget admits on.
+
+Knows: how mlx-lm 0.32's caches allocate (``mlx_lm/models/cache.py``), per cache row and
+layer, and the model's per-layer sizes (:class:`workbench.engine.budget.LayerBytes`).
+Must not know: the queue, the policy, events. Pure integer arithmetic; the one function
+that reads caches (:func:`read_allocation`) reads only their public fields.
+
+mlx-lm's allocation rules (``T`` tokens, ``W`` a ring's window, ``STEP_TOKENS = 256``):
+
+- **full attention** (``KVCache``, ``BatchKVCache``, the quantized batch cache): a write of
+  ``S`` positions at write index ``i`` that does not fit the capacity allocates
+  ``256 * ceil(S / 256)`` more (``update_and_fetch``; unused capacity is cut first when
+  ``i`` is not a multiple of 256). All rows of a batch share one capacity, so every row is
+  left-padded to the widest (``merge`` allocates the widest row exactly, ``extend`` the
+  larger capacity, ``filter`` keeps the capacity and drops shared left padding).
+- **ring** (``RotatingKVCache`` / ``BatchRotatingKVCache``, window ``W``): a prefill chunk
+  of ``S`` tokens is concatenated to at most ``W - 1`` kept positions (``W - 1 + S``); a
+  one-token step grows by ``min(256, W - offset)`` up to ``W`` and trims to ``W``.
+- **SSM** (``ArraysCache``): a fixed state per row, whatever the tokens.
+
+The projection is an upper bound of the bytes held between two engine calls from now until
+every row has finished, assuming ``filter()`` follows the ``step()`` that finishes a row
+(as ``run()`` does). For the batch (``R`` cache rows, free slots included) it is
+``R * (full_token_bytes * C + sum_rings ring_token_bytes * W + fixed_bytes)`` with ``C``
+the full-attention capacity once the widest row holds its last token (``W_max``):
+unchanged while ``W_max`` fits, else ``W_max - 1 + 256``. A joining group adds its own
+caches while it prefills, then joins (``R`` grows, ``C`` may grow).
+
+Worked example (tiny-llama: 4 full layers, 512 bytes per token each, 2,048 per row and
+position): four 20-token prompts, ``max_tokens=8``, prefilled together in one chunk::
+
+    group caches     19 prompt tokens -> capacity 256;  the join token fits (20 <= 256)
+    after the join   4 rows x 256 positions x 2,048 bytes = 2,097,152 bytes
+    decode           widest row ends at 20 + 8 = 28 <= 256: no growth
+
+so the projection is 2,097,152 bytes: the bytes the batch really holds (the per-request
+sum ``4 x 28 x 2,048 = 229,376`` is 9.1x too small).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+STEP_TOKENS = 256  # mlx-lm's KVCache.step / BatchKVCache.step / RotatingKVCache.step (checked in tests)
+FILL_SLACK = 4 / 3  # joining into a free slot keeps shared left padding below a quarter of the width
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The batch caches as allocated now (read by :func:`read_allocation`).
+
+    Attributes:
+        rows: cache rows ``P`` (running rows and free slots).
+        width_tokens: full-attention positions in use (mlx-lm's ``size()``; the widest
+            row plus shared left padding), 0 without full-attention layers.
+        capacity_tokens: full-attention positions allocated (``keys.shape[2]``).
+        nbytes: bytes every layer's arrays take now (mlx-lm's ``nbytes``).
+    """
+
+    rows: int = 0
+    width_tokens: int = 0
+    capacity_tokens: int = 0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class RowTokens:
+    """One row or request, in tokens: ``held_tokens`` in its cache now (0 before its
+    prefill) and ``final_tokens`` it may hold at the end (prompt + ``max_tokens``;
+    ``held_tokens`` once finished)."""
+
+    uid: int
+    held_tokens: int
+    final_tokens: int
+
+
+def round_up(n_tokens: int, step: int = STEP_TOKENS) -> int:
+    """``n_tokens`` rounded up to a multiple of ``step`` (0 stays 0)."""
+    return -(-n_tokens // step) * step
+
+
+def full_capacity_tokens(capacity_tokens: int, width_tokens: int) -> int:
+    """Capacity (positions) a full-attention batch cache of ``capacity_tokens`` reaches when
+    its width grows one token per step to ``width_tokens``: unchanged while the width fits;
+    else the last growth happened at width ``width_tokens - 1`` and added 256 positions
+    after it (``BatchKVCache.update_and_fetch`` with one token)."""
+    return capacity_tokens if width_tokens <= capacity_tokens else width_tokens - 1 + STEP_TOKENS
+
+
+def group_capacity_tokens(input_tokens: int, chunk_tokens: int, exact: bool, stored_tokens: int = 0,
+                          per_row: bool = False) -> tuple[int, int]:
+    """Full-attention positions per row a joining group allocates: ``(while prefilling,
+    after the join forward)``.
+
+    Args:
+        input_tokens: the longest member's input (prompt, plus generated tokens for a
+            resumed row); all but its last token are prefilled, the last one is fed by
+            the join forward.
+        chunk_tokens: the longest prefill chunk (``prefill_step_size``).
+        exact: the group runs as mlx-lm's batched prefill in fresh caches with fixed
+            chunks (no prompt cache, no pacing); else a bound over chunk sizes up to
+            ``chunk_tokens``, per-row prefill and cached prefixes.
+        stored_tokens: the longest prompt-cache entry a member may start from (its copy's
+            buffer, which ``trim`` does not shrink).
+        per_row: the members prefill one at a time (unequal inputs longer than a chunk,
+            :mod:`workbench.engine.prefill`): each in its own cache, then ``merge``
+            allocates the longest exactly and the join token grows it by 256.
+
+    Example: a 20-token input prefills 19 tokens in one chunk (capacity 256) and the join
+    token fits: ``(256, 256)``; a 257-token input: 256 tokens (256), the join token grows
+    it to 256 + 256: ``(256, 512)``.
+    """
+    T = max(input_tokens - 1, 0)
+    if exact:
+        cap, idx = 0, 0
+        while idx < T:  # mlx-lm's BatchKVCache.update_and_fetch, chunk by chunk
+            S = min(chunk_tokens, T - idx)
+            if idx + S > cap:
+                base = idx if (cap and idx % STEP_TOKENS) else cap
+                cap = base + round_up(S)
+            idx += S
+        return cap, (T + STEP_TOKENS if per_row or T + 1 > cap else cap)
+    chunk = min(chunk_tokens, max(T, 1))
+    prefill = max(stored_tokens, T - 1 + round_up(chunk) if T else 0)
+    return prefill, max(prefill, T + STEP_TOKENS)
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """Everything the projection needs, frozen at one admission decision.
+
+    Attributes:
+        full_token_bytes: bytes of one row and position over all full-attention layers.
+        rings: ``(window W, bytes of one row and position)`` per ring layer.
+        fixed_bytes: bytes of one row's fixed states (SSM layers) over all layers.
+        chunk_tokens: the longest prefill chunk. exact_chunks: fixed chunks, no prompt
+            cache (see :func:`group_capacity_tokens`).
+        reuse_slots: joiners may be written into free slots (:data:`FILL_SLACK`).
+        stored_tokens: the longest prompt-cache entry (tokens) a joiner may start from.
+        now: the batch caches now. rows: the batch's rows (free slots excluded), with
+            the tokens they hold and may reach.
+    """
+
+    full_token_bytes: int
+    rings: tuple[tuple[int, int], ...]
+    fixed_bytes: int
+    chunk_tokens: int
+    exact_chunks: bool = True
+    reuse_slots: bool = True
+    stored_tokens: int = 0
+    now: Allocation = Allocation()
+    rows: tuple[RowTokens, ...] = field(default_factory=tuple)
+
+    def row_bytes(self, full_capacity_tokens: int, ring_tokens: Sequence[int] | None = None) -> int:
+        """Bytes of one cache row with ``full_capacity_tokens`` full-attention positions and
+        ``ring_tokens`` positions per ring (default: each ring's whole window)."""
+        rings = ring_tokens if ring_tokens is not None else [w for w, _ in self.rings]
+        return (self.full_token_bytes * full_capacity_tokens + self.fixed_bytes
+                + sum(b * n for (_, b), n in zip(self.rings, rings)))
+
+    def group_bytes(self, joiners: Sequence[RowTokens]) -> tuple[int, int]:
+        """``(bytes the group's caches hold while prefilling, full capacity after its
+        join forward)`` for ``joiners`` (``held_tokens`` = their input tokens)."""
+        if not joiners:
+            return 0, 0
+        longest = max(j.held_tokens for j in joiners)
+        T = max(longest - 1, 0)
+        per_row = len({j.held_tokens for j in joiners}) > 1 and not (2 <= T <= self.chunk_tokens)
+        prefill, joined = group_capacity_tokens(longest, self.chunk_tokens, self.exact_chunks, self.stored_tokens,
+                                                per_row)
+        chunk = min(self.chunk_tokens, max(T, 1))
+        rings = [max(min(w, T + STEP_TOKENS), min(T, w - 1 + chunk), min(self.stored_tokens, w)) for w, _ in self.rings]
+        return len(joiners) * self.row_bytes(prefill, rings), joined
+
+    def projected_bytes(self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = ()) -> int:
+        """Most bytes the batch and the joining group hold from now on, with the rows of
+        uids ``dropped`` preempted and ``joiners`` (``held_tokens`` = input tokens,
+        ``final_tokens`` = prompt + ``max_tokens``) prefilled together and joined.
+
+        The maximum of (the running batch as it will grow + the group while it prefills)
+        and (the batch after the join). Raises nothing; 0 for an empty engine."""
+        gone = set(dropped)
+        rows = [r for r in self.rows if r.uid not in gone]
+        P = self.now.rows - (len(self.rows) - len(rows))
+        if rows:
+            width = self.now.width_tokens + max(r.final_tokens - r.held_tokens for r in rows)
+        else:
+            width, P = 0, 0
+        capacity = self.now.capacity_tokens if rows else 0
+        before = P * self.row_bytes(full_capacity_tokens(capacity, width)) if P else 0
+        if not joiners:
+            return before
+        prefill_bytes, joined_capacity = self.group_bytes(joiners)
+        slack = FILL_SLACK if self.reuse_slots and rows else 1.0
+        widest = max(width, math.ceil(max(j.final_tokens for j in joiners) * slack))
+        R = max(P, len(rows) + len(joiners))
+        after = R * self.row_bytes(full_capacity_tokens(max(capacity, joined_capacity), widest))
+        return max(before + prefill_bytes, after)
+
+
+def plan_of(profile: Sequence[Any], chunk_tokens: int, **fields: Any) -> KVPlan:
+    """A :class:`KVPlan` from a model's ``kv_profile`` (``LayerBytes`` per layer:
+    ``window_tokens`` None for full attention, a window for rings, ``fixed_bytes`` for SSM
+    states); ``fields`` as :class:`KVPlan`'s."""
+    full = sum(lb.per_token_bytes for lb in profile if lb.window_tokens is None)
+    rings = tuple((lb.window_tokens, lb.per_token_bytes) for lb in profile if lb.window_tokens)
+    fixed = sum(lb.fixed_bytes for lb in profile)
+    return KVPlan(full, rings, fixed, chunk_tokens, **fields)
+
+
+def read_allocation(caches: Sequence[Any] | None) -> Allocation:
+    """The :class:`Allocation` of per-layer batch caches (``None``: nothing allocated),
+    from their public fields: rows from the first array's leading axis, width from the
+    first full-attention layer's ``size()``, capacity from its keys' ``shape[2]``, bytes
+    from every layer's ``nbytes``."""
+    if not caches:
+        return Allocation()
+    flat = [sub for c in caches for sub in (getattr(c, "caches", None) or (c,))]
+    rows, width, capacity = 0, 0, 0
+    for c in flat:
+        keys = getattr(c, "keys", None)
+        keys = keys[0] if isinstance(keys, (tuple, list)) else keys  # quantized: (packed, scales, biases)
+        if keys is not None and not hasattr(c, "max_size"):
+            rows, width, capacity = int(keys.shape[0]), int(c.size()), int(keys.shape[2])
+            break
+        if keys is not None:
+            rows = int(keys.shape[0])
+        elif getattr(c, "cache", None) and c.cache[0] is not None:
+            rows = int(c.cache[0].shape[0])
+    return Allocation(rows, width, capacity, int(sum(c.nbytes for c in caches)))

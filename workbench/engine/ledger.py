@@ -1,0 +1,113 @@
+"""The KV ledger: the bytes the engine's caches hold now, the projection admission checks
+against ``kv_budget_bytes``, and the prompt cache trimmed to what the live batch leaves.
+
+Knows: :class:`workbench.engine.checkpoint.EngineState` (the batch, the prefilling group,
+the prompt cache), :mod:`workbench.engine.allocation` (the projection), MLX's memory
+counters. Must not know: the policy, events.
+
+One ceiling for everything that holds KV bytes::
+
+    batch caches (free slots included) + prefilling group's caches + prompt-cache entries
+        <= kv_budget_bytes, between any two engine calls
+
+Admission keeps the first two under the budget through :meth:`KVLedger.plan`; the prompt
+cache (mlx-lm's ``LRUPromptCache``) is trimmed to ``budget - projected live bytes`` (its
+``trim_to(n_bytes=)``) whenever a group is admitted or rows are stored in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from .admission import joiner_tokens, row_tokens
+from .allocation import KVPlan, RowTokens, plan_of, read_allocation
+from .state import RequestState
+
+
+@dataclass(frozen=True)
+class Held:
+    """Bytes held now: ``batch_bytes`` (the running batch's caches, free slots included),
+    ``prefill_bytes`` (the prefilling group's caches), ``prompt_cache_bytes`` (the stored
+    entries); all the sum of the arrays' ``nbytes``."""
+
+    batch_bytes: int
+    prefill_bytes: int
+    prompt_cache_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything the budget covers."""
+        return self.batch_bytes + self.prefill_bytes + self.prompt_cache_bytes
+
+
+def measured_memory() -> tuple[int, int]:
+    """``(active, peak)`` bytes MLX reports (``mx.get_active_memory()``,
+    ``mx.get_peak_memory()``): every live array of the process, weights included."""
+    return int(mx.get_active_memory()), int(mx.get_peak_memory())
+
+
+class KVLedger:
+    """The scheduler's byte books for one model and configuration.
+
+    Args:
+        profile: the model's ``kv_profile`` (:mod:`workbench.engine.budget`).
+        chunk_tokens: ``prefill_step_size``. kv_budget_bytes: the ceiling (``None``: none).
+        exact_chunks: groups prefill in fixed chunks from fresh caches (no pacing, no
+            prompt cache, float KV), so their growth is computed exactly.
+        reuse_slots: joiners may be written into free slots.
+    """
+
+    def __init__(self, profile: Sequence[Any], chunk_tokens: int, kv_budget_bytes: int | None,
+                 exact_chunks: bool = True, reuse_slots: bool = True):
+        self.base = plan_of(profile, chunk_tokens, exact_chunks=exact_chunks, reuse_slots=reuse_slots)
+        self.kv_budget_bytes = kv_budget_bytes
+
+    def plan(self, st: Any) -> KVPlan:
+        """The :class:`KVPlan` of engine state ``st`` now (its batch's allocation and rows;
+        with a prompt cache, its entries bound the cached prefixes a joiner may copy)."""
+        stored = 0
+        if st.prompt_cache is not None and self.base.full_token_bytes:
+            stored = st.prompt_cache.nbytes // self.base.full_token_bytes
+        return dataclasses.replace(self.base, now=read_allocation(st.batch.caches), stored_tokens=stored,
+                                   rows=tuple(row_tokens(r) for r in st.batch.rows))
+
+    def projected_bytes(self, st: Any) -> int:
+        """Most bytes the batch and the prefilling group may hold from now on (0 when
+        idle): what admission counted, re-read from the state now."""
+        group = [joiner_tokens(s) for s in st.prefilling.states] if st.prefilling else []
+        return self.plan(st).projected_bytes(group)
+
+    def alone_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
+        """Bytes one request of ``prompt_tokens`` + ``max_tokens`` may hold alone on an idle
+        engine (what :meth:`refusal` compares with the budget)."""
+        return self.base.projected_bytes([RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)])
+
+    def refusal(self, prompt_tokens: int, max_tokens: int) -> str:
+        """Why a request can never be admitted under the budget (``""`` when it can)."""
+        need = self.alone_bytes(prompt_tokens, max_tokens)
+        budget = self.kv_budget_bytes
+        if budget is None or need <= budget:
+            return ""
+        return (f"request projects {need:,} KV bytes (prompt {prompt_tokens} + max_tokens {max_tokens} tokens, "
+                f"as mlx-lm's batch caches allocate them: 256-token growth steps) but kv_budget_bytes is "
+                f"{budget:,}, so {budget:,} bytes are available even on an idle engine; it could never be admitted")
+
+    def held(self, st: Any) -> Held:
+        """The bytes ``st``'s caches hold now."""
+        return Held(read_allocation(st.batch.caches).nbytes,
+                    st.prefilling.prefill.kv_bytes if st.prefilling else 0,
+                    st.prompt_cache.nbytes if st.prompt_cache is not None else 0)
+
+    def make_room(self, st: Any, joiners: Sequence[RequestState] = (), dropped: Sequence[int] = ()) -> int:
+        """Trim the prompt cache to ``budget - projected live bytes`` (the batch, the
+        prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out), mlx-lm's
+        ``LRUPromptCache.trim_to(n_bytes=)``. Returns the bytes dropped (0 without a
+        budget or a prompt cache)."""
+        if self.kv_budget_bytes is None or st.prompt_cache is None:
+            return 0
+        group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
+        return st.prompt_cache.trim_to(self.kv_budget_bytes - self.plan(st).projected_bytes(group, dropped))

@@ -118,15 +118,39 @@ def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
             continue
         for slot, j, n in zip(slots, rows, lengths):
             for name in ("keys", "values"):
-                dst, src = getattr(r, name), getattr(q, name)
-                _, H, _, D = src.shape  # [B, n_kv_heads, S, head_dim]
-                row = src[j : j + 1, :, q._idx - n : q._idx, :]
-                if r._idx > n:
-                    row = mx.concatenate([mx.zeros((1, H, r._idx - n, D), src.dtype), row], axis=2)
-                dst[slot : slot + 1, :, : r._idx, :] = row
+                for dst, src in zip(_parts(getattr(r, name)), _parts(getattr(q, name))):
+                    _, H, _, D = src.shape  # [B, n_kv_heads, S, head_dim] (or a quantized part)
+                    row = src[j : j + 1, :, q._idx - n : q._idx, :]
+                    if r._idx > n:
+                        row = mx.concatenate([mx.zeros((1, H, r._idx - n, D), src.dtype), row], axis=2)
+                    dst[slot : slot + 1, :, : r._idx, :] = row
         order = list(range(len(slots)))
         r.left_padding = _put_rows(r.left_padding, slots, mx.array([r._idx - n for n in lengths]), order, len(r.offset))
         r.offset = _put_rows(r.offset, slots, mx.array(list(lengths)), order, len(r.offset))
+
+
+def _parts(keys: Any) -> tuple[mx.array, ...]:
+    """A cache's keys (or values) as a tuple: ``(keys,)`` for float keys, the
+    ``(packed, scales, biases)`` tuple itself for a quantized cache
+    (:mod:`workbench.engine.quantized_kv`)."""
+    return tuple(keys) if isinstance(keys, (tuple, list)) else (keys,)
+
+
+def write_index(cache: BatchKVCache) -> int:
+    """A ``BatchKVCache``'s write index ``_idx`` (positions in use, the KV width)."""
+    return cache._idx
+
+
+def set_write_index(cache: BatchKVCache, idx: int) -> None:
+    """Set a ``BatchKVCache``'s write index ``_idx`` (for its subclasses'
+    own storage, :class:`workbench.engine.quantized_kv.BatchQuantizedKVCache`)."""
+    cache._idx = int(idx)
+
+
+def pending_right_padding(cache: BatchKVCache) -> mx.array | None:
+    """The right padding ``[B]`` a ``BatchKVCache`` holds between ``prepare`` and
+    ``finalize`` (mlx-lm's ``_right_padding``), or ``None``."""
+    return getattr(cache, "right_padding", None) if hasattr(cache, "bits") else cache._right_padding
 
 
 def view_rows(caches: LayerCaches, keep: Sequence[int]) -> LayerCaches:
@@ -178,7 +202,8 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
         return 0
     for c in _flat(running):
         if isinstance(c, BatchKVCache):
-            c.keys, c.values = c.keys[..., m:, :], c.values[..., m:, :]
+            c.keys, c.values = (tuple(a[..., m:, :] for a in t) if isinstance(t, (tuple, list)) else t[..., m:, :]
+                                for t in (c.keys, c.values))
             c._idx -= m
             c.left_padding = c.left_padding - m
     return m
@@ -204,7 +229,7 @@ def _handle(value: Any) -> Any:
     return value
 
 
-APPEND_ONLY = (KVCache, BatchKVCache)  # writes go past the write index only; rings overwrite old slots
+APPEND_ONLY = (KVCache, BatchKVCache)  # writes go past the write index only (subclasses: the quantized batch cache); rings overwrite old slots
 
 
 def clone_cache(cache: Any, share_appended: bool = False) -> Any:
@@ -222,7 +247,7 @@ def clone_cache(cache: Any, share_appended: bool = False) -> Any:
     ``offset``), and nothing reads past it. Ring buffers and states get new handles."""
     out = object.__new__(type(cache))
     fields = dict(vars(cache))
-    shared = ("keys", "values") if share_appended and type(cache) in APPEND_ONLY else ()
+    shared = ("keys", "values") if share_appended and isinstance(cache, APPEND_ONLY) else ()
     for name, value in fields.items():
         if type(value) is mx.array:
             if name not in shared:

@@ -115,6 +115,15 @@ def kv_bytes(caches: LayerCaches | None) -> int:
     return 0 if caches is None else int(sum(c.nbytes for c in caches))
 
 
+def keys_shape(cache: Any) -> tuple[int, ...]:
+    """Shape of an attention cache's key storage, ``[P, n_kv_heads, capacity, last]``:
+    the float keys' shape, or for a quantized cache
+    (:class:`workbench.engine.quantized_kv.BatchQuantizedKVCache`, keys a
+    ``(packed, scales, biases)`` tuple) the packed part's (``last`` = packed words)."""
+    keys = cache.keys[0] if isinstance(cache.keys, (tuple, list)) else cache.keys
+    return tuple(keys.shape)
+
+
 def _flat_layers(caches: LayerCaches) -> list[tuple[str, Any]]:
     """``(layer label, cache)`` pairs with ``CacheList`` members as ``"i.j"``."""
     out = []
@@ -173,7 +182,7 @@ def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
     # new handles: mlx-lm's rotating cache updates these arrays in place (``-=``, ``+=``)
     left_padding, offset = cache.left_padding[:], cache.offset[:]
     B = left_padding.shape[0]
-    out: dict[str, Any] = {"capacity_tokens": 0 if cache.keys is None else int(cache.keys.shape[2]),
+    out: dict[str, Any] = {"capacity_tokens": 0 if cache.keys is None else keys_shape(cache)[2],
                            "kv_width_tokens": int(cache.size())}
     if isinstance(cache, BatchRotatingKVCache):
         mask = cache.make_mask(1, window_size=cache.max_size)

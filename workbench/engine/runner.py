@@ -15,6 +15,7 @@ from .batch import Batch
 from .decode import Pending, launch
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
+from .quantized_kv import KVQuant, QuantizedPrefillGroup, join_forward as quantized_join_forward
 from .state import RequestState
 
 
@@ -52,12 +53,14 @@ class ModelRunner:
         max_kv_size: bounded KV size for models without ``make_cache`` (tokens).
         pipeline: launch each decode forward before reading the previous step's tokens
             (mlx-lm's ``GenerationBatch._step``).
+        kv_quant: quantize the KV cache (:mod:`workbench.engine.quantized_kv`), ``None``: float.
     """
 
     model: Any
     prefill_step_size: int
     max_kv_size: int | None
     pipeline: bool
+    kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.quantized_kv)
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
@@ -70,7 +73,11 @@ class ModelRunner:
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
         for s, inp, rest in zip(states, inputs, tails):
             s.cached_tokens = len(inp) - 1 - len(rest)
-        group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
+        if self.kv_quant is None:
+            group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
+        else:
+            group = QuantizedPrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches,
+                                          quant=self.kv_quant)
         return Prefilling(list(states), group, [inp[-1] for inp in inputs])
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
@@ -78,8 +85,10 @@ class ModelRunner:
         distribution of its next (first new) token, launched asynchronously when
         pipelining."""
         last = mx.array(group.last_tokens, dtype=mx.uint32)
-        return launch(self.model, group.prefill.caches, last, [s.sampler for s in group.states], contexts,
-                      [len(s.tokens) for s in group.states], self.pipeline)
+        args = (last, [s.sampler for s in group.states], contexts, [len(s.tokens) for s in group.states], self.pipeline)
+        if self.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
+            return quantized_join_forward(self.model, group.prefill, self.kv_quant, *args)
+        return launch(self.model, group.prefill.caches, *args)
 
     def decode(self, batch: Batch, tokens: mx.array, contexts: Sequence[Callable[[], mx.array]],
                asynchronous: bool) -> Pending:

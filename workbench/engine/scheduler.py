@@ -59,6 +59,7 @@ from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import caches as kv
+from . import quantized_kv
 from .admission import Admission
 from .batch import Batch
 from .budget import context_limit, kv_profile, projected_bytes
@@ -136,6 +137,12 @@ class Scheduler:
             history slider) can restore the engine to them. Each one keeps its cache
             buffers alive and makes the next step copy them (``docs/benchmarks.md``);
             ``0`` (default) keeps none.
+        kv_bits: quantize the KV cache to 4 or 8 bits (``None``: float), as mlx-lm's
+            ``generate_step(kv_bits=, kv_group_size=, quantized_kv_start=0)`` does: each
+            row's first forward on float keys, every later one on quantized keys
+            (:mod:`workbench.engine.quantized_kv`, ``docs/quantized-kv.md``).
+        kv_group_size: values sharing one scale and bias, 32, 64 or 128; must divide
+            the head dim.
 
     A model whose code cannot batch rows of different lengths (found by
     :func:`workbench.engine.probe.probe` when the scheduler is built, e.g. mlx-lm's
@@ -145,7 +152,8 @@ class Scheduler:
     Raises:
         ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
             ``make_cache``, or a model with a cache type that cannot batch (naming the
-            layer and type).
+            layer and type); ``kv_bits`` / ``kv_group_size`` outside their allowed
+            values or not fitting the model, or given with ``prompt_cache``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,
@@ -154,7 +162,7 @@ class Scheduler:
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True,
-                 history_checkpoints: int = 0):
+                 history_checkpoints: int = 0, kv_bits: int | None = None, kv_group_size: int = 64):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model, self.tokenizer = model, tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -163,6 +171,7 @@ class Scheduler:
             "prompt_concurrency", prompt_concurrency)
         self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
         kv.check_batchable(model, self.max_kv_size)
+        self.kv_quant = quantized_kv.configure(model, kv_bits, kv_group_size, self.max_kv_size, prompt_cache)
         self.serial_reason = probe(model, self.max_kv_size) if self.max_batch > 1 else ""
         if self.serial_reason:  # the serial lane: one row at a time, never padded
             self.max_batch = self.prompt_concurrency = 1
@@ -177,10 +186,10 @@ class Scheduler:
         self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens, self.context_field = context_limit(model)
-        self._kv_profile = kv_profile(model, self.max_kv_size)
+        self._kv_profile = kv_profile(model, self.max_kv_size, self.kv_quant)
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
-        self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline)
+        self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant)
         self.recorder = Recorder(clock, history_size)
         cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
         self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)

@@ -1,0 +1,463 @@
+"""Quantized KV cache in a batch: mlx-lm's ``QuantizedKVCache`` storage (packed values,
+scales and biases) with ``BatchKVCache``'s rows (left padding, per-row offsets, ``extend``,
+``filter``, ``extract``, ``merge``, ``prepare`` / ``finalize``, ``make_mask``).
+
+Knows: mlx-lm's ``BatchKVCache`` (subclassed: its masks, ``trim`` and ``size`` are reused),
+``QuantizedKVCache`` (the solo form ``extract`` returns and ``merge`` takes) and
+``mlx_lm.generate.maybe_quantize_kv_cache`` (when mlx-lm's ``generate_step`` quantizes).
+Must not know: requests, events, the queue. Its write index is mlx-lm's private ``_idx``,
+read and set only through :mod:`workbench.engine.cache_internals`.
+
+Axis letters: ``B`` rows, ``H`` KV heads, ``S`` cache positions, ``D`` head dim,
+``D_p = D * bits / 32`` packed uint32 words, ``G = D / group_size`` groups.
+Keys and values are each a tuple ``(packed [B, H, S, D_p] uint32, scales [B, H, S, G],
+biases [B, H, S, G])``, scales and biases in the model's activation dtype, exactly what
+``mx.quantize(x, group_size, bits)`` returns for ``x`` ``[B, H, S, D]`` and what mlx-lm's
+``quantized_scaled_dot_product_attention`` reads (the model's attention takes that path
+because the cache has ``bits``). Quantization groups run along ``D`` only, so each
+position is quantized on its own: quantizing a whole buffer equals quantizing its
+positions one by one, bit for bit (tested), and padding, rolling, slicing rows or
+positions commute with it.
+
+When mlx-lm quantizes (``generate_step(..., kv_bits, kv_group_size, quantized_kv_start)``):
+after every forward (each prefill chunk of ``prefill_step_size`` tokens, then each
+one-token step) it calls ``maybe_quantize_kv_cache``, which converts a layer's
+``KVCache`` with ``offset >= quantized_kv_start`` to a ``QuantizedKVCache`` (the whole
+float buffer through ``mx.quantize``). The forward that crosses the threshold still
+attends to float keys; every later one to quantized keys. The engine matches
+``quantized_kv_start=0``: a row's *first* forward (its first prefill chunk, or the join
+forward for a one-token prompt) runs on float keys, every later one on quantized keys.
+Other starts are not offered: a batch whose rows cross the threshold at different steps
+would need float and quantized rows in one layer, and mlx-lm picks the attention path
+per layer (``hasattr(cache, "bits")``), not per row.
+
+Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``), after
+``merge`` of a 3-token and a 1-token solo cache::
+
+    packed [2, H, 3, 4]   row 0  [k0 k1 k2]   left_padding 0   offset 3
+                          row 1  [0  0  k0]   left_padding 2   offset 1
+    scales, biases [2, H, 3, 1]: 0 at padding, so a pad position dequantizes to 0 and
+    the mask (``create_causal_mask(N, offset=3, left_padding=[0, 2])``) hides it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+from mlx_lm.generate import maybe_quantize_kv_cache
+from mlx_lm.models.cache import (
+    ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache,
+)
+
+from . import cache_internals as internals
+from . import caches as kv
+from .decode import Pending, launch
+from .prefill import PrefillGroup
+
+ALLOWED_BITS = (4, 8)
+ALLOWED_GROUP_SIZES = (32, 64, 128)
+Quantized = tuple[mx.array, mx.array, mx.array]  # (packed, scales, biases), see the module docstring
+
+
+@dataclass(frozen=True)
+class KVQuant:
+    """A KV quantization setting: ``bits`` per value (4 or 8) and ``group_size`` values
+    sharing one scale and bias (32, 64 or 128; must divide the head dim)."""
+
+    bits: int
+    group_size: int
+
+
+def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
+    """Validate the scheduler's ``kv_bits`` / ``kv_group_size`` (``None`` bits: float cache).
+
+    Raises:
+        ValueError: naming the field and its allowed values.
+    """
+    if kv_bits is None:
+        return None
+    if isinstance(kv_bits, bool) or kv_bits not in ALLOWED_BITS:
+        raise ValueError(f"kv_bits must be None (float cache) or one of {ALLOWED_BITS}, got {kv_bits!r}")
+    if isinstance(kv_group_size, bool) or kv_group_size not in ALLOWED_GROUP_SIZES:
+        raise ValueError(f"kv_group_size must be one of {ALLOWED_GROUP_SIZES}, got {kv_group_size!r}")
+    return KVQuant(int(kv_bits), int(kv_group_size))
+
+
+def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> None:
+    """Refuse a model whose KV cache mlx-lm cannot quantize at ``quant``: a rotating
+    (sliding-window) layer (mlx-lm's ``RotatingKVCache.to_quantized`` raises
+    ``NotImplementedError``), or a head dim (keys ``[1, H, S, D]`` after a one-token probe
+    forward) that ``group_size`` does not divide (``mx.quantize`` raises). Recurrent
+    ``ArraysCache`` layers (and ``CacheList`` members) stay float, as in
+    ``maybe_quantize_kv_cache``.
+
+    Raises:
+        ValueError: naming the layer, its cache type or head dim, and the allowed values.
+    """
+    caches = make_prompt_cache(model, max_kv_size)
+    for i, c in enumerate(caches):
+        if not isinstance(c, (KVCache, ArraysCache, CacheList)):
+            raise ValueError(f"kv_bits: layer {i} has a {type(c).__name__}, which mlx-lm cannot quantize "
+                             "(only full-attention KVCache layers); use kv_bits=None for this model")
+    model(mx.array([[0]], dtype=mx.uint32), cache=caches)
+    for i, c in enumerate(caches):
+        if isinstance(c, KVCache):
+            dims = {c.keys.shape[-1], c.values.shape[-1]}
+            if any(d % quant.group_size for d in dims):
+                fits = [g for g in ALLOWED_GROUP_SIZES if all(d % g == 0 for d in dims)]
+                raise ValueError(f"kv_group_size={quant.group_size} does not divide layer {i}'s head dim "
+                                 f"{sorted(dims)}; allowed for this model: {fits}")
+
+
+def _zeros_like_parts(parts: Quantized, B: int, S: int) -> Quantized:
+    """Zero ``(packed, scales, biases)`` of ``B`` rows and ``S`` positions, shaped like ``parts``."""
+    return tuple(mx.zeros((B, a.shape[1], S, a.shape[3]), a.dtype) for a in parts)
+
+
+class BatchQuantizedKVCache(BatchKVCache):
+    """A batch KV cache holding keys and values quantized (see the module docstring).
+
+    Mirrors mlx-lm's ``BatchKVCache`` (rows left-padded, ``left_padding`` ``[B]``,
+    ``offset`` ``[B]``, growth by ``step`` positions) with mlx-lm's ``QuantizedKVCache``
+    storage and ``bits`` / ``group_size`` attributes, so mlx-lm's attention
+    (``models.base.scaled_dot_product_attention``) runs
+    ``quantized_scaled_dot_product_attention`` on it.
+
+    Args:
+        left_padding: pad positions per row (tokens), as ``BatchKVCache``.
+        group_size, bits: the quantization (validated by :func:`kv_quant_from`).
+    """
+
+    step = 256
+
+    def __init__(self, left_padding: Sequence[int], group_size: int = 64, bits: int = 8):
+        super().__init__(list(left_padding))
+        self.group_size, self.bits = int(group_size), int(bits)
+        self.right_padding: mx.array | None = None  # rows' right padding until finalize
+
+    # -- the model's forward ----------------------------------------------------------
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Quantized, Quantized]:
+        """Quantize ``keys`` ``[B, H, N, D]`` and ``values`` and write them at the write
+        index; return every position up to it, as ``(packed, scales, biases)`` tuples
+        (mirrors ``QuantizedKVCache.update_and_fetch`` with ``BatchKVCache``'s offsets)."""
+        B, H, N, Dk = keys.shape  # [B, n_kv_heads, N, head_dim]
+        prev = internals.write_index(self)
+        if self.keys is None or prev + N > self.keys[0].shape[2]:
+            new_steps = (self.step + N - 1) // self.step * self.step
+            fresh_k = self._zeros(B, H, new_steps, Dk, keys.dtype)
+            fresh_v = self._zeros(B, H, new_steps, values.shape[3], values.dtype)
+            if self.keys is None:
+                self.keys, self.values = fresh_k, fresh_v
+            else:
+                self.keys = tuple(mx.concatenate([a[..., :prev, :], z], axis=2) for a, z in zip(self.keys, fresh_k))
+                self.values = tuple(mx.concatenate([a[..., :prev, :], z], axis=2) for a, z in zip(self.values, fresh_v))
+        self.offset = self.offset + N
+        internals.set_write_index(self, prev + N)
+        for stored, new in ((self.keys, keys), (self.values, values)):
+            for part, q in zip(stored, mx.quantize(new, group_size=self.group_size, bits=self.bits)):
+                part[..., prev : prev + N, :] = q
+        return self.keys_and_values()
+
+    def _zeros(self, B: int, H: int, S: int, D: int, dtype: mx.Dtype) -> Quantized:
+        """Zero ``(packed [B, H, S, D_p], scales [B, H, S, G], biases)``, as
+        ``QuantizedKVCache``'s ``init_quant`` allocates them."""
+        words = D * self.bits // 32
+        return (mx.zeros((B, H, S, words), mx.uint32), mx.zeros((B, H, S, D // self.group_size), dtype),
+                mx.zeros((B, H, S, D // self.group_size), dtype))
+
+    def keys_and_values(self) -> tuple[Quantized, Quantized]:
+        """Keys and values over positions ``[0, KV width)``."""
+        idx = internals.write_index(self)
+        return tuple(a[..., :idx, :] for a in self.keys), tuple(a[..., :idx, :] for a in self.values)
+
+    # -- mlx-lm's right-padding protocol ----------------------------------------------
+    def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:
+        """``BatchKVCache.prepare``: left padding on an empty cache; ``right_padding``
+        ``[B]`` remembered until :meth:`finalize`."""
+        super().prepare(left_padding=left_padding, lengths=lengths)
+        if right_padding is not None and max(right_padding) > 0:
+            self.right_padding = mx.array(right_padding)
+
+    def finalize(self) -> None:
+        """Roll each row right by its right padding (packed, scales and biases alike) so
+        the padding moves left, as ``BatchKVCache.finalize`` rolls float keys."""
+        if self.right_padding is None:
+            return
+        pad = self.right_padding
+        self.keys = tuple(dynamic_roll(a, pad[:, None], axis=2) for a in self.keys)
+        self.values = tuple(dynamic_roll(a, pad[:, None], axis=2) for a in self.values)
+        self.offset = self.offset - pad
+        self.left_padding = self.left_padding + pad
+        self.right_padding = None
+
+    # -- rows ---------------------------------------------------------------------------
+    def filter(self, batch_indices: Sequence[int]) -> None:
+        """Keep rows ``batch_indices`` in place and drop left padding they all share
+        (``BatchKVCache.filter``)."""
+        idx = mx.array(list(batch_indices), dtype=mx.int32)
+        if self.keys is not None:
+            self.keys = tuple(a[idx] for a in self.keys)
+            self.values = tuple(a[idx] for a in self.values)
+        self.offset, self.left_padding = self.offset[idx], self.left_padding[idx]
+        shared = min(self.left_padding.tolist())
+        if shared > 0:
+            if self.keys is not None:
+                self.keys = tuple(a[..., shared:, :] for a in self.keys)
+                self.values = tuple(a[..., shared:, :] for a in self.values)
+            internals.set_write_index(self, internals.write_index(self) - shared)
+            self.left_padding = self.left_padding - shared
+
+    def extend(self, other: "BatchQuantizedKVCache") -> None:
+        """Append ``other``'s rows in place, right-aligning both at the larger write
+        index (``BatchKVCache.extend``).
+
+        Raises:
+            ValueError: when ``other`` is not a :class:`BatchQuantizedKVCache` of the same
+                ``bits`` and ``group_size``.
+        """
+        if not isinstance(other, BatchQuantizedKVCache) or (other.bits, other.group_size) != (self.bits, self.group_size):
+            raise ValueError(f"extend: a {self.bits}-bit group-{self.group_size} cache cannot take "
+                             f"{type(other).__name__} rows of another quantization")
+        if self.keys is None and other.keys is None:
+            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            self.offset = mx.concatenate([self.offset, other.offset])
+            return
+        ref = self if self.keys is not None else other
+        width = max(internals.write_index(self), internals.write_index(other))
+        size = max(c.keys[0].shape[2] for c in (self, other) if c.keys is not None)
+        parts = [self._aligned(c, ref, width, size) for c in (self, other)]
+        self.keys = tuple(mx.concatenate(z) for z in zip(parts[0][0], parts[1][0]))
+        self.values = tuple(mx.concatenate(z) for z in zip(parts[0][1], parts[1][1]))
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self.left_padding = mx.concatenate([parts[0][2], parts[1][2]])
+        internals.set_write_index(self, width)
+
+    @staticmethod
+    def _aligned(c: "BatchQuantizedKVCache", ref: "BatchQuantizedKVCache", width: int, size: int):
+        """``c``'s keys, values and left padding padded to ``size`` positions with its
+        write index moved to ``width`` (zeros left of its rows, free capacity right)."""
+        Bc = c.offset.shape[0]
+        keys = c.keys if c.keys is not None else _zeros_like_parts(ref.keys, Bc, 0)
+        values = c.values if c.values is not None else _zeros_like_parts(ref.values, Bc, 0)
+        left = width - internals.write_index(c)
+        right = size - keys[0].shape[2] - left
+        if right < 0:
+            keys, values = (tuple(a[..., :right, :] for a in t) for t in (keys, values))
+            right = 0
+        if left or right:
+            keys, values = (tuple(mx.pad(a, [(0, 0), (0, 0), (left, right), (0, 0)]) for a in t)
+                            for t in (keys, values))
+        return keys, values, c.left_padding + left
+
+    def extract(self, idx: int) -> QuantizedKVCache:
+        """Row ``idx`` as mlx-lm's single-sequence ``QuantizedKVCache`` (its padding
+        dropped; ``BatchKVCache.extract``)."""
+        out = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
+        pad, end = int(self.left_padding[idx].item()), internals.write_index(self)
+        out.keys = tuple(mx.contiguous(a[idx : idx + 1, :, pad:end]) for a in self.keys)
+        out.values = tuple(mx.contiguous(a[idx : idx + 1, :, pad:end]) for a in self.values)
+        out.offset = end - pad
+        return out
+
+    @classmethod
+    def merge(cls, caches: Sequence[Any], group_size: int | None = None, bits: int | None = None) -> "BatchQuantizedKVCache":
+        """One batch cache from single-sequence ``QuantizedKVCache`` rows (empty
+        ``KVCache`` / ``QuantizedKVCache`` rows allowed), left-padding the shorter
+        (``BatchKVCache.merge``). ``group_size`` / ``bits`` default to the rows' own.
+
+        Raises:
+            ValueError: a row holding float keys, or rows of different quantizations, or
+                no quantization known.
+        """
+        held = [c for c in caches if c.keys is not None]
+        if any(not isinstance(c, QuantizedKVCache) for c in held):
+            raise ValueError("merge: a row holds float keys; quantize it first (mlx-lm's to_quantized)")
+        kinds = {(c.group_size, c.bits) for c in held} | ({(group_size, bits)} if bits is not None else set())
+        if len(kinds) != 1:
+            raise ValueError(f"merge: rows of different (group_size, bits) {sorted(kinds)} or none known")
+        (group_size, bits), = kinds
+        lengths = [c.offset if c.keys is not None else 0 for c in caches]
+        width = max(lengths)
+        out = cls([width - n for n in lengths], group_size, bits)
+        if width == 0:
+            return out
+        out.keys = _zeros_like_parts(held[0].keys, len(caches), width)
+        out.values = _zeros_like_parts(held[0].values, len(caches), width)
+        for b, (c, n) in enumerate(zip(caches, lengths)):
+            for stored, row in ((out.keys, c.keys), (out.values, c.values)):
+                for part, src in zip(stored, row or ()):
+                    part[b : b + 1, :, width - n : width] = src[..., :n, :]
+        out.offset = out.offset + width
+        internals.set_write_index(out, width)
+        return out
+
+    @classmethod
+    def from_float(cls, cache: BatchKVCache, group_size: int, bits: int) -> "BatchQuantizedKVCache":
+        """A float ``BatchKVCache``'s rows quantized (its whole buffer through
+        ``mx.quantize``, as mlx-lm's ``KVCache.to_quantized``); geometry and any pending
+        right padding kept. The float cache is not changed."""
+        out = cls([0], group_size, bits)
+        out.left_padding, out.offset = cache.left_padding, cache.offset
+        internals.set_write_index(out, internals.write_index(cache))
+        out.right_padding = internals.pending_right_padding(cache)
+        if cache.keys is not None:
+            out.keys = tuple(mx.quantize(cache.keys, group_size=group_size, bits=bits))
+            out.values = tuple(mx.quantize(cache.values, group_size=group_size, bits=bits))
+        return out
+
+    @property
+    def state(self):
+        """``(keys, values, offset, left_padding, write index)``, keys and values as
+        ``(packed, scales, biases)`` tuples (``BatchKVCache.state``)."""
+        return self.keys, self.values, self.offset, self.left_padding, internals.write_index(self)
+
+    @state.setter
+    def state(self, v):
+        self.keys, self.values, self.offset, self.left_padding, idx = v
+        internals.set_write_index(self, idx)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated: packed values, scales and biases of keys and values, capacity
+        included."""
+        if self.keys is None:
+            return 0
+        return int(sum(a.nbytes for a in self.keys + self.values))
+
+
+def is_quantized(cache: Any) -> bool:
+    """True for a layer cache whose attention runs quantized (it has ``bits``)."""
+    return hasattr(cache, "bits")
+
+
+def quantize_batch(caches: list[Any], quant: KVQuant) -> list[Any]:
+    """Every full-attention layer of a group's or batch's caches quantized after a forward
+    (mirrors ``maybe_quantize_kv_cache(caches, quantized_kv_start=0, ...)``): a float
+    ``BatchKVCache`` becomes a :class:`BatchQuantizedKVCache`, a solo ``KVCache`` mlx-lm's
+    ``QuantizedKVCache``; quantized, recurrent and ``CacheList`` layers are kept. Returns a
+    new list (the float caches are not changed)."""
+    out = []
+    for c in caches:
+        if type(c) is BatchKVCache:
+            c = BatchQuantizedKVCache.from_float(c, quant.group_size, quant.bits)
+        elif type(c) is KVCache:
+            solo = [c]
+            maybe_quantize_kv_cache(solo, 0, quant.group_size, quant.bits)
+            c = solo[0]
+        out.append(c)
+    return out
+
+
+def merge_rows(solo: list[list[Any]], quant: KVQuant) -> list[Any]:
+    """One batch cache from per-row solo caches (``caches.merge_rows``), quantized layers
+    merged by :meth:`BatchQuantizedKVCache.merge` (rows that never ran, still an empty
+    ``KVCache``, become left padding)."""
+    out = []
+    for layer in zip(*solo):
+        if any(isinstance(c, QuantizedKVCache) for c in layer):
+            out.append(BatchQuantizedKVCache.merge(list(layer), quant.group_size, quant.bits))
+        else:
+            out.append(type(layer[0]).merge(list(layer)))
+    return out
+
+
+class QuantizedPrefillGroup(PrefillGroup):
+    """A :class:`workbench.engine.prefill.PrefillGroup` whose caches are quantized after
+    every chunk, as ``generate_step(..., kv_bits, quantized_kv_start=0)`` quantizes after
+    every prefill forward: a row's first chunk attends to float keys, later ones to
+    quantized keys. Batched groups quantize the group's ``BatchKVCache`` layers (after
+    ``finalize`` for a padded group, which runs in one chunk); per-row groups quantize the
+    row's own mlx-lm cache with ``maybe_quantize_kv_cache`` (the reference's own call) and
+    merge the rows into a :class:`BatchQuantizedKVCache`. A row that has not run yet
+    (empty prompt tail) keeps a float cache: its first forward is the join forward
+    (:func:`join_forward`).
+
+    Args:
+        quant: the quantization; the others as :class:`PrefillGroup` (no prompt-cache
+            ``caches``: the scheduler refuses a prompt cache with ``kv_bits``).
+    """
+
+    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
+                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
+                 quant: KVQuant = KVQuant(8, 64)):
+        self.quant = quant
+        super().__init__(model, prompts, prefill_step_size, max_kv_size, caches)
+
+    def run_chunk(self, *args: Any, **kwargs: Any) -> list[int]:
+        """:meth:`PrefillGroup.run_chunk`, then every row that has run quantized."""
+        real = super().run_chunk(*args, **kwargs)
+        if not self.per_row:
+            self.caches = quantize_batch(self.caches, self.quant)
+            mx.eval([c.state for c in self.caches])
+        elif not self.done:
+            self._quantize_rows()
+        return real
+
+    def _quantize_rows(self) -> None:
+        """Quantize each per-row cache whose row has run at least one token."""
+        for b, n in enumerate(self.rows_done_tokens):
+            if n:
+                self._solo[b] = quantize_batch(self._solo[b], self.quant)
+                mx.eval([c.state for c in self._solo[b]])
+
+    def _finish(self) -> None:
+        if not self.per_row:
+            super()._finish()
+            return
+        self._quantize_rows()
+        self.caches = merge_rows(self._solo, self.quant)
+        self._done = True
+
+
+def fresh_rows(group: PrefillGroup) -> list[int]:
+    """Rows of a done group whose caches hold none of their tokens yet (empty prompt
+    tail): the join forward is their first forward."""
+    return [b for b, n in enumerate(group.lengths) if n == 0]
+
+
+def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array, samplers: Sequence[Any],
+                 contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool) -> Pending:
+    """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
+    then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
+
+    A row's first forward must attend to float keys. When the group's caches are already
+    quantized (some rows ran prefill chunks) and some rows are fresh
+    (:func:`fresh_rows`), those rows' next-token results come from a second forward of
+    just their tokens ``[f, 1]`` on fresh float caches (what mlx-lm's first ``_step``
+    computes); the group forward still writes their quantized keys (a key does not depend
+    on the cache it is written to). Returns the :class:`Pending` of all ``n`` rows.
+    """
+    was_quantized = any(is_quantized(c) for c in group.caches)
+    pending = launch(model, group.caches, last, samplers, contexts, token_index, asynchronous)
+    group.caches = quantize_batch(group.caches, quant)
+    fresh = fresh_rows(group)
+    if not (was_quantized and fresh):
+        return pending
+    first = launch(model, kv.new_batch_cache(model, len(fresh)), last[mx.array(fresh)],
+                   [samplers[b] for b in fresh], [contexts[b] for b in fresh],
+                   [token_index[b] for b in fresh], asynchronous)
+    n = len(samplers)
+    order = [n + fresh.index(b) if b in fresh else b for b in range(n)]
+    return Pending.concat(pending, first).take(order)
+
+
+def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None,
+              prompt_cache: Any = None) -> KVQuant | None:
+    """The scheduler's ``kv_bits`` / ``kv_group_size`` checked against the model
+    (:func:`kv_quant_from`, :func:`check_model`); ``None`` for a float cache.
+
+    Raises:
+        ValueError: a bad value (naming the field and the allowed values), a model mlx-lm
+            cannot quantize, or a ``prompt_cache`` with ``kv_bits`` (a cached prefix would
+            change which forward runs on float keys, so no mlx-lm reference matches it).
+    """
+    quant = kv_quant_from(kv_bits, kv_group_size)
+    if quant is None:
+        return None
+    if prompt_cache is not None:
+        raise ValueError("kv_bits with prompt_cache is not offered: a cached prefix changes which forward "
+                         "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them")
+    check_model(model, quant, max_kv_size)
+    return quant

@@ -64,9 +64,15 @@ def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> lis
 
 
 def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
-                   max_kv_size: int | None = None, keep: int = 0, tokenizer: Any = None) -> TokenTrace:
+                   max_kv_size: int | None = None, keep: int = 0, tokenizer: Any = None,
+                   kv_bits: int | None = None, kv_group_size: int = 64) -> TokenTrace:
     """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, the model's own
     cache from :func:`solo_cache`).
+
+    With ``kv_bits`` the cache is quantized as ``generate_step(kv_bits=, kv_group_size=,
+    quantized_kv_start=0)`` does: after the first forward (the first prefill chunk of
+    ``prefill_step_size`` tokens), so that forward attends to float keys and every later
+    one to quantized keys (the batch matches it: :mod:`workbench.engine.quantized_kv`).
 
     Stops after a stop id (included, as mlx-lm yields it), after the token whose text
     completes one of ``req.stop`` (mlx-lm's streaming detokenizer over mlx-lm's tokens,
@@ -83,7 +89,8 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
     prompt = mx.array(list(req.prompt_ids), dtype=mx.uint32)
     for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
                                            prefill_step_size=prefill_step_size,
-                                           prompt_cache=solo_cache(model, max_kv_size, keep)):
+                                           prompt_cache=solo_cache(model, max_kv_size, keep),
+                                           kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=0):
         trace.add(int(token), logprobs_v)
         if int(token) in req.stop_ids or (text is not None and text.feed(int(token))):
             break
@@ -267,9 +274,12 @@ def ref_request(valid: Any) -> RefRequest:
 
 def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: float = DEFAULT_ATOL) -> OracleReport:
     """Solo oracle for finished greedy rows of ``sched``: each uid run alone through
-    mlx-lm and compared (stop strings decoded with ``sched.tokenizer``). ``uids`` defaults
+    mlx-lm and compared (stop strings decoded with ``sched.tokenizer``; a quantized KV
+    cache, ``Scheduler(kv_bits=...)``, at the same bits and group size). ``uids`` defaults
     to every finished greedy uid."""
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
+    quant = getattr(sched, "kv_quant", None)
+    kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
     refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size,
-                              sched.max_kv_size, tokenizer=sched.tokenizer) for u in uids}
+                              sched.max_kv_size, tokenizer=sched.tokenizer, **kv) for u in uids}
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -158,7 +158,8 @@ class LayerDivergence:
             return (f"{head}: every layer within tolerance (rtol {self.rtol:.0e}), "
                     f"max |dlogprob| {self.logprob_max_abs_delta:.1e}")
         t = self.table.iloc[self.first_layer]
-        where = "this step's token only" if self.positions == [self.position] else "cache written before this step"
+        where = ("this step's token only" if self.positions == [self.position] else
+                 "its cache differs, written by earlier steps: localize an earlier token")
         return (f"{head}: first over tolerance at layer {self.first_layer} "
                 f"(output max |d| {t['max_abs_delta']:.2e}, tolerance {t['tolerance']:.2e}), "
                 f"positions {ranges(self.positions)} ({where}); next token batched {self.batched_argmax}, "

@@ -1,0 +1,107 @@
+"""Divergence by layer: the per-layer Δ table of :func:`workbench.verify.layers.localize`
+as text and as a figure.
+
+Knows: the table's columns (:data:`workbench.verify.layers.COLUMNS`), matplotlib. Must not
+know: the engine, models; both forms are pure functions of the table.
+
+Text form (what nbval compares: verdicts only, no float noise)::
+
+    layer  over  first position  positions
+        0    no               -  -
+        1    no               -  -
+        2   YES              13  13
+        3   YES              13  13
+
+Rich form: ``max |Δ|`` per layer on a log scale, for the layer's output at the fed
+position (dots) and for its KV cache over the row's real positions (squares), each with
+its tolerance (dashed); layers over tolerance in red, the first one marked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from . import style
+
+OVER = "#d62728"  # a layer over tolerance
+WITHIN = style.ATTENDED
+
+
+def divergence_text(table: pd.DataFrame) -> str:
+    """One line per layer: whether it is over tolerance, its first position over it and
+    all of them (``3-5, 9``; ``-`` for none)."""
+    from ..verify.layers import ranges  # lazily: verify imports MLX, importing the views must not
+
+    lines = ["layer  over  first position  positions"]
+    for _, r in table.iterrows():
+        first = "-" if pd.isna(r["first_position"]) else str(int(r["first_position"]))
+        lines.append(f"{int(r['layer']):5d}  {'YES' if r['over'] else 'no':>4}  {first:>14}  {ranges(list(r['positions']))}")
+    return "\n".join(lines)
+
+
+def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
+    """The figure of the module docstring: ``max |Δ|`` and tolerance per layer (log scale),
+    over-tolerance layers in red, the first one annotated with its positions.
+
+    Args:
+        table: :func:`workbench.verify.layers.layer_table` (``LayerDivergence.table``).
+        title: shown above the axes (e.g. ``LayerDivergence.text()``'s head).
+
+    Raises:
+        ValueError: for an empty table.
+    """
+    if table.empty:
+        raise ValueError("empty table: no layers to draw")
+    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    layers = table["layer"].to_numpy()
+    floor = _floor(table)
+    out = np.maximum(table["max_abs_delta"].to_numpy(float), floor)
+    kv = np.maximum(table["kv_max_abs_delta"].to_numpy(float), floor)
+    out_over = table["max_abs_delta"].to_numpy(float) > table["tolerance"].to_numpy(float)
+    kv_over = table["kv_max_abs_delta"].to_numpy(float) > table["kv_tolerance"].to_numpy(float)
+    ax.plot(layers, out, color="#555555", lw=1, zorder=1)
+    ax.scatter(layers, out, c=[OVER if o else WITHIN for o in out_over], s=60, marker="o", zorder=3,
+               label="output at the fed position")
+    ax.step(layers, table["tolerance"], where="mid", ls="--", color="#555555", lw=1, label="tolerance (output)")
+    if np.isfinite(kv).any():
+        ax.scatter(layers, kv, edgecolors=[OVER if o else WITHIN for o in kv_over], s=45, marker="s", facecolors="none", linewidths=1.5, zorder=2,
+                   label="KV cache, real positions")
+        ax.step(layers, table["kv_tolerance"], where="mid", ls=":", color="#888888", lw=1, label="tolerance (KV)")
+    _mark_first(ax, table, out)
+    ax.set_yscale("log")
+    ax.set_xlabel("layer", fontsize=11)
+    ax.set_ylabel("max |Δ| batched vs alone", fontsize=11)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=10)
+    ax.legend(fontsize=9, loc="upper left", frameon=False, title="red: over tolerance", title_fontsize=9)
+    if title:
+        ax.set_title(title, fontsize=10, loc="left")
+    return fig
+
+
+def _floor(table: pd.DataFrame) -> float:
+    """Where a zero Δ is drawn on the log axis: a decade under the smallest positive value."""
+    values = table[["max_abs_delta", "kv_max_abs_delta", "tolerance"]].to_numpy(float).ravel()
+    positive = values[np.isfinite(values) & (values > 0)]
+    return float(positive.min()) / 10 if positive.size else 1e-12
+
+
+def _mark_first(ax, table: pd.DataFrame, out: np.ndarray) -> None:
+    """Annotate the first over-tolerance layer with its positions (or say none is)."""
+    from ..verify.layers import ranges
+
+    over = table.index[table["over"]]
+    if not len(over):
+        ax.text(0.99, 0.03, "every layer within tolerance", transform=ax.transAxes, ha="right", fontsize=10)
+        return
+    i = over[0]
+    positions = ranges(list(table.loc[i, "positions"]))
+    right_half = table.loc[i, "layer"] > table["layer"].max() / 2
+    ax.annotate(f"first over tolerance: layer {int(table.loc[i, 'layer'])}\npositions {positions}",
+                xy=(table.loc[i, "layer"], out[i]), xytext=(0.45 if right_half else 0.55, 0.5),
+                textcoords="axes fraction", ha="right" if right_half else "left", fontsize=10, color=OVER,
+                arrowprops={"arrowstyle": "->", "color": OVER})

@@ -216,10 +216,11 @@ def paged_table(snaps: Iterable[Snapshot], blocks: Sequence[int] = DEFAULT_BLOCK
     if budget_bytes is None and snaps:
         budget_bytes = snaps[0].kv_budget_bytes
     rows = [step_layout(s, blocks) for s in snaps]
-    return with_budget(pd.DataFrame(rows, columns=_columns(blocks)), budget_bytes)
+    return with_budget(pd.DataFrame(rows, columns=layout_columns(blocks)), budget_bytes)
 
 
-def _columns(blocks: Sequence[int]) -> list[str]:
+def layout_columns(blocks: Sequence[int] = DEFAULT_BLOCKS) -> list[str]:
+    """The columns of :func:`step_layout` rows, in table order."""
     head = ["step", "rows", "free_slots", "tokens", "padded_bytes"] + [f"padded_{k}_bytes" for k in PADDED_PARTS]
     return head + ["padded_row_bytes"] + [f"paged_{k}_b{b}" for b in blocks
                                           for k in ("bytes", "waste_bytes", "row_bytes")]

@@ -17,6 +17,11 @@ named otherwise):
 ``slo_attainment``       share of requests meeting the SLO (0..1)
 ``peak_kv_bytes``        most bytes the running batch's caches held at a decode step
 ``peak_kv_tokens``       most KV slots (rows x KV width) at a decode step: model-free
+``paged_peak_bytes_b16`` most bytes a paged cache of 16-token blocks would hold for the same
+                         rows at a step (:mod:`workbench.observe.paged`; NaN without layouts)
+``padding_tax``          share of the padded batch's bytes, summed over steps, that those
+                         16-token blocks would not hold (padding, growth step, free slots
+                         minus the blocks' own last-block waste)
 ``padding_waste``        share of KV slots, over all decode steps, that held left padding
 ``mean_batch_size``      rows per decode step, averaged over steps that had rows
 ``makespan_s``           first submit to last token (the span)
@@ -33,6 +38,7 @@ from tqdm.auto import tqdm
 
 from .costmodel import CostModel
 from ..observe.metrics import SLO, goodput_req_per_s, meets_slo, padding_waste_overall, percentiles, span_s
+from ..observe.paged import padding_tax
 from ..runtime.modelref import ModelRef
 from .replay import Replay, replay
 from ..workloads.workload import Workload
@@ -43,7 +49,7 @@ COMPARE_COLUMNS = (
     ["config", "requests", "finished"]
     + [f"{m}_p{q}_s" for m in LATENCIES for q in QUANTILES]
     + ["throughput_tok_per_s", "goodput_req_per_s", "slo_attainment", "peak_kv_bytes", "peak_kv_tokens",
-       "padding_waste", "mean_batch_size", "makespan_s"]
+       "paged_peak_bytes_b16", "padding_tax", "padding_waste", "mean_batch_size", "makespan_s"]
 )
 
 
@@ -63,6 +69,8 @@ def summary_row(run: Replay, slo: SLO = SLO()) -> dict[str, Any]:
         "slo_attainment": float(meets_slo(req, slo).mean()) if len(req) else math.nan,
         "peak_kv_bytes": int(s.kv_bytes.max()) if len(s) else 0,
         "peak_kv_tokens": int(s.kv_slots_tokens.max()) if len(s) else 0,
+        "paged_peak_bytes_b16": int(run.layouts.paged_bytes_b16.max()) if len(run.layouts) else math.nan,
+        "padding_tax": padding_tax(run.layouts, 16) if len(run.layouts) else math.nan,
         "padding_waste": padding_waste_overall(s.padding_tokens, s.kv_slots_tokens),
         "mean_batch_size": float(decoding.batch_size.mean()) if len(decoding) else math.nan,
         "makespan_s": span,

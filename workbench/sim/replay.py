@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from .clocks import VirtualClock, WallClock
 from .costmodel import CostedModel, CostModel
+from ..observe.paged import layout_columns, step_layout
 from ..observe.report import Report
 from ..engine.scheduler import Scheduler
 from ..observe.snapshot import Snapshot
@@ -95,6 +96,8 @@ class Replay:
             decode step saw it (clock time, rows, queue, prefilling group, KV bytes, KV
             width, ``rows x width`` slots and left-padding tokens).
         wall_s: real seconds the replay took.
+        layouts: one row per sample, the padded batch's bytes beside a paged layout's
+            (:func:`workbench.observe.paged.step_layout`, block sizes 16, 32, 64).
     """
 
     name: str
@@ -103,6 +106,7 @@ class Replay:
     report: Report
     samples: pd.DataFrame = field(repr=False)
     wall_s: float = 0.0
+    layouts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=layout_columns()), repr=False)
 
     def text(self) -> str:
         """One line: the replay's name, mode and its report's summary (requests, tokens, throughput, TTFT and TPOT p50/p95)."""
@@ -145,7 +149,7 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
         model = CostedModel(model, clock, cost_model)
         around_admit = model.charging
     sched = Scheduler(model, tokenizer, clock=clock, **{"history_size": 0, **config})
-    arrivals, i, samples = workload.arrivals, 0, []
+    arrivals, i, samples, layouts = workload.arrivals, 0, [], []
     started = time.perf_counter()
     with tqdm(total=len(arrivals), desc=name or workload.name, disable=not progress, leave=False) as bar:
         while i < len(arrivals) or not sched.idle:
@@ -160,6 +164,7 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
                 events = sched.admit()
             snap = sched.snapshot()
             samples.append(sample_of(snap, clock()))
+            layouts.append(step_layout(snap))
             if mode == "cost":
                 clock.advance(cost_model.decode_s(snap.batch_size, snap.kv_width_tokens))
             with around_call():
@@ -171,4 +176,5 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
                                    f"(queue {list(snap.queue)}); check the config's limits")
             bar.update(sum(e.kind == "finish" for e in events))
     return Replay(name=name or workload.name, config=config, mode=mode, report=sched.report(),
-                  samples=pd.DataFrame(samples, columns=SAMPLE_COLUMNS), wall_s=time.perf_counter() - started)
+                  samples=pd.DataFrame(samples, columns=SAMPLE_COLUMNS), wall_s=time.perf_counter() - started,
+                  layouts=pd.DataFrame(layouts, columns=layout_columns()))

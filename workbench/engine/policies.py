@@ -19,13 +19,15 @@ class Queued:
 
     Attributes:
         uid: request id. prompt_tokens: prompt length (tokens). priority: larger first
-        (for :class:`Priority`). arrival: submit order (0, 1, ...).
+        (for :class:`Priority`). arrival: submit order (0, 1, ...). waited_s: seconds
+        since it was submitted, by the scheduler's clock.
     """
 
     uid: int
     prompt_tokens: int
     priority: int
     arrival: int
+    waited_s: float = 0.0
 
 
 class Policy(Protocol):
@@ -48,13 +50,34 @@ class FCFS:
 
 
 class ShortestPromptFirst:
-    """Shortest prompt first (ties by arrival): lowers mean TTFT, can starve long prompts."""
+    """Shortest prompt first (ties by arrival): the least prefill work first, which lowers
+    TTFT; alone it can starve long prompts, so ``max_wait_s`` bounds it: a request that has
+    waited that long goes before every younger one (oldest first). Mirrors SGLang's
+    ``--schedule-policy`` orderings with an age bound.
+
+    Args:
+        max_wait_s: seconds after which a request is served first-come-first-served
+            (``None``: no bound, pure shortest-first).
+
+    Raises:
+        ValueError: for ``max_wait_s <= 0``.
+    """
 
     name = "shortest-prompt-first"
 
+    def __init__(self, max_wait_s: float | None = None):
+        if max_wait_s is not None and not max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be > 0 seconds or None, got {max_wait_s!r}")
+        self.max_wait_s = max_wait_s
+
     def order(self, queue: Sequence[Queued]) -> list[int]:
-        """Uids by prompt tokens, then arrival."""
-        return [q.uid for q in sorted(queue, key=lambda q: (q.prompt_tokens, q.arrival))]
+        """Uids: those waiting ``>= max_wait_s`` by arrival, then the rest by prompt
+        tokens, then arrival."""
+        late = lambda q: self.max_wait_s is not None and q.waited_s >= self.max_wait_s  # noqa: E731
+        return [q.uid for q in sorted(queue, key=lambda q: (not late(q), 0 if late(q) else q.prompt_tokens, q.arrival))]
+
+    def __repr__(self) -> str:
+        return f"ShortestPromptFirst(max_wait_s={self.max_wait_s!r})"
 
 
 class Priority:

@@ -94,6 +94,12 @@ class PrefillGroup:
         return [n if b < self._row else (self._row_pos if b == self._row else 0) for b, n in enumerate(self.lengths)]
 
     @property
+    def kv_bytes(self) -> int:
+        """Bytes the group's caches hold now (per-row caches before they are merged)."""
+        held = self._solo if self.per_row and not self._done else [self.caches]
+        return int(sum(c.nbytes for layers in held for c in layers))
+
+    @property
     def done(self) -> bool:
         """True when every prompt token is in :attr:`caches` (padding moved left)."""
         return self._done
@@ -107,9 +113,27 @@ class PrefillGroup:
             out._solo = [clone_caches(c, share_appended) for c in self._solo]
         return out
 
-    def run_chunk(self) -> list[int]:
+    def next_chunk(self) -> tuple[int, int, int]:
+        """The shape of the next chunk: ``(rows, start, remaining)`` — rows it runs
+        (``B`` batched, 1 per row), tokens its rows already hold, tokens left to run in
+        it. A padded batched group runs in one chunk (see the module docstring), so its
+        ``remaining`` is the whole prompt; ``(0, 0, 0)`` once :attr:`done`."""
+        if self._done:
+            return 0, 0, 0
+        if not self.per_row:
+            return len(self.prompts), self.position, self.length - self.position
+        row, pos = self._row, self._row_pos
+        while pos >= self.lengths[row]:
+            row, pos = row + 1, 0
+        return 1, pos, self.lengths[row] - pos
+
+    def run_chunk(self, tokens: int | None = None) -> list[int]:
         """Run the next chunk (``[B, C]`` batched, ``[1, C]`` per row), evaluated before
         returning.
+
+        Args:
+            tokens: chunk length ``C`` (default ``prefill_step_size``); a padded batched
+                group always runs its whole prompt in one chunk.
 
         Returns:
             Real (non-pad) tokens per row in this chunk.
@@ -119,11 +143,14 @@ class PrefillGroup:
         """
         if self._done:
             raise RuntimeError("prefill group is done; nothing left to run")
-        return self._run_row_chunk() if self.per_row else self._run_batch_chunk()
+        size = self.step_size if tokens is None else max(1, int(tokens))
+        return self._run_row_chunk(size) if self.per_row else self._run_batch_chunk(size)
 
-    def _run_batch_chunk(self) -> list[int]:
+    def _run_batch_chunk(self, size: int) -> list[int]:
         start = self.position
-        tokens = self._tokens[:, start : start + self.step_size]  # [B, C]
+        if self._padded:
+            size = self.length  # right padding is only safe within one chunk
+        tokens = self._tokens[:, start : start + size]  # [B, C]
         self.model(tokens, cache=self.caches)
         mx.eval([c.state for c in self.caches])
         C = tokens.shape[1]
@@ -133,11 +160,11 @@ class PrefillGroup:
             self._finish()
         return real
 
-    def _run_row_chunk(self) -> list[int]:
+    def _run_row_chunk(self, size: int) -> list[int]:
         while self._row_pos >= self.lengths[self._row]:
             self._row, self._row_pos = self._row + 1, 0
         b, start = self._row, self._row_pos
-        chunk = self.prompts[b][start : start + self.step_size]
+        chunk = self.prompts[b][start : start + size]
         self.model(mx.array([chunk], dtype=mx.uint32), cache=self._solo[b])  # [1, C]
         mx.eval([c.state for c in self._solo[b]])
         self._row_pos += len(chunk)

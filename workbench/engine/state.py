@@ -44,6 +44,7 @@ class RequestState:
         seed: PRNG seed of its sampler (its own ``Request.seed`` or one the scheduler drew).
         sampler: its :class:`workbench.engine.sampling.RowSampler`.
         projected_bytes: KV bytes it may reach (prompt + ``max_tokens``), for the budget.
+        submitted_s: the scheduler's clock when it was submitted (seconds).
         status: its :class:`Status`. finish_reason: ``stop``, ``length``, ``error``,
             ``abort`` once FINISHED, else ``None``. message: the error text (else ``""``).
         tokens: generated token ids. logprobs: their log-probabilities (natural log).
@@ -63,6 +64,7 @@ class RequestState:
     seed: int
     sampler: RowSampler
     projected_bytes: int
+    submitted_s: float = 0.0
     status: Status = Status.QUEUED
     finish_reason: str | None = None
     message: str = ""

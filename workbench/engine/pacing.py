@@ -1,0 +1,205 @@
+"""Pacing: plan each iteration against a time budget, so running rows' inter-token gaps
+stay under a target while joiners still reach their first token quickly.
+
+Knows: the cost of the engine's forwards (:class:`workbench.engine.cost.CostModel`, and
+what this engine measured), the shape of the next prefill chunk. Must not know: requests,
+the queue, events (the scheduler asks; :class:`Pacer` answers and learns).
+
+One *iteration* is ``admit(); step(); filter()``. A running row waits, between two of
+its tokens, for everything the iteration runs: the decode step (``[B, 1]``) plus any
+prefill chunks and join forwards ``admit()`` ran before it. vLLM bounds that work by a
+per-iteration *token* budget (``max_num_batched_tokens``, chunked prefill); here the
+budget is *time*, from the cost model::
+
+    target     = itl_target_s, or itl_target_steps x the predicted decode step
+    prefill    = target - predicted decode step      (inf while no row is running)
+    chunk k    = the most tokens with predicted prefill_s(rows, k, start) <= what is left
+    join       = run when its predicted [n, 1] forward still fits (or nothing ran yet)
+
+An iteration that has run nothing yet always runs at least ``min_chunk_tokens`` (no
+prompt starves behind a slow decode step). The predictions are corrected by what was
+measured: with a prior ``cost_model`` each prediction is scaled by the median ratio
+measured / predicted over the latest forwards; without one, the prefill coefficients are
+fitted online by non-negative least squares (:func:`workbench.engine.cost.nonnegative_lstsq`)
+and the decode step is the median of the latest measured ones.
+
+A decode sample is the time from the end of one ``admit()`` to the start of the next one
+once the pending decode forward is ready: the step, the filter and the driver's own work,
+everything that is not prefill, which is what a running row waits for besides prefill.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .cost import CostModel, nonnegative_lstsq, prefill_features
+
+SAMPLES = 64   # measured forwards kept for the online fit / correction
+RECENT = 16    # of which the latest this many set the correction ratio
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """Options of the per-iteration time budget (``Scheduler(pacing=Pacing(...))``).
+
+    Args:
+        itl_target_s: the running rows' inter-token gap to stay under (seconds), or
+            ``None`` for ``itl_target_steps`` x the predicted decode step.
+        itl_target_steps: the target as a multiple of the decode step (``> 1``; default
+            2: a row waits at most about one extra step's worth of prefill per token).
+        min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
+            an iteration that has run nothing yet runs at least this much.
+        cost_model: a prior :class:`~workbench.engine.cost.CostModel` for this model and
+            machine (``workbench.CostModel.load(path)``), corrected by measurements; or
+            ``None`` to learn the costs from this engine's own forwards.
+
+    Raises:
+        ValueError: naming the field, for a target ``<= 0``, ``itl_target_steps <= 1`` or
+            ``min_chunk_tokens < 1``.
+    """
+
+    itl_target_s: float | None = None
+    itl_target_steps: float = 2.0
+    min_chunk_tokens: int = 16
+    cost_model: CostModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.itl_target_s is not None and not (isinstance(self.itl_target_s, (int, float)) and self.itl_target_s > 0):
+            raise ValueError(f"Pacing.itl_target_s must be a number of seconds > 0 or None, got {self.itl_target_s!r}")
+        if not (isinstance(self.itl_target_steps, (int, float)) and self.itl_target_steps > 1):
+            raise ValueError(f"Pacing.itl_target_steps must be a number > 1, got {self.itl_target_steps!r}")
+        if isinstance(self.min_chunk_tokens, bool) or not isinstance(self.min_chunk_tokens, int) or self.min_chunk_tokens < 1:
+            raise ValueError(f"Pacing.min_chunk_tokens must be an int >= 1, got {self.min_chunk_tokens!r}")
+        if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
+            raise ValueError(f"Pacing.cost_model must be a CostModel or None, got {type(self.cost_model).__name__}")
+
+
+def pacing_from(spec: Any) -> Pacing | None:
+    """``None``/``False`` (off), ``True`` (defaults), a target in seconds (a number), or a
+    :class:`Pacing`.
+
+    Raises:
+        ValueError: for anything else (naming ``pacing``)."""
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return Pacing()
+    if isinstance(spec, Pacing):
+        return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return Pacing(itl_target_s=float(spec))
+    raise ValueError(f"pacing must be None, True, a target in seconds, or a Pacing, got {spec!r}")
+
+
+class Pacer:
+    """A :class:`Pacing`'s running estimates: predicts forwards, learns from measured ones.
+
+    Args:
+        pacing: the options. chunk_cap_tokens: the longest chunk ever run (the
+            scheduler's ``prefill_step_size``: activations stay bounded).
+    """
+
+    def __init__(self, pacing: Pacing, chunk_cap_tokens: int):
+        self.pacing, self.chunk_cap_tokens = pacing, chunk_cap_tokens
+        self.prefill_samples: deque[tuple[int, int, int, float]] = deque(maxlen=SAMPLES)  # rows, tokens, start, s
+        self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
+        self._prefill_coef: np.ndarray | None = None
+
+    # -- learning ----------------------------------------------------------------------
+    def observe_prefill(self, rows: int, tokens: int, start_tokens: int, seconds: float) -> None:
+        """A measured prefill chunk of ``rows`` x ``tokens`` after ``start_tokens`` (seconds)."""
+        if tokens > 0 and seconds > 0:
+            self.prefill_samples.append((rows, tokens, start_tokens, seconds))
+            self._prefill_coef = None
+
+    def observe_decode(self, rows: int, width_tokens: int, seconds: float) -> None:
+        """A measured iteration's non-prefill time with ``rows`` running at KV width (seconds)."""
+        if rows > 0 and seconds > 0:
+            self.decode_samples.append((rows, width_tokens, seconds))
+
+    # -- predicting --------------------------------------------------------------------
+    def decode_s(self, rows: int, width_tokens: int) -> float:
+        """Predicted non-prefill seconds of an iteration with ``rows`` running rows."""
+        if rows <= 0:
+            return 0.0
+        prior = self.pacing.cost_model
+        if prior is None:
+            recent = [s for *_, s in list(self.decode_samples)[-RECENT:]]
+            return float(np.median(recent)) if recent else 0.0
+        ratio = self._ratio([(prior.decode_s(b, w), s) for b, w, s in self.decode_samples])
+        return prior.decode_s(rows, width_tokens) * ratio
+
+    def prefill_s(self, rows: int, tokens: int, start_tokens: int) -> float | None:
+        """Predicted seconds of a ``rows`` x ``tokens`` chunk after ``start_tokens``, or
+        ``None`` while nothing is known (no prior, too few measurements)."""
+        prior = self.pacing.cost_model
+        if prior is not None:
+            ratio = self._ratio([(prior.prefill_s(k, s0, b), s) for b, k, s0, s in self.prefill_samples])
+            return prior.prefill_s(tokens, start_tokens, rows) * ratio
+        coef = self._fit_prefill()
+        if coef is None:
+            return None
+        return float(prefill_features([rows], [tokens], [start_tokens])[0] @ coef)
+
+    def target_s(self, rows: int, width_tokens: int) -> float:
+        """The inter-token gap to stay under (seconds)."""
+        if self.pacing.itl_target_s is not None:
+            return self.pacing.itl_target_s
+        return self.pacing.itl_target_steps * self.decode_s(rows, width_tokens)
+
+    def prefill_budget_s(self, rows: int, width_tokens: int) -> float:
+        """Seconds of prefill (and joins) this iteration may run: ``inf`` with no running
+        row, else target - predicted decode step (may be ``<= 0``)."""
+        if rows <= 0:
+            return math.inf
+        return self.target_s(rows, width_tokens) - self.decode_s(rows, width_tokens)
+
+    def chunk_tokens(self, budget_s: float, rows: int, start_tokens: int, remaining_tokens: int,
+                     first: bool) -> int:
+        """The chunk to run now (tokens, ``0``: none): the most tokens, up to
+        ``remaining_tokens`` and the chunk cap, predicted to fit ``budget_s``; at least
+        ``min_chunk_tokens`` (or what remains) when ``first`` (nothing ran this iteration)."""
+        cap = min(remaining_tokens, self.chunk_cap_tokens)
+        floor = max(0, min(cap, self.pacing.min_chunk_tokens)) if first else 0
+        if cap <= 0 or math.isinf(budget_s):
+            return max(cap, 0)
+        if self.prefill_s(rows, 1, start_tokens) is None:  # nothing learned yet: a probe chunk
+            return floor
+        lo, hi = 0, cap  # largest k with prefill_s(k) <= budget (monotone in k)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.prefill_s(rows, mid, start_tokens) <= budget_s:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo if lo >= min(cap, self.pacing.min_chunk_tokens) else floor
+
+    def _fit_prefill(self) -> np.ndarray | None:
+        if self._prefill_coef is None:
+            samples = list(self.prefill_samples)
+            if len({(b, k) for b, k, _, _ in samples}) < 2 or len(samples) < 3:
+                if not samples:
+                    return None
+                b, k, _, s = samples[-1]  # one shape seen: a per-token rate
+                return np.array([0.0, s / (b * k), 0.0])
+            rows, tokens, starts, secs = map(np.array, zip(*samples))
+            self._prefill_coef = nonnegative_lstsq(prefill_features(rows, tokens, starts), secs.astype(float))
+        return self._prefill_coef
+
+    @staticmethod
+    def _ratio(pairs: list[tuple[float, float]]) -> float:
+        """Median measured / predicted over the latest ``RECENT`` pairs (1 with none)."""
+        ratios = [s / p for p, s in pairs[-RECENT:] if p > 0]
+        return float(np.median(ratios)) if ratios else 1.0
+
+    def text(self) -> str:
+        """One line: samples seen and the current predictions' basis."""
+        basis = "prior cost model, corrected" if self.pacing.cost_model is not None else "learned online"
+        return (f"pacing ({basis}): {len(self.prefill_samples)} prefill and {len(self.decode_samples)} "
+                f"decode measurements")
+

@@ -12,6 +12,7 @@ KV geometry            ``kv_text``,                ``render_kv(snap, history)``
                        ``kv_history_text``
 row timeline (events)  ``timeline_text``           ``render_timeline(x=time|step)``
 latency (report)       ``latency_text``            ``render_latency``
+paged vs padded KV     ``paged_text``              ``render_paged(table)``
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
@@ -21,12 +22,13 @@ live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 from .kv import kv_history_text, kv_text, render_kv
 from .latency import latency_text, render_latency
 from .mask import mask_text, render_masks
+from .paged import paged_text, render_paged
 from .style import figure_png
 from .timeline import render_timeline, render_timelines, timeline_text
 
 __all__ = [
-    "Panel", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text",
-    "render_kv", "render_latency", "render_masks", "render_timeline", "render_timelines", "timeline_text",
+    "Panel", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text", "paged_text",
+    "render_kv", "render_latency", "render_masks", "render_paged", "render_timeline", "render_timelines", "timeline_text",
 ]
 
 

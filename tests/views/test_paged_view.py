@@ -1,0 +1,61 @@
+"""The paged-KV counterfactual figure: a pure function of the paged table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from tests.observe.test_paged import TB, full_group, snapshot
+from workbench.observe.paged import paged_table
+from workbench.views.paged import MIB, render_paged
+from workbench.views.style import figure_png
+
+
+def _table(budget=True):
+    snaps = [snapshot([full_group([5, 37], width=37, capacity=256)], 2, step=0),
+             snapshot([full_group([6, 38, 3], width=38, capacity=256)], 3, step=1),
+             snapshot([full_group([39], width=39, capacity=256, free=1)], 1, free=1, step=2)]
+    table = paged_table(snaps, blocks=(16, 64))
+    return table if budget else table[[c for c in table.columns if "max_batch" not in c and c != "budget_bytes"]]
+
+
+def test_the_figure_draws_the_table_bytes_waste_and_largest_batch():
+    table = _table()
+    fig = render_paged(table, title="t")
+    bytes_ax, waste_ax, batch_ax = fig.axes
+    lines = bytes_ax.get_lines()
+    assert [ln.get_linestyle() for ln in lines] == ["-", "--"]  # one line per block size
+    np.testing.assert_allclose(lines[0].get_ydata(), table.paged_bytes_b16 / MIB)
+    # the stacked padded parts end at the padded bytes (the cache's nbytes) at every step
+    top = bytes_ax.collections[-1].get_paths()[0].vertices[:, 1].max()
+    assert top == pytest.approx(table.padded_bytes.max() / MIB)
+    assert table.padded_bytes.tolist() == [2 * 256 * TB, 3 * 256 * TB, 2 * 256 * TB]
+    padded_waste = waste_ax.get_lines()[0].get_ydata()
+    np.testing.assert_allclose(padded_waste, 100 * (1 - table.padded_data_bytes / table.padded_bytes))
+    np.testing.assert_allclose(batch_ax.get_lines()[0].get_ydata(), table.padded_max_batch)
+    assert batch_ax.get_lines()[-1].get_ydata().tolist() == [2, 3, 1]  # rows running
+
+
+def test_the_legend_sits_below_the_panels_and_covers_no_data():
+    fig = render_paged(_table())
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert all(not legend.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 9
+
+
+def test_without_budget_columns_there_are_two_panels_and_a_bad_x_is_named():
+    assert len(render_paged(_table(budget=False)).axes) == 2
+    with pytest.raises(KeyError, match="time_s"):
+        render_paged(_table(), x="time_s")
+
+
+def test_the_figure_is_a_pure_function_of_the_table():
+    table = _table()
+    before = table.copy()
+    first = figure_png(render_paged(table, title="t"))
+    pd.testing.assert_frame_equal(table, before)  # the table is not changed
+    assert figure_png(render_paged(table.copy(), title="t")) == first

@@ -1,0 +1,110 @@
+"""Paged-KV counterfactual view: the padded batch's bytes beside a paged layout's, over a
+run, drawn from a :func:`workbench.observe.paged.paged_table` (or a replay's
+``Replay.layouts`` passed through :func:`~workbench.observe.paged.with_budget`).
+
+Knows: the table's columns, matplotlib. Must not know: snapshots' internals, the engine.
+
+Text form: :func:`workbench.observe.paged.paged_text` (re-exported here). Rich form:
+:func:`render_paged`, three panels sharing the x axis (step, or ``time_s`` when the table
+has it and ``x="time_s"``):
+
+1. bytes (MiB): the padded batch stacked as data, left padding, growth step and free
+   slots (they add up to the cache arrays' ``nbytes``), and the paged layout's bytes as one
+   line per block size;
+2. waste (% of each layout's bytes not holding a token): padded, and paged per block size;
+3. the largest batch each layout admits under the table's byte budget (rows like the
+   current ones), beside the rows really running.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..observe.paged import PADDED_PARTS, block_sizes, paged_text
+from . import style
+
+__all__ = ["PART_COLOURS", "paged_text", "render_paged"]
+
+MIB = 1024 * 1024
+PART_COLOURS = {"data": style.ATTENDED, "padding": style.PADDING, "growth": style.UNUSED, "free": style.WAITING}
+PART_LABELS = {"data": "padded: tokens", "padding": "padded: left padding", "growth": "padded: growth step (unused)",
+               "free": "padded: free slots"}
+PAGED_STYLES = ("-", "--", ":", "-.")
+PAGED_COLOUR = "#222222"
+
+
+def _share(waste: pd.Series, total: pd.Series) -> np.ndarray:
+    """``100 * waste / total`` where ``total > 0``, else NaN."""
+    t = total.to_numpy(float)
+    return np.where(t > 0, 100 * waste.to_numpy(float) / np.where(t > 0, t, 1), np.nan)
+
+
+def render_paged(table: pd.DataFrame, title: str = "", x: str = "step", width_in: float = 11.0) -> Figure:
+    """The padded and paged layouts over a run (see the module docstring).
+
+    Args:
+        table: a :func:`~workbench.observe.paged.paged_table` (``budget_bytes`` and the
+            ``*_max_batch*`` columns are drawn when present).
+        title: the figure's title. x: ``"step"`` or another column (e.g. ``"time_s"``).
+        width_in: figure width (inches).
+
+    Raises:
+        KeyError: if ``x`` is not a column of ``table``.
+    """
+    if x not in table:
+        raise KeyError(f"no column {x!r} in the table; columns: {list(table.columns)}")
+    blocks = block_sizes(table)
+    budget = "padded_max_batch" in table
+    n_panels = 3 if budget else 2
+    fig = Figure(figsize=(width_in, 2.3 * n_panels + 1.2), layout="constrained")
+    axes = fig.subplots(n_panels, 1, sharex=True)
+    xs = table[x].to_numpy(float)
+
+    bytes_ax = axes[0]
+    parts = [table[f"padded_{p}_bytes"].to_numpy(float) / MIB for p in PADDED_PARTS]
+    bytes_ax.stackplot(xs, *parts, colors=[PART_COLOURS[p] for p in PADDED_PARTS], step="post",
+                       edgecolor="#666666", linewidth=0.3)
+    for b, ls in zip(blocks, PAGED_STYLES):
+        bytes_ax.step(xs, table[f"paged_bytes_b{b}"] / MIB, where="post", color=PAGED_COLOUR, linestyle=ls, linewidth=1.4)
+    bytes_ax.set_ylabel("KV bytes (MiB)")
+    bytes_ax.set_title("bytes held: the padded batch (stacked) and a paged cache (lines)", fontsize="medium", loc="left")
+
+    waste_ax = axes[1]
+    data = table.padded_data_bytes
+    waste_ax.step(xs, _share(table.padded_bytes - data, table.padded_bytes), where="post", color=style.FED,
+                  linewidth=1.6)
+    for b, ls in zip(blocks, PAGED_STYLES):
+        paged = table[f"paged_bytes_b{b}"]
+        waste_ax.step(xs, _share(paged - data, paged), where="post", color=PAGED_COLOUR, linestyle=ls, linewidth=1.4)
+    waste_ax.set_ylabel("waste (% of bytes)")
+    waste_ax.set_ylim(0, 100)
+    waste_ax.set_title("share of each layout's bytes holding no token", fontsize="medium", loc="left")
+
+    handles = [Patch(facecolor=PART_COLOURS[p], edgecolor="#666666", label=PART_LABELS[p]) for p in PADDED_PARTS]
+    handles.append(Line2D([], [], color=style.FED, linewidth=1.6, label="padded (waste, max batch)"))
+    handles += [Line2D([], [], color=PAGED_COLOUR, linestyle=ls, linewidth=1.4, label=f"paged, {b}-token blocks")
+                for b, ls in zip(blocks, PAGED_STYLES)]
+    if budget:
+        batch_ax = axes[2]
+        batch_ax.step(xs, table.padded_max_batch, where="post", color=style.FED, linewidth=1.6)
+        for b, ls in zip(blocks, PAGED_STYLES):
+            batch_ax.step(xs, table[f"paged_max_batch_b{b}"], where="post", color=PAGED_COLOUR, linestyle=ls,
+                          linewidth=1.4)
+        batch_ax.step(xs, table.rows.where(table.rows > 0), where="post", color=style.ATTENDED, linewidth=1.2, alpha=0.8)
+        handles.append(Line2D([], [], color=style.ATTENDED, linewidth=1.2, label="rows running"))
+        batch_ax.set_ylim(bottom=0)
+        batch_ax.set_ylabel("rows")
+        budget_bytes = int(table.budget_bytes.iloc[0]) if len(table) else 0
+        batch_ax.set_title(f"largest batch of rows like these under {budget_bytes / MIB:,.1f} MiB",
+                           fontsize="medium", loc="left")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("decode step" if x == "step" else ("virtual time (s)" if x == "time_s" else x))
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=9.5, frameon=False)
+    if title:
+        fig.suptitle(title)
+    return fig

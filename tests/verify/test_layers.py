@@ -12,6 +12,7 @@ from workbench.verify import faults
 from workbench.verify.layers import (DEFAULT_RTOL, checkpoint_before_token, first_suspect_token, layer_table,
                                      localize, ranges)
 from workbench.verify.rerun import StepRecord
+from workbench.workloads.workload import prompt_maker
 
 SPECS = ((6, 0), (2, 40), (13, 80), (9, 200))  # prompt lengths 6, 2, 13, 9: left padding 7, 11, 0, 4
 
@@ -158,3 +159,18 @@ def test_localize_refuses_what_it_cannot_re_run(make_sched, prompt):
     with pytest.raises(ValueError, match="out of range"):
         with faults.noisy_row(sched.model, 9, 0):
             pass
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-qwen3-next", "tiny-mamba2"])
+def test_sliding_window_and_recurrent_models_localize_a_noisy_row_too(name):
+    model, tokenizer = wb.load(name)
+    prompt = prompt_maker(tokenizer)
+    sched = wb.Scheduler(model, tokenizer, max_batch=4)
+    for n, start in SPECS:
+        sched.submit(wb.Request(prompt=prompt(n, start), max_tokens=12))
+    sched.admit(), sched.step()
+    assert all(localize(sched, uid).ok for uid in range(4))
+    with faults.noisy_row(model, 1, 1):
+        reports = [localize(sched, uid) for uid in range(4)]
+    assert [r.first_layer for r in reports] == [None, 1, None, None]

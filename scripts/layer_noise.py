@@ -1,0 +1,39 @@
+"""The float32 noise between a row's forward in its batch and alone, per bundled model: the
+measurement behind ``workbench.verify.layers.DEFAULT_RTOL`` (docs/divergence.md).
+
+For each model, four requests (prompts of 6, 2, 13 and 9 tokens: left padding 7, 11, 0, 4)
+decode together; at each of the first ``steps`` decode steps every row's forward is re-run
+batched and alone (``wb.verify.localize``) and the largest relative |Δ| of any layer's output
+or KV cache is kept (``LayerDivergence.relative_delta``).
+
+Usage: ``python scripts/layer_noise.py [steps]`` (default 6). ``WORKBENCH_BLAS=off`` gives the
+test suite's numerics (MLX's own CPU matmuls); unset, an optimized BLAS is used if present.
+"""
+import os
+import sys
+
+import workbench as wb
+from workbench.runtime import blas
+from workbench.verify.layers import DEFAULT_RTOL, localize
+from workbench.workloads.workload import prompt_maker
+
+MODELS = ("tiny-code", "tiny-llama", "tiny-gemma3", "tiny-qwen3", "tiny-mamba2", "tiny-qwen3-next")
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+print(f"BLAS: {blas.STATUS.library or 'MLX built-in'} (WORKBENCH_BLAS={os.environ.get('WORKBENCH_BLAS', 'unset')})")
+worst_all = 0.0
+for name in MODELS:
+    model, tokenizer = wb.load(name)
+    prompt = prompt_maker(tokenizer)
+    sched = wb.Scheduler(model, tokenizer, max_batch=4)
+    for n, start in ((6, 0), (2, 40), (13, 80), (9, 200)):
+        sched.submit(wb.Request(prompt=prompt(n, start), max_tokens=steps + 2))
+    sched.admit()
+    worst, n_forwards, n_alarms = 0.0, 0, 0
+    for _ in range(steps):
+        for uid in [u for u in sched.snapshot().uids]:
+            report = localize(sched, int(uid))
+            worst, n_forwards, n_alarms = max(worst, report.relative_delta), n_forwards + 1, n_alarms + (not report.ok)
+        sched.step()
+    worst_all = max(worst_all, worst)
+    print(f"{name:16s} {n_forwards:3d} row forwards, largest relative |d| {worst:.1e}, over rtol {DEFAULT_RTOL:.0e}: {n_alarms}")
+print(f"all models: largest relative |d| {worst_all:.1e}; DEFAULT_RTOL {DEFAULT_RTOL:.0e} is {DEFAULT_RTOL / worst_all:.0f}x above it")

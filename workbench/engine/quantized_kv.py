@@ -422,26 +422,26 @@ def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array
     """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
     then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
 
-    A row's first forward must attend to float keys. When the group's caches are already
-    quantized (some rows ran prefill chunks) and some rows are fresh
-    (:func:`fresh_rows`), those rows' next-token results come from a second forward of
-    just their tokens ``[f, 1]`` on fresh float caches (what mlx-lm's first ``_step``
-    computes); the group forward still writes their quantized keys (a key does not depend
-    on the cache it is written to). Returns the :class:`Pending` of all ``n`` rows.
+    A row's first forward must attend to float keys, in every layer (a layer's keys depend
+    on the attention of the layers below it). When the group's caches are already
+    quantized (some rows ran prefill chunks) and some rows are fresh (:func:`fresh_rows`),
+    those rows run a second forward of just their tokens ``[f, 1]`` on fresh float caches
+    (what mlx-lm's first ``_step`` computes): their next-token results are taken from it,
+    and its caches, quantized, replace what the group forward wrote in their rows
+    (:func:`workbench.engine.cache_internals.fill_slots`). Returns the :class:`Pending`
+    of all ``n`` rows.
     """
-    was_quantized = any(is_quantized(c) for c in group.caches)
+    fresh = fresh_rows(group) if any(is_quantized(c) for c in group.caches) else []
     pending = launch(model, group.caches, last, samplers, contexts, token_index, asynchronous)
     group.caches = quantize_batch(group.caches, quant)
-    fresh = fresh_rows(group)
-    if not (was_quantized and fresh):
+    if not fresh:
         return pending
-    first = launch(model, kv.new_batch_cache(model, len(fresh)), last[mx.array(fresh)],
-                   [samplers[b] for b in fresh], [contexts[b] for b in fresh],
+    solo = kv.new_batch_cache(model, len(fresh))
+    first = launch(model, solo, last[mx.array(fresh)], [samplers[b] for b in fresh], [contexts[b] for b in fresh],
                    [token_index[b] for b in fresh], asynchronous)
+    internals.fill_slots(group.caches, fresh, quantize_batch(solo, quant), list(range(len(fresh))), [1] * len(fresh))
     n = len(samplers)
-    order = [n + fresh.index(b) if b in fresh else b for b in range(n)]
-    return Pending.concat(pending, first).take(order)
-
+    return Pending.concat(pending, first).take([n + fresh.index(b) if b in fresh else b for b in range(n)])
 
 def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None,
               prompt_cache: Any = None) -> KVQuant | None:

@@ -1,0 +1,250 @@
+"""The batched quantized KV cache (``Scheduler(kv_bits=4 | 8)``): its storage against
+mlx-lm's float ``BatchKVCache`` on hand-built caches, every row against the same request
+run alone through mlx-lm's ``generate_step(kv_bits=, kv_group_size=,
+quantized_kv_start=0)``, free slots, checkpoints, bytes and the KV budget."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
+
+import workbench as wb
+from workbench.engine import cache_internals as internals
+from workbench.engine.budget import kv_profile, projected_bytes
+from workbench.engine.quantized_kv import BatchQuantizedKVCache, KVQuant, quantize_batch
+from workbench.verify import oracle
+
+H, D, G = 2, 32, 32  # KV heads, head dim, group size of the hand-built caches
+
+
+def _rows(lengths, seed=0):
+    """Per-row float keys ``[1, H, n, D]`` (values = 2 * keys + 1)."""
+    rng = np.random.default_rng(seed)
+    return [mx.array(rng.standard_normal((1, H, n, D)).astype(np.float32)) for n in lengths]
+
+
+def _solo(rows, quantized, bits):
+    out = []
+    for k in rows:
+        c = QuantizedKVCache(group_size=G, bits=bits) if quantized else KVCache()
+        if k.shape[2]:
+            c.update_and_fetch(k, 2 * k + 1)
+        out.append(c)
+    return out
+
+
+def _real_positions(q: BatchQuantizedKVCache, f: BatchKVCache, bits: int):
+    """Per row, the quantized cache's parts over its real positions and mx.quantize of the
+    float cache's keys there: (ours, expected) pairs of lists of numpy arrays."""
+    lp = np.array(f.left_padding).tolist()
+    assert np.array(q.left_padding).tolist() == lp and np.array(q.offset).tolist() == np.array(f.offset).tolist()
+    assert q.size() == f.size()
+    pairs = []
+    for b, pad in enumerate(lp):
+        for ours, floats in ((q.keys, f.keys), (q.values, f.values)):
+            want = mx.quantize(floats[b : b + 1, :, pad : f.size()], group_size=G, bits=bits)
+            pairs.append(([np.array(a[b : b + 1, :, pad : q.size()]) for a in ours], [np.array(a) for a in want]))
+    return pairs
+
+
+def _assert_matches_float(q, f, bits):
+    for ours, want in _real_positions(q, f, bits):
+        for a, b in zip(ours, want):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantizing_a_buffer_equals_quantizing_each_position(bits):
+    (k,) = _rows([7])
+    whole = mx.quantize(k, group_size=G, bits=bits)
+    for s in range(7):
+        one = mx.quantize(k[:, :, s : s + 1], group_size=G, bits=bits)
+        for a, b in zip(whole, one):
+            assert mx.array_equal(a[:, :, s : s + 1], b).item()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_merge_extend_filter_extract_follow_the_float_batch_cache(bits):
+    lengths, more = [5, 2, 0], [3, 7]
+    q = BatchQuantizedKVCache.merge(_solo(_rows(lengths), True, bits))
+    f = BatchKVCache.merge(_solo(_rows(lengths), False, bits))
+    _assert_matches_float(q, f, bits)
+    assert np.array(q.left_padding).tolist() == [0, 3, 5]  # the module docstring's merge
+    step = _rows([1, 1, 1], seed=3)
+    keys = mx.concatenate(step)  # one decode step [3, H, 1, D]
+    q.update_and_fetch(keys, 2 * keys + 1)
+    f.update_and_fetch(keys, 2 * keys + 1)
+    _assert_matches_float(q, f, bits)
+    assert mx.array_equal(q.make_mask(1), f.make_mask(1)).item()
+    q.extend(BatchQuantizedKVCache.merge(_solo(_rows(more, 5), True, bits)))
+    f.extend(BatchKVCache.merge(_solo(_rows(more, 5), False, bits)))
+    _assert_matches_float(q, f, bits)
+    q.filter([1, 3, 4])
+    f.filter([1, 3, 4])
+    _assert_matches_float(q, f, bits)
+    solo = q.extract(2)
+    assert isinstance(solo, QuantizedKVCache) and solo.offset == 7 and solo.bits == bits
+    want = mx.quantize(f.extract(2).keys, group_size=G, bits=bits)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(solo.keys, want))
+
+
+def test_prepare_finalize_roll_right_padding_to_the_left_like_the_float_cache():
+    bits, lengths = 4, [4, 2]
+    keys = mx.concatenate([mx.concatenate(_rows([4], 7), axis=2)] * 2)  # [2, H, 4, D], row 1 padded by 2
+    f = BatchKVCache([0, 0])
+    f.prepare(lengths=lengths, right_padding=[0, 2])
+    f.update_and_fetch(keys, 2 * keys + 1)
+    q = quantize_batch([f], KVQuant(bits, G))[0]  # quantized between the forward and finalize
+    q.finalize()
+    f.finalize()
+    assert np.array(q.left_padding).tolist() == [0, 2] and np.array(q.offset).tolist() == [4, 2]
+    _assert_matches_float(q, f, bits)
+
+
+def test_extend_refuses_another_quantization():
+    q4 = BatchQuantizedKVCache.merge(_solo(_rows([2]), True, 4))
+    q8 = BatchQuantizedKVCache.merge(_solo(_rows([2]), True, 8))
+    with pytest.raises(ValueError, match="4-bit group-32"):
+        q4.extend(q8)
+
+
+def test_free_slot_fill_and_trim_move_packed_scales_and_biases_together():
+    bits = 8
+    running = BatchQuantizedKVCache.merge(_solo(_rows([6, 6, 6]), True, bits))
+    joiner = BatchQuantizedKVCache.merge(_solo(_rows([2], 9), True, bits))
+    internals.fill_slots([running], [1], [joiner], [0], [2])
+    assert np.array(running.left_padding).tolist() == [0, 4, 0] and np.array(running.offset).tolist() == [6, 2, 6]
+    for ours, src in zip(running.keys, joiner.keys):
+        assert mx.array_equal(ours[1:2, :, 4:6], src[0:1, :, 0:2]).item()
+        assert not np.array(ours[1, :, :4]).any()  # the slot's older positions are zeros
+    running.filter([1])
+    assert running.size() == 2 and np.array(running.left_padding).tolist() == [0]  # shared padding dropped
+
+
+# -- the scheduler against mlx-lm's generate_step with kv_bits ---------------------------
+SPECS = ((3, 12), (60, 9), (17, 14), (1, 5), (33, 10), (1, 8))
+
+
+def _run(make_sched, prompt, bits, **kwargs):
+    sched = make_sched(kv_bits=bits, kv_group_size=G, **kwargs)
+    uids = [sched.submit(wb.Request(prompt=prompt(n, 13 * i), max_tokens=m)) for i, (n, m) in enumerate(SPECS)]
+    sched.run()
+    return sched, uids
+
+
+@pytest.mark.parametrize("bits,options", [
+    (4, dict(max_batch=3)),                                   # joins by free slot and extend
+    (8, dict(max_batch=3)),
+    (4, dict(max_batch=4, prefill_step_size=8)),              # chunked prefill: float first chunk, then quantized
+    (8, dict(max_batch=2, reuse_slots=False, pipeline=False)),
+])
+def test_every_row_equals_generate_step_with_kv_bits(make_sched, prompt, bits, options):
+    sched, uids = _run(make_sched, prompt, bits, **options)
+    assert sched.check().ok
+    report = oracle.solo_check(sched.model, sched)
+    assert len(report.rows) == len(SPECS)
+    assert report.n_match == len(SPECS), report.text()
+    joined = {e.join_mode for e in sched.events if e.kind == "join"}
+    assert ("free slot" in joined) == options.get("reuse_slots", True)
+
+
+def _trace(model, ids, steps, bits, **kw):
+    out = [(int(t), lp) for t, lp in generate_step(mx.array(ids, dtype=mx.uint32), model, max_tokens=steps, **kw)]
+    return [t for t, _ in out], [float(lp[t].item()) for t, lp in out]
+
+
+def test_the_first_forward_runs_on_float_keys_as_in_generate_step(bundled, prompt, make_sched):
+    """The oracle can tell: a cache quantized from the very first forward (an empty
+    QuantizedKVCache per layer) gives other numbers than generate_step's kv_bits, and the
+    batch gives generate_step's."""
+    model, _ = bundled
+    ids = prompt(40, 5)
+    sched = make_sched(kv_bits=4, kv_group_size=G)
+    uid = sched.submit(wb.Request(prompt=ids, max_tokens=8))
+    sched.run()
+    tokens, logprobs = _trace(model, ids, 8, 4, kv_bits=4, kv_group_size=G, quantized_kv_start=0)
+    early = [QuantizedKVCache(group_size=G, bits=4) for _ in model.layers]
+    _, early_logprobs = _trace(model, ids, 8, 4, prompt_cache=early)
+    assert sched.tokens(uid) == tokens
+    np.testing.assert_allclose(sched.logprobs(uid), logprobs, atol=1e-4)
+    assert np.abs(np.array(early_logprobs) - np.array(logprobs)).max() > 1e-3
+
+
+def test_checkpoint_restore_repeats_the_quantized_run(make_sched, prompt):
+    sched = make_sched(kv_bits=4, kv_group_size=G, max_batch=3)
+    uids = [sched.submit(wb.Request(prompt=prompt(n, 7 * i), max_tokens=m)) for i, (n, m) in enumerate(SPECS)]
+    for _ in range(4):
+        sched.admit(), sched.step(), sched.filter()
+    cp = sched.checkpoint()
+    sched.run()
+    first = [sched.tokens(u) for u in uids]
+    sched.restore(cp)
+    assert sched.check().ok
+    sched.run()
+    assert [sched.tokens(u) for u in uids] == first
+    assert oracle.solo_check(sched.model, sched).n_match == len(SPECS)
+
+
+@pytest.mark.parametrize("bits,ratio", [(4, 24), (8, 40)])
+def test_the_cache_holds_the_quantized_bytes(make_sched, prompt, bits, ratio):
+    """head dim 32 in float32 is 128 bytes; quantized it is 32 * bits / 8 packed bytes plus
+    a float32 scale and bias (one group of 32)."""
+    seen = {}
+    for kv_bits in (None, bits):
+        sched = make_sched(kv_bits=kv_bits, kv_group_size=G, max_batch=3)
+        for i in range(3):
+            sched.submit(wb.Request(prompt=prompt(20, 3 * i), max_tokens=4))
+        while len(sched.batch) < 3:
+            sched.admit()
+        seen[kv_bits] = sched.snapshot().kv_bytes
+    assert seen[None] > 0 and seen[bits] * 128 == seen[None] * ratio
+
+
+def _one_request_projection(make_sched, prompt, bits):
+    """Projected KV bytes of one 64 + 16-token request alone (``kv_projected_bytes``)."""
+    sched = make_sched(kv_bits=bits, kv_group_size=G)
+    sched.submit(wb.Request(prompt=prompt(64), max_tokens=16))
+    sched.admit()
+    return sched.kv_projected_bytes
+
+
+def test_the_budget_projects_quantized_bytes_and_admits_more_rows(bundled, make_sched, prompt):
+    model, _ = bundled
+    n_layers = len(model.layers)
+    assert projected_bytes(kv_profile(model), 1) == n_layers * 2 * H * D * 4
+    assert projected_bytes(kv_profile(model, kv_quant=KVQuant(4, G)), 1) == n_layers * 2 * H * 24
+    budget = _one_request_projection(make_sched, prompt, None)
+    assert _one_request_projection(make_sched, prompt, 4) * 128 == budget * 24
+    most = {}
+    for bits in (None, 4):
+        sched = make_sched(kv_bits=bits, kv_group_size=G, max_batch=8, kv_budget_bytes=budget)
+        for i in range(8):
+            sched.submit(wb.Request(prompt=prompt(64, 11 * i), max_tokens=16))
+        most[bits] = 0
+        while not sched.idle:
+            sched.admit()
+            most[bits] = max(most[bits], len(sched.batch))
+            sched.step(), sched.filter()
+        assert sched.check().ok
+    # one float request's bytes hold 128 / 24 = 5.33 quantized requests; the projection of
+    # a joining group may add a growth step (engine/allocation.py), so 4 or 5 rows run
+    assert most[None] == 1 and 4 <= most[4] <= 5
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(kv_bits=3), r"kv_bits must be None \(float cache\) or one of \(4, 8\), got 3"),
+    (dict(kv_bits=True), r"kv_bits must be"),
+    (dict(kv_bits=4, kv_group_size=16), r"kv_group_size must be one of \(32, 64, 128\), got 16"),
+    (dict(kv_bits=4, kv_group_size=64), r"kv_group_size=64 does not divide layer 0's head dim \[32\]; allowed for this model: \[32\]"),
+    (dict(kv_bits=8, prompt_cache=4), r"kv_bits with prompt_cache is not offered"),
+])
+def test_bad_kv_settings_are_refused_naming_the_field(make_sched, options, match):
+    with pytest.raises(ValueError, match=match):
+        make_sched(**options)
+
+
+def test_a_sliding_window_model_is_refused():
+    model, tokenizer = wb.load("tiny-gemma3")
+    with pytest.raises(ValueError, match="RotatingKVCache, which mlx-lm cannot quantize"):
+        wb.Scheduler(model, tokenizer, kv_bits=4, kv_group_size=32)

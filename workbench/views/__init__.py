@@ -13,12 +13,14 @@ KV geometry            ``kv_text``,                ``render_kv(snap, history)``
 row timeline (events)  ``timeline_text``           ``render_timeline(x=time|step)``
 latency (report)       ``latency_text``            ``render_latency``
 paged vs padded KV     ``paged_text``              ``render_paged(table)``
+divergence by layer    ``divergence_text(table)``  ``render_divergence(table)``
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
 ``Panel`` is imported lazily: importing this package does not import ipywidgets.
 """
 
+from .divergence import divergence_text, render_divergence
 from .kv import kv_history_text, kv_text, render_kv
 from .latency import latency_text, render_latency
 from .mask import mask_text, render_masks
@@ -27,8 +29,8 @@ from .style import figure_png
 from .timeline import render_timeline, render_timelines, timeline_text
 
 __all__ = [
-    "Panel", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text", "paged_text",
-    "render_kv", "render_latency", "render_masks", "render_paged", "render_timeline", "render_timelines", "timeline_text",
+    "Panel", "divergence_text", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text", "paged_text",
+    "render_divergence", "render_kv", "render_latency", "render_masks", "render_paged", "render_timeline", "render_timelines", "timeline_text",
 ]
 
 

@@ -3,9 +3,9 @@ padded side against the bytes the engine's real caches allocate."""
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import workbench as wb
@@ -122,7 +122,7 @@ def test_budget_defaults_to_the_snapshots_budget_then_the_padded_peak():
 def test_an_empty_step_has_no_bytes_and_no_admissible_batch():
     table = paged_table([snapshot([], 0)], blocks=(16,))
     assert table.padded_bytes.tolist() == [0] and table.paged_bytes_b16.tolist() == [0]
-    assert math.isnan(table.padded_max_batch.iloc[0]) and math.isnan(table.paged_max_batch_b16.iloc[0])
+    assert pd.isna(table.padded_max_batch.iloc[0]) and pd.isna(table.paged_max_batch_b16.iloc[0])
 
 
 def test_padding_tax_and_summary_over_steps():

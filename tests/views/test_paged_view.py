@@ -34,7 +34,7 @@ def test_the_figure_draws_the_table_bytes_waste_and_largest_batch():
     assert table.padded_bytes.tolist() == [2 * 256 * TB, 3 * 256 * TB, 2 * 256 * TB]
     padded_waste = waste_ax.get_lines()[0].get_ydata()
     np.testing.assert_allclose(padded_waste, 100 * (1 - table.padded_data_bytes / table.padded_bytes))
-    np.testing.assert_allclose(batch_ax.get_lines()[0].get_ydata(), table.padded_max_batch)
+    np.testing.assert_allclose(batch_ax.get_lines()[0].get_ydata(), table.padded_max_batch.astype(float))
     assert batch_ax.get_lines()[-1].get_ydata().tolist() == [2, 3, 1]  # rows running
 
 

@@ -185,17 +185,18 @@ def block_sizes(table: pd.DataFrame) -> list[int]:
 
 def with_budget(table: pd.DataFrame, budget_bytes: int | None = None) -> pd.DataFrame:
     """``table`` (rows of :func:`step_layout`) with ``budget_bytes``, ``padded_max_batch``
-    and ``paged_max_batch_b<b>``: ``floor(budget / row bytes)`` per step (NaN at steps
-    without rows). ``budget_bytes=None`` takes the table's largest ``padded_bytes`` (what
+    and ``paged_max_batch_b<b>``: ``floor(budget / row bytes)`` per step (``Int64``; ``<NA>``
+    at steps without rows). ``budget_bytes=None`` takes the table's largest ``padded_bytes`` (what
     the padded batch itself reached)."""
     out = table.copy()
     budget = int(budget_bytes if budget_bytes is not None else (out.padded_bytes.max() if len(out) else 0))
     out["budget_bytes"] = budget
     has_rows = (out.rows > 0) & (out.padded_row_bytes > 0)
-    out["padded_max_batch"] = np.where(has_rows, np.floor(budget / out.padded_row_bytes.where(has_rows, 1)), np.nan)
+    rows_fit = lambda per_row: pd.array(np.where(has_rows, np.floor(budget / per_row.where(has_rows, 1.0)), np.nan),  # noqa: E731
+                                        dtype="Int64")
+    out["padded_max_batch"] = rows_fit(out.padded_row_bytes)
     for b in block_sizes(out):
-        per_row = out[f"paged_row_bytes_b{b}"].where(has_rows, 1.0)
-        out[f"paged_max_batch_b{b}"] = np.where(has_rows, np.floor(budget / per_row), np.nan)
+        out[f"paged_max_batch_b{b}"] = rows_fit(out[f"paged_row_bytes_b{b}"])
     return out
 
 

@@ -90,9 +90,9 @@ def render_paged(table: pd.DataFrame, title: str = "", x: str = "step", width_in
                 for b, ls in zip(blocks, PAGED_STYLES)]
     if budget:
         batch_ax = axes[2]
-        batch_ax.step(xs, table.padded_max_batch, where="post", color=style.FED, linewidth=1.6)
+        batch_ax.step(xs, table.padded_max_batch.astype(float), where="post", color=style.FED, linewidth=1.6)
         for b, ls in zip(blocks, PAGED_STYLES):
-            batch_ax.step(xs, table[f"paged_max_batch_b{b}"], where="post", color=PAGED_COLOUR, linestyle=ls,
+            batch_ax.step(xs, table[f"paged_max_batch_b{b}"].astype(float), where="post", color=PAGED_COLOUR, linestyle=ls,
                           linewidth=1.4)
         batch_ax.step(xs, table.rows.where(table.rows > 0), where="post", color=style.ATTENDED, linewidth=1.2, alpha=0.8)
         handles.append(Line2D([], [], color=style.ATTENDED, linewidth=1.2, label="rows running"))

@@ -314,6 +314,41 @@ def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | Adapter
     return AdapterBank(tuple(ad.name for ad in read), {ad.name: ad for ad in read}, layers, selection, nbytes)
 
 
+def configure(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None,
+              prompt_cache: Any = None) -> AdapterBank | None:
+    """The scheduler's adapters: :func:`load_adapters`, refused with a prompt cache.
+
+    Raises:
+        ValueError: as :func:`load_adapters`; ``adapters`` with ``prompt_cache`` (a cached
+            prefix holds the keys and values of the adapter it ran with, and the prompt
+            cache is keyed by tokens only).
+    """
+    bank = load_adapters(model, adapters)
+    if bank is not None and prompt_cache is not None:
+        raise ValueError("adapters and prompt_cache cannot be combined: a cached prefix holds the keys and values "
+                         "of the adapter it ran with, and the prompt cache is keyed by tokens only")
+    return bank
+
+
+def check_request(bank: AdapterBank | None, name: str | None) -> None:
+    """Refuse at ``submit`` a ``Request.adapter`` the scheduler has not loaded.
+
+    Raises:
+        ValueError: naming the field ``adapter``, the name, and the loaded adapters.
+    """
+    if name is None:
+        return
+    if bank is None:
+        raise ValueError(f"adapter {name!r}: this scheduler loaded no adapters "
+                         "(build it with Scheduler(adapters={name: path}))")
+    bank.check(name)
+
+
+def names_of(states: Sequence[Any]) -> list[str | None]:
+    """Each request state's selected adapter (``state.valid.request.adapter``), in order."""
+    return [s.valid.request.adapter for s in states]
+
+
 @contextlib.contextmanager
 def selected(bank: AdapterBank | None, names: Sequence[str | None]) -> Iterator[None]:
     """While active, the forward built on the bank's model runs row ``b`` with adapter

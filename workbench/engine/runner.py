@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
+from .adapters import AdapterBank, names_of, selected
 from .batch import Batch
 from .decode import Pending, launch
 from .prefill import PrefillGroup
@@ -54,6 +55,8 @@ class ModelRunner:
         pipeline: launch each decode forward before reading the previous step's tokens
             (mlx-lm's ``GenerationBatch._step``).
         kv_quant: quantize the KV cache (:mod:`workbench.engine.quantized_kv`), ``None``: float.
+        adapters: the loaded LoRA adapters (:mod:`workbench.engine.adapters`); every
+            forward below runs each of its rows with that row's selected adapter.
     """
 
     model: Any
@@ -61,6 +64,7 @@ class ModelRunner:
     max_kv_size: int | None
     pipeline: bool
     kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.quantized_kv)
+    adapters: AdapterBank | None = None  # per-row LoRA adapters (workbench.engine.adapters)
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
@@ -85,6 +89,10 @@ class ModelRunner:
         distribution of its next (first new) token, launched asynchronously when
         pipelining."""
         last = mx.array(group.last_tokens, dtype=mx.uint32)
+        with selected(self.adapters, names_of(group.states)):
+            return self._join_forward(group, last, contexts)
+
+    def _join_forward(self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
         args = (last, [s.sampler for s in group.states], contexts, [len(s.tokens) for s in group.states], self.pipeline)
         if self.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
             return quantized_join_forward(self.model, group.prefill, self.kv_quant, *args)
@@ -96,8 +104,19 @@ class ModelRunner:
         caches and sample each row's next token (``asynchronous``: evaluation started,
         not awaited)."""
         index = [len(r.tokens) + 1 for r in batch.rows]
-        return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
-                      index, asynchronous)
+        with selected(self.adapters, names_of(batch.rows)):
+            return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
+                          index, asynchronous)
+
+    def run_chunk(self, group: Prefilling, *args: Any) -> list[int]:
+        """The group's next prefill chunk (``PrefillGroup.run_chunk(*args)``), with the
+        adapters of the rows it runs: all of them (``[B, C]``), or one (``[1, C]`` per row)."""
+        prefill = group.prefill
+        rows = range(len(group.states))
+        if prefill.per_row:  # the first row with prompt tokens left, as PrefillGroup runs them
+            rows = [next(b for b, (done, n) in enumerate(zip(prefill.rows_done_tokens, prefill.lengths)) if done < n)]
+        with selected(self.adapters, names_of([group.states[b] for b in rows])):
+            return prefill.run_chunk(*args)
 
     @staticmethod
     def store(prompt_cache: PromptCache, batch: Batch, b: int) -> None:

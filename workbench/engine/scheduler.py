@@ -59,6 +59,7 @@ from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import caches as kv
+from . import adapters as lora
 from . import quantized_kv
 from .admission import Admission
 from .batch import Batch
@@ -143,6 +144,11 @@ class Scheduler:
             (:mod:`workbench.engine.quantized_kv`, ``docs/quantized-kv.md``).
         kv_group_size: values sharing one scale and bias, 32, 64 or 128; must divide
             the head dim.
+        adapters: LoRA adapters to load, ``{name: folder}`` in mlx-lm's format
+            (``adapter_config.json`` + ``adapters.safetensors``), selected per request by
+            ``Request(adapter=name)``; rows with different adapters (or none) share every
+            forward (:mod:`workbench.engine.adapters`, ``docs/adapters.md``). The model's
+            target Linear layers are wrapped once, in place; its weights do not change.
 
     A model whose code cannot batch rows of different lengths (found by
     :func:`workbench.engine.probe.probe` when the scheduler is built, e.g. mlx-lm's
@@ -153,7 +159,9 @@ class Scheduler:
         ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
             ``make_cache``, or a model with a cache type that cannot batch (naming the
             layer and type); ``kv_bits`` / ``kv_group_size`` outside their allowed
-            values or not fitting the model, or given with ``prompt_cache``.
+            values or not fitting the model, or given with ``prompt_cache``; an adapter
+            folder that does not fit the model (naming the adapter and the field, see
+            :func:`workbench.engine.adapters.read_adapter`), or ``adapters`` with ``prompt_cache``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,
@@ -162,7 +170,8 @@ class Scheduler:
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True,
-                 history_checkpoints: int = 0, kv_bits: int | None = None, kv_group_size: int = 64):
+                 history_checkpoints: int = 0, kv_bits: int | None = None, kv_group_size: int = 64,
+                 adapters: "Mapping[str, str] | lora.AdapterBank | None" = None):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model, self.tokenizer = model, tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -172,6 +181,7 @@ class Scheduler:
         self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
         kv.check_batchable(model, self.max_kv_size)
         self.kv_quant = quantized_kv.configure(model, kv_bits, kv_group_size, self.max_kv_size, prompt_cache)
+        self.adapters = self._config["adapters"] = lora.configure(model, adapters, prompt_cache)  # forks share it
         self.serial_reason = probe(model, self.max_kv_size) if self.max_batch > 1 else ""
         if self.serial_reason:  # the serial lane: one row at a time, never padded
             self.max_batch = self.prompt_concurrency = 1
@@ -189,7 +199,8 @@ class Scheduler:
         self._kv_profile = kv_profile(model, self.max_kv_size, self.kv_quant)
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
-        self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant)
+        self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant,
+                                  adapters=self.adapters)
         self.recorder = Recorder(clock, history_size)
         cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
         self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
@@ -258,11 +269,13 @@ class Scheduler:
         """Validate ``request`` and queue it. Returns its uid (an int, unique per scheduler).
 
         Raises:
-            ValueError: naming the bad field and its allowed range; nothing changes.
+            ValueError: naming the bad field and its allowed range (an ``adapter`` not
+                loaded by this scheduler included); nothing changes.
         """
         if isinstance(request, dict):
             request = Request.from_dict(request)
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field)
+        lora.check_request(self.adapters, valid.request.adapter)
         need = projected_bytes(self._kv_profile, len(valid.prompt_ids) + valid.request.max_tokens)
         if self.kv_budget_bytes is not None and need > self.kv_budget_bytes:
             raise ValueError(
@@ -300,7 +313,7 @@ class Scheduler:
                 continue
             if self.interleave_prefill and chunks >= 1:
                 break
-            real = group.prefill.run_chunk()
+            real = self.runner.run_chunk(group)
             chunks += 1
             for s, k in zip(group.states, real):
                 if k:
@@ -678,7 +691,8 @@ class Scheduler:
         return capture(st.batch, st.step_index, queue=self.queue, kv_budget_bytes=self.kv_budget_bytes,
                        serial_reason=self.serial_reason,
                        kv_projected_bytes=self.kv_projected_bytes,
-                       prefilling=tuple(st.prefilling.progress()) if st.prefilling else ())
+                       prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
+                       **lora.snapshot_fields(self.adapters))
 
     def _record(self) -> None:
         self.recorder.record(self._capture())

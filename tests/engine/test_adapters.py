@@ -1,0 +1,243 @@
+"""Per-request LoRA adapters in one batch (``workbench.engine.adapters``), held to the
+adapter oracle: each row equals the same request alone through
+``mlx_lm.load(path, adapter_path=...)``; rows without adapter equal the base model.
+
+The model is loaded here, not taken from the session fixture: a scheduler with adapters
+wraps the model's target Linear layers in place.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.tuner.lora import LoRALinear
+
+import workbench as wb
+from workbench.engine import adapters as lora
+from workbench.verify.adapter_oracle import adapter_check
+
+MODEL = str(wb.BUNDLED_MODEL)
+ROOT = Path(__file__).resolve().parents[2]
+ADAPTERS = {"prose": str(ROOT / "data/adapters/prose"), "numbers": str(ROOT / "data/adapters/numbers")}
+PROMPTS = [("The ", "prose"), ("def add(a, b):", None), ("12 + 3 =", "numbers"), ("import os\nimport sys\n", "prose")]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """``(model, tokenizer)``: a private copy of the bundled model (wrapped by the tests)."""
+    return wb.load(MODEL)
+
+
+@pytest.fixture(scope="module")
+def references():
+    """Reference models of the oracle by adapter path, loaded once for the module."""
+    return {}
+
+
+def _submit_all(sched, prompts=PROMPTS, max_tokens=12):
+    return [sched.submit(wb.Request(prompt=p, max_tokens=max_tokens, adapter=a)) for p, a in prompts]
+
+
+def test_rows_with_two_adapters_and_none_in_one_batch_match_mlx_lm_alone(loaded, references):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=4, adapters=ADAPTERS)
+    uids = _submit_all(sched)
+    sched.admit()
+    assert sched.snapshot().adapters == ("prose", None, "numbers", "prose")  # one batch, three kinds of row
+    sched.run()
+    report = adapter_check(MODEL, sched, uids, models=references)
+    assert report.ok, report.text()
+    assert report.n_match == 4
+
+
+def test_adapters_change_what_a_row_writes(loaded):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=3, adapters=ADAPTERS)
+    uids = _submit_all(sched, [("The ", None), ("The ", "prose"), ("The ", "numbers")])
+    sched.run()
+    base, prose, numbers = (sched.text(u) for u in uids)
+    assert len({base, prose, numbers}) == 3
+    assert sum(c.isdigit() for c in numbers) > sum(c.isdigit() for c in prose)
+
+
+def test_base_rows_in_a_mixed_batch_equal_a_scheduler_without_adapters_bit_for_bit(loaded):
+    model, tok = loaded
+    mixed = wb.Scheduler(model, tok, max_batch=4, adapters=ADAPTERS)
+    uids = _submit_all(mixed)
+    mixed.run()
+    plain_model, _ = wb.load(MODEL)
+    plain = wb.Scheduler(plain_model, tok, max_batch=4)
+    plain_uids = _submit_all(plain, [(p, None) for p, _ in PROMPTS])
+    plain.run()
+    assert mixed.logprobs(uids[1]) == plain.logprobs(plain_uids[1])  # the base row: exactly equal floats
+    assert mixed.tokens(uids[0]) != plain.tokens(plain_uids[0])  # the prose row is not the base model's
+
+
+def test_per_row_prefill_chunks_joins_free_slots_and_preemption_keep_each_rows_adapter(loaded, references):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=2, prefill_step_size=3, adapters=ADAPTERS)
+    arrivals = [(0, wb.Request(prompt=p, max_tokens=6 + 2 * i, adapter=a)) for i, (p, a) in enumerate(PROMPTS)]
+    arrivals += [(3, wb.Request(prompt="for i in range(10):", max_tokens=8, adapter="numbers"))]
+    modes = set()
+    for step, request in arrivals:
+        sched.submit(request)
+    preempted = False
+    while not sched.idle:
+        modes |= {e.join_mode for e in sched.admit() if e.kind == "join"}
+        sched.step()
+        if not preempted and sched.step_index == 3:
+            sched.preempt(sched.snapshot().uids[0])
+            preempted = True
+        sched.filter()
+    assert {"free slot", "extend"} & modes and preempted
+    report = adapter_check(MODEL, sched, models=references)
+    assert report.ok and report.n_match == 5, report.text()
+
+
+def test_checkpoint_restore_and_fork_keep_the_adapters(loaded):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=4, adapters=ADAPTERS)
+    uids = _submit_all(sched)
+    sched.admit()
+    sched.step()
+    cp = sched.checkpoint()
+    fork = sched.fork(max_batch=2)
+    sched.run()
+    first = [sched.tokens(u) for u in uids]
+    sched.restore(cp)
+    sched.run()
+    fork.run()
+    assert [sched.tokens(u) for u in uids] == first == [fork.tokens(u) for u in uids]
+    assert fork.adapters is sched.adapters  # shared, not loaded again
+    assert fork.snapshot().adapters_loaded == ("prose", "numbers")
+
+
+def test_snapshot_shows_each_rows_adapter_and_the_bytes_the_stacks_hold(loaded):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=4, adapters=ADAPTERS)
+    _submit_all(sched)
+    sched.admit()
+    snap = sched.snapshot()
+    bank = sched.adapters
+    expected = 0
+    for path, (a, b, scale) in bank.layers.items():
+        n, I, R = a.shape
+        O = b.shape[2]
+        assert n == 3 and R == 8  # base slot + 2 adapters, ranks 8 and 4 padded to 8
+        expected += 4 * (n * I * R + n * R * O + n)  # float32 A, B, scale
+    assert snap.adapter_bytes == bank.nbytes == expected
+    assert snap.adapters_loaded == ("prose", "numbers")
+    assert "row 1: uid 1 running" in snap.text() and "adapter none" in snap.text()
+    assert "adapters loaded: prose, numbers" in snap.text()
+    assert len(bank.layers) == 35  # prose: 7 Linears x 5 layers; numbers: 3 x 3 of them
+
+
+def test_row_lora_linear_equals_mlx_lm_lora_linear_per_row():
+    mx.random.seed(0)
+    base = nn.Linear(16, 12)
+    refs = []
+    for r, scale in ((4, 2.0), (2, 0.5)):
+        ref = LoRALinear.from_base(base, r=r, scale=scale)
+        ref.lora_b = mx.random.normal((r, 12))
+        refs.append(ref)
+    adapters = [lora.Adapter(f"a{i}", "", ref.lora_a.shape[1], ref.scale, {"l": (ref.lora_a, ref.lora_b)}, 0)
+                for i, ref in enumerate(refs)]
+    a, b, scale = lora._stack(adapters, "l", 4)
+    bank = lora.AdapterBank(("a0", "a1"), {}, {"l": (a, b, scale)}, lora.Selection(), 0)
+    layer = lora.RowLoRALinear(base, "l", bank.selection)
+    x = mx.random.normal((3, 5, 16))  # [B, L, I]
+    with lora.selected(bank, ["a1", None, "a0"]):
+        y = layer(x)  # [B, L, O]
+    np.testing.assert_allclose(np.array(y[0]), np.array(refs[1](x[0:1])[0]), atol=1e-5)
+    assert mx.array_equal(y[1], base(x[1:2])[0]).item()  # no adapter: exactly the base layer
+    np.testing.assert_allclose(np.array(y[2]), np.array(refs[0](x[2:3])[0]), atol=1e-5)
+    assert mx.array_equal(layer(x), base(x)).item()  # outside a selection: the base layer
+    with pytest.raises(RuntimeError, match="selection has 2 rows"), lora.selected(bank, ["a0", "a1"]):
+        layer(x)
+
+
+def test_an_unknown_adapter_is_refused_at_submit_and_nothing_changes(loaded):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=2, adapters=ADAPTERS)
+    sched.submit(wb.Request(prompt="The ", max_tokens=4, adapter="prose"))
+    before = (sched.queue, len(sched.events), sched.state.next_uid)
+    with pytest.raises(ValueError, match=r"adapter 'poetry' is not loaded.*\['prose', 'numbers'\]"):
+        sched.submit(wb.Request(prompt="The ", max_tokens=4, adapter="poetry"))
+    with pytest.raises(ValueError, match="adapter must be"):
+        sched.submit(wb.Request(prompt="The ", max_tokens=4, adapter=3))
+    assert (sched.queue, len(sched.events), sched.state.next_uid) == before
+    plain = wb.Scheduler(model, tok, max_batch=2)
+    with pytest.raises(ValueError, match="loaded no adapters"):
+        plain.submit(wb.Request(prompt="The ", max_tokens=4, adapter="prose"))
+
+
+def _broken_copy(tmp_path, name="numbers", config=None, weights=None):
+    folder = tmp_path / name
+    shutil.copytree(ADAPTERS["numbers"], folder, ignore=shutil.ignore_patterns("train"))
+    if config:
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+        cfg.update(config(cfg) or {})
+        (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    if weights:
+        w = dict(mx.load(str(folder / "adapters.safetensors")))
+        mx.save_safetensors(str(folder / "adapters.safetensors"), weights(w))
+    return str(folder)
+
+
+def _rank(cfg):
+    cfg["lora_parameters"]["rank"] = 8
+
+
+def _layer7(w):
+    w["model.layers.7.self_attn.q_proj.lora_a"] = mx.zeros((128, 4))
+    w["model.layers.7.self_attn.q_proj.lora_b"] = mx.zeros((4, 128))
+    return w
+
+
+def _wide(w):
+    return {k: mx.zeros((256, 4)) if k.endswith("q_proj.lora_a") else v for k, v in w.items()}
+
+
+@pytest.mark.parametrize("config, weights, message", [
+    (_rank, None, r"lora_parameters.rank is 8 but .*lora_a has shape \(\d+, 4\).*rank mismatch"),
+    (lambda c: {"fine_tune_type": "dora"}, None, "fine_tune_type is 'dora'"),
+    (lambda c: {"lora_parameters": {"rank": 4}}, None, "lora_parameters.scale must be a number"),
+    (None, _layer7, "model.layers.7.self_attn.q_proj.lora_a.*a layer this model does not have"),
+    (None, _wide, r"q_proj.lora_a \(256, 4\).*another architecture"),
+    (None, lambda w: {k: v for k, v in w.items() if not k.endswith("v_proj.lora_b")}, "has no .*v_proj.lora_b"),
+])
+def test_a_bad_adapter_folder_is_refused_at_construction_naming_the_field(tmp_path, config, weights, message):
+    model, tok = wb.load(MODEL)  # unwrapped: a failed load must leave it so
+    path = _broken_copy(tmp_path, config=config, weights=weights)
+    names_before = [n for n, _ in model.named_modules()]
+    with pytest.raises(ValueError, match=message):
+        wb.Scheduler(model, tok, adapters={"prose": ADAPTERS["prose"], "bad": path})
+    assert [n for n, _ in model.named_modules()] == names_before  # nothing wrapped by the failed load
+    assert not any(isinstance(m, lora.RowLoRALinear) for _, m in model.named_modules())
+
+
+def test_missing_files_and_a_prompt_cache_are_refused(loaded, tmp_path):
+    model, tok = loaded
+    with pytest.raises(ValueError, match=r"missing \['adapter_config.json', 'adapters.safetensors'\]"):
+        wb.Scheduler(model, tok, adapters={"none": str(tmp_path)})
+    with pytest.raises(ValueError, match="adapters and prompt_cache"):
+        wb.Scheduler(model, tok, adapters=ADAPTERS, prompt_cache=4)
+    with pytest.raises(ValueError, match="adapters must be a mapping"):
+        wb.Scheduler(model, tok, adapters=["prose"])
+
+
+def test_available_adapters_lists_the_folders_that_fit(loaded, tmp_path):
+    model, _ = loaded
+    shutil.copytree(ADAPTERS["prose"], tmp_path / "prose", ignore=shutil.ignore_patterns("train"))
+    _broken_copy(tmp_path, "broken", config=_rank)
+    found = lora.available_adapters(tmp_path, model)
+    assert [(a.name, a.rank) for a in found] == [("broken", 0), ("prose", 8)]
+    assert "rank mismatch" in found[0].problem and found[1].problem == ""
+    real = lora.available_adapters(ROOT / "data/adapters", model)
+    assert [(a.name, a.rank, a.problem) for a in real] == [("numbers", 4, ""), ("prose", 8, "")]

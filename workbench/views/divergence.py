@@ -14,7 +14,9 @@ Text form (what nbval compares: verdicts only, no float noise)::
 
 Rich form: ``max |Δ|`` per layer on a log scale, for the layer's output at the fed
 position (dots) and for its KV cache over the row's real positions (squares), each with
-its tolerance (dashed); layers over tolerance in red, the first one marked.
+its tolerance (dashed, dotted); a marker over its tolerance in red, the first layer over
+tolerance annotated with its positions; a zero Δ drawn on the bottom line (said in the
+axis label); the legend below the axes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from . import style
@@ -55,7 +59,7 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     """
     if table.empty:
         raise ValueError("empty table: no layers to draw")
-    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
     ax = fig.add_subplot()
     layers = table["layer"].to_numpy()
     floor = _floor(table)
@@ -73,14 +77,29 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
         ax.step(layers, table["kv_tolerance"], where="mid", ls=":", color="#888888", lw=1, label="tolerance (KV)")
     _mark_first(ax, table, out)
     ax.set_yscale("log")
-    ax.set_xlabel("layer", fontsize=11)
+    zero = (table[["max_abs_delta", "kv_max_abs_delta"]].to_numpy(float) == 0).any()
+    ax.set_xlabel("layer" + ("   (|Δ| = 0 is drawn on the bottom line)" if zero else ""), fontsize=11)
     ax.set_ylabel("max |Δ| batched vs alone", fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=10)
-    ax.legend(fontsize=9, loc="upper left", frameon=False, title="red: over tolerance", title_fontsize=9)
+    _legend(fig, has_kv=bool(np.isfinite(kv).any()))
     if title:
         ax.set_title(title, fontsize=10, loc="left")
     return fig
+
+
+def _legend(fig: Figure, has_kv: bool) -> None:
+    """Below the axes: the marker shapes (grey: their colour is the verdict), the
+    tolerance lines, and the two verdict colours."""
+    grey = "#555555"
+    entries = [Line2D([], [], ls="", marker="o", color=grey, markersize=7, label="output at the fed position"),
+               Line2D([], [], ls="--", color=grey, lw=1, label="tolerance (output)")]
+    if has_kv:
+        entries += [Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor=grey, markersize=7,
+                           label="KV cache, real positions"),
+                    Line2D([], [], ls=":", color="#888888", lw=1, label="tolerance (KV)")]
+    entries += [Patch(color=WITHIN, label="within tolerance"), Patch(color=OVER, label="over tolerance")]
+    fig.legend(handles=entries, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
 
 
 def _floor(table: pd.DataFrame) -> float:
@@ -99,9 +118,10 @@ def _mark_first(ax, table: pd.DataFrame, out: np.ndarray) -> None:
         ax.text(0.99, 0.03, "every layer within tolerance", transform=ax.transAxes, ha="right", fontsize=10)
         return
     i = over[0]
-    positions = ranges(list(table.loc[i, "positions"]))
+    where = list(table.loc[i, "positions"])
+    positions = f"position{'s' if len(where) > 1 else ''} {ranges(where)}"
     right_half = table.loc[i, "layer"] > table["layer"].max() / 2
-    ax.annotate(f"first over tolerance: layer {int(table.loc[i, 'layer'])}\npositions {positions}",
+    ax.annotate(f"first over tolerance: layer {int(table.loc[i, 'layer'])}\n{positions}",
                 xy=(table.loc[i, "layer"], out[i]), xytext=(0.45 if right_half else 0.55, 0.5),
                 textcoords="axes fraction", ha="right" if right_half else "left", fontsize=10, color=OVER,
                 arrowprops={"arrowstyle": "->", "color": OVER})

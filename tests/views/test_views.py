@@ -158,6 +158,43 @@ def test_timeline_text_marks_finished_rows_waiting_for_filter_and_evictions(two_
     assert views.timeline_text(ev) == "uid 0 | ###ffx\nuid 1 | ##x"
 
 
+def test_timeline_text_of_a_long_run_merges_steps_per_column_so_a_line_fits_the_output_area():
+    from workbench.observe.events import Event, events_frame
+
+    # uid 0: 250 tokens (steps 0..249), evicted at step 250; uid 1 queued from step 0, joins at step 200
+    ev = ([Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 0.0), Event("admit", 1, 200, 0.0)]
+          + [Event("token", 0, s, 0.0) for s in range(250)] + [Event("token", 1, s, 0.0) for s in range(200, 210)]
+          + [Event("finish", 0, 249, 0.0), Event("evict", 0, 250, 0.0), Event("finish", 1, 209, 0.0),
+             Event("evict", 1, 210, 0.0)])
+    lines = views.timeline_text(events_frame(ev)).splitlines()
+    assert lines[0] == "(one column = 3 decode steps)"  # 251 steps, at most 100 columns
+    assert lines[1] == "uid 0 | " + "#" * 83 + "x"  # steps 249, 250 share column 83: x outranks #
+    assert lines[2] == "uid 1 | " + "q" * 66 + "####x"  # 198..200: a token outranks q; 210 is x
+    assert max(len(line) for line in lines) <= 8 + views.timeline.TEXT_COLUMNS
+    assert views.timeline_text(events_frame(ev), max_columns=300).splitlines()[0] == "uid 0 | " + "#" * 250 + "x"
+    with pytest.raises(ValueError, match="max_columns"):
+        views.timeline_text(events_frame(ev), max_columns=0)
+
+
+def test_the_timeline_legend_lists_only_the_span_kinds_drawn_wide_enough_to_see(two_request_events):
+    def legend(fig):
+        return [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+
+    # over steps, submit, admit and the first token share step 0 and every row is evicted right
+    # after it finished: only decode spans have a width (the old legend listed all four kinds)
+    assert legend(views.render_timeline(two_request_events, x="step")) == ["decode"]
+    # over time uid 1 waits 0.5 s for filter(): its span is drawn and listed
+    assert legend(views.render_timeline(two_request_events, x="time")) == [
+        "queued", "prefill", "decode", "finished, not filtered"]
+    late = two_request_events.copy()
+    finish_s = late[late.kind == "finish"].set_index("uid").time_s
+    evict = late.kind == "evict"
+    late.loc[evict, "time_s"] = late.loc[evict, "uid"].map(finish_s) + 1e-6  # filter() right after the finishing step
+    spans = views.timeline.visible_spans(views.timeline.span_bounds(late, "time"))
+    assert not spans[spans.kind == "finished, not filtered"].visible.any()  # microseconds: drawn, not listed
+    assert "finished, not filtered" not in legend(views.render_timeline(late, x="time"))
+
+
 def test_render_timeline_over_steps_draws_spans_and_join_evict_marks(two_request_events):
     fig = views.render_timeline(two_request_events, x="step")
     ax = fig.axes[0]
@@ -314,6 +351,18 @@ def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration
     assert (new.model, new.max_batch, new.history.maxlen) == (old.model, 3, 8)
     assert old.snapshot().batch_size == 2  # the old scheduler is left as it was
     assert panel.status.value == "step 0 · 0 row(s) · 0 KV bytes · queue []"
+
+
+def test_the_panel_images_fit_an_output_area_unscaled_with_text_of_at_least_9_px(panel):
+    from workbench.views.style import smallest_text_px
+
+    panel.buttons["Step"].click()
+    for image, fig in panel.figures(panel.shown, list(panel.sched.history)).items():
+        width_px = fig.get_figwidth() * panel_module.IMAGE_DPI
+        assert width_px <= 968, image  # JupyterLab's output area at a 1400 px window with the file browser open
+        assert smallest_text_px(fig, panel_module.IMAGE_DPI) >= 9, image  # shown at its own size (test_browser.py)
+    layout = panel.mask_image.layout
+    assert layout.width is None and layout.max_width == "100%" and layout.align_self == "flex-start"
 
 
 def test_static_form_embeds_the_three_images_and_the_ascii_masks(panel):

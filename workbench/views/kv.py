@@ -94,19 +94,19 @@ def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
     ax.set_xlim(0, max(shown, 1))
     for r in range(B):
         if geo["unused"][r] and g.capacity_tokens > shown:
-            ax.text(shown, r, f"+{int(geo['unused'][r])} unused ", ha="right", va="center", fontsize="x-small")
+            ax.text(shown, r, f"+{int(geo['unused'][r])} unused ", ha="right", va="center", fontsize="small")
     ax.set_yticks(range(B), row_labels(snap))
     ax.invert_yaxis()
     ax.set_title(f"{g.name} · KV width {g.kv_width_tokens} of {g.capacity_tokens} tokens",
                  fontsize="small", loc="left")
 
 
-def render_kv(snap: Snapshot, history: Sequence[Snapshot] = ()) -> Figure:
-    """KV geometry figure: per attention group a bar per row (padding, valid, expired,
-    unused; x in tokens), and, when ``history`` is given, padding waste (%) and KV bytes
-    (KiB) per step, with ``snap``'s step marked."""
+def render_kv(snap: Snapshot, history: Sequence[Snapshot] = (), width_in: float = 11.0) -> Figure:
+    """KV geometry figure, ``width_in`` inches wide: per attention group a bar per row
+    (padding, valid, expired, unused; x in tokens), and, when ``history`` is given,
+    padding waste (%) and KV bytes (KiB) per step, with ``snap``'s step marked."""
     groups = attention_groups(snap)
-    fig = Figure(figsize=(11, max(3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
+    fig = Figure(figsize=(width_in, max(3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
                  layout="constrained")
     fig.suptitle(f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), "
                  f"{snap.kv_bytes:,} KV bytes, padding waste {snap.padding_waste:.1%}")

@@ -17,9 +17,14 @@ Widgets (``panel.widget`` is the whole box)::
     error: ...                                                <- error  (class wb-error)
     history [----o---] snapshot 5 of 9 (step 3) [Restore]     <- scrubs sched.history; Restore
                                                                  returns the engine there
-    [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]
-    [KV geometry image (wb-kv-image)]
+    [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]   <- side by side
+    [KV geometry image (wb-kv-image)]                                       when they fit
     ASCII masks of the shown snapshot
+
+The images are PNGs at ``IMAGE_DPI``, shown at their own size (at most the output area's
+width): about 940 pixels wide, so their smallest text (``fontsize="small"``, 8.3 pt) is
+11.6 pixels at 100% zoom (``style.smallest_text_px``), readable. Where the output area is
+narrower than two images, the timeline wraps below the masks.
 
 *Restore* returns the engine to the snapshot the slider shows (``sched.restore`` of the
 checkpoint kept with it): enabled when the scheduler keeps checkpoints with its history
@@ -38,6 +43,7 @@ import html
 from typing import Any, Callable
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 try:
     import ipywidgets as W
@@ -55,7 +61,8 @@ from .kv import render_kv
 from .mask import mask_text, render_masks
 from .timeline import render_timeline
 
-IMAGE_DPI = 80
+IMAGE_DPI = 100  # with the figure widths below: images of 900-940 px whose smallest text is 11.6 px
+KV_WIDTH_IN = 9.4  # the KV figure's width in the panel (inches), so it fits a 968 px output area unscaled
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
 
@@ -103,16 +110,19 @@ class Panel:
         self.slider_label = W.Label()
         self._quiet = False  # True while the panel itself moves the slider
         self.slider.observe(lambda _change: None if self._quiet else self.render(), names="value")
-        self.mask_image = W.Image(format="png", layout=W.Layout(width="48%")).add_class("wb-mask-image")
-        self.timeline_image = W.Image(format="png", layout=W.Layout(width="48%")).add_class("wb-timeline-image")
-        self.kv_image = W.Image(format="png", layout=W.Layout(width="80%")).add_class("wb-kv-image")
+        def natural() -> W.Layout:  # the PNG's own size (never stretched, at most the output's width)
+            return W.Layout(max_width="100%", height="auto", align_self="flex-start")
+        self.mask_image = W.Image(format="png", layout=natural()).add_class("wb-mask-image")
+        self.timeline_image = W.Image(format="png", layout=natural()).add_class("wb-timeline-image")
+        self.kv_image = W.Image(format="png", layout=natural()).add_class("wb-kv-image")
         self.mask_ascii = W.HTML()
         self.widget = W.VBox([
             W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
             W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
             self.status, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
-            W.HBox([self.mask_image, self.timeline_image]), self.kv_image, self.mask_ascii,
+            W.HBox([self.mask_image, self.timeline_image], layout=W.Layout(flex_flow="row wrap")),
+            self.kv_image, self.mask_ascii,
         ])
         self.sched.record()  # the engine as it is now, whatever was called since the last one
         self._follow_history()
@@ -198,8 +208,7 @@ class Panel:
     def render(self) -> None:
         """Re-render the status, the images and the ASCII masks from the shown snapshot."""
         snap, history = self.shown, list(self.sched.history)
-        for image, fig in ((self.mask_image, render_masks(snap)), (self.kv_image, render_kv(snap, history)),
-                           (self.timeline_image, render_timeline(self.recent_events(snap.step), x="step"))):
+        for image, fig in self.figures(snap, history).items():
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
@@ -207,6 +216,12 @@ class Panel:
         self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
                                            else "Scheduler(history_checkpoints=N) keeps checkpoints to restore")
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
+
+    def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:
+        """The figure each image shows for ``snap`` (masks, KV geometry with ``history``,
+        the timeline of :meth:`recent_events`), at the panel's widths."""
+        return {self.mask_image: render_masks(snap), self.kv_image: render_kv(snap, history, width_in=KV_WIDTH_IN),
+                self.timeline_image: render_timeline(self.recent_events(snap.step), x="step")}
 
     def recent_events(self, step: int) -> pd.DataFrame:
         """Events up to decode step ``step`` of the latest ``TIMELINE_UIDS`` uids, read from

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..observe.metrics import occupancy, occupancy_at, percentiles
 from ..sim.replay import Replay
@@ -40,23 +41,54 @@ def latency_cdf_text(runs: Mapping[str, Replay], column: str = "ttft_s",
     return table.to_string()
 
 
+def log_tick_subs(lo: float, hi: float) -> tuple[float, ...]:
+    """Which multiples of each power of ten label a log axis from ``lo`` to ``hi`` (> 0):
+    few enough that the labels never overlap on a 3-inch axis, at least two in range.
+
+    >>> log_tick_subs(30, 5000), log_tick_subs(150, 5500), log_tick_subs(5, 31), log_tick_subs(9, 14)
+    ((1.0,), (1.0, 3.0), (1.0, 2.0, 5.0), (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0))
+    """
+    decades = np.log10(hi / lo) if lo > 0 and hi > lo else 0.0
+    if decades >= 2:
+        return (1.0,)
+    if decades >= 1:
+        return (1.0, 3.0)
+    return (1.0, 2.0, 5.0) if decades >= 0.5 else (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)
+
+
+def _log_ms_axis(ax, values_ms: list[np.ndarray]) -> None:
+    """A log x axis labelled with plain numbers (``200``, ``1000``) at
+    :func:`log_tick_subs` of the data's range; minor ticks unlabelled."""
+    ax.set_xscale("log")
+    finite = np.concatenate([v for v in values_ms if v.size] or [np.array([1.0])])
+    finite = finite[finite > 0]
+    subs = log_tick_subs(finite.min(), finite.max()) if finite.size else (1.0,)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def render_latency_cdfs(runs: Mapping[str, Replay], columns: Sequence[str] = ("ttft_s", "tpot_s", "e2e_s"),
                         title: str = "") -> Figure:
-    """One panel per latency column: each run's empirical CDF (x: ms, log scale)."""
-    fig = Figure(figsize=(4.2 * len(columns), 3.4), layout="constrained")
+    """One panel per latency column: each run's empirical CDF (x: ms, log scale, plain
+    tick labels that do not overlap). 3.1 inches per panel, so three panels (930 px at
+    the notebook's 100 dpi) fit a JupyterLab output area unscaled."""
+    fig = Figure(figsize=(3.1 * len(columns), 3.4), layout="constrained")
     axes = fig.subplots(1, len(columns), squeeze=False)[0]
     for ax, col in zip(axes, columns):
+        drawn = []
         for name, run in runs.items():
             v = np.sort(run.report.requests[col].to_numpy(float))
             v = v[np.isfinite(v)]
+            drawn.append(v * 1e3)
             if v.size:
                 ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=name)
-        ax.set_xscale("log")
+        _log_ms_axis(ax, drawn)
         ax.set_xlabel(f"{LATENCY_LABELS.get(col, col)} (ms)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of requests")
-    axes[-1].legend(fontsize="small")
+    axes[0].legend(fontsize="small", loc="upper left")
     if title:
         fig.suptitle(title)
     return fig
@@ -84,7 +116,8 @@ def occupancy_text(runs: Mapping[str, Replay], n_times: int = 8) -> str:
 
 def render_occupancy(runs: Mapping[str, Replay], title: str = "") -> Figure:
     """Two stacked panels over time since first submit: running rows (batch size) and
-    queued requests, one step line per run."""
+    queued requests, one step line per run; the runs' legend right of the panels, where it
+    covers no line."""
     fig = Figure(figsize=(9, 5), layout="constrained")
     ax_run, ax_q = fig.subplots(2, 1, sharex=True)
     for name, run in runs.items():
@@ -97,7 +130,7 @@ def render_occupancy(runs: Mapping[str, Replay], title: str = "") -> Figure:
     ax_q.set_xlabel("time since first submit (s)")
     for ax in (ax_run, ax_q):
         ax.grid(alpha=0.3)
-    ax_run.legend(fontsize="small", loc="upper right")
+    fig.legend(*ax_run.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     if title:
         fig.suptitle(title)
     return fig

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import io
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.text import Text
 
 PADDING = "#d9d9d9"  # masked slot: left padding, or outside a sliding window
 ATTENDED = "#3b7dd8"  # cached token the row attends to (also: decode spans)
@@ -35,3 +37,19 @@ def figure_png(fig: Figure, dpi: int = 90) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def smallest_text_px(fig: Figure, dpi: float) -> float:
+    """Height in pixels of the smallest visible text of ``fig`` (titles, labels, tick
+    labels, legends, annotations) in a PNG written at ``dpi``: its font size in points
+    times ``dpi / 72``. Shown at a width of ``w`` pixels instead of the PNG's own ``W``,
+    the text is ``w / W`` times this. Draws the figure once (Agg) so tick labels exist.
+
+    Raises:
+        ValueError: when the figure has no visible text.
+    """
+    FigureCanvasAgg(fig).draw()
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    if not sizes:
+        raise ValueError("the figure has no visible text")
+    return min(sizes) * dpi / 72

@@ -13,6 +13,15 @@ Text form (one column per decode step ``s``, one line per uid; deterministic)::
     f  finished, still in the batch (fed, output discarded) until filter() evicts it
     x  evicted before step s (filter after step s-1)
 
+A run longer than ``max_columns`` steps (default 100, so a line fits a notebook's output
+area at 100% zoom without wrapping) is drawn ``k = ceil(steps / max_columns)`` steps per
+column, under a header line saying so; a column shows the strongest of its steps' marks,
+``x`` > ``#`` > ``f`` > ``q`` > blank::
+
+    (one column = 2 decode steps)
+    uid 0 | ##x
+    uid 1 | qq###x
+
 Rich form: a matplotlib Figure over wall-clock time (``x="time"``) or over decode steps
 (``x="step"``), with join (▶) and evict (◀) marks. Over steps an event logged with step
 index ``s`` sits at ``s`` (before step ``s``'s forward) and a token of step ``s`` fills
@@ -23,11 +32,13 @@ from __future__ import annotations
 
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from . import style
 
 SPANS = (("queued", style.QUEUED), ("prefill", style.PREFILL), ("decode", style.ATTENDED),
          ("finished, not filtered", style.WAITING))
+MIN_VISIBLE_SHARE = 0.002  # a span narrower than this share of the axis is under a pixel wide
 AXES = {"time": ("time_s", "time since first submit (s)"), "step": ("step", "decode step")}
 
 
@@ -35,8 +46,20 @@ def _per_uid(events: pd.DataFrame, kind: str, col: str, how: str = "min") -> pd.
     return getattr(events[events.kind == kind].groupby("uid")[col], how)()
 
 
-def timeline_text(events: pd.DataFrame) -> str:
-    """ASCII Gantt over decode steps of a report's ``events`` frame (deterministic)."""
+TEXT_COLUMNS = 100  # step columns of the text form: "uid NN | " + 100 < a JupyterLab output line at 100% zoom
+MARK_RANK = {" ": 0, "q": 1, "f": 2, "#": 3, "x": 4}  # the mark a merged column shows: the highest rank
+
+
+def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
+    """ASCII Gantt over decode steps of a report's ``events`` frame (deterministic; see
+    the module docstring). At most ``max_columns`` step columns per line: a longer run
+    merges ``ceil(steps / max_columns)`` steps per column and says so in a header line.
+
+    Raises:
+        ValueError: for ``max_columns < 1``.
+    """
+    if max_columns < 1:
+        raise ValueError(f"max_columns must be >= 1, got {max_columns!r}")
     if events.empty:
         return "(no events)"
     n_steps = int(events.step.max()) + 1
@@ -46,7 +69,8 @@ def timeline_text(events: pd.DataFrame) -> str:
     evi = _per_uid(events, "evict", "step")
     tok_steps = events[events.kind == "token"].groupby("uid").step.apply(set)
     width = max(len(str(u)) for u in sub.index)
-    lines = []
+    per_column = -(-n_steps // max_columns)
+    lines = [f"(one column = {per_column} decode steps)"] if per_column > 1 else []
     for uid in sub.index:
         cells = []
         for s in range(n_steps):
@@ -60,7 +84,8 @@ def timeline_text(events: pd.DataFrame) -> str:
                 cells.append("q")
             else:
                 cells.append(" ")
-        lines.append(f"uid {uid:>{width}} | " + "".join(cells).rstrip())
+        merged = [max(cells[i:i + per_column], key=MARK_RANK.__getitem__) for i in range(0, n_steps, per_column)]
+        lines.append(f"uid {uid:>{width}} | " + "".join(merged).rstrip())
     return "\n".join(lines)
 
 
@@ -98,13 +123,16 @@ def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = 
 
     Per uid: queued (submit → admit), prefill (admit → first token, which includes the
     joiner's first decode step), decode (first token → finish) and finished-not-filtered
-    (finish → evict) spans; joins (▶) and evictions (◀) marked.
+    (finish → evict) spans; joins (▶) and evictions (◀) marked. The legend lists only
+    the kinds drawn at least about a pixel wide (:func:`visible_spans`): over time, a
+    row evicted microseconds after it finished shows no finished-not-filtered span.
 
     Raises:
         ValueError: for an unknown ``x``.
     """
     fig = Figure(figsize=(9, 0.35 * max(4, events.uid.nunique()) + 1.2), layout="constrained")
-    _draw(fig.add_subplot(), events, title, x)
+    ax = fig.add_subplot()
+    _legend(ax, _draw(ax, events, title, x))
     return fig
 
 
@@ -124,25 +152,48 @@ def render_timelines(runs: dict[str, pd.DataFrame], x: str = "step") -> Figure:
     rows = max(ev.uid.nunique() for ev in runs.values())
     fig = Figure(figsize=(5.5 * len(runs), 0.35 * max(4, rows) + 1.4), layout="constrained")
     axes = fig.subplots(1, len(runs), sharex=True, sharey=True, squeeze=False)[0]
-    for ax, (title, events) in zip(axes, runs.items()):
-        _draw(ax, events, title, x, legend=ax is axes[-1])
+    shown = set().union(*(_draw(ax, events, title, x) for ax, (title, events) in zip(axes, runs.items())))
+    _legend(axes[-1], shown)
     return fig
 
 
-def _draw(ax, events: pd.DataFrame, title: str, x: str, legend: bool = True) -> None:
-    """One timeline on ``ax`` (see :func:`render_timeline`)."""
-    if events.empty:
-        return
-    b = span_bounds(events, x)
-    labelled: set[str] = set()
-    for y, (uid, r) in enumerate(b.iterrows()):
+def visible_spans(b: pd.DataFrame, min_share: float = MIN_VISIBLE_SHARE) -> pd.DataFrame:
+    """The spans :func:`render_timeline` draws, from :func:`span_bounds` ``b``: one row per
+    (uid, kind) with ``y`` (row position), ``kind`` (a name of ``SPANS``), ``left`` and
+    ``width`` (axis units). A span still open runs to ``now``; zero-width spans are left
+    out. ``visible`` is True when the width is at least ``min_share`` of the axis (about
+    a pixel), so a legend lists only kinds one can see.
+
+    >>> b = pd.DataFrame({"submit": [0.0], "admit": [0.0], "first_token": [1.0], "finish": [9.0],
+    ...                   "evict": [9.0078125], "now": [10.0]})
+    >>> visible_spans(b)[["kind", "width", "visible"]].to_dict("list")
+    {'kind': ['prefill', 'decode', 'finished, not filtered'], 'width': [1.0, 8.0, 0.0078125], 'visible': [True, True, False]}
+    """
+    rows = []
+    for y, (_uid, r) in enumerate(b.iterrows()):
         bounds = [r.submit, r.admit, r.first_token, r.finish, r.evict]
-        for (name, color), lo, hi in zip(SPANS, bounds, bounds[1:]):
+        for (name, _color), lo, hi in zip(SPANS, bounds, bounds[1:]):
             if pd.notna(lo) and pd.isna(hi):  # the span still open: draw it up to now
                 hi = r.now
-            if pd.notna(lo) and hi >= lo:
-                ax.barh(y, hi - lo, left=lo, color=color, label=None if name in labelled else name)
-                labelled.add(name)
+            if pd.notna(lo) and hi > lo:
+                rows.append((y, name, lo, hi - lo))
+    out = pd.DataFrame(rows, columns=["y", "kind", "left", "width"])
+    extent = float(b.now.max()) if len(b) else 0.0
+    out["visible"] = out.width >= min_share * extent
+    return out
+
+
+def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
+    """One timeline on ``ax`` (see :func:`render_timeline`); returns the span kinds drawn
+    with a visible width (:func:`visible_spans`), the ones a legend lists."""
+    if events.empty:
+        return set()
+    b = span_bounds(events, x)
+    spans = visible_spans(b)
+    colors = dict(SPANS)
+    for span in spans.itertuples():
+        ax.barh(span.y, span.width, left=span.left, color=colors[span.kind])
+    for y, (uid, r) in enumerate(b.iterrows()):
         if pd.notna(r.join):
             ax.plot(r.join, y, marker=">", color="black", markersize=4)
         if pd.notna(r.evict):
@@ -152,5 +203,11 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str, legend: bool = True) -> 
     ax.invert_yaxis()
     ax.set_xlabel(AXES[x][1])
     ax.set_title(f"{title}  (▶ join, ◀ evict)")
-    if legend:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return set(spans.kind[spans.visible])
+
+
+def _legend(ax, shown: set[str]) -> None:
+    """The span legend right of ``ax``: the kinds in ``shown``, in ``SPANS`` order."""
+    if shown:
+        ax.legend(handles=[Patch(facecolor=c, label=n) for n, c in SPANS if n in shown],
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")

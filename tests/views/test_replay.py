@@ -1,0 +1,58 @@
+"""Readability of the replay figures (workbench/views/replay.py): log-axis tick labels that
+never overlap, and a runs legend that covers no line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from workbench.observe.events import Event
+from workbench.observe.report import Report
+from workbench.sim.replay import Replay
+from workbench.views.replay import log_tick_subs, render_latency_cdfs, render_occupancy
+
+
+def _run(name: str, scale: float) -> Replay:
+    """A replay whose requests' latencies spread like notebook 06's (TTFT 30..5000 ms,
+    TPOT 5..31 ms, E2E 150..5500 ms); two requests' events for the occupancy panels."""
+    rng = np.random.default_rng(0)
+    n = 40
+    requests = pd.DataFrame({"ttft_s": rng.uniform(0.03, 5.0, n) * scale, "tpot_s": rng.uniform(0.005, 0.031, n),
+                             "e2e_s": rng.uniform(0.15, 5.5, n) * scale})
+    events = [Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.2), Event("admit", 0, 0, 0.5), Event("join", 0, 0, 0.5),
+              Event("admit", 1, 1, 1.0), Event("join", 1, 1, 1.0), Event("evict", 0, 2, 3.0 * scale),
+              Event("evict", 1, 3, 7.5 * scale)]
+    return Replay(name=name, config={}, mode="cost", report=Report(events, requests=requests), samples=None)
+
+
+def _overlapping_tick_labels(ax) -> list[tuple[str, str]]:
+    boxes = [(t.get_text(), t.get_window_extent()) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+    return [(a, b) for (a, ba), (b, bb) in zip(boxes, boxes[1:]) if ba.x1 > bb.x0]
+
+
+def test_log_tick_subs_thin_out_as_the_range_grows():
+    assert log_tick_subs(30, 5000) == (1.0,)
+    assert log_tick_subs(150, 5500) == (1.0, 3.0)
+    assert log_tick_subs(5, 31) == (1.0, 2.0, 5.0)
+
+
+def test_latency_cdf_tick_labels_are_plain_numbers_that_never_overlap():
+    runs = {name: _run(name, s) for name, s in (("fcfs", 1.0), ("shortest-first", 1.1), ("prefill-first", 0.9))}
+    fig = render_latency_cdfs(runs)
+    FigureCanvasAgg(fig).draw()
+    for ax in fig.axes:
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert len(labels) >= 2 and all("times" not in t and "^" not in t for t in labels), labels
+        assert _overlapping_tick_labels(ax) == [], ax.get_xlabel()
+    assert fig.get_figwidth() * 100 <= 968  # three panels fit a JupyterLab output area at the inline 100 dpi
+
+
+def test_the_occupancy_legend_sits_outside_both_panels():
+    runs = {name: _run(name, 1.0) for name in ("fcfs", "shortest-first", "prefill-first")}
+    fig = render_occupancy(runs)
+    FigureCanvasAgg(fig).draw()
+    legend = fig.legends[0].get_window_extent()
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(runs)
+    for ax in fig.axes:
+        assert ax.get_legend() is None and not legend.overlaps(ax.get_window_extent())

@@ -248,3 +248,25 @@ def test_a_sliding_window_model_is_refused():
     model, tokenizer = wb.load("tiny-gemma3")
     with pytest.raises(ValueError, match="RotatingKVCache, which mlx-lm cannot quantize"):
         wb.Scheduler(model, tokenizer, kv_bits=4, kv_group_size=32)
+
+
+@pytest.mark.parametrize("options", [dict(max_batch=3), dict(max_batch=3, prefill_step_size=8)])
+def test_preempted_rows_resume_with_their_reference_first_forward(make_sched, prompt, options):
+    """A preempted row re-prefills prompt + generated tokens; its first (float) chunk is
+    still the reference's first forward (min(prefill_step_size, prompt - 1) tokens), so
+    it still equals generate_step with kv_bits (without that, uid 2 here drifts by 3e-2)."""
+    sched = make_sched(kv_bits=4, kv_group_size=G, **options)
+    specs = ((3, 12), (60, 9), (17, 14), (1, 9), (33, 10), (1, 8))
+    for i, (n, m) in enumerate(specs):
+        sched.submit(wb.Request(prompt=prompt(n, 13 * i), max_tokens=m))
+    preempted, calls = set(), 0
+    while not sched.idle:
+        sched.admit(), sched.step(), sched.filter()
+        calls += 1
+        live = [r.uid for r in sched.batch.rows if not r.finished and r.tokens]
+        if calls % 3 == 0 and live and len(preempted) < 3:
+            sched.preempt(live[-1])
+            preempted.add(live[-1])
+    assert preempted and sched.check().ok
+    report = oracle.solo_check(sched.model, sched)
+    assert report.n_match == len(specs), report.text()

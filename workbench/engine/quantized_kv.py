@@ -374,20 +374,49 @@ class QuantizedPrefillGroup(PrefillGroup):
     (empty prompt tail) keeps a float cache: its first forward is the join forward
     (:func:`join_forward`).
 
+    Which tokens the first (float) forward covers decides the numbers, so each row's first
+    chunk is exactly ``first_tokens[b]`` tokens: the reference's first forward,
+    ``min(prefill_step_size, prompt - 1)`` (1 for a one-token prompt), whatever chunk
+    size the caller asks for (pacing) and however long the row's input is (a preempted
+    row resumes from prompt + generated tokens). Later chunks run as asked: on quantized
+    keys, a position's result does not depend on the chunk it runs in (up to float
+    summation order). A group whose rows cannot share that first chunk runs per row.
+
     Args:
-        quant: the quantization; the others as :class:`PrefillGroup` (no prompt-cache
-            ``caches``: the scheduler refuses a prompt cache with ``kv_bits``).
+        quant: the quantization. first_tokens: per row, tokens of its first forward
+            (default ``min(prefill_step_size, tail)``). The others as
+            :class:`PrefillGroup` (no prompt-cache ``caches``: the scheduler refuses a
+            prompt cache with ``kv_bits``).
     """
 
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
                  max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
-                 quant: KVQuant = KVQuant(8, 64)):
+                 quant: KVQuant = KVQuant(8, 64), first_tokens: Sequence[int] | None = None):
         self.quant = quant
+        tails = [len(p) for p in prompts]
+        first = first_tokens if first_tokens is not None else [prefill_step_size] * len(tails)
+        self.first_tokens = [min(f, n) for f, n in zip(first, tails)]
         super().__init__(model, prompts, prefill_step_size, max_kv_size, caches)
+        if not self.per_row and not self._shared_first_chunk(tails):  # run the rows one by one
+            self.per_row, self.caches = True, []
+            self._solo = [kv.single_cache(model, max_kv_size) for _ in prompts]
 
-    def run_chunk(self, *args: Any, **kwargs: Any) -> list[int]:
-        """:meth:`PrefillGroup.run_chunk`, then every row that has run quantized."""
-        real = super().run_chunk(*args, **kwargs)
+    def _shared_first_chunk(self, tails: list[int]) -> bool:
+        """True when one batched first chunk is every row's first forward: the same
+        length for all rows that run (a padded group runs each row's whole tail at once)."""
+        ran = [f for f, n in zip(self.first_tokens, tails) if n]
+        return ran == [n for n in tails if n] if self._padded else len(set(ran)) <= 1
+
+    def run_chunk(self, tokens: int | None = None) -> list[int]:
+        """:meth:`PrefillGroup.run_chunk` (a row's first chunk sized to its first forward),
+        then every row that has run quantized."""
+        done = self.rows_done_tokens
+        if self.per_row:
+            b = next(b for b, n in enumerate(self.lengths) if done[b] < n)
+            tokens = self.first_tokens[b] if done[b] == 0 else tokens
+        elif self.position == 0:
+            tokens = max(self.first_tokens)
+        real = super().run_chunk(tokens)
         if not self.per_row:
             self.caches = quantize_batch(self.caches, self.quant)
             mx.eval([c.state for c in self.caches])
@@ -461,3 +490,10 @@ def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | N
                          "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them")
     check_model(model, quant, max_kv_size)
     return quant
+
+
+def first_forward_tokens(states: Sequence[Any], prefill_step_size: int) -> list[int]:
+    """Per request state, the prompt tokens its reference's first forward covers:
+    ``generate_step`` prefills ``min(prefill_step_size, prompt - 1)`` tokens first, or
+    runs a one-token prompt's token alone (1)."""
+    return [max(1, min(prefill_step_size, len(s.valid.prompt_ids) - 1)) for s in states]

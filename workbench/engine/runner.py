@@ -16,7 +16,7 @@ from .batch import Batch
 from .decode import Pending, launch
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
-from .quantized_kv import KVQuant, QuantizedPrefillGroup, join_forward as quantized_join_forward
+from .quantized_kv import KVQuant, QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
 from .state import RequestState
 
 
@@ -81,7 +81,8 @@ class ModelRunner:
             group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
         else:
             group = QuantizedPrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches,
-                                          quant=self.kv_quant)
+                                          quant=self.kv_quant,
+                                          first_tokens=first_forward_tokens(states, self.prefill_step_size))
         return Prefilling(list(states), group, [inp[-1] for inp in inputs])
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:

@@ -9,12 +9,16 @@ or KV cache is kept (``LayerDivergence.relative_delta``).
 Usage: ``python scripts/layer_noise.py [steps]`` (default 6). ``WORKBENCH_BLAS=off`` gives the
 test suite's numerics (MLX's own CPU matmuls); unset, an optimized BLAS is used if present.
 """
+import contextlib
 import os
 import sys
 
+import mlx.core as mx
+
 import workbench as wb
 from workbench.runtime import blas
-from workbench.verify.layers import DEFAULT_RTOL, localize
+from workbench.verify import faults
+from workbench.verify.layers import DEFAULT_RTOL, localize, ranges
 from workbench.workloads.workload import prompt_maker
 
 MODELS = ("tiny-code", "tiny-llama", "tiny-gemma3", "tiny-qwen3", "tiny-mamba2", "tiny-qwen3-next")
@@ -37,3 +41,34 @@ for name in MODELS:
     worst_all = max(worst_all, worst)
     print(f"{name:16s} {n_forwards:3d} row forwards, largest relative |d| {worst:.1e}, over rtol {DEFAULT_RTOL:.0e}: {n_alarms}")
 print(f"all models: largest relative |d| {worst_all:.1e}; DEFAULT_RTOL {DEFAULT_RTOL:.0e} is {DEFAULT_RTOL / worst_all:.0f}x above it")
+
+# The planted faults on the bundled model, two steps in, every row: how far over tolerance.
+model, tokenizer = wb.load()
+prompt = prompt_maker(tokenizer)
+sched = wb.Scheduler(model, tokenizer, max_batch=4)
+for n, start in ((6, 0), (2, 40), (13, 80), (9, 200)):
+    sched.submit(wb.Request(prompt=prompt(n, start), max_tokens=8))
+sched.admit(), sched.step(), sched.step()
+half, _ = wb.load()
+half.set_dtype(mx.bfloat16)
+sched16 = wb.Scheduler(half, tokenizer, max_batch=4)
+for n, start in ((6, 0), (2, 40), (13, 80), (9, 200)):
+    sched16.submit(wb.Request(prompt=prompt(n, start), max_tokens=8))
+sched16.admit(), sched16.step(), sched16.step()
+print("\ntiny-code, step 2, every row: fault -> first layer, positions, max|d| / tolerance there")
+cases = {"noisy_row(layer 3, row 2, 1%)": (sched, lambda: faults.noisy_row(model, 3, 2), {}),
+         "no_padding_mask": (sched, lambda: faults.no_padding_mask(model), {}),
+         "rope_counts_padding": (sched, lambda: faults.rope_counts_padding(model), {}),
+         "bf16 batch vs float32 alone": (sched16, contextlib.nullcontext, {"reference_model": model})}
+for name, (s, fault, kwargs) in cases.items():
+    with fault():
+        reports = [localize(s, uid, **kwargs) for uid in range(4)]
+    cells = []
+    for r in reports:
+        if r.ok:
+            cells.append(f"uid {r.uid} (pad {r.left_padding}): ok")
+            continue
+        t = r.table.iloc[r.first_layer]
+        ratio = max(t["max_abs_delta"] / t["tolerance"], t["kv_max_abs_delta"] / t["kv_tolerance"])
+        cells.append(f"uid {r.uid} (pad {r.left_padding}): layer {r.first_layer} @ {ranges(r.positions)}, {ratio:.0f}x")
+    print(f"{name:30s} " + "; ".join(cells))

@@ -136,6 +136,8 @@ def test_padding_tax_and_summary_over_steps():
     assert summary["padding_tax_b16"] == pytest.approx(1 - paged / padded)
     text = paged_text(table)
     assert "paged b=16" in text and f"{512 * TB:,}" in text and text == paged_text(table.copy())
+    data = (42 + 6) / padded  # tokens over padded positions, summed over both steps
+    assert f"tokens {data:.1%}" in text and "free slots 0.0%" in text
 
 
 def test_an_attention_group_without_token_bytes_is_refused():

@@ -69,6 +69,7 @@ from .snapshot import LayerGroup, Snapshot
 
 DEFAULT_BLOCKS = (16, 32, 64)  # vLLM's default block size is 16; 32 and 64 for comparison
 PADDED_PARTS = ("data", "padding", "growth", "free")
+PART_NAMES = {"data": "tokens", "padding": "left padding", "growth": "growth step", "free": "free slots"}
 
 
 def blocks_for(tokens: Any, block_tokens: int) -> np.ndarray:
@@ -252,8 +253,9 @@ def paged_summary(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def paged_text(table: pd.DataFrame) -> str:
-    """Deterministic text: one line per layout (peak bytes, bytes summed over steps, share
-    not holding tokens, and with budget columns the mean largest batch)."""
+    """Deterministic text: one line per layout (peak bytes, share of its bytes summed over
+    steps not holding tokens, and with budget columns the mean largest batch), and the
+    padded bytes' parts (tokens, left padding, growth step, free slots) as shares."""
     if not len(table):
         return "paged vs padded: no steps"
     data = float(table.padded_data_bytes.sum())
@@ -269,6 +271,10 @@ def paged_text(table: pd.DataFrame) -> str:
         return text
 
     lines.append(line("padded", "padded_bytes", "padded_max_batch"))
+    padded = float(table.padded_bytes.sum())
+    if padded:
+        lines.append("    of it: " + ", ".join(f"{PART_NAMES[k]} {float(table[f'padded_{k}_bytes'].sum()) / padded:.1%}"
+                                              for k in PADDED_PARTS))
     for b in block_sizes(table):
         lines.append(line(f"paged b={b}", f"paged_bytes_b{b}", f"paged_max_batch_b{b}"))
     return "\n".join(lines)

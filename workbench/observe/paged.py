@@ -47,6 +47,8 @@ Other layer kinds, honestly:
   last ``min(offset, W)`` positions. Paged, it holds the blocks covering those positions
   (vLLM's ``SlidingWindowManager`` frees blocks that fall wholly before the window): from
   block ``max(0, offset - W) // b`` to ``(offset - 1) // b``, so up to ``ceil(W / b) + 1``.
+  (vLLM skips ``offset - W + 1`` tokens, one position fewer than the ring keeps; we count
+  the ``W`` the ring holds, so both layouts hold the same tokens.)
 - **Recurrent state** (``ssm``, mlx-lm's ``ArraysCache``) and any group without a
   sequence axis: a fixed state per row, the same in both layouts (vLLM keeps one state
   per request); the padded layout also keeps the free slots' states.

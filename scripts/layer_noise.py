@@ -7,7 +7,9 @@ batched and alone (``wb.verify.localize``) and the largest relative |Δ| of any 
 or KV cache is kept (``LayerDivergence.relative_delta``).
 
 Usage: ``python scripts/layer_noise.py [steps]`` (default 6). ``WORKBENCH_BLAS=off`` gives the
-test suite's numerics (MLX's own CPU matmuls); unset, an optimized BLAS is used if present.
+test suite's numerics (MLX's own CPU matmuls); unset, an optimized BLAS is used if present. On
+an NVIDIA GPU ``MLX_ENABLE_TF32=1`` runs float32 matmuls at TF32 (``docs/gpu.md``); the
+outputs of both settings on an H200 are in ``docs/benchmarks/layer_noise_h200_tf32_*.txt``.
 """
 import contextlib
 import os
@@ -16,13 +18,14 @@ import sys
 import mlx.core as mx
 
 import workbench as wb
-from workbench.runtime import blas
+from workbench.runtime import blas, device, precision
 from workbench.verify import faults
 from workbench.verify.layers import DEFAULT_RTOL, localize, ranges
 from workbench.workloads.workload import prompt_maker
 
 MODELS = ("tiny-code", "tiny-llama", "tiny-gemma3", "tiny-qwen3", "tiny-mamba2", "tiny-qwen3-next")
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+print(f"device: {device.backend()}; {precision.describe()}")
 print(f"BLAS: {blas.STATUS.library or 'MLX built-in'} (WORKBENCH_BLAS={os.environ.get('WORKBENCH_BLAS', 'unset')})")
 worst_all = 0.0
 for name in MODELS:

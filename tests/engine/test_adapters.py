@@ -241,3 +241,30 @@ def test_available_adapters_lists_the_folders_that_fit(loaded, tmp_path):
     assert "rank mismatch" in found[0].problem and found[1].problem == ""
     real = lora.available_adapters(ROOT / "data/adapters", model)
     assert [(a.name, a.rank, a.problem) for a in real] == [("numbers", 4, ""), ("prose", 8, "")]
+
+
+def test_two_schedulers_with_different_adapters_share_one_model(loaded, references):
+    model, tok = loaded
+    first = wb.Scheduler(model, tok, max_batch=2, adapters={"prose": ADAPTERS["prose"]})
+    second = wb.Scheduler(model, tok, max_batch=2, adapters={"numbers": ADAPTERS["numbers"]})
+    _submit_all(first, [("The ", "prose"), ("12 + 3 =", None)])
+    _submit_all(second, [("The ", "numbers"), ("12 + 3 =", None)])
+    for _ in range(6):  # interleaved: each forward selects from its own scheduler's bank
+        for sched in (first, second):
+            sched.admit()
+            sched.step()
+            sched.filter()
+    first.run()
+    second.run()
+    for sched in (first, second):
+        report = adapter_check(MODEL, sched, models=references)
+        assert report.ok and report.n_match == 2, report.text()
+
+
+def test_adapters_with_a_quantized_kv_cache_match_mlx_lm_at_the_same_bits(loaded, references):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=4, kv_bits=8, kv_group_size=32, adapters=ADAPTERS)
+    _submit_all(sched)
+    sched.run()
+    report = adapter_check(MODEL, sched, models=references)
+    assert report.ok and report.n_match == 4, report.text()

@@ -36,7 +36,8 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
 
     Each uid runs alone through mlx-lm's ``generate_step`` on the model
     ``mlx_lm.load(model_path, adapter_path=<its adapter's folder>)`` (the base model for
-    ``Request(adapter=None)``), and its tokens and per-token log-probabilities
+    ``Request(adapter=None)``; a quantized KV cache, ``Scheduler(kv_bits=...)``, at the
+    same bits and group size), and its tokens and per-token log-probabilities
     (``atol``, natural log) are compared with the scheduler's
     (:func:`workbench.verify.oracle.compare_traces`).
 
@@ -53,6 +54,8 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
         KeyError: a uid the scheduler does not know.
     """
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
+    quant = getattr(sched, "kv_quant", None)
+    kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
     refs = {}
     for u in uids:
         valid = sched.request_of(u)
@@ -60,5 +63,5 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
         path = None if name is None else sched.adapters.adapters[name].path
         model = reference_model(model_path, path, models)
         refs[u] = solo_reference(model, ref_request(valid), sched.prefill_step_size, sched.max_kv_size,
-                                 tokenizer=sched.tokenizer)
+                                 tokenizer=sched.tokenizer, **kv)
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from tests.observe.test_paged import TB, full_group, snapshot
 from workbench.observe.paged import paged_table
 from workbench.views.paged import MIB, render_paged
-from workbench.views.style import figure_png
+from workbench.views.style import figure_png, smallest_text_px
 
 
 def _table(budget=True):
@@ -45,6 +45,8 @@ def test_the_legend_sits_below_the_panels_and_covers_no_data():
     legend = fig.legends[0].get_window_extent(renderer)
     assert all(not legend.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
     assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 9
+    assert fig.get_figwidth() * 100 <= 968  # fits a JupyterLab output area at the inline 100 dpi, unscaled
+    assert smallest_text_px(fig, 100) >= 12.5  # 9 pt and more
 
 
 def test_without_budget_columns_there_are_two_panels_and_a_bad_x_is_named():

@@ -70,6 +70,15 @@ def test_a_correct_batch_has_every_layer_of_every_row_within_tolerance(make_sche
 
 
 @pytest.mark.model
+def test_a_fork_localizes_from_its_parents_checkpoints_and_the_parent_from_the_forks(make_sched, prompt):
+    sched = running(make_sched, prompt, history_checkpoints=8)
+    fork = sched.fork()
+    fork.step()
+    assert localize(fork, 1, token=2).step == 1  # kept by the parent, carried into the fork's history
+    assert localize(sched, 1, checkpoint=fork.checkpoint()).token_index == 4
+
+
+@pytest.mark.model
 def test_localize_changes_nothing_in_the_scheduler(make_sched, prompt):
     sched, plain = running(make_sched, prompt), running(make_sched, prompt)
     cp = sched.checkpoint()
@@ -143,7 +152,7 @@ def test_a_bf16_batch_differs_from_layer_0_at_every_position(prompt, bundled):
 # -- refusals ------------------------------------------------------------------------------
 
 @pytest.mark.model
-def test_localize_refuses_what_it_cannot_re_run(make_sched, prompt):
+def test_localize_refuses_what_it_cannot_re_run(make_sched, prompt, random_llama):
     sched = running(make_sched, prompt)
     with pytest.raises(ValueError, match="join forward"):
         localize(sched, 0, token=0)
@@ -151,8 +160,10 @@ def test_localize_refuses_what_it_cannot_re_run(make_sched, prompt):
         localize(sched, 0, token=2)
     with pytest.raises(ValueError, match="not both"):
         localize(sched, 0, token=2, checkpoint=sched.checkpoint())
-    with pytest.raises(ValueError, match="another scheduler|belongs to"):
-        localize(sched, 0, checkpoint=running(make_sched, prompt).checkpoint())
+    other = wb.Scheduler(*random_llama, max_batch=4)
+    other.submit(wb.Request(prompt=[1, 2, 3], max_tokens=3)), other.admit()
+    with pytest.raises(ValueError, match="this scheduler's model"):
+        localize(sched, 0, checkpoint=other.checkpoint())
     sched.submit(wb.Request(prompt=prompt(3, 0), max_tokens=2))
     with pytest.raises(ValueError, match="holds no row"):
         localize(sched, 4)

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..engine.checkpoint import Checkpoint, check_owner
+from ..engine.checkpoint import Checkpoint
 from .oracle import DEFAULT_ATOL, ref_request, scheduler_trace, solo_reference
 from .rerun import BatchedStep, StepRecord, batched_step, solo_step
 
@@ -233,14 +233,16 @@ def localize(sched: Any, uid: int, *, token: int | None = None, checkpoint: Chec
         uid: a request holding a row of the batch at that point.
         token: the token index to explain (e.g. ``RowResult.first_divergence_step``, or
             :func:`first_suspect_token`); needs ``Scheduler(history_checkpoints=N)``.
-        checkpoint: a checkpoint of ``sched`` taken before the step to re-run.
+        checkpoint: a checkpoint taken before the step to re-run, by ``sched`` or by any
+            scheduler on the same model object (a fork's, its parent's).
         rtol: relative tolerance per layer (default :data:`DEFAULT_RTOL`).
         reference_model: the model of the solo side (default ``sched.model``), e.g. the
             float32 model when the scheduler runs a bf16 copy of it.
 
     Raises:
-        ValueError: for both ``token`` and ``checkpoint``, a checkpoint of another
-            scheduler, a uid without a row there, or as :func:`checkpoint_before_token`.
+        ValueError: for both ``token`` and ``checkpoint``, a checkpoint on another model
+            (or not a checkpoint), a uid without a row there, or as
+            :func:`checkpoint_before_token`.
     """
     if token is not None and checkpoint is not None:
         raise ValueError("give token or checkpoint, not both")
@@ -248,7 +250,9 @@ def localize(sched: Any, uid: int, *, token: int | None = None, checkpoint: Chec
         checkpoint = checkpoint_before_token(sched, uid, token)
     elif checkpoint is None:
         checkpoint = sched.checkpoint()
-    check_owner(checkpoint, sched.id, sched.model)
+    if not isinstance(checkpoint, Checkpoint) or checkpoint.model_id != id(sched.model):
+        raise ValueError("checkpoint must be a Checkpoint taken on this scheduler's model (by it, or by a "
+                         "scheduler it was forked from or that was forked from it)")
     state = next((r for r in checkpoint.state.batch.rows if r.uid == uid), None)
     batched = batched_step(sched.model, checkpoint, uid)
     prompt, tokens = list(state.valid.prompt_ids), list(state.tokens)

@@ -126,11 +126,11 @@ def test_snapshot_shows_each_rows_adapter_and_the_bytes_the_stacks_hold(loaded):
     snap = sched.snapshot()
     bank = sched.adapters
     expected = 0
-    for path, (a, b, scale) in bank.layers.items():
+    for path, (a, b) in bank.layers.items():
         n, I, R = a.shape
         O = b.shape[2]
         assert n == 3 and R == 8  # base slot + 2 adapters, ranks 8 and 4 padded to 8
-        expected += 4 * (n * I * R + n * R * O + n)  # float32 A, B, scale
+        expected += 4 * (n * I * R + n * R * O)  # float32 A, B
     assert snap.adapter_bytes == bank.nbytes == expected
     assert snap.adapters_loaded == ("prose", "numbers")
     assert "row 1: uid 1 running" in snap.text() and "adapter none" in snap.text()
@@ -148,8 +148,8 @@ def test_row_lora_linear_equals_mlx_lm_lora_linear_per_row():
         refs.append(ref)
     adapters = [lora.Adapter(f"a{i}", "", ref.lora_a.shape[1], ref.scale, {"l": (ref.lora_a, ref.lora_b)}, 0)
                 for i, ref in enumerate(refs)]
-    a, b, scale = lora._stack(adapters, "l", 4)
-    bank = lora.AdapterBank(("a0", "a1"), {}, {"l": (a, b, scale)}, lora.Selection(), 0)
+    bank = lora.AdapterBank(("a0", "a1"), {}, {"l": lora._stack(adapters, "l", 4)}, (0.0, 2.0, 0.5),
+                            lora.Selection(), 0)
     layer = lora.RowLoRALinear(base, "l", bank.selection)
     x = mx.random.normal((3, 5, 16))  # [B, L, I]
     with lora.selected(bank, ["a1", None, "a0"]):

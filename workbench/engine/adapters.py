@@ -51,12 +51,15 @@ FILES = ("adapter_config.json", "adapters.safetensors")
 
 class Selection:
     """Which loaded adapter each row of the forward being built uses; one per model, shared
-    by all its :class:`RowLoRALinear` wrappers. ``bank`` and ``rows`` (``[B]`` int32
-    indices into the bank's stacks) are set only while :func:`selected` is active."""
+    by all its :class:`RowLoRALinear` wrappers. Set only while :func:`selected` is active:
+    ``bank``, ``rows`` (``[B]`` int32 slots in the bank's stacks) and ``scale``
+    (``[B, 1, 1]`` float32, each row's adapter's ``scale``; built once per forward, not per
+    layer: a layer an adapter does not target has zero ``A`` and ``B`` there)."""
 
     def __init__(self) -> None:
         self.bank: AdapterBank | None = None
         self.rows: mx.array | None = None
+        self.scale: mx.array | None = None
 
 
 class RowLoRALinear(nn.Module):
@@ -88,14 +91,15 @@ class RowLoRALinear(nn.Module):
         stacks = None if sel.rows is None else sel.bank.layers.get(self.path)
         if stacks is None:
             return y
-        a, b, scale = stacks  # [N+1, I, R], [N+1, R, O], [N+1]
+        a, b = stacks  # [N+1, I, R], [N+1, R, O]
         rows = sel.rows  # [B]
         if rows.shape[0] != x.shape[0]:
             raise RuntimeError(f"{self.path}: adapter selection has {rows.shape[0]} rows, the forward {x.shape[0]}")
-        xs = x.reshape(x.shape[0], -1, x.shape[-1])  # [B, L, I]
-        z = (xs @ a[rows]) @ b[rows]  # [B, L, R] -> [B, L, O]
-        delta = (scale[rows][:, None, None] * z).astype(x.dtype)
-        return y + delta.reshape(y.shape)
+        xs = x if x.ndim == 3 else x.reshape(x.shape[0], -1, x.shape[-1])  # [B, L, I]
+        delta = sel.scale * ((xs @ a[rows]) @ b[rows])  # [B, L, R] -> [B, L, O]
+        if delta.dtype != x.dtype:
+            delta = delta.astype(x.dtype)
+        return y + (delta if x.ndim == 3 else delta.reshape(y.shape))
 
 
 @dataclass(frozen=True)
@@ -219,14 +223,16 @@ class AdapterBank:
     Attributes:
         names: the loaded adapters in load order; adapter ``names[i]`` is slot ``i + 1``.
         adapters: name -> :class:`Adapter` (rank, scale, path).
-        layers: layer path -> ``(A [N+1, I, R], B [N+1, R, O], scale [N+1])``, slot 0 zeros.
+        layers: layer path -> ``(A [N+1, I, R], B [N+1, R, O])``, slot 0 zeros.
+        scales: ``[N+1]`` each slot's ``lora_parameters.scale`` (slot 0: ``0.0``).
         selection: the model's shared :class:`Selection`.
         nbytes: bytes the stacks hold (all layers; padding to ``R`` and slot 0 included).
     """
 
     names: tuple[str, ...]
     adapters: Mapping[str, Adapter]
-    layers: Mapping[str, tuple[mx.array, mx.array, mx.array]]
+    layers: Mapping[str, tuple[mx.array, mx.array]]
+    scales: tuple[float, ...]
     selection: Selection
     nbytes: int
 
@@ -269,19 +275,17 @@ def wrap_layers(model: nn.Module, paths: Sequence[str]) -> Selection:
     return selection
 
 
-def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array, mx.array, mx.array]:
-    """One layer's ``(A [N+1, I, R], B [N+1, R, O], scale [N+1])``: slot 0 and adapters
-    without this layer zero, ranks zero-padded to ``R``."""
+def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array, mx.array]:
+    """One layer's ``(A [N+1, I, R], B [N+1, R, O])``: slot 0 and adapters without this
+    layer zero, ranks zero-padded to ``R``."""
     a0, b0 = next(ad.layers[path] for ad in adapters if path in ad.layers)
     I, O = a0.shape[0], b0.shape[1]
     a_rows, b_rows = [mx.zeros((I, rank), a0.dtype)], [mx.zeros((rank, O), b0.dtype)]
-    scales = [0.0]
     for ad in adapters:
         a, b = ad.layers.get(path, (mx.zeros((I, ad.rank), a0.dtype), mx.zeros((ad.rank, O), b0.dtype)))
         a_rows.append(mx.pad(a, [(0, 0), (0, rank - ad.rank)]))
         b_rows.append(mx.pad(b, [(0, rank - ad.rank), (0, 0)]))
-        scales.append(ad.scale if path in ad.layers else 0.0)
-    return mx.stack(a_rows), mx.stack(b_rows), mx.array(scales, dtype=mx.float32)
+    return mx.stack(a_rows), mx.stack(b_rows)
 
 
 def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None) -> AdapterBank | None:
@@ -311,7 +315,8 @@ def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | Adapter
     layers = {p: _stack(read, p, rank) for p in paths}
     mx.eval(layers)
     nbytes = sum(int(x.nbytes) for stacks in layers.values() for x in stacks)
-    return AdapterBank(tuple(ad.name for ad in read), {ad.name: ad for ad in read}, layers, selection, nbytes)
+    return AdapterBank(tuple(ad.name for ad in read), {ad.name: ad for ad in read}, layers,
+                       (0.0,) + tuple(ad.scale for ad in read), selection, nbytes)
 
 
 def configure(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None,
@@ -359,11 +364,13 @@ def selected(bank: AdapterBank | None, names: Sequence[str | None]) -> Iterator[
         yield
         return
     sel = bank.selection
-    sel.bank, sel.rows = bank, mx.array([bank.index(n) for n in names], dtype=mx.int32)
+    slots = [bank.index(n) for n in names]
+    sel.bank, sel.rows = bank, mx.array(slots, dtype=mx.int32)
+    sel.scale = mx.array([bank.scales[i] for i in slots], dtype=mx.float32)[:, None, None]  # [B, 1, 1]
     try:
         yield
     finally:
-        sel.bank, sel.rows = None, None
+        sel.bank, sel.rows, sel.scale = None, None, None
 
 
 def snapshot_fields(bank: AdapterBank | None) -> dict[str, Any]:

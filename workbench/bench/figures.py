@@ -14,6 +14,7 @@ figure                       frames                                      file
 :func:`render_ttft_itl`      ``requests.csv``, ``gaps.csv``              ``latency.png``
 :func:`render_join`          ``join.csv`` (+ two ``meta.csv`` values)    ``join.png``
 :func:`render_head_of_line`  ``head_of_line.csv``                        ``head_of_line.png``
+:func:`render_frontier`      ``requests.csv``, ``gaps.csv`` (+ loaded)   ``frontier.png``
 ===========================  ==========================================  ===================
 """
 
@@ -29,8 +30,10 @@ from matplotlib.ticker import NullFormatter
 # views in the import order, so it cannot import them.
 WORKBENCH_COLOUR = "#3b7dd8"
 PREFILL_COLOUR = "#f2a541"
+PACED_COLOUR = "#2e9e5b"
 ENGINE_COLOURS = {"workbench": WORKBENCH_COLOUR, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
-                  "workbench, prefill-first": "#7f7f7f"}
+                  "workbench, prefill-first": "#7f7f7f", "workbench, paced": PACED_COLOUR,
+                  "workbench, paced 4x step": PACED_COLOUR}
 
 
 def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
@@ -149,5 +152,54 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
         ax.set_ylabel("row uid")
         ax.set_title(engine, fontsize=9, loc="left")
     axes[-1].set_xlabel("seconds since the long prompt arrived (orange: its prefill chunks; red: its first token)")
+    fig.tight_layout()
+    return fig
+
+
+def frontier_points(requests: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
+    """Per engine: ``engine, target`` (the pacing target in decode steps, NaN when not
+    paced), ``ttft_p95_s`` and ``itl_p95_s`` (seconds), every round pooled."""
+    rows = []
+    for engine, r in requests.groupby("engine", sort=False):
+        target = float(engine.split("paced ")[1].split("x")[0]) if "paced " in engine else np.nan
+        rows.append({"engine": engine, "target": target, "ttft_p95_s": r.ttft_s.quantile(0.95),
+                     "itl_p95_s": gaps[gaps.engine == engine].gap_s.quantile(0.95)})
+    return pd.DataFrame(rows)
+
+
+def render_frontier(workloads: dict) -> Figure:
+    """TTFT p95 against ITL p95, one panel per workload: the paced runs as a line in
+    target order (each labelled ``t = target``), the workbench as shipped and mlx-lm as
+    points, and the goal region (ITL p95 <= mlx-lm's, TTFT p95 <= 0.6 x mlx-lm's) shaded.
+
+    Args:
+        workloads: name -> ``(requests, gaps)`` frames (columns ``engine``, ``ttft_s`` /
+            ``gap_s``, seconds), as :func:`workbench.bench.pacing.frontier_runs` returns.
+    """
+    fig = Figure(figsize=(4.6 * len(workloads), 4.0))
+    axes = np.atleast_1d(fig.subplots(1, len(workloads)))
+    for ax, (name, (requests, gaps)) in zip(axes, workloads.items()):
+        pts = frontier_points(requests, gaps)
+        ms = lambda v: v * 1e3  # noqa: E731
+        paced = pts[pts.target.notna()].sort_values("target")
+        ax.plot(ms(paced.itl_p95_s), ms(paced.ttft_p95_s), "o-", color=PACED_COLOUR, label="workbench, paced")
+        for r in paced.itertuples():
+            ax.annotate(f"t = {r.target:g}", (ms(r.itl_p95_s), ms(r.ttft_p95_s)), textcoords="offset points",
+                        xytext=(5, 5), fontsize=9)
+        for engine, marker in (("workbench", "s"), ("mlx-lm", "D")):
+            row = pts[pts.engine == engine]
+            if len(row):
+                ax.plot(ms(row.itl_p95_s), ms(row.ttft_p95_s), marker, color=ENGINE_COLOURS[engine], ms=8,
+                        label=engine if engine == "mlx-lm" else "workbench, fixed chunks")
+        ref = pts[pts.engine == "mlx-lm"]
+        if len(ref):
+            x, y = ms(float(ref.itl_p95_s.iloc[0])), ms(float(ref.ttft_p95_s.iloc[0]))
+            ax.fill_between([0, x], 0, 0.6 * y, color=PACED_COLOUR, alpha=0.12, lw=0, label="goal region")
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("ITL p95 (ms)")
+        ax.set_ylabel("TTFT p95 (ms)")
+        ax.set_title(f"{name} arrivals")
+        ax.legend(fontsize=9, loc="best")
     fig.tight_layout()
     return fig

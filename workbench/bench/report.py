@@ -23,20 +23,22 @@ import platform
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
 from .files import CSV_FILES, read_frame, read_meta
-from .run import BenchResult
+from .run import DEFAULT_TARGET, BenchResult
 from .session import window_medians
-from .scenarios import MLX_LM, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
+from .pacing import paced_name
+from .scenarios import MLX_LM, PACED, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
 from ..observe.metrics import percentiles
 
 TABLE_COLUMNS = ["row", "metric", "unit", "measured", "reference", "reference_is", "value", "value_is",
                  "spread", "goal", "met"]
 GOALS = {"decode": (">=", 1.10), "overhead": ("<=", 1.03), "join_slot": ("<=", 1.0), "join_extend": ("<=", 1.0),
-         "hol_workbench": ("<=", 1.5), "session_late": ("<=", 1.10)}
+         "hol_workbench": ("<=", 1.5), "session_late": ("<=", 1.10), "paced_decode": (">=", 0.97),
+         "paced_ttft_p95": ("<=", 0.6), "paced_itl_p95": ("<=", 1.0)}
 # Per goal: what it asks (on the row's value), and what a miss means (the text `workbench bench` prints).
 GOAL_MEANINGS = {
     "decode": ("the workbench decodes at least 10% more tok/s than mlx-lm's BatchGenerator at this batch size",
@@ -53,6 +55,14 @@ GOAL_MEANINGS = {
                       "chunked prefill does not bound head-of-line blocking: running rows wait longer than a chunk"),
     "session_late": ("an engine call late in a long session costs at most 10% more than early on",
                      "some per-call cost grows with the session (event log, request map, history)"),
+    "paced_decode": ("with pacing on, decode throughput stays within 3% of mlx-lm's",
+                     "the pacer's own work (waiting for the pending step, timing the forwards) costs decode speed"),
+    "paced_ttft_p95": ("with pacing on, TTFT p95 is at most 0.6 x mlx-lm's on the same arrivals",
+                       "joiners do not reach their first token much sooner than with mlx-lm: with light load TTFT is "
+                       "mostly the prompt's own prefill compute, which no schedule shortens"),
+    "paced_itl_p95": ("with pacing on, ITL p95 is at most mlx-lm's, at the same time as the TTFT goal",
+                      "running rows wait longer between tokens than with mlx-lm: prefill chunks inflate more gaps "
+                      "than they shorten"),
 }
 NOTES_MARKER = "<!-- Everything below this line is hand-written and kept when `workbench bench` rewrites the file. -->"
 
@@ -60,14 +70,22 @@ NOTES_MARKER = "<!-- Everything below this line is hand-written and kept when `w
 def row_ids(batch_sizes: tuple[int, ...]) -> list[str]:
     """Every row of the table, in order (the smoke test and the notebook check these)."""
     return ([f"decode_B{b}" for b in batch_sizes] + [f"overhead_B{b}" for b in batch_sizes]
-            + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "join_slot", "join_extend", "join_extend_fresh", "join_remerge",
+            + [f"paced_decode_B{b}" for b in batch_sizes]
+            + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "paced_ttft_p95", "paced_itl_p95", "paced_itl_max",
+               "paced_ttft_p95_loaded", "paced_itl_p95_loaded", "join_slot", "join_extend", "join_extend_fresh", "join_remerge",
                "hol_workbench", "hol_mlx_lm", "hol_prefill_first", "checkpoint_take", "checkpoint_next_step",
                "checkpoint_held", "session_late"] + [f"roofline_B{b}" for b in batch_sizes])
 
 
+def goal_kind(row: str) -> str | None:
+    """The :data:`GOALS` key of ``row`` (the row itself, or its prefix before ``_B<n>`` /
+    ``_loaded``), or ``None``."""
+    return next((k for k in GOALS if row == k or row.startswith(k + "_B") or row == k + "_loaded"), None)
+
+
 def goal_text(row: str) -> str:
     """The goal on ``value`` for ``row`` as text (``">= 1.10"``), or ``""``."""
-    kind = next((k for k in GOALS if row == k or row.startswith(k + "_B")), None)
+    kind = goal_kind(row)
     if kind is None:
         return ""
     op, bound = GOALS[kind]
@@ -113,12 +131,19 @@ def build_table(result: BenchResult) -> pd.DataFrame:
         add(f"overhead_B{B}", f"instrumentation overhead, B={B}", "tok/s", med[(WORKBENCH, B)],
             med[(WORKBENCH_OFF, B)], "workbench, history_size=0", r.median(), "time instrumented / time off",
             _spread(r))
+    for B in cfg.batch_sizes:
+        r = _pair_ratios(runs, B, PACED, MLX_LM)
+        add(f"paced_decode_B{B}", f"decode tok/s, B={B}, pacing on", "tok/s", med[(PACED, B)], med[(MLX_LM, B)],
+            "mlx-lm", r.median(), "paced / mlx-lm", _spread(r))
     for name, frame, col in (("ttft", result.requests, "ttft_s"), ("itl", result.gaps, "gap_s")):
         ours = percentiles(frame[frame.engine == WORKBENCH][col])
         theirs = percentiles(frame[frame.engine == MLX_LM][col])
         for q in ("p50", "p95"):
             add(f"{name}_{q}", f"{name.upper()} {q}, staggered arrivals", "s", ours[q], theirs[q], "mlx-lm",
                 ours[q] / theirs[q], "workbench / mlx-lm (lower is better)")
+    _paced_rows(add, result.requests, result.gaps, "", "staggered arrivals", with_max=True)
+    _paced_rows(add, result.loaded_requests, result.loaded_gaps, "_loaded",
+                f"loaded (one arrival every {cfg.latency_loaded_arrival_steps:g} steps)")
     sec = result.join.groupby("method").seconds
     step_s = sec.median()["step"]
     where = f"1 row into B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
@@ -154,6 +179,19 @@ def build_table(result: BenchResult) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
+def _paced_rows(add: Callable[..., None], requests: pd.DataFrame, gaps: pd.DataFrame, suffix: str, where: str,
+                with_max: bool = False) -> None:
+    """TTFT p95 and ITL p95 (and ITL max) of the default paced engine against mlx-lm."""
+    name = paced_name(DEFAULT_TARGET)
+    measures = [("ttft_p95", requests, "ttft_s", 0.95), ("itl_p95", gaps, "gap_s", 0.95)]
+    if with_max:
+        measures.append(("itl_max", gaps, "gap_s", 1.0))
+    for row, frame, col, q in measures:
+        ours, theirs = frame[frame.engine == name][col].quantile(q), frame[frame.engine == MLX_LM][col].quantile(q)
+        add(f"paced_{row}{suffix}", f"{row.split('_')[0].upper()} {row.split('_')[1]}, {where}, pacing on", "s",
+            ours, theirs, "mlx-lm", ours / theirs, "paced / mlx-lm (lower is better)")
+
+
 def _fmt(x: float, unit: str) -> str:
     return f"{x * 1e3:.1f} ms" if unit == "s" else f"{x:.1f} {unit}"
 
@@ -174,7 +212,7 @@ def goals_text(table: pd.DataFrame) -> str:
     miss, what it means. Text lines, for ``workbench bench``'s printed output."""
     lines = ["goals (value is the row's value column; met: yes / no):"]
     for _, r in table[table.goal != ""].iterrows():
-        kind = next(k for k in GOALS if r.row == k or r.row.startswith(k + "_B"))
+        kind = goal_kind(r.row)
         goal, miss = GOAL_MEANINGS[kind]
         lines.append(f"- {r.metric}: {'met' if r.met == 'yes' else 'MISSED'} ({r.value_is} = {r.value:.3f}, "
                      f"goal {r.goal}): goal: {goal}" + ("" if r.met == "yes" else f"; a miss means: {miss}"))
@@ -210,6 +248,7 @@ def machine_info() -> dict[str, Any]:
 
 FIGURES = {"throughput.png": "decode tok/s per engine and batch size, with the roofline bound",
            "latency.png": "TTFT and ITL distributions, staggered arrivals",
+           "frontier.png": "TTFT p95 against ITL p95: mlx-lm, the workbench as shipped, and paced at each target",
            "join.png": "join into a free slot, by extend and by re-merge, against one decode step",
            "head_of_line.png": "running rows' tokens while a long prompt joins"}
 
@@ -271,7 +310,10 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"- latency: {cfg.latency_requests} requests, prompts {min(result.requests.prompt_tokens)}-"
         f"{max(result.requests.prompt_tokens)} tokens, one arrival every {meta['latency_arrival_interval_s'] * 1e3:.0f} ms "
         f"({cfg.latency_arrival_steps:g} decode steps at B={cfg.latency_max_batch}), max_batch {cfg.latency_max_batch}, "
-        f"{cfg.latency_rounds} round(s) per engine", "",
+        f"{cfg.latency_rounds} round(s) per engine; the workbench also paced (`pacing=Pacing(itl_target_steps=t)`, "
+        f"shortest prompt first with a {cfg.pacing_max_wait_steps:g}-step age bound) at t = "
+        f"{', '.join(f'{t:g}' for t in cfg.pacing_targets)}; the loaded variant: one arrival every "
+        f"{cfg.latency_loaded_arrival_steps:g} steps, paced at the default t = {DEFAULT_TARGET:g}", "",
         "## Results", "", table_markdown(table), "",
         "## Goals", "", *_outcomes(table), "",
         "## Definitions", "",
@@ -287,6 +329,11 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "- **TTFT / ITL**: from each engine's event log (the workbench's own; for mlx-lm the benchmark records "
         "submit and token events stamped when `next_generated()` returns): first token - submit, and the gaps "
         "between consecutive tokens of a request.",
+        "- **pacing**: `Scheduler(pacing=...)` plans each iteration against a time budget: the predicted decode step "
+        "plus as much prefill (and joins) as fits under the target gap (t x the predicted step), with the chunk length "
+        "chosen per iteration from a cost model learned from the engine's own forwards (`engine/pacing.py`); "
+        "`pacing=True` is t = 4. Tokens are unchanged. E2E p95 and goodput are in `frontier.png`'s data "
+        "(`workbench.bench.pacing.frontier_summary`).",
         "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); free slot = "
         "`cache_internals.fill_slots` into the cache row of an evicted request (the engine's join whenever a row was "
         "evicted since the last step), extend = `caches.join` (mlx-lm's `BatchKVCache.extend`, the engine's join "
@@ -322,12 +369,14 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
 def write_figures(data: Path) -> None:
     """Draw ``FIGURES`` into ``data`` from the CSV files there (so a figure can be redrawn
     from a stored run without running it again)."""
-    from .figures import render_head_of_line, render_join, render_throughput, render_ttft_itl
+    from .figures import render_frontier, render_head_of_line, render_join, render_throughput, render_ttft_itl
 
     read = lambda name: read_frame(name, data)  # noqa: E731
     meta = read_meta(data)
     figures = {"throughput.png": render_throughput(read("runs.csv"), read("roofline.csv")),
                "latency.png": render_ttft_itl(read("requests.csv"), read("gaps.csv")),
+               "frontier.png": render_frontier({"staggered": (read("requests.csv"), read("gaps.csv")),
+                                                "loaded": (read("loaded_requests.csv"), read("loaded_gaps.csv"))}),
                "join.png": render_join(read("join.csv"), int(meta["join_rows"]), int(meta["join_context_tokens"])),
                "head_of_line.png": render_head_of_line(read("head_of_line.csv"))}
     for name, fig in figures.items():
@@ -342,6 +391,7 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     table = build_table(result)
     meta = meta_of(result)
     frames = {"table.csv": table, "runs.csv": result.runs, "requests.csv": result.requests, "gaps.csv": result.gaps,
+              "loaded_requests.csv": result.loaded_requests, "loaded_gaps.csv": result.loaded_gaps,
               "join.csv": result.join, "head_of_line.csv": result.hol, "roofline.csv": result.roofline,
               "checkpoint.csv": result.checkpoint, "session.csv": result.session,
               "meta.csv": pd.DataFrame({"key": list(meta), "value": [json.dumps(v) if not isinstance(v, str) else v

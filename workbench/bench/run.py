@@ -20,10 +20,14 @@ from .checkpoint import checkpoint_cost
 from .session import session_cost
 from .model import FULL, QUICK, ModelShape, make_model, parameter_count
 from .scenarios import (
-    MLX_LM, PREFILL_FIRST, WORKBENCH, decode_runs, engine_factories, equal_prompts, head_of_line,
-    join_cost, latency_runs, staggered_arrivals,
+    MLX_LM, PACED, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, decode_runs, engine_factories, equal_prompts,
+    head_of_line, join_cost, staggered_arrivals,
 )
+from .pacing import frontier_runs
+from ..engine.pacing import Pacing
 from ..runtime.loading import load
+
+DEFAULT_TARGET = Pacing().itl_target_steps  # what pacing=True runs at
 from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 
 
@@ -42,6 +46,9 @@ class BenchConfig:
     latency_max_batch: int
     latency_arrival_steps: float  # one arrival every this many decode steps
     latency_rounds: int
+    latency_loaded_arrival_steps: float  # the loaded variant: one arrival every this many steps
+    pacing_targets: tuple[float, ...]    # the frontier: paced runs at these multiples of the step
+    pacing_max_wait_steps: float         # paced runs' shortest-first age bound, in decode steps
     join_rows: int
     join_context_tokens: int
     join_repeats: int
@@ -53,12 +60,14 @@ class BenchConfig:
 
 FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16, decode_tokens=24, pairs=8,
                           prefill_step_size=512, latency_requests=16, latency_max_batch=8,
-                          latency_arrival_steps=8, latency_rounds=2, join_rows=32, join_context_tokens=1024,
+                          latency_arrival_steps=8, latency_rounds=2, latency_loaded_arrival_steps=3,
+                          pacing_targets=(2, 4, 8), pacing_max_wait_steps=30, join_rows=32, join_context_tokens=1024,
                           join_repeats=3, hol_rows=4, hol_prompt_tokens=4096, hol_chunk_tokens=512,
                           session_steps=30_000)
 QUICK_CONFIG = BenchConfig("quick", QUICK, batch_sizes=(1, 8), prompt_tokens=16, decode_tokens=16, pairs=3,
                            prefill_step_size=128, latency_requests=6, latency_max_batch=4,
-                           latency_arrival_steps=4, latency_rounds=1, join_rows=8, join_context_tokens=256,
+                           latency_arrival_steps=4, latency_rounds=1, latency_loaded_arrival_steps=2,
+                           pacing_targets=(4,), pacing_max_wait_steps=30, join_rows=8, join_context_tokens=256,
                            join_repeats=3, hol_rows=2, hol_prompt_tokens=512, hol_chunk_tokens=64,
                            session_steps=600)
 
@@ -70,8 +79,10 @@ class BenchResult:
 
     config: BenchConfig
     runs: pd.DataFrame        # decode runs: engine, B, pair, tok_per_s, window_s, tokens, step_s, same_tokens
-    requests: pd.DataFrame    # latency: engine, round, uid, prompt_tokens, ttft_s, tpot_s
-    gaps: pd.DataFrame        # latency: engine, round, uid, gap_s
+    requests: pd.DataFrame    # latency (staggered): engine, round, uid, prompt_tokens, ttft_s, tpot_s, ...
+    gaps: pd.DataFrame        # latency (staggered): engine, round, uid, gap_s
+    loaded_requests: pd.DataFrame  # the same, arrivals latency_loaded_arrival_steps apart
+    loaded_gaps: pd.DataFrame
     join: pd.DataFrame        # method, seconds
     hol: pd.DataFrame         # engine, kind, uid, time_s, role
     roofline: pd.DataFrame    # B, context_tokens, bytes_per_step, bounds, measured tok/s
@@ -119,16 +130,21 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
     echo(f"model {cfg.shape.describe()}, {parameter_count(model) / 1e6:.1f}M parameters, float32")
 
     section("decode throughput (alternating runs)")
-    runs = pd.concat([decode_runs(engine_factories(model, tokenizer, B, cfg.prefill_step_size),
+    names = (WORKBENCH, WORKBENCH_OFF, PACED, MLX_LM)
+    runs = pd.concat([decode_runs(engine_factories(model, tokenizer, B, cfg.prefill_step_size, names),
                                   equal_prompts(tokenizer, B, cfg.prompt_tokens), cfg.decode_tokens, cfg.pairs, echo)
                       for B in cfg.batch_sizes], ignore_index=True)
 
-    section("staggered-arrival latency")
     near = min(cfg.batch_sizes, key=lambda b: abs(b - cfg.latency_max_batch))
-    interval_s = cfg.latency_arrival_steps * runs[runs.B == near].step_s.median()
-    requests, gaps = latency_runs(
-        engine_factories(model, tokenizer, cfg.latency_max_batch, cfg.prefill_step_size, (WORKBENCH, MLX_LM)),
-        staggered_arrivals(tokenizer, cfg.latency_requests, interval_s), cfg.latency_rounds, echo)
+    step_s = runs[runs.B == near].step_s.median()
+    interval_s = cfg.latency_arrival_steps * step_s
+    frontier = lambda interval, targets: frontier_runs(  # noqa: E731
+        model, tokenizer, staggered_arrivals(tokenizer, cfg.latency_requests, interval), cfg.latency_max_batch,
+        cfg.prefill_step_size, targets, cfg.latency_rounds, max_wait_s=cfg.pacing_max_wait_steps * step_s, echo=echo)
+    section("staggered-arrival latency and the pacing frontier")
+    requests, gaps = frontier(interval_s, cfg.pacing_targets)
+    section("loaded staggered arrivals")
+    loaded_requests, loaded_gaps = frontier(cfg.latency_loaded_arrival_steps * step_s, (DEFAULT_TARGET,))
 
     section("join cost")
     join = join_cost(model, cfg.join_rows, cfg.join_context_tokens, cfg.join_repeats)
@@ -153,7 +169,8 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
     meta = {"mode": cfg.name, **sizes, "model": cfg.shape.describe(), "parameters": parameter_count(model),
             "dtype": "float32", "device": str(mx.default_device()),
             "copy_bandwidth_bytes_per_s": bandwidth, "mlx_copy_bytes_per_s": copy_bandwidth_bytes_per_s(backend="mlx"),
-            "matmul_flops_per_s": flops, "latency_arrival_interval_s": interval_s,
+            "matmul_flops_per_s": flops, "latency_arrival_interval_s": interval_s, "latency_step_s": step_s,
             "load_1min_samples": " ".join(f"{x:.2f}" for x in loads), "load_1min_min": min(loads),
             "load_1min_max": max(loads), "wall_s": time.perf_counter() - started_s}
-    return BenchResult(cfg, runs, requests, gaps, join, hol, roofline, checkpoint, session, meta)
+    return BenchResult(cfg, runs, requests, gaps, loaded_requests, loaded_gaps, join, hol, roofline, checkpoint,
+                       session, meta)

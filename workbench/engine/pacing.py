@@ -51,7 +51,8 @@ class Pacing:
         itl_target_s: the running rows' inter-token gap to stay under (seconds), or
             ``None`` for ``itl_target_steps`` x the predicted decode step.
         itl_target_steps: the target as a multiple of the decode step (``> 1``; default
-            2: a row waits at most about one extra step's worth of prefill per token).
+            4: an iteration carries at most about three steps' worth of prefill and
+            joins; ``workbench bench`` measures the frontier across targets).
         min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
             an iteration that has run nothing yet runs at least this much.
         cost_model: a prior :class:`~workbench.engine.cost.CostModel` for this model and
@@ -64,7 +65,7 @@ class Pacing:
     """
 
     itl_target_s: float | None = None
-    itl_target_steps: float = 2.0
+    itl_target_steps: float = 4.0
     min_chunk_tokens: int = 16
     cost_model: CostModel | None = None
 

@@ -61,14 +61,16 @@ from ..observe.snapshot import Snapshot
 from . import caches as kv
 from . import adapters as lora
 from . import quantized_kv
-from .admission import Admission
+from .admission import Admission, Decision
 from .batch import Batch
-from .budget import context_limit, kv_profile, projected_bytes
+from .budget import context_limit, kv_profile
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner
 from .decode import Pending
 from .integrity import Integrity, check_state
+from .ledger import KVLedger, measured_memory
 from .probe import probe
+from .pacing import Pacer, Pacing, pacing_from
 from .policies import Policy, policy_from
 from .promptcache import PromptCache
 from .request import Request, ValidRequest, validate
@@ -133,6 +135,13 @@ class Scheduler:
         reuse_slots: keep evicted rows' cache rows as free slots for the next join
             (``True``), or compact at once with mlx-lm's ``filter`` and join with
             ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
+        pacing: plan each iteration against a time budget (:mod:`workbench.engine.pacing`):
+            ``None`` (default) runs one ``prefill_step_size`` chunk per ``admit()``;
+            ``True``, a target inter-token gap in seconds, or a
+            :class:`~workbench.engine.pacing.Pacing` sizes each iteration's prefill
+            chunks (and joins, and the next group) so running rows' gaps stay under the
+            target, learning the forwards' cost as it runs (:attr:`pacer`). Tokens are
+            the same either way.
         history_checkpoints: keep a :meth:`checkpoint` with each of the latest this many
             :attr:`history` snapshots, so :meth:`history_checkpoint` (and the Panel's
             history slider) can restore the engine to them. Each one keeps its cache
@@ -170,7 +179,8 @@ class Scheduler:
                  interleave_prefill: bool = True, pipeline: bool = True,
                  policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True,
-                 history_checkpoints: int = 0, kv_bits: int | None = None, kv_group_size: int = 64,
+                 history_checkpoints: int = 0, pacing: "Pacing | bool | float | None" = None,
+                 kv_bits: int | None = None, kv_group_size: int = 64,
                  adapters: "Mapping[str, str] | lora.AdapterBank | None" = None):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model, self.tokenizer = model, tokenizer
@@ -202,6 +212,12 @@ class Scheduler:
         self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant,
                                   adapters=self.adapters)
         self.recorder = Recorder(clock, history_size)
+        self.pacing = pacing_from(pacing)
+        self.pacer = None if self.pacing is None else Pacer(self.pacing, self.prefill_step_size)
+        self._last_iteration: tuple[float, float, float] | None = None  # pacing: the last admit()'s timing
+        self._paced_step, self._iteration_start_s, self._prefill_s = 0, 0.0, 0.0
+        self.ledger = KVLedger(self._kv_profile, self.prefill_step_size, self.kv_budget_bytes, reuse_slots=self.reuse_slots,
+                               exact_chunks=self.pacing is None and prompt_cache is None and self.kv_quant is None)
         cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
         self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
         self._in_call = False
@@ -252,10 +268,10 @@ class Scheduler:
 
     @property
     def kv_projected_bytes(self) -> int:
-        """Projected KV bytes of the running and prefilling requests (the budget's use)."""
-        st = self.state
-        live = [r for r in st.batch.rows if not r.finished] + (st.prefilling.states if st.prefilling else [])
-        return sum(s.projected_bytes for s in live)
+        """Most bytes the batch and prefilling caches may hold from now on, as mlx-lm will
+        allocate them (:meth:`workbench.engine.ledger.KVLedger.projected_bytes`): what
+        admission keeps within ``kv_budget_bytes``."""
+        return self.ledger.projected_bytes(self.state)
 
     @property
     def idle(self) -> bool:
@@ -276,17 +292,15 @@ class Scheduler:
             request = Request.from_dict(request)
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field)
         lora.check_request(self.adapters, valid.request.adapter)
-        need = projected_bytes(self._kv_profile, len(valid.prompt_ids) + valid.request.max_tokens)
-        if self.kv_budget_bytes is not None and need > self.kv_budget_bytes:
-            raise ValueError(
-                f"request projects {need:,} KV bytes (prompt {len(valid.prompt_ids)} + max_tokens "
-                f"{valid.request.max_tokens} tokens) but kv_budget_bytes is {self.kv_budget_bytes:,}; "
-                "it could never be admitted")
+        need = self.ledger.alone_bytes(len(valid.prompt_ids), valid.request.max_tokens)
+        refusal = self.ledger.refusal(len(valid.prompt_ids), valid.request.max_tokens)
+        if refusal:
+            raise ValueError(refusal)
         st = self.state
         drawn = int(st.rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
         seed = valid.request.seed if valid.request.seed is not None else drawn
         uid = st.next_uid
-        state = RequestState(uid, valid, seed, RowSampler(valid.request, seed, self.vocab_size), need)
+        state = RequestState(uid, valid, seed, RowSampler(valid.request, seed, self.vocab_size), need, self.clock())
         st.next_uid += 1
         st.requests[uid] = state
         st.queue.append(state)
@@ -294,7 +308,7 @@ class Scheduler:
         return uid
 
     # -- the engine calls -------------------------------------------------------------
-    @transactional(idle=lambda s: not s.state.queue and s.state.prefilling is None and not s.state.batch.free)
+    @transactional(prompt_cache=True, idle=lambda s: not s.state.queue and s.state.prefilling is None and not s.state.batch.free)
     def admit(self) -> list[Event]:
         """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
         ``join``, and ``preempt`` for rows preempted to make room).
@@ -305,7 +319,22 @@ class Scheduler:
         cached. After a join it forms and starts the next group in the same call if the
         chunk budget allows.
         """
-        start, chunks = len(self.events), 0
+        start = len(self.events)
+        if self.pacer is None:
+            self._admit_fixed()
+        else:
+            self._admit_paced()
+        dropped = self.state.batch.compact()  # free slots no joiner took
+        if len(self.events) > start or dropped:
+            self._record()
+        if self.pacer is not None:
+            self._last_iteration = (self._iteration_start_s, self.clock(), self._prefill_s)
+        return self.events[start:]
+
+    def _admit_fixed(self) -> None:
+        """Chunks of ``prefill_step_size``: one per call with ``interleave_prefill``, else
+        until the queue is prefilled (or the batch is full)."""
+        chunks = 0
         while self.state.prefilling is not None or self._start_group():
             group = self.state.prefilling
             if group.prefill.done:
@@ -313,33 +342,104 @@ class Scheduler:
                 continue
             if self.interleave_prefill and chunks >= 1:
                 break
-            real = self.runner.run_chunk(group)
+            self._run_chunk(group)
             chunks += 1
-            for s, k in zip(group.states, real):
-                if k:
-                    self._log("prefill", s.uid, n_tokens=k)
-        dropped = self.state.batch.compact()  # free slots no joiner took
-        if len(self.events) > start or dropped:
-            self._record()
-        return self.events[start:]
 
-    def _start_group(self) -> bool:
-        """Apply admission's decision: preempt, then start prefilling the chosen requests.
-        Returns False when nobody was chosen."""
+    def _admit_paced(self) -> None:
+        """Prefill chunks, joins and new groups while they fit this iteration's time
+        budget (:class:`~workbench.engine.pacing.Pacer`); at least one chunk."""
+        st, pacer = self.state, self.pacer
+        rows, width = self._observe_iteration()
+        budget_s, ran, self._prefill_s = pacer.prefill_budget_s(rows, width), False, 0.0
+        while st.prefilling is not None or self._start_group(self._group_limit(budget_s, ran)):
+            group = st.prefilling
+            if group.prefill.done:
+                join_s = pacer.decode_s(len(group.states), width)
+                if ran and join_s > budget_s:
+                    break
+                self._join(group)
+                budget_s, ran = budget_s - join_s, True
+                continue
+            b, pos, remaining = group.prefill.next_chunk()
+            k = pacer.chunk_tokens(budget_s, b, pos, remaining, first=not ran)
+            if k == 0:
+                break
+            t0 = self.clock()
+            real = self._run_chunk(group, k)
+            elapsed = self.clock() - t0
+            pacer.observe_prefill(b, max(real), pos, elapsed)
+            budget_s, ran, self._prefill_s = budget_s - elapsed, True, self._prefill_s + elapsed
+
+    def _observe_iteration(self) -> tuple[int, int]:
+        """Give the pacer the last iteration's non-prefill time (see
+        :mod:`workbench.engine.pacing`). When this call may prefill, first wait for the
+        decode forward the last step launched, so chunks are timed alone; otherwise the
+        pipeline keeps overlapping. Returns the running rows and their widest context."""
+        st, batch = self.state, self.state.batch
+        if batch.pending is not None and (st.prefilling is not None or (st.queue and len(batch.rows) < self.max_batch)):
+            mx.eval(batch.pending.tokens)
+        now_s, rows = self.clock(), len(batch.rows)
+        width = max((r.context_tokens for r in batch.rows), default=0)
+        last = self._last_iteration  # (admit start, admit end, prefill seconds) of the last call
+        if last is not None and st.step_index == self._paced_step + 1:
+            self.pacer.observe_decode(rows, width, now_s - (last[1] if last[2] else last[0]))
+        self._paced_step, self._iteration_start_s = st.step_index, now_s
+        return rows, width
+
+    def _group_limit(self, budget_s: float, ran: bool) -> int | None:
+        """Most padded prefill tokens (rows x longest input) a new group may bring, so
+        that it fits what is left of the budget; ``0`` when not even a first chunk fits
+        (start no group now), ``None`` for no limit."""
+        if budget_s == float("inf"):
+            return None
+        return self.pacer.chunk_tokens(budget_s, 1, 0, self.prefill_step_size, first=not ran)
+
+    def _run_chunk(self, group: Prefilling, tokens: int | None = None) -> list[int]:
+        """One prefill chunk of ``group`` (``tokens`` long, default ``prefill_step_size``)
+        and its ``prefill`` events; returns the real tokens per member."""
+        real = self.runner.run_chunk(group, tokens)
+        for s, k in zip(group.states, real):
+            if k:
+                self._log("prefill", s.uid, n_tokens=k)
+        return real
+
+    def _start_group(self, prefill_limit: int | None = None) -> bool:
+        """Apply admission's decision: preempt, then start prefilling the chosen requests
+        (with ``prefill_limit``, only the first ones whose padded prefill tokens fit it,
+        at least one; none when it is ``0``). Returns False when nobody was chosen."""
         st = self.state
-        decision = self.admission.decide(st.queue, st.batch.rows, self.kv_projected_bytes)
+        if prefill_limit == 0:
+            return False
+        decision = self._decide()
         for uid in decision.preempt:  # compacted, not left as free slots: this call may still fill
             self._preempt(uid, reuse_slots=False)  # a free slot in place, which a rollback could not undo
         if not decision.admit:
             return False
         chosen = [st.requests[u] for u in decision.admit]
-        st.queue = [s for s in st.queue if s.uid not in set(decision.admit)]
+        if prefill_limit is not None:  # rows x longest input, the padded group's chunk
+            n = 1
+            while n < len(chosen) and (n + 1) * max(len(c.inputs) for c in chosen[: n + 1]) <= prefill_limit:
+                n += 1
+            chosen = chosen[:n]
+        taken = {c.uid for c in chosen}
+        st.queue = [s for s in st.queue if s.uid not in taken]
         for s in chosen:
             s.status = Status.PREFILLING
+        self.ledger.make_room(st, chosen)  # the prompt cache yields the bytes the group will take
         st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache)
         for s in chosen:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
+
+    def _decide(self) -> Decision:
+        """Admission's decision on the batch as allocated now. On an idle engine whose
+        prompt-cache entries alone keep the first request out, they are dropped first."""
+        st = self.state
+        decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
+        if not decision.admit and not st.batch.rows and st.prompt_cache is not None and st.prompt_cache.nbytes:
+            st.prompt_cache.trim_to(0)
+            decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
+        return decision
 
     def _join(self, group: Prefilling) -> None:
         """The join forward (each member's last input token), then the members enter the
@@ -353,6 +453,7 @@ class Scheduler:
         contexts = [self._context(s, None, b) for b, s in enumerate(group.states)]
         pending = self.runner.join_forward(group, contexts)
         placed = st.batch.place(group.prefill.caches, group.states, pending)
+        kv.settle(st.batch.caches)  # the group's caches are freed now, not at the next forward
         st.prefilling = None
         for s, (row, mode) in zip(group.states, placed):
             self._log("join", s.uid, row=row, n_tokens=len(s.valid.prompt_ids), join_mode=mode)
@@ -446,6 +547,7 @@ class Scheduler:
             batch.rows[b].evicted = True
             events.append(self._log("evict", batch.rows[b].uid, row=b))
         batch.filter([b for b, r in enumerate(batch.rows) if not r.finished])
+        self.ledger.make_room(st)  # entries just stored share the budget with the live rows
         self._record()
         return events
 
@@ -692,7 +794,15 @@ class Scheduler:
                        serial_reason=self.serial_reason,
                        kv_projected_bytes=self.kv_projected_bytes,
                        prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
-                       **lora.snapshot_fields(self.adapters))
+                       **lora.snapshot_fields(self.adapters), **self._memory_fields())
+
+    def _memory_fields(self) -> dict[str, int]:
+        """The snapshot's byte readings beside ``kv_bytes``: the prefilling group's and the
+        prompt cache's bytes, and MLX's measured active and peak memory."""
+        held = self.ledger.held(self.state)
+        active, peak = measured_memory()
+        return dict(prefill_kv_bytes=held.prefill_bytes, prompt_cache_bytes=held.prompt_cache_bytes,
+                    active_memory_bytes=active, peak_memory_bytes=peak)
 
     def _record(self) -> None:
         self.recorder.record(self._capture())

@@ -1,0 +1,122 @@
+"""What a quantized KV cache (``Scheduler(kv_bits=...)``) saves and costs against the float
+cache: bytes per token, the decode step's time at ``B`` rows x ``S`` tokens of context, and
+how many rows admission runs under the same byte budget.
+
+Knows: :mod:`workbench.engine.quantized_kv` (the batched quantized cache, its settings),
+:func:`workbench.engine.budget.kv_profile` (bytes per token), the join-cost scenario's
+random K/V caches (:mod:`workbench.bench.scenarios`), the scheduler's public calls. Must not
+know: the cache's internals.
+
+A setting is ``(kv_bits, kv_group_size)``; ``kv_bits=None`` is the float cache. Bytes are
+exact (array ``nbytes``); step times are medians of wall-clock seconds and depend on the
+machine (the docs state which); row counts under a budget are deterministic.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+import mlx.core as mx
+import pandas as pd
+
+from ..engine import caches as kv
+from ..engine.budget import kv_profile, projected_bytes
+from ..engine.quantized_kv import KVQuant, quantize_batch
+from ..engine.scheduler import Scheduler
+from ..engine.request import Request
+from ..workloads.workload import prompt_of_length
+from .scenarios import _filled_rows, _timed
+
+Setting = tuple[int | None, int]
+
+
+def label(setting: Setting) -> str:
+    """``float`` or ``q<bits>/g<group>``, e.g. ``q4/g64``."""
+    bits, group = setting
+    return "float" if bits is None else f"q{bits}/g{group}"
+
+
+def _quant(setting: Setting) -> KVQuant | None:
+    return None if setting[0] is None else KVQuant(setting[0], setting[1])
+
+
+def bytes_per_token(model: Any, settings: Sequence[Setting]) -> pd.DataFrame:
+    """KV bytes one token costs in every layer (keys + values; packed values, scales and
+    biases when quantized), from :func:`kv_profile`'s probe. Columns ``setting``,
+    ``kv_bits``, ``kv_group_size``, ``bytes_per_token``, ``vs_float`` (ratio to the first
+    float setting, or to the first setting)."""
+    rows = [(label(s), s[0], s[1], projected_bytes(kv_profile(model, kv_quant=_quant(s)), 1)) for s in settings]
+    frame = pd.DataFrame(rows, columns=["setting", "kv_bits", "kv_group_size", "bytes_per_token"])
+    base = frame.loc[frame.kv_bits.isna(), "bytes_per_token"]
+    frame["vs_float"] = frame.bytes_per_token / (base.iloc[0] if len(base) else frame.bytes_per_token.iloc[0])
+    return frame
+
+
+def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Setting], repeats: int = 5,
+              warm_steps: int = 2) -> pd.DataFrame:
+    """Seconds of one decode forward ``[rows, 1]`` over a batch cache of ``context_tokens``
+    random keys and values per row, float or quantized (the float cache through
+    :func:`quantize_batch`, as the engine converts it), and the cache's bytes. Settings
+    are measured in turn within each repeat (so drift hits all alike); medians over
+    ``repeats``. Columns ``setting``, ``rows``, ``context_tokens``, ``kv_bytes``,
+    ``step_s``, ``vs_float`` (step time ratio to the float setting)."""
+    base = kv.merge_rows(_filled_rows(model, rows, context_tokens))
+    mx.eval([c.state for c in base])
+    caches = {}
+    for s in settings:
+        q = _quant(s)
+        caches[s] = kv.merge_rows(_filled_rows(model, rows, context_tokens)) if q is None else quantize_batch(base, q)
+        mx.eval([c.state for c in caches[s]])
+    token = mx.zeros((rows, 1), dtype=mx.uint32)
+    step = lambda c: lambda: mx.argmax(model(token, cache=c)[:, -1, :], axis=-1)  # noqa: E731
+    for s in settings:
+        for _ in range(warm_steps):
+            _timed(step(caches[s]))
+    times: dict[Setting, list[float]] = {s: [] for s in settings}
+    for _ in range(repeats):
+        for s in settings:
+            times[s].append(_timed(step(caches[s])))
+    frame = pd.DataFrame([(label(s), rows, context_tokens, kv.kv_bytes(caches[s]), statistics.median(times[s]))
+                          for s in settings], columns=["setting", "rows", "context_tokens", "kv_bytes", "step_s"])
+    base_s = frame.loc[frame.setting == "float", "step_s"]
+    frame["vs_float"] = frame.step_s / (base_s.iloc[0] if len(base_s) else frame.step_s.iloc[0])
+    return frame
+
+
+def admission_under_budget(model: Any, tokenizer: Any, settings: Sequence[Setting], budget_requests: int = 2,
+                           n_requests: int = 12, prompt_tokens: int = 48, max_tokens: int = 16,
+                           max_batch: int = 12) -> pd.DataFrame:
+    """The same ``n_requests`` (``prompt_tokens`` + ``max_tokens``) through a scheduler
+    whose ``kv_budget_bytes`` is what ``budget_requests`` float requests project; per
+    setting the most rows running at once, the decode steps to finish them all, and
+    generated tokens per decode step. Deterministic (no clock is read for it).
+
+    Columns ``setting``, ``kv_budget_bytes``, ``request_bytes`` (one request's projected
+    bytes alone), ``max_rows``, ``decode_steps``, ``tokens_per_step``.
+    """
+    def sched_of(s: Setting, **kw: Any) -> Scheduler:
+        return Scheduler(model, tokenizer, kv_bits=s[0], kv_group_size=s[1], history_size=0, **kw)
+
+    def one_request(s: Setting) -> int:
+        sched = sched_of(s)
+        sched.submit(Request(prompt=prompt_of_length(tokenizer, prompt_tokens), max_tokens=max_tokens))
+        sched.admit()
+        return sched.kv_projected_bytes
+
+    budget = budget_requests * one_request((None, settings[0][1]))
+    out = []
+    for s in settings:
+        sched = sched_of(s, max_batch=max_batch, kv_budget_bytes=budget)
+        for i in range(n_requests):
+            sched.submit(Request(prompt=prompt_of_length(tokenizer, prompt_tokens, 17 * i), max_tokens=max_tokens))
+        most = 0
+        while not sched.idle:
+            sched.admit()
+            most = max(most, len(sched.batch))
+            sched.step()
+            sched.filter()
+        tokens = sum(len(sched.tokens(u)) for u in sched.requests)
+        out.append((label(s), budget, one_request(s), most, sched.step_index, tokens / max(sched.step_index, 1)))
+    return pd.DataFrame(out, columns=["setting", "kv_budget_bytes", "request_bytes", "max_rows", "decode_steps",
+                                      "tokens_per_step"])

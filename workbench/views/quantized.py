@@ -1,0 +1,89 @@
+"""Quantized KV view: what ``Scheduler(kv_bits=...)`` saves and costs against the float
+cache, from the tables of :mod:`workbench.bench.quantized`.
+
+Knows: those tables' columns, matplotlib. Must not know: the engine.
+
+Text form: :func:`quantized_text` (the three tables, aligned). Rich form:
+:func:`render_quantized`, three panels with one bar per setting (float first):
+
+1. KV bytes per token (all layers, keys + values), with each bar's ratio to float;
+2. decode step time (ms) at ``B`` rows x ``S`` tokens of context, one group per context;
+3. the most rows running at once under the same byte budget, and generated tokens per
+   decode step.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from . import style
+
+__all__ = ["quantized_text", "render_quantized"]
+
+BITS_COLOURS = {"float": "#7f7f7f", "q8": style.ATTENDED, "q4": style.FED}  # by a setting's bits
+
+
+def _colour(setting: str) -> str:
+    """A setting's colour by its bits (``q4/g32`` and ``q4/g64`` alike)."""
+    return BITS_COLOURS.get(setting.split("/")[0], style.PREFILL)
+
+
+def quantized_text(bytes_table: pd.DataFrame, steps: pd.DataFrame | None = None,
+                   admission: pd.DataFrame | None = None) -> str:
+    """The tables as aligned text: bytes per token, step times (when given, ms), and
+    admission under the budget (when given)."""
+    parts = ["KV bytes per token\n" + bytes_table[["setting", "bytes_per_token", "vs_float"]]
+             .to_string(index=False, float_format=lambda x: f"{x:.4g}")]
+    if steps is not None:
+        ms = steps.assign(step_ms=steps.step_s * 1e3)[["setting", "rows", "context_tokens", "kv_bytes", "step_ms",
+                                                       "vs_float"]]
+        parts.append("decode step\n" + ms.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    if admission is not None:
+        parts.append("under one byte budget\n" + admission.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    return "\n\n".join(parts)
+
+
+def _bars(ax, names: list[str], values: list[float], colours: list[str], notes: list[str]) -> None:
+    bars = ax.bar(names, values, color=colours, edgecolor="#444444")
+    for bar, note in zip(bars, notes):
+        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize="small", xytext=(0, 2), textcoords="offset points")
+    ax.margins(y=0.18)
+
+
+def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: pd.DataFrame,
+                     model_name: str = "", step_model_name: str = "") -> Figure:
+    """Three panels (see the module docstring) of the tables of
+    :mod:`workbench.bench.quantized`; ``steps`` may hold several context lengths.
+    ``model_name`` / ``step_model_name`` label the model of the bytes and budget panels /
+    of the step-time panel."""
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    ax_bytes, ax_step, ax_rows = fig.subplots(1, 3)
+    settings = list(bytes_table.setting)
+    _bars(ax_bytes, settings, list(bytes_table.bytes_per_token), [_colour(s) for s in settings],
+          [f"x{r:.3g}" for r in bytes_table.vs_float])
+    ax_bytes.set_ylabel("KV bytes per token (all layers)")
+    ax_bytes.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
+    contexts = sorted(steps.context_tokens.unique())
+    step_settings = list(dict.fromkeys(steps.setting))
+    width = 0.8 / max(len(step_settings), 1)
+    for i, s in enumerate(step_settings):
+        rows = steps[steps.setting == s].set_index("context_tokens").reindex(contexts)
+        xs = [k + (i - (len(step_settings) - 1) / 2) * width for k in range(len(contexts))]
+        ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor="#444444", label=s)
+        for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
+            ax_step.annotate(f"x{r:.2f}", (x, v), ha="center", va="bottom", fontsize="small", xytext=(0, 2),
+                             textcoords="offset points")
+    ax_step.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
+    ax_step.set_ylabel("decode step (ms)")
+    on = f" ({step_model_name})" if step_model_name else ""
+    ax_step.set_title(f"step time{on}, B = {int(steps.rows.iloc[0])} rows", fontsize="medium")
+    ax_step.margins(y=0.18)
+    names = list(admission.setting)
+    _bars(ax_rows, names, list(admission.max_rows), [_colour(s) for s in names],
+          [f"{t:.3g} tok/step" for t in admission.tokens_per_step])
+    ax_rows.set_ylabel("most rows running at once")
+    ax_rows.set_title(f"rows under a {int(admission.kv_budget_bytes.iloc[0]):,} B budget", fontsize="medium")
+    style.legend(fig, [(name if name == "float" else f"{name[1:]}-bit", c) for name, c in BITS_COLOURS.items()])
+    return fig

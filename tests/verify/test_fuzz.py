@@ -22,7 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import workbench as wb
 from workbench.verify import oracle
 from workbench.observe.metrics import step_metrics
-from workbench.engine.budget import kv_profile, projected_bytes
+from workbench.engine.budget import kv_profile
+from workbench.engine.ledger import KVLedger
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
@@ -72,7 +73,8 @@ def make_machine(family: str):
         def setup(self, max_batch, chunk, budget_requests, pipeline, prompt_cache):
             self.model, self.tok = model_of(folder)
             self.injector = Injector()  # raises only while armed (the interrupted-operation rule)
-            self.unit = projected_bytes(kv_profile(self.model, max_kv_size), 300 + 12)
+            # what the longest request (300 + 12 tokens) may hold alone, as mlx-lm allocates it
+            self.unit = KVLedger(kv_profile(self.model, max_kv_size), chunk, None, exact_chunks=False).alone_bytes(300, 12)
             budget = None if budget_requests is None else budget_requests * self.unit
             self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
                                       max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
@@ -213,6 +215,17 @@ def make_machine(family: str):
                 assert snap.kv_bytes == 0
             ev = self.sched.report().events
             assert not ev[ev.kind == "finish"].uid.duplicated().any(), "a uid finished twice"
+
+        @invariant()
+        def held_kv_bytes_never_exceed_the_budget(self):
+            """The bytes the caches really hold (batch, prefilling group, prompt cache:
+            the arrays' nbytes) stay within kv_budget_bytes after every operation."""
+            if not hasattr(self, "sched") or self.sched.kv_budget_bytes is None:
+                return
+            snap = self.sched.snapshot()
+            assert snap.held_bytes <= snap.kv_budget_bytes, (
+                f"held {snap.held_bytes:,} (batch {snap.kv_bytes:,} + prefill {snap.prefill_kv_bytes:,} + prompt cache "
+                f"{snap.prompt_cache_bytes:,}) > budget {snap.kv_budget_bytes:,}; projected {snap.kv_projected_bytes:,}")
 
         @invariant()
         def finished_greedy_rows_equal_solo(self):

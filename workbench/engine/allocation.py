@@ -23,8 +23,9 @@ every row has finished, assuming ``filter()`` follows the ``step()`` that finish
 (as ``run()`` does). For the batch (``R`` cache rows, free slots included) it is
 ``R * (full_token_bytes * C + sum_rings ring_token_bytes * W + fixed_bytes)`` with ``C``
 the full-attention capacity once the widest row holds its last token (``W_max``):
-unchanged while ``W_max`` fits, else ``W_max - 1 + 256``. A joining group adds its own
-caches while it prefills, then joins (``R`` grows, ``C`` may grow).
+unchanged while ``W_max`` fits, else grown by 256 each time the width reaches it (at most
+``W_max - 1 + 256`` where the starting capacity is only bounded). A joining group adds
+its own caches while it prefills, then joins (``R`` grows, ``C`` may grow).
 
 Worked example (tiny-llama: 4 full layers, 512 bytes per token each, 2,048 per row and
 position): four 20-token prompts, ``max_tokens=8``, prefilled together in one chunk::
@@ -84,9 +85,11 @@ def round_up(n_tokens: int, step: int = STEP_TOKENS) -> int:
 def full_capacity_tokens(capacity_tokens: int, width_tokens: int) -> int:
     """Capacity (positions) a full-attention batch cache of ``capacity_tokens`` reaches when
     its width grows one token per step to ``width_tokens``: unchanged while the width fits;
-    else the last growth happened at width ``width_tokens - 1`` and added 256 positions
-    after it (``BatchKVCache.update_and_fetch`` with one token)."""
-    return capacity_tokens if width_tokens <= capacity_tokens else width_tokens - 1 + STEP_TOKENS
+    else each time the width reaches the capacity, 256 positions are added after it
+    (``BatchKVCache.update_and_fetch`` with one token). Example: 256 -> 300 tokens: 512."""
+    if width_tokens <= capacity_tokens:
+        return capacity_tokens
+    return capacity_tokens + round_up(width_tokens - capacity_tokens)
 
 
 def group_capacity_tokens(input_tokens: int, chunk_tokens: int, exact: bool, stored_tokens: int = 0,
@@ -179,25 +182,29 @@ class KVPlan:
         uids ``dropped`` preempted and ``joiners`` (``held_tokens`` = input tokens,
         ``final_tokens`` = prompt + ``max_tokens``) prefilled together and joined.
 
-        The maximum of (the running batch as it will grow + the group while it prefills)
-        and (the batch after the join). Raises nothing; 0 for an empty engine."""
+        The maximum of: the cache rows held now (free slots included: ``admit()`` and
+        ``step()`` drop them before anything grows); the running rows as they will grow,
+        plus the group's caches while it prefills; the batch after the join (free slots
+        filled or dropped by then). Raises nothing; 0 for an empty engine."""
         gone = set(dropped)
         rows = [r for r in self.rows if r.uid not in gone]
-        P = self.now.rows - (len(self.rows) - len(rows))
-        if rows:
-            width = self.now.width_tokens + max(r.final_tokens - r.held_tokens for r in rows)
-        else:
-            width, P = 0, 0
+        P = self.now.rows - (len(self.rows) - len(rows)) if rows else 0  # free slots, until the next admit/step
         capacity = self.now.capacity_tokens if rows else 0
-        before = P * self.row_bytes(full_capacity_tokens(capacity, width)) if P else 0
+        width = self.now.width_tokens + max(r.final_tokens - r.held_tokens for r in rows) if rows else 0
+        grown = full_capacity_tokens(capacity, width)
+        held_now = P * self.row_bytes(capacity) if P else 0
+        running = len(rows) * self.row_bytes(grown) if rows else 0
         if not joiners:
-            return before
+            return max(held_now, running)
         prefill_bytes, joined_capacity = self.group_bytes(joiners)
         slack = FILL_SLACK if self.reuse_slots and rows else 1.0
         widest = max(width, math.ceil(max(j.final_tokens for j in joiners) * slack))
-        R = max(P, len(rows) + len(joiners))
-        after = R * self.row_bytes(full_capacity_tokens(max(capacity, joined_capacity), widest))
-        return max(before + prefill_bytes, after)
+        # the joined capacity is the larger of the two (``extend``); it grows from there only
+        # when known exactly: a bound may be above the real capacity, which then grows
+        joined = full_capacity_tokens(max(capacity, joined_capacity), widest) if self.exact_chunks else max(
+            capacity, joined_capacity, widest - 1 + STEP_TOKENS if widest > capacity else 0)
+        after = (len(rows) + len(joiners)) * self.row_bytes(max(grown, joined))
+        return max(held_now, running + prefill_bytes, after)
 
 
 def plan_of(profile: Sequence[Any], chunk_tokens: int, **fields: Any) -> KVPlan:

@@ -107,7 +107,26 @@ def evict(running: LayerCaches, keep: Sequence[int]) -> LayerCaches | None:
         return None
     for c in running:
         c.filter(list(keep))
+    settle(running)
     return running
+
+
+def settle(caches: LayerCaches | None) -> None:
+    """Evaluate the caches now into buffers of their own, so the bytes they hold are their
+    ``nbytes``: mlx-lm's ``filter`` leaves a lazy gather that keeps the old buffer alive
+    until the next forward, and a slice (``keys[..., m:, :]``, shared left padding
+    dropped) that keeps the gathered buffer's dropped positions; ``extend`` leaves a lazy
+    concatenation holding both sides. ``mx.contiguous`` copies only such slices (the
+    next write into one would copy it anyway); the rest is evaluated in place."""
+    if not caches:
+        return
+    for c in caches:
+        for sub in (c.caches if isinstance(c, CacheList) else (c,)):
+            if isinstance(sub, BatchKVCache) and sub.keys is not None:
+                sub.keys, sub.values = (
+                    type(t)(mx.contiguous(a) for a in t) if isinstance(t, (tuple, list)) else mx.contiguous(t)
+                    for t in (sub.keys, sub.values))
+    mx.eval([c.state for c in caches])
 
 
 def kv_bytes(caches: LayerCaches | None) -> int:

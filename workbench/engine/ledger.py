@@ -111,3 +111,15 @@ class KVLedger:
             return 0
         group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
         return st.prompt_cache.trim_to(self.kv_budget_bytes - self.plan(st).projected_bytes(group, dropped))
+
+
+def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_size: int = 2048,
+                max_kv_size: int | None = None) -> int:
+    """Bytes one request (``prompt_tokens`` + ``max_tokens``) holds alone on an idle engine
+    with default options, as mlx-lm allocates its caches: the least ``kv_budget_bytes``
+    that admits it (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes =
+    524,288). Builds the model's ``kv_profile`` (one probe forward)."""
+    from .budget import kv_profile
+
+    ledger = KVLedger(kv_profile(model, max_kv_size), prefill_step_size, None)
+    return ledger.alone_bytes(prompt_tokens, max_tokens)

@@ -37,6 +37,7 @@ loaded adapters (stacks have ``N + 1`` slots: slot 0 is the base model).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +109,10 @@ class Adapter:
 
     Attributes:
         name, path: as given. rank: ``r``. scale: mlx-lm's ``lora_parameters.scale``.
-        layers: target layer path -> ``(A [I, r], B [r, O])``.
+        layers: target layer path -> ``(A [I, r], B [r, O])`` (empty once stacked into an
+            :class:`AdapterBank`, which then holds the only copy).
         file_bytes: size of ``adapters.safetensors`` (bytes).
+        targets: the target layer paths, sorted.
     """
 
     name: str
@@ -118,6 +121,7 @@ class Adapter:
     scale: float
     layers: Mapping[str, tuple[mx.array, mx.array]]
     file_bytes: int
+    targets: tuple[str, ...] = ()
 
 
 def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
@@ -213,7 +217,7 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
     orphans = sorted(k for k in weights if k.endswith(".lora_b") and k[: -len(".lora_b")] not in layers)
     if orphans:
         raise ValueError(f"{where}: tensor {orphans[0]!r} has no matching lora_a")
-    return Adapter(name, str(folder), rank, scale, layers, (folder / FILES[1]).stat().st_size)
+    return Adapter(name, str(folder), rank, scale, layers, (folder / FILES[1]).stat().st_size, tuple(sorted(layers)))
 
 
 @dataclass(frozen=True, repr=False)
@@ -222,7 +226,8 @@ class AdapterBank:
 
     Attributes:
         names: the loaded adapters in load order; adapter ``names[i]`` is slot ``i + 1``.
-        adapters: name -> :class:`Adapter` (rank, scale, path).
+        adapters: name -> :class:`Adapter` (rank, scale, path, targets; its matrices
+            released: the stacks hold them).
         layers: layer path -> ``(A [N+1, I, R], B [N+1, R, O])``, slot 0 zeros.
         scales: ``[N+1]`` each slot's ``lora_parameters.scale`` (slot 0: ``0.0``).
         selection: the model's shared :class:`Selection`.
@@ -251,7 +256,7 @@ class AdapterBank:
                              "(Scheduler(adapters={name: path})), or None for the base model")
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{n} (rank {a.rank}, {len(a.layers)} layers)" for n, a in self.adapters.items())
+        parts = ", ".join(f"{n} (rank {a.rank}, {len(a.targets)} layers)" for n, a in self.adapters.items())
         return f"AdapterBank({parts}; {self.nbytes:,} bytes)"
 
 
@@ -315,7 +320,7 @@ def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | Adapter
     layers = {p: _stack(read, p, rank) for p in paths}
     mx.eval(layers)
     nbytes = sum(int(x.nbytes) for stacks in layers.values() for x in stacks)
-    return AdapterBank(tuple(ad.name for ad in read), {ad.name: ad for ad in read}, layers,
+    return AdapterBank(tuple(ad.name for ad in read), {ad.name: dataclasses.replace(ad, layers={}) for ad in read}, layers,
                        (0.0,) + tuple(ad.scale for ad in read), selection, nbytes)
 
 

@@ -50,6 +50,13 @@ def test_layer_table_flags_the_layer_and_the_positions_over_tolerance():
     assert pd.isna(table.loc[0, "first_position"]) and table.loc[0, "n_positions_over"] == 0
 
 
+def test_a_batch_cache_holding_more_positions_than_the_row_is_over_there():
+    solo = record([[1.0]], [[[1.0], [2.0]]])
+    batched = record([[1.0]], [[[1.0], [2.0], [0.0]]])  # one position too many (P = 1)
+    table = layer_table(batched, solo, position=1, rtol=0.1)
+    assert table.loc[0, "positions"] == (2,) and table.loc[0, "kv_max_abs_delta"] == float("inf")
+
+
 def test_ranges_compacts_runs():
     assert ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     assert ranges([]) == "-"

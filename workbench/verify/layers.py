@@ -95,12 +95,17 @@ def layer_table(batched: StepRecord, solo: StepRecord, position: int, rtol: floa
 
 def _kv_over(kb: np.ndarray | None, ks: np.ndarray | None, rtol: float) -> tuple[float, float, list[int]]:
     """``(max |Δ|, tolerance, positions over it)`` of one layer's caches ``[T, K]``
-    (NaN, NaN, none when a side is missing or the shapes differ)."""
-    if kb is None or ks is None or kb.shape != ks.shape:
+    (NaN, NaN, none when a side is missing). Caches of different lengths are compared on
+    the positions both hold; the positions only one holds are over, and ``max |Δ|`` is
+    ``inf`` (the batch cache holds more or fewer tokens than the row has: a bug)."""
+    if kb is None or ks is None:
         return float("nan"), float("nan"), []
-    per_position = np.abs(kb - ks).max(axis=1)  # [T]
-    tol = rtol * float(np.abs(ks).max())
-    return float(per_position.max(initial=0.0)), tol, [int(p) for p in np.flatnonzero(per_position > tol)]
+    T = min(len(kb), len(ks))
+    per_position = np.abs(kb[:T] - ks[:T]).max(axis=1, initial=0.0)  # [T]
+    tol = rtol * float(np.abs(ks).max(initial=0.0))
+    over = [int(p) for p in np.flatnonzero(per_position > tol)] + list(range(T, max(len(kb), len(ks))))
+    worst = float(per_position.max(initial=0.0)) if len(kb) == len(ks) else float("inf")
+    return worst, tol, over
 
 
 @dataclass(frozen=True)

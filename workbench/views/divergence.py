@@ -16,7 +16,8 @@ Rich form: ``max |Δ|`` per layer on a log scale, for the layer's output at the 
 position (dots) and for its KV cache over the row's real positions (squares), each with
 its tolerance (dashed, dotted); a marker over its tolerance in red, the first layer over
 tolerance annotated with its positions; a zero Δ drawn on the bottom line (said in the
-axis label); the legend below the axes.
+axis label), an infinite one (caches of different lengths) a decade over the largest; the
+legend below the axes.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     floor = _floor(table)
     out = np.maximum(table["max_abs_delta"].to_numpy(float), floor)
     kv = np.maximum(table["kv_max_abs_delta"].to_numpy(float), floor)
+    kv[np.isposinf(kv)] = 10 * np.nanmax(np.r_[out, kv[np.isfinite(kv)]])  # caches of different lengths: on top
     out_over = table["max_abs_delta"].to_numpy(float) > table["tolerance"].to_numpy(float)
     kv_over = table["kv_max_abs_delta"].to_numpy(float) > table["kv_tolerance"].to_numpy(float)
     ax.plot(layers, out, color="#555555", lw=1, zorder=1)

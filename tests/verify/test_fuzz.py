@@ -31,7 +31,8 @@ from tests.engine.interrupts import Injector, engine_state, patched_eval, wrappe
 pytestmark = pytest.mark.model
 
 FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwen3next": ("tiny-qwen3-next", None),
-            "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8)}
+            "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8), "llama-kv4": ("tiny-llama", None)}
+KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 _MODELS: dict = {}
 _REFS: dict = {}
 STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0}
@@ -65,6 +66,11 @@ def model_of(folder):
 
 def make_machine(family: str):
     folder, max_kv_size = FAMILIES[family]
+    kv_bits = KV_BITS.get(family)
+    # the solo reference of a quantized row quantizes as generate_step(kv_bits=4, quantized_kv_start=0)
+    # after its first prefill chunk, so it runs with the scheduler's chunk size
+    ref_kv = (lambda chunk: {"kv_bits": kv_bits, "kv_group_size": 32, "prefill_step_size": chunk}) if kv_bits else (
+        lambda chunk: {})
 
     class EngineMachine(RuleBasedStateMachine):
         @initialize(max_batch=st.integers(1, 4), chunk=st.sampled_from([3, 16, 64, 2048]),
@@ -78,8 +84,9 @@ def make_machine(family: str):
             budget = None if budget_requests is None else budget_requests * self.unit
             self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
                                       max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
-                                      history_size=0, prompt_cache=prompt_cache, seed=max_batch,
-                                      clock=self.clock)
+                                      history_size=0, prompt_cache=None if kv_bits else prompt_cache, seed=max_batch,
+                                      clock=self.clock, kv_bits=kv_bits, kv_group_size=32)
+            self.ref_kv = ref_kv(chunk)
             self.submitted = []
             self.checked = set()
             self.rows_at = {}
@@ -235,9 +242,10 @@ def make_machine(family: str):
                 if uid in self.checked:
                     continue
                 valid = self.sched.request_of(uid)
-                key = (folder, valid.prompt_ids, valid.request.max_tokens)
+                key = (folder, valid.prompt_ids, valid.request.max_tokens, tuple(sorted(self.ref_kv.items())))
                 if key not in _REFS:
-                    _REFS[key] = oracle.solo_reference(self.model, oracle.ref_request(valid), max_kv_size=max_kv_size)
+                    _REFS[key] = oracle.solo_reference(self.model, oracle.ref_request(valid), max_kv_size=max_kv_size,
+                                                       **self.ref_kv)
                 result = oracle.compare_row(uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4)
                 STATS["rows_checked"] += 1
                 if not result.match:

@@ -268,3 +268,20 @@ def test_adapters_with_a_quantized_kv_cache_match_mlx_lm_at_the_same_bits(loaded
     sched.run()
     report = adapter_check(MODEL, sched, models=references)
     assert report.ok and report.n_match == 4, report.text()
+
+
+def test_adapter_bytes_are_what_loading_adds_to_mlx_active_memory():
+    import gc
+
+    model, tok = wb.load(MODEL)
+    wb.Scheduler(model, tok)  # the probe's arrays, once
+    gc.collect()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    sched = wb.Scheduler(model, tok, adapters=ADAPTERS)
+    gc.collect()
+    mx.clear_cache()
+    grown = mx.get_active_memory() - before
+    dims = [(128, 128), (128, 64), (128, 64), (128, 128), (128, 352), (128, 352), (352, 128)]  # q k v o gate up down
+    assert sched.adapters.nbytes == 5 * 3 * 4 * 8 * sum(i + o for i, o in dims)  # layers x slots x float32 x rank
+    assert abs(grown - sched.adapters.nbytes) < 0.05 * sched.adapters.nbytes, grown

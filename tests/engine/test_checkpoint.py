@@ -29,8 +29,10 @@ def busy_scheduler(make_sched, prompt, unit_bytes):
     """A scheduler mid-run with everything a checkpoint must hold: greedy, seeded and
     drawn-seed sampled rows, a chunked prefill in progress, a prompt cache with an entry,
     a KV budget that will preempt a low-priority row, and requests still queued."""
-    # projected tokens: 18 + 21 + 15 running, 12 prefilling = 66; the urgent 17 more exceed 75
-    sched = make_sched(max_batch=5, prefill_step_size=4, prompt_cache=4, kv_budget_bytes=75 * unit_bytes, seed=7)
+    # rows as mlx-lm allocates them (256-token growth steps; bounds of about 256-280
+    # positions a row with a prompt cache): three running and one prefilling fit in 1,200
+    # positions, the urgent fifth does not
+    sched = make_sched(max_batch=5, prefill_step_size=4, prompt_cache=4, kv_budget_bytes=1200 * unit_bytes, seed=7)
     sched.submit(wb.Request(prompt=prompt(6, 0), max_tokens=3, stop_ids=[]))
     sched.run()  # finished: its cache is now in the prompt cache
     sched.submit(wb.Request(prompt=prompt(6, 0) + prompt(3, 40), max_tokens=9, stop_ids=[]))  # a prompt-cache hit

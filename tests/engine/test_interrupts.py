@@ -34,7 +34,7 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
-from workbench.engine.budget import kv_profile, projected_bytes
+from workbench.engine.ledger import alone_bytes
 from workbench.engine.checkpoint import EngineState
 from workbench.engine.runner import ModelRunner
 from workbench.runtime.loading import DATA_DIR
@@ -178,7 +178,8 @@ def make_scheduler(family: str, config_name: str, clock=None, **extra) -> wb.Sch
     options = dict(max_batch=4, prefill_step_size=4, prompt_cache=4, history_size=4) | CONFIGS[config_name][1] | extra
     budget_requests = options.pop("budget_requests", None)
     if budget_requests:
-        options["kv_budget_bytes"] = budget_requests * projected_bytes(kv_profile(model, max_kv_size), BUDGET_TOKENS)
+        options["kv_budget_bytes"] = budget_requests * alone_bytes(  # rows as mlx-lm allocates them
+            model, 6, BUDGET_TOKENS - 6, options["prefill_step_size"], max_kv_size, exact_chunks=False)
     return wb.Scheduler(model, tok, max_kv_size=max_kv_size, clock=clock or FakeClock(), **options)
 
 

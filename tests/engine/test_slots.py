@@ -150,9 +150,9 @@ def test_width_stays_bounded_while_rows_keep_being_replaced(make_sched, prompt, 
 
 
 def _priority_preemption(make_sched, prompt, bundled, reuse):
-    from workbench.engine.budget import kv_profile, projected_bytes
+    from workbench.engine.ledger import alone_bytes
 
-    one = projected_bytes(kv_profile(bundled[0]), 10 + 16)
+    one = alone_bytes(bundled[0], 10, 16)  # what one such row holds (256 positions)
     s = make_sched(max_batch=4, kv_budget_bytes=3 * one, policy="priority", reuse_slots=reuse)
     s.submit(wb.Request(prompt=prompt(10, 0), max_tokens=2))  # uid 0: finishes first
     for start in (30, 60):

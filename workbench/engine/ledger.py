@@ -114,12 +114,13 @@ class KVLedger:
 
 
 def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_size: int = 2048,
-                max_kv_size: int | None = None) -> int:
-    """Bytes one request (``prompt_tokens`` + ``max_tokens``) holds alone on an idle engine
-    with default options, as mlx-lm allocates its caches: the least ``kv_budget_bytes``
-    that admits it (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes =
-    524,288). Builds the model's ``kv_profile`` (one probe forward)."""
+                max_kv_size: int | None = None, exact_chunks: bool = True) -> int:
+    """Bytes one request (``prompt_tokens`` + ``max_tokens``) may hold alone on an idle
+    engine, as mlx-lm allocates its caches: the least ``kv_budget_bytes`` that admits it
+    (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes = 524,288). Pass
+    ``exact_chunks=False`` for a scheduler with a prompt cache, pacing or ``kv_bits`` (see
+    :class:`KVLedger`). Builds the model's ``kv_profile`` (one probe forward)."""
     from .budget import kv_profile
 
-    ledger = KVLedger(kv_profile(model, max_kv_size), prefill_step_size, None)
+    ledger = KVLedger(kv_profile(model, max_kv_size), prefill_step_size, None, exact_chunks=exact_chunks)
     return ledger.alone_bytes(prompt_tokens, max_tokens)

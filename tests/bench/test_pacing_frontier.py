@@ -1,0 +1,65 @@
+"""The pacing frontier on a cost clock (deterministic): a paced engine keeps every
+running row's inter-token gap near its target while the fixed-chunk engine does not,
+tokens are the same in every engine, and the summary's numbers come from the runs."""
+
+import pytest
+
+import workbench as wb
+from workbench.bench.engines import Arrival
+from workbench.bench.model import QUICK, make_model
+from workbench.bench.pacing import FIXED, frontier_runs, frontier_summary, paced_name, versus
+from workbench.bench.scenarios import MLX_LM
+from workbench.engine.cost import CostModel
+from workbench.observe.metrics import SLO
+from workbench.workloads.workload import prompt_of_length
+
+# prefill dominates: a 300-token prompt costs ~30 decode steps, a chunk has a fixed part
+COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, prefill_s_per_pair=0.0,
+                 decode_s_per_step=0.010, decode_s_per_row=0.001)
+LENGTHS = (24, 300, 8, 160, 40, 200, 16, 64)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    model = make_model(QUICK)
+    _, tok = wb.load("tiny-llama")
+    arrivals = [Arrival(tuple(prompt_of_length(tok, n, 31 * i)), 12, at_s=0.03 * i) for i, n in enumerate(LENGTHS)]
+    return frontier_runs(model, tok, arrivals, 4, 512, (2, 4), 1, mode="cost", cost_model=COST, echo=lambda s: None)
+
+
+def test_a_paced_engine_keeps_running_rows_gaps_near_the_target(runs):
+    requests, gaps = runs
+    step = COST.decode_s(4, 0)
+    worst = gaps.groupby("engine").gap_s.max()
+    assert worst[FIXED] > 20 * step  # a 300-token prompt in one chunk stalls every running row
+    for t in (2, 4):
+        # the target (t x the step) plus what its prediction cannot see: a join's [n, 1] forward
+        # and the width term; never a whole prompt
+        assert worst[paced_name(t)] <= (t + 1.5) * COST.decode_s(4, 400), t
+    assert worst[paced_name(2)] < worst[paced_name(4)] < worst[FIXED]
+
+
+def test_every_engine_gives_every_request_the_same_tokens(runs):
+    requests, _ = runs
+    assert set(requests.engine) == {MLX_LM, FIXED, paced_name(2), paced_name(4)}
+    by_engine = {e: r.sort_values("uid").text.tolist() for e, r in requests.groupby("engine")}
+    assert all(r.finish_reason.eq("length").all() for _, r in requests.groupby("engine"))
+    assert by_engine[FIXED] == by_engine[paced_name(2)] == by_engine[paced_name(4)]
+    assert requests.groupby("engine").generated_tokens.sum().nunique() == 1
+
+
+def test_the_summary_is_computed_from_the_runs(runs):
+    requests, gaps = runs
+    table = frontier_summary(requests, gaps, SLO(ttft_s=5.0, tpot_s=0.5)).set_index("engine")
+    fixed = requests[requests.engine == FIXED]
+    assert table.loc[FIXED, "ttft_p95_s"] == pytest.approx(fixed.ttft_s.quantile(0.95))
+    assert table.loc[FIXED, "itl_max_s"] == pytest.approx(gaps[gaps.engine == FIXED].gap_s.max())
+    assert table.loc[paced_name(2), "target"] == 2 and table.loc[MLX_LM, "target"] != table.loc[MLX_LM, "target"]
+    ratios = versus(table.reset_index()).set_index("engine")
+    assert table.goodput_req_per_s.gt(0).all() and ratios.loc[MLX_LM].eq(1.0).all()
+    assert ratios.loc[FIXED, "itl_max_s"] == pytest.approx(table.loc[FIXED, "itl_max_s"] / table.loc[MLX_LM, "itl_max_s"])
+
+
+def test_a_cost_clock_frontier_needs_a_cost_model():
+    with pytest.raises(ValueError, match="cost_model"):
+        frontier_runs(None, None, [], 4, 512, (2,), 1, mode="cost")

@@ -111,3 +111,13 @@ def test_paced_runs_give_the_same_tokens_as_fixed_chunks(run_specs):
         for a, b in zip(paced_lp, fixed_lp):
             assert a == pytest.approx(b, abs=1e-4)
         assert sched.pacer.prefill_samples  # it measured its chunks
+
+
+def test_the_pacer_reports_each_prediction_against_what_was_measured():
+    pacer = Pacer(Pacing(cost_model=COST), 512)
+    pacer.observe_prefill(1, 32, 0, 2 * COST.prefill_s(32, 0, 1))  # first: only the prior (ratio 1)
+    pacer.observe_prefill(1, 64, 0, 2 * COST.prefill_s(64, 0, 1))  # second: corrected by the first
+    err = pacer.prediction_errors()
+    assert err.kind.tolist() == ["prefill", "prefill"]
+    assert err.prior_error.tolist() == pytest.approx([-0.5, -0.5])  # the prior is 2x optimistic
+    assert err.error.tolist() == pytest.approx([-0.5, 0.0])         # the correction removes it

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .cost import CostModel, nonnegative_lstsq, prefill_features
 
 SAMPLES = 64   # measured forwards kept for the online fit / correction
 RECENT = 16    # of which the latest this many set the correction ratio
+PREDICTIONS = 4096  # predictions kept, with what was then measured (prediction_errors)
 
 
 @dataclass(frozen=True)
@@ -110,18 +112,38 @@ class Pacer:
         self.prefill_samples: deque[tuple[int, int, int, float]] = deque(maxlen=SAMPLES)  # rows, tokens, start, s
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
         self._prefill_coef: np.ndarray | None = None
+        self.predictions: deque[tuple[str, float, float, float]] = deque(maxlen=PREDICTIONS)
 
     # -- learning ----------------------------------------------------------------------
     def observe_prefill(self, rows: int, tokens: int, start_tokens: int, seconds: float) -> None:
         """A measured prefill chunk of ``rows`` x ``tokens`` after ``start_tokens`` (seconds)."""
         if tokens > 0 and seconds > 0:
+            prior = self.pacing.cost_model
+            self._note("prefill", self.prefill_s(rows, tokens, start_tokens), seconds,
+                       prior.prefill_s(tokens, start_tokens, rows) if prior is not None else math.nan)
             self.prefill_samples.append((rows, tokens, start_tokens, seconds))
             self._prefill_coef = None
 
     def observe_decode(self, rows: int, width_tokens: int, seconds: float) -> None:
         """A measured iteration's non-prefill time with ``rows`` running at KV width (seconds)."""
         if rows > 0 and seconds > 0:
+            prior = self.pacing.cost_model
+            self._note("decode", self.decode_s(rows, width_tokens) if self.decode_samples or prior else None, seconds,
+                       prior.decode_s(rows, width_tokens) if prior is not None else math.nan)
             self.decode_samples.append((rows, width_tokens, seconds))
+
+    def _note(self, kind: str, predicted_s: float | None, measured_s: float, prior_s: float) -> None:
+        if predicted_s is not None:
+            self.predictions.append((kind, predicted_s, measured_s, prior_s))
+
+    def prediction_errors(self) -> pd.DataFrame:
+        """Every prediction the pacer made before measuring the forward it predicted:
+        ``kind`` (``prefill`` chunk / ``decode`` iteration), ``predicted_s`` (what it
+        planned with), ``measured_s``, ``prior_s`` (the uncorrected prior cost model's,
+        NaN without one) and the relative errors ``error`` and ``prior_error``
+        (predicted / measured - 1: negative is optimistic). The latest ``PREDICTIONS``."""
+        frame = pd.DataFrame(list(self.predictions), columns=["kind", "predicted_s", "measured_s", "prior_s"])
+        return frame.assign(error=frame.predicted_s / frame.measured_s - 1, prior_error=frame.prior_s / frame.measured_s - 1)
 
     # -- predicting --------------------------------------------------------------------
     def decode_s(self, rows: int, width_tokens: int) -> float:

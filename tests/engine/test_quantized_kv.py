@@ -270,3 +270,9 @@ def test_preempted_rows_resume_with_their_reference_first_forward(make_sched, pr
     assert preempted and sched.check().ok
     report = oracle.solo_check(sched.model, sched)
     assert report.n_match == len(specs), report.text()
+
+
+def test_a_model_without_full_attention_layers_is_refused():
+    model, tokenizer = wb.load("tiny-mamba2")
+    with pytest.raises(ValueError, match=r"no full-attention KVCache layer to quantize \(its layers: \['ArraysCache'\]\)"):
+        wb.Scheduler(model, tokenizer, kv_bits=8, kv_group_size=32)

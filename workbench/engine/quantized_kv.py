@@ -88,7 +88,8 @@ def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
 def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> None:
     """Refuse a model whose KV cache mlx-lm cannot quantize at ``quant``: a rotating
     (sliding-window) layer (mlx-lm's ``RotatingKVCache.to_quantized`` raises
-    ``NotImplementedError``), or a head dim (keys ``[1, H, S, D]`` after a one-token probe
+    ``NotImplementedError``), a model with no ``KVCache`` layer at all (nothing would
+    change), or a head dim (keys ``[1, H, S, D]`` after a one-token probe
     forward) that ``group_size`` does not divide (``mx.quantize`` raises). Recurrent
     ``ArraysCache`` layers (and ``CacheList`` members) stay float, as in
     ``maybe_quantize_kv_cache``.
@@ -101,6 +102,9 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> N
         if not isinstance(c, (KVCache, ArraysCache, CacheList)):
             raise ValueError(f"kv_bits: layer {i} has a {type(c).__name__}, which mlx-lm cannot quantize "
                              "(only full-attention KVCache layers); use kv_bits=None for this model")
+    if not any(isinstance(c, KVCache) for c in caches):
+        raise ValueError("kv_bits: the model has no full-attention KVCache layer to quantize (its layers: "
+                         f"{sorted({type(c).__name__ for c in caches})}); use kv_bits=None")
     model(mx.array([[0]], dtype=mx.uint32), cache=caches)
     for i, c in enumerate(caches):
         if isinstance(c, KVCache):

@@ -463,10 +463,12 @@ class Scheduler:
         """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
 
         Returns the token events, then any finish events. With no running rows it is a
-        no-op that returns ``[]`` and does not advance ``step_index``.
+        no-op that returns ``[]`` and does not advance ``step_index``; so it is under a KV
+        budget when every row has finished (feeding them would only grow the caches past
+        what admission projected; ``filter()`` evicts them).
         """
         st, batch = self.state, self.state.batch
-        if not batch.rows:
+        if not batch.rows or (self.kv_budget_bytes is not None and all(r.finished for r in batch.rows)):
             return []
         batch.compact()
         current = batch.pending

@@ -128,6 +128,22 @@ def test_a_fault_during_the_run_is_found_from_the_oracle_token_and_traced_back(m
     assert later.first_layer == 3 and later.positions == [16]
 
 
+@pytest.mark.model
+def test_a_fault_in_the_prefill_shows_at_token_1_in_the_caches_of_the_prompt(make_sched, prompt, bundled):
+    model, _ = bundled
+    sched = make_sched(max_batch=4, history_checkpoints=32)
+    for n, start in SPECS:
+        sched.submit(wb.Request(prompt=prompt(n, start), max_tokens=12))
+    with faults.noisy_row(model, 2, 2, scale=0.05):
+        sched.admit(), sched.step(), sched.step()  # the prefill group and the join have 4 rows too
+        assert first_suspect_token(sched, 2) == 0
+        with pytest.raises(ValueError, match="localize token 1"):
+            localize(sched, 2, token=0)
+        report = localize(sched, 2, token=1)
+    assert (report.first_layer, report.positions) == (2, [13])
+    assert report.table.loc[3, "positions"] == tuple(range(14))  # the prompt's 13 positions and this one
+
+
 # -- real causes ---------------------------------------------------------------------------
 
 @pytest.mark.model

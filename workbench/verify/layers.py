@@ -210,8 +210,9 @@ def checkpoint_before_token(sched: Any, uid: int, token_index: int) -> Checkpoin
             the step).
     """
     if token_index < 1:
-        raise ValueError(f"token {token_index}: a row's first token comes from its join forward, "
-                         "not a decode step; localize tokens 1 and later")
+        raise ValueError(f"token {token_index}: a row's first token comes from its join forward, not a "
+                         "decode step; localize token 1: what the prefill and the join wrote differently "
+                         "shows there in the caches at the prompt's positions")
     for i in range(len(sched.history) - 1, -1, -1):
         cp = sched.history_checkpoint(i)
         rows = {r.uid: r for r in cp.state.batch.rows} if cp is not None else {}

@@ -342,3 +342,22 @@ def test_snapshots_report_measured_memory_that_tracks_the_computed_bytes(random_
     assert grown == 2 * 256 * sum(lb.per_token_bytes for lb in kv_profile(model))
     assert abs((after.active_memory_bytes - before.active_memory_bytes) - grown) <= 64 * 1024
     assert after.peak_memory_bytes >= after.active_memory_bytes >= after.kv_bytes > 0
+
+
+def test_steps_without_filter_do_not_grow_finished_rows_past_the_budget(random_llama):
+    """A 250 + 6-token row fills its 256 positions when it finishes; fed again (step()
+    without filter()) it would take 512. Under a budget such a step does nothing."""
+    from workbench.workloads.workload import prompt_of_length
+
+    model, tok = random_llama
+    budget = alone_bytes(model, 250, 6)
+    sched = wb.Scheduler(model, tok, kv_budget_bytes=budget, history_size=0)
+    sched.submit(wb.Request(prompt=prompt_of_length(tok, 250, 0), max_tokens=6, stop_ids=[]))
+    sched.admit()
+    for _ in range(6):
+        sched.step()
+    assert sched.snapshot().finished == (True,) and sched.snapshot().context_tokens == (256,)
+    assert sched.step() == [] and sched.step_index == 6
+    assert sched.snapshot().kv_bytes == budget and sched.check().ok
+    sched.filter()
+    assert sched.idle

@@ -285,3 +285,20 @@ def test_adapter_bytes_are_what_loading_adds_to_mlx_active_memory():
     dims = [(128, 128), (128, 64), (128, 64), (128, 128), (128, 352), (128, 352), (352, 128)]  # q k v o gate up down
     assert sched.adapters.nbytes == 5 * 3 * 4 * 8 * sum(i + o for i, o in dims)  # layers x slots x float32 x rank
     assert abs(grown - sched.adapters.nbytes) < 0.05 * sched.adapters.nbytes, grown
+
+
+def test_mask_figure_labels_each_row_with_its_adapter(loaded):
+    from workbench.views.mask import render_masks, row_labels
+
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=4, adapters=ADAPTERS)
+    _submit_all(sched, PROMPTS[:3])
+    sched.admit()
+    snap = sched.snapshot()
+    assert row_labels(snap) == ["uid 0 · prose", "uid 1 · none", "uid 2 · numbers"]
+    fig = render_masks(snap)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == row_labels(snap)
+    plain = wb.Scheduler(model, tok, max_batch=2)
+    plain.submit(wb.Request(prompt="The ", max_tokens=2))
+    plain.admit()
+    assert row_labels(plain.snapshot()) == ["uid 0"]  # no adapters loaded: labels as before

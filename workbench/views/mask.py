@@ -64,8 +64,11 @@ def mask_cells(mask: np.ndarray) -> np.ndarray:
 
 
 def row_labels(snap: Snapshot) -> list[str]:
-    """``uid N`` per row, with ``(finished)`` for rows waiting for ``filter()``."""
-    return [f"uid {u}" + (" (finished)" if f else "") for u, f in zip(snap.uids, snap.finished)]
+    """``uid N`` per row, with ``(finished)`` for rows waiting for ``filter()`` and, when the
+    scheduler loaded LoRA adapters, the row's adapter (``uid 2 · prose``, ``· none``)."""
+    adapters = snap.adapters if snap.adapters_loaded else (None,) * len(snap.uids)
+    return [f"uid {u}" + (f" · {a or 'none'}" if snap.adapters_loaded else "") + (" (finished)" if f else "")
+            for u, f, a in zip(snap.uids, snap.finished, adapters)]
 
 
 def _group_title(g: LayerGroup) -> str:

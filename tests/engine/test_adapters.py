@@ -302,3 +302,19 @@ def test_mask_figure_labels_each_row_with_its_adapter(loaded):
     plain.submit(wb.Request(prompt="The ", max_tokens=2))
     plain.admit()
     assert row_labels(plain.snapshot()) == ["uid 0"]  # no adapters loaded: labels as before
+
+
+def test_a_quantized_linear_takes_per_row_adapters_like_mlx_lm():
+    mx.random.seed(1)
+    base = nn.QuantizedLinear.from_linear(nn.Linear(64, 32), group_size=32, bits=4)
+    assert lora._linear_dims(base) == (64, 32)  # inputs from the packed weight, as LoRALinear.from_base
+    ref = LoRALinear.from_base(base, r=4, scale=3.0)
+    ref.lora_b = mx.random.normal((4, 32))
+    adapter = lora.Adapter("q", "", 4, 3.0, {"l": (ref.lora_a, ref.lora_b)}, 0)
+    bank = lora.AdapterBank(("q",), {}, {"l": lora._stack([adapter], "l", 4)}, (0.0, 3.0), lora.Selection(), 0)
+    layer = lora.RowLoRALinear(base, "l", bank.selection)
+    x = mx.random.normal((2, 3, 64))  # [B, L, I]
+    with lora.selected(bank, [None, "q"]):
+        y = layer(x)
+    assert mx.array_equal(y[0], base(x[0:1])[0]).item()
+    np.testing.assert_allclose(np.array(y[1]), np.array(ref(x[1:2])[0]), atol=1e-5)

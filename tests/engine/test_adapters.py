@@ -318,3 +318,12 @@ def test_a_quantized_linear_takes_per_row_adapters_like_mlx_lm():
         y = layer(x)
     assert mx.array_equal(y[0], base(x[0:1])[0]).item()
     np.testing.assert_allclose(np.array(y[1]), np.array(ref(x[1:2])[0]), atol=1e-5)
+
+
+def test_paced_prefill_chunks_keep_each_rows_adapter(loaded, references):
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=2, prefill_step_size=4, pacing=True, adapters=ADAPTERS)
+    _submit_all(sched, max_tokens=6)
+    sched.run()
+    report = adapter_check(MODEL, sched, models=references)
+    assert report.ok and report.n_match == 4, report.text()

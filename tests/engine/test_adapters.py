@@ -327,3 +327,18 @@ def test_paced_prefill_chunks_keep_each_rows_adapter(loaded, references):
     sched.run()
     report = adapter_check(MODEL, sched, models=references)
     assert report.ok and report.n_match == 4, report.text()
+
+
+def test_the_bundled_adapters_are_what_scripts_make_adapters_configures():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_adapters", ROOT / "scripts/make_adapters.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for name, (_, rank, scale, num_layers, keys) in script.ADAPTERS.items():
+        config = json.loads((Path(ADAPTERS[name]) / "adapter_config.json").read_text())
+        assert (config["lora_parameters"]["rank"], config["lora_parameters"]["scale"], config["num_layers"]) == (
+            rank, scale, num_layers)
+        assert config["lora_parameters"].get("keys") == keys and config["fine_tune_type"] == "lora"
+        lines = [json.loads(line)["text"] for line in (Path(ADAPTERS[name]) / "train/train.jsonl").read_text().splitlines()]
+        assert lines == script.ADAPTERS[name][0](400, script.random.Random(f"{script.SEED}-{name}"))[:-16]

@@ -330,7 +330,7 @@ def test_snapshots_report_measured_memory_that_tracks_the_computed_bytes(random_
     from workbench.workloads.workload import prompt_of_length
 
     model, tok = random_llama
-    sched = wb.Scheduler(model, tok, max_batch=2, history_size=100)
+    sched = wb.Scheduler(model, tok, max_batch=2, history_size=100, pipeline=False)  # no forward in flight
     for i in range(2):
         sched.submit(wb.Request(prompt=prompt_of_length(tok, 250, 40 * i), max_tokens=12, stop_ids=[]))
     sched.admit()

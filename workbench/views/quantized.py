@@ -7,7 +7,8 @@ Text form: :func:`quantized_text` (the three tables, aligned). Rich form:
 :func:`render_quantized`, three panels with one bar per setting (float first):
 
 1. KV bytes per token (all layers, keys + values), with each bar's ratio to float;
-2. decode step time (ms) at ``B`` rows x ``S`` tokens of context, one group per context;
+2. decode step time (ms) at ``B`` rows x ``S`` tokens of context, one group per context,
+   each quantized bar labelled with its ratio to the float bar;
 3. the most rows running at once under the same byte budget, and generated tokens per
    decode step.
 """
@@ -48,7 +49,7 @@ def _bars(ax, names: list[str], values: list[float], colours: list[str], notes: 
     bars = ax.bar(names, values, color=colours, edgecolor="#444444")
     for bar, note in zip(bars, notes):
         ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize="small", xytext=(0, 2), textcoords="offset points")
+                    fontsize=9, xytext=(0, 2), textcoords="offset points")
     ax.margins(y=0.18)
 
 
@@ -58,7 +59,7 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
     :mod:`workbench.bench.quantized`; ``steps`` may hold several context lengths.
     ``model_name`` / ``step_model_name`` label the model of the bytes and budget panels /
     of the step-time panel."""
-    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    fig = Figure(figsize=(12.5, 4), layout="constrained")
     ax_bytes, ax_step, ax_rows = fig.subplots(1, 3)
     settings = list(bytes_table.setting)
     _bars(ax_bytes, settings, list(bytes_table.bytes_per_token), [_colour(s) for s in settings],
@@ -73,8 +74,9 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
         xs = [k + (i - (len(step_settings) - 1) / 2) * width for k in range(len(contexts))]
         ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor="#444444", label=s)
         for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
-            ax_step.annotate(f"x{r:.2f}", (x, v), ha="center", va="bottom", fontsize="small", xytext=(0, 2),
-                             textcoords="offset points")
+            if s != "float":  # the float bar is x1 by definition
+                ax_step.annotate(f"x{r:.2f}", (x, v), ha="center", va="bottom", fontsize=9, xytext=(0, 2),
+                                 textcoords="offset points")
     ax_step.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
     ax_step.set_ylabel("decode step (ms)")
     on = f" ({step_model_name})" if step_model_name else ""

@@ -276,3 +276,23 @@ def test_a_model_without_full_attention_layers_is_refused():
     model, tokenizer = wb.load("tiny-mamba2")
     with pytest.raises(ValueError, match=r"no full-attention KVCache layer to quantize \(its layers: \['ArraysCache'\]\)"):
         wb.Scheduler(model, tokenizer, kv_bits=8, kv_group_size=32)
+
+
+def test_per_row_adapters_with_a_quantized_cache_match_mlx_lm_alone(prompt):
+    """LoRA adapters (workbench.engine.adapters) on a quantized cache: a one-token prompt
+    with an adapter joins a prefilled group, so its float first forward runs with its own
+    adapter; every row equals mlx_lm.load(adapter_path=...) + generate_step(kv_bits=4)."""
+    from pathlib import Path
+
+    from workbench.verify.adapter_oracle import adapter_check
+
+    root = Path(__file__).resolve().parents[2]
+    adapters = {"prose": str(root / "data/adapters/prose"), "numbers": str(root / "data/adapters/numbers")}
+    model, tokenizer = wb.load(str(wb.BUNDLED_MODEL))  # a private copy: the scheduler wraps its layers
+    sched = wb.Scheduler(model, tokenizer, max_batch=3, kv_bits=4, kv_group_size=G, adapters=adapters)
+    specs = [(9, "prose"), (1, "numbers"), (14, None), (1, "prose"), (5, "numbers")]
+    for i, (n, name) in enumerate(specs):
+        sched.submit(wb.Request(prompt=prompt(n, 21 * i), max_tokens=8, adapter=name))
+    sched.run()
+    report = adapter_check(str(wb.BUNDLED_MODEL), sched)
+    assert report.n_match == len(specs), report.text()

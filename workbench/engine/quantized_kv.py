@@ -42,8 +42,9 @@ Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``)
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
@@ -451,7 +452,8 @@ def fresh_rows(group: PrefillGroup) -> list[int]:
 
 
 def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array, samplers: Sequence[Any],
-                 contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool) -> Pending:
+                 contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool,
+                 select: Callable[[list[int]], ContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
     """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
     then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
 
@@ -461,8 +463,9 @@ def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array
     those rows run a second forward of just their tokens ``[f, 1]`` on fresh float caches
     (what mlx-lm's first ``_step`` computes): their next-token results are taken from it,
     and its caches, quantized, replace what the group forward wrote in their rows
-    (:func:`workbench.engine.cache_internals.fill_slots`). Returns the :class:`Pending`
-    of all ``n`` rows.
+    (:func:`workbench.engine.cache_internals.fill_slots`). ``select(rows)`` is entered
+    around that second forward (the runner selects those rows' LoRA adapters with it).
+    Returns the :class:`Pending` of all ``n`` rows.
     """
     fresh = fresh_rows(group) if any(is_quantized(c) for c in group.caches) else []
     pending = launch(model, group.caches, last, samplers, contexts, token_index, asynchronous)
@@ -470,8 +473,9 @@ def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array
     if not fresh:
         return pending
     solo = kv.new_batch_cache(model, len(fresh))
-    first = launch(model, solo, last[mx.array(fresh)], [samplers[b] for b in fresh], [contexts[b] for b in fresh],
-                   [token_index[b] for b in fresh], asynchronous)
+    with select(fresh):
+        first = launch(model, solo, last[mx.array(fresh)], [samplers[b] for b in fresh],
+                       [contexts[b] for b in fresh], [token_index[b] for b in fresh], asynchronous)
     internals.fill_slots(group.caches, fresh, quantize_batch(solo, quant), list(range(len(fresh))), [1] * len(fresh))
     n = len(samplers)
     return Pending.concat(pending, first).take([n + fresh.index(b) if b in fresh else b for b in range(n)])

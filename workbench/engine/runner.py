@@ -96,7 +96,8 @@ class ModelRunner:
     def _join_forward(self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
         args = (last, [s.sampler for s in group.states], contexts, [len(s.tokens) for s in group.states], self.pipeline)
         if self.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
-            return quantized_join_forward(self.model, group.prefill, self.kv_quant, *args)
+            return quantized_join_forward(self.model, group.prefill, self.kv_quant, *args,
+                                          select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])))
         return launch(self.model, group.prefill.caches, *args)
 
     def decode(self, batch: Batch, tokens: mx.array, contexts: Sequence[Callable[[], mx.array]],

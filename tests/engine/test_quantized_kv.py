@@ -250,7 +250,8 @@ def test_a_sliding_window_model_is_refused():
         wb.Scheduler(model, tokenizer, kv_bits=4, kv_group_size=32)
 
 
-@pytest.mark.parametrize("options", [dict(max_batch=3), dict(max_batch=3, prefill_step_size=8)])
+@pytest.mark.parametrize("options", [dict(max_batch=3), dict(max_batch=3, prefill_step_size=8),
+                                     dict(max_batch=3, prefill_step_size=16, pacing=True)])  # paced chunk sizes
 def test_preempted_rows_resume_with_their_reference_first_forward(make_sched, prompt, options):
     """A preempted row re-prefills prompt + generated tokens; its first (float) chunk is
     still the reference's first forward (min(prefill_step_size, prompt - 1) tokens), so

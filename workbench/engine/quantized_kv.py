@@ -5,7 +5,8 @@ scales and biases) with ``BatchKVCache``'s rows (left padding, per-row offsets, 
 Knows: mlx-lm's ``BatchKVCache`` (subclassed: its masks, ``trim`` and ``size`` are reused),
 ``QuantizedKVCache`` (the solo form ``extract`` returns and ``merge`` takes) and
 ``mlx_lm.generate.maybe_quantize_kv_cache`` (when mlx-lm's ``generate_step`` quantizes).
-Must not know: requests, events, the queue. Its write index is mlx-lm's private ``_idx``,
+Must not know: requests, events, the queue, the prefill and join forwards
+(:mod:`workbench.engine.quantized_prefill`). Its write index is mlx-lm's private ``_idx``,
 read and set only through :mod:`workbench.engine.cache_internals`.
 
 Axis letters: ``B`` rows, ``H`` KV heads, ``S`` cache positions, ``D`` head dim,
@@ -42,9 +43,8 @@ Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``)
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
@@ -53,9 +53,6 @@ from mlx_lm.models.cache import (
 )
 
 from . import cache_internals as internals
-from . import caches as kv
-from .decode import Pending, launch
-from .prefill import PrefillGroup
 
 ALLOWED_BITS = (4, 8)
 ALLOWED_GROUP_SIZES = (32, 64, 128)
@@ -368,118 +365,6 @@ def merge_rows(solo: list[list[Any]], quant: KVQuant) -> list[Any]:
     return out
 
 
-class QuantizedPrefillGroup(PrefillGroup):
-    """A :class:`workbench.engine.prefill.PrefillGroup` whose caches are quantized after
-    every chunk, as ``generate_step(..., kv_bits, quantized_kv_start=0)`` quantizes after
-    every prefill forward: a row's first chunk attends to float keys, later ones to
-    quantized keys. Batched groups quantize the group's ``BatchKVCache`` layers (after
-    ``finalize`` for a padded group, which runs in one chunk); per-row groups quantize the
-    row's own mlx-lm cache with ``maybe_quantize_kv_cache`` (the reference's own call) and
-    merge the rows into a :class:`BatchQuantizedKVCache`. A row that has not run yet
-    (empty prompt tail) keeps a float cache: its first forward is the join forward
-    (:func:`join_forward`).
-
-    Which tokens the first (float) forward covers decides the numbers, so each row's first
-    chunk is exactly ``first_tokens[b]`` tokens: the reference's first forward,
-    ``min(prefill_step_size, prompt - 1)`` (1 for a one-token prompt), whatever chunk
-    size the caller asks for (pacing) and however long the row's input is (a preempted
-    row resumes from prompt + generated tokens). Later chunks run as asked: on quantized
-    keys, a position's result does not depend on the chunk it runs in (up to float
-    summation order). A group whose rows cannot share that first chunk runs per row.
-
-    Args:
-        quant: the quantization. first_tokens: per row, tokens of its first forward
-            (default ``min(prefill_step_size, tail)``). The others as
-            :class:`PrefillGroup` (no prompt-cache ``caches``: the scheduler refuses a
-            prompt cache with ``kv_bits``).
-    """
-
-    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
-                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
-                 quant: KVQuant = KVQuant(8, 64), first_tokens: Sequence[int] | None = None):
-        self.quant = quant
-        tails = [len(p) for p in prompts]
-        first = first_tokens if first_tokens is not None else [prefill_step_size] * len(tails)
-        self.first_tokens = [min(f, n) for f, n in zip(first, tails)]
-        super().__init__(model, prompts, prefill_step_size, max_kv_size, caches)
-        if not self.per_row and not self._shared_first_chunk(tails):  # run the rows one by one
-            self.per_row, self.caches = True, []
-            self._solo = [kv.single_cache(model, max_kv_size) for _ in prompts]
-
-    def _shared_first_chunk(self, tails: list[int]) -> bool:
-        """True when one batched first chunk is every row's first forward: the same
-        length for all rows that run (a padded group runs each row's whole tail at once)."""
-        ran = [f for f, n in zip(self.first_tokens, tails) if n]
-        return ran == [n for n in tails if n] if self._padded else len(set(ran)) <= 1
-
-    def run_chunk(self, tokens: int | None = None) -> list[int]:
-        """:meth:`PrefillGroup.run_chunk` (a row's first chunk sized to its first forward),
-        then every row that has run quantized."""
-        done = self.rows_done_tokens
-        if self.per_row:
-            b = next(b for b, n in enumerate(self.lengths) if done[b] < n)
-            tokens = self.first_tokens[b] if done[b] == 0 else tokens
-        elif self.position == 0:
-            tokens = max(self.first_tokens)
-        real = super().run_chunk(tokens)
-        if not self.per_row:
-            self.caches = quantize_batch(self.caches, self.quant)
-            mx.eval([c.state for c in self.caches])
-        elif not self.done:
-            self._quantize_rows()
-        return real
-
-    def _quantize_rows(self) -> None:
-        """Quantize each per-row cache whose row has run at least one token."""
-        for b, n in enumerate(self.rows_done_tokens):
-            if n:
-                self._solo[b] = quantize_batch(self._solo[b], self.quant)
-                mx.eval([c.state for c in self._solo[b]])
-
-    def _finish(self) -> None:
-        if not self.per_row:
-            super()._finish()
-            return
-        self._quantize_rows()
-        self.caches = merge_rows(self._solo, self.quant)
-        self._done = True
-
-
-def fresh_rows(group: PrefillGroup) -> list[int]:
-    """Rows of a done group whose caches hold none of their tokens yet (empty prompt
-    tail): the join forward is their first forward."""
-    return [b for b, n in enumerate(group.lengths) if n == 0]
-
-
-def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array, samplers: Sequence[Any],
-                 contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool,
-                 select: Callable[[list[int]], ContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
-    """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
-    then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
-
-    A row's first forward must attend to float keys, in every layer (a layer's keys depend
-    on the attention of the layers below it). When the group's caches are already
-    quantized (some rows ran prefill chunks) and some rows are fresh (:func:`fresh_rows`),
-    those rows run a second forward of just their tokens ``[f, 1]`` on fresh float caches
-    (what mlx-lm's first ``_step`` computes): their next-token results are taken from it,
-    and its caches, quantized, replace what the group forward wrote in their rows
-    (:func:`workbench.engine.cache_internals.fill_slots`). ``select(rows)`` is entered
-    around that second forward (the runner selects those rows' LoRA adapters with it).
-    Returns the :class:`Pending` of all ``n`` rows.
-    """
-    fresh = fresh_rows(group) if any(is_quantized(c) for c in group.caches) else []
-    pending = launch(model, group.caches, last, samplers, contexts, token_index, asynchronous)
-    group.caches = quantize_batch(group.caches, quant)
-    if not fresh:
-        return pending
-    solo = kv.new_batch_cache(model, len(fresh))
-    with select(fresh):
-        first = launch(model, solo, last[mx.array(fresh)], [samplers[b] for b in fresh],
-                       [contexts[b] for b in fresh], [token_index[b] for b in fresh], asynchronous)
-    internals.fill_slots(group.caches, fresh, quantize_batch(solo, quant), list(range(len(fresh))), [1] * len(fresh))
-    n = len(samplers)
-    return Pending.concat(pending, first).take([n + fresh.index(b) if b in fresh else b for b in range(n)])
-
 def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None,
               prompt_cache: Any = None) -> KVQuant | None:
     """The scheduler's ``kv_bits`` / ``kv_group_size`` checked against the model
@@ -498,10 +383,3 @@ def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | N
                          "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them")
     check_model(model, quant, max_kv_size)
     return quant
-
-
-def first_forward_tokens(states: Sequence[Any], prefill_step_size: int) -> list[int]:
-    """Per request state, the prompt tokens its reference's first forward covers:
-    ``generate_step`` prefills ``min(prefill_step_size, prompt - 1)`` tokens first, or
-    runs a one-token prompt's token alone (1)."""
-    return [max(1, min(prefill_step_size, len(s.valid.prompt_ids) - 1)) for s in states]

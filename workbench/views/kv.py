@@ -62,14 +62,14 @@ def kv_text(snap: Snapshot) -> str:
     for g in attention_groups(snap):
         geo = row_geometry(g)
         cols = [c for c, _ in SEGMENTS if c != "expired" or g.window_tokens is not None]
-        lines.append(f"[{g.name}] layers {','.join(g.layers)}: KV width {g.kv_width_tokens} "
+        lines.append(f"[{g.name}] layers {style.layer_list(g.layers)}: KV width {g.kv_width_tokens} "
                      f"of {g.capacity_tokens} allocated tokens")
         lines.append(f"  {'uid':>{width}} | " + "  ".join(f"{c:>7}" for c in cols))
         for r, uid in enumerate(snap.uids):
             lines.append(f"  {uid:>{width}} | " + "  ".join(f"{int(geo[c][r]):>7}" for c in cols))
     for g in snap.groups if snap.uids else []:
         if g.name == "ssm":
-            lines.append(f"[ssm] layers {','.join(g.layers)}: {g.kv_bytes:,} bytes of fixed-size "
+            lines.append(f"[ssm] layers {style.layer_list(g.layers)}: {g.kv_bytes:,} bytes of fixed-size "
                          f"state per batch, no sequence axis; shapes {list(g.state_shapes)}")
     return "\n".join(lines)
 

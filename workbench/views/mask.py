@@ -72,7 +72,7 @@ def row_labels(snap: Snapshot) -> list[str]:
 
 
 def _group_title(g: LayerGroup) -> str:
-    layers = f"{g.name} · layers {','.join(g.layers)}"
+    layers = f"{g.name} · layers {style.layer_list(g.layers)}"
     if g.name == "ssm":
         return f"{layers} · recurrent state: does the fed token enter it"
     if g.window_tokens is not None:

@@ -23,6 +23,31 @@ PREFILL = "#f2a541"
 WAITING = "#b39ddb"  # finished, still in the batch until filter()
 
 
+LAYERS_LISTED = 8  # up to this many layers are listed one by one; more are written as ranges
+
+
+def layer_list(layers) -> str:
+    """Layer names for a title or a text line: ``0,1,3`` as given up to ``LAYERS_LISTED``
+    layers; beyond that, runs of three or more consecutive integers as ranges, so a
+    30-layer model's group fits one line.
+
+    >>> layer_list(["0", "1", "3"]), layer_list([str(i) for i in range(30)])
+    ('0,1,3', '0-29')
+    >>> layer_list([str(i) for i in range(12) if i != 5])
+    '0-4,6-11'
+    """
+    names = [str(x) for x in layers]
+    if len(names) <= LAYERS_LISTED or not all(n.isdigit() for n in names):
+        return ",".join(names)
+    runs: list[list[int]] = []
+    for i in map(int, names):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
+
+
 def legend(fig: Figure, entries: list[tuple], ncol: int | None = None) -> None:
     """A figure-level legend of ``(label, colour)`` or ``(label, colour, hatch)`` patches,
     below the axes."""

@@ -361,3 +361,28 @@ def test_steps_without_filter_do_not_grow_finished_rows_past_the_budget(random_l
     assert sched.snapshot().kv_bytes == budget and sched.check().ok
     sched.filter()
     assert sched.idle
+
+
+def test_the_projection_on_hand_built_batches():
+    """KVPlan on a model of 2,048 bytes per position (tiny-llama's 4 layers x 512)."""
+    from workbench.engine.allocation import Allocation, KVPlan, RowTokens
+
+    plan = KVPlan(full_token_bytes=2048, rings=(), fixed_bytes=0, chunk_tokens=2048)
+    four = [RowTokens(u, 20, 28) for u in range(4)]
+    assert plan.projected_bytes(four) == 4 * 256 * 2048 == 2_097_152  # one chunk of 19, the join fits in 256
+    assert plan.projected_bytes([RowTokens(0, 1000, 1008)]) == 1024 * 2048  # 999 -> 1024, the join fits
+    # a running row of 250 tokens (capacity 256) that will reach 262, and a 3-token joiner
+    running = KVPlan(2048, (), 0, 2048, reuse_slots=False, now=Allocation(1, 250, 256, 256 * 2048),
+                     rows=(RowTokens(7, 250, 262),))
+    assert running.projected_bytes() == 512 * 2048  # grows by 256 when the width reaches 256
+    assert running.projected_bytes([RowTokens(8, 3, 10)]) == max(512 * 2048 + 256 * 2048, 2 * 512 * 2048)
+    assert running.projected_bytes([RowTokens(8, 3, 10)], dropped=[7]) == 256 * 2048  # preempted: the joiner alone
+    # a free slot (2 cache rows, 1 running) holds its bytes until the next admit/step
+    slot = KVPlan(2048, (), 0, 2048, reuse_slots=False, now=Allocation(2, 30, 256, 2 * 256 * 2048),
+                  rows=(RowTokens(7, 30, 40),))
+    assert slot.projected_bytes() == 2 * 256 * 2048
+    # a ring holds its window once decoding, but a whole prefill chunk while prefilling
+    # (mlx-lm's _update_concat: 19 positions of an 8-token window); SSM layers a fixed state
+    mixed = KVPlan(512, ((8, 256),), 5632, 2048)
+    assert mixed.projected_bytes([RowTokens(0, 20, 28)]) == 256 * 512 + 19 * 256 + 5632
+    assert mixed.projected_bytes([RowTokens(0, 2, 28)]) == 256 * 512 + 8 * 256 + 5632

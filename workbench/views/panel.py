@@ -62,7 +62,7 @@ from .mask import mask_text, render_masks
 from .timeline import render_timeline
 
 IMAGE_DPI = 100  # with the figure widths below: images of 900-940 px whose smallest text is 11.6 px
-KV_WIDTH_IN = 9.4  # the KV figure's width in the panel (inches), so it fits a 968 px output area unscaled
+KV_WIDTH_IN = 9.4  # the KV figure's width in the panel (inches): 940 px, unscaled in a 968 px output area
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
 

@@ -235,6 +235,16 @@ def make_machine(family: str):
                 f"{snap.prompt_cache_bytes:,}) > budget {snap.kv_budget_bytes:,}; projected {snap.kv_projected_bytes:,}")
 
         @invariant()
+        def the_projection_bounds_the_bytes_held(self):
+            """Under a budget, what admission projects for the batch and the prefilling group
+            is never below what their caches hold now. (Without one, step() keeps feeding
+            finished rows until filter(), which the projection does not count.)"""
+            if hasattr(self, "sched") and self.sched.kv_budget_bytes is not None:
+                snap = self.sched.snapshot()
+                assert snap.kv_bytes + snap.prefill_kv_bytes <= snap.kv_projected_bytes, (
+                    f"held {snap.kv_bytes + snap.prefill_kv_bytes:,} > projected {snap.kv_projected_bytes:,}")
+
+        @invariant()
         def finished_greedy_rows_equal_solo(self):
             if not hasattr(self, "sched"):
                 return

@@ -36,7 +36,7 @@ def test_a_paced_engine_keeps_running_rows_gaps_near_the_target(runs):
         # the target (t x the step) plus what its prediction cannot see: a join's [n, 1] forward
         # and the width term; never a whole prompt
         assert worst[paced_name(t)] <= (t + 1.5) * COST.decode_s(4, 400), t
-    assert worst[paced_name(2)] < worst[paced_name(4)] < worst[FIXED]
+    assert worst[paced_name(2)] <= worst[paced_name(4)] < worst[FIXED] / 5
 
 
 def test_every_engine_gives_every_request_the_same_tokens(runs):

@@ -15,11 +15,13 @@ COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_
                  decode_s_per_row=0.001)
 
 
-def test_the_chunk_is_the_most_tokens_whose_predicted_time_fits_the_budget():
+def test_the_chunk_is_the_most_tokens_whose_predicted_time_fits_the_budget_in_powers_of_two():
     pacer = Pacer(Pacing(cost_model=COST), chunk_cap_tokens=512)
-    # one row, no pair cost: 0.002 + 0.001 k <= 0.020 -> k = 18
-    assert pacer.chunk_tokens(0.0205, 1, 0, 1000, first=False) == 18
+    # one row, no pair cost: 0.002 + 0.001 k <= 0.0205 -> k = 18, run as 16 (a power of two)
+    assert pacer.chunk_tokens(0.0205, 1, 0, 1000, first=False) == 16
     assert COST.prefill_s(18, 0, 1) <= 0.0205 < COST.prefill_s(19, 0, 1)
+    assert pacer.chunk_tokens(0.0705, 1, 0, 1000, first=False) == 64   # 68 fit
+    assert pacer.chunk_tokens(0.0705, 1, 0, 40, first=False) == 40     # a prompt's last tokens, exactly
     # two rows cost twice per token: 0.002 + 0.002 k <= 0.020 -> k = 9, below the 16-token floor
     assert pacer.chunk_tokens(0.020, 2, 0, 1000, first=False) == 0
     assert pacer.chunk_tokens(0.020, 2, 0, 1000, first=True) == 16  # an idle iteration still progresses
@@ -58,6 +60,15 @@ def test_without_a_prior_the_costs_are_fitted_from_measured_chunks():
     for s in (0.010, 0.012, 0.011):
         pacer.observe_decode(3, 50, s)
     assert pacer.decode_s(3, 50) == pytest.approx(0.011)
+
+
+def test_an_efficient_chunk_runs_over_the_budget_when_the_fixed_cost_dominates():
+    gpu_like = CostModel(prefill_s_per_chunk=0.005, prefill_s_per_token=0.00002, decode_s_per_step=0.005)
+    pacer = Pacer(Pacing(cost_model=gpu_like), 512)
+    assert pacer.efficient_tokens(1, 0) == 250  # 250 tokens cost as much as the forward's fixed part
+    # the budget fits 50 tokens, mostly fixed cost: wait, or (nothing ran yet) run 256 over it
+    assert pacer.chunk_tokens(0.006, 1, 0, 1000, first=False) == 0
+    assert pacer.chunk_tokens(0.006, 1, 0, 1000, first=True) == 256
 
 
 @pytest.mark.parametrize("bad, field", [(dict(itl_target_s=0), "itl_target_s"), (dict(itl_target_steps=1.0), "itl_target_steps"),

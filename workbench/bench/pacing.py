@@ -91,10 +91,13 @@ def drive_virtual(engine: Any, arrivals: Sequence[Arrival], clock: VirtualClock,
 def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_batch: int, prefill_step_size: int,
                   targets_steps: Sequence[float], rounds: int, mode: str = "measured",
                   cost_model: CostModel | None = None, max_wait_s: float | None = None,
-                  echo: Callable[[str], None] = print) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  echo: Callable[[str], None] = print, warmup: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every engine of :func:`frontier_factories` through ``arrivals``, ``rounds`` times,
     alternating (A B C, C B A, ...). ``mode`` is ``measured`` or ``cost`` (then
     ``cost_model`` is required; it charges the forwards and is the paced engines' prior).
+    In ``measured`` mode with ``warmup`` every engine first runs the arrivals once,
+    discarded: the first run of a shape pays MLX's kernel compilation (seconds on CUDA) and
+    buffer allocation, which would otherwise land on whichever engine runs first.
 
     Returns ``(requests, gaps)``: per request the
     :data:`~workbench.observe.metrics.REQUEST_COLUMNS` plus ``engine, round,
@@ -107,6 +110,10 @@ def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_b
         raise ValueError(f"mode must be 'measured' or 'cost' (with a cost_model), got {mode!r}")
     requests, gaps = [], []
     names = list(frontier_factories(model, tokenizer, max_batch, prefill_step_size, targets_steps))
+    if warmup and mode == "measured":
+        for name in names:
+            _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets_steps, mode, cost_model,
+                 max_wait_s)
     for rnd, name in alternating(names, rounds):
         events = _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets_steps, mode,
                       cost_model, max_wait_s)

@@ -16,16 +16,24 @@ budget is *time*, from the cost model::
     chunk k    = the most tokens with predicted prefill_s(rows, k, start) <= what is left
     join       = run when its predicted [n, 1] forward still fits (or nothing ran yet)
 
-An iteration that has run nothing yet always runs at least ``min_chunk_tokens`` (no
-prompt starves behind a slow decode step). The predictions are corrected by what was
+Chunks are never shorter than an *efficient* chunk (whose per-token time is at least its
+fixed time, and at least ``min_chunk_tokens``): when the budget cannot fit one, nothing
+more runs this iteration, or, if nothing ran yet, the efficient chunk runs over the budget
+(no prompt starves behind a slow decode step, and no iteration pays a forward's fixed cost
+for a handful of tokens: on a GPU that fixed cost is most of a step, so there the budget
+only orders and defers work). Chunk lengths are powers of two (or a prompt's last
+tokens), so a backend that compiles kernels per shape compiles a few. The predictions are corrected by what was
 measured: with a prior ``cost_model`` each prediction is scaled by the median ratio
 measured / predicted over the latest forwards; without one, the prefill coefficients are
 fitted online by non-negative least squares (:func:`workbench.engine.cost.nonnegative_lstsq`)
 and the decode step is the median of the latest measured ones.
 
-A decode sample is the time from the end of one ``admit()`` to the start of the next one
-once the pending decode forward is ready: the step, the filter and the driver's own work,
-everything that is not prefill, which is what a running row waits for besides prefill.
+A decode sample is what a running row waits for besides prefill: the time from the end of
+one ``admit()`` that ran prefill to the start of the next (the step, the filter and the
+driver's own work), or, after an iteration without prefill, from one ``admit()`` start to
+the next. Without a prior, the first chunk's time is split into a fixed part (one decode
+step: a forward reads the weights once whatever its length) and a per-token rest until
+chunks of two shapes have been measured.
 """
 
 from __future__ import annotations
@@ -185,14 +193,17 @@ class Pacer:
     def chunk_tokens(self, budget_s: float, rows: int, start_tokens: int, remaining_tokens: int,
                      first: bool) -> int:
         """The chunk to run now (tokens, ``0``: none): the most tokens, up to
-        ``remaining_tokens`` and the chunk cap, predicted to fit ``budget_s``; at least
-        ``min_chunk_tokens`` (or what remains) when ``first`` (nothing ran this iteration)."""
+        ``remaining_tokens`` and the chunk cap, predicted to fit ``budget_s`` — unless that
+        is shorter than an *efficient* chunk (:meth:`efficient_tokens`, at least
+        ``min_chunk_tokens``): then none, or, when ``first`` (nothing ran this iteration),
+        the efficient chunk itself, over the budget (prefill must progress, and chunks
+        that are mostly fixed cost would make every iteration slower and the prompt
+        slower still)."""
         cap = min(remaining_tokens, self.chunk_cap_tokens)
-        floor = max(0, min(cap, self.pacing.min_chunk_tokens)) if first else 0
         if cap <= 0 or math.isinf(budget_s):
             return max(cap, 0)
         if self.prefill_s(rows, 1, start_tokens) is None:  # nothing learned yet: a probe chunk
-            return floor
+            return min(cap, self.pacing.min_chunk_tokens) if first else 0
         lo, hi = 0, cap  # largest k with prefill_s(k) <= budget (monotone in k)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -200,7 +211,27 @@ class Pacer:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo if lo >= min(cap, self.pacing.min_chunk_tokens) else floor
+        efficient = min(cap, _bucket_up(max(self.efficient_tokens(rows, start_tokens), self.pacing.min_chunk_tokens)))
+        if lo >= efficient:
+            return lo if lo == cap else _bucket_down(lo)
+        return efficient if first else 0
+
+    def efficient_tokens(self, rows: int, start_tokens: int) -> int:
+        """The shortest chunk whose per-token time is at least its fixed time (a
+        forward's launch and weight read: ``prefill_s(rows, 0, start)``), up to the chunk
+        cap. About 15 tokens for the bundled tiny-llama on this CPU; the whole cap on a
+        GPU, where a forward's fixed cost dwarfs its tokens."""
+        fixed = self.prefill_s(rows, 0, start_tokens)
+        if fixed is None:
+            return self.pacing.min_chunk_tokens
+        lo, hi = 1, self.chunk_cap_tokens
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.prefill_s(rows, mid, start_tokens) >= 2 * fixed:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def _fit_prefill(self) -> np.ndarray | None:
         if self._prefill_coef is None:
@@ -208,8 +239,11 @@ class Pacer:
             if len({(b, k) for b, k, _, _ in samples}) < 2 or len(samples) < 3:
                 if not samples:
                     return None
-                b, k, _, s = samples[-1]  # one shape seen: a per-token rate
-                return np.array([0.0, s / (b * k), 0.0])
+                # one shape seen: a forward costs at least what a decode step costs (its
+                # weights are read once either way); the rest is per token
+                b, k, _, s = samples[-1]
+                fixed = min(self.decode_s(1, 0), 0.9 * s)
+                return np.array([fixed, (s - fixed) / (b * k), 0.0])
             rows, tokens, starts, secs = map(np.array, zip(*samples))
             self._prefill_coef = nonnegative_lstsq(prefill_features(rows, tokens, starts), secs.astype(float))
         return self._prefill_coef
@@ -226,3 +260,14 @@ class Pacer:
         return (f"pacing ({basis}): {len(self.prefill_samples)} prefill and {len(self.decode_samples)} "
                 f"decode measurements")
 
+
+
+def _bucket_down(tokens: int) -> int:
+    """The largest power of two ``<= tokens``: chunk lengths from a small set of shapes,
+    so a backend that compiles kernels per shape (MLX on CUDA) compiles each once."""
+    return 1 << (max(1, tokens).bit_length() - 1)
+
+
+def _bucket_up(tokens: int) -> int:
+    """The smallest power of two ``>= tokens``."""
+    return 1 << (max(1, tokens) - 1).bit_length()

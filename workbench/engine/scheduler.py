@@ -372,12 +372,11 @@ class Scheduler:
 
     def _observe_iteration(self) -> tuple[int, int]:
         """Give the pacer the last iteration's non-prefill time (see
-        :mod:`workbench.engine.pacing`). When this call may prefill, first wait for the
-        decode forward the last step launched, so chunks are timed alone; otherwise the
-        pipeline keeps overlapping. Returns the running rows and their widest context."""
+        :mod:`workbench.engine.pacing`) and return the running rows and their widest
+        context (tokens). Nothing waits here: the decode forward the last step launched
+        keeps overlapping this call, and a chunk's measured time includes whatever of it
+        was left (the two add up to the iteration either way)."""
         st, batch = self.state, self.state.batch
-        if batch.pending is not None and (st.prefilling is not None or (st.queue and len(batch.rows) < self.max_batch)):
-            mx.eval(batch.pending.tokens)
         now_s, rows = self.clock(), len(batch.rows)
         width = max((r.context_tokens for r in batch.rows), default=0)
         last = self._last_iteration  # (admit start, admit end, prefill seconds) of the last call

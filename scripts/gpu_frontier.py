@@ -49,7 +49,7 @@ for steps in intervals:
     summary = frontier_summary(requests, gaps, SLO(ttft_s=20 * step_s, tpot_s=3 * step_s))
     for name, frame in (("requests", requests), ("gaps", gaps), ("summary", summary)):
         frame.to_csv(out / f"frontier_{steps:g}_{name}.csv", index=False)
-    panels[f"one every {steps:g} steps"] = (requests, gaps)
+    panels[f"H200, one arrival every {steps:g} steps"] = (requests, gaps)
     print(f"\narrivals every {steps:g} steps ({steps * step_s * 1e3:.1f} ms), {rounds} rounds, "
           f"{time.perf_counter() - started:.0f} s:")
     print((summary.set_index("engine")[["ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s",

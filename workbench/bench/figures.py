@@ -173,7 +173,7 @@ def render_frontier(workloads: dict) -> Figure:
     points, and the goal region (ITL p95 <= mlx-lm's, TTFT p95 <= 0.6 x mlx-lm's) shaded.
 
     Args:
-        workloads: name -> ``(requests, gaps)`` frames (columns ``engine``, ``ttft_s`` /
+        workloads: panel title -> ``(requests, gaps)`` frames (columns ``engine``, ``ttft_s`` /
             ``gap_s``, seconds), as :func:`workbench.bench.pacing.frontier_runs` returns.
     """
     fig = Figure(figsize=(4.6 * len(workloads), 4.0))
@@ -183,9 +183,9 @@ def render_frontier(workloads: dict) -> Figure:
         ms = lambda v: v * 1e3  # noqa: E731
         paced = pts[pts.target.notna()].sort_values("target")
         ax.plot(ms(paced.itl_p95_s), ms(paced.ttft_p95_s), "o-", color=PACED_COLOUR, label="workbench, paced")
-        for r in paced.itertuples():
+        for i, r in enumerate(paced.itertuples()):  # labels alternate sides: close points stay readable
             ax.annotate(f"t = {r.target:g}", (ms(r.itl_p95_s), ms(r.ttft_p95_s)), textcoords="offset points",
-                        xytext=(5, 5), fontsize=9)
+                        xytext=(-36, 6) if i % 2 == 0 else (6, -13), fontsize=9)
         for engine, marker in (("workbench", "s"), ("mlx-lm", "D")):
             row = pts[pts.engine == engine]
             if len(row):
@@ -196,10 +196,10 @@ def render_frontier(workloads: dict) -> Figure:
             x, y = ms(float(ref.itl_p95_s.iloc[0])), ms(float(ref.ttft_p95_s.iloc[0]))
             ax.fill_between([0, x], 0, 0.6 * y, color=PACED_COLOUR, alpha=0.12, lw=0, label="goal region")
         ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
         ax.set_xlabel("ITL p95 (ms)")
         ax.set_ylabel("TTFT p95 (ms)")
-        ax.set_title(f"{name} arrivals")
+        ax.set_title(name)
         ax.legend(fontsize=9, loc="best")
     fig.tight_layout()
     return fig

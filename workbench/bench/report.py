@@ -375,8 +375,9 @@ def write_figures(data: Path) -> None:
     meta = read_meta(data)
     figures = {"throughput.png": render_throughput(read("runs.csv"), read("roofline.csv")),
                "latency.png": render_ttft_itl(read("requests.csv"), read("gaps.csv")),
-               "frontier.png": render_frontier({"staggered": (read("requests.csv"), read("gaps.csv")),
-                                                "loaded": (read("loaded_requests.csv"), read("loaded_gaps.csv"))}),
+               "frontier.png": render_frontier({
+                   "staggered arrivals": (read("requests.csv"), read("gaps.csv")),
+                   "loaded arrivals": (read("loaded_requests.csv"), read("loaded_gaps.csv"))}),
                "join.png": render_join(read("join.csv"), int(meta["join_rows"]), int(meta["join_context_tokens"])),
                "head_of_line.png": render_head_of_line(read("head_of_line.csv"))}
     for name, fig in figures.items():

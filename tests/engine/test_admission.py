@@ -386,3 +386,31 @@ def test_the_projection_on_hand_built_batches():
     mixed = KVPlan(512, ((8, 256),), 5632, 2048)
     assert mixed.projected_bytes([RowTokens(0, 20, 28)]) == 256 * 512 + 19 * 256 + 5632
     assert mixed.projected_bytes([RowTokens(0, 2, 28)]) == 256 * 512 + 8 * 256 + 5632
+
+
+@pytest.mark.parametrize("input_tokens", [1, 2, 5, 9, 20, 300])
+@pytest.mark.parametrize("chunk", [3, 16, 2048])
+def test_a_rings_bytes_stay_within_the_projection(input_tokens, chunk):
+    """A BatchRotatingKVCache of window 8 (tiny-gemma3's) prefilled in chunks, then the
+    join token and decode steps: every capacity it reaches is within the projection (one
+    byte per position, one row)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    from workbench.engine.allocation import KVPlan, RowTokens
+
+    plan = KVPlan(full_token_bytes=0, rings=((8, 1),), fixed_bytes=0, chunk_tokens=chunk)
+    projected = plan.projected_bytes([RowTokens(0, input_tokens, input_tokens + 12)])
+    cache, seen = BatchRotatingKVCache(8, [0]), []
+    done = 0
+    while done < input_tokens - 1:
+        S = min(chunk, input_tokens - 1 - done)
+        cache.update_and_fetch(mx.zeros((1, 2, S, 8)), mx.zeros((1, 2, S, 8)))
+        mx.eval(cache.keys)
+        seen.append(cache.keys.shape[2])
+        done += S
+    for _ in range(13):  # the join token, then decode steps
+        cache.update_and_fetch(mx.zeros((1, 2, 1, 8)), mx.zeros((1, 2, 1, 8)))
+        mx.eval(cache.keys)
+        seen.append(cache.keys.shape[2])
+    assert max(seen) <= projected and seen[-1] == min(8, input_tokens + 12)

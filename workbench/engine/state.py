@@ -43,7 +43,8 @@ class RequestState:
         uid: the request's id. valid: the validated request (prompt ids, stop ids).
         seed: PRNG seed of its sampler (its own ``Request.seed`` or one the scheduler drew).
         sampler: its :class:`workbench.engine.sampling.RowSampler`.
-        projected_bytes: KV bytes it may reach (prompt + ``max_tokens``), for the budget.
+        projected_bytes: bytes its caches may hold alone on an idle engine, as mlx-lm
+            allocates them (prompt + ``max_tokens``; ``KVLedger.alone_bytes``).
         submitted_s: the scheduler's clock when it was submitted (seconds).
         status: its :class:`Status`. finish_reason: ``stop``, ``length``, ``error``,
             ``abort`` once FINISHED, else ``None``. message: the error text (else ``""``).

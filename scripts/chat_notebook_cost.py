@@ -2,7 +2,8 @@
 weights (as converted) against the same weights dequantized to float32 (``dequantize=True``).
 
 Usage: ``python scripts/chat_notebook_cost.py`` (needs ``workbench models fetch smollm2-135m``).
-With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set, as nbval runs the notebook),
+With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set, as nbval runs the notebook;
+the script restarts itself with it, since the BLAS is chosen at interpreter start),
 it times the forwards notebook 10 is made of: a 37-token prefill (one chat prompt), and one
 decode step at B = 1 and B = 3 over a 40-token cache. Each number is the fastest of ``REPS``
 runs (ms), the two forms alternating, so a busy machine's neighbours inflate it least.
@@ -11,9 +12,11 @@ runs (ms), the two forms alternating, so a busy machine's neighbours inflate it 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-os.environ.setdefault("WORKBENCH_BLAS", "off")
+if "WORKBENCH_BLAS" not in os.environ:  # the start-up hook reads it at interpreter start: restart with it
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "WORKBENCH_BLAS": "off"})
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402

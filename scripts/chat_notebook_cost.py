@@ -1,5 +1,8 @@
-"""Why notebook 10 loads SmolLM2-135M dequantized: the model's forwards on this CPU, 4-bit
-weights (as converted) against the same weights dequantized to float32 (``dequantize=True``).
+"""Which weights notebook 10 loads: SmolLM2-135M's forwards on this CPU, 4-bit weights (as
+converted) against the same weights dequantized to float32 (``dequantize=True``). With MLX's
+reference BLAS (nbval's ``WORKBENCH_BLAS=off``) float32 does not pay, so the notebook keeps
+4-bit; with an optimized BLAS (``WORKBENCH_BLAS=/path/to/libopenblas.so.0``) float32
+prefills over 10 times faster. Notebook 10 quotes both runs.
 
 Usage: ``python scripts/chat_notebook_cost.py`` (needs ``workbench models fetch smollm2-135m``).
 With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set, as nbval runs the notebook;

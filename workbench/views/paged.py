@@ -43,15 +43,16 @@ def _share(waste: pd.Series, total: pd.Series) -> np.ndarray:
     return np.where(t > 0, 100 * waste.to_numpy(float) / np.where(t > 0, t, 1), np.nan)
 
 
-def render_paged(table: pd.DataFrame, title: str = "", x: str = "step", width_in: float = 9.6) -> Figure:
+def render_paged(table: pd.DataFrame, title: str = "", x: str = "step", width_in: float = 9.4) -> Figure:
     """The padded and paged layouts over a run (see the module docstring).
 
     Args:
         table: a :func:`~workbench.observe.paged.paged_table` (``budget_bytes`` and the
             ``*_max_batch*`` columns are drawn when present).
         title: the figure's title. x: ``"step"`` or another column (e.g. ``"time_s"``).
-        width_in: figure width (inches; 9.6 fits a JupyterLab output area unscaled at
-            the inline backend's 100 dpi).
+        width_in: figure width (inches; at the inline backend's 100 dpi, 9.4 in is
+            about 950 px with the tight bounding box, so a JupyterLab output area of
+            968 px, at a 1400 px window, shows it unscaled; 9.6 in was 971 px, shrunk).
 
     Raises:
         KeyError: if ``x`` is not a column of ``table``.

@@ -8,9 +8,14 @@ Text form: :func:`quantized_text` (the three tables, aligned). Rich form:
 
 1. KV bytes per token (all layers, keys + values), with each bar's ratio to float;
 2. decode step time (ms) at ``B`` rows x ``S`` tokens of context, one group per context,
-   each quantized bar labelled with its ratio to the float bar;
+   each quantized bar labelled (vertically, so neighbouring bars' labels never overlap)
+   with its ratio to the float bar;
 3. the most rows running at once under the same byte budget, and generated tokens per
    decode step.
+
+The figure is ``WIDTH_IN`` (9.4 in) wide: 940 px at the inline backend's 100 dpi, so a
+JupyterLab output area (about 968 px at a 1400 px window) shows it at its own size and its
+smallest text (the legend, 8.3 pt) stays 11.6 px.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from matplotlib.figure import Figure
 from . import style
 
 __all__ = ["quantized_text", "render_quantized"]
+
+WIDTH_IN = 9.4  # at 100 dpi narrower than a JupyterLab output area: shown unscaled
 
 BITS_COLOURS = {"float": "#7f7f7f", "q8": style.ATTENDED, "q4": style.FED}  # by a setting's bits
 
@@ -59,8 +66,8 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
     :mod:`workbench.bench.quantized`; ``steps`` may hold several context lengths.
     ``model_name`` / ``step_model_name`` label the model of the bytes and budget panels /
     of the step-time panel."""
-    fig = Figure(figsize=(12.5, 4), layout="constrained")
-    ax_bytes, ax_step, ax_rows = fig.subplots(1, 3)
+    fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
+    ax_bytes, ax_step, ax_rows = fig.subplots(1, 3, width_ratios=[1, 1.45, 1])
     settings = list(bytes_table.setting)
     _bars(ax_bytes, settings, list(bytes_table.bytes_per_token), [_colour(s) for s in settings],
           [f"x{r:.3g}" for r in bytes_table.vs_float])
@@ -76,16 +83,16 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
         for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
             if s != "float":  # the float bar is x1 by definition
                 ax_step.annotate(f"x{r:.2f}", (x, v), ha="center", va="bottom", fontsize=9, xytext=(0, 2),
-                                 textcoords="offset points")
+                                 textcoords="offset points", rotation=90)
     ax_step.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
     ax_step.set_ylabel("decode step (ms)")
     on = f" ({step_model_name})" if step_model_name else ""
     ax_step.set_title(f"step time{on}, B = {int(steps.rows.iloc[0])} rows", fontsize="medium")
-    ax_step.margins(y=0.18)
+    ax_step.margins(y=0.3)
     names = list(admission.setting)
     _bars(ax_rows, names, list(admission.max_rows), [_colour(s) for s in names],
           [f"{t:.3g} tok/step" for t in admission.tokens_per_step])
     ax_rows.set_ylabel("most rows running at once")
-    ax_rows.set_title(f"rows under a {int(admission.kv_budget_bytes.iloc[0]):,} B budget", fontsize="medium")
+    ax_rows.set_title(f"rows under a budget of\n{int(admission.kv_budget_bytes.iloc[0]):,} B", fontsize="medium")
     style.legend(fig, [(name if name == "float" else f"{name[1:]}-bit", c) for name, c in BITS_COLOURS.items()])
     return fig

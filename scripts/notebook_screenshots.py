@@ -11,7 +11,10 @@ Usage::
 ``:run`` after Run All Cells (needed for widgets). For every cell it writes
 ``OUT/<notebook>-cell<i>.png`` and prints what decides readability: the output area's width,
 each image's own and shown width (px), and for text outputs the ``<pre>``'s width, scroll
-width (wider than shown means a line would overflow), white-space rule and font size.
+width (wider than shown means a line would overflow), white-space rule and font size, and
+for every ``<pre>`` of the cell ``wraps``: [longest line (characters), lines, lines as
+rendered]; more rendered lines than lines means JupyterLab wrapped some (``pre-wrap``: at a
+1400 px window a 960 px ``<pre>`` at 13 px holds about 122 characters).
 Environment: ``VW`` / ``VH`` set the window size (default 1400 x 1000; a tall ``VH`` puts
 the whole Panel in one shot). The notebooks are copied: their stored outputs are never
 overwritten.
@@ -47,7 +50,12 @@ CELL_INFO_JS = f"""(i) => {{
   return {{area_px: area && area.clientWidth,
           images: Array.from(c.querySelectorAll('img')).map(m => [m.naturalWidth, m.clientWidth]),
           pre: pre && {{width_px: pre.clientWidth, scroll_px: pre.scrollWidth,
-                        white_space: getComputedStyle(pre).whiteSpace, font: getComputedStyle(pre).fontSize}}}};
+                        white_space: getComputedStyle(pre).whiteSpace, font: getComputedStyle(pre).fontSize}},
+          wraps: Array.from(c.querySelectorAll('.jp-OutputArea-output pre')).map(p => {{
+            const lines = p.textContent.replace(/\\n$/, '').split('\\n');
+            return [Math.max(...lines.map(l => l.length)), lines.length,
+                    Math.round(p.clientHeight / parseFloat(getComputedStyle(p).lineHeight))];
+          }})}};
 }}"""
 PANEL_INFO_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-timeline-image, .wb-kv-image'))
   .map(i => [i.classList[i.classList.length - 1], i.naturalWidth, i.clientWidth])"""

@@ -381,6 +381,9 @@ def test_the_projection_on_hand_built_batches():
     slot = KVPlan(2048, (), 0, 2048, reuse_slots=False, now=Allocation(2, 30, 256, 2 * 256 * 2048),
                   rows=(RowTokens(7, 30, 40),))
     assert slot.projected_bytes() == 2 * 256 * 2048
+    # ... beside a group already prefilling (filter() or preempt() during its prefill)
+    assert slot.projected_bytes([RowTokens(9, 20, 28)]) == 2 * 256 * 2048
+    assert slot.projected_bytes([RowTokens(9, 20, 28)], started=True) == 3 * 256 * 2048
     # a ring holds its window once decoding, but a whole prefill chunk while prefilling
     # (mlx-lm's _update_concat: 19 positions of an 8-token window); SSM layers a fixed state
     mixed = KVPlan(512, ((8, 256),), 5632, 2048)
@@ -414,3 +417,22 @@ def test_a_rings_bytes_stay_within_the_projection(input_tokens, chunk):
         mx.eval(cache.keys)
         seen.append(cache.keys.shape[2])
     assert max(seen) <= projected and seen[-1] == min(8, input_tokens + 12)
+
+
+def test_a_free_slot_beside_a_prefilling_group_is_projected(random_llama):
+    """filter() while a group prefills leaves the evicted row's cache row beside the group
+    until the next admit()/step(): the projection counts both (the fuzzer found it)."""
+    from workbench.workloads.workload import prompt_of_length
+
+    model, tok = random_llama
+    sched = wb.Scheduler(model, tok, max_batch=3, prefill_step_size=3, history_size=0, kv_budget_bytes=10**8)
+    sched.submit(wb.Request(prompt=prompt_of_length(tok, 3, 0), max_tokens=1, stop_ids=[]))  # one chunk
+    sched.submit(wb.Request(prompt=prompt_of_length(tok, 3, 9), max_tokens=9, stop_ids=[]))
+    sched.admit()
+    sched.step()  # the first row reads its only token and finishes
+    sched.submit(wb.Request(prompt=prompt_of_length(tok, 60, 50), max_tokens=4, stop_ids=[]))
+    sched.admit()  # the second row starts prefilling, 3 tokens a call
+    sched.filter()  # the first row leaves: its cache row stays as a free slot
+    snap = sched.snapshot()
+    assert snap.free_slots == 1 and snap.prefilling and snap.prefill_kv_bytes > 0
+    assert snap.kv_bytes + snap.prefill_kv_bytes <= snap.kv_projected_bytes

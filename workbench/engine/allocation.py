@@ -177,7 +177,8 @@ class KVPlan:
         rings = [max(min(w, T + STEP_TOKENS), min(T, w - 1 + chunk), min(self.stored_tokens, w)) for w, _ in self.rings]
         return len(joiners) * self.row_bytes(prefill, rings), joined
 
-    def projected_bytes(self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = ()) -> int:
+    def projected_bytes(self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (),
+                        started: bool = False) -> int:
         """Most bytes the batch and the joining group hold from now on, with the rows of
         uids ``dropped`` preempted and ``joiners`` (``held_tokens`` = input tokens,
         ``final_tokens`` = prompt + ``max_tokens``) prefilled together and joined.
@@ -185,7 +186,9 @@ class KVPlan:
         The maximum of: the cache rows held now (free slots included: ``admit()`` and
         ``step()`` drop them before anything grows); the running rows as they will grow,
         plus the group's caches while it prefills; the batch after the join (free slots
-        filled or dropped by then). Raises nothing; 0 for an empty engine."""
+        filled or dropped by then). With ``started`` (the group is already prefilling), also
+        the cache rows held now plus the group: ``filter()`` may leave free slots beside it
+        until the next ``admit()`` / ``step()``. Raises nothing; 0 for an empty engine."""
         gone = set(dropped)
         rows = [r for r in self.rows if r.uid not in gone]
         P = self.now.rows - (len(self.rows) - len(rows)) if rows else 0  # free slots, until the next admit/step
@@ -204,7 +207,8 @@ class KVPlan:
         joined = full_capacity_tokens(max(capacity, joined_capacity), widest) if self.exact_chunks else max(
             capacity, joined_capacity, widest - 1 + STEP_TOKENS if widest > capacity else 0)
         after = (len(rows) + len(joiners)) * self.row_bytes(max(grown, joined))
-        return max(held_now, running + prefill_bytes, after)
+        beside = held_now + prefill_bytes if started else 0
+        return max(held_now, running + prefill_bytes, after, beside)
 
 
 def plan_of(profile: Sequence[Any], chunk_tokens: int, **fields: Any) -> KVPlan:

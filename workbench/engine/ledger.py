@@ -79,7 +79,7 @@ class KVLedger:
         """Most bytes the batch and the prefilling group may hold from now on (0 when
         idle): what admission counted, re-read from the state now."""
         group = [joiner_tokens(s) for s in st.prefilling.states] if st.prefilling else []
-        return self.plan(st).projected_bytes(group)
+        return self.plan(st).projected_bytes(group, started=bool(group))
 
     def alone_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """Bytes one request of ``prompt_tokens`` + ``max_tokens`` may hold alone on an idle
@@ -110,7 +110,8 @@ class KVLedger:
         if self.kv_budget_bytes is None or st.prompt_cache is None:
             return 0
         group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
-        return st.prompt_cache.trim_to(self.kv_budget_bytes - self.plan(st).projected_bytes(group, dropped))
+        live = self.plan(st).projected_bytes(group, dropped, started=st.prefilling is not None)
+        return st.prompt_cache.trim_to(self.kv_budget_bytes - live)
 
 
 def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_size: int = 2048,

@@ -176,7 +176,7 @@ def render_frontier(workloads: dict) -> Figure:
         workloads: panel title -> ``(requests, gaps)`` frames (columns ``engine``, ``ttft_s`` /
             ``gap_s``, seconds), as :func:`workbench.bench.pacing.frontier_runs` returns.
     """
-    fig = Figure(figsize=(4.6 * len(workloads), 4.0))
+    fig = Figure(figsize=(4.6 * len(workloads), 4.6))
     axes = np.atleast_1d(fig.subplots(1, len(workloads)))
     for ax, (name, (requests, gaps)) in zip(axes, workloads.items()):
         pts = frontier_points(requests, gaps)
@@ -200,6 +200,6 @@ def render_frontier(workloads: dict) -> Figure:
         ax.set_xlabel("ITL p95 (ms)")
         ax.set_ylabel("TTFT p95 (ms)")
         ax.set_title(name)
-        ax.legend(fontsize=9, loc="best")
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     return fig

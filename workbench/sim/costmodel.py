@@ -5,14 +5,8 @@ Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks a
 engine; it runs nothing. Measuring the engine and fitting the coefficients is
 :mod:`workbench.sim.calibrate`'s.
 
-Model (seconds; every coefficient ``>= 0``)::
-
-    prefill chunk of B rows x k tokens, after s cached tokens (pads included):
-        prefill_s = p_chunk + B * (p_token * k + p_pair * (k * s + k * (k + 1) / 2))
-                                                        └─ causal (query, key) pairs
-    [B, 1] forward (a decode step, or a join feeding each joiner's last prompt token)
-    at KV width W:
-        decode_s  = d_step + d_row * B + d_kv * B * W
+The model (seconds per ``[B, L]`` prefill chunk and per ``[B, 1]`` feed) is
+:class:`workbench.engine.cost.CostModel`'s; see its module docstring.
 
 The ``filter`` call costs nothing. :class:`CostModel` (defined in
 :mod:`workbench.engine.cost`, which the engine's pacing also plans with) holds the coefficients (fitted by

@@ -29,6 +29,8 @@ from .sim.replay import replay
 from .observe.report import Report
 from .engine.request import Request
 from .engine.checkpoint import Checkpoint
+from .engine.pacing import Pacing
+from .engine.policies import ShortestPromptFirst
 from .engine.scheduler import Scheduler
 from .engine.state import RequestState, Status
 from .observe.snapshot import Snapshot
@@ -36,7 +38,8 @@ from .sim.sweep import grid, sweep
 from .workloads.traces import trace_workload
 from .workloads.workload import Workload, synthetic
 
-__all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Report", "Request", "RequestState", "SLO", "Scheduler", "Snapshot", "Status",
+__all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Pacing", "Report", "Request", "RequestState", "SLO", "Scheduler",
+           "ShortestPromptFirst", "Snapshot", "Status",
            "Workload", "compare", "grid", "load", "replay", "sweep", "synthetic", "trace_workload", "views"]
 __version__ = "0.1.0"
 

@@ -144,7 +144,7 @@ def pytest_terminal_summary(terminalreporter):
 # import``: this file is the module ``tests.conftest`` (tests/ and its folders are packages,
 # so test files of one name in two folders do not clash), and notebooks/conftest.py is a
 # plain ``conftest``.)
-NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv"}
+NOTEBOOKS_NEEDING_TRACES = {"06_policies_on_a_real_trace.ipynb": "conv", "12_paged_kv.ipynb": "conv"}
 
 
 GPU_SKIP = ("needs an NVIDIA GPU through mlx's CUDA backend (pip install -e \".[cuda]\"); mx.cuda.is_available() "

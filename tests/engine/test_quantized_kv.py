@@ -236,6 +236,7 @@ def test_the_budget_projects_quantized_bytes_and_admits_more_rows(bundled, make_
     (dict(kv_bits=3), r"kv_bits must be None \(float cache\) or one of \(4, 8\), got 3"),
     (dict(kv_bits=True), r"kv_bits must be"),
     (dict(kv_bits=4, kv_group_size=16), r"kv_group_size must be one of \(32, 64, 128\), got 16"),
+    (dict(kv_group_size=48), r"kv_group_size must be one of \(32, 64, 128\), got 48"),
     (dict(kv_bits=4, kv_group_size=64), r"kv_group_size=64 does not divide layer 0's head dim \[32\]; allowed for this model: \[32\]"),
     (dict(kv_bits=8, prompt_cache=4), r"kv_bits with prompt_cache is not offered"),
 ])

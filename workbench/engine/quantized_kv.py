@@ -74,12 +74,12 @@ def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
     Raises:
         ValueError: naming the field and its allowed values.
     """
+    if isinstance(kv_group_size, bool) or kv_group_size not in ALLOWED_GROUP_SIZES:  # also without kv_bits:
+        raise ValueError(f"kv_group_size must be one of {ALLOWED_GROUP_SIZES}, got {kv_group_size!r}")  # a typo is not silent
     if kv_bits is None:
         return None
     if isinstance(kv_bits, bool) or kv_bits not in ALLOWED_BITS:
         raise ValueError(f"kv_bits must be None (float cache) or one of {ALLOWED_BITS}, got {kv_bits!r}")
-    if isinstance(kv_group_size, bool) or kv_group_size not in ALLOWED_GROUP_SIZES:
-        raise ValueError(f"kv_group_size must be one of {ALLOWED_GROUP_SIZES}, got {kv_group_size!r}")
     return KVQuant(int(kv_bits), int(kv_group_size))
 
 

@@ -156,13 +156,18 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
     return fig
 
 
+def target_of(engine: str) -> float:
+    """The pacing target (decode steps) in an engine name such as ``"workbench, paced 4x
+    step"`` (:func:`workbench.bench.pacing.paced_name`), NaN for an engine that is not paced."""
+    return float(engine.split("paced ")[1].split("x")[0]) if "paced " in engine else np.nan
+
+
 def frontier_points(requests: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
     """Per engine: ``engine, target`` (the pacing target in decode steps, NaN when not
     paced), ``ttft_p95_s`` and ``itl_p95_s`` (seconds), every round pooled."""
     rows = []
     for engine, r in requests.groupby("engine", sort=False):
-        target = float(engine.split("paced ")[1].split("x")[0]) if "paced " in engine else np.nan
-        rows.append({"engine": engine, "target": target, "ttft_p95_s": r.ttft_s.quantile(0.95),
+        rows.append({"engine": engine, "target": target_of(engine), "ttft_p95_s": r.ttft_s.quantile(0.95),
                      "itl_p95_s": gaps[gaps.engine == engine].gap_s.quantile(0.95)})
     return pd.DataFrame(rows)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
 from ..engine.pacing import Pacing
@@ -40,6 +39,7 @@ from ..observe.metrics import SLO, meets_slo, request_metrics, token_gaps
 from ..sim.clocks import VirtualClock
 from ..sim.costmodel import CostedModel, CostModel
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
+from .figures import target_of
 from .scenarios import MLX_LM, WORKBENCH, alternating
 
 FIXED = WORKBENCH  # as shipped: one prefill_step_size chunk per iteration
@@ -158,8 +158,7 @@ def frontier_summary(requests: pd.DataFrame, gaps: pd.DataFrame, slo: SLO) -> pd
         g = gaps[gaps.engine == name]
         makespan = r.groupby("round").makespan_s.first().sum()
         good = int(meets_slo(r, slo).sum())
-        target = float(name.split("paced ")[1].split("x")[0]) if "paced" in name else np.nan
-        rows.append({"engine": name, "target": target, "ttft_p50_s": r.ttft_s.median(),
+        rows.append({"engine": name, "target": target_of(name), "ttft_p50_s": r.ttft_s.median(),
                      "ttft_p95_s": r.ttft_s.quantile(0.95), "itl_p50_s": g.gap_s.median(),
                      "itl_p95_s": g.gap_s.quantile(0.95), "itl_p99_s": g.gap_s.quantile(0.99),
                      "itl_max_s": g.gap_s.max(), "e2e_p95_s": r.e2e_s.quantile(0.95),

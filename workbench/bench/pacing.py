@@ -23,6 +23,12 @@ between a request's consecutive tokens), E2E p95 (last token - submit); goodput
 (requests per second of makespan that met the SLO: TTFT and mean TPOT both within their
 limits, :func:`workbench.observe.metrics.meets_slo`); and throughput (generated tokens /
 makespan).
+
+And, once per run of :func:`frontier_runs`, the *floors* (:mod:`workbench.bench.floors`):
+each request's TTFT with its prompt alone in an idle engine, and one decode step at
+``max_batch`` rows, measured on the same clock as the engines. :func:`frontier_summary`
+reports their p95 and :func:`versus` / :func:`floor_verdicts` their ratio to mlx-lm's
+p95: a goal below that ratio is out of reach of any schedule on that machine.
 """
 
 from __future__ import annotations
@@ -40,12 +46,16 @@ from ..sim.clocks import VirtualClock
 from ..sim.costmodel import CostedModel, CostModel
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 from .figures import target_of
+from .floors import measure_floors
 from .scenarios import MLX_LM, WORKBENCH, alternating
 
 FIXED = WORKBENCH  # as shipped: one prefill_step_size chunk per iteration
 SUMMARY_COLUMNS = ["engine", "target", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_p99_s", "itl_max_s",
                    "e2e_p95_s",
-                   "goodput_req_per_s", "throughput_tok_per_s", "requests", "rounds"]
+                   "goodput_req_per_s", "throughput_tok_per_s", "requests", "rounds",
+                   "ttft_floor_p95_s", "itl_floor_p95_s"]
+FLOOR_OF = {"ttft_floor_p95_s": "ttft_p95_s", "itl_floor_p95_s": "itl_p95_s"}  # a floor column -> what it bounds
+GOALS = {"ttft": 0.6, "itl": 1.0}  # issue 17: p95 at most this x mlx-lm's, both at once
 
 
 def paced_name(target_steps: float) -> str:
@@ -91,7 +101,8 @@ def drive_virtual(engine: Any, arrivals: Sequence[Arrival], clock: VirtualClock,
 def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_batch: int, prefill_step_size: int,
                   targets_steps: Sequence[float], rounds: int, mode: str = "measured",
                   cost_model: CostModel | None = None, max_wait_s: float | None = None,
-                  echo: Callable[[str], None] = print, warmup: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+                  echo: Callable[[str], None] = print, warmup: bool = True,
+                  floor_repeats: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every engine of :func:`frontier_factories` through ``arrivals``, ``rounds`` times,
     alternating (A B C, C B A, ...). ``mode`` is ``measured`` or ``cost`` (then
     ``cost_model`` is required; it charges the forwards and is the paced engines' prior).
@@ -99,29 +110,48 @@ def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_b
     discarded: the first run of a shape pays MLX's kernel compilation (seconds on CUDA) and
     buffer allocation, which would otherwise land on whichever engine runs first.
 
+    Before the rounds, the floors (:func:`workbench.bench.floors.measure_floors`): every
+    distinct prompt length alone, and ``max_batch`` prompts decoding together, in mlx-lm
+    and the fixed-chunk workbench, ``floor_repeats`` times each in ``measured`` mode (the
+    lowest kept), once on the cost clock (deterministic); ``floor_repeats=0`` skips them
+    (the floor columns are NaN).
+
     Returns ``(requests, gaps)``: per request the
     :data:`~workbench.observe.metrics.REQUEST_COLUMNS` plus ``engine, round,
-    makespan_s`` (its run's first submit to last token), and per token gap ``engine,
-    round, uid, gap_s``.
+    makespan_s`` (its run's first submit to last token, seconds) and ``ttft_floor_s`` (its
+    TTFT floor, seconds), and per token gap ``engine, round, uid, gap_s`` and
+    ``itl_floor_s`` (the decode step at ``max_batch`` rows, seconds). Rows are in submit
+    order, the arrivals' order.
 
     Raises:
-        ValueError: for an unknown mode, or ``cost`` without a cost model."""
+        ValueError: for an unknown mode, or ``cost`` without a cost model, or
+            ``floor_repeats < 0``."""
     if mode not in ("measured", "cost") or (mode == "cost" and cost_model is None):
         raise ValueError(f"mode must be 'measured' or 'cost' (with a cost_model), got {mode!r}")
+    if not isinstance(floor_repeats, int) or floor_repeats < 0:
+        raise ValueError(f"floor_repeats must be an int >= 0, got {floor_repeats!r}")
     requests, gaps = [], []
     names = list(frontier_factories(model, tokenizer, max_batch, prefill_step_size, targets_steps))
+
+    def run(name: str, these: Sequence[Arrival]) -> pd.DataFrame:
+        return _run(name, model, tokenizer, these, max_batch, prefill_step_size, targets_steps, mode, cost_model,
+                    max_wait_s)
+
     if warmup and mode == "measured":
         for name in names:
-            _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets_steps, mode, cost_model,
-                 max_wait_s)
+            run(name, arrivals)
+    ttft_floor_s, itl_floor_s = [float("nan")] * len(arrivals), float("nan")
+    if floor_repeats:
+        floors = measure_floors(run, [MLX_LM, FIXED], arrivals, max_batch, 1 if mode == "cost" else floor_repeats)
+        ttft_floor_s, itl_floor_s = floors.ttft_s(arrivals), floors.itl_s
+        echo(f"  {floors.text(arrivals)}")
     for rnd, name in alternating(names, rounds):
-        events = _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets_steps, mode,
-                      cost_model, max_wait_s)
+        events = run(name, arrivals)
         r = request_metrics(events)
         g = token_gaps(events)[["uid", "gap_s"]]
         makespan_s = events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
-        requests.append(r.assign(engine=name, round=rnd, makespan_s=makespan_s))
-        gaps.append(g.assign(engine=name, round=rnd))
+        requests.append(r.assign(engine=name, round=rnd, makespan_s=makespan_s, ttft_floor_s=ttft_floor_s))
+        gaps.append(g.assign(engine=name, round=rnd, itl_floor_s=itl_floor_s))
         echo(f"  {name:<32} round {rnd}: TTFT p95 {r.ttft_s.quantile(0.95) * 1e3:8.1f} ms, "
              f"ITL p95 {g.gap_s.quantile(0.95) * 1e3:8.1f} ms")
     return pd.concat(requests, ignore_index=True), pd.concat(gaps, ignore_index=True)
@@ -151,8 +181,17 @@ def _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets
 
 def frontier_summary(requests: pd.DataFrame, gaps: pd.DataFrame, slo: SLO) -> pd.DataFrame:
     """One row per engine (``SUMMARY_COLUMNS``), every round pooled: quantiles over all
-    requests / gaps; goodput and throughput summed over rounds and divided by the summed
-    makespans (first submit to last finish of each round)."""
+    requests / gaps (seconds); goodput (requests/s) and throughput (tokens/s) summed over
+    rounds and divided by the summed makespans (first submit to last finish of each
+    round). ``ttft_floor_p95_s`` is the p95 of the requests' TTFT floors and
+    ``itl_floor_p95_s`` that of the gaps' (the decode step at ``max_batch`` rows): the
+    lowest p95 any schedule could reach; NaN for frames without floor columns (runs
+    stored before the floors were measured).
+
+    Args:
+        requests, gaps: as :func:`frontier_runs` returns them (or read back from CSV).
+        slo: the goodput's TTFT and TPOT limits.
+    """
     rows = []
     for name, r in requests.groupby("engine", sort=False):
         g = gaps[gaps.engine == name]
@@ -163,13 +202,48 @@ def frontier_summary(requests: pd.DataFrame, gaps: pd.DataFrame, slo: SLO) -> pd
                      "itl_p95_s": g.gap_s.quantile(0.95), "itl_p99_s": g.gap_s.quantile(0.99),
                      "itl_max_s": g.gap_s.max(), "e2e_p95_s": r.e2e_s.quantile(0.95),
                      "goodput_req_per_s": good / makespan, "throughput_tok_per_s": r.generated_tokens.sum() / makespan,
-                     "requests": len(r), "rounds": r["round"].nunique()})
+                     "requests": len(r), "rounds": r["round"].nunique(),
+                     "ttft_floor_p95_s": _p95(r, "ttft_floor_s"), "itl_floor_p95_s": _p95(g, "itl_floor_s")})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _p95(frame: pd.DataFrame, column: str) -> float:
+    """The column's p95, NaN when the frame has no such column (or only empty cells)."""
+    if column not in frame:
+        return float("nan")
+    return pd.to_numeric(frame[column], errors="coerce").quantile(0.95)
 
 
 def versus(summary: pd.DataFrame, reference: str = MLX_LM) -> pd.DataFrame:
     """Each measure divided by ``reference``'s (lower is better for latencies, higher for
-    goodput and throughput)."""
+    goodput and throughput); a floor column is divided by the reference's *measured* p95
+    it bounds (``ttft_floor_p95_s`` by its ``ttft_p95_s``), so it reads as the lowest
+    ratio any schedule could reach, against issue 17's goals (0.6 and 1.0).
+
+    Raises:
+        KeyError: when ``reference`` is not an engine of ``summary``."""
     t = summary.set_index("engine")
-    cols = [c for c in SUMMARY_COLUMNS if c.endswith("_s") or c.endswith("_per_s")]
-    return (t[cols] / t.loc[reference, cols]).reset_index()
+    cols = [c for c in SUMMARY_COLUMNS if (c.endswith("_s") or c.endswith("_per_s")) and c not in FLOOR_OF]
+    out = t[cols] / t.loc[reference, cols]
+    for floor, bounded in FLOOR_OF.items():
+        out[floor] = t[floor] / t.loc[reference, bounded]
+    return out.reset_index()
+
+
+def floor_verdicts(summary: pd.DataFrame, reference: str = MLX_LM) -> pd.DataFrame:
+    """Whether issue 17's goals (:data:`GOALS`) are within reach of any schedule: per
+    measure (``ttft``, ``itl``), ``floor_p95_s`` (the floors' p95, seconds),
+    ``reference_p95_s`` (``reference``'s measured p95, seconds), ``floor_ratio`` (floor /
+    reference), ``goal_ratio`` and ``reachable`` (``floor_ratio <= goal_ratio``; ``False``
+    means no schedule meets the goal on that machine and those arrivals; ``True`` only that
+    the floor does not rule it out). NaN / ``False`` without floors.
+
+    Raises:
+        KeyError: when ``reference`` is not an engine of ``summary``."""
+    row = summary.set_index("engine").loc[reference]
+    out = []
+    for measure, goal in GOALS.items():
+        floor_s, ref_s = row[f"{measure}_floor_p95_s"], row[f"{measure}_p95_s"]
+        out.append({"measure": measure, "floor_p95_s": floor_s, "reference_p95_s": ref_s,
+                    "floor_ratio": floor_s / ref_s, "goal_ratio": goal, "reachable": bool(floor_s / ref_s <= goal)})
+    return pd.DataFrame(out)

@@ -45,7 +45,7 @@ import pandas as pd
 from .engines import Arrival
 from .model import QUICK, ModelShape, make_model, parameter_count
 from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
-from .scenarios import MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
+from .scenarios import FAST_OFF, MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
 from ..runtime import precision
 from ..runtime.device import device_report, on_gpu
 from ..runtime.loading import load
@@ -55,7 +55,7 @@ from ..workloads.workload import prompt_of_length
 LLAMA_1B = ModelShape("llama-1b", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
                       tie_word_embeddings=True)
-ENGINES = (WORKBENCH, MLX_LM)
+ENGINES = (WORKBENCH, FAST_OFF, MLX_LM)  # FAST_OFF: the same engine before the decode fast paths
 
 
 @dataclass(frozen=True)
@@ -158,9 +158,10 @@ def gpu_roofline(model: Any, cfg: GpuBenchConfig, runs: pd.DataFrame, bandwidth_
         compute_s = cost.flops_per_step(B, context) / flops_per_s
         bound_s = max(memory_s, compute_s)
         wb, ml = med[(WORKBENCH, B)], med[(MLX_LM, B)]
+        off = med.get((FAST_OFF, B), np.nan)
         out.append({"B": B, "context_tokens": context, "bytes_per_step": cost.bytes_per_step(B, context),
                     "memory_s": memory_s, "compute_s": compute_s, "bound_s": bound_s, "workbench_step_s": wb,
-                    "mlx_lm_step_s": ml, "workbench_pct_of_bound": 100 * bound_s / wb,
+                    "fast_off_step_s": off, "mlx_lm_step_s": ml, "workbench_pct_of_bound": 100 * bound_s / wb,
                     "mlx_lm_pct_of_bound": 100 * bound_s / ml})
     return pd.DataFrame(out)
 
@@ -180,7 +181,8 @@ def gpu_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
         B = int(rf.B)
         dec, wall = _pair_ratio(runs, B, "decode_tok_per_s"), _pair_ratio(runs, B, "wall_tok_per_s")
         wall_med = runs[runs.B == B].groupby("engine").wall_tok_per_s.median()
-        out.append({"B": B, "workbench_step_ms": 1e3 * rf.workbench_step_s, "mlx_lm_step_ms": 1e3 * rf.mlx_lm_step_s,
+        out.append({"B": B, "workbench_step_ms": 1e3 * rf.workbench_step_s,
+                    "fast_off_step_ms": 1e3 * rf.fast_off_step_s, "mlx_lm_step_ms": 1e3 * rf.mlx_lm_step_s,
                     "decode_ratio": dec.median(), "decode_ratio_range": f"{dec.min():.2f}..{dec.max():.2f}",
                     "workbench_wall_tok_per_s": wall_med[WORKBENCH], "mlx_lm_wall_tok_per_s": wall_med[MLX_LM],
                     "wall_ratio": wall.median(), "wall_ratio_range": f"{wall.min():.2f}..{wall.max():.2f}",
@@ -244,17 +246,21 @@ def gpu_markdown(result: GpuBenchResult) -> str:
              f"{cfg.prompt_tokens_min}-{cfg.prompt_tokens_max} tokens, {cfg.decode_tokens} new tokens, "
              f"prefill_step_size {cfg.prefill_step_size}, {cfg.pairs} alternating pairs; tokens equal between the "
              f"engines in {m['same_tokens_runs']} runs.", "",
-             "| B | workbench step | mlx-lm step | decode tok/s ratio (range) | wall tok/s workbench / mlx-lm "
-             "| wall ratio (range) | step bound | workbench % of bound | mlx-lm % of bound |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| B | workbench step | fast decode off | mlx-lm step | decode tok/s ratio (range) "
+             "| wall tok/s workbench / mlx-lm | wall ratio (range) | step bound | workbench % of bound "
+             "| mlx-lm % of bound |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for _, r in result.table.iterrows():
-        lines.append(f"| {r.B} | {r.workbench_step_ms:.2f} ms | {r.mlx_lm_step_ms:.2f} ms | {r.decode_ratio:.2f} "
+        lines.append(f"| {r.B} | {r.workbench_step_ms:.2f} ms | {r.fast_off_step_ms:.2f} ms | {r.mlx_lm_step_ms:.2f} ms "
+                     f"| {r.decode_ratio:.2f} "
                      f"({r.decode_ratio_range}) | {r.workbench_wall_tok_per_s:,.0f} / {r.mlx_lm_wall_tok_per_s:,.0f} "
                      f"| {r.wall_ratio:.2f} ({r.wall_ratio_range}) | {r.bound_ms:.2f} ms "
                      f"| {r.workbench_pct_of_bound:.0f}% | {r.mlx_lm_pct_of_bound:.0f}% |")
     lines += ["", f"Roofline: copy bandwidth {m['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, {m['dtype']} matmul "
                   f"{m['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s; step bound = max(bytes / bandwidth, flops / rate) "
-                  f"at the mean context; decode ratio = workbench tok/s / mlx-lm tok/s (> 1: workbench faster)."]
+                  f"at the mean context; decode ratio = workbench tok/s / mlx-lm tok/s (> 1: workbench faster); "
+                  f"fast decode off = the workbench with `fast_decode=False` (mlx-lm's forward as it is: a mask in "
+                  f"every step, MLPs not compiled), in the same alternation."]
     return "\n".join(lines)
 
 

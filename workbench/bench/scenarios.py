@@ -51,6 +51,7 @@ from ..workloads.workload import prompt_of_length
 WORKBENCH, WORKBENCH_OFF, MLX_LM = "workbench", "workbench, instrumentation off", "mlx-lm"
 PREFILL_FIRST = "workbench, prefill-first"
 PACED = "workbench, paced"
+FAST_OFF = "workbench, fast decode off"
 
 
 LATENCY_PROMPT_TOKENS = (24, 160, 8, 64, 300, 40, 120, 16)
@@ -64,13 +65,15 @@ def engine_factories(model: Any, tokenizer: Any, max_batch: int, prefill_step_si
     """Fresh-engine factories by name: the workbench as shipped (events and a snapshot
     after every call, ``history_size=64``), with recording off (``history_size=0``;
     events are always logged), prefill-first (``interleave_prefill=False``), paced
-    (``pacing=True``: the default per-iteration time budget), and mlx-lm."""
+    (``pacing=True``: the default per-iteration time budget), without the decode fast
+    paths (``fast_decode=False``: mlx-lm's forward as it is), and mlx-lm."""
     def workbench(**kw: Any) -> EngineFactory:
         return lambda: WorkbenchEngine(model, tokenizer, max_batch, prefill_step_size, **kw)
 
     every = {WORKBENCH: workbench(history_size=64), WORKBENCH_OFF: workbench(history_size=0),
              PREFILL_FIRST: workbench(history_size=64, interleave_prefill=False),
              PACED: workbench(history_size=64, pacing=True),
+             FAST_OFF: workbench(history_size=64, fast_decode=False),
              MLX_LM: lambda: MlxLmEngine(model, max_batch, prefill_step_size)}
     return {name: every[name] for name in names}
 

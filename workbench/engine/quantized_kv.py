@@ -48,6 +48,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
+from mlx_lm.models.base import quantized_scaled_dot_product_attention
 from mlx_lm.models.cache import (
     ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache,
 )
@@ -111,6 +112,29 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> N
                 fits = [g for g in ALLOWED_GROUP_SIZES if all(d % g == 0 for d in dims)]
                 raise ValueError(f"kv_group_size={quant.group_size} does not divide layer {i}'s head dim "
                                  f"{sorted(dims)}; allowed for this model: {fits}")
+    _check_device(next(c for c in caches if isinstance(c, KVCache)), quant)
+
+
+def _check_device(cache: KVCache, quant: KVQuant) -> None:
+    """Run mlx-lm's quantized attention once on ``cache``'s probe keys ``[1, H, 1, D]``:
+    MLX's CUDA backend has ``quantized_matmul`` kernels for some head dims and group sizes
+    only (none for the problem shape 1x7x32x16 of a bundled test model, measured on an H200), and a step must not
+    be the first to find out.
+
+    Raises:
+        ValueError: naming ``kv_bits``, ``kv_group_size``, the head dim and the device.
+    """
+    keys, values = cache.keys[..., :1, :], cache.values[..., :1, :]
+    q_keys = mx.quantize(keys, group_size=quant.group_size, bits=quant.bits)
+    q_values = mx.quantize(values, group_size=quant.group_size, bits=quant.bits)
+    try:
+        out = quantized_scaled_dot_product_attention(mx.zeros_like(keys), q_keys, q_values, scale=1.0, mask=None,
+                                                     group_size=quant.group_size, bits=quant.bits)
+        mx.eval(out)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"kv_bits={quant.bits}, kv_group_size={quant.group_size}: MLX cannot run quantized "
+                         f"attention for head dim {keys.shape[-1]} on {mx.default_device()} ({e}); use kv_bits=None "
+                         "or another kv_group_size") from None
 
 
 def _zeros_like_parts(parts: Quantized, B: int, S: int) -> Quantized:

@@ -14,6 +14,7 @@ import mlx.core as mx
 from .adapters import AdapterBank, names_of, selected
 from .batch import Batch
 from .decode import Pending, launch
+from .fastpath import FastDecode, decode_fast_path
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
 from .quantized_kv import KVQuant
@@ -58,6 +59,7 @@ class ModelRunner:
         kv_quant: quantize the KV cache (:mod:`workbench.engine.quantized_kv`), ``None``: float.
         adapters: the loaded LoRA adapters (:mod:`workbench.engine.adapters`); every
             forward below runs each of its rows with that row's selected adapter.
+        fast_decode: which decode fast paths apply (:mod:`workbench.engine.fastpath`).
     """
 
     model: Any
@@ -66,6 +68,7 @@ class ModelRunner:
     pipeline: bool
     kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.quantized_kv)
     adapters: AdapterBank | None = None  # per-row LoRA adapters (workbench.engine.adapters)
+    fast_decode: FastDecode = FastDecode(False, False)  # decode fast paths (workbench.engine.fastpath)
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
@@ -105,9 +108,12 @@ class ModelRunner:
                asynchronous: bool) -> Pending:
         """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
         caches and sample each row's next token (``asynchronous``: evaluation started,
-        not awaited)."""
+        not awaited), on the fast paths that apply
+        (:func:`workbench.engine.fastpath.decode_fast_path`)."""
         index = [len(r.tokens) + 1 for r in batch.rows]
-        with selected(self.adapters, names_of(batch.rows)):
+        held = [r.context_tokens for r in batch.rows]
+        with selected(self.adapters, names_of(batch.rows)), \
+                decode_fast_path(self.model, batch.caches, held, self.fast_decode):
             return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
                           index, asynchronous)
 

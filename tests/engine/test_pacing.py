@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 from workbench.engine.cost import CostModel
-from workbench.engine.pacing import Pacer, Pacing, pacing_from
+from workbench.engine.pacing import Iteration, Pacer, Pacing, pacing_from
 from workbench.engine.policies import Queued, ShortestPromptFirst
 
 COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_per_step=0.010,
@@ -132,3 +132,17 @@ def test_the_pacer_reports_each_prediction_against_what_was_measured():
     assert err.kind.tolist() == ["prefill", "prefill"]
     assert err.prior_error.tolist() == pytest.approx([-0.5, -0.5])  # the prior is 2x optimistic
     assert err.error.tolist() == pytest.approx([-0.5, 0.0])         # the correction removes it
+
+
+def test_the_pacer_learns_the_decode_time_between_two_admits_one_step_apart():
+    pacer = Pacer(Pacing(cost_model=COST), 512)
+    pacer.begin_iteration(0.0, 0, 0, 0)                 # nothing ran before: nothing learned
+    pacer.observe_prefill(1, 32, 0, 0.3)
+    pacer.end_iteration(0.5)
+    assert pacer.last_iteration == Iteration(0.0, 0.5, 0.3) and not pacer.decode_samples
+    pacer.begin_iteration(0.7, 1, 1, 32)                 # it ran prefill: from its end, 0.2 s
+    pacer.end_iteration(0.8)                             # no prefill this time
+    pacer.begin_iteration(1.2, 2, 1, 33)                 # from its start: 0.5 s
+    pacer.end_iteration(1.3)
+    pacer.begin_iteration(2.0, 4, 1, 35)                 # two steps in between: not one iteration
+    assert list(pacer.decode_samples) == [(1, 32, pytest.approx(0.2)), (1, 33, pytest.approx(0.5))]

@@ -31,9 +31,16 @@ and the decode step is the median of the latest measured ones.
 A decode sample is what a running row waits for besides prefill: the time from the end of
 one ``admit()`` that ran prefill to the start of the next (the step, the filter and the
 driver's own work), or, after an iteration without prefill, from one ``admit()`` start to
-the next. Without a prior, the first chunk's time is split into a fixed part (one decode
-step: a forward reads the weights once whatever its length) and a per-token rest until
-chunks of two shapes have been measured.
+the next; taken only when exactly one decode step ran in between. The scheduler reports
+each paced ``admit()`` to the :class:`Pacer` (which keeps that timing)::
+
+    pacer.begin_iteration(now_s, step_index, rows, width_tokens)  # admit() starts
+    pacer.observe_prefill(rows, tokens, start_tokens, seconds)    # each chunk it runs
+    pacer.end_iteration(now_s)                                    # admit() returns
+
+Without a prior, the first chunk's time is split into a fixed part (one decode step: a
+forward reads the weights once whatever its length) and a per-token rest until chunks of
+two shapes have been measured.
 """
 
 from __future__ import annotations
@@ -107,8 +114,25 @@ def pacing_from(spec: Any) -> Pacing | None:
     raise ValueError(f"pacing must be None, True, a target in seconds, or a Pacing, got {spec!r}")
 
 
+@dataclass(frozen=True)
+class Iteration:
+    """The timing of one paced ``admit()`` (clock seconds): when it started and returned,
+    and the seconds of prefill chunks it ran."""
+
+    start_s: float
+    end_s: float
+    prefill_s: float
+
+    def decode_since_s(self, now_s: float) -> float:
+        """What a running row waited for besides prefill from this ``admit()`` to one
+        starting at ``now_s``: from its end when it ran prefill, else from its start."""
+        return now_s - (self.end_s if self.prefill_s else self.start_s)
+
+
 class Pacer:
-    """A :class:`Pacing`'s running estimates: predicts forwards, learns from measured ones.
+    """A :class:`Pacing`'s running estimates: predicts forwards, learns from measured ones,
+    and keeps the timing of the scheduler's latest ``admit()`` (:meth:`begin_iteration`,
+    :meth:`end_iteration`) to measure the decode time between two of them.
 
     Args:
         pacing: the options. chunk_cap_tokens: the longest chunk ever run (the
@@ -121,10 +145,32 @@ class Pacer:
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
         self._prefill_coef: np.ndarray | None = None
         self.predictions: deque[tuple[str, float, float, float]] = deque(maxlen=PREDICTIONS)
+        self.last_iteration: Iteration | None = None  # the latest admit() that returned
+        self._step_index, self._start_s, self._prefill_s = 0, 0.0, 0.0  # the admit() in progress (or latest)
+
+    # -- the scheduler's iterations ----------------------------------------------------
+    def begin_iteration(self, now_s: float, step_index: int, rows: int, width_tokens: int) -> None:
+        """A paced ``admit()`` starts at ``now_s`` (clock seconds) after ``step_index``
+        decode steps, with ``rows`` running rows of at most ``width_tokens`` context.
+        When exactly one step ran since the latest ``admit()`` returned, learns that
+        iteration's non-prefill time (:meth:`observe_decode`). Waits for nothing: the
+        decode forward the last step launched keeps overlapping this call, and a chunk's
+        measured time includes whatever of it was left (the two add up either way)."""
+        last = self.last_iteration
+        if last is not None and step_index == self._step_index + 1:
+            self.observe_decode(rows, width_tokens, last.decode_since_s(now_s))
+        self._step_index, self._start_s, self._prefill_s = step_index, now_s, 0.0
+
+    def end_iteration(self, now_s: float) -> None:
+        """The paced ``admit()`` begun last returns at ``now_s`` (clock seconds)."""
+        self.last_iteration = Iteration(self._start_s, now_s, self._prefill_s)
 
     # -- learning ----------------------------------------------------------------------
     def observe_prefill(self, rows: int, tokens: int, start_tokens: int, seconds: float) -> None:
-        """A measured prefill chunk of ``rows`` x ``tokens`` after ``start_tokens`` (seconds)."""
+        """A measured prefill chunk of ``rows`` x ``tokens`` after ``start_tokens``
+        (``seconds`` of clock time), run by the ``admit()`` in progress (its prefill time
+        grows by ``seconds``)."""
+        self._prefill_s += seconds
         if tokens > 0 and seconds > 0:
             prior = self.pacing.cost_model
             self._note("prefill", self.prefill_s(rows, tokens, start_tokens), seconds,

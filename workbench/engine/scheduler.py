@@ -214,8 +214,6 @@ class Scheduler:
         self.recorder = Recorder(clock, history_size)
         self.pacing = pacing_from(pacing)
         self.pacer = None if self.pacing is None else Pacer(self.pacing, self.prefill_step_size)
-        self._last_iteration: tuple[float, float, float] | None = None  # pacing: the last admit()'s timing
-        self._paced_step, self._iteration_start_s, self._prefill_s = 0, 0.0, 0.0
         self.ledger = KVLedger(self._kv_profile, self.prefill_step_size, self.kv_budget_bytes, reuse_slots=self.reuse_slots,
                                exact_chunks=self.pacing is None and prompt_cache is None and self.kv_quant is None)
         cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
@@ -328,7 +326,7 @@ class Scheduler:
         if len(self.events) > start or dropped:
             self._record()
         if self.pacer is not None:
-            self._last_iteration = (self._iteration_start_s, self.clock(), self._prefill_s)
+            self.pacer.end_iteration(self.clock())
         return self.events[start:]
 
     def _admit_fixed(self) -> None:
@@ -349,8 +347,10 @@ class Scheduler:
         """Prefill chunks, joins and new groups while they fit this iteration's time
         budget (:class:`~workbench.engine.pacing.Pacer`); at least one chunk."""
         st, pacer = self.state, self.pacer
-        rows, width = self._observe_iteration()
-        budget_s, ran, self._prefill_s = pacer.prefill_budget_s(rows, width), False, 0.0
+        now_s, rows = self.clock(), len(st.batch.rows)
+        width = max((r.context_tokens for r in st.batch.rows), default=0)  # the widest context (tokens)
+        pacer.begin_iteration(now_s, st.step_index, rows, width)
+        budget_s, ran = pacer.prefill_budget_s(rows, width), False
         while st.prefilling is not None or self._start_group(self._group_limit(budget_s, ran)):
             group = st.prefilling
             if group.prefill.done:
@@ -368,22 +368,7 @@ class Scheduler:
             real = self._run_chunk(group, k)
             elapsed = self.clock() - t0
             pacer.observe_prefill(b, max(real), pos, elapsed)
-            budget_s, ran, self._prefill_s = budget_s - elapsed, True, self._prefill_s + elapsed
-
-    def _observe_iteration(self) -> tuple[int, int]:
-        """Give the pacer the last iteration's non-prefill time (see
-        :mod:`workbench.engine.pacing`) and return the running rows and their widest
-        context (tokens). Nothing waits here: the decode forward the last step launched
-        keeps overlapping this call, and a chunk's measured time includes whatever of it
-        was left (the two add up to the iteration either way)."""
-        st, batch = self.state, self.state.batch
-        now_s, rows = self.clock(), len(batch.rows)
-        width = max((r.context_tokens for r in batch.rows), default=0)
-        last = self._last_iteration  # (admit start, admit end, prefill seconds) of the last call
-        if last is not None and st.step_index == self._paced_step + 1:
-            self.pacer.observe_decode(rows, width, now_s - (last[1] if last[2] else last[0]))
-        self._paced_step, self._iteration_start_s = st.step_index, now_s
-        return rows, width
+            budget_s, ran = budget_s - elapsed, True
 
     def _group_limit(self, budget_s: float, ran: bool) -> int | None:
         """Most padded prefill tokens (rows x longest input) a new group may bring, so

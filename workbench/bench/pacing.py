@@ -59,7 +59,8 @@ GOALS = {"ttft": 0.6, "itl": 1.0}  # issue 17: p95 at most this x mlx-lm's, both
 
 
 def paced_name(target_steps: float) -> str:
-    """The engine name of a paced run at ``target_steps`` x the decode step."""
+    """The engine name of a paced run at ``target_steps`` x the decode step (what
+    :func:`workbench.bench.figures.target_of` reads back)."""
     return f"workbench, paced {target_steps:g}x step"
 
 
@@ -67,9 +68,23 @@ def frontier_factories(model: Any, tokenizer: Any, max_batch: int, prefill_step_
                        targets_steps: Sequence[float], clock: Callable[[], float] = time.perf_counter,
                        max_wait_s: float | None = None, cost_model: CostModel | None = None,
                        history_size: int = 64) -> dict[str, Callable[[], Any]]:
-    """Engine factories: mlx-lm, the workbench as shipped (``FIXED``), and the workbench
-    paced at each target (a multiple of its decode step) with shortest-prompt-first
-    bounded by ``max_wait_s`` (``None``: FCFS) and an optional prior ``cost_model``."""
+    """Engine factories by name: mlx-lm (``MLX_LM``), the workbench as shipped
+    (``FIXED``), and the workbench paced at each of ``targets_steps`` (multiples of its
+    decode step, :func:`paced_name`) admitting shortest prompt first bounded by
+    ``max_wait_s`` seconds of waiting (``None``: FCFS), with an optional prior
+    ``cost_model``.
+
+    Args:
+        model, tokenizer: the model under test (maybe a
+            :class:`~workbench.sim.costmodel.CostedModel`) and a tokenizer.
+        max_batch: rows decoding at once; prefill_step_size: the longest chunk (tokens
+            per row), for every engine.
+        clock: ``() -> seconds`` stamping the events. history_size: the workbench's
+            snapshots kept (``0``: none).
+
+    Returns:
+        ``{name: () -> engine}``; each call builds a fresh engine (``submit``,
+        ``iterate``, ``idle``, ``events``, ``close``: :mod:`workbench.bench.engines`)."""
     policy = "fcfs" if max_wait_s is None else ShortestPromptFirst(max_wait_s=max_wait_s)
     out: dict[str, Callable[[], Any]] = {
         MLX_LM: lambda: MlxLmEngine(model, max_batch, prefill_step_size, clock=clock),
@@ -85,7 +100,10 @@ def frontier_factories(model: Any, tokenizer: Any, max_batch: int, prefill_step_
 
 def drive_virtual(engine: Any, arrivals: Sequence[Arrival], clock: VirtualClock, costed: CostedModel) -> None:
     """Run ``engine`` (built on ``costed`` and ``clock``) through ``arrivals`` on the
-    virtual clock: each iteration's forwards advance it; idle time is jumped."""
+    virtual clock until every arrival is submitted and the engine is idle: each
+    iteration's forwards advance it (``costed``'s cost per ``[B, L]`` forward), idle time
+    is jumped to the next arrival, and each submit is stamped at its arrival time
+    (``at_s`` seconds after the start). ``at_iteration`` is not used here."""
     start_s, done = clock(), 0
     while done < len(arrivals) or not engine.idle:
         if engine.idle:
@@ -106,6 +124,9 @@ def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_b
     """Every engine of :func:`frontier_factories` through ``arrivals``, ``rounds`` times,
     alternating (A B C, C B A, ...). ``mode`` is ``measured`` or ``cost`` (then
     ``cost_model`` is required; it charges the forwards and is the paced engines' prior).
+    ``max_batch`` (rows), ``prefill_step_size`` (tokens per row), ``targets_steps`` and
+    ``max_wait_s`` (seconds) are :func:`frontier_factories`'; ``echo`` gets one progress
+    line per run and one for the floors.
     In ``measured`` mode with ``warmup`` every engine first runs the arrivals once,
     discarded: the first run of a shape pays MLX's kernel compilation (seconds on CUDA) and
     buffer allocation, which would otherwise land on whichever engine runs first.

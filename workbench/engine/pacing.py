@@ -98,8 +98,10 @@ class Pacing:
 
 
 def pacing_from(spec: Any) -> Pacing | None:
-    """``None``/``False`` (off), ``True`` (defaults), a target in seconds (a number), or a
-    :class:`Pacing`.
+    """The :class:`Pacing` that ``Scheduler(pacing=spec)`` means, or ``None`` (off).
+
+    ``spec`` is ``None``/``False`` (off), ``True`` (the defaults), a number (the target
+    inter-token gap in seconds), or a :class:`Pacing` (returned as it is).
 
     Raises:
         ValueError: for anything else (naming ``pacing``)."""
@@ -132,11 +134,19 @@ class Iteration:
 class Pacer:
     """A :class:`Pacing`'s running estimates: predicts forwards, learns from measured ones,
     and keeps the timing of the scheduler's latest ``admit()`` (:meth:`begin_iteration`,
-    :meth:`end_iteration`) to measure the decode time between two of them.
+    :meth:`end_iteration`) to measure the decode time between two of them. Times are
+    seconds of the scheduler's clock; chunks are ``[rows, tokens]`` forwards.
 
     Args:
-        pacing: the options. chunk_cap_tokens: the longest chunk ever run (the
-            scheduler's ``prefill_step_size``: activations stay bounded).
+        pacing: the options. chunk_cap_tokens: the longest chunk ever run, in tokens per
+            row (the scheduler's ``prefill_step_size``: activations stay bounded).
+
+    Attributes:
+        prefill_samples: the latest ``SAMPLES`` measured chunks, ``(rows, tokens,
+            start_tokens, seconds)``. decode_samples: the latest measured iterations'
+            non-prefill time, ``(rows, width_tokens, seconds)``. predictions: see
+            :meth:`prediction_errors`. last_iteration: the latest paced ``admit()``'s
+            :class:`Iteration`, or ``None``.
     """
 
     def __init__(self, pacing: Pacing, chunk_cap_tokens: int):
@@ -179,7 +189,10 @@ class Pacer:
             self._prefill_coef = None
 
     def observe_decode(self, rows: int, width_tokens: int, seconds: float) -> None:
-        """A measured iteration's non-prefill time with ``rows`` running at KV width (seconds)."""
+        """A measured iteration's non-prefill time: ``seconds`` with ``rows`` running rows
+        whose widest context is ``width_tokens`` (the ``[rows, 1]`` step, the filter and
+        the driver's work between two ``admit()`` calls). Ignored unless ``rows > 0`` and
+        ``seconds > 0``."""
         if rows > 0 and seconds > 0:
             prior = self.pacing.cost_model
             self._note("decode", self.decode_s(rows, width_tokens) if self.decode_samples or prior else None, seconds,
@@ -201,7 +214,11 @@ class Pacer:
 
     # -- predicting --------------------------------------------------------------------
     def decode_s(self, rows: int, width_tokens: int) -> float:
-        """Predicted non-prefill seconds of an iteration with ``rows`` running rows."""
+        """Predicted non-prefill seconds of an iteration with ``rows`` running rows (a
+        ``[rows, 1]`` step) at a widest context of ``width_tokens``: the prior's, scaled by
+        the latest measured / predicted ratio, or without a prior the median of the latest
+        measured iterations (``0.0`` before any, and for ``rows <= 0``). Also what a join
+        of ``rows`` rows is predicted to cost (its ``[rows, 1]`` forward)."""
         if rows <= 0:
             return 0.0
         prior = self.pacing.cost_model
@@ -212,8 +229,9 @@ class Pacer:
         return prior.decode_s(rows, width_tokens) * ratio
 
     def prefill_s(self, rows: int, tokens: int, start_tokens: int) -> float | None:
-        """Predicted seconds of a ``rows`` x ``tokens`` chunk after ``start_tokens``, or
-        ``None`` while nothing is known (no prior, too few measurements)."""
+        """Predicted seconds of a ``[rows, tokens]`` prefill chunk whose rows already hold
+        ``start_tokens`` cached tokens, or ``None`` while nothing is known (no prior and no
+        chunk measured yet). ``tokens = 0`` gives the forward's fixed part."""
         prior = self.pacing.cost_model
         if prior is not None:
             ratio = self._ratio([(prior.prefill_s(k, s0, b), s) for b, k, s0, s in self.prefill_samples])
@@ -224,7 +242,8 @@ class Pacer:
         return float(prefill_features([rows], [tokens], [start_tokens])[0] @ coef)
 
     def target_s(self, rows: int, width_tokens: int) -> float:
-        """The inter-token gap to stay under (seconds)."""
+        """The inter-token gap to stay under (seconds): ``itl_target_s``, or
+        ``itl_target_steps`` x :meth:`decode_s` ``(rows, width_tokens)``."""
         if self.pacing.itl_target_s is not None:
             return self.pacing.itl_target_s
         return self.pacing.itl_target_steps * self.decode_s(rows, width_tokens)
@@ -238,13 +257,16 @@ class Pacer:
 
     def chunk_tokens(self, budget_s: float, rows: int, start_tokens: int, remaining_tokens: int,
                      first: bool) -> int:
-        """The chunk to run now (tokens, ``0``: none): the most tokens, up to
-        ``remaining_tokens`` and the chunk cap, predicted to fit ``budget_s`` — unless that
-        is shorter than an *efficient* chunk (:meth:`efficient_tokens`, at least
-        ``min_chunk_tokens``): then none, or, when ``first`` (nothing ran this iteration),
-        the efficient chunk itself, over the budget (prefill must progress, and chunks
-        that are mostly fixed cost would make every iteration slower and the prompt
-        slower still)."""
+        """The chunk to run now, in tokens per row (``0``: none): the most tokens, up to
+        ``remaining_tokens`` and the chunk cap, whose ``[rows, k]`` forward after
+        ``start_tokens`` cached tokens is predicted to fit ``budget_s`` seconds (a power of
+        two, or all ``remaining_tokens``) — unless that is shorter than an *efficient*
+        chunk (:meth:`efficient_tokens`, at least ``min_chunk_tokens``): then none, or,
+        when ``first`` (nothing ran this iteration), the efficient chunk itself, over the
+        budget (prefill must progress, and chunks that are mostly fixed cost would make
+        every iteration slower and the prompt slower still). With ``budget_s`` infinite
+        (no running row): ``remaining_tokens`` up to the cap; before any cost is known:
+        a ``min_chunk_tokens`` probe when ``first``, else none."""
         cap = min(remaining_tokens, self.chunk_cap_tokens)
         if cap <= 0 or math.isinf(budget_s):
             return max(cap, 0)
@@ -263,10 +285,11 @@ class Pacer:
         return efficient if first else 0
 
     def efficient_tokens(self, rows: int, start_tokens: int) -> int:
-        """The shortest chunk whose per-token time is at least its fixed time (a
-        forward's launch and weight read: ``prefill_s(rows, 0, start)``), up to the chunk
-        cap. About 15 tokens for the bundled tiny-llama on this CPU; the whole cap on a
-        GPU, where a forward's fixed cost dwarfs its tokens."""
+        """The shortest chunk (tokens per row) whose ``[rows, k]`` forward's per-token time
+        is at least its fixed time (a forward's launch and weight read:
+        ``prefill_s(rows, 0, start_tokens)``), up to the chunk cap; ``min_chunk_tokens``
+        before any cost is known. About 15 tokens for the bundled tiny-llama on this CPU;
+        the whole cap on a GPU, where a forward's fixed cost dwarfs its tokens."""
         fixed = self.prefill_s(rows, 0, start_tokens)
         if fixed is None:
             return self.pacing.min_chunk_tokens
@@ -301,7 +324,8 @@ class Pacer:
         return float(np.median(ratios)) if ratios else 1.0
 
     def text(self) -> str:
-        """One line: samples seen and the current predictions' basis."""
+        """One line: the predictions' basis (prior or learned) and the measured prefill
+        chunks and decode iterations kept."""
         basis = "prior cost model, corrected" if self.pacing.cost_model is not None else "learned online"
         return (f"pacing ({basis}): {len(self.prefill_samples)} prefill and {len(self.decode_samples)} "
                 f"decode measurements")

@@ -2,7 +2,6 @@
 is padded, compiled MLPs. Each is checked against what it replaces: the caches' own
 ``left_padding`` (read from the arrays) and the tokens / log-probs of the plain path."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -97,9 +96,8 @@ def test_compiled_mlps_give_equal_tokens_and_are_restored(random_llama):
         np.testing.assert_allclose(compiled[uid][1], plain[uid][1], rtol=0, atol=1e-5)
 
 
-def test_compile_default_is_gpu_only_and_never_with_adapters():
-    on_gpu = mx.default_device().type == mx.DeviceType.gpu
-    assert fastpath.FastDecode.of(None) == fastpath.FastDecode(True, on_gpu)
+def test_compiled_mlps_are_opt_in_and_never_with_adapters():
+    assert fastpath.FastDecode.of(None) == fastpath.FastDecode(True, False)
     assert fastpath.FastDecode.of(True) == fastpath.FastDecode(True, True)
     assert fastpath.FastDecode.of(False) == fastpath.FastDecode(False, False)
     assert fastpath.FastDecode.of(True, adapters=object()) == fastpath.FastDecode(True, False)

@@ -60,7 +60,7 @@ from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import caches as kv
 from . import adapters as lora
-from . import quantized_kv
+from . import fastpath, quantized_kv
 from .admission import Admission, Decision
 from .batch import Batch
 from .budget import context_limit, kv_profile
@@ -158,6 +158,12 @@ class Scheduler:
             ``Request(adapter=name)``; rows with different adapters (or none) share every
             forward (:mod:`workbench.engine.adapters`, ``docs/adapters.md``). The model's
             target Linear layers are wrapped once, in place; its weights do not change.
+        fast_decode: the decode fast paths of :mod:`workbench.engine.fastpath`:
+            attention without a mask in steps where no row is left-padded, and every
+            layer's MLP under ``mx.compile`` (never with ``adapters``). ``None`` (default):
+            no mask where it applies; ``True``: both; ``False``: neither (mlx-lm's forward
+            as it is). Tokens are the same; on the CPU log-probs too, bit for bit
+            (compiled: within 1e-5).
 
     A model whose code cannot batch rows of different lengths (found by
     :func:`workbench.engine.probe.probe` when the scheduler is built, e.g. mlx-lm's
@@ -181,7 +187,8 @@ class Scheduler:
                  kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True,
                  history_checkpoints: int = 0, pacing: "Pacing | bool | float | None" = None,
                  kv_bits: int | None = None, kv_group_size: int = 64,
-                 adapters: "Mapping[str, str] | lora.AdapterBank | None" = None):
+                 adapters: "Mapping[str, str] | lora.AdapterBank | None" = None,
+                 fast_decode: bool | None = None):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model, self.tokenizer = model, tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -210,7 +217,7 @@ class Scheduler:
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
         self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant,
-                                  adapters=self.adapters)
+                                  adapters=self.adapters, fast_decode=fastpath.FastDecode.of(fast_decode, self.adapters))
         self.recorder = Recorder(clock, history_size)
         self.pacing = pacing_from(pacing)
         self.pacer = None if self.pacing is None else Pacer(self.pacing, self.prefill_step_size)

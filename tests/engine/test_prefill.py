@@ -2,6 +2,8 @@
 ``prompt_concurrency``, visible in snapshots while it runs, and skipped for a prefix the
 prompt cache holds. Scheduling is not math: the tokens never change."""
 
+import mlx.core as mx
+import numpy as np
 import pytest
 
 import workbench as wb
@@ -85,3 +87,35 @@ def test_warm_prompt_cache_gives_the_cold_tokens_inside_a_batch(bundled, make_sc
     assert report.loc[follow, "cached_tokens"] == 40 + 10  # the whole stored entry: prompt + generated tokens
     check = oracle.solo_check(model, sched)
     assert check.ok, check.text()
+
+
+def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_caches_and_per_row_otherwise(bundled, prompt):
+    """mlx-lm's PromptProcessingBatch chunks right-padded prompts of full-attention models;
+    so does the workbench (one forward per chunk for all rows, not one per row and chunk),
+    and each row's cache equals the same prompt run alone. A sliding-window model keeps
+    the per-row mode (its batch cache is not safe with right padding across chunks)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from workbench.engine.prefill import PrefillGroup
+
+    model, _ = bundled
+    prompts = [prompt(n, 7 * n) for n in (5, 30, 13)]
+    group = PrefillGroup(model, prompts, prefill_step_size=8)
+    assert group.chunked_padding and not group.per_row
+    forwards = 0
+    while not group.done:
+        assert group.next_chunk()[0] == 3  # every row in every chunk
+        group.run_chunk()
+        forwards += 1
+    assert forwards == 4  # ceil(30 / 8), against 1 + 4 + 2 = 7 per row
+    for b, p in enumerate(prompts):
+        solo = make_prompt_cache(model)
+        model(mx.array([p], dtype=mx.uint32), cache=solo)
+        for layer, ref in zip(group.caches, solo):
+            pad = int(layer.left_padding[b].item())
+            ours = layer.keys[b : b + 1, :, pad : layer._idx]
+            np.testing.assert_allclose(np.array(ours), np.array(ref.keys[..., : ref.offset, :]), rtol=1e-5, atol=1e-5)
+
+    gemma, _ = wb.load("tiny-gemma3")
+    rotating = PrefillGroup(gemma, [[1] * 5, [2] * 30], prefill_step_size=8)
+    assert rotating.per_row and not rotating.chunked_padding

@@ -64,6 +64,12 @@ class QuantizedPrefillGroup(PrefillGroup):
             self.per_row, self.caches = True, []
             self._solo = [kv.single_cache(model, max_kv_size) for _ in prompts]
 
+    @staticmethod
+    def _pads_safely(model: Any, max_kv_size: int | None) -> bool:
+        """Never: a padded group runs in one chunk (quantizing between chunks of a
+        right-padded group is not offered)."""
+        return False
+
     def _shared_first_chunk(self, tails: list[int]) -> bool:
         """True when one batched first chunk is every row's first forward: the same
         length for all rows that run (a padded group runs each row's whole tail at once)."""

@@ -10,8 +10,9 @@ first. For each interval :func:`workbench.bench.pacing.frontier_runs` runs mlx-l
 fixed-chunk workbench (and the workbench paced at each target) after a warm-up, measuring
 the floors first (:mod:`workbench.bench.floors`: each prompt length alone, lowest of 4
 runs; 8 prompts decoding together), and this prints the summary in ms, each engine against
-mlx-lm (the floor columns against mlx-lm's *measured* p95) and the verdicts: is the floor's
-p95 within the goal (TTFT <= 0.6 x, ITL <= 1.0 x mlx-lm's p95)? With OUT_DIR it writes
+mlx-lm (the floor columns against mlx-lm's *measured* p95), the verdicts (is the floor's
+p95 within the goal: TTFT <= 0.6 x, ITL <= 1.0 x mlx-lm's p95?) and mlx-lm's TTFT p95 of each
+round with the floor's ratio to it (the load of a shared machine moves it). With OUT_DIR it writes
 ``floors_<S>_requests.csv`` / ``_gaps.csv`` / ``_summary.csv`` there.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.bench.model import FULL, make_model
 from workbench.bench.pacing import floor_verdicts, frontier_runs, frontier_summary, versus
-from workbench.bench.scenarios import staggered_arrivals
+from workbench.bench.scenarios import MLX_LM, staggered_arrivals
 from workbench.observe.metrics import SLO
 from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
@@ -60,3 +61,8 @@ for steps in args.arrival_steps:
     print("each / mlx-lm's (a floor / mlx-lm's measured p95):")
     print(versus(summary)[["engine", *cols]].round(3).to_string(index=False))
     print(floor_verdicts(summary).round(3).to_string(index=False))
+    mlx = requests[requests.engine == MLX_LM]
+    per_round = mlx.groupby("round").ttft_s.quantile(0.95)
+    floor_s = mlx.ttft_floor_s.quantile(0.95)
+    print("mlx-lm's TTFT p95 per round: " + ", ".join(
+        f"{p95:.3f} s (floor / it {floor_s / p95:.2f})" for p95 in per_round))

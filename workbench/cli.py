@@ -44,7 +44,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.device == "gpu":
         from .bench.gpu import gpu_bench_job
 
-        return gpu_bench_job(args.quick, Path(args.out) if args.out else None)
+        return gpu_bench_job(args.quick, Path(args.out) if args.out else None, model=args.model)
+    if args.model is not None:
+        raise SystemExit("workbench bench: --model is for --device gpu (the CPU benchmark's models are fixed: "
+                         "docs/benchmarks.md)")
     from .bench.report import bench_job
 
     return bench_job(args.quick, Path(args.out) if args.out else None)
@@ -154,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "roofline (writes gpu-bench.md; default out ./workbench-out; docs/gpu.md)")
     b.add_argument("--out", default=None, help="output folder for benchmarks.md and benchmarks/ "
                    "(default ./docs, or ./workbench-out with --quick)")
+    b.add_argument("--model", default=None, help="with --device gpu: an mlx-lm model path or a bundled / fetched "
+                   "name (smollm2-135m) instead of the 1B-shaped random llama, at the same sizes")
     b.set_defaults(func=_bench)
     m = sub.add_parser("margins", help="how often greedy decoding nearly ties over the demo workload")
     m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")

@@ -2,6 +2,7 @@
 through the same code on the CPU, and the real command on a GPU (``gpu`` marker). No
 timing thresholds: the measured numbers are in docs/gpu.md."""
 
+from dataclasses import replace
 import subprocess
 import sys
 
@@ -54,3 +55,20 @@ def test_quick_gpu_bench_runs_on_the_gpu_and_writes_its_files(tmp_path):
     assert {p.name for p in (tmp_path / "gpu-bench").iterdir()} == {"runs.csv", "roofline.csv", "table.csv", "meta.csv"}
     runs = pd.read_csv(tmp_path / "gpu-bench" / "runs.csv")
     assert runs.same_tokens.dropna().eq(1.0).all()
+
+
+def test_the_gpu_bench_takes_a_loaded_model_through_the_same_code(capsys):
+    """``--model``: a real model instead of the random 1B shape (here the bundled tiny-llama
+    on whatever device this is, with the quick sizes); every engine gives the same tokens."""
+    cfg = replace(GPU_QUICK_CONFIG, model="tiny-llama", pairs=1, batch_sizes=(2,), decode_tokens=4)
+    result = run_gpu_bench(cfg, echo=lambda _: None, require_gpu=False)
+    assert result.meta["model"].startswith("tiny-llama: llama,") and result.meta["dtype"] == "weights as loaded"
+    assert set(result.runs.engine) == {"workbench", "workbench, fast decode off", "mlx-lm"}
+    assert result.runs.same_tokens.dropna().eq(1.0).all()
+    assert "tiny-llama" in gpu_markdown(result)
+
+
+def test_model_without_device_gpu_is_refused():
+    out = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "--model", "tiny-llama"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--model is for --device gpu" in out.stderr

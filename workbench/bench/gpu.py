@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from .engines import Arrival
-from .model import QUICK, ModelShape, make_model, parameter_count
+from .model import QUICK, ModelShape, decode_weight_bytes, make_model, parameter_count
 from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 from .scenarios import FAST_OFF, MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
 from ..runtime import precision
@@ -74,6 +74,7 @@ class GpuBenchConfig:
     prefill_step_size: int
     bandwidth_bytes: int
     matmul_n: int
+    model: str | None = None  # an mlx-lm model path or a bundled / fetched name instead of ``shape``
 
 
 GPU_CONFIG = GpuBenchConfig("gpu", LLAMA_1B, "bfloat16", batch_sizes=(1, 8, 32, 128), prompt_tokens_min=64,
@@ -214,9 +215,16 @@ def run_gpu_bench(cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] 
                          f"(NVIDIA: pip install -e \".[cuda]\", docs/gpu.md)")
     started_s = time.perf_counter()
     echo(f"device: {device_report().text()}; {precision.describe()}")
-    model = make_model(cfg.shape, dtype=getattr(mx, cfg.dtype))
-    _, tokenizer = load()  # the bundled tokenizer: prompts are cut from its prompt set
-    echo(f"model {cfg.shape.describe()}, {parameter_count(model) / 1e6:,.1f}M parameters, {cfg.dtype}")
+    if cfg.model is None:
+        model = make_model(cfg.shape, dtype=getattr(mx, cfg.dtype))
+        _, tokenizer = load()  # the bundled tokenizer: prompts are cut from its prompt set
+        described = cfg.shape.describe()
+    else:
+        model, tokenizer = load(cfg.model)  # prompts are cut from the bundled prompt set, in its tokenizer
+        described = (f"{cfg.model}: {type(model).__module__.rsplit('.', 1)[-1]}, {len(model.layers)} layers, "
+                     f"{decode_weight_bytes(model) / 1e6:,.1f} MB of weights read per step")
+    dtype = cfg.dtype if cfg.model is None else "weights as loaded"
+    echo(f"model {described}, {parameter_count(model) / 1e6:,.1f}M parameters, {dtype}")
     frames = []
     for B in cfg.batch_sizes:
         arrivals = [Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), cfg.decode_tokens)
@@ -229,11 +237,11 @@ def run_gpu_bench(cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] 
     roofline = gpu_roofline(model, cfg, runs, bandwidth, flops)
     same = runs.same_tokens.dropna()
     meta = {"date": datetime.date.today().isoformat(), **_versions(), "device": device_report().text(),
-            "precision": precision.describe(), "model": cfg.shape.describe(), "dtype": cfg.dtype,
+            "precision": precision.describe(), "model": described, "dtype": dtype,
             "parameters": parameter_count(model), "copy_bandwidth_bytes_per_s": bandwidth,
             "matmul_flops_per_s": flops, "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
             "wall_s": time.perf_counter() - started_s,
-            **{k: v for k, v in asdict(cfg).items() if k not in ("name", "shape")}}
+            **{k: v for k, v in asdict(cfg).items() if k not in ("name", "shape", "model", "dtype")}}
     return GpuBenchResult(cfg, runs, roofline, gpu_table(runs, roofline), meta)
 
 
@@ -256,7 +264,7 @@ def gpu_markdown(result: GpuBenchResult) -> str:
                      f"({r.decode_ratio_range}) | {r.workbench_wall_tok_per_s:,.0f} / {r.mlx_lm_wall_tok_per_s:,.0f} "
                      f"| {r.wall_ratio:.2f} ({r.wall_ratio_range}) | {r.bound_ms:.2f} ms "
                      f"| {r.workbench_pct_of_bound:.0f}% | {r.mlx_lm_pct_of_bound:.0f}% |")
-    lines += ["", f"Roofline: copy bandwidth {m['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, {m['dtype']} matmul "
+    lines += ["", f"Roofline: copy bandwidth {m['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, {cfg.dtype} matmul "
                   f"{m['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s; step bound = max(bytes / bandwidth, flops / rate) "
                   f"at the mean context; decode ratio = workbench tok/s / mlx-lm tok/s (> 1: workbench faster); "
                   f"fast decode off = the workbench with `fast_decode=False` (mlx-lm's forward as it is: a mask in "
@@ -264,9 +272,12 @@ def gpu_markdown(result: GpuBenchResult) -> str:
     return "\n".join(lines)
 
 
-def gpu_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print) -> int:
-    """The job behind ``workbench bench --device gpu``: run the GPU benchmark (or its
-    ``quick`` smoke form), write ``gpu-bench.md`` and ``gpu-bench/{runs,roofline,table,meta}.csv``
+def gpu_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print,
+                  model: str | None = None) -> int:
+    """The job behind ``workbench bench --device gpu [--model M]``: run the GPU benchmark (or
+    its ``quick`` smoke form) on the 1B-shaped random llama, or on ``model`` (an mlx-lm path,
+    or a bundled or fetched name such as ``smollm2-135m``: the real 4-bit chat model) at the
+    same sizes, write ``gpu-bench.md`` and ``gpu-bench/{runs,roofline,table,meta}.csv``
     under ``out_dir`` (default ``workbench-out``), print the markdown. Returns 0.
 
     Raises:
@@ -275,7 +286,10 @@ def gpu_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Callab
     """
     out = Path(out_dir) if out_dir is not None else Path("workbench-out")
     (out / "gpu-bench").mkdir(parents=True, exist_ok=True)
-    result = run_gpu_bench(GPU_QUICK_CONFIG if quick else GPU_CONFIG, echo)
+    cfg = GPU_QUICK_CONFIG if quick else GPU_CONFIG
+    if model is not None:
+        cfg = replace(cfg, name=f"{cfg.name}-{Path(model).name}", model=model)
+    result = run_gpu_bench(cfg, echo)
     for name, frame in {"runs.csv": result.runs, "roofline.csv": result.roofline, "table.csv": result.table,
                         "meta.csv": pd.DataFrame({"key": list(result.meta), "value": list(result.meta.values())})
                         }.items():

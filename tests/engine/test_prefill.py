@@ -91,8 +91,8 @@ def test_warm_prompt_cache_gives_the_cold_tokens_inside_a_batch(bundled, make_sc
 
 def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_caches_and_per_row_otherwise(bundled, prompt):
     """mlx-lm's PromptProcessingBatch chunks right-padded prompts of full-attention models;
-    so does the workbench (one forward per chunk for all rows, not one per row and chunk),
-    and each row's cache equals the same prompt run alone. A sliding-window model keeps
+    so does the workbench on a GPU, or where asked (one forward per chunk for all rows, not
+    one per row and chunk), and each row's cache equals the same prompt run alone. A sliding-window model keeps
     the per-row mode (its batch cache is not safe with right padding across chunks)."""
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -100,7 +100,9 @@ def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_cache
 
     model, _ = bundled
     prompts = [prompt(n, 7 * n) for n in (5, 30, 13)]
-    group = PrefillGroup(model, prompts, prefill_step_size=8)
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    assert PrefillGroup(model, prompts, prefill_step_size=8).per_row is not on_gpu  # the default: GPU only
+    group = PrefillGroup(model, prompts, prefill_step_size=8, chunked_padding=True)
     assert group.chunked_padding and not group.per_row
     forwards = 0
     while not group.done:
@@ -117,5 +119,24 @@ def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_cache
             np.testing.assert_allclose(np.array(ours), np.array(ref.keys[..., : ref.offset, :]), rtol=1e-5, atol=1e-5)
 
     gemma, _ = wb.load("tiny-gemma3")
-    rotating = PrefillGroup(gemma, [[1] * 5, [2] * 30], prefill_step_size=8)
+    rotating = PrefillGroup(gemma, [[1] * 5, [2] * 30], prefill_step_size=8, chunked_padding=True)
     assert rotating.per_row and not rotating.chunked_padding
+
+
+def test_scheduled_runs_with_batched_padded_chunks_equal_each_request_alone(make_sched, prompt, monkeypatch):
+    """The GPU's default, forced on the CPU: a padded group prefilled batched in 8-token
+    chunks, interleaved with decode steps, joins with every row equal to its solo run."""
+    from workbench.engine import prefill
+
+    monkeypatch.setattr(prefill, "chunked_padding_default", lambda: True)
+    sched = make_sched(max_batch=4, prefill_step_size=8)
+    sched.submit(wb.Request(prompt=prompt(6), max_tokens=12))
+    sched.admit()
+    sched.step()
+    for n in (3, 41, 19):
+        sched.submit(wb.Request(prompt=prompt(n, n), max_tokens=6))
+    report = sched.run()
+    chunks = report.events[report.events.kind == "prefill"]
+    assert chunks.groupby("step").uid.nunique().max() >= 2  # rows of the padded group share chunks
+    check = oracle.solo_check(sched.model, sched)
+    assert check.ok, check.text()

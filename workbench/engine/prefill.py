@@ -20,16 +20,20 @@ Two modes, chosen per group:
   (``merge``, left-padding the shorter) when all are done.
 
 A group is batched when it needs no padding, when its padded prompt fits in one chunk of
-at least 2 columns, or when every layer's cache is a plain ``BatchKVCache`` (full
-attention: a row's real tokens come before its right padding, so causal attention never
-reads the padding, in any chunk; mlx-lm's ``PromptProcessingBatch`` chunks such prompts
-too). Otherwise it runs per row, because mlx-lm's right-padding protocol is not safe
+at least 2 columns, or, on a GPU, when every layer's cache is a plain ``BatchKVCache``
+(full attention: a row's real tokens come before its right padding, so causal attention
+never reads the padding, in any chunk; mlx-lm's ``PromptProcessingBatch`` chunks such
+prompts too). Otherwise it runs per row, because mlx-lm's right-padding protocol is not safe
 across chunk boundaries for every cache kind (measured with mlx-lm 0.32.2:
 ``BatchRotatingKVCache`` raises on a one-column padded chunk, and mamba2's ``ArraysCache``
 prefill gives NaN or drifting logits once a row's real tokens end chunks before the
-group's; the stateful fuzzer in ``tests/verify/test_fuzz.py`` found both). Per row costs
-one forward per row and chunk: on an H200, 128 rows of 64-512 tokens in 256-token chunks
-took 2.94 s per row against 0.77 s batched (``docs/gpu.md``).
+group's; the stateful fuzzer in ``tests/verify/test_fuzz.py`` found both). Which is
+faster depends on the device: per row costs one forward per row and chunk, batched computes
+the padding. On an H200 (per-forward overhead dominates) 128 rows of 64-512 tokens in
+256-token chunks took 2.94 s per row against 0.53 s batched (``docs/gpu.md``); on the CPU
+(compute-bound) per row is cheaper, and the cost-model replay of notebook 06 (64-token
+chunks) ran fcfs's TTFT p50 13% slower batched. So batched chunks are the default on a GPU
+only (``chunked_padding=None``).
 
 Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """
@@ -44,6 +48,12 @@ from . import caches as kv
 from .cache_internals import clone_caches
 
 
+def chunked_padding_default() -> bool:
+    """Whether padded groups run batched in chunks by default: on a GPU (see the module
+    docstring)."""
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
 class PrefillGroup:
     """A group of joining rows being prefilled together.
 
@@ -55,6 +65,9 @@ class PrefillGroup:
             sink tokens, like the batch's: :func:`workbench.engine.caches.single_cache`).
         caches: optional per-row single-sequence caches already holding a cached prefix
             (from the prompt cache); ``prompts`` are then the uncached tails.
+        chunked_padding: let a right-padded group longer than a chunk run batched in
+            chunks where the caches allow it (see the module docstring); ``None``: on a
+            GPU only.
 
     Attributes:
         caches: the group's per-layer batch caches once :attr:`done` (joined to the
@@ -67,7 +80,8 @@ class PrefillGroup:
     """
 
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
-                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None):
+                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
+                 chunked_padding: bool | None = None):
         self.model = model
         self.prompts = [list(p) for p in prompts]
         self.lengths = [len(p) for p in prompts]
@@ -75,7 +89,10 @@ class PrefillGroup:
         self.right_padding = [self.length - n for n in self.lengths]
         self.step_size = prefill_step_size
         padded = max(self.right_padding, default=0) > 0
-        self.chunked_padding = padded and self.length > prefill_step_size and self._pads_safely(model, max_kv_size)
+        if chunked_padding is None:
+            chunked_padding = chunked_padding_default()
+        self.chunked_padding = (bool(chunked_padding) and padded and self.length > prefill_step_size
+                                and self._pads_safely(model, max_kv_size))
         self.per_row = padded and not self.chunked_padding and not (2 <= self.length <= prefill_step_size)
         self.position = 0
         self._row, self._row_pos = 0, 0

@@ -2,7 +2,7 @@
 converted) against the same weights dequantized to float32 (``dequantize=True``). With MLX's
 reference BLAS (nbval's ``WORKBENCH_BLAS=off``) float32 does not pay, so the notebook keeps
 4-bit; with an optimized BLAS (``WORKBENCH_BLAS=/path/to/libopenblas.so.0``) float32
-prefills over 10 times faster. Notebook 10 quotes both runs.
+prefills over 10 times faster. Notebook 10 points here rather than quoting numbers of another run.
 
 Usage: ``python scripts/chat_notebook_cost.py`` (needs ``workbench models fetch smollm2-135m``).
 With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set, as nbval runs the notebook;

@@ -10,6 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
+from workbench.bench.files import read_meta
 from workbench.bench.run import QUICK_CONFIG
 from workbench.bench.report import CSV_FILES, FIGURES, GOALS, GOAL_MEANINGS, NOTES_MARKER, goal_text, goals_text, row_ids
 
@@ -35,13 +36,15 @@ def test_quick_bench_prints_a_table_with_every_row(quick_run):
                   "ITL p50", "join by extend", "join by re-merge", "head-of-line, workbench:", "roofline, decode B=8"):
         assert label in proc.stdout
     assert "load average (1 min) during the run" in proc.stdout
+    assert "decode tok/s, B=1, smollm2-135m (4-bit)" in proc.stdout or "real-model rows: skipped: " in proc.stdout
     assert "goals (value is the row's value column" in proc.stdout and "goal: the workbench decodes" in proc.stdout
 
 
 def test_quick_bench_table_has_finite_positive_numbers_and_goals(quick_run):
     _, out = quick_run
     table = pd.read_csv(out / "benchmarks" / "table.csv", keep_default_na=False)
-    assert table.row.tolist() == row_ids(QUICK_CONFIG.batch_sizes)
+    real = () if "real_model_skipped" in read_meta(out / "benchmarks") else QUICK_CONFIG.real_batch_sizes
+    assert table.row.tolist() == row_ids(QUICK_CONFIG.batch_sizes, real)
     for col in ("measured", "reference", "value"):
         values = table[col].astype(float)
         assert all(math.isfinite(v) and v > 0 for v in values), (col, values.tolist())

@@ -203,6 +203,7 @@ def test_render_timeline_over_steps_draws_spans_and_join_evict_marks(two_request
     decode = [(p.get_x(), p.get_width()) for p in ax.patches if p.get_facecolor()[:3] == (59 / 255, 125 / 255, 216 / 255)]
     assert decode == [(0, 3), (0, 2)]
     assert len(ax.lines) == 4  # a join and an evict mark per uid
+    assert all(float(t).is_integer() for t in ax.get_xticks())  # whole decode steps, never 2.5
 
 
 def test_render_timelines_draws_one_panel_per_run_on_shared_axes(two_request_events):
@@ -397,3 +398,12 @@ def test_layer_lists_of_deep_models_are_written_as_ranges_and_short_ones_name_ev
     assert layer_list([str(i) for i in range(30)]) == "0-29"  # SmolLM2-135M's one group
     assert layer_list([str(i) for i in range(0, 30, 2)]) == ",".join(str(i) for i in range(0, 30, 2))
     assert layer_list([str(i) for i in range(12) if i not in (5, 9)]) == "0-4,6,7,8,10,11".replace("6,7,8", "6-8")
+
+
+def test_mask_text_writes_a_deep_models_layer_list_as_a_range_and_keeps_short_lists():
+    from dataclasses import replace
+
+    snap = full_snapshot()
+    deep = replace(snap, groups=(replace(snap.groups[0], layers=tuple(str(i) for i in range(30))),))
+    assert "[full] layers 0-29, 4,096 bytes; KV width 3 tokens" in views.mask_text(deep)
+    assert "[full] layers 0,1, 4,096 bytes" in views.mask_text(full_snapshot())

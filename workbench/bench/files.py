@@ -25,6 +25,7 @@ CSV_FILES = {"table.csv": "the table", "runs.csv": "every decode run", "requests
              "loaded_gaps.csv": "loaded latency workload, per inter-token gap", "join.csv": "join-cost measurements",
              "head_of_line.csv": "head-of-line events", "roofline.csv": "roofline per case",
              "checkpoint.csv": "checkpoint cost measurements", "session.csv": "every call of the long session",
+             "real_runs.csv": "every decode run on the real model (the second shape)",
              "meta.csv": "model, machine, load, bandwidth"}
 
 

@@ -67,8 +67,19 @@ def make_model(shape: ModelShape, seed: int = 0, dtype: mx.Dtype = mx.float32) -
 
 
 def parameter_count(model: Any) -> int:
-    """Number of parameters (embedding and output head included)."""
-    return sum(int(v.size) for _, v in tree_flatten(model.parameters()))
+    """Number of parameters (embedding and output head included). A quantized layer (an
+    mlx ``QuantizedLinear`` / ``QuantizedEmbedding``: packed ``uint32`` weight, with
+    ``scales`` and ``biases``) counts the weights it packs, ``32 / bits`` per ``uint32``,
+    and not its scales and biases, so a quantized model counts as its float form."""
+    bits = {name: m.bits for name, m in model.named_modules() if isinstance(getattr(m, "bits", None), int)}
+    total = 0
+    for key, v in tree_flatten(model.parameters()):
+        owner, leaf = key.rsplit(".", 1) if "." in key else ("", key)
+        if owner not in bits:
+            total += int(v.size)
+        elif leaf == "weight":
+            total += int(v.size) * 32 // bits[owner]
+    return total
 
 
 def decode_weights(model: Any) -> list[mx.array]:

@@ -23,7 +23,7 @@ import platform
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
@@ -31,6 +31,7 @@ from .files import CSV_FILES, read_frame, read_meta
 from .run import DEFAULT_TARGET, BenchResult
 from .session import window_medians
 from .pacing import paced_name
+from .realmodel import REAL_MODEL
 from .scenarios import MLX_LM, PACED, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
 from ..observe.metrics import percentiles
 
@@ -67,14 +68,16 @@ GOAL_MEANINGS = {
 NOTES_MARKER = "<!-- Everything below this line is hand-written and kept when `workbench bench` rewrites the file. -->"
 
 
-def row_ids(batch_sizes: tuple[int, ...]) -> list[str]:
-    """Every row of the table, in order (the smoke test and the notebook check these)."""
+def row_ids(batch_sizes: tuple[int, ...], real_batch_sizes: tuple[int, ...] = ()) -> list[str]:
+    """Every row of the table, in order (the smoke test and the notebook check these);
+    ``real_batch_sizes``: those of the real model's decode runs (none when it was skipped)."""
     return ([f"decode_B{b}" for b in batch_sizes] + [f"overhead_B{b}" for b in batch_sizes]
             + [f"paced_decode_B{b}" for b in batch_sizes]
             + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "paced_ttft_p95", "paced_itl_p95", "paced_itl_max",
                "paced_ttft_p95_loaded", "paced_itl_p95_loaded", "join_slot", "join_extend", "join_extend_fresh", "join_remerge",
                "hol_workbench", "hol_mlx_lm", "hol_prefill_first", "checkpoint_take", "checkpoint_next_step",
-               "checkpoint_held", "session_late"] + [f"roofline_B{b}" for b in batch_sizes])
+               "checkpoint_held", "session_late"] + [f"roofline_B{b}" for b in batch_sizes]
+            + [f"real_decode_B{b}" for b in real_batch_sizes])
 
 
 def goal_kind(row: str) -> str | None:
@@ -110,22 +113,26 @@ def _spread(values: pd.Series) -> str:
     return f"{values.min():.3f}..{values.max():.3f}" if len(values) > 1 else ""
 
 
-def build_table(result: BenchResult) -> pd.DataFrame:
-    """The table of ``result`` (see the module docstring)."""
-    cfg, runs = result.config, result.runs
-    med = runs.groupby(["engine", "B"]).tok_per_s.median()
-    rows = []
-
+def _adder(rows: list[list[Any]]) -> Callable[..., None]:
+    """``add(row, metric, unit, measured, reference, reference_is, value, value_is,
+    spread="")``: appends one table row to ``rows``, its goal and ``met`` from the row id."""
     def add(row: str, metric: str, unit: str, measured: float, reference: float, reference_is: str,
             value: float, value_is: str, spread: str = "") -> None:
         goal = goal_text(row)
         rows.append([row, metric, unit, measured, reference, reference_is, value, value_is, spread, goal,
                      _met(value, goal)])
+    return add
 
-    for B in cfg.batch_sizes:
-        r = _pair_ratios(runs, B, WORKBENCH, MLX_LM)
-        add(f"decode_B{B}", f"decode tok/s, B={B}", "tok/s", med[(WORKBENCH, B)], med[(MLX_LM, B)], "mlx-lm",
-            r.median(), "workbench / mlx-lm", _spread(r))
+
+def build_table(result: BenchResult) -> pd.DataFrame:
+    """The table of ``result`` (see the module docstring); the real model's rows last
+    (:func:`real_table`)."""
+    cfg, runs = result.config, result.runs
+    med = runs.groupby(["engine", "B"]).tok_per_s.median()
+    rows: list[list[Any]] = []
+    add = _adder(rows)
+
+    _decode_rows(add, runs, cfg.batch_sizes)
     for B in cfg.batch_sizes:
         r = _pair_ratios(runs, B, WORKBENCH_OFF, WORKBENCH)
         add(f"overhead_B{B}", f"instrumentation overhead, B={B}", "tok/s", med[(WORKBENCH, B)],
@@ -176,6 +183,34 @@ def build_table(result: BenchResult) -> pd.DataFrame:
         add(f"roofline_B{r.B}", f"roofline, decode B={r.B}", "tok/s", r.workbench_tok_per_s,
             r.attainable_tok_per_s, "attainable: min(memory, compute bound)",
             r.workbench_tok_per_s / r.attainable_tok_per_s, "workbench / attainable")
+    table, real = pd.DataFrame(rows, columns=TABLE_COLUMNS), real_table(result.real_runs)
+    return pd.concat([table, real], ignore_index=True) if len(real) else table
+
+
+def _decode_rows(add: Callable[..., None], runs: pd.DataFrame, batch_sizes: Sequence[int], row: str = "decode",
+                 where: str = "") -> None:
+    """One row per batch size: the workbench's median decode tok/s against mlx-lm's, value
+    = the median of per-pair ratios (workbench / mlx-lm), spread their range."""
+    med = runs.groupby(["engine", "B"]).tok_per_s.median()
+    for B in batch_sizes:
+        r = _pair_ratios(runs, B, WORKBENCH, MLX_LM)
+        add(f"{row}_B{B}", f"decode tok/s, B={B}{where}", "tok/s", med[(WORKBENCH, B)], med[(MLX_LM, B)], "mlx-lm",
+            r.median(), "workbench / mlx-lm", _spread(r))
+
+
+def real_table(real_runs: pd.DataFrame, model: str = REAL_MODEL) -> pd.DataFrame:
+    """The real model's decode rows (``real_decode_B<n>``, one per batch size in
+    ``real_runs``, columns ``TABLE_COLUMNS``, no goal), built as the ``decode_B<n>`` rows are;
+    no rows when ``real_runs`` is empty (the model was not fetched).
+
+    Args:
+        real_runs: :func:`workbench.bench.realmodel.real_decode_runs`' frame (tok/s per run).
+        model: the name written into each row's metric.
+    """
+    rows: list[list[Any]] = []
+    if len(real_runs):
+        _decode_rows(_adder(rows), real_runs, sorted(int(b) for b in set(real_runs.B)), "real_decode",
+                     f", {model} (4-bit)")
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
@@ -255,9 +290,10 @@ FIGURES = {"throughput.png": "decode tok/s per engine and batch size, with the r
 
 def meta_of(result: BenchResult) -> dict[str, Any]:
     """``result.meta`` plus the machine, the date and the decode runs' token agreement."""
-    same = result.runs.same_tokens.dropna()
+    same, real_same = result.runs.same_tokens.dropna(), result.real_runs.same_tokens.dropna()
     return {**machine_info(), **result.meta, "date": datetime.date.today().isoformat(),
-            "same_tokens_runs": f"{int(same.sum())}/{len(same)}"}
+            "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
+            "real_same_tokens_runs": f"{int(real_same.sum())}/{len(real_same)}"}
 
 
 def _outcomes(table: pd.DataFrame) -> list[str]:
@@ -276,6 +312,19 @@ def _history_read_text(runs: pd.DataFrame) -> str:
     per = (timed.history_read_s / timed.snapshots).median()
     return (f"{per * 1e3:.2f} ms per snapshot (median over {len(timed)} runs of {int(timed.snapshots.median())} "
             "snapshots)")
+
+
+def real_model_line(cfg: Any, meta: dict[str, Any]) -> str:
+    """The Markdown bullet on the second shape: the real model and its decode runs'
+    sizes, or why they were skipped (``meta["real_model_skipped"]``)."""
+    if "real_model_skipped" in meta:
+        return f"- second shape, the real model: **skipped**: {meta['real_model_skipped']}"
+    return (f"- second shape, the real model: {meta['real_model']}; {int(meta['real_parameters']) / 1e6:.1f}M "
+            f"parameters, the converted weights of `workbench models fetch {REAL_MODEL}`; decode "
+            f"runs (the `real_decode` rows, no goal of their own) of the workbench and mlx-lm only at B = "
+            f"{', '.join(map(str, cfg.real_batch_sizes))}: prompts of {cfg.real_prompt_tokens} tokens (its own "
+            f"tokenizer), max_tokens {cfg.real_decode_tokens}, measured runs per engine: {cfg.real_pairs}, after a "
+            f"warm-up, alternating; mlx-lm's tokens equal the workbench's in {meta['real_same_tokens_runs']} runs")
 
 
 def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], notes: str) -> str:
@@ -313,7 +362,8 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"{cfg.latency_rounds} round(s) per engine; the workbench also paced (`pacing=Pacing(itl_target_steps=t)`, "
         f"shortest prompt first with a {cfg.pacing_max_wait_steps:g}-step age bound) at t = "
         f"{', '.join(f'{t:g}' for t in cfg.pacing_targets)}; the loaded variant: one arrival every "
-        f"{cfg.latency_loaded_arrival_steps:g} steps, paced at the default t = {DEFAULT_TARGET:g}", "",
+        f"{cfg.latency_loaded_arrival_steps:g} steps, paced at the default t = {DEFAULT_TARGET:g}",
+        real_model_line(cfg, meta), "",
         "## Results", "", table_markdown(table), "",
         "## Goals", "", *_outcomes(table), "",
         "## Definitions", "",
@@ -394,7 +444,7 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     frames = {"table.csv": table, "runs.csv": result.runs, "requests.csv": result.requests, "gaps.csv": result.gaps,
               "loaded_requests.csv": result.loaded_requests, "loaded_gaps.csv": result.loaded_gaps,
               "join.csv": result.join, "head_of_line.csv": result.hol, "roofline.csv": result.roofline,
-              "checkpoint.csv": result.checkpoint, "session.csv": result.session,
+              "checkpoint.csv": result.checkpoint, "session.csv": result.session, "real_runs.csv": result.real_runs,
               "meta.csv": pd.DataFrame({"key": list(meta), "value": [json.dumps(v) if not isinstance(v, str) else v
                                                                      for v in meta.values()]})}
     for name, frame in frames.items():
@@ -423,6 +473,8 @@ def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print) -> i
     if result.meta["load_1min_max"] > (os.cpu_count() or 1):
         echo(f"note: other jobs loaded the machine (load average up to {result.meta['load_1min_max']:.2f} on "
              f"{os.cpu_count()} cores), so timing goals may be missed by noise; re-run on a quiet machine")
+    if "real_model_skipped" in result.meta:
+        echo(f"real-model rows: skipped: {result.meta['real_model_skipped']}")
     echo(f"load average (1 min) during the run: {result.meta['load_1min_min']:.2f} to "
          f"{result.meta['load_1min_max']:.2f}; {result.meta['wall_s']:.0f} s")
     echo(f"wrote {out / 'benchmarks.md'} and {out / 'benchmarks'}/ ({', '.join([*CSV_FILES, *FIGURES])})")

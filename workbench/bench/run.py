@@ -1,5 +1,7 @@
 """The job behind ``workbench bench``: every scenario of :mod:`workbench.bench.scenarios`
-on one random-weight model, with the machine's state recorded.
+on one random-weight model, the decode runs again on the fetched real model (the second
+shape, :mod:`workbench.bench.realmodel`; skipped, saying why, when it is not fetched),
+with the machine's state recorded.
 
 Knows: the run's sizes (:data:`FULL_CONFIG` for the docs, :data:`QUICK_CONFIG` for the CI
 smoke run), the order of the scenarios, the load average while they run. Must not know:
@@ -17,6 +19,7 @@ import mlx.core as mx
 import pandas as pd
 
 from .checkpoint import checkpoint_cost
+from .realmodel import real_decode_runs
 from .session import session_cost
 from .model import FULL, QUICK, ModelShape, make_model, parameter_count
 from .scenarios import (
@@ -56,6 +59,10 @@ class BenchConfig:
     hol_prompt_tokens: int
     hol_chunk_tokens: int
     session_steps: int  # the long-session scenario's decode steps (first and last 200 compared)
+    real_batch_sizes: tuple[int, ...]  # the real model's decode runs (:mod:`workbench.bench.realmodel`)
+    real_prompt_tokens: int
+    real_decode_tokens: int
+    real_pairs: int
 
 
 FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16, decode_tokens=24, pairs=8,
@@ -63,13 +70,16 @@ FULL_CONFIG = BenchConfig("full", FULL, batch_sizes=(1, 8, 32), prompt_tokens=16
                           latency_arrival_steps=8, latency_rounds=2, latency_loaded_arrival_steps=3,
                           pacing_targets=(2, 4, 8), pacing_max_wait_steps=30, join_rows=32, join_context_tokens=1024,
                           join_repeats=3, hol_rows=4, hol_prompt_tokens=4096, hol_chunk_tokens=512,
-                          session_steps=30_000)
+                          session_steps=30_000, real_batch_sizes=(1, 8, 32), real_prompt_tokens=8,
+                          real_decode_tokens=8, real_pairs=2)
 QUICK_CONFIG = BenchConfig("quick", QUICK, batch_sizes=(1, 8), prompt_tokens=16, decode_tokens=16, pairs=3,
                            prefill_step_size=128, latency_requests=6, latency_max_batch=4,
                            latency_arrival_steps=4, latency_rounds=1, latency_loaded_arrival_steps=2,
-                           pacing_targets=(4,), pacing_max_wait_steps=30, join_rows=8, join_context_tokens=256,
-                           join_repeats=3, hol_rows=2, hol_prompt_tokens=512, hol_chunk_tokens=64,
-                           session_steps=600)
+                           pacing_targets=(DEFAULT_TARGET,),  # the paced rows read the default target's runs
+                           pacing_max_wait_steps=30, join_rows=8, join_context_tokens=256, join_repeats=3,
+                           hol_rows=2, hol_prompt_tokens=512, hol_chunk_tokens=64,
+                           session_steps=600, real_batch_sizes=(1, 4), real_prompt_tokens=8, real_decode_tokens=6,
+                           real_pairs=1)
 
 
 @dataclass
@@ -88,6 +98,7 @@ class BenchResult:
     roofline: pd.DataFrame    # B, context_tokens, bytes_per_step, bounds, measured tok/s
     checkpoint: pd.DataFrame  # measure, value, unit (a checkpoint of the join scenario's batch)
     session: pd.DataFrame     # step, seconds, events (every run(max_steps=1) of a long session)
+    real_runs: pd.DataFrame   # decode runs on the real model (as ``runs``; no rows when it is not fetched)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -160,6 +171,11 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
     section(f"long session ({cfg.session_steps:,} steps, bundled model)")
     session = session_cost(*load(), cfg.session_steps)
 
+    section(f"real model: decode throughput (alternating runs), B = "
+            f"{', '.join(map(str, cfg.real_batch_sizes))}")
+    real_runs, real_meta = real_decode_runs(cfg.real_batch_sizes, cfg.real_prompt_tokens, cfg.real_decode_tokens,
+                                            cfg.real_pairs, cfg.prefill_step_size, echo)
+
     section("roofline")
     bandwidth = copy_bandwidth_bytes_per_s()
     flops = matmul_flops_per_s()
@@ -171,6 +187,6 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
             "copy_bandwidth_bytes_per_s": bandwidth, "mlx_copy_bytes_per_s": copy_bandwidth_bytes_per_s(backend="mlx"),
             "matmul_flops_per_s": flops, "latency_arrival_interval_s": interval_s, "latency_step_s": step_s,
             "load_1min_samples": " ".join(f"{x:.2f}" for x in loads), "load_1min_min": min(loads),
-            "load_1min_max": max(loads), "wall_s": time.perf_counter() - started_s}
+            "load_1min_max": max(loads), "wall_s": time.perf_counter() - started_s, **real_meta}
     return BenchResult(cfg, runs, requests, gaps, loaded_requests, loaded_gaps, join, hol, roofline, checkpoint,
-                       session, meta)
+                       session, real_runs, meta)

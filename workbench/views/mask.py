@@ -36,11 +36,15 @@ GRID_MAX_COLUMNS = 64  # draw cell borders up to this many key positions
 
 
 def mask_text(snap: Snapshot) -> str:
-    """Deterministic text form: a header line and each group's geometry and mask grid."""
+    """Deterministic text form: a header line and each group's geometry and mask grid
+    (:meth:`LayerGroup.text`, its layer list shortened by :func:`style.layer_list`: a
+    30-layer group reads ``layers 0-29``)."""
     head = f"masks at step {snap.step}: {snap.batch_size} row(s)"
     if not snap.uids:
         return f"{head}\n(no rows)"
-    return "\n".join([head] + [g.text(snap.uids) for g in snap.groups])
+    return "\n".join([head] + [g.text(snap.uids).replace(f"layers {','.join(g.layers)}",
+                                                          f"layers {style.layer_list(g.layers)}", 1)
+                                for g in snap.groups])
 
 
 def temporal_mask(group: LayerGroup) -> np.ndarray:

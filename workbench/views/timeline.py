@@ -33,6 +33,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from . import style
 
@@ -199,6 +200,8 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
         if pd.notna(r.evict):
             ax.plot(r.evict, y, marker="<", color="crimson", markersize=4)
     ax.set_xlim(0, max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3))  # room for the last evict mark
+    if x == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers
     ax.set_yticks(range(len(b)), [f"uid {u}" for u in b.index])
     ax.invert_yaxis()
     ax.set_xlabel(AXES[x][1])

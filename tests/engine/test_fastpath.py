@@ -101,3 +101,9 @@ def test_compiled_mlps_are_opt_in_and_never_with_adapters():
     assert fastpath.FastDecode.of(True) == fastpath.FastDecode(True, True)
     assert fastpath.FastDecode.of(False) == fastpath.FastDecode(False, False)
     assert fastpath.FastDecode.of(True, adapters=object()) == fastpath.FastDecode(True, False)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0.0])
+def test_fast_decode_takes_none_true_or_false_only(bad):
+    with pytest.raises(ValueError, match=r"fast_decode must be None, True or False, got"):
+        fastpath.FastDecode.of(bad)

@@ -56,7 +56,13 @@ class FastDecode:
         MLPs not compiled (in the engine on an H200 they bought nothing: step ratios
         0.81-1.07 at B = 8-128, ``docs/gpu.md``); ``True``: both; ``False``: neither.
         Never compiled with per-row LoRA ``adapters`` (their layers read a row selection at
-        call time)."""
+        call time).
+
+        Raises:
+            ValueError: ``fast_decode`` is not ``None``, ``True`` or ``False``.
+        """
+        if not (fast_decode is None or isinstance(fast_decode, bool)):
+            raise ValueError(f"fast_decode must be None, True or False, got {fast_decode!r}")
         no_mask = fast_decode is None or bool(fast_decode)
         return cls(no_mask, bool(fast_decode) and adapters is None)
 

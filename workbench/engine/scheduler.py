@@ -176,7 +176,8 @@ class Scheduler:
             layer and type); ``kv_bits`` / ``kv_group_size`` outside their allowed
             values or not fitting the model, or given with ``prompt_cache``; an adapter
             folder that does not fit the model (naming the adapter and the field, see
-            :func:`workbench.engine.adapters.read_adapter`), or ``adapters`` with ``prompt_cache``.
+            :func:`workbench.engine.adapters.read_adapter`), or ``adapters`` with ``prompt_cache``;
+            ``fast_decode`` other than ``None``, ``True`` or ``False``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,

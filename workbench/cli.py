@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_gallery)
     b = sub.add_parser("bench", help="the workbench against mlx-lm's BatchGenerator: tok/s, latency, "
                        "instrumentation overhead, join cost, head-of-line, roofline; decode again on the fetched "
-                       "SmolLM2-135M, 4-bit (skipped, saying why, when it is not fetched)")
+                       "SmolLM2-135M, 4-bit (skipped, saying why, when it is not fetched); the full CPU run takes "
+                       "20-35 minutes on 2 cores and rewrites ./docs/benchmarks*")
     b.add_argument("--quick", action="store_true", help="tiny model, B=1 and 8 (the real model at B=1 and 4): "
                    "a smoke run (a few minutes)")
     b.add_argument("--device", choices=("cpu", "gpu"), default="cpu",

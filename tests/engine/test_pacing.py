@@ -146,3 +146,11 @@ def test_the_pacer_learns_the_decode_time_between_two_admits_one_step_apart():
     pacer.end_iteration(1.3)
     pacer.begin_iteration(2.0, 4, 1, 35)                 # two steps in between: not one iteration
     assert list(pacer.decode_samples) == [(1, 32, pytest.approx(0.2)), (1, 33, pytest.approx(0.5))]
+
+
+@pytest.mark.parametrize("spec", [-1, 0, 0.0])
+def test_a_nonpositive_pacing_target_names_pacing(spec):
+    from workbench.engine.pacing import pacing_from
+
+    with pytest.raises(ValueError, match=rf"pacing={spec!r}: a target in seconds must be > 0"):
+        pacing_from(spec)

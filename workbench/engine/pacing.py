@@ -115,6 +115,9 @@ def pacing_from(spec: Any) -> Pacing | None:
     if isinstance(spec, Pacing):
         return spec
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        if not spec > 0:
+            raise ValueError(f"pacing={spec!r}: a target in seconds must be > 0 (or pacing=True for "
+                             f"{Pacing().itl_target_steps:g} x the decode step)")
         return Pacing(itl_target_s=float(spec))
     raise ValueError(f"pacing must be None, True, a target in seconds, or a Pacing, got {spec!r}")
 

@@ -137,7 +137,8 @@ class Scheduler:
             ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
         pacing: plan each iteration against a time budget (:mod:`workbench.engine.pacing`):
             ``None`` (default) runs one ``prefill_step_size`` chunk per ``admit()``;
-            ``True``, a target inter-token gap in seconds, or a
+            ``True`` (a target of 8 x the predicted decode step), a target inter-token gap
+            in seconds, or a
             :class:`~workbench.engine.pacing.Pacing` sizes each iteration's prefill
             chunks (and joins, and the next group) so running rows' gaps stay under the
             target, learning the forwards' cost as it runs (:attr:`pacer`). Tokens are
@@ -177,7 +178,8 @@ class Scheduler:
             values or not fitting the model, or given with ``prompt_cache``; an adapter
             folder that does not fit the model (naming the adapter and the field, see
             :func:`workbench.engine.adapters.read_adapter`), or ``adapters`` with ``prompt_cache``;
-            ``fast_decode`` other than ``None``, ``True`` or ``False``.
+            ``fast_decode`` other than ``None``, ``True`` or ``False``; a ``pacing`` that is
+            not ``None``, a bool, a positive number of seconds or a valid ``Pacing``.
     """
 
     def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,

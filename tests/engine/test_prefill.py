@@ -100,8 +100,9 @@ def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_cache
 
     model, _ = bundled
     prompts = [prompt(n, 7 * n) for n in (5, 30, 13)]
-    on_gpu = mx.default_device().type == mx.DeviceType.gpu
-    assert PrefillGroup(model, prompts, prefill_step_size=8).per_row is not on_gpu  # the default: GPU only
+    from workbench.runtime.device import on_gpu
+
+    assert PrefillGroup(model, prompts, prefill_step_size=8).per_row is not on_gpu()  # the default: GPU only
     group = PrefillGroup(model, prompts, prefill_step_size=8, chunked_padding=True)
     assert group.chunked_padding and not group.per_row
     forwards = 0

@@ -45,13 +45,14 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 from . import caches as kv
+from ..runtime.device import on_gpu
 from .cache_internals import clone_caches
 
 
 def chunked_padding_default() -> bool:
     """Whether padded groups run batched in chunks by default: on a GPU (see the module
     docstring)."""
-    return mx.default_device().type == mx.DeviceType.gpu
+    return on_gpu()
 
 
 class PrefillGroup:

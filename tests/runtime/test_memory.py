@@ -36,3 +36,46 @@ def test_zero_keeps_mlx_default_and_bad_values_name_the_variable(monkeypatch, re
     monkeypatch.setenv(memory.ENV, "lots")
     with pytest.raises(ValueError, match=memory.ENV):
         memory.raise_cache_limit()
+
+
+# -- what a buffer really takes: MLX's allocator rounding ----------------------------------
+
+SIZES = [4, 8, 12, 400, 4000, 16384, 16385, 98304, 517482, 4_000_000]
+
+
+def _measured_growth(n_bytes):
+    """Independent measurement: MLX's active memory taken by a fresh uint8 buffer."""
+    import gc
+
+    gc.collect()
+    before = mx.get_active_memory()
+    a = mx.zeros((n_bytes,), mx.uint8) + 1  # the scalar 0 is freed with the graph; `a` is one buffer
+    mx.eval(a)
+    grown = mx.get_active_memory() - before
+    del a
+    return grown
+
+
+def test_the_cuda_rounding_rule_of_mlx_allocator():
+    """``CudaAllocator::malloc``: <= 8 bytes take 8, < 16 KiB the next power of two, larger
+    sizes whole 16 KiB pages (on the H200 a 517,482-byte array took 524,288)."""
+    got = [memory.allocation_bytes(n, "cuda") for n in SIZES]
+    assert got == [8, 8, 16, 512, 4096, 16384, 32768, 98304, 524288, 4014080]
+    assert all(memory.allocation_bytes(n, "cpu") == n for n in SIZES)
+    assert memory.allocation_bytes(0, "cuda") == 0
+    with pytest.raises(ValueError, match="nbytes must be >= 0"):
+        memory.allocation_bytes(-1)
+
+
+def test_allocation_bytes_are_what_the_default_device_takes():
+    """On whatever device runs the suite (the CPU in CI, CUDA on the lent GPU): each
+    buffer's measured active-memory growth is ``allocation_bytes`` of its size."""
+    for n in SIZES[3:]:
+        assert _measured_growth(n) == memory.allocation_bytes(n), n
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_buffers_take_the_allocator_rounded_bytes():
+    assert any(memory.allocation_bytes(n) != n for n in SIZES)  # the device rounds, unlike the CPU
+    for n in SIZES[3:]:
+        assert _measured_growth(n) == memory.allocation_bytes(n), n

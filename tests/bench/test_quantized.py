@@ -20,6 +20,7 @@ def test_bytes_per_token_are_the_packed_scales_and_biases(bundled):
     assert table.vs_float.tolist() == [1.0, 0.3125, 0.1875]
 
 
+@pytest.mark.quantized_kv
 def test_step_cost_measures_each_setting_over_the_same_geometry():
     model = make_model(QUICK)
     table = step_cost(model, rows=2, context_tokens=16, settings=[(None, 32), (4, 32)], repeats=1, warm_steps=0)
@@ -28,6 +29,7 @@ def test_step_cost_measures_each_setting_over_the_same_geometry():
     assert table.kv_bytes.iloc[1] * 128 == table.kv_bytes.iloc[0] * 24  # head dim 32: 24 of 128 bytes
 
 
+@pytest.mark.quantized_kv
 def test_a_quantized_cache_runs_more_rows_under_the_same_budget(bundled):
     model, tokenizer = bundled
     table = admission_under_budget(model, tokenizer, TINY, n_requests=8, prompt_tokens=24, max_tokens=6)
@@ -38,6 +40,7 @@ def test_a_quantized_cache_runs_more_rows_under_the_same_budget(bundled):
     assert steps[0] > steps[1] > steps[2]
 
 
+@pytest.mark.quantized_kv
 def test_the_view_draws_three_panels_and_prints_the_tables(bundled):
     import pandas as pd
 

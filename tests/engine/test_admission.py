@@ -296,6 +296,7 @@ def _released_bytes(sched):
     st = sched.state
     if st.batch.pending is not None:
         mx.eval(st.batch.pending.tokens)
+    mx.synchronize()  # on CUDA a finished kernel's temporaries are freed when its stream completes
     gc.collect()
     before = mx.get_active_memory()
     st.batch.caches = st.prefilling = st.prompt_cache = None

@@ -15,6 +15,8 @@ from workbench.engine.budget import kv_profile, projected_bytes
 from workbench.engine.quantized_kv import BatchQuantizedKVCache, KVQuant, quantize_batch
 from workbench.verify import oracle
 
+pytestmark = pytest.mark.quantized_kv  # skipped, with the reason, where the device lacks the kernels
+
 H, D, G = 2, 32, 32  # KV heads, head dim, group size of the hand-built caches
 
 
@@ -261,6 +263,25 @@ def test_a_device_without_the_quantized_kernel_is_refused_at_construction(make_s
                                          r"head dim 32 on .*No implementation"):
         make_sched(kv_bits=8, kv_group_size=32)
     assert make_sched(kv_bits=None) is not None
+
+
+def test_a_kernel_missing_only_at_longer_keys_is_refused_at_construction(make_sched, monkeypatch):
+    """On the H200 a probe with one query and one key passed while steps failed at 60 keys
+    (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too."""
+    from workbench.engine import quantized_kv
+
+    real = quantized_kv.quantized_scaled_dot_product_attention
+    assert quantized_kv.device_runs_quantized_attention(64)  # the CPU has every kernel
+
+    def missing_at_60_keys(queries, q_keys, *args, **kwargs):
+        if q_keys[0].shape[2] == 60:
+            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x60x32x12")
+        return real(queries, q_keys, *args, **kwargs)
+
+    monkeypatch.setattr(quantized_kv, "quantized_scaled_dot_product_attention", missing_at_60_keys)
+    with pytest.raises(ValueError, match=r"heads, 1 queries, 60 keys: .*1x60x32x12"):
+        make_sched(kv_bits=4, kv_group_size=32)
+    assert not quantized_kv.device_runs_quantized_attention(64)
 
 
 def test_a_sliding_window_model_is_refused():

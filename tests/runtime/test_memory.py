@@ -47,10 +47,12 @@ def _measured_growth(n_bytes):
     """Independent measurement: MLX's active memory taken by a fresh uint8 buffer."""
     import gc
 
+    mx.synchronize()
     gc.collect()
     before = mx.get_active_memory()
-    a = mx.zeros((n_bytes,), mx.uint8) + 1  # the scalar 0 is freed with the graph; `a` is one buffer
+    a = mx.zeros((n_bytes,), mx.uint8) + 1
     mx.eval(a)
+    mx.synchronize()  # on CUDA the temporaries (the scalars) are freed when the stream completes
     grown = mx.get_active_memory() - before
     del a
     return grown
@@ -69,13 +71,17 @@ def test_the_cuda_rounding_rule_of_mlx_allocator():
 
 def test_allocation_bytes_are_what_the_default_device_takes():
     """On whatever device runs the suite (the CPU in CI, CUDA on the lent GPU): each
-    buffer's measured active-memory growth is ``allocation_bytes`` of its size."""
+    buffer's measured active-memory growth is ``allocation_bytes`` of its size (within the
+    8-byte blocks of a scalar temporary MLX may still hold)."""
     for n in SIZES[3:]:
-        assert _measured_growth(n) == memory.allocation_bytes(n), n
+        assert 0 <= _measured_growth(n) - memory.allocation_bytes(n) < 64, n
 
 
 @pytest.mark.gpu
 def test_on_the_gpu_buffers_take_the_allocator_rounded_bytes():
     assert any(memory.allocation_bytes(n) != n for n in SIZES)  # the device rounds, unlike the CPU
     for n in SIZES[3:]:
-        assert _measured_growth(n) == memory.allocation_bytes(n), n
+        grown = _measured_growth(n)
+        assert 0 <= grown - memory.allocation_bytes(n) < 64, (n, grown)
+        if memory.allocation_bytes(n) - n >= 64:  # the rounding is seen, not only allowed
+            assert grown - n >= 64, (n, grown)

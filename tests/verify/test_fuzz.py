@@ -285,7 +285,8 @@ def _settings(request):
                     suppress_health_check=list(HealthCheck), derandomize=not long)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.quantized_kv) if f in KV_BITS else f
+                                    for f in FAMILIES])
 def test_random_operation_sequences_keep_every_invariant(family, request):
     machine = make_machine(family)
     machine.TestCase.settings = _settings(request)

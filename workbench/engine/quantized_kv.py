@@ -115,26 +115,51 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> N
     _check_device(next(c for c in caches if isinstance(c, KVCache)), quant)
 
 
+PROBE_SHAPES = ((1, 1, 1), (1, 1, 60), (3, 1, 33), (1, 8, 60), (3, 8, 33))  # (GQA repeats, queries, keys)
+
+
 def _check_device(cache: KVCache, quant: KVQuant) -> None:
-    """Run mlx-lm's quantized attention once on ``cache``'s probe keys ``[1, H, 1, D]``:
-    MLX's CUDA backend has ``quantized_matmul`` kernels for some head dims and group sizes
-    only (none for the problem shape 1x7x32x16 of a bundled test model, measured on an H200), and a step must not
-    be the first to find out.
+    """Run mlx-lm's quantized attention on ``cache``'s head count and head dim at the
+    shapes a step can meet (:data:`PROBE_SHAPES`: 1 and 3 query heads per KV head, 1 and 8
+    queries, 1 to 60 keys): MLX's CUDA backend has ``quantized_matmul`` kernels for some
+    problem shapes only (on an H200 with mlx 0.32.4, a probe of one query and one key
+    passed while steps of the bundled test models (head dim 16) and of SmolLM2 (head dim 64)
+    failed at ``1x60x32x12``, ``16x32x64x9``, ...), and a step must not be the first to find
+    out.
 
     Raises:
-        ValueError: naming ``kv_bits``, ``kv_group_size``, the head dim and the device.
+        ValueError: naming ``kv_bits``, ``kv_group_size``, the head dim, the failing shape
+            and the device.
     """
-    keys, values = cache.keys[..., :1, :], cache.values[..., :1, :]
-    q_keys = mx.quantize(keys, group_size=quant.group_size, bits=quant.bits)
-    q_values = mx.quantize(values, group_size=quant.group_size, bits=quant.bits)
+    _, n_kv, _, dim = cache.keys.shape
+    dtype = cache.keys.dtype
+    for repeats, n_q, n_k in PROBE_SHAPES:
+        keys = mx.zeros((1, n_kv, n_k, dim), dtype)
+        q_keys = mx.quantize(keys, group_size=quant.group_size, bits=quant.bits)
+        try:
+            out = quantized_scaled_dot_product_attention(mx.zeros((1, n_kv * repeats, n_q, dim), dtype), q_keys,
+                                                         q_keys, scale=1.0, mask=None,
+                                                         group_size=quant.group_size, bits=quant.bits)
+            mx.eval(out)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"kv_bits={quant.bits}, kv_group_size={quant.group_size}: MLX cannot run quantized "
+                             f"attention for head dim {dim} on {mx.default_device()} ({n_kv * repeats} query "
+                             f"heads, {n_q} queries, {n_k} keys: {e}); use kv_bits=None or another "
+                             "kv_group_size") from None
+
+
+def device_runs_quantized_attention(head_dim: int = 64, n_kv_heads: int = 2,
+                                    kv_bits: int = 4, kv_group_size: int = 32) -> bool:
+    """True when MLX on the default device runs mlx-lm's quantized attention at every
+    :data:`PROBE_SHAPES` for this head dim (the check ``Scheduler(kv_bits=...)`` makes at
+    construction; on the CPU always, on CUDA with mlx 0.32.4 not: ``docs/gpu.md``)."""
+    cache = KVCache()
+    cache.update_and_fetch(mx.zeros((1, n_kv_heads, 1, head_dim)), mx.zeros((1, n_kv_heads, 1, head_dim)))
     try:
-        out = quantized_scaled_dot_product_attention(mx.zeros_like(keys), q_keys, q_values, scale=1.0, mask=None,
-                                                     group_size=quant.group_size, bits=quant.bits)
-        mx.eval(out)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"kv_bits={quant.bits}, kv_group_size={quant.group_size}: MLX cannot run quantized "
-                         f"attention for head dim {keys.shape[-1]} on {mx.default_device()} ({e}); use kv_bits=None "
-                         "or another kv_group_size") from None
+        _check_device(cache, KVQuant(kv_bits, kv_group_size))
+    except ValueError:
+        return False
+    return True
 
 
 def _zeros_like_parts(parts: Quantized, B: int, S: int) -> Quantized:

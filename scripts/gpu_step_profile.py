@@ -22,6 +22,7 @@ Usage: ``python scripts/gpu_step_profile.py [--quick] [--batch 1 8 32 128] [--ou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -142,6 +143,26 @@ def timed_static(model, caches, y, n):
     return (time.perf_counter() - t0) / n * 1e3, tokens
 
 
+@contextlib.contextmanager
+def padded_kernel(model):
+    """Decode attention over padded rows by ``workbench.engine.padded_attention`` (CUDA)."""
+    from workbench.engine.padded_attention import padded_decode_attention, supported
+
+    mod = sys.modules[type(model.layers[0].self_attn).__module__]
+    original = mod.scaled_dot_product_attention
+
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        if isinstance(cache, BatchKVCache) and mask is not None and sinks is None and supported(queries, keys):
+            return padded_decode_attention(queries, cache.keys, cache.values, cache.left_padding, cache._idx, scale)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    mod.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        mod.scaled_dot_product_attention = original
+
+
 def timed_attention(caches, n_heads, with_mask, n=20):
     c0 = caches[0]
     B, H, _, D = c0.keys.shape
@@ -168,6 +189,13 @@ def profile(model, B, context, n):
     row["static_ms"], static_tokens = timed_static(model, caches, y, n)
     row["pipelined_ms"], _, plain_tokens = timed_pipelined(model, caches, y, n)
     row["static_equal"] = static_tokens == plain_tokens
+    if mx.cuda.is_available():
+        k_caches, k_y = prefilled(model, B, context)
+        with padded_kernel(model):
+            row["kernel_ms"], _, kernel_tokens = timed_pipelined(model, k_caches, k_y, n)
+        row["kernel_tokens_equal"] = sum(a == b for a, b in zip(kernel_tokens, plain_tokens))
+        row["kernel_tokens_of"] = len(plain_tokens)
+        del k_caches
     row["build_ms"], row["sync_ms"], y = timed_sync(model, caches, mx.array(plain_tokens[-1]), n)
     original = BatchKVCache.make_mask
     BatchKVCache.make_mask = lambda self, N, **kw: None

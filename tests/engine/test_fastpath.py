@@ -107,3 +107,73 @@ def test_compiled_mlps_are_opt_in_and_never_with_adapters():
 def test_fast_decode_takes_none_true_or_false_only(bad):
     with pytest.raises(ValueError, match=r"fast_decode must be None, True or False, got"):
         fastpath.FastDecode.of(bad)
+
+
+# -- the padded-rows attention kernel (CUDA): dispatch checked on the CPU, the kernel on the GPU --
+
+def _reference_kernel(calls):
+    """What ``padded_decode_attention`` computes, in MLX ops: attention over each row's
+    ``left_padding .. columns - 1`` (the padding mask rebuilt from the arguments alone)."""
+    import mlx.core as mx
+
+    def kernel(queries, keys, values, left_padding, columns, scale):
+        calls.append((queries.shape, keys.shape, columns))
+        cols = mx.arange(columns)
+        mask = (cols[None, :] >= left_padding[:, None])[:, None, None, :]
+        return mx.fast.scaled_dot_product_attention(queries, keys[..., :columns, :], values[..., :columns, :],
+                                                    scale=scale, mask=mask)
+
+    return kernel
+
+
+def test_the_padded_kernel_is_on_by_default_on_cuda_only(monkeypatch):
+    from workbench.runtime import device
+
+    assert not fastpath.FastDecode.of(None).padded_kernel  # this CPU
+    monkeypatch.setattr(device, "backend", lambda: "cuda")
+    assert fastpath.FastDecode.of(None).padded_kernel and fastpath.FastDecode.of(True).padded_kernel
+    assert not fastpath.FastDecode.of(False).padded_kernel
+
+
+def test_padded_rows_reach_the_kernel_with_their_padding_and_buffers(bundled, prompt, monkeypatch):
+    """Forced on (the CPU has no CUDA kernel: MLX ops stand in for it, from the arguments
+    alone): padded decode steps go to the kernel with the cache's whole buffers, its left
+    padding and write index, and every token and log-prob equals the plain path's; unpadded
+    steps keep the no-mask path; mlx-lm's function is restored after each step."""
+    import mlx_lm.models.llama as llama
+
+    from workbench.engine import padded_attention
+
+    model, tokenizer = bundled
+    prompts = [prompt(n, 7 * n) for n in (5, 9, 3, 12)]
+    plain = _run(model, tokenizer, prompts, fast_decode=False)
+    calls = []
+    monkeypatch.setattr(padded_attention, "padded_decode_attention", _reference_kernel(calls))
+    monkeypatch.setattr(padded_attention, "supported", lambda q, k: q.shape[2] == 1)
+    monkeypatch.setattr(fastpath.FastDecode, "of", classmethod(lambda cls, f, adapters=None: cls(True, False, True)))
+    original = llama.scaled_dot_product_attention
+    fast = _run(model, tokenizer, prompts)
+    assert fast == plain
+    assert calls and all(q[2] == 1 and k[2] >= columns for q, k, columns in calls)
+    assert llama.scaled_dot_product_attention is original
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_on_the_gpu_the_padded_kernel_equals_masked_attention(head_dim):
+    import mlx.core as mx
+
+    from workbench.engine.padded_attention import padded_decode_attention
+
+    mx.random.seed(0)
+    B, n_q, n_kv, S, columns = 5, 8, 2, 512, 300
+    q = mx.random.normal((B, n_q, 1, head_dim))
+    k, v = mx.random.normal((B, n_kv, S, head_dim)), mx.random.normal((B, n_kv, S, head_dim))
+    lp = mx.array([0, 3, 150, 299, 17])
+    calls = []
+    want = _reference_kernel(calls)(q, k, v, lp, columns, head_dim ** -0.5)
+    got = padded_decode_attention(q, k, v, lp, columns, head_dim ** -0.5)
+    assert mx.abs(got - want).max().item() < 1e-5
+    half = padded_decode_attention(q.astype(mx.bfloat16), k.astype(mx.bfloat16), v.astype(mx.bfloat16), lp,
+                                   columns, head_dim ** -0.5)
+    assert half.dtype == mx.bfloat16 and mx.abs(half.astype(mx.float32) - want).max().item() < 0.05

@@ -1,5 +1,6 @@
-"""Decode fast paths that leave the numbers unchanged: attention without a mask where no
-row is padded, and each layer's MLP under ``mx.compile``.
+"""Decode fast paths: attention without a mask where no row is padded, a fused attention
+kernel that honours each row's left padding without a mask (CUDA), and each layer's MLP
+under ``mx.compile``.
 
 Knows: mlx-lm's ``BatchKVCache`` (its write index and ``make_mask``) and the ``mlp``
 attribute of mlx-lm's transformer blocks. Must not know: requests, the queue, events.
@@ -13,6 +14,12 @@ Both were measured on an H200 as levers of the decode step (issue 15, ``docs/gpu
   cache's write index (no left padding: always at B = 1), the step passes ``None`` instead,
   which is the same attention: on the CPU the masked path applies ``where(mask, scores,
   -inf)`` with an all-True mask, an identity, so the bits are equal.
+- **Padded-rows kernel** (CUDA, on by default there). Where rows are padded, MLX's CUDA
+  backend runs attention unfused because of the mask: 8.0 of a 10 ms step at B = 128 on an
+  H200. :func:`padded_attention` sends those calls to
+  :func:`workbench.engine.padded_attention.padded_decode_attention`, which starts each row
+  at its padding: same attention within float rounding (float32 |diff| <= 5.4e-7), not
+  bit-equal to the unfused path.
 - **Compiled MLP** (opt-in, ``fast_decode=True``). Each layer's MLP (three projections and
   the SiLU gate) as one ``mx.compile``\\ d function per input shape: fewer Python calls and
   graph nodes per step, the same kernels. Only for decode (one shape per batch size) and
@@ -49,22 +56,25 @@ class FastDecode:
 
     no_mask: bool
     compile_mlp: bool
+    padded_kernel: bool = False
 
     @classmethod
     def of(cls, fast_decode: bool | None, adapters: Any = None) -> "FastDecode":
         """From ``Scheduler(fast_decode=)``: ``None`` (default): no mask where it applies,
-        MLPs not compiled (in the engine on an H200 they bought nothing: step ratios
-        0.81-1.07 at B = 8-128, ``docs/gpu.md``); ``True``: both; ``False``: neither.
-        Never compiled with per-row LoRA ``adapters`` (their layers read a row selection at
-        call time).
+        the padded-rows attention kernel on CUDA, MLPs not compiled (in the engine on an
+        H200 they bought nothing: step ratios 0.81-1.07 at B = 8-128, ``docs/gpu.md``);
+        ``True``: all three; ``False``: none. Never compiled with per-row LoRA ``adapters``
+        (their layers read a row selection at call time).
 
         Raises:
             ValueError: ``fast_decode`` is not ``None``, ``True`` or ``False``.
         """
+        from ..runtime.device import backend
+
         if not (fast_decode is None or isinstance(fast_decode, bool)):
             raise ValueError(f"fast_decode must be None, True or False, got {fast_decode!r}")
         no_mask = fast_decode is None or bool(fast_decode)
-        return cls(no_mask, bool(fast_decode) and adapters is None)
+        return cls(no_mask, bool(fast_decode) and adapters is None, no_mask and backend() == "cuda")
 
 
 def unpadded(caches: LayerCaches | None, held: Sequence[int]) -> bool:
@@ -158,6 +168,61 @@ def compiled_mlps(model: Any) -> Iterator[None]:
             b.mlp = module
 
 
+def plain_batch_caches(caches: LayerCaches | None) -> bool:
+    """True when every layer is mlx-lm's float ``BatchKVCache`` (its own ``make_mask``,
+    not quantized): a decode step's mask is then exactly each row's left padding."""
+    return bool(caches) and all(isinstance(c, BatchKVCache) and type(c).make_mask is BatchKVCache.make_mask
+                                and not hasattr(c, "bits") and c.keys is not None for c in caches)
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    """The Python modules whose ``scaled_dot_product_attention`` the model's attention
+    layers call (mlx-lm's model files import it from ``models.base``)."""
+    import sys
+
+    names = {type(getattr(b, "self_attn", None)).__module__ for b in _blocks(model)}
+    mods = [sys.modules.get(n) for n in names]
+    return [m for m in mods if m is not None and hasattr(m, "scaled_dot_product_attention")]
+
+
+def _with_padded_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
+    from .padded_attention import padded_decode_attention, supported
+
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        if (sinks is None and isinstance(mask, mx.array) and isinstance(cache, BatchKVCache)
+                and type(cache).make_mask is BatchKVCache.make_mask and not hasattr(cache, "bits")
+                and supported(queries, keys)):
+            return padded_decode_attention(queries, cache.keys, cache.values, cache.left_padding,
+                                           write_index(cache), scale)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+    sdpa.original = original
+    return sdpa
+
+
+@contextlib.contextmanager
+def padded_attention(model: Any) -> Iterator[bool]:
+    """Within the block, the model's one-query attention over a float ``BatchKVCache`` with
+    a padding mask runs :func:`workbench.engine.padded_attention.padded_decode_attention`
+    (CUDA only: MLX's fused kernel there takes no mask array); every other call goes to
+    mlx-lm's ``scaled_dot_product_attention`` unchanged. Restored after.
+
+    Yields:
+        True when the model's attention layers call a patchable
+        ``scaled_dot_product_attention`` (mlx-lm's model files), False (nothing patched)
+        otherwise.
+    """
+    mods = _attention_modules(model)
+    try:
+        for m in mods:
+            m.scaled_dot_product_attention = _with_padded_kernel(m.scaled_dot_product_attention)
+        yield bool(mods)
+    finally:
+        for m in mods:
+            m.scaled_dot_product_attention = getattr(m.scaled_dot_product_attention, "original",
+                                                     m.scaled_dot_product_attention)
+
+
 @contextlib.contextmanager
 def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths: FastDecode) -> Iterator[str]:
     """Within the block, build a decode forward with whichever fast paths apply.
@@ -165,17 +230,20 @@ def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths
     Args:
         held: ``[B]`` tokens each row holds before the step (see :func:`unpadded`).
         paths: the paths allowed: :func:`without_mask` where :func:`unpadded` holds,
-            :func:`compiled_mlps` where :func:`compilable` holds.
+            :func:`padded_attention` where rows are padded and :func:`plain_batch_caches`
+            holds, :func:`compiled_mlps` where :func:`compilable` holds.
 
     Yields:
-        Which paths are on: ``""``, ``"no mask"``, ``"compiled MLP"`` or both, joined by
-        ``" + "``.
+        Which paths are on: ``""``, ``"no mask"`` or ``"padded kernel"``, ``"compiled
+        MLP"``, joined by ``" + "``.
     """
     with contextlib.ExitStack() as stack:
         on = []
         if paths.no_mask and unpadded(caches, held):
             stack.enter_context(without_mask(caches))
             on.append("no mask")
+        elif paths.padded_kernel and plain_batch_caches(caches) and stack.enter_context(padded_attention(model)):
+            on.append("padded kernel")
         if paths.compile_mlp and compilable(model):
             stack.enter_context(compiled_mlps(model))
             on.append("compiled MLP")

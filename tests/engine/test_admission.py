@@ -286,35 +286,13 @@ def test_the_projection_bounds_the_bytes_held_at_every_snapshot(random_llama):
 
 # -- the computed bytes against MLX's measured memory -----------------------------------
 
-def _released_bytes(sched):
-    """Independent measurement: MLX's active memory freed when the engine's caches (batch,
-    prefilling group, prompt cache) are dropped."""
-    import gc
-
-    import mlx.core as mx
-
-    st = sched.state
-    if st.batch.pending is not None:
-        mx.eval(st.batch.pending.tokens)
-    mx.synchronize()  # on CUDA a finished kernel's temporaries are freed when its stream completes
-    gc.collect()
-    before = mx.get_active_memory()
-    st.batch.caches = st.prefilling = st.prompt_cache = None
-    gc.collect()
-    return before - mx.get_active_memory()
-
-
-def _allocator_rounding(sched):
-    """What the device's allocator adds to the caches' arrays (0 on the CPU; on CUDA each
-    buffer takes whole 16 KiB pages or a power of two): ``allocation_bytes - nbytes`` over
-    every array reachable from the batch, the prefilling groups and the prompt cache
-    (views counted as buffers: an upper bound)."""
+def _cache_arrays(sched):
+    """Every array reachable from the batch's caches, the prefilling groups and the prompt
+    cache (views counted as arrays of their own)."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    from workbench.runtime.memory import allocation_bytes
-
-    st, seen, total = sched.state, set(), 0
+    st, seen, arrays = sched.state, set(), []
     stack = [st.batch.caches, st.prefilling, st.prompt_cache]
     while stack:
         o = stack.pop()
@@ -322,14 +300,45 @@ def _allocator_rounding(sched):
             continue
         seen.add(id(o))
         if isinstance(o, mx.array):
-            total += allocation_bytes(o.nbytes) - o.nbytes
+            arrays.append(o)
         elif isinstance(o, dict):
             stack += list(o.values())
         elif isinstance(o, (list, tuple, set, frozenset)) or type(o).__name__ == "deque":
             stack += list(o)
         elif hasattr(o, "__dict__"):
             stack += list(vars(o).values())
-    return total
+    return arrays
+
+
+def _released_bytes(sched):
+    """Independent measurement: MLX's active memory freed when the engine's caches (batch,
+    prefilling group, prompt cache) are dropped. Every cache array is evaluated first (an
+    array still lazy holds its graph's inputs, freed with it), and the device synchronized
+    (on CUDA a finished kernel's temporaries are freed when its stream completes)."""
+    import gc
+
+    import mlx.core as mx
+
+    st = sched.state
+    if st.batch.pending is not None:
+        mx.eval(st.batch.pending.tokens)
+    mx.eval(_cache_arrays(sched))
+    mx.synchronize()
+    gc.collect()
+    before = mx.get_active_memory()
+    st.batch.caches = st.prefilling = st.prompt_cache = None
+    gc.collect()
+    mx.synchronize()
+    return before - mx.get_active_memory()
+
+
+def _allocator_rounding(sched):
+    """What the device's allocator adds to the caches' arrays (0 on the CPU; on CUDA each
+    buffer takes whole 16 KiB pages or a power of two): ``allocation_bytes - nbytes`` over
+    :func:`_cache_arrays` (views counted as buffers: an upper bound)."""
+    from workbench.runtime.memory import allocation_bytes
+
+    return sum(allocation_bytes(a.nbytes) - a.nbytes for a in _cache_arrays(sched))
 
 
 @pytest.mark.parametrize("reuse", [True, False])

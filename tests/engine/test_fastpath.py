@@ -7,6 +7,7 @@ import pytest
 
 import workbench as wb
 from workbench.engine import fastpath
+from workbench.runtime import device
 from workbench.verify.mask_oracle import recorded_masks
 
 
@@ -97,10 +98,11 @@ def test_compiled_mlps_give_equal_tokens_and_are_restored(random_llama):
 
 
 def test_compiled_mlps_are_opt_in_and_never_with_adapters():
-    assert fastpath.FastDecode.of(None) == fastpath.FastDecode(True, False)
-    assert fastpath.FastDecode.of(True) == fastpath.FastDecode(True, True)
+    cuda = device.backend() == "cuda"  # the padded-rows kernel: on CUDA only
+    assert fastpath.FastDecode.of(None) == fastpath.FastDecode(True, False, cuda)
+    assert fastpath.FastDecode.of(True) == fastpath.FastDecode(True, True, cuda)
     assert fastpath.FastDecode.of(False) == fastpath.FastDecode(False, False)
-    assert fastpath.FastDecode.of(True, adapters=object()) == fastpath.FastDecode(True, False)
+    assert fastpath.FastDecode.of(True, adapters=object()) == fastpath.FastDecode(True, False, cuda)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0])
@@ -127,9 +129,8 @@ def _reference_kernel(calls):
 
 
 def test_the_padded_kernel_is_on_by_default_on_cuda_only(monkeypatch):
-    from workbench.runtime import device
-
-    assert not fastpath.FastDecode.of(None).padded_kernel  # this CPU
+    monkeypatch.setattr(device, "backend", lambda: "cpu")
+    assert not fastpath.FastDecode.of(None).padded_kernel
     monkeypatch.setattr(device, "backend", lambda: "cuda")
     assert fastpath.FastDecode.of(None).padded_kernel and fastpath.FastDecode.of(True).padded_kernel
     assert not fastpath.FastDecode.of(False).padded_kernel

@@ -151,6 +151,7 @@ def test_padded_rows_reach_the_kernel_with_their_padding_and_buffers(bundled, pr
     calls = []
     monkeypatch.setattr(padded_attention, "padded_decode_attention", _reference_kernel(calls))
     monkeypatch.setattr(padded_attention, "supported", lambda q, k: q.shape[2] == 1)
+    monkeypatch.setattr(padded_attention, "HEAD_DIMS", (16, 32, 64, 128))  # the bundled model's head dim too
     monkeypatch.setattr(fastpath.FastDecode, "of", classmethod(lambda cls, f, adapters=None: cls(True, False, True)))
     original = llama.scaled_dot_product_attention
     fast = _run(model, tokenizer, prompts)
@@ -178,3 +179,29 @@ def test_on_the_gpu_the_padded_kernel_equals_masked_attention(head_dim):
     half = padded_decode_attention(q.astype(mx.bfloat16), k.astype(mx.bfloat16), v.astype(mx.bfloat16), lp,
                                    columns, head_dim ** -0.5)
     assert half.dtype == mx.bfloat16 and mx.abs(half.astype(mx.float32) - want).max().item() < 0.05
+
+
+def test_snapshots_say_which_fast_path_the_last_decode_step_took(bundled, prompt):
+    """``Snapshot.fast_path``: "" before any decode step, "no mask" at B = 1, "none" over
+    padded rows where the kernel does not serve (the CPU; the bundled model's head dim) and
+    with ``fast_decode=False``; a checkpoint restores it with the rest."""
+    model, tokenizer = bundled
+    sched = wb.Scheduler(model, tokenizer, max_batch=1)
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=4))
+    assert sched.snapshot().fast_path == ""
+    sched.admit(), sched.step()
+    assert sched.snapshot().fast_path == "no mask"
+    cp = sched.checkpoint()
+    padded = wb.Scheduler(model, tokenizer, max_batch=2)
+    for n in (3, 9):
+        padded.submit(wb.Request(prompt=prompt(n), max_tokens=4))
+    padded.admit(), padded.step()
+    assert padded.snapshot().fast_path == "none"  # no kernel on the CPU; on CUDA not for head dim 16 either
+    assert not fastpath.kernel_serves(padded.state.batch.caches)
+    off = wb.Scheduler(model, tokenizer, max_batch=1, fast_decode=False)
+    off.submit(wb.Request(prompt=prompt(5), max_tokens=4))
+    off.admit(), off.step()
+    assert off.snapshot().fast_path == "none"
+    sched.run()
+    sched.restore(cp)
+    assert sched.snapshot().fast_path == "no mask"

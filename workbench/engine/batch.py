@@ -43,6 +43,10 @@ class Batch:
             included), or ``None`` when no row runs.
         pending: next-token results ``[B]`` of the last forward, aligned with ``rows``.
         free: cache rows (``[0, P)``) of filtered rows kept for the next joiner.
+        fast_path: the decode fast paths the last decode step took
+            (:func:`workbench.engine.fastpath.decode_fast_path`: ``"no mask"``, ``"padded
+            kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's forward
+            as it is); ``""`` before the first decode step.
     """
 
     def __init__(self, reuse_slots: bool = True):
@@ -51,6 +55,7 @@ class Batch:
         self.caches: kv.LayerCaches | None = None
         self.pending: Pending | None = None
         self.free: list[int] = []
+        self.fast_path = ""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -156,4 +161,5 @@ class Batch:
         out.caches = internals.clone_caches(self.caches, share_appended)
         out.pending = None if self.pending is None else self.pending.clone()
         out.free = list(self.free)
+        out.fast_path = self.fast_path
         return out

@@ -69,6 +69,7 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
         context_tokens=tuple(r.context_tokens for r in batch.rows),
         kv_bytes=batch.kv_bytes,
         free_slots=len(batch.free),
+        fast_path=batch.fast_path,
         adapters=tuple(r.valid.request.adapter for r in batch.rows),
     )
 

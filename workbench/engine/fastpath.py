@@ -175,6 +175,16 @@ def plain_batch_caches(caches: LayerCaches | None) -> bool:
                                 and not hasattr(c, "bits") and c.keys is not None for c in caches)
 
 
+def kernel_serves(caches: LayerCaches) -> bool:
+    """True when the padded-rows kernel serves every layer's cache: head dim in
+    :data:`workbench.engine.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
+    (what :func:`workbench.engine.padded_attention.supported` asks of a step's queries)."""
+    from .padded_attention import HEAD_DIMS
+
+    return all(c.keys.shape[-1] in HEAD_DIMS and c.keys.dtype in (mx.float16, mx.bfloat16, mx.float32)
+               for c in caches)
+
+
 def _attention_modules(model: Any) -> list[Any]:
     """The Python modules whose ``scaled_dot_product_attention`` the model's attention
     layers call (mlx-lm's model files import it from ``models.base``)."""
@@ -231,7 +241,8 @@ def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths
         held: ``[B]`` tokens each row holds before the step (see :func:`unpadded`).
         paths: the paths allowed: :func:`without_mask` where :func:`unpadded` holds,
             :func:`padded_attention` where rows are padded and :func:`plain_batch_caches`
-            holds, :func:`compiled_mlps` where :func:`compilable` holds.
+            and :func:`kernel_serves` hold, :func:`compiled_mlps` where :func:`compilable`
+            holds.
 
     Yields:
         Which paths are on: ``""``, ``"no mask"`` or ``"padded kernel"``, ``"compiled
@@ -242,7 +253,8 @@ def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths
         if paths.no_mask and unpadded(caches, held):
             stack.enter_context(without_mask(caches))
             on.append("no mask")
-        elif paths.padded_kernel and plain_batch_caches(caches) and stack.enter_context(padded_attention(model)):
+        elif (paths.padded_kernel and plain_batch_caches(caches) and kernel_serves(caches)
+              and stack.enter_context(padded_attention(model))):
             on.append("padded kernel")
         if paths.compile_mlp and compilable(model):
             stack.enter_context(compiled_mlps(model))

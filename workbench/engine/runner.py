@@ -109,11 +109,12 @@ class ModelRunner:
         """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
         caches and sample each row's next token (``asynchronous``: evaluation started,
         not awaited), on the fast paths that apply
-        (:func:`workbench.engine.fastpath.decode_fast_path`)."""
+        (:func:`workbench.engine.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
         index = [len(r.tokens) + 1 for r in batch.rows]
         held = [r.context_tokens for r in batch.rows]
         with selected(self.adapters, names_of(batch.rows)), \
-                decode_fast_path(self.model, batch.caches, held, self.fast_decode):
+                decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path:
+            batch.fast_path = path or "none"
             return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
                           index, asynchronous)
 

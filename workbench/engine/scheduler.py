@@ -160,11 +160,15 @@ class Scheduler:
             forward (:mod:`workbench.engine.adapters`, ``docs/adapters.md``). The model's
             target Linear layers are wrapped once, in place; its weights do not change.
         fast_decode: the decode fast paths of :mod:`workbench.engine.fastpath`:
-            attention without a mask in steps where no row is left-padded, and every
-            layer's MLP under ``mx.compile`` (never with ``adapters``). ``None`` (default):
-            no mask where it applies; ``True``: both; ``False``: neither (mlx-lm's forward
-            as it is). Tokens are the same; on the CPU log-probs too, bit for bit
-            (compiled: within 1e-5).
+            attention without a mask in steps where no row is left-padded; on CUDA, over
+            padded rows, the workbench's attention kernel that starts each row at its
+            padding (:mod:`workbench.engine.padded_attention`, head dims 64 and 128); and
+            every layer's MLP under ``mx.compile`` (never with ``adapters``). ``None``
+            (default): the first two where they apply; ``True``: all three; ``False``: none
+            (mlx-lm's forward as it is). Each snapshot's ``fast_path`` says which the last
+            decode step took. Tokens are the same; on the CPU log-probs too, bit for bit
+            (compiled: within 1e-5); the CUDA kernel is within 5e-7 of MLX's attention in
+            float32, within one rounding in bf16 (tokens can then differ at near-ties).
 
     A model whose code cannot batch rows of different lengths (found by
     :func:`workbench.engine.probe.probe` when the scheduler is built, e.g. mlx-lm's

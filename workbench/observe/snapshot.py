@@ -125,6 +125,10 @@ class Snapshot:
         free_slots: cache rows of evicted requests held for the next joiner (not among
             the ``B`` rows; ``kv_bytes`` counts them): the next join writes into them,
             else the next ``step()`` drops them (see :mod:`workbench.engine.batch`).
+        fast_path: the decode fast paths the last decode step took (``"no mask"``,
+            ``"padded kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's
+            forward as it is, ``Scheduler(fast_decode=False)`` or a step no path applies to;
+            ``""`` before the first decode step). See :mod:`workbench.engine.fastpath`.
         serial_reason: why the scheduler runs one row at a time (a model that cannot batch
             rows of different lengths, ``Scheduler.serial_reason``), else ``""``.
         prefill_kv_bytes: bytes the prefilling group's caches hold (``nbytes``).
@@ -158,6 +162,7 @@ class Snapshot:
     prefilling: tuple[tuple[int, int, int], ...] = ()
     free_slots: int = 0
     serial_reason: str = ""
+    fast_path: str = ""
     prefill_kv_bytes: int = 0
     prompt_cache_bytes: int = 0
     active_memory_bytes: int = 0

@@ -10,7 +10,6 @@ Usage (on a CUDA machine): ``python scripts/gpu_padded_attention.py [--out FILE]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,6 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 
 from workbench.engine.padded_attention import padded_decode_attention  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_step_profile import emit_jsonl  # noqa: E402
 
 
 def timed(fn, n=20):
@@ -61,15 +63,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
-    rows = []
-    for D in (64, 128):
-        for dtype in (mx.bfloat16, mx.float32):
-            for B in (1, 8, 32, 128):
-                row = case(B, dtype, D)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    if a.out:
-        a.out.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    emit_jsonl((case(B, dtype, D) for D in (64, 128) for dtype in (mx.bfloat16, mx.float32) for B in (1, 8, 32, 128)),
+               a.out)
 
 
 if __name__ == "__main__":

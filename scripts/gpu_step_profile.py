@@ -216,13 +216,18 @@ def main():
     a = ap.parse_args()
     shape = QUICK if a.quick else LLAMA_1B
     model = make_model(shape, dtype=mx.bfloat16 if not a.quick else mx.float32)
-    rows = []
-    for B in a.batch:
-        row = profile(model, B, a.context if not a.quick else 48, a.steps if not a.quick else 6)
+    emit_jsonl((profile(model, B, a.context if not a.quick else 48, a.steps if not a.quick else 6)
+                for B in a.batch), a.out)
+
+
+def emit_jsonl(rows, out: Path | None) -> None:
+    """Print each row (a dict) as a JSON line as it comes; then write them all to ``out``."""
+    kept = []
+    for row in rows:
         print(json.dumps(row), flush=True)
-        rows.append(row)
-    if a.out:
-        a.out.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        kept.append(row)
+    if out:
+        out.write_text("\n".join(json.dumps(r) for r in kept) + "\n")
 
 
 if __name__ == "__main__":

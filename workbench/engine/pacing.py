@@ -160,6 +160,7 @@ class Pacer:
         self.prefill_samples: deque[tuple[int, int, int, float]] = deque(maxlen=SAMPLES)  # rows, tokens, start, s
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
         self._prefill_coef: np.ndarray | None = None
+        self._ratios: dict[str, float] = {}  # "prefill" / "decode": the prior's correction, until a new sample
         self.predictions: deque[tuple[str, float, float, float]] = deque(maxlen=PREDICTIONS)
         self.last_iteration: Iteration | None = None  # the latest admit() that returned
         self._step_index, self._start_s, self._prefill_s = 0, 0.0, 0.0  # the admit() in progress (or latest)
@@ -193,6 +194,7 @@ class Pacer:
                        prior.prefill_s(tokens, start_tokens, rows) if prior is not None else math.nan)
             self.prefill_samples.append((rows, tokens, start_tokens, seconds))
             self._prefill_coef = None
+            self._ratios.pop("prefill", None)
 
     def observe_decode(self, rows: int, width_tokens: int, seconds: float) -> None:
         """A measured iteration's non-prefill time: ``seconds`` with ``rows`` running rows
@@ -204,6 +206,7 @@ class Pacer:
             self._note("decode", self.decode_s(rows, width_tokens) if self.decode_samples or prior else None, seconds,
                        prior.decode_s(rows, width_tokens) if prior is not None else math.nan)
             self.decode_samples.append((rows, width_tokens, seconds))
+            self._ratios.pop("decode", None)
 
     def _note(self, kind: str, predicted_s: float | None, measured_s: float, prior_s: float) -> None:
         if predicted_s is not None:
@@ -231,8 +234,7 @@ class Pacer:
         if prior is None:
             recent = [s for *_, s in list(self.decode_samples)[-RECENT:]]
             return float(np.median(recent)) if recent else 0.0
-        ratio = self._ratio([(prior.decode_s(b, w), s) for b, w, s in self.decode_samples])
-        return prior.decode_s(rows, width_tokens) * ratio
+        return prior.decode_s(rows, width_tokens) * self._prior_ratio("decode")
 
     def prefill_s(self, rows: int, tokens: int, start_tokens: int) -> float | None:
         """Predicted seconds of a ``[rows, tokens]`` prefill chunk whose rows already hold
@@ -240,8 +242,7 @@ class Pacer:
         chunk measured yet). ``tokens = 0`` gives the forward's fixed part."""
         prior = self.pacing.cost_model
         if prior is not None:
-            ratio = self._ratio([(prior.prefill_s(k, s0, b), s) for b, k, s0, s in self.prefill_samples])
-            return prior.prefill_s(tokens, start_tokens, rows) * ratio
+            return prior.prefill_s(tokens, start_tokens, rows) * self._prior_ratio("prefill")
         coef = self._fit_prefill()
         if coef is None:
             return None
@@ -322,6 +323,20 @@ class Pacer:
             rows, tokens, starts, secs = map(np.array, zip(*samples))
             self._prefill_coef = nonnegative_lstsq(prefill_features(rows, tokens, starts), secs.astype(float))
         return self._prefill_coef
+
+    def _prior_ratio(self, kind: str) -> float:
+        """The prior's correction for ``kind`` (``prefill`` / ``decode``): :meth:`_ratio`
+        over the latest ``RECENT`` samples, computed once per new sample (the planner asks
+        for predictions thousands of times an iteration)."""
+        ratio = self._ratios.get(kind)
+        if ratio is None:
+            prior = self.pacing.cost_model
+            if kind == "prefill":
+                pairs = [(prior.prefill_s(k, s0, b), s) for b, k, s0, s in list(self.prefill_samples)[-RECENT:]]
+            else:
+                pairs = [(prior.decode_s(b, w), s) for b, w, s in list(self.decode_samples)[-RECENT:]]
+            ratio = self._ratios[kind] = self._ratio(pairs)
+        return ratio
 
     @staticmethod
     def _ratio(pairs: list[tuple[float, float]]) -> float:

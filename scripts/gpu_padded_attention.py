@@ -60,8 +60,8 @@ def case(B, dtype, D, n_q=32, n_kv=8, S=640, columns=400, layers=16):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="also write the rows as JSON lines to this file")
     a = ap.parse_args()
     emit_jsonl((case(B, dtype, D) for D in (64, 128) for dtype in (mx.bfloat16, mx.float32) for B in (1, 8, 32, 128)),
                a.out)

@@ -29,11 +29,13 @@ from workbench.observe.metrics import SLO
 from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("out", nargs="?", type=Path)
-parser.add_argument("--rounds", type=int, default=2)
-parser.add_argument("--arrival-steps", type=float, nargs="+", default=[8.0, 3.0])
-parser.add_argument("--targets", type=float, nargs="*", default=[])
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("out", nargs="?", type=Path, help="folder for the CSV files (default: none written)")
+parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per arrival interval (default 2)")
+parser.add_argument("--arrival-steps", type=float, nargs="+", default=[8.0, 3.0],
+                    help="arrival intervals, in decode steps at B = 8 (default 8 3)")
+parser.add_argument("--targets", type=float, nargs="*", default=[],
+                    help="paced engines to add, at these multiples of the decode step (default none)")
 args = parser.parse_args()
 if args.out:
     args.out.mkdir(parents=True, exist_ok=True)

@@ -49,4 +49,9 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "workbench-out/pacing_cost_sweep"))
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", type=Path, default=Path("workbench-out/pacing_cost_sweep"),
+                    help="folder for summary.csv (default workbench-out/pacing_cost_sweep)")
+    main(ap.parse_args().out)

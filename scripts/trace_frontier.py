@@ -29,9 +29,9 @@ COLUMNS = ["engine", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="folder for requests.csv, gaps.csv, summary.csv")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds after the warm-up (default 2)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = wb.load("tiny-llama")

@@ -77,8 +77,11 @@ def test_the_cuda_rounding_rule_of_mlx_allocator():
     assert got == [8, 8, 16, 512, 4096, 16384, 32768, 98304, 524288, 4014080]
     assert all(memory.allocation_bytes(n, "cpu") == n for n in SIZES)
     assert memory.allocation_bytes(0, "cuda") == 0
-    with pytest.raises(ValueError, match="nbytes must be >= 0"):
-        memory.allocation_bytes(-1)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="nbytes must be an int >= 0"):
+            memory.allocation_bytes(bad)
+    with pytest.raises(ValueError, match=r"backend must be one of \('cuda', 'metal', 'cpu'\)"):
+        memory.allocation_bytes(4, "CUDA")
 
 
 def test_allocation_bytes_are_what_the_default_device_takes():

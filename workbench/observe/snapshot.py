@@ -128,7 +128,8 @@ class Snapshot:
         fast_path: the decode fast paths the last decode step took (``"no mask"``,
             ``"padded kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's
             forward as it is, ``Scheduler(fast_decode=False)`` or a step no path applies to;
-            ``""`` before the first decode step). See :mod:`workbench.engine.fastpath`.
+            ``""`` before the first decode step; kept after the batch empties). Not part of
+            :meth:`text`. See :mod:`workbench.engine.fastpath`.
         serial_reason: why the scheduler runs one row at a time (a model that cannot batch
             rows of different lengths, ``Scheduler.serial_reason``), else ``""``.
         prefill_kv_bytes: bytes the prefilling group's caches hold (``nbytes``).

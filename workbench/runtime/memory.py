@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 ENV = "WORKBENCH_MLX_CACHE_BYTES"
 
@@ -68,6 +69,7 @@ def raise_cache_limit() -> CacheStatus:
 STATUS = raise_cache_limit()
 
 
+BACKENDS = ("cuda", "metal", "cpu")
 CUDA_PAGE_BYTES = 16384  # mlx/backend/cuda/allocator.cpp: page_size
 CUDA_SMALL_BLOCK_BYTES = 8  # small_block_size: the scalar pool's block
 
@@ -77,7 +79,7 @@ def allocation_bytes(nbytes: int, backend: str | None = None) -> int:
     of ``nbytes`` bytes: what the memory readings of an array really cost on a device.
 
     Mirrors ``CudaAllocator::malloc`` (``mlx/backend/cuda/allocator.cpp``): on CUDA a buffer
-    of at most 8 bytes takes 8, one under 16 KiB the next power of two, a larger one a whole
+    of 1 to 8 bytes takes 8 (an empty one, 0), one under 16 KiB the next power of two, a larger one a whole
     number of 16 KiB pages (measured on an H200: a ``[333, 777]`` bf16 array of 517,482
     bytes took 524,288, ``docs/gpu.md``). The CPU allocator (``CommonAllocator``) takes
     ``nbytes`` exactly. Metal is not modelled (returns ``nbytes``).
@@ -88,14 +90,16 @@ def allocation_bytes(nbytes: int, backend: str | None = None) -> int:
             (:func:`workbench.runtime.device.backend`).
 
     Raises:
-        ValueError: ``nbytes`` is negative.
+        ValueError: ``nbytes`` is not an int >= 0, or ``backend`` not one of :data:`BACKENDS`.
     """
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+        raise ValueError(f"nbytes must be an int >= 0, got {nbytes!r}")
     if backend is None:
         from .device import backend as default_backend
 
         backend = default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
     if backend != "cuda" or nbytes == 0:
         return int(nbytes)
     if nbytes <= CUDA_SMALL_BLOCK_BYTES:

@@ -97,11 +97,15 @@ def unpadded(caches: LayerCaches | None, held: Sequence[int]) -> bool:
     if len(width) != 1:
         return False
     for c in caches:
-        if not isinstance(c, BatchKVCache) or type(c).make_mask is not BatchKVCache.make_mask:
-            return False
-        if c.keys is None or write_index(c) != next(iter(width)):
+        if not _mask_is_padding(c) or c.keys is None or write_index(c) != next(iter(width)):
             return False
     return True
+
+
+def _mask_is_padding(c: Any) -> bool:
+    """True for mlx-lm's ``BatchKVCache`` (or a subclass keeping its ``make_mask``): a
+    one-token step's mask is then each row's left padding and nothing more."""
+    return isinstance(c, BatchKVCache) and type(c).make_mask is BatchKVCache.make_mask
 
 
 def _one_token_unmasked(make_mask: Callable[..., Any]) -> Callable[..., Any]:
@@ -171,18 +175,16 @@ def compiled_mlps(model: Any) -> Iterator[None]:
 def plain_batch_caches(caches: LayerCaches | None) -> bool:
     """True when every layer is mlx-lm's float ``BatchKVCache`` (its own ``make_mask``,
     not quantized): a decode step's mask is then exactly each row's left padding."""
-    return bool(caches) and all(isinstance(c, BatchKVCache) and type(c).make_mask is BatchKVCache.make_mask
-                                and not hasattr(c, "bits") and c.keys is not None for c in caches)
+    return bool(caches) and all(_mask_is_padding(c) and not hasattr(c, "bits") and c.keys is not None for c in caches)
 
 
 def kernel_serves(caches: LayerCaches) -> bool:
     """True when the padded-rows kernel serves every layer's cache: head dim in
     :data:`workbench.engine.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
     (what :func:`workbench.engine.padded_attention.supported` asks of a step's queries)."""
-    from .padded_attention import HEAD_DIMS
+    from . import padded_attention as kernel
 
-    return all(c.keys.shape[-1] in HEAD_DIMS and c.keys.dtype in (mx.float16, mx.bfloat16, mx.float32)
-               for c in caches)
+    return all(c.keys.shape[-1] in kernel.HEAD_DIMS and c.keys.dtype in kernel.DTYPES for c in caches)
 
 
 def _attention_modules(model: Any) -> list[Any]:
@@ -199,8 +201,7 @@ def _with_padded_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
     from .padded_attention import padded_decode_attention, supported
 
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
-        if (sinks is None and isinstance(mask, mx.array) and isinstance(cache, BatchKVCache)
-                and type(cache).make_mask is BatchKVCache.make_mask and not hasattr(cache, "bits")
+        if (sinks is None and isinstance(mask, mx.array) and plain_batch_caches([cache])
                 and supported(queries, keys)):
             return padded_decode_attention(queries, cache.keys, cache.values, cache.left_padding,
                                            write_index(cache), scale)

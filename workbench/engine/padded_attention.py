@@ -30,6 +30,7 @@ import mlx.core as mx
 
 WARPS = 4  # warps per (row, query head): the columns are split between them
 HEAD_DIMS = (64, 128)  # head dims the kernel is built for (lanes hold head_dim / 32 each)
+DTYPES = (mx.float16, mx.bfloat16, mx.float32)  # input dtypes it serves (accumulating in float32)
 
 _SOURCE = """
     constexpr int W = WARPS_T;
@@ -102,7 +103,7 @@ def supported(queries: mx.array, keys: mx.array) -> bool:
     of the KV heads (GQA), and a float16 / bfloat16 / float32 dtype."""
     return (queries.ndim == 4 and queries.shape[2] == 1 and queries.shape[-1] == keys.shape[-1]
             and queries.shape[-1] in HEAD_DIMS and queries.shape[1] % keys.shape[1] == 0
-            and queries.dtype in (mx.float16, mx.bfloat16, mx.float32) and keys.dtype == queries.dtype)
+            and queries.dtype in DTYPES and keys.dtype == queries.dtype)
 
 
 def padded_decode_attention(queries: mx.array, keys: mx.array, values: mx.array, left_padding: mx.array,

@@ -82,7 +82,7 @@ class PrefillGroup:
 
     def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
                  max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
-                 chunked_padding: bool | None = None):
+                 chunked_padding: bool | None = None, fixed_chunks: bool = False):
         self.model = model
         self.prompts = [list(p) for p in prompts]
         self.lengths = [len(p) for p in prompts]
@@ -95,6 +95,9 @@ class PrefillGroup:
         self.chunked_padding = (bool(chunked_padding) and padded and self.length > prefill_step_size
                                 and self._pads_safely(model, max_kv_size))
         self.per_row = padded and not self.chunked_padding and not (2 <= self.length <= prefill_step_size)
+        self.fixed_chunks = bool(fixed_chunks)
+        if self.fixed_chunks:
+            self.per_row, self.chunked_padding = True, False
         self.position = 0
         self._row, self._row_pos = 0, 0
         if self.per_row:
@@ -174,7 +177,7 @@ class PrefillGroup:
         """
         if self._done:
             raise RuntimeError("prefill group is done; nothing left to run")
-        size = self.step_size if tokens is None else max(1, int(tokens))
+        size = self.step_size if tokens is None or self.fixed_chunks else max(1, int(tokens))
         return self._run_row_chunk(size) if self.per_row else self._run_batch_chunk(size)
 
     def _run_batch_chunk(self, size: int) -> list[int]:

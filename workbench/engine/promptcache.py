@@ -26,18 +26,24 @@ class PromptCache:
         model: the scheduler's model (fresh caches for misses; its module and id key the trie).
         lru: an ``LRUPromptCache``, or an int: its ``max_size`` (entries).
         max_kv_size: as the scheduler's (fresh caches for misses).
+        aligned: the batch-invariant mode's chunk length ``C`` (tokens): entries hold only
+            whole prefill chunks of their prompt (``[0, k C)``, computed as the prompt alone
+            computes them) and a hit is cut to a multiple of ``C``, so the tail prefills in
+            the chunks it would run alone; ``None``: any prefix (the default).
     """
 
-    def __init__(self, model: Any, lru: LRUPromptCache | int, max_kv_size: int | None = None):
+    def __init__(self, model: Any, lru: LRUPromptCache | int, max_kv_size: int | None = None,
+                 aligned: int | None = None):
         self.model = model
-        self.key = f"{type(model).__module__}@{id(model):x}"  # mlx-lm partitions its trie by a hashable model key
+        self.aligned = aligned
+        self.key = f"{type(model).__module__}@{id(model):x}" + (f"/invariant-{aligned}" if aligned else "")
         self.lru = LRUPromptCache(max_size=lru) if isinstance(lru, int) else lru
         self.max_kv_size = max_kv_size
 
     def clone(self) -> "PromptCache":
         """An independent copy: the same model key, a copy of the LRU's index sharing its
         (never modified) entries (:func:`workbench.engine.cache_internals.clone_prompt_cache`)."""
-        out = PromptCache(self.model, clone_prompt_cache(self.lru), self.max_kv_size)
+        out = PromptCache(self.model, clone_prompt_cache(self.lru), self.max_kv_size, self.aligned)
         out.key = self.key
         return out
 
@@ -61,11 +67,26 @@ class PromptCache:
         cache, rest = self.lru.fetch_nearest_cache(self.key, list(tokens))
         if cache is None:
             return single_cache(self.model, self.max_kv_size), list(tokens)
+        if self.aligned:
+            hit = len(tokens) - len(rest)
+            cut = hit % self.aligned
+            if cut and not can_trim_prompt_cache(cache) or hit - cut == 0:
+                return single_cache(self.model, self.max_kv_size), list(tokens)
+            if cut:
+                trim_prompt_cache(cache, cut)
+            rest = list(tokens)[hit - cut :]
         return cache, list(rest)
 
-    def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int) -> bool:
+    def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int, prefilled_tokens: int | None = None) -> bool:
         """Store single-sequence ``caches`` holding ``tokens`` plus ``extra_tokens`` fed
-        after them (trimmed away first). Returns False when they cannot be trimmed."""
+        after them (trimmed away first). Returns False when they cannot be trimmed (or,
+        :attr:`aligned`, when the first ``prefilled_tokens`` hold no whole chunk)."""
+        if self.aligned:
+            keep = (len(tokens) if prefilled_tokens is None else prefilled_tokens) // self.aligned * self.aligned
+            if keep == 0:
+                return False
+            extra_tokens += len(tokens) - keep
+            tokens = list(tokens)[:keep]
         if extra_tokens:
             if not can_trim_prompt_cache(caches):
                 return False

@@ -15,6 +15,7 @@ from .adapters import AdapterBank, names_of, selected
 from .batch import Batch
 from .decode import Pending, launch
 from .fastpath import FastDecode, decode_fast_path
+from .invariant import Invariance, invariant_forward
 from .prefill import PrefillGroup
 from .promptcache import PromptCache
 from .quantized_kv import KVQuant
@@ -60,6 +61,9 @@ class ModelRunner:
         adapters: the loaded LoRA adapters (:mod:`workbench.engine.adapters`); every
             forward below runs each of its rows with that row's selected adapter.
         fast_decode: which decode fast paths apply (:mod:`workbench.engine.fastpath`).
+        invariant: the batch-invariant mode's choices (:mod:`workbench.engine.invariant`):
+            every prompt prefills alone in fixed chunks, every one-token forward runs
+            row-blocked projections and per-row attention; ``None``: off.
     """
 
     model: Any
@@ -69,6 +73,7 @@ class ModelRunner:
     kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.quantized_kv)
     adapters: AdapterBank | None = None  # per-row LoRA adapters (workbench.engine.adapters)
     fast_decode: FastDecode = FastDecode(False, False)  # decode fast paths (workbench.engine.fastpath)
+    invariant: Invariance | None = None  # batch-invariant mode (workbench.engine.invariant)
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
@@ -82,7 +87,8 @@ class ModelRunner:
         for s, inp, rest in zip(states, inputs, tails):
             s.cached_tokens = len(inp) - 1 - len(rest)
         if self.kv_quant is None:
-            group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches)
+            group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches,
+                                 fixed_chunks=self.invariant is not None)
         else:
             group = QuantizedPrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches,
                                           quant=self.kv_quant,
@@ -102,7 +108,8 @@ class ModelRunner:
         if self.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
             return quantized_join_forward(self.model, group.prefill, self.kv_quant, *args,
                                           select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])))
-        return launch(self.model, group.prefill.caches, *args)
+        with invariant_forward(self.model, self.invariant, [len(s.inputs) - 1 for s in group.states]):
+            return launch(self.model, group.prefill.caches, *args)
 
     def decode(self, batch: Batch, tokens: mx.array, contexts: Sequence[Callable[[], mx.array]],
                asynchronous: bool) -> Pending:
@@ -112,7 +119,7 @@ class ModelRunner:
         (:func:`workbench.engine.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
         index = [len(r.tokens) + 1 for r in batch.rows]
         held = [r.context_tokens for r in batch.rows]
-        with selected(self.adapters, names_of(batch.rows)), \
+        with selected(self.adapters, names_of(batch.rows)), invariant_forward(self.model, self.invariant, held), \
                 decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path:
             batch.fast_path = path or "none"
             return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
@@ -133,4 +140,5 @@ class ModelRunner:
         """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens
         (the token fed after the last one read is trimmed away)."""
         row = batch.rows[b]
-        prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, batch.extract(b), row.fed - len(row.tokens))
+        prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, batch.extract(b), row.fed - len(row.tokens),
+                           prefilled_tokens=len(row.valid.prompt_ids) - 1)

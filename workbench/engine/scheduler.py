@@ -60,7 +60,7 @@ from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import caches as kv
 from . import adapters as lora
-from . import fastpath, quantized_kv
+from . import fastpath, invariant, quantized_kv
 from .admission import Admission, Decision
 from .batch import Batch
 from .budget import context_limit, kv_profile
@@ -195,7 +195,7 @@ class Scheduler:
                  history_checkpoints: int = 0, pacing: "Pacing | bool | float | None" = None,
                  kv_bits: int | None = None, kv_group_size: int = 64,
                  adapters: "Mapping[str, str] | lora.AdapterBank | None" = None,
-                 fast_decode: bool | None = None):
+                 fast_decode: bool | None = None, batch_invariant: bool = False):
         self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
         self.model, self.tokenizer = model, tokenizer
         self.max_batch = _positive_int("max_batch", max_batch)
@@ -223,14 +223,19 @@ class Scheduler:
         self._kv_profile = kv_profile(model, self.max_kv_size, self.kv_quant)
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
+        self.batch_invariant = invariant.configure(model, batch_invariant, max_kv_size=self.max_kv_size,
+                                                   kv_quant=self.kv_quant, kv_budget_bytes=self.kv_budget_bytes)
         self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant,
-                                  adapters=self.adapters, fast_decode=fastpath.FastDecode.of(fast_decode, self.adapters))
+                                  adapters=self.adapters, invariant=self.batch_invariant,
+                                  fast_decode=fastpath.FastDecode.of(False if self.batch_invariant else fast_decode,
+                                                                     self.adapters))
         self.recorder = Recorder(clock, history_size)
         self.pacing = pacing_from(pacing)
         self.pacer = None if self.pacing is None else Pacer(self.pacing, self.prefill_step_size)
         self.ledger = KVLedger(self._kv_profile, self.prefill_step_size, self.kv_budget_bytes, reuse_slots=self.reuse_slots,
                                exact_chunks=self.pacing is None and prompt_cache is None and self.kv_quant is None)
-        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
+        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size,
+                                                              aligned=self.prefill_step_size if self.batch_invariant else None)
         self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
         self._in_call = False
 
@@ -585,6 +590,9 @@ class Scheduler:
 
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
         s, st = self._state_of(uid), self.state
+        if self.batch_invariant is not None:
+            raise ValueError("preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
+                             "decoded tokens: other sums than the decode steps that made them)")
         if s.status is not Status.RUNNING:
             raise ValueError(f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted")
         b = next(i for i, r in enumerate(st.batch.rows) if r is s)

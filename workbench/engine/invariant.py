@@ -1,0 +1,275 @@
+"""Batch-invariant forwards: a row computes the same bits whatever its neighbours
+(``Scheduler(batch_invariant=True)``, ``docs/batch-invariance.md``).
+
+Knows: MLX's layer classes (``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embedding`` and
+``nn.QuantizedEmbedding``'s ``as_linear``), mlx-lm's ``scaled_dot_product_attention`` and
+``BatchKVCache``. Must not know: requests, the queue, events.
+
+Under batching a row's numbers change for two reasons, both removed here in the
+decode-shaped forwards (one token per row: the decode step and the join forward):
+
+- **The matmul kernel depends on the row count.** ``x @ W.T`` with ``M`` rows is one
+  BLAS / GPU kernel call whose blocking, and so each output's reduction order, the library
+  picks from ``M``: row 0 alone and row 0 among 31 others are different sums. Every
+  layer's matmul therefore runs on row blocks whose size is fixed per device and weight
+  kind (:class:`RowBlocks`): an input of ``B`` rows is cut into blocks of ``max_rows`` and
+  each block is zero-padded to at least ``min_rows``, so every row is computed by a call of
+  the same shape whatever ``B`` is; a row's values never depend on the other rows' values.
+- **Attention over left padding.** A padded row's keys sit behind its padding; the masked
+  softmax and the ``probs @ V`` sum over a longer, shifted axis (MLX's CPU softmax
+  vectorizes along it; the reduction splits by index), so the sum groups differently from
+  the same row alone. Each row's attention runs on its own keys (``[left_padding_b:]``,
+  no mask), which is exactly the call it makes alone at ``B = 1``.
+
+Prefill needs neither: in the mode every prompt runs alone in chunks of exactly
+``prefill_step_size`` tokens from position 0, as it does alone (the scheduler fixes the
+chunk schedule, :mod:`workbench.engine.prefill`). Row-wise operations (RMSNorm, RoPE,
+elementwise, log-softmax over the vocabulary, each row's seeded draw) do not mix rows.
+
+Example (CPU, float32, ``max_rows = min_rows = 16``): a step over ``B = 20`` rows runs
+each projection as two calls of 16 rows (the second holding 4 rows and 12 zero rows);
+the same request alone runs one call of 16 rows (1 row and 15 zero rows)::
+
+    rows  0..15  -> x[0:16]  @ W.T        (a [16, K] call)
+    rows 16..19  -> x[16:20] + 12 zeros   (a [16, K] call, 4 rows kept)
+
+Axis letters: ``B`` rows, ``K`` input features, ``N`` output features, ``H`` query heads,
+``S`` cached positions, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import BatchKVCache
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """Row counts a matmul call may have so that each row's result does not depend on the
+    call's row count: blocks of at most ``max_rows``, each zero-padded to ``min_rows``.
+
+    Attributes:
+        min_rows: the fewest rows a call runs (``>= 1``).
+        max_rows: the most rows a call runs (``>= min_rows``).
+    """
+
+    min_rows: int
+    max_rows: int
+
+    def plan(self, rows: int) -> list[tuple[int, int, int]]:
+        """``(start, kept rows, call rows)`` per call for an input of ``rows`` rows.
+
+        >>> RowBlocks(16, 16).plan(20)
+        [(0, 16, 16), (16, 4, 16)]
+        >>> RowBlocks(2, 256).plan(1)
+        [(0, 1, 2)]
+        """
+        out = []
+        for start in range(0, max(rows, 1), self.max_rows):
+            kept = min(self.max_rows, rows - start)
+            out.append((start, kept, max(kept, self.min_rows)))
+        return out
+
+
+def _kind(weight: mx.array, quantized: bool) -> str:
+    return "quantized" if quantized else {mx.float32: "float32"}.get(weight.dtype, "half")
+
+
+# Row blocks per backend and weight kind. Measured by ``workbench invariance`` (single ops,
+# row 0 alone against inside M rows, ``docs/batch-invariance.md``): on the CPU, OpenBLAS's
+# sgemm picks kernels by row count (rows change from M = 4, 13, 16, 32: float32 needs one
+# fixed M), MLX's own bf16/fp16 and quantized CPU kernels give the same rows at every M;
+# on CUDA bf16 M = 1 differs from M = 2..256 (all equal), float32 is equal for M = 2..8,
+# 4-bit quantized for M = 1..5.
+ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
+    ("cpu", "float32"): RowBlocks(8, 8),
+    ("cpu", "half"): None,
+    ("cpu", "quantized"): None,
+    ("cuda", "float32"): RowBlocks(8, 8),
+    ("cuda", "half"): RowBlocks(2, 256),
+    ("cuda", "quantized"): RowBlocks(4, 4),
+    ("metal", "float32"): RowBlocks(16, 16),
+    ("metal", "half"): RowBlocks(16, 16),
+    ("metal", "quantized"): RowBlocks(16, 16),
+}
+
+
+@dataclass(frozen=True)
+class Invariance:
+    """The batch-invariant mode's choices on one device.
+
+    Attributes:
+        backend: ``"cpu"``, ``"cuda"`` or ``"metal"`` (:func:`workbench.runtime.device.backend`).
+        blocks: weight kind (``"float32"``, ``"half"``, ``"quantized"``) -> its
+            :class:`RowBlocks`, or ``None`` where any row count gives the same rows.
+    """
+
+    backend: str
+    blocks: dict
+
+    @classmethod
+    def here(cls) -> "Invariance":
+        """The choices for MLX's default device (:data:`ROW_BLOCKS`)."""
+        from ..runtime.device import backend
+
+        b = backend()
+        return cls(b, {k: v for (dev, k), v in ROW_BLOCKS.items() if dev == b})
+
+    def blocks_for(self, weight: mx.array, quantized: bool) -> RowBlocks | None:
+        """The row blocks of a layer with ``weight``."""
+        return self.blocks.get(_kind(weight, quantized), RowBlocks(1, 1))
+
+
+def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | None) -> mx.array:
+    """``f(x)`` for a row-wise ``f`` (a projection ``[..., K] -> [..., N]``), computed in
+    calls of :meth:`RowBlocks.plan`'s shapes: equal to ``f(x)`` up to the kernel chosen, and
+    each row's bits independent of the other rows of ``x``.
+
+    Args:
+        x: ``[..., K]``; its leading axes are flattened into ``M`` rows.
+        blocks: the row blocks, ``None``: one call as it is.
+    """
+    if blocks is None:
+        return f(x)
+    lead, K = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, K)  # [M, K]
+    M = rows.shape[0]
+    parts = []
+    for start, kept, call in blocks.plan(M):
+        block = rows[start : start + kept]
+        if call > kept:
+            block = mx.concatenate([block, mx.zeros((call - kept, K), dtype=block.dtype)])
+        parts.append(f(block)[:kept])  # [kept, N]
+    y = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _linear(original: Callable[..., mx.array], inv: Invariance, quantized: bool) -> Callable[..., mx.array]:
+    def call(self: Any, x: mx.array) -> mx.array:
+        return blocked(lambda b: original(self, b), x, inv.blocks_for(self["weight"], quantized))
+
+    return call
+
+
+def _as_linear(original: Callable[..., mx.array], inv: Invariance, quantized: bool) -> Callable[..., mx.array]:
+    def call(self: Any, x: mx.array) -> mx.array:
+        return blocked(lambda b: original(self, b), x, inv.blocks_for(self["weight"], quantized))
+
+    return call
+
+
+@contextlib.contextmanager
+def blocked_projections(inv: Invariance) -> Iterator[None]:
+    """Within the block, every ``nn.Linear`` / ``nn.QuantizedLinear`` call and every tied
+    embedding read-out (``as_linear``) runs in :func:`blocked` row blocks. Restored after."""
+    swaps = [(nn.Linear, "__call__", _linear, False), (nn.QuantizedLinear, "__call__", _linear, True),
+             (nn.Embedding, "as_linear", _as_linear, False), (nn.QuantizedEmbedding, "as_linear", _as_linear, True)]
+    saved = []
+    try:
+        for cls, name, wrap, quantized in swaps:
+            original = cls.__dict__[name]
+            saved.append((cls, name, original))
+            setattr(cls, name, wrap(original, inv, quantized))
+        yield
+    finally:
+        for cls, name, original in saved:
+            setattr(cls, name, original)
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    """The Python modules whose ``scaled_dot_product_attention`` the model's attention
+    layers call (mlx-lm's model files import it from ``models.base``)."""
+    layers = getattr(model, "layers", None) or []
+    names = {type(m).__module__ for b in layers for m in (getattr(b, "self_attn", None),) if m is not None}
+    mods = [sys.modules.get(n) for n in names]
+    return [m for m in mods if m is not None and hasattr(m, "scaled_dot_product_attention")]
+
+
+def _per_row(original: Callable[..., mx.array], held: Sequence[int]) -> Callable[..., mx.array]:
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        B, H, L, D = queries.shape  # [B, H, 1, D]
+        if L != 1 or not isinstance(cache, BatchKVCache) or len(held) != B:
+            raise RuntimeError("batch-invariant attention runs one-token steps over BatchKVCache rows only")
+        S = keys.shape[-2]  # keys [B, n_kv_heads, S, D]: row b's own tokens are its last held[b] + 1
+        outs = []
+        for b in range(B):
+            start = S - held[b] - 1
+            if start < 0:
+                raise RuntimeError(f"row {b} claims {held[b] + 1} tokens in a cache {S} wide")
+            outs.append(original(queries[b : b + 1], keys[b : b + 1, :, start:], values[b : b + 1, :, start:],
+                                 cache=cache, scale=scale, mask=None, sinks=sinks))
+        return outs[0] if B == 1 else mx.concatenate(outs)
+
+    sdpa.original = original
+    return sdpa
+
+
+@contextlib.contextmanager
+def per_row_attention(model: Any, held: Sequence[int]) -> Iterator[None]:
+    """Within the block, the model's attention runs each row alone on its own keys, no
+    mask (``held``: ``[B]`` tokens each row's cache held before this one-token forward).
+    Restored after."""
+    mods = _attention_modules(model)
+    try:
+        for m in mods:
+            m.scaled_dot_product_attention = _per_row(m.scaled_dot_product_attention, held)
+        yield
+    finally:
+        for m in mods:
+            m.scaled_dot_product_attention = getattr(m.scaled_dot_product_attention, "original",
+                                                     m.scaled_dot_product_attention)
+
+
+@contextlib.contextmanager
+def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -> Iterator[None]:
+    """Within the block, a one-token-per-row forward is batch-invariant
+    (:func:`blocked_projections` + :func:`per_row_attention`); ``inv=None``: unchanged."""
+    if inv is None:
+        yield
+        return
+    with blocked_projections(inv), per_row_attention(model, held):
+        yield
+
+
+def configure(model: Any, batch_invariant: bool, max_kv_size: int | None = None, kv_quant: Any = None,
+              kv_budget_bytes: int | None = None) -> Invariance | None:
+    """``Scheduler(batch_invariant=)``: the mode's :class:`Invariance` on this device, or
+    ``None`` when off.
+
+    Raises:
+        ValueError: ``batch_invariant`` is not a bool; or it is True with what the mode
+            cannot keep invariant, named: a quantized KV cache (``kv_bits``), a KV budget
+            (``kv_budget_bytes``: preemption recomputes decoded tokens as prefill, which
+            are other sums), or a layer cache other than full attention
+            (``BatchKVCache``) or recurrent state (``ArraysCache``) — sliding-window
+            (``BatchRotatingKVCache``, also ``max_kv_size``) caches.
+    """
+    from mlx_lm.models.cache import ArraysCache, CacheList
+
+    from .caches import new_batch_cache
+
+    if not isinstance(batch_invariant, bool):
+        raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+    if not batch_invariant:
+        return None
+    if kv_quant is not None:
+        raise ValueError("batch_invariant=True cannot run a quantized KV cache (kv_bits): not supported")
+    if kv_budget_bytes is not None:
+        raise ValueError("batch_invariant=True cannot take kv_budget_bytes: preemption recomputes a row's decoded "
+                         "tokens as prefill, whose sums differ from the decode steps that made them")
+
+    def leaves(c: Any) -> list[Any]:
+        return [x for sub in c.caches for x in leaves(sub)] if isinstance(c, CacheList) else [c]
+
+    for i, c in enumerate(x for layer in new_batch_cache(model, 1, max_kv_size) for x in leaves(layer)):
+        if not (type(c) is BatchKVCache or isinstance(c, ArraysCache)):
+            raise ValueError(f"batch_invariant=True cannot batch layer {i}'s {type(c).__name__}"
+                             + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
+                             + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers")
+    return Invariance.here()

@@ -77,16 +77,28 @@ class RowBlocks:
         return out
 
 
-def _kind(weight: mx.array, quantized: bool) -> str:
-    return "quantized" if quantized else {mx.float32: "float32"}.get(weight.dtype, "half")
+def _kind(module: Any) -> str:
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        return "quantized"
+    return "float32" if module["weight"].dtype == mx.float32 else "half"
 
 
-# Row blocks per backend and weight kind. Measured by ``workbench invariance`` (single ops,
-# row 0 alone against inside M rows, ``docs/batch-invariance.md``): on the CPU, OpenBLAS's
-# sgemm picks kernels by row count (rows change from M = 4, 13, 16, 32: float32 needs one
-# fixed M), MLX's own bf16/fp16 and quantized CPU kernels give the same rows at every M;
-# on CUDA bf16 M = 1 differs from M = 2..256 (all equal), float32 is equal for M = 2..8,
-# 4-bit quantized for M = 1..5.
+def signature(module: Any) -> tuple:
+    """What decides a projection's kernel: its class, weight shape and dtype, bias (and
+    for quantized layers bits, group size and mode)."""
+    w = module["weight"]
+    extra = tuple(getattr(module, a, None) for a in ("bits", "group_size", "mode"))
+    return (type(module).__name__, tuple(w.shape), str(w.dtype), "bias" in module) + extra
+
+
+# Row blocks per backend and weight kind: the first choice of :meth:`Invariance.calibrate`,
+# which checks it on each projection and falls back to smaller fixed blocks. Measured with
+# single ops (a row alone against inside M rows, ``docs/batch-invariance.md``): on the CPU,
+# OpenBLAS's sgemm picks kernels by row count and tiles rows (a row's bits depend on M and
+# on its position in the call), so float32 needs one fixed M whose rows do not depend on
+# their position (8); MLX's own bf16/fp16 and quantized CPU kernels give the same rows at
+# every M; on CUDA bf16 M = 1 differs from M = 2..256 (all equal), float32 is equal for
+# M = 2..8, 4-bit quantized for M = 1..5.
 ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
     ("cpu", "float32"): RowBlocks(8, 8),
     ("cpu", "half"): None,
@@ -94,36 +106,11 @@ ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
     ("cuda", "float32"): RowBlocks(8, 8),
     ("cuda", "half"): RowBlocks(2, 256),
     ("cuda", "quantized"): RowBlocks(4, 4),
-    ("metal", "float32"): RowBlocks(16, 16),
-    ("metal", "half"): RowBlocks(16, 16),
-    ("metal", "quantized"): RowBlocks(16, 16),
 }
-
-
-@dataclass(frozen=True)
-class Invariance:
-    """The batch-invariant mode's choices on one device.
-
-    Attributes:
-        backend: ``"cpu"``, ``"cuda"`` or ``"metal"`` (:func:`workbench.runtime.device.backend`).
-        blocks: weight kind (``"float32"``, ``"half"``, ``"quantized"``) -> its
-            :class:`RowBlocks`, or ``None`` where any row count gives the same rows.
-    """
-
-    backend: str
-    blocks: dict
-
-    @classmethod
-    def here(cls) -> "Invariance":
-        """The choices for MLX's default device (:data:`ROW_BLOCKS`)."""
-        from ..runtime.device import backend
-
-        b = backend()
-        return cls(b, {k: v for (dev, k), v in ROW_BLOCKS.items() if dev == b})
-
-    def blocks_for(self, weight: mx.array, quantized: bool) -> RowBlocks | None:
-        """The row blocks of a layer with ``weight``."""
-        return self.blocks.get(_kind(weight, quantized), RowBlocks(1, 1))
+FALLBACK_ROWS = (8, 4, 2, 1)  # fixed blocks tried in order where the first choice fails its check
+PROJECTIONS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
+_METHOD = {nn.Linear: "__call__", nn.QuantizedLinear: "__call__", nn.Embedding: "as_linear",
+           nn.QuantizedEmbedding: "as_linear"}
 
 
 def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | None) -> mx.array:
@@ -150,17 +137,101 @@ def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | 
     return y.reshape(*lead, y.shape[-1])
 
 
-def _linear(original: Callable[..., mx.array], inv: Invariance, quantized: bool) -> Callable[..., mx.array]:
+def rows_agree(f: Callable[[mx.array], mx.array], K: int, dtype: Any, blocks: RowBlocks | None,
+               counts: Sequence[int] = (3, 9, 20)) -> bool:
+    """True when, for random inputs ``[M, K]``, the first, middle and last row of ``f``
+    computed among ``M`` rows (in :func:`blocked` calls of ``blocks``, for each ``M`` in
+    ``counts``; for fixed blocks one full block) have the bits of the same row computed
+    alone. Evidence, not proof: the kernel choice depends on shapes, which this covers,
+    not on values."""
+    if blocks is not None and blocks.min_rows == blocks.max_rows:
+        counts = (blocks.max_rows,)
+    x = mx.random.normal((max(counts), K), key=mx.random.key(7)).astype(dtype)  # [M, K]
+    alone: dict[int, mx.array] = {}
+    for M in counts:
+        y = blocked(f, x[:M], blocks)
+        for i in sorted({0, M // 2, M - 1}):
+            if i not in alone:
+                alone[i] = blocked(f, x[i : i + 1], blocks)[0]
+            if not mx.array_equal(y[i], alone[i]).item():
+                return False
+    return True
+
+
+def _plain_call(module: Any) -> Callable[[mx.array], mx.array]:
+    """The module's projection as MLX defines it (unpatched)."""
+    for cls in type(module).__mro__:
+        if cls in _METHOD:
+            method = cls.__dict__[_METHOD[cls]]
+            method = getattr(method, "original", method)
+            return lambda x: method(module, x)
+    raise TypeError(f"{type(module).__name__} is not a projection")
+
+
+def _in_features(module: Any) -> int:
+    w = module["weight"]
+    return w.shape[1] * 32 // module.bits if "scales" in module else w.shape[1]
+
+
+@dataclass(frozen=True)
+class Invariance:
+    """The batch-invariant mode's row blocks for one model on one device.
+
+    Attributes:
+        backend: ``"cpu"``, ``"cuda"`` or ``"metal"`` (:func:`workbench.runtime.device.backend`).
+        blocks: :func:`signature` of each projection -> its :class:`RowBlocks` (``None``:
+            any row count gives the same rows). A projection not listed runs one row per
+            call (always invariant, slow).
+    """
+
+    backend: str
+    blocks: dict
+
+    @classmethod
+    def calibrate(cls, model: Any) -> "Invariance":
+        """Check :data:`ROW_BLOCKS`' choice on each distinct projection of ``model``
+        (:func:`rows_agree`, with the layer's own weights) and keep it, or the first of
+        :data:`FALLBACK_ROWS` that agrees (one row per call always does). A few calls per
+        distinct projection shape."""
+        from ..runtime.device import backend
+
+        dev = backend()
+        blocks: dict = {}
+        for _, m in model.named_modules():
+            if not isinstance(m, PROJECTIONS) or "weight" not in m or signature(m) in blocks:
+                continue
+            key = (dev, signature(m))
+            if key not in _CALIBRATED:
+                _CALIBRATED[key] = _first_agreeing(m, ROW_BLOCKS.get((dev, _kind(m)), RowBlocks(8, 8)))
+            blocks[signature(m)] = _CALIBRATED[key]
+        return cls(dev, blocks)
+
+    def blocks_for(self, module: Any) -> RowBlocks | None:
+        """The row blocks of ``module`` (one row per call if it was not calibrated)."""
+        return self.blocks.get(signature(module), RowBlocks(1, 1))
+
+
+_CALIBRATED: dict = {}  # (backend, signature) -> RowBlocks: shapes decide kernels, not weights
+
+
+def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
+    from ..runtime.device import backend
+
+    f, K = _plain_call(module), _in_features(module)
+    dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
+    if first is None and backend() == "cpu":
+        return None  # MLX's own CPU kernels (bf16/fp16, quantized): rows equal at every M, measured
+    for choice in (first, *(RowBlocks(r, r) for r in FALLBACK_ROWS)):
+        if choice == RowBlocks(1, 1) or rows_agree(f, K, dtype, choice):
+            return choice
+    return RowBlocks(1, 1)
+
+
+def _wrap(original: Callable[..., mx.array], inv: Invariance) -> Callable[..., mx.array]:
     def call(self: Any, x: mx.array) -> mx.array:
-        return blocked(lambda b: original(self, b), x, inv.blocks_for(self["weight"], quantized))
+        return blocked(lambda b: original(self, b), x, inv.blocks_for(self))
 
-    return call
-
-
-def _as_linear(original: Callable[..., mx.array], inv: Invariance, quantized: bool) -> Callable[..., mx.array]:
-    def call(self: Any, x: mx.array) -> mx.array:
-        return blocked(lambda b: original(self, b), x, inv.blocks_for(self["weight"], quantized))
-
+    call.original = original
     return call
 
 
@@ -168,14 +239,12 @@ def _as_linear(original: Callable[..., mx.array], inv: Invariance, quantized: bo
 def blocked_projections(inv: Invariance) -> Iterator[None]:
     """Within the block, every ``nn.Linear`` / ``nn.QuantizedLinear`` call and every tied
     embedding read-out (``as_linear``) runs in :func:`blocked` row blocks. Restored after."""
-    swaps = [(nn.Linear, "__call__", _linear, False), (nn.QuantizedLinear, "__call__", _linear, True),
-             (nn.Embedding, "as_linear", _as_linear, False), (nn.QuantizedEmbedding, "as_linear", _as_linear, True)]
     saved = []
     try:
-        for cls, name, wrap, quantized in swaps:
+        for cls, name in _METHOD.items():
             original = cls.__dict__[name]
             saved.append((cls, name, original))
-            setattr(cls, name, wrap(original, inv, quantized))
+            setattr(cls, name, _wrap(original, inv))
         yield
     finally:
         for cls, name, original in saved:
@@ -272,4 +341,4 @@ def configure(model: Any, batch_invariant: bool, max_kv_size: int | None = None,
             raise ValueError(f"batch_invariant=True cannot batch layer {i}'s {type(c).__name__}"
                              + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
                              + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers")
-    return Invariance.here()
+    return Invariance.calibrate(model)

@@ -1,0 +1,221 @@
+"""The batch-invariant mode: every row's tokens and log-probs bit-identical to the same
+request run alone in the mode (``Scheduler(batch_invariant=True, max_batch=1)``), whatever
+the batch, the step it joins at, its neighbours and their samplers — asserted with ``==``,
+no tolerance. The suite runs with MLX's reference BLAS (``tests/conftest.py``); the
+optimized BLAS users get (OpenBLAS, whose sgemm picks kernels by row count) is checked in
+a subprocess below."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+import workbench as wb
+from workbench.engine import invariant
+from workbench.runtime.blas import find_blas
+from workbench.runtime.loading import DATA_DIR
+from workbench.verify import invariance
+
+pytestmark = pytest.mark.model
+
+CHUNK = 8
+PROMPT_TOKENS = (1, 3, 9, 17, 30, 5, 12, 24, 2, 40, 7, 16)
+
+
+def _requests(tok, sampled=2, max_tokens=10):
+    from workbench.workloads.workload import prompt_of_length
+
+    reqs = [wb.Request(prompt=prompt_of_length(tok, n, 31 * i + 5), max_tokens=max_tokens)
+            for i, n in enumerate(PROMPT_TOKENS)]
+    reqs += [wb.Request(prompt=prompt_of_length(tok, 11 + i, 97 + i), max_tokens=max_tokens, temperature=0.9,
+                        top_p=0.95, seed=40 + i) for i in range(sampled)]
+    return reqs
+
+
+def _run(model, tok, reqs, max_batch, arrivals=None, **kw):
+    sched = wb.Scheduler(model, tok, max_batch=max_batch, prefill_step_size=CHUNK, batch_invariant=True, **kw)
+    if arrivals is None:
+        uids = [sched.submit(r) for r in reqs]
+        sched.run()
+    else:
+        sched.run(arrivals=list(zip(arrivals, reqs)))
+        uids = sorted(sched.requests)
+    return sched, [(sched.tokens(u), sched.logprobs(u)) for u in uids]
+
+
+_ALONE: dict = {}
+
+
+def _alone(name, model, tok, reqs):
+    key = (name, id(model))
+    if key not in _ALONE:
+        _ALONE[key] = [invariance.alone(model, tok, r, CHUNK) for r in reqs]
+    return _ALONE[key]
+
+
+def _model(name, dtype=None, quantize=False):
+    model, tok = wb.load(DATA_DIR / "models" / name)
+    if dtype is not None:
+        model.set_dtype(dtype)
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4)
+    return model, tok
+
+
+VARIANTS = {  # family -> (model folder, dtype, quantized weights)
+    "llama": ("tiny-llama", None, False),
+    "llama-trained": ("tiny-code", None, False),
+    "qwen3": ("tiny-qwen3", None, False),
+    "mamba2": ("tiny-mamba2", None, False),
+    "qwen3next": ("tiny-qwen3-next", None, False),
+    "llama-bf16": ("tiny-code", mx.bfloat16, False),
+    "llama-4bit": ("tiny-code", None, True),
+}
+_MODELS: dict = {}
+
+
+def variant(name):
+    if name not in _MODELS:
+        folder, dtype, quantize = VARIANTS[name]
+        _MODELS[name] = _model(folder, dtype, quantize)
+    return _MODELS[name]
+
+
+@pytest.mark.parametrize("family", list(VARIANTS))
+def test_every_row_is_bit_equal_to_its_run_alone_at_once_and_staggered(family):
+    model, tok = variant(family)
+    reqs = _requests(tok)
+    solo = _alone(family, model, tok, reqs)
+    for max_batch, arrivals in ((14, None), (5, [i // 2 * 3 for i in range(len(reqs))]), (3, [0] * len(reqs))):
+        _, got = _run(model, tok, reqs, max_batch, arrivals)
+        differ = [i for i, (a, b) in enumerate(zip(got, solo)) if a != b]
+        assert not differ, f"{family} max_batch={max_batch}: rows {differ} differ from alone"
+
+
+def test_prompt_cache_hits_pacing_and_a_restored_checkpoint_keep_every_row_bit_equal():
+    model, tok = variant("llama-trained")
+    shared = list(range(40, 60))  # 20 shared tokens: two whole chunks of 8 are reusable
+    reqs = [wb.Request(prompt=shared + [70 + i] * (i + 1), max_tokens=8) for i in range(6)]
+    solo = [invariance.alone(model, tok, r, CHUNK) for r in reqs]
+    sched = wb.Scheduler(model, tok, max_batch=3, prefill_step_size=CHUNK, batch_invariant=True, prompt_cache=8,
+                         pacing=True)
+    uids = [sched.submit(r) for r in reqs[:2]]
+    sched.run()
+    cp = sched.checkpoint()
+    uids += [sched.submit(r) for r in reqs[2:]]
+    sched.run()
+    cached = [sched.requests[u].cached_tokens for u in uids]
+    assert any(c > 0 for c in cached) and all(c % CHUNK == 0 for c in cached), cached
+    got = [(sched.tokens(u), sched.logprobs(u)) for u in uids]
+    assert got == solo
+    sched.restore(cp)
+    again = [sched.submit(r) for r in reqs[2:]]
+    sched.run()
+    assert [(sched.tokens(u), sched.logprobs(u)) for u in again] == solo[2:]
+
+
+def test_bit_check_reports_equal_rows_and_the_first_difference():
+    model, tok = variant("llama-trained")
+    sched, _ = _run(model, tok, _requests(tok, sampled=1, max_tokens=6)[:6], 4)
+    report = invariance.bit_check(sched)
+    assert report.ok and report.n_equal == 6 and report.text().startswith("bit-exact: 6/6")
+    assert invariance.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert invariance.first_difference([1, 2], [1, 2, 3]) == 2
+    assert invariance.first_difference([1], [1]) is None
+    with pytest.raises(ValueError, match="batch_invariant"):
+        invariance.bit_check(wb.Scheduler(model, tok))
+
+
+def test_what_the_mode_cannot_keep_invariant_is_refused_by_name():
+    model, tok = variant("llama-trained")
+    with pytest.raises(ValueError, match="kv_bits"):
+        wb.Scheduler(model, tok, batch_invariant=True, kv_bits=4, kv_group_size=32)
+    with pytest.raises(ValueError, match="kv_budget_bytes"):
+        wb.Scheduler(model, tok, batch_invariant=True, kv_budget_bytes=10**6)
+    with pytest.raises(ValueError, match="batch_invariant must be True or False"):
+        wb.Scheduler(model, tok, batch_invariant="yes")
+    gemma, gtok = _model("tiny-gemma3")
+    with pytest.raises(ValueError, match="BatchRotatingKVCache"):
+        wb.Scheduler(gemma, gtok, batch_invariant=True)
+    llama, ltok = variant("llama")
+    with pytest.raises(ValueError, match="max_kv_size=16"):
+        wb.Scheduler(llama, ltok, batch_invariant=True, max_kv_size=16)
+    sched = wb.Scheduler(model, tok, batch_invariant=True, max_batch=2)
+    uid = sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=4))
+    sched.admit()
+    with pytest.raises(ValueError, match="cannot preempt"):
+        sched.preempt(uid)
+    assert sched.check().ok
+
+
+def test_row_blocks_plan_pads_every_call_to_its_fixed_size():
+    assert invariant.RowBlocks(8, 8).plan(1) == [(0, 1, 8)]
+    assert invariant.RowBlocks(8, 8).plan(20) == [(0, 8, 8), (8, 8, 8), (16, 4, 8)]
+    assert invariant.RowBlocks(2, 256).plan(1) == [(0, 1, 2)]
+    assert invariant.RowBlocks(2, 256).plan(300) == [(0, 256, 256), (256, 44, 44)]
+
+
+def test_blocked_gives_the_projection_and_each_row_independent_of_the_others():
+    w = mx.random.normal((24, 16), key=mx.random.key(1))
+    f = lambda x: x @ w.T  # noqa: E731
+    x = mx.random.normal((3, 7, 16), key=mx.random.key(2))  # [B, T, K]: 21 rows
+    y = invariant.blocked(f, x, invariant.RowBlocks(8, 8))
+    assert y.shape == (3, 7, 24)
+    assert mx.allclose(y, f(x), atol=1e-5).item()
+    x2 = mx.concatenate([x[:1], x[1:] * 0 + 3.0])  # other rows' values changed
+    y2 = invariant.blocked(f, x2, invariant.RowBlocks(8, 8))
+    assert mx.array_equal(y2[0], y[0]).item()
+
+
+def test_calibration_falls_back_to_smaller_blocks_where_a_row_depends_on_its_position():
+    by_count = lambda x: x * x.shape[0]  # noqa: E731  a row's value depends on the row count
+    by_position = lambda x: x + mx.arange(x.shape[0])[:, None]  # noqa: E731  ... on its position
+    assert not invariant.rows_agree(by_count, 4, mx.float32, None)
+    assert invariant.rows_agree(by_count, 4, mx.float32, invariant.RowBlocks(8, 8))
+    assert not invariant.rows_agree(by_position, 4, mx.float32, invariant.RowBlocks(8, 8))
+    assert invariant.rows_agree(by_position, 4, mx.float32, invariant.RowBlocks(1, 1))
+
+
+def test_the_audit_names_the_varying_operations_and_the_mode_removes_them():
+    model, tok = variant("llama-trained")
+    audit = invariance.audit(model, tok, [[5 + i, 9, 11 + 2 * i] for i in range(8)], batch_sizes=(4,), max_tokens=4)
+    assert audit.end_to_end[("invariant", 4)] == (4, 4)
+    assert all(f.mode_diff in (None, 0.0) for f in audit.ops)
+    text = audit.text()
+    assert "lm_head" in text and "attention" in text and "invariant B =   4: 4/4" in text
+
+
+OPENBLAS_SCRIPT = textwrap.dedent("""
+    import workbench as wb
+    from workbench.runtime import blas
+    from workbench.verify import invariance
+    from workbench.workloads.workload import prompt_of_length
+    assert blas.STATUS.library, blas.STATUS.note
+    model, tok = wb.load()
+    reqs = [wb.Request(prompt=prompt_of_length(tok, n, 7 * n), max_tokens=8) for n in (1, 4, 9, 20, 33, 3, 14, 27, 6, 11)]
+    reqs.append(wb.Request(prompt=prompt_of_length(tok, 12, 5), max_tokens=8, temperature=0.7, seed=3))
+    for mode in (False, True):
+        sched = wb.Scheduler(model, tok, max_batch=11, prefill_step_size=8, batch_invariant=mode)
+        uids = [sched.submit(r) for r in reqs]
+        sched.run()
+        alone = [invariance.alone(model, tok, r, 8, batch_invariant=mode) for r in reqs]
+        equal = sum((sched.tokens(u), sched.logprobs(u)) == a for u, a in zip(uids, alone))
+        print(("invariant" if mode else "default"), equal, len(reqs))
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
+def test_with_openblas_the_mode_is_bit_exact_where_the_default_path_is_not(monkeypatch):
+    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
+    if find_blas() is None:
+        pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
+    out = subprocess.run([sys.executable, "-c", OPENBLAS_SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    counts = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert counts["invariant"] == "11 11", out.stdout
+    print("OpenBLAS, rows bit-equal to alone:", out.stdout.strip().replace("\n", "; "))

@@ -1,0 +1,242 @@
+"""The batch-invariance oracle and audit: is a row the same bits whatever its neighbours?
+
+Knows: the scheduler's public contract, :mod:`workbench.engine.invariant`, MLX ops. Must
+not know: views.
+
+- :func:`bit_check`: every finished row of a ``Scheduler(batch_invariant=True)`` run
+  against the same request run alone in the mode (``max_batch=1``, the same
+  ``prefill_step_size``): tokens and log-probs compared bit for bit, no tolerance.
+- :func:`audit`: for a model on this device, which operations change a row's bits when
+  the row count or the left padding changes (row alone vs inside ``B`` rows), by how much,
+  and whether the mode's choices remove it; and end to end, how many rows of a batch equal
+  their run alone, by default and in the mode (``workbench invariance``).
+
+Axis letters: ``B`` rows, ``K`` input features, ``S`` cached positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+from ..engine import invariant
+from ..engine.request import Request
+from ..engine.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class BitRow:
+    """One row's comparison: ``uid``, ``equal`` (tokens and log-probs bit for bit) and the
+    first generated-token index where tokens or log-probs differ (``None`` if equal)."""
+
+    uid: int
+    equal: bool
+    first_difference: int | None
+
+
+@dataclass(frozen=True)
+class BitReport:
+    """Rows of a batched run against their runs alone. ``text()`` is one line."""
+
+    rows: list[BitRow] = field(default_factory=list)
+
+    @property
+    def n_equal(self) -> int:
+        return sum(r.equal for r in self.rows)
+
+    @property
+    def ok(self) -> bool:
+        return self.n_equal == len(self.rows)
+
+    def text(self) -> str:
+        """E.g. ``bit-exact: 14/14 rows equal to their run alone (tokens and log-probs)``."""
+        out = f"bit-exact: {self.n_equal}/{len(self.rows)} rows equal to their run alone (tokens and log-probs)"
+        bad = [f"uid {r.uid} from token {r.first_difference}" for r in self.rows if not r.equal]
+        return out + (": differ " + ", ".join(bad) if bad else "")
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first index where ``a`` and ``b`` differ (a length difference counts at the
+    shorter length), ``None`` when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def alone(model: Any, tokenizer: Any, request: Request, prefill_step_size: int,
+          batch_invariant: bool = True) -> tuple[list[int], list[float]]:
+    """``(tokens, log-probs)`` of ``request`` run alone: ``Scheduler(max_batch=1,
+    batch_invariant=..., prefill_step_size=...)``."""
+    sched = Scheduler(model, tokenizer, max_batch=1, prefill_step_size=prefill_step_size,
+                      batch_invariant=batch_invariant)
+    uid = sched.submit(request)
+    sched.run()
+    return sched.tokens(uid), sched.logprobs(uid)
+
+
+def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
+    """Each finished row of ``sched`` (default: every finished request) against the same
+    request run alone in the mode (:func:`alone`), bit for bit.
+
+    Raises:
+        ValueError: ``sched`` is not in the batch-invariant mode.
+    """
+    if sched.batch_invariant is None:
+        raise ValueError("bit_check needs a Scheduler(batch_invariant=True): outside the mode rows are "
+                         "compared with a tolerance (workbench.verify.oracle.solo_check)")
+    if uids is None:
+        uids = [u for u, s in sched.requests.items() if s.finished]
+    rows = []
+    for u in uids:
+        tokens, logprobs = alone(sched.model, sched.tokenizer, sched.request_of(u).request, sched.prefill_step_size)
+        got_t, got_l = sched.tokens(u), sched.logprobs(u)
+        d = first_difference(list(zip(got_t, got_l)), list(zip(tokens, logprobs)))
+        rows.append(BitRow(u, d is None, d))
+    return BitReport(rows)
+
+
+# -- the audit ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpFinding:
+    """One operation's variance: ``op`` (name and shape), ``rows`` (row counts tried),
+    ``max_abs_diff`` (largest |row among B - row alone| over them, 0.0 = bit-equal), and
+    ``mode_diff`` (the same under the mode's choice, ``None`` where the mode does not
+    change the operation)."""
+
+    op: str
+    rows: tuple
+    max_abs_diff: float
+    mode_diff: float | None
+    mode_choice: str
+
+
+def _diff(a: mx.array, b: mx.array) -> float:
+    return float(mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))).item())
+
+
+def projection_findings(model: Any, counts: Sequence[int] = (2, 8, 16, 32)) -> list[OpFinding]:
+    """Each distinct projection of ``model``: row 0 computed alone vs inside ``B`` rows
+    (``counts``), plainly and in the mode's row blocks (:meth:`Invariance.calibrate`)."""
+    inv = invariant.Invariance.calibrate(model)
+    out, seen = [], set()
+    for name, m in model.named_modules():
+        if not isinstance(m, invariant.PROJECTIONS) or "weight" not in m or invariant.signature(m) in seen:
+            continue
+        seen.add(invariant.signature(m))
+        f, K = invariant._plain_call(m), invariant._in_features(m)
+        dtype = m["scales"].dtype if "scales" in m else m["weight"].dtype
+        x = mx.random.normal((max(counts), K), key=mx.random.key(3)).astype(dtype)  # [B, K]
+        blocks = inv.blocks_for(m)
+        plain = max(_diff(f(x[:B])[0], f(x[:1])[0]) for B in counts)
+        mode = max(_diff(invariant.blocked(f, x[:B], blocks)[0], invariant.blocked(f, x[:1], blocks)[0]) for B in counts)
+        choice = "any row count" if blocks is None else f"blocks of {blocks.max_rows} rows (padded to {blocks.min_rows})"
+        out.append(OpFinding(f"{name} {type(m).__name__} {K}->{m['weight'].shape[0]} {dtype}", tuple(counts),
+                             plain, mode, choice))
+    return out
+
+
+def attention_findings(heads: int = 4, kv_heads: int = 2, head_dim: int = 32, tokens: int = 40,
+                       pads: Sequence[int] = (1, 7, 33), dtype: Any = mx.float32) -> list[OpFinding]:
+    """One-query attention of a row over its ``tokens`` keys alone vs behind ``pads`` of
+    left padding with a padding mask (what a padded batch row computes), and the mode's
+    per-row attention (the row's own keys, no mask)."""
+    k0, k1, k2 = mx.random.split(mx.random.key(5), 3)
+    q = mx.random.normal((1, heads, 1, head_dim), key=k0).astype(dtype)
+    k = mx.random.normal((1, kv_heads, tokens, head_dim), key=k1).astype(dtype)
+    v = mx.random.normal((1, kv_heads, tokens, head_dim), key=k2).astype(dtype)
+    scale = head_dim ** -0.5
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+    worst, mode = 0.0, 0.0
+    for p in pads:
+        zeros = mx.zeros((1, kv_heads, p, head_dim), dtype=dtype)
+        kp, vp = mx.concatenate([zeros, k], axis=2), mx.concatenate([zeros, v], axis=2)
+        mask = (mx.arange(p + tokens) >= p)[None, None, None, :]  # [1, 1, 1, S]
+        worst = max(worst, _diff(mx.fast.scaled_dot_product_attention(q, kp, vp, scale=scale, mask=mask), ref))
+        mode = max(mode, _diff(mx.fast.scaled_dot_product_attention(q, kp[:, :, p:], vp[:, :, p:], scale=scale), ref))
+    return [OpFinding(f"attention, one query over {tokens} keys, {dtype}", tuple(pads), worst, mode,
+                      "each row on its own keys, no mask")]
+
+
+def rowwise_findings(K: int = 128, counts: Sequence[int] = (2, 8, 32), dtype: Any = mx.float32) -> list[OpFinding]:
+    """Row-wise operations (RMSNorm, RoPE at per-row offsets, log-softmax): row 0 alone vs
+    inside ``B`` rows; the mode leaves them as they are."""
+    x = mx.random.normal((max(counts), 1, K), key=mx.random.key(9)).astype(dtype)
+    w = mx.ones((K,), dtype=dtype)
+    ops = {
+        "rms_norm": lambda a: mx.fast.rms_norm(a, w, 1e-5),
+        "rope (per-row offsets)": lambda a: mx.fast.rope(a[:, None], K, traditional=False, base=10000.0, scale=1.0,
+                                                          offset=mx.arange(a.shape[0]) * 3 + 5)[:, 0],
+        "log-softmax": lambda a: a - mx.logsumexp(a, axis=-1, keepdims=True),
+    }
+    return [OpFinding(f"{name} {K} {dtype}", tuple(counts), max(_diff(f(x[:B])[0], f(x[:1])[0]) for B in counts),
+                      None, "unchanged") for name, f in ops.items()]
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What :func:`audit` found: per-operation findings and, end to end, rows equal to
+    their run alone by default and in the mode (``(equal, rows)`` per batch size)."""
+
+    device: str
+    ops: list[OpFinding]
+    end_to_end: dict
+
+    def text(self) -> str:
+        lines = [f"batch invariance on {self.device}", "operation | rows tried | max |diff| default | in the mode | mode's choice"]
+        for f in self.ops:
+            mode = "unchanged" if f.mode_diff is None else f"{f.mode_diff:.1e}"
+            lines.append(f"{f.op} | {', '.join(map(str, f.rows))} | {f.max_abs_diff:.1e} | {mode} | {f.mode_choice}")
+        lines.append("end to end (greedy rows bit-equal to their run alone, tokens and log-probs):")
+        for (mode, B), (eq, n) in sorted(self.end_to_end.items()):
+            lines.append(f"  {mode:9s} B = {B:3d}: {eq}/{n}")
+        return "\n".join(lines)
+
+
+def end_to_end(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Sequence[int] = (8,),
+               max_tokens: int = 16, prefill_step_size: int = 64) -> dict:
+    """``{("default" | "invariant", B): (rows bit-equal to alone, rows)}``: the first ``B``
+    of ``prompts`` (str, token ids or chat messages) submitted at once into
+    ``max_batch=B``, greedy, each against itself alone in the same mode."""
+    out = {}
+    for mode in (False, True):
+        refs = {}
+        for B in batch_sizes:
+            reqs = [_request(p, max_tokens) for p in prompts[:B]]
+            sched = Scheduler(model, tokenizer, max_batch=B, prefill_step_size=prefill_step_size, batch_invariant=mode)
+            uids = [sched.submit(r) for r in reqs]
+            sched.run()
+            eq = 0
+            for i, (u, r) in enumerate(zip(uids, reqs)):
+                if i not in refs:
+                    refs[i] = alone(model, tokenizer, r, prefill_step_size, batch_invariant=mode)
+                eq += (sched.tokens(u), sched.logprobs(u)) == refs[i]
+            out[("invariant" if mode else "default", B)] = (eq, len(reqs))
+    return out
+
+
+def _request(p: Any, max_tokens: int) -> Request:
+    if isinstance(p, list) and p and isinstance(p[0], dict):
+        return Request(messages=p, max_tokens=max_tokens)
+    return Request(prompt=p, max_tokens=max_tokens)
+
+
+def audit(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Sequence[int] = (8,),
+          max_tokens: int = 16) -> Audit:
+    """The variance audit of ``model`` on this device: :func:`projection_findings`,
+    :func:`attention_findings` (at the model's head shape and dtype),
+    :func:`rowwise_findings` and :func:`end_to_end`."""
+    from ..runtime.device import device_report
+
+    args = getattr(model, "args", None)
+    heads = getattr(args, "num_attention_heads", 4)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None) or getattr(args, "hidden_size", 128) // heads
+    dtype = next((m["weight"].dtype for _, m in model.named_modules() if isinstance(m, invariant.PROJECTIONS)
+                  and "scales" not in m), mx.float32)
+    ops = projection_findings(model) + attention_findings(heads, kv_heads, head_dim, dtype=dtype)
+    ops += rowwise_findings(dtype=dtype)
+    return Audit(device_report().text(), ops, end_to_end(model, tokenizer, prompts, batch_sizes, max_tokens))

@@ -89,7 +89,7 @@ def _run(model, tok, prompts, steps, kw, MlxLmEngine):
     sched = wb.Scheduler(model, tok, max_batch=B, prefill_step_size=2048, **kw)
     uids = [sched.submit(wb.Request(prompt=p, max_tokens=steps + 2, stop_ids=[])) for p in prompts]
     t0 = time.perf_counter()
-    while any(len(sched.tokens(u)) == 0 for u in uids) or sched.queue or sched.state.prefilling is not None:
+    while sched.queue or sched.state.prefilling is not None:
         sched.admit()
     sched.step()
     mx.synchronize()

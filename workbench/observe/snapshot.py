@@ -201,9 +201,12 @@ class Snapshot:
 
     def text(self) -> str:
         """Deterministic text form: a header, per-row geometry and each group's masks."""
+        recurrent_only = bool(self.groups) and all(g.name == "ssm" for g in self.groups)
+        geometry = ("no KV cache (recurrent state only), " if recurrent_only
+                    else f"KV width {self.kv_width_tokens} tokens, ")
         lines = [
-            f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
-            f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
+            f"step {self.step}: {self.batch_size} row(s), {geometry}"
+            f"{self.kv_bytes:,} {'state' if recurrent_only else 'KV'} bytes, queue {list(self.queue)}"
         ]
         if self.serial_reason:
             lines.append(f"  serial lane (one row at a time): {self.serial_reason}")

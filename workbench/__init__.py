@@ -29,7 +29,7 @@ from .sim.replay import replay
 from .observe.report import Report
 from .engine.request import Request
 from .engine.checkpoint import Checkpoint
-from .engine.pacing import Pacing
+from .engine.levers.pacing import Pacing
 from .engine.policies import ShortestPromptFirst
 from .engine.scheduler import Scheduler
 from .engine.state import RequestState, Status

@@ -59,7 +59,7 @@ def test_only_cache_internals_reads_mlx_lm_private_cache_fields():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in PRIVATE_CACHE_FIELDS:
                 readers.add(path.relative_to(PACKAGE).as_posix())
-    assert readers == {"engine/cache_internals.py"}
+    assert readers == {"engine/kv/cache_internals.py"}
 
 
 def test_no_engine_function_is_longer_than_one_screen():

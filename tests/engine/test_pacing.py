@@ -7,8 +7,8 @@ import math
 import pytest
 
 import workbench as wb
-from workbench.engine.cost import CostModel
-from workbench.engine.pacing import Iteration, Pacer, Pacing, pacing_from
+from workbench.engine.levers.cost import CostModel
+from workbench.engine.levers.pacing import Iteration, Pacer, Pacing, pacing_from
 from workbench.engine.policies import Queued, ShortestPromptFirst
 
 COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_per_step=0.010,
@@ -150,7 +150,7 @@ def test_the_pacer_learns_the_decode_time_between_two_admits_one_step_apart():
 
 @pytest.mark.parametrize("spec", [-1, 0, 0.0])
 def test_a_nonpositive_pacing_target_names_pacing(spec):
-    from workbench.engine.pacing import pacing_from
+    from workbench.engine.levers.pacing import pacing_from
 
     with pytest.raises(ValueError, match=rf"pacing={spec!r}: a target in seconds must be > 0"):
         pacing_from(spec)

@@ -22,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import workbench as wb
 from workbench.verify import oracle
 from workbench.observe.metrics import step_metrics
-from workbench.engine.budget import kv_profile
-from workbench.engine.ledger import KVLedger
+from workbench.engine.kv.profile import kv_profile
+from workbench.engine.kv.ledger import KVLedger
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers

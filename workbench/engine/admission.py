@@ -2,7 +2,7 @@
 them. Decisions only: nothing here runs the model or changes state.
 
 Knows: request states (prompt length, priority, tokens held and reachable, join order),
-the KV projection (:class:`workbench.engine.allocation.KVPlan`), the admission policy (:mod:`workbench.engine.policies`), the batch limits and the KV budget.
+the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policy (:mod:`workbench.engine.policies`), the batch limits and the KV budget.
 Must not know: MLX, caches, events.
 
 Rules (the scheduler applies the :class:`Decision`):
@@ -10,7 +10,7 @@ Rules (the scheduler applies the :class:`Decision`):
 - at most ``min(max_batch - running rows, prompt_concurrency)`` requests join at once,
   taken in the policy's order;
 - with a KV budget, a request joins only while the bytes the caches will really hold
-  stay within it: the :class:`workbench.engine.allocation.KVPlan` projection of the
+  stay within it: the :class:`workbench.engine.kv.allocation.KVPlan` projection of the
   running batch and the chosen group (mlx-lm's 256-token growth step, every row padded
   to the widest, the group's own caches while it prefills, free slots, ring windows and
   SSM states); the first that does not fit stops the choice (nobody jumps it, so the
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .allocation import KVPlan, RowTokens
+from .kv.allocation import KVPlan, RowTokens
 from .policies import Policy, Queued
 from .state import RequestState
 
@@ -62,7 +62,7 @@ class Admission:
     Args:
         policy: orders the queue. max_batch: most running rows. prompt_concurrency: most
         requests prefilled together. kv_budget_bytes: bytes the caches may hold, by the
-        :class:`~workbench.engine.allocation.KVPlan` projection (``None``: no budget).
+        :class:`~workbench.engine.kv.allocation.KVPlan` projection (``None``: no budget).
     """
 
     policy: Policy

@@ -5,7 +5,7 @@ batch, prompt cache, seed generator, counters) and how to copy each cheaply. Mus
 know: how the scheduler changes them.
 
 A checkpoint copies no tensor: MLX arrays are immutable, so the copy holds new handles
-on the same buffers (:func:`workbench.engine.cache_internals.clone_caches`). The price
+on the same buffers (:func:`workbench.engine.kv.cache_internals.clone_caches`). The price
 comes later: while a checkpoint lives, the live batch's first write into each shared
 cache buffer copies that buffer once (MLX only updates a buffer in place when nothing
 else holds it), and those buffers stay allocated. ``workbench bench`` measures it
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..observe.recorder import Recorder
 from .batch import Batch
-from .promptcache import PromptCache
+from .kv.promptcache import PromptCache
 from .runner import Prefilling
 from .state import RequestState
 

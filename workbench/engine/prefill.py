@@ -44,9 +44,9 @@ import copy
 from typing import Any, Sequence
 
 import mlx.core as mx
-from . import caches as kv
+from .kv import caches as kv
 from ..runtime.device import on_gpu
-from .cache_internals import clone_caches
+from .kv.cache_internals import clone_caches
 
 
 def chunked_padding_default() -> bool:
@@ -63,7 +63,7 @@ class PrefillGroup:
         prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
         max_kv_size: passed to mlx-lm's ``make_prompt_cache`` (rotating caches keep no
-            sink tokens, like the batch's: :func:`workbench.engine.caches.single_cache`).
+            sink tokens, like the batch's: :func:`workbench.engine.kv.caches.single_cache`).
         caches: optional per-row single-sequence caches already holding a cached prefix
             (from the prompt cache); ``prompts`` are then the uncached tails.
         chunked_padding: let a right-padded group longer than a chunk run batched in
@@ -137,7 +137,7 @@ class PrefillGroup:
 
     def clone(self, share_appended: bool = False) -> "PrefillGroup":
         """An independent copy (for checkpoints): caches cloned sharing their buffers
-        (:func:`workbench.engine.cache_internals.clone_caches`), prompts shared."""
+        (:func:`workbench.engine.kv.cache_internals.clone_caches`), prompts shared."""
         out = copy.copy(self)
         out.caches = clone_caches(self.caches, share_appended)
         if self.per_row:

@@ -1,7 +1,7 @@
 """Does a model batch? A probe run when a Scheduler is built, so the engine never fails
 mid-step for a model it accepted.
 
-Knows: mlx-lm's single-sequence and batch caches (:mod:`workbench.engine.caches`), the
+Knows: mlx-lm's single-sequence and batch caches (:mod:`workbench.engine.kv.caches`), the
 model's forward. Must not know: requests, the scheduler's loop.
 
 Some mlx-lm model code assumes one scalar cache offset for the whole batch (mlx-lm's
@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import caches as kv
+from .kv import caches as kv
 
 PROMPTS = ([1, 2, 3], [4, 5, 6, 7, 8])
 TOLERANCE = 5e-2  # max |Δ log-prob|: generous for reduced-precision weights; wrong positions differ by far more

@@ -62,7 +62,7 @@ class Request:
             ``stop``) when one appears in its decoded text, across token boundaries; the
             text ends before it (``workbench.engine.text``).
         adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
-            (``workbench.engine.adapters``), applied to this row only; ``None`` (default)
+            (``workbench.engine.levers.lora``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
 
     An exception raised by a processor, sampler or ``on_token``, or non-finite logits,

@@ -11,14 +11,14 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from .adapters import AdapterBank, names_of, selected
+from .levers.lora import AdapterBank, names_of, selected
 from .batch import Batch
 from .decode import Pending, launch
-from .fastpath import FastDecode, decode_fast_path
+from .levers.fastpath import FastDecode, decode_fast_path
 from .prefill import PrefillGroup
-from .promptcache import PromptCache
-from .quantized_kv import KVQuant
-from .quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
+from .kv.promptcache import PromptCache
+from .levers.quantized_kv import KVQuant
+from .levers.quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
 from .state import RequestState
 
 
@@ -56,19 +56,19 @@ class ModelRunner:
         max_kv_size: bounded KV size for models without ``make_cache`` (tokens).
         pipeline: launch each decode forward before reading the previous step's tokens
             (mlx-lm's ``GenerationBatch._step``).
-        kv_quant: quantize the KV cache (:mod:`workbench.engine.quantized_kv`), ``None``: float.
-        adapters: the loaded LoRA adapters (:mod:`workbench.engine.adapters`); every
+        kv_quant: quantize the KV cache (:mod:`workbench.engine.levers.quantized_kv`), ``None``: float.
+        adapters: the loaded LoRA adapters (:mod:`workbench.engine.levers.lora`); every
             forward below runs each of its rows with that row's selected adapter.
-        fast_decode: which decode fast paths apply (:mod:`workbench.engine.fastpath`).
+        fast_decode: which decode fast paths apply (:mod:`workbench.engine.levers.fastpath`).
     """
 
     model: Any
     prefill_step_size: int
     max_kv_size: int | None
     pipeline: bool
-    kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.quantized_kv)
-    adapters: AdapterBank | None = None  # per-row LoRA adapters (workbench.engine.adapters)
-    fast_decode: FastDecode = FastDecode(False, False)  # decode fast paths (workbench.engine.fastpath)
+    kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.levers.quantized_kv)
+    adapters: AdapterBank | None = None  # per-row LoRA adapters (workbench.engine.levers.lora)
+    fast_decode: FastDecode = FastDecode(False, False)  # decode fast paths (workbench.engine.levers.fastpath)
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
@@ -109,7 +109,7 @@ class ModelRunner:
         """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
         caches and sample each row's next token (``asynchronous``: evaluation started,
         not awaited), on the fast paths that apply
-        (:func:`workbench.engine.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
+        (:func:`workbench.engine.levers.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
         index = [len(r.tokens) + 1 for r in batch.rows]
         held = [r.context_tokens for r in batch.rows]
         with selected(self.adapters, names_of(batch.rows)), \

@@ -1,7 +1,7 @@
 """The step-at-a-time continuous-batching scheduler.
 
 Knows: the queue, the joining (prefilling) group, the running rows, the admission
-policy, the event log. Uses: :mod:`workbench.engine.caches` for mlx-lm's batch caches,
+policy, the event log. Uses: :mod:`workbench.engine.kv.caches` for mlx-lm's batch caches,
 :mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`. Must not know: views, Jupyter.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
@@ -58,21 +58,20 @@ from ..observe.events import Event
 from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
-from . import caches as kv
-from . import adapters as lora
-from . import fastpath, quantized_kv
+from .kv import caches as kv
+from .levers import fastpath, lora, quantized_kv
 from .admission import Admission, Decision
 from .batch import Batch
-from .budget import context_limit, kv_profile
+from .kv.profile import context_limit, kv_profile
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner
 from .decode import Pending
 from .integrity import Integrity, check_state
-from .ledger import KVLedger, measured_memory
+from .kv.ledger import KVLedger, measured_memory
 from .probe import probe
-from .pacing import Pacer, Pacing, pacing_from
+from .levers.pacing import Pacer, Pacing, pacing_from
 from .policies import Policy, policy_from
-from .promptcache import PromptCache
+from .kv.promptcache import PromptCache
 from .request import Request, ValidRequest, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
@@ -135,11 +134,11 @@ class Scheduler:
         reuse_slots: keep evicted rows' cache rows as free slots for the next join
             (``True``), or compact at once with mlx-lm's ``filter`` and join with
             ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
-        pacing: plan each iteration against a time budget (:mod:`workbench.engine.pacing`):
+        pacing: plan each iteration against a time budget (:mod:`workbench.engine.levers.pacing`):
             ``None`` (default) runs one ``prefill_step_size`` chunk per ``admit()``;
             ``True`` (a target of 8 x the predicted decode step), a target inter-token gap
             in seconds, or a
-            :class:`~workbench.engine.pacing.Pacing` sizes each iteration's prefill
+            :class:`~workbench.engine.levers.pacing.Pacing` sizes each iteration's prefill
             chunks (and joins, and the next group) so running rows' gaps stay under the
             target, learning the forwards' cost as it runs (:attr:`pacer`). Tokens are
             the same either way.
@@ -151,18 +150,18 @@ class Scheduler:
         kv_bits: quantize the KV cache to 4 or 8 bits (``None``: float), as mlx-lm's
             ``generate_step(kv_bits=, kv_group_size=, quantized_kv_start=0)`` does: each
             row's first forward on float keys, every later one on quantized keys
-            (:mod:`workbench.engine.quantized_kv`, ``docs/quantized-kv.md``).
+            (:mod:`workbench.engine.levers.quantized_kv`, ``docs/quantized-kv.md``).
         kv_group_size: values sharing one scale and bias, 32, 64 or 128; must divide
             the head dim.
         adapters: LoRA adapters to load, ``{name: folder}`` in mlx-lm's format
             (``adapter_config.json`` + ``adapters.safetensors``), selected per request by
             ``Request(adapter=name)``; rows with different adapters (or none) share every
-            forward (:mod:`workbench.engine.adapters`, ``docs/adapters.md``). The model's
+            forward (:mod:`workbench.engine.levers.lora`, ``docs/adapters.md``). The model's
             target Linear layers are wrapped once, in place; its weights do not change.
-        fast_decode: the decode fast paths of :mod:`workbench.engine.fastpath`:
+        fast_decode: the decode fast paths of :mod:`workbench.engine.levers.fastpath`:
             attention without a mask in steps where no row is left-padded; on CUDA, over
             padded rows, the workbench's attention kernel that starts each row at its
-            padding (:mod:`workbench.engine.padded_attention`, head dims 64 and 128); and
+            padding (:mod:`workbench.engine.levers.padded_attention`, head dims 64 and 128); and
             every layer's MLP under ``mx.compile`` (never with ``adapters``). ``None``
             (default): the first two where they apply; ``True``: all three; ``False``: none
             (mlx-lm's forward as it is). Each snapshot's ``fast_path`` says which the last
@@ -181,7 +180,7 @@ class Scheduler:
             layer and type); ``kv_bits`` / ``kv_group_size`` outside their allowed
             values or not fitting the model, or given with ``prompt_cache``; an adapter
             folder that does not fit the model (naming the adapter and the field, see
-            :func:`workbench.engine.adapters.read_adapter`), or ``adapters`` with ``prompt_cache``;
+            :func:`workbench.engine.levers.lora.read_adapter`), or ``adapters`` with ``prompt_cache``;
             ``fast_decode`` other than ``None``, ``True`` or ``False``; a ``pacing`` that is
             not ``None``, a bool, a positive number of seconds or a valid ``Pacing``.
     """
@@ -281,7 +280,7 @@ class Scheduler:
     @property
     def kv_projected_bytes(self) -> int:
         """Most bytes the batch and prefilling caches may hold from now on, as mlx-lm will
-        allocate them (:meth:`workbench.engine.ledger.KVLedger.projected_bytes`): what
+        allocate them (:meth:`workbench.engine.kv.ledger.KVLedger.projected_bytes`): what
         admission keeps within ``kv_budget_bytes``."""
         return self.ledger.projected_bytes(self.state)
 
@@ -359,7 +358,7 @@ class Scheduler:
 
     def _admit_paced(self) -> None:
         """Prefill chunks, joins and new groups while they fit this iteration's time
-        budget (:class:`~workbench.engine.pacing.Pacer`); at least one chunk."""
+        budget (:class:`~workbench.engine.levers.pacing.Pacer`); at least one chunk."""
         st, pacer = self.state, self.pacer
         now_s, rows = self.clock(), len(st.batch.rows)
         width = max((r.context_tokens for r in st.batch.rows), default=0)  # the widest context (tokens)

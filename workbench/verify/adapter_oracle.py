@@ -3,7 +3,7 @@ request run alone through mlx-lm with that adapter loaded the mlx-lm way.
 
 Knows: ``mlx_lm.load(path, adapter_path=...)`` (mlx-lm's ``load_adapters``: the model's
 Linear layers become ``LoRALinear``), the solo oracle of :mod:`workbench.verify.oracle`.
-Must not know: how the engine applies adapters (``workbench.engine.adapters``); it
+Must not know: how the engine applies adapters (``workbench.engine.levers.lora``); it
 compares token traces only.
 
 A row without adapter is compared with the base model loaded from the same folder.

@@ -1,7 +1,7 @@
 """Pacing: plan each iteration against a time budget, so running rows' inter-token gaps
 stay under a target while joiners still reach their first token quickly.
 
-Knows: the cost of the engine's forwards (:class:`workbench.engine.cost.CostModel`, and
+Knows: the cost of the engine's forwards (:class:`workbench.engine.levers.cost.CostModel`, and
 what this engine measured), the shape of the next prefill chunk. Must not know: requests,
 the queue, events (the scheduler asks; :class:`Pacer` answers and learns).
 
@@ -25,7 +25,7 @@ only orders and defers work). Chunk lengths are powers of two (or a prompt's las
 tokens), so a backend that compiles kernels per shape compiles a few. The predictions are corrected by what was
 measured: with a prior ``cost_model`` each prediction is scaled by the median ratio
 measured / predicted over the latest forwards; without one, the prefill coefficients are
-fitted online by non-negative least squares (:func:`workbench.engine.cost.nonnegative_lstsq`)
+fitted online by non-negative least squares (:func:`workbench.engine.levers.cost.nonnegative_lstsq`)
 and the decode step is the median of the latest measured ones.
 
 A decode sample is what a running row waits for besides prefill: the time from the end of
@@ -75,7 +75,7 @@ class Pacing:
             the frontier across targets).
         min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
             an iteration that has run nothing yet runs at least this much.
-        cost_model: a prior :class:`~workbench.engine.cost.CostModel` for this model and
+        cost_model: a prior :class:`~workbench.engine.levers.cost.CostModel` for this model and
             machine (``workbench.CostModel.load(path)``), corrected by measurements; or
             ``None`` to learn the costs from this engine's own forwards.
 

@@ -17,7 +17,7 @@ Both were measured on an H200 as levers of the decode step (issue 15, ``docs/gpu
 - **Padded-rows kernel** (CUDA, on by default there). Where rows are padded, MLX's CUDA
   backend runs attention unfused because of the mask: 8.0 of a 10 ms step at B = 128 on an
   H200. :func:`padded_attention` sends those calls to
-  :func:`workbench.engine.padded_attention.padded_decode_attention`, which starts each row
+  :func:`workbench.engine.levers.padded_attention.padded_decode_attention`, which starts each row
   at its padding: same attention within float rounding (float32 |diff| <= 5.4e-7), not
   bit-equal to the unfused path.
 - **Compiled MLP** (opt-in, ``fast_decode=True``). Each layer's MLP (three projections and
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
-from .cache_internals import LayerCaches, write_index
+from ..kv.cache_internals import LayerCaches, write_index
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class FastDecode:
         Raises:
             ValueError: ``fast_decode`` is not ``None``, ``True`` or ``False``.
         """
-        from ..runtime.device import backend
+        from ...runtime.device import backend
 
         if not (fast_decode is None or isinstance(fast_decode, bool)):
             raise ValueError(f"fast_decode must be None, True or False, got {fast_decode!r}")
@@ -180,8 +180,8 @@ def plain_batch_caches(caches: LayerCaches | None) -> bool:
 
 def kernel_serves(caches: LayerCaches) -> bool:
     """True when the padded-rows kernel serves every layer's cache: head dim in
-    :data:`workbench.engine.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
-    (what :func:`workbench.engine.padded_attention.supported` asks of a step's queries)."""
+    :data:`workbench.engine.levers.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
+    (what :func:`workbench.engine.levers.padded_attention.supported` asks of a step's queries)."""
     from . import padded_attention as kernel
 
     return all(c.keys.shape[-1] in kernel.HEAD_DIMS and c.keys.dtype in kernel.DTYPES for c in caches)
@@ -214,7 +214,7 @@ def _with_padded_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
 @contextlib.contextmanager
 def padded_attention(model: Any) -> Iterator[bool]:
     """Within the block, the model's one-query attention over a float ``BatchKVCache`` with
-    a padding mask runs :func:`workbench.engine.padded_attention.padded_decode_attention`
+    a padding mask runs :func:`workbench.engine.levers.padded_attention.padded_decode_attention`
     (CUDA only: MLX's fused kernel there takes no mask array); every other call goes to
     mlx-lm's ``scaled_dot_product_attention`` unchanged. Restored after.
 

@@ -6,8 +6,8 @@ Knows: mlx-lm's ``BatchKVCache`` (subclassed: its masks, ``trim`` and ``size`` a
 ``QuantizedKVCache`` (the solo form ``extract`` returns and ``merge`` takes) and
 ``mlx_lm.generate.maybe_quantize_kv_cache`` (when mlx-lm's ``generate_step`` quantizes).
 Must not know: requests, events, the queue, the prefill and join forwards
-(:mod:`workbench.engine.quantized_prefill`). Its write index is mlx-lm's private ``_idx``,
-read and set only through :mod:`workbench.engine.cache_internals`.
+(:mod:`workbench.engine.levers.quantized_prefill`). Its write index is mlx-lm's private ``_idx``,
+read and set only through :mod:`workbench.engine.kv.cache_internals`.
 
 Axis letters: ``B`` rows, ``H`` KV heads, ``S`` cache positions, ``D`` head dim,
 ``D_p = D * bits / 32`` packed uint32 words, ``G = D / group_size`` groups.
@@ -53,7 +53,7 @@ from mlx_lm.models.cache import (
     ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache,
 )
 
-from . import cache_internals as internals
+from ..kv import cache_internals as internals
 
 ALLOWED_BITS = (4, 8)
 ALLOWED_GROUP_SIZES = (32, 64, 128)

@@ -50,7 +50,7 @@ def _layer_bytes(c: Any) -> list[LayerBytes]:
 
 def kv_profile(model: Any, max_kv_size: int | None = None, kv_quant: Any = None) -> list[LayerBytes]:
     """Measure every layer's cache growth with a one-token probe forward; with
-    ``kv_quant`` (a :class:`workbench.engine.quantized_kv.KVQuant`) the probe's caches are
+    ``kv_quant`` (a :class:`workbench.engine.levers.quantized_kv.KVQuant`) the probe's caches are
     quantized first (mlx-lm's ``maybe_quantize_kv_cache``), so a full-attention layer
     counts its packed values, scales and biases per token."""
     caches = make_prompt_cache(model, max_kv_size)

@@ -2,7 +2,7 @@
 against ``kv_budget_bytes``, and the prompt cache trimmed to what the live batch leaves.
 
 Knows: :class:`workbench.engine.checkpoint.EngineState` (the batch, the prefilling group,
-the prompt cache), :mod:`workbench.engine.allocation` (the projection), MLX's memory
+the prompt cache), :mod:`workbench.engine.kv.allocation` (the projection), MLX's memory
 counters. Must not know: the policy, events.
 
 One ceiling for everything that holds KV bytes::
@@ -23,9 +23,9 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from .admission import joiner_tokens, row_tokens
+from ..admission import joiner_tokens, row_tokens
 from .allocation import KVPlan, RowTokens, plan_of, read_allocation
-from .state import RequestState
+from ..state import RequestState
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class KVLedger:
     """The scheduler's byte books for one model and configuration.
 
     Args:
-        profile: the model's ``kv_profile`` (:mod:`workbench.engine.budget`).
+        profile: the model's ``kv_profile`` (:mod:`workbench.engine.kv.profile`).
         chunk_tokens: ``prefill_step_size``. kv_budget_bytes: the ceiling (``None``: none).
         exact_chunks: groups prefill in fixed chunks from fresh caches (no pacing, no
             prompt cache, float KV), so their growth is computed exactly.
@@ -121,7 +121,7 @@ def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_si
     (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes = 524,288). Pass
     ``exact_chunks=False`` for a scheduler with a prompt cache, pacing or ``kv_bits`` (see
     :class:`KVLedger`). Builds the model's ``kv_profile`` (one probe forward)."""
-    from .budget import kv_profile
+    from .profile import kv_profile
 
     ledger = KVLedger(kv_profile(model, max_kv_size), prefill_step_size, None, exact_chunks=exact_chunks)
     return ledger.alone_bytes(prompt_tokens, max_tokens)

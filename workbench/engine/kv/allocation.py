@@ -1,7 +1,7 @@
 """What mlx-lm's batch caches will really allocate: the projection the KV budget admits on.
 
 Knows: how mlx-lm 0.32's caches allocate (``mlx_lm/models/cache.py``), per cache row and
-layer, and the model's per-layer sizes (:class:`workbench.engine.budget.LayerBytes`).
+layer, and the model's per-layer sizes (:class:`workbench.engine.kv.profile.LayerBytes`).
 Must not know: the queue, the policy, events. Pure integer arithmetic; the one function
 that reads caches (:func:`read_allocation`) reads only their public fields.
 

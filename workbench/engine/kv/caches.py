@@ -137,7 +137,7 @@ def kv_bytes(caches: LayerCaches | None) -> int:
 def keys_shape(cache: Any) -> tuple[int, ...]:
     """Shape of an attention cache's key storage, ``[P, n_kv_heads, capacity, last]``:
     the float keys' shape, or for a quantized cache
-    (:class:`workbench.engine.quantized_kv.BatchQuantizedKVCache`, keys a
+    (:class:`workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`, keys a
     ``(packed, scales, biases)`` tuple) the packed part's (``last`` = packed words)."""
     keys = cache.keys[0] if isinstance(cache.keys, (tuple, list)) else cache.keys
     return tuple(keys.shape)

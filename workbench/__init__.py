@@ -30,7 +30,7 @@ from .observe.report import Report
 from .engine.request import Request
 from .engine.checkpoint import Checkpoint
 from .engine.levers.pacing import Pacing
-from .engine.policies import ShortestPromptFirst
+from .engine.admission import ShortestPromptFirst
 from .engine.scheduler import Scheduler
 from .engine.state import RequestState, Status
 from .observe.snapshot import Snapshot

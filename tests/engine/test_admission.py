@@ -12,7 +12,7 @@ import workbench as wb
 from workbench.verify import oracle
 from workbench.engine.kv.profile import kv_profile, projected_bytes
 from workbench.engine.kv.ledger import alone_bytes
-from workbench.engine.policies import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
+from workbench.engine.admission import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
 
 pytestmark = pytest.mark.model
 

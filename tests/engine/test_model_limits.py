@@ -5,7 +5,7 @@ import pytest
 from mlx_lm.models import gpt2
 
 import workbench as wb
-from workbench.engine.kv.profile import context_limit
+from workbench.engine.request import context_limit
 
 
 def test_a_gpt2_prompt_past_n_positions_is_refused_at_submit_naming_the_field(bundled):

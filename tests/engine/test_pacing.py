@@ -9,7 +9,7 @@ import pytest
 import workbench as wb
 from workbench.engine.levers.cost import CostModel
 from workbench.engine.levers.pacing import Iteration, Pacer, Pacing, pacing_from
-from workbench.engine.policies import Queued, ShortestPromptFirst
+from workbench.engine.admission import Queued, ShortestPromptFirst
 
 COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_per_step=0.010,
                  decode_s_per_row=0.001)

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 
 from ..engine.levers.pacing import Pacing
-from ..engine.policies import ShortestPromptFirst
+from ..engine.admission import ShortestPromptFirst
 from ..observe.events import events_frame
 from ..observe.metrics import SLO, meets_slo, request_metrics, token_gaps
 from ..sim.clocks import VirtualClock

@@ -60,24 +60,22 @@ from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from .kv import caches as kv
 from .levers import fastpath, lora, quantized_kv
-from .admission import Admission, Decision
+from .admission import Admission, Decision, Policy, policy_from
 from .batch import Batch
-from .kv.profile import context_limit, kv_profile
+from .kv.profile import kv_profile
 from .capture import capture
-from .checkpoint import Checkpoint, EngineState, check_owner
+from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
 from .decode import Pending
 from .integrity import Integrity, check_state
 from .kv.ledger import KVLedger, measured_memory
 from .probe import probe
 from .levers.pacing import Pacer, Pacing, pacing_from
-from .policies import Policy, policy_from
 from .kv.promptcache import PromptCache
-from .request import Request, ValidRequest, validate
+from .request import Request, ValidRequest, context_limit, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
 from .state import RequestState, Status
 from .text import visible_text
-from .transaction import sigint_deferred, transactional
 
 _IDS = itertools.count()
 FORK_OPTIONS = ("policy", "max_batch", "prompt_concurrency", "kv_budget_bytes", "interleave_prefill",
@@ -125,7 +123,7 @@ class Scheduler:
         interleave_prefill: run at most one prefill chunk per ``admit()`` (chunked
             prefill between decode steps) instead of the whole prompt.
         pipeline: launch each decode forward before reading the previous tokens.
-        policy: admission order, a name in ``workbench.engine.policies.POLICIES`` or a
+        policy: admission order, a name in ``workbench.engine.admission.POLICIES`` or a
             policy object.
         clear_cache_every: call ``mx.clear_cache()`` every this many steps.
         seed: draws the PRNG seed of sampled requests submitted without one.

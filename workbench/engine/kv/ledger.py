@@ -23,9 +23,19 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..admission import joiner_tokens, row_tokens
 from .allocation import KVPlan, RowTokens, plan_of, read_allocation
-from ..state import RequestState
+
+def joiner_tokens(s: Any) -> RowTokens:
+    """A queued request (a :class:`~workbench.engine.state.RequestState`) as a joiner: its input tokens (prompt, plus generated tokens when
+    resuming) and the most it may hold (prompt + ``max_tokens``)."""
+    return RowTokens(s.uid, len(s.inputs), len(s.valid.prompt_ids) + s.valid.request.max_tokens)
+
+
+def row_tokens(s: Any) -> RowTokens:
+    """A running row: the tokens its cache holds and the most it may hold (what it holds,
+    once finished)."""
+    held = s.context_tokens
+    return RowTokens(s.uid, held, held if s.finished else len(s.valid.prompt_ids) + s.valid.request.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,7 @@ class KVLedger:
                     st.prefilling.prefill.kv_bytes if st.prefilling else 0,
                     st.prompt_cache.nbytes if st.prompt_cache is not None else 0)
 
-    def make_room(self, st: Any, joiners: Sequence[RequestState] = (), dropped: Sequence[int] = ()) -> int:
+    def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
         """Trim the prompt cache to ``budget - projected live bytes`` (the batch, the
         prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out), mlx-lm's
         ``LRUPromptCache.trim_to(n_bytes=)``. Returns the bytes dropped (0 without a

@@ -16,7 +16,7 @@ COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_
 
 
 def test_the_chunk_is_the_most_tokens_whose_predicted_time_fits_the_budget_in_powers_of_two():
-    pacer = Pacer(Pacing(cost_model=COST), chunk_cap_tokens=512)
+    pacer = Pacer(Pacing(cost_model=COST), prefill_step_size=512)
     # one row, no pair cost: 0.002 + 0.001 k <= 0.0205 -> k = 18, run as 16 (a power of two)
     assert pacer.chunk_tokens(0.0205, 1, 0, 1000, first=False) == 16
     assert COST.prefill_s(18, 0, 1) <= 0.0205 < COST.prefill_s(19, 0, 1)

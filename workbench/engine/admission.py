@@ -31,7 +31,7 @@ list[uid]``; admission takes the first ``slots`` uids of that order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from .kv.allocation import KVPlan, RowTokens
 from .kv.ledger import joiner_tokens
@@ -146,15 +146,15 @@ class Admission:
     """The admission rules of one scheduler.
 
     Args:
-        policy: orders the queue. max_batch: most running rows. prompt_concurrency: most
-        requests prefilled together. kv_budget_bytes: bytes the caches may hold, by the
-        :class:`~workbench.engine.kv.allocation.KVPlan` projection (``None``: no budget).
+        policy: orders the queue. config: the scheduler's settings, of which admission reads
+        ``max_batch`` (most running rows), ``prompt_concurrency`` (most requests prefilled
+        together; ``None``: ``max_batch``) and ``kv_budget_bytes`` (bytes the caches may
+        hold, by the :class:`~workbench.engine.kv.allocation.KVPlan` projection; ``None``:
+        no budget).
     """
 
     policy: Policy
-    max_batch: int
-    prompt_concurrency: int
-    kv_budget_bytes: int | None = None
+    config: Any  # a workbench.engine.config.SchedulerConfig
 
     def decide(self, queue: Sequence[RequestState], running: Sequence[RequestState], plan: KVPlan | None = None,
                now_s: float = 0.0) -> Decision:
@@ -163,7 +163,8 @@ class Admission:
         projection admission checks against ``kv_budget_bytes`` (``None`` or no budget:
         bytes are not checked); ``now_s`` (the scheduler's clock) gives each request's
         ``waited_s``."""
-        slots = min(self.max_batch - len(running), self.prompt_concurrency)
+        cfg = self.config
+        slots = min(cfg.max_batch - len(running), cfg.prompt_concurrency or cfg.max_batch)
         if slots <= 0 or not queue:
             return Decision()
         by_uid = {s.uid: s for s in queue}
@@ -183,8 +184,8 @@ class Admission:
         return Decision([j.uid for j in chosen], preempt)
 
     def _fits(self, plan: KVPlan | None, joiners: list[RowTokens], dropped: list[int]) -> bool:
-        return (self.kv_budget_bytes is None or plan is None
-                or plan.projected_bytes(joiners, dropped) <= self.kv_budget_bytes)
+        budget = self.config.kv_budget_bytes
+        return budget is None or plan is None or plan.projected_bytes(joiners, dropped) <= budget
 
     def _victims(self, joiner: RequestState, running: Sequence[RequestState], plan: KVPlan | None,
                  group: list[RowTokens]) -> list[int]:

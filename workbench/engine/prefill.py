@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 from .kv import caches as kv
 from ..runtime.device import on_gpu
+from .kv.allocation import prefill_mode
 from .kv.cache_internals import clone_caches
 
 
@@ -90,11 +91,8 @@ class PrefillGroup:
         self.right_padding = [self.length - n for n in self.lengths]
         self.step_size = prefill_step_size
         padded = max(self.right_padding, default=0) > 0
-        if chunked_padding is None:
-            chunked_padding = chunked_padding_default()
-        self.chunked_padding = (bool(chunked_padding) and padded and self.length > prefill_step_size
-                                and self._pads_safely(model, max_kv_size))
-        self.per_row = padded and not self.chunked_padding and not (2 <= self.length <= prefill_step_size)
+        mode = prefill_mode(self.lengths, prefill_step_size, self.chunks_padding(model, max_kv_size, chunked_padding))
+        self.chunked_padding, self.per_row = mode == "chunked", mode == "per row"
         self.position = 0
         self._row, self._row_pos = 0, 0
         if self.per_row:
@@ -110,6 +108,14 @@ class PrefillGroup:
         self._done = False
         if self.length == 0:
             self._finish()
+
+    @classmethod
+    def chunks_padding(cls, model: Any, max_kv_size: int | None = None, chunked_padding: bool | None = None) -> bool:
+        """Whether this group class runs right-padded groups longer than a chunk batched in
+        chunks for ``model``: ``chunked_padding`` asked (``None``: on a GPU) and the caches
+        pad safely. The ``chunked_padding`` of :func:`~workbench.engine.kv.allocation.prefill_mode`."""
+        asked = chunked_padding_default() if chunked_padding is None else bool(chunked_padding)
+        return asked and cls._pads_safely(model, max_kv_size)
 
     @staticmethod
     def _pads_safely(model: Any, max_kv_size: int | None) -> bool:

@@ -278,8 +278,8 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     cache, ``Scheduler(kv_bits=...)``, at the same bits and group size). ``uids`` defaults
     to every finished greedy uid."""
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
-    quant = getattr(sched, "kv_quant", None)
+    quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
-    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size,
-                              sched.max_kv_size, tokenizer=sched.tokenizer, **kv) for u in uids}
+    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.config.prefill_step_size,
+                              sched.config.max_kv_size, tokenizer=sched.tokenizer, **kv) for u in uids}
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -65,16 +65,18 @@ class KVLedger:
 
     Args:
         profile: the model's ``kv_profile`` (:mod:`workbench.engine.kv.profile`).
-        chunk_tokens: ``prefill_step_size``. kv_budget_bytes: the ceiling (``None``: none).
+        config: the scheduler's settings (a :class:`~workbench.engine.config.SchedulerConfig`),
+            of which the ledger reads ``prefill_step_size``, ``kv_budget_bytes`` (the
+            ceiling; ``None``: none) and ``reuse_slots`` (joiners may be written into free slots).
         exact_chunks: groups prefill in fixed chunks from fresh caches (no pacing, no
             prompt cache, float KV), so their growth is computed exactly.
-        reuse_slots: joiners may be written into free slots.
+        chunked_padding: right-padded groups run batched in chunks (``ModelRunner.chunks_padding``).
     """
 
-    def __init__(self, profile: Sequence[Any], chunk_tokens: int, kv_budget_bytes: int | None,
-                 exact_chunks: bool = True, reuse_slots: bool = True):
-        self.base = plan_of(profile, chunk_tokens, exact_chunks=exact_chunks, reuse_slots=reuse_slots)
-        self.kv_budget_bytes = kv_budget_bytes
+    def __init__(self, profile: Sequence[Any], config: Any, exact_chunks: bool = True, chunked_padding: bool = False):
+        self.base = plan_of(profile, config.prefill_step_size, exact_chunks=exact_chunks, reuse_slots=config.reuse_slots,
+                            chunked_padding=chunked_padding)
+        self.config = config
 
     def plan(self, st: Any) -> KVPlan:
         """The :class:`KVPlan` of engine state ``st`` now (its batch's allocation and rows;
@@ -94,12 +96,12 @@ class KVLedger:
     def alone_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """Bytes one request of ``prompt_tokens`` + ``max_tokens`` may hold alone on an idle
         engine (what :meth:`refusal` compares with the budget)."""
-        return self.base.projected_bytes([RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)])
+        return _alone(self.base, prompt_tokens, max_tokens)
 
     def refusal(self, prompt_tokens: int, max_tokens: int) -> str:
         """Why a request can never be admitted under the budget (``""`` when it can)."""
         need = self.alone_bytes(prompt_tokens, max_tokens)
-        budget = self.kv_budget_bytes
+        budget = self.config.kv_budget_bytes
         if budget is None or need <= budget:
             return ""
         return (f"request projects {need:,} KV bytes (prompt {prompt_tokens} + max_tokens {max_tokens} tokens, "
@@ -117,11 +119,11 @@ class KVLedger:
         prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out), mlx-lm's
         ``LRUPromptCache.trim_to(n_bytes=)``. Returns the bytes dropped (0 without a
         budget or a prompt cache)."""
-        if self.kv_budget_bytes is None or st.prompt_cache is None:
+        if self.config.kv_budget_bytes is None or st.prompt_cache is None:
             return 0
         group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
         live = self.plan(st).projected_bytes(group, dropped, started=st.prefilling is not None)
-        return st.prompt_cache.trim_to(self.kv_budget_bytes - live)
+        return st.prompt_cache.trim_to(self.config.kv_budget_bytes - live)
 
 
 def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_size: int = 2048,
@@ -133,5 +135,9 @@ def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_si
     :class:`KVLedger`). Builds the model's ``kv_profile`` (one probe forward)."""
     from .profile import kv_profile
 
-    ledger = KVLedger(kv_profile(model, max_kv_size), prefill_step_size, None, exact_chunks=exact_chunks)
-    return ledger.alone_bytes(prompt_tokens, max_tokens)
+    return _alone(plan_of(kv_profile(model, max_kv_size), prefill_step_size, exact_chunks=exact_chunks),
+                  prompt_tokens, max_tokens)
+
+
+def _alone(plan: KVPlan, prompt_tokens: int, max_tokens: int) -> int:
+    return plan.projected_bytes([RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)])

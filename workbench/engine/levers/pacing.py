@@ -144,8 +144,8 @@ class Pacer:
     seconds of the scheduler's clock; chunks are ``[rows, tokens]`` forwards.
 
     Args:
-        pacing: the options. chunk_cap_tokens: the longest chunk ever run, in tokens per
-            row (the scheduler's ``prefill_step_size``: activations stay bounded).
+        pacing: the options. prefill_step_size: the scheduler's (``config.prefill_step_size``):
+            the longest chunk ever run, in tokens per row (activations stay bounded).
 
     Attributes:
         prefill_samples: the latest ``SAMPLES`` measured chunks, ``(rows, tokens,
@@ -155,8 +155,8 @@ class Pacer:
             :class:`Iteration`, or ``None``.
     """
 
-    def __init__(self, pacing: Pacing, chunk_cap_tokens: int):
-        self.pacing, self.chunk_cap_tokens = pacing, chunk_cap_tokens
+    def __init__(self, pacing: Pacing, prefill_step_size: int):
+        self.pacing, self.prefill_step_size = pacing, prefill_step_size
         self.prefill_samples: deque[tuple[int, int, int, float]] = deque(maxlen=SAMPLES)  # rows, tokens, start, s
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
         self._prefill_coef: np.ndarray | None = None
@@ -274,7 +274,7 @@ class Pacer:
         every iteration slower and the prompt slower still). With ``budget_s`` infinite
         (no running row): ``remaining_tokens`` up to the cap; before any cost is known:
         a ``min_chunk_tokens`` probe when ``first``, else none."""
-        cap = min(remaining_tokens, self.chunk_cap_tokens)
+        cap = min(remaining_tokens, self.prefill_step_size)
         if cap <= 0 or math.isinf(budget_s):
             return max(cap, 0)
         if self.prefill_s(rows, 1, start_tokens) is None:  # nothing learned yet: a probe chunk
@@ -300,7 +300,7 @@ class Pacer:
         fixed = self.prefill_s(rows, 0, start_tokens)
         if fixed is None:
             return self.pacing.min_chunk_tokens
-        lo, hi = 1, self.chunk_cap_tokens
+        lo, hi = 1, self.prefill_step_size
         while lo < hi:
             mid = (lo + hi) // 2
             if self.prefill_s(rows, mid, start_tokens) >= 2 * fixed:

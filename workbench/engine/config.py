@@ -32,27 +32,31 @@ def _setting(default: Any, fork: bool = False) -> Any:
 class SchedulerConfig:
     """Every plain setting of a :class:`~workbench.engine.scheduler.Scheduler`.
 
+    ``prompt_concurrency=None`` means ``max_batch``; ``history_size`` and
+    ``history_checkpoints`` are ``>= 0``; ``kv_budget_bytes`` and ``max_kv_size`` ``>= 1``
+    or ``None`` (no limit).
+
     Raises:
         ValueError: naming the field and its limit (``max_batch must be an int >= 1, got
             0``), or an unknown ``policy`` name.
     """
 
     max_batch: int = _setting(4, fork=True)  # most rows in the running batch, >= 1
-    prefill_step_size: int = 2048  # prefill chunk length, tokens, >= 1 (mlx-lm's --prefill-step-size)
-    prompt_concurrency: int | None = _setting(None, fork=True)  # most requests prefilled together (None: max_batch)
-    interleave_prefill: bool = _setting(True, fork=True)  # one prefill chunk per admit() (chunked prefill), else the whole prompt
-    pipeline: bool = True  # launch each decode forward before reading the previous tokens (mlx-lm's GenerationBatch)
-    policy: Any = _setting("fcfs", fork=True)  # admission order: a name in admission.POLICIES or a Policy object
-    kv_budget_bytes: int | None = _setting(None, fork=True)  # projected KV bytes admission may hold (None: no budget)
-    reuse_slots: bool = True  # evicted rows' cache rows stay free slots for the next join (False: mlx-lm's filter + extend)
-    max_kv_size: int | None = None  # bound every layer's KV to this many tokens (rotating; models without make_cache)
-    kv_bits: int | None = None  # quantize the KV cache to 4 or 8 bits (None: float), as mlx-lm's generate_step
+    prefill_step_size: int = 2048  # prefill chunk, tokens, >= 1 (mlx-lm's --prefill-step-size)
+    prompt_concurrency: int | None = _setting(None, fork=True)  # most requests prefilled together
+    interleave_prefill: bool = _setting(True, fork=True)  # at most one prefill chunk per admit()
+    pipeline: bool = True  # launch each decode forward before reading the previous tokens
+    policy: Any = _setting("fcfs", fork=True)  # admission order: a name in admission.POLICIES, or a Policy
+    kv_budget_bytes: int | None = _setting(None, fork=True)  # projected KV bytes admission may hold
+    reuse_slots: bool = True  # evicted rows' cache rows stay free slots (False: mlx-lm's filter + extend)
+    max_kv_size: int | None = None  # rotating KV of this many tokens (models without make_cache)
+    kv_bits: int | None = None  # quantized KV cache, 4 or 8 bits (None: float), as mlx-lm's generate_step
     kv_group_size: int = 64  # values sharing one scale and bias: 32, 64 or 128, dividing the head dim
-    pacing: Any = None  # None: fixed chunks; True, a target gap in seconds, or a levers.pacing.Pacing
-    fast_decode: bool | None = None  # decode fast paths (levers.fastpath): None where they apply, True all, False none
+    pacing: Any = None  # None: fixed chunks; True, a target gap (seconds) or a levers.pacing.Pacing
+    fast_decode: bool | None = None  # decode fast paths: None where they apply, True all, False none
     clear_cache_every: int = _setting(256, fork=True)  # mx.clear_cache() every this many steps, >= 1
-    history_size: int = _setting(64, fork=True)  # snapshots kept in Scheduler.history, >= 0 (0: no recording)
-    history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots, >= 0
+    history_size: int = _setting(64, fork=True)  # snapshots kept in Scheduler.history (0: no recording)
+    history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots
     seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
 
     def __post_init__(self) -> None:

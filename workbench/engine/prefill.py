@@ -19,21 +19,14 @@ Two modes, chosen per group:
 - **per row**: each prompt runs alone, unpadded, in chunks; the rows' caches are merged
   (``merge``, left-padding the shorter) when all are done.
 
-A group is batched when it needs no padding, when its padded prompt fits in one chunk of
-at least 2 columns, or, on a GPU, when every layer's cache is a plain ``BatchKVCache``
-(full attention: a row's real tokens come before its right padding, so causal attention
-never reads the padding, in any chunk; mlx-lm's ``PromptProcessingBatch`` chunks such
-prompts too). Otherwise it runs per row, because mlx-lm's right-padding protocol is not safe
-across chunk boundaries for every cache kind (measured with mlx-lm 0.32.2:
-``BatchRotatingKVCache`` raises on a one-column padded chunk, and mamba2's ``ArraysCache``
-prefill gives NaN or drifting logits once a row's real tokens end chunks before the
-group's; the stateful fuzzer in ``tests/verify/test_fuzz.py`` found both). Which is
-faster depends on the device: per row costs one forward per row and chunk, batched computes
-the padding. On an H200 (per-forward overhead dominates) 128 rows of 64-512 tokens in
-256-token chunks took 2.94 s per row against 0.53 s batched (``docs/gpu.md``); on the CPU
-(compute-bound) per row is cheaper, and the cost-model replay of notebook 06 (64-token
-chunks) ran fcfs's TTFT p50 13% slower batched. So batched chunks are the default on a GPU
-only (``chunked_padding=None``).
+The mode is :func:`~workbench.engine.kv.allocation.prefill_mode`: batched when the group
+needs no padding or its padded prompt fits one chunk of at least 2 columns; batched in
+chunks (``chunked_padding``, default on a GPU only) when every layer's cache is a plain
+``BatchKVCache`` (a row's real tokens come before its right padding, so causal attention
+never reads it; mlx-lm's ``PromptProcessingBatch`` chunks such prompts too); otherwise per
+row, because mlx-lm's right-padding protocol is not safe across chunk boundaries for every
+cache kind (``BatchRotatingKVCache``, mamba2's ``ArraysCache``; found by
+``tests/verify/test_fuzz.py``). Why the default differs by device: ``docs/architecture.md``.
 
 Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """

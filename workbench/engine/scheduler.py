@@ -9,30 +9,18 @@ Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
     submit ─▶ queue ─admit()─▶ prefilling group ─admit()…─▶ running rows ─step()─▶ tokens ─filter()─▶ evicted
              [insert] {add_request}     (chunked prefill)        [next] {schedule}       [remove] {update_from_output}
 
-- ``admit()`` forms a prefilling group from the queue (the policy's order, FCFS by
-  default, while rows + group stay within ``max_batch`` and the group within
-  ``prompt_concurrency``), runs prefill chunks of ``prefill_step_size`` tokens (one chunk
-  per call when ``interleave_prefill``, so running rows stall at most one chunk between
-  their tokens; the whole prompt otherwise), and when the group's prompts are in its
-  cache it *joins*: one ``[n, 1]`` forward feeds each joiner's last prompt token
-  (computing its first token's distribution, as mlx-lm's ``GenerationBatch`` does),
-  then each joiner is written into a *free slot* (the cache row of a request evicted
-  since the last step, :mod:`workbench.engine.batch`) or, when none is free, the caches'
-  ``extend`` appends it to the running batch.
-- ``step()`` reads one token per running row (the distribution computed by the
-  previous forward) and feeds it: one ``[B, 1]`` forward. With ``pipeline`` that
-  forward is launched (``mx.async_eval``) *before* the tokens are read, so the model
-  computes while Python does the bookkeeping, as in mlx-lm's ``GenerationBatch._step``.
-  A joiner's first token is therefore computed in ``admit()`` and **read, and timed,
-  in the next ``step()``**: TTFT runs from ``submit`` to that ``token`` event, queueing
-  and prefill included. Stop ids and ``max_tokens`` are checked on read; rows finished
-  earlier but not yet evicted are fed too, their outputs discarded.
-- ``filter()`` evicts finished rows. With ``reuse_slots`` their cache rows stay as free
-  slots for the next join (one row written instead of the whole batch copied twice, by
-  mlx-lm's ``filter`` then ``extend``); free slots that the next ``admit()`` does not
-  fill (or the next ``step()``, when called without ``admit()``) are dropped with the
-  caches' ``filter`` (which trims the left padding all remaining rows share), so no
-  forward ever runs over a free slot.
+- ``admit()`` forms a prefilling group from the queue (:mod:`workbench.engine.admission`),
+  runs prefill chunks of ``prefill_step_size`` tokens (one per call with
+  ``interleave_prefill``), and when the group's prompts are cached *joins* it: one
+  ``[n, 1]`` forward computes each joiner's first-token distribution (as mlx-lm's
+  ``GenerationBatch``), then each joiner takes a free slot or joins by ``extend``.
+- ``step()`` reads one token per running row and feeds it: one ``[B, 1]`` forward,
+  launched before the read with ``pipeline`` (mlx-lm's ``GenerationBatch._step``). So a
+  joiner's first token is computed in ``admit()`` and read, and timed, in the next
+  ``step()``: TTFT runs from ``submit`` to that ``token`` event.
+- ``filter()`` evicts finished rows; with ``reuse_slots`` their cache rows stay free
+  slots for the next join, and free slots nobody fills are dropped with ``filter`` before
+  any forward runs over them.
 
 Invariant between calls: every running row's latest token is in the cache, and the
 distribution of its next token is pending. So a snapshot's masks are those of the next

@@ -16,23 +16,16 @@ budget is *time*, from the cost model::
     chunk k    = the most tokens with predicted prefill_s(rows, k, start) <= what is left
     join       = run when its predicted [n, 1] forward still fits (or nothing ran yet)
 
-Chunks are never shorter than an *efficient* chunk (whose per-token time is at least its
-fixed time, and at least ``min_chunk_tokens``): when the budget cannot fit one, nothing
-more runs this iteration, or, if nothing ran yet, the efficient chunk runs over the budget
-(no prompt starves behind a slow decode step, and no iteration pays a forward's fixed cost
-for a handful of tokens: on a GPU that fixed cost is most of a step, so there the budget
-only orders and defers work). Chunk lengths are powers of two (or a prompt's last
-tokens), so a backend that compiles kernels per shape compiles a few. The predictions are corrected by what was
-measured: with a prior ``cost_model`` each prediction is scaled by the median ratio
-measured / predicted over the latest forwards; without one, the prefill coefficients are
-fitted online by non-negative least squares (:func:`workbench.engine.levers.cost.nonnegative_lstsq`)
-and the decode step is the median of the latest measured ones.
+Chunks are never shorter than an *efficient* chunk (per-token time at least its fixed
+time, and at least ``min_chunk_tokens``): when the budget cannot fit one, nothing more runs
+this iteration, or, if nothing ran yet, the efficient chunk runs over the budget. Chunk
+lengths are powers of two (or a prompt's last tokens). Predictions are corrected by what
+was measured: a prior ``cost_model`` scaled by the median measured / predicted ratio, or,
+without one, prefill coefficients fitted online
+(:func:`workbench.engine.levers.cost.nonnegative_lstsq`) and the median measured decode step.
 
-A decode sample is what a running row waits for besides prefill: the time from the end of
-one ``admit()`` that ran prefill to the start of the next (the step, the filter and the
-driver's own work), or, after an iteration without prefill, from one ``admit()`` start to
-the next; taken only when exactly one decode step ran in between. The scheduler reports
-each paced ``admit()`` to the :class:`Pacer` (which keeps that timing)::
+A decode sample is the time between two ``admit()`` calls outside prefill, taken only
+when exactly one decode step ran in between. The scheduler reports each paced ``admit()``::
 
     pacer.begin_iteration(now_s, step_index, rows, width_tokens)  # admit() starts
     pacer.observe_prefill(rows, tokens, start_tokens, seconds)    # each chunk it runs
@@ -69,10 +62,7 @@ class Pacing:
             ``None`` for ``itl_target_steps`` x the predicted decode step.
         itl_target_steps: the target as a multiple of the decode step (``> 1``; default
             8: an iteration carries at most about seven steps' worth of prefill and
-            joins. On an H200 8 met both latency goals of issue 17 at both arrival rates
-            measured and 4 missed TTFT at the lighter one; on the 2-core CPU no target
-            meets them (their floors: ``docs/pacing.md``). ``workbench bench`` measures
-            the frontier across targets).
+            joins; the frontier across targets: ``docs/pacing.md``).
         min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
             an iteration that has run nothing yet runs at least this much.
         cost_model: a prior :class:`~workbench.engine.levers.cost.CostModel` for this model and

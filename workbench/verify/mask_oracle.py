@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..engine import caches as kv
+from ..engine.kv import caches as kv
 from ..observe.forward_masks import ForwardMask, causal_mask
 from ..observe.snapshot import Snapshot
 

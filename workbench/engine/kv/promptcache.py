@@ -36,7 +36,7 @@ class PromptCache:
 
     def clone(self) -> "PromptCache":
         """An independent copy: the same model key, a copy of the LRU's index sharing its
-        (never modified) entries (:func:`workbench.engine.cache_internals.clone_prompt_cache`)."""
+        (never modified) entries (:func:`workbench.engine.kv.cache_internals.clone_prompt_cache`)."""
         out = PromptCache(self.model, clone_prompt_cache(self.lru), self.max_kv_size)
         out.key = self.key
         return out

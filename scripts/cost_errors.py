@@ -16,7 +16,7 @@ import sys
 
 import workbench as wb
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
-from workbench.engine.pacing import Pacing
+from workbench.engine.levers.pacing import Pacing
 from workbench.runtime.blas import STATUS as BLAS
 from workbench.workloads.traces import read_azure_trace, trace_path
 

@@ -3,7 +3,7 @@ the decode section of `workbench bench` alone, for a quick re-measure on a quiet
 
 Usage: ``python scripts/decode_ratios.py [pairs]`` (default 4 alternating pairs per batch size).
 Also runs the workbench with ``fast_decode=False`` (mlx-lm's forward as it is) in the same
-alternation: the before / after of the decode fast paths (``workbench/engine/fastpath.py``;
+alternation: the before / after of the decode fast paths (``workbench/engine/levers/fastpath.py``;
 the bench's equal-length prompts leave no row padded, so every step runs without a mask).
 """
 import statistics, sys

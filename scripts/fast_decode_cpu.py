@@ -10,7 +10,7 @@ import workbench
 from workbench.bench.run import FULL_CONFIG as cfg
 from workbench.bench.model import make_model
 from mlx_lm.models.cache import BatchKVCache
-from workbench.engine import fastpath
+from workbench.engine.levers import fastpath
 model = make_model(cfg.shape); mx.eval(model.parameters())
 for B in (1, 32):
     caches = [BatchKVCache([0]*B) for _ in model.layers]

@@ -1,4 +1,4 @@
-"""Checks and times ``workbench.engine.padded_attention`` on CUDA against MLX's attention with
+"""Checks and times ``workbench.engine.levers.padded_attention`` on CUDA against MLX's attention with
 mlx-lm's padding mask (issue 15). For each batch size, dtype and head dim: the largest
 |difference| from ``mx.fast.scaled_dot_product_attention(..., mask=BatchKVCache-style mask)``
 and the time of ``layers`` attentions in one eval, kernel vs masked vs unmasked (no padding
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from workbench.engine.padded_attention import padded_decode_attention  # noqa: E402
+from workbench.engine.levers.padded_attention import padded_decode_attention  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_step_profile import emit_jsonl  # noqa: E402

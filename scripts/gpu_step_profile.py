@@ -145,8 +145,8 @@ def timed_static(model, caches, y, n):
 
 @contextlib.contextmanager
 def padded_kernel(model):
-    """Decode attention over padded rows by ``workbench.engine.padded_attention`` (CUDA)."""
-    from workbench.engine.padded_attention import padded_decode_attention, supported
+    """Decode attention over padded rows by ``workbench.engine.levers.padded_attention`` (CUDA)."""
+    from workbench.engine.levers.padded_attention import padded_decode_attention, supported
 
     mod = sys.modules[type(model.layers[0].self_attn).__module__]
     original = mod.scaled_dot_product_attention

@@ -9,8 +9,8 @@ Usage: ``python scripts/kv_budget_examples.py`` (CPU, about a minute).
 from __future__ import annotations
 
 import workbench as wb
-from workbench.engine.budget import kv_profile, projected_bytes
-from workbench.engine.ledger import alone_bytes
+from workbench.engine.kv.profile import kv_profile, projected_bytes
+from workbench.engine.kv.ledger import alone_bytes
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
 

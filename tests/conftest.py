@@ -159,7 +159,7 @@ def _quantized_kv_skip_reason():
 
     if not on_gpu():
         return None
-    from workbench.engine.quantized_kv import device_runs_quantized_attention
+    from workbench.engine.levers.quantized_kv import device_runs_quantized_attention
 
     bad = [d for d in (32, 64) if not device_runs_quantized_attention(d)]
     return (f"MLX on {mx.default_device()} cannot run mlx-lm's quantized attention for head dim(s) {bad}, so "

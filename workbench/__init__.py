@@ -29,16 +29,18 @@ from .sim.replay import replay
 from .observe.report import Report
 from .engine.request import Request
 from .engine.checkpoint import Checkpoint
-from .engine.pacing import Pacing
-from .engine.policies import ShortestPromptFirst
+from .engine.config import SchedulerConfig
+from .engine.levers.pacing import Pacing
+from .engine.admission import ShortestPromptFirst
 from .engine.scheduler import Scheduler
 from .engine.state import RequestState, Status
+from .engine.view import RequestView
 from .observe.snapshot import Snapshot
 from .sim.sweep import grid, sweep
 from .workloads.traces import trace_workload
 from .workloads.workload import Workload, synthetic
 
-__all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Pacing", "Report", "Request", "RequestState", "SLO", "Scheduler",
+__all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Pacing", "Report", "Request", "RequestState", "RequestView", "SLO", "Scheduler", "SchedulerConfig",
            "ShortestPromptFirst", "Snapshot", "Status",
            "Workload", "compare", "grid", "load", "replay", "sweep", "synthetic", "trace_workload", "views"]
 __version__ = "0.1.0"

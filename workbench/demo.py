@@ -78,7 +78,7 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
     check = oracle.solo_check(model_obj, sched)
     uids = [r.uid for r in check.rows]
     refs = oracle.batch_reference(model_obj, [oracle.ref_request(sched.request_of(u)) for u in uids],
-                                  max_batch, prefill_step_size, sched.max_kv_size)
+                                  max_batch, prefill_step_size, sched.config.max_kv_size)
     batch = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
     echo(f"oracle: {check.n_match}/{len(check.rows)} rows match solo, "
          f"{batch.n_match}/{len(batch.rows)} match mlx-lm BatchGenerator")

@@ -1,6 +1,7 @@
 """The package's shape: subpackages import only lower ones, ``observe`` never imports
 MLX, one module touches mlx-lm's private cache fields, no engine function is longer than
-one screen."""
+one screen; inside the engine, ``kv/`` never imports the core or the levers, and only the
+runner and the scheduler import ``levers/``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
+ENGINE = PACKAGE / "engine"
 LAYERS = ["runtime", "observe", "engine", "workloads", "verify", "sim", "bench", "views"]
 PRIVATE_CACHE_FIELDS = {"_idx", "rotated", "_trie", "_lru", "_offset"}
 SCREEN_LINES = 50
@@ -59,15 +61,55 @@ def test_only_cache_internals_reads_mlx_lm_private_cache_fields():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in PRIVATE_CACHE_FIELDS:
                 readers.add(path.relative_to(PACKAGE).as_posix())
-    assert readers == {"engine/cache_internals.py"}
+    assert readers == {"engine/kv/cache_internals.py"}
+
+
+def engine_imports(path: Path) -> set[str]:
+    """The engine modules ``path`` imports, relative to ``engine/`` without ``.py``
+    (``"runner"``, ``"kv/caches"``; ``"levers"`` for the package itself)."""
+    package = list(path.relative_to(PACKAGE).parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            module = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+        elif node.module and node.module.startswith("workbench."):
+            module = node.module.split(".")[1:]
+        else:
+            continue
+        if module[:1] != ["engine"]:
+            continue
+        for alias in node.names:  # ``from . import caches`` names a module; ``from .kv.caches import X`` a name
+            named = PACKAGE.joinpath(*module, alias.name)
+            found = module + [alias.name] if named.is_dir() or named.with_suffix(".py").exists() else module
+            out.add("/".join(found[1:]))
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((ENGINE / "kv").glob("*.py")), ids=lambda p: p.name)
+def test_kv_never_imports_the_engine_core_or_its_levers(path):
+    outside = {m for m in engine_imports(path) if not m.startswith("kv/")}
+    assert not outside, f"kv/{path.name} imports {sorted(outside)}: kv/ must stand below the core and the levers"
+
+
+def test_only_the_runner_and_the_scheduler_import_the_levers():
+    importers = {p.relative_to(ENGINE).as_posix() for p in ENGINE.glob("*.py")
+                 if any(m == "levers" or m.startswith("levers/") for m in engine_imports(p))}
+    assert importers == {"runner.py", "scheduler.py"}
+
+
+def test_engine_modules_live_in_the_core_kv_or_levers():
+    folders = {p.parent.relative_to(ENGINE).as_posix() for p in ENGINE.rglob("*.py")}
+    assert folders == {".", "kv", "levers"}
 
 
 def test_no_engine_function_is_longer_than_one_screen():
     long = []
-    for path in (PACKAGE / "engine").glob("*.py"):
+    for path in ENGINE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > SCREEN_LINES:
-                    long.append(f"{path.name}:{node.name} ({n} lines)")
+                    long.append(f"{path.relative_to(ENGINE)}:{node.name} ({n} lines)")
     assert not long, f"longer than {SCREEN_LINES} lines: {long}"

@@ -11,7 +11,7 @@ from workbench.bench.engines import Arrival
 from workbench.bench.model import QUICK, make_model
 from workbench.bench.pacing import FIXED, floor_verdicts, frontier_runs, frontier_summary, paced_name, versus
 from workbench.bench.scenarios import MLX_LM
-from workbench.engine.cost import CostModel
+from workbench.engine.levers.cost import CostModel
 from workbench.observe.metrics import SLO
 from workbench.workloads.workload import prompt_of_length
 

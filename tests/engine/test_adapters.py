@@ -1,4 +1,4 @@
-"""Per-request LoRA adapters in one batch (``workbench.engine.adapters``), held to the
+"""Per-request LoRA adapters in one batch (``workbench.engine.levers.lora``), held to the
 adapter oracle: each row equals the same request alone through
 ``mlx_lm.load(path, adapter_path=...)``; rows without adapter equal the base model.
 
@@ -19,7 +19,7 @@ import pytest
 from mlx_lm.tuner.lora import LoRALinear
 
 import workbench as wb
-from workbench.engine import adapters as lora
+from workbench.engine.levers import lora
 from workbench.verify.adapter_oracle import adapter_check
 
 MODEL = str(wb.BUNDLED_MODEL)

@@ -2,7 +2,7 @@
 budget and preemption. Admission changes who runs when, never the tokens.
 
 The budget covers the bytes mlx-lm's caches really hold (batch, prefilling group, prompt
-cache), projected by :mod:`workbench.engine.allocation` (256-token growth step, rows
+cache), projected by :mod:`workbench.engine.kv.allocation` (256-token growth step, rows
 padded to the widest); every projection rule is checked here against mlx-lm's own caches,
 and the held bytes against MLX's measured active memory."""
 
@@ -10,9 +10,9 @@ import pytest
 
 import workbench as wb
 from workbench.verify import oracle
-from workbench.engine.budget import kv_profile, projected_bytes
-from workbench.engine.ledger import alone_bytes
-from workbench.engine.policies import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
+from workbench.engine.kv.profile import kv_profile, projected_bytes
+from workbench.engine.kv.ledger import alone_bytes
+from workbench.engine.admission import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
 
 pytestmark = pytest.mark.model
 
@@ -149,7 +149,7 @@ def _feed(cache, tokens, chunk):
 def test_the_growth_step_is_mlx_lms():
     from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
-    from workbench.engine.allocation import STEP_TOKENS
+    from workbench.engine.kv.allocation import STEP_TOKENS
 
     assert STEP_TOKENS == KVCache.step == BatchKVCache.step == RotatingKVCache.step == BatchRotatingKVCache.step == 256
 
@@ -162,7 +162,7 @@ def test_a_groups_capacity_is_what_mlx_lms_batch_cache_allocates(input_tokens, c
     prompt cache, per-row prefill) is never below it."""
     from mlx_lm.models.cache import BatchKVCache
 
-    from workbench.engine.allocation import group_capacity_tokens
+    from workbench.engine.kv.allocation import group_capacity_tokens
 
     cache = BatchKVCache([0, 0])
     _feed(cache, input_tokens - 1, chunk)
@@ -178,7 +178,7 @@ def test_decode_growth_is_what_mlx_lms_batch_cache_allocates(start, final):
     """A batch cache holding ``start`` positions fed one token at a time up to ``final``."""
     from mlx_lm.models.cache import BatchKVCache
 
-    from workbench.engine.allocation import full_capacity_tokens
+    from workbench.engine.kv.allocation import full_capacity_tokens
 
     cache = BatchKVCache([0, 0])
     _feed(cache, start, 2048)
@@ -405,7 +405,7 @@ def test_steps_without_filter_do_not_grow_finished_rows_past_the_budget(random_l
 
 def test_the_projection_on_hand_built_batches():
     """KVPlan on a model of 2,048 bytes per position (tiny-llama's 4 layers x 512)."""
-    from workbench.engine.allocation import Allocation, KVPlan, RowTokens
+    from workbench.engine.kv.allocation import Allocation, KVPlan, RowTokens
 
     plan = KVPlan(full_token_bytes=2048, rings=(), fixed_bytes=0, chunk_tokens=2048)
     four = [RowTokens(u, 20, 28) for u in range(4)]
@@ -440,7 +440,7 @@ def test_a_rings_bytes_stay_within_the_projection(input_tokens, chunk):
     import mlx.core as mx
     from mlx_lm.models.cache import BatchRotatingKVCache
 
-    from workbench.engine.allocation import KVPlan, RowTokens
+    from workbench.engine.kv.allocation import KVPlan, RowTokens
 
     plan = KVPlan(full_token_bytes=0, rings=((8, 1),), fixed_bytes=0, chunk_tokens=chunk)
     projected = plan.projected_bytes([RowTokens(0, input_tokens, input_tokens + 12)])

@@ -54,7 +54,7 @@ def continue_run(sched, prompt):
 
 @pytest.fixture
 def unit_bytes(bundled):
-    from workbench.engine.budget import kv_profile, projected_bytes
+    from workbench.engine.kv.profile import kv_profile, projected_bytes
 
     return projected_bytes(kv_profile(bundled[0]), 1)  # KV bytes per token
 

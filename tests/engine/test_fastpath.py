@@ -1,4 +1,4 @@
-"""Decode fast paths (workbench/engine/fastpath.py): attention without a mask where no row
+"""Decode fast paths (workbench/engine/levers/fastpath.py): attention without a mask where no row
 is padded, compiled MLPs. Each is checked against what it replaces: the caches' own
 ``left_padding`` (read from the arrays) and the tokens / log-probs of the plain path."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.engine import fastpath
+from workbench.engine.levers import fastpath
 from workbench.runtime import device
 from workbench.verify.mask_oracle import recorded_masks
 
@@ -143,7 +143,7 @@ def test_padded_rows_reach_the_kernel_with_their_padding_and_buffers(bundled, pr
     steps keep the no-mask path; mlx-lm's function is restored after each step."""
     import mlx_lm.models.llama as llama
 
-    from workbench.engine import padded_attention
+    from workbench.engine.levers import padded_attention
 
     model, tokenizer = bundled
     prompts = [prompt(n, 7 * n) for n in (5, 9, 3, 12)]
@@ -165,7 +165,7 @@ def test_padded_rows_reach_the_kernel_with_their_padding_and_buffers(bundled, pr
 def test_on_the_gpu_the_padded_kernel_equals_masked_attention(head_dim):
     import mlx.core as mx
 
-    from workbench.engine.padded_attention import padded_decode_attention
+    from workbench.engine.levers.padded_attention import padded_decode_attention
 
     mx.random.seed(0)
     B, n_q, n_kv, S, columns = 5, 8, 2, 512, 300

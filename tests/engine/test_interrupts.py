@@ -34,7 +34,7 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
-from workbench.engine.ledger import alone_bytes
+from workbench.engine.kv.ledger import alone_bytes
 from workbench.engine.checkpoint import EngineState
 from workbench.engine.runner import ModelRunner
 from workbench.runtime.loading import DATA_DIR

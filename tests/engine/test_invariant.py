@@ -15,7 +15,7 @@ import mlx.nn as nn
 import pytest
 
 import workbench as wb
-from workbench.engine import invariant
+from workbench.engine.levers import invariant
 from workbench.runtime.blas import find_blas
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import invariance

@@ -5,7 +5,7 @@ import pytest
 from mlx_lm.models import gpt2
 
 import workbench as wb
-from workbench.engine.budget import context_limit
+from workbench.engine.request import context_limit
 
 
 def test_a_gpt2_prompt_past_n_positions_is_refused_at_submit_naming_the_field(bundled):
@@ -45,7 +45,7 @@ def test_a_model_that_cannot_batch_is_found_when_the_scheduler_is_built_and_serv
     _, tokenizer = bundled
     model = _bigcode(tokenizer)  # mlx-lm's gpt_bigcode takes int(cache.offset): fails on two rows
     sched = wb.Scheduler(model, tokenizer, max_batch=4)
-    assert sched.max_batch == 1 and "Only length-1 arrays can be converted" in sched.serial_reason
+    assert sched.config.max_batch == 1 and "Only length-1 arrays can be converted" in sched.serial_reason
     uids = [sched.submit(wb.Request(prompt=list(range(1 + i, 4 + 2 * i)), max_tokens=3, stop_ids=[])) for i in range(3)]
     sched.run()  # never fails mid-step: the queue drains one row at a time
     assert all(len(sched.tokens(u)) == 3 for u in uids) and sched.check().ok

@@ -7,16 +7,16 @@ import math
 import pytest
 
 import workbench as wb
-from workbench.engine.cost import CostModel
-from workbench.engine.pacing import Iteration, Pacer, Pacing, pacing_from
-from workbench.engine.policies import Queued, ShortestPromptFirst
+from workbench.engine.levers.cost import CostModel
+from workbench.engine.levers.pacing import Iteration, Pacer, Pacing, pacing_from
+from workbench.engine.admission import Queued, ShortestPromptFirst
 
 COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_per_step=0.010,
                  decode_s_per_row=0.001)
 
 
 def test_the_chunk_is_the_most_tokens_whose_predicted_time_fits_the_budget_in_powers_of_two():
-    pacer = Pacer(Pacing(cost_model=COST), chunk_cap_tokens=512)
+    pacer = Pacer(Pacing(cost_model=COST), prefill_step_size=512)
     # one row, no pair cost: 0.002 + 0.001 k <= 0.0205 -> k = 18, run as 16 (a power of two)
     assert pacer.chunk_tokens(0.0205, 1, 0, 1000, first=False) == 16
     assert COST.prefill_s(18, 0, 1) <= 0.0205 < COST.prefill_s(19, 0, 1)
@@ -150,7 +150,7 @@ def test_the_pacer_learns_the_decode_time_between_two_admits_one_step_apart():
 
 @pytest.mark.parametrize("spec", [-1, 0, 0.0])
 def test_a_nonpositive_pacing_target_names_pacing(spec):
-    from workbench.engine.pacing import pacing_from
+    from workbench.engine.levers.pacing import pacing_from
 
     with pytest.raises(ValueError, match=rf"pacing={spec!r}: a target in seconds must be > 0"):
         pacing_from(spec)

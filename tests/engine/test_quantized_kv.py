@@ -10,9 +10,9 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
 import workbench as wb
-from workbench.engine import cache_internals as internals
-from workbench.engine.budget import kv_profile, projected_bytes
-from workbench.engine.quantized_kv import BatchQuantizedKVCache, KVQuant, quantize_batch
+from workbench.engine.kv import cache_internals as internals
+from workbench.engine.kv.profile import kv_profile, projected_bytes
+from workbench.engine.levers.quantized_kv import BatchQuantizedKVCache, KVQuant, quantize_batch
 from workbench.verify import oracle
 
 pytestmark = pytest.mark.quantized_kv  # skipped, with the reason, where the device lacks the kernels
@@ -232,7 +232,7 @@ def test_the_budget_projects_quantized_bytes_and_admits_more_rows(bundled, make_
             sched.step(), sched.filter()
         assert sched.check().ok
     # one float request's bytes hold 128 / 24 = 5.33 quantized requests; the projection of
-    # a joining group may add a growth step (engine/allocation.py), so 4 or 5 rows run
+    # a joining group may add a growth step (engine/kv/allocation.py), so 4 or 5 rows run
     assert most[None] == 1 and 4 <= most[4] <= 5
 
 
@@ -253,7 +253,7 @@ def test_a_device_without_the_quantized_kernel_is_refused_at_construction(make_s
     """On an H200, MLX had no quantized_matmul for a test model's shape (1x7x32x16): the
     scheduler must refuse then, not fail in its first step (here the kernel's absence is
     simulated: the CPU has every kernel)."""
-    from workbench.engine import quantized_kv
+    from workbench.engine.levers import quantized_kv
 
     def missing(*args, **kwargs):
         raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x7x32x16")
@@ -268,7 +268,7 @@ def test_a_device_without_the_quantized_kernel_is_refused_at_construction(make_s
 def test_a_kernel_missing_only_at_longer_keys_is_refused_at_construction(make_sched, monkeypatch):
     """On the H200 a probe with one query and one key passed while steps failed at 60 keys
     (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too."""
-    from workbench.engine import quantized_kv
+    from workbench.engine.levers import quantized_kv
 
     real = quantized_kv.quantized_scaled_dot_product_attention
     assert quantized_kv.device_runs_quantized_attention(64)  # the CPU has every kernel
@@ -320,7 +320,7 @@ def test_a_model_without_full_attention_layers_is_refused():
 
 
 def test_per_row_adapters_with_a_quantized_cache_match_mlx_lm_alone(prompt):
-    """LoRA adapters (workbench.engine.adapters) on a quantized cache: a one-token prompt
+    """LoRA adapters (workbench.engine.levers.lora) on a quantized cache: a one-token prompt
     with an adapter joins a prefilled group, so its float first forward runs with its own
     adapter; every row equals mlx_lm.load(adapter_path=...) + generate_step(kv_bits=4)."""
     from pathlib import Path

@@ -8,7 +8,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 import workbench as wb
 from workbench.verify import oracle
-from workbench.engine import cache_internals as slots
+from workbench.engine.kv import cache_internals as slots
 
 
 def _kv(tokens: list[list[float]], width: int) -> BatchKVCache:
@@ -150,7 +150,7 @@ def test_width_stays_bounded_while_rows_keep_being_replaced(make_sched, prompt, 
 
 
 def _priority_preemption(make_sched, prompt, bundled, reuse):
-    from workbench.engine.ledger import alone_bytes
+    from workbench.engine.kv.ledger import alone_bytes
 
     one = alone_bytes(bundled[0], 10, 16)  # what one such row holds (256 positions)
     s = make_sched(max_batch=4, kv_budget_bytes=3 * one, policy="priority", reuse_slots=reuse)

@@ -183,7 +183,7 @@ def test_padded_bytes_equal_the_engines_cache_arrays_at_every_step(name):
 
 @pytest.mark.model
 def test_token_bytes_equal_the_kv_profile_and_b1_holds_exactly_the_tokens(random_llama):
-    from workbench.engine.budget import kv_profile
+    from workbench.engine.kv.profile import kv_profile
 
     model, tokenizer = random_llama
     sched = wb.Scheduler(model, tokenizer, max_batch=2)

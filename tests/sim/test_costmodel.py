@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.engine.cost import nonnegative_lstsq
+from workbench.engine.levers.cost import nonnegative_lstsq
 from workbench.sim.calibrate import DECODE_COLUMNS, PREFILL_COLUMNS, fit_cost_model, measure_costs
 from workbench.sim.costmodel import CostedModel, CostModel
 

@@ -22,8 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import workbench as wb
 from workbench.verify import oracle
 from workbench.observe.metrics import step_metrics
-from workbench.engine.budget import kv_profile
-from workbench.engine.ledger import KVLedger
+from workbench.engine.kv.ledger import alone_bytes
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
@@ -80,7 +79,7 @@ def make_machine(family: str):
             self.model, self.tok = model_of(folder)
             self.injector = Injector()  # raises only while armed (the interrupted-operation rule)
             # what the longest request (300 + 12 tokens) may hold alone, as mlx-lm allocates it
-            self.unit = KVLedger(kv_profile(self.model, max_kv_size), chunk, None, exact_chunks=False).alone_bytes(300, 12)
+            self.unit = alone_bytes(self.model, 300, 12, chunk, max_kv_size, exact_chunks=False)
             budget = None if budget_requests is None else budget_requests * self.unit
             self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
                                       max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
@@ -227,7 +226,7 @@ def make_machine(family: str):
         def held_kv_bytes_never_exceed_the_budget(self):
             """The bytes the caches really hold (batch, prefilling group, prompt cache:
             the arrays' nbytes) stay within kv_budget_bytes after every operation."""
-            if not hasattr(self, "sched") or self.sched.kv_budget_bytes is None:
+            if not hasattr(self, "sched") or self.sched.config.kv_budget_bytes is None:
                 return
             snap = self.sched.snapshot()
             assert snap.held_bytes <= snap.kv_budget_bytes, (
@@ -239,7 +238,7 @@ def make_machine(family: str):
             """Under a budget, what admission projects for the batch and the prefilling group
             is never below what their caches hold now. (Without one, step() keeps feeding
             finished rows until filter(), which the projection does not count.)"""
-            if hasattr(self, "sched") and self.sched.kv_budget_bytes is not None:
+            if hasattr(self, "sched") and self.sched.config.kv_budget_bytes is not None:
                 snap = self.sched.snapshot()
                 assert snap.kv_bytes + snap.prefill_kv_bytes <= snap.kv_projected_bytes, (
                     f"held {snap.kv_bytes + snap.prefill_kv_bytes:,} > projected {snap.kv_projected_bytes:,}")

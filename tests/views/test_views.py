@@ -407,3 +407,20 @@ def test_mask_text_writes_a_deep_models_layer_list_as_a_range_and_keeps_short_li
     deep = replace(snap, groups=(replace(snap.groups[0], layers=tuple(str(i) for i in range(30))),))
     assert "[full] layers 0-29, 4,096 bytes; KV width 3 tokens" in views.mask_text(deep)
     assert "[full] layers 0,1, 4,096 bytes" in views.mask_text(full_snapshot())
+
+
+def test_admit_step_and_filter_with_nothing_to_do_say_so_and_the_next_action_clears_it(panel):
+    panel.buttons["Admit"].click()
+    assert panel.notice.value == "Admit: nothing to admit (the queue is empty; 2 row(s) running: press Step)."
+    panel.buttons["Filter"].click()
+    assert panel.notice.value == "Filter: no finished row to evict."
+    panel.buttons["Step"].click()
+    assert panel.notice.value == "" and panel.sched.step_index == 1
+    panel.buttons["Reset"].click()
+    panel.buttons["Step"].click()
+    assert panel.notice.value == "Step: no running row to decode (submit a prompt, then Admit)."
+    panel.buttons["Submit"].click()
+    panel.buttons["Step"].click()
+    assert panel.notice.value == "Step: no running row to decode (queue [0]: press Admit)."
+    panel.buttons["Admit"].click()
+    assert panel.notice.value == "" and panel.sched.snapshot().batch_size == 1

@@ -2,7 +2,7 @@
 bytes it keeps alive, for a batch of ``B`` rows at ``S`` tokens of context.
 
 Knows: the batch caches of the join-cost scenario (random K/V, :mod:`workbench.bench.scenarios`),
-:func:`workbench.engine.cache_internals.clone_caches` (what ``Scheduler.checkpoint``
+:func:`workbench.engine.kv.cache_internals.clone_caches` (what ``Scheduler.checkpoint``
 does to the caches; the rest of a checkpoint is Python lists of request states), MLX's
 memory counters. Must not know: the scheduler's loop.
 
@@ -21,8 +21,8 @@ from typing import Any
 import mlx.core as mx
 import pandas as pd
 
-from ..engine import caches as kv
-from ..engine.cache_internals import clone_caches
+from ..engine.kv import caches as kv
+from ..engine.kv.cache_internals import clone_caches
 from .scenarios import _filled_rows, _timed
 
 COLUMNS = ["measure", "value", "unit"]

@@ -1,5 +1,5 @@
 """The latency frontier: TTFT against inter-token latency for the workbench with pacing
-(a per-iteration time budget, :mod:`workbench.engine.pacing`) at several targets, as
+(a per-iteration time budget, :mod:`workbench.engine.levers.pacing`) at several targets, as
 shipped (one fixed chunk per iteration), and mlx-lm's ``BatchGenerator``, on the same
 arrivals, alternating.
 
@@ -38,8 +38,8 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from ..engine.pacing import Pacing
-from ..engine.policies import ShortestPromptFirst
+from ..engine.levers.pacing import Pacing
+from ..engine.admission import ShortestPromptFirst
 from ..observe.events import events_frame
 from ..observe.metrics import SLO, meets_slo, request_metrics, token_gaps
 from ..sim.clocks import VirtualClock

@@ -2,8 +2,8 @@
 cache: bytes per token, the decode step's time at ``B`` rows x ``S`` tokens of context, and
 how many rows admission runs under the same byte budget.
 
-Knows: :mod:`workbench.engine.quantized_kv` (the batched quantized cache, its settings),
-:func:`workbench.engine.budget.kv_profile` (bytes per token), the join-cost scenario's
+Knows: :mod:`workbench.engine.levers.quantized_kv` (the batched quantized cache, its settings),
+:func:`workbench.engine.kv.profile.kv_profile` (bytes per token), the join-cost scenario's
 random K/V caches (:mod:`workbench.bench.scenarios`), the scheduler's public calls. Must not
 know: the cache's internals.
 
@@ -20,9 +20,9 @@ from typing import Any, Sequence
 import mlx.core as mx
 import pandas as pd
 
-from ..engine import caches as kv
-from ..engine.budget import kv_profile, projected_bytes
-from ..engine.quantized_kv import KVQuant, quantize_batch
+from ..engine.kv import caches as kv
+from ..engine.kv.profile import kv_profile, projected_bytes
+from ..engine.levers.quantized_kv import KVQuant, quantize_batch
 from ..engine.scheduler import Scheduler
 from ..engine.request import Request
 from ..workloads.workload import prompt_of_length

@@ -381,7 +381,7 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "between consecutive tokens of a request.",
         "- **pacing**: `Scheduler(pacing=...)` plans each iteration against a time budget: the predicted decode step "
         "plus as much prefill (and joins) as fits under the target gap (t x the predicted step), with the chunk length "
-        "chosen per iteration from a cost model learned from the engine's own forwards (`engine/pacing.py`); "
+        "chosen per iteration from a cost model learned from the engine's own forwards (`engine/levers/pacing.py`); "
         f"`pacing=True` is t = {DEFAULT_TARGET:g}. Tokens are unchanged. E2E p95 and goodput are in `frontier.png`'s data "
         "(`workbench.bench.pacing.frontier_summary`).",
         "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); free slot = "

@@ -2,7 +2,7 @@
 what the engines measure.
 
 Knows: the model's decode weights (:mod:`workbench.bench.model`), its KV bytes per token
-(:mod:`workbench.engine.budget`), a timed array copy (bandwidth) and a timed matmul (flops).
+(:mod:`workbench.engine.kv.profile`), a timed array copy (bandwidth) and a timed matmul (flops).
 Must not know: engines, schedulers.
 
 One decode step of ``B`` rows at ``C`` context tokens each::
@@ -27,7 +27,7 @@ import numpy as np
 
 from .model import decode_weight_bytes, decode_weight_params
 from ..runtime.blas import matmul_seconds
-from ..engine.budget import kv_profile
+from ..engine.kv.profile import kv_profile
 
 
 def copy_bandwidth_bytes_per_s(n_bytes: int = 256 * 2**20, repeats: int = 5, backend: str = "numpy") -> float:

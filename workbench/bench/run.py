@@ -27,7 +27,7 @@ from .scenarios import (
     head_of_line, join_cost, staggered_arrivals,
 )
 from .pacing import frontier_runs
-from ..engine.pacing import Pacing
+from ..engine.levers.pacing import Pacing
 from ..runtime.loading import load
 
 DEFAULT_TARGET = Pacing().itl_target_steps  # what pacing=True runs at

@@ -20,7 +20,7 @@ Scenarios, each a function returning DataFrames:
   submit, ITL = gaps between consecutive tokens of a request (``metrics.token_gaps``).
 - :func:`join_cost`: joining one row into ``rows`` rows of ``context_tokens`` tokens (in
   decode, random K/V) by the engine's two paths, into the free slot of an evicted row
-  (:func:`workbench.engine.cache_internals.fill_slots`) and by ``extend`` (``caches.join`` = mlx-lm's
+  (:func:`workbench.engine.kv.cache_internals.fill_slots`) and by ``extend`` (``caches.join`` = mlx-lm's
   ``extend``, when no slot is free), versus re-merging the whole batch (``extract`` every
   row, ``merge``), each over one decode step.
 - :func:`head_of_line`: running rows decode while a long prompt joins (prefilled in
@@ -41,8 +41,8 @@ import numpy as np
 import pandas as pd
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..engine import caches as kv
-from ..engine import cache_internals as slots
+from ..engine.kv import caches as kv
+from ..engine.kv import cache_internals as slots
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 from ..observe.events import events_frame
 from ..observe.metrics import request_metrics, token_gaps

@@ -2,7 +2,7 @@
 them. Decisions only: nothing here runs the model or changes state.
 
 Knows: request states (prompt length, priority, tokens held and reachable, join order),
-the KV projection (:class:`workbench.engine.allocation.KVPlan`), the admission policy (:mod:`workbench.engine.policies`), the batch limits and the KV budget.
+the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policies (below), the batch limits and the KV budget.
 Must not know: MLX, caches, events.
 
 Rules (the scheduler applies the :class:`Decision`):
@@ -10,7 +10,7 @@ Rules (the scheduler applies the :class:`Decision`):
 - at most ``min(max_batch - running rows, prompt_concurrency)`` requests join at once,
   taken in the policy's order;
 - with a KV budget, a request joins only while the bytes the caches will really hold
-  stay within it: the :class:`workbench.engine.allocation.KVPlan` projection of the
+  stay within it: the :class:`workbench.engine.kv.allocation.KVPlan` projection of the
   running batch and the chosen group (mlx-lm's 256-token growth step, every row padded
   to the widest, the group's own caches while it prefills, free slots, ring windows and
   SSM states); the first that does not fit stops the choice (nobody jumps it, so the
@@ -22,29 +22,115 @@ Rules (the scheduler applies the :class:`Decision`):
 Starvation: the first request in the policy's order waits only while running rows hold
 bytes; rows finish, their bytes go, and a request alone on an empty engine always fits
 (the scheduler refuses at ``submit`` one that would not).
+
+Policies (configuration, not forks of the loop) see a queued request's uid, prompt
+length, priority and arrival order: any object with ``name`` and ``order(queue) ->
+list[uid]``; admission takes the first ``slots`` uids of that order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
-from .allocation import KVPlan, RowTokens
-from .policies import Policy, Queued
+from .kv.allocation import KVPlan, RowTokens
+from .kv.ledger import joiner_tokens
 from .state import RequestState
 
 
-def joiner_tokens(s: RequestState) -> RowTokens:
-    """A queued request as a joiner: its input tokens (prompt, plus generated tokens when
-    resuming) and the most it may hold (prompt + ``max_tokens``)."""
-    return RowTokens(s.uid, len(s.inputs), len(s.valid.prompt_ids) + s.valid.request.max_tokens)
+@dataclass(frozen=True)
+class Queued:
+    """What a policy may see of a queued request.
+
+    Attributes:
+        uid: request id. prompt_tokens: prompt length (tokens). priority: larger first
+        (for :class:`Priority`). arrival: submit order (0, 1, ...). waited_s: seconds
+        since it was submitted, by the scheduler's clock.
+    """
+
+    uid: int
+    prompt_tokens: int
+    priority: int
+    arrival: int
+    waited_s: float = 0.0
 
 
-def row_tokens(s: RequestState) -> RowTokens:
-    """A running row: the tokens its cache holds and the most it may hold (what it holds,
-    once finished)."""
-    held = s.context_tokens
-    return RowTokens(s.uid, held, held if s.finished else len(s.valid.prompt_ids) + s.valid.request.max_tokens)
+class Policy(Protocol):
+    """Orders the queue for admission."""
+
+    name: str
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids in the order they should be admitted."""
+
+
+class FCFS:
+    """First come, first served (mlx-lm's and vLLM's default)."""
+
+    name = "fcfs"
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids by arrival."""
+        return [q.uid for q in sorted(queue, key=lambda q: q.arrival)]
+
+
+class ShortestPromptFirst:
+    """Shortest prompt first (ties by arrival): the least prefill work first, which lowers
+    TTFT; alone it can starve long prompts, so ``max_wait_s`` bounds it: a request that has
+    waited that long goes before every younger one (oldest first). Mirrors SGLang's
+    ``--schedule-policy`` orderings with an age bound.
+
+    Args:
+        max_wait_s: seconds after which a request is served first-come-first-served
+            (``None``: no bound, pure shortest-first).
+
+    Raises:
+        ValueError: for ``max_wait_s <= 0``.
+    """
+
+    name = "shortest-prompt-first"
+
+    def __init__(self, max_wait_s: float | None = None):
+        if max_wait_s is not None and not max_wait_s > 0:
+            raise ValueError(f"max_wait_s must be > 0 seconds or None, got {max_wait_s!r}")
+        self.max_wait_s = max_wait_s
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids: those waiting ``>= max_wait_s`` by arrival, then the rest by prompt
+        tokens, then arrival."""
+        late = lambda q: self.max_wait_s is not None and q.waited_s >= self.max_wait_s  # noqa: E731
+        return [q.uid for q in sorted(queue, key=lambda q: (not late(q), 0 if late(q) else q.prompt_tokens, q.arrival))]
+
+    def __repr__(self) -> str:
+        return f"ShortestPromptFirst(max_wait_s={self.max_wait_s!r})"
+
+
+class Priority:
+    """Highest ``Request.priority`` first (ties by arrival)."""
+
+    name = "priority"
+
+    def order(self, queue: Sequence[Queued]) -> list[int]:
+        """Uids by priority (highest first), then arrival."""
+        return [q.uid for q in sorted(queue, key=lambda q: (-q.priority, q.arrival))]
+
+
+POLICIES = {p.name: p for p in (FCFS, ShortestPromptFirst, Priority)}
+
+
+def policy_from(spec: "str | Policy") -> Policy:
+    """A policy object from a name in ``POLICIES`` or a policy object itself.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    if isinstance(spec, str):
+        if spec not in POLICIES:
+            raise ValueError(f"policy must be one of {sorted(POLICIES)} or a Policy object, got {spec!r}")
+        return POLICIES[spec]()
+    if not callable(getattr(spec, "order", None)):
+        raise ValueError(f"policy object {spec!r} has no order(queue) method")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -60,15 +146,15 @@ class Admission:
     """The admission rules of one scheduler.
 
     Args:
-        policy: orders the queue. max_batch: most running rows. prompt_concurrency: most
-        requests prefilled together. kv_budget_bytes: bytes the caches may hold, by the
-        :class:`~workbench.engine.allocation.KVPlan` projection (``None``: no budget).
+        policy: orders the queue. config: the scheduler's settings, of which admission reads
+        ``max_batch`` (most running rows), ``prompt_concurrency`` (most requests prefilled
+        together; ``None``: ``max_batch``) and ``kv_budget_bytes`` (bytes the caches may
+        hold, by the :class:`~workbench.engine.kv.allocation.KVPlan` projection; ``None``:
+        no budget).
     """
 
     policy: Policy
-    max_batch: int
-    prompt_concurrency: int
-    kv_budget_bytes: int | None = None
+    config: Any  # a workbench.engine.config.SchedulerConfig
 
     def decide(self, queue: Sequence[RequestState], running: Sequence[RequestState], plan: KVPlan | None = None,
                now_s: float = 0.0) -> Decision:
@@ -77,7 +163,8 @@ class Admission:
         projection admission checks against ``kv_budget_bytes`` (``None`` or no budget:
         bytes are not checked); ``now_s`` (the scheduler's clock) gives each request's
         ``waited_s``."""
-        slots = min(self.max_batch - len(running), self.prompt_concurrency)
+        cfg = self.config
+        slots = min(cfg.max_batch - len(running), cfg.prompt_concurrency or cfg.max_batch)
         if slots <= 0 or not queue:
             return Decision()
         by_uid = {s.uid: s for s in queue}
@@ -97,8 +184,8 @@ class Admission:
         return Decision([j.uid for j in chosen], preempt)
 
     def _fits(self, plan: KVPlan | None, joiners: list[RowTokens], dropped: list[int]) -> bool:
-        return (self.kv_budget_bytes is None or plan is None
-                or plan.projected_bytes(joiners, dropped) <= self.kv_budget_bytes)
+        budget = self.config.kv_budget_bytes
+        return budget is None or plan is None or plan.projected_bytes(joiners, dropped) <= budget
 
     def _victims(self, joiner: RequestState, running: Sequence[RequestState], plan: KVPlan | None,
                  group: list[RowTokens]) -> list[int]:

@@ -1,8 +1,8 @@
 """The running batch: mlx-lm's per-layer batch caches and every per-row field, changed
 together by mlx-lm's verbs.
 
-Knows: mlx-lm's batch caches (through :mod:`workbench.engine.caches` and, for free
-slots, :mod:`workbench.engine.cache_internals`), the pending next-token results of the
+Knows: mlx-lm's batch caches (through :mod:`workbench.engine.kv.caches` and, for free
+slots, :mod:`workbench.engine.kv.cache_internals`), the pending next-token results of the
 last forward (:class:`workbench.engine.decode.Pending`), the request state of each row.
 Must not know: the queue, events, admission.
 
@@ -22,8 +22,8 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from . import cache_internals as internals
-from . import caches as kv
+from .kv import cache_internals as internals
+from .kv import caches as kv
 from .decode import Pending
 from .state import RequestState
 
@@ -44,7 +44,7 @@ class Batch:
         pending: next-token results ``[B]`` of the last forward, aligned with ``rows``.
         free: cache rows (``[0, P)``) of filtered rows kept for the next joiner.
         fast_path: the decode fast paths the last decode step took
-            (:func:`workbench.engine.fastpath.decode_fast_path`: ``"no mask"``, ``"padded
+            (:func:`workbench.engine.levers.fastpath.decode_fast_path`: ``"no mask"``, ``"padded
             kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's forward
             as it is); ``""`` before the first decode step.
     """

@@ -2,7 +2,7 @@
 batch's public read-only fields without waiting for the forward in flight.
 
 Knows: :class:`workbench.engine.batch.Batch`, mlx-lm's caches through
-:mod:`workbench.engine.caches`, :class:`workbench.observe.snapshot.Snapshot`. Must not
+:mod:`workbench.engine.kv.caches`, :class:`workbench.observe.snapshot.Snapshot`. Must not
 know: how the engine changes that state. Reads only.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..observe.snapshot import LayerGroup, Snapshot, frozen
-from . import caches as kv
+from .kv import caches as kv
 from .batch import Batch
 
 

@@ -4,8 +4,12 @@ Knows: every piece of state a scheduler changes (request states, queue, prefilli
 batch, prompt cache, seed generator, counters) and how to copy each cheaply. Must not
 know: how the scheduler changes them.
 
+Engine calls are transactions: :func:`transactional` is the decorator the scheduler's
+public calls wear (savepoint, rollback on any exception), :func:`sigint_deferred` holds a
+second SIGINT while a rollback runs (Python's ``signal`` module).
+
 A checkpoint copies no tensor: MLX arrays are immutable, so the copy holds new handles
-on the same buffers (:func:`workbench.engine.cache_internals.clone_caches`). The price
+on the same buffers (:func:`workbench.engine.kv.cache_internals.clone_caches`). The price
 comes later: while a checkpoint lives, the live batch's first write into each shared
 cache buffer copies that buffer once (MLX only updates a buffer in place when nothing
 else holds it), and those buffers stay allocated. ``workbench bench`` measures it
@@ -14,15 +18,19 @@ else holds it), and those buffers stay allocated. ``workbench bench`` measures i
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
+import signal
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..observe.recorder import Recorder
 from .batch import Batch
-from .promptcache import PromptCache
+from .kv.promptcache import PromptCache
 from .runner import Prefilling
 from .state import RequestState
 
@@ -156,3 +164,38 @@ def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
         raise ValueError(f"checkpoint belongs to scheduler {checkpoint.scheduler_id}, not this one ({scheduler_id}); "
                          "restore it into the scheduler that took it, or continue from it with that "
                          "scheduler's fork(). Nothing was changed.")
+
+
+@contextlib.contextmanager
+def sigint_deferred():
+    """Hold SIGINT ("Kernel → Interrupt") while the body runs and deliver it after (its
+    handler, e.g. ``KeyboardInterrupt``, then runs); on the main thread with a Python
+    SIGINT handler only (elsewhere Python runs no SIGINT handler)."""
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(signal.SIGINT, held[0])
+
+
+def transactional(prompt_cache: bool = False, idle: Callable[[Any], bool] | None = None) -> Callable:
+    """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
+    included, first returns the engine to its state before the call (see
+    :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When ``idle(scheduler)`` says the
+    call has nothing to do, it returns ``[]`` at once (no savepoint)."""
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if idle is not None and idle(self):
+                return []
+            with self._transaction(prompt_cache):
+                return method(self, *args, **kwargs)
+        return call
+    return wrap

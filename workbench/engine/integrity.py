@@ -2,7 +2,7 @@
 batch and every layer's cache agree with each other.
 
 Knows: :class:`workbench.engine.checkpoint.EngineState`, mlx-lm's cache geometry through
-:mod:`workbench.engine.caches`. Must not know: how the engine changes the state. Reads
+:mod:`workbench.engine.kv.caches`. Must not know: how the engine changes the state. Reads
 only (it evaluates the caches' small offset arrays, waiting for a forward in flight).
 
 Checked (``Scheduler.check()``; the tests and the fuzzer call it after every operation):
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import caches as kv
+from .kv import caches as kv
 from .checkpoint import EngineState
 from .state import Status
 

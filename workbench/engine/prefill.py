@@ -19,21 +19,14 @@ Two modes, chosen per group:
 - **per row**: each prompt runs alone, unpadded, in chunks; the rows' caches are merged
   (``merge``, left-padding the shorter) when all are done.
 
-A group is batched when it needs no padding, when its padded prompt fits in one chunk of
-at least 2 columns, or, on a GPU, when every layer's cache is a plain ``BatchKVCache``
-(full attention: a row's real tokens come before its right padding, so causal attention
-never reads the padding, in any chunk; mlx-lm's ``PromptProcessingBatch`` chunks such
-prompts too). Otherwise it runs per row, because mlx-lm's right-padding protocol is not safe
-across chunk boundaries for every cache kind (measured with mlx-lm 0.32.2:
-``BatchRotatingKVCache`` raises on a one-column padded chunk, and mamba2's ``ArraysCache``
-prefill gives NaN or drifting logits once a row's real tokens end chunks before the
-group's; the stateful fuzzer in ``tests/verify/test_fuzz.py`` found both). Which is
-faster depends on the device: per row costs one forward per row and chunk, batched computes
-the padding. On an H200 (per-forward overhead dominates) 128 rows of 64-512 tokens in
-256-token chunks took 2.94 s per row against 0.53 s batched (``docs/gpu.md``); on the CPU
-(compute-bound) per row is cheaper, and the cost-model replay of notebook 06 (64-token
-chunks) ran fcfs's TTFT p50 13% slower batched. So batched chunks are the default on a GPU
-only (``chunked_padding=None``).
+The mode is :func:`~workbench.engine.kv.allocation.prefill_mode`: batched when the group
+needs no padding or its padded prompt fits one chunk of at least 2 columns; batched in
+chunks (``chunked_padding``, default on a GPU only) when every layer's cache is a plain
+``BatchKVCache`` (a row's real tokens come before its right padding, so causal attention
+never reads it; mlx-lm's ``PromptProcessingBatch`` chunks such prompts too); otherwise per
+row, because mlx-lm's right-padding protocol is not safe across chunk boundaries for every
+cache kind (``BatchRotatingKVCache``, mamba2's ``ArraysCache``; found by
+``tests/verify/test_fuzz.py``). Why the default differs by device: ``docs/architecture.md``.
 
 Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """
@@ -44,9 +37,10 @@ import copy
 from typing import Any, Sequence
 
 import mlx.core as mx
-from . import caches as kv
+from .kv import caches as kv
 from ..runtime.device import on_gpu
-from .cache_internals import clone_caches
+from .kv.allocation import prefill_mode
+from .kv.cache_internals import clone_caches
 
 
 def chunked_padding_default() -> bool:
@@ -63,12 +57,16 @@ class PrefillGroup:
         prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
         max_kv_size: passed to mlx-lm's ``make_prompt_cache`` (rotating caches keep no
-            sink tokens, like the batch's: :func:`workbench.engine.caches.single_cache`).
+            sink tokens, like the batch's: :func:`workbench.engine.kv.caches.single_cache`).
         caches: optional per-row single-sequence caches already holding a cached prefix
             (from the prompt cache); ``prompts`` are then the uncached tails.
         chunked_padding: let a right-padded group longer than a chunk run batched in
             chunks where the caches allow it (see the module docstring); ``None``: on a
             GPU only.
+        fixed_chunks: every row runs alone (per row, also a group of one) in chunks of
+            exactly ``prefill_step_size`` tokens from its first uncached token, whatever
+            ``run_chunk(tokens)`` asks: the chunks it runs alone (the batch-invariant mode,
+            :mod:`workbench.engine.levers.invariant`).
 
     Attributes:
         caches: the group's per-layer batch caches once :attr:`done` (joined to the
@@ -90,14 +88,11 @@ class PrefillGroup:
         self.right_padding = [self.length - n for n in self.lengths]
         self.step_size = prefill_step_size
         padded = max(self.right_padding, default=0) > 0
-        if chunked_padding is None:
-            chunked_padding = chunked_padding_default()
-        self.chunked_padding = (bool(chunked_padding) and padded and self.length > prefill_step_size
-                                and self._pads_safely(model, max_kv_size))
-        self.per_row = padded and not self.chunked_padding and not (2 <= self.length <= prefill_step_size)
+        mode = prefill_mode(self.lengths, prefill_step_size, self.chunks_padding(model, max_kv_size, chunked_padding))
+        self.chunked_padding, self.per_row = mode == "chunked", mode == "per row"
         self.fixed_chunks = bool(fixed_chunks)
-        if self.fixed_chunks:
-            self.per_row, self.chunked_padding = True, False
+        if self.fixed_chunks:  # every row alone, also a group of one: the chunks it runs alone
+            self.chunked_padding, self.per_row = False, True
         self.position = 0
         self._row, self._row_pos = 0, 0
         if self.per_row:
@@ -113,6 +108,14 @@ class PrefillGroup:
         self._done = False
         if self.length == 0:
             self._finish()
+
+    @classmethod
+    def chunks_padding(cls, model: Any, max_kv_size: int | None = None, chunked_padding: bool | None = None) -> bool:
+        """Whether this group class runs right-padded groups longer than a chunk batched in
+        chunks for ``model``: ``chunked_padding`` asked (``None``: on a GPU) and the caches
+        pad safely. The ``chunked_padding`` of :func:`~workbench.engine.kv.allocation.prefill_mode`."""
+        asked = chunked_padding_default() if chunked_padding is None else bool(chunked_padding)
+        return asked and cls._pads_safely(model, max_kv_size)
 
     @staticmethod
     def _pads_safely(model: Any, max_kv_size: int | None) -> bool:
@@ -140,7 +143,7 @@ class PrefillGroup:
 
     def clone(self, share_appended: bool = False) -> "PrefillGroup":
         """An independent copy (for checkpoints): caches cloned sharing their buffers
-        (:func:`workbench.engine.cache_internals.clone_caches`), prompts shared."""
+        (:func:`workbench.engine.kv.cache_internals.clone_caches`), prompts shared."""
         out = copy.copy(self)
         out.caches = clone_caches(self.caches, share_appended)
         if self.per_row:

@@ -1,7 +1,7 @@
 """Does a model batch? A probe run when a Scheduler is built, so the engine never fails
 mid-step for a model it accepted.
 
-Knows: mlx-lm's single-sequence and batch caches (:mod:`workbench.engine.caches`), the
+Knows: mlx-lm's single-sequence and batch caches (:mod:`workbench.engine.kv.caches`), the
 model's forward. Must not know: requests, the scheduler's loop.
 
 Some mlx-lm model code assumes one scalar cache offset for the whole batch (mlx-lm's
@@ -16,15 +16,16 @@ and events, one row at a time (see ``Scheduler.serial_reason``).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import mlx.core as mx
 
-from . import caches as kv
+from .kv import caches as kv
 
 PROMPTS = ([1, 2, 3], [4, 5, 6, 7, 8])
 TOLERANCE = 5e-2  # max |Δ log-prob|: generous for reduced-precision weights; wrong positions differ by far more
-_RESULTS: dict[int, tuple[Any, str]] = {}  # id(model) -> (model, reason): probed once per model object
+_RESULTS: dict[int, str] = {}  # id(model) -> reason: probed once per model object, dropped when it is collected
 
 
 def _next_logprobs(model: Any, caches: list[Any], tokens: mx.array) -> mx.array:
@@ -37,8 +38,8 @@ def probe(model: Any, max_kv_size: int | None = None) -> str:
     why not (the exception, or the largest log-prob difference). Runs 6 small forwards
     the first time a model object is probed; cached after that."""
     known = _RESULTS.get(id(model))
-    if known is not None and known[0] is model:
-        return known[1]
+    if known is not None:
+        return known
     try:
         solo, rows = [], []
         for prompt in PROMPTS:
@@ -53,5 +54,9 @@ def probe(model: Any, max_kv_size: int | None = None) -> str:
             f"rows of 3 and 5 tokens batched differ from each alone by {diff:.3g} in log-probability")
     except Exception as exc:  # the model's own code: anything it raises means it does not batch
         reason = f"a batched decode step raised {type(exc).__name__}: {exc}"
-    _RESULTS[id(model)] = (model, reason)
+    try:  # keyed by id, forgotten with the model: the cache never keeps a model alive
+        weakref.finalize(model, _RESULTS.pop, id(model), None)
+    except TypeError:  # an object that takes no weak reference: probed again next time
+        return reason
+    _RESULTS[id(model)] = reason
     return reason

@@ -62,7 +62,7 @@ class Request:
             ``stop``) when one appears in its decoded text, across token boundaries; the
             text ends before it (``workbench.engine.text``).
         adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
-            (``workbench.engine.adapters``), applied to this row only; ``None`` (default)
+            (``workbench.engine.levers.lora``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
 
     An exception raised by a processor, sampler or ``on_token``, or non-finite logits,
@@ -305,3 +305,20 @@ def _stop_ids(r: Request, tokenizer: Any, vocab_size: int) -> frozenset[int]:
     if isinstance(r.stop_ids, (list, tuple, set, frozenset)):
         return frozenset(_check_ids("stop_ids", list(r.stop_ids), vocab_size))
     raise ValueError(f"stop_ids must be a list of int token ids or None, got {type(r.stop_ids).__name__}")
+
+
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
+                  "max_sequence_length", "max_seq_length", "context_length", "block_size")
+
+
+def context_limit(model: Any) -> tuple[int | None, str]:
+    """The model's context length (tokens) and the config field it came from: the first of
+    ``CONTEXT_FIELDS`` that ``model.args`` (mlx-lm's ``ModelArgs``) sets to an int
+    (``(None, "")`` when none does). Learned absolute positions (gpt2's ``n_positions``)
+    cannot go past it; the scheduler refuses ``prompt + max_tokens`` beyond it."""
+    args = getattr(model, "args", None)
+    for name in CONTEXT_FIELDS:
+        value = getattr(args, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, name
+    return None, ""

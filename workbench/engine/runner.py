@@ -11,15 +11,15 @@ from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
-from .adapters import AdapterBank, names_of, selected
+from .levers.lora import AdapterBank, names_of, selected
 from .batch import Batch
 from .decode import Pending, launch
-from .fastpath import FastDecode, decode_fast_path
-from .invariant import Invariance, invariant_forward
+from .levers.fastpath import FastDecode, decode_fast_path
+from .levers.invariant import Invariance, invariant_forward
 from .prefill import PrefillGroup
-from .promptcache import PromptCache
-from .quantized_kv import KVQuant
-from .quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
+from .kv.caches import CacheRecipe
+from .kv.promptcache import PromptCache
+from .levers.quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
 from .state import RequestState
 
 
@@ -53,27 +53,32 @@ class ModelRunner:
     """Runs the model for the scheduler.
 
     Args:
-        model: the mlx-lm model. prefill_step_size: prefill chunk length (tokens).
-        max_kv_size: bounded KV size for models without ``make_cache`` (tokens).
-        pipeline: launch each decode forward before reading the previous step's tokens
-            (mlx-lm's ``GenerationBatch._step``).
-        kv_quant: quantize the KV cache (:mod:`workbench.engine.quantized_kv`), ``None``: float.
-        adapters: the loaded LoRA adapters (:mod:`workbench.engine.adapters`); every
+        recipe: how the caches are made (:class:`~workbench.engine.kv.caches.CacheRecipe`:
+            the model, ``max_kv_size``, ``kv_quant``; quantized: :mod:`workbench.engine.levers.quantized_kv`).
+        config: the scheduler's settings; the runner reads ``prefill_step_size`` (tokens) and
+            ``pipeline`` (launch each decode forward before reading the previous step's
+            tokens, mlx-lm's ``GenerationBatch._step``).
+        adapters: the loaded LoRA adapters (:mod:`workbench.engine.levers.lora`); every
             forward below runs each of its rows with that row's selected adapter.
-        fast_decode: which decode fast paths apply (:mod:`workbench.engine.fastpath`).
-        invariant: the batch-invariant mode's choices (:mod:`workbench.engine.invariant`):
-            every prompt prefills alone in fixed chunks, every one-token forward runs
-            row-blocked projections and per-row attention; ``None``: off.
+        fast_decode: which decode fast paths apply (:mod:`workbench.engine.levers.fastpath`).
+        invariant: the batch-invariant mode (:mod:`workbench.engine.levers.invariant`): every
+            prompt prefills alone in fixed chunks, every one-token forward runs row-blocked
+            projections and per-row attention; ``None``: off.
     """
 
-    model: Any
-    prefill_step_size: int
-    max_kv_size: int | None
-    pipeline: bool
-    kv_quant: KVQuant | None = None  # quantized KV cache (workbench.engine.quantized_kv)
-    adapters: AdapterBank | None = None  # per-row LoRA adapters (workbench.engine.adapters)
-    fast_decode: FastDecode = FastDecode(False, False)  # decode fast paths (workbench.engine.fastpath)
-    invariant: Invariance | None = None  # batch-invariant mode (workbench.engine.invariant)
+    recipe: CacheRecipe
+    config: Any  # a workbench.engine.config.SchedulerConfig
+    adapters: AdapterBank | None = None
+    fast_decode: FastDecode = FastDecode(False, False)
+    invariant: Invariance | None = None
+
+    model = property(lambda self: self.recipe.model, doc="The mlx-lm model (``recipe.model``).")
+
+    def chunks_padding(self) -> bool:
+        """Whether this runner's prefill groups run right-padded prompts batched in chunks
+        (:meth:`PrefillGroup.chunks_padding`; never with a quantized cache)."""
+        group = PrefillGroup if self.recipe.kv_quant is None else QuantizedPrefillGroup
+        return group.chunks_padding(self.recipe.model, self.recipe.max_kv_size)
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
@@ -86,13 +91,13 @@ class ModelRunner:
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
         for s, inp, rest in zip(states, inputs, tails):
             s.cached_tokens = len(inp) - 1 - len(rest)
-        if self.kv_quant is None:
-            group = PrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches,
+        recipe, step = self.recipe, self.config.prefill_step_size
+        if recipe.kv_quant is None:
+            group = PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches,
                                  fixed_chunks=self.invariant is not None)
         else:
-            group = QuantizedPrefillGroup(self.model, tails, self.prefill_step_size, self.max_kv_size, caches,
-                                          quant=self.kv_quant,
-                                          first_tokens=first_forward_tokens(states, self.prefill_step_size))
+            group = QuantizedPrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches, quant=recipe.kv_quant,
+                                          first_tokens=first_forward_tokens(states, step))
         return Prefilling(list(states), group, [inp[-1] for inp in inputs])
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
@@ -104,9 +109,9 @@ class ModelRunner:
             return self._join_forward(group, last, contexts)
 
     def _join_forward(self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
-        args = (last, [s.sampler for s in group.states], contexts, [len(s.tokens) for s in group.states], self.pipeline)
-        if self.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
-            return quantized_join_forward(self.model, group.prefill, self.kv_quant, *args,
+        args = (last, [s.sampler for s in group.states], contexts, [len(s.tokens) for s in group.states], self.config.pipeline)
+        if self.recipe.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
+            return quantized_join_forward(self.model, group.prefill, self.recipe.kv_quant, *args,
                                           select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])))
         with invariant_forward(self.model, self.invariant, [len(s.inputs) - 1 for s in group.states]):
             return launch(self.model, group.prefill.caches, *args)
@@ -116,7 +121,7 @@ class ModelRunner:
         """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
         caches and sample each row's next token (``asynchronous``: evaluation started,
         not awaited), on the fast paths that apply
-        (:func:`workbench.engine.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
+        (:func:`workbench.engine.levers.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
         index = [len(r.tokens) + 1 for r in batch.rows]
         held = [r.context_tokens for r in batch.rows]
         with selected(self.adapters, names_of(batch.rows)), invariant_forward(self.model, self.invariant, held), \

@@ -1,7 +1,7 @@
 """The step-at-a-time continuous-batching scheduler.
 
 Knows: the queue, the joining (prefilling) group, the running rows, the admission
-policy, the event log. Uses: :mod:`workbench.engine.caches` for mlx-lm's batch caches,
+policy, the event log. Uses: :mod:`workbench.engine.kv.caches` for mlx-lm's batch caches,
 :mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`. Must not know: views, Jupyter.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
@@ -9,30 +9,18 @@ Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
     submit ─▶ queue ─admit()─▶ prefilling group ─admit()…─▶ running rows ─step()─▶ tokens ─filter()─▶ evicted
              [insert] {add_request}     (chunked prefill)        [next] {schedule}       [remove] {update_from_output}
 
-- ``admit()`` forms a prefilling group from the queue (the policy's order, FCFS by
-  default, while rows + group stay within ``max_batch`` and the group within
-  ``prompt_concurrency``), runs prefill chunks of ``prefill_step_size`` tokens (one chunk
-  per call when ``interleave_prefill``, so running rows stall at most one chunk between
-  their tokens; the whole prompt otherwise), and when the group's prompts are in its
-  cache it *joins*: one ``[n, 1]`` forward feeds each joiner's last prompt token
-  (computing its first token's distribution, as mlx-lm's ``GenerationBatch`` does),
-  then each joiner is written into a *free slot* (the cache row of a request evicted
-  since the last step, :mod:`workbench.engine.batch`) or, when none is free, the caches'
-  ``extend`` appends it to the running batch.
-- ``step()`` reads one token per running row (the distribution computed by the
-  previous forward) and feeds it: one ``[B, 1]`` forward. With ``pipeline`` that
-  forward is launched (``mx.async_eval``) *before* the tokens are read, so the model
-  computes while Python does the bookkeeping, as in mlx-lm's ``GenerationBatch._step``.
-  A joiner's first token is therefore computed in ``admit()`` and **read, and timed,
-  in the next ``step()``**: TTFT runs from ``submit`` to that ``token`` event, queueing
-  and prefill included. Stop ids and ``max_tokens`` are checked on read; rows finished
-  earlier but not yet evicted are fed too, their outputs discarded.
-- ``filter()`` evicts finished rows. With ``reuse_slots`` their cache rows stay as free
-  slots for the next join (one row written instead of the whole batch copied twice, by
-  mlx-lm's ``filter`` then ``extend``); free slots that the next ``admit()`` does not
-  fill (or the next ``step()``, when called without ``admit()``) are dropped with the
-  caches' ``filter`` (which trims the left padding all remaining rows share), so no
-  forward ever runs over a free slot.
+- ``admit()`` forms a prefilling group from the queue (:mod:`workbench.engine.admission`),
+  runs prefill chunks of ``prefill_step_size`` tokens (one per call with
+  ``interleave_prefill``), and when the group's prompts are cached *joins* it: one
+  ``[n, 1]`` forward computes each joiner's first-token distribution (as mlx-lm's
+  ``GenerationBatch``), then each joiner takes a free slot or joins by ``extend``.
+- ``step()`` reads one token per running row and feeds it: one ``[B, 1]`` forward,
+  launched before the read with ``pipeline`` (mlx-lm's ``GenerationBatch._step``). So a
+  joiner's first token is computed in ``admit()`` and read, and timed, in the next
+  ``step()``: TTFT runs from ``submit`` to that ``token`` event.
+- ``filter()`` evicts finished rows; with ``reuse_slots`` their cache rows stay free
+  slots for the next join, and free slots nobody fills are dropped with ``filter`` before
+  any forward runs over them.
 
 Invariant between calls: every running row's latest token is in the cache, and the
 distribution of its next token is pending. So a snapshot's masks are those of the next
@@ -45,9 +33,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import inspect
 import itertools
 import time
+import warnings
 from collections import deque
+from dataclasses import fields, replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -58,31 +49,27 @@ from ..observe.events import Event
 from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
-from . import caches as kv
-from . import adapters as lora
-from . import fastpath, invariant, quantized_kv
-from .admission import Admission, Decision
+from .kv import caches as kv
+from .levers import fastpath, invariant, lora, quantized_kv
+from .admission import Admission, Decision, policy_from
 from .batch import Batch
-from .budget import context_limit, kv_profile
 from .capture import capture
-from .checkpoint import Checkpoint, EngineState, check_owner
+from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
+from .config import SchedulerConfig
 from .decode import Pending
 from .integrity import Integrity, check_state
-from .ledger import KVLedger, measured_memory
+from .kv.ledger import KVLedger, measured_memory
 from .probe import probe
-from .pacing import Pacer, Pacing, pacing_from
-from .policies import Policy, policy_from
-from .promptcache import PromptCache
-from .request import Request, ValidRequest, validate
+from .levers.pacing import Pacer, Pacing, pacing_from
+from .kv.promptcache import PromptCache
+from .request import Request, ValidRequest, context_limit, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
 from .state import RequestState, Status
 from .text import visible_text
-from .transaction import sigint_deferred, transactional
+from .view import RequestView
 
 _IDS = itertools.count()
-FORK_OPTIONS = ("policy", "max_batch", "prompt_concurrency", "kv_budget_bytes", "interleave_prefill",
-                "clear_cache_every", "clock", "history_size", "history_checkpoints")
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
@@ -92,151 +79,79 @@ def vocab_size(model: Any, tokenizer: Any) -> int:
     return int(size if size is not None else len(tokenizer.get_vocab()))
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+def config_of(config: SchedulerConfig | Mapping[str, Any] | None, settings: Mapping[str, Any]) -> SchedulerConfig:
+    """The :class:`SchedulerConfig` that ``Scheduler(config, **settings)`` means: ``config``
+    (a config, a mapping of settings, or ``None``: the defaults) with ``settings`` replaced.
+
+    Raises:
+        TypeError: an unknown setting, or a ``config`` of another type.
+        ValueError: a setting outside its limits (from :class:`SchedulerConfig`).
+    """
+    unknown = sorted(set(settings) - set(SchedulerConfig.names()))
+    if unknown:
+        raise TypeError(f"Scheduler() got unknown setting(s) {unknown}; the settings are {list(SchedulerConfig.names())}")
+    if config is None:
+        return SchedulerConfig(**settings)
+    if isinstance(config, Mapping):
+        return config_of(None, {**config, **settings})
+    if not isinstance(config, SchedulerConfig):
+        raise TypeError(f"config must be a SchedulerConfig, a mapping of settings or None, got {type(config).__name__}")
+    return replace(config, **settings) if settings else config
 
 
 class Scheduler:
     """A continuous-batching engine over an mlx-lm model, driven one call at a time.
 
+    ``Scheduler(model, tokenizer, config=None, *, clock=time.perf_counter,
+    prompt_cache=None, adapters=None, **settings)``: ``model`` an mlx-lm model
+    (``mlx_lm.load``) whose every layer's cache batches, ``tokenizer`` its
+    ``TokenizerWrapper``; the settings (:class:`SchedulerConfig`, ``help(wb.SchedulerConfig)``)
+    as a config, as keywords, or both (keywords win: ``dataclasses.replace``), held in
+    :attr:`config`; ``clock`` ``() -> seconds`` (inject a fake one for deterministic
+    metrics); ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size``; ``adapters``
+    LoRA adapters ``{name: folder}`` (:mod:`workbench.engine.levers.lora`).
+
     Every call that changes the engine (``submit``, ``admit``, ``step``, ``filter``,
-    ``abort``, ``preempt``; ``run`` is a loop of them) is a transaction: an exception
-    escaping it, ``KeyboardInterrupt`` from "Kernel → Interrupt" included, leaves the
-    engine as it was before that call, so continuing gives every row the tokens it would
-    have had (an ``on_token`` callback may then see a token twice). :meth:`check`
-    verifies the state's integrity.
-
-    Args:
-        model: an mlx-lm model (``mlx_lm.load``); every layer's cache must batch.
-        tokenizer: its mlx-lm ``TokenizerWrapper``.
-        max_batch: most rows in the running batch, ``>= 1``.
-        prefill_step_size: prefill chunk length in tokens, ``>= 1`` (mlx-lm's
-            ``--prefill-step-size``).
-        clock: ``() -> seconds``; inject a fake clock for deterministic metrics.
-        max_kv_size: bound every layer's KV cache to this many tokens (a rotating
-            cache, mlx-lm's ``--max-kv-size``); only for models without ``make_cache``.
-            Note mlx-lm's batch rotating cache keeps no "sink" tokens (its solo
-            ``RotatingKVCache`` keeps 4), so the solo oracle uses ``keep=0``.
-        history_size: how many snapshots :attr:`history` keeps (a ring buffer); one is
-            taken after every ``admit``/``step``/``filter`` that changed the batch. ``0``
-            turns recording off (no snapshot cost per step).
-        prompt_concurrency: most requests prefilled together (default ``max_batch``).
-        interleave_prefill: run at most one prefill chunk per ``admit()`` (chunked
-            prefill between decode steps) instead of the whole prompt.
-        pipeline: launch each decode forward before reading the previous tokens.
-        policy: admission order, a name in ``workbench.engine.policies.POLICIES`` or a
-            policy object.
-        clear_cache_every: call ``mx.clear_cache()`` every this many steps.
-        seed: draws the PRNG seed of sampled requests submitted without one.
-        kv_budget_bytes: projected KV bytes admission may hold (``None``: no budget).
-        prompt_cache: an mlx-lm ``LRUPromptCache`` or its ``max_size`` (entries).
-        reuse_slots: keep evicted rows' cache rows as free slots for the next join
-            (``True``), or compact at once with mlx-lm's ``filter`` and join with
-            ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.
-        pacing: plan each iteration against a time budget (:mod:`workbench.engine.pacing`):
-            ``None`` (default) runs one ``prefill_step_size`` chunk per ``admit()``;
-            ``True`` (a target of 8 x the predicted decode step), a target inter-token gap
-            in seconds, or a
-            :class:`~workbench.engine.pacing.Pacing` sizes each iteration's prefill
-            chunks (and joins, and the next group) so running rows' gaps stay under the
-            target, learning the forwards' cost as it runs (:attr:`pacer`). Tokens are
-            the same either way.
-        history_checkpoints: keep a :meth:`checkpoint` with each of the latest this many
-            :attr:`history` snapshots, so :meth:`history_checkpoint` (and the Panel's
-            history slider) can restore the engine to them. Each one keeps its cache
-            buffers alive and makes the next step copy them (``docs/benchmarks.md``);
-            ``0`` (default) keeps none.
-        kv_bits: quantize the KV cache to 4 or 8 bits (``None``: float), as mlx-lm's
-            ``generate_step(kv_bits=, kv_group_size=, quantized_kv_start=0)`` does: each
-            row's first forward on float keys, every later one on quantized keys
-            (:mod:`workbench.engine.quantized_kv`, ``docs/quantized-kv.md``).
-        kv_group_size: values sharing one scale and bias, 32, 64 or 128; must divide
-            the head dim.
-        adapters: LoRA adapters to load, ``{name: folder}`` in mlx-lm's format
-            (``adapter_config.json`` + ``adapters.safetensors``), selected per request by
-            ``Request(adapter=name)``; rows with different adapters (or none) share every
-            forward (:mod:`workbench.engine.adapters`, ``docs/adapters.md``). The model's
-            target Linear layers are wrapped once, in place; its weights do not change.
-        fast_decode: the decode fast paths of :mod:`workbench.engine.fastpath`:
-            attention without a mask in steps where no row is left-padded; on CUDA, over
-            padded rows, the workbench's attention kernel that starts each row at its
-            padding (:mod:`workbench.engine.padded_attention`, head dims 64 and 128); and
-            every layer's MLP under ``mx.compile`` (never with ``adapters``). ``None``
-            (default): the first two where they apply; ``True``: all three; ``False``: none
-            (mlx-lm's forward as it is). Each snapshot's ``fast_path`` says which the last
-            decode step took. Tokens are the same; on the CPU log-probs too, bit for bit
-            (compiled: within 1e-5); the CUDA kernel is within 6e-7 of MLX's attention in
-            float32, within one rounding in bf16 (tokens can then differ at near-ties).
-
-    A model whose code cannot batch rows of different lengths (found by
-    :func:`workbench.engine.probe.probe` when the scheduler is built, e.g. mlx-lm's
-    ``gpt_bigcode``) runs in a serial lane: ``max_batch`` becomes 1 and
-    :attr:`serial_reason` (also shown in snapshots) says why.
+    ``abort``, ``preempt``; ``run`` loops over them) is a transaction: an exception escaping
+    it, ``KeyboardInterrupt`` included, leaves the engine as before the call. A model that
+    cannot batch rows of different lengths (:func:`workbench.engine.probe.probe`) runs in a
+    serial lane: ``config.max_batch`` is 1 and :attr:`serial_reason` says why.
 
     Raises:
-        ValueError: for a limit below 1, ``max_kv_size`` on a model with its own
-            ``make_cache``, or a model with a cache type that cannot batch (naming the
-            layer and type); ``kv_bits`` / ``kv_group_size`` outside their allowed
-            values or not fitting the model, or given with ``prompt_cache``; an adapter
-            folder that does not fit the model (naming the adapter and the field, see
-            :func:`workbench.engine.adapters.read_adapter`), or ``adapters`` with ``prompt_cache``;
-            ``fast_decode`` other than ``None``, ``True`` or ``False``; a ``pacing`` that is
-            not ``None``, a bool, a positive number of seconds or a valid ``Pacing``.
+        ValueError: a setting outside its limits (naming it); ``max_kv_size`` on a model with
+            its own ``make_cache``; a cache type that cannot batch (naming the layer);
+            ``kv_bits`` / ``kv_group_size`` / ``fast_decode`` / ``pacing`` / ``adapters`` not
+            valid for the model, or ``kv_bits`` or ``adapters`` with ``prompt_cache``.
+        TypeError: an unknown setting.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch: int = 4, prefill_step_size: int = 2048,
-                 clock: Callable[[], float] = time.perf_counter, max_kv_size: int | None = None,
-                 history_size: int = 64, prompt_concurrency: int | None = None,
-                 interleave_prefill: bool = True, pipeline: bool = True,
-                 policy: str | Policy = "fcfs", clear_cache_every: int = 256, seed: int = 0,
-                 kv_budget_bytes: int | None = None, prompt_cache: Any = None, reuse_slots: bool = True,
-                 history_checkpoints: int = 0, pacing: "Pacing | bool | float | None" = None,
-                 kv_bits: int | None = None, kv_group_size: int = 64,
-                 adapters: "Mapping[str, str] | lora.AdapterBank | None" = None,
-                 fast_decode: bool | None = None, batch_invariant: bool = False):
-        self._config = {k: v for k, v in locals().items() if k not in ("self", "model", "tokenizer")}
-        self.model, self.tokenizer = model, tokenizer
-        self.max_batch = _positive_int("max_batch", max_batch)
-        self.prefill_step_size = _positive_int("prefill_step_size", prefill_step_size)
-        self.prompt_concurrency = self.max_batch if prompt_concurrency is None else _positive_int(
-            "prompt_concurrency", prompt_concurrency)
-        self.max_kv_size = None if max_kv_size is None else _positive_int("max_kv_size", max_kv_size)
-        kv.check_batchable(model, self.max_kv_size)
-        self.kv_quant = quantized_kv.configure(model, kv_bits, kv_group_size, self.max_kv_size, prompt_cache)
-        self.adapters = self._config["adapters"] = lora.configure(model, adapters, prompt_cache)  # forks share it
-        self.serial_reason = probe(model, self.max_kv_size) if self.max_batch > 1 else ""
-        if self.serial_reason:  # the serial lane: one row at a time, never padded
-            self.max_batch = self.prompt_concurrency = 1
-        self.interleave_prefill, self.pipeline, self.reuse_slots = bool(interleave_prefill), bool(pipeline), bool(reuse_slots)
-        self.policy = policy_from(policy)
-        self.clear_cache_every = _positive_int("clear_cache_every", clear_cache_every)
-        if not isinstance(history_size, int) or isinstance(history_size, bool) or history_size < 0:
-            raise ValueError(f"history_size must be an int >= 0, got {history_size!r}")
-        if not isinstance(history_checkpoints, int) or isinstance(history_checkpoints, bool) or history_checkpoints < 0:
-            raise ValueError(f"history_checkpoints must be an int >= 0, got {history_checkpoints!r}")
-        self.history_checkpoints = history_checkpoints
-        self.kv_budget_bytes = None if kv_budget_bytes is None else _positive_int("kv_budget_bytes", kv_budget_bytes)
+    def __init__(self, model: Any, tokenizer: Any, config: SchedulerConfig | Mapping[str, Any] | None = None, *,
+                 clock: Callable[[], float] = time.perf_counter, prompt_cache: Any = None,
+                 adapters: Mapping[str, str] | lora.AdapterBank | None = None, **settings: Any):
+        asked = config_of(config, settings)
+        self.model, self.tokenizer, self._asked = model, tokenizer, asked
+        kv.check_batchable(model, asked.max_kv_size)
+        quant = quantized_kv.configure(model, asked.kv_bits, asked.kv_group_size, asked.max_kv_size, prompt_cache)
+        self.adapters = lora.configure(model, adapters, prompt_cache)
+        self._extras = dict(clock=clock, prompt_cache=prompt_cache, adapters=self.adapters)  # forks share the bank
+        self.recipe = kv.CacheRecipe(model, asked.max_kv_size, quant)
+        self.serial_reason = probe(model, asked.max_kv_size) if asked.max_batch > 1 else ""
+        cfg = self.config = replace(asked, max_batch=1, prompt_concurrency=1) if self.serial_reason else asked
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens, self.context_field = context_limit(model)
-        self._kv_profile = kv_profile(model, self.max_kv_size, self.kv_quant)
         self.id = f"scheduler-{next(_IDS)}"
-        self.admission = Admission(self.policy, self.max_batch, self.prompt_concurrency, self.kv_budget_bytes)
-        self.batch_invariant = invariant.configure(model, batch_invariant, max_kv_size=self.max_kv_size,
-                                                   kv_quant=self.kv_quant, kv_budget_bytes=self.kv_budget_bytes)
-        self.runner = ModelRunner(model, self.prefill_step_size, self.max_kv_size, self.pipeline, self.kv_quant,
-                                  adapters=self.adapters, invariant=self.batch_invariant,
-                                  fast_decode=fastpath.FastDecode.of(False if self.batch_invariant else fast_decode,
-                                                                     self.adapters))
-        self.recorder = Recorder(clock, history_size)
-        self.pacing = pacing_from(pacing)
-        self.pacer = None if self.pacing is None else Pacer(self.pacing, self.prefill_step_size)
-        self.ledger = KVLedger(self._kv_profile, self.prefill_step_size, self.kv_budget_bytes, reuse_slots=self.reuse_slots,
-                               exact_chunks=self.pacing is None and prompt_cache is None and self.kv_quant is None)
-        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size,
-                                                              aligned=self.prefill_step_size if self.batch_invariant else None)
-        self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
+        self.admission = Admission(policy_from(cfg.policy), cfg)
+        self.batch_invariant = invariant.configure(model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes)
+        fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
+        self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
+        self.recorder = Recorder(clock, cfg.history_size)
+        self.pacing = pacing_from(cfg.pacing)
+        self.pacer = None if self.pacing is None else Pacer(self.pacing, cfg.prefill_step_size)
+        self.ledger = KVLedger(self.recipe.profile(), cfg, self.pacing is None and prompt_cache is None and quant is None,
+                               chunked_padding=self.runner.chunks_padding())
+        aligned = cfg.prefill_step_size if self.batch_invariant else None
+        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, asked.max_kv_size, aligned)
+        self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
         self._in_call = False
 
     @contextlib.contextmanager
@@ -286,7 +201,7 @@ class Scheduler:
     @property
     def kv_projected_bytes(self) -> int:
         """Most bytes the batch and prefilling caches may hold from now on, as mlx-lm will
-        allocate them (:meth:`workbench.engine.ledger.KVLedger.projected_bytes`): what
+        allocate them (:meth:`workbench.engine.kv.ledger.KVLedger.projected_bytes`): what
         admission keeps within ``kv_budget_bytes``."""
         return self.ledger.projected_bytes(self.state)
 
@@ -357,14 +272,14 @@ class Scheduler:
             if group.prefill.done:
                 self._join(group)
                 continue
-            if self.interleave_prefill and chunks >= 1:
+            if self.config.interleave_prefill and chunks >= 1:
                 break
             self._run_chunk(group)
             chunks += 1
 
     def _admit_paced(self) -> None:
         """Prefill chunks, joins and new groups while they fit this iteration's time
-        budget (:class:`~workbench.engine.pacing.Pacer`); at least one chunk."""
+        budget (:class:`~workbench.engine.levers.pacing.Pacer`); at least one chunk."""
         st, pacer = self.state, self.pacer
         now_s, rows = self.clock(), len(st.batch.rows)
         width = max((r.context_tokens for r in st.batch.rows), default=0)  # the widest context (tokens)
@@ -395,7 +310,7 @@ class Scheduler:
         (start no group now), ``None`` for no limit."""
         if budget_s == float("inf"):
             return None
-        return self.pacer.chunk_tokens(budget_s, 1, 0, self.prefill_step_size, first=not ran)
+        return self.pacer.chunk_tokens(budget_s, 1, 0, self.config.prefill_step_size, first=not ran)
 
     def _run_chunk(self, group: Prefilling, tokens: int | None = None) -> list[int]:
         """One prefill chunk of ``group`` (``tokens`` long, default ``prefill_step_size``)
@@ -466,20 +381,25 @@ class Scheduler:
         """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
 
         Returns the token events, then any finish events. With no running rows it is a
-        no-op that returns ``[]`` and does not advance ``step_index``; so it is under a KV
-        budget when every row has finished (feeding them would only grow the caches past
-        what admission projected; ``filter()`` evicts them).
+        no-op that returns ``[]`` and does not advance ``step_index`` (warning, with a
+        ``UserWarning`` naming ``admit()``, when requests wait in the queue and none is
+        prefilling); so it is under a KV budget when every row has finished (feeding them
+        would only grow the caches past what admission projected; ``filter()`` evicts them).
         """
         st, batch = self.state, self.state.batch
-        if not batch.rows or (self.kv_budget_bytes is not None and all(r.finished for r in batch.rows)):
+        if not batch.rows and st.queue and st.prefilling is None:
+            warnings.warn(f"step(): no row is running and {len(st.queue)} request(s) wait in the queue; call "
+                          "admit() first to prefill them and join them to the batch (run() drives "
+                          "admit(); step(); filter())", UserWarning, stacklevel=3)
+        if not batch.rows or (self.config.kv_budget_bytes is not None and all(r.finished for r in batch.rows)):
             return []
         batch.compact()
         current = batch.pending
         contexts = [self._context(r, current, b) for b, r in enumerate(batch.rows)]
-        if self.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
+        if self.config.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
             batch.pending = self.runner.decode(batch, current.tokens, contexts, True)
         toks, lps, finite = current.read()
-        if not self.pipeline:
+        if not self.config.pipeline:
             batch.pending = self.runner.decode(batch, current.tokens, contexts, False)
         out, finished = [], []
         for b, row in enumerate(batch.rows):
@@ -488,7 +408,7 @@ class Scheduler:
                 message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
                 self._read_token(row, b, toks[b], lps[b], message, out, finished)
         st.step_index += 1
-        if st.step_index % self.clear_cache_every == 0:
+        if st.step_index % self.config.clear_cache_every == 0:
             mx.clear_cache()
         self._record()
         return out + finished
@@ -618,10 +538,15 @@ class Scheduler:
                 self.submit(pending.popleft()[1])
             if self.idle:
                 break
-            self.admit()
-            self.step()
-            self.filter()
+            self._iterate()
         return self.report()
+
+    def _iterate(self) -> None:
+        """One ``admit(); step(); filter()``; ``step()`` only when a row runs (else it is a no-op)."""
+        self.admit()
+        if self.state.batch.rows:
+            self.step()
+        self.filter()
 
     # -- checkpoint, restore, fork ----------------------------------------------------
     def checkpoint(self) -> Checkpoint:
@@ -640,8 +565,8 @@ class Scheduler:
         """
         check_owner(checkpoint, self.id, self.model)
         self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
-        if self.history_checkpoints and not self.recorder.stale:  # taken with the latest snapshot: keep it there
-            self.recorder.keep_checkpoint(checkpoint, self.history_checkpoints)
+        if self.config.history_checkpoints and not self.recorder.stale:  # taken with the latest snapshot: keep it there
+            self.recorder.keep_checkpoint(checkpoint, self.config.history_checkpoints)
 
     def history_checkpoint(self, index: int) -> Checkpoint | None:
         """The checkpoint kept with ``history[index]`` (``Scheduler(history_checkpoints=N)``),
@@ -652,27 +577,28 @@ class Scheduler:
         """
         return self.recorder.checkpoints[index]
 
-    def fork(self, **options: Any) -> "Scheduler":
+    def fork(self, **changes: Any) -> "Scheduler":
         """An independent scheduler in this one's state, sharing the model weights (never
-        a copy): a what-if branch. ``options`` change decision settings of the fork only
-        (any of ``FORK_OPTIONS``, e.g. ``policy="priority"`` or ``max_batch=2``).
+        a copy): a what-if branch. ``changes`` replace decision settings of the fork only
+        (:meth:`SchedulerConfig.fork_fields`, and ``clock``), e.g. ``policy="priority"``.
 
         Raises:
-            ValueError: for an option outside ``FORK_OPTIONS`` or an invalid value.
+            ValueError: for a setting a fork may not change, or an invalid value.
         """
-        unknown = sorted(set(options) - set(FORK_OPTIONS))
+        allowed = [*SchedulerConfig.fork_fields(), "clock"]
+        unknown = sorted(set(changes) - set(allowed))
         if unknown:
-            raise ValueError(f"fork: cannot change {unknown}; a fork may change {list(FORK_OPTIONS)}")
-        other = self.fresh(**options)
+            raise ValueError(f"fork: cannot change {unknown}; a fork may change {allowed}")
+        other = self.fresh(**changes)
         other.state = self.state.clone()
         other.recorder = self.recorder.clone(other.clock, other.history.maxlen)
         return other
 
-    def fresh(self, **options: Any) -> "Scheduler":
-        """A new, empty scheduler with this one's model, tokenizer and configuration
-        (``options`` override it; a prompt cache object is shared, an int size makes a
-        new one)."""
-        return Scheduler(self.model, self.tokenizer, **{**self._config, **options})
+    def fresh(self, **changes: Any) -> "Scheduler":
+        """A new, empty scheduler with this one's model, tokenizer and settings (``changes``
+        replace some: settings, ``clock``, ``prompt_cache``, ``adapters``; a prompt cache
+        object is shared, an int size makes a new one)."""
+        return Scheduler(self.model, self.tokenizer, self._asked, **{**self._extras, **changes})
 
     def check(self) -> Integrity:
         """Check the engine's integrity: every request in the place its status says, no
@@ -692,8 +618,17 @@ class Scheduler:
             known = f"submitted uids are 0..{n - 1}" if n else "nothing was submitted yet"
             raise KeyError(f"uid {uid!r} is unknown ({known})") from None
 
+    def request(self, uid: int) -> RequestView:
+        """A frozen :class:`RequestView` of ``uid`` now: status, prompt ids, tokens,
+        log-probs, finish reason, error, text. The readers below are its thin aliases.
+
+        Raises:
+            KeyError: for an unknown uid. ValueError: for a uid that is not an int.
+        """
+        return RequestView.of(self._state_of(uid), self.tokenizer)
+
     def status(self, uid: int) -> Status:
-        """``uid``'s :class:`Status`. Raises: KeyError for an unknown uid."""
+        """``request(uid).status``."""
         return self._state_of(uid).status
 
     def request_of(self, uid: int) -> ValidRequest:
@@ -701,26 +636,24 @@ class Scheduler:
         return self._state_of(uid).valid
 
     def tokens(self, uid: int) -> list[int]:
-        """Generated token ids of ``uid`` so far (a final stop token included). Raises: KeyError."""
+        """``request(uid).tokens``, as a list."""
         return list(self._state_of(uid).tokens)
 
     def logprobs(self, uid: int) -> list[float]:
-        """Log-probability (natural log, float32) of each generated token of ``uid``."""
+        """``request(uid).logprobs``, as a list."""
         return list(self._state_of(uid).logprobs)
 
     def finish_reason(self, uid: int) -> str | None:
-        """``stop``, ``length``, ``error``, ``abort``, or ``None`` while unfinished."""
+        """``request(uid).finish_reason``."""
         return self._state_of(uid).finish_reason
 
     def error(self, uid: int) -> str:
-        """The message of a row that finished with ``error`` (else ``""``)."""
+        """``request(uid).error``."""
         return self._state_of(uid).message
 
     def text(self, uid: int) -> str:
-        """Visible completion of ``uid``: its tokens through mlx-lm's streaming detokenizer
-        (a final stop id excluded; cut before a stop string; finalized once finished). For a
-        finished row without stop strings it equals ``tokenizer.decode`` of those tokens.
-        Raises: KeyError."""
+        """``request(uid).text``: for a finished row without stop strings,
+        ``tokenizer.decode`` of its tokens."""
         return self._state_of(uid).text(self.tokenizer).text
 
     def stream(self, uid: int) -> Iterator[str]:
@@ -756,9 +689,7 @@ class Scheduler:
 
         yield from pieces()
         while not (self.idle if uids is None else all(self.state.requests[u].finished for u in uids)):
-            self.admit()
-            self.step()
-            self.filter()
+            self._iterate()
             yield from pieces()
 
     def finished_greedy_uids(self) -> list[int]:
@@ -798,7 +729,7 @@ class Scheduler:
 
     def _capture(self) -> Callable[[], Snapshot]:
         st = self.state
-        return capture(st.batch, st.step_index, queue=self.queue, kv_budget_bytes=self.kv_budget_bytes,
+        return capture(st.batch, st.step_index, queue=self.queue, kv_budget_bytes=self.config.kv_budget_bytes,
                        serial_reason=self.serial_reason,
                        kv_projected_bytes=self.kv_projected_bytes,
                        prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
@@ -814,8 +745,30 @@ class Scheduler:
 
     def _record(self) -> None:
         self.recorder.record(self._capture())
-        if self.history_checkpoints and self.history.maxlen:
-            self.recorder.keep_checkpoint(self.checkpoint(), self.history_checkpoints)
+        if self.config.history_checkpoints and self.history.maxlen:
+            self.recorder.keep_checkpoint(self.checkpoint(), self.config.history_checkpoints)
 
     def _log(self, kind: str, uid: int, **fields: Any) -> Event:
         return self.recorder.log(kind, uid, self.state.step_index, **fields)
+
+
+def _deprecated_alias(name: str, read: Callable[[Scheduler], Any]) -> property:
+    return property(read, doc=f"Deprecated: read ``sched.config.{name}`` (``sched.recipe.{name}`` for ``kv_quant``).")
+
+
+for _name in ("max_batch", "prefill_step_size", "max_kv_size", "kv_budget_bytes", "history_checkpoints"):
+    setattr(Scheduler, _name, _deprecated_alias(_name, lambda self, _n=_name: getattr(self.config, _n)))
+Scheduler.kv_quant = _deprecated_alias("kv_quant", lambda self: self.recipe.kv_quant)
+
+
+def _signature() -> inspect.Signature:
+    """``Scheduler``'s signature with every setting of :class:`SchedulerConfig` spelled
+    out (keyword-only), so Jupyter's Shift-Tab and ``help`` list them."""
+    P = inspect.Parameter
+    own = list(inspect.signature(Scheduler.__init__).parameters.values())[1:]  # without self
+    settings = [P(f.name, P.KEYWORD_ONLY, default=f.default, annotation=f.type) for f in fields(SchedulerConfig)]
+    return inspect.Signature([p for p in own if p.kind is not P.VAR_KEYWORD][:3] + settings
+                             + [p for p in own if p.kind is P.KEYWORD_ONLY])
+
+
+Scheduler.__signature__ = _signature()

@@ -116,7 +116,7 @@ class Snapshot:
             ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes``.
         kv_projected_bytes: the most bytes the batch and prefilling caches may hold from
             now until every row finishes, as mlx-lm allocates them (256-token growth
-            steps, rows padded to the widest; :mod:`workbench.engine.allocation`): what
+            steps, rows padded to the widest; :mod:`workbench.engine.kv.allocation`): what
             admission keeps within the budget.
         groups: the :class:`LayerGroup` s, in first-layer order.
         queue: uids waiting for admission, in arrival order.
@@ -129,7 +129,7 @@ class Snapshot:
             ``"padded kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's
             forward as it is, ``Scheduler(fast_decode=False)`` or a step no path applies to;
             ``""`` before the first decode step; kept after the batch empties). Not part of
-            :meth:`text`. See :mod:`workbench.engine.fastpath`.
+            :meth:`text`. See :mod:`workbench.engine.levers.fastpath`.
         serial_reason: why the scheduler runs one row at a time (a model that cannot batch
             rows of different lengths, ``Scheduler.serial_reason``), else ``""``.
         prefill_kv_bytes: bytes the prefilling group's caches hold (``nbytes``).
@@ -143,7 +143,7 @@ class Snapshot:
         adapters_loaded: names of the adapters the scheduler loaded
             (``Scheduler(adapters=...)``), in load order.
         adapter_bytes: bytes the loaded adapters hold (their per-layer stacks,
-            :class:`workbench.engine.adapters.AdapterBank`); ``0`` without adapters.
+            :class:`workbench.engine.levers.lora.AdapterBank`); ``0`` without adapters.
     """
 
     step: int
@@ -201,9 +201,12 @@ class Snapshot:
 
     def text(self) -> str:
         """Deterministic text form: a header, per-row geometry and each group's masks."""
+        recurrent_only = bool(self.groups) and all(g.name == "ssm" for g in self.groups)
+        geometry = ("no KV cache (recurrent state only), " if recurrent_only
+                    else f"KV width {self.kv_width_tokens} tokens, ")
         lines = [
-            f"step {self.step}: {self.batch_size} row(s), KV width {self.kv_width_tokens} tokens, "
-            f"{self.kv_bytes:,} KV bytes, queue {list(self.queue)}"
+            f"step {self.step}: {self.batch_size} row(s), {geometry}"
+            f"{self.kv_bytes:,} {'state' if recurrent_only else 'KV'} bytes, queue {list(self.queue)}"
         ]
         if self.serial_reason:
             lines.append(f"  serial lane (one row at a time): {self.serial_reason}")

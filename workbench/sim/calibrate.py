@@ -27,7 +27,7 @@ from ..engine.prefill import PrefillGroup
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 from ..workloads.workload import prompt_of_length
-from ..engine.cost import nonnegative_lstsq
+from ..engine.levers.cost import nonnegative_lstsq
 from .costmodel import CostModel, decode_features, prefill_features
 
 PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]

@@ -6,10 +6,10 @@ engine; it runs nothing. Measuring the engine and fitting the coefficients is
 :mod:`workbench.sim.calibrate`'s.
 
 The model (seconds per ``[B, L]`` prefill chunk and per ``[B, 1]`` feed) is
-:class:`workbench.engine.cost.CostModel`'s; see its module docstring.
+:class:`workbench.engine.levers.cost.CostModel`'s; see its module docstring.
 
 The ``filter`` call costs nothing. :class:`CostModel` (defined in
-:mod:`workbench.engine.cost`, which the engine's pacing also plans with) holds the coefficients (fitted by
+:mod:`workbench.engine.levers.cost`, which the engine's pacing also plans with) holds the coefficients (fitted by
 :func:`workbench.sim.calibrate.fit_cost_model`, stored as JSON); :class:`CostedModel`
 wraps a model so that the forwards run inside ``admit()`` advance a virtual clock (so
 ``prefill`` and ``join`` events carry the time their forward ended).
@@ -21,7 +21,7 @@ import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ..engine.cost import CostModel, decode_features, prefill_features  # noqa: F401  (re-exported)
+from ..engine.levers.cost import CostModel, decode_features, prefill_features  # noqa: F401  (re-exported)
 
 
 class CostedModel:

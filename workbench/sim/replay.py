@@ -55,7 +55,7 @@ from ..workloads.workload import Workload
 MODES = ("wall", "measured", "cost")
 SAMPLE_COLUMNS = ["time_s", "step", "batch_size", "queued", "prefilling", "kv_bytes", "kv_width_tokens",
                   "kv_slots_tokens", "padding_tokens"]
-_NOT_CONFIG = {"self", "model", "tokenizer", "clock"}
+_NOT_CONFIG = {"self", "model", "tokenizer", "config", "clock"}
 
 
 def scheduler_options() -> list[str]:

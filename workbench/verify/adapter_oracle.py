@@ -3,7 +3,7 @@ request run alone through mlx-lm with that adapter loaded the mlx-lm way.
 
 Knows: ``mlx_lm.load(path, adapter_path=...)`` (mlx-lm's ``load_adapters``: the model's
 Linear layers become ``LoRALinear``), the solo oracle of :mod:`workbench.verify.oracle`.
-Must not know: how the engine applies adapters (``workbench.engine.adapters``); it
+Must not know: how the engine applies adapters (``workbench.engine.levers.lora``); it
 compares token traces only.
 
 A row without adapter is compared with the base model loaded from the same folder.
@@ -54,7 +54,7 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
         KeyError: a uid the scheduler does not know.
     """
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
-    quant = getattr(sched, "kv_quant", None)
+    quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
     refs = {}
     for u in uids:
@@ -62,6 +62,6 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
         name = valid.request.adapter
         path = None if name is None else sched.adapters.adapters[name].path
         model = reference_model(model_path, path, models)
-        refs[u] = solo_reference(model, ref_request(valid), sched.prefill_step_size, sched.max_kv_size,
+        refs[u] = solo_reference(model, ref_request(valid), sched.config.prefill_step_size, sched.config.max_kv_size,
                                  tokenizer=sched.tokenizer, **kv)
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..engine import invariant
+from ..engine.levers import invariant
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 

@@ -219,7 +219,7 @@ def checkpoint_before_token(sched: Any, uid: int, token_index: int) -> Checkpoin
         if uid in rows and len(rows[uid].tokens) == token_index - 1:
             return cp
     raise ValueError(f"no kept checkpoint has uid {uid} running with {token_index - 1} tokens read "
-                     f"(scheduler history_checkpoints={sched.history_checkpoints}); keep more, or pass "
+                     f"(scheduler history_checkpoints={sched.config.history_checkpoints}); keep more, or pass "
                      "checkpoint=sched.checkpoint() taken before that step")
 
 
@@ -263,7 +263,7 @@ def localize(sched: Any, uid: int, *, token: int | None = None, checkpoint: Chec
     batched = batched_step(sched.model, checkpoint, uid)
     prompt, tokens = list(state.valid.prompt_ids), list(state.tokens)
     solo = solo_step(reference_model or sched.model, prompt, tokens, batched.fed_token,
-                     sched.prefill_step_size, sched.max_kv_size)
+                     sched.config.prefill_step_size, sched.config.max_kv_size)
     return _report(uid, checkpoint.step, len(tokens) + 1, len(prompt) + len(tokens), batched, solo, rtol)
 
 
@@ -288,8 +288,8 @@ def first_suspect_token(sched: Any, uid: int, atol: float = DEFAULT_ATOL) -> int
         ValueError: for an unknown uid (as ``sched.tokens``).
     """
     ours = scheduler_trace(sched, uid)
-    ref = solo_reference(sched.model, ref_request(sched.request_of(uid)), sched.prefill_step_size,
-                         sched.max_kv_size)
+    ref = solo_reference(sched.model, ref_request(sched.request_of(uid)), sched.config.prefill_step_size,
+                         sched.config.max_kv_size)
     for t, (a, b) in enumerate(zip(ours.tokens, ref.tokens)):
         if a != b or abs(ours.logprobs[t] - ref.logprobs[t]) > atol:
             return t

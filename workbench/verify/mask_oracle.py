@@ -28,22 +28,26 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..engine import caches as kv
+from ..engine.kv import caches as kv
+from ..observe.forward_masks import ForwardMask, causal_mask
 from ..observe.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
 class SeenMask:
-    """One mask a layer received at a decode step: the layer's cache object id and the
-    mask as ``[B, S]`` bool (``None`` when the model passed no mask)."""
+    """One mask a layer received: the layer's cache object id and the mask, ``[B, S]``
+    bool at a decode step (``None`` when the model passed no mask), ``[B, N, S]`` at a
+    prefill forward (``recorded_masks(prefill=True)``)."""
 
     cache_id: int
     mask: np.ndarray | None
 
 
 @contextmanager
-def recorded_masks(model: Any) -> Iterator[list[SeenMask]]:
-    """Within the block, record every single-token (decode) mask the model's layers get.
+def recorded_masks(model: Any, prefill: bool = False) -> Iterator[list[SeenMask]]:
+    """Within the block, record every single-token (decode) mask the model's layers get,
+    or with ``prefill=True`` every multi-token (prefill) mask, as ``[B, N, S]`` bool
+    (mlx-lm's ``"causal"`` written out as :func:`~workbench.observe.forward_masks.causal_mask`).
 
     Patches the model module's ``scaled_dot_product_attention`` and ``create_ssm_mask``
     (restored on exit).
@@ -58,16 +62,26 @@ def recorded_masks(model: Any) -> Iterator[list[SeenMask]]:
     def as_rows(mask, B):
         return None if mask is None or isinstance(mask, str) else np.array(mask).reshape(B, -1)
 
+    def as_queries_by_keys(mask, B, N, S):
+        if mask is None:
+            return np.ones((B, N, S), bool)
+        if isinstance(mask, str):  # "causal": the queries are the last N of the S keys
+            return np.repeat(causal_mask(N, S - N), B, axis=0)
+        return np.broadcast_to(np.array(mask), (B, 1, N, S)).reshape(B, N, S).astype(bool)
+
     if hasattr(module, "scaled_dot_product_attention"):
         sdpa = originals["scaled_dot_product_attention"] = module.scaled_dot_product_attention
 
         def recording_sdpa(queries, keys, values, cache, scale, mask, **kw):
-            if queries.shape[2] == 1:  # [B, n_heads, 1, head_dim]: a decode step
-                seen.append(SeenMask(id(cache), as_rows(mask, queries.shape[0])))
+            B, _, N, _ = queries.shape  # [B, n_heads, N, head_dim]; N == 1: a decode step
+            if N == 1 and not prefill:
+                seen.append(SeenMask(id(cache), as_rows(mask, B)))
+            elif N > 1 and prefill:  # keys: [B, n_kv_heads, S, head_dim]
+                seen.append(SeenMask(id(cache), as_queries_by_keys(mask, B, N, keys.shape[2])))
             return sdpa(queries, keys, values, cache=cache, scale=scale, mask=mask, **kw)
 
         module.scaled_dot_product_attention = recording_sdpa
-    if hasattr(module, "create_ssm_mask"):
+    if hasattr(module, "create_ssm_mask") and not prefill:
         ssm_mask = originals["create_ssm_mask"] = module.create_ssm_mask
 
         def recording_ssm_mask(h, cache=None):
@@ -110,6 +124,25 @@ def mismatches(snap: Snapshot, seen: list[SeenMask], caches: list[Any]) -> list[
         if got.shape != expected.shape or not np.array_equal(got, expected):
             problems.append(f"call {i} [{name}]: model saw {got.astype(int).tolist()}, "
                             f"snapshot has {expected.astype(int).tolist()}")
+    return problems
+
+
+def prefill_mismatches(forwards: list[ForwardMask], seen: list[SeenMask]) -> list[str]:
+    """Compare the prefill masks the layers received (:func:`recorded_masks` with
+    ``prefill=True``, one per attention layer and forward) with ``forwards``, the same
+    forwards as :func:`~workbench.observe.forward_masks.prefill_forwards` reads them from
+    the event log, in order. Returns one message per disagreement (empty when all agree)."""
+    if not forwards:
+        return [f"{len(seen)} prefill masks recorded but no prefill forward in the log"] if seen else []
+    per_forward, extra = divmod(len(seen), len(forwards))
+    if extra or not per_forward:
+        return [f"{len(seen)} prefill masks recorded for {len(forwards)} forwards"]
+    problems = []
+    for i, s in enumerate(seen):
+        f = forwards[i // per_forward]
+        if s.mask.shape != f.mask.shape or not np.array_equal(s.mask, f.mask):
+            problems.append(f"call {i} [{f.label}]: model saw shape {s.mask.shape}, the view has {f.mask.shape}"
+                            + ("" if s.mask.shape != f.mask.shape else " with other cells"))
     return problems
 
 

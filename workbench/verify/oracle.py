@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
 
-from ..engine.caches import single_cache
+from ..engine.kv.caches import single_cache
 from ..engine.text import RowText
 
 DEFAULT_ATOL = 1e-4
@@ -58,7 +58,7 @@ class RefRequest:
 
 
 def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> list[Any]:
-    """The solo reference's cache: :func:`workbench.engine.caches.single_cache` (``keep=0``
+    """The solo reference's cache: :func:`workbench.engine.kv.caches.single_cache` (``keep=0``
     rotating caches, like the batch's; ``keep=4`` is mlx-lm's single-sequence default)."""
     return single_cache(model, max_kv_size, keep)
 
@@ -72,7 +72,7 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
     With ``kv_bits`` the cache is quantized as ``generate_step(kv_bits=, kv_group_size=,
     quantized_kv_start=0)`` does: after the first forward (the first prefill chunk of
     ``prefill_step_size`` tokens), so that forward attends to float keys and every later
-    one to quantized keys (the batch matches it: :mod:`workbench.engine.quantized_kv`).
+    one to quantized keys (the batch matches it: :mod:`workbench.engine.levers.quantized_kv`).
 
     Stops after a stop id (included, as mlx-lm yields it), after the token whose text
     completes one of ``req.stop`` (mlx-lm's streaming detokenizer over mlx-lm's tokens,
@@ -278,8 +278,8 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     cache, ``Scheduler(kv_bits=...)``, at the same bits and group size). ``uids`` defaults
     to every finished greedy uid."""
     uids = list(uids) if uids is not None else sched.finished_greedy_uids()
-    quant = getattr(sched, "kv_quant", None)
+    quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
-    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.prefill_step_size,
-                              sched.max_kv_size, tokenizer=sched.tokenizer, **kv) for u in uids}
+    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.config.prefill_step_size,
+                              sched.config.max_kv_size, tokenizer=sched.tokenizer, **kv) for u in uids}
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -14,10 +14,15 @@ row timeline (events)  ``timeline_text``           ``render_timeline(x=time|step
 latency (report)       ``latency_text``            ``render_latency``
 paged vs padded KV     ``paged_text``              ``render_paged(table)``
 divergence by layer    ``divergence_text(table)``  ``render_divergence(table)``
+2-D masks (forwards)   ``attention_text``          ``render_attention``
+slots x steps (events) ``slots_text``              ``render_slots``
+ring buffer (snaps)    ``LayerGroup.text``         ``render_ring``
+state vs KV (history)  ``state_text``              ``render_state``
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
-``Panel`` is imported lazily: importing this package does not import ipywidgets.
+The four rows after the divergence view live in their modules (``views.attention``,
+``views.slots``, ``views.ring``, ``views.state``). ``Panel`` is imported lazily: importing this package does not import ipywidgets.
 """
 
 from .divergence import divergence_text, render_divergence

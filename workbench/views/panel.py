@@ -14,6 +14,8 @@ Widgets (``panel.widget`` is the whole box)::
     [prompt ..........] [max tokens] [Submit]
     [Admit] [Step] [Filter] [steps N] [Run N steps] [Reset]
     step 3 · 2 rows · 1,048,576 KV bytes · queue []          <- status (class wb-status)
+    Step: no running row to decode (...)                      <- notice (class wb-notice): an
+                                                                 Admit/Step/Filter that did nothing
     error: ...                                                <- error  (class wb-error)
     history [----o---] snapshot 5 of 9 (step 3) [Restore]     <- scrubs sched.history; Restore
                                                                  returns the engine there
@@ -73,6 +75,24 @@ def reset_scheduler(sched: Scheduler) -> Scheduler:
     return sched.fresh()
 
 
+def nothing_to_do(call: str, snap: Snapshot) -> str:
+    """What the panel says when ``call`` (``"admit"``, ``"step"`` or ``"filter"``) returned
+    no event on the engine ``snap`` shows (after the call): why, and what to press instead.
+
+    >>> nothing_to_do("filter", Snapshot(0, (), (), (), (), (), (), 0, 0, 0))
+    'Filter: no finished row to evict.'
+    """
+    queued = f"queue {list(snap.queue)}: press Admit" if snap.queue else "submit a prompt, then Admit"
+    if call == "admit":
+        return ("Admit: nothing to admit (the queue is empty" +
+                (f"; {snap.batch_size} row(s) running: press Step)." if snap.batch_size else "; submit a prompt first)."))
+    if call == "step":
+        return f"Step: no running row to decode ({queued})."
+    if call == "filter":
+        return "Filter: no finished row to evict."
+    raise ValueError(f"call must be 'admit', 'step' or 'filter', got {call!r}")
+
+
 def status_text(snap: Snapshot) -> str:
     """The status line: step, rows, KV bytes and the queue of a snapshot."""
     return (f"step {snap.step} · {snap.batch_size} row(s) · {snap.kv_bytes:,} KV bytes · "
@@ -106,6 +126,7 @@ class Panel:
             button.on_click(lambda _b, act=actions[name]: act())
         self.status = W.Label().add_class("wb-status")
         self.error = W.HTML().add_class("wb-error")
+        self.notice = W.Label().add_class("wb-notice")  # an action that had nothing to do says so
         self.slider = W.IntSlider(description="history", min=0, max=0, continuous_update=False, readout=False)
         self.slider_label = W.Label()
         self._quiet = False  # True while the panel itself moves the slider
@@ -120,7 +141,7 @@ class Panel:
             W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
             W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
-            self.status, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
+            self.status, self.notice, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
             W.HBox([self.mask_image, self.timeline_image], layout=W.Layout(flex_flow="row wrap")),
             self.kv_image, self.mask_ascii,
         ])
@@ -133,16 +154,16 @@ class Panel:
         self._act(lambda s: s.submit(Request(prompt=self.prompt.value, max_tokens=self.max_tokens.value)))
 
     def on_admit(self) -> None:
-        """``sched.admit()``."""
-        self._act(lambda s: s.admit())
+        """``sched.admit()``; with nothing to admit, the notice says so (:func:`nothing_to_do`)."""
+        self._act(lambda s: s.admit(), idle_call="admit")
 
     def on_step(self) -> None:
-        """``sched.step()``."""
-        self._act(lambda s: s.step())
+        """``sched.step()``; with no running row, the notice says so."""
+        self._act(lambda s: s.step(), idle_call="step")
 
     def on_filter(self) -> None:
-        """``sched.filter()``."""
-        self._act(lambda s: s.filter())
+        """``sched.filter()``; with no finished row, the notice says so."""
+        self._act(lambda s: s.filter(), idle_call="filter")
 
     def on_run(self) -> None:
         """Up to N iterations of the engine's loop (``run(max_steps=1)``: admit, step,
@@ -170,15 +191,20 @@ class Panel:
             s.restore(checkpoint)
         self._act(restore)
 
-    def _act(self, call: Callable[[Scheduler], Any]) -> None:
+    def _act(self, call: Callable[[Scheduler], Any], idle_call: str | None = None) -> None:
         """Run ``call(sched)``; show its error, if any, in the error label (cleared on
-        success), a ``KeyboardInterrupt`` ("Kernel → Interrupt") included; then snapshot
-        and re-render the engine's true state. Each engine call is a transaction, so an
+        success), a ``KeyboardInterrupt`` ("Kernel → Interrupt") included; when
+        ``idle_call`` names the engine call and it returned no event, the notice says why
+        (:func:`nothing_to_do`; cleared by the next action); then snapshot and re-render
+        the engine's true state. Each engine call is a transaction, so an
         interrupted call left the engine as before it (Run N steps keeps the steps it
         finished)."""
+        self.notice.value = ""
         try:
-            call(self.sched)
+            events = call(self.sched)
             self.error.value = ""
+            if idle_call is not None and not events:
+                self.notice.value = nothing_to_do(idle_call, self.sched.snapshot())
         except (Exception, KeyboardInterrupt) as exc:  # shown in the panel, never swallowed silently
             what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -15,7 +15,10 @@ from matplotlib.text import Text
 
 PADDING = "#d9d9d9"  # masked slot: left padding, or outside a sliding window
 ATTENDED = "#3b7dd8"  # cached token the row attends to (also: decode spans)
-FED = "#e8590c"  # the slot of the token fed at the next step
+FED = "#e8590c"  # the slot of the token fed at the next step (a query's own key)
+STATE = "#1b9e9e"  # a recurrent (ssm) group's state
+NEW_KEY = "#9ec5f0"  # a key written by the same prefill forward as the query (2-D masks)
+LATER = "#ffffff"  # a later position, masked by causality (2-D masks)
 UNUSED = "#f4f4f4"  # allocated capacity not in use yet
 EXPIRED = "#9e9e9e"  # ring-buffer slot holding a token outside the window
 QUEUED = "#c7c7c7"

@@ -6,8 +6,8 @@ Knows: mlx-lm's ``BatchKVCache`` (subclassed: its masks, ``trim`` and ``size`` a
 ``QuantizedKVCache`` (the solo form ``extract`` returns and ``merge`` takes) and
 ``mlx_lm.generate.maybe_quantize_kv_cache`` (when mlx-lm's ``generate_step`` quantizes).
 Must not know: requests, events, the queue, the prefill and join forwards
-(:mod:`workbench.engine.quantized_prefill`). Its write index is mlx-lm's private ``_idx``,
-read and set only through :mod:`workbench.engine.cache_internals`.
+(:mod:`workbench.engine.levers.quantized_prefill`). Its write index is mlx-lm's private ``_idx``,
+read and set only through :mod:`workbench.engine.kv.cache_internals`.
 
 Axis letters: ``B`` rows, ``H`` KV heads, ``S`` cache positions, ``D`` head dim,
 ``D_p = D * bits / 32`` packed uint32 words, ``G = D / group_size`` groups.
@@ -53,7 +53,7 @@ from mlx_lm.models.cache import (
     ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache,
 )
 
-from . import cache_internals as internals
+from ..kv import cache_internals as internals
 
 ALLOWED_BITS = (4, 8)
 ALLOWED_GROUP_SIZES = (32, 64, 128)
@@ -122,10 +122,8 @@ def _check_device(cache: KVCache, quant: KVQuant) -> None:
     """Run mlx-lm's quantized attention on ``cache``'s head count and head dim at the
     shapes a step can meet (:data:`PROBE_SHAPES`: 1 and 3 query heads per KV head, 1 and 8
     queries, 1 to 60 keys): MLX's CUDA backend has ``quantized_matmul`` kernels for some
-    problem shapes only (on an H200 with mlx 0.32.4, a probe of one query and one key
-    passed while steps of the bundled test models (head dim 16) and of SmolLM2 (head dim 64)
-    failed at ``1x60x32x12``, ``16x32x64x9``, ...), and a step must not be the first to find
-    out.
+    problem shapes only (``docs/architecture.md``), and a step must not be the first to
+    find out.
 
     Raises:
         ValueError: naming ``kv_bits``, ``kv_group_size``, the head dim, the failing shape
@@ -152,7 +150,7 @@ def device_runs_quantized_attention(head_dim: int = 64, n_kv_heads: int = 2,
                                     kv_bits: int = 4, kv_group_size: int = 32) -> bool:
     """True when MLX on the default device runs mlx-lm's quantized attention at every
     :data:`PROBE_SHAPES` for this head dim (the check ``Scheduler(kv_bits=...)`` makes at
-    construction; on the CPU always, on CUDA with mlx 0.32.4 not: ``docs/gpu.md``)."""
+    construction; on the CPU always, on CUDA not always: ``docs/gpu.md``)."""
     cache = KVCache()
     cache.update_and_fetch(mx.zeros((1, n_kv_heads, 1, head_dim)), mx.zeros((1, n_kv_heads, 1, head_dim)))
     try:

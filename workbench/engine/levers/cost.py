@@ -1,5 +1,5 @@
 """The cost of the engine's forwards in seconds: a small linear model the engine can
-plan with (the per-iteration time budget, :mod:`workbench.engine.pacing`) and the
+plan with (the per-iteration time budget, :mod:`workbench.engine.levers.pacing`) and the
 simulation replays with (:mod:`workbench.sim.costmodel`).
 
 Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
@@ -16,7 +16,7 @@ Model (seconds; every coefficient ``>= 0``)::
 
 Fitting the coefficients from measurements is :func:`nonnegative_lstsq` (used by
 :func:`workbench.sim.calibrate.fit_cost_model` and by the online fit of
-:class:`workbench.engine.pacing.Pacer`).
+:class:`workbench.engine.levers.pacing.Pacer`).
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
 def _parts(keys: Any) -> tuple[mx.array, ...]:
     """A cache's keys (or values) as a tuple: ``(keys,)`` for float keys, the
     ``(packed, scales, biases)`` tuple itself for a quantized cache
-    (:mod:`workbench.engine.quantized_kv`)."""
+    (:mod:`workbench.engine.levers.quantized_kv`)."""
     return tuple(keys) if isinstance(keys, (tuple, list)) else (keys,)
 
 
@@ -143,7 +143,7 @@ def write_index(cache: BatchKVCache) -> int:
 
 def set_write_index(cache: BatchKVCache, idx: int) -> None:
     """Set a ``BatchKVCache``'s write index ``_idx`` (for its subclasses'
-    own storage, :class:`workbench.engine.quantized_kv.BatchQuantizedKVCache`)."""
+    own storage, :class:`workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`)."""
     cache._idx = int(idx)
 
 

@@ -5,27 +5,18 @@ under ``mx.compile``.
 Knows: mlx-lm's ``BatchKVCache`` (its write index and ``make_mask``) and the ``mlp``
 attribute of mlx-lm's transformer blocks. Must not know: requests, the queue, events.
 
-Both were measured on an H200 as levers of the decode step (issue 15, ``docs/gpu.md``):
+- **No mask.** mlx-lm's ``BatchKVCache.make_mask`` returns a mask for every step, also a
+  one-token step in which no row is left-padded (always at B = 1), where every cached
+  position is attended anyway; the step then passes ``None``: the same attention, and on
+  the CPU the same bits (``where(mask, scores, -inf)`` with an all-True mask).
+- **Padded-rows kernel** (CUDA, on by default there): over padded rows, attention by
+  :func:`workbench.engine.levers.padded_attention.padded_decode_attention`, which starts
+  each row at its padding (within float rounding of the unfused path, not bit-equal).
+- **Compiled MLP** (opt-in, ``fast_decode=True``): each layer's MLP as one
+  ``mx.compile`` function per input shape; decode only, never with per-row LoRA
+  adapters (their layers read a row selection at call time).
 
-- **No mask.** mlx-lm's ``BatchKVCache.make_mask`` returns a mask array for every step,
-  also a one-token step in which no row is left-padded, where every cached position is
-  attended anyway. MLX's fused one-query attention kernel on CUDA takes no array mask, so
-  the masked step falls back to a slower path. Where every row holds as many tokens as the
-  cache's write index (no left padding: always at B = 1), the step passes ``None`` instead,
-  which is the same attention: on the CPU the masked path applies ``where(mask, scores,
-  -inf)`` with an all-True mask, an identity, so the bits are equal.
-- **Padded-rows kernel** (CUDA, on by default there). Where rows are padded, MLX's CUDA
-  backend runs attention unfused because of the mask: 8.0 of a 10 ms step at B = 128 on an
-  H200. :func:`padded_attention` sends those calls to
-  :func:`workbench.engine.padded_attention.padded_decode_attention`, which starts each row
-  at its padding: same attention within float rounding (float32 |diff| <= 5.4e-7), not
-  bit-equal to the unfused path.
-- **Compiled MLP** (opt-in, ``fast_decode=True``). Each layer's MLP (three projections and
-  the SiLU gate) as one ``mx.compile``\\ d function per input shape: fewer Python calls and
-  graph nodes per step, the same kernels. Only for decode (one shape per batch size) and
-  only where the layer MLPs are plain modules (not with per-row LoRA adapters, whose
-  layers read a row selection at call time). Alone on the bare forward it cut an H200
-  step by 9-10%; inside the engine it bought nothing measurable, so it is off by default.
+What each bought, measured: ``docs/architecture.md`` ("Measurements behind the defaults").
 
 The swaps are made only while the engine builds its own forward's graph (a ``with``
 block) and undone after it, so an oracle or a user calling the same model meanwhile runs
@@ -42,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
-from .cache_internals import LayerCaches, write_index
+from ..kv.cache_internals import LayerCaches, write_index
 
 
 @dataclass(frozen=True)
@@ -61,15 +52,14 @@ class FastDecode:
     @classmethod
     def of(cls, fast_decode: bool | None, adapters: Any = None) -> "FastDecode":
         """From ``Scheduler(fast_decode=)``: ``None`` (default): no mask where it applies,
-        the padded-rows attention kernel on CUDA, MLPs not compiled (in the engine on an
-        H200 they bought nothing: step ratios 0.81-1.07 at B = 8-128, ``docs/gpu.md``);
-        ``True``: all three; ``False``: none. Never compiled with per-row LoRA ``adapters``
+        the padded-rows attention kernel on CUDA, MLPs not compiled; ``True``: all three;
+        ``False``: none. Never compiled with per-row LoRA ``adapters``
         (their layers read a row selection at call time).
 
         Raises:
             ValueError: ``fast_decode`` is not ``None``, ``True`` or ``False``.
         """
-        from ..runtime.device import backend
+        from ...runtime.device import backend
 
         if not (fast_decode is None or isinstance(fast_decode, bool)):
             raise ValueError(f"fast_decode must be None, True or False, got {fast_decode!r}")
@@ -180,8 +170,8 @@ def plain_batch_caches(caches: LayerCaches | None) -> bool:
 
 def kernel_serves(caches: LayerCaches) -> bool:
     """True when the padded-rows kernel serves every layer's cache: head dim in
-    :data:`workbench.engine.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
-    (what :func:`workbench.engine.padded_attention.supported` asks of a step's queries)."""
+    :data:`workbench.engine.levers.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
+    (what :func:`workbench.engine.levers.padded_attention.supported` asks of a step's queries)."""
     from . import padded_attention as kernel
 
     return all(c.keys.shape[-1] in kernel.HEAD_DIMS and c.keys.dtype in kernel.DTYPES for c in caches)
@@ -214,7 +204,7 @@ def _with_padded_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
 @contextlib.contextmanager
 def padded_attention(model: Any) -> Iterator[bool]:
     """Within the block, the model's one-query attention over a float ``BatchKVCache`` with
-    a padding mask runs :func:`workbench.engine.padded_attention.padded_decode_attention`
+    a padding mask runs :func:`workbench.engine.levers.padded_attention.padded_decode_attention`
     (CUDA only: MLX's fused kernel there takes no mask array); every other call goes to
     mlx-lm's ``scaled_dot_product_attention`` unchanged. Restored after.
 

@@ -193,7 +193,7 @@ class Invariance:
         (:func:`rows_agree`, with the layer's own weights) and keep it, or the first of
         :data:`FALLBACK_ROWS` that agrees (one row per call always does). A few calls per
         distinct projection shape."""
-        from ..runtime.device import backend
+        from ...runtime.device import backend
 
         dev = backend()
         blocks: dict = {}
@@ -215,7 +215,7 @@ _CALIBRATED: dict = {}  # (backend, signature) -> RowBlocks: shapes decide kerne
 
 
 def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
-    from ..runtime.device import backend
+    from ...runtime.device import backend
 
     f, K = _plain_call(module), _in_features(module)
     dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
@@ -321,7 +321,7 @@ def configure(model: Any, batch_invariant: bool, max_kv_size: int | None = None,
     """
     from mlx_lm.models.cache import ArraysCache, CacheList
 
-    from .caches import new_batch_cache
+    from ..kv.caches import new_batch_cache
 
     if not isinstance(batch_invariant, bool):
         raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")

@@ -5,13 +5,11 @@ Knows: MLX's custom CUDA kernels (``mx.fast.cuda_kernel``) and mlx-lm's ``BatchK
 layout (``keys`` / ``values`` buffers ``[B, n_kv_heads, S, head_dim]``, ``left_padding``
 ``[B]``, write index ``_idx``). Must not know: requests, the queue, events.
 
-Why (issue 15, measured on an H200, ``scripts/gpu_step_profile.py``): MLX's fused one-query
-attention kernel on CUDA takes no array mask (``supports_sdpa_vector``: ``!has_arr_mask``),
-so a decode step over left-padded rows (every row of a batch whose prompts differ in length)
-runs the unfused fallback: at B = 128, 16 layers of a 1B llama, ~384 cached tokens, attention
-with the padding mask took 8.0 ms against 0.88 ms without one, most of a 10 ms step. The
-mask of a decode step only says "row ``b`` attends columns ``left_padding[b] .. idx - 1``",
-so a kernel that starts each row's loop at its padding needs no mask at all.
+Why: MLX's fused one-query attention kernel on CUDA takes no array mask
+(``supports_sdpa_vector``: ``!has_arr_mask``), so a decode step over left-padded rows runs
+the unfused fallback (what it costs: ``docs/architecture.md``). The mask of a decode step
+only says "row ``b`` attends columns ``left_padding[b] .. idx - 1``", so a kernel that
+starts each row's loop at its padding needs no mask at all.
 
 The kernel: one thread block of ``WARPS`` warps per (row, query head); the warps split the
 row's columns (flash-decoding), each lane holds ``head_dim / 32`` dimensions, scores are

@@ -1,7 +1,7 @@
 """What mlx-lm's batch caches will really allocate: the projection the KV budget admits on.
 
 Knows: how mlx-lm 0.32's caches allocate (``mlx_lm/models/cache.py``), per cache row and
-layer, and the model's per-layer sizes (:class:`workbench.engine.budget.LayerBytes`).
+layer, and the model's per-layer sizes (:class:`workbench.engine.kv.profile.LayerBytes`).
 Must not know: the queue, the policy, events. Pure integer arithmetic; the one function
 that reads caches (:func:`read_allocation`) reads only their public fields.
 
@@ -92,6 +92,23 @@ def full_capacity_tokens(capacity_tokens: int, width_tokens: int) -> int:
     return capacity_tokens + round_up(width_tokens - capacity_tokens)
 
 
+def prefill_mode(lengths: Sequence[int], chunk_tokens: int, chunked_padding: bool) -> str:
+    """How a joining group whose rows prefill ``lengths`` tokens (each input but its last)
+    runs, by the workbench's rule over mlx-lm's prefill (:mod:`workbench.engine.prefill`):
+    ``"batched"`` (no padding, or the padded prompt fits one chunk of at least 2 columns),
+    ``"chunked"`` (right-padded, in several chunks: only with ``chunked_padding``, which
+    the caller gives where the caches allow it), else ``"per row"``.
+
+    Example: ``prefill_mode([3, 3], 8, False)`` and ``prefill_mode([5, 1], 8, False)`` are
+    ``"batched"``; ``prefill_mode([30, 5], 8, False)`` is ``"per row"``,
+    ``prefill_mode([30, 5], 8, True)`` ``"chunked"``.
+    """
+    longest = max(lengths, default=0)
+    if all(n == longest for n in lengths) or 2 <= longest <= chunk_tokens:
+        return "batched"
+    return "chunked" if chunked_padding and longest > chunk_tokens else "per row"
+
+
 def group_capacity_tokens(input_tokens: int, chunk_tokens: int, exact: bool, stored_tokens: int = 0,
                           per_row: bool = False) -> tuple[int, int]:
     """Full-attention positions per row a joining group allocates: ``(while prefilling,
@@ -141,6 +158,8 @@ class KVPlan:
         chunk_tokens: the longest prefill chunk. exact_chunks: fixed chunks, no prompt
             cache (see :func:`group_capacity_tokens`).
         reuse_slots: joiners may be written into free slots (:data:`FILL_SLACK`).
+        chunked_padding: right-padded groups longer than a chunk run batched in chunks
+            (:func:`prefill_mode`).
         stored_tokens: the longest prompt-cache entry (tokens) a joiner may start from.
         now: the batch caches now. rows: the batch's rows (free slots excluded), with
             the tokens they hold and may reach.
@@ -154,6 +173,7 @@ class KVPlan:
     reuse_slots: bool = True
     stored_tokens: int = 0
     now: Allocation = Allocation()
+    chunked_padding: bool = False
     rows: tuple[RowTokens, ...] = field(default_factory=tuple)
 
     def row_bytes(self, full_capacity_tokens: int, ring_tokens: Sequence[int] | None = None) -> int:
@@ -170,7 +190,8 @@ class KVPlan:
             return 0, 0
         longest = max(j.held_tokens for j in joiners)
         T = max(longest - 1, 0)
-        per_row = len({j.held_tokens for j in joiners}) > 1 and not (2 <= T <= self.chunk_tokens)
+        lengths = [max(j.held_tokens - 1, 0) for j in joiners]
+        per_row = prefill_mode(lengths, self.chunk_tokens, self.chunked_padding) == "per row"
         prefill, joined = group_capacity_tokens(longest, self.chunk_tokens, self.exact_chunks, self.stored_tokens,
                                                 per_row)
         chunk = min(self.chunk_tokens, max(T, 1))

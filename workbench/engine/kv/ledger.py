@@ -2,7 +2,7 @@
 against ``kv_budget_bytes``, and the prompt cache trimmed to what the live batch leaves.
 
 Knows: :class:`workbench.engine.checkpoint.EngineState` (the batch, the prefilling group,
-the prompt cache), :mod:`workbench.engine.allocation` (the projection), MLX's memory
+the prompt cache), :mod:`workbench.engine.kv.allocation` (the projection), MLX's memory
 counters. Must not know: the policy, events.
 
 One ceiling for everything that holds KV bytes::
@@ -23,9 +23,19 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from .admission import joiner_tokens, row_tokens
 from .allocation import KVPlan, RowTokens, plan_of, read_allocation
-from .state import RequestState
+
+def joiner_tokens(s: Any) -> RowTokens:
+    """A queued request (a :class:`~workbench.engine.state.RequestState`) as a joiner: its input tokens (prompt, plus generated tokens when
+    resuming) and the most it may hold (prompt + ``max_tokens``)."""
+    return RowTokens(s.uid, len(s.inputs), len(s.valid.prompt_ids) + s.valid.request.max_tokens)
+
+
+def row_tokens(s: Any) -> RowTokens:
+    """A running row: the tokens its cache holds and the most it may hold (what it holds,
+    once finished)."""
+    held = s.context_tokens
+    return RowTokens(s.uid, held, held if s.finished else len(s.valid.prompt_ids) + s.valid.request.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -54,17 +64,19 @@ class KVLedger:
     """The scheduler's byte books for one model and configuration.
 
     Args:
-        profile: the model's ``kv_profile`` (:mod:`workbench.engine.budget`).
-        chunk_tokens: ``prefill_step_size``. kv_budget_bytes: the ceiling (``None``: none).
+        profile: the model's ``kv_profile`` (:mod:`workbench.engine.kv.profile`).
+        config: the scheduler's settings (a :class:`~workbench.engine.config.SchedulerConfig`),
+            of which the ledger reads ``prefill_step_size``, ``kv_budget_bytes`` (the
+            ceiling; ``None``: none) and ``reuse_slots`` (joiners may be written into free slots).
         exact_chunks: groups prefill in fixed chunks from fresh caches (no pacing, no
             prompt cache, float KV), so their growth is computed exactly.
-        reuse_slots: joiners may be written into free slots.
+        chunked_padding: right-padded groups run batched in chunks (``ModelRunner.chunks_padding``).
     """
 
-    def __init__(self, profile: Sequence[Any], chunk_tokens: int, kv_budget_bytes: int | None,
-                 exact_chunks: bool = True, reuse_slots: bool = True):
-        self.base = plan_of(profile, chunk_tokens, exact_chunks=exact_chunks, reuse_slots=reuse_slots)
-        self.kv_budget_bytes = kv_budget_bytes
+    def __init__(self, profile: Sequence[Any], config: Any, exact_chunks: bool = True, chunked_padding: bool = False):
+        self.base = plan_of(profile, config.prefill_step_size, exact_chunks=exact_chunks, reuse_slots=config.reuse_slots,
+                            chunked_padding=chunked_padding)
+        self.config = config
 
     def plan(self, st: Any) -> KVPlan:
         """The :class:`KVPlan` of engine state ``st`` now (its batch's allocation and rows;
@@ -84,12 +96,12 @@ class KVLedger:
     def alone_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """Bytes one request of ``prompt_tokens`` + ``max_tokens`` may hold alone on an idle
         engine (what :meth:`refusal` compares with the budget)."""
-        return self.base.projected_bytes([RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)])
+        return _alone(self.base, prompt_tokens, max_tokens)
 
     def refusal(self, prompt_tokens: int, max_tokens: int) -> str:
         """Why a request can never be admitted under the budget (``""`` when it can)."""
         need = self.alone_bytes(prompt_tokens, max_tokens)
-        budget = self.kv_budget_bytes
+        budget = self.config.kv_budget_bytes
         if budget is None or need <= budget:
             return ""
         return (f"request projects {need:,} KV bytes (prompt {prompt_tokens} + max_tokens {max_tokens} tokens, "
@@ -102,16 +114,16 @@ class KVLedger:
                     st.prefilling.prefill.kv_bytes if st.prefilling else 0,
                     st.prompt_cache.nbytes if st.prompt_cache is not None else 0)
 
-    def make_room(self, st: Any, joiners: Sequence[RequestState] = (), dropped: Sequence[int] = ()) -> int:
+    def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
         """Trim the prompt cache to ``budget - projected live bytes`` (the batch, the
         prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out), mlx-lm's
         ``LRUPromptCache.trim_to(n_bytes=)``. Returns the bytes dropped (0 without a
         budget or a prompt cache)."""
-        if self.kv_budget_bytes is None or st.prompt_cache is None:
+        if self.config.kv_budget_bytes is None or st.prompt_cache is None:
             return 0
         group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
         live = self.plan(st).projected_bytes(group, dropped, started=st.prefilling is not None)
-        return st.prompt_cache.trim_to(self.kv_budget_bytes - live)
+        return st.prompt_cache.trim_to(self.config.kv_budget_bytes - live)
 
 
 def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_size: int = 2048,
@@ -121,7 +133,11 @@ def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_si
     (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes = 524,288). Pass
     ``exact_chunks=False`` for a scheduler with a prompt cache, pacing or ``kv_bits`` (see
     :class:`KVLedger`). Builds the model's ``kv_profile`` (one probe forward)."""
-    from .budget import kv_profile
+    from .profile import kv_profile
 
-    ledger = KVLedger(kv_profile(model, max_kv_size), prefill_step_size, None, exact_chunks=exact_chunks)
-    return ledger.alone_bytes(prompt_tokens, max_tokens)
+    return _alone(plan_of(kv_profile(model, max_kv_size), prefill_step_size, exact_chunks=exact_chunks),
+                  prompt_tokens, max_tokens)
+
+
+def _alone(plan: KVPlan, prompt_tokens: int, max_tokens: int) -> int:
+    return plan.projected_bytes([RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)])

@@ -12,6 +12,7 @@ use, each row left-padded by ``left_padding[b]`` positions.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import mlx.core as mx
@@ -26,6 +27,7 @@ from mlx_lm.models.cache import (
 )
 
 from .cache_internals import LayerCaches, ring_position
+from .profile import kv_profile
 
 
 def check_batchable(model: Any, max_kv_size: int | None = None) -> None:
@@ -80,6 +82,35 @@ def new_batch_cache(model: Any, n_rows: int, max_kv_size: int | None = None) -> 
     ``CacheList``).
     """
     return merge_rows([make_prompt_cache(model, max_kv_size) for _ in range(n_rows)])
+
+
+@dataclass(frozen=True)
+class CacheRecipe:
+    """How one engine's caches are made: the model's own per-layer caches (mlx-lm's
+    ``make_prompt_cache``), bounded to ``max_kv_size`` tokens (rotating; only for models
+    without ``make_cache``), quantized by ``kv_quant`` (a
+    :class:`~workbench.engine.levers.quantized_kv.KVQuant`; ``None``: float). mlx-lm keeps
+    the same as ``BatchGenerator._make_new_cache``.
+
+    ``recipe.single()`` ``[1, H, S, D]`` per layer, ``recipe.batch(n)`` ``[n, H, S, D]``,
+    ``recipe.profile()`` the per-layer bytes (:func:`workbench.engine.kv.profile.kv_profile`).
+    """
+
+    model: Any
+    max_kv_size: int | None = None
+    kv_quant: Any = None
+
+    def single(self, keep: int = 0) -> LayerCaches:
+        """A single-sequence cache (:func:`single_cache`, ``keep`` sink tokens)."""
+        return single_cache(self.model, self.max_kv_size, keep)
+
+    def batch(self, n_rows: int) -> LayerCaches:
+        """Empty batch caches for ``n_rows`` rows (:func:`new_batch_cache`)."""
+        return new_batch_cache(self.model, n_rows, self.max_kv_size)
+
+    def profile(self) -> list[Any]:
+        """Every layer's :class:`~workbench.engine.kv.profile.LayerBytes` (one probe forward)."""
+        return kv_profile(self.model, self.max_kv_size, self.kv_quant)
 
 
 def merge_rows(solo: list[LayerCaches]) -> LayerCaches:
@@ -137,7 +168,7 @@ def kv_bytes(caches: LayerCaches | None) -> int:
 def keys_shape(cache: Any) -> tuple[int, ...]:
     """Shape of an attention cache's key storage, ``[P, n_kv_heads, capacity, last]``:
     the float keys' shape, or for a quantized cache
-    (:class:`workbench.engine.quantized_kv.BatchQuantizedKVCache`, keys a
+    (:class:`workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`, keys a
     ``(packed, scales, biases)`` tuple) the packed part's (``last`` = packed words)."""
     keys = cache.keys[0] if isinstance(cache.keys, (tuple, list)) else cache.keys
     return tuple(keys.shape)

@@ -50,7 +50,7 @@ def _layer_bytes(c: Any) -> list[LayerBytes]:
 
 def kv_profile(model: Any, max_kv_size: int | None = None, kv_quant: Any = None) -> list[LayerBytes]:
     """Measure every layer's cache growth with a one-token probe forward; with
-    ``kv_quant`` (a :class:`workbench.engine.quantized_kv.KVQuant`) the probe's caches are
+    ``kv_quant`` (a :class:`workbench.engine.levers.quantized_kv.KVQuant`) the probe's caches are
     quantized first (mlx-lm's ``maybe_quantize_kv_cache``), so a full-attention layer
     counts its packed values, scales and biases per token."""
     caches = make_prompt_cache(model, max_kv_size)
@@ -66,19 +66,3 @@ def projected_bytes(profile: list[LayerBytes], total_tokens: int) -> int:
     return sum(lb.per_token_bytes * (min(total_tokens, lb.window_tokens) if lb.window_tokens else total_tokens)
                + lb.fixed_bytes for lb in profile)
 
-
-CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
-                  "max_sequence_length", "max_seq_length", "context_length", "block_size")
-
-
-def context_limit(model: Any) -> tuple[int | None, str]:
-    """The model's context length (tokens) and the config field it came from: the first of
-    ``CONTEXT_FIELDS`` that ``model.args`` (mlx-lm's ``ModelArgs``) sets to an int
-    (``(None, "")`` when none does). Learned absolute positions (gpt2's ``n_positions``)
-    cannot go past it; the scheduler refuses ``prompt + max_tokens`` beyond it."""
-    args = getattr(model, "args", None)
-    for name in CONTEXT_FIELDS:
-        value = getattr(args, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value, name
-    return None, ""

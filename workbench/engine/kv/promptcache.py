@@ -29,7 +29,7 @@ class PromptCache:
         aligned: the batch-invariant mode's chunk length ``C`` (tokens): entries hold only
             whole prefill chunks of their prompt (``[0, k C)``, computed as the prompt alone
             computes them) and a hit is cut to a multiple of ``C``, so the tail prefills in
-            the chunks it would run alone; ``None``: any prefix (the default).
+            the chunks it runs alone; ``None`` (default): any prefix.
     """
 
     def __init__(self, model: Any, lru: LRUPromptCache | int, max_kv_size: int | None = None,
@@ -42,7 +42,7 @@ class PromptCache:
 
     def clone(self) -> "PromptCache":
         """An independent copy: the same model key, a copy of the LRU's index sharing its
-        (never modified) entries (:func:`workbench.engine.cache_internals.clone_prompt_cache`)."""
+        (never modified) entries (:func:`workbench.engine.kv.cache_internals.clone_prompt_cache`)."""
         out = PromptCache(self.model, clone_prompt_cache(self.lru), self.max_kv_size, self.aligned)
         out.key = self.key
         return out
@@ -70,14 +70,15 @@ class PromptCache:
         if self.aligned:
             hit = len(tokens) - len(rest)
             cut = hit % self.aligned
-            if cut and not can_trim_prompt_cache(cache) or hit - cut == 0:
+            if hit - cut == 0 or (cut and not can_trim_prompt_cache(cache)):
                 return single_cache(self.model, self.max_kv_size), list(tokens)
             if cut:
                 trim_prompt_cache(cache, cut)
             rest = list(tokens)[hit - cut :]
         return cache, list(rest)
 
-    def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int, prefilled_tokens: int | None = None) -> bool:
+    def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int,
+              prefilled_tokens: int | None = None) -> bool:
         """Store single-sequence ``caches`` holding ``tokens`` plus ``extra_tokens`` fed
         after them (trimmed away first). Returns False when they cannot be trimmed (or,
         :attr:`aligned`, when the first ``prefilled_tokens`` hold no whole chunk)."""

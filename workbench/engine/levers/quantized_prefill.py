@@ -1,11 +1,11 @@
 """Prefill and join of a quantized batch: each row's first forward on float keys, every
 later one on quantized keys, as mlx-lm's ``generate_step(kv_bits=, quantized_kv_start=0)``
-quantizes a single sequence (the rule and why: :mod:`workbench.engine.quantized_kv`).
+quantizes a single sequence (the rule and why: :mod:`workbench.engine.levers.quantized_kv`).
 
 Knows: :class:`workbench.engine.prefill.PrefillGroup` (subclassed: chunks, per-row mode),
 :func:`workbench.engine.decode.launch` (the join forward), the quantized batch cache and
-its conversions (:mod:`workbench.engine.quantized_kv`), free slots
-(:func:`workbench.engine.cache_internals.fill_slots`). Must not know: requests' queue,
+its conversions (:mod:`workbench.engine.levers.quantized_kv`), free slots
+(:func:`workbench.engine.kv.cache_internals.fill_slots`). Must not know: requests' queue,
 events, admission; LoRA adapters (the runner passes a ``select(rows)`` context).
 
 Axis letters: ``B`` / ``n`` rows of a group, ``f`` its fresh rows (no prompt token in the
@@ -19,10 +19,10 @@ from typing import Any, Callable, ContextManager, Sequence
 
 import mlx.core as mx
 
-from . import cache_internals as internals
-from . import caches as kv
-from .decode import Pending, launch
-from .prefill import PrefillGroup
+from ..kv import cache_internals as internals
+from ..kv import caches as kv
+from ..decode import Pending, launch
+from ..prefill import PrefillGroup
 from .quantized_kv import KVQuant, is_quantized, merge_rows, quantize_batch
 
 
@@ -127,7 +127,7 @@ def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array
     those rows run a second forward of just their tokens ``[f, 1]`` on fresh float caches
     (what mlx-lm's first ``_step`` computes): their next-token results are taken from it,
     and its caches, quantized, replace what the group forward wrote in their rows
-    (:func:`workbench.engine.cache_internals.fill_slots`). ``select(rows)`` is entered
+    (:func:`workbench.engine.kv.cache_internals.fill_slots`). ``select(rows)`` is entered
     around that second forward (the runner selects those rows' LoRA adapters with it).
     Returns the :class:`Pending` of all ``n`` rows.
     """

@@ -1,7 +1,7 @@
 """Pacing: plan each iteration against a time budget, so running rows' inter-token gaps
 stay under a target while joiners still reach their first token quickly.
 
-Knows: the cost of the engine's forwards (:class:`workbench.engine.cost.CostModel`, and
+Knows: the cost of the engine's forwards (:class:`workbench.engine.levers.cost.CostModel`, and
 what this engine measured), the shape of the next prefill chunk. Must not know: requests,
 the queue, events (the scheduler asks; :class:`Pacer` answers and learns).
 
@@ -16,23 +16,16 @@ budget is *time*, from the cost model::
     chunk k    = the most tokens with predicted prefill_s(rows, k, start) <= what is left
     join       = run when its predicted [n, 1] forward still fits (or nothing ran yet)
 
-Chunks are never shorter than an *efficient* chunk (whose per-token time is at least its
-fixed time, and at least ``min_chunk_tokens``): when the budget cannot fit one, nothing
-more runs this iteration, or, if nothing ran yet, the efficient chunk runs over the budget
-(no prompt starves behind a slow decode step, and no iteration pays a forward's fixed cost
-for a handful of tokens: on a GPU that fixed cost is most of a step, so there the budget
-only orders and defers work). Chunk lengths are powers of two (or a prompt's last
-tokens), so a backend that compiles kernels per shape compiles a few. The predictions are corrected by what was
-measured: with a prior ``cost_model`` each prediction is scaled by the median ratio
-measured / predicted over the latest forwards; without one, the prefill coefficients are
-fitted online by non-negative least squares (:func:`workbench.engine.cost.nonnegative_lstsq`)
-and the decode step is the median of the latest measured ones.
+Chunks are never shorter than an *efficient* chunk (per-token time at least its fixed
+time, and at least ``min_chunk_tokens``): when the budget cannot fit one, nothing more runs
+this iteration, or, if nothing ran yet, the efficient chunk runs over the budget. Chunk
+lengths are powers of two (or a prompt's last tokens). Predictions are corrected by what
+was measured: a prior ``cost_model`` scaled by the median measured / predicted ratio, or,
+without one, prefill coefficients fitted online
+(:func:`workbench.engine.levers.cost.nonnegative_lstsq`) and the median measured decode step.
 
-A decode sample is what a running row waits for besides prefill: the time from the end of
-one ``admit()`` that ran prefill to the start of the next (the step, the filter and the
-driver's own work), or, after an iteration without prefill, from one ``admit()`` start to
-the next; taken only when exactly one decode step ran in between. The scheduler reports
-each paced ``admit()`` to the :class:`Pacer` (which keeps that timing)::
+A decode sample is the time between two ``admit()`` calls outside prefill, taken only
+when exactly one decode step ran in between. The scheduler reports each paced ``admit()``::
 
     pacer.begin_iteration(now_s, step_index, rows, width_tokens)  # admit() starts
     pacer.observe_prefill(rows, tokens, start_tokens, seconds)    # each chunk it runs
@@ -69,13 +62,10 @@ class Pacing:
             ``None`` for ``itl_target_steps`` x the predicted decode step.
         itl_target_steps: the target as a multiple of the decode step (``> 1``; default
             8: an iteration carries at most about seven steps' worth of prefill and
-            joins. On an H200 8 met both latency goals of issue 17 at both arrival rates
-            measured and 4 missed TTFT at the lighter one; on the 2-core CPU no target
-            meets them (their floors: ``docs/pacing.md``). ``workbench bench`` measures
-            the frontier across targets).
+            joins; the frontier across targets: ``docs/pacing.md``).
         min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
             an iteration that has run nothing yet runs at least this much.
-        cost_model: a prior :class:`~workbench.engine.cost.CostModel` for this model and
+        cost_model: a prior :class:`~workbench.engine.levers.cost.CostModel` for this model and
             machine (``workbench.CostModel.load(path)``), corrected by measurements; or
             ``None`` to learn the costs from this engine's own forwards.
 
@@ -144,8 +134,8 @@ class Pacer:
     seconds of the scheduler's clock; chunks are ``[rows, tokens]`` forwards.
 
     Args:
-        pacing: the options. chunk_cap_tokens: the longest chunk ever run, in tokens per
-            row (the scheduler's ``prefill_step_size``: activations stay bounded).
+        pacing: the options. prefill_step_size: the scheduler's (``config.prefill_step_size``):
+            the longest chunk ever run, in tokens per row (activations stay bounded).
 
     Attributes:
         prefill_samples: the latest ``SAMPLES`` measured chunks, ``(rows, tokens,
@@ -155,8 +145,8 @@ class Pacer:
             :class:`Iteration`, or ``None``.
     """
 
-    def __init__(self, pacing: Pacing, chunk_cap_tokens: int):
-        self.pacing, self.chunk_cap_tokens = pacing, chunk_cap_tokens
+    def __init__(self, pacing: Pacing, prefill_step_size: int):
+        self.pacing, self.prefill_step_size = pacing, prefill_step_size
         self.prefill_samples: deque[tuple[int, int, int, float]] = deque(maxlen=SAMPLES)  # rows, tokens, start, s
         self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
         self._prefill_coef: np.ndarray | None = None
@@ -274,7 +264,7 @@ class Pacer:
         every iteration slower and the prompt slower still). With ``budget_s`` infinite
         (no running row): ``remaining_tokens`` up to the cap; before any cost is known:
         a ``min_chunk_tokens`` probe when ``first``, else none."""
-        cap = min(remaining_tokens, self.chunk_cap_tokens)
+        cap = min(remaining_tokens, self.prefill_step_size)
         if cap <= 0 or math.isinf(budget_s):
             return max(cap, 0)
         if self.prefill_s(rows, 1, start_tokens) is None:  # nothing learned yet: a probe chunk
@@ -300,7 +290,7 @@ class Pacer:
         fixed = self.prefill_s(rows, 0, start_tokens)
         if fixed is None:
             return self.pacing.min_chunk_tokens
-        lo, hi = 1, self.chunk_cap_tokens
+        lo, hi = 1, self.prefill_step_size
         while lo < hi:
             mid = (lo + hi) // 2
             if self.prefill_s(rows, mid, start_tokens) >= 2 * fixed:

@@ -1,0 +1,60 @@
+"""Ring-buffer and state-vs-KV views on live tiny models and hand-built snapshots."""
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+import workbench as wb
+from workbench.runtime.loading import DATA_DIR
+from workbench.views.ring import render_ring, ring_cells
+from workbench.views.state import group_bytes, render_state, state_text
+from workbench.workloads.workload import prompt_maker, prompt_of_length
+from tests.views.test_views import full_snapshot
+
+
+def test_ring_cells_put_the_write_slot_at_the_write_index_once_wrapped_else_last():
+    assert ring_cells(np.array([True, True, False]), 0, True) == ["write", "attended", "masked"]
+    assert ring_cells(np.array([False, True, True]), None, False) == ["masked", "attended", "write"]
+
+
+def test_rings_of_a_live_window_group_follow_the_snapshots_write_index():
+    model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-gemma3")
+    prompt = prompt_maker(tokenizer)
+    sched = wb.Scheduler(model, tokenizer, max_batch=2)
+    sched.submit(wb.Request(prompt=prompt(3), max_tokens=4))
+    sched.submit(wb.Request(prompt=prompt(11, 60), max_tokens=4))
+    sched.admit()
+    snaps = [sched.snapshot()]
+    sched.step()
+    snaps.append(sched.snapshot())
+    for snap in snaps:
+        g = snap.group("window8")
+        assert [ring_cells(m, g.write_index, g.wrapped).index("write") for m in g.mask] == [g.write_index] * 2
+    assert isinstance(render_ring(snaps, "window8"), Figure)
+    with pytest.raises(ValueError, match="not a sliding window"):
+        render_ring(snaps, "full")
+
+
+def test_state_bytes_stay_flat_while_the_kv_cache_grows():
+    model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-qwen3-next")
+    sched = wb.Scheduler(model, tokenizer, max_batch=2, history_size=64)
+    sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, 3), max_tokens=6, stop_ids=[]))
+    sched.run()
+    shown = [s for s in sched.history if s.batch_size]
+    ssm = [group_bytes(s, s.group("ssm")) for s in shown]
+    full = [group_bytes(s, s.group("full")) for s in shown]
+    assert len(set(ssm)) == 1 and full == sorted(full) and full[-1] > full[0]
+    assert full[0] == shown[0].group("full").token_bytes * shown[0].kv_width_tokens
+    assert state_text(shown).splitlines()[0].split() == ["step", "rows", "longest", "context", "ssm", "KiB", "full", "KiB"]
+    assert isinstance(render_state(list(sched.history)), Figure)
+    with pytest.raises(ValueError, match="a snapshot with rows"):
+        render_state([full_snapshot(uids=(), left_padding=(), width=0)])
+
+
+def test_a_pure_recurrent_snapshot_says_it_has_no_kv_cache():
+    model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-mamba2")
+    sched = wb.Scheduler(model, tokenizer, max_batch=2)
+    sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, 3), max_tokens=2))
+    sched.admit()
+    head = sched.snapshot().text().splitlines()[0]
+    assert "no KV cache (recurrent state only)" in head and "KV width" not in head and "state bytes" in head

@@ -1,0 +1,88 @@
+"""The scheduler's settings, held once: a frozen, validated :class:`SchedulerConfig`.
+
+Knows: every plain setting of :class:`workbench.engine.scheduler.Scheduler`, its unit,
+default and limits, and which of them a fork may change. Must not know: the model, MLX,
+the levers' own types (``pacing``, ``kv_bits`` / ``kv_group_size`` and ``fast_decode``
+are checked by their levers when the scheduler is built, as they depend on them).
+
+Like nano-vllm's ``Config``: validated once in ``__post_init__``; a change is a
+``dataclasses.replace`` (validated again)::
+
+    cfg = SchedulerConfig(max_batch=8, prefill_step_size=512)
+    sched = Scheduler(model, tokenizer, cfg, pipeline=False)   # = replace(cfg, pipeline=False)
+    sched.config.max_batch                                      # 8
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .admission import policy_from
+
+_FORK = {"fork": True}  # field metadata: a fork (``Scheduler.fork``) may change it
+
+
+def _setting(default: Any, fork: bool = False) -> Any:
+    return field(default=default, metadata=_FORK if fork else {})
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Every plain setting of a :class:`~workbench.engine.scheduler.Scheduler`.
+
+    ``prompt_concurrency=None`` means ``max_batch``; ``history_size`` and
+    ``history_checkpoints`` are ``>= 0``; ``kv_budget_bytes`` and ``max_kv_size`` ``>= 1``
+    or ``None`` (no limit).
+
+    Raises:
+        ValueError: naming the field and its limit (``max_batch must be an int >= 1, got
+            0``), or an unknown ``policy`` name.
+    """
+
+    max_batch: int = _setting(4, fork=True)  # most rows in the running batch, >= 1
+    prefill_step_size: int = 2048  # prefill chunk, tokens, >= 1 (mlx-lm's --prefill-step-size)
+    prompt_concurrency: int | None = _setting(None, fork=True)  # most requests prefilled together
+    interleave_prefill: bool = _setting(True, fork=True)  # at most one prefill chunk per admit()
+    pipeline: bool = True  # launch each decode forward before reading the previous tokens
+    policy: Any = _setting("fcfs", fork=True)  # admission order: a name in admission.POLICIES, or a Policy
+    kv_budget_bytes: int | None = _setting(None, fork=True)  # projected KV bytes admission may hold
+    reuse_slots: bool = True  # evicted rows' cache rows stay free slots (False: mlx-lm's filter + extend)
+    max_kv_size: int | None = None  # rotating KV of this many tokens (models without make_cache)
+    kv_bits: int | None = None  # quantized KV cache, 4 or 8 bits (None: float), as mlx-lm's generate_step
+    kv_group_size: int = 64  # values sharing one scale and bias: 32, 64 or 128, dividing the head dim
+    pacing: Any = None  # None: fixed chunks; True, a target gap (seconds) or a levers.pacing.Pacing
+    fast_decode: bool | None = None  # decode fast paths: None where they apply, True all, False none
+    batch_invariant: bool = False  # every row bit-identical to its run alone (levers/invariant.py)
+    clear_cache_every: int = _setting(256, fork=True)  # mx.clear_cache() every this many steps, >= 1
+    history_size: int = _setting(64, fork=True)  # snapshots kept in Scheduler.history (0: no recording)
+    history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots
+    seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "prefill_step_size", "clear_cache_every"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("prompt_concurrency", "max_kv_size", "kv_budget_bytes"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 1)
+        for name in ("history_size", "history_checkpoints"):
+            _check_int(name, getattr(self, name), 0)
+        for name in ("interleave_prefill", "pipeline", "reuse_slots"):
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        policy_from(self.policy)  # raises for an unknown name
+
+    @classmethod
+    def fork_fields(cls) -> tuple[str, ...]:
+        """The settings a fork may change (decision settings; the caches' shape stays)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("fork"))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every setting's name, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _check_int(name: str, value: Any, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")

@@ -1,0 +1,45 @@
+"""What a user reads of one request: a frozen :class:`RequestView`.
+
+Knows: a :class:`~workbench.engine.state.RequestState` and the tokenizer (for the
+visible text). Must not know: the scheduler's loop, caches, MLX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .state import RequestState, Status
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """One request as it stands when read (``sched.request(uid)``); it does not change
+    afterwards.
+
+    Attributes:
+        uid: its id. status: its :class:`Status`. prompt_ids: the prompt's token ids.
+        tokens: generated token ids so far (a final stop id included). logprobs: the
+        log-probability (natural log, float32) of each. finish_reason: ``stop``,
+        ``length``, ``error``, ``abort``, or ``None`` while unfinished. error: the message
+        of a row finished with ``error`` (else ``""``). text: the visible completion
+        (mlx-lm's streaming detokenizer; a final stop id excluded, cut before a stop string).
+
+    Example: ``sched.request(uid).tokens`` after two steps of a running row is
+    ``(tok_0, tok_1)``, ``status`` ``Status.RUNNING``, ``finish_reason`` ``None``.
+    """
+
+    uid: int
+    status: Status
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str | None
+    error: str
+    text: str
+
+    @classmethod
+    def of(cls, state: RequestState, tokenizer: Any) -> "RequestView":
+        """The view of ``state`` now (its text through ``tokenizer``)."""
+        return cls(state.uid, state.status, tuple(state.valid.prompt_ids), tuple(state.tokens),
+                   tuple(state.logprobs), state.finish_reason, state.message, state.text(tokenizer).text)

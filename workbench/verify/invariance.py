@@ -1,6 +1,6 @@
 """The batch-invariance oracle and audit: is a row the same bits whatever its neighbours?
 
-Knows: the scheduler's public contract, :mod:`workbench.engine.invariant`, MLX ops. Must
+Knows: the scheduler's public contract, :mod:`workbench.engine.levers.invariant`, MLX ops. Must
 not know: views.
 
 - :func:`bit_check`: every finished row of a ``Scheduler(batch_invariant=True)`` run

@@ -107,13 +107,18 @@ ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
     ("cuda", "half"): RowBlocks(2, 256),
     ("cuda", "quantized"): RowBlocks(4, 4),
 }
+ROWS_APART_BYTES = 4 << 20  # CPU float weights up to this size run one-row calls (they stay in cache)
 FALLBACK_ROWS = (8, 4, 2, 1)  # fixed blocks tried in order where the first choice fails its check
 PROJECTIONS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 _METHOD = {nn.Linear: "__call__", nn.QuantizedLinear: "__call__", nn.Embedding: "as_linear",
            nn.QuantizedEmbedding: "as_linear"}
 
 
-def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | None) -> mx.array:
+ONE_ROW = RowBlocks(1, 1)
+
+
+def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | None,
+            rows_apart: Callable[[mx.array], mx.array] | None = None) -> mx.array:
     """``f(x)`` for a row-wise ``f`` (a projection ``[..., K] -> [..., N]``), computed in
     calls of :meth:`RowBlocks.plan`'s shapes: equal to ``f(x)`` up to the kernel chosen, and
     each row's bits independent of the other rows of ``x``.
@@ -121,12 +126,17 @@ def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | 
     Args:
         x: ``[..., K]``; its leading axes are flattened into ``M`` rows.
         blocks: the row blocks, ``None``: one call as it is.
+        rows_apart: for :data:`ONE_ROW` blocks, ``[M, K] -> [M, N]`` computing every row
+            in a call of its own at once (:func:`rows_apart_linear`); ``None``: ``M`` calls.
     """
     if blocks is None:
         return f(x)
     lead, K = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, K)  # [M, K]
     M = rows.shape[0]
+    if blocks == ONE_ROW and rows_apart is not None and M > 1:
+        y = rows_apart(rows)
+        return y.reshape(*lead, y.shape[-1])
     parts = []
     for start, kept, call in blocks.plan(M):
         block = rows[start : start + kept]
@@ -138,21 +148,21 @@ def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | 
 
 
 def rows_agree(f: Callable[[mx.array], mx.array], K: int, dtype: Any, blocks: RowBlocks | None,
-               counts: Sequence[int] = (3, 9, 20)) -> bool:
+               counts: Sequence[int] = (3, 9, 20), rows_apart: Callable[[mx.array], mx.array] | None = None) -> bool:
     """True when, for random inputs ``[M, K]``, the first, middle and last row of ``f``
     computed among ``M`` rows (in :func:`blocked` calls of ``blocks``, for each ``M`` in
     ``counts``; for fixed blocks one full block) have the bits of the same row computed
     alone. Evidence, not proof: the kernel choice depends on shapes, which this covers,
-    not on values."""
-    if blocks is not None and blocks.min_rows == blocks.max_rows:
+    not on values. ``rows_apart``: as :func:`blocked`'s."""
+    if blocks is not None and blocks.min_rows == blocks.max_rows and rows_apart is None:
         counts = (blocks.max_rows,)
     x = mx.random.normal((max(counts), K), key=mx.random.key(7)).astype(dtype)  # [M, K]
     alone: dict[int, mx.array] = {}
     for M in counts:
-        y = blocked(f, x[:M], blocks)
+        y = blocked(f, x[:M], blocks, rows_apart)
         for i in sorted({0, M // 2, M - 1}):
             if i not in alone:
-                alone[i] = blocked(f, x[i : i + 1], blocks)[0]
+                alone[i] = blocked(f, x[i : i + 1], blocks, rows_apart)[0]
             if not mx.array_equal(y[i], alone[i]).item():
                 return False
     return True
@@ -221,15 +231,36 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
     dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
     if first is None and backend() == "cpu":
         return None  # MLX's own CPU kernels (bf16/fp16, quantized): rows equal at every M, measured
+    apart = rows_apart_linear(module)
+    if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
+        first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)
     for choice in (first, *(RowBlocks(r, r) for r in FALLBACK_ROWS)):
-        if choice == RowBlocks(1, 1) or rows_agree(f, K, dtype, choice):
+        if rows_agree(f, K, dtype, choice, rows_apart=apart if choice == ONE_ROW else None):
             return choice
-    return RowBlocks(1, 1)
+    return ONE_ROW
+
+
+def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:
+    """For a float ``nn.Linear`` or ``nn.Embedding`` (as a read-out): ``[M, K] -> [M, N]``
+    as one batched matmul of ``M`` one-row products (``[M, 1, K] @ W.T`` broadcast to
+    ``[M, K, N]``: MLX runs a one-row BLAS call per row, the weights staying in cache), the
+    bias added after. ``None`` for other layers."""
+    if not isinstance(module, (nn.Linear, nn.Embedding)) or "scales" in module:
+        return None
+    w, bias = module["weight"], module.get("bias") if isinstance(module, nn.Linear) else None
+
+    def apart(rows: mx.array) -> mx.array:
+        M, K = rows.shape
+        y = (rows[:, None, :] @ mx.broadcast_to(w.T, (M, K, w.shape[0])))[:, 0, :]  # [M, N]
+        return y if bias is None else y + bias
+
+    return apart
 
 
 def _wrap(original: Callable[..., mx.array], inv: Invariance) -> Callable[..., mx.array]:
     def call(self: Any, x: mx.array) -> mx.array:
-        return blocked(lambda b: original(self, b), x, inv.blocks_for(self))
+        blocks = inv.blocks_for(self)
+        return blocked(lambda b: original(self, b), x, blocks, rows_apart_linear(self) if blocks == ONE_ROW else None)
 
     call.original = original
     return call
@@ -260,19 +291,59 @@ def _attention_modules(model: Any) -> list[Any]:
     return [m for m in mods if m is not None and hasattr(m, "scaled_dot_product_attention")]
 
 
+def row_attention(queries: mx.array, keys: mx.array, values: mx.array, starts: mx.array, scale: float) -> mx.array:
+    """One-query attention in which each row's bits depend only on its own keys (the CPU's
+    batch-invariant attention): row ``b`` attends positions ``starts[b]:`` of its keys.
+
+    The sums run so that leading padding cannot regroup them: scores are per-key dot
+    products (a reduction over ``D`` only), the softmax's normalizer and the weighted sum of
+    values are one reduction over ``S`` along a non-contiguous axis, which MLX's CPU runs
+    position by position (``strided_reduce``), so the zeros of the padding add nothing and
+    change no grouping. Float32 inside; within float rounding of
+    ``mx.fast.scaled_dot_product_attention`` (measured 4e-7 in float32).
+
+    Args:
+        queries: ``[B, H, 1, D]`` (RoPE applied). keys, values: ``[B, n_kv_heads, S, D]``.
+        starts: ``[B]`` int, each row's first attended position. scale: softmax scale.
+
+    Returns:
+        ``[B, H, 1, D]`` in the queries' dtype.
+    """
+    B, H, _, D = queries.shape
+    Hkv, S = keys.shape[1], keys.shape[2]
+    f32 = mx.float32
+    q = (queries.astype(f32) * scale).reshape(B, Hkv, H // Hkv, 1, D)  # [B, Hkv, R, 1, D]
+    scores = (q * keys.astype(f32)[:, :, None]).sum(-1)  # [B, Hkv, R, S]
+    valid = mx.arange(S)[None, :] >= starts[:, None]  # [B, S]
+    scores = mx.where(valid[:, None, None, :], scores, -mx.inf)
+    e = mx.exp(scores - scores.max(-1, keepdims=True))  # [B, Hkv, R, S], 0 at padding
+    v1 = mx.concatenate([values.astype(f32), mx.ones((B, Hkv, S, 1), dtype=f32)], axis=-1)[:, :, None]
+    acc = (e[..., None] * v1).sum(-2)  # [B, Hkv, R, D + 1]: weighted values and the normalizer
+    return (acc[..., :D] / acc[..., D:]).reshape(B, H, 1, D).astype(queries.dtype)
+
+
 def _per_row(original: Callable[..., mx.array], held: Sequence[int]) -> Callable[..., mx.array]:
+    from ...runtime.device import backend
+    from ..kv.cache_internals import write_index
+    from .padded_attention import padded_decode_attention, supported
+
+    cuda = backend() == "cuda"
+
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         B, H, L, D = queries.shape  # [B, H, 1, D]
-        if L != 1 or not isinstance(cache, BatchKVCache) or len(held) != B:
+        if L != 1 or not isinstance(cache, BatchKVCache) or len(held) != B or sinks is not None:
             raise RuntimeError("batch-invariant attention runs one-token steps over BatchKVCache rows only")
         S = keys.shape[-2]  # keys [B, n_kv_heads, S, D]: row b's own tokens are its last held[b] + 1
-        outs = []
-        for b in range(B):
-            start = S - held[b] - 1
-            if start < 0:
-                raise RuntimeError(f"row {b} claims {held[b] + 1} tokens in a cache {S} wide")
-            outs.append(original(queries[b : b + 1], keys[b : b + 1, :, start:], values[b : b + 1, :, start:],
-                                 cache=cache, scale=scale, mask=None, sinks=sinks))
+        starts = [S - n - 1 for n in held]
+        if min(starts) < 0:
+            raise RuntimeError(f"rows claim {[n + 1 for n in held]} tokens in a cache {S} wide")
+        if cuda and supported(queries, keys):  # each row from its own start, a fixed reduction order
+            return padded_decode_attention(queries, cache.keys, cache.values, mx.array(starts, dtype=mx.int32),
+                                           write_index(cache), scale)
+        if not cuda:
+            return row_attention(queries, keys, values, mx.array(starts, dtype=mx.int32), scale)
+        outs = [original(queries[b : b + 1], keys[b : b + 1, :, s:], values[b : b + 1, :, s:], cache=cache,
+                         scale=scale, mask=None) for b, s in enumerate(starts)]  # each row alone
         return outs[0] if B == 1 else mx.concatenate(outs)
 
     sdpa.original = original
@@ -281,8 +352,9 @@ def _per_row(original: Callable[..., mx.array], held: Sequence[int]) -> Callable
 
 @contextlib.contextmanager
 def per_row_attention(model: Any, held: Sequence[int]) -> Iterator[None]:
-    """Within the block, the model's attention runs each row alone on its own keys, no
-    mask (``held``: ``[B]`` tokens each row's cache held before this one-token forward).
+    """Within the block, the model's attention computes each row from its own keys alone
+    (:func:`row_attention` on the CPU, the padded-rows kernel on CUDA where it serves,
+    else one call per row), no mask (``held``: ``[B]`` tokens each row's cache held before this one-token forward).
     Restored after."""
     mods = _attention_modules(model)
     try:

@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 FINISH_REASONS = ("stop", "length", "error", "abort")
+# The smallest positive temperature: sampling scales log-probabilities (>= -ln V, V < e^32)
+# by 1 / temperature in float32, which stays finite (<= 32 / 1e-37 < 3.4e38) from here on.
+MIN_TEMPERATURE = 1e-37
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,11 @@ class Request:
             unless the text already starts with it), or a non-empty list of token ids, each
             in ``[0, vocab_size)``. Give ``prompt`` or ``messages``, not both.
         max_tokens: maximum number of generated tokens, ``>= 1``.
-        temperature: ``0.0`` means greedy (argmax); ``> 0`` samples (mlx-lm's filters
-            ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``, then a categorical draw
-            with the row's own PRNG key).
+        temperature: ``0.0`` means greedy (argmax); ``>= MIN_TEMPERATURE`` (``1e-37``)
+            samples (mlx-lm's filters ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``,
+            then a categorical draw of the log-probabilities times ``1 / temperature`` with
+            the row's own PRNG key). A positive temperature below ``MIN_TEMPERATURE``, where
+            ``1 / temperature`` overflows float32, is refused.
         top_p: nucleus mass in ``(0, 1]``; ``1.0`` disables it. Needs ``temperature > 0``.
         top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
         min_p: keep tokens with probability ``>= min_p`` times the top one's, ``[0, 1)``.
@@ -51,8 +56,10 @@ class Request:
         repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
             ``make_logits_processors`` options (context = the row's own prompt and
             generated tokens, never padding).
-        logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables.
-        sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling.
+        logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables
+            (an ``mx.array`` of a floating dtype).
+        sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling
+            (one integer id in ``[0, V)``: an ``mx.array``, a Python or numpy int).
         on_token: ``(uid, token) -> None``, called when a token is read (ids; the text
             path is ``Scheduler.stream``).
         messages: chat turns ``[{"role": str, "content": str}, ...]``, encoded with the
@@ -65,8 +72,10 @@ class Request:
             (``workbench.engine.adapters``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
 
-    An exception raised by a processor, sampler or ``on_token``, or non-finite logits,
-    ends only that row (finish reason ``error``).
+    An exception raised by a processor, sampler or ``on_token``, a processor's or sampler's
+    return value outside its contract (a token id outside ``[0, V)`` or not an integer, a
+    wrong shape or dtype), or non-finite logits, ends only that row (finish reason
+    ``error``, the message naming the callable, the value and the limit).
 
     Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
     """
@@ -170,7 +179,7 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     Raises:
         ValueError: naming the field and its allowed range, for a wrong type, an empty
             prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
-            or non-finite temperature, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
+            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
             ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
             longer than ``context_tokens``, both or neither of ``prompt`` and
             ``messages``, ``messages`` for a tokenizer without a chat template, or a stop
@@ -263,6 +272,9 @@ def _check_sampling(r: Request) -> None:
     """temperature, top_p, top_k, min_p and seed within their ranges."""
     if not _is_real(r.temperature) or r.temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
+    if 0 < r.temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (1 / temperature must be "
+                         f"finite in float32), got {r.temperature!r}")
     if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
         raise ValueError(f"top_p must be a number in (0, 1], got {r.top_p!r}")
     if not _is_int(r.top_k) or r.top_k < 0:

@@ -175,8 +175,10 @@ class RowSampler:
             logprobs = apply_min_p(logprobs, self.min_p)
         if self.top_k > 0:
             logprobs = apply_top_k(logprobs, self.top_k)
-        key = token_key(self.seed, t)
-        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=key).astype(mx.uint32)
+        key, scale = token_key(self.seed, t), 1.0 / self.temperature
+        if scale * 32 > mx.finfo(logprobs.dtype).max:  # a log-prob (>= -32) x scale overflows (float16)
+            logprobs = logprobs.astype(mx.float32)  # finite there for any accepted temperature
+        return mx.random.categorical(logprobs * scale, key=key).astype(mx.uint32)
 
 
 def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any],

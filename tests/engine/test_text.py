@@ -138,3 +138,91 @@ def test_text_state_is_undone_by_an_interrupted_step_and_carried_by_checkpoint_a
     rest = "".join(sched.stream(uid))
     assert rest == sched.text(uid) == free.text(u)[:start]
     assert branch.text(uid) == free.text(u)[:start] and branch.finish_reason(uid) == "stop"
+
+
+def _interrupted_at_every_line(call, reset, check):
+    """``call()`` interrupted by KeyboardInterrupt at its 1st executed engine line, then
+    (after ``reset()``) at its 2nd, ... until it completes; ``check()`` after each
+    interrupt. Returns the number of interrupts and the completed call's result."""
+    from .interrupts import Injector, LineTracer
+
+    injector = Injector()
+    tracer, k = LineTracer(injector), 1
+    while True:
+        reset()
+        injector.arm(k)
+        try:
+            with tracer.tracing():
+                result = call()
+        except KeyboardInterrupt:
+            check(k)
+            k += 1
+            continue
+        finally:
+            injector.disarm()
+        return k - 1, result
+
+
+def test_text_rebuilt_after_a_restore_is_interrupt_safe_and_the_stop_is_still_found(make_sched, prompt):
+    """A KeyboardInterrupt at any line of the rebuild of a row's text (after ``restore``,
+    ``fork`` or a rollback the text is rebuilt from the tokens on the next read) leaves no
+    text claiming a token it never decoded: ``check()`` is ok, the next read gives the
+    uninterrupted text, and a stop string completed later still ends the row there."""
+    free, u = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[]))
+    stop, start, done = _straddling_stop(free.tokenizer, free.tokens(u))
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=[stop]))
+    while len(sched.tokens(uid)) < done - 1:
+        sched.admit(), sched.step()
+    cp = sched.checkpoint()
+    expected = visible_text(sched.tokenizer, sched.tokens(uid), None, set(), [stop], closed=False)
+
+    def after_interrupt(k):
+        report = sched.check()
+        assert report.ok, f"text() interrupted at line {k}:\n{report}"
+        assert sched.text(uid) == expected, k  # the next read is whole
+
+    n, text = _interrupted_at_every_line(lambda: sched.text(uid), lambda: sched.restore(cp), after_interrupt)
+    assert n >= 20 and text == expected
+    for k in range(1, n + 1, 3):  # interrupted at line k, then the row runs on: the stop string ends it
+        sched.restore(cp)
+        assert _interrupt_once(sched, uid, k)
+        sched.run()
+        assert sched.finish_reason(uid) == "stop", k
+        assert sched.tokens(uid) == free.tokens(u)[: done + 1] and sched.text(uid) == free.text(u)[:start], k
+
+
+def _interrupt_once(sched, uid, k):
+    """Read ``sched.text(uid)`` interrupted at its ``k``-th engine line; True if it was."""
+    from .interrupts import Injector, LineTracer
+
+    injector = Injector()
+    injector.arm(k)
+    try:
+        with LineTracer(injector).tracing():
+            sched.text(uid)
+    except KeyboardInterrupt:
+        return True
+    finally:
+        injector.disarm()
+    return False
+
+
+def test_check_finds_a_text_that_disagrees_with_the_tokens(make_sched, prompt):
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=12, stop_ids=[], stop=["@@"]))
+    for _ in range(6):
+        sched.admit(), sched.step()
+    sched.text(uid)
+    assert sched.check().ok
+    state = sched.requests[uid]
+    state.text_state.n_tokens += 1  # claims a token it never decoded
+    report = sched.check()
+    assert not report.ok and f"uid {uid}" in str(report) and "text" in str(report), str(report)
+    state.text_state = None
+    sched.text(uid)
+    state.text_state.feed(sched.tokens(uid)[0])  # decoded a token the row does not have
+    assert not sched.check().ok
+    state.text_state = None
+    assert sched.check().ok
+    assert sched.text(uid) == visible_text(sched.tokenizer, sched.tokens(uid), None, set(), ["@@"], closed=False)

@@ -669,9 +669,10 @@ class Scheduler:
     def check(self) -> Integrity:
         """Check the engine's integrity: every request in the place its status says, no
         uid lost, each layer's cache offsets and widths equal to the scheduler's token
-        counts (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
+        counts, each row's text equal to what its tokens decode to
+        (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
         (``.ok``, ``.problems``; ``print`` it). Raises nothing; changes nothing."""
-        return check_state(self.state)
+        return check_state(self.state, self.tokenizer)
 
     # -- reading a request ------------------------------------------------------------
     def _state_of(self, uid: int) -> RequestState:

@@ -230,7 +230,9 @@ class Scheduler:
         self.pacer = None if self.pacing is None else Pacer(self.pacing, self.prefill_step_size)
         self.ledger = KVLedger(self._kv_profile, self.prefill_step_size, self.kv_budget_bytes, reuse_slots=self.reuse_slots,
                                exact_chunks=self.pacing is None and prompt_cache is None and self.kv_quant is None)
-        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, self.max_kv_size)
+        cache = None if prompt_cache is None else PromptCache(  # keyed by all that shapes a cache
+            model, prompt_cache, self.max_kv_size, kv_quant=self.kv_quant, adapters=self.adapters,
+            fast_decode=self.runner.fast_decode)
         self.state = EngineState(Batch(self.reuse_slots), np.random.default_rng(seed), prompt_cache=cache)
         self._in_call = False
 

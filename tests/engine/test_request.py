@@ -42,6 +42,8 @@ BAD = [
     (dict(prompt=[1], sampler=5), "sampler must be callable"),
     (dict(prompt=[1], priority=1.5), "priority must be an int"),
     (dict(prompt=[1] * 10, max_tokens=10**6), "exceeds the model's context"),
+    (dict(prompt=[1], stop=[f"s{i}" for i in range(65)]), r"stop has 65 strings; at most 64 \(MAX_STOP_STRINGS\)"),
+    (dict(prompt=[1], stop=["x" * 257]), r"stop\[0\] is 257 characters long; at most 256 \(MAX_STOP_LENGTH\)"),
 ]
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.engine.text import RowText, sync, visible_text
@@ -226,3 +228,58 @@ def test_check_finds_a_text_that_disagrees_with_the_tokens(make_sched, prompt):
     state.text_state = None
     assert sched.check().ok
     assert sched.text(uid) == visible_text(sched.tokenizer, sched.tokens(uid), None, set(), ["@@"], closed=False)
+
+
+def test_a_stop_check_steps_once_per_new_character_whatever_the_number_of_stop_strings(bundled, monkeypatch):
+    """The per-token cost of stop strings does not grow with their number: feeding a row's
+    tokens (and reading ``ready`` after each, as a stream does) makes one automaton step per
+    new character of text, with 1 stop string or 64 (each 256 characters long)."""
+    from workbench.engine import text as text_module
+    from workbench.engine.request import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+
+    _, tokenizer = bundled
+    tokens = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n")
+    steps = {"n": 0}
+    real = text_module.StopAutomaton.step
+
+    def counted(self, state, ch):
+        steps["n"] += 1
+        return real(self, state, ch)
+
+    monkeypatch.setattr(text_module.StopAutomaton, "step", counted)
+    counts = []
+    for k in (1, MAX_STOP_STRINGS):
+        stops = [(f"\x07{i:03d}" * MAX_STOP_LENGTH)[:MAX_STOP_LENGTH] for i in range(k)]
+        row, steps["n"], per_token = RowText(tokenizer, stops), 0, []
+        for t in tokens:
+            before = steps["n"]
+            row.feed(t)
+            row.ready
+            per_token.append(steps["n"] - before)
+        assert row.stop_at is None and sum(per_token) == len(row.text)
+        counts.append(per_token)
+    assert counts[0] == counts[1]
+
+
+def _naive(text, stops):
+    """(hold, first stop start) by the definition: the longest tail of ``text`` that begins a
+    stop string, and the earliest start among stop strings found in ``text``."""
+    hold = max((k for s in stops for k in range(1, len(s) + 1) if text.endswith(s[:k])), default=0)
+    starts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return hold, min(starts) if starts else None
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(stops=st.lists(st.text("abc", min_size=1, max_size=4), min_size=1, max_size=6, unique=True),
+       text=st.text("abcd", max_size=30))
+def test_the_stop_automaton_finds_what_searching_every_string_finds(stops, text):
+    from workbench.engine.text import StopAutomaton
+
+    automaton, state, first = StopAutomaton(stops), 0, None
+    for i, ch in enumerate(text):
+        state = automaton.step(state, ch)
+        if first is None and automaton.match[state]:
+            first = i + 1 - automaton.match[state]
+            assert first == _naive(text[: i + 1], stops)[1]  # the first hit: the earliest start then
+        if first is None:
+            assert (automaton.depth[state], None) == _naive(text[: i + 1], stops)

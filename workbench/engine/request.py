@@ -27,6 +27,9 @@ FINISH_REASONS = ("stop", "length", "error", "abort")
 # The smallest positive temperature: sampling scales log-probabilities (>= -ln V, V < e^32)
 # by 1 / temperature in float32, which stays finite (<= 32 / 1e-37 < 3.4e38) from here on.
 MIN_TEMPERATURE = 1e-37
+# Stop strings per request and characters per stop string (the automaton that matches them
+# costs the same per token whatever their number: these bound its size, built per request).
+MAX_STOP_STRINGS, MAX_STOP_LENGTH = 64, 256
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,10 @@ class Request:
         messages: chat turns ``[{"role": str, "content": str}, ...]``, encoded with the
             tokenizer's chat template and its generation prompt (mlx-lm's
             ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``).
-        stop: stop strings (a str or a list of non-empty str): the row finishes (reason
-            ``stop``) when one appears in its decoded text, across token boundaries; the
-            text ends before it (``workbench.engine.text``).
+        stop: stop strings (a str or a list of non-empty str; at most ``MAX_STOP_STRINGS``
+            (64) of at most ``MAX_STOP_LENGTH`` (256) characters each): the row finishes
+            (reason ``stop``) when one appears in its decoded text, across token boundaries;
+            the text ends before it (``workbench.engine.text``).
         adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
             (``workbench.engine.adapters``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
@@ -182,8 +186,9 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
             or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
             ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
             longer than ``context_tokens``, both or neither of ``prompt`` and
-            ``messages``, ``messages`` for a tokenizer without a chat template, or a stop
-            string that is not a non-empty str, or an ``adapter`` that is not a
+            ``messages``, ``messages`` for a tokenizer without a chat template, a stop
+            string that is not a non-empty str, more than ``MAX_STOP_STRINGS`` stop strings
+            or one longer than ``MAX_STOP_LENGTH`` characters, or an ``adapter`` that is not a
             non-empty str or None (whether it is loaded is the scheduler's check).
     """
     if not isinstance(request, Request):
@@ -262,9 +267,14 @@ def _stop_strings(r: Request) -> tuple[str, ...]:
     stops = [r.stop] if isinstance(r.stop, str) else r.stop
     if not isinstance(stops, (list, tuple)):
         raise ValueError(f"stop must be a str or a list of str, got {type(r.stop).__name__}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} (MAX_STOP_STRINGS) are allowed")
     for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop[{i}] must be a non-empty str, got {s!r}")
+        if len(s) > MAX_STOP_LENGTH:
+            raise ValueError(f"stop[{i}] is {len(s)} characters long; at most {MAX_STOP_LENGTH} (MAX_STOP_LENGTH) "
+                             "are allowed")
     return tuple(dict.fromkeys(stops))
 
 

@@ -131,7 +131,10 @@ class Scheduler:
         clear_cache_every: call ``mx.clear_cache()`` every this many steps.
         seed: draws the PRNG seed of sampled requests submitted without one.
         kv_budget_bytes: projected KV bytes admission may hold (``None``: no budget).
-        prompt_cache: an mlx-lm ``LRUPromptCache`` or its ``max_size`` (entries).
+        prompt_cache: an mlx-lm ``LRUPromptCache`` or its ``max_size`` (entries). One
+            shared by several schedulers serves each only entries written under its own
+            model and cache-shaping settings (``max_kv_size``, KV quantization, adapters,
+            decode fast paths: :func:`workbench.engine.promptcache.cache_key`).
         reuse_slots: keep evicted rows' cache rows as free slots for the next join
             (``True``), or compact at once with mlx-lm's ``filter`` and join with
             ``extend`` like mlx-lm's ``BatchGenerator`` (``False``). Tokens are the same.

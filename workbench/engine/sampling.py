@@ -207,32 +207,32 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequ
     for b, s in enumerate(samplers):
         row = logits[b : b + 1]
         if s.processors:
-            try:
-                row = s.process(contexts[b](), row)
-            except BadOutput as exc:  # contained: only this row ends
-                errors[b], row = str(exc), mx.zeros_like(logits[b : b + 1])
-            except Exception as exc:
-                errors[b] = f"logits processor raised {type(exc).__name__}: {exc}"
-                row = mx.zeros_like(logits[b : b + 1])
+            row = _contained(errors, b, "logits processor", lambda s=s, b=b, row=row: s.process(contexts[b](), row),
+                             mx.zeros_like(row))
         rows_logits.append(row)
     logits = mx.concatenate(rows_logits, axis=0)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     greedy = mx.argmax(logprobs, axis=-1).astype(mx.uint32)
     tokens = []
     for b, s in enumerate(samplers):
-        if b in errors or (s.temperature == 0 and s.custom is None):
-            tokens.append(greedy[b : b + 1])
-            continue
-        try:
-            if s.custom is None:
-                tokens.append(s.choose(logprobs[b : b + 1], token_index[b]))
-            else:
-                token, errors[b] = s.custom_token(logprobs[b : b + 1])
-                tokens.append(token)
-        except BadOutput as exc:  # contained: only this row ends
-            errors[b] = str(exc)
-            tokens.append(greedy[b : b + 1])
-        except Exception as exc:
-            errors[b] = f"sampler raised {type(exc).__name__}: {exc}"
-            tokens.append(greedy[b : b + 1])
+        lp, chosen = logprobs[b : b + 1], None
+        if b not in errors and s.custom is not None:
+            checked = _contained(errors, b, "sampler", lambda s=s, lp=lp: s.custom_token(lp), None)
+            if checked is not None:
+                chosen, errors[b] = checked
+        elif b not in errors and s.temperature != 0:
+            chosen = _contained(errors, b, "sampler", lambda s=s, lp=lp, b=b: s.choose(lp, token_index[b]), None)
+        tokens.append(greedy[b : b + 1] if chosen is None else chosen)
     return mx.concatenate(tokens), logprobs, errors
+
+
+def _contained(errors: dict, b: int, what: str, call: Any, fallback: Any) -> Any:
+    """``call()``; an exception from a user's callable ends only row ``b``: its message goes
+    into ``errors[b]`` (a :class:`BadOutput`'s as it is) and ``fallback`` is returned."""
+    try:
+        return call()
+    except BadOutput as exc:
+        errors[b] = str(exc)
+    except Exception as exc:
+        errors[b] = f"{what} raised {type(exc).__name__}: {exc}"
+    return fallback

@@ -12,7 +12,11 @@ the floors first (:mod:`workbench.bench.floors`: each prompt length alone, lowes
 runs; 8 prompts decoding together), and this prints the summary in ms, each engine against
 mlx-lm (the floor columns against mlx-lm's *measured* p95), the verdicts (is the floor's
 p95 within the goal: TTFT <= 0.6 x, ITL <= 1.0 x mlx-lm's p95?) and mlx-lm's TTFT p95 of each
-round with the floor's ratio to it (the load of a shared machine moves it). With OUT_DIR it writes
+round with the floor's ratio to it (the load of a shared machine moves it), and the longest prompt's
+TTFT floor against a solo forward of that prompt timed directly (the whole prompt in one forward,
+no engine; lowest of 3): the floor is that forward plus the first step and the engines' Python, so
+the ratio should be about 1 (a timing comparison, kept out of the unit tests: it moves with the
+load). With OUT_DIR it writes
 ``floors_<S>_requests.csv`` / ``_gaps.csv`` / ``_summary.csv`` there.
 """
 
@@ -20,6 +24,9 @@ import argparse
 import os
 import time
 from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.bench.model import FULL, make_model
@@ -39,6 +46,19 @@ parser.add_argument("--targets", type=float, nargs="*", default=[],
 args = parser.parse_args()
 if args.out:
     args.out.mkdir(parents=True, exist_ok=True)
+
+
+
+def solo_forward_s(prompt) -> float:
+    """The whole prompt in one forward, nothing else (no engine, no sampling): lowest of 3 (s)."""
+    times = []
+    for _ in range(4):  # the first is a warm-up
+        cache = make_prompt_cache(model)
+        start = time.perf_counter()
+        mx.eval(model(mx.array([list(prompt)]), cache=cache))
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
 
 model = make_model(FULL)
 _, tokenizer = load()
@@ -68,3 +88,6 @@ for steps in args.arrival_steps:
     floor_s = mlx.ttft_floor_s.quantile(0.95)
     print("mlx-lm's TTFT p95 per round: " + ", ".join(
         f"{p95:.3f} s (floor / it {floor_s / p95:.2f})" for p95 in per_round))
+    longest = max(arrivals, key=lambda a: len(a.prompt)).prompt
+    print(f"longest prompt ({len(longest)} tokens): TTFT floor / a solo forward timed directly "
+          f"{mlx[mlx.prompt_tokens == len(longest)].ttft_floor_s.min() / solo_forward_s(longest):.2f}")

@@ -3,6 +3,7 @@ the tokens it would have produced without it; abort works in every state; per-ro
 sampling (mlx-lm processors, seeds) does not depend on the neighbours."""
 
 import math
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -11,6 +12,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
 import workbench as wb
+
+from .hostile import HOSTILE, hostile_fields
 
 pytestmark = pytest.mark.model
 
@@ -74,6 +77,42 @@ def test_a_faulty_row_ends_with_error_and_neighbours_are_untouched(make_sched, p
     row = sched.report().requests.set_index("uid").loc[bad]
     assert row.finish_reason == "error" and row.error.startswith(message)
     assert sched.idle and sched.snapshot().kv_bytes == 0
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_what_a_sampler_or_processor_returns_against_its_contract_ends_only_its_row(make_sched, prompt, name,
+                                                                                   pipeline):
+    """A custom sampler's id (-1, past the vocabulary, 3.7, NaN, a wrong shape) never reaches
+    the embedding, and a processor's wrong shape or dtype never reaches the batch's logits:
+    the row ends with an error naming the callable, the value and the limit; step() never
+    raises; the neighbours' tokens are those of a run without it."""
+    V = make_sched().vocab_size
+    _, clean, _ = run(make_sched, prompt, pipeline=pipeline)
+    fields, message = hostile_fields(name, V, after=9 + 3)  # a processor turns bad at its 4th token
+    sched, tokens, bad = run(make_sched, prompt, wb.Request(prompt=prompt(9, 300), max_tokens=10, **fields),
+                             pipeline=pipeline)
+    assert tokens == clean
+    assert sched.finish_reason(bad) == "error", (sched.finish_reason(bad), sched.tokens(bad))
+    assert re.match(message, sched.error(bad)), sched.error(bad)
+    assert len(sched.tokens(bad)) == (0 if name.startswith("sampler") else 3)
+    assert sched.check().ok and sched.idle and sched.snapshot().kv_bytes == 0
+
+
+def test_a_sampler_returning_good_ids_of_any_integer_kind_is_followed(make_sched, prompt):
+    """Python ints, numpy ints, int64 / uint32 arrays, shape () or [1]: the id is used as is."""
+    V = make_sched().vocab_size
+    kinds = [lambda lp: int(mx.argmax(lp, axis=-1).item()), lambda lp: np.int64(mx.argmax(lp).item()),
+             lambda lp: mx.argmax(lp, axis=-1).astype(mx.int64), lambda lp: mx.argmax(lp), lambda lp: V - 1]
+    greedy = make_sched()
+    uid = greedy.submit(wb.Request(prompt=prompt(9, 300), max_tokens=6))
+    greedy.run()
+    for i, kind in enumerate(kinds):
+        sched = make_sched()
+        u = sched.submit(wb.Request(prompt=prompt(9, 300), max_tokens=6, stop_ids=[], sampler=kind))
+        sched.run()
+        assert sched.finish_reason(u) == "length", (i, sched.error(u))
+        assert sched.tokens(u) == (greedy.tokens(uid) if i < 4 else [V - 1] * 6), i
 
 
 @pytest.mark.parametrize("when", ["queued", "prefilling", "running"])

@@ -141,3 +141,53 @@ def test_scheduled_runs_with_batched_padded_chunks_equal_each_request_alone(make
     assert chunks.groupby("step").uid.nunique().max() >= 2  # rows of the padded group share chunks
     check = oracle.solo_check(sched.model, sched)
     assert check.ok, check.text()
+
+
+@pytest.mark.parametrize("first_window, second_window", [(None, 64), (64, None), (64, 48)])
+def test_schedulers_of_different_windows_sharing_one_prompt_cache_never_take_each_others_entries(
+        first_window, second_window):
+    """One mlx-lm LRUPromptCache shared by two schedulers on one model (as ``fresh()``
+    shares it) that differ in ``max_kv_size``: a windowed row never resumes a
+    full-attention entry (it would see past its window), nor the reverse; every row equals
+    its solo run at its own scheduler's window; schedulers of one configuration still share."""
+    from mlx_lm.models.cache import LRUPromptCache
+
+    from workbench.runtime.loading import DATA_DIR
+    from workbench.workloads.workload import prompt_of_length
+
+    model, tok = wb.load(DATA_DIR / "models" / "tiny-qwen3")  # no make_cache: max_kv_size applies
+    lru = LRUPromptCache(max_size=8)
+    first = wb.Scheduler(model, tok, max_batch=2, prompt_cache=lru, max_kv_size=first_window)
+    p = prompt_of_length(tok, 40, 20)
+    stored = first.submit(wb.Request(prompt=p, max_tokens=10, stop_ids=[]))  # 50 tokens: within either window
+    first.submit(wb.Request(prompt=prompt_of_length(tok, 7, 300), max_tokens=12, stop_ids=[]))
+    first.run()
+    assert len(lru) >= 1
+    follow = p + first.tokens(stored) + prompt_of_length(tok, 5, 700)  # 55 tokens + 20 new: past the window
+    second = first.fresh(max_kv_size=second_window)
+    assert second.prompt_cache.lru is lru
+    uids = [second.submit(wb.Request(prompt=follow, max_tokens=20, stop_ids=[])),
+            second.submit(wb.Request(prompt=p, max_tokens=10, stop_ids=[]))]
+    report = second.run().requests.set_index("uid")
+    assert list(report.loc[uids, "cached_tokens"]) == [0, 0]
+    check = oracle.solo_check(model, second, uids)
+    assert check.ok, check.text()
+    again = first.fresh()  # the first one's configuration: its entries are found
+    uid = again.submit(wb.Request(prompt=follow, max_tokens=20, stop_ids=[]))
+    assert again.run().requests.set_index("uid").loc[uid, "cached_tokens"] == 50
+    check = oracle.solo_check(model, again, [uid])
+    assert check.ok, check.text()
+
+
+def test_the_prompt_cache_key_names_everything_that_shapes_a_cache(make_sched):
+    """Schedulers on one model share entries only when nothing else differs that changes what
+    their caches hold: here the decode fast paths (a compiled MLP writes keys within 1e-5)."""
+    from mlx_lm.models.cache import LRUPromptCache
+
+    lru = LRUPromptCache(max_size=4)
+    plain, same, compiled = (make_sched(prompt_cache=lru), make_sched(prompt_cache=lru),
+                             make_sched(prompt_cache=lru, fast_decode=True))
+    assert plain.prompt_cache.key == same.prompt_cache.key
+    assert compiled.prompt_cache.key != plain.prompt_cache.key
+    assert "max_kv_size=None" in plain.prompt_cache.key and "kv_quant=None" in plain.prompt_cache.key
+    assert "compile_mlp=True" in compiled.prompt_cache.key

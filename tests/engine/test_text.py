@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import workbench as wb
 from workbench.engine.text import RowText, sync, visible_text
@@ -138,3 +140,146 @@ def test_text_state_is_undone_by_an_interrupted_step_and_carried_by_checkpoint_a
     rest = "".join(sched.stream(uid))
     assert rest == sched.text(uid) == free.text(u)[:start]
     assert branch.text(uid) == free.text(u)[:start] and branch.finish_reason(uid) == "stop"
+
+
+def _interrupted_at_every_line(call, reset, check):
+    """``call()`` interrupted by KeyboardInterrupt at its 1st executed engine line, then
+    (after ``reset()``) at its 2nd, ... until it completes; ``check()`` after each
+    interrupt. Returns the number of interrupts and the completed call's result."""
+    from .interrupts import Injector, LineTracer
+
+    injector = Injector()
+    tracer, k = LineTracer(injector), 1
+    while True:
+        reset()
+        injector.arm(k)
+        try:
+            with tracer.tracing():
+                result = call()
+        except KeyboardInterrupt:
+            check(k)
+            k += 1
+            continue
+        finally:
+            injector.disarm()
+        return k - 1, result
+
+
+def test_text_rebuilt_after_a_restore_is_interrupt_safe_and_the_stop_is_still_found(make_sched, prompt):
+    """A KeyboardInterrupt at any line of the rebuild of a row's text (after ``restore``,
+    ``fork`` or a rollback the text is rebuilt from the tokens on the next read) leaves no
+    text claiming a token it never decoded: ``check()`` is ok, the next read gives the
+    uninterrupted text, and a stop string completed later still ends the row there."""
+    free, u = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[]))
+    stop, start, done = _straddling_stop(free.tokenizer, free.tokens(u))
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=[stop]))
+    while len(sched.tokens(uid)) < done - 1:
+        sched.admit(), sched.step()
+    cp = sched.checkpoint()
+    expected = visible_text(sched.tokenizer, sched.tokens(uid), None, set(), [stop], closed=False)
+
+    def after_interrupt(k):
+        report = sched.check()
+        assert report.ok, f"text() interrupted at line {k}:\n{report}"
+        assert sched.text(uid) == expected, k  # the next read is whole
+
+    n, text = _interrupted_at_every_line(lambda: sched.text(uid), lambda: sched.restore(cp), after_interrupt)
+    assert n >= 20 and text == expected
+    for k in range(1, n + 1, 3):  # interrupted at line k, then the row runs on: the stop string ends it
+        sched.restore(cp)
+        assert _interrupt_once(sched, uid, k)
+        sched.run()
+        assert sched.finish_reason(uid) == "stop", k
+        assert sched.tokens(uid) == free.tokens(u)[: done + 1] and sched.text(uid) == free.text(u)[:start], k
+
+
+def _interrupt_once(sched, uid, k):
+    """Read ``sched.text(uid)`` interrupted at its ``k``-th engine line; True if it was."""
+    from .interrupts import Injector, LineTracer
+
+    injector = Injector()
+    injector.arm(k)
+    try:
+        with LineTracer(injector).tracing():
+            sched.text(uid)
+    except KeyboardInterrupt:
+        return True
+    finally:
+        injector.disarm()
+    return False
+
+
+def test_check_finds_a_text_that_disagrees_with_the_tokens(make_sched, prompt):
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=12, stop_ids=[], stop=["@@"]))
+    for _ in range(6):
+        sched.admit(), sched.step()
+    sched.text(uid)
+    assert sched.check().ok
+    state = sched.requests[uid]
+    state.text_state.n_tokens += 1  # claims a token it never decoded
+    report = sched.check()
+    assert not report.ok and f"uid {uid}" in str(report) and "text" in str(report), str(report)
+    state.text_state = None
+    sched.text(uid)
+    state.text_state.feed(sched.tokens(uid)[0])  # decoded a token the row does not have
+    assert not sched.check().ok
+    state.text_state = None
+    assert sched.check().ok
+    assert sched.text(uid) == visible_text(sched.tokenizer, sched.tokens(uid), None, set(), ["@@"], closed=False)
+
+
+def test_a_stop_check_steps_once_per_new_character_whatever_the_number_of_stop_strings(bundled, monkeypatch):
+    """The per-token cost of stop strings does not grow with their number: feeding a row's
+    tokens (and reading ``ready`` after each, as a stream does) makes one automaton step per
+    new character of text, with 1 stop string or 64 (each 256 characters long)."""
+    from workbench.engine import text as text_module
+    from workbench.engine.request import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+
+    _, tokenizer = bundled
+    tokens = tokenizer.encode("def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n")
+    steps = {"n": 0}
+    real = text_module.StopAutomaton.step
+
+    def counted(self, state, ch):
+        steps["n"] += 1
+        return real(self, state, ch)
+
+    monkeypatch.setattr(text_module.StopAutomaton, "step", counted)
+    counts = []
+    for k in (1, MAX_STOP_STRINGS):
+        stops = [(f"\x07{i:03d}" * MAX_STOP_LENGTH)[:MAX_STOP_LENGTH] for i in range(k)]
+        row, steps["n"], per_token = RowText(tokenizer, stops), 0, []
+        for t in tokens:
+            before = steps["n"]
+            row.feed(t)
+            row.ready
+            per_token.append(steps["n"] - before)
+        assert row.stop_at is None and sum(per_token) == len(row.text)
+        counts.append(per_token)
+    assert counts[0] == counts[1]
+
+
+def _naive(text, stops):
+    """(hold, first stop start) by the definition: the longest tail of ``text`` that begins a
+    stop string, and the earliest start among stop strings found in ``text``."""
+    hold = max((k for s in stops for k in range(1, len(s) + 1) if text.endswith(s[:k])), default=0)
+    starts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return hold, min(starts) if starts else None
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(stops=st.lists(st.text("abc", min_size=1, max_size=4), min_size=1, max_size=6, unique=True),
+       text=st.text("abcd", max_size=30))
+def test_the_stop_automaton_finds_what_searching_every_string_finds(stops, text):
+    from workbench.engine.text import StopAutomaton
+
+    automaton, state, first = StopAutomaton(stops), 0, None
+    for i, ch in enumerate(text):
+        state = automaton.step(state, ch)
+        if first is None and automaton.match[state]:
+            first = i + 1 - automaton.match[state]
+            assert first == _naive(text[: i + 1], stops)[1]  # the first hit: the earliest start then
+        if first is None:
+            assert (automaton.depth[state], None) == _naive(text[: i + 1], stops)

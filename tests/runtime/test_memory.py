@@ -102,3 +102,22 @@ def test_on_the_gpu_buffers_take_the_allocator_rounded_bytes():
         assert 0 <= grown - memory.allocation_bytes(n) < 64, (n, grown)
         if memory.allocation_bytes(n) - n >= 64:  # the rounding is seen, not only allowed
             assert grown - n >= 64, (n, grown)
+
+
+def test_inside_exact_allocations_a_fresh_buffer_takes_its_allocation_bytes_and_the_limit_comes_back(restore_limit):
+    """With the buffer cache off no larger freed buffer is handed back (the 19,712 bytes for
+    16,385 seen in CI): a buffer's growth of the idle device's active memory is its
+    ``allocation_bytes`` (within the stray scalars of one op)."""
+    big = mx.zeros((40_000,), mx.uint8) + 1  # freed below: a larger buffer the cache would otherwise offer
+    mx.eval(big)
+    del big
+    with memory.exact_allocations():
+        assert mx.set_cache_limit(0) == 0  # off inside
+        for n in (16385, 4000, 98304):
+            before = memory.settled_active_memory()
+            a = mx.zeros((n,), mx.uint8) + 1
+            mx.eval(a)
+            grown = memory.settled_active_memory() - before
+            assert 0 <= grown - memory.allocation_bytes(n) < 64, (n, grown)
+            del a
+    assert mx.set_cache_limit(restore_limit) == restore_limit  # restored after

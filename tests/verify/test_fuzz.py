@@ -7,11 +7,17 @@ continuation run, the checkpoint restored and the same continuation run again: t
 and events (times aside) must be the same; and an admit / step / filter / abort / preempt
 is interrupted by a KeyboardInterrupt at a random point (the k-th decoder-layer call,
 ``mx.eval``, ``on_token`` callback or clock read), which must leave the engine as it was.
+Hostile rows join among the good ones: a custom sampler or logits processor whose return
+value breaks its contract (``tests/engine/hostile.py``: an id of -1, past the vocabulary,
+3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after some
+tokens; every hostile row ends ``error`` (or ``abort`` when the fuzzer aborted it) with its
+message, and every good row still equals its solo reference.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
 
 import contextlib
+import re
 import time
 
 import pytest
@@ -25,6 +31,7 @@ from workbench.observe.metrics import step_metrics
 from workbench.engine.kv.ledger import alone_bytes
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
+from tests.engine.hostile import HOSTILE, hostile_fields
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
 
 pytestmark = pytest.mark.model
@@ -34,7 +41,7 @@ FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwe
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 _MODELS: dict = {}
 _REFS: dict = {}
-STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0}
+STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0, "hostile_errors": 0}
 
 
 def continuation(sched, tok, ops, since):
@@ -87,6 +94,7 @@ def make_machine(family: str):
                                       clock=self.clock, kv_bits=kv_bits, kv_group_size=32)
             self.ref_kv = ref_kv(chunk)
             self.submitted = []
+            self.hostile = {}  # uid -> the regex its error must match
             self.checked = set()
             self.rows_at = {}
 
@@ -108,6 +116,18 @@ def make_machine(family: str):
                              stop_ids=[], priority=priority, temperature=temperature,  # sampled: drawn seed
                              on_token=self.on_token)
             self.submitted.append(self.sched.submit(req))
+
+        @rule(n=st.integers(1, 40), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
+              name=st.sampled_from(sorted(HOSTILE)), bad_at=st.integers(0, 11))
+        def submit_hostile(self, n, start, max_tokens, name, bad_at):
+            """A row whose sampler or processor returns garbage (a processor from its
+            ``bad_at``-th token on, within ``max_tokens``): it must end alone."""
+            self.op()
+            fields, message = hostile_fields(name, self.sched.vocab_size, after=n + min(bad_at, max_tokens - 1))
+            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields)
+            uid = self.sched.submit(req)
+            self.submitted.append(uid)
+            self.hostile[uid] = message
 
         @rule(ops=st.lists(st.sampled_from(["admit", "step", "filter", "submit", "abort", "preempt"]),
                            min_size=1, max_size=8))
@@ -270,6 +290,12 @@ def make_machine(family: str):
             ev = self.sched.report().events
             finishes = ev[ev.kind == "finish"].uid.tolist()
             assert sorted(finishes) == sorted(self.submitted), "every uid ends in exactly one terminal state"
+            for uid, message in self.hostile.items():
+                reason = self.sched.finish_reason(uid)
+                assert reason in ("error", "abort"), f"hostile uid {uid} ended {reason}"
+                if reason == "error":
+                    assert re.match(message, self.sched.error(uid)), (uid, self.sched.error(uid), message)
+                    STATS["hostile_errors"] += 1
             assert self.sched.idle and self.sched.snapshot().kv_bytes == 0
             steps = step_metrics(ev).set_index("step").batch_size
             wrong = {s: (int(steps[s]), n) for s, n in self.rows_at.items() if s in steps.index and steps[s] != n}

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from .sampling import RowSampler, sample_rows
+from .sampling import RowSampler, TokenCheck, sample_rows
 
 
 @dataclass
@@ -31,7 +31,9 @@ class Pending:
         logprobs: ``[B]`` float32, the log-probability of that token.
         finite: ``[B]`` bool, False where the row's processed logits held NaN or +inf
             (or were all -inf).
-        errors: row -> message for rows whose processors or sampler raised.
+        errors: row -> message for rows whose processors or sampler raised or broke
+            their contract, or -> the :class:`~workbench.engine.sampling.TokenCheck` of a
+            custom sampler's id (resolved by :meth:`read` to a message, or dropped when good).
     """
 
     tokens: mx.array
@@ -61,8 +63,11 @@ class Pending:
 
     def read(self) -> tuple[list[int], list[float], list[bool]]:
         """Evaluate (waits for the forward) and return ``(tokens, logprobs, finite)`` as
-        lists."""
-        mx.eval(self.tokens, self.logprobs, self.finite)
+        lists; ``errors`` then holds messages only (custom samplers' ids checked)."""
+        checks = [c for c in self.errors.values() if isinstance(c, TokenCheck)]
+        mx.eval(self.tokens, self.logprobs, self.finite, *[c.ok for c in checks])
+        resolved = {b: e if isinstance(e, str) else e.message() for b, e in self.errors.items()}
+        self.errors = {b: message for b, message in resolved.items() if message}
         return self.tokens.tolist(), self.logprobs.tolist(), self.finite.tolist()
 
 

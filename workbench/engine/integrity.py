@@ -2,8 +2,9 @@
 batch and every layer's cache agree with each other.
 
 Knows: :class:`workbench.engine.checkpoint.EngineState`, mlx-lm's cache geometry through
-:mod:`workbench.engine.kv.caches`. Must not know: how the engine changes the state. Reads
-only (it evaluates the caches' small offset arrays, waiting for a forward in flight).
+:mod:`workbench.engine.kv.caches`, a row's text cache (:mod:`workbench.engine.text`). Must not
+know: how the engine changes the state. Reads only (it evaluates the caches' small offset
+arrays, waiting for a forward in flight).
 
 Checked (``Scheduler.check()``; the tests and the fuzzer call it after every operation):
 
@@ -14,6 +15,8 @@ Checked (``Scheduler.check()``; the tests and the fuzzer call it after every ope
   ``max_tokens``;
 - the batch has one pending token per row, caches exactly when it has rows, free slots
   inside its cache rows;
+- every request's text cache (given the tokenizer) holds at most its text tokens, and its
+  visible text and stop position equal a fresh detokenizer's over the tokens it counts;
 - every attention layer's ``offset[b]`` equals the scheduler's count of tokens in row
   ``b``'s cache (prompt + fed tokens) and full-attention layers have
   ``left_padding + offset = KV width``; every layer holds ``B`` + free-slot rows.
@@ -28,6 +31,7 @@ import numpy as np
 from .kv import caches as kv
 from .checkpoint import EngineState
 from .state import Status
+from .text import RowText, sync, text_tokens
 
 PLACES = {"queue": (Status.QUEUED, Status.PREEMPTED), "prefilling": (Status.PREFILLING, Status.FINISHED),
           "batch": (Status.RUNNING, Status.FINISHED)}
@@ -81,6 +85,26 @@ def _places(state: EngineState) -> list[str]:
     return problems
 
 
+def _texts(state: EngineState, tokenizer) -> list[str]:
+    """Each text cache against a rebuild from the tokens it claims (a cache that is behind
+    the tokens is fine: the next read feeds it the rest)."""
+    problems = []
+    for uid, s in state.requests.items():
+        t = s.text_state
+        if t is None:
+            continue
+        tokens = text_tokens(s.tokens, s.finish_reason, s.valid.stop_ids)
+        if t.n_tokens > len(tokens) or (t.closed and not s.finished):
+            problems.append(f"uid {uid}: its text counts {t.n_tokens} tokens{' and is closed' if t.closed else ''}, "
+                            f"the request has {len(tokens)} text tokens and is {s.status.value}")
+            continue
+        fresh = sync(RowText(tokenizer, s.valid.stop), tokens[: t.n_tokens], t.closed)
+        if (t.text, t.stop_at) != (fresh.text, fresh.stop_at):
+            problems.append(f"uid {uid}: its text {t.text[-40:]!r} (stop at {t.stop_at}) is not what its "
+                            f"{t.n_tokens} tokens decode to, {fresh.text[-40:]!r} (stop at {fresh.stop_at})")
+    return problems
+
+
 def _batch(state: EngineState) -> tuple[list[str], int]:
     batch, problems = state.batch, []
     B, P = len(batch), len(batch.rows) + len(batch.free)
@@ -122,10 +146,10 @@ def _layer(name: str, label: str, cache, held: np.ndarray, B: int) -> list[str]:
     return out
 
 
-def check_state(state: EngineState) -> Integrity:
-    """Check ``state`` (see the module docstring). Never raises for a bad state: the
-    problems are the result."""
-    problems = _places(state)
+def check_state(state: EngineState, tokenizer=None) -> Integrity:
+    """Check ``state`` (see the module docstring; the text caches only with the requests'
+    ``tokenizer``). Never raises for a bad state: the problems are the result."""
+    problems = _places(state) + ([] if tokenizer is None else _texts(state, tokenizer))
     batch_problems, n_layers = _batch(state)
     summary = (f"{len(state.batch)} row(s), {len(state.queue)} queued, "
                f"{len(state.prefilling.states) if state.prefilling else 0} prefilling, "

@@ -24,6 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 FINISH_REASONS = ("stop", "length", "error", "abort")
+# The smallest positive temperature: sampling scales log-probabilities (>= -ln V, V < e^32)
+# by 1 / temperature in float32, which stays finite (<= 32 / 1e-37 < 3.4e38) from here on.
+MIN_TEMPERATURE = 1e-37
+# Stop strings per request and characters per stop string (the automaton that matches them
+# costs the same per token whatever their number: these bound its size, built per request).
+MAX_STOP_STRINGS, MAX_STOP_LENGTH = 64, 256
 
 
 @dataclass(frozen=True)
@@ -36,9 +42,11 @@ class Request:
             unless the text already starts with it), or a non-empty list of token ids, each
             in ``[0, vocab_size)``. Give ``prompt`` or ``messages``, not both.
         max_tokens: maximum number of generated tokens, ``>= 1``.
-        temperature: ``0.0`` means greedy (argmax); ``> 0`` samples (mlx-lm's filters
-            ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``, then a categorical draw
-            with the row's own PRNG key).
+        temperature: ``0.0`` means greedy (argmax); ``>= MIN_TEMPERATURE`` (``1e-37``)
+            samples (mlx-lm's filters ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``,
+            then a categorical draw of the log-probabilities times ``1 / temperature`` with
+            the row's own PRNG key). A positive temperature below ``MIN_TEMPERATURE``, where
+            ``1 / temperature`` overflows float32, is refused.
         top_p: nucleus mass in ``(0, 1]``; ``1.0`` disables it. Needs ``temperature > 0``.
         top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
         min_p: keep tokens with probability ``>= min_p`` times the top one's, ``[0, 1)``.
@@ -51,22 +59,27 @@ class Request:
         repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
             ``make_logits_processors`` options (context = the row's own prompt and
             generated tokens, never padding).
-        logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables.
-        sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling.
+        logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables
+            (an ``mx.array`` of a floating dtype).
+        sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling
+            (one integer id in ``[0, V)``: an ``mx.array``, a Python or numpy int).
         on_token: ``(uid, token) -> None``, called when a token is read (ids; the text
             path is ``Scheduler.stream``).
         messages: chat turns ``[{"role": str, "content": str}, ...]``, encoded with the
             tokenizer's chat template and its generation prompt (mlx-lm's
             ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``).
-        stop: stop strings (a str or a list of non-empty str): the row finishes (reason
-            ``stop``) when one appears in its decoded text, across token boundaries; the
-            text ends before it (``workbench.engine.text``).
+        stop: stop strings (a str or a list of non-empty str; at most ``MAX_STOP_STRINGS``
+            (64) of at most ``MAX_STOP_LENGTH`` (256) characters each): the row finishes
+            (reason ``stop``) when one appears in its decoded text, across token boundaries;
+            the text ends before it (``workbench.engine.text``).
         adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
             (``workbench.engine.levers.lora``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
 
-    An exception raised by a processor, sampler or ``on_token``, or non-finite logits,
-    ends only that row (finish reason ``error``).
+    An exception raised by a processor, sampler or ``on_token``, a processor's or sampler's
+    return value outside its contract (a token id outside ``[0, V)`` or not an integer, a
+    wrong shape or dtype), or non-finite logits, ends only that row (finish reason
+    ``error``, the message naming the callable, the value and the limit).
 
     Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
     """
@@ -170,11 +183,12 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     Raises:
         ValueError: naming the field and its allowed range, for a wrong type, an empty
             prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
-            or non-finite temperature, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
+            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
             ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
             longer than ``context_tokens``, both or neither of ``prompt`` and
-            ``messages``, ``messages`` for a tokenizer without a chat template, or a stop
-            string that is not a non-empty str, or an ``adapter`` that is not a
+            ``messages``, ``messages`` for a tokenizer without a chat template, a stop
+            string that is not a non-empty str, more than ``MAX_STOP_STRINGS`` stop strings
+            or one longer than ``MAX_STOP_LENGTH`` characters, or an ``adapter`` that is not a
             non-empty str or None (whether it is loaded is the scheduler's check).
     """
     if not isinstance(request, Request):
@@ -253,9 +267,14 @@ def _stop_strings(r: Request) -> tuple[str, ...]:
     stops = [r.stop] if isinstance(r.stop, str) else r.stop
     if not isinstance(stops, (list, tuple)):
         raise ValueError(f"stop must be a str or a list of str, got {type(r.stop).__name__}")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} (MAX_STOP_STRINGS) are allowed")
     for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop[{i}] must be a non-empty str, got {s!r}")
+        if len(s) > MAX_STOP_LENGTH:
+            raise ValueError(f"stop[{i}] is {len(s)} characters long; at most {MAX_STOP_LENGTH} (MAX_STOP_LENGTH) "
+                             "are allowed")
     return tuple(dict.fromkeys(stops))
 
 
@@ -263,6 +282,9 @@ def _check_sampling(r: Request) -> None:
     """temperature, top_p, top_k, min_p and seed within their ranges."""
     if not _is_real(r.temperature) or r.temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
+    if 0 < r.temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (1 / temperature must be "
+                         f"finite in float32), got {r.temperature!r}")
     if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
         raise ValueError(f"top_p must be a number in (0, 1], got {r.top_p!r}")
     if not _is_int(r.top_k) or r.top_k < 0:

@@ -13,12 +13,21 @@ depends on the seed and ``t`` only (never on ``max_tokens``, neighbours, preempt
 checkpoints)
 — mlx-lm draws from one global PRNG state, so it cannot batch seeded requests.
 
+What a user's callable returns is checked before it can reach the next forward: a logits
+processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a custom sampler one
+integer token id in ``[0, V)`` (:func:`sampler_token`); anything else ends only that row
+(finish reason ``error``, the message naming the callable, the value and the limit). A
+sampler's id is checked on the device, lazily (:class:`TokenCheck`), so pipelining is kept:
+an id outside the vocabulary never reaches the embedding (token 0 is fed instead, and
+discarded with the row).
+
 Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -34,6 +43,85 @@ def token_key(seed: int, t: int) -> mx.array:
     would make token ``t`` depend on ``max_tokens``.)"""
     digest = hashlib.blake2b(f"{seed}:{t}".encode(), digest_size=8).digest()
     return mx.random.key(int.from_bytes(digest, "little"))
+
+
+class BadOutput(ValueError):
+    """What a logits processor or custom sampler returned breaks its contract; the message
+    is the row's error."""
+
+
+def dtype_name(dtype: Any) -> str:
+    """``"int32"`` for ``mx.int32`` (MLX prints ``mlx.core.int32``)."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """A custom sampler's returned token id, checked on the device, read with the tokens.
+
+    Attributes:
+        value: ``[1]`` the id as returned (its own dtype). ok: ``[1]`` bool, True when it is
+            an integer in ``[0, vocab_size)``. vocab_size: ``V``.
+    """
+
+    value: mx.array
+    ok: mx.array
+    vocab_size: int
+
+    def message(self) -> str:
+        """``""`` for a good id, else the row's error (evaluates; call it once the step's
+        tokens are read)."""
+        if self.ok.item():
+            return ""
+        return (f"sampler returned {self.value.item()!r} ({dtype_name(self.value.dtype)}); a token id must be an "
+                f"integer in [0, {self.vocab_size})")
+
+
+def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
+    """A custom sampler's return value as ``([1] uint32 token, its check)``: the token is
+    the returned id where the check passes, else 0 (never an id outside the embedding).
+
+    Args:
+        value: what the sampler returned: an ``mx.array`` (or anything ``mx.array`` takes)
+            holding one integer id (any shape of size 1, e.g. ``[1]``).
+        vocab_size: ``V``.
+
+    Raises:
+        BadOutput: for a value ``mx.array`` refuses, or one of size other than 1 (naming
+            its type or shape). A non-integer dtype (``3.7``, NaN) or an id outside
+            ``[0, V)`` is the :class:`TokenCheck`'s finding, read with the tokens.
+    """
+    try:
+        array = value if isinstance(value, mx.array) else mx.array(value)
+    except (TypeError, ValueError) as exc:
+        raise BadOutput(f"sampler returned {type(value).__name__}, not a token id ({exc})") from None
+    if array.size != 1:
+        raise BadOutput(f"sampler returned shape {tuple(array.shape)}; a token id must be one integer "
+                        f"(shape [1]) in [0, {vocab_size})")
+    array = array.reshape(1)
+    if mx.issubdtype(array.dtype, mx.integer):
+        ok = (array >= 0) & (array < vocab_size) if mx.issubdtype(array.dtype, mx.signedinteger) else array < vocab_size
+    else:  # 3.7, NaN, True: not an id (never truncated to one)
+        ok = mx.zeros((1,), dtype=mx.bool_)
+    return mx.where(ok, array, 0).astype(mx.uint32), TokenCheck(array, ok, vocab_size)
+
+
+def processed_logits(value: Any, index: int, vocab_size: int, dtype: Any) -> mx.array:
+    """A logits processor's return value checked: an ``mx.array`` ``[1, V]`` of a floating
+    dtype, returned as ``dtype`` (the model's logits dtype).
+
+    Raises:
+        BadOutput: naming processor ``index`` (in the row's list, mlx-lm's processors first)
+            and what it returned (type, shape or dtype) against ``[1, V]`` floating.
+    """
+    want = f"logits must be an mx.array [1, {vocab_size}] of a floating dtype"
+    if not isinstance(value, mx.array):
+        raise BadOutput(f"logits processor {index} returned {type(value).__name__}; {want}")
+    if tuple(value.shape) != (1, vocab_size):
+        raise BadOutput(f"logits processor {index} returned shape {list(value.shape)}; {want}")
+    if not mx.issubdtype(value.dtype, mx.floating):
+        raise BadOutput(f"logits processor {index} returned dtype {dtype_name(value.dtype)}; {want}")
+    return value.astype(dtype)
 
 
 class RowSampler:
@@ -53,6 +141,7 @@ class RowSampler:
             presence_penalty=r.presence_penalty or None, frequency_penalty=r.frequency_penalty or None,
         ) + list(r.logits_processors)
         self.custom = r.sampler
+        self.vocab_size = vocab_size
         self.temperature, self.top_p, self.top_k, self.min_p = r.temperature, r.top_p, r.top_k, r.min_p
         if self.top_k >= vocab_size:
             self.top_k = 0
@@ -61,15 +150,23 @@ class RowSampler:
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
         """Apply the row's logits processors to ``logits`` ``[1, V]`` given its tokens
-        ``[T]``. Exceptions propagate (the caller contains them)."""
-        for processor in self.processors:
-            logits = processor(context, logits)
+        ``[T]``, each one's output checked (:func:`processed_logits`). Exceptions propagate
+        (the caller contains them; :class:`BadOutput` for a broken output)."""
+        V = logits.shape[-1]
+        for i, processor in enumerate(self.processors):
+            logits = processed_logits(processor(context, logits), i, V, logits.dtype)
         return logits
 
+    def custom_token(self, logprobs: mx.array) -> tuple[mx.array, TokenCheck]:
+        """The custom sampler's token from ``logprobs`` ``[1, V]``, as :func:`sampler_token`
+        gives it. Raises what the sampler raises, or :class:`BadOutput`."""
+        return sampler_token(self.custom(logprobs), self.vocab_size)
+
     def choose(self, logprobs: mx.array, t: int) -> mx.array:
-        """The row's ``t``-th token (0-based) from ``logprobs`` ``[1, V]``; ``[1]`` uint32."""
+        """The row's ``t``-th token (0-based) from ``logprobs`` ``[1, V]``; ``[1]`` uint32
+        (a custom sampler's unchecked: use :meth:`custom_token`)."""
         if self.custom is not None:
-            return mx.array(self.custom(logprobs)).reshape(1).astype(mx.uint32)
+            return self.custom_token(logprobs)[0]
         if self.temperature == 0:
             return mx.argmax(logprobs, axis=-1).astype(mx.uint32)
         if 0 < self.top_p < 1:
@@ -78,8 +175,10 @@ class RowSampler:
             logprobs = apply_min_p(logprobs, self.min_p)
         if self.top_k > 0:
             logprobs = apply_top_k(logprobs, self.top_k)
-        key = token_key(self.seed, t)
-        return mx.random.categorical(logprobs * (1.0 / self.temperature), key=key).astype(mx.uint32)
+        key, scale = token_key(self.seed, t), 1.0 / self.temperature
+        if scale * 32 > mx.finfo(logprobs.dtype).max:  # a log-prob (>= -32) x scale overflows (float16)
+            logprobs = logprobs.astype(mx.float32)  # finite there for any accepted temperature
+        return mx.random.categorical(logprobs * scale, key=key).astype(mx.uint32)
 
 
 def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any],
@@ -95,10 +194,12 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequ
 
     Returns:
         ``(tokens [B] uint32, logprobs [B, V], errors)``; ``errors`` maps a row to the
-        message of the exception its processors or sampler raised (that row's token is
-        then 0 and must be discarded).
+        message of the exception its processors or sampler raised, or of what they
+        returned against their contract (that row's token must then be discarded), or to
+        the :class:`TokenCheck` of its custom sampler's id (a message once evaluated, ``""``
+        for a good id).
     """
-    errors: dict[int, str] = {}
+    errors: dict[int, str | TokenCheck] = {}
     if all(s.shared_argmax for s in samplers):
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         return mx.argmax(logprobs, axis=-1).astype(mx.uint32), logprobs, errors
@@ -106,23 +207,32 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequ
     for b, s in enumerate(samplers):
         row = logits[b : b + 1]
         if s.processors:
-            try:
-                row = s.process(contexts[b](), row)
-            except Exception as exc:  # contained: only this row ends
-                errors[b] = f"logits processor raised {type(exc).__name__}: {exc}"
-                row = mx.zeros_like(logits[b : b + 1])
+            row = _contained(errors, b, "logits processor", lambda s=s, b=b, row=row: s.process(contexts[b](), row),
+                             mx.zeros_like(row))
         rows_logits.append(row)
     logits = mx.concatenate(rows_logits, axis=0)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     greedy = mx.argmax(logprobs, axis=-1).astype(mx.uint32)
     tokens = []
     for b, s in enumerate(samplers):
-        if b in errors or (s.temperature == 0 and s.custom is None):
-            tokens.append(greedy[b : b + 1])
-            continue
-        try:
-            tokens.append(s.choose(logprobs[b : b + 1], token_index[b]))
-        except Exception as exc:  # contained: only this row ends
-            errors[b] = f"sampler raised {type(exc).__name__}: {exc}"
-            tokens.append(greedy[b : b + 1])
+        lp, chosen = logprobs[b : b + 1], None
+        if b not in errors and s.custom is not None:
+            checked = _contained(errors, b, "sampler", lambda s=s, lp=lp: s.custom_token(lp), None)
+            if checked is not None:
+                chosen, errors[b] = checked
+        elif b not in errors and s.temperature != 0:
+            chosen = _contained(errors, b, "sampler", lambda s=s, lp=lp, b=b: s.choose(lp, token_index[b]), None)
+        tokens.append(greedy[b : b + 1] if chosen is None else chosen)
     return mx.concatenate(tokens), logprobs, errors
+
+
+def _contained(errors: dict, b: int, what: str, call: Any, fallback: Any) -> Any:
+    """``call()``; an exception from a user's callable ends only row ``b``: its message goes
+    into ``errors[b]`` (a :class:`BadOutput`'s as it is) and ``fallback`` is returned."""
+    try:
+        return call()
+    except BadOutput as exc:
+        errors[b] = str(exc)
+    except Exception as exc:
+        errors[b] = f"{what} raised {type(exc).__name__}: {exc}"
+    return fallback

@@ -150,7 +150,9 @@ class Scheduler:
         self.ledger = KVLedger(self.recipe.profile(), cfg, self.pacing is None and prompt_cache is None and quant is None,
                                chunked_padding=self.runner.chunks_padding())
         aligned = cfg.prefill_step_size if self.batch_invariant else None
-        cache = None if prompt_cache is None else PromptCache(model, prompt_cache, asked.max_kv_size, aligned)
+        cache = None if prompt_cache is None else PromptCache(  # keyed by all that shapes a cache
+            model, prompt_cache, asked.max_kv_size, aligned, kv_quant=quant, adapters=self.adapters,
+            fast_decode=self.runner.fast_decode)
         self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
         self._in_call = False
 
@@ -603,9 +605,10 @@ class Scheduler:
     def check(self) -> Integrity:
         """Check the engine's integrity: every request in the place its status says, no
         uid lost, each layer's cache offsets and widths equal to the scheduler's token
-        counts (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
+        counts, each row's text equal to what its tokens decode to
+        (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
         (``.ok``, ``.problems``; ``print`` it). Raises nothing; changes nothing."""
-        return check_state(self.state)
+        return check_state(self.state, self.tokenizer)
 
     # -- reading a request ------------------------------------------------------------
     def _state_of(self, uid: int) -> RequestState:

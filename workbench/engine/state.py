@@ -104,10 +104,18 @@ class RequestState:
 
     def text(self, tokenizer) -> RowText:
         """Its :class:`RowText`, brought up to date with its tokens (built from them when
-        dropped); closed once it finished. Mirrors mlx-lm's per-request ``detokenizer``."""
-        if self.text_state is None:
-            self.text_state = RowText(tokenizer, self.valid.stop)
-        return sync(self.text_state, text_tokens(self.tokens, self.finish_reason, self.valid.stop_ids), self.finished)
+        dropped); closed once it finished. Mirrors mlx-lm's per-request ``detokenizer``.
+
+        Interrupt-safe: the text cache is detached while it is fed, so an exception
+        (``KeyboardInterrupt`` included) at any point leaves either the cache as it was or
+        none (rebuilt from the tokens by the next read), never one that counts a token it
+        did not decode."""
+        text, self.text_state = self.text_state, None
+        if text is None:
+            text = RowText(tokenizer, self.valid.stop)
+        sync(text, text_tokens(self.tokens, self.finish_reason, self.valid.stop_ids), self.finished)
+        self.text_state = text
+        return text
 
     def memo(self) -> tuple:
         """Its mutable fields now, for :meth:`undo` (token lists by length: an engine call

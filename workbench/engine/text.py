@@ -14,6 +14,11 @@ Glossary:
 - *ready text*: the part of the visible text that a stream may hand out now: while the
   row runs, a tail that could still become a stop string is held back.
 
+Stop strings are matched by one Aho-Corasick automaton per stop list (:class:`StopAutomaton`):
+each new character of settled text is one automaton step, and its state (the longest tail
+of the text that begins a stop string) is the tail the ready text holds back, so a
+token's stop check costs the same whatever the number of stop strings.
+
 A :class:`RowText` is a cache: it is always re-derivable from the row's tokens
 (:func:`row_text` feeds it the tokens it has not seen), so rolling back, restoring or
 forking an engine drops it and the next read rebuilds it, with the same result.
@@ -27,7 +32,62 @@ Example (stop ``["\\n\\n"]``; tokens decode to ``"x = 1"``, ``"\\n"``, ``"\\n"``
 
 from __future__ import annotations
 
+import functools
+from collections import deque
 from typing import Any, Sequence
+
+
+class StopAutomaton:
+    """An Aho-Corasick automaton over stop strings: feeding text one character at a time,
+    its state is the longest tail of the text that is a prefix of some stop string, and a
+    stop string ends wherever :attr:`match` of the state is non-zero.
+
+    Args:
+        stops: non-empty stop strings.
+
+    Attributes:
+        depth: per state, the length of the prefix it stands for (characters).
+        match: per state, the length of the longest stop string ending there (0: none).
+
+    Example (stops ``["ab", "bc"]``): feeding ``"xab"`` ends in the state of ``"ab"``
+    (depth 2, match 2: ``"ab"`` ends at index 2, so it starts at 1).
+    """
+
+    def __init__(self, stops: Sequence[str]):
+        goto: list[dict[str, int]] = [{}]
+        self.depth, self.match = [0], [0]
+        for stop in stops:  # the trie of every stop string's prefixes
+            node = 0
+            for ch in stop:
+                if ch not in goto[node]:
+                    goto[node][ch] = len(goto)
+                    goto.append({})
+                    self.depth.append(self.depth[node] + 1)
+                    self.match.append(0)
+                node = goto[node][ch]
+            self.match[node] = len(stop)
+        self._goto, self._fail = goto, [0] * len(goto)
+        queue = deque(goto[0].values())
+        while queue:  # breadth first: a state's failure link is the longest proper tail that is a state
+            node = queue.popleft()
+            for ch, child in goto[node].items():
+                self._fail[child] = self.step(self._fail[node], ch)
+                self.match[child] = max(self.match[child], self.match[self._fail[child]])
+                queue.append(child)
+
+    def step(self, state: int, ch: str) -> int:
+        """The state after one more character ``ch`` (amortized O(1))."""
+        goto, fail = self._goto, self._fail
+        while state and ch not in goto[state]:
+            state = fail[state]
+        return goto[state].get(ch, 0)
+
+
+@functools.lru_cache(maxsize=64)
+def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
+    """The (shared, never changed) automaton of a stop list: built once per list, not per
+    rebuild of a row's text."""
+    return StopAutomaton(stops)
 
 
 class RowText:
@@ -47,9 +107,9 @@ class RowText:
         self._detok = _detokenizer(tokenizer)
         self._decode = tokenizer.decode
         self.stops = tuple(stops)
-        self._longest = max((len(s) for s in self.stops), default=0)
+        self._automaton = stop_automaton(self.stops) if self.stops else None
         self.n_tokens, self.closed, self.stop_at = 0, False, None
-        self._searched = 0  # characters of settled text already searched for stop strings
+        self._state, self._searched = 0, 0  # the automaton's state after the settled text's first _searched characters
         self._lead: str | None = None  # leading space the detokenizer trimmed (tokenizer.decode keeps it)
         self._tokens: list[int] = []
 
@@ -86,7 +146,7 @@ class RowText:
         text = self.text
         if self.closed or self.stop_at is not None or not self.stops:
             return text
-        hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        hold = self._automaton.depth[self._scan(text)[0]]  # the tail that begins a stop string
         return text[: len(text) - hold]
 
     def _note_lead(self, token: int | None) -> None:
@@ -107,15 +167,26 @@ class RowText:
     def _settled(self) -> str:
         return (self._lead or "") + self._detok.text
 
+    def _scan(self, text: str) -> tuple[int, int | None]:
+        """The automaton's state after ``text`` and the start of the earliest stop string
+        ending in its unsearched part (``None``: none), from the state kept: one step per
+        new character. Changes nothing."""
+        state, searched, first = self._state, self._searched, None
+        if searched > len(text):  # the settled text shrank (never for mlx-lm's detokenizers): from the start
+            state, searched = 0, 0
+        for i in range(searched, len(text)):
+            state = self._automaton.step(state, text[i])
+            if self._automaton.match[state]:
+                start = i + 1 - self._automaton.match[state]
+                first = start if first is None else min(first, start)
+        return state, first
+
     def _search(self) -> bool:
         if not self.stops:
             return False
         text = self._settled()
-        start = max(0, self._searched - self._longest + 1)
-        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
-        self._searched = len(text)
-        if hits:
-            self.stop_at = min(hits)
+        state, first = self._scan(text)
+        self._state, self._searched, self.stop_at = state, len(text), self.stop_at if first is None else first
         return self.stop_at is not None
 
 

@@ -18,12 +18,22 @@ the next allocation of that size page-faults fresh memory. Measured on this proj
 quarter of MLX's memory limit), never lowers it (Metal's default is already larger), and
 ``WORKBENCH_MLX_CACHE_BYTES=0`` keeps MLX's default. The scheduler still returns the cache
 to the operating system every ``clear_cache_every`` steps (``mx.clear_cache()``).
+
+Reading memory device-true (what a buffer really takes, :func:`allocation_bytes`; what the
+device really holds, :func:`settled_active_memory`; allocations free of the buffer cache,
+:func:`exact_allocations`): on CUDA MLX rounds every buffer up (8 bytes, a power of two,
+or whole 16 KiB pages), releases a kernel's temporaries only when its stream completes, and
+may hand a freed, somewhat larger buffer back for a smaller request, counting its own size.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -109,3 +119,37 @@ def allocation_bytes(nbytes: int, backend: str | None = None) -> int:
     if nbytes < CUDA_PAGE_BYTES:
         return 1 << (int(nbytes) - 1).bit_length()
     return -(-int(nbytes) // CUDA_PAGE_BYTES) * CUDA_PAGE_BYTES
+
+
+def settled_active_memory(tries: int = 50) -> int:
+    """MLX's active memory once the device is idle (bytes): the default stream synchronized
+    (on CUDA a kernel's temporaries are released by its stream's completion handlers, which
+    ``mx.synchronize`` waits for), unreachable arrays collected, and two readings in a row
+    equal (at most ``tries``, 2 ms apart; the last one otherwise). ``mx.get_active_memory()``
+    read mid-forward counts that forward's buffers too."""
+    reading = None
+    for _ in range(max(1, tries)):
+        mx.synchronize()
+        gc.collect()
+        now = int(mx.get_active_memory())
+        if now == reading:
+            break
+        reading = now
+        time.sleep(0.002)
+    return now
+
+
+@contextlib.contextmanager
+def exact_allocations() -> Iterator[None]:
+    """MLX's buffer cache emptied and off (limit 0) while the body runs, then its limit
+    restored: every buffer allocated inside is fresh, at :func:`allocation_bytes` of its
+    size (a cached buffer handed back for a smaller request counts at its own size: on CUDA
+    up to two 16 KiB pages more, on the CPU seen 19,712 bytes for 16,385), and a freed one
+    leaves active memory at once. Slower (no reuse): for measurements, not for serving."""
+    mx.synchronize()
+    mx.clear_cache()
+    limit = mx.set_cache_limit(0)
+    try:
+        yield
+    finally:
+        mx.set_cache_limit(limit)

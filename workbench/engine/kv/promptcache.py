@@ -7,6 +7,12 @@ At admission a joiner takes the longest cached prefix of the tokens it must pref
 prefills only the uncached tail; when a row finishes its cache is extracted from the
 batch (``extract``), trimmed to the tokens it really holds, and stored under those
 tokens (prompt + generated).
+
+One ``LRUPromptCache`` may serve several schedulers (``Scheduler.fresh()`` shares it). Its
+trie is partitioned by a key (mlx-lm's "model" key): ours is the model *and everything
+else that shapes what a cache holds* (:func:`cache_key`: the window ``max_kv_size``, the
+KV quantization, the adapters, the decode fast paths whose numerics differ), so a
+scheduler only ever resumes entries that its own prefill would have written.
 """
 
 from __future__ import annotations
@@ -19,24 +25,36 @@ from .cache_internals import clone_prompt_cache
 from .caches import single_cache
 
 
+def cache_key(model: Any, max_kv_size: int | None = None, **shaped_by: Any) -> str:
+    """The key of ``model``'s entries in a shared ``LRUPromptCache`` (mlx-lm partitions its
+    trie by a hashable model key): the model's module and id, its window ``max_kv_size``
+    (tokens; ``None``: full attention), and every other setting in ``shaped_by`` (name ->
+    a value with a stable ``repr``, e.g. ``kv_quant=KVQuant(4, 32)``), in name order.
+    Example: ``"mlx_lm.models.qwen3@7f2a max_kv_size=64 kv_quant=None"``."""
+    parts = [f"{type(model).__module__}@{id(model):x}", f"max_kv_size={max_kv_size}"]
+    return " ".join(parts + [f"{name}={shaped_by[name]!r}" for name in sorted(shaped_by)])
+
+
 class PromptCache:
     """A per-scheduler view of an ``LRUPromptCache``.
 
     Args:
-        model: the scheduler's model (fresh caches for misses; its module and id key the trie).
+        model: the scheduler's model (fresh caches for misses).
         lru: an ``LRUPromptCache``, or an int: its ``max_size`` (entries).
         max_kv_size: as the scheduler's (fresh caches for misses).
         aligned: the batch-invariant mode's chunk length ``C`` (tokens): entries hold only
             whole prefill chunks of their prompt (``[0, k C)``, computed as the prompt alone
             computes them) and a hit is cut to a multiple of ``C``, so the tail prefills in
-            the chunks it runs alone; ``None`` (default): any prefix.
+            the chunks it runs alone; ``None`` (default): any prefix. Part of the key.
+        **shaped_by: the scheduler's other settings that change what its caches hold
+            (see :func:`cache_key`, which keys the trie with them and ``max_kv_size``).
     """
 
     def __init__(self, model: Any, lru: LRUPromptCache | int, max_kv_size: int | None = None,
-                 aligned: int | None = None):
+                 aligned: int | None = None, **shaped_by: Any):
         self.model = model
         self.aligned = aligned
-        self.key = f"{type(model).__module__}@{id(model):x}" + (f"/invariant-{aligned}" if aligned else "")
+        self.key = cache_key(model, max_kv_size, aligned=aligned, **shaped_by)
         self.lru = LRUPromptCache(max_size=lru) if isinstance(lru, int) else lru
         self.max_kv_size = max_kv_size
 

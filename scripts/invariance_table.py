@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=3, help="steps between staggered arrivals")
     ap.add_argument("--prefill-step-size", type=int, default=2048, help="prefill chunk (tokens)")
     ap.add_argument("--out", default="workbench-out/invariance_table.jsonl", help="JSON lines file")
+    ap.add_argument("--skip-probe", action="store_true",
+                    help="batch even where the construction probe would choose the serial lane (diagnosis)")
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -52,6 +54,10 @@ def main() -> None:
     import workbench as wb
 
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    if args.skip_probe:
+        import workbench.engine.scheduler as scheduler_module
+
+        scheduler_module.probe = lambda *a, **k: ""
     model, tok = wb.load(args.model, dequantize=args.dtype != "native")
     if args.dtype != "native":
         model.set_dtype(getattr(mx, args.dtype))
@@ -63,6 +69,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
+    probe_says = wb.Scheduler(model, tok, max_batch=2).serial_reason
+    print(f"construction probe: {probe_says or 'batches'}", flush=True)
     for name, kw in engines.items():
         t0 = time.perf_counter()
         alone = [_run(model, tok, [p], 1, 0, kw, args)[0] for p in prompts]

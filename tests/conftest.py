@@ -171,9 +171,24 @@ GPU_SKIP = ("needs an NVIDIA GPU through mlx's CUDA backend (pip install -e \".[
 GPU_SKIPPED = []
 
 
+# The `slow` tier: `pytest -m "not slow"` is the quick check (README). Every executed notebook, every
+# test of the fetched real model and the real-browser test are slow, and so is every test marked
+# `slow` by hand (those that took over about 5 s on 2 cores: `pytest --durations`).
+SLOW_MARKERS = ("realmodel", "browser")
+
+
+def slow_item(item) -> bool:
+    """True for a collected item of the `slow` tier (see SLOW_MARKERS)."""
+    return item.path.suffix == ".ipynb" or any(item.get_closest_marker(m) for m in SLOW_MARKERS)
+
+
 def pytest_collection_modifyitems(config, items):
     import mlx.core as mx
     from workbench.workloads.traces import trace_path
+
+    for item in items:
+        if slow_item(item):
+            item.add_marker(pytest.mark.slow)
 
     if not mx.cuda.is_available():
         for item in items:

@@ -17,3 +17,17 @@ def test_a_skipped_test_prints_its_reason_in_the_summary(tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SKIPPED [1]" in proc.stdout and "no chromium at /usr/bin/chromium" in proc.stdout
+
+
+def _selected(marker_expr, *paths):
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker_expr, *paths],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_the_quick_check_leaves_out_notebooks_the_real_model_and_the_browser():
+    paths = ["notebooks/02_join_evict.ipynb", "tests/verify/test_real_model.py", "tests/test_browser.py",
+             "tests/test_pytest_config.py"]
+    everything, quick = _selected("", *paths), _selected("not slow", *paths)
+    assert any(t.startswith("notebooks/") for t in everything) and any("test_real_model" in t for t in everything)
+    assert quick and all(t.startswith("tests/test_pytest_config.py::") for t in quick), quick

@@ -78,3 +78,12 @@ def test_the_readme_snapshot_printout_is_what_the_snippet_prints(bundled):
     sched.admit()
     sched.step()
     assert str(sched.snapshot()) + "\n" == shown
+
+
+def test_the_docs_index_links_every_document_and_only_documents_that_exist():
+    docs = README.parent / "docs"
+    index = (docs / "README.md").read_text()
+    linked = set(re.findall(r"\]\(([^)#\s]+)\)", index)) - {"../README.md"}
+    assert all((docs / p).exists() for p in linked), sorted(p for p in linked if not (docs / p).exists())
+    pages = {p.relative_to(docs).as_posix() for p in [*docs.glob("*.md"), *docs.glob("lab/*.md")]} - {"README.md"}
+    assert pages <= linked, sorted(pages - linked)

@@ -31,3 +31,13 @@ def test_the_quick_check_leaves_out_notebooks_the_real_model_and_the_browser():
     everything, quick = _selected("", *paths), _selected("not slow", *paths)
     assert any(t.startswith("notebooks/") for t in everything) and any("test_real_model" in t for t in everything)
     assert quick and all(t.startswith("tests/test_pytest_config.py::") for t in quick), quick
+
+
+def test_every_test_listed_as_slow_exists_so_a_rename_cannot_move_it_into_the_quick_check():
+    from tests.conftest import slow_tests
+
+    collected = {t.split("[")[0] for t in _selected("", "tests")}
+    listed = slow_tests()
+    assert len(listed) > 50 and listed <= collected, sorted(listed - collected)
+    quick = {t.split("[")[0] for t in _selected("not slow", "tests")}
+    assert quick and not quick & listed

@@ -81,6 +81,7 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
         report = sched.run(workload)
     echo(requests_table(report.requests))
     echo(f"summary: {report.summary()}")
+    echo(f"checking {len(workload)} rows: each alone through mlx-lm, then all through mlx-lm's BatchGenerator ...")
     check = oracle.solo_check(model_obj, sched)
     uids = [r.uid for r in check.rows]
     refs = oracle.batch_reference(model_obj, [oracle.ref_request(sched.request_of(u)) for u in uids],

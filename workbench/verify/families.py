@@ -146,7 +146,7 @@ def families_markdown(table: pd.DataFrame, versions: str) -> str:
     """``docs/families.md``: counts per result, then the table."""
     counts = table.result.value_counts()
     lines = ["# Model families: batched, serial lane, or refused", "",
-             f"Written by `workbench families` ({versions}); see `workbench/verify/families.py` for how each "
+             f"Written by `workbench families --out docs` ({versions}); see `workbench/verify/families.py` for how each "
              "architecture is built and checked. \"not built\" means the walk's small base config did not fit "
              "that architecture's config: it is untested, not refused.", "",
              ", ".join(f"{k}: {v}" for k, v in counts.items()), "",

@@ -100,18 +100,24 @@ def test_every_sub_command_help_describes_it_and_imports_no_mlx(name):
     assert sub.description and len(sub.description) > 20  # a sentence, not only the usage line
 
 
-def test_ctrl_c_prints_one_line_and_exits_130():
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
+    import os
     import signal
-    import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "families", "--out", "/tmp/never-written"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # well into the walk: imports done, architectures being tried
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "families", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    while b"arch/s" not in seen:  # the walk's progress bar: imports done, architectures being tried
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, seen.decode(errors="replace")
+        seen += chunk
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    _, rest = proc.communicate(timeout=120)
+    stderr = (seen + rest).decode(errors="replace")
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert stderr.rstrip().splitlines()[-1] == "workbench families: interrupted (Ctrl-C)"
+    assert not (tmp_path / "families.md").exists()
 
 
 def test_families_writes_into_the_output_folder_not_the_docs(tmp_path, monkeypatch):

@@ -91,6 +91,8 @@ def try_family(name: str) -> tuple[str, str]:
 
     try:
         model = build(name)
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:  # noqa: BLE001  some modules exit or raise at import without extras
         return "not built", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     try:
@@ -133,7 +135,9 @@ def walk_families(names: list[str] | None = None, progress: Callable[[str], None
             progress(name)
         try:
             module = importlib.import_module(f"mlx_lm.models.{name}")
-        except BaseException as exc:  # noqa: BLE001
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001  some modules exit at import without their extras
             rows.append((name, "not built", f"import: {type(exc).__name__}"))
             continue
         if hasattr(module, "Model") and hasattr(module, "ModelArgs"):

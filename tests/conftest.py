@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from pathlib import Path
 
 
 def _optimized_blas_mapped() -> bool:
@@ -172,9 +173,33 @@ GPU_SKIP = ("needs an NVIDIA GPU through mlx's CUDA backend (pip install -e \".[
 GPU_SKIPPED = []
 
 
+# The `slow` tier: `pytest -m "not slow"` is the quick check (README). Every executed notebook, every
+# test of the fetched real model and the real-browser test are slow, and so is every test function
+# listed in tests/slow_tests.txt (measured over 2 s on 2 cores: `pytest --durations=0`).
+SLOW_MARKERS = ("realmodel", "browser")
+SLOW_TESTS_FILE = Path(__file__).resolve().parent / "slow_tests.txt"
+
+
+def slow_tests() -> set[str]:
+    """The test functions listed in tests/slow_tests.txt (``path::name``, no parameters)."""
+    lines = SLOW_TESTS_FILE.read_text().splitlines()
+    return {line.split()[0] for line in lines if line.strip() and not line.startswith("#")}
+
+
+def slow_item(item, listed: set[str]) -> bool:
+    """True for a collected item of the `slow` tier (SLOW_MARKERS, a notebook, or ``listed``)."""
+    return (item.path.suffix == ".ipynb" or any(item.get_closest_marker(m) for m in SLOW_MARKERS)
+            or item.nodeid.split("[")[0] in listed)
+
+
 def pytest_collection_modifyitems(config, items):
     import mlx.core as mx
     from workbench.workloads.traces import trace_path
+
+    listed = slow_tests()
+    for item in items:
+        if slow_item(item, listed):
+            item.add_marker(pytest.mark.slow)
 
     if not mx.cuda.is_available():
         for item in items:

@@ -67,3 +67,71 @@ def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp
         assert f"](views/{name})" in md
         assert (tmp_path / "views" / name).stat().st_size > 10_000
     assert "uid 2 | . . # # # # # @" in md  # the joiner (5 prompt tokens) in temporal window order
+
+
+SUBCOMMANDS = ("demo", "goldens", "gallery", "bench", "margins", "models", "families", "calibrate", "blas", "info")
+
+
+def _help_modules(args):
+    """``main(args + ['--help'])`` in a fresh interpreter: its stdout and whether mlx, pandas or the engine
+    were imported (the heavy stack, seconds of start-up)."""
+    code = ("import sys\nfrom workbench.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('IMPORTED', sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm', 'pandas', 'workbench.engine') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *args, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_top_level_help_lists_every_sub_command_and_imports_no_mlx():
+    text = _help_modules([])
+    assert text.rstrip().endswith("IMPORTED []"), text
+    for name in SUBCOMMANDS:
+        assert f"    {name}" in text
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_every_sub_command_help_describes_it_and_imports_no_mlx(name):
+    from workbench.cli import build_parser
+
+    text = _help_modules([name])
+    assert text.rstrip().endswith("IMPORTED []"), text
+    sub = build_parser()._subparsers._group_actions[0].choices[name]
+    assert sub.description and len(sub.description) > 20  # a sentence, not only the usage line
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "families", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    while b"arch/s" not in seen:  # the walk's progress bar: imports done, architectures being tried
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, seen.decode(errors="replace")
+        seen += chunk
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=120)
+    stderr = (seen + rest).decode(errors="replace")
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.rstrip().splitlines()[-1] == "workbench families: interrupted (Ctrl-C)"
+    assert not (tmp_path / "families.md").exists()
+
+
+def test_families_writes_into_the_output_folder_not_the_docs(tmp_path, monkeypatch):
+    from workbench.verify import families
+
+    monkeypatch.setattr(families, "architectures", lambda: ["llama", "Klear"])
+    assert main(["families", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "families.md").read_text()
+    assert "| llama | batches | 2 rows of 3 and 7 tokens, 2/2 match solo |" in text and "| Klear | not built |" in text
+
+
+def test_the_commands_that_write_files_default_to_workbench_out():
+    from workbench.cli import build_parser
+
+    parser = build_parser()
+    for args in (["bench"], ["bench", "--quick"], ["families"], ["gallery"], ["demo"]):
+        assert parser.parse_args(args).out == "workbench-out", args

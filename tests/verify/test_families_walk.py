@@ -28,3 +28,17 @@ def test_the_documented_table_lists_every_architecture_once_with_a_known_result(
     assert len(names) == len(set(names)) > 100
     assert {r[1] for r in rows} <= {"batches", "serial lane", "refused", "not built", "fails", "differs from solo"}
     assert ("llama", "batches") in {(n, r[1]) for n, r in zip(names, rows)}
+
+
+def test_the_walk_is_deterministic_where_random_weights_decide_the_result():
+    table = walk_families(["gemma2", "gemma2"])  # serial lane: its log-probability gap depends on the weights
+    assert table.result.tolist() == ["serial lane"] * 2 and table.detail[0] == table.detail[1]
+
+
+def test_an_architecture_that_would_build_gigabytes_is_not_built_and_nothing_is_allocated():
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result, detail = try_family("gemma4")  # its default text config: 35 layers, 262,144 x 8,960 per-layer embeddings
+    assert result == "not built" and "MemoryError" in detail and "MiB of weights" in detail
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: 16 GB were never allocated

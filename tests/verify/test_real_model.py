@@ -15,7 +15,7 @@ pytestmark = pytest.mark.realmodel
 @pytest.fixture(scope="module")
 def smollm2():
     real_model_folder()
-    return wb.load(NAME)  # 4-bit; with WORKBENCH_BLAS=off (the suite) float32 is no faster
+    return wb.load(NAME, dequantize=False)  # 4-bit, as converted (the CPU default would dequantize)
 
 
 def test_the_converted_model_answers_the_capital_of_france_through_its_chat_template(smollm2):
@@ -60,3 +60,18 @@ def test_dequantized_load_is_float32_and_gives_the_4bit_models_logits(smollm2):
     quantized, dequantized = np.array(model(ids)[0, -1]), np.array(dense(ids)[0, -1])
     assert quantized.argmax() == dequantized.argmax()
     np.testing.assert_allclose(dequantized, quantized, atol=0.05 * np.abs(quantized).max())
+
+
+def test_by_default_load_dequantizes_on_the_cpu_saying_so_in_one_line_and_keeps_4_bits_on_a_gpu(smollm2, capsys):
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    capsys.readouterr()
+    model, _ = wb.load(NAME)
+    err = capsys.readouterr().err
+    q_proj = model.model.layers[0].self_attn.q_proj
+    if mx.default_device() == mx.cpu:
+        assert type(q_proj) is nn.Linear and q_proj.weight.dtype == mx.float32
+        assert err.count("\n") == 1 and "dequantized to float32" in err and "dequantize=False" in err
+    else:
+        assert isinstance(q_proj, nn.QuantizedLinear) and err == ""

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.realmodel, pytest.mark.quantized_kv]  # quantized_kv: 
 @pytest.fixture(scope="module")
 def smollm2():
     real_model_folder()
-    return wb.load(NAME)
+    return wb.load(NAME, dequantize=False)  # 4-bit weights, as converted
 
 
 @pytest.mark.parametrize("bits", [4, 8])

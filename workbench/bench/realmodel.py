@@ -88,7 +88,7 @@ def real_decode_runs(batch_sizes: tuple[int, ...], prompt_tokens: int, decode_to
         echo(f"  skipped: {missing}")
         return pd.DataFrame(columns=["engine", "B", "pair", "tok_per_s", "window_s", "tokens", "step_s",
                                      "snapshots", "history_read_s", "same_tokens"]), {"real_model_skipped": missing}
-    model, tokenizer = load(name)  # as converted: 4-bit weights
+    model, tokenizer = load(name, dequantize=False)  # as converted: 4-bit weights
     meta = {"real_model": describe_model(name, model), "real_parameters": parameter_count(model)}
     echo(f"  model {meta['real_model']}")
     runs = pd.concat([decode_runs(engine_factories(model, tokenizer, B, prefill_step_size, REAL_ENGINES),

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import pandas as pd
+from tqdm import tqdm
 
 from .checkpoint import checkpoint_cost
 from .realmodel import real_decode_runs
@@ -127,13 +128,22 @@ def roofline_frame(model: Any, cfg: BenchConfig, runs: pd.DataFrame, join: pd.Da
     return pd.DataFrame(rows)
 
 
-def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = print) -> BenchResult:
+SECTIONS = 9  # the section() calls of run_bench: its progress bar's total
+
+
+def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = print,
+              progress: bool = False) -> BenchResult:
     """Run every scenario of ``cfg`` in order (decode, latency, join, head-of-line,
-    roofline), echoing progress, and return what was measured."""
+    roofline), echoing progress (and with ``progress``, a tqdm bar over the
+    :data:`SECTIONS` sections on stderr), and return what was measured."""
     started_s, loads = time.perf_counter(), []
+    bar = tqdm(total=SECTIONS, desc="bench", unit="section", disable=not progress)
 
     def section(title: str) -> None:
         loads.append(load_1min())
+        if loads[1:]:
+            bar.update(1)
+        bar.set_postfix_str(title.split(" (")[0][:40])
         echo(f"{title} (load average {loads[-1]:.2f}, {time.perf_counter() - started_s:.0f} s in)")
 
     model = make_model(cfg.shape)
@@ -181,6 +191,8 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
     flops = matmul_flops_per_s()
     roofline = roofline_frame(model, cfg, runs, join, bandwidth, flops)
     loads.append(load_1min())
+    bar.update(1)
+    bar.close()
     sizes = {k: v for k, v in asdict(cfg).items() if k not in ("name", "shape")}
     meta = {"mode": cfg.name, **sizes, "model": cfg.shape.describe(), "parameters": parameter_count(model),
             "dtype": "float32", "device": str(mx.default_device()),

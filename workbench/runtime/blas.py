@@ -10,13 +10,14 @@ as ``LD_PRELOAD``). ``import workbench`` does this first thing; set ``WORKBENCH_
 a library path to choose one, or to ``off`` to keep MLX's own.
 
 A start-up hook makes this independent of import order (``import mlx.core`` first is the
-usual first line of a notebook): the first ``import workbench`` that loads a library writes
-``workbench-blas.pth`` into the environment's site-packages (``WORKBENCH_BLAS_HOOK=off``
-prevents it), and Python then loads that library at every interpreter start of this
-environment — scripts, pytest and Jupyter kernels — before anything imports MLX. The hook
-reads ``WORKBENCH_BLAS`` at start-up (``off`` keeps MLX's own). Where neither the hook nor
-import order gave MLX the library, :data:`STATUS` says so and ``import workbench`` warns
-once, with the fix.
+usual first line of a notebook): ``workbench blas --install-hook`` writes
+``workbench-blas.pth`` into the environment's site-packages (:func:`install_hook`), and
+Python then loads that library at every interpreter start of this environment — scripts,
+pytest and Jupyter kernels — before anything imports MLX; ``workbench blas --remove-hook``
+takes it out (:func:`remove_hook`). Importing ``workbench`` never writes it: import only
+loads. The hook reads ``WORKBENCH_BLAS`` and ``WORKBENCH_BLAS_HOOK`` at start-up (``off``
+keeps MLX's own). Where neither the hook nor import order gave MLX the library,
+:data:`STATUS` says so and ``import workbench`` warns once, naming the command.
 
 Candidates, in order: ``$WORKBENCH_BLAS``; Debian/Ubuntu's ``libopenblas.so.0``
 (``apt-get install libopenblas0-pthread``); PyPI's ``mkl`` (``libmkl_rt.so``, about 1 GB;
@@ -66,6 +67,7 @@ def find_blas() -> str | None:
 
 
 HOOK_NAME = "workbench-blas.pth"
+INSTALL_HOOK_COMMAND = "workbench blas --install-hook"
 INSTALL_HINT = "apt-get install libopenblas0-pthread, or pip install -e \".[mkl]\" (MKL from PyPI, about 1 GB)"
 
 
@@ -89,24 +91,40 @@ def hook_line(path: str) -> str:
             f"or not os.path.exists({path!r}) or ctypes.CDLL({path!r}, mode=ctypes.RTLD_GLOBAL)\n")
 
 
-def install_hook(path: str) -> Path | None:
-    """Write :data:`HOOK_NAME` loading ``path`` into this environment's site-packages;
-    returns its path, or ``None`` when that folder is not writable or
-    ``WORKBENCH_BLAS_HOOK=off``."""
-    if os.environ.get("WORKBENCH_BLAS_HOOK", "").strip().lower() in ("off", "none", "0"):
+def hook_path() -> Path:
+    """Where :func:`install_hook` writes the hook: this environment's site-packages
+    (``sysconfig``'s ``purelib``) / :data:`HOOK_NAME`."""
+    return Path(sysconfig.get_paths()["purelib"]) / HOOK_NAME
+
+
+def install_hook(path: str) -> Path:
+    """Write :data:`HOOK_NAME` loading ``path`` into this environment's site-packages
+    (``workbench blas --install-hook``); returns the hook's path.
+
+    Raises:
+        OSError: site-packages is not writable."""
+    target = hook_path()
+    if not target.exists() or target.read_text() != hook_line(path):
+        target.write_text(hook_line(path))
+    return target
+
+
+def remove_hook() -> Path | None:
+    """Delete the hook :func:`install_hook` wrote (``workbench blas --remove-hook``); returns
+    its path, or ``None`` when there was none.
+
+    Raises:
+        OSError: site-packages is not writable."""
+    target = hook_path()
+    if not target.exists():
         return None
-    target = Path(sysconfig.get_paths()["purelib"]) / HOOK_NAME
-    try:
-        if not target.exists() or target.read_text() != hook_line(path):
-            target.write_text(hook_line(path))
-    except OSError:
-        return None
+    target.unlink()
     return target
 
 
 def activate() -> BlasStatus:
     """Load an optimized BLAS globally if on Linux, one is found and MLX is not loaded yet
-    (or the start-up hook loaded it already); install the hook for the next processes."""
+    (or the start-up hook loaded it already). Writes nothing."""
     if not sys.platform.startswith("linux"):
         return BlasStatus(None, "not Linux: MLX uses the platform's BLAS (Accelerate on macOS)")
     if os.environ.get("WORKBENCH_BLAS", "").strip().lower() in ("off", "none", "0"):
@@ -114,13 +132,15 @@ def activate() -> BlasStatus:
     path = find_blas()
     if path is None:
         return BlasStatus(None, f"no optimized BLAS found ({INSTALL_HINT}); using MLX's bundled reference BLAS")
-    hook = install_hook(path)
     if loaded(path):
-        return BlasStatus(path, f"{path} loaded at interpreter start (start-up hook {hook or HOOK_NAME})")
+        hook = hook_path()
+        how = f"start-up hook {hook}" if hook.exists() else "LD_PRELOAD or an earlier import"
+        return BlasStatus(path, f"{path} loaded at interpreter start ({how})")
     if "mlx.core" in sys.modules:
         return BlasStatus(None, f"mlx was imported before workbench, so MLX keeps its slow reference BLAS in "
-                                f"this process; the start-up hook {hook or '(not writable)'} loads {path} in "
-                                "new processes: restart the kernel or interpreter")
+                                f"this process: import workbench first, or run `{INSTALL_HOOK_COMMAND}` once (a "
+                                f"start-up hook that loads {path} in every new process of this environment), "
+                                "then restart the kernel or interpreter")
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:

@@ -7,11 +7,13 @@ about batching.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import mlx_lm
 
+from . import memory  # noqa: F401  MLX's CPU buffer-cache limit, raised before the first model loads
 from .models import BUNDLED_DIR, CATALOG, DATA_DIR, known_models_text, resolve_name
 
 # The default: a small llama trained on CPython's stdlib (scripts/train_tiny.py).
@@ -49,7 +51,7 @@ def resolve(path_or_name: str | Path) -> str:
     return text
 
 
-def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool = False) -> tuple[Any, Any]:
+def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool | None = None) -> tuple[Any, Any]:
     """Load an mlx-lm model and its tokenizer.
 
     Mirrors ``mlx_lm.load``: ``path_or_repo`` is a local folder in mlx-lm's format
@@ -63,6 +65,10 @@ def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool = False) 
             dequantized form (``mlx_lm.utils.dequantize_model``, then ``set_dtype(float32)``).
             Same function, more memory (SmolLM2-135M: 98 MB → about 540 MB) and, on CPU,
             faster: MLX's quantized CPU matmul does not use the BLAS, float32 does.
+            ``None`` (the default): dequantize where MLX's default device is the CPU, and
+            say so in one line on stderr; keep the quantized layers on Metal and CUDA.
+            ``False`` keeps them everywhere. A model without quantized layers is never
+            changed.
 
     Returns:
         ``(model, tokenizer)``: an ``mlx.nn.Module`` and an mlx-lm ``TokenizerWrapper``.
@@ -86,11 +92,24 @@ def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool = False) 
                 f"{known_models_text()}") from None
     else:
         model, tokenizer = mlx_lm.load(target)
-    if dequantize:
-        import mlx.core as mx
-        from mlx_lm.utils import dequantize_model
+    if dequantize is False or not is_quantized(model):
+        return model, tokenizer
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model
 
-        model = dequantize_model(model)
-        model.set_dtype(mx.float32)
-        mx.eval(model.parameters())
+    if dequantize is None:
+        if mx.default_device() != mx.cpu:
+            return model, tokenizer
+        print(f"workbench: {Path(str(path_or_repo)).name} has quantized layers: on the CPU they run dequantized "
+              f"to float32, which is faster here (wb.load(..., dequantize=False) keeps them)", file=sys.stderr)
+    model = dequantize_model(model)
+    model.set_dtype(mx.float32)
+    mx.eval(model.parameters())
     return model, tokenizer
+
+
+def is_quantized(model: Any) -> bool:
+    """True when ``model`` has a quantized layer (mlx's ``QuantizedLinear`` /
+    ``QuantizedEmbedding``: a module holding ``scales``), as ``mlx_lm.utils.dequantize_model``
+    finds them."""
+    return any(hasattr(module, "scales") for _, module in model.named_modules())

@@ -11,8 +11,8 @@ only part of the simulation that runs the engine.
 least squares on the median time of each distinct measured configuration (typical,
 spikes ignored: on a shared machine the fastest time would predict an idle machine, not
 what a replay measures; a coefficient that comes out negative is fixed at 0 and the rest
-refitted); :func:`calibrate` does both. ``scripts/calibrate_cost_model.py`` writes the
-result as JSON.
+refitted); :func:`calibrate` does both. ``workbench calibrate`` writes the result as JSON
+and prints :func:`fit_errors_text`.
 """
 
 from __future__ import annotations
@@ -113,3 +113,20 @@ def calibrate(model: Any, tokenizer: Any, label: str = "", **measure_kwargs: Any
             configurations."""
     prefill, decode = measure_costs(model, tokenizer, **measure_kwargs)
     return fit_cost_model(prefill, decode, label=label)
+
+
+def fit_errors_text(cost: CostModel, prefill: pd.DataFrame, decode: pd.DataFrame) -> str:
+    """Per kind (prefill, decode): how many distinct configurations were measured and the
+    median relative error of ``cost``'s prediction against each one's median time (text
+    lines, as ``workbench calibrate`` prints them)."""
+    lines = []
+    for name, frame, keys, predict in (
+        ("prefill", prefill, ["rows", "tokens", "start_tokens"],
+         lambda r: cost.prefill_s(r.tokens, r.start_tokens, r.rows)),
+        ("decode", decode, ["batch_size", "kv_width_tokens"], lambda r: cost.decode_s(r.batch_size, r.kv_width_tokens)),
+    ):
+        med = frame.groupby(keys, as_index=False).time_s.median()
+        err = (pd.Series([predict(r) for r in med.itertuples()]) - med.time_s).abs() / med.time_s
+        lines.append(f"{name}: {len(med)} configurations, median relative error {err.median():.0%} "
+                     "(vs the median of each)")
+    return "\n".join(lines)

@@ -12,16 +12,27 @@ config does not have is listed as "not built" with the error: it is untested, no
 refused. A built one is given to a ``Scheduler`` (which refuses cache types that cannot
 batch and probes batching, :mod:`workbench.engine.probe`); two greedy requests of 3 and
 7 tokens run batched and are compared with each run alone through mlx-lm.
+
+The walk is deterministic and bounded: each architecture's random weights come from
+``mx.random.seed`` of a fixed :data:`SEED` set just before it is built (without it,
+gemma2's batched-against-solo log-probability gap changed from run to run), and an
+architecture whose config, after the base config, still asks for more than
+:data:`MAX_PARAMETER_BYTES` of weights (gemma4's per-layer embeddings: 262,144 x layers) is
+listed as "not built" with its size, before a byte of it is allocated (MLX builds
+parameters lazily; their ``nbytes`` is known from shape and dtype). MLX's buffer cache is
+cleared after each architecture, so one architecture's freed buffers do not stay with the
+process.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 import pandas as pd
+from mlx.utils import tree_flatten
 
 BASE_CONFIG = dict(
     hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
@@ -30,6 +41,9 @@ BASE_CONFIG = dict(
     n_inner=128, n_positions=512, n_ctx=512, d_model=64, n_layers=2, n_heads=4, num_layers=2, dim=64,
     hidden_dim=128, ffn_dim=128, num_heads=4, num_kv_heads=2, sliding_window=8, max_seq_len=512)
 COLUMNS = ["architecture", "result", "detail"]
+SEED = 0  # mx.random.seed before each architecture is built: the same weights on every run
+MAX_PARAMETER_BYTES = 256 << 20  # an architecture asking for more is not built (see the module docstring)
+SKIPPED_MODULES = ("base", "cache", "rope_utils", "switch_layers", "activations", "pipeline")
 
 
 class ByteTokenizer:
@@ -54,9 +68,16 @@ def build(name: str) -> Any:
     """A random 2-layer instance of mlx-lm's architecture ``name`` (:data:`BASE_CONFIG`).
 
     Raises:
+        MemoryError: the architecture's weights would take more than :data:`MAX_PARAMETER_BYTES`
+            (raised before they are allocated).
         Exception: whatever mlx-lm raises for a config it cannot build from."""
     module = importlib.import_module(f"mlx_lm.models.{name}")
+    mx.random.seed(SEED)
     model = module.Model(module.ModelArgs.from_dict(dict(BASE_CONFIG, model_type=name)))
+    nbytes = sum(p.nbytes for _, p in tree_flatten(model.parameters()))  # lazy arrays: nothing allocated yet
+    if nbytes > MAX_PARAMETER_BYTES:
+        raise MemoryError(f"the base config still builds {nbytes / 2**20:,.0f} MiB of weights "
+                          f"(limit {MAX_PARAMETER_BYTES >> 20} MiB)")
     mx.eval(model.parameters())
     model(mx.array([[1, 2, 3]]))  # one forward: built for real
     return model
@@ -70,6 +91,8 @@ def try_family(name: str) -> tuple[str, str]:
 
     try:
         model = build(name)
+    except KeyboardInterrupt:
+        raise
     except BaseException as exc:  # noqa: BLE001  some modules exit or raise at import without extras
         return "not built", f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     try:
@@ -90,21 +113,36 @@ def try_family(name: str) -> tuple[str, str]:
     return (lane if check.ok else "differs from solo"), detail
 
 
-def walk_families() -> pd.DataFrame:
-    """One row per architecture module of ``mlx_lm.models`` with ``COLUMNS``."""
+def architectures() -> list[str]:
+    """Names of ``mlx_lm.models``' architecture modules, sorted (helpers in
+    :data:`SKIPPED_MODULES` and subpackages left out)."""
     import mlx_lm.models as models
 
+    return sorted(info.name for info in pkgutil.iter_modules(models.__path__)
+                  if not info.ispkg and info.name not in SKIPPED_MODULES)
+
+
+def walk_families(names: list[str] | None = None, progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """One row per architecture module of ``mlx_lm.models`` (or of ``names``) with ``COLUMNS``.
+
+    Args:
+        names: architecture module names (default :func:`architectures`).
+        progress: called with each name before it is tried (``workbench families``' progress bar).
+    """
     rows = []
-    for info in sorted(pkgutil.iter_modules(models.__path__), key=lambda i: i.name):
-        if info.ispkg or info.name in ("base", "cache", "rope_utils", "switch_layers", "activations", "pipeline"):
-            continue
+    for name in architectures() if names is None else names:
+        if progress is not None:
+            progress(name)
         try:
-            module = importlib.import_module(f"mlx_lm.models.{info.name}")
-        except BaseException as exc:  # noqa: BLE001
-            rows.append((info.name, "not built", f"import: {type(exc).__name__}"))
+            module = importlib.import_module(f"mlx_lm.models.{name}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001  some modules exit at import without their extras
+            rows.append((name, "not built", f"import: {type(exc).__name__}"))
             continue
         if hasattr(module, "Model") and hasattr(module, "ModelArgs"):
-            rows.append((info.name, *try_family(info.name)))
+            rows.append((name, *try_family(name)))
+        mx.clear_cache()  # the raised buffer-cache limit would keep this architecture's freed buffers
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -112,7 +150,7 @@ def families_markdown(table: pd.DataFrame, versions: str) -> str:
     """``docs/families.md``: counts per result, then the table."""
     counts = table.result.value_counts()
     lines = ["# Model families: batched, serial lane, or refused", "",
-             f"Written by `workbench families` ({versions}); see `workbench/verify/families.py` for how each "
+             f"Written by `workbench families --out docs` ({versions}); see `workbench/verify/families.py` for how each "
              "architecture is built and checked. \"not built\" means the walk's small base config did not fit "
              "that architecture's config: it is untested, not refused.", "",
              ", ".join(f"{k}: {v}" for k, v in counts.items()), "",

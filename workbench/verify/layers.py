@@ -21,7 +21,7 @@ cache (each scaled by the solo side's largest magnitude in that layer). ``rtol``
 to :data:`DEFAULT_RTOL`, 11 times the largest float32 noise measured between correct
 batched and solo runs of the six bundled models (:data:`MEASURED_NOISE`: 9.1e-6 on an H200
 with full float32 matmuls; on the CPU 5.6e-6 with OpenBLAS, 2.0e-6 with MLX's own matmuls,
-where five of the six agree bit for bit; ``scripts/layer_noise.py``,
+where five of the six agree bit for bit; ``scripts/lab/layer_noise.py``,
 ``docs/divergence.md``). TF32 matmuls (5e-4 to 1e-2) are over it at layer 0: a cause found,
 not noise.
 
@@ -49,8 +49,8 @@ from ..engine.checkpoint import Checkpoint
 from .oracle import DEFAULT_ATOL, ref_request, scheduler_trace, solo_reference
 from .rerun import BatchedStep, StepRecord, batched_step, solo_step
 
-MEASURED_NOISE = 9.1e-6  # largest relative |Δ| of a correct batch: bundled models, float32, CPU and H200 (scripts/layer_noise.py)
-DEFAULT_RTOL = 1e-4  # 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/layer_noise.py)
+MEASURED_NOISE = 9.1e-6  # largest relative |Δ| of a correct batch: bundled models, float32, CPU and H200 (scripts/lab/layer_noise.py)
+DEFAULT_RTOL = 1e-4  # 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/lab/layer_noise.py)
 COLUMNS = ["layer", "max_abs_delta", "mean_abs_delta", "tolerance", "kv_max_abs_delta", "kv_tolerance",
            "over", "first_position", "n_positions_over", "positions"]
 

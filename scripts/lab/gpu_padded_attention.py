@@ -4,7 +4,7 @@ mlx-lm's padding mask (issue 15). For each batch size, dtype and head dim: the l
 and the time of ``layers`` attentions in one eval, kernel vs masked vs unmasked (no padding
 honoured: the fused kernel's speed, the floor).
 
-Usage (on a CUDA machine): ``python scripts/gpu_padded_attention.py [--out FILE]``.
+Usage (on a CUDA machine): ``python scripts/lab/gpu_padded_attention.py [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx  # noqa: E402
 

@@ -5,7 +5,7 @@ first (30-step age bound), mlx-lm against the fixed-chunk workbench and paced ta
 tiny-llama cost model, so the table is deterministic (the same on every machine) and
 compares scheduling alone. Prints each engine / mlx-lm and writes ``OUT/summary.csv``.
 
-Usage: ``python scripts/pacing_cost_sweep.py OUT`` (about 9 minutes on 2 cores).
+Usage: ``python scripts/lab/pacing_cost_sweep.py OUT`` (about 9 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import workbench as wb  # noqa: E402
 from workbench.bench.model import QUICK, make_model  # noqa: E402

@@ -1,7 +1,7 @@
 """Decode-only ratios (workbench / mlx-lm) at B = 1, 8, 32 with the full bench's model and sizes:
 the decode section of `workbench bench` alone, for a quick re-measure on a quiet machine.
 
-Usage: ``python scripts/decode_ratios.py [pairs]`` (default 4 alternating pairs per batch size).
+Usage: ``python scripts/lab/decode_ratios.py [pairs]`` (default 4 alternating pairs per batch size).
 Also runs the workbench with ``fast_decode=False`` (mlx-lm's forward as it is) in the same
 alternation: the before / after of the decode fast paths (``workbench/engine/levers/fastpath.py``;
 the bench's equal-length prompts leave no row padded, so every step runs without a mask).

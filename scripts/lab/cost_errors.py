@@ -1,7 +1,7 @@
 """The cost model's error per operation, against the forwards a paced engine measured, and
 what the pacer's correction leaves of it (issue 17).
 
-Usage: ``python scripts/cost_errors.py [N_REQUESTS]`` (default 25). Replays the first
+Usage: ``python scripts/lab/cost_errors.py [N_REQUESTS]`` (default 25). Replays the first
 N requests of the Azure conversation trace window that ``docs/policies.md`` uses (the real
 tiny-llama, ``max_batch`` 8, chunks of at most 32 tokens, arrival times kept) on the wall
 clock through a Scheduler paced with the bundled cost model

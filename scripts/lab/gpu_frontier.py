@@ -2,7 +2,7 @@
 with fixed chunks, and the workbench paced at several targets, on the same staggered
 arrivals, alternating, on the wall clock.
 
-Usage: ``python scripts/gpu_frontier.py OUT_DIR [ROUNDS] [ARRIVAL_STEPS ...]`` (defaults 3;
+Usage: ``python scripts/lab/gpu_frontier.py OUT_DIR [ROUNDS] [ARRIVAL_STEPS ...]`` (defaults 3;
 8 and 3). The 1B-shaped bf16 llama of ``workbench bench --device gpu``, 24 requests of the
 staggered benchmark's prompt lengths (8-300 tokens) and max_tokens (16-56), ``max_batch`` 8,
 ``prefill_step_size`` 512; the arrival interval is ARRIVAL_STEPS x the measured decode step at

@@ -7,7 +7,7 @@ Bytes and admission use the bundled trained model (tiny-code: head dim 32, so gr
 times use the benchmark's 155M-parameter llama shape (workbench.bench.model.FULL: head dim 64,
 group 64) at B rows over random keys and values, medians of interleaved repeats.
 
-Usage: ``python scripts/quantized_kv.py [--rows 8] [--contexts 256 1024] [--repeats 5] [--no-files]``
+Usage: ``python scripts/lab/quantized_kv.py [--rows 8] [--contexts 256 1024] [--repeats 5] [--no-files]``
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from workbench.bench.quantized import admission_under_budget, bytes_per_token, s
 from workbench.views.quantized import quantized_text, render_quantized
 from workbench.views.style import figure_png
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

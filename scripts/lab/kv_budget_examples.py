@@ -3,7 +3,7 @@ admission compared with the budget, and what the engine holds now under budgets 
 and of a few rows as mlx-lm allocates them (the peak of ``Snapshot.held_bytes`` over a run:
 batch + prefilling group + prompt cache, the arrays' nbytes).
 
-Usage: ``python scripts/kv_budget_examples.py`` (CPU, about a minute).
+Usage: ``python scripts/lab/kv_budget_examples.py`` (CPU, about a minute).
 """
 
 from __future__ import annotations

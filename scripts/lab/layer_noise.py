@@ -6,7 +6,7 @@ decode together; at each of the first ``steps`` decode steps every row's forward
 batched and alone (``wb.verify.localize``) and the largest relative |Δ| of any layer's output
 or KV cache is kept (``LayerDivergence.relative_delta``).
 
-Usage: ``python scripts/layer_noise.py [steps]`` (default 6). ``WORKBENCH_BLAS=off`` gives the
+Usage: ``python scripts/lab/layer_noise.py [steps]`` (default 6). ``WORKBENCH_BLAS=off`` gives the
 test suite's numerics (MLX's own CPU matmuls); unset, an optimized BLAS is used if present. On
 an NVIDIA GPU ``MLX_ENABLE_TF32=1`` runs float32 matmuls at TF32 (``docs/gpu.md``); the
 outputs of both settings on an H200 are in ``docs/benchmarks/layer_noise_h200_tf32_*.txt``.

@@ -4,7 +4,7 @@ reference BLAS (nbval's ``WORKBENCH_BLAS=off``) float32 does not pay, so the not
 4-bit; with an optimized BLAS (``WORKBENCH_BLAS=/path/to/libopenblas.so.0``) float32
 prefills over 10 times faster. Notebook 10 points here rather than quoting numbers of another run.
 
-Usage: ``python scripts/chat_notebook_cost.py`` (needs ``workbench models fetch smollm2-135m``).
+Usage: ``python scripts/lab/chat_notebook_cost.py`` (needs ``workbench models fetch smollm2-135m``).
 With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set, as nbval runs the notebook;
 the script restarts itself with it, since the BLAS is chosen at interpreter start),
 it times the forwards notebook 10 is made of: a 37-token prefill (one chat prompt), and one

@@ -1,7 +1,7 @@
 """Are issue 17's latency goals reachable at all on this machine? The TTFT and ITL floors of
 ``workbench bench``'s staggered arrivals against mlx-lm's BatchGenerator, measured in one run.
 
-Usage: ``python scripts/latency_floors.py [OUT_DIR] [--rounds N] [--arrival-steps S ...]
+Usage: ``python scripts/lab/latency_floors.py [OUT_DIR] [--rounds N] [--arrival-steps S ...]
 [--targets T ...]`` (defaults: no files, 2 rounds, arrivals every 8 and every 3 decode steps,
 no paced engine). The model, arrivals and sizes of ``workbench bench``: the llama-155m
 float32 shape, 16 requests (prompts 8-300 tokens, 16-56 new tokens), ``max_batch`` 8,

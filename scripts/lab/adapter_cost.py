@@ -21,7 +21,7 @@ number) and the median, each with its ratio to ``base``.
 
 Usage::
 
-    python scripts/adapter_cost.py [--rows 1 4 8] [--steps 48] [--trials 7]
+    python scripts/lab/adapter_cost.py [--rows 1 4 8] [--steps 48] [--trials 7]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The decode fast path on the CPU: one decode forward of the `workbench bench` model (llama-155m,
 float32) on a batch cache of 128 tokens per row, without a mask (``fast_decode`` default) and with
 mlx-lm's mask, alternating over 12 rounds of 3 steps; prints the median step of each at B = 1 and 32.
-The engine-level before / after is ``scripts/decode_ratios.py`` (noisier: it runs whole engines).
+The engine-level before / after is ``scripts/lab/decode_ratios.py`` (noisier: it runs whole engines).
 
-Usage: ``python scripts/fast_decode_cpu.py``
+Usage: ``python scripts/lab/fast_decode_cpu.py``
 """
 import time, mlx.core as mx, numpy as np
 import workbench

@@ -15,7 +15,7 @@ batch size, over left-padded rows prefilled to a context of about ``--context`` 
   arrays: one compiled graph per buffer size, no Python per layer. ``static_equal``: its
   greedy tokens equal mlx-lm's path over the same steps.
 
-Usage: ``python scripts/gpu_step_profile.py [--quick] [--batch 1 8 32 128] [--out FILE]``
+Usage: ``python scripts/lab/gpu_step_profile.py [--quick] [--batch 1 8 32 128] [--out FILE]``
 (prints one JSON line per batch size; ``--quick`` uses the tiny shape, for a CPU check).
 """
 
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import BatchKVCache  # noqa: E402

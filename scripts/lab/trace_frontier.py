@@ -6,7 +6,7 @@ and paced at 4 and 8 x the decode step (shortest prompt first, 30-step age bound
 alternating rounds after a warm-up each, with the TTFT and ITL floors. Prints each engine /
 mlx-lm and the floors' verdicts; writes ``OUT/{requests,gaps,summary}.csv``.
 
-Usage: ``python scripts/trace_frontier.py OUT [--rounds N]`` (reads the trace from
+Usage: ``python scripts/lab/trace_frontier.py OUT [--rounds N]`` (reads the trace from
 ``../shared/data`` or ``$WORKBENCH_TRACE_DIR``).
 """
 
@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import workbench as wb  # noqa: E402
 from workbench.bench.engines import Arrival  # noqa: E402

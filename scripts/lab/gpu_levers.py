@@ -1,6 +1,6 @@
 """Step-speed levers of issue 15, measured on the bare model (no scheduler) on a GPU.
 
-Usage: ``python scripts/gpu_levers.py [--quick] [--rounds 5] [--no-profile] [--prefill]`` (prints a
+Usage: ``python scripts/lab/gpu_levers.py [--quick] [--rounds 5] [--no-profile] [--prefill]`` (prints a
 CSV-ish table: each variant's median step over alternating rounds and its range; then a
 cProfile of both engines at the largest B; docs/gpu.md records the H200's numbers). Each variant runs the decode forward of
 the 1B-shaped bf16 llama (:data:`workbench.bench.gpu.LLAMA_1B`) on a batch cache of

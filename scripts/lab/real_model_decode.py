@@ -3,7 +3,7 @@ mlx-lm's BatchGenerator on SmolLM2-135M (4-bit), alternating, with the full run'
 (``FULL_CONFIG.real_*``) or the quick run's, through the same functions the benchmark uses
 (:func:`workbench.bench.realmodel.real_decode_runs`, :func:`workbench.bench.report.real_table`).
 
-Usage: ``python scripts/real_model_decode.py [--quick] [--out FOLDER]``; prints the rows as
+Usage: ``python scripts/lab/real_model_decode.py [--quick] [--out FOLDER]``; prints the rows as
 text and as Markdown (the table of docs/benchmarks.md) and, with ``--out``, writes
 ``FOLDER/real_runs.csv``. Needs ``workbench models fetch smollm2-135m`` (else it says so).
 """

@@ -37,7 +37,8 @@ def _prompts(model: Any) -> list[list[int]]:
     vocabularies are special tokens, on which a reduced-precision model's log-probs swing
     by several nats between any two kernels)."""
     vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 4096)
-    return [[(vocab // 3 + 97 * (n + 7 * i)) % vocab for i in range(n)] for n in PROMPT_LENGTHS]
+    third = max(vocab // 3, 1)
+    return [[third + 97 * (n + 7 * i) % third for i in range(n)] for n in PROMPT_LENGTHS]
 
 
 def _tolerance(model: Any) -> float:

@@ -81,15 +81,12 @@ def make_machine(folder: str):
             self.checked = {u for u in self.checked if u in self.sched.requests and self.sched.requests[u].finished}
 
         @invariant()
-        def integrity_check_is_ok(self):
+        def the_engine_is_consistent_and_finished_rows_equal_alone(self):
             if hasattr(self, "sched"):
-                report = self.sched.check()
-                assert report.ok, str(report)
+                assert self.sched.check().ok, str(self.sched.check())
+                self.finished_rows_are_bit_equal_to_their_run_alone()
 
-        @invariant()
         def finished_rows_are_bit_equal_to_their_run_alone(self):
-            if not hasattr(self, "sched"):
-                return
             for uid, state in self.sched.requests.items():
                 if uid in self.checked or not state.finished or self.sched.finish_reason(uid) in ("abort", "error"):
                     continue

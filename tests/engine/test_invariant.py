@@ -219,3 +219,36 @@ def test_with_openblas_the_mode_is_bit_exact_where_the_default_path_is_not(monke
     counts = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
     assert counts["invariant"] == "11 11", out.stdout
     print("OpenBLAS, rows bit-equal to alone:", out.stdout.strip().replace("\n", "; "))
+
+
+def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules():
+    model, tok = variant("llama-trained")
+    prompts = [[5 + i, 9, 11 + 2 * i][: 1 + i % 3] for i in range(4)]
+    grids = invariance.step_grids(model, tok, prompts, batch_sizes=(2, 4), max_tokens=5, prefill_step_size=CHUNK)
+    assert [(g.mode, g.batch_size) for g in grids] == [("default", 2), ("default", 4), ("invariant", 2),
+                                                      ("invariant", 4)]
+    mode = grids[-1]
+    assert mode.equal.shape == (4, 5) and mode.n_equal_rows == 4 and mode.first_differences() == [None] * 4
+    assert invariance.compare_steps(([1, 2, 3], [-.5, -.1, -.2]), ([1, 2], [-.5, -.3]), 4).tolist() == [1, 0, 0, -1]
+    assert invariance.end_to_end(model, tok, prompts, (4,), 5, CHUNK)[("invariant", 4)] == (4, 4)
+    with pytest.raises(ValueError, match="prompts: 4 given"):
+        invariance.step_grids(model, tok, prompts, batch_sizes=(8,))
+    long = list(range(40, 70))
+    found = invariance.chunk_findings(model, tok, wb.Request(prompt=long, max_tokens=3), chunk_sizes=(8, 16))
+    assert [(c.prefill_step_size, c.reference_step_size) for c in found] == [(8, 2048), (16, 2048)]
+    solo = invariance.alone(model, tok, wb.Request(prompt=long, max_tokens=3), 8)
+    assert found[0].tokens_equal == (solo[0] == invariance.alone(model, tok, wb.Request(prompt=long, max_tokens=3),
+                                                                  2048)[0])
+
+
+def test_default_row_divergence_localizes_a_row_that_differs_and_none_when_all_agree(monkeypatch):
+    model, tok = variant("llama-trained")
+    prompts = [[5, 9, 11], [7, 8], [4, 4, 4, 4]]
+    real_alone = invariance.alone
+    # a stand-in for an optimized BLAS: the runs alone of the default path see their log-probs shifted
+    monkeypatch.setattr(invariance, "alone", lambda *a, **k: (lambda t, lp: (t, [x + 1e-3 for x in lp]))(
+        *real_alone(*a, **k)))
+    d = invariance.default_row_divergence(model, tok, prompts, batch_size=3, max_tokens=4, prefill_step_size=CHUNK)
+    assert d is not None and d.token_index == 1 and len(d.table) == 5
+    monkeypatch.setattr(invariance, "alone", real_alone)
+    assert invariance.default_row_divergence(model, tok, prompts, 3, 4, CHUNK) is None  # the reference BLAS: equal

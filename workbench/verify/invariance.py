@@ -200,22 +200,139 @@ def end_to_end(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: 
                max_tokens: int = 16, prefill_step_size: int = 64) -> dict:
     """``{("default" | "invariant", B): (rows bit-equal to alone, rows)}``: the first ``B``
     of ``prompts`` (str, token ids or chat messages) submitted at once into
-    ``max_batch=B``, greedy, each against itself alone in the same mode."""
-    out = {}
-    for mode in (False, True):
-        refs = {}
+    ``max_batch=B``, greedy, each against itself alone in the same mode
+    (:func:`step_grids`)."""
+    grids = step_grids(model, tokenizer, prompts, batch_sizes, max_tokens, prefill_step_size)
+    return {(g.mode, g.batch_size): (g.n_equal_rows, g.batch_size) for g in grids}
+
+
+EQUAL, DIFFERS, NO_TOKEN = 1, 0, -1  # the values of StepGrid.equal
+
+
+@dataclass(frozen=True)
+class StepGrid:
+    """Rows of one batched run against their runs alone, token by token.
+
+    Attributes:
+        mode: ``"default"`` or ``"invariant"``. batch_size: ``B``.
+        equal: ``[B, T]`` int8 (``T = max_tokens``): :data:`EQUAL` where the row's token
+            ``t`` and its log-prob are bit-equal to alone, :data:`DIFFERS` where either
+            differs (or only one side has a token ``t``), :data:`NO_TOKEN` where neither
+            has one (both stopped earlier).
+    """
+
+    mode: str
+    batch_size: int
+    equal: Any
+
+    @property
+    def n_equal_rows(self) -> int:
+        """Rows equal to alone at every token."""
+        return int((self.equal != DIFFERS).all(axis=1).sum())
+
+    def first_differences(self) -> list[int | None]:
+        """Per row, the first token index that differs (``None``: equal throughout)."""
+        return [int((r == DIFFERS).argmax()) if (r == DIFFERS).any() else None for r in self.equal]
+
+
+def compare_steps(got: tuple[Sequence[int], Sequence[float]], ref: tuple[Sequence[int], Sequence[float]],
+                  max_tokens: int) -> Any:
+    """``[max_tokens]`` int8 of :data:`EQUAL` / :data:`DIFFERS` / :data:`NO_TOKEN` for one
+    row's ``(tokens, log-probs)`` against its reference's.
+
+    >>> compare_steps(([1, 2, 3], [-.5, -.1, -.2]), ([1, 2], [-.5, -.3]), 4).tolist()
+    [1, 0, 0, -1]
+    """
+    import numpy as np
+
+    out = np.full(max_tokens, NO_TOKEN, dtype=np.int8)
+    a, b = list(zip(*got)), list(zip(*ref))
+    for t in range(min(max_tokens, max(len(a), len(b)))):
+        out[t] = EQUAL if t < len(a) and t < len(b) and a[t] == b[t] else DIFFERS
+    return out
+
+
+def step_grids(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Sequence[int] = (8,),
+               max_tokens: int = 16, prefill_step_size: int = 64,
+               modes: Sequence[bool] = (False, True)) -> list[StepGrid]:
+    """One :class:`StepGrid` per mode (``batch_invariant`` in ``modes``) and batch size
+    ``B``: the first ``B`` of ``prompts`` (str, token ids or chat messages) submitted at
+    once into ``max_batch=B``, greedy, each row against the same request alone in the same
+    mode (:func:`alone`, with the same ``prefill_step_size``).
+
+    Raises:
+        ValueError: fewer ``prompts`` than the largest batch size.
+    """
+    import numpy as np
+
+    if len(prompts) < max(batch_sizes):
+        raise ValueError(f"prompts: {len(prompts)} given, batch size {max(batch_sizes)} needs as many")
+    out = []
+    for mode in modes:
+        refs: dict = {}
         for B in batch_sizes:
             reqs = [_request(p, max_tokens) for p in prompts[:B]]
             sched = Scheduler(model, tokenizer, max_batch=B, prefill_step_size=prefill_step_size, batch_invariant=mode)
             uids = [sched.submit(r) for r in reqs]
             sched.run()
-            eq = 0
+            rows = []
             for i, (u, r) in enumerate(zip(uids, reqs)):
                 if i not in refs:
                     refs[i] = alone(model, tokenizer, r, prefill_step_size, batch_invariant=mode)
-                eq += (sched.tokens(u), sched.logprobs(u)) == refs[i]
-            out[("invariant" if mode else "default", B)] = (eq, len(reqs))
+                rows.append(compare_steps((sched.tokens(u), sched.logprobs(u)), refs[i], max_tokens))
+            out.append(StepGrid("invariant" if mode else "default", B, np.stack(rows)))
     return out
+
+
+@dataclass(frozen=True)
+class ChunkFinding:
+    """One prompt prefilled in chunks of ``prefill_step_size`` against the reference chunk
+    size: ``tokens_equal`` (the generated tokens), ``max_abs_logprob_diff`` (nats, 0.0 =
+    bit-equal log-probs)."""
+
+    prefill_step_size: int
+    reference_step_size: int
+    tokens_equal: bool
+    max_abs_logprob_diff: float
+
+
+def chunk_findings(model: Any, tokenizer: Any, request: Request, chunk_sizes: Sequence[int] = (8, 16, 64),
+                   reference_step_size: int = 2048) -> list[ChunkFinding]:
+    """Does the chunk schedule change a row's bits? ``request`` run alone in the mode
+    (:func:`alone`) with each of ``chunk_sizes`` as ``prefill_step_size`` against
+    ``reference_step_size`` (a prompt shorter than it is prefilled in one call)."""
+    ref_t, ref_l = alone(model, tokenizer, request, reference_step_size)
+    out = []
+    for c in chunk_sizes:
+        t, lp = alone(model, tokenizer, request, c)
+        n = min(len(lp), len(ref_l))
+        diff = max((abs(a - b) for a, b in zip(lp[:n], ref_l[:n])), default=0.0)
+        out.append(ChunkFinding(c, reference_step_size, t == ref_t, float(diff)))
+    return out
+
+
+def default_row_divergence(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_size: int = 8,
+                           max_tokens: int = 8, prefill_step_size: int = 64) -> Any:
+    """Where batching changes a row on the default path: the first ``batch_size`` of
+    ``prompts`` run at once (default mode, every step's checkpoint kept), the first row
+    whose log-probs differ from its run alone (:func:`alone`) at a decode token (index
+    ``>= 1``), and that token's forward re-run batched and alone with every layer recorded
+    (:func:`workbench.verify.layers.localize`: ``.table`` has ``max_abs_delta`` per layer).
+    ``None`` when every row's decode tokens are bit-equal to alone."""
+    from .layers import localize
+
+    reqs = [_request(p, max_tokens) for p in prompts[:batch_size]]
+    sched = Scheduler(model, tokenizer, max_batch=batch_size, prefill_step_size=prefill_step_size,
+                      history_checkpoints=max_tokens + 2)
+    uids = [sched.submit(r) for r in reqs]
+    sched.run()
+    for u, r in zip(uids, reqs):
+        diffs = compare_steps((sched.tokens(u), sched.logprobs(u)),
+                              alone(model, tokenizer, r, prefill_step_size, batch_invariant=False), max_tokens)
+        later = [t for t in range(1, len(sched.tokens(u))) if diffs[t] == DIFFERS]
+        if later:
+            return localize(sched, u, token=later[0])
+    return None
 
 
 def _request(p: Any, max_tokens: int) -> Request:
@@ -240,3 +357,71 @@ def audit(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Seque
     ops = projection_findings(model) + attention_findings(heads, kv_heads, head_dim, dtype=dtype)
     ops += rowwise_findings(dtype=dtype)
     return Audit(device_report().text(), ops, end_to_end(model, tokenizer, prompts, batch_sizes, max_tokens))
+
+
+# -- the lesson of notebooks/15_batch_invariance.ipynb -----------------------------------
+
+@dataclass(frozen=True)
+class Lesson:
+    """Everything :func:`lesson` measured on one BLAS: ``blas`` (``blas.STATUS.note``),
+    ``library`` (the optimized BLAS loaded, ``None``: MLX's reference BLAS), ``grids``
+    (:func:`step_grids`), ``ops`` (:func:`projection_findings` + :func:`attention_findings`),
+    ``chunks`` (:func:`chunk_findings`), ``divergence`` (:func:`default_row_divergence`)."""
+
+    blas: str
+    library: str | None
+    grids: list
+    ops: list
+    chunks: list
+    divergence: Any
+
+
+def lesson(prompts: Sequence[Any], long_prompt: Any, model_path: str | None = None,
+           batch_sizes: Sequence[int] = (8, 32), max_tokens: int = 12, prefill_step_size: int = 64) -> Lesson:
+    """The batch-invariance lesson on this process's BLAS for ``model_path`` (default: the
+    bundled model): ``prompts`` run in batches of ``batch_sizes`` (``prompts[0]``, the
+    request followed alone and among neighbours, is row 0), ``long_prompt`` prefilled in
+    chunks of several sizes (:func:`chunk_findings`)."""
+    from ..runtime import blas
+    from ..runtime.loading import load
+
+    model, tokenizer = load(model_path) if model_path else load()
+    grids = step_grids(model, tokenizer, prompts, batch_sizes, max_tokens, prefill_step_size)
+    ops = projection_findings(model) + attention_findings() + rowwise_findings()
+    chunks = chunk_findings(model, tokenizer, _request(long_prompt, max_tokens))
+    divergence = default_row_divergence(model, tokenizer, prompts, min(batch_sizes), max_tokens, prefill_step_size)
+    return Lesson(blas.STATUS.note, blas.STATUS.library, grids, ops, chunks, divergence)
+
+
+def lesson_with_optimized_blas(prompts: Sequence[Any], timeout_s: float = 300, **kwargs: Any) -> Lesson:
+    """:func:`lesson` in a fresh Python process that loads the optimized BLAS users run
+    with (``WORKBENCH_BLAS`` unset there: OpenBLAS or MKL, :mod:`workbench.runtime.blas`),
+    for a process that runs MLX's reference BLAS itself (the test suite, nbval).
+
+    Raises:
+        RuntimeError: no optimized BLAS is installed (``blas.find_blas()`` is ``None``
+            without ``WORKBENCH_BLAS``), or the process failed (its stderr's tail).
+    """
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    from ..runtime.blas import INSTALL_HINT, find_blas
+
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
+    saved = os.environ.pop("WORKBENCH_BLAS", None)
+    try:
+        found = find_blas()
+    finally:
+        if saved is not None:
+            os.environ["WORKBENCH_BLAS"] = saved
+    if found is None:
+        raise RuntimeError(f"no optimized BLAS installed to compare with ({INSTALL_HINT})")
+    code = ("import pickle, sys\nfrom workbench.verify import invariance\n"
+            "sys.stdout.buffer.write(pickle.dumps(invariance.lesson(**pickle.loads(sys.stdin.buffer.read()))))")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps({"prompts": list(prompts), **kwargs}),
+                         capture_output=True, env=env, timeout=timeout_s)
+    if out.returncode != 0:
+        raise RuntimeError(f"the optimized-BLAS process failed: {out.stderr.decode()[-2000:]}")
+    return pickle.loads(out.stdout)

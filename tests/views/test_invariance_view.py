@@ -1,0 +1,39 @@
+"""The batch-invariance views: text forms are counts and verdicts, the figure has a panel per grid."""
+
+import numpy as np
+
+from workbench.verify.invariance import ChunkFinding, OpFinding, StepGrid
+from workbench.views import invariance as view
+
+
+def _grids():
+    default = StepGrid("default", 3, np.array([[1, 1, 1], [1, 0, 0], [0, 1, -1]], dtype=np.int8))
+    mode = StepGrid("invariant", 3, np.array([[1, 1, 1], [1, 1, 1], [1, 1, -1]], dtype=np.int8))
+    return [default, mode]
+
+
+def test_grids_text_counts_equal_rows_and_where_the_others_first_differ():
+    assert view.grids_text(_grids()).splitlines() == [
+        "default   B =  3: 1/3 rows bit-equal to alone at every token; the others first differ at token 0: 1, token 1: 1",
+        "invariant B =  3: 3/3 rows bit-equal to alone at every token",
+    ]
+
+
+def test_render_grids_draws_one_panel_per_grid():
+    fig = view.render_grids(_grids(), "t")
+    assert len(fig.axes) == 2 and "1/3 rows equal" in fig.axes[0].get_title()
+
+
+def test_ops_and_chunks_text_give_verdicts_and_magnitudes_only_when_asked():
+    ops = [OpFinding("lm_head Linear 8->16 mlx.core.float32", (2, 8), 2.9e-6, 0.0, "blocks of 8 rows (padded to 8)"),
+           OpFinding("rms_norm 8 mlx.core.float32", (2,), 0.0, None, "unchanged")]
+    text = view.ops_text(ops).splitlines()
+    assert text[1].split() == ["lm_head", "Linear", "8->16", "float32", "differs", "bit-equal", "blocks", "of", "8",
+                               "rows", "(padded", "to", "8)"]
+    assert "bit-equal   unchanged" in text[2]
+    assert "2.9e-06" in view.ops_text(ops, magnitudes=True)
+    chunks = [ChunkFinding(8, 2048, True, 9.5e-7), ChunkFinding(16, 2048, False, 0.0)]
+    assert view.chunks_text(chunks).splitlines() == [
+        "prefill_step_size     8 vs 2048: tokens equal, log-probs differ",
+        "prefill_step_size    16 vs 2048: tokens DIFFER, log-probs bit-equal"]
+    assert "9.5e-07 nats" in view.chunks_text(chunks, magnitudes=True)

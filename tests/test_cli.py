@@ -1,5 +1,6 @@
 """The main job, ``workbench demo``, as a user runs it."""
 
+import re
 import subprocess
 import sys
 
@@ -69,7 +70,8 @@ def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp
     assert "uid 2 | . . # # # # # @" in md  # the joiner (5 prompt tokens) in temporal window order
 
 
-SUBCOMMANDS = ("demo", "goldens", "gallery", "bench", "margins", "models", "families", "calibrate", "blas", "info")
+SUBCOMMANDS = ("demo", "goldens", "gallery", "bench", "margins", "models", "families", "calibrate", "blas", "invariance",
+               "info")
 
 
 def _help_modules(args):
@@ -135,3 +137,18 @@ def test_the_commands_that_write_files_default_to_workbench_out():
     parser = build_parser()
     for args in (["bench"], ["bench", "--quick"], ["families"], ["gallery"], ["demo"]):
         assert parser.parse_args(args).out == "workbench-out", args
+
+
+def test_demo_in_the_batch_invariant_mode_prints_every_row_bit_exact(tmp_path):
+    lines = []
+    code = run_demo(max_batch=3, max_tokens=6, out_dir=tmp_path, echo=lines.append, batch_invariant=True)
+    text = "\n".join(lines)
+    assert code == 0, text
+    assert "batch-invariant mode" in lines[0]
+    assert re.search(r"bit-exact: (\d+)/\1 rows equal to their run alone", text), text
+
+
+def test_the_invariance_audit_command_prints_the_operations_and_exits_0_when_the_mode_holds(capsys):
+    assert main(["invariance", "--batch-sizes", "3", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "operation | rows tried" in out and "attention" in out and "invariant B =   3: 3/3" in out

@@ -23,7 +23,20 @@ def _demo(args: argparse.Namespace) -> int:
 
     print(f"BLAS: {STATUS.note}")  # which BLAS MLX's CPU matmuls use, and what to install if none
     return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out),
-                    dequantize=args.dequantize, progress=True)
+                    dequantize=args.dequantize, progress=True, batch_invariant=args.batch_invariant)
+
+
+def _invariance(args: argparse.Namespace) -> int:
+    from .runtime.loading import load
+    from .verify.invariance import audit
+    from .workloads.workload import prompt_of_length
+
+    model, tokenizer = load(args.model) if args.model else load()
+    B = max(args.batch_sizes)
+    prompts = [prompt_of_length(tokenizer, 3 + (17 * i) % 60, 11 * i + 1) for i in range(B)]
+    result = audit(model, tokenizer, prompts, batch_sizes=tuple(args.batch_sizes), max_tokens=args.max_tokens)
+    print(result.text())
+    return 0 if all(eq == n for (mode, _), (eq, n) in result.end_to_end.items() if mode == "invariant") else 1
 
 
 def _goldens(args: argparse.Namespace) -> int:
@@ -215,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-batch", type=positive_int, default=4, help="most rows decoding at once (default 4)")
     d.add_argument("--max-tokens", type=positive_int, default=None, help="cap on each request's max_tokens")
     d.add_argument("--prefill-step-size", type=positive_int, default=2048, help="prefill chunk length in tokens")
+    d.add_argument("--batch-invariant", action="store_true", help="Scheduler(batch_invariant=True): also check "
+                   "every row bit for bit against itself alone in the mode")
     _out(d, "timeline.png, events.csv, requests.csv")
     d.set_defaults(func=_demo)
     g = _command(sub, "goldens", "write reference trajectories from mlx-lm to goldens/",
@@ -271,6 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("--install-hook", action="store_true", help="write workbench-blas.pth into site-packages")
     hook.add_argument("--remove-hook", action="store_true", help="delete it")
     bl.set_defaults(func=_blas)
+    iv = _command(sub, "invariance", "which operations change a row's bits when its batch changes, and what the "
+                  "batch-invariant mode does about them",
+                  "Per projection, attention over left padding and row-wise op: row alone vs among B rows; then, end to "
+                  "end, greedy rows bit-equal to their run alone by default and with Scheduler(batch_invariant=True). "
+                  "Exit 1 if an invariant row differs. docs/batch-invariance.md.")
+    iv.add_argument("--model", default=None, help="mlx-lm model path or name (default: bundled)")
+    iv.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[8, 32], help="batch sizes B (default 8 32)")
+    iv.add_argument("--max-tokens", type=positive_int, default=12, help="tokens per row (default 12)")
+    iv.set_defaults(func=_invariance)
     i = _command(sub, "info", "print versions, the device and its memory, float32 matmul precision (TF32 or "
                  "not), the active BLAS")
     i.set_defaults(func=_info)

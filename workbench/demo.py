@@ -14,7 +14,7 @@ from typing import Callable
 import pandas as pd
 from tqdm import tqdm
 
-from .verify import oracle
+from .verify import invariance, oracle
 from .runtime import precision
 from .runtime.device import device_report
 from .runtime.loading import BUNDLED_MODEL, load
@@ -47,7 +47,8 @@ def causes_text(report: oracle.OracleReport) -> str:
 
 def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: int | None = None,
              prefill_step_size: int = 2048, out_dir: Path = Path("workbench-out"),
-             echo: Callable[[str], None] = print, dequantize: bool | None = None, progress: bool = False) -> int:
+             echo: Callable[[str], None] = print, dequantize: bool | None = None, progress: bool = False,
+             batch_invariant: bool = False) -> int:
     """Run the demo workload and print its report; returns the exit code.
 
     Args:
@@ -57,6 +58,9 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
             (:func:`workbench.runtime.loading.load`: ``None``, the default, does so on the
             CPU, where it is faster; ``False`` keeps them quantized).
         progress: a tqdm bar (stderr) over the generated tokens while the workload runs.
+        batch_invariant: run ``Scheduler(batch_invariant=True)`` and also check every row
+            bit for bit against itself alone in the mode
+            (:func:`workbench.verify.invariance.bit_check`).
         max_batch: most rows decoding at once.
         max_tokens: cap on every request's ``max_tokens`` (tokens); ``None`` keeps the
             workload's 8..64.
@@ -64,17 +68,19 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
         out_dir: folder for ``timeline.png``, ``events.csv`` and ``requests.csv``.
 
     Returns:
-        0 when every row matches both oracles, 1 otherwise.
+        0 when every row matches both oracles (and, ``batch_invariant``, is bit-exact), 1 otherwise.
 
     Raises:
         OSError: if ``out_dir`` cannot be created (checked before the run).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     model_obj, tokenizer = load(model, dequantize=dequantize) if model else load()
-    sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size)
+    sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size,
+                      batch_invariant=batch_invariant)
     workload = demo_workload(tokenizer, max_tokens)
     echo(f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
-         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}")
+         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}"
+         + (", batch-invariant mode" if batch_invariant else ""))
     with tqdm(total=sum(r.max_tokens for _, r in workload), desc="demo", unit="tok", disable=not progress,
               leave=False) as bar:
         workload = [(step, replace(r, on_token=lambda uid, token: bar.update(1))) for step, r in workload]
@@ -96,8 +102,11 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
     for row in check.rows + batch.rows:
         if not row.match or row.tie_accepted:
             echo("  " + row.describe())
+    exact = invariance.bit_check(sched) if batch_invariant else None
+    if exact is not None:
+        echo(exact.text())
     render_timeline(report.events, title="workbench demo").savefig(out_dir / "timeline.png", dpi=110)
     report.events.to_csv(out_dir / "events.csv", index=False)
     report.requests.to_csv(out_dir / "requests.csv", index=False)
     echo(f"wrote {out_dir / 'timeline.png'}, {out_dir / 'events.csv'}, {out_dir / 'requests.csv'}")
-    return 0 if check.ok and batch.ok else 1
+    return 0 if check.ok and batch.ok and (exact is None or exact.ok) else 1

@@ -16,6 +16,7 @@ Axis letters: ``B`` rows, ``K`` input features, ``S`` cached positions.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -72,7 +73,7 @@ def alone(model: Any, tokenizer: Any, request: Request, prefill_step_size: int,
     batch_invariant=..., prefill_step_size=...)``."""
     sched = Scheduler(model, tokenizer, max_batch=1, prefill_step_size=prefill_step_size,
                       batch_invariant=batch_invariant)
-    uid = sched.submit(request)
+    uid = sched.submit(dataclasses.replace(request, on_token=None))  # the batched run's callback stays there
     sched.run()
     return sched.tokens(uid), sched.logprobs(uid)
 
@@ -133,17 +134,19 @@ def projection_findings(model: Any, counts: Sequence[int] = (2, 8, 16, 32)) -> l
         blocks = inv.blocks_for(m)
         plain = max(_diff(f(x[:B])[0], f(x[:1])[0]) for B in counts)
         mode = max(_diff(invariant.blocked(f, x[:B], blocks)[0], invariant.blocked(f, x[:1], blocks)[0]) for B in counts)
-        choice = "any row count" if blocks is None else f"blocks of {blocks.max_rows} rows (padded to {blocks.min_rows})"
+        choice = ("any row count" if blocks is None else "one row per call" if blocks == invariant.ONE_ROW
+                  else f"blocks of {blocks.max_rows} rows (padded to {blocks.min_rows})")
         out.append(OpFinding(f"{name} {type(m).__name__} {K}->{m['weight'].shape[0]} {dtype}", tuple(counts),
                              plain, mode, choice))
     return out
 
 
-def attention_findings(heads: int = 4, kv_heads: int = 2, head_dim: int = 32, tokens: int = 40,
-                       pads: Sequence[int] = (1, 7, 33), dtype: Any = mx.float32) -> list[OpFinding]:
+def attention_findings(heads: int = 4, kv_heads: int = 2, head_dim: int = 32, tokens: int = 300,
+                       pads: Sequence[int] = (1, 7, 33, 100), dtype: Any = mx.float32) -> list[OpFinding]:
     """One-query attention of a row over its ``tokens`` keys alone vs behind ``pads`` of
     left padding with a padding mask (what a padded batch row computes), and the mode's
-    per-row attention (the row's own keys, no mask)."""
+    per-row attention (:func:`workbench.engine.levers.invariant.row_attention` on the CPU;
+    elsewhere the row's own keys through MLX's attention, no mask)."""
     k0, k1, k2 = mx.random.split(mx.random.key(5), 3)
     q = mx.random.normal((1, heads, 1, head_dim), key=k0).astype(dtype)
     k = mx.random.normal((1, kv_heads, tokens, head_dim), key=k1).astype(dtype)
@@ -156,9 +159,19 @@ def attention_findings(heads: int = 4, kv_heads: int = 2, head_dim: int = 32, to
         kp, vp = mx.concatenate([zeros, k], axis=2), mx.concatenate([zeros, v], axis=2)
         mask = (mx.arange(p + tokens) >= p)[None, None, None, :]  # [1, 1, 1, S]
         worst = max(worst, _diff(mx.fast.scaled_dot_product_attention(q, kp, vp, scale=scale, mask=mask), ref))
-        mode = max(mode, _diff(mx.fast.scaled_dot_product_attention(q, kp[:, :, p:], vp[:, :, p:], scale=scale), ref))
+        starts = mx.array([p])
+        padded = invariant.row_attention(q, kp, vp, starts, scale) if _cpu() else mx.fast.scaled_dot_product_attention(
+            q, kp[:, :, p:], vp[:, :, p:], scale=scale)
+        alone_ = invariant.row_attention(q, k, v, mx.array([0]), scale) if _cpu() else ref
+        mode = max(mode, _diff(padded, alone_))
     return [OpFinding(f"attention, one query over {tokens} keys, {dtype}", tuple(pads), worst, mode,
                       "each row on its own keys, no mask")]
+
+
+def _cpu() -> bool:
+    from ..runtime.device import backend
+
+    return backend() == "cpu"
 
 
 def rowwise_findings(K: int = 128, counts: Sequence[int] = (2, 8, 32), dtype: Any = mx.float32) -> list[OpFinding]:

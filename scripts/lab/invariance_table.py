@@ -3,8 +3,8 @@
 ``batch_invariant=True`` — greedy chat questions all at once and staggered (one arrival
 every ``--every`` steps into ``--staggered-batch`` rows). Issue 24's table.
 
-    python scripts/invariance_table.py --model smollm2-135m --dtype bfloat16 --device gpu
-    python scripts/invariance_table.py --model tiny-code --questions 6 --max-tokens 8     # a CPU smoke run
+    python scripts/lab/invariance_table.py --model smollm2-135m --dtype bfloat16 --device gpu
+    python scripts/lab/invariance_table.py --model tiny-code --questions 6 --max-tokens 8     # a CPU smoke run
 
 "Alone" is the same engine with one row (``Scheduler(max_batch=1, <same settings>)``,
 a one-request ``BatchGenerator``); the default engines compare tokens, the invariant one

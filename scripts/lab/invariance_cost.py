@@ -3,9 +3,9 @@
 ``BatchGenerator``, in one run, alternating engines round by round; and whether the rows
 are bit-equal to their runs alone.
 
-    python scripts/invariance_cost.py                      # the bench's CPU shape (llama-155m, float32)
-    python scripts/invariance_cost.py --model tiny-code --batch-sizes 1 8 32
-    python scripts/invariance_cost.py --device gpu --dtype bfloat16 --shape 1b --batch-sizes 1 8 32 128
+    python scripts/lab/invariance_cost.py                      # the bench's CPU shape (llama-155m, float32)
+    python scripts/lab/invariance_cost.py --model tiny-code --batch-sizes 1 8 32
+    python scripts/lab/invariance_cost.py --device gpu --dtype bfloat16 --shape 1b --batch-sizes 1 8 32 128
 
 Prints one line per (B, engine) with ms per decode step (median of rounds), the
 invariant / default and default / mlx-lm ratios, and writes JSON lines to ``--out``.

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import mlx.core as mx
@@ -196,6 +196,7 @@ class Invariance:
 
     backend: str
     blocks: dict
+    _plans: dict = field(default_factory=dict, compare=False, repr=False)  # id(module) -> (weight, blocks, apart)
 
     @classmethod
     def calibrate(cls, model: Any) -> "Invariance":
@@ -219,6 +220,16 @@ class Invariance:
     def blocks_for(self, module: Any) -> RowBlocks | None:
         """The row blocks of ``module`` (one row per call if it was not calibrated)."""
         return self.blocks.get(signature(module), RowBlocks(1, 1))
+
+    def plan_for(self, module: Any) -> tuple[RowBlocks | None, Callable[[mx.array], mx.array] | None]:
+        """``(blocks, rows_apart)`` of ``module`` for :func:`blocked`, worked out once per
+        module and weight array (a projection runs every layer of every step)."""
+        weight = module["weight"]
+        known = self._plans.get(id(module))
+        if known is None or known[0] is not weight:
+            blocks = self.blocks_for(module)
+            known = self._plans[id(module)] = (weight, blocks, rows_apart_linear(module) if blocks == ONE_ROW else None)
+        return known[1], known[2]
 
 
 _CALIBRATED: dict = {}  # (backend, signature) -> RowBlocks: shapes decide kernels, not weights
@@ -259,8 +270,8 @@ def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:
 
 def _wrap(original: Callable[..., mx.array], inv: Invariance) -> Callable[..., mx.array]:
     def call(self: Any, x: mx.array) -> mx.array:
-        blocks = inv.blocks_for(self)
-        return blocked(lambda b: original(self, b), x, blocks, rows_apart_linear(self) if blocks == ONE_ROW else None)
+        blocks, apart = inv.plan_for(self)
+        return blocked(lambda b: original(self, b), x, blocks, apart)
 
     call.original = original
     return call

@@ -1,7 +1,8 @@
 """The package's shape: subpackages import only lower ones, ``observe`` never imports
 MLX, one module touches mlx-lm's private cache fields, no engine function is longer than
-one screen; inside the engine, ``kv/`` never imports the core or the levers, and only the
-runner and the scheduler import ``levers/``."""
+one screen; inside the engine, ``kv/`` never imports the core or the levers, only the
+runner and the scheduler import ``levers/``, and ``packed/`` (the packed layout) imports
+no lever, runner or padded batch and is imported only by the scheduler and the config."""
 
 from __future__ import annotations
 
@@ -99,9 +100,22 @@ def test_only_the_runner_and_the_scheduler_import_the_levers():
     assert importers == {"runner.py", "scheduler.py"}
 
 
-def test_engine_modules_live_in_the_core_kv_or_levers():
+def test_engine_modules_live_in_the_core_kv_levers_or_packed():
     folders = {p.parent.relative_to(ENGINE).as_posix() for p in ENGINE.rglob("*.py")}
-    assert folders == {".", "kv", "levers"}
+    assert folders == {".", "kv", "levers", "packed"}
+
+
+@pytest.mark.parametrize("path", sorted((ENGINE / "packed").glob("*.py")), ids=lambda p: p.name)
+def test_packed_never_imports_the_levers_the_runner_or_the_scheduler(path):
+    bad = {m for m in engine_imports(path) if m == "levers" or m.startswith("levers/")
+           or m in ("runner", "scheduler", "batch", "prefill")}
+    assert not bad, f"packed/{path.name} imports {sorted(bad)}: the packed layout stands beside the padded one"
+
+
+def test_only_the_scheduler_and_the_config_import_the_packed_layout():
+    importers = {p.relative_to(ENGINE).as_posix() for p in ENGINE.glob("*.py")
+                 if any(m == "packed" or m.startswith("packed/") for m in engine_imports(p))}
+    assert importers == {"scheduler.py", "config.py"}
 
 
 def test_no_engine_function_is_longer_than_one_screen():

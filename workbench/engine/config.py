@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .admission import policy_from
+from .packed.plan import SCHEDULES
+
+LAYOUTS = ("padded", "packed")
 
 _FORK = {"fork": True}  # field metadata: a fork (``Scheduler.fork``) may change it
 
@@ -34,7 +37,9 @@ class SchedulerConfig:
 
     ``prompt_concurrency=None`` means ``max_batch``; ``history_size`` and
     ``history_checkpoints`` are ``>= 0``; ``kv_budget_bytes`` and ``max_kv_size`` ``>= 1``
-    or ``None`` (no limit).
+    or ``None`` (no limit). ``layout="packed"`` (:mod:`workbench.engine.packed`) takes
+    ``page_size`` and ``max_num_batched_tokens`` (``>= max_batch``) and ``packed_schedule``
+    (:data:`workbench.engine.packed.plan.SCHEDULES`).
 
     Raises:
         ValueError: naming the field and its limit (``max_batch must be an int >= 1, got
@@ -59,6 +64,10 @@ class SchedulerConfig:
     history_size: int = _setting(64, fork=True)  # snapshots kept in Scheduler.history (0: no recording)
     history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots
     seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
+    layout: str = "padded"  # "padded" (mlx-lm's left-padded batch caches) or "packed" (engine/packed/)
+    page_size: int = 16  # packed layout: token positions per KV page, >= 1
+    max_num_batched_tokens: int | None = None  # packed: most tokens per forward (vLLM's); None: prefill_step_size
+    packed_schedule: str = _setting("hybrid", fork=True)  # packed: "hybrid", "prefill-first" or "decode-first"
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "prefill_step_size", "clear_cache_every"):
@@ -71,6 +80,25 @@ class SchedulerConfig:
         for name in ("interleave_prefill", "pipeline", "reuse_slots"):
             object.__setattr__(self, name, bool(getattr(self, name)))
         policy_from(self.policy)  # raises for an unknown name
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        _check_int("page_size", self.page_size, 1)
+        if self.max_num_batched_tokens is not None:
+            _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.packed_schedule not in SCHEDULES:
+            raise ValueError(f"packed_schedule must be one of {SCHEDULES}, got {self.packed_schedule!r}")
+        if self.layout == "packed" and self.token_budget < self.max_batch:
+            raise ValueError(f"max_num_batched_tokens must be >= max_batch ({self.max_batch}) with layout='packed' "
+                             f"(every running row's next token goes into each forward), got {self.token_budget}")
+
+    @property
+    def token_budget(self) -> int:
+        """Most tokens one packed forward carries: ``max_num_batched_tokens``, else
+        ``prefill_step_size``."""
+        return self.max_num_batched_tokens or self.prefill_step_size
 
     @classmethod
     def fork_fields(cls) -> tuple[str, ...]:

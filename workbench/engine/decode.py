@@ -85,6 +85,14 @@ def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[R
         The :class:`Pending` next tokens, their log-probabilities, finiteness and errors.
     """
     logits = model(inputs.reshape(-1, 1), cache=caches)[:, -1, :]  # [B, V]
+    return sample_pending(logits, samplers, contexts, token_index, asynchronous)
+
+
+def sample_pending(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any],
+                   token_index: Sequence[int], asynchronous: bool = True) -> Pending:
+    """Sample each row's next token from ``logits`` ``[B, V]`` (the tail of
+    :func:`launch`, shared with the packed forward): the :class:`Pending` tokens,
+    log-probabilities, finiteness and errors, evaluated (or started, ``asynchronous``)."""
     sampled, logprobs, errors = sample_rows(logits, samplers, contexts, token_index)  # [B], [B, V]
     # NaN or +inf in a row's (processed) logits, or all -inf, makes its log-softmax NaN;
     # -inf entries alone (banned tokens) are fine.

@@ -70,7 +70,8 @@ def _places(state: EngineState) -> list[str]:
             if s.uid in seen:
                 problems.append(f"uid {s.uid} is in the {seen[s.uid]} and the {place}")
             seen[s.uid] = place
-            if s.status not in PLACES[place]:
+            if s.status not in PLACES[place] and not (place == "batch" and s.status is Status.PREFILLING
+                                                       and hasattr(state.batch, "problems")):  # packed: joiners in the batch
                 problems.append(f"uid {s.uid} is {s.status.value} but sits in the {place}")
             if state.requests.get(s.uid) is not s:
                 problems.append(f"uid {s.uid} in the {place} is not the request state the scheduler holds")
@@ -107,6 +108,8 @@ def _texts(state: EngineState, tokenizer) -> list[str]:
 
 def _batch(state: EngineState) -> tuple[list[str], int]:
     batch, problems = state.batch, []
+    if hasattr(batch, "problems"):  # the packed layout checks its own pages (PackedBatch.problems)
+        return batch.problems(), 0
     B, P = len(batch), len(batch.rows) + len(batch.free)
     if (batch.caches is None) != (B == 0) or (B == 0 and batch.free):
         problems.append(f"{B} row(s) but caches {'absent' if batch.caches is None else 'present'}, "

@@ -56,12 +56,15 @@ from .batch import Batch
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
 from .config import SchedulerConfig
-from .decode import Pending
+from .decode import Pending, sample_pending
 from .integrity import Integrity, check_state
 from .kv.ledger import KVLedger, measured_memory
 from .probe import probe
 from .levers.pacing import Pacer, Pacing, pacing_from
 from .kv.promptcache import PromptCache
+from .packed import families as packed_families
+from .packed.batch import PackedBatch
+from .packed.ledger import PageLedger
 from .request import Request, ValidRequest, context_limit, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
@@ -135,7 +138,11 @@ class Scheduler:
         self.adapters = lora.configure(model, adapters, prompt_cache)
         self._extras = dict(clock=clock, prompt_cache=prompt_cache, adapters=self.adapters)  # forks share the bank
         self.recipe = kv.CacheRecipe(model, asked.max_kv_size, quant)
-        self.serial_reason = probe(model, asked.max_kv_size) if asked.max_batch > 1 else ""
+        self.packed = asked.layout == "packed"
+        if self.packed:
+            packed_families.check_model(model)
+            packed_families.check_settings(asked, prompt_cache, adapters)
+        self.serial_reason = probe(model, asked.max_kv_size) if asked.max_batch > 1 and not self.packed else ""
         cfg = self.config = replace(asked, max_batch=1, prompt_concurrency=1) if self.serial_reason else asked
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens, self.context_field = context_limit(model)
@@ -154,7 +161,18 @@ class Scheduler:
             model, prompt_cache, asked.max_kv_size, aligned, kv_quant=quant, adapters=self.adapters,
             fast_decode=self.runner.fast_decode)
         self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
+        if self.packed:
+            self._use_pages()
         self._in_call = False
+
+    def _use_pages(self) -> None:
+        """The packed layout's batch and books (:mod:`workbench.engine.packed`): pages of
+        ``page_size`` positions, ``page_size * full_token_bytes`` bytes each."""
+        cfg = self.config
+        page_bytes = cfg.page_size * self.ledger.base.full_token_bytes
+        max_pages = None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // page_bytes
+        self.ledger = PageLedger(cfg.page_size, page_bytes, cfg)
+        self.state.batch = PackedBatch(cfg.page_size, page_bytes, len(self.model.model.layers), max_pages)
 
     @contextlib.contextmanager
     def _transaction(self, prompt_cache: bool = False):
@@ -254,7 +272,9 @@ class Scheduler:
         chunk budget allows.
         """
         start = len(self.events)
-        if self.pacer is None:
+        if self.packed:
+            self._start_group()  # joiners enter the batch; their prefill runs in step()
+        elif self.pacer is None:
             self._admit_fixed()
         else:
             self._admit_paced()
@@ -346,7 +366,10 @@ class Scheduler:
         for s in chosen:
             s.status = Status.PREFILLING
         self.ledger.make_room(st, chosen)  # the prompt cache yields the bytes the group will take
-        st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache)
+        if self.packed:
+            st.batch.add(chosen)
+        else:
+            st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache)
         for s in chosen:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
@@ -395,6 +418,8 @@ class Scheduler:
                           "admit(); step(); filter())", UserWarning, stacklevel=3)
         if not batch.rows or (self.config.kv_budget_bytes is not None and all(r.finished for r in batch.rows)):
             return []
+        if self.packed:
+            return self._step_packed()
         batch.compact()
         current = batch.pending
         contexts = [self._context(r, current, b) for b, r in enumerate(batch.rows)]
@@ -411,6 +436,43 @@ class Scheduler:
                 self._read_token(row, b, toks[b], lps[b], message, out, finished)
         st.step_index += 1
         if st.step_index % self.config.clear_cache_every == 0:
+            mx.clear_cache()
+        self._record()
+        return out + finished
+
+    def _step_packed(self) -> list[Event]:
+        """One packed forward ``[1, T]``: every running row's next token, then prefill
+        chunks of joining rows up to ``config.token_budget``; a joining row whose chunk
+        ends its inputs joins (``join`` event, mode ``"packed"``) with its first token."""
+        st, batch, cfg = self.state, self.state.batch, self.config
+        chunks = batch.plan(cfg.token_budget, cfg.packed_schedule)
+        if not chunks:
+            return []
+        by_uid = {r.uid: b for b, r in enumerate(batch.rows)}
+        sampled = [by_uid[c.uid] for c in chunks if c.samples]
+        rows = [batch.rows[b] for b in sampled]
+        logits = batch.forward(self.model, chunks)
+        if rows:
+            contexts = [self._context(r, None, b) for b, r in zip(sampled, rows)]
+            pending = sample_pending(logits, [r.sampler for r in rows], contexts, [len(r.tokens) for r in rows],
+                                     asynchronous=False)
+            toks, lps, finite = pending.read()
+        else:  # prefill chunks only: no row samples, the pools are written
+            batch.settle()
+        out, finished = [], []
+        for c in chunks:
+            if c.kind != "decode":
+                self._log("prefill", c.uid, n_tokens=c.n_tokens)
+        for i, (b, row) in enumerate(zip(sampled, rows)):
+            if row.status is Status.PREFILLING:
+                row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
+                self._log("join", row.uid, row=b, n_tokens=len(row.valid.prompt_ids), join_mode="packed")
+            message = pending.errors.get(i) or ("" if finite[i] else "non-finite logits (NaN or inf)")
+            self._read_token(row, b, toks[i], lps[i], message, out, finished)
+        for row, held in zip(batch.rows, batch.held):
+            row.fed = max(0, held - len(row.valid.prompt_ids))
+        st.step_index += 1
+        if st.step_index % cfg.clear_cache_every == 0:
             mx.clear_cache()
         self._record()
         return out + finished
@@ -515,7 +577,7 @@ class Scheduler:
         if self.batch_invariant is not None:
             raise ValueError("preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
                              "decoded tokens: other sums than the decode steps that made them)")
-        if s.status is not Status.RUNNING:
+        if s.status is not Status.RUNNING and not (self.packed and s.status is Status.PREFILLING):
             raise ValueError(f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted")
         b = next(i for i, r in enumerate(st.batch.rows) if r is s)
         st.batch.filter([i for i in range(len(st.batch)) if i != b], reuse_slots)
@@ -736,6 +798,7 @@ class Scheduler:
                        serial_reason=self.serial_reason,
                        kv_projected_bytes=self.kv_projected_bytes,
                        prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
+                       **({"packed": st.batch.state(self.config.token_budget)} if self.packed else {}),
                        **lora.snapshot_fields(self.adapters), **self._memory_fields())
 
     def _memory_fields(self) -> dict[str, int]:

@@ -16,7 +16,8 @@ Kinds (``Event.kind``):
 ``join``      the prefilled row entered the running batch at ``row``;
               ``join_mode`` says how: ``new batch`` (no batch was running),
               ``free slot`` (written into an evicted row's cache row) or
-              ``extend`` (appended by the caches' ``extend``)
+              ``extend`` (appended by the caches' ``extend``) or ``packed`` (the
+              packed layout: its last prompt chunk gave its first token)
 ``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
 ``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
               ``error`` (``message`` says why) or ``abort``
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass, fields
 import pandas as pd
 
 EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict", "preempt")
-JOIN_MODES = ("new batch", "extend", "free slot")
+JOIN_MODES = ("new batch", "extend", "free slot", "packed")
 
 
 @dataclass(frozen=True)

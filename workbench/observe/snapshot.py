@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .masks import mask_grid, padding_waste
+from .packed import PackedState
 
 
 def frozen(a) -> np.ndarray:
@@ -144,6 +145,8 @@ class Snapshot:
             (``Scheduler(adapters=...)``), in load order.
         adapter_bytes: bytes the loaded adapters hold (their per-layer stacks,
             :class:`workbench.engine.levers.lora.AdapterBank`); ``0`` without adapters.
+        packed: the packed layout's pages and latest forward
+            (:class:`workbench.observe.packed.PackedState`); ``None`` in the padded layout.
     """
 
     step: int
@@ -171,6 +174,7 @@ class Snapshot:
     adapters: tuple[str | None, ...] = ()
     adapters_loaded: tuple[str, ...] = ()
     adapter_bytes: int = 0
+    packed: PackedState | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -228,6 +232,8 @@ class Snapshot:
                      if attention or not self.groups else f"context {self.context_tokens[r]} tokens")
             adapter = f", adapter {self.adapters[r] or 'none'}" if self.adapters_loaded else ""
             lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}")
+        if self.packed is not None:
+            lines.append(self.packed.text())
         if len(self.groups) == 1 and self.groups[0].name == "full":
             lines.append("mask [full] ('#' attended, '.' padding, '@' fed token):")
             lines.append(mask_grid(self.groups[0].mask, self.uids))

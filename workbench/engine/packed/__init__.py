@@ -1,0 +1,21 @@
+"""The packed (ragged) layout: every in-flight token of an iteration in one ``[1, T]``
+forward, prefill chunks fused with decode tokens, KV in fixed-size pages.
+
+``Scheduler(layout="packed", page_size=16, max_num_batched_tokens=...)`` selects it; the
+padded layout (mlx-lm's left-padded batch caches) stays the default.
+
+Modules (each one concept):
+
+- :mod:`.pages` the page table and free list (pure Python; vLLM's ``BlockManager``,
+  nano-vllm's ``block_manager``);
+- :mod:`.plan` one iteration's chunks under the token budget (decode first, then
+  prefill chunks: Sarathi-Serve's stall-free batches);
+- :mod:`.attention` the paged cache object each layer's own ``Attention`` calls
+  (``update_and_fetch`` / ``make_mask``) and per-token RoPE positions;
+- :mod:`.batch` the running requests, their pages and the pools, with
+  ``filter`` / ``clone`` like :class:`workbench.engine.batch.Batch`;
+- :mod:`.ledger` the KV books in pages; :mod:`.families` which models it admits.
+
+Knows: mlx-lm's llama-family modules (``self_attn.rope``, ``model.norm``), the core's
+request state, sampling and decode. Must not know: the queue, admission, events.
+"""

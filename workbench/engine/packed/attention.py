@@ -1,0 +1,183 @@
+"""The packed forward: mlx-lm's own layers over one ``[1, T]`` sequence of every
+scheduled token, each layer handed a paged cache object.
+
+Knows: how mlx-lm's llama-family ``Attention`` calls its cache
+(``rope(x, offset=cache.offset)``, ``cache.update_and_fetch(keys, values)``, the mask
+from ``create_attention_mask`` -> ``cache.make_mask``, then
+``scaled_dot_product_attention(queries, keys, values, cache=, scale=, mask=)``), the
+model's ``model.norm`` before the LM head. Must not know: requests, the queue, events.
+
+What runs, per layer, with the model's ``Attention`` unchanged:
+
+1. RoPE at each token's own position: the layer's ``rope`` is wrapped for the forward
+   (:func:`per_token_rope`) so that ``[1, H, T, D]`` is rotated as ``[T, H, 1, D]`` with
+   one offset per token (mlx-lm's RoPE takes an ``[B]`` offset array), then turned back;
+2. :meth:`PagedLayer.update_and_fetch` writes the ``T`` new keys and values into the
+   layer's pool at each token's page slot, then gathers, chunk by chunk, each request's
+   whole context ``[1, n_kv_heads, S, head_dim]``;
+3. :meth:`PagedLayer.make_mask` gives the ``[T, S]`` block-diagonal causal mask
+   (:func:`workbench.observe.packed.packed_mask`), so mlx-lm's
+   ``mx.fast.scaled_dot_product_attention`` keeps every token to its own request.
+
+Only the sampled positions reach the LM head (:func:`sampled_positions` selects them
+before ``model.norm``, a per-token RMSNorm). Every swap is undone after the forward.
+
+Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
+``N`` pool slots (``capacity_pages * page_size``), ``H`` heads, ``D`` head dim, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ...observe.packed import Chunk, packed_layout, packed_mask
+from .pages import PageTable
+
+
+class Pools:
+    """Every layer's key and value pool: ``keys[l]``, ``values[l]`` ``[N, n_kv_heads,
+    head_dim]``, made at the first write (the model's dtype), grown to ``slots``.
+
+    Writes update the arrays in place (MLX donates a buffer nothing else holds); a clone
+    holds new handles, so a write after it copies the pool once (:meth:`clone`)."""
+
+    def __init__(self, n_layers: int):
+        self.keys: list[mx.array | None] = [None] * n_layers
+        self.values: list[mx.array | None] = [None] * n_layers
+        self.slots = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pools allocate (all layers, keys and values)."""
+        return sum(int(a.nbytes) for a in self.keys + self.values if a is not None)
+
+    def fit(self, layer: int, like: mx.array) -> None:
+        """Make layer ``layer``'s pools ``[slots, H, D]`` (zeros, ``like``'s dtype; ``like``
+        ``[T, H, D]``), keeping what they hold."""
+        for pool in (self.keys, self.values):
+            have = pool[layer]
+            n = 0 if have is None else have.shape[0]
+            if n < self.slots:
+                grow = mx.zeros((self.slots - n, *like.shape[1:]), dtype=like.dtype)
+                pool[layer] = grow if have is None else mx.concatenate([have, grow])
+
+    def clone(self, share: bool = False) -> "Pools":
+        """A copy: the same array objects with ``share`` (an engine call's savepoint: the
+        live pools keep writing in place, only into slots the copy's page table calls
+        free), else new handles on the same buffers (a checkpoint)."""
+        out = Pools(len(self.keys))
+        handle = (lambda a: a) if share else (lambda a: None if a is None else mx.view(a, a.dtype))
+        out.keys, out.values = [handle(a) for a in self.keys], [handle(a) for a in self.values]
+        out.slots = self.slots
+        return out
+
+
+class PagedLayer:
+    """The cache one layer's ``Attention`` gets in a packed forward (mlx-lm's cache
+    protocol: ``offset``, ``update_and_fetch``, ``make_mask``).
+
+    Args:
+        pools: the pools. layer: this layer's index. write: ``[T]`` int32 pool slot of
+        each packed token. gather: ``[S]`` int32 pool slots of the keys it attends.
+        mask: ``[T, S]`` bool. positions: ``[T]`` int32 RoPE position of each token.
+    """
+
+    def __init__(self, pools: Pools, layer: int, write: mx.array, gather: mx.array, mask: mx.array,
+                 positions: mx.array):
+        self.pools, self.layer, self.write, self.gather = pools, layer, write, gather
+        self.mask, self.offset = mask, positions
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` at their slots and
+        return the gathered context ``[1, n_kv_heads, S, head_dim]`` of each."""
+        B, H, T, D = keys.shape  # [1, n_kv_heads, T, head_dim]
+        k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)  # [T, H, D]
+        self.pools.fit(self.layer, k)
+        kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
+        kp[self.write] = k
+        vp[self.write] = v
+        return kp[self.gather].transpose(1, 0, 2)[None], vp[self.gather].transpose(1, 0, 2)[None]
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """The ``[T, S]`` packed mask (``N == T``; no window: full attention only)."""
+        return self.mask
+
+
+class _PerTokenRoPE:
+    """A layer's RoPE at one position per token: ``x`` ``[1, H, T, D]`` rotated as
+    ``[T, H, 1, D]`` with the ``[T]`` offset array (mlx-lm's per-row offsets)."""
+
+    def __init__(self, rope: Any):
+        self.rope = rope
+
+    def __call__(self, x: mx.array, offset: mx.array) -> mx.array:
+        return self.rope(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
+
+
+def _shadow(module: Any, name: str, value: Any) -> None:
+    object.__setattr__(module, name, value)  # an instance attribute before the Module's own child
+
+
+@contextlib.contextmanager
+def per_token_rope(inner: Any) -> Iterator[None]:
+    """Within the block, every layer's ``self_attn.rope`` takes one position per token
+    (the cache's ``offset`` ``[T]``). Restored after."""
+    done = []
+    try:
+        for layer in inner.layers:
+            _shadow(layer.self_attn, "rope", _PerTokenRoPE(layer.self_attn.rope))
+            done.append(layer.self_attn)
+        yield
+    finally:
+        for attn in done:
+            del attn.__dict__["rope"]
+
+
+@contextlib.contextmanager
+def sampled_positions(inner: Any, rows: mx.array) -> Iterator[None]:
+    """Within the block, ``inner.norm`` keeps only positions ``rows`` ``[R]`` of its
+    ``[1, T, hidden]`` input (a per-token RMSNorm: the same values), so the LM head
+    runs on ``R`` positions. Restored after."""
+    norm = inner.norm
+    _shadow(inner, "norm", lambda h: norm(h[:, rows]))
+    try:
+        yield
+    finally:
+        del inner.__dict__["norm"]
+
+
+def layer_inputs(table: PageTable, chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
+    """The index arrays of one packed forward: ``write`` ``[T]``, ``gather`` ``[S]``,
+    ``positions`` ``[T]``, ``mask`` ``[T, S]`` and ``sampled`` ``[R]`` (packed index of
+    each sampling chunk's last token)."""
+    _, positions, _, _ = packed_layout(chunks)
+    write = [s for c in chunks for s in table.slots(c.uid, c.start, c.end)]
+    ends = np.cumsum([c.n_tokens for c in chunks]) - 1
+    return dict(write=np.array(write, np.int32), gather=np.array(table.gather_slots([(c.uid, c.end) for c in chunks]), np.int32),
+                positions=positions.astype(np.int32), mask=packed_mask(chunks),
+                sampled=np.array([e for c, e in zip(chunks, ends) if c.samples], np.int32))
+
+
+def packed_forward(model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int]) -> mx.array:
+    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order) through ``model`` as one
+    ``[1, T]`` forward over the pools (written in place). Returns the logits ``[R, V]``
+    at each sampling chunk's last token (``R = 0``: an empty ``[0, V]``).
+
+    Raises:
+        ValueError: a chunk beyond its request's pages.
+    """
+    arrays = layer_inputs(table, chunks)
+    pools.slots = max(pools.slots, table.capacity * table.page_size)
+    inner = model.model
+    write, gather, mask, positions = (mx.array(arrays[k]) for k in ("write", "gather", "mask", "positions"))
+    caches = [PagedLayer(pools, i, write, gather, mask, positions) for i in range(len(inner.layers))]
+    sampled = arrays["sampled"]
+    rows = mx.array(sampled if len(sampled) else np.array([len(tokens) - 1], np.int32))
+    with per_token_rope(inner), sampled_positions(inner, rows):
+        logits = model(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [R, V]
+    return logits if len(sampled) else logits[:0]

@@ -1,0 +1,60 @@
+"""Which models and settings the packed layout admits, refused at construction with why.
+
+Knows: mlx-lm's model modules (which file defines a model's ``Attention``) and the
+settings that shape caches. Must not know: requests, the queue.
+
+Admitted: models of ``mlx_lm.models.llama`` with full attention in every layer (the
+bundled tiny-code and tiny-llama, SmolLM2): their ``Attention`` calls
+``rope(x, offset=cache.offset)`` with a RoPE that takes an offset array, then
+``cache.update_and_fetch`` and ``scaled_dot_product_attention(..., mask=)``, and the model
+ends in ``model.norm`` before its LM head, which the packed forward relies on.
+
+The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a family
+joins once the solo oracle passes on it); refused now: every other family (not checked
+under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
+(a state per request, not pages), and these settings: ``kv_bits`` (quantized pages are
+not built), ``max_kv_size``, ``batch_invariant``, ``pacing``, LoRA ``adapters`` and a
+``prompt_cache`` (not wired to pages yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ADMITTED_MODULES = ("mlx_lm.models.llama",)
+
+
+def check_model(model: Any) -> None:
+    """Refuse a model the packed layout does not run.
+
+    Raises:
+        ValueError: naming the model's module and why (not a checked family, or a
+            sliding-window layer).
+    """
+    module = type(model).__module__
+    if module not in ADMITTED_MODULES:
+        raise ValueError(f"layout='packed' runs the llama family ({', '.join(ADMITTED_MODULES)}); this model is "
+                         f"{module}: its attention is not checked with per-token RoPE positions and paged "
+                         "caches (use layout='padded')")
+    kinds = set(getattr(model.model, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ValueError(f"layout='packed' pages full-attention layers only; this model has layer types "
+                         f"{sorted(kinds)} (a sliding window keeps a ring, not pages; use layout='padded')")
+
+
+def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) -> None:
+    """Refuse settings the packed layout does not combine with.
+
+    Raises:
+        ValueError: naming the first such setting and why.
+    """
+    refused = [("kv_bits", config.kv_bits is not None, "quantized pages are not built"),
+               ("max_kv_size", config.max_kv_size is not None, "a rotating window is not paged"),
+               ("batch_invariant", config.batch_invariant, "the mode runs the padded layout's per-row attention"),
+               ("pacing", config.pacing not in (None, False), "the pacer times padded prefill chunks; the packed "
+                "layout's budget is max_num_batched_tokens"),
+               ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
+               ("prompt_cache", prompt_cache is not None, "stored prefixes are not copied into pages yet")]
+    for name, bad, why in refused:
+        if bad:
+            raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")

@@ -101,6 +101,9 @@ CONFIGS = {
     "pipelined": (SCRIPT, {}),
     "plain": (SCRIPT, dict(pipeline=False, reuse_slots=False, interleave_prefill=False, history_checkpoints=2)),
     "budget": (BUDGET_SCRIPT, dict(budget_requests=2)),
+    "packed": (SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None)),
+    "packed-budget": (BUDGET_SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None,
+                                          budget_requests=2)),
 }
 
 
@@ -177,7 +180,10 @@ def make_scheduler(family: str, config_name: str, clock=None, **extra) -> wb.Sch
     max_kv_size = FAMILIES[family][1]
     options = dict(max_batch=4, prefill_step_size=4, prompt_cache=4, history_size=4) | CONFIGS[config_name][1] | extra
     budget_requests = options.pop("budget_requests", None)
-    if budget_requests:
+    if budget_requests and options.get("layout") == "packed":  # pages of 6 + 10 tokens
+        options["kv_budget_bytes"] = budget_requests * wb.Scheduler(model, tok, **options).ledger.alone_bytes(
+            6, BUDGET_TOKENS - 6)
+    elif budget_requests:
         options["kv_budget_bytes"] = budget_requests * alone_bytes(  # rows as mlx-lm allocates them
             model, 6, BUDGET_TOKENS - 6, options["prefill_step_size"], max_kv_size, exact_chunks=False)
     return wb.Scheduler(model, tok, max_kv_size=max_kv_size, clock=clock or FakeClock(), **options)
@@ -256,6 +262,7 @@ CASES = [(family, "pipelined", kind) for family in FAMILIES for kind in KINDS if
 CASES += [("llama", "plain", kind) for kind in KINDS if kind != "line"]
 CASES += [(family, "budget", kind) for family in ("llama", "qwen3next") for kind in ("layer", "eval", "clock")]
 CASES += [("llama", "pipelined", "line"), ("mamba2", "plain", "line"), ("gemma3", "budget", "line")]
+CASES += [("llama", "packed", kind) for kind in KINDS] + [("llama", "packed-budget", kind) for kind in ("layer", "eval")]
 
 
 @pytest.mark.parametrize("family, config_name, kind", CASES)

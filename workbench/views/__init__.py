@@ -18,11 +18,15 @@ divergence by layer    ``divergence_text(table)``  ``render_divergence(table)``
 slots x steps (events) ``slots_text``              ``render_slots``
 ring buffer (snaps)    ``LayerGroup.text``         ``render_ring``
 state vs KV (history)  ``state_text``              ``render_state``
+packed layout (snap)   ``packed_text``,            ``render_packed_mask``,
+                       ``budget_text(history)``    ``render_page_table``,
+                                                   ``render_token_budget(history)``
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
-The four rows after the divergence view live in their modules (``views.attention``,
-``views.slots``, ``views.ring``, ``views.state``). ``Panel`` is imported lazily: importing this package does not import ipywidgets.
+The five rows after the divergence view live in their modules (``views.attention``,
+``views.slots``, ``views.ring``, ``views.state``, ``views.packed``); the panel shows the
+packed views for a ``Scheduler(layout="packed")``. ``Panel`` is imported lazily: importing this package does not import ipywidgets.
 """
 
 from .divergence import divergence_text, render_divergence

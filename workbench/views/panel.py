@@ -61,6 +61,7 @@ from ..observe.snapshot import Snapshot
 from . import style
 from .kv import render_kv
 from .mask import mask_text, render_masks
+from .packed import packed_text, render_packed_mask, render_page_table
 from .timeline import render_timeline
 
 IMAGE_DPI = 100  # with the figure widths below: images of 900-940 px whose smallest text is 11.6 px
@@ -236,7 +237,8 @@ class Panel:
         snap, history = self.shown, list(self.sched.history)
         for image, fig in self.figures(snap, history).items():
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
-        self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
+        text = mask_text(snap) if snap.packed is None else packed_text(snap)
+        self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         self.buttons["Restore"].disabled = self.sched.history_checkpoint(self.slider.value) is None
         self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
@@ -246,8 +248,12 @@ class Panel:
     def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:
         """The figure each image shows for ``snap`` (masks, KV geometry with ``history``,
         the timeline of :meth:`recent_events`), at the panel's widths."""
+        timeline = render_timeline(self.recent_events(snap.step), x="step")
+        if snap.packed is not None:  # the packed layout: its mask of the latest forward and its page table
+            return {self.mask_image: render_packed_mask(snap), self.kv_image: render_page_table(snap, width_in=KV_WIDTH_IN),
+                    self.timeline_image: timeline}
         return {self.mask_image: render_masks(snap), self.kv_image: render_kv(snap, history, width_in=KV_WIDTH_IN),
-                self.timeline_image: render_timeline(self.recent_events(snap.step), x="step")}
+                self.timeline_image: timeline}
 
     def recent_events(self, step: int) -> pd.DataFrame:
         """Events up to decode step ``step`` of the latest ``TIMELINE_UIDS`` uids, read from

@@ -4,14 +4,15 @@ scheduled token, each layer handed a paged cache object.
 Knows: how mlx-lm's llama-family ``Attention`` calls its cache
 (``rope(x, offset=cache.offset)``, ``cache.update_and_fetch(keys, values)``, the mask
 from ``create_attention_mask`` -> ``cache.make_mask``, then
-``scaled_dot_product_attention(queries, keys, values, cache=, scale=, mask=)``), the
-model's ``model.norm`` before the LM head. Must not know: requests, the queue, events.
+``scaled_dot_product_attention(queries, keys, values, cache=, scale=, mask=)``), and how
+``llama.Model`` ends (``model.model`` then the LM head). Must not know: requests, the queue, events.
 
 What runs, per layer, with the model's ``Attention`` unchanged:
 
 1. RoPE at each token's own position: the layer's ``rope`` is wrapped for the forward
-   (:func:`per_token_rope`) so that ``[1, H, T, D]`` is rotated as ``[T, H, 1, D]`` with
-   one offset per token (mlx-lm's RoPE takes an ``[B]`` offset array), then turned back;
+   (:func:`per_token_rope`, :class:`PerTokenRoPE`) so that ``[1, H, T, D]`` is rotated
+   as ``[T, H, 1, D]`` with one offset per token (mlx-lm's RoPE takes an ``[B]`` offset
+   array), then turned back;
 2. :meth:`PagedLayer.update_and_fetch` writes the ``T`` new keys and values into the
    layer's pool at each token's page slot, then gathers, chunk by chunk, each request's
    whole context ``[1, n_kv_heads, S, head_dim]``;
@@ -19,8 +20,8 @@ What runs, per layer, with the model's ``Attention`` unchanged:
    (:func:`workbench.observe.packed.packed_mask`), so mlx-lm's
    ``mx.fast.scaled_dot_product_attention`` keeps every token to its own request.
 
-Only the sampled positions reach the LM head (:func:`sampled_positions` selects them
-before ``model.norm``, a per-token RMSNorm). Every swap is undone after the forward.
+Only the sampled positions reach the LM head (:func:`lm_logits`); the RoPE swap is
+undone after the forward.
 
 Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
 ``N`` pool slots (``capacity_pages * page_size``), ``H`` heads, ``D`` head dim, ``V`` vocabulary.
@@ -108,47 +109,44 @@ class PagedLayer:
         return self.mask
 
 
-class _PerTokenRoPE:
-    """A layer's RoPE at one position per token: ``x`` ``[1, H, T, D]`` rotated as
-    ``[T, H, 1, D]`` with the ``[T]`` offset array (mlx-lm's per-row offsets)."""
+class PerTokenRoPE:
+    """A layer's RoPE that also takes one position per token: for ``x`` ``[1, H, T, D]``
+    and an ``offset`` array of ``T`` positions, ``x`` is rotated as ``[T, H, 1, D]`` (mlx-lm's
+    RoPE takes one offset per batch row) and turned back; every other call (an int offset,
+    mlx-lm's ``[B]`` offsets) goes to the layer's RoPE unchanged. So a wrapper left in
+    place (an interrupt inside the restore) changes no other forward."""
 
     def __init__(self, rope: Any):
         self.rope = rope
 
-    def __call__(self, x: mx.array, offset: mx.array) -> mx.array:
-        return self.rope(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
-
-
-def _shadow(module: Any, name: str, value: Any) -> None:
-    object.__setattr__(module, name, value)  # an instance attribute before the Module's own child
+    def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
+        if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and offset.shape[0] == x.shape[2] > 1:
+            return self.rope(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
+        return self.rope(x, offset=offset)
 
 
 @contextlib.contextmanager
 def per_token_rope(inner: Any) -> Iterator[None]:
-    """Within the block, every layer's ``self_attn.rope`` takes one position per token
-    (the cache's ``offset`` ``[T]``). Restored after."""
-    done = []
+    """Within the block, every layer's ``self_attn.rope`` is a :class:`PerTokenRoPE` around
+    the layer's own RoPE module (an instance attribute shadowing the Module's child);
+    removed after."""
+    attns = [layer.self_attn for layer in inner.layers]
     try:
-        for layer in inner.layers:
-            _shadow(layer.self_attn, "rope", _PerTokenRoPE(layer.self_attn.rope))
-            done.append(layer.self_attn)
+        for attn in attns:
+            object.__setattr__(attn, "rope", PerTokenRoPE(attn["rope"]))  # wraps the child, never a wrapper
         yield
     finally:
-        for attn in done:
-            del attn.__dict__["rope"]
+        for attn in attns:
+            attn.__dict__.pop("rope", None)
 
 
-@contextlib.contextmanager
-def sampled_positions(inner: Any, rows: mx.array) -> Iterator[None]:
-    """Within the block, ``inner.norm`` keeps only positions ``rows`` ``[R]`` of its
-    ``[1, T, hidden]`` input (a per-token RMSNorm: the same values), so the LM head
-    runs on ``R`` positions. Restored after."""
-    norm = inner.norm
-    _shadow(inner, "norm", lambda h: norm(h[:, rows]))
-    try:
-        yield
-    finally:
-        del inner.__dict__["norm"]
+def lm_logits(model: Any, h: mx.array) -> mx.array:
+    """The LM head of a llama-family ``Model`` on normed hidden states ``h`` ``[..., hidden]``
+    -> ``[..., V]``: the tied embedding's ``as_linear`` or ``lm_head``, as mlx-lm's
+    ``llama.Model.__call__`` ends."""
+    if model.args.tie_word_embeddings:
+        return model.model.embed_tokens.as_linear(h)
+    return model.lm_head(h)
 
 
 def layer_inputs(table: PageTable, chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
@@ -176,8 +174,6 @@ def packed_forward(model: Any, pools: Pools, table: PageTable, chunks: Sequence[
     inner = model.model
     write, gather, mask, positions = (mx.array(arrays[k]) for k in ("write", "gather", "mask", "positions"))
     caches = [PagedLayer(pools, i, write, gather, mask, positions) for i in range(len(inner.layers))]
-    sampled = arrays["sampled"]
-    rows = mx.array(sampled if len(sampled) else np.array([len(tokens) - 1], np.int32))
-    with per_token_rope(inner), sampled_positions(inner, rows):
-        logits = model(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [R, V]
-    return logits if len(sampled) else logits[:0]
+    with per_token_rope(inner):
+        h = inner(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [T, hidden], normed
+    return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]

@@ -63,6 +63,10 @@ def _bench(args: argparse.Namespace) -> int:
         from .bench.gpu import gpu_bench_job
 
         return gpu_bench_job(args.quick, Path(args.out), model=args.model)
+    if args.packed:
+        from .bench.packed import packed_bench_job
+
+        return packed_bench_job(args.quick, Path(args.out))
     if args.model is not None:
         raise SystemExit("workbench bench: --model is for --device gpu (the CPU benchmark's models are fixed: "
                          "docs/benchmarks.md)")
@@ -254,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     _out(b, "benchmarks.md and benchmarks/")
     b.add_argument("--model", default=None, help="with --device gpu: an mlx-lm model path or a bundled / fetched "
                    "name (smollm2-135m) instead of the 1B-shaped random llama, at the same sizes")
+    b.add_argument("--packed", action="store_true", help="the packed layout against the padded one and mlx-lm "
+                   "(decode, staggered, loaded, Azure window, Sarathi-Serve schedules; writes packed-bench.md and "
+                   "packed-bench/; docs/packed.md)")
     b.set_defaults(func=_bench)
     m = _command(sub, "margins", "how often greedy decoding nearly ties over the demo workload",
                  "Prints the top-2 logit margins: where they are tiny, the token-for-token oracles could flip.")

@@ -75,3 +75,18 @@ def test_by_default_load_dequantizes_on_the_cpu_saying_so_in_one_line_and_keeps_
         assert err.count("\n") == 1 and "dequantized to float32" in err and "dequantize=False" in err
     else:
         assert isinstance(q_proj, nn.QuantizedLinear) and err == ""
+
+
+def test_chat_rows_in_the_packed_layout_equal_each_request_run_alone(smollm2):
+    model, tokenizer = smollm2
+    sched = wb.Scheduler(model, tokenizer, layout="packed", max_batch=3, page_size=16, max_num_batched_tokens=24)
+    questions = ["What is 2+2?", "Name a primary colour.", "Say hello."]
+    first = sched.submit(wb.Request(prompt=chat_ids(tokenizer, questions[0]), max_tokens=6))
+    sched.admit()
+    sched.step()
+    later = [sched.submit(wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=6)) for q in questions[1:]]
+    sched.run()
+    kinds = {tuple(sorted({c.kind for c in s.packed.last_chunks})) for s in sched.history}
+    assert ("decode", "prefill") in kinds, "a forward carried decode and prefill tokens together"
+    check = oracle.solo_check(model, sched, [first, *later], atol=1e-4)
+    assert check.ok, check.text()

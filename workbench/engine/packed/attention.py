@@ -14,13 +14,19 @@ What runs, per layer, with the model's ``Attention`` unchanged:
    as ``[T, H, 1, D]`` with one offset per token (mlx-lm's RoPE takes an ``[B]`` offset
    array), then turned back;
 2. :meth:`PagedLayer.update_and_fetch` writes the ``T`` new keys and values into the
-   layer's pool at each token's page slot, then gathers, chunk by chunk, each request's
-   whole context ``[1, n_kv_heads, S, head_dim]``;
-3. :meth:`PagedLayer.make_mask` gives the ``[T, S]`` block-diagonal causal mask
-   (:func:`workbench.observe.packed.packed_mask`), so mlx-lm's
-   ``mx.fast.scaled_dot_product_attention`` keeps every token to its own request.
+   layer's pool at each token's page slot;
+3. the attention, by groups (the default): mlx-lm's ``scaled_dot_product_attention`` is
+   wrapped for the forward (:class:`~workbench.engine.packed.grouped.PagedSDPA`) and hands
+   the call to :meth:`PagedLayer.attend`: the decode tokens as one batched one-query
+   attention over their pages, each prefill chunk as mlx-lm's causal attention over its
+   request's pages (:mod:`workbench.engine.packed.grouped`); or ``masked``:
+   ``update_and_fetch`` returns, chunk by chunk, each request's whole context ``[1,
+   n_kv_heads, S, head_dim]`` and :meth:`PagedLayer.make_mask` the ``[T, S]``
+   block-diagonal causal mask (:func:`workbench.observe.packed.packed_mask`), and mlx-lm's
+   attention runs unchanged (``T x S`` scores: the reference the grouped path is tested
+   against).
 
-Only the sampled positions reach the LM head (:func:`lm_logits`); the RoPE swap is
+Only the sampled positions reach the LM head (:func:`lm_logits`); both swaps are
 undone after the forward.
 
 Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
@@ -36,7 +42,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ...observe.packed import Chunk, packed_layout, packed_mask
+from ...observe.packed import Chunk, packed_mask
+from .grouped import Groups, grouped_attention, groups_of, paged_sdpa
 from .pages import PageTable
 
 
@@ -80,18 +87,23 @@ class Pools:
 
 class PagedLayer:
     """The cache one layer's ``Attention`` gets in a packed forward (mlx-lm's cache
-    protocol: ``offset``, ``update_and_fetch``, ``make_mask``).
+    protocol: ``offset``, ``update_and_fetch``, ``make_mask``; and ``attend``, which
+    :class:`~workbench.engine.packed.grouped.PagedSDPA` calls instead of the masked
+    attention when ``groups`` are given).
 
     Args:
         pools: the pools. layer: this layer's index. write: ``[T]`` int32 pool slot of
-        each packed token. gather: ``[S]`` int32 pool slots of the keys it attends.
-        mask: ``[T, S]`` bool. positions: ``[T]`` int32 RoPE position of each token.
+        each packed token. positions: ``[T]`` int32 RoPE position of each token.
+        gather: ``[S]`` int32 pool slots of the keys and mask ``[T, S]`` bool (the masked
+        path), or groups (:class:`~workbench.engine.packed.grouped.Groups`, the grouped path).
     """
 
-    def __init__(self, pools: Pools, layer: int, write: mx.array, gather: mx.array, mask: mx.array,
-                 positions: mx.array):
+    def __init__(self, pools: Pools, layer: int, write: mx.array, positions: mx.array, gather: mx.array | None = None,
+                 mask: mx.array | None = None, groups: Groups | None = None):
         self.pools, self.layer, self.write, self.gather = pools, layer, write, gather
-        self.mask, self.offset = mask, positions
+        self.mask, self.offset, self.groups = mask, positions, groups
+        if groups is None:
+            self.attend = None  # the masked path: mlx-lm's attention over the gathered keys
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` at their slots and
@@ -102,10 +114,18 @@ class PagedLayer:
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
         vp[self.write] = v
+        if self.groups is not None:  # attend() reads the pools by groups
+            return keys, values
         return kp[self.gather].transpose(1, 0, 2)[None], vp[self.gather].transpose(1, 0, 2)[None]
 
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        """Attention of ``queries`` ``[1, H, T, D]`` over this layer's pools by groups
+        (:func:`~workbench.engine.packed.grouped.grouped_attention`)."""
+        return grouped_attention(queries, self.pools.keys[self.layer], self.pools.values[self.layer], self.groups, scale)
+
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        """The ``[T, S]`` packed mask (``N == T``; no window: full attention only)."""
+        """The ``[T, S]`` packed mask (``N == T``; no window: full attention only);
+        ``None`` on the grouped path."""
         return self.mask
 
 
@@ -150,21 +170,34 @@ def lm_logits(model: Any, h: mx.array) -> mx.array:
 
 
 def layer_inputs(table: PageTable, chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
-    """The index arrays of one packed forward: ``write`` ``[T]``, ``gather`` ``[S]``,
-    ``positions`` ``[T]``, ``mask`` ``[T, S]`` and ``sampled`` ``[R]`` (packed index of
-    each sampling chunk's last token)."""
-    _, positions, _, _ = packed_layout(chunks)
+    """The index arrays of one packed forward: ``write`` ``[T]``, ``positions`` ``[T]``
+    and ``sampled`` ``[R]`` (packed index of each sampling chunk's last token)."""
+    positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
     write = [s for c in chunks for s in table.slots(c.uid, c.start, c.end)]
     ends = np.cumsum([c.n_tokens for c in chunks]) - 1
-    return dict(write=np.array(write, np.int32), gather=np.array(table.gather_slots([(c.uid, c.end) for c in chunks]), np.int32),
-                positions=positions.astype(np.int32), mask=packed_mask(chunks),
-                sampled=np.array([e for c, e in zip(chunks, ends) if c.samples], np.int32))
+    return dict(write=np.array(write, np.int32), positions=positions.astype(np.int32),
+                sampled=np.array([e for c, e in zip(chunks, ends, strict=True) if c.samples], np.int32))
 
 
-def packed_forward(model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int]) -> mx.array:
+def paged_layers(pools: Pools, table: PageTable, chunks: Sequence[Chunk], n_layers: int, arrays: dict,
+                 masked: bool = False) -> list[PagedLayer]:
+    """One :class:`PagedLayer` per layer: by groups (default), or ``masked`` (every
+    request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is)."""
+    write, positions = mx.array(arrays["write"]), mx.array(arrays["positions"])
+    if not masked:
+        groups = groups_of(table, chunks)
+        return [PagedLayer(pools, i, write, positions, groups=groups) for i in range(n_layers)]
+    gather = mx.array(np.array(table.gather_slots([(c.uid, c.end) for c in chunks]), np.int32))
+    mask = mx.array(packed_mask(chunks))
+    return [PagedLayer(pools, i, write, positions, gather, mask) for i in range(n_layers)]
+
+
+def packed_forward(model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int],
+                   masked: bool = False) -> mx.array:
     """Run ``tokens`` ``[T]`` (the chunks' tokens, in order) through ``model`` as one
-    ``[1, T]`` forward over the pools (written in place). Returns the logits ``[R, V]``
-    at each sampling chunk's last token (``R = 0``: an empty ``[0, V]``).
+    ``[1, T]`` forward over the pools (written in place), attention by groups (default)
+    or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
+    chunk's last token (``R = 0``: an empty ``[0, V]``).
 
     Raises:
         ValueError: a chunk beyond its request's pages.
@@ -172,8 +205,7 @@ def packed_forward(model: Any, pools: Pools, table: PageTable, chunks: Sequence[
     arrays = layer_inputs(table, chunks)
     pools.slots = max(pools.slots, table.capacity * table.page_size)
     inner = model.model
-    write, gather, mask, positions = (mx.array(arrays[k]) for k in ("write", "gather", "mask", "positions"))
-    caches = [PagedLayer(pools, i, write, gather, mask, positions) for i in range(len(inner.layers))]
-    with per_token_rope(inner):
+    caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked)
+    with per_token_rope(inner), paged_sdpa(inner):
         h = inner(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]

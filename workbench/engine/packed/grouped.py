@@ -1,0 +1,138 @@
+"""Attention over pages by groups: the decode tokens of a packed forward as one batched
+one-query attention, each prefill chunk as its own causal attention, so no token pays
+for other requests' keys.
+
+Knows: the page table, MLX's ``mx.fast.scaled_dot_product_attention``, the name under
+which mlx-lm's model files call it (``scaled_dot_product_attention``, imported from
+``mlx_lm.models.base``). Must not know: requests, the queue.
+
+Why: one masked attention over every request's keys (the block-diagonal mask of
+:func:`workbench.observe.packed.packed_mask`) costs ``T x S``: with a 500-token prefill
+chunk beside 7 decoding rows of 300 tokens each, 500 x 2,600 scores of which 500 x 500 are
+kept. By groups it costs what each request needs:
+
+- the leading run of decode chunks (the plan puts them first): queries ``[R, H, 1, D]``
+  against each row's keys gathered from its pages into ``[R, n_kv_heads, L_max, D]``
+  (right-padded, masked where a row is shorter; no mask when all are as long) — the
+  padded layout's decode step, without its left padding;
+- each other chunk: queries ``[1, H, n, D]`` against its request's keys ``[1, n_kv_heads,
+  end, D]`` with mlx-lm's ``"causal"`` mask (the chunk's positions are the last ``n`` of
+  the ``end`` keys), the very call mlx-lm's own chunked prefill makes.
+
+The outputs are concatenated in packed order. Within float rounding of the masked one
+(tested), and the decode group is the same computation as mlx-lm's batched decode.
+
+Axis letters: ``T`` packed tokens, ``R`` decode rows, ``L`` keys per row, ``H`` heads,
+``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from ...observe.packed import DECODE, Chunk
+from .pages import PageTable
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The attention groups of one packed forward (shared by every layer).
+
+    Attributes:
+        n_decode: decode rows ``R`` (the leading 1-token decode chunks).
+        decode_slots: ``[R, L_max]`` int32 pool slots of each decode row's keys (right-padded
+            with slot 0), or ``None`` when ``R == 0``.
+        decode_mask: ``[R, 1, 1, L_max]`` bool, or ``None`` (every row as long).
+        chunks: ``(first packed token, tokens, slots [end])`` of every other chunk.
+    """
+
+    n_decode: int
+    decode_slots: mx.array | None
+    decode_mask: mx.array | None
+    chunks: tuple[tuple[int, int, mx.array], ...]
+
+
+def groups_of(table: PageTable, chunks: Sequence[Chunk]) -> Groups:
+    """The :class:`Groups` of ``chunks`` over ``table``'s pages."""
+    n = 0
+    while n < len(chunks) and chunks[n].kind == DECODE and chunks[n].n_tokens == 1:
+        n += 1
+    slots, mask = None, None
+    if n:
+        ends = [c.end for c in chunks[:n]]
+        L = max(ends)
+        grid = np.zeros((n, L), np.int32)
+        for r, c in enumerate(chunks[:n]):
+            grid[r, : c.end] = table.slots(c.uid, 0, c.end)
+        slots = mx.array(grid)
+        if min(ends) < L:
+            mask = mx.array(np.arange(L)[None, :] < np.array(ends)[:, None])[:, None, None, :]
+    rest, at = [], n
+    for c in chunks[n:]:
+        rest.append((at, c.n_tokens, mx.array(np.array(table.slots(c.uid, 0, c.end), np.int32))))
+        at += c.n_tokens
+    return Groups(n, slots, mask, tuple(rest))
+
+
+def _gather(pool: mx.array, slots: mx.array) -> mx.array:
+    """``pool`` ``[N, n_kv_heads, D]`` at ``slots`` ``[..., L]`` -> ``[..., n_kv_heads, L, D]``."""
+    g = pool[slots]  # [..., L, n_kv_heads, D]
+    return mx.swapaxes(g, -3, -2)
+
+
+def grouped_attention(queries: mx.array, keys_pool: mx.array, values_pool: mx.array, groups: Groups,
+                      scale: float) -> mx.array:
+    """Attention of ``queries`` ``[1, H, T, D]`` (RoPE applied) over the pools ``[N,
+    n_kv_heads, D]`` by :class:`Groups`. Returns ``[1, H, T, D]``."""
+    outs = []
+    R = groups.n_decode
+    if R:
+        q = mx.swapaxes(queries[0, :, :R], 0, 1)[:, :, None]  # [R, H, 1, D]
+        k, v = _gather(keys_pool, groups.decode_slots), _gather(values_pool, groups.decode_slots)  # [R, n_kv, L, D]
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=groups.decode_mask)  # [R, H, 1, D]
+        outs.append(mx.swapaxes(o[:, :, 0], 0, 1)[None])  # [1, H, R, D]
+    for first, n, slots in groups.chunks:
+        k, v = _gather(keys_pool, slots)[None], _gather(values_pool, slots)[None]  # [1, n_kv, end, D]
+        mask = "causal" if n > 1 else None
+        outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, first : first + n], k, v, scale=scale,
+                                                         mask=mask))
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+
+
+class PagedSDPA:
+    """mlx-lm's ``scaled_dot_product_attention`` that hands a paged layer's call to the
+    layer (``cache.attend``) and every other call to mlx-lm's function unchanged, so a
+    wrapper left in place changes no other forward."""
+
+    def __init__(self, original: Any):
+        self.original = original
+
+    def __call__(self, queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
+                 mask: Any, sinks: Any = None) -> mx.array:
+        attend = getattr(cache, "attend", None)
+        if attend is not None and sinks is None:
+            return attend(queries, scale)
+        return self.original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+@contextlib.contextmanager
+def paged_sdpa(inner: Any) -> Iterator[None]:
+    """Within the block, the ``scaled_dot_product_attention`` of the modules defining the
+    model's attention layers is a :class:`PagedSDPA`. Restored after."""
+    names = {type(layer.self_attn).__module__ for layer in inner.layers}
+    mods = [sys.modules[n] for n in names if hasattr(sys.modules.get(n), "scaled_dot_product_attention")]
+    try:
+        for m in mods:
+            current = m.scaled_dot_product_attention
+            m.scaled_dot_product_attention = PagedSDPA(getattr(current, "original", current))
+        yield
+    finally:
+        for m in mods:
+            current = m.scaled_dot_product_attention
+            m.scaled_dot_product_attention = getattr(current, "original", current)

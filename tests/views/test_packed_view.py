@@ -4,8 +4,13 @@ layout refused."""
 import pytest
 
 import workbench as wb
-from workbench.views.packed import (budget_text, packed_text, render_packed_mask, render_page_table,
-                                    render_token_budget)
+from workbench.views.packed import (
+    budget_text,
+    packed_text,
+    render_packed_mask,
+    render_page_table,
+    render_token_budget,
+)
 from workbench.workloads.workload import prompt_of_length
 
 pytestmark = pytest.mark.model

@@ -13,14 +13,22 @@ naming ``Scheduler(layout="packed")``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ..observe.packed import PackedState, budget_rows, chunks_text, mask_text, packed_layout, packed_mask, page_table_text
+from ..observe.packed import (
+    PackedState,
+    budget_rows,
+    chunks_text,
+    mask_text,
+    packed_layout,
+    packed_mask,
+    page_table_text,
+)
 from . import style
 
 __all__ = ["budget_text", "packed_text", "render_packed_mask", "render_page_table", "render_token_budget"]

@@ -81,7 +81,7 @@ class PackedBatch:
     def wants(self) -> list[Want]:
         """Each unfinished row's work (:class:`Want`), row order."""
         return [Want(r.uid, h, len(r.inputs), r.status is Status.RUNNING)
-                for r, h in zip(self.rows, self.held) if not r.finished]
+                for r, h in zip(self.rows, self.held, strict=True) if not r.finished]
 
     def plan(self, budget: int, schedule: str = "hybrid") -> tuple[Chunk, ...]:
         """The next forward's chunks (:func:`workbench.engine.packed.plan.plan_chunks`)."""
@@ -133,7 +133,7 @@ class PackedBatch:
 
     def state(self, token_budget: int) -> PackedState:
         """The frozen :class:`PackedState` now."""
-        held = dict(zip((r.uid for r in self.rows), self.held))
+        held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         pages = tuple((r.uid, tuple(self.table.pages[r.uid])) for r in self.rows if r.uid in self.table.pages)
         return PackedState(self.page_size, self.page_bytes, self.pools.slots // self.page_size, pages,
                            tuple(self.table.free_list), tuple((u, held[u]) for u, _ in pages), self.last_chunks,
@@ -144,7 +144,7 @@ class PackedBatch:
         twice or both held and free, pools smaller than the pages handed out."""
         out = []
         seen: list[int] = []
-        for r, h in zip(self.rows, self.held):
+        for r, h in zip(self.rows, self.held, strict=True):
             n = len(self.table.pages.get(r.uid, []))
             if n < self.table.pages_for(h) or h > len(r.inputs):
                 out.append(f"uid {r.uid}: {h} tokens held, {len(r.inputs)} known, in {n} page(s) of {self.page_size}")

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

@@ -1,0 +1,59 @@
+"""The packed benchmark's arithmetic on hand-built frames, and its KV sample on a live
+scheduler against an independent count."""
+
+import pandas as pd
+import pytest
+
+import workbench as wb
+from workbench.bench.packed import (
+    MLX_LM,
+    PACKED,
+    PADDED,
+    PackedBenchResult,
+    decode_table,
+    goal_lines,
+    kv_sample,
+    kv_table,
+    summary,
+)
+from workbench.workloads.workload import prompt_of_length
+
+
+def result():
+    decode = pd.DataFrame([dict(engine=e, B=8, pair=p, tok_per_s=v) for p, vals in enumerate([(100, 98, 90), (110, 99, 95)])
+                           for e, v in zip((PADDED, PACKED, MLX_LM), vals, strict=True)])
+    lat = pd.DataFrame([dict(scenario="azure", engine=e, round=0, ttft_p95_s=t, itl_p95_s=i)
+                        for e, t, i in ((PADDED, 2.0, 0.2), (PACKED, 1.0, 0.1), (MLX_LM, 2.0, 0.2))])
+    kv = pd.DataFrame([dict(scenario="azure", engine=PACKED, round=0, peak_held_bytes=105, peak_token_bytes=100,
+                            peak_allocated_bytes=120),
+                       dict(scenario="azure", engine=PADDED, round=0, peak_held_bytes=900, peak_token_bytes=100,
+                            peak_allocated_bytes=900)])
+    return PackedBenchResult(decode, lat, kv, {})
+
+
+def test_the_tables_give_ratios_to_mlx_lm_and_to_the_padded_layout():
+    r = result()
+    s = summary(r).set_index("engine")
+    assert s.loc[PACKED, "ttft_p95_vs_mlx_lm"] == 0.5 and s.loc[PACKED, "itl_p95_vs_mlx_lm"] == 0.5
+    d = decode_table(r).iloc[0]
+    assert d.packed_vs_padded == pytest.approx((0.98 + 0.9) / 2)
+    k = kv_table(r).set_index("engine")
+    assert k.loc[PACKED, "held_vs_tokens"] == 1.05 and k.loc[PADDED, "held_vs_tokens"] == 9.0
+    lines = goal_lines(summary(r), kv_table(r), decode_table(r))
+    assert lines[0].endswith(": met") and "decode B=8: packed 0.94x" in lines[1] and lines[1].endswith("missed")
+    assert lines[2].startswith("- azure: packed peak KV bytes 1.050x") and lines[2].endswith("met")
+
+
+@pytest.mark.model
+def test_the_kv_sample_counts_pages_and_tokens_as_an_independent_count(bundled):
+    model, tok = bundled
+    sched = wb.Scheduler(model, tok, layout="packed", max_batch=2, page_size=4, max_num_batched_tokens=8)
+    sched.submit(wb.Request(prompt=prompt_of_length(tok, 6, 0), max_tokens=4))
+    sched.submit(wb.Request(prompt=prompt_of_length(tok, 5, 30), max_tokens=4))
+    sched.admit()
+    sched.step()
+    sched.step()
+    held, tokens, allocated = kv_sample(sched)
+    per_token = sched.batch.page_bytes // 4
+    # 6 + 1 fed and 5 + 0 tokens in pages of 4: 2 + 2 pages (the second row's last page not full)
+    assert tokens == (7 + 5) * per_token and held == 4 * 4 * per_token and allocated >= held

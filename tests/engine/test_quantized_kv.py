@@ -249,38 +249,82 @@ def test_bad_kv_settings_are_refused_naming_the_field(make_sched, options, match
         make_sched(**options)
 
 
-def test_a_device_without_the_quantized_kernel_is_refused_at_construction(make_sched, monkeypatch):
-    """On an H200, MLX had no quantized_matmul for a test model's shape (1x7x32x16): the
-    scheduler must refuse then, not fail in its first step (here the kernel's absence is
-    simulated: the CPU has every kernel)."""
+def _without_quantized_matmul(monkeypatch, missing_when=lambda q_keys: True):
+    """Simulate a device whose MLX lacks ``quantized_matmul`` for some shapes (the CPU has
+    every kernel; on an H200 with mlx 0.32.4 head dim 32 had none: ``1x7x32x16``)."""
+    import mlx_lm.models.base as mlx_base
+
+    real = mlx_base.quantized_scaled_dot_product_attention
+
+    def missing(queries, q_keys, *args, **kwargs):
+        if missing_when(q_keys):
+            raise RuntimeError(f"[quantized_matmul] No implementation for problem shape: 1x{q_keys[0].shape[2]}x32x16")
+        return real(queries, q_keys, *args, **kwargs)
+
+    monkeypatch.setattr(mlx_base, "quantized_scaled_dot_product_attention", missing)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_device_without_the_quantized_kernel_attends_by_dequantizing(make_sched, prompt, monkeypatch, bits):
+    """Where MLX has no quantized_matmul for the model's shape, the scheduler takes the
+    dequantizing attention path (chosen at construction, not found in a step), and every row
+    equals mlx-lm's generate_step(kv_bits=...) alone with the same attention path."""
     from workbench.engine.levers import quantized_kv
+    from workbench.engine.levers.quantized_attention import attention_path
 
-    def missing(*args, **kwargs):
-        raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x7x32x16")
+    _without_quantized_matmul(monkeypatch)
+    assert not quantized_kv.device_runs_quantized_attention(32)
+    sched, uids = _run(make_sched, prompt, bits, max_batch=3)
+    assert sched.recipe.kv_quant.attention == "dequantize"
+    assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
+    with attention_path("dequantize"):
+        report = oracle.solo_check(sched.model, sched)
+    assert report.n_match == len(SPECS), report.text()
 
-    monkeypatch.setattr(quantized_kv, "quantized_scaled_dot_product_attention", missing)
+
+def test_the_dequantizing_path_is_the_quantized_attention_within_rounding():
+    """dequantized_attention equals mlx-lm's quantized_scaled_dot_product_attention (scores by
+    quantized_matmul) within float32 rounding, with a padding mask and with GQA."""
+    import mlx_lm.models.base as mlx_base
+
+    from workbench.engine.levers.quantized_attention import dequantized_attention
+
+    mx.random.seed(3)
+    q = mx.random.normal((2, 4, 1, 32))
+    k, v = (mx.quantize(mx.random.normal((2, 2, 9, 32)), group_size=32, bits=4) for _ in range(2))
+    mask = mx.array([[True] * 9, [False] * 3 + [True] * 6])[:, None, None, :]
+    got = dequantized_attention(q, k, v, scale=0.17, mask=mask, group_size=32, bits=4)
+    want = mlx_base.quantized_scaled_dot_product_attention(q, k, v, scale=0.17, mask=mask, group_size=32, bits=4)
+    # (mlx-lm's scales its queries in place: `queries *= scale`, so it runs second)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=1e-5)
+
+
+def test_a_device_without_any_quantized_attention_path_is_refused_at_construction(make_sched, monkeypatch):
+    """Neither quantized_matmul nor the dequantizing path runs: the scheduler refuses then,
+    naming the shape, not in its first step."""
+    from workbench.engine.levers import quantized_attention
+
+    _without_quantized_matmul(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("[dequantize] not here")
+
+    monkeypatch.setattr(quantized_attention, "dequantized_attention", broken)
     with pytest.raises(ValueError, match=r"kv_bits=8, kv_group_size=32: MLX cannot run quantized attention for "
-                                         r"head dim 32 on .*No implementation"):
+                                         r"head dim 32 on .*No implementation.*nor dequantized"):
         make_sched(kv_bits=8, kv_group_size=32)
     assert make_sched(kv_bits=None) is not None
 
 
-def test_a_kernel_missing_only_at_longer_keys_is_refused_at_construction(make_sched, monkeypatch):
+def test_a_kernel_missing_only_at_longer_keys_is_found_at_construction(make_sched, monkeypatch):
     """On the H200 a probe with one query and one key passed while steps failed at 60 keys
-    (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too."""
+    (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too, so such
+    a device takes the dequantizing path from the start."""
     from workbench.engine.levers import quantized_kv
 
-    real = quantized_kv.quantized_scaled_dot_product_attention
     assert quantized_kv.device_runs_quantized_attention(64)  # the CPU has every kernel
-
-    def missing_at_60_keys(queries, q_keys, *args, **kwargs):
-        if q_keys[0].shape[2] == 60:
-            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x60x32x12")
-        return real(queries, q_keys, *args, **kwargs)
-
-    monkeypatch.setattr(quantized_kv, "quantized_scaled_dot_product_attention", missing_at_60_keys)
-    with pytest.raises(ValueError, match=r"heads, 1 queries, 60 keys: .*1x60x32x12"):
-        make_sched(kv_bits=4, kv_group_size=32)
+    _without_quantized_matmul(monkeypatch, lambda q_keys: q_keys[0].shape[2] == 60)
+    assert make_sched(kv_bits=4, kv_group_size=32).recipe.kv_quant.attention == "dequantize"
     assert not quantized_kv.device_runs_quantized_attention(64)
 
 

@@ -148,7 +148,7 @@ def test_every_row_equals_generate_step_with_kv_bits(make_sched, prompt, bits, o
     assert sched.check().ok
     report = oracle.solo_check(sched.model, sched)
     assert len(report.rows) == len(SPECS)
-    assert report.n_match == len(SPECS), report.text()
+    _assert_rows_match(report)
     joined = {e.join_mode for e in sched.events if e.kind == "join"}
     assert ("free slot" in joined) == options.get("reuse_slots", True)
 
@@ -279,7 +279,19 @@ def test_a_device_without_the_quantized_kernel_attends_by_dequantizing(make_sche
     assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
     with attention_path("dequantize"):
         report = oracle.solo_check(sched.model, sched)
-    assert report.n_match == len(SPECS), report.text()
+    _assert_rows_match(report)
+
+
+def _assert_rows_match(report):
+    """Every row equals its solo reference. On CUDA, tokens only: float noise of batched vs
+    solo attention (~1e-6) can move a key across an 8-bit quantization step, so log-probs
+    differ by up to ~6e-4 there (measured on an H200: docs/gpu.md); on the CPU bit for bit."""
+    from workbench.runtime.device import on_gpu
+
+    if on_gpu():
+        assert all(r.first_divergence_step is None and r.max_logprob_diff < 1e-3 for r in report.rows), report.text()
+    else:
+        assert report.n_match == len(report.rows), report.text()
 
 
 def test_the_dequantizing_path_is_the_quantized_attention_within_rounding():
@@ -381,3 +393,15 @@ def test_per_row_adapters_with_a_quantized_cache_match_mlx_lm_alone(prompt):
     sched.run()
     report = adapter_check(str(wb.BUNDLED_MODEL), sched)
     assert report.n_match == len(specs), report.text()
+
+
+def test_on_cuda_the_dequantizing_path_is_always_taken(monkeypatch):
+    """MLX's CUDA quantized_matmul failed at shapes the probe cannot cover (head dim 64 at 257
+    keys), so on CUDA the scheduler never relies on it; the CPU keeps mlx-lm's path."""
+    from workbench.engine.levers.quantized_attention import choose_attention
+    from workbench.runtime import device
+
+    assert choose_attention(2, 64, mx.float32, 32, 4) == ("dequantize" if device.backend() == "cuda"
+                                                          else "quantized_matmul")
+    monkeypatch.setattr(device, "backend", lambda: "cuda")
+    assert choose_attention(2, 64, mx.float32, 32, 4) == "dequantize"

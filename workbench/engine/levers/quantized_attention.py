@@ -15,7 +15,10 @@ is as row-independent as the float one.
 
 Which path a scheduler takes is decided once, at construction
 (:func:`choose_attention`): ``"quantized_matmul"`` where MLX runs it at every probed shape,
-else ``"dequantize"`` where that runs, else a refusal naming the shape.
+else ``"dequantize"`` where that runs, else a refusal naming the shape. On CUDA always
+``"dequantize"``: there MLX's ``quantized_matmul`` has kernels for some problem shapes only,
+and a shape no finite probe covers can fail in a step (head dim 64 ran every probed shape up to
+60 keys and failed at 257: ``docs/gpu.md``).
 """
 
 from __future__ import annotations
@@ -78,7 +81,11 @@ def choose_attention(n_kv: int, dim: int, dtype: Any, group_size: int, bits: int
         ValueError: neither runs, naming ``kv_bits``, ``kv_group_size``, the head dim, the
             failing shape and the device.
     """
+    from ...runtime.device import backend
+
     failed = _runs(mlx_base.quantized_scaled_dot_product_attention, n_kv, dim, dtype, group_size, bits)
+    if backend() == "cuda" and not failed:  # shapes the probe cannot cover fail there (module docstring)
+        failed = "MLX's CUDA quantized_matmul covers some problem shapes only"
     if not failed:
         return "quantized_matmul"
     if not _runs(dequantized_attention, n_kv, dim, dtype, group_size, bits):

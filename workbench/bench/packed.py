@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
-from ..observe.metrics import request_metrics, token_gaps
 from ..observe.events import events_frame
+from ..observe.metrics import request_metrics, token_gaps
 from ..runtime.loading import load
 from ..workloads.traces import read_azure_trace, trace_path, trace_workload
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
@@ -209,17 +210,37 @@ def decode_table(result: PackedBenchResult) -> pd.DataFrame:
     return out.reset_index()
 
 
+def frame_markdown(frame: pd.DataFrame) -> str:
+    """``frame`` as a Markdown table (floats to 3 significant digits)."""
+    cell = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + " --- |" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def read_result(folder: Path) -> PackedBenchResult:
+    """A :class:`PackedBenchResult` read back from the files :func:`packed_bench_job`
+    wrote under ``folder`` (``packed-bench/*.csv`` and ``meta.json``)."""
+    import json
+
+    sub = Path(folder) / "packed-bench"
+    meta = json.loads((sub / "meta.json").read_text()) if (sub / "meta.json").exists() else {}
+    return PackedBenchResult(*(pd.read_csv(sub / f"{n}.csv") for n in ("decode", "latency", "kv")), meta)
+
+
 def report_text(result: PackedBenchResult) -> str:
     """The markdown ``packed-bench.md``: the three tables and the goals of issue 27."""
     s, kv, dec = summary(result), kv_table(result), decode_table(result)
-    m = result.meta
+    m = {"mode": "?", "model": "tiny-llama", "max_batch": MAX_BATCH, "chunk_tokens": CHUNK_TOKENS,
+         "page_tokens": PAGE_TOKENS, "load_1min_min": float("nan"), "load_1min_max": float("nan"),
+         "cores": os.cpu_count(), "wall_s": float("nan")} | result.meta
     lines = [f"# Packed layout benchmark (`workbench bench --packed{' --quick' if m['mode'] == 'quick' else ''}`)", "",
              f"Model {m['model']}, max_batch {m['max_batch']}, chunk / token budget {m['chunk_tokens']} tokens, pages "
              f"of {m['page_tokens']}; load average {m['load_1min_min']:.1f} to {m['load_1min_max']:.1f} on "
              f"{m['cores']} cores; {m['wall_s']:.0f} s.", "", "## Decode tok/s (alternating runs)", "",
-             dec.to_markdown(index=False, floatfmt=".3g"), "", "## Latency (medians over rounds; seconds)", "",
-             s.to_markdown(index=False, floatfmt=".3g"), "", "## KV bytes: peak held vs peak bytes of tokens held", "",
-             kv.to_markdown(index=False, floatfmt=".3g"), "", "## Goals (issue 27)", ""]
+             frame_markdown(dec), "", "## Latency (medians over rounds; seconds)", "",
+             frame_markdown(s), "", "## KV bytes: peak held vs peak bytes of tokens held", "",
+             frame_markdown(kv), "", "## Goals (issue 27)", ""]
     lines += goal_lines(s, kv, dec)
     return "\n".join(lines) + "\n"
 
@@ -250,8 +271,11 @@ def packed_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Cal
     out = Path(out_dir) if out_dir is not None else Path("workbench-out")
     (out / "packed-bench").mkdir(parents=True, exist_ok=True)
     result = run_packed_bench(quick, echo)
+    import json
+
     for name in ("decode", "latency", "kv"):
         getattr(result, name).to_csv(out / "packed-bench" / f"{name}.csv", index=False)
+    (out / "packed-bench" / "meta.json").write_text(json.dumps(result.meta, indent=1, default=str))
     text = report_text(result)
     (out / "packed-bench.md").write_text(text)
     echo(text)

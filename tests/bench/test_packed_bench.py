@@ -57,3 +57,12 @@ def test_the_kv_sample_counts_pages_and_tokens_as_an_independent_count(bundled):
     per_token = sched.batch.page_bytes // 4
     # 6 + 1 fed and 5 + 0 tokens in pages of 4: 2 + 2 pages (the second row's last page not full)
     assert tokens == (7 + 5) * per_token and held == 4 * 4 * per_token and allocated >= held
+
+
+def test_the_report_renders_its_tables_without_optional_packages():
+    from workbench.bench.packed import report_text
+
+    text = report_text(result())
+    assert "| B | mlx-lm | workbench | workbench, packed | packed_vs_padded | packed_vs_mlx_lm |" in text
+    assert "| azure | workbench, packed | 1 | 0.1 | 0.5 | 0.5 |" in text
+    assert text.count("## ") == 4 and "- decode B=8: packed 0.94x" in text

@@ -31,11 +31,11 @@ def _optimized_blas_mapped() -> bool:
 RESTART_WITHOUT_BLAS = "WORKBENCH_BLAS" not in os.environ and _optimized_blas_mapped()
 os.environ.setdefault("WORKBENCH_BLAS", "off")  # before workbench (and mlx) is imported
 
-import pytest
+import pytest  # noqa: E402 (the imports follow the environment set above)
 
-import workbench as wb
-from workbench.runtime.loading import RANDOM_MODEL
-from workbench.workloads.workload import prompt_maker
+import workbench as wb  # noqa: E402
+from workbench.runtime.loading import RANDOM_MODEL  # noqa: E402
+from workbench.workloads.workload import prompt_maker  # noqa: E402
 
 
 class FakeClock:

@@ -28,11 +28,11 @@ from .scenarios import (
     head_of_line, join_cost, staggered_arrivals,
 )
 from .pacing import frontier_runs
+from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 from ..engine.levers.pacing import Pacing
 from ..runtime.loading import load
 
 DEFAULT_TARGET = Pacing().itl_target_steps  # what pacing=True runs at
-from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 
 
 @dataclass(frozen=True)

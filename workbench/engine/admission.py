@@ -2,7 +2,8 @@
 them. Decisions only: nothing here runs the model or changes state.
 
 Knows: request states (prompt length, priority, tokens held and reachable, join order),
-the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policies (below), the batch limits and the KV budget.
+the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policies
+(below), the batch limits and the KV budget.
 Must not know: MLX, caches, events.
 
 Rules (the scheduler applies the :class:`Decision`):

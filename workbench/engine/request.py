@@ -183,7 +183,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     Raises:
         ValueError: naming the field and its allowed range, for a wrong type, an empty
             prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
-            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
+            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside
+            ``(0, 1]``, ``top_k < 0``, or
             ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
             longer than ``context_tokens``, both or neither of ``prompt`` and
             ``messages``, ``messages`` for a tokenizer without a chat template, a stop

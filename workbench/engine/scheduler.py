@@ -666,7 +666,7 @@ class Scheduler:
         :meth:`text` (what the row already had comes first). Mirrors mlx-lm's
         ``stream_generate`` text segments. Raises: KeyError for an unknown uid; whatever
         an engine call raises (the engine is then as before that call)."""
-        for u, piece in self._stream([self._state_of(uid).uid]):
+        for _, piece in self._stream([self._state_of(uid).uid]):
             yield piece
 
     def stream_all(self) -> Iterator[tuple[int, str]]:

@@ -49,8 +49,10 @@ from ..engine.checkpoint import Checkpoint
 from .oracle import DEFAULT_ATOL, ref_request, scheduler_trace, solo_reference
 from .rerun import BatchedStep, StepRecord, batched_step, solo_step
 
-MEASURED_NOISE = 9.1e-6  # largest relative |Δ| of a correct batch: bundled models, float32, CPU and H200 (scripts/lab/layer_noise.py)
-DEFAULT_RTOL = 1e-4  # 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/lab/layer_noise.py)
+# largest relative |Δ| of a correct batch: bundled models, float32, CPU and GPU (scripts/lab/layer_noise.py)
+MEASURED_NOISE = 9.1e-6
+# 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/lab/layer_noise.py)
+DEFAULT_RTOL = 1e-4
 COLUMNS = ["layer", "max_abs_delta", "mean_abs_delta", "tolerance", "kv_max_abs_delta", "kv_tolerance",
            "over", "first_position", "n_positions_over", "positions"]
 

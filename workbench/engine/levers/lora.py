@@ -188,11 +188,10 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
         The :class:`Adapter` (matrices as stored, float32 for mlx-lm's trainer).
 
     Raises:
-        ValueError: naming the adapter and the field: a missing file, a
-            ``fine_tune_type`` other than ``lora`` (DoRA, full), a bad
-            ``lora_parameters.rank`` / ``scale``, a tensor for a layer the model lacks or
-            that is not a Linear, a ``lora_a`` without its ``lora_b``, shapes of another
-            architecture, or tensors whose rank differs from ``lora_parameters.rank``.
+        ValueError: naming the adapter and the field: a missing file, a ``fine_tune_type``
+            other than ``lora`` (DoRA, full), a bad ``lora_parameters.rank`` / ``scale``, a
+            tensor for a layer the model lacks or that is not a Linear, a ``lora_a`` without
+            its ``lora_b``, shapes of another architecture, or a rank other than the config's.
     """
     folder = Path(path)
     where = f"adapter {name!r} ({folder})"
@@ -284,7 +283,7 @@ def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array,
     """One layer's ``(A [N+1, I, R], B [N+1, R, O])``: slot 0 and adapters without this
     layer zero, ranks zero-padded to ``R``."""
     a0, b0 = next(ad.layers[path] for ad in adapters if path in ad.layers)
-    I, O = a0.shape[0], b0.shape[1]
+    I, O = a0.shape[0], b0.shape[1]  # noqa: E741 (the module's axis letters: I in, O out)
     a_rows, b_rows = [mx.zeros((I, rank), a0.dtype)], [mx.zeros((rank, O), b0.dtype)]
     for ad in adapters:
         a, b = ad.layers.get(path, (mx.zeros((I, ad.rank), a0.dtype), mx.zeros((ad.rank, O), b0.dtype)))

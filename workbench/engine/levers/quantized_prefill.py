@@ -15,7 +15,7 @@ cache before the join forward), ``C`` chunk length.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
@@ -117,7 +117,7 @@ def fresh_rows(group: PrefillGroup) -> list[int]:
 
 def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array, samplers: Sequence[Any],
                  contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool,
-                 select: Callable[[list[int]], ContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
+                 select: Callable[[list[int]], contextlib.AbstractContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
     """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
     then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
 

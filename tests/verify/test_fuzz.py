@@ -267,7 +267,7 @@ def make_machine(family: str):
         def finished_greedy_rows_equal_solo(self):
             if not hasattr(self, "sched"):
                 return
-            for uid in self.sched.finished_greedy_uids():
+            for uid in oracle.checkable_uids(self.sched):
                 if uid in self.checked:
                     continue
                 valid = self.sched.request_of(uid)

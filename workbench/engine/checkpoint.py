@@ -185,15 +185,15 @@ def sigint_deferred():
             previous(signal.SIGINT, held[0])
 
 
-def transactional(prompt_cache: bool = False, idle: Callable[[Any], bool] | None = None) -> Callable:
+def transactional(prompt_cache: bool = False, idle: str | None = None) -> Callable:
     """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
     included, first returns the engine to its state before the call (see
-    :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When ``idle(scheduler)`` says the
-    call has nothing to do, it returns ``[]`` at once (no savepoint)."""
+    :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When
+    ``scheduler._nothing_to(idle)`` (e.g. ``idle="admit"``), it returns ``[]`` at once (no savepoint)."""
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if idle is not None and idle(self):
+            if idle is not None and self._nothing_to(idle):
                 return []
             with self._transaction(prompt_cache):
                 return method(self, *args, **kwargs)

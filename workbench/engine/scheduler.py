@@ -210,8 +210,16 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """True when nothing is queued, prefilling or in the batch."""
+        return self._nothing_to("run")
+
+    def _nothing_to(self, call: str) -> bool:
+        """Whether ``call`` has nothing to do: ``"run"`` (:attr:`idle`), ``"admit"`` (no queue,
+        no prefilling group, no free slot to drop) or ``"filter"`` (no finished row)."""
         st = self.state
-        return not st.queue and st.prefilling is None and not st.batch.rows
+        if call == "filter":
+            return not any(r.finished for r in st.batch.rows)
+        held = st.batch.free if call == "admit" else st.batch.rows
+        return not st.queue and st.prefilling is None and not held
 
     # -- requests ---------------------------------------------------------------------
     @transactional()
@@ -242,7 +250,7 @@ class Scheduler:
         return uid
 
     # -- the engine calls -------------------------------------------------------------
-    @transactional(prompt_cache=True, idle=lambda s: not s.state.queue and s.state.prefilling is None and not s.state.batch.free)
+    @transactional(prompt_cache=True, idle="admit")
     def admit(self) -> list[Event]:
         """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
         ``join``, and ``preempt`` for rows preempted to make room).
@@ -456,7 +464,7 @@ class Scheduler:
             return f"on_token raised {type(exc).__name__}: {exc}"
         return ""
 
-    @transactional(prompt_cache=True, idle=lambda s: not any(r.finished for r in s.state.batch.rows))
+    @transactional(prompt_cache=True, idle="filter")
     def filter(self) -> list[Event]:
         """Evict finished rows (mlx-lm's ``filter``; with ``reuse_slots`` their cache rows
         stay as free slots). Returns the evict events (old rows). With a prompt cache, a
@@ -571,13 +579,8 @@ class Scheduler:
             self.recorder.keep_checkpoint(checkpoint, self.config.history_checkpoints)
 
     def history_checkpoint(self, index: int) -> Checkpoint | None:
-        """The checkpoint kept with ``history[index]`` (``Scheduler(history_checkpoints=N)``),
-        for :meth:`restore`; ``None`` when none was kept for it.
-
-        Raises:
-            IndexError: for an index outside the history.
-        """
-        return self.recorder.checkpoints[index]
+        """Deprecated: ``history.checkpoint(index)``."""
+        return self.history.checkpoint(index)
 
     def fork(self, **changes: Any) -> "Scheduler":
         """An independent scheduler in this one's state, sharing the model weights (never
@@ -696,27 +699,28 @@ class Scheduler:
             yield from pieces()
 
     def finished_greedy_uids(self) -> list[int]:
-        """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
-        greedily, in uid order: the rows an oracle can check."""
+        """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
         return [u for u, s in self.state.requests.items()
                 if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
 
     # -- observing --------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it. Pure: it
-        changes nothing (the engine records :attr:`history` itself). Waits for an
-        in-flight forward when the batch's arrays are still being computed."""
-        return self._capture()()
+    def snapshot(self, record: bool = False) -> Snapshot:
+        """Frozen numpy view of the batch as the next ``step()`` will see it. Waits for an
+        in-flight forward when the batch's arrays are still being computed.
 
-    def record(self) -> Snapshot:
-        """The current snapshot, appended to :attr:`history` unless nothing happened (no
-        event) since the last one there — for views that show the engine after calls that
-        do not change the batch (e.g. ``submit``)."""
-        if not self.history.maxlen:
-            return self.snapshot()
+        Pure by default: it changes nothing (the engine records :attr:`history` itself).
+        With ``record=True`` it is also appended to :attr:`history`, unless nothing happened
+        (no event) since the last one there: for views that show the engine after calls
+        that do not change the batch (e.g. ``submit``)."""
+        if not record or not self.history.maxlen:
+            return self._capture()()
         if self.recorder.stale:
             self._record()
         return self.history[-1]
+
+    def record(self) -> Snapshot:
+        """Deprecated: ``snapshot(record=True)``."""
+        return self.snapshot(record=True)
 
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics), built

@@ -266,6 +266,12 @@ def scheduler_trace(sched: Any, uid: int) -> TokenTrace:
     return TokenTrace(tokens=sched.tokens(uid), logprobs=sched.logprobs(uid))
 
 
+def checkable_uids(sched: Any) -> list[int]:
+    """Uids of ``sched`` that finished by ``stop`` or ``length`` (evicted or not) and were
+    decoded greedily, in uid order: the rows an oracle can check."""
+    return [u for u, s in sched.requests.items() if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
+
+
 def ref_request(valid: Any) -> RefRequest:
     """A :class:`RefRequest` from a validated request (``workbench.engine.request.ValidRequest``),
     its stop strings included."""
@@ -277,7 +283,7 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     mlx-lm and compared (stop strings decoded with ``sched.tokenizer``; a quantized KV
     cache, ``Scheduler(kv_bits=...)``, at the same bits and group size). ``uids`` defaults
     to every finished greedy uid."""
-    uids = list(uids) if uids is not None else sched.finished_greedy_uids()
+    uids = list(uids) if uids is not None else checkable_uids(sched)
     quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
     refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.config.prefill_step_size,

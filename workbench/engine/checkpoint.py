@@ -8,12 +8,9 @@ Engine calls are transactions: :func:`transactional` is the decorator the schedu
 public calls wear (savepoint, rollback on any exception), :func:`sigint_deferred` holds a
 second SIGINT while a rollback runs (Python's ``signal`` module).
 
-A checkpoint copies no tensor: MLX arrays are immutable, so the copy holds new handles
-on the same buffers (:func:`workbench.engine.kv.cache_internals.clone_caches`). The price
-comes later: while a checkpoint lives, the live batch's first write into each shared
-cache buffer copies that buffer once (MLX only updates a buffer in place when nothing
-else holds it), and those buffers stay allocated. ``workbench bench`` measures it
-(``docs/benchmarks.md``, "checkpoint").
+A checkpoint copies no tensor (new handles on the same immutable MLX buffers,
+:func:`workbench.engine.kv.cache_internals.clone_caches`); while it lives, the batch's
+first write into each shared buffer copies it once (``docs/benchmarks.md``, "checkpoint").
 """
 
 from __future__ import annotations

@@ -6,20 +6,14 @@ Knows: a request's sampling fields and mlx-lm's sampling pieces
 know: the scheduler, caches.
 
 Greedy rows without processors share one ``argmax`` over the batch (as mlx-lm's
-``BatchGenerator`` does when rows share a sampler). Every other row is processed alone:
-its processors see only its own tokens (prompt and generated, never padding), and its
-draw uses its own PRNG key :func:`token_key` ``(seed, t)`` for its ``t``-th token, which
-depends on the seed and ``t`` only (never on ``max_tokens``, neighbours, preemption or
-checkpoints)
-— mlx-lm draws from one global PRNG state, so it cannot batch seeded requests.
+``BatchGenerator``). Every other row is processed alone: its processors see only its own
+tokens (never padding), and its ``t``-th draw uses the key :func:`token_key` ``(seed, t)``,
+which nothing else changes (mlx-lm's one global PRNG state cannot batch seeded requests).
 
-What a user's callable returns is checked before it can reach the next forward: a logits
-processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a custom sampler one
-integer token id in ``[0, V)`` (:func:`sampler_token`); anything else ends only that row
-(finish reason ``error``, the message naming the callable, the value and the limit). A
-sampler's id is checked on the device, lazily (:class:`TokenCheck`), so pipelining is kept:
-an id outside the vocabulary never reaches the embedding (token 0 is fed instead, and
-discarded with the row).
+A processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a sampler one
+integer id in ``[0, V)`` (:func:`sampler_token`, checked lazily on the device by
+:class:`TokenCheck`, so pipelining is kept); anything else ends only that row (finish
+reason ``error``, naming the callable, the value and the limit; token 0 is fed instead).
 
 Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 """

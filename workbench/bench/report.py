@@ -488,15 +488,17 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     return table
 
 
-def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print, progress: bool = True) -> int:
+def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print, progress: bool = True,
+              real_model: bool = True) -> int:
     """The job behind ``workbench bench``: run the full (or ``quick``) benchmark, write its
     files under ``out_dir`` (default ``workbench-out``: a user's run never rewrites the
-    documented numbers; ``docs`` for maintainers), print the table. Returns the exit code (0)."""
+    documented numbers; ``docs`` for maintainers), print the table; ``real_model=False``
+    skips the real-model rows. Returns the exit code (0)."""
     from .run import FULL_CONFIG, QUICK_CONFIG, run_bench
 
     out = Path(out_dir) if out_dir is not None else Path("workbench-out")
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)  # fail before a long run, not after
-    result = run_bench(QUICK_CONFIG if quick else FULL_CONFIG, echo, progress)
+    result = run_bench(QUICK_CONFIG if quick else FULL_CONFIG, echo, progress, real_model)
     table = write_outputs(result, out)
     echo(table_text(table))
     echo(goals_text(table, "gpu" if result.meta["device"].lower().startswith("device(gpu") else "cpu"))

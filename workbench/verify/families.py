@@ -16,13 +16,10 @@ batch and probes batching, :mod:`workbench.engine.probe`); two greedy requests o
 7 tokens run batched and are compared with each run alone through mlx-lm.
 
 The walk is deterministic and bounded: each architecture's random weights come from
-``mx.random.seed`` of a fixed :data:`SEED` set just before it is built (without it,
-gemma2's batched-against-solo log-probability gap changed from run to run), and an
-architecture whose config, after the base config, still asks for more than
-:data:`MAX_PARAMETER_BYTES` of weights (deepseek_v41's fixed expert sizes) is listed as "not built" with its size, before a byte of it is allocated (MLX builds
-parameters lazily; their ``nbytes`` is known from shape and dtype). MLX's buffer cache is
-cleared after each architecture, so one architecture's freed buffers do not stay with the
-process.
+``mx.random.seed`` of a fixed :data:`SEED` set just before it is built, and one whose
+config still asks for more than :data:`MAX_PARAMETER_BYTES` of weights (deepseek_v41's
+fixed expert sizes) is listed as "not built" with its size before a byte of it is
+allocated (MLX builds parameters lazily). MLX's buffer cache is cleared after each.
 """
 
 from __future__ import annotations

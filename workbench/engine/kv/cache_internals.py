@@ -176,10 +176,8 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
     width, as the end of mlx-lm's ``BatchKVCache.filter`` does ("shift left to reduce
     padding"): ``keys[..., m:, :]``, ``_idx -= m``, ``left_padding -= m``.
 
-    Joining into free slots never runs ``filter``, so without this a batch whose rows
-    keep being replaced would keep the width of its oldest row forever (every step
-    attends over the masked positions). Trimming makes the next write copy the cache
-    once, hence the threshold.
+    Joins into free slots never run ``filter``: without this the width of the oldest row
+    would stay forever. A trim makes the next write copy the cache once, hence the threshold.
 
     Args:
         longest_row_tokens: the most tokens any row holds (the scheduler's count).

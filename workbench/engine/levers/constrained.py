@@ -189,52 +189,60 @@ class RowGrammar:
             generated tokens (a preempted row's context is the same prompt + tokens).
 
     Attributes:
-        consumed: the generated tokens the matcher has consumed (its cache key).
         mask_calls: masks computed so far (for the cost benchmark).
+
+    Interrupt-safe: the matcher and the tokens it consumed are one attribute, detached
+    while the matcher changes, so an exception (``KeyboardInterrupt`` included) at any
+    point leaves either the pair as it was or none (the next call replays the tokens into
+    a fresh matcher), never a matcher that consumed a token its list does not show.
     """
 
     def __init__(self, constraint: Constraint, tokenizer: Any, prompt_tokens: int):
         self.constraint, self.tokenizer, self.prompt_tokens = constraint, tokenizer, int(prompt_tokens)
-        self.matcher = self._fresh()
-        self.consumed: list[int] = []
+        self._state: tuple[Any, tuple[int, ...]] | None = None  # (matcher, the generated ids it consumed)
         self.mask_calls = 0
+
+    @property
+    def consumed(self) -> tuple[int, ...]:
+        """The generated tokens the matcher has consumed (its cache key; ``()`` when none)."""
+        return () if self._state is None else self._state[1]
 
     def _fresh(self) -> Any:
         return _llguidance().LLMatcher(self.tokenizer, self.constraint.grammar, log_level=0)
 
-    def sync(self, tokens: Sequence[int]) -> None:
+    def sync(self, tokens: Sequence[int]) -> Any:
         """Bring the matcher to exactly ``tokens`` (the row's generated ids): roll back to
         the common prefix with :attr:`consumed` (a fresh matcher when rollback fails), then
-        consume the rest. Raises: :class:`GrammarError` for a token the grammar refuses."""
-        tokens = list(tokens)
+        consume the rest. Returns the matcher. Raises: :class:`GrammarError` for a token
+        the grammar refuses (the matcher is dropped: the next call starts afresh)."""
+        tokens = [int(t) for t in tokens]
+        state, self._state = self._state, None  # detached while it changes
+        matcher, consumed = state if state is not None else (self._fresh(), ())
         common = 0
-        for a, b in zip(self.consumed, tokens):
+        for a, b in zip(consumed, tokens):
             if a != b:
                 break
             common += 1
-        if common < len(self.consumed):
-            if self.matcher.is_error() or not self.matcher.rollback(len(self.consumed) - common):
-                self.matcher, common = self._fresh(), 0
-            del self.consumed[common:]
-        for t in tokens[common:]:
-            if not self.matcher.consume_token(int(t)):
-                message, at = self.matcher.get_error(), len(self.consumed)
-                self.matcher, self.consumed = self._fresh(), []  # an errored matcher never recovers: replay next time
-                piece = self.tokenizer.decode_str([int(t)]) if 0 <= int(t) < self.tokenizer.vocab_size else ""
-                raise GrammarError(f"{self.constraint.field}: the grammar refuses token {int(t)} ({piece!r}) after "
-                                   f"{at} generated token(s): {message}")
-            self.consumed.append(int(t))
+        if common < len(consumed) and (matcher.is_error() or not matcher.rollback(len(consumed) - common)):
+            matcher, common = self._fresh(), 0
+        for i, t in enumerate(tokens[common:], start=common):
+            if not matcher.consume_token(t):
+                piece = self.tokenizer.decode_str([t]) if 0 <= t < self.tokenizer.vocab_size else ""
+                raise GrammarError(f"{self.constraint.field}: the grammar refuses token {t} ({piece!r}) after "
+                                   f"{i} generated token(s): {matcher.get_error()}")
+        self._state = (matcher, tuple(tokens))
+        return matcher
 
     def allowed(self, tokens: Sequence[int], vocab_size: int) -> np.ndarray:
         """The tokens that may follow ``tokens``: ``[V]`` bool (llguidance's bitmask,
         unpacked). Raises: :class:`GrammarError` (a refused token, or nothing allowed)."""
-        self.sync(tokens)
-        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        matcher = self.sync(tokens)
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
         self.mask_calls += 1
         mask = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
         if not mask.any():
             raise GrammarError(f"{self.constraint.field}: no token of the vocabulary can continue the grammar "
-                               f"after {len(self.consumed)} generated token(s): {self.matcher.get_error()}")
+                               f"after {len(tokens)} generated token(s): {matcher.get_error()}")
         return mask
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
@@ -247,8 +255,7 @@ class RowGrammar:
     def done(self, tokens: Sequence[int]) -> bool:
         """True when the grammar is complete after ``tokens``: only EOS may follow
         (llguidance ``is_stopped``). Raises: :class:`GrammarError` for a refused token."""
-        self.sync(tokens)
-        return bool(self.matcher.is_stopped())
+        return bool(self.sync(tokens).is_stopped())
 
 
 def row_grammar(constraint: Constraint | None, tokenizer: Any, vocab_size: int, prompt_tokens: int) -> RowGrammar | None:

@@ -22,4 +22,5 @@ def test_step_cost_reports_each_k_against_the_free_step(bundled, prompt):
     model, tok = bundled
     rows = bench.step_cost(model, tok, [prompt(8, 30 * i) for i in range(3)], ks=[0, 3], steps=4, rounds=1)
     assert [(r["B"], r["k"]) for r in rows] == [(3, 0), (3, 3)]
-    assert rows[0]["vs_free"] == 1.0 and rows[1]["step_ms"] > 0
+    assert rows[0]["vs_free"] == 1.0 and rows[0]["mask_ms"] == 0  # no constrained row: no mask
+    assert 0 < rows[1]["mask_ms"] < rows[1]["step_ms"] and rows[1]["mask_share"] == rows[1]["mask_ms"] / rows[1]["step_ms"]

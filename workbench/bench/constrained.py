@@ -5,20 +5,23 @@ with ``k`` constrained rows of ``B``.
     python -m workbench.bench.constrained --model data/models/tiny-code --steps 16
 
 Knows: the engine's public API (``Scheduler``, ``Request(json_schema= / regex= / choices=)``),
-the row grammar (:class:`workbench.engine.levers.constrained.RowGrammar`). Must not know:
-the engine's internals.
+the row grammar (:class:`workbench.engine.levers.constrained.RowGrammar`, whose
+``allowed`` it times while a run steps). Must not know: the engine's other internals.
 
 - :func:`mask_cost`: per constraint kind, the time of one row's mask for one step (bring the
   matcher to the row's tokens, llguidance's bitmask, unpacked, applied to ``[1, V]`` logits and
   evaluated), replayed over a real constrained output of the model, in microseconds.
 - :func:`step_cost`: ``B`` rows decoding, ``k`` of them under a grammar that cannot complete
-  within the run (``GRAMMAR``), the rest free; the median decode step (ms) for each ``k``,
-  rounds alternating over the ``k`` values. Every row runs all ``steps`` tokens (checked).
+  within the run (``GRAMMAR``), the rest free; for each ``k`` the median decode step (ms) and,
+  within the same steps, the time the ``k`` masks took (``RowGrammar.allowed``: matcher update,
+  bitmask, unpacking), so their share of the step is read from one run whatever the machine's
+  load. Rounds alternate over the ``k`` values; every row runs all ``steps`` tokens (checked).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -26,7 +29,7 @@ from typing import Any, Sequence
 
 import mlx.core as mx
 
-from ..engine.levers.constrained import constraint_of, row_grammar
+from ..engine.levers.constrained import RowGrammar, constraint_of, row_grammar
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 
@@ -67,42 +70,66 @@ def mask_cost(model: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int
     return out
 
 
-def _step_ms(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], k: int, steps: int) -> float:
-    """Median ms of the decode steps of one run: ``len(prompts)`` rows, the first ``k``
-    under :data:`GRAMMAR`, ``steps`` tokens each (no stop ids). Raises: RuntimeError when a
-    row did not run every step (its grammar completed, or it failed)."""
+@contextlib.contextmanager
+def timed_masks(spent: list[float]):
+    """While the body runs, every ``RowGrammar.allowed`` call adds its seconds to ``spent[0]``."""
+    real = RowGrammar.allowed
+
+    def allowed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    RowGrammar.allowed = allowed
+    try:
+        yield
+    finally:
+        RowGrammar.allowed = real
+
+
+def _step_ms(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], k: int, steps: int) -> tuple[float, float]:
+    """``(median ms of a decode step, median ms of the masks within it)`` of one run:
+    ``len(prompts)`` rows, the first ``k`` under :data:`GRAMMAR`, ``steps`` tokens each (no
+    stop ids). Raises: RuntimeError when a row did not run every step (its grammar
+    completed, or it failed)."""
     sched = Scheduler(model, tokenizer, max_batch=len(prompts), history_size=0)
     uids = [sched.submit(Request(prompt=list(p), max_tokens=steps, stop_ids=[], **(GRAMMAR if i < k else {})))
             for i, p in enumerate(prompts)]
     while sched.state.queue or sched.state.prefilling is not None:
         sched.admit()
-    times = []
+    times, masks = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
-        sched.step()
-        times.append(time.perf_counter() - t0)
+        spent = [0.0]
+        with timed_masks(spent):
+            t0 = time.perf_counter()
+            sched.step()
+            times.append(time.perf_counter() - t0)
+        masks.append(spent[0])
     sched.run()
     short = [u for u in uids if len(sched.tokens(u)) != steps]
     if short:
         raise RuntimeError(f"rows {short} did not run {steps} steps: {[sched.finish_reason(u) for u in short]}")
-    return statistics.median(times[1:]) * 1e3  # the first step reads the join's tokens
+    return statistics.median(times[1:]) * 1e3, statistics.median(masks[1:]) * 1e3  # step 1 reads the join's tokens
 
 
 def step_cost(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], ks: Sequence[int], steps: int = 16,
               rounds: int = 3) -> list[dict]:
     """The median decode step with ``k`` constrained rows of ``B = len(prompts)``, for each
     ``k`` in ``ks``, after one warm-up run, ``rounds`` alternating rounds (``ks`` forwards,
-    then backwards). Returns
-    one dict per ``k``: ``B``, ``k``, ``step_ms`` (median over rounds), ``vs_free`` (that
+    then backwards). Returns one dict per ``k``: ``B``, ``k``, ``step_ms`` and ``mask_ms``
+    (medians over rounds), ``mask_share`` (``mask_ms / step_ms``), ``vs_free`` (``step_ms``
     over the ``k = 0`` step, when ``0`` is in ``ks``)."""
-    per_k: dict[int, list[float]] = {k: [] for k in ks}
+    per_k: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
     _step_ms(model, tokenizer, prompts, max(ks), steps)  # warm-up (first-call costs), not counted
     for r in range(rounds):
         for k in (ks if r % 2 == 0 else list(reversed(ks))):
             per_k[k].append(_step_ms(model, tokenizer, prompts, k, steps))
-    free = statistics.median(per_k[0]) if 0 in per_k else None
-    return [dict(B=len(prompts), k=k, step_ms=statistics.median(v),
-                 vs_free=None if free is None else statistics.median(v) / free) for k, v in per_k.items()]
+    step = {k: statistics.median(s for s, _ in v) for k, v in per_k.items()}
+    mask = {k: statistics.median(m for _, m in v) for k, v in per_k.items()}
+    return [dict(B=len(prompts), k=k, step_ms=step[k], mask_ms=mask[k], mask_share=mask[k] / step[k],
+                 vs_free=step[k] / step[0] if 0 in step else None) for k in per_k]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

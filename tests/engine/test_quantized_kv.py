@@ -333,7 +333,10 @@ def test_a_kernel_missing_only_at_longer_keys_is_found_at_construction(make_sche
     (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too, so such
     a device takes the dequantizing path from the start."""
     from workbench.engine.levers import quantized_kv
+    from workbench.runtime.device import backend
 
+    if backend() == "cuda":
+        pytest.skip("on CUDA the dequantizing path is always taken (the test below)")
     assert quantized_kv.device_runs_quantized_attention(64)  # the CPU has every kernel
     _without_quantized_matmul(monkeypatch, lambda q_keys: q_keys[0].shape[2] == 60)
     assert make_sched(kv_bits=4, kv_group_size=32).recipe.kv_quant.attention == "dequantize"

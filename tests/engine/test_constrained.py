@@ -54,7 +54,7 @@ def test_constrained_and_free_rows_in_one_batch_each_equal_their_solo_run(make_s
     sched = make_sched(max_batch=7, pipeline=pipeline)
     reqs = requests(prompt)
     uids = run_all(sched, reqs)
-    for uid, req in zip(uids, reqs):
+    for uid, req in zip(uids, reqs, strict=True):
         valid = sched.request_of(uid)
         if req.constrained:
             assert sched.finish_reason(uid) == "stop", (uid, sched.text(uid))
@@ -81,7 +81,7 @@ def test_a_sampled_constrained_row_equals_itself_alone(make_sched, prompt):
             for i, c in enumerate(CONSTRAINTS)]
     batched = make_sched(max_batch=4)
     uids = run_all(batched, reqs)
-    for uid, req in zip(uids, reqs):
+    for uid, req in zip(uids, reqs, strict=True):
         alone = make_sched(max_batch=1)
         (solo,) = run_all(alone, [req])
         assert batched.tokens(uid) == alone.tokens(solo)

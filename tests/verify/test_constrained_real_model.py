@@ -38,7 +38,7 @@ def test_constrained_chat_rows_beside_free_ones_equal_their_solo_runs(smollm2):
     reqs = [wb.Request(prompt=chat_ids(tok, q), max_tokens=60 if c else 12, **c) for q, c in asks]
     uids = [sched.submit(r) for r in reqs]
     sched.run()
-    for uid, req in zip(uids, reqs):
+    for uid, req in zip(uids, reqs, strict=True):
         valid = sched.request_of(uid)
         if req.constrained:
             assert sched.finish_reason(uid) == "stop" and satisfies(req, sched.text(uid)), sched.text(uid)

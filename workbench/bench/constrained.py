@@ -25,7 +25,8 @@ import contextlib
 import json
 import statistics
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 
@@ -135,6 +136,7 @@ def step_cost(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], ks: 
 def main(argv: Sequence[str] | None = None) -> None:
     """The command line (see the module docstring); prints one JSON line per result."""
     import workbench as wb
+
     from ..workloads.workload import prompt_of_length
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

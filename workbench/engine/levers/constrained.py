@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -219,7 +220,7 @@ class RowGrammar:
         state, self._state = self._state, None  # detached while it changes
         matcher, consumed = state if state is not None else (self._fresh(), ())
         common = 0
-        for a, b in zip(consumed, tokens):
+        for a, b in zip(consumed, tokens, strict=False):  # lengths differ
             if a != b:
                 break
             common += 1

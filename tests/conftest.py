@@ -139,7 +139,8 @@ def pytest_terminal_summary(terminalreporter):
             f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
             f"against solo, {STATS['divergences']} divergences, {STATS['restores']} checkpoint restores "
             f"repeated their continuation, {STATS['interrupts']} interrupted operations left the engine unchanged, "
-            f"{STATS.get('hostile_errors', 0)} hostile rows ended alone with their error")
+            f"{STATS.get('hostile_errors', 0)} hostile rows ended alone with their error, "
+            f"{STATS.get('constrained_checked', 0)} constrained rows kept their grammar")
 
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,

@@ -126,14 +126,18 @@ class RowSampler:
         seed: the PRNG seed for a sampled row (the request's own, else one the scheduler
             drew).
         vocab_size: ``V``.
+        constraint: the row's grammar mask, a logits processor applied after all others
+            (``workbench.engine.levers.constrained.RowGrammar``), or ``None``; kept as
+            :attr:`constraint`.
     """
 
-    def __init__(self, request: Request, seed: int, vocab_size: int):
+    def __init__(self, request: Request, seed: int, vocab_size: int, constraint: Any = None):
         r = request
         self.processors = make_logits_processors(
             dict(r.logit_bias) if r.logit_bias else None, r.repetition_penalty,
             presence_penalty=r.presence_penalty or None, frequency_penalty=r.frequency_penalty or None,
-        ) + list(r.logits_processors)
+        ) + list(r.logits_processors) + ([constraint] if constraint is not None else [])
+        self.constraint = constraint
         self.custom = r.sampler
         self.vocab_size = vocab_size
         self.temperature, self.top_p, self.top_k, self.min_p = r.temperature, r.top_p, r.top_k, r.min_p

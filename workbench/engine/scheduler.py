@@ -50,7 +50,7 @@ from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from .kv import caches as kv
-from .levers import fastpath, invariant, lora, quantized_kv
+from .levers import constrained, fastpath, invariant, lora, quantized_kv
 from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
@@ -234,6 +234,7 @@ class Scheduler:
             request = Request.from_dict(request)
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field)
         lora.check_request(self.adapters, valid.request.adapter)
+        constraint = constrained.constraint_of(valid.request, self.tokenizer, self.vocab_size)
         need = self.ledger.alone_bytes(len(valid.prompt_ids), valid.request.max_tokens)
         refusal = self.ledger.refusal(len(valid.prompt_ids), valid.request.max_tokens)
         if refusal:
@@ -242,7 +243,9 @@ class Scheduler:
         drawn = int(st.rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
         seed = valid.request.seed if valid.request.seed is not None else drawn
         uid = st.next_uid
-        state = RequestState(uid, valid, seed, RowSampler(valid.request, seed, self.vocab_size), need, self.clock())
+        grammar = constrained.row_grammar(constraint, self.tokenizer, self.vocab_size, len(valid.prompt_ids))
+        sampler = RowSampler(valid.request, seed, self.vocab_size, grammar)
+        state = RequestState(uid, valid, seed, sampler, need, self.clock())
         st.next_uid += 1
         st.requests[uid] = state
         st.queue.append(state)
@@ -428,17 +431,21 @@ class Scheduler:
     def _read_token(self, row: RequestState, b: int, token: int, logprob: float, message: str,
                     out: list[Event], finished: list[Event]) -> None:
         """Record row ``b``'s token (unless ``message`` says its step failed), call its
-        ``on_token``, and finish it on an error, a stop id or ``max_tokens``."""
+        ``on_token``, and finish it on an error (its grammar refusing the token included),
+        a stop id, a stop string, a complete grammar or ``max_tokens``."""
         if not message:
             row.tokens.append(token)
             row.logprobs.append(logprob)
             out.append(self._log("token", row.uid, row=b, token=token, logprob=logprob))
             message = self._call_on_token(row, token)
+        message, complete = (message, False) if message else constrained.after_token(row.sampler.constraint, row.tokens)
         if message:
             row.finish("error", message)
         elif token in row.valid.stop_ids:
             row.finish("stop")
         elif row.valid.stop and row.text(self.tokenizer).stop_at is not None:  # a stop string in its text
+            row.finish("stop")
+        elif complete:  # its grammar admits nothing more
             row.finish("stop")
         elif len(row.tokens) >= row.valid.request.max_tokens:
             row.finish("length")

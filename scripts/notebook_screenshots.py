@@ -57,7 +57,7 @@ CELL_INFO_JS = f"""(i) => {{
                     Math.round(p.clientHeight / parseFloat(getComputedStyle(p).lineHeight))];
           }})}};
 }}"""
-PANEL_INFO_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-timeline-image, .wb-kv-image'))
+PANEL_INFO_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
   .map(i => [i.classList[i.classList.length - 1], i.naturalWidth, i.clientWidth])"""
 
 

@@ -14,15 +14,15 @@ from matplotlib.figure import Figure
 
 import workbench as wb
 from workbench import views
-from workbench.views import panel as panel_module
-from workbench.views.rows import one_line
 from workbench.observe.masks import decode_mask
 from workbench.observe.metrics import request_metrics, throughput_tok_per_s
 from workbench.observe.report import Report
 from workbench.observe.snapshot import LayerGroup, Snapshot, frozen
+from workbench.views import panel as panel_module
 from workbench.views.kv import row_geometry
 from workbench.views.latency import run_lengths
 from workbench.views.mask import mask_cells
+from workbench.views.rows import one_line
 from workbench.workloads.workload import prompt_of_length
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "02_join_evict.ipynb"

@@ -59,9 +59,9 @@ except ImportError as exc:  # the engine and the figure views do not need them
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 from ..observe.events import events_frame
+from ..observe.forward_masks import ForwardMask, prefill_forwards
 from ..observe.snapshot import Snapshot
 from . import style
-from ..observe.forward_masks import ForwardMask, prefill_forwards
 from .attention import render_attention
 from .kv import render_kv
 from .mask import mask_text, render_masks

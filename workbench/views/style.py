@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 
 import numpy as np
-
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch

@@ -490,3 +490,11 @@ def test_admit_step_and_filter_with_nothing_to_do_say_so_and_the_next_action_cle
     assert panel.notice.value == "Step: no running row to decode (queue [0]: press Admit)."
     panel.buttons["Admit"].click()
     assert panel.notice.value == "" and panel.sched.snapshot().batch_size == 1
+
+
+def test_the_notice_and_error_labels_take_no_room_until_they_say_something(panel):
+    assert panel.notice.layout.display == "none" and panel.error.layout.display == "none"
+    panel.buttons["Admit"].click()
+    assert panel.notice.value and panel.notice.layout.display == ""
+    panel.buttons["Step"].click()
+    assert panel.notice.layout.display == "none"

@@ -106,11 +106,11 @@ def prefill_figure(fm: ForwardMask | None) -> Figure:
         fig.suptitle("2-D mask of the last prefill", fontsize="medium")
         style.empty(fig.add_subplot(), "no prefill yet: submit a prompt, then Admit")
         return fig
-    shown = ForwardMask(fm.label, fm.uids[:3], fm.mask[:3], fm.n_cached, fm.query_padding[:3], fm.key_padding[:3],
-                        fm.first_event)
     more = f" (first 3 of {len(fm.uids)} rows)" if len(fm.uids) > 3 else ""
-    return render_attention([shown], title=f"2-D mask of the last prefill{more}", columns=len(shown.uids),
-                            width_in=IMAGE_WIDTH_IN)
+    label = fm.label.replace("prefill ", "last prefill: ", 1) + more
+    shown = ForwardMask(label, fm.uids[:3], fm.mask[:3], fm.n_cached, fm.query_padding[:3], fm.key_padding[:3],
+                        fm.first_event)
+    return render_attention([shown], columns=len(shown.uids), width_in=IMAGE_WIDTH_IN)
 
 
 def status_text(snap: Snapshot) -> str:
@@ -177,6 +177,10 @@ class Panel:
             W.HBox([self.kv_image, self.timeline_image], layout=images),
             self.rows, ascii_box,
         ])
+        for label in (self.notice, self.error):  # take no room while empty
+            label.observe(lambda change: setattr(change.owner.layout, "display", "" if change.new else "none"),
+                          names="value")
+            label.layout.display = "none"
         self.sched.record()  # the engine as it is now, whatever was called since the last one
         self._follow_history()
 

@@ -498,3 +498,13 @@ def test_the_notice_and_error_labels_take_no_room_until_they_say_something(panel
     assert panel.notice.value and panel.notice.layout.display == ""
     panel.buttons["Step"].click()
     assert panel.notice.layout.display == "none"
+
+
+def test_the_panel_prefill_image_of_a_long_prompt_stays_short():
+    from workbench.observe.forward_masks import ForwardMask, causal_mask
+
+    n = 40  # a chat prompt's prefill, one row
+    fm = ForwardMask("prefill uid 4: positions 0-39", (4,), causal_mask(n), 0, np.zeros((1, n), bool),
+                     np.zeros((1, n), bool))
+    fig = panel_module.prefill_figure(fm)
+    assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340

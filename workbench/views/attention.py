@@ -35,6 +35,7 @@ LEGEND = [("masked: a later position", style.LATER), ("padding", style.PADDING),
           ("key of this forward", style.NEW_KEY), ("cached key (earlier forward)", style.ATTENDED),
           ("the query's own key", style.FED)]
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions
+NARROW_GRID_IN = 1.3  # under 6 inches wide (the panel), the tallest grid is at most this high
 
 
 def attention_cells(fm: ForwardMask) -> np.ndarray:
@@ -145,7 +146,9 @@ def render_attention(forwards: list[ForwardMask], title: str | None = None, colu
     columns = min(columns, len(panels))
     n_rows = -(-len(panels) // columns)
     s_max = max(p[1].shape[1] for p in panels)
-    cell_in = min(0.32, (width_in - 1.0) / columns / max(s_max, 1))
+    rows_max = max(p[1].shape[0] for p in panels)
+    cell_in = min(0.32, (width_in - 1.0) / columns / max(s_max, 1),
+                  NARROW_GRID_IN / rows_max if width_in < 6 else 1.0)  # a narrow figure stays short
     heights = [max(p[1].shape[0] for p in panels[i * columns:(i + 1) * columns]) * cell_in + 1.1
                for i in range(n_rows)]
     fig = Figure(figsize=(width_in, sum(heights) + 0.9), layout="constrained")

@@ -84,8 +84,8 @@ class LayerGroup:
             return "\n".join([
                 f"{head}; window {self.window_tokens} tokens, write index {self.write_index}, "
                 f"wrapped {'yes' if self.wrapped else 'no'}, width {self.kv_width_tokens}",
-                "  mask in ring (storage) order ('#' attended, '.' masked, '@' write slot):",
-                mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True),
+                "  mask in ring (storage) order ('#' attended, '.' masked, 'w' write slot of the fed token):",
+                mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True, mark="w"),
                 "  mask in temporal order (oldest first, '@' = fed token):",
                 mask_grid(self.mask_temporal, uids),
             ])
@@ -147,6 +147,8 @@ class Snapshot:
             :class:`workbench.engine.levers.lora.AdapterBank`); ``0`` without adapters.
         packed: the packed layout's pages and latest forward
             (:class:`workbench.observe.packed.PackedState`); ``None`` in the padded layout.
+        constraints: ``[B]`` each row's structured-output constraint as ``field=source``
+            (``Request(json_schema= / regex= / choices=)``), ``""`` for a free row.
     """
 
     step: int
@@ -175,6 +177,7 @@ class Snapshot:
     adapters_loaded: tuple[str, ...] = ()
     adapter_bytes: int = 0
     packed: PackedState | None = None
+    constraints: tuple[str, ...] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -231,7 +234,9 @@ class Snapshot:
             where = (f"left_padding {int(self.left_padding[r])}, offset {int(self.offset[r])}"
                      if attention or not self.groups else f"context {self.context_tokens[r]} tokens")
             adapter = f", adapter {self.adapters[r] or 'none'}" if self.adapters_loaded else ""
-            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}")
+            constraint = f", {self.constraints[r]}" if r < len(self.constraints) and self.constraints[r] else ""
+            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}"
+                         f"{constraint}")
         if self.packed is not None:
             lines.append(self.packed.text())
         if len(self.groups) == 1 and self.groups[0].name == "full":

@@ -26,7 +26,8 @@ live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 
 The five rows after the divergence view live in their modules (``views.attention``,
 ``views.slots``, ``views.ring``, ``views.state``, ``views.packed``); the panel shows the
-packed views for a ``Scheduler(layout="packed")``. ``Panel`` is imported lazily: importing this package does not import ipywidgets.
+packed views for a ``Scheduler(layout="packed")``. ``Panel`` is imported lazily: importing
+this package does not import ipywidgets.
 """
 
 from .divergence import divergence_text, render_divergence

@@ -228,3 +228,17 @@ def test_the_packed_snapshot_text_shows_the_page_table_and_the_last_forward(bund
     text = sched.snapshot().text()
     assert "page table: " in text and "packed forward: decode 0 + prefill 16 = 16 tokens of a 16 budget" in text
     assert dict(sched.snapshot().packed.held_tokens) == {0: 3, 1: 13}
+
+
+def test_structured_output_rows_give_the_same_tokens_in_both_layouts(bundled):
+    model, tok = bundled
+    out = {}
+    for layout in ("padded", "packed"):
+        sched = wb.Scheduler(model, tok, max_batch=3, layout=layout, max_num_batched_tokens=16)
+        uids = [sched.submit(wb.Request(prompt="answer:", max_tokens=8, choices=["yes", "no"])),
+                sched.submit(wb.Request(prompt="def f(x):", max_tokens=8)),
+                sched.submit(wb.Request(prompt="n = ", max_tokens=6, regex=r"[0-9]{1,3}"))]
+        sched.run()
+        out[layout] = [(sched.tokens(u), sched.finish_reason(u)) for u in uids]
+    assert out["packed"] == out["padded"]
+    assert out["packed"][0][1] == "stop"

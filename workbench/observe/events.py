@@ -17,7 +17,9 @@ Kinds (``Event.kind``):
               ``join_mode`` says how: ``new batch`` (no batch was running),
               ``free slot`` (written into an evicted row's cache row) or
               ``extend`` (appended by the caches' ``extend``)
-``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
+``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it;
+              ``top_logprobs`` its request's ``k`` best ``((id, log-prob), ...)``,
+              best first (``()`` when it asked none)
 ``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
               ``error`` (``message`` says why) or ``abort``
 ``evict``     the finished row left the batch at ``filter`` (was ``row``)
@@ -57,6 +59,7 @@ class Event:
     finish_reason: str = ""
     join_mode: str = ""
     message: str = ""
+    top_logprobs: tuple = ()
 
     def __post_init__(self):
         if self.kind not in EVENT_KINDS:

@@ -22,6 +22,7 @@ Widgets (``panel.widget`` is the whole box)::
     [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]   <- side by side
     [KV geometry image (wb-kv-image)]                                       when they fit
     ASCII masks of the shown snapshot
+    top log-probs of each row's latest token (rows whose request asked top_logprobs)
 
 The images are PNGs at ``IMAGE_DPI``, shown at their own size (at most the output area's
 width): about 940 pixels wide, so their smallest text (``fontsize="small"``, 8.3 pt) is
@@ -62,6 +63,7 @@ from . import style
 from .kv import render_kv
 from .mask import mask_text, render_masks
 from .timeline import render_timeline
+from .top_logprobs import top_logprobs_text
 
 IMAGE_DPI = 100  # with the figure widths below: images of 900-940 px whose smallest text is 11.6 px
 KV_WIDTH_IN = 9.4  # the KV figure's width in the panel (inches): 940 px, unscaled in a 968 px output area
@@ -137,13 +139,14 @@ class Panel:
         self.timeline_image = W.Image(format="png", layout=natural()).add_class("wb-timeline-image")
         self.kv_image = W.Image(format="png", layout=natural()).add_class("wb-kv-image")
         self.mask_ascii = W.HTML()
+        self.top_ascii = W.HTML().add_class("wb-top-logprobs")
         self.widget = W.VBox([
             W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
             W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
             self.status, self.notice, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
             W.HBox([self.mask_image, self.timeline_image], layout=W.Layout(flex_flow="row wrap")),
-            self.kv_image, self.mask_ascii,
+            self.kv_image, self.mask_ascii, self.top_ascii,
         ])
         self.sched.record()  # the engine as it is now, whatever was called since the last one
         self._follow_history()
@@ -237,6 +240,8 @@ class Panel:
         for image, fig in self.figures(snap, history).items():
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
+        top = top_logprobs_text(snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t])))
+        self.top_ascii.value = f"<pre>{html.escape(top)}</pre>" if top else ""
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         self.buttons["Restore"].disabled = self.sched.history_checkpoint(self.slider.value) is None
         self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
@@ -268,5 +273,5 @@ class Panel:
                          "style='max-width:100%'/>"
                          for w in (self.mask_image, self.kv_image, self.timeline_image))
         return HTML(f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
-                    f"{self.mask_ascii.value}</div>")
+                    f"{self.mask_ascii.value}{self.top_ascii.value}</div>")
 

@@ -65,6 +65,7 @@ from .kv.promptcache import PromptCache
 from .request import Request, ValidRequest, context_limit, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
+from .siblings import check_samples
 from .state import RequestState, Status
 from .text import visible_text
 from .view import RequestView, StreamChunk
@@ -241,6 +242,31 @@ class Scheduler:
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
         return uid
 
+    @transactional()
+    def submit_n(self, request: Request | dict, n: int) -> list[int]:
+        """Queue ``n`` samples of ``request``: sample ``i`` is ``request`` with seed
+        ``seed + i`` (``seed`` the request's own, else one drawn from the scheduler's
+        seed), so it draws exactly the tokens ``Request(seed=seed + i)`` draws alone. Samples
+        admitted together share one prefill: the prompt runs once and its cache row is
+        copied into every sample's row (:mod:`workbench.engine.siblings`). Returns their
+        uids, consecutive; each is an ordinary request afterwards (``abort``, ``preempt``,
+        ``tokens`` one by one). Like vLLM's ``SamplingParams(n=...)``.
+
+        Raises:
+            ValueError: ``n`` not an int in ``[1, MAX_SAMPLES]`` (1024), or what
+                :meth:`submit` raises for the request (nothing is queued then).
+        """
+        check_samples(n)
+        if isinstance(request, dict):
+            request = Request.from_dict(request)
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
+        seed = request.seed if request.seed is not None else int(self.state.rng.integers(2**31))
+        uids = [self.submit(replace(request, seed=seed + i)) for i in range(n)]
+        for uid in uids:
+            self.state.requests[uid].sample_group = uids[0]
+        return uids
+
     # -- the engine calls -------------------------------------------------------------
     @transactional(prompt_cache=True, idle=lambda s: not s.state.queue and s.state.prefilling is None and not s.state.batch.free)
     def admit(self) -> list[Event]:
@@ -318,7 +344,7 @@ class Scheduler:
         """One prefill chunk of ``group`` (``tokens`` long, default ``prefill_step_size``)
         and its ``prefill`` events; returns the real tokens per member."""
         real = self.runner.run_chunk(group, tokens)
-        for s, k in zip(group.states, real):
+        for s, k in zip(group.prefilled, real):  # one prefill row per distinct prompt of a submit_n group
             if k:
                 self._log("prefill", s.uid, n_tokens=k)
         return real
@@ -365,6 +391,7 @@ class Scheduler:
         """The join forward (each member's last input token), then the members enter the
         batch (free slots or ``extend``); one ``join`` event each, with its mode."""
         st = self.state
+        group.expand()  # a submit_n group's prefilled row copied into each sample's row
         for s in group.states:
             s.fed = len(s.tokens)  # a resumed row's generated tokens are in its cache again
             s.join_order, st.joins = st.joins, st.joins + 1

@@ -55,6 +55,7 @@ from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
+from .checkpoint_io import identity_of
 from .config import SchedulerConfig
 from .decode import Pending
 from .integrity import Integrity, check_state
@@ -586,7 +587,14 @@ class Scheduler:
         group, prompt cache, seed generator, step index, events, history), for
         :meth:`restore`. Copies no tensor (new handles on the same MLX buffers)."""
         return Checkpoint(self.id, id(self.model), self.step_index, len(self.events),
-                          self.state.clone(), self.recorder.clone())
+                          self.state.clone(), self.recorder.clone(), self._identity)
+
+    def _identity(self) -> dict:
+        """The model, tokenizer and settings a checkpoint on disk records and loading
+        compares (:func:`workbench.engine.checkpoint_io.identity_of`), computed once."""
+        if "_identity_cache" not in self.__dict__:
+            self._identity_cache = identity_of(self)
+        return self._identity_cache
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Return to ``checkpoint`` exactly; it stays valid for another restore.

@@ -24,12 +24,16 @@ import workbench as wb
 from workbench.observe.metrics import span_s
 from workbench.workloads.workload import prompt_of_length
 
+OPTIONS = {  # flag: (type, default, help)
+    "--model": (str, "smollm2-135m", "a bundled model folder or a fetched model name"),
+    "--k": (int, 8, "samples K (default 8)"),
+    "--prompt-tokens": (int, 300, "prompt tokens P (default 300)"),
+    "--max-tokens": (int, 16, "tokens per sample M (default 16)"),
+    "--rounds": (int, 2, "alternating rounds (default 2)"),
+}
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--model", default="smollm2-135m", help="a bundled model folder or a fetched model name")
-parser.add_argument("--k", type=int, default=8, help="samples K (default 8)")
-parser.add_argument("--prompt-tokens", type=int, default=300, help="prompt tokens P (default 300)")
-parser.add_argument("--max-tokens", type=int, default=16, help="tokens per sample M (default 16)")
-parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+for flag, (kind, default, text) in OPTIONS.items():
+    parser.add_argument(flag, type=kind, default=default, help=text)
 args = parser.parse_args()
 
 model, tokenizer = wb.load(args.model)

@@ -26,6 +26,8 @@ class RequestView:
         (mlx-lm's streaming detokenizer; a final stop id excluded, cut before a stop string).
         top_logprobs: per token its ``Request.top_logprobs`` best ``((id, log-prob), ...)``,
         best first (``()`` per token when the request asked none).
+        constraint: its structured-output constraint as ``field=source``
+        (``"regex=[0-9]+"``), ``""`` for a free row.
 
     Example: ``sched.request(uid).tokens`` after two steps of a running row is
     ``(tok_0, tok_1)``, ``status`` ``Status.RUNNING``, ``finish_reason`` ``None``.
@@ -40,13 +42,14 @@ class RequestView:
     error: str
     text: str
     top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
+    constraint: str = ""
 
     @classmethod
     def of(cls, state: RequestState, tokenizer: Any) -> "RequestView":
         """The view of ``state`` now (its text through ``tokenizer``)."""
         return cls(state.uid, state.status, tuple(state.valid.prompt_ids), tuple(state.tokens),
                    tuple(state.logprobs), state.finish_reason, state.message, state.text(tokenizer).text,
-                   tuple(state.top_logprobs))
+                   top_logprobs=tuple(state.top_logprobs), constraint=state.constraint)
 
 
 @dataclass(frozen=True)

@@ -164,3 +164,13 @@ def test_an_idle_scheduler_saves_and_loads(bundled, tmp_path):
     uid = sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=3))
     sched.run()
     assert len(sched.tokens(uid)) == 3
+
+
+def test_a_running_constrained_row_cannot_be_saved(bundled, tmp_path):
+    pytest.importorskip("llguidance", reason="structured output needs the `structured` extra (llguidance)")
+    model, tok = bundled
+    sched = wb.Scheduler(model, tok)
+    sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=4, regex="[0-9]+"))
+    sched.admit()
+    with pytest.raises(ValueError, match="uid 0 is running and has a structured-output constraint"):
+        sched.checkpoint().save(tmp_path / "a.safetensors")

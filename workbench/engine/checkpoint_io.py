@@ -21,7 +21,8 @@ snapshot history and the checkpoints kept with it, and a prefilling group's part
 prefill: its members are saved as queued and prefill again after loading (their tokens
 are the same; the events then show a second ``admit``). A request with a callable
 (``logits_processors``, ``sampler``, ``on_token``) cannot be saved while it runs (refused,
-naming the uid and the field); a finished one is saved without them. A quantized KV cache
+naming the uid and the field), nor one with a structured-output constraint (its grammar
+state is not saved); a finished one is saved without them. A quantized KV cache
 (``kv_bits``) is refused: mlx-lm's loader does not know its class.
 
 Loading refuses (``ValueError`` naming what differs) a file of another format or version,
@@ -156,6 +157,9 @@ def _request_record(s: RequestState, live: bool) -> dict:
         if live and getattr(r, name):
             raise ValueError(f"Checkpoint.save: uid {s.uid} is {s.status.value} and has {name} (a callable), "
                              "which cannot be saved; save once it finished, or submit it without")
+    if live and getattr(r, "constrained", False):
+        raise ValueError(f"Checkpoint.save: uid {s.uid} is {s.status.value} and has a structured-output constraint "
+                         "(json_schema / regex / choices), whose grammar state is not saved; save once it finished")
     fields = {f.name: _plain(getattr(r, f.name)) for f in dataclasses.fields(r) if f.name not in CALLABLE_FIELDS}
     fields["logit_bias"] = None if r.logit_bias is None else [[int(t), float(b)] for t, b in r.logit_bias.items()]
     record = {name: _plain(getattr(s, name)) for name in _STATE_FIELDS}

@@ -6,8 +6,9 @@ Usage::
 
     python scripts/notebook_screenshots.py OUT NOTEBOOK[:run] CELLS [NOTEBOOK[:run] CELLS ...]
 
-``CELLS`` is a comma-separated list of cell indices (0-based, markdown cells counted) and
-``panel`` (the live Panel's box). A notebook is shown with its stored outputs, or with
+``CELLS`` is a comma-separated list of cell indices (0-based, markdown cells counted),
+``panel`` (the live Panel's box) and ``window`` (the whole window with the Panel scrolled to
+its top: does it fit the screen). A notebook is shown with its stored outputs, or with
 ``:run`` after Run All Cells (needed for widgets). For every cell it writes
 ``OUT/<notebook>-cell<i>.png`` and prints what decides readability: the output area's width,
 each image's own and shown width (px), and for text outputs the ``<pre>``'s width, scroll
@@ -57,7 +58,7 @@ CELL_INFO_JS = f"""(i) => {{
                     Math.round(p.clientHeight / parseFloat(getComputedStyle(p).lineHeight))];
           }})}};
 }}"""
-PANEL_INFO_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-timeline-image, .wb-kv-image'))
+PANEL_INFO_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
   .map(i => [i.classList[i.classList.length - 1], i.naturalWidth, i.clientWidth])"""
 
 
@@ -96,6 +97,13 @@ def shoot(page, base: str, name: str, run: bool, cells: list[str], out: Path) ->
     time.sleep(2)
     stem = Path(name).stem
     for spec in cells:
+        if spec == "window":  # the whole window, the Panel's first row of buttons at its top
+            box = page.locator(".wb-status").locator("xpath=../..")
+            box.evaluate("e => e.scrollIntoView({block: 'start'})")
+            time.sleep(0.5)
+            print(f"{name} window: panel box {box.bounding_box()}, images {page.evaluate(PANEL_INFO_JS)}")
+            page.screenshot(path=str(out / f"{stem}-window.png"))
+            continue
         if spec == "panel":
             box = page.locator(".wb-status").locator("xpath=..")
             box.scroll_into_view_if_needed()

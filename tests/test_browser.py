@@ -40,7 +40,7 @@ KERNEL_IDLE_JS = """() => {
   const state = document.querySelector('.jp-Notebook-ExecutionIndicator');
   return name && !/No Kernel/.test(name.textContent) && state && state.dataset.status === 'idle';
 }"""
-IMAGE_SCALES_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-timeline-image, .wb-kv-image'))
+IMAGE_SCALES_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
   .map(img => [img.classList[img.classList.length - 1], img.clientWidth / img.naturalWidth])"""
 MASK_SHA256_JS = """async () => {
   const img = document.querySelector('.wb-mask-image');
@@ -151,7 +151,7 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
                 # shown at their own size, the images' smallest text is >= 9 px (tests/views: the
                 # panel's figures at IMAGE_DPI); shrunk to half a row it was about 6 px
                 scales = page.evaluate(IMAGE_SCALES_JS)
-                assert len(scales) == 3 and all(scale >= 0.99 for _, scale in scales), scales
+                assert len(scales) == 4 and all(scale >= 0.99 for _, scale in scales), scales
                 page.screenshot(path=str(OUT_DIR / "before_step.png"))
 
                 step.click()

@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from workbench.observe.events import Event
 from workbench.observe.report import Report
 from workbench.sim.replay import Replay
-from workbench.views.replay import log_tick_subs, render_latency_cdfs, render_occupancy
+from workbench.views.replay import render_latency_cdfs, render_occupancy
 
 
 def _run(name: str, scale: float) -> Replay:
@@ -29,12 +29,6 @@ def _run(name: str, scale: float) -> Replay:
 def _overlapping_tick_labels(ax) -> list[tuple[str, str]]:
     boxes = [(t.get_text(), t.get_window_extent()) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
     return [(a, b) for (a, ba), (b, bb) in zip(boxes, boxes[1:]) if ba.x1 > bb.x0]
-
-
-def test_log_tick_subs_thin_out_as_the_range_grows():
-    assert log_tick_subs(30, 5000) == (1.0,)
-    assert log_tick_subs(150, 5500) == (1.0, 3.0)
-    assert log_tick_subs(5, 31) == (1.0, 2.0, 5.0)
 
 
 def test_latency_cdf_tick_labels_are_plain_numbers_that_never_overlap():

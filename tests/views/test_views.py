@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from html import escape as html_escape
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +14,15 @@ from matplotlib.figure import Figure
 
 import workbench as wb
 from workbench import views
-from workbench.views import panel as panel_module
 from workbench.observe.masks import decode_mask
 from workbench.observe.metrics import request_metrics, throughput_tok_per_s
 from workbench.observe.report import Report
 from workbench.observe.snapshot import LayerGroup, Snapshot, frozen
+from workbench.views import panel as panel_module
 from workbench.views.kv import row_geometry
 from workbench.views.latency import run_lengths
 from workbench.views.mask import mask_cells
+from workbench.views.rows import one_line
 from workbench.workloads.workload import prompt_of_length
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "02_join_evict.ipynb"
@@ -74,7 +76,7 @@ def test_mask_text_of_an_empty_batch_says_no_rows():
                      kv_width_tokens=0, capacity_tokens=0, kv_bytes=0)
     assert views.mask_text(empty) == "masks at step 0: 0 row(s)\n(no rows)"
     fig = views.render_masks(empty)
-    assert fig.axes[0].texts[0].get_text() == "no rows in the batch"
+    assert fig.axes[0].texts[0].get_text().startswith("no rows in the batch")
 
 
 def test_mask_cells_code_masked_attended_and_the_fed_slot():
@@ -354,22 +356,86 @@ def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration
     assert panel.status.value == "step 0 · 0 row(s) · 0 KV bytes · queue []"
 
 
-def test_the_panel_images_fit_an_output_area_unscaled_with_text_of_at_least_9_px(panel):
+def test_the_panel_images_fit_two_side_by_side_unscaled_with_text_of_at_least_9_px(panel):
     from workbench.views.style import smallest_text_px
 
     panel.buttons["Step"].click()
-    for image, fig in panel.figures(panel.shown, list(panel.sched.history)).items():
+    figures = panel.figures(panel.shown, list(panel.sched.history))
+    assert len(figures) == 4
+    for image, fig in figures.items():
         width_px = fig.get_figwidth() * panel_module.IMAGE_DPI
-        assert width_px <= 968, image  # JupyterLab's output area at a 1400 px window with the file browser open
+        assert 2 * width_px + 16 <= 968, image  # two per row in JupyterLab's output area at a 1400 px window
+        assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340, image  # both rows and the buttons on a 900 px screen
         assert smallest_text_px(fig, panel_module.IMAGE_DPI) >= 9, image  # shown at its own size (test_browser.py)
     layout = panel.mask_image.layout
     assert layout.width is None and layout.max_width == "100%" and layout.align_self == "flex-start"
 
 
-def test_static_form_embeds_the_three_images_and_the_ascii_masks(panel):
+def test_static_form_embeds_the_four_images_the_rows_text_and_the_ascii_masks(panel):
     html = panel.static().data
-    assert html.count("data:image/png;base64,") == 3
+    assert html.count("data:image/png;base64,") == 4
     assert "uid 1 | . . . # # @" in html
+    assert "uid 0 (0 tokens)" in html and "uid 1 (0 tokens)" in html
+
+
+def test_a_stored_panel_shows_a_png_of_its_images_and_text_instead_of_the_widget_repr(panel):
+    import base64
+
+    data = panel._repr_mimebundle_()
+    data = data[0] if isinstance(data, tuple) else data
+    assert "application/vnd.jupyter.widget-view+json" in data  # JupyterLab with the kernel: the live widget
+    png = base64.b64decode(data["image/png"])
+    assert png.startswith(b"\x89PNG")
+    assert "VBox" not in data["text/plain"] and data["text/plain"].startswith("step 0 · 2 row(s)")
+    assert "uid 1 | . . . # # @" in data["text/plain"]
+
+
+def test_the_panel_shows_each_rows_prompt_and_generated_text(panel):
+    panel.buttons["Step"].click()
+    text = panel.rows.value
+    for uid in (0, 1):
+        prompt = panel.sched.tokenizer.decode(list(panel.sched.request_of(uid).prompt_ids))
+        assert f"uid {uid} (1 tokens)" in text and html_escape(one_line(prompt))[-8:] in text
+
+
+def test_the_panel_draws_the_2d_mask_of_the_last_prefill_beside_the_decode_rows(panel):
+    fm = panel.last_prefill(panel.shown.step)
+    assert fm is not None and set(fm.uids) == {0, 1}
+    fig = panel_module.prefill_figure(fm)
+    assert [ax.get_title(loc="left") for ax in fig.axes[:2]] == ["row uid 0", "row uid 1"]
+
+
+def test_after_reset_every_image_says_what_is_empty_with_no_bare_axes_or_negative_bytes(panel):
+    panel.run_steps.value = 3
+    panel.buttons["Run N steps"].click()
+    panel.buttons["Reset"].click()
+    for image, fig in panel.figures(panel.shown, list(panel.sched.history)).items():
+        visible = [ax for ax in fig.axes if ax.axison]
+        assert not visible, (image, [ax.get_ylim() for ax in visible])  # only the empty-state texts
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert texts and all(t for t in texts), image
+    assert panel.rows.value == "<pre>no rows in the batch</pre>"
+
+
+def test_the_kv_history_never_draws_negative_bytes_or_waste(panel):
+    panel.run_steps.value = 2
+    panel.buttons["Run N steps"].click()
+    fig = views.render_kv(panel.shown, list(panel.sched.history), width_in=panel_module.IMAGE_WIDTH_IN)
+    waste_ax, bytes_ax = fig.axes[-2:]
+    assert waste_ax.get_ylim()[0] == 0 and bytes_ax.get_ylim()[0] == 0
+    assert bytes_ax.get_ylabel() == "MiB"  # 1,310,720 bytes: MiB, not 1280 KiB
+
+
+def test_restore_is_enabled_in_every_notebook_that_shows_the_panel():
+    import nbformat
+
+    shown = 0
+    for path in sorted(NOTEBOOK.parent.glob("*.ipynb")):
+        code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        if "views.Panel(" in code:
+            shown += 1
+            assert "history_checkpoints=" in code, path.name
+    assert shown >= 2
 
 
 def test_importing_workbench_and_its_views_does_not_import_ipywidgets():
@@ -424,3 +490,21 @@ def test_admit_step_and_filter_with_nothing_to_do_say_so_and_the_next_action_cle
     assert panel.notice.value == "Step: no running row to decode (queue [0]: press Admit)."
     panel.buttons["Admit"].click()
     assert panel.notice.value == "" and panel.sched.snapshot().batch_size == 1
+
+
+def test_the_notice_and_error_labels_take_no_room_until_they_say_something(panel):
+    assert panel.notice.layout.display == "none" and panel.error.layout.display == "none"
+    panel.buttons["Admit"].click()
+    assert panel.notice.value and panel.notice.layout.display == ""
+    panel.buttons["Step"].click()
+    assert panel.notice.layout.display == "none"
+
+
+def test_the_panel_prefill_image_of_a_long_prompt_stays_short():
+    from workbench.observe.forward_masks import ForwardMask, causal_mask
+
+    n = 40  # a chat prompt's prefill, one row
+    fm = ForwardMask("prefill uid 4: positions 0-39", (4,), causal_mask(n), 0, np.zeros((1, n), bool),
+                     np.zeros((1, n), bool))
+    fig = panel_module.prefill_figure(fm)
+    assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340

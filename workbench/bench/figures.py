@@ -23,16 +23,21 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
 
-# The views' blue for attended tokens and orange for prefill (workbench.views.style.ATTENDED
-# and PREFILL; tests/bench/test_figures.py checks they agree): the benchmark sits below the
-# views in the import order, so it cannot import them.
+from .axes import plain_log_axis
+
+# The views' palette (workbench.views.style): the workbench is its decode blue, a prefill
+# chunk its prefill amber; the other engines take colours the palette gives no cache meaning
+# (its series colours), so orange is never both mlx-lm and a prefill or a fed token.
+# tests/bench/test_figures.py checks they agree: the benchmark sits below the views in the
+# import order, so it cannot import them.
 WORKBENCH_COLOUR = "#3b7dd8"
 PREFILL_COLOUR = "#f2a541"
-PACED_COLOUR = "#2e9e5b"
-ENGINE_COLOURS = {"workbench": WORKBENCH_COLOUR, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": "#e07b39",
-                  "workbench, prefill-first": "#7f7f7f", "workbench, paced": PACED_COLOUR,
+MLX_LM_COLOUR = "#8c564b"
+PACED_COLOUR = "#9467bd"
+OTHER_COLOUR = "#4d4d4d"
+ENGINE_COLOURS = {"workbench": WORKBENCH_COLOUR, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": MLX_LM_COLOUR,
+                  "workbench, prefill-first": OTHER_COLOUR, "workbench, paced": PACED_COLOUR,
                   "workbench, paced 4x step": PACED_COLOUR}
 
 
@@ -58,7 +63,7 @@ def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
                yerr=[med - lo, hi - med], capsize=3, error_kw={"lw": 0.8})
     bound = roofline[roofline.case.str.startswith("decode")].set_index("B").attainable_tok_per_s.reindex(sizes)
     ax.scatter(np.arange(len(sizes)), bound, marker="_", s=900, color="black", label="attainable (roofline)")
-    ax.set_yscale("log")
+    plain_log_axis(ax.yaxis, [runs.tok_per_s.to_numpy(), bound.to_numpy()])
     ax.set_xticks(np.arange(len(sizes)), [f"B = {b}" for b in sizes])
     ax.set_ylabel("decode tokens / s (log)")
     ax.set_title("Decode throughput (median of alternating runs; whiskers: min..max)")
@@ -89,8 +94,7 @@ def render_ttft_itl(requests: pd.DataFrame, gaps: pd.DataFrame) -> Figure:
             _cdf(ax, frame[frame.engine == engine][col], ENGINE_COLOURS[engine], engine)
         for q in (0.5, 0.95):
             ax.axhline(q, color="grey", lw=0.5, ls=":")
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        plain_log_axis(ax.xaxis, [frame[col].to_numpy(float) * 1e3])
         ax.set_xlabel(f"{title} (ms, log)")
         ax.set_ylabel("fraction")
         ax.set_title(f"{title}, staggered arrivals")
@@ -111,7 +115,7 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
     """
     fig = Figure(figsize=(5.5, 3.4))
     ax = fig.subplots()
-    spec = [("step", "one decode step", "#7f7f7f"), ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
+    spec = [("step", "one decode step", OTHER_COLOUR), ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
             ("extend", "join by extend", "#9ecae1"), ("extend, fresh pages", "by extend, fresh pages", "#c6dbef"),
             ("re-merge", "join by re-merge", ENGINE_COLOURS["mlx-lm"])]
     spec = [s for s in spec if (join.method == s[0]).any()]
@@ -128,8 +132,8 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
 
 def render_head_of_line(hol: pd.DataFrame) -> Figure:
     """Per engine, the tokens of running rows (dots, one line per row) over time since
-    the joiner's submit, the joiner's prefill chunks (orange ticks) and its first token
-    (red line): the widest white gap is the head-of-line stall.
+    the joiner's submit, the joiner's prefill chunks (amber ticks) and its first token
+    (dashed line): the widest white gap is the head-of-line stall.
 
     Args:
         hol: one row per event, columns ``engine``, ``role`` (``"running"`` or
@@ -147,11 +151,11 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
         ax.plot(run.time_s - t0, run.uid, "|", color=ENGINE_COLOURS[engine], ms=8)
         for t in joiner[joiner.kind == "prefill"].time_s:
             ax.axvline(t - t0, color=PREFILL_COLOUR, lw=0.8)
-        ax.axvline(joiner[joiner.kind == "token"].time_s.min() - t0, color="#c0392b", lw=1.5)
+        ax.axvline(joiner[joiner.kind == "token"].time_s.min() - t0, color="black", lw=1.5, ls="--")
         ax.set_yticks(sorted(run.uid.unique()))
         ax.set_ylabel("row uid")
         ax.set_title(engine, fontsize=9, loc="left")
-    axes[-1].set_xlabel("seconds since the long prompt arrived (orange: its prefill chunks; red: its first token)")
+    axes[-1].set_xlabel("seconds since the long prompt arrived (amber: its prefill chunks; dashed: its first token)")
     fig.tight_layout()
     return fig
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .figures import WORKBENCH_COLOUR
+from .figures import OTHER_COLOUR, WORKBENCH_COLOUR
 
 MIB = 2**20
 KV_COLOUR = "#c44e9b"  # not a colour the views use for something else
@@ -69,14 +69,15 @@ def render_step_cost(table: pd.DataFrame, title: str | None = None) -> Figure:
     labels = [f"B = {b}" for b in table.B]
     left.bar(x, table.step_ms, 0.6, color=WORKBENCH_COLOUR, label="one decode step (all rows)")
     left.plot(x, table.step_ms_per_row, "k--o", label="the same per row")
-    for i, r in enumerate(table.itertuples()):
-        left.annotate(f"{r.step_ms:.0f} ms", (i, r.step_ms), ha="center", va="bottom", fontsize="small")
+    for i, r in enumerate(table.itertuples()):  # inside the bar: the per-row line starts at its top
+        left.annotate(f"{r.step_ms:.0f} ms", (i, r.step_ms / 2), ha="center", va="center", fontsize="small",
+                      color="white", fontweight="bold")
     left.set_xticks(x, labels)
     left.set_ylabel("ms")
     left.set_ylim(0, table.step_ms.max() * 1.2)
     left.set_title("measured decode step", fontsize="small", loc="left")
     left.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
-    right.bar(x, table.weights_mib, 0.6, color="#7f7f7f", label="weights (read once per step)")
+    right.bar(x, table.weights_mib, 0.6, color=OTHER_COLOUR, label="weights (read once per step)")
     right.bar(x, table.kv_mib, 0.6, bottom=table.weights_mib, color=KV_COLOUR, label="KV cache (grows with B)")
     right.set_xticks(x, labels)
     right.set_ylabel("MiB read per step")

@@ -55,13 +55,15 @@ def padding_waste(left_padding: Sequence[int], kv_width_tokens: int) -> float:
     return float(lp.sum()) / slots if slots else 0.0
 
 
-def mask_grid(mask: np.ndarray, uids: Sequence[int], fed_slot: bool | int = True) -> str:
+def mask_grid(mask: np.ndarray, uids: Sequence[int], fed_slot: bool | int = True, mark: str = "@") -> str:
     """ASCII form of a ``[B, S]`` bool mask, one line per row labelled by uid.
 
-    ``#`` attended cached position, ``.`` masked (padding), and ``@`` for the slot of the
+    ``#`` attended cached position, ``.`` masked (padding), and ``mark`` for the slot of the
     token fed at the next step: the last column when ``fed_slot`` is True, column
     ``fed_slot`` when it is an int (a ring buffer's write index), none when False.
-    An empty batch renders as ``(no rows)``.
+    ``mark`` is ``@`` (the fed token, in temporal order) or ``w`` (the ring slot it is
+    written to, in storage order), so two grids side by side never give one symbol two
+    meanings. An empty batch renders as ``(no rows)``.
     """
     mask = np.asarray(mask, dtype=bool)
     if mask.shape[0] == 0:
@@ -72,6 +74,6 @@ def mask_grid(mask: np.ndarray, uids: Sequence[int], fed_slot: bool | int = True
         cells = ["#" if m else "." for m in row]
         col = -1 if fed_slot is True else fed_slot
         if col is not False and cells:
-            cells[col] = "@" if row[col] else "."
+            cells[col] = mark if row[col] else "."
         lines.append(f"uid {uid:>{width}} | " + " ".join(cells))
     return "\n".join(lines)

@@ -83,8 +83,8 @@ class LayerGroup:
             return "\n".join([
                 f"{head}; window {self.window_tokens} tokens, write index {self.write_index}, "
                 f"wrapped {'yes' if self.wrapped else 'no'}, width {self.kv_width_tokens}",
-                "  mask in ring (storage) order ('#' attended, '.' masked, '@' write slot):",
-                mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True),
+                "  mask in ring (storage) order ('#' attended, '.' masked, 'w' write slot of the fed token):",
+                mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True, mark="w"),
                 "  mask in temporal order (oldest first, '@' = fed token):",
                 mask_grid(self.mask_temporal, uids),
             ])

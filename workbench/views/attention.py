@@ -35,6 +35,7 @@ LEGEND = [("masked: a later position", style.LATER), ("padding", style.PADDING),
           ("key of this forward", style.NEW_KEY), ("cached key (earlier forward)", style.ATTENDED),
           ("the query's own key", style.FED)]
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions
+NARROW_GRID_IN = 1.3  # under 6 inches wide (the panel), the tallest grid is at most this high
 
 
 def attention_cells(fm: ForwardMask) -> np.ndarray:
@@ -75,21 +76,18 @@ def attention_text(fm: ForwardMask) -> str:
     return "\n".join(lines)
 
 
-def _draw(ax, cells: np.ndarray, first_query: int | None, row_labels: list[str] | None) -> None:
-    """One heatmap of ``[rows, S]`` cells with integer ticks and cell borders."""
+def _draw(ax, cells: np.ndarray, first_query: int | None, row_labels: list[str] | None,
+          max_labels: int = 16) -> None:
+    """One heatmap of ``[rows, S]`` cells with whole-number ticks and cell borders."""
     rows, S = cells.shape
     ax.imshow(cells, cmap=CMAP, vmin=0, vmax=len(SYMBOLS) - 1, aspect="equal", interpolation="nearest")
     if S <= GRID_MAX_KEYS:
-        ax.set_xticks(np.arange(-0.5, S), minor=True)
-        ax.set_yticks(np.arange(-0.5, rows), minor=True)
-        ax.grid(which="minor", color="#8c8c8c", linewidth=0.6)
-        ax.tick_params(which="minor", length=0)
-    every = max(1, int(np.ceil(S / 16)))
-    ax.set_xticks(np.arange(0, S, every))
+        style.cell_borders(ax, S, rows)
+    style.integer_ticks(ax.xaxis, 0, S - 1, max_labels)
     if row_labels is not None:
         ax.set_yticks(range(rows), row_labels)
     else:
-        every_q = max(1, int(np.ceil(rows / 12)))
+        every_q = max(1, int(np.ceil(rows / min(12, max_labels))))
         ax.set_yticks(np.arange(0, rows, every_q), [str(first_query + i) for i in range(0, rows, every_q)])
     ax.set_xlabel("key position")
 
@@ -111,7 +109,7 @@ def stacked_cells(forwards: list[ForwardMask]) -> tuple[np.ndarray, list[int]]:
 
 
 def render_attention(forwards: list[ForwardMask], title: str | None = None, columns: int = 3,
-                     stack: bool = False) -> Figure:
+                     stack: bool = False, width_in: float = 9.0) -> Figure:
     """Heatmaps of the forwards' 2-D masks: one axes per row of each prefill forward
     (query position down, key position across), one axes per decode step (a line per row);
     with ``stack``, one axes for the chunks of one row's chunked prefill, chunk under chunk
@@ -123,6 +121,7 @@ def render_attention(forwards: list[ForwardMask], title: str | None = None, colu
         title: the figure's title (default: none).
         columns: axes per figure row.
         stack: draw the forwards as the chunks of one prefill.
+        width_in: the figure's width (inches).
 
     Raises:
         ValueError: for no forwards; with ``stack``, as :func:`stacked_cells`.
@@ -134,25 +133,31 @@ def render_attention(forwards: list[ForwardMask], title: str | None = None, colu
         cells, starts = stacked_cells(forwards)
         panels.append((f"uid {forwards[0].uids[0]}: {len(forwards)} prefill chunks", cells,
                        forwards[0].n_cached, None))
+    one = not stack and len(forwards) == 1 and forwards[0].shape[0] > 1  # its label: the figure's title
     for fm in [] if stack else forwards:
         cells = attention_cells(fm)
         if fm.shape[1] == 1:
             panels.append((fm.label, cells[:, 0], None, [f"uid {u}" for u in fm.uids]))
         else:
-            panels += [(f"{fm.label}\nrow uid {u}" if fm.shape[0] > 1 else fm.label, cells[b], fm.n_cached, None)
-                       for b, u in enumerate(fm.uids)]
+            panels += [(f"row uid {u}" if one else f"{fm.label}\nrow uid {u}" if fm.shape[0] > 1 else fm.label,
+                        cells[b], fm.n_cached, None) for b, u in enumerate(fm.uids)]
+    if one:
+        title = f"{title}\n{forwards[0].label}" if title else forwards[0].label
     columns = min(columns, len(panels))
     n_rows = -(-len(panels) // columns)
     s_max = max(p[1].shape[1] for p in panels)
-    cell_in = min(0.32, 8.0 / columns / max(s_max, 1))
+    rows_max = max(p[1].shape[0] for p in panels)
+    cell_in = min(0.32, (width_in - 1.0) / columns / max(s_max, 1),
+                  NARROW_GRID_IN / rows_max if width_in < 6 else 1.0)  # a narrow figure stays short
     heights = [max(p[1].shape[0] for p in panels[i * columns:(i + 1) * columns]) * cell_in + 1.1
                for i in range(n_rows)]
-    fig = Figure(figsize=(9, sum(heights) + 0.9), layout="constrained")
+    fig = Figure(figsize=(width_in, sum(heights) + 0.9), layout="constrained")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize="medium" if width_in < 6 else "large")
     axes = fig.subplots(n_rows, columns, squeeze=False, height_ratios=heights).ravel()
+    max_labels = max(4, int(3 * width_in / columns))  # whole-number labels that never touch
     for ax, (name, cells, first_query, labels) in zip(axes, panels):
-        _draw(ax, cells, first_query, labels)
+        _draw(ax, cells, first_query, labels, max_labels)
         ax.set_title(name, fontsize="small", loc="left")
         if labels is None:
             ax.set_ylabel("query position")
@@ -165,5 +170,5 @@ def render_attention(forwards: list[ForwardMask], title: str | None = None, colu
     for ax in axes[len(panels):]:
         ax.set_axis_off()
     present = {int(c) for p in panels for c in np.unique(p[1])}
-    style.legend(fig, [e for code, e in enumerate(LEGEND) if code in present], ncol=3)
+    style.legend(fig, [e for code, e in enumerate(LEGEND) if code in present], ncol=3 if width_in >= 6 else 2)
     return fig

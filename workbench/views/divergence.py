@@ -31,8 +31,8 @@ from matplotlib.ticker import MaxNLocator
 
 from . import style
 
-OVER = "#d62728"  # a layer over tolerance
-WITHIN = style.ATTENDED
+OVER = style.BAD  # a layer over tolerance
+WITHIN = style.GOOD
 
 
 def divergence_text(table: pd.DataFrame) -> str:

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from . import style
 
-EQUAL_COLOR, DIFFERS_COLOR, NONE_COLOR = "#2ca02c", "#d62728", "#ffffff"
+EQUAL_COLOR, DIFFERS_COLOR, NONE_COLOR = style.GOOD, style.BAD, style.LATER
 
 
 def grids_text(grids: Sequence) -> str:

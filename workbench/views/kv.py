@@ -88,7 +88,7 @@ def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
     B = snap.batch_size
     left = np.zeros(B)
     for name, color in SEGMENTS:
-        ax.barh(range(B), geo[name], left=left, color=color, edgecolor="#666666", linewidth=0.5)
+        ax.barh(range(B), geo[name], left=left, color=color, edgecolor=style.EDGE, linewidth=0.5)
         left = left + geo[name]
     shown = min(g.capacity_tokens, max(2 * g.kv_width_tokens, g.kv_width_tokens + 16))
     ax.set_xlim(0, max(shown, 1))
@@ -101,39 +101,65 @@ def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
                  fontsize="small", loc="left")
 
 
+def bytes_unit(n_bytes: float) -> tuple[int, str]:
+    """The divisor and name of the unit that writes ``n_bytes`` without e-notation: MiB
+    from 1 MiB, else KiB.
+
+    >>> bytes_unit(1_966_080), bytes_unit(65_536)
+    ((1048576, 'MiB'), (1024, 'KiB'))
+    """
+    return (2**20, "MiB") if n_bytes >= 2**20 else (2**10, "KiB")
+
+
 def render_kv(snap: Snapshot, history: Sequence[Snapshot] = (), width_in: float = 9.4) -> Figure:
     """KV geometry figure, ``width_in`` inches wide (9.4: 940 px at the notebooks' 100 dpi,
     unscaled in a JupyterLab output area of a 1400 px window): per attention group a bar per row
     (padding, valid, expired, unused; x in tokens), and, when ``history`` is given,
-    padding waste (%) and KV bytes (KiB) per step, with ``snap``'s step marked."""
+    padding waste (%) and KV bytes (KiB or MiB, :func:`bytes_unit`) per step, with
+    ``snap``'s step marked. A history of one snapshot, or with no KV bytes yet, says so
+    instead of drawing empty axes; bytes and waste never go below 0."""
     groups = attention_groups(snap)
-    fig = Figure(figsize=(width_in, max(3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
+    narrow = width_in < 6
+    fig = Figure(figsize=(width_in, max(2.9 if narrow else 3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
                  layout="constrained")
-    fig.suptitle(f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), "
-                 f"{snap.kv_bytes:,} KV bytes, padding waste {snap.padding_waste:.1%}")
+    unit, unit_name = bytes_unit(snap.kv_bytes)
+    held = f"{snap.kv_bytes / unit:,.2f} {unit_name}" if snap.kv_bytes else "no KV bytes"
+    fig.suptitle(f"KV cache, step {snap.step}: {held}, padding {snap.padding_waste:.0%}" if narrow else
+                 f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), {held}, padding waste "
+                 f"{snap.padding_waste:.1%}", fontsize="medium" if narrow else "large")
     left, right = fig.subfigures(1, 2, width_ratios=[3, 2]) if history else (fig, None)
     if groups:
         axes = left.subplots(len(groups), 1, squeeze=False)[:, 0]
         for ax, g in zip(axes, groups):
             _draw_rows(ax, snap, g)
-        axes[-1].set_xlabel("tokens per row (stacked: padding, valid, expired, unused)")
+        axes[-1].set_xlabel("tokens per row" if narrow else "tokens per row (stacked: padding, valid, expired, unused)")
     else:
-        ax = left.add_subplot()
-        ax.text(0.5, 0.5, "no attention cache" if snap.uids else "no rows in the batch",
-                ha="center", va="center")
-        ax.set_axis_off()
+        style.empty(left.add_subplot(), "no attention cache" if snap.uids else "no rows in the batch")
     if right is not None:
-        steps = [s.step for s in history]
-        waste_ax, bytes_ax = right.subplots(2, 1, sharex=True)
-        waste_ax.plot(steps, [100 * s.padding_waste for s in history], "o-", color=style.PADDING,
-                      markeredgecolor="#666666")
-        waste_ax.set_ylabel("padding waste (%)")
-        bytes_ax.plot(steps, [s.kv_bytes / 1024 for s in history], "o-", color=style.ATTENDED)
-        bytes_ax.set_ylabel("KV bytes (KiB)")
-        bytes_ax.set_xlabel("step (history)")
-        bytes_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        for ax in (waste_ax, bytes_ax):
-            ax.axvline(snap.step, color=style.FED, linewidth=1)
-            ax.grid(alpha=0.3)
-    style.legend(fig, [(n, c) for n, c in SEGMENTS])
+        _draw_history(right, snap, history, narrow)
+    if groups:
+        style.legend(fig, [(n, c) for n, c in SEGMENTS])
     return fig
+
+
+def _draw_history(fig, snap: Snapshot, history: Sequence[Snapshot], narrow: bool = False) -> None:
+    """Padding waste and KV bytes per step of ``history`` on ``fig`` (a subfigure); short
+    axis labels when ``narrow``."""
+    if len(history) < 2 or not any(s.kv_bytes for s in history):
+        style.empty(fig.add_subplot(), "history: drawn from\nthe first step on")
+        return
+    steps = [s.step for s in history]
+    unit, unit_name = bytes_unit(max(s.kv_bytes for s in history))
+    waste_ax, bytes_ax = fig.subplots(2, 1, sharex=True)
+    waste_ax.plot(steps, [100 * s.padding_waste for s in history], "o-", color=style.PADDING,
+                  markeredgecolor=style.EDGE)
+    waste_ax.set_ylabel("padding %" if narrow else "padding waste (%)")
+    waste_ax.set_ylim(0, max(5.0, 1.1 * max(100 * s.padding_waste for s in history)))
+    bytes_ax.plot(steps, [s.kv_bytes / unit for s in history], "o-", color=style.ATTENDED)
+    bytes_ax.set_ylabel(unit_name if narrow else f"KV bytes ({unit_name})")
+    bytes_ax.set_ylim(0, 1.1 * max(s.kv_bytes for s in history) / unit)
+    bytes_ax.set_xlabel("step" if narrow else "step (history)")
+    bytes_ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
+    for ax in (waste_ax, bytes_ax):
+        ax.axvline(snap.step, color="black", linewidth=1)  # the shown step
+        ax.grid(alpha=0.3)

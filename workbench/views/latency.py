@@ -74,7 +74,7 @@ def _histogram(ax, values_s: pd.Series, name: str) -> None:
     ax.hist(ms, bins=min(20, max(5, ms.size)), color=style.ATTENDED, alpha=0.8)
     p = percentiles(values_s)
     for q, ls in (("p50", "-"), ("p95", "--")):
-        ax.axvline(p[q] * 1e3, color=style.FED, linestyle=ls, label=f"{q} {p[q] * 1e3:.1f} ms")
+        ax.axvline(p[q] * 1e3, color="black", linestyle=ls, label=f"{q} {p[q] * 1e3:.1f} ms")
     ax.legend(fontsize="x-small")
 
 
@@ -89,7 +89,7 @@ def render_latency(report: Report, title: str = "latency and throughput") -> Fig
     t0 = report.events[report.events.kind == "submit"].time_s.min()
     rate_ax.plot(steps.time_s - t0, steps.tok_per_s, ".", color=style.ATTENDED, label="one step")
     rate_ax.plot(steps.time_s - t0, steps.tok_per_s.rolling(8, min_periods=1).mean(), "-",
-                 color=style.FED, label="mean of 8 steps")
+                 color=style.SERIES[0], label="mean of 8 steps")
     rate_ax.legend(fontsize="x-small")
     rate_ax.set_title("decode throughput per step", fontsize="small", loc="left")
     rate_ax.set_xlabel("time since first submit (s)")

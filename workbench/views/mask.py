@@ -31,7 +31,7 @@ from . import style
 
 MASKED, ATTENDED, FED = 0, 1, 2  # cell codes of :func:`mask_cells`
 CMAP = ListedColormap([style.PADDING, style.ATTENDED, style.FED])
-OUTSIDE_EDGE = "#a0a0a0"  # hatch of positions a window group does not hold
+OUTSIDE_EDGE = style.EXPIRED  # hatch of positions a window group does not hold
 GRID_MAX_COLUMNS = 64  # draw cell borders up to this many key positions
 
 
@@ -87,20 +87,21 @@ def _group_title(g: LayerGroup) -> str:
     return f"{layers} · KV width {g.kv_width_tokens} tokens"
 
 
-def render_masks(snap: Snapshot, title: str | None = None) -> Figure:
-    """Heatmap of every layer group's next-step mask, one axes per group, rows by uid.
+def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0) -> Figure:
+    """Heatmap of every layer group's next-step mask, one axes per group, rows by uid,
+    ``width_in`` inches wide.
 
-    The x axis is ``key position relative to the fed token`` (shared by all groups).
+    The x axis is ``key position relative to the fed token`` (shared by all groups), labelled
+    at whole positions only; every cell has a border up to ``GRID_MAX_COLUMNS`` positions.
     """
     groups = list(snap.groups) if snap.uids else []
     B = snap.batch_size
     heights = [max(B, 1) * 0.32 + 0.7 for _ in groups] or [1.0]
-    fig = Figure(figsize=(9, sum(heights) + 1.3), layout="constrained")
-    fig.suptitle(title or f"attention masks for the next step (step {snap.step}, {B} row(s))")
+    fig = Figure(figsize=(width_in, sum(heights) + (1.3 if width_in >= 6 else 1.0)), layout="constrained")
+    fig.suptitle(title or f"attention masks for the next step (step {snap.step}, {B} row(s))",
+                 fontsize="medium" if width_in < 6 else "large")
     if not groups:
-        ax = fig.add_subplot()
-        ax.text(0.5, 0.5, "no rows in the batch", ha="center", va="center")
-        ax.set_axis_off()
+        style.empty(fig.add_subplot(), "no rows in the batch: submit a prompt, then Admit")
         return fig
     axes = fig.subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
     s_max = max(temporal_mask(g).shape[1] for g in groups)
@@ -110,18 +111,16 @@ def render_masks(snap: Snapshot, title: str | None = None) -> Figure:
         ax.imshow(cells, cmap=CMAP, vmin=0, vmax=2, aspect="auto", interpolation="nearest",
                   extent=(-S + 0.5, 0.5, B - 0.5, -0.5))
         if s_max <= GRID_MAX_COLUMNS:
-            ax.set_xticks(np.arange(-S, 1) + 0.5, minor=True)
-            ax.set_yticks(np.arange(-1, B) + 0.5, minor=True)
-            ax.grid(which="minor", color="white", linewidth=1.0)
-            ax.tick_params(which="minor", length=0)
+            style.cell_borders(ax, S, B, x0=-S + 0.5, color="white", linewidth=1.0)
         ax.set_yticks(range(B), row_labels(snap))
         ax.set_title(_group_title(g), fontsize="small", loc="left")
         ax.set_xlim(-s_max + 0.5, 0.5)
         if S < s_max:  # positions this group's cache does not hold (outside its window)
             ax.axvspan(-s_max + 0.5, -S + 0.5, facecolor="white", edgecolor=OUTSIDE_EDGE, hatch="//")
+    style.integer_ticks(axes[-1].xaxis, -s_max + 1, 0, max_labels=16 if width_in >= 6 else 8)
     axes[-1].set_xlabel("key position relative to the fed token (0 = fed token)")
-    entries = [("masked (padding / expired)", style.PADDING), ("attended cached token", style.ATTENDED),
-               ("fed token", style.FED)]
+    entries = ([("masked (padding / expired)", style.PADDING), ("attended cached token", style.ATTENDED)]
+               if width_in >= 6 else [("masked", style.PADDING), ("attended", style.ATTENDED)]) + [("fed token", style.FED)]
     style.legend(fig, entries + ([("not held (outside the window)", "white", "//")] if s_max > min(
         temporal_mask(g).shape[1] for g in groups) else []))
     return fig

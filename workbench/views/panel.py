@@ -19,15 +19,18 @@ Widgets (``panel.widget`` is the whole box)::
     error: ...                                                <- error  (class wb-error)
     history [----o---] snapshot 5 of 9 (step 3) [Restore]     <- scrubs sched.history; Restore
                                                                  returns the engine there
-    [mask image (wb-mask-image)] [timeline image (wb-timeline-image)]   <- side by side
-    [KV geometry image (wb-kv-image)]                                       when they fit
-    ASCII masks of the shown snapshot
-    top log-probs of each row's latest token (rows whose request asked top_logprobs)
+    [decode masks (wb-mask-image)] [2-D mask of the last prefill (wb-attention-image)]
+    [KV geometry (wb-kv-image)]    [row timeline (wb-timeline-image)]
+    uid 0 (5 tokens)  "def add(a, b):" → "⏎    return a + b"   <- each row's text (wb-rows)
+    row 1 uid 1  ' x'  -0.40 | ' y'  -2.00                    <- top log-probs (wb-top-logprobs) of
+                                                                   rows that asked top_logprobs
+    > text masks (ASCII)                                       <- folded: the nbval-style text form
 
-The images are PNGs at ``IMAGE_DPI``, shown at their own size (at most the output area's
-width): about 940 pixels wide, so their smallest text (``fontsize="small"``, 8.3 pt) is
-11.6 pixels at 100% zoom (``style.smallest_text_px``), readable. Where the output area is
-narrower than two images, the timeline wraps below the masks.
+The images are PNGs at ``IMAGE_DPI``, ``IMAGE_WIDTH_IN`` inches wide: 470 pixels, two side
+by side in a JupyterLab output area of a 1400 px window (968 px), each shown at its own
+size, so their smallest text (``fontsize="small"``, 8.3 pt) is 11.6 pixels at 100% zoom
+(``style.smallest_text_px``). The controls and both rows of images fit a 1400 x 900
+screen together. Where the output area is narrower, the images wrap one under another.
 
 *Restore* returns the engine to the snapshot the slider shows (``sched.restore`` of the
 checkpoint kept with it): enabled when the scheduler keeps checkpoints with its history
@@ -58,15 +61,18 @@ except ImportError as exc:  # the engine and the figure views do not need them
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 from ..observe.events import events_frame
+from ..observe.forward_masks import ForwardMask, prefill_forwards
 from ..observe.snapshot import Snapshot
 from . import style
+from .attention import render_attention
 from .kv import render_kv
 from .mask import mask_text, render_masks
+from .rows import rows_text
 from .timeline import render_timeline
 from .top_logprobs import top_logprobs_text
 
-IMAGE_DPI = 100  # with the figure widths below: images of 900-940 px whose smallest text is 11.6 px
-KV_WIDTH_IN = 9.4  # the KV figure's width in the panel (inches): 940 px, unscaled in a 968 px output area
+IMAGE_DPI = 100  # with IMAGE_WIDTH_IN: images of 470 px whose smallest text is 11.6 px
+IMAGE_WIDTH_IN = 4.7  # two images side by side (940 px and their margins) in a 968 px output area
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
 
@@ -93,6 +99,21 @@ def nothing_to_do(call: str, snap: Snapshot) -> str:
     if call == "filter":
         return "Filter: no finished row to evict."
     raise ValueError(f"call must be 'admit', 'step' or 'filter', got {call!r}")
+
+
+def prefill_figure(fm: ForwardMask | None) -> Figure:
+    """The panel's 2-D mask image: ``fm``'s rows (query x key, :func:`render_attention`),
+    at most three, or an empty state that says what makes one."""
+    if fm is None:
+        fig = Figure(figsize=(IMAGE_WIDTH_IN, 2.4), layout="constrained")
+        fig.suptitle("2-D mask of the last prefill", fontsize="medium")
+        style.empty(fig.add_subplot(), "no prefill yet: submit a prompt, then Admit")
+        return fig
+    more = f" (first 3 of {len(fm.uids)} rows)" if len(fm.uids) > 3 else ""
+    label = fm.label.replace("prefill ", "last prefill: ", 1) + more
+    shown = ForwardMask(label, fm.uids[:3], fm.mask[:3], fm.n_cached, fm.query_padding[:3], fm.key_padding[:3],
+                        fm.first_event)
+    return render_attention([shown], columns=len(shown.uids), width_in=IMAGE_WIDTH_IN)
 
 
 def status_text(snap: Snapshot) -> str:
@@ -136,18 +157,34 @@ class Panel:
         def natural() -> W.Layout:  # the PNG's own size (never stretched, at most the output's width)
             return W.Layout(max_width="100%", height="auto", align_self="flex-start")
         self.mask_image = W.Image(format="png", layout=natural()).add_class("wb-mask-image")
+        self.attention_image = W.Image(format="png", layout=natural()).add_class("wb-attention-image")
         self.timeline_image = W.Image(format="png", layout=natural()).add_class("wb-timeline-image")
         self.kv_image = W.Image(format="png", layout=natural()).add_class("wb-kv-image")
+        self.rows = W.HTML().add_class("wb-rows")
         self.mask_ascii = W.HTML()
         self.top_ascii = W.HTML().add_class("wb-top-logprobs")
+        ascii_box = W.Accordion([self.mask_ascii], titles=("text masks (ASCII)",))
+        compact = W.Layout(width="auto")
+        for w in (self.prompt, self.max_tokens, self.run_steps):
+            w.style.description_width = "initial"
+        self.max_tokens.layout = self.run_steps.layout = W.Layout(width="140px")
+        self.prompt.layout = W.Layout(width="420px")
+        for b in self.buttons.values():
+            b.layout = compact
+        images = W.Layout(flex_flow="row wrap", align_items="flex-start")
         self.widget = W.VBox([
             W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
             W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
             self.status, self.notice, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
-            W.HBox([self.mask_image, self.timeline_image], layout=W.Layout(flex_flow="row wrap")),
-            self.kv_image, self.mask_ascii, self.top_ascii,
+            W.HBox([self.mask_image, self.attention_image], layout=images),
+            W.HBox([self.kv_image, self.timeline_image], layout=images),
+            self.rows, self.top_ascii, ascii_box,
         ])
+        for label in (self.notice, self.error):  # take no room while empty
+            label.observe(lambda change: setattr(change.owner.layout, "display", "" if change.new else "none"),
+                          names="value")
+            label.layout.display = "none"
         self.sched.snapshot(record=True)  # the engine as it is now, whatever was called since the last one
         self._follow_history()
 
@@ -242,6 +279,7 @@ class Panel:
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
         top = top_logprobs_text(snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t])))
         self.top_ascii.value = f"<pre>{html.escape(top)}</pre>" if top else ""
+        self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         self.buttons["Restore"].disabled = self.sched.history.checkpoint(self.slider.value) is None
         self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
@@ -249,10 +287,33 @@ class Panel:
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
 
     def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:
-        """The figure each image shows for ``snap`` (masks, KV geometry with ``history``,
-        the timeline of :meth:`recent_events`), at the panel's widths."""
-        return {self.mask_image: render_masks(snap), self.kv_image: render_kv(snap, history, width_in=KV_WIDTH_IN),
-                self.timeline_image: render_timeline(self.recent_events(snap.step), x="step")}
+        """The figure each image shows for ``snap`` (decode masks, the 2-D mask of the
+        last prefill forward up to its step, KV geometry with ``history``, the timeline of
+        :meth:`recent_events`), each ``IMAGE_WIDTH_IN`` wide."""
+        return {self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
+                self.attention_image: prefill_figure(self.last_prefill(snap.step)),
+                self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
+                self.timeline_image: render_timeline(self.recent_events(snap.step), x="step", width_in=IMAGE_WIDTH_IN)}
+
+    def last_prefill(self, step: int) -> ForwardMask | None:
+        """The last prefill forward run at or before decode step ``step``, read from the
+        last ``TIMELINE_EVENTS`` events (``None``: none there)."""
+        forwards = prefill_forwards([e for e in self.sched.events[-TIMELINE_EVENTS:] if e.step <= step])
+        return forwards[-1] if forwards else None
+
+    def rows_text(self, snap: Snapshot) -> str:
+        """Each row of ``snap``: its prompt and its text generated up to ``snap``
+        (:func:`~workbench.views.rows.rows_text`), decoded with the scheduler's tokenizer."""
+        decode = self.sched.tokenizer.decode
+        prompts, generated = {}, {}
+        for uid, n in zip(snap.uids, snap.generated_tokens):
+            try:
+                valid = self.sched.request_of(uid)
+            except KeyError:  # a restore dropped it from the engine
+                continue
+            prompts[uid] = decode(list(valid.prompt_ids))
+            generated[uid] = decode(self.sched.tokens(uid)[:n])
+        return rows_text(snap, prompts, generated)
 
     def recent_events(self, step: int) -> pd.DataFrame:
         """Events up to decode step ``step`` of the latest ``TIMELINE_UIDS`` uids, read from
@@ -264,14 +325,29 @@ class Panel:
 
     # -- display -----------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        """The live widget, with a static fallback: ``image/png`` of the four images
+        (:meth:`static_png`) and ``text/plain`` of the status, rows and ASCII masks. A
+        notebook opened without its kernel (or not trusted) shows those instead of
+        ``VBox(children=...)``; JupyterLab with the kernel shows the widget."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data["image/png"] = base64.b64encode(self.static_png()).decode()
+        data["text/plain"] = "\n".join([self.status.value, self.rows_text(self.shown),
+                                        mask_text(self.shown)])
+        return bundle
+
+    def static_png(self) -> bytes:
+        """The panel's four images as one PNG, in the panel's 2 x 2 layout (what a stored
+        notebook shows where the live widget cannot render)."""
+        return style.png_grid([[bytes(self.mask_image.value), bytes(self.attention_image.value)],
+                               [bytes(self.kv_image.value), bytes(self.timeline_image.value)]])
 
     def static(self) -> HTML:
         """The panel's current views without widgets: status, PNG images and ASCII
         masks as one HTML output (shows in nbclient/nbval runs and static HTML exports)."""
         images = "".join(f"<img src='data:image/png;base64,{base64.b64encode(w.value).decode()}' "
                          "style='max-width:100%'/>"
-                         for w in (self.mask_image, self.kv_image, self.timeline_image))
+                         for w in (self.mask_image, self.attention_image, self.kv_image, self.timeline_image))
         return HTML(f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
-                    f"{self.mask_ascii.value}{self.top_ascii.value}</div>")
+                    f"{self.rows.value}{self.top_ascii.value}{self.mask_ascii.value}</div>")
 

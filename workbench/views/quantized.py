@@ -29,12 +29,12 @@ __all__ = ["quantized_text", "render_quantized"]
 
 WIDTH_IN = 9.4  # at 100 dpi narrower than a JupyterLab output area: shown unscaled
 
-BITS_COLOURS = {"float": "#7f7f7f", "q8": style.ATTENDED, "q4": style.FED}  # by a setting's bits
+BITS_COLOURS = {"float": style.SERIES[0], "q8": style.SERIES[3], "q4": style.SERIES[2]}  # by a setting's bits (no cache meaning)
 
 
 def _colour(setting: str) -> str:
     """A setting's colour by its bits (``q4/g32`` and ``q4/g64`` alike)."""
-    return BITS_COLOURS.get(setting.split("/")[0], style.PREFILL)
+    return BITS_COLOURS.get(setting.split("/")[0], style.SERIES[4])
 
 
 def quantized_text(bytes_table: pd.DataFrame, steps: pd.DataFrame | None = None,
@@ -53,7 +53,7 @@ def quantized_text(bytes_table: pd.DataFrame, steps: pd.DataFrame | None = None,
 
 
 def _bars(ax, names: list[str], values: list[float], colours: list[str], notes: list[str]) -> None:
-    bars = ax.bar(names, values, color=colours, edgecolor="#444444")
+    bars = ax.bar(names, values, color=colours, edgecolor=style.EDGE)
     for bar, note in zip(bars, notes):
         ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                     fontsize=9, xytext=(0, 2), textcoords="offset points")
@@ -79,7 +79,7 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
     for i, s in enumerate(step_settings):
         rows = steps[steps.setting == s].set_index("context_tokens").reindex(contexts)
         xs = [k + (i - (len(step_settings) - 1) / 2) * width for k in range(len(contexts))]
-        ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor="#444444", label=s)
+        ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor=style.EDGE, label=s)
         for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
             if s != "float":  # the float bar is x1 by definition
                 ax_step.annotate(f"x{r:.2f}", (x, v), ha="center", va="bottom", fontsize=9, xytext=(0, 2),

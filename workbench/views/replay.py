@@ -21,10 +21,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..observe.metrics import occupancy, occupancy_at, percentiles
 from ..sim.replay import Replay
+from . import style
 
 CDF_QUANTILES = (10, 25, 50, 75, 90, 95, 99)
 LATENCY_LABELS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "queue_s": "queue"}
@@ -39,33 +39,6 @@ def latency_cdf_text(runs: Mapping[str, Replay], column: str = "ttft_s",
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = f"{LATENCY_LABELS.get(column, column)} (ms)"
     return table.to_string()
-
-
-def log_tick_subs(lo: float, hi: float) -> tuple[float, ...]:
-    """Which multiples of each power of ten label a log axis from ``lo`` to ``hi`` (> 0):
-    few enough that the labels never overlap on a 3-inch axis, at least two in range.
-
-    >>> log_tick_subs(30, 5000), log_tick_subs(150, 5500), log_tick_subs(5, 31), log_tick_subs(9, 14)
-    ((1.0,), (1.0, 3.0), (1.0, 2.0, 5.0), (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0))
-    """
-    decades = np.log10(hi / lo) if lo > 0 and hi > lo else 0.0
-    if decades >= 2:
-        return (1.0,)
-    if decades >= 1:
-        return (1.0, 3.0)
-    return (1.0, 2.0, 5.0) if decades >= 0.5 else (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)
-
-
-def _log_ms_axis(ax, values_ms: list[np.ndarray]) -> None:
-    """A log x axis labelled with plain numbers (``200``, ``1000``) at
-    :func:`log_tick_subs` of the data's range; minor ticks unlabelled."""
-    ax.set_xscale("log")
-    finite = np.concatenate([v for v in values_ms if v.size] or [np.array([1.0])])
-    finite = finite[finite > 0]
-    subs = log_tick_subs(finite.min(), finite.max()) if finite.size else (1.0,)
-    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def render_latency_cdfs(runs: Mapping[str, Replay], columns: Sequence[str] = ("ttft_s", "tpot_s", "e2e_s"),
@@ -83,7 +56,7 @@ def render_latency_cdfs(runs: Mapping[str, Replay], columns: Sequence[str] = ("t
             drawn.append(v * 1e3)
             if v.size:
                 ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=name)
-        _log_ms_axis(ax, drawn)
+        style.plain_log_axis(ax.xaxis, drawn)
         ax.set_xlabel(f"{LATENCY_LABELS.get(col, col)} (ms)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)

@@ -99,7 +99,7 @@ def render_slots(runs: Sequence[tuple[str, np.ndarray]], title: str | None = Non
                     ax.text(t + 0.1, s, str(grid[s, t]), va="center", ha="left", fontsize="small", color="white")
         ax.set_yticks(range(S), [f"slot {s}" for s in range(S)])
         ax.set_yticks(np.arange(-0.5, S), minor=True)
-        ax.grid(which="minor", axis="y", color="#8c8c8c", linewidth=0.6)
+        ax.grid(which="minor", axis="y", color=style.BORDER, linewidth=0.6)
         ax.tick_params(which="minor", length=0)
         ax.set_xlim(-0.5, steps - 0.5)
         if T < steps:  # this run was over

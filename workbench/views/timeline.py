@@ -118,7 +118,8 @@ def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     return out - t0
 
 
-def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = "time") -> Figure:
+def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = "time",
+                    width_in: float = 9.0) -> Figure:
     """Gantt chart of a report's ``events`` over ``x`` = ``time`` (seconds since the first
     submit) or ``step`` (decode steps).
 
@@ -128,12 +129,27 @@ def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = 
     the kinds drawn at least about a pixel wide (:func:`visible_spans`): over time, a
     row evicted microseconds after it finished shows no finished-not-filtered span.
 
+    ``width_in``: the figure's width (inches); under 6 inches the legend goes below the
+    axes. With no events, the axes say so (no bare 0..1 axes).
+
     Raises:
         ValueError: for an unknown ``x``.
     """
-    fig = Figure(figsize=(9, 0.35 * max(4, events.uid.nunique()) + 1.2), layout="constrained")
+    if x not in AXES:
+        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
+    fig = Figure(figsize=(width_in, 0.35 * max(4, events.uid.nunique()) + 1.2), layout="constrained")
     ax = fig.add_subplot()
-    _legend(ax, _draw(ax, events, title, x))
+    if events.empty:
+        ax.set_title(title)
+        style.empty(ax, "no requests yet: submit a prompt")
+        return fig
+    shown = _draw(ax, events, title, x)
+    if width_in < 6:
+        ax.title.set_fontsize("medium")
+    if width_in >= 6:
+        _legend(ax, shown)
+    elif shown:
+        style.legend(fig, [(n, c) for n, c in SPANS if n in shown], ncol=2)
     return fig
 
 
@@ -201,7 +217,7 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
         if pd.notna(r.join):
             ax.plot(r.join, y, marker=">", color="black", markersize=4)
         if pd.notna(r.evict):
-            ax.plot(r.evict, y, marker="<", color="crimson", markersize=4)
+            ax.plot(r.evict, y, marker="<", color="black", markersize=4)
     ax.set_xlim(0, max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3))  # room for the last evict mark
     if x == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers

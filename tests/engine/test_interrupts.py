@@ -1,7 +1,7 @@
 """KeyboardInterrupt ("Kernel → Interrupt") landing anywhere inside a public engine call
 never corrupts the engine (issue 18).
 
-A script of calls (submits, chunked prefill with ``prefill_step_size=4``, joins by a new
+A script of calls (submits, ``submit_n`` samples sharing one prefill, chunked prefill with ``prefill_step_size=4``, joins by a new
 batch, by ``extend`` and into a free slot, decode steps, preemption, aborts, filters that
 store rows in a prompt cache, and a final ``run()``) runs on every bundled model family.
 Every call of the script is first interrupted at its 1st *point*, called again and
@@ -96,6 +96,15 @@ BUDGET_SCRIPT = (
     ("run", None),
 )
 BUDGET_TOKENS = 16  # every request of BUDGET_SCRIPT: prompt 6 + max_tokens 10
+# submit_n (prompt tokens, prompt start, max_tokens, n): samples sharing one chunked prefill, one
+# aborted while prefilling (the one the others copy), another while running; top-k rows among them.
+SAMPLES_SCRIPT = (
+    ("submit", (5, 0, 6)), ("submit_n", (10, 40, 5, 3)),
+    ("admit", None), ("admit", None), ("abort", 1), ("admit", None), ("admit", None),
+    ("step", None), ("submit_n", (7, 90, 4, 2)), ("admit", None), ("step", None), ("admit", None),
+    ("step", None), ("abort", 5), ("step", None), ("filter", None),
+    ("run", None),
+)
 
 CONFIGS = {
     "pipelined": (SCRIPT, {}),
@@ -104,6 +113,7 @@ CONFIGS = {
     "packed": (SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None)),
     "packed-budget": (BUDGET_SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None,
                                           budget_requests=2)),
+    "samples": (SAMPLES_SCRIPT, {}),
 }
 
 
@@ -137,6 +147,10 @@ def apply(sched, tok, op, arg, hooks):
         n, start, max_tokens, *priority = arg
         sched.submit(wb.Request(prompt=prompt_of_length(tok, n, start), max_tokens=max_tokens, stop_ids=[],
                                 priority=priority[0] if priority else 0, **hooks))
+    elif op == "submit_n":
+        n_tokens, start, max_tokens, n = arg
+        sched.submit_n(wb.Request(prompt=prompt_of_length(tok, n_tokens, start), max_tokens=max_tokens, stop_ids=[],
+                                  top_logprobs=3, **hooks), n)
     elif op == "preempt":
         sched.preempt(next(r.uid for r in sched.batch.rows if not r.finished))
     elif op == "abort":
@@ -268,6 +282,11 @@ def test_the_scripts_cover_every_kind_of_call_join_and_abort():
     assert any(e.n_cached for e in sched.events if e.kind == "admit"), "a prompt-cache hit"
     _, sched = reference_of("llama", "budget")
     assert [e.uid for e in sched.events if e.kind == "preempt"] == [1], "admit() preempted a row for uid 2"
+    _, sched = reference_of("llama", "samples")
+    prefilled = {e.uid for e in sched.events if e.kind == "prefill"}
+    assert prefilled == {0, 1, 4}, "each submit_n group's prompt is prefilled once, by its first sample"
+    assert [sched.finish_reason(u) for u in range(6)] == ["length", "abort", "length", "length", "length", "abort"]
+    assert all(len(t) == 3 for u in (2, 3, 4) for t in sched.top_logprobs(u))
 
 
 CASES = [(family, "pipelined", kind) for family in FAMILIES for kind in KINDS if kind != "line"]
@@ -275,6 +294,8 @@ CASES += [("llama", "plain", kind) for kind in KINDS if kind != "line"]
 CASES += [(family, "budget", kind) for family in ("llama", "qwen3next") for kind in ("layer", "eval", "clock")]
 CASES += [("llama", "pipelined", "line"), ("mamba2", "plain", "line"), ("gemma3", "budget", "line")]
 CASES += [("llama", "packed", kind) for kind in KINDS] + [("llama", "packed-budget", kind) for kind in ("layer", "eval")]
+CASES += [(family, "samples", kind) for family in ("llama", "qwen3next") for kind in KINDS if kind != "line"]
+CASES += [("gemma3", "samples", "line")]
 
 
 @pytest.mark.parametrize("family, config_name, kind", CASES)

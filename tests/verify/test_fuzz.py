@@ -8,7 +8,10 @@ continuation run, the checkpoint restored and the same continuation run again: t
 and events (times aside) must be the same; and an admit / step / filter / abort / preempt
 is interrupted by a KeyboardInterrupt at a random point (the k-th decoder-layer call,
 ``mx.eval``, ``on_token`` callback or clock read), which must leave the engine as it was.
-Hostile rows join among the good ones: a custom sampler or logits processor whose return
+Rows asking top-k log-probs and ``submit_n`` groups (greedy or sampled, sharing one
+prefill) join among plain rows; each finished one equals the same request run alone through
+the engine (sample ``i`` as ``Request(seed=seed + i)``; tokens, finish reason; log-probs and
+top-k within 1e-4, ids equal but for near ties). Hostile rows join among the good ones: a custom sampler or logits processor whose return
 value breaks its contract (``tests/engine/hostile.py``: an id of -1, past the vocabulary,
 3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after some
 tokens; every hostile row ends ``error`` (or ``abort`` when the fuzzer aborted it) with its
@@ -25,6 +28,7 @@ CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`
 import contextlib
 import re
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -39,6 +43,7 @@ from workbench.observe.metrics import step_metrics
 from workbench.engine.kv.ledger import alone_bytes
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
+from tests.engine.alone import run_alone
 from tests.engine.hostile import HOSTILE, hostile_fields
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
 
@@ -120,6 +125,9 @@ def make_machine(family: str):
             self.constrained = set()  # uids of constrained rows
             self.checked = set()
             self.rows_at = {}
+            self.alone = {}  # uid -> the request its run alone must equal (top-k rows, submit_n samples)
+            self.settings = dict(prefill_step_size=chunk, max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=32,
+                                 history_size=0)
 
         def op(self):
             STATS["operations"] += 1
@@ -139,6 +147,29 @@ def make_machine(family: str):
                              stop_ids=[], priority=priority, temperature=temperature,  # sampled: drawn seed
                              on_token=self.on_token)
             self.submitted.append(self.sched.submit(req))
+
+        @rule(n=st.integers(1, 120), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
+              k=st.sampled_from([1, 5, 20]), temperature=st.sampled_from([0.0, 0.9]))
+        def submit_top_logprobs(self, n, start, max_tokens, k, temperature):
+            """A row asking its top-k log-probs: equal to the same request alone."""
+            self.op()
+            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[],
+                             temperature=temperature, top_logprobs=k)
+            uid = self.sched.submit(req)
+            self.submitted.append(uid)
+            self.alone[uid] = replace(req, seed=self.sched.requests[uid].seed)  # a sampled row's drawn seed
+
+        @rule(n=st.integers(1, 120), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
+              samples=st.integers(2, 4), temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 99),
+              k=st.sampled_from([0, 3]))
+        def submit_samples(self, n, start, max_tokens, samples, temperature, seed, k):
+            """A submit_n group (one shared prefill): sample i equal to Request(seed=seed + i) alone."""
+            self.op()
+            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[],
+                             temperature=temperature, seed=seed, top_logprobs=k)
+            uids = self.sched.submit_n(req, samples)
+            self.submitted += uids
+            self.alone.update({u: replace(req, seed=seed + i) for i, u in enumerate(uids)})
 
         @rule(n=st.integers(1, 40), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
               name=st.sampled_from(sorted(HOSTILE)), bad_at=st.integers(0, 11))
@@ -317,6 +348,27 @@ def make_machine(family: str):
                 self.checked.add(uid)
 
         @invariant()
+        def finished_top_k_rows_and_samples_equal_their_run_alone(self):
+            if not hasattr(self, "sched"):
+                return
+            for uid, req in self.alone.items():
+                if uid in self.checked or self.sched.finish_reason(uid) not in ("stop", "length"):
+                    continue
+                key = (folder, repr(req), tuple(sorted(self.settings.items())))
+                if key not in _REFS:
+                    _REFS[key] = run_alone(self.model, self.tok, req, **self.settings)
+                tokens, logprobs, top, reason = _REFS[key]
+                STATS["rows_checked"] += 1
+                mine = self.sched.request(uid)
+                same = mine.tokens == tokens and mine.finish_reason == reason and all(
+                    top_k_close(a, b, 1e-4) for a, b in zip(mine.top_logprobs, top)) and len(mine.top_logprobs) == len(top)
+                if not same:
+                    STATS["divergences"] += 1
+                assert same, f"uid {uid} differs from its run alone: {mine.tokens} vs {tokens}"
+                assert max((abs(a - b) for a, b in zip(mine.logprobs, logprobs)), default=0.0) <= 1e-4
+                self.checked.add(uid)
+
+        @invariant()
         def finished_constrained_rows_keep_their_grammar_and_equal_their_constrained_solo_run(self):
             if not hasattr(self, "sched"):
                 return
@@ -349,6 +401,7 @@ def make_machine(family: str):
                 return
             self.sched.run()
             self.finished_greedy_rows_equal_solo()
+            self.finished_top_k_rows_and_samples_equal_their_run_alone()
             self.finished_constrained_rows_keep_their_grammar_and_equal_their_constrained_solo_run()
             ev = self.sched.report().events
             finishes = ev[ev.kind == "finish"].uid.tolist()
@@ -367,6 +420,17 @@ def make_machine(family: str):
             assert not wrong, f"step_metrics batch size != rows that ran (step: (metric, true)): {wrong}"
 
     return EngineMachine
+
+
+def top_k_close(a, b, atol: float) -> bool:
+    """Two tokens' top-k lists agree: values within ``atol`` rank by rank, ids equal except
+    between candidates whose values are within ``atol`` of a neighbour's (a near tie)."""
+    if len(a) != len(b) or any(abs(x[1] - y[1]) > atol for x, y in zip(a, b)):
+        return False
+    values = [v for _, v in a]
+    tie = [any(abs(values[i] - values[j]) <= atol for j in (i - 1, i + 1) if 0 <= j < len(values))
+           or i == len(values) - 1 for i in range(len(values))]
+    return all(x[0] == y[0] or t for x, y, t in zip(a, b, tie))
 
 
 def _settings(request):

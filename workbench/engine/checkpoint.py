@@ -21,6 +21,7 @@ import functools
 import signal
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -126,9 +127,14 @@ class Checkpoint:
     """A scheduler's whole state at one moment (``Scheduler.checkpoint()``); give it to
     ``Scheduler.restore`` of the same scheduler to return there, any number of times.
 
+    ``cp.save(path)`` writes it to a file and ``Checkpoint.load(path, sched)`` reads it back
+    for ``sched.restore`` in another process (:mod:`workbench.engine.checkpoint_io`).
+
     Attributes:
         scheduler_id: the scheduler that took it. model_id: ``id()`` of its model.
         step: its decode step index. n_events: events logged before it.
+        identity: ``() -> dict``, the model, tokenizer and settings of the scheduler that
+            took it (:func:`workbench.engine.checkpoint_io.identity_of`), for :meth:`save`.
     """
 
     scheduler_id: str
@@ -137,6 +143,36 @@ class Checkpoint:
     n_events: int
     state: EngineState
     recorder: Recorder
+    identity: Callable[[], dict] | None = field(default=None, compare=False)
+
+    def save(self, path: str | Path) -> Path:
+        """Write this checkpoint to ``path`` (one ``.safetensors`` file: the batch caches
+        through mlx-lm's ``save_prompt_cache``, the rest as JSON metadata with a format
+        version). Returns the path. Example: ``sched.checkpoint().save("batch.safetensors")``.
+
+        Raises:
+            ValueError: a running request with a callable field (naming the uid and the
+                field), or a quantized KV cache (:func:`workbench.engine.checkpoint_io.save`).
+        """
+        from .checkpoint_io import save  # the file format is its own module
+
+        return save(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, sched: Any) -> "Checkpoint":
+        """The checkpoint saved at ``path``, owned by ``sched`` (a scheduler with the same
+        model, tokenizer and settings, in any process): ``sched.restore(Checkpoint.load(path,
+        sched))`` continues with the tokens the saving run would have produced. ``sched``
+        is not changed by loading.
+
+        Raises:
+            FileNotFoundError: no file there. ValueError: not a workbench checkpoint,
+                another format version, or a model / tokenizer / setting that differs (each
+                named) (:func:`workbench.engine.checkpoint_io.load`).
+        """
+        from .checkpoint_io import load
+
+        return load(path, sched)
 
     def __repr__(self) -> str:
         s = self.state

@@ -14,12 +14,13 @@ Axis letters: ``B`` rows, ``V`` vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import mlx.core as mx
 
 from .sampling import RowSampler, TokenCheck, sample_rows
+from .top_logprobs import TopArrays, TopPairs, arrays_of, read_top, top_arrays
 
 
 @dataclass
@@ -34,18 +35,22 @@ class Pending:
         errors: row -> message for rows whose processors or sampler raised or broke
             their contract, or -> the :class:`~workbench.engine.sampling.TokenCheck` of a
             custom sampler's id (resolved by :meth:`read` to a message, or dropped when good).
+        top: row -> its top-k ``(ids [k], log-probs [k])`` for rows whose request asked
+            (``Request(top_logprobs=k)``, :mod:`workbench.engine.top_logprobs`).
     """
 
     tokens: mx.array
     logprobs: mx.array
     finite: mx.array
     errors: dict
+    top: TopArrays = field(default_factory=dict)
 
     def take(self, rows: Sequence[int]) -> "Pending":
         """Only rows ``rows`` (after a filter)."""
         idx = mx.array(list(rows), dtype=mx.int32)
         errors = {new: self.errors[old] for new, old in enumerate(rows) if old in self.errors}
-        return Pending(self.tokens[idx], self.logprobs[idx], self.finite[idx], errors)
+        top = {new: self.top[old] for new, old in enumerate(rows) if old in self.top}
+        return Pending(self.tokens[idx], self.logprobs[idx], self.finite[idx], errors, top)
 
     @staticmethod
     def concat(a: "Pending | None", b: "Pending") -> "Pending":
@@ -54,21 +59,29 @@ class Pending:
             return b
         n = a.tokens.shape[0]
         errors = {**a.errors, **{n + k: v for k, v in b.errors.items()}}
+        top = {**a.top, **{n + k: v for k, v in b.top.items()}}
         return Pending(mx.concatenate([a.tokens, b.tokens]), mx.concatenate([a.logprobs, b.logprobs]),
-                       mx.concatenate([a.finite, b.finite]), errors)
+                       mx.concatenate([a.finite, b.finite]), errors, top)
 
     def clone(self) -> "Pending":
-        """A copy sharing the arrays (nothing writes them in place) with its own ``errors``."""
-        return Pending(self.tokens, self.logprobs, self.finite, dict(self.errors))
+        """A copy sharing the arrays (nothing writes them in place) with its own ``errors``
+        and ``top``."""
+        return Pending(self.tokens, self.logprobs, self.finite, dict(self.errors), dict(self.top))
 
     def read(self) -> tuple[list[int], list[float], list[bool]]:
         """Evaluate (waits for the forward) and return ``(tokens, logprobs, finite)`` as
         lists; ``errors`` then holds messages only (custom samplers' ids checked)."""
         checks = [c for c in self.errors.values() if isinstance(c, TokenCheck)]
-        mx.eval(self.tokens, self.logprobs, self.finite, *[c.ok for c in checks])
+        mx.eval(self.tokens, self.logprobs, self.finite, *[c.ok for c in checks], *arrays_of(self.top))
         resolved = {b: e if isinstance(e, str) else e.message() for b, e in self.errors.items()}
         self.errors = {b: message for b, message in resolved.items() if message}
         return self.tokens.tolist(), self.logprobs.tolist(), self.finite.tolist()
+
+    def read_top(self) -> dict[int, TopPairs]:
+        """Row -> its top-k ``((id, log-prob), ...)`` best first, for the rows that asked
+        (:func:`workbench.engine.top_logprobs.read_top`; evaluates, after :meth:`read`
+        at no extra wait)."""
+        return read_top(self.top)
 
 
 def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[RowSampler],
@@ -82,7 +95,8 @@ def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[R
             pipelined path); ``False`` evaluates before returning.
 
     Returns:
-        The :class:`Pending` next tokens, their log-probabilities, finiteness and errors.
+        The :class:`Pending` next tokens, their log-probabilities, finiteness and errors,
+        and the top-k log-probs of rows whose sampler asked (``RowSampler.top_logprobs``).
     """
     logits = model(inputs.reshape(-1, 1), cache=caches)[:, -1, :]  # [B, V]
     return sample_pending(logits, samplers, contexts, token_index, asynchronous)
@@ -98,9 +112,10 @@ def sample_pending(logits: mx.array, samplers: Sequence[RowSampler], contexts: S
     # -inf entries alone (banned tokens) are fine.
     finite = mx.logical_not(mx.isnan(logprobs).any(axis=-1))  # [B]
     chosen = mx.take_along_axis(logprobs, sampled[:, None].astype(mx.int32), axis=-1)[:, 0]
-    pending = Pending(sampled, chosen.astype(mx.float32), finite, errors)
+    top = top_arrays(logprobs, [s.top_logprobs for s in samplers])  # the same [B, V] as ``chosen``
+    pending = Pending(sampled, chosen.astype(mx.float32), finite, errors, top)
     if asynchronous:
-        mx.async_eval(pending.tokens, pending.logprobs, pending.finite)
+        mx.async_eval(pending.tokens, pending.logprobs, pending.finite, *arrays_of(top))
     else:
-        mx.eval(pending.tokens, pending.logprobs, pending.finite)
+        mx.eval(pending.tokens, pending.logprobs, pending.finite, *arrays_of(top))
     return pending

@@ -80,9 +80,10 @@ def _places(state: EngineState) -> list[str]:
     for uid, s in state.requests.items():
         if uid not in seen and not (s.finished and s.evicted):
             problems.append(f"uid {uid} is {s.status.value} but in no place (lost)")
-        if len(s.tokens) != len(s.logprobs) or len(s.tokens) > s.valid.request.max_tokens:
+        if len(s.tokens) != len(s.logprobs) or len(s.tokens) != len(s.top_logprobs) or \
+                len(s.tokens) > s.valid.request.max_tokens:
             problems.append(f"uid {uid} has {len(s.tokens)} tokens, {len(s.logprobs)} log-probs, "
-                            f"max_tokens {s.valid.request.max_tokens}")
+                            f"{len(s.top_logprobs)} top-k entries, max_tokens {s.valid.request.max_tokens}")
     return problems
 
 

@@ -30,6 +30,8 @@ MIN_TEMPERATURE = 1e-37
 # Stop strings per request and characters per stop string (the automaton that matches them
 # costs the same per token whatever their number: these bound its size, built per request).
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 64, 256
+# Most (token id, log-prob) pairs a request may ask per generated token (OpenAI's limit too).
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,11 @@ class Request:
         adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
             (``workbench.engine.levers.lora``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
+        top_logprobs: ``k`` in ``[0, MAX_TOP_LOGPROBS]`` (20): for every generated token
+            also record the ``k`` most likely tokens and their log-probs (natural log,
+            float32), best first, from the same log-probs as the token's own (after logits
+            processors, before temperature; ``Scheduler.top_logprobs(uid)``,
+            ``workbench.engine.top_logprobs``); ``0`` (default) records none.
         json_schema, regex, choices: structured output (at most one of them;
             ``workbench.engine.levers.constrained``, through llguidance): a JSON schema (a
             dict or its JSON text), a regex the whole output must match, or a non-empty
@@ -110,6 +117,7 @@ class Request:
     messages: Sequence[Mapping[str, str]] | None = None
     stop: str | Sequence[str] | None = None
     adapter: str | None = None
+    top_logprobs: int = 0
     json_schema: Mapping[str, Any] | str | None = None
     regex: str | None = None
     choices: Sequence[str] | None = None
@@ -205,7 +213,9 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
             ``messages``, ``messages`` for a tokenizer without a chat template, a stop
             string that is not a non-empty str, more than ``MAX_STOP_STRINGS`` stop strings
             or one longer than ``MAX_STOP_LENGTH`` characters, or an ``adapter`` that is not a
-            non-empty str or None (whether it is loaded is the scheduler's check).
+            non-empty str or None (whether it is loaded is the scheduler's check), or a
+            ``top_logprobs`` that is not an int in ``[0, MAX_TOP_LOGPROBS]`` (nor above the
+            vocabulary size).
     """
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
@@ -223,6 +233,7 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
         raise ValueError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {r.adapter!r}")
     _check_sampling(r)
     _check_processors(r, vocab_size)
+    _check_top_logprobs(r, vocab_size)
     return ValidRequest(request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size),
                         stop=_stop_strings(r))
 
@@ -313,6 +324,14 @@ def _check_sampling(r: Request) -> None:
         raise ValueError("min_p needs temperature > 0; temperature 0 is greedy decoding")
     if r.seed is not None and (not _is_int(r.seed) or r.seed < 0):
         raise ValueError(f"seed must be an int >= 0 or None, got {r.seed!r}")
+
+
+def _check_top_logprobs(r: Request, vocab_size: int) -> None:
+    """top_logprobs an int in ``[0, min(MAX_TOP_LOGPROBS, vocab_size)]``."""
+    most = min(MAX_TOP_LOGPROBS, vocab_size)
+    if not _is_int(r.top_logprobs) or not 0 <= r.top_logprobs <= most:
+        limit = "MAX_TOP_LOGPROBS" if most == MAX_TOP_LOGPROBS else "the vocabulary size"
+        raise ValueError(f"top_logprobs must be an int in [0, {most}] ({limit}), got {r.top_logprobs!r}")
 
 
 def _check_processors(r: Request, vocab_size: int) -> None:

@@ -18,9 +18,10 @@ from .levers.fastpath import FastDecode, decode_fast_path
 from .levers.invariant import Invariance, invariant_forward
 from .levers.quantized_attention import attention_path
 from .prefill import PrefillGroup
-from .kv.caches import CacheRecipe
+from .kv.caches import CacheRecipe, repeat_rows
 from .kv.promptcache import PromptCache
 from .levers.quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
+from .siblings import shared_rows
 from .state import RequestState
 
 
@@ -30,23 +31,43 @@ class Prefilling:
 
     Attributes:
         states: their request states (status PREFILLING, or FINISHED if aborted meanwhile).
-        prefill: the chunked prefill of all but each input's last token.
-        last_tokens: each row's last input token, fed by the join forward.
+        prefill: the chunked prefill of all but each input's last token, one prefill row
+            per distinct input of a ``submit_n`` group (:mod:`workbench.engine.siblings`).
+        last_tokens: each member's last input token, fed by the join forward.
+        rows: each member's prefill row (``None``: member ``b`` is row ``b``); members of
+            one row get copies of it when the group joins (:meth:`expand`).
     """
 
     states: list[RequestState]
     prefill: PrefillGroup
     last_tokens: list[int]
+    rows: list[int] | None = None
+
+    @property
+    def prefilled(self) -> list[RequestState]:
+        """The member whose prompt each prefill row runs (the first member of that row)."""
+        if self.rows is None:
+            return self.states
+        return [self.states[self.rows.index(r)] for r in range(max(self.rows) + 1)]
 
     def progress(self) -> list[tuple[int, int, int]]:
-        """``(uid, prefilled tokens, tokens to prefill)`` per member."""
+        """``(uid, prefilled tokens, tokens to prefill)`` per member (a copied member: its row's)."""
         g = self.prefill
-        return [(s.uid, done, total) for s, done, total in zip(self.states, g.rows_done_tokens, g.lengths)]
+        rows = self.rows or range(len(self.states))
+        return [(s.uid, g.rows_done_tokens[r], g.lengths[r]) for s, r in zip(self.states, rows)]
+
+    def expand(self) -> None:
+        """Once :attr:`prefill` is done: copy each prefill row into the cache rows of the
+        members that share it (:func:`workbench.engine.kv.caches.repeat_rows`), so
+        ``prefill.caches`` has one row per member."""
+        if self.rows is not None:
+            repeat_rows(self.prefill.caches, self.rows)
+            self.rows = None
 
     def clone(self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False) -> "Prefilling":
         """An independent copy (see :meth:`PrefillGroup.clone`)."""
         return Prefilling([state_of(s) for s in self.states], self.prefill.clone(share_appended),
-                          list(self.last_tokens))
+                          list(self.last_tokens), None if self.rows is None else list(self.rows))
 
 
 @dataclass(frozen=True)
@@ -83,15 +104,29 @@ class ModelRunner:
 
     def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
-        starting from its longest prompt-cache hit; sets ``cached_tokens``. Runs nothing."""
-        inputs = [s.inputs for s in states]
+        starting from its longest prompt-cache hit; sets ``cached_tokens``. Members of one
+        ``submit_n`` group with the same inputs share one prefill row (float caches;
+        :mod:`workbench.engine.siblings`). Runs nothing."""
+        shared = shared_rows(states) if self.recipe.kv_quant is None else list(range(len(states)))
+        firsts = sorted(set(shared))
+        rows = None if len(firsts) == len(states) else [firsts.index(b) for b in shared]
+        prefilled = [states[b] for b in firsts]
+        inputs = [s.inputs for s in prefilled]
         caches = None
         tails = [inp[:-1] for inp in inputs]
         if prompt_cache is not None:
             fetched = [prompt_cache.fetch(t) for t in tails]
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
-        for s, inp, rest in zip(states, inputs, tails):
-            s.cached_tokens = len(inp) - 1 - len(rest)
+        for s, b in zip(states, shared):
+            r = firsts.index(b)
+            s.cached_tokens = len(inputs[r]) - 1 - len(tails[r])
+        group = self._prefill_group(prefilled, tails, caches)
+        return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
+
+    def _prefill_group(self, states: Sequence[RequestState], tails: list[list[int]],
+                       caches: list[Any] | None) -> PrefillGroup:
+        """The prefill group running ``tails`` (of ``states``) from ``caches`` (cached
+        prefixes, or ``None``)."""
         recipe, step = self.recipe, self.config.prefill_step_size
         if recipe.kv_quant is None:
             group = PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches,
@@ -99,7 +134,7 @@ class ModelRunner:
         else:
             group = QuantizedPrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches, quant=recipe.kv_quant,
                                           first_tokens=first_forward_tokens(states, step))
-        return Prefilling(list(states), group, [inp[-1] for inp in inputs])
+        return group
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
         """Feed each member's last input token ``[n, 1]`` into the group's caches: the
@@ -136,10 +171,10 @@ class ModelRunner:
         """The group's next prefill chunk (``PrefillGroup.run_chunk(*args)``), with the
         adapters of the rows it runs: all of them (``[B, C]``), or one (``[1, C]`` per row)."""
         prefill = group.prefill
-        rows = range(len(group.states))
+        rows = range(len(group.prefilled))
         if prefill.per_row:  # the first row with prompt tokens left, as PrefillGroup runs them
             rows = [next(b for b, (done, n) in enumerate(zip(prefill.rows_done_tokens, prefill.lengths)) if done < n)]
-        with selected(self.adapters, names_of([group.states[b] for b in rows])), \
+        with selected(self.adapters, names_of([group.prefilled[b] for b in rows])), \
                 attention_path(self._quantized_attention):
             return prefill.run_chunk(*args)
 

@@ -145,6 +145,7 @@ class RowSampler:
             self.top_k = 0
         self.shared_argmax = r.temperature == 0 and r.sampler is None and not self.processors
         self.seed = seed
+        self.top_logprobs = r.top_logprobs  # k best (id, log-prob) per token, 0: none (engine.top_logprobs)
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
         """Apply the row's logits processors to ``logits`` ``[1, V]`` given its tokens

@@ -55,6 +55,7 @@ from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
+from .checkpoint_io import identity_of
 from .config import SchedulerConfig
 from .decode import Pending, sample_pending
 from .integrity import Integrity, check_state
@@ -68,9 +69,10 @@ from .packed.ledger import PageLedger
 from .request import Request, ValidRequest, context_limit, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
+from .siblings import check_samples
 from .state import RequestState, Status
 from .text import visible_text
-from .view import RequestView
+from .view import RequestView, StreamChunk
 
 _IDS = itertools.count()
 
@@ -270,6 +272,31 @@ class Scheduler:
         self._log("submit", uid, n_tokens=len(valid.prompt_ids))
         return uid
 
+    @transactional()
+    def submit_n(self, request: Request | dict, n: int) -> list[int]:
+        """Queue ``n`` samples of ``request``: sample ``i`` is ``request`` with seed
+        ``seed + i`` (``seed`` the request's own, else one drawn from the scheduler's
+        seed), so it draws exactly the tokens ``Request(seed=seed + i)`` draws alone. Samples
+        admitted together share one prefill: the prompt runs once and its cache row is
+        copied into every sample's row (:mod:`workbench.engine.siblings`). Returns their
+        uids, consecutive; each is an ordinary request afterwards (``abort``, ``preempt``,
+        ``tokens`` one by one). Like vLLM's ``SamplingParams(n=...)``.
+
+        Raises:
+            ValueError: ``n`` not an int in ``[1, MAX_SAMPLES]`` (1024), or what
+                :meth:`submit` raises for the request (nothing is queued then).
+        """
+        check_samples(n)
+        if isinstance(request, dict):
+            request = Request.from_dict(request)
+        if not isinstance(request, Request):
+            raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
+        seed = request.seed if request.seed is not None else int(self.state.rng.integers(2**31))
+        uids = [self.submit(replace(request, seed=seed + i)) for i in range(n)]
+        for uid in uids:
+            self.state.requests[uid].sample_group = uids[0]
+        return uids
+
     # -- the engine calls -------------------------------------------------------------
     @transactional(prompt_cache=True, idle="admit")
     def admit(self) -> list[Event]:
@@ -351,7 +378,7 @@ class Scheduler:
         chunk still rides in its forward: ``n_tokens=0``); returns the real tokens per member."""
         real = self.runner.run_chunk(group, tokens)
         batched = not group.prefill.per_row
-        for s, k in zip(group.states, real):
+        for s, k in zip(group.prefilled, real):  # one prefill row per distinct prompt of a submit_n group
             if k or batched:
                 self._log("prefill", s.uid, n_tokens=k)
         return real
@@ -401,6 +428,7 @@ class Scheduler:
         """The join forward (each member's last input token), then the members enter the
         batch (free slots or ``extend``); one ``join`` event each, with its mode."""
         st = self.state
+        group.expand()  # a submit_n group's prefilled row copied into each sample's row
         for s in group.states:
             s.fed = len(s.tokens)  # a resumed row's generated tokens are in its cache again
             s.join_order, st.joins = st.joins, st.joins + 1
@@ -439,6 +467,7 @@ class Scheduler:
         if self.config.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
             batch.pending = self.runner.decode(batch, current.tokens, contexts, True)
         toks, lps, finite = current.read()
+        tops = current.read_top()
         if not self.config.pipeline:
             batch.pending = self.runner.decode(batch, current.tokens, contexts, False)
         out, finished = [], []
@@ -446,7 +475,7 @@ class Scheduler:
             row.fed += 1
             if not row.finished:
                 message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
-                self._read_token(row, b, toks[b], lps[b], message, out, finished)
+                self._read_token(row, b, toks[b], lps[b], message, out, finished, tops.get(b, ()))
         st.step_index += 1
         if st.step_index % self.config.clear_cache_every == 0:
             mx.clear_cache()
@@ -491,14 +520,15 @@ class Scheduler:
         return out + finished
 
     def _read_token(self, row: RequestState, b: int, token: int, logprob: float, message: str,
-                    out: list[Event], finished: list[Event]) -> None:
-        """Record row ``b``'s token (unless ``message`` says its step failed), call its
-        ``on_token``, and finish it on an error (its grammar refusing the token included),
-        a stop id, a stop string, a complete grammar or ``max_tokens``."""
+                    out: list[Event], finished: list[Event], top: tuple = ()) -> None:
+        """Record row ``b``'s token and its ``top`` log-probs (unless ``message`` says its
+        step failed), call its ``on_token``, and finish it on an error (its grammar refusing
+        the token included), a stop id, a stop string, a complete grammar or ``max_tokens``."""
         if not message:
             row.tokens.append(token)
             row.logprobs.append(logprob)
-            out.append(self._log("token", row.uid, row=b, token=token, logprob=logprob))
+            row.top_logprobs.append(top)
+            out.append(self._log("token", row.uid, row=b, token=token, logprob=logprob, top_logprobs=top))
             message = self._call_on_token(row, token)
         message, complete = (message, False) if message else constrained.after_token(row.sampler.constraint, row.tokens)
         if message:
@@ -635,7 +665,14 @@ class Scheduler:
         group, prompt cache, seed generator, step index, events, history), for
         :meth:`restore`. Copies no tensor (new handles on the same MLX buffers)."""
         return Checkpoint(self.id, id(self.model), self.step_index, len(self.events),
-                          self.state.clone(), self.recorder.clone())
+                          self.state.clone(), self.recorder.clone(), self._identity)
+
+    def _identity(self) -> dict:
+        """The model, tokenizer and settings a checkpoint on disk records and loading
+        compares (:func:`workbench.engine.checkpoint_io.identity_of`), computed once."""
+        if "_identity_cache" not in self.__dict__:
+            self._identity_cache = identity_of(self)
+        return self._identity_cache
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Return to ``checkpoint`` exactly; it stays valid for another restore.
@@ -720,6 +757,13 @@ class Scheduler:
         """``request(uid).logprobs``, as a list."""
         return list(self._state_of(uid).logprobs)
 
+    def top_logprobs(self, uid: int) -> list[tuple[tuple[int, float], ...]]:
+        """``request(uid).top_logprobs``, as a list: per generated token the request's
+        ``top_logprobs`` best ``(token id, log-prob)`` pairs, best first (``()`` per token
+        when it asked none). E.g. ``[((42, -0.11), (7, -2.6)), ...]`` for ``top_logprobs=2``.
+        Raises: KeyError for an unknown uid."""
+        return list(self._state_of(uid).top_logprobs)
+
     def finish_reason(self, uid: int) -> str | None:
         """``request(uid).finish_reason``."""
         return self._state_of(uid).finish_reason
@@ -733,34 +777,46 @@ class Scheduler:
         ``tokenizer.decode`` of its tokens."""
         return self._state_of(uid).text(self.tokenizer).text
 
-    def stream(self, uid: int) -> Iterator[str]:
+    def stream(self, uid: int, logprobs: bool = False) -> Iterator[str] | Iterator[StreamChunk]:
         """Text pieces of ``uid`` as they settle, driving ``admit(); step(); filter()``
         until it finishes (other rows advance too). Pieces never end in half a multi-byte
         character nor in a tail that may become a stop string; joined, they equal
         :meth:`text` (what the row already had comes first). Mirrors mlx-lm's
-        ``stream_generate`` text segments. Raises: KeyError for an unknown uid; whatever
-        an engine call raises (the engine is then as before that call)."""
-        for _, piece in self._stream([self._state_of(uid).uid]):
+        ``stream_generate`` text segments.
+
+        With ``logprobs=True`` it yields :class:`~workbench.engine.view.StreamChunk` s
+        instead: each new text piece with the tokens read since the previous chunk, their
+        log-probs and top-k log-probs (a chunk whenever either grows; joined, the texts are
+        :meth:`text` and the tokens :meth:`tokens`).
+
+        Raises: KeyError for an unknown uid; whatever an engine call raises (the engine
+        is then as before that call)."""
+        for _, piece in self._stream([self._state_of(uid).uid], logprobs):
             yield piece
 
-    def stream_all(self) -> Iterator[tuple[int, str]]:
-        """``(uid, piece)`` for every row, like :meth:`stream`, driving the engine until idle
+    def stream_all(self, logprobs: bool = False) -> Iterator[tuple[int, str]] | Iterator[tuple[int, StreamChunk]]:
+        """``(uid, piece)`` for every row, like :meth:`stream` (``logprobs``: pieces are
+        :class:`~workbench.engine.view.StreamChunk` s), driving the engine until idle
         (requests submitted meanwhile are included); each uid's pieces join to its text."""
-        return self._stream(None)
+        return self._stream(None, logprobs)
 
-    def _stream(self, uids: list[int] | None) -> Iterator[tuple[int, str]]:
+    def _stream(self, uids: list[int] | None, chunks: bool = False) -> Iterator[tuple[int, Any]]:
         sent: dict[int, int] = {}  # characters handed out per uid
+        read: dict[int, int] = {}  # tokens handed out per uid (chunks)
         done: set[int] = set()  # uids finished and fully handed out: never read again
 
-        def pieces() -> Iterator[tuple[int, str]]:
+        def pieces() -> Iterator[tuple[int, Any]]:
             for u in (uids if uids is not None else list(self.state.requests)):
                 state = self.state.requests[u]
                 if u in done:
                     continue
                 ready = state.text(self.tokenizer).ready
-                if len(ready) > sent.get(u, 0):
-                    yield u, ready[sent.get(u, 0):]
-                    sent[u] = len(ready)
+                text, t0, t1 = ready[sent.get(u, 0):], read.get(u, 0), len(state.tokens)
+                sent[u], read[u] = len(ready), t1
+                if chunks and (text or t1 > t0):
+                    yield u, StreamChunk.of(state, text, t0, t1)
+                elif text and not chunks:
+                    yield u, text
                 if state.finished:
                     done.add(u)
 

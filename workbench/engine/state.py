@@ -49,6 +49,10 @@ class RequestState:
         status: its :class:`Status`. finish_reason: ``stop``, ``length``, ``error``,
             ``abort`` once FINISHED, else ``None``. message: the error text (else ``""``).
         tokens: generated token ids. logprobs: their log-probabilities (natural log).
+        top_logprobs: per generated token its ``Request.top_logprobs`` best
+            ``((id, log-prob), ...)``, best first (``()`` when the request asked none).
+        sample_group: the first uid of its ``Scheduler.submit_n`` group, whose members
+            share one prefill (``-1``: submitted alone).
         fed: generated tokens already fed into its cache row (the latest is fed one
             step after it is read).
         cached_tokens: prompt tokens found in the prompt cache at its last admission.
@@ -71,6 +75,8 @@ class RequestState:
     message: str = ""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple] = field(default_factory=list)
+    sample_group: int = -1
     fed: int = 0
     cached_tokens: int = 0
     join_order: int = -1
@@ -128,14 +134,15 @@ class RequestState:
         """Its mutable fields now, for :meth:`undo` (token lists by length: an engine call
         only appends to them; the text cache by how far it was fed)."""
         t = self.text_state
-        return (self.status, self.finish_reason, self.message, len(self.tokens), len(self.logprobs), self.fed,
-                self.cached_tokens, self.join_order, self.evicted, t, t and (t.n_tokens, t.closed))
+        return (self.status, self.finish_reason, self.message, len(self.tokens), len(self.logprobs),
+                len(self.top_logprobs), self.fed, self.cached_tokens, self.join_order, self.evicted, t,
+                t and (t.n_tokens, t.closed))
 
     def undo(self, memo: tuple) -> None:
         """Return to the fields of :meth:`memo` (a text cache fed since is dropped)."""
-        (self.status, self.finish_reason, self.message, n_tokens, n_logprobs, self.fed,
+        (self.status, self.finish_reason, self.message, n_tokens, n_logprobs, n_top, self.fed,
          self.cached_tokens, self.join_order, self.evicted, text, fed) = memo
-        del self.tokens[n_tokens:], self.logprobs[n_logprobs:]
+        del self.tokens[n_tokens:], self.logprobs[n_logprobs:], self.top_logprobs[n_top:]
         now = self.text_state
         self.text_state = text if text is not None and now is text and (now.n_tokens, now.closed) == fed else None
 
@@ -144,4 +151,5 @@ class RequestState:
         the text cache left to be rebuilt from the tokens)."""
         out = copy.copy(self)
         out.tokens, out.logprobs, out.text_state = list(self.tokens), list(self.logprobs), None
+        out.top_logprobs = list(self.top_logprobs)
         return out

@@ -24,6 +24,8 @@ class RequestView:
         ``length``, ``error``, ``abort``, or ``None`` while unfinished. error: the message
         of a row finished with ``error`` (else ``""``). text: the visible completion
         (mlx-lm's streaming detokenizer; a final stop id excluded, cut before a stop string).
+        top_logprobs: per token its ``Request.top_logprobs`` best ``((id, log-prob), ...)``,
+        best first (``()`` per token when the request asked none).
         constraint: its structured-output constraint as ``field=source``
         (``"regex=[0-9]+"``), ``""`` for a free row.
 
@@ -39,6 +41,7 @@ class RequestView:
     finish_reason: str | None
     error: str
     text: str
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] = ()
     constraint: str = ""
 
     @classmethod
@@ -46,4 +49,30 @@ class RequestView:
         """The view of ``state`` now (its text through ``tokenizer``)."""
         return cls(state.uid, state.status, tuple(state.valid.prompt_ids), tuple(state.tokens),
                    tuple(state.logprobs), state.finish_reason, state.message, state.text(tokenizer).text,
-                   state.constraint)
+                   top_logprobs=tuple(state.top_logprobs), constraint=state.constraint)
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One chunk of ``Scheduler.stream(uid, logprobs=True)``: the text that settled and the
+    tokens read since the previous chunk (either may be empty, not both).
+
+    Attributes:
+        text: the new visible text piece (joined over chunks: the request's text).
+        tokens: token ids read since the previous chunk. logprobs: their log-probs
+        (natural log, float32). top_logprobs: per token its best ``((id, log-prob), ...)``
+        (``Request.top_logprobs``; ``()`` per token when it asked none).
+
+    Example: ``StreamChunk(text=" x", tokens=(87,), logprobs=(-0.2,), top_logprobs=(((87, -0.2),),))``.
+    """
+
+    text: str
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
+
+    @classmethod
+    def of(cls, state: RequestState, text: str, start: int, stop: int) -> "StreamChunk":
+        """``text`` with ``state``'s tokens ``[start, stop)`` and their log-probs."""
+        return cls(text, tuple(state.tokens[start:stop]), tuple(state.logprobs[start:stop]),
+                   tuple(state.top_logprobs[start:stop]))

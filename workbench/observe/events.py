@@ -18,7 +18,9 @@ Kinds (``Event.kind``):
               ``free slot`` (written into an evicted row's cache row) or
               ``extend`` (appended by the caches' ``extend``) or ``packed`` (the
               packed layout: its last prompt chunk gave its first token)
-``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it
+``token``     one generated token for ``uid`` at ``row``; ``logprob`` of it;
+              ``top_logprobs`` its request's ``k`` best ``((id, log-prob), ...)``,
+              best first (``()`` when it asked none)
 ``finish``    the request is done; ``finish_reason`` is ``stop``, ``length``,
               ``error`` (``message`` says why) or ``abort``
 ``evict``     the finished row left the batch at ``filter`` (was ``row``)
@@ -58,6 +60,7 @@ class Event:
     finish_reason: str = ""
     join_mode: str = ""
     message: str = ""
+    top_logprobs: tuple = ()
 
     def __post_init__(self):
         if self.kind not in EVENT_KINDS:

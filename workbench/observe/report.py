@@ -13,6 +13,7 @@ import pandas as pd
 
 from .events import Event, events_frame
 from .metrics import percentiles, request_metrics, throughput_tok_per_s
+from .top_logprobs import top_logprobs_frame
 
 
 class Report:
@@ -33,6 +34,9 @@ class Report:
             prompt_tokens, generated_tokens, queue_s, ttft_s, tpot_s, e2e_s,
             finish_reason, text).
         throughput_tok_per_s: generated tokens per second over the run.
+        top_logprobs: the top-k log-probs of every token of requests that asked
+            (``Request(top_logprobs=k)``), one row per token and rank
+            (:func:`workbench.observe.top_logprobs.top_logprobs_frame`).
     """
 
     def __init__(self, events: pd.DataFrame | Sequence[Event], requests: pd.DataFrame | None = None,
@@ -57,6 +61,11 @@ class Report:
     def requests(self) -> pd.DataFrame:
         """Per-request metrics (built on first read)."""
         return request_metrics(self.events, self._decode)
+
+    @functools.cached_property
+    def top_logprobs(self) -> pd.DataFrame:
+        """Top-k log-probs per token and rank (built on first read)."""
+        return top_logprobs_frame(self.events)
 
     @functools.cached_property
     def throughput_tok_per_s(self) -> float:

@@ -22,6 +22,8 @@ Widgets (``panel.widget`` is the whole box)::
     [decode masks (wb-mask-image)] [2-D mask of the last prefill (wb-attention-image)]
     [KV geometry (wb-kv-image)]    [row timeline (wb-timeline-image)]
     uid 0 (5 tokens)  "def add(a, b):" → "⏎    return a + b"   <- each row's text (wb-rows)
+    row 1 uid 1  ' x'  -0.40 | ' y'  -2.00                    <- top log-probs (wb-top-logprobs) of
+                                                                   rows that asked top_logprobs
     > text masks (ASCII)                                       <- folded: the nbval-style text form
 
 The images are PNGs at ``IMAGE_DPI``, ``IMAGE_WIDTH_IN`` inches wide: 470 pixels, two side
@@ -68,6 +70,7 @@ from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .rows import rows_text
 from .timeline import render_timeline
+from .top_logprobs import top_logprobs_text
 
 IMAGE_DPI = 100  # with IMAGE_WIDTH_IN: images of 470 px whose smallest text is 11.6 px
 IMAGE_WIDTH_IN = 4.7  # two images side by side (940 px and their margins) in a 968 px output area
@@ -160,6 +163,7 @@ class Panel:
         self.kv_image = W.Image(format="png", layout=natural()).add_class("wb-kv-image")
         self.rows = W.HTML().add_class("wb-rows")
         self.mask_ascii = W.HTML()
+        self.top_ascii = W.HTML().add_class("wb-top-logprobs")
         ascii_box = W.Accordion([self.mask_ascii], titles=("text masks (ASCII)",))
         compact = W.Layout(width="auto")
         for w in (self.prompt, self.max_tokens, self.run_steps):
@@ -176,7 +180,7 @@ class Panel:
             self.status, self.notice, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
             W.HBox([self.mask_image, self.attention_image], layout=images),
             W.HBox([self.kv_image, self.timeline_image], layout=images),
-            self.rows, ascii_box,
+            self.rows, self.top_ascii, ascii_box,
         ])
         for label in (self.notice, self.error):  # take no room while empty
             label.observe(lambda change: setattr(change.owner.layout, "display", "" if change.new else "none"),
@@ -275,6 +279,8 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
+        top = top_logprobs_text(snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t])))
+        self.top_ascii.value = f"<pre>{html.escape(top)}</pre>" if top else ""
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         self.buttons["Restore"].disabled = self.sched.history.checkpoint(self.slider.value) is None
@@ -349,5 +355,5 @@ class Panel:
                          "style='max-width:100%'/>"
                          for w in (self.mask_image, self.attention_image, self.kv_image, self.timeline_image))
         return HTML(f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
-                    f"{self.rows.value}{self.mask_ascii.value}</div>")
+                    f"{self.rows.value}{self.top_ascii.value}{self.mask_ascii.value}</div>")
 

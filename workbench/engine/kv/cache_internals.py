@@ -198,6 +198,19 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
     return m
 
 
+def complete_loaded_cache(cache: Any) -> Any:
+    """Give a cache rebuilt by mlx-lm's ``load_prompt_cache`` (``from_state``, which skips
+    ``__init__``) the fields its ``state`` leaves out, at their values between
+    ``prepare`` / ``finalize`` calls: a ``BatchKVCache``'s ``_right_padding`` and a
+    ``BatchRotatingKVCache``'s ``_lengths`` (``None``); ``CacheList`` members too. Returns it."""
+    for sub in cache.caches if isinstance(cache, CacheList) else (cache,):
+        if isinstance(sub, BatchKVCache) and not hasattr(sub, "_right_padding"):
+            sub._right_padding = None
+        if isinstance(sub, BatchRotatingKVCache) and not hasattr(sub, "_lengths"):
+            sub._lengths = None
+    return cache
+
+
 def ring_position(cache: BatchRotatingKVCache) -> tuple[bool, int]:
     """``(wrapped, write_index)`` of a batch ring buffer: whether it has wrapped (older
     positions overwritten) and the ring slot written next."""

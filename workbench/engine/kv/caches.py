@@ -142,6 +142,17 @@ def evict(running: LayerCaches, keep: Sequence[int]) -> LayerCaches | None:
     return running
 
 
+def repeat_rows(caches: LayerCaches, rows: Sequence[int]) -> LayerCaches:
+    """Row ``b`` of the result = row ``rows[b]`` of ``caches`` (indices may repeat: a row
+    copied into several), in place, with mlx-lm's ``filter`` (a gather of every layer's
+    keys, values, offsets and padding, or states; shared left padding trimmed). Returns
+    ``caches``. Example: ``rows = [0, 0, 0, 1]`` turns 2 rows into 4, the first three equal."""
+    for c in caches:
+        c.filter(list(rows))
+    settle(caches)
+    return caches
+
+
 def settle(caches: LayerCaches | None) -> None:
     """Evaluate the caches now into buffers of their own, so the bytes they hold are their
     ``nbytes``: mlx-lm's ``filter`` leaves a lazy gather that keeps the old buffer alive

@@ -1,0 +1,50 @@
+"""n samples of one prompt (``Scheduler.submit_n``): which members of a prefilling group
+share one prefill, and the seeds of the samples.
+
+Knows: request states (their ``sample_group`` and inputs). Must not know: caches, the
+model, events.
+
+``submit_n(request, n)`` queues ``n`` requests, sample ``i`` with seed ``seed + i``, marked
+with the first one's uid (``RequestState.sample_group``). When members of one group are
+admitted together with the same inputs, only the first is prefilled; at the join its
+prefilled cache row is copied into the others' rows (:func:`workbench.engine.kv.caches.repeat_rows`,
+mlx-lm's ``filter`` with a repeated index), so the prompt runs through the model once and
+every sample's row holds the same KV, bit for bit. A sample admitted in a later group (a
+``max_batch`` or KV budget smaller than ``n``) or resumed after preemption (its inputs
+then include its own tokens) is prefilled as any request is (through the prompt cache when
+the scheduler has one). Example, a group admitting uids ``[4, 5, 6, 9]`` where 4-6 are one
+``submit_n`` of 3 and 9 another request::
+
+    members        4  5  6  9        prefill rows   4  9
+    shared_rows    0  0  0  3        rows (member -> prefill row)  0 0 0 1
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .state import RequestState
+
+MAX_SAMPLES = 1024  # most samples one submit_n may ask (each is a row of the batch)
+
+
+def shared_rows(states: Sequence[RequestState]) -> list[int]:
+    """Per member of a prefilling group, the index of the member whose prefill it uses:
+    the first member of its ``submit_n`` group with the same inputs, else itself."""
+    first: dict[tuple, int] = {}
+    out = []
+    for b, s in enumerate(states):
+        key = (s.sample_group, tuple(s.inputs)) if s.sample_group >= 0 else (None, b)
+        out.append(first.setdefault(key, b))
+    return out
+
+
+def check_samples(n: object) -> int:
+    """``n`` of ``submit_n``: an int in ``[1, MAX_SAMPLES]``.
+
+    Raises:
+        ValueError: naming ``n`` and its limits.
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+        raise ValueError(f"submit_n: n must be an int in [1, {MAX_SAMPLES}] (MAX_SAMPLES), got {n!r}")
+    return n

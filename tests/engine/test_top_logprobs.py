@@ -128,3 +128,23 @@ def test_top_logprobs_on_the_real_model_under_batching_equal_each_request_alone(
     for uid, request in enumerate(requests):
         assert row_record(sched, uid) == run_alone(model, tokenizer, request, max_batch=3), uid
     assert [len(p) for p in sched.top_logprobs(2)] == [20] * 5
+
+
+def test_top_logprobs_in_the_packed_layout_follow_each_row(bundled, prompt):
+    """The packed layout's one [1, T] forward gives every row that asked its own top-k, the
+    k best of the same log-probs as its token's, within the packed layout's noise (1e-4, as
+    its oracle) of the row run alone."""
+    model, tokenizer = bundled
+    requests = [r for r, (*_, t, _) in zip(requests_of(prompt), ROWS) if t == 0.0]  # greedy rows
+    sched = wb.Scheduler(model, tokenizer, layout="packed", max_batch=3)
+    uids = [sched.submit(r) for r in requests]
+    sched.run()
+    for uid, request in zip(uids, requests):
+        tokens, logprobs, top, _ = row_record(sched, uid)
+        alone = run_alone(model, tokenizer, request, max_batch=1)
+        assert tokens == alone[0] and len(top) == len(tokens)
+        assert all(len(t) == request.top_logprobs for t in top)
+        for token, logprob, pairs, solo in zip(tokens, logprobs, top, alone[2]):
+            if pairs:
+                assert pairs[0] == (token, logprob)
+                np.testing.assert_allclose([lp for _, lp in pairs], [lp for _, lp in solo], atol=1e-4)

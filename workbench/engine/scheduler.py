@@ -499,6 +499,7 @@ class Scheduler:
             pending = sample_pending(logits, [r.sampler for r in rows], contexts, [len(r.tokens) for r in rows],
                                      asynchronous=False)
             toks, lps, finite = pending.read()
+            tops = pending.read_top()
         else:  # prefill chunks only: no row samples, the pools are written
             batch.settle()
         out, finished = [], []
@@ -510,7 +511,7 @@ class Scheduler:
                 row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
                 self._log("join", row.uid, row=b, n_tokens=len(row.valid.prompt_ids), join_mode="packed")
             message = pending.errors.get(i) or ("" if finite[i] else "non-finite logits (NaN or inf)")
-            self._read_token(row, b, toks[i], lps[i], message, out, finished)
+            self._read_token(row, b, toks[i], lps[i], message, out, finished, tops.get(i, ()))
         for row, held in zip(batch.rows, batch.held):
             row.fed = max(0, held - len(row.valid.prompt_ids))
         st.step_index += 1

@@ -22,6 +22,8 @@ from typing import Any
 from .admission import policy_from
 
 _FORK = {"fork": True}  # field metadata: a fork (``Scheduler.fork``) may change it
+SPECULATIVE_METHODS = ("prompt-lookup",)  # speculative= names (else a draft model object)
+MAX_DRAFT_TOKENS = 16  # num_draft_tokens' upper limit
 
 
 def _setting(default: Any, fork: bool = False) -> Any:
@@ -34,7 +36,10 @@ class SchedulerConfig:
 
     ``prompt_concurrency=None`` means ``max_batch``; ``history_size`` and
     ``history_checkpoints`` are ``>= 0``; ``kv_budget_bytes`` and ``max_kv_size`` ``>= 1``
-    or ``None`` (no limit).
+    or ``None`` (no limit); ``speculative`` ``None``, ``"prompt-lookup"`` or a draft mlx-lm
+    model sharing the tokenizer, with ``num_draft_tokens`` in ``[1, 16]``
+    (:mod:`workbench.engine.levers.speculative`; what cannot speculate is refused when the
+    scheduler is built).
 
     Raises:
         ValueError: naming the field and its limit (``max_batch must be an int >= 1, got
@@ -59,6 +64,8 @@ class SchedulerConfig:
     history_size: int = _setting(64, fork=True)  # snapshots kept in Scheduler.history (0: no recording)
     history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots
     seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
+    speculative: Any = None  # None, "prompt-lookup" or a draft mlx-lm model (levers/speculative.py)
+    num_draft_tokens: int = 4  # most draft tokens per row and step when speculating, 1..16
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "prefill_step_size", "clear_cache_every"):
@@ -71,6 +78,12 @@ class SchedulerConfig:
         for name in ("interleave_prefill", "pipeline", "reuse_slots"):
             object.__setattr__(self, name, bool(getattr(self, name)))
         policy_from(self.policy)  # raises for an unknown name
+        _check_int("num_draft_tokens", self.num_draft_tokens, 1)
+        if self.num_draft_tokens > MAX_DRAFT_TOKENS:
+            raise ValueError(f"num_draft_tokens must be an int in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens!r}")
+        if isinstance(self.speculative, str) and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be None, one of {list(SPECULATIVE_METHODS)} or a draft mlx-lm model, "
+                             f"got {self.speculative!r}")
 
     @classmethod
     def fork_fields(cls) -> tuple[str, ...]:

@@ -145,7 +145,7 @@ class Scheduler:
         self.speculation = speculative.configure(model, cfg.speculative, cfg.num_draft_tokens,
                                                  batch_invariant=cfg.batch_invariant, kv_quant=quant,
                                                  adapters=self.adapters, vocab_size=self.vocab_size,
-                                                 prefill_step_size=cfg.prefill_step_size)
+                                                 prefill_step_size=cfg.prefill_step_size, max_kv_size=cfg.max_kv_size)
         fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
         self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)

@@ -79,7 +79,7 @@ class Speculation:
 
 def configure(model: Any, speculative: Any, num_draft_tokens: int, *, batch_invariant: bool = False,
               kv_quant: Any = None, adapters: Any = None, vocab_size: int | None = None,
-              prefill_step_size: int = 2048) -> Speculation | None:
+              prefill_step_size: int = 2048, max_kv_size: int | None = None) -> Speculation | None:
     """The scheduler's :class:`Speculation` from ``Scheduler(speculative=,
     num_draft_tokens=)``, or ``None`` for ``speculative=None``.
 
@@ -93,8 +93,9 @@ def configure(model: Any, speculative: Any, num_draft_tokens: int, *, batch_inva
             verify forward has ``1 + k`` query positions, not the one-token forward the mode
             makes invariant), ``kv_bits`` (the quantized cache is not trimmed per row),
             LoRA ``adapters`` (their per-row selection is not verified over several
-            positions), a layer cache other than ``KVCache`` in the target or the draft
-            model (:func:`check_cache`), a draft model of another vocabulary size.
+            positions), a layer cache other than ``KVCache`` in the target (with
+            ``max_kv_size``: rotating) or the draft model (:func:`check_cache`), a draft model
+            of another vocabulary size.
     """
     if speculative is None:
         return None
@@ -106,7 +107,7 @@ def configure(model: Any, speculative: Any, num_draft_tokens: int, *, batch_inva
     if adapters is not None:
         raise ValueError("speculative cannot run with LoRA adapters: their per-row selection over the "
                          "verify forward's positions is not verified")
-    check_cache(model, "the model's")
+    check_cache(model, "the model's", max_kv_size)
     if isinstance(speculative, str):
         return Speculation(num_draft_tokens)
     from .draft_model import DraftModel
@@ -140,7 +141,7 @@ def propose(spec: Speculation, batch: Any) -> list[list[int]]:
         return [[] for _ in caps]
     contexts = [list(r.valid.prompt_ids) + r.tokens for r in batch.rows]
     if spec.draft is not None:
-        return spec.draft.propose(batch, contexts, caps, spec.num_draft_tokens)
+        return spec.draft.propose(batch, contexts, caps)
     return [lookup_drafts(c, n, spec.max_ngram, spec.min_ngram) if n else [] for c, n in zip(contexts, caps)]
 
 
@@ -229,7 +230,7 @@ def trim_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
             c.finalize()
 
 
-def check_cache(model: Any, who: str) -> None:
+def check_cache(model: Any, who: str, max_kv_size: int | None = None) -> None:
     """Refuse a model whose per-layer caches cannot be trimmed per row.
 
     Raises:
@@ -237,7 +238,7 @@ def check_cache(model: Any, who: str) -> None:
             (rotating windows overwrite old positions, ``ArraysCache`` states cannot step
             back, ``CacheList`` mixes them).
     """
-    for i, c in enumerate(make_prompt_cache(model)):
+    for i, c in enumerate(make_prompt_cache(model, max_kv_size)):
         if type(c) is not KVCache:
             raise ValueError(f"speculative: {who} layer {i} has a {type(c).__name__}, which cannot be trimmed per "
                              "row (only full-attention KVCache layers can drop rejected draft tokens)")

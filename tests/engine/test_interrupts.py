@@ -101,6 +101,8 @@ CONFIGS = {
     "pipelined": (SCRIPT, {}),
     "plain": (SCRIPT, dict(pipeline=False, reuse_slots=False, interleave_prefill=False, history_checkpoints=2)),
     "budget": (BUDGET_SCRIPT, dict(budget_requests=2)),
+    "speculative": (SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),
+    "draft": (SCRIPT, dict(speculative="the model itself", num_draft_tokens=2)),  # drafts with its own weights
 }
 
 
@@ -177,6 +179,8 @@ def make_scheduler(family: str, config_name: str, clock=None, **extra) -> wb.Sch
     max_kv_size = FAMILIES[family][1]
     options = dict(max_batch=4, prefill_step_size=4, prompt_cache=4, history_size=4) | CONFIGS[config_name][1] | extra
     budget_requests = options.pop("budget_requests", None)
+    if options.get("speculative") == "the model itself":
+        options["speculative"] = model
     if budget_requests:
         options["kv_budget_bytes"] = budget_requests * alone_bytes(  # rows as mlx-lm allocates them
             model, 6, BUDGET_TOKENS - 6, options["prefill_step_size"], max_kv_size, exact_chunks=False)
@@ -248,6 +252,10 @@ def test_the_scripts_cover_every_kind_of_call_join_and_abort():
     assert {e.join_mode for e in sched.events if e.kind == "join"} == {"new batch", "extend", "free slot"}
     assert sorted(sched.finish_reason(u) for u in sched.requests) == ["abort"] * 3 + ["length"] * 3
     assert any(e.n_cached for e in sched.events if e.kind == "admit"), "a prompt-cache hit"
+    for name in ("speculative", "draft"):
+        _, sched = reference_of("llama", name)
+        drafts = [e for e in sched.events if e.kind == "draft"]
+        assert sum(e.n_accepted for e in drafts) > 0, f"{name}: drafts accepted"
     _, sched = reference_of("llama", "budget")
     assert [e.uid for e in sched.events if e.kind == "preempt"] == [1], "admit() preempted a row for uid 2"
 
@@ -256,6 +264,8 @@ CASES = [(family, "pipelined", kind) for family in FAMILIES for kind in KINDS if
 CASES += [("llama", "plain", kind) for kind in KINDS if kind != "line"]
 CASES += [(family, "budget", kind) for family in ("llama", "qwen3next") for kind in ("layer", "eval", "clock")]
 CASES += [("llama", "pipelined", "line"), ("mamba2", "plain", "line"), ("gemma3", "budget", "line")]
+CASES += [("llama", "speculative", kind) for kind in ("on_token", "layer", "eval", "clock", "line")]
+CASES += [("llama", "draft", kind) for kind in ("layer", "eval", "line")]
 
 
 @pytest.mark.parametrize("family, config_name, kind", CASES)

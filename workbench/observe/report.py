@@ -13,6 +13,7 @@ import pandas as pd
 
 from .events import Event, events_frame
 from .metrics import percentiles, request_metrics, throughput_tok_per_s
+from .speculation import acceptance
 
 
 class Report:
@@ -33,6 +34,10 @@ class Report:
             prompt_tokens, generated_tokens, queue_s, ttft_s, tpot_s, e2e_s,
             finish_reason, text).
         throughput_tok_per_s: generated tokens per second over the run.
+        speculation: per request that produced a token, its draft tokens verified and
+            accepted, acceptance rate and tokens per verify forward
+            (:func:`workbench.observe.speculation.acceptance`; no drafts without
+            ``Scheduler(speculative=...)``).
     """
 
     def __init__(self, events: pd.DataFrame | Sequence[Event], requests: pd.DataFrame | None = None,
@@ -62,6 +67,11 @@ class Report:
     def throughput_tok_per_s(self) -> float:
         """Generated tokens per second over the run."""
         return throughput_tok_per_s(self.events)
+
+    @functools.cached_property
+    def speculation(self) -> pd.DataFrame:
+        """Per-request speculation readings (built on first read)."""
+        return acceptance(self.events)
 
     def __repr__(self) -> str:
         return f"Report({self._n} events)"

@@ -21,8 +21,9 @@ Axis letters: ``B`` rows, ``N`` most tokens any row feeds, ``V`` vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache

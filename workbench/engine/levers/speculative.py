@@ -42,12 +42,13 @@ Axis letters: ``B`` rows, ``K`` most drafts of any row, ``V`` vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..decode import Pending
 from ..sampling import RowSampler, sample_rows

@@ -96,13 +96,16 @@ BUDGET_SCRIPT = (
     ("run", None),
 )
 BUDGET_TOKENS = 16  # every request of BUDGET_SCRIPT: prompt 6 + max_tokens 10
+# SCRIPT with three times the tokens: speculating rows advance several tokens a step, and the
+# script's preempt still needs a running row
+SPEC_SCRIPT = tuple((op, (arg[0], arg[1], 3 * arg[2], *arg[3:]) if op == "submit" else arg) for op, arg in SCRIPT)
 
 CONFIGS = {
     "pipelined": (SCRIPT, {}),
     "plain": (SCRIPT, dict(pipeline=False, reuse_slots=False, interleave_prefill=False, history_checkpoints=2)),
     "budget": (BUDGET_SCRIPT, dict(budget_requests=2)),
-    "speculative": (SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),
-    "draft": (SCRIPT, dict(speculative="the model itself", num_draft_tokens=2)),  # drafts with its own weights
+    "speculative": (SPEC_SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),
+    "draft": (SPEC_SCRIPT, dict(speculative="the model itself", num_draft_tokens=2)),  # drafts with its own weights
 }
 
 

@@ -5,7 +5,7 @@
 #
 # Here, once (network): ../shared/tools/gpu-wheels.sh (mlx, mlx-cuda-13, mlx-lm as .gpu-N parts),
 # then `scripts/gpu_suite.sh --prepare`: the pure-Python test needs the machine's image lacks
-# (ipywidgets, IPython, nbformat, nbconvert and their requirements) as wheels in .gpu-extra/ (git-ignored),
+# (ipywidgets, IPython, nbformat, nbconvert, nbval and their requirements) as wheels in .gpu-extra/ (git-ignored),
 # and it prints the device call that carries them (to ~/gpu-extra, like the .gpu-N parts).
 # There, from the repo root, after gpu-wheels.sh's calls (mlx in ~/gpu-site):
 #     export PYTHONPATH=~/gpu-site:$PWD && scripts/gpu_suite.sh [PYTEST ARGS ...]
@@ -21,9 +21,9 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 PY=${PYTHON:-python3}
-EXTRAS=(ipywidgets nbformat nbconvert)  # what tests import beyond the image (KINDS.md's package list)
+EXTRAS=(ipywidgets nbformat nbconvert nbval)  # what tests import beyond the image (KINDS.md's package list)
 # their requirements the image already holds (KINDS.md): not carried, so nothing shadows its versions
-IMAGE_HAS="attrs jinja2 markupsafe packaging psutil pygments python_dateutil typing_extensions six pyyaml numpy"
+IMAGE_HAS="pytest pluggy iniconfig attrs jinja2 markupsafe packaging psutil pygments python_dateutil typing_extensions six pyyaml numpy"
 
 if [ "${1:-}" = "--prepare" ]; then
   rm -rf .gpu-extra && mkdir .gpu-extra
@@ -45,7 +45,8 @@ export PYTHONUNBUFFERED=1
 for wheels in "$HOME/gpu-extra" "$root/.gpu-extra"; do  # the carried test needs, installed beside mlx
   if ls "$wheels"/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$HOME/gpu-extra-site" "$wheels"/*.whl \
-      && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HOME/gpu-extra-site"
+      && export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$HOME/gpu-extra-site" \
+      && export JUPYTER_PATH="$HOME/gpu-extra-site/share/jupyter${JUPYTER_PATH:+:$JUPYTER_PATH}"  # nbconvert's templates
     break
   fi
 done

@@ -10,6 +10,7 @@ sets it; ``tests/runtime/test_blas.py`` checks the optimized path separately (at
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -153,19 +154,50 @@ QUANTIZED_KV_NOTEBOOKS = {"13_quantized_kv.ipynb"}
 
 
 def _quantized_kv_skip_reason():
-    """On a GPU whose MLX lacks quantized attention kernels (CUDA with mlx 0.32.4), why
-    ``quantized_kv`` tests cannot run there; ``None`` where they can (always on the CPU)."""
+    """On a GPU whose MLX runs no quantized attention path for the test models' head dims
+    (neither ``quantized_matmul`` nor the dequantizing path), why ``quantized_kv`` tests cannot
+    run there; ``None`` where they can (always on the CPU)."""
     import mlx.core as mx
 
     from workbench.runtime.device import on_gpu
 
     if not on_gpu():
         return None
+    from workbench.engine.levers.quantized_attention import choose_attention
+
+    bad = []
+    for d in (32, 64):
+        try:
+            choose_attention(2, d, mx.float32, 32, 4)
+        except ValueError:
+            bad.append(d)
+    return (f"MLX on {mx.default_device()} runs no quantized attention path for head dim(s) {bad}, so "
+            "Scheduler(kv_bits=...) refuses them at construction (docs/gpu.md)") if bad else None
+
+
+@pytest.fixture(autouse=True)
+def _references_attend_as_the_engine_does(monkeypatch):
+    """Where MLX lacks ``quantized_matmul`` for the test models (CUDA, head dim 32), a scheduler
+    with ``kv_bits`` attends by dequantizing; mlx-lm's references (``generate_step(kv_bits=...)``)
+    then take the same path, or they could not run at all. Nothing changes on the CPU."""
+    if _lacks_quantized_matmul():
+        import mlx_lm.models.base as mlx_base
+
+        from workbench.engine.levers.quantized_attention import dequantized_attention
+
+        monkeypatch.setattr(mlx_base, "quantized_scaled_dot_product_attention", dequantized_attention)
+    yield
+
+
+@functools.cache
+def _lacks_quantized_matmul() -> bool:
+    from workbench.runtime.device import on_gpu
+
+    if not on_gpu():
+        return False
     from workbench.engine.levers.quantized_kv import device_runs_quantized_attention
 
-    bad = [d for d in (32, 64) if not device_runs_quantized_attention(d)]
-    return (f"MLX on {mx.default_device()} cannot run mlx-lm's quantized attention for head dim(s) {bad}, so "
-            "Scheduler(kv_bits=...) refuses them at construction (docs/gpu.md)") if bad else None
+    return not device_runs_quantized_attention(32)
 
 
 GPU_SKIP = ("needs an NVIDIA GPU through mlx's CUDA backend (pip install -e \".[cuda]\"); mx.cuda.is_available() "

@@ -99,10 +99,11 @@ def test_compiled_mlps_give_equal_tokens_and_are_restored(random_llama):
 
 def test_compiled_mlps_are_opt_in_and_never_with_adapters():
     cuda = device.backend() == "cuda"  # the padded-rows kernel: on CUDA only
-    assert fastpath.FastDecode.of(None) == fastpath.FastDecode(True, False, cuda)
-    assert fastpath.FastDecode.of(True) == fastpath.FastDecode(True, True, cuda)
-    assert fastpath.FastDecode.of(False) == fastpath.FastDecode(False, False)
-    assert fastpath.FastDecode.of(True, adapters=object()) == fastpath.FastDecode(True, False, cuda)
+    rows = fastpath.PADDED_KERNEL_MIN_ROWS
+    assert fastpath.FastDecode.of(None) == fastpath.FastDecode(True, False, cuda, rows)
+    assert fastpath.FastDecode.of(True) == fastpath.FastDecode(True, True, cuda, rows)
+    assert fastpath.FastDecode.of(False) == fastpath.FastDecode(False, False, False, rows)
+    assert fastpath.FastDecode.of(True, adapters=object()) == fastpath.FastDecode(True, False, cuda, rows)
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0])
@@ -158,6 +159,37 @@ def test_padded_rows_reach_the_kernel_with_their_padding_and_buffers(bundled, pr
     assert fast == plain
     assert calls and all(q[2] == 1 and k[2] >= columns for q, k, columns in calls)
     assert llama.scaled_dot_product_attention is original
+
+
+def test_steps_of_fewer_rows_than_the_crossover_keep_masked_attention(bundled, prompt, monkeypatch):
+    """With ``kernel_min_rows=3``, the kernel (MLX ops standing in for it) serves padded steps
+    of 3 or 4 rows only; once rows finish and 2 remain, the steps run mlx-lm's masked
+    attention; tokens equal the plain path's throughout."""
+    from workbench.engine.levers import padded_attention
+
+    model, tokenizer = bundled
+    prompts = [prompt(n, 7 * n) for n in (5, 9, 3, 12)]
+    sched = wb.Scheduler(model, tokenizer, max_batch=4, fast_decode=False)
+    uids = [sched.submit(wb.Request(prompt=p, max_tokens=m)) for p, m in zip(prompts, (3, 9, 4, 9))]
+    sched.run()
+    plain = [sched.requests[u].tokens for u in uids]
+    calls = []
+    monkeypatch.setattr(padded_attention, "padded_decode_attention", _reference_kernel(calls))
+    monkeypatch.setattr(padded_attention, "supported", lambda q, k: q.shape[2] == 1)
+    monkeypatch.setattr(padded_attention, "HEAD_DIMS", (16, 32, 64, 128))
+    monkeypatch.setattr(fastpath.FastDecode, "of",
+                        classmethod(lambda cls, f, adapters=None: cls(True, False, True, kernel_min_rows=3)))
+    sched = wb.Scheduler(model, tokenizer, max_batch=4)
+    uids = [sched.submit(wb.Request(prompt=p, max_tokens=m)) for p, m in zip(prompts, (3, 9, 4, 9))]
+    paths = []
+    while not sched.idle:
+        sched.admit()
+        sched.step()
+        paths.append((sched.snapshot().batch_size, sched.snapshot().fast_path))
+        sched.filter()
+    assert [sched.requests[u].tokens for u in uids] == plain
+    assert calls and all(q[0] >= 3 for q, _, _ in calls)
+    assert any(b == 2 and "padded kernel" not in (path or "") for b, path in paths)
 
 
 @pytest.mark.gpu

@@ -241,14 +241,24 @@ def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules()
                                                                   2048)[0])
 
 
-def test_default_row_divergence_localizes_a_row_that_differs_and_none_when_all_agree(monkeypatch):
+DIVERGENCE_PROMPTS = [[5, 9, 11], [7, 8], [4, 4, 4, 4]]
+
+
+def test_default_row_divergence_localizes_a_row_that_differs(monkeypatch):
     model, tok = variant("llama-trained")
-    prompts = [[5, 9, 11], [7, 8], [4, 4, 4, 4]]
     real_alone = invariance.alone
     # a stand-in for an optimized BLAS: the runs alone of the default path see their log-probs shifted
     monkeypatch.setattr(invariance, "alone", lambda *a, **k: (lambda t, lp: (t, [x + 1e-3 for x in lp]))(
         *real_alone(*a, **k)))
-    d = invariance.default_row_divergence(model, tok, prompts, batch_size=3, max_tokens=4, prefill_step_size=CHUNK)
+    d = invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, batch_size=3, max_tokens=4,
+                                          prefill_step_size=CHUNK)
     assert d is not None and d.token_index == 1 and len(d.table) == 5
-    monkeypatch.setattr(invariance, "alone", real_alone)
-    assert invariance.default_row_divergence(model, tok, prompts, 3, 4, CHUNK) is None  # the reference BLAS: equal
+
+
+def test_default_row_divergence_is_none_where_every_row_agrees():
+    from workbench.runtime.device import backend
+
+    if backend() != "cpu":  # on CUDA the default path's rows differ from alone (docs/gpu.md): nothing to assert
+        pytest.skip("the default path is batch-invariant only on the CPU's reference BLAS")
+    model, tok = variant("llama-trained")
+    assert invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, 3, 4, CHUNK) is None

@@ -148,7 +148,7 @@ def test_every_row_equals_generate_step_with_kv_bits(make_sched, prompt, bits, o
     assert sched.check().ok
     report = oracle.solo_check(sched.model, sched)
     assert len(report.rows) == len(SPECS)
-    assert report.n_match == len(SPECS), report.text()
+    _assert_rows_match(report)
     joined = {e.join_mode for e in sched.events if e.kind == "join"}
     assert ("free slot" in joined) == options.get("reuse_slots", True)
 
@@ -249,38 +249,97 @@ def test_bad_kv_settings_are_refused_naming_the_field(make_sched, options, match
         make_sched(**options)
 
 
-def test_a_device_without_the_quantized_kernel_is_refused_at_construction(make_sched, monkeypatch):
-    """On an H200, MLX had no quantized_matmul for a test model's shape (1x7x32x16): the
-    scheduler must refuse then, not fail in its first step (here the kernel's absence is
-    simulated: the CPU has every kernel)."""
+def _without_quantized_matmul(monkeypatch, missing_when=lambda q_keys: True):
+    """Simulate a device whose MLX lacks ``quantized_matmul`` for some shapes (the CPU has
+    every kernel; on an H200 with mlx 0.32.4 head dim 32 had none: ``1x7x32x16``)."""
+    import mlx_lm.models.base as mlx_base
+
+    real = mlx_base.quantized_scaled_dot_product_attention
+
+    def missing(queries, q_keys, *args, **kwargs):
+        if missing_when(q_keys):
+            raise RuntimeError(f"[quantized_matmul] No implementation for problem shape: 1x{q_keys[0].shape[2]}x32x16")
+        return real(queries, q_keys, *args, **kwargs)
+
+    monkeypatch.setattr(mlx_base, "quantized_scaled_dot_product_attention", missing)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_device_without_the_quantized_kernel_attends_by_dequantizing(make_sched, prompt, monkeypatch, bits):
+    """Where MLX has no quantized_matmul for the model's shape, the scheduler takes the
+    dequantizing attention path (chosen at construction, not found in a step), and every row
+    equals mlx-lm's generate_step(kv_bits=...) alone with the same attention path."""
     from workbench.engine.levers import quantized_kv
+    from workbench.engine.levers.quantized_attention import attention_path
 
-    def missing(*args, **kwargs):
-        raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x7x32x16")
+    _without_quantized_matmul(monkeypatch)
+    assert not quantized_kv.device_runs_quantized_attention(32)
+    sched, uids = _run(make_sched, prompt, bits, max_batch=3)
+    assert sched.recipe.kv_quant.attention == "dequantize"
+    assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
+    with attention_path("dequantize"):
+        report = oracle.solo_check(sched.model, sched)
+    _assert_rows_match(report)
 
-    monkeypatch.setattr(quantized_kv, "quantized_scaled_dot_product_attention", missing)
+
+def _assert_rows_match(report):
+    """Every row equals its solo reference. On CUDA, tokens only: float noise of batched vs
+    solo attention (~1e-6) can move a key across an 8-bit quantization step, so log-probs
+    differ by up to ~6e-4 there (measured on an H200: docs/gpu.md); on the CPU bit for bit."""
+    from workbench.runtime.device import on_gpu
+
+    if on_gpu():
+        assert all(r.first_divergence_step is None and r.max_logprob_diff < 1e-3 for r in report.rows), report.text()
+    else:
+        assert report.n_match == len(report.rows), report.text()
+
+
+def test_the_dequantizing_path_is_the_quantized_attention_within_rounding():
+    """dequantized_attention equals mlx-lm's quantized_scaled_dot_product_attention (scores by
+    quantized_matmul) within float32 rounding, with a padding mask and with GQA."""
+    import mlx_lm.models.base as mlx_base
+
+    from workbench.engine.levers.quantized_attention import dequantized_attention
+
+    mx.random.seed(3)
+    q = mx.random.normal((2, 4, 1, 32))
+    k, v = (mx.quantize(mx.random.normal((2, 2, 9, 32)), group_size=32, bits=4) for _ in range(2))
+    mask = mx.array([[True] * 9, [False] * 3 + [True] * 6])[:, None, None, :]
+    got = dequantized_attention(q, k, v, scale=0.17, mask=mask, group_size=32, bits=4)
+    want = mlx_base.quantized_scaled_dot_product_attention(q, k, v, scale=0.17, mask=mask, group_size=32, bits=4)
+    # (mlx-lm's scales its queries in place: `queries *= scale`, so it runs second)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=1e-5)
+
+
+def test_a_device_without_any_quantized_attention_path_is_refused_at_construction(make_sched, monkeypatch):
+    """Neither quantized_matmul nor the dequantizing path runs: the scheduler refuses then,
+    naming the shape, not in its first step."""
+    from workbench.engine.levers import quantized_attention
+
+    _without_quantized_matmul(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("[dequantize] not here")
+
+    monkeypatch.setattr(quantized_attention, "dequantized_attention", broken)
     with pytest.raises(ValueError, match=r"kv_bits=8, kv_group_size=32: MLX cannot run quantized attention for "
-                                         r"head dim 32 on .*No implementation"):
+                                         r"head dim 32 on .*No implementation.*nor dequantized"):
         make_sched(kv_bits=8, kv_group_size=32)
     assert make_sched(kv_bits=None) is not None
 
 
-def test_a_kernel_missing_only_at_longer_keys_is_refused_at_construction(make_sched, monkeypatch):
+def test_a_kernel_missing_only_at_longer_keys_is_found_at_construction(make_sched, monkeypatch):
     """On the H200 a probe with one query and one key passed while steps failed at 60 keys
-    (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too."""
+    (``1x60x32x12``) and at 8-query prefill chunks: the probe tries those shapes too, so such
+    a device takes the dequantizing path from the start."""
     from workbench.engine.levers import quantized_kv
+    from workbench.runtime.device import backend
 
-    real = quantized_kv.quantized_scaled_dot_product_attention
+    if backend() == "cuda":
+        pytest.skip("on CUDA the dequantizing path is always taken (the test below)")
     assert quantized_kv.device_runs_quantized_attention(64)  # the CPU has every kernel
-
-    def missing_at_60_keys(queries, q_keys, *args, **kwargs):
-        if q_keys[0].shape[2] == 60:
-            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x60x32x12")
-        return real(queries, q_keys, *args, **kwargs)
-
-    monkeypatch.setattr(quantized_kv, "quantized_scaled_dot_product_attention", missing_at_60_keys)
-    with pytest.raises(ValueError, match=r"heads, 1 queries, 60 keys: .*1x60x32x12"):
-        make_sched(kv_bits=4, kv_group_size=32)
+    _without_quantized_matmul(monkeypatch, lambda q_keys: q_keys[0].shape[2] == 60)
+    assert make_sched(kv_bits=4, kv_group_size=32).recipe.kv_quant.attention == "dequantize"
     assert not quantized_kv.device_runs_quantized_attention(64)
 
 
@@ -337,3 +396,15 @@ def test_per_row_adapters_with_a_quantized_cache_match_mlx_lm_alone(prompt):
     sched.run()
     report = adapter_check(str(wb.BUNDLED_MODEL), sched)
     assert report.n_match == len(specs), report.text()
+
+
+def test_on_cuda_the_dequantizing_path_is_always_taken(monkeypatch):
+    """MLX's CUDA quantized_matmul failed at shapes the probe cannot cover (head dim 64 at 257
+    keys), so on CUDA the scheduler never relies on it; the CPU keeps mlx-lm's path."""
+    from workbench.engine.levers.quantized_attention import choose_attention
+    from workbench.runtime import device
+
+    assert choose_attention(2, 64, mx.float32, 32, 4) == ("dequantize" if device.backend() == "cuda"
+                                                          else "quantized_matmul")
+    monkeypatch.setattr(device, "backend", lambda: "cuda")
+    assert choose_attention(2, 64, mx.float32, 32, 4) == "dequantize"

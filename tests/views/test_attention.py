@@ -68,8 +68,15 @@ def test_render_attention_draws_one_axes_per_prefill_row_and_refuses_nothing():
         render_attention([])
 
 
+@pytest.mark.parametrize("chunked_padding", [False, True], ids=["cpu default", "gpu default: batched chunks"])
 @pytest.mark.parametrize("prefill_step_size,lengths", [(2048, (6, 2, 4)), (4, (11,)), (4, (11, 5)), (3, (4, 4))])
-def test_the_views_prefill_masks_equal_what_the_layers_receive(prefill_step_size, lengths):
+def test_the_views_prefill_masks_equal_what_the_layers_receive(prefill_step_size, lengths, chunked_padding,
+                                                               monkeypatch):
+    """Also with a GPU's default (right-padded groups batched chunk by chunk), where a row with
+    no real token left in a chunk still rides in its forward."""
+    from workbench.engine import prefill
+
+    monkeypatch.setattr(prefill, "chunked_padding_default", lambda: chunked_padding)
     model, tokenizer = wb.load()
     prompt = prompt_maker(tokenizer)
     sched = wb.Scheduler(model, tokenizer, max_batch=4, prefill_step_size=prefill_step_size)

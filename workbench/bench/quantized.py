@@ -15,14 +15,15 @@ machine (the docs state which); row counts under a budget are deterministic.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import pandas as pd
 
 from ..engine.kv import caches as kv
 from ..engine.kv.profile import kv_profile, projected_bytes
-from ..engine.levers.quantized_kv import KVQuant, quantize_batch
+from ..engine.levers.quantized_attention import attention_path
+from ..engine.levers.quantized_kv import KVQuant, check_model, quantize_batch
 from ..engine.scheduler import Scheduler
 from ..engine.request import Request
 from ..workloads.workload import prompt_of_length
@@ -60,7 +61,9 @@ def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Set
     :func:`quantize_batch`, as the engine converts it), and the cache's bytes. Settings
     are measured in turn within each repeat (so drift hits all alike); medians over
     ``repeats``. Columns ``setting``, ``rows``, ``context_tokens``, ``kv_bytes``,
-    ``step_s``, ``vs_float`` (step time ratio to the float setting)."""
+    ``step_s``, ``vs_float`` (step time ratio to the float setting). Quantized settings
+    attend as a scheduler with them would (:func:`~workbench.engine.levers.quantized_kv.check_model`:
+    ``quantized_matmul``, or dequantizing where the device lacks it)."""
     base = kv.merge_rows(_filled_rows(model, rows, context_tokens))
     mx.eval([c.state for c in base])
     caches = {}
@@ -69,14 +72,21 @@ def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Set
         caches[s] = kv.merge_rows(_filled_rows(model, rows, context_tokens)) if q is None else quantize_batch(base, q)
         mx.eval([c.state for c in caches[s]])
     token = mx.zeros((rows, 1), dtype=mx.uint32)
-    step = lambda c: lambda: mx.argmax(model(token, cache=c)[:, -1, :], axis=-1)  # noqa: E731
+    paths = {s: None if s[0] is None else check_model(model, _quant(s)).attention for s in settings}
+
+    def step(s: Setting) -> Callable[[], mx.array]:
+        def forward() -> mx.array:
+            with attention_path(paths[s]):  # the path a scheduler with this setting takes
+                return mx.argmax(model(token, cache=caches[s])[:, -1, :], axis=-1)
+        return forward
+
     for s in settings:
         for _ in range(warm_steps):
-            _timed(step(caches[s]))
+            _timed(step(s))
     times: dict[Setting, list[float]] = {s: [] for s in settings}
     for _ in range(repeats):
         for s in settings:
-            times[s].append(_timed(step(caches[s])))
+            times[s].append(_timed(step(s)))
     frame = pd.DataFrame([(label(s), rows, context_tokens, kv.kv_bytes(caches[s]), statistics.median(times[s]))
                           for s in settings], columns=["setting", "rows", "context_tokens", "kv_bytes", "step_s"])
     base_s = frame.loc[frame.setting == "float", "step_s"]

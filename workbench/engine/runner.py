@@ -17,6 +17,7 @@ from .decode import Pending, launch
 from .levers.fastpath import FastDecode, decode_fast_path
 from .levers.invariant import Invariance, invariant_forward
 from .levers import speculative
+from .levers.quantized_attention import attention_path
 from .prefill import PrefillGroup
 from .kv.caches import CacheRecipe
 from .kv.promptcache import PromptCache
@@ -106,7 +107,7 @@ class ModelRunner:
         distribution of its next (first new) token, launched asynchronously when
         pipelining."""
         last = mx.array(group.last_tokens, dtype=mx.uint32)
-        with selected(self.adapters, names_of(group.states)):
+        with selected(self.adapters, names_of(group.states)), attention_path(self._quantized_attention):
             return self._join_forward(group, last, contexts)
 
     def _join_forward(self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
@@ -128,6 +129,7 @@ class ModelRunner:
         index = [len(r.tokens) + 1 for r in batch.rows] if index is None else index
         held = [r.context_tokens for r in batch.rows]
         with selected(self.adapters, names_of(batch.rows)), invariant_forward(self.model, self.invariant, held), \
+                attention_path(self._quantized_attention), \
                 decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path:
             batch.fast_path = path or "none"
             return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
@@ -157,8 +159,14 @@ class ModelRunner:
         rows = range(len(group.states))
         if prefill.per_row:  # the first row with prompt tokens left, as PrefillGroup runs them
             rows = [next(b for b, (done, n) in enumerate(zip(prefill.rows_done_tokens, prefill.lengths)) if done < n)]
-        with selected(self.adapters, names_of([group.states[b] for b in rows])):
+        with selected(self.adapters, names_of([group.states[b] for b in rows])), \
+                attention_path(self._quantized_attention):
             return prefill.run_chunk(*args)
+
+    @property
+    def _quantized_attention(self) -> str | None:
+        """The quantized cache's attention path (``None``: a float cache)."""
+        return None if self.recipe.kv_quant is None else self.recipe.kv_quant.attention
 
     @staticmethod
     def store(prompt_cache: PromptCache, batch: Batch, b: int) -> None:

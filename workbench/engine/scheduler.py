@@ -320,10 +320,12 @@ class Scheduler:
 
     def _run_chunk(self, group: Prefilling, tokens: int | None = None) -> list[int]:
         """One prefill chunk of ``group`` (``tokens`` long, default ``prefill_step_size``)
-        and its ``prefill`` events; returns the real tokens per member."""
+        and its ``prefill`` events (a batched group's member with no real token in the
+        chunk still rides in its forward: ``n_tokens=0``); returns the real tokens per member."""
         real = self.runner.run_chunk(group, tokens)
+        batched = not group.prefill.per_row
         for s, k in zip(group.states, real):
-            if k:
+            if k or batched:
                 self._log("prefill", s.uid, n_tokens=k)
         return real
 

@@ -90,10 +90,12 @@ class ForwardMask:
 def prefill_forwards(events: Sequence[Event]) -> list[ForwardMask]:
     """Every prefill forward of a log (full-attention layers), in order.
 
-    One forward is a run of ``prefill`` events with distinct uids and the same tokens
-    cached before it (its rows advance together, right-padded to the longest row's
-    chunk); tokens cached before a chunk are the request's prompt-cache hit (``admit``'s
-    ``n_cached``) plus its earlier ``prefill`` chunks.
+    One forward is a run of ``prefill`` events with distinct uids whose rows start at the
+    same column (they advance together, right-padded to the longest row's chunk); a row's
+    start is its prompt-cache hit (``admit``'s ``n_cached``) plus its earlier ``prefill``
+    chunks. A row with no real token in a batched chunk (``n_tokens=0``: its prompt ended in
+    an earlier chunk) rides in the forward all padding, its earlier chunks' padding columns
+    in its keys.
 
     Returns:
         One :class:`ForwardMask` per forward: ``mask = causal_mask(N, n_cached)`` for
@@ -101,7 +103,8 @@ def prefill_forwards(events: Sequence[Event]) -> list[ForwardMask]:
         tokens are padding.
     """
     cached: dict[int, int] = {}
-    runs: list[list[tuple[int, Event, int]]] = []  # (event index, event, tokens cached before it)
+    runs: list[list[tuple[int, Event, int]]] = []  # (event index, event, real tokens cached before it)
+    column: list[int | None] = []  # each run's first column (None while it holds only padding rows)
     prev_kind = ""
     for i, e in enumerate(events):
         if e.kind == "admit":
@@ -109,21 +112,28 @@ def prefill_forwards(events: Sequence[Event]) -> list[ForwardMask]:
         if e.kind == "prefill":
             start = cached.get(e.uid, 0)
             run = runs[-1] if runs and prev_kind == "prefill" else None
-            if run is None or e.uid in {x.uid for _, x, _ in run} or run[0][2] != start:
+            if (run is None or e.uid in {x.uid for _, x, _ in run}
+                    or (e.n_tokens and column[-1] is not None and column[-1] != start)):
                 runs.append([])
+                column.append(None)
             runs[-1].append((i, e, start))
+            if e.n_tokens and column[-1] is None:
+                column[-1] = start
             cached[e.uid] = start + e.n_tokens
         prev_kind = e.kind
-    return [_prefill_forward(run) for run in runs]
+    return [_prefill_forward(run, max(x for _, _, x in run) if col is None else col)
+            for run, col in zip(runs, column)]
 
 
-def _prefill_forward(run: list[tuple[int, Event, int]]) -> ForwardMask:
-    first_index, _, n_cached = run[0]
+def _prefill_forward(run: list[tuple[int, Event, int]], n_cached: int) -> ForwardMask:
+    first_index = run[0][0]
     real = np.array([e.n_tokens for _, e, _ in run])  # [B] real tokens per row
-    n = int(real.max())
+    n = max(int(real.max()), 1)
     B, S = len(run), n_cached + n
     query_padding = np.arange(n)[None, :] >= real[:, None]  # [B, N]
     key_padding = np.zeros((B, S), bool)
+    for b, (_, _, row_cached) in enumerate(run):
+        key_padding[b, row_cached:n_cached] = True  # padding columns of the row's earlier chunks
     key_padding[:, n_cached:] = query_padding
     uids = tuple(e.uid for _, e, _ in run)
     label = (f"prefill uid{'s' if B > 1 else ''} {','.join(map(str, uids))}: positions "

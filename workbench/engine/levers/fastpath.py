@@ -36,6 +36,10 @@ from mlx_lm.models.cache import BatchKVCache
 from ..kv.cache_internals import LayerCaches, write_index
 
 
+PADDED_KERNEL_MIN_ROWS = 1  # rows from which the padded-rows kernel beats masked attention in a step
+# (scripts/lab/gpu_crossover.py measures it; docs/gpu.md)
+
+
 @dataclass(frozen=True)
 class FastDecode:
     """Which decode fast paths the engine may take.
@@ -43,11 +47,15 @@ class FastDecode:
     Attributes:
         no_mask: attention without a mask in steps where no row is left-padded.
         compile_mlp: every layer's MLP under ``mx.compile`` (where :func:`compilable`).
+        padded_kernel: the padded-rows attention kernel over left-padded rows (CUDA).
+        kernel_min_rows: the kernel serves steps of at least this many rows (fewer rows run
+            mlx-lm's masked attention): the measured crossover, :data:`PADDED_KERNEL_MIN_ROWS`.
     """
 
     no_mask: bool
     compile_mlp: bool
     padded_kernel: bool = False
+    kernel_min_rows: int = 1
 
     @classmethod
     def of(cls, fast_decode: bool | None, adapters: Any = None) -> "FastDecode":
@@ -64,7 +72,8 @@ class FastDecode:
         if not (fast_decode is None or isinstance(fast_decode, bool)):
             raise ValueError(f"fast_decode must be None, True or False, got {fast_decode!r}")
         no_mask = fast_decode is None or bool(fast_decode)
-        return cls(no_mask, bool(fast_decode) and adapters is None, no_mask and backend() == "cuda")
+        return cls(no_mask, bool(fast_decode) and adapters is None, no_mask and backend() == "cuda",
+                   PADDED_KERNEL_MIN_ROWS)
 
 
 def unpadded(caches: LayerCaches | None, held: Sequence[int]) -> bool:
@@ -231,8 +240,9 @@ def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths
     Args:
         held: ``[B]`` tokens each row holds before the step (see :func:`unpadded`).
         paths: the paths allowed: :func:`without_mask` where :func:`unpadded` holds,
-            :func:`padded_attention` where rows are padded and :func:`plain_batch_caches`
-            and :func:`kernel_serves` hold, :func:`compiled_mlps` where :func:`compilable`
+            :func:`padded_attention` where rows are padded, the step has at least
+            ``paths.kernel_min_rows`` rows and :func:`plain_batch_caches` and
+            :func:`kernel_serves` hold, :func:`compiled_mlps` where :func:`compilable`
             holds.
 
     Yields:
@@ -244,7 +254,8 @@ def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths
         if paths.no_mask and unpadded(caches, held):
             stack.enter_context(without_mask(caches))
             on.append("no mask")
-        elif (paths.padded_kernel and plain_batch_caches(caches) and kernel_serves(caches)
+        elif (paths.padded_kernel and len(held) >= paths.kernel_min_rows and plain_batch_caches(caches)
+              and kernel_serves(caches)
               and stack.enter_context(padded_attention(model))):
             on.append("padded kernel")
         if paths.compile_mlp and compilable(model):

@@ -95,6 +95,13 @@ def _kernel() -> Any:
                                output_names=["out"], source=_SOURCE.replace("WARPS_T", str(WARPS)))
 
 
+@lru_cache(maxsize=4)
+def _step_constants(S: int, columns: int, n_q: int, n_kv: int, B: int, scale: float) -> tuple[mx.array, mx.array]:
+    """The kernel's ``dims`` and ``scale`` inputs, made once per step and shared by every layer
+    (two small host arrays per step instead of two per layer and step)."""
+    return mx.array([S, columns, n_q, n_kv, B], dtype=mx.int32), mx.array([scale], dtype=mx.float32)
+
+
 def supported(queries: mx.array, keys: mx.array) -> bool:
     """True when :func:`padded_decode_attention` serves these shapes: one query per row
     (decode), equal query and key head dims in :data:`HEAD_DIMS`, query heads a multiple
@@ -136,10 +143,11 @@ def padded_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
     _, n_kv, S, _ = keys.shape
     if not 1 <= columns <= S:
         raise ValueError(f"columns must be in 1..{S} (the buffers' width), got {columns}")
-    dims = mx.array([S, columns, n_q, n_kv, B], dtype=mx.int32)
+    dims, scale_array = _step_constants(S, columns, n_q, n_kv, B, float(scale))
     threads = 32 * WARPS
-    return _kernel()(inputs=[queries, keys, values, left_padding.astype(mx.int32), dims,
-                             mx.array([scale], dtype=mx.float32)],
+    if left_padding.dtype != mx.int32:
+        left_padding = left_padding.astype(mx.int32)
+    return _kernel()(inputs=[queries, keys, values, left_padding, dims, scale_array],
                      template=[("T", queries.dtype), ("D", D)], grid=(B * n_q * threads, 1, 1),
                      threadgroup=(threads, 1, 1), output_shapes=[queries.shape],
                      output_dtypes=[queries.dtype])[0]

@@ -43,17 +43,17 @@ Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.base import quantized_scaled_dot_product_attention
 from mlx_lm.models.cache import (
     ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache,
 )
 
 from ..kv import cache_internals as internals
+from .quantized_attention import ATTENTION_PATHS, choose_attention
 
 ALLOWED_BITS = (4, 8)
 ALLOWED_GROUP_SIZES = (32, 64, 128)
@@ -63,10 +63,18 @@ Quantized = tuple[mx.array, mx.array, mx.array]  # (packed, scales, biases), see
 @dataclass(frozen=True)
 class KVQuant:
     """A KV quantization setting: ``bits`` per value (4 or 8) and ``group_size`` values
-    sharing one scale and bias (32, 64 or 128; must divide the head dim)."""
+    sharing one scale and bias (32, 64 or 128; must divide the head dim); ``attention``: the
+    path attention over it takes (:mod:`workbench.engine.levers.quantized_attention`: mlx-lm's
+    ``"quantized_matmul"``, or ``"dequantize"`` where the device lacks that kernel), chosen
+    by :func:`check_model`."""
 
     bits: int
     group_size: int
+    attention: str = "quantized_matmul"
+
+    def __post_init__(self):
+        if self.attention not in ATTENTION_PATHS:
+            raise ValueError(f"KVQuant.attention must be one of {ATTENTION_PATHS}, got {self.attention!r}")
 
 
 def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
@@ -84,7 +92,7 @@ def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
     return KVQuant(int(kv_bits), int(kv_group_size))
 
 
-def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> None:
+def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> KVQuant:
     """Refuse a model whose KV cache mlx-lm cannot quantize at ``quant``: a rotating
     (sliding-window) layer (mlx-lm's ``RotatingKVCache.to_quantized`` raises
     ``NotImplementedError``), a model with no ``KVCache`` layer at all (nothing would
@@ -93,8 +101,13 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> N
     ``ArraysCache`` layers (and ``CacheList`` members) stay float, as in
     ``maybe_quantize_kv_cache``.
 
+    Returns:
+        ``quant`` with the attention path the device runs
+        (:func:`workbench.engine.levers.quantized_attention.choose_attention`).
+
     Raises:
-        ValueError: naming the layer, its cache type or head dim, and the allowed values.
+        ValueError: naming the layer, its cache type or head dim, and the allowed values;
+            or, where the device runs no quantized attention path, the failing shape.
     """
     caches = make_prompt_cache(model, max_kv_size)
     for i, c in enumerate(caches):
@@ -112,52 +125,21 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> N
                 fits = [g for g in ALLOWED_GROUP_SIZES if all(d % g == 0 for d in dims)]
                 raise ValueError(f"kv_group_size={quant.group_size} does not divide layer {i}'s head dim "
                                  f"{sorted(dims)}; allowed for this model: {fits}")
-    _check_device(next(c for c in caches if isinstance(c, KVCache)), quant)
-
-
-PROBE_SHAPES = ((1, 1, 1), (1, 1, 60), (3, 1, 33), (1, 8, 60), (3, 8, 33))  # (GQA repeats, queries, keys)
-
-
-def _check_device(cache: KVCache, quant: KVQuant) -> None:
-    """Run mlx-lm's quantized attention on ``cache``'s head count and head dim at the
-    shapes a step can meet (:data:`PROBE_SHAPES`: 1 and 3 query heads per KV head, 1 and 8
-    queries, 1 to 60 keys): MLX's CUDA backend has ``quantized_matmul`` kernels for some
-    problem shapes only (``docs/architecture.md``), and a step must not be the first to
-    find out.
-
-    Raises:
-        ValueError: naming ``kv_bits``, ``kv_group_size``, the head dim, the failing shape
-            and the device.
-    """
-    _, n_kv, _, dim = cache.keys.shape
-    dtype = cache.keys.dtype
-    for repeats, n_q, n_k in PROBE_SHAPES:
-        keys = mx.zeros((1, n_kv, n_k, dim), dtype)
-        q_keys = mx.quantize(keys, group_size=quant.group_size, bits=quant.bits)
-        try:
-            out = quantized_scaled_dot_product_attention(mx.zeros((1, n_kv * repeats, n_q, dim), dtype), q_keys,
-                                                         q_keys, scale=1.0, mask=None,
-                                                         group_size=quant.group_size, bits=quant.bits)
-            mx.eval(out)
-        except (RuntimeError, ValueError) as e:
-            raise ValueError(f"kv_bits={quant.bits}, kv_group_size={quant.group_size}: MLX cannot run quantized "
-                             f"attention for head dim {dim} on {mx.default_device()} ({n_kv * repeats} query "
-                             f"heads, {n_q} queries, {n_k} keys: {e}); use kv_bits=None or another "
-                             "kv_group_size") from None
+    keys = next(c for c in caches if isinstance(c, KVCache)).keys
+    _, n_kv, _, dim = keys.shape
+    return replace(quant, attention=choose_attention(n_kv, dim, keys.dtype, quant.group_size, quant.bits))
 
 
 def device_runs_quantized_attention(head_dim: int = 64, n_kv_heads: int = 2,
                                     kv_bits: int = 4, kv_group_size: int = 32) -> bool:
-    """True when MLX on the default device runs mlx-lm's quantized attention at every
-    :data:`PROBE_SHAPES` for this head dim (the check ``Scheduler(kv_bits=...)`` makes at
-    construction; on the CPU always, on CUDA not always: ``docs/gpu.md``)."""
-    cache = KVCache()
-    cache.update_and_fetch(mx.zeros((1, n_kv_heads, 1, head_dim)), mx.zeros((1, n_kv_heads, 1, head_dim)))
+    """True when MLX on the default device runs mlx-lm's own quantized attention
+    (``quantized_matmul``) at every probed shape for this head dim (on the CPU always, on
+    CUDA not always: ``docs/gpu.md``); where it does not, a scheduler with ``kv_bits``
+    attends by dequantizing (:mod:`workbench.engine.levers.quantized_attention`)."""
     try:
-        _check_device(cache, KVQuant(kv_bits, kv_group_size))
+        return choose_attention(n_kv_heads, head_dim, mx.float32, kv_group_size, kv_bits) == "quantized_matmul"
     except ValueError:
         return False
-    return True
 
 
 def _zeros_like_parts(parts: Quantized, B: int, S: int) -> Quantized:
@@ -428,5 +410,4 @@ def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | N
     if prompt_cache is not None:
         raise ValueError("kv_bits with prompt_cache is not offered: a cached prefix changes which forward "
                          "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them")
-    check_model(model, quant, max_kv_size)
-    return quant
+    return check_model(model, quant, max_kv_size)

@@ -143,20 +143,24 @@ def test_max_tokens_inside_an_accepted_draft_ends_the_row_where_solo_ends(bundle
     assert_solo(model, sched)
 
 
+def self_drafted(make_sched, model, **request):
+    """``(tokens, scheduler)`` of one request drafted by the model itself (every draft accepted)."""
+    sched = make_sched(speculative=model, num_draft_tokens=4)
+    uid = sched.submit(wb.Request(**request))
+    sched.run()
+    return sched.tokens(uid), sched
+
+
 def test_a_stop_string_completed_inside_an_accepted_draft_ends_the_row_where_solo_ends(bundled, make_sched):
     model, tok = bundled
-    free = make_sched(speculative=model, num_draft_tokens=4)
-    uid = free.submit(wb.Request(prompt=CODE[0], max_tokens=40))
-    free.run()
-    tokens = free.tokens(uid)
+    tokens, _ = self_drafted(make_sched, model, prompt=CODE[0], max_tokens=40)
     # a stop string completed by token 6, 7 or 8: drafts accepted in the second step, more after them
     j, stop = next((j, tok.decode(tokens[: j + 1])[-n:]) for j in (6, 7, 8) for n in range(1, 8)
                    if tok.decode(tokens[: j + 1])[-n:].strip()
                    and tok.decode(tokens[: j + 1])[-n:] not in tok.decode(tokens[:j]))
-    sched = make_sched(speculative=model, num_draft_tokens=4)
-    uid = sched.submit(wb.Request(prompt=CODE[0], max_tokens=40, stop=stop))
-    sched.run()
-    assert sched.finish_reason(uid) == "stop" and sched.tokens(uid) == tokens[: j + 1]
+    stopped, sched = self_drafted(make_sched, model, prompt=CODE[0], max_tokens=40, stop=stop)
+    uid = 0
+    assert sched.finish_reason(uid) == "stop" and stopped == tokens[: j + 1]
     last = drafts_of(sched)[-1]
     assert last.n_accepted > len([e for e in sched.events if e.kind == "token" and e.step == last.step]) - 1
     assert_solo(model, sched)
@@ -165,15 +169,10 @@ def test_a_stop_string_completed_inside_an_accepted_draft_ends_the_row_where_sol
 
 def test_a_stop_id_inside_an_accepted_draft_ends_the_row_there(bundled, make_sched):
     model, tok = bundled
-    free = make_sched(speculative=model, num_draft_tokens=4)
-    uid = free.submit(wb.Request(prompt=CODE[1], max_tokens=30))
-    free.run()
-    tokens = free.tokens(uid)
+    tokens, _ = self_drafted(make_sched, model, prompt=CODE[1], max_tokens=30)
     stop_id = next(t for i, t in enumerate(tokens) if i >= 2 and t not in tokens[:i])
-    sched = make_sched(speculative=model, num_draft_tokens=4)
-    uid = sched.submit(wb.Request(prompt=CODE[1], max_tokens=30, stop_ids=[stop_id]))
-    sched.run()
-    assert sched.tokens(uid) == tokens[: tokens.index(stop_id) + 1] and sched.finish_reason(uid) == "stop"
+    stopped, sched = self_drafted(make_sched, model, prompt=CODE[1], max_tokens=30, stop_ids=[stop_id])
+    assert stopped == tokens[: tokens.index(stop_id) + 1] and sched.finish_reason(0) == "stop"
     assert_solo(model, sched)
 
 

@@ -2,7 +2,8 @@
 
 Usage: ``python scripts/execute_notebooks.py notebooks/01_tour.ipynb [...]``
 Run it after editing a notebook, review the output diff, commit. Kernels run with
-``WORKBENCH_BLAS=off`` like the test suite. Widget state is not stored, so a static HTML export of a notebook loads no widget script from a CDN.
+``WORKBENCH_BLAS=off`` like the test suite. Widget state is not stored, so a static HTML
+export of a notebook loads no widget script from a CDN.
 """
 
 import os

@@ -78,7 +78,7 @@ def lab(served: Path, settings: Path, log_path: Path) -> tuple[subprocess.Popen,
             return proc, base
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"JupyterLab did not start; see {log_path}")
+                raise RuntimeError(f"JupyterLab did not start; see {log_path}") from None
             time.sleep(0.5)
 
 

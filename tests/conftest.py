@@ -32,11 +32,11 @@ def _optimized_blas_mapped() -> bool:
 RESTART_WITHOUT_BLAS = "WORKBENCH_BLAS" not in os.environ and _optimized_blas_mapped()
 os.environ.setdefault("WORKBENCH_BLAS", "off")  # before workbench (and mlx) is imported
 
-import pytest
+import pytest  # noqa: E402 (the imports follow the environment set above)
 
-import workbench as wb
-from workbench.runtime.loading import RANDOM_MODEL
-from workbench.workloads.workload import prompt_maker
+import workbench as wb  # noqa: E402
+from workbench.runtime.loading import RANDOM_MODEL  # noqa: E402
+from workbench.workloads.workload import prompt_maker  # noqa: E402
 
 
 class FakeClock:
@@ -139,7 +139,8 @@ def pytest_terminal_summary(terminalreporter):
             f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
             f"against solo, {STATS['divergences']} divergences, {STATS['restores']} checkpoint restores "
             f"repeated their continuation, {STATS['interrupts']} interrupted operations left the engine unchanged, "
-            f"{STATS.get('hostile_errors', 0)} hostile rows ended alone with their error")
+            f"{STATS.get('hostile_errors', 0)} hostile rows ended alone with their error, "
+            f"{STATS.get('constrained_checked', 0)} constrained rows kept their grammar")
 
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,

@@ -68,7 +68,7 @@ def _bench(args: argparse.Namespace) -> int:
                          "docs/benchmarks.md)")
     from .bench.report import bench_job
 
-    return bench_job(args.quick, Path(args.out))
+    return bench_job(args.quick, Path(args.out), real_model=not args.no_real_model)
 
 
 def _margins(args: argparse.Namespace) -> int:
@@ -252,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gpu: a 1B-shaped bf16 llama at B=1,8,32,128 against mlx-lm, decode and wall with prefill, "
                    "roofline (writes gpu-bench.md; docs/gpu.md)")
     _out(b, "benchmarks.md and benchmarks/")
+    b.add_argument("--no-real-model", action="store_true", help="skip the SmolLM2-135M decode rows (its 4-bit "
+                   "kernels take minutes on a CPU)")
     b.add_argument("--model", default=None, help="with --device gpu: an mlx-lm model path or a bundled / fetched "
                    "name (smollm2-135m) instead of the 1B-shaped random llama, at the same sizes")
     b.set_defaults(func=_bench)

@@ -31,7 +31,8 @@ drive(engine, arrivals)
 errors = engine.sched.pacer.prediction_errors()
 print(f"{len(work)} trace requests on tiny-llama, BLAS {BLAS.library or 'MLX bundled'}; "
       f"{len(errors)} predictions ({engine.sched.pacer.text()})")
-print(f"{'operation':<10} {'n':>5}  {'prior median':>12} {'prior p90 |e|':>13}  {'corrected median':>16} {'corrected p90 |e|':>17}")
+print(f"{'operation':<10} {'n':>5}  {'prior median':>12} {'prior p90 |e|':>13}  "
+      f"{'corrected median':>16} {'corrected p90 |e|':>17}")
 for kind, e in errors.groupby("kind"):
     print(f"{kind:<10} {len(e):>5}  {e.prior_error.median():>+12.1%} {e.prior_error.abs().quantile(0.9):>13.1%}  "
           f"{e.error.median():>+16.1%} {e.error.abs().quantile(0.9):>17.1%}")

@@ -20,5 +20,6 @@ for B in cfg.batch_sizes:
     r = runs.pivot_table(index="pair", columns="engine", values="tok_per_s")
     ratio, off = r[WORKBENCH] / r[MLX_LM], r[FAST_OFF] / r[MLX_LM]
     print(f"B={B}: workbench / mlx-lm median {ratio.median():.3f} (spread {ratio.min():.3f}..{ratio.max():.3f}); "
-          f"fast decode off / mlx-lm {off.median():.3f} ({off.min():.3f}..{off.max():.3f}), load {os.getloadavg()[0]:.2f}",
+          f"fast decode off / mlx-lm {off.median():.3f} ({off.min():.3f}..{off.max():.3f}), "
+          f"load {os.getloadavg()[0]:.2f}",
           flush=True)

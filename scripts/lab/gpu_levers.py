@@ -2,8 +2,8 @@
 
 Usage: ``python scripts/lab/gpu_levers.py [--quick] [--rounds 5] [--no-profile] [--prefill]`` (prints a
 CSV-ish table: each variant's median step over alternating rounds and its range; then a
-cProfile of both engines at the largest B; docs/gpu.md records the H200's numbers). Each variant runs the decode forward of
-the 1B-shaped bf16 llama (:data:`workbench.bench.gpu.LLAMA_1B`) on a batch cache of
+cProfile of both engines at the largest B; docs/gpu.md records the H200's numbers). Each
+variant runs the decode forward of the 1B-shaped bf16 llama (:data:`workbench.bench.gpu.LLAMA_1B`) on a batch cache of
 ``B`` rows at ``CONTEXT`` tokens (random keys and values, no padding), ``STEPS`` times,
 and reports the median step after warm-up. Variants:
 
@@ -64,14 +64,14 @@ def step_times(model, rows: int, pipelined: bool) -> float:
     if pipelined:
         nxt = launch(tok)
         mx.async_eval(nxt)
-        for i in range(WARM + STEPS):
+        for _ in range(WARM + STEPS):
             start = time.perf_counter()
             cur, nxt = nxt, launch(nxt)
             mx.async_eval(nxt)
             cur.tolist()
             times.append(time.perf_counter() - start)
     else:
-        for i in range(WARM + STEPS):
+        for _ in range(WARM + STEPS):
             start = time.perf_counter()
             tok = launch(tok)
             mx.eval(tok)
@@ -170,7 +170,8 @@ def main() -> None:
     bw = bandwidth_bytes_per_s(64 * 2**20 if args.quick else 4 * 2**30)
     bound_s = decode_weight_bytes(model) / bw
     print(f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')}; device {mx.default_device()}; weights "
-          f"{decode_weight_bytes(model) / 1e9:.2f} GB, copy {bw / 1e12:.2f} TB/s: weight-read bound {bound_s * 1e3:.3f} ms")
+          f"{decode_weight_bytes(model) / 1e9:.2f} GB, copy {bw / 1e12:.2f} TB/s: "
+          f"weight-read bound {bound_s * 1e3:.3f} ms")
     mlps = [layer.mlp for layer in model.layers]
     compiled = [mx.compile(lambda x, mlp=mlp: mlp(x)) for mlp in mlps]
 

@@ -58,7 +58,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
     for B in args.batch_sizes:
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for name, kw in (("default", {}), ("invariant", {"batch_invariant": True}), ("mlx-lm", None)):
                 ms, prefill_s, toks = _run(model, tok, prompts[:B], args.steps, kw, MlxLmEngine)
                 results.setdefault((B, name), []).append((ms, prefill_s, toks))
@@ -81,7 +81,8 @@ def _run(model, tok, prompts, steps, kw, MlxLmEngine):
         mx.synchronize()
         prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        toks = [eng.iterate() for _ in range(steps)]
+        for _ in range(steps):
+            eng.iterate()
         mx.synchronize()
         ms = (time.perf_counter() - t0) / steps * 1e3
         eng.close()

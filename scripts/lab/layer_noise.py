@@ -42,8 +42,10 @@ for name in MODELS:
             worst, n_forwards, n_alarms = max(worst, report.relative_delta), n_forwards + 1, n_alarms + (not report.ok)
         sched.step()
     worst_all = max(worst_all, worst)
-    print(f"{name:16s} {n_forwards:3d} row forwards, largest relative |d| {worst:.1e}, over rtol {DEFAULT_RTOL:.0e}: {n_alarms}")
-print(f"all models: largest relative |d| {worst_all:.1e}; DEFAULT_RTOL {DEFAULT_RTOL:.0e} is {DEFAULT_RTOL / worst_all:.0f}x above it")
+    print(f"{name:16s} {n_forwards:3d} row forwards, largest relative |d| {worst:.1e}, "
+          f"over rtol {DEFAULT_RTOL:.0e}: {n_alarms}")
+print(f"all models: largest relative |d| {worst_all:.1e}; "
+      f"DEFAULT_RTOL {DEFAULT_RTOL:.0e} is {DEFAULT_RTOL / worst_all:.0f}x above it")
 
 # The planted faults on the bundled model, two steps in, every row: how far over tolerance.
 model, tokenizer = wb.load()

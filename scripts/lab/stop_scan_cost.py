@@ -40,7 +40,7 @@ def per_token_us(k: int) -> float:
         start = time.perf_counter()
         for t in tokens:
             row.feed(t)
-            row.ready
+            _ = row.ready  # the property's scan is what is timed
         best = min(best, time.perf_counter() - start)
     return best / len(tokens) * 1e6
 

@@ -104,12 +104,23 @@ def test_engine_modules_live_in_the_core_kv_or_levers():
     assert folders == {".", "kv", "levers"}
 
 
+def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines from its first statement (the docstring, if any) to its end: the
+    signature is left out, as ``ruff format`` lays a long one out one parameter a line."""
+    return node.end_lineno - node.body[0].lineno + 1
+
+
+def test_body_lines_leave_out_the_signature_and_keep_the_docstring():
+    source = 'def f(\n    a,\n    b,\n):\n    """Doc."""\n    return a + b\n'
+    assert body_lines(ast.parse(source).body[0]) == 2
+
+
 def test_no_engine_function_is_longer_than_one_screen():
     long = []
     for path in ENGINE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                n = node.end_lineno - node.lineno + 1
+                n = body_lines(node)
                 if n > SCREEN_LINES:
                     long.append(f"{path.relative_to(ENGINE)}:{node.name} ({n} lines)")
     assert not long, f"longer than {SCREEN_LINES} lines: {long}"

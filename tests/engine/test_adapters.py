@@ -85,7 +85,7 @@ def test_per_row_prefill_chunks_joins_free_slots_and_preemption_keep_each_rows_a
     arrivals = [(0, wb.Request(prompt=p, max_tokens=6 + 2 * i, adapter=a)) for i, (p, a) in enumerate(PROMPTS)]
     arrivals += [(3, wb.Request(prompt="for i in range(10):", max_tokens=8, adapter="numbers"))]
     modes = set()
-    for step, request in arrivals:
+    for _, request in arrivals:
         sched.submit(request)
     preempted = False
     while not sched.idle:
@@ -126,9 +126,9 @@ def test_snapshot_shows_each_rows_adapter_and_the_bytes_the_stacks_hold(loaded):
     snap = sched.snapshot()
     bank = sched.adapters
     expected = 0
-    for path, (a, b) in bank.layers.items():
-        n, I, R = a.shape
-        O = b.shape[2]
+    for a, b in bank.layers.values():
+        n, I, R = a.shape  # noqa: E741 (the module's axis letters: I in, O out)
+        O = b.shape[2]  # noqa: E741
         assert n == 3 and R == 8  # base slot + 2 adapters, ranks 8 and 4 padded to 8
         expected += 4 * (n * I * R + n * R * O)  # float32 A, B
     assert snap.adapter_bytes == bank.nbytes == expected

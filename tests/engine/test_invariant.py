@@ -196,7 +196,8 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
     from workbench.workloads.workload import prompt_of_length
     assert blas.STATUS.library, blas.STATUS.note
     model, tok = wb.load()
-    reqs = [wb.Request(prompt=prompt_of_length(tok, n, 7 * n), max_tokens=8) for n in (1, 4, 9, 20, 33, 3, 14, 27, 6, 11)]
+    lengths = (1, 4, 9, 20, 33, 3, 14, 27, 6, 11)
+    reqs = [wb.Request(prompt=prompt_of_length(tok, n, 7 * n), max_tokens=8) for n in lengths]
     reqs.append(wb.Request(prompt=prompt_of_length(tok, 12, 5), max_tokens=8, temperature=0.7, seed=3))
     for mode in (False, True):
         sched = wb.Scheduler(model, tok, max_batch=11, prefill_step_size=8, batch_invariant=mode)

@@ -3,7 +3,7 @@ really do in the engine."""
 
 import pytest
 
-from workbench.verify.families import families_markdown, try_family, walk_families  # noqa: F401
+from workbench.verify.families import BASE_CONFIG, build, families_markdown, try_family, walk_families  # noqa: F401
 
 pytestmark = pytest.mark.model
 
@@ -39,6 +39,14 @@ def test_an_architecture_that_would_build_gigabytes_is_not_built_and_nothing_is_
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result, detail = try_family("gemma4")  # its default text config: 35 layers, 262,144 x 8,960 per-layer embeddings
-    assert result == "not built" and "MemoryError" in detail and "MiB of weights" in detail
+    config = dict(BASE_CONFIG, model_type="gemma4")  # its default text config: 35 layers, 262,144 x 8,960 embeddings
+    with pytest.raises(MemoryError, match="MiB of weights"):
+        build("gemma4", config)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: 16 GB were never allocated
+    result, detail = try_family("deepseek_v41")  # its expert sizes are fixed: over the bound with any base config
+    assert result == "not built" and "MemoryError" in detail and "MiB of weights" in detail
+
+
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_text", "phixtral"])
+def test_architectures_with_their_own_field_names_are_built_small_and_batch(name):
+    assert try_family(name) == ("batches", "2 rows of 3 and 7 tokens, 2/2 match solo")

@@ -12,6 +12,11 @@ value breaks its contract (``tests/engine/hostile.py``: an id of -1, past the vo
 3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after some
 tokens; every hostile row ends ``error`` (or ``abort`` when the fuzzer aborted it) with its
 message, and every good row still equals its solo reference.
+Constrained rows join too (``Request(json_schema= / regex= / choices=)``, greedy or sampled):
+every finished one's tokens are accepted by a fresh grammar, one finished ``stop`` satisfies
+its constraint (parses and validates, matches, is a choice), and a greedy one equals its
+constrained solo run (mlx-lm's ``generate_step`` with the same mask), while every free row
+still equals its unconstrained solo run: no mask reaches another row.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
@@ -26,7 +31,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import workbench as wb
+from workbench.engine.levers.constrained import GrammarError, constraint_of, row_grammar
 from workbench.verify import oracle
+from workbench.verify.constrained import constrained_reference, satisfies
 from workbench.observe.metrics import step_metrics
 from workbench.engine.kv.ledger import alone_bytes
 from workbench.runtime.loading import DATA_DIR
@@ -41,7 +48,15 @@ FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwe
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 _MODELS: dict = {}
 _REFS: dict = {}
-STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0, "hostile_errors": 0}
+STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0, "hostile_errors": 0,
+         "constrained_checked": 0}
+# the constrained rows' constraints: two schemas, two regexes, choices (a prefix of another among them)
+CONSTRAINTS = (
+    dict(json_schema={"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22, 333]}},
+                      "required": ["ok", "n"], "additionalProperties": False}),
+    dict(json_schema='{"type": "array", "items": {"enum": ["x", "yy"]}, "minItems": 1, "maxItems": 3}'),
+    dict(regex=r"[a-f]{1,5}-[0-9]{2}"), dict(regex=r"(ab|cd)+!"), dict(choices=["no", "none", "yes please"]),
+)
 
 
 def continuation(sched, tok, ops, since):
@@ -95,6 +110,7 @@ def make_machine(family: str):
             self.ref_kv = ref_kv(chunk)
             self.submitted = []
             self.hostile = {}  # uid -> the regex its error must match
+            self.constrained = set()  # uids of constrained rows
             self.checked = set()
             self.rows_at = {}
 
@@ -128,6 +144,17 @@ def make_machine(family: str):
             uid = self.sched.submit(req)
             self.submitted.append(uid)
             self.hostile[uid] = message
+
+        @rule(n=st.integers(1, 60), start=st.integers(0, 900), max_tokens=st.integers(1, 24),
+              which=st.integers(0, len(CONSTRAINTS) - 1), temperature=st.sampled_from([0.0, 0.0, 0.8]))
+        def submit_constrained(self, n, start, max_tokens, which, temperature):
+            """A row under a grammar mask (its EOS ids as stop ids)."""
+            self.op()
+            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, temperature=temperature,
+                             on_token=self.on_token, **CONSTRAINTS[which])
+            uid = self.sched.submit(req)
+            self.submitted.append(uid)
+            self.constrained.add(uid)
 
         @rule(ops=st.lists(st.sampled_from(["admit", "step", "filter", "submit", "abort", "preempt"]),
                            min_size=1, max_size=8))
@@ -267,7 +294,7 @@ def make_machine(family: str):
         def finished_greedy_rows_equal_solo(self):
             if not hasattr(self, "sched"):
                 return
-            for uid in self.sched.finished_greedy_uids():
+            for uid in oracle.checkable_uids(self.sched):
                 if uid in self.checked:
                     continue
                 valid = self.sched.request_of(uid)
@@ -282,11 +309,40 @@ def make_machine(family: str):
                 assert result.match, result.describe()
                 self.checked.add(uid)
 
+        @invariant()
+        def finished_constrained_rows_keep_their_grammar_and_equal_their_constrained_solo_run(self):
+            if not hasattr(self, "sched"):
+                return
+            for uid in sorted(self.constrained - self.checked):
+                reason, valid = self.sched.finish_reason(uid), self.sched.request_of(uid)
+                if reason not in ("stop", "length"):
+                    continue
+                V, tokens = self.sched.vocab_size, self.sched.tokens(uid)
+                fresh = row_grammar(constraint_of(valid.request, self.tok, V), self.tok, V, len(valid.prompt_ids))
+                try:
+                    fresh.sync([t for t in tokens if t not in valid.stop_ids])
+                except GrammarError as exc:
+                    raise AssertionError(f"uid {uid}: its tokens break its own grammar: {exc}") from None
+                if reason == "stop":
+                    assert satisfies(valid.request, self.sched.text(uid)), (uid, valid.request, self.sched.text(uid))
+                if valid.request.temperature == 0:
+                    key = (folder, valid.prompt_ids, valid.request.max_tokens, repr(CONSTRAINTS.index(
+                        {f: getattr(valid.request, f) for f in ("json_schema", "regex", "choices")
+                         if getattr(valid.request, f) is not None})), tuple(sorted(self.ref_kv.items())))
+                    if key not in _REFS:
+                        _REFS[key] = constrained_reference(self.model, self.tok, valid, V, max_kv_size=max_kv_size,
+                                                           **self.ref_kv)
+                    result = oracle.compare_row(uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4)
+                    assert result.match, result.describe()
+                STATS["constrained_checked"] += 1
+                self.checked.add(uid)
+
         def teardown(self):  # drain: every request must end, once
             if not hasattr(self, "sched"):
                 return
             self.sched.run()
             self.finished_greedy_rows_equal_solo()
+            self.finished_constrained_rows_keep_their_grammar_and_equal_their_constrained_solo_run()
             ev = self.sched.report().events
             finishes = ev[ev.kind == "finish"].uid.tolist()
             assert sorted(finishes) == sorted(self.submitted), "every uid ends in exactly one terminal state"

@@ -173,7 +173,7 @@ def test_a_bf16_batch_differs_from_layer_0_at_every_position(prompt, bundled):
     if not on_gpu():  # the CPU's kernels only: on CUDA (H200) some positions' bf16 layer-0 outputs round to
         # the float32 reference's, and bf16 [B, ...] and [1, ...] kernels differ (batched vs alone: 0.17 nats)
         assert report.positions == list(range(report.position + 1))
-        assert localize(sched, 2).ok  # against itself alone: bf16 batched vs bf16 alone agree  # against itself alone: bf16 batched vs bf16 alone agree
+        assert localize(sched, 2).ok  # against itself alone: bf16 batched vs bf16 alone agree
 
 
 # -- refusals ------------------------------------------------------------------------------

@@ -24,11 +24,12 @@ def test_quantized_chat_rows_joining_a_running_batch_equal_each_request_run_alon
     model, tokenizer = smollm2
     sched = wb.Scheduler(model, tokenizer, max_batch=2, kv_bits=bits, kv_group_size=64, prefill_step_size=16)
     questions = ["What is 2+2?", "Name a primary colour.", "Say hello."]
-    first = sched.submit(wb.Request(prompt=chat_ids(tokenizer, questions[0]), max_tokens=6))
+    sched.submit(wb.Request(prompt=chat_ids(tokenizer, questions[0]), max_tokens=6))
     sched.admit()
     sched.step()
     sched.step()  # the others join a batch already decoding (different prompt lengths, chunked prefill)
-    later = [sched.submit(wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=6)) for q in questions[1:]]
+    for q in questions[1:]:
+        sched.submit(wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=6))
     sched.run()
     assert sched.check().ok
     check = oracle.solo_check(model, sched)

@@ -37,7 +37,7 @@ def test_the_figure_colours_over_tolerance_markers_and_names_the_first_layer():
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     dots, squares = ax.collections[:2]
-    to_hex = lambda rgba: "#%02x%02x%02x" % tuple(int(round(c * 255)) for c in rgba[:3])  # noqa: E731
+    to_hex = lambda rgba: "#" + "".join(f"{round(c * 255):02x}" for c in rgba[:3])
     assert [to_hex(c) for c in dots.get_facecolors()] == [WITHIN, OVER, WITHIN]
     assert [to_hex(c) for c in squares.get_edgecolors()] == [WITHIN, OVER, WITHIN]
     notes = [t.get_text() for t in ax.texts]

@@ -51,7 +51,7 @@ def checkpoint_cost(model: Any, rows: int, context_tokens: int, repeats: int = 3
         gc.collect()
         before = mx.get_active_memory()
         held = []
-        samples["clone_s"].append(_timed(lambda: held.append(clone_caches(running)) or []))
+        samples["clone_s"].append(_timed(lambda held=held: held.append(clone_caches(running)) or []))
         samples["clone_bytes"].append(mx.get_active_memory() - before)
         samples["first_step_after_s"].append(_timed(step))
         samples["later_step_s"].append(_timed(step))

@@ -113,7 +113,8 @@ class MlxLmEngine:
         return uid
 
     def iterate(self) -> int:
-        """One ``BatchGenerator.next_generated()`` call, its tokens stamped as token/finish events; returns the tokens produced."""
+        """One ``BatchGenerator.next_generated()`` call, its tokens stamped as token/finish
+        events; returns the tokens produced."""
         responses = self.gen.next_generated()
         now_s = self.clock()
         for r in responses:

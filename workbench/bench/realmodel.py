@@ -60,7 +60,7 @@ def describe_model(name: str, model: Any) -> str:
 
 def real_decode_runs(batch_sizes: tuple[int, ...], prompt_tokens: int, decode_tokens: int, pairs: int,
                      prefill_step_size: int, echo: Callable[[str], None] = print,
-                     name: str = REAL_MODEL) -> tuple[pd.DataFrame, dict[str, Any]]:
+                     name: str = REAL_MODEL, skip: str | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Decode throughput of the workbench and mlx-lm's ``BatchGenerator`` on the fetched
     real model, alternating, at each batch size: :func:`decode_runs` with the model's own
     tokenizer (prompts of exactly ``prompt_tokens`` tokens from the bundled prompt set).
@@ -73,17 +73,18 @@ def real_decode_runs(batch_sizes: tuple[int, ...], prompt_tokens: int, decode_to
         prefill_step_size: both engines' prompt chunk length (tokens).
         echo: progress lines.
         name: the fetched model (default ``smollm2-135m``).
+        skip: a reason to skip the section even when the model is fetched.
 
     Returns:
         ``(runs, meta)``: ``runs`` has :func:`decode_runs`' columns (``engine``, ``B``,
         ``pair``, ``tok_per_s``, ``window_s`` in seconds, ``tokens``, ``step_s``,
         ``same_tokens``, ...), or no rows when the model is not fetched; ``meta`` has
         ``real_model`` (:func:`describe_model`) and ``real_parameters``, or
-        ``real_model_skipped`` (:func:`real_model_missing`'s reason).
+        ``real_model_skipped`` (``skip``, or :func:`real_model_missing`'s reason).
     """
     from ..runtime.loading import load
 
-    missing = real_model_missing(name)
+    missing = skip or real_model_missing(name)
     if missing is not None:
         echo(f"  skipped: {missing}")
         return pd.DataFrame(columns=["engine", "B", "pair", "tok_per_s", "window_s", "tokens", "step_s",

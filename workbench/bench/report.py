@@ -384,8 +384,10 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"after a warm-up, alternating (A B C, C B A, ...); mlx-lm's tokens and those of the workbench with "
         f"recording off equal the workbench's of the same round in {meta['same_tokens_runs']} runs",
         f"- latency: {cfg.latency_requests} requests, prompts {min(result.requests.prompt_tokens)}-"
-        f"{max(result.requests.prompt_tokens)} tokens, one arrival every {meta['latency_arrival_interval_s'] * 1e3:.0f} ms "
-        f"({cfg.latency_arrival_steps:g} decode steps at B={cfg.latency_max_batch}), max_batch {cfg.latency_max_batch}, "
+        f"{max(result.requests.prompt_tokens)} tokens, "
+        f"one arrival every {meta['latency_arrival_interval_s'] * 1e3:.0f} ms "
+        f"({cfg.latency_arrival_steps:g} decode steps at B={cfg.latency_max_batch}), "
+        f"max_batch {cfg.latency_max_batch}, "
         f"{cfg.latency_rounds} round(s) per engine; the workbench also paced (`pacing=Pacing(itl_target_steps=t)`, "
         f"shortest prompt first with a {cfg.pacing_max_wait_steps:g}-step age bound) at t = "
         f"{', '.join(f'{t:g}' for t in cfg.pacing_targets)}; the loaded variant: one arrival every "
@@ -409,13 +411,15 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "- **pacing**: `Scheduler(pacing=...)` plans each iteration against a time budget: the predicted decode step "
         "plus as much prefill (and joins) as fits under the target gap (t x the predicted step), with the chunk length "
         "chosen per iteration from a cost model learned from the engine's own forwards (`engine/levers/pacing.py`); "
-        f"`pacing=True` is t = {DEFAULT_TARGET:g}. Tokens are unchanged. E2E p95 and goodput are in `frontier.png`'s data "
+        f"`pacing=True` is t = {DEFAULT_TARGET:g}. Tokens are unchanged. "
+        "E2E p95 and goodput are in `frontier.png`'s data "
         "(`workbench.bench.pacing.frontier_summary`).",
         "- **join cost**: one row joins rows of 1k-token context (random K/V, after a few decode steps); free slot = "
         "`cache_internals.fill_slots` into the cache row of an evicted request (the engine's join whenever a row was "
         "evicted since the last step), extend = `caches.join` (mlx-lm's `BatchKVCache.extend`, the engine's join "
         "otherwise and mlx-lm's always; into fresh pages = the same right after `mx.clear_cache()`, so its new "
-        "buffers page-fault, as when a batch grows to a size whose buffers MLX has not cached), re-merge = `extract` every row and `merge`; each over the median "
+        "buffers page-fault, as when a batch grows to a size whose buffers MLX has not cached), "
+        "re-merge = `extract` every row and `merge`; each over the median "
         "time of one bare `[B, 1]` forward at that context.",
         "- **head-of-line**: running rows decode while a long prompt joins (the same chunk size for both engines). "
         "Max gap = the largest gap between two tokens of a running row overlapping the joiner's submit .. first "
@@ -484,15 +488,17 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     return table
 
 
-def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print, progress: bool = True) -> int:
+def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print, progress: bool = True,
+              real_model: bool = True) -> int:
     """The job behind ``workbench bench``: run the full (or ``quick``) benchmark, write its
     files under ``out_dir`` (default ``workbench-out``: a user's run never rewrites the
-    documented numbers; ``docs`` for maintainers), print the table. Returns the exit code (0)."""
+    documented numbers; ``docs`` for maintainers), print the table; ``real_model=False``
+    skips the real-model rows. Returns the exit code (0)."""
     from .run import FULL_CONFIG, QUICK_CONFIG, run_bench
 
     out = Path(out_dir) if out_dir is not None else Path("workbench-out")
     (out / "benchmarks").mkdir(parents=True, exist_ok=True)  # fail before a long run, not after
-    result = run_bench(QUICK_CONFIG if quick else FULL_CONFIG, echo, progress)
+    result = run_bench(QUICK_CONFIG if quick else FULL_CONFIG, echo, progress, real_model)
     table = write_outputs(result, out)
     echo(table_text(table))
     echo(goals_text(table, "gpu" if result.meta["device"].lower().startswith("device(gpu") else "cpu"))

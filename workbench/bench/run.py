@@ -28,11 +28,12 @@ from .scenarios import (
     head_of_line, join_cost, staggered_arrivals,
 )
 from .pacing import frontier_runs
+from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 from ..engine.levers.pacing import Pacing
 from ..runtime.loading import load
 
 DEFAULT_TARGET = Pacing().itl_target_steps  # what pacing=True runs at
-from .roofline import bounds_tok_per_s, copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
+NO_REAL_MODEL = "--no-real-model was given"
 
 
 @dataclass(frozen=True)
@@ -132,10 +133,11 @@ SECTIONS = 9  # the section() calls of run_bench: its progress bar's total
 
 
 def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = print,
-              progress: bool = False) -> BenchResult:
+              progress: bool = False, real_model: bool = True) -> BenchResult:
     """Run every scenario of ``cfg`` in order (decode, latency, join, head-of-line,
     roofline), echoing progress (and with ``progress``, a tqdm bar over the
-    :data:`SECTIONS` sections on stderr), and return what was measured."""
+    :data:`SECTIONS` sections on stderr), and return what was measured; without
+    ``real_model`` the real-model decode rows are skipped, saying so."""
     started_s, loads = time.perf_counter(), []
     bar = tqdm(total=SECTIONS, desc="bench", unit="section", disable=not progress)
 
@@ -184,7 +186,8 @@ def run_bench(cfg: BenchConfig = FULL_CONFIG, echo: Callable[[str], None] = prin
     section(f"real model: decode throughput (alternating runs), B = "
             f"{', '.join(map(str, cfg.real_batch_sizes))}")
     real_runs, real_meta = real_decode_runs(cfg.real_batch_sizes, cfg.real_prompt_tokens, cfg.real_decode_tokens,
-                                            cfg.real_pairs, cfg.prefill_step_size, echo)
+                                            cfg.real_pairs, cfg.prefill_step_size, echo,
+                                            skip=None if real_model else NO_REAL_MODEL)
 
     section("roofline")
     bandwidth = copy_bandwidth_bytes_per_s()

@@ -133,7 +133,7 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
     snapshots, seconds to convert them after the run), ``same_tokens`` (its tokens equal the first
     engine's of that pair: a batch-oracle sanity check; NaN for the first engine)."""
     arrivals = [Arrival(p, decode_tokens) for p in prompts]
-    for name, factory in factories.items():  # warm-up: allocator and first-shape costs, discarded
+    for factory in factories.values():  # warm-up: allocator and first-shape costs, discarded
         run_once(factory, [Arrival(p, 4) for p in prompts])
     rows, tokens = [], {}
     for pair, name in alternating(list(factories), pairs):

@@ -2,30 +2,23 @@
 them. Decisions only: nothing here runs the model or changes state.
 
 Knows: request states (prompt length, priority, tokens held and reachable, join order),
-the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policies (below), the batch limits and the KV budget.
+the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policies
+(below), the batch limits and the KV budget.
 Must not know: MLX, caches, events.
 
 Rules (the scheduler applies the :class:`Decision`):
 
 - at most ``min(max_batch - running rows, prompt_concurrency)`` requests join at once,
   taken in the policy's order;
-- with a KV budget, a request joins only while the bytes the caches will really hold
-  stay within it: the :class:`workbench.engine.kv.allocation.KVPlan` projection of the
-  running batch and the chosen group (mlx-lm's 256-token growth step, every row padded
-  to the widest, the group's own caches while it prefills, free slots, ring windows and
-  SSM states); the first that does not fit stops the choice (nobody jumps it, so the
-  policy's order holds);
-- when not even the first request fits, running rows of *lower* priority are preempted
-  (lowest priority first, the latest joined among equals) if that makes it fit; never
-  when it would not.
+- with a KV budget, a request joins only while the caches' projected bytes
+  (:class:`workbench.engine.kv.allocation.KVPlan`) stay within it; the first that does not
+  fit stops the choice, so the policy's order holds;
+- when not even the first fits, running rows of *lower* priority are preempted (lowest
+  first, the latest joined among equals) if that makes it fit; never when it would not.
 
-Starvation: the first request in the policy's order waits only while running rows hold
-bytes; rows finish, their bytes go, and a request alone on an empty engine always fits
-(the scheduler refuses at ``submit`` one that would not).
-
-Policies (configuration, not forks of the loop) see a queued request's uid, prompt
-length, priority and arrival order: any object with ``name`` and ``order(queue) ->
-list[uid]``; admission takes the first ``slots`` uids of that order.
+No starvation: the first request waits only while running rows hold bytes, and one alone
+on an empty engine always fits (``submit`` refuses one that would not). A policy is any
+object with ``name`` and ``order(queue: [Queued]) -> [uid]``.
 """
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
         free_slots=len(batch.free),
         fast_path=batch.fast_path,
         adapters=tuple(r.valid.request.adapter for r in batch.rows),
+        constraints=tuple(r.constraint for r in batch.rows),
     )
 
     def build() -> Snapshot:

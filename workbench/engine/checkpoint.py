@@ -8,12 +8,9 @@ Engine calls are transactions: :func:`transactional` is the decorator the schedu
 public calls wear (savepoint, rollback on any exception), :func:`sigint_deferred` holds a
 second SIGINT while a rollback runs (Python's ``signal`` module).
 
-A checkpoint copies no tensor: MLX arrays are immutable, so the copy holds new handles
-on the same buffers (:func:`workbench.engine.kv.cache_internals.clone_caches`). The price
-comes later: while a checkpoint lives, the live batch's first write into each shared
-cache buffer copies that buffer once (MLX only updates a buffer in place when nothing
-else holds it), and those buffers stay allocated. ``workbench bench`` measures it
-(``docs/benchmarks.md``, "checkpoint").
+A checkpoint copies no tensor (new handles on the same immutable MLX buffers,
+:func:`workbench.engine.kv.cache_internals.clone_caches`); while it lives, the batch's
+first write into each shared buffer copies it once (``docs/benchmarks.md``, "checkpoint").
 """
 
 from __future__ import annotations
@@ -185,15 +182,15 @@ def sigint_deferred():
             previous(signal.SIGINT, held[0])
 
 
-def transactional(prompt_cache: bool = False, idle: Callable[[Any], bool] | None = None) -> Callable:
+def transactional(prompt_cache: bool = False, idle: str | None = None) -> Callable:
     """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
     included, first returns the engine to its state before the call (see
-    :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When ``idle(scheduler)`` says the
-    call has nothing to do, it returns ``[]`` at once (no savepoint)."""
+    :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When
+    ``scheduler._nothing_to(idle)`` (e.g. ``idle="admit"``), it returns ``[]`` at once (no savepoint)."""
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if idle is not None and idle(self):
+            if idle is not None and self._nothing_to(idle):
                 return []
             with self._transaction(prompt_cache):
                 return method(self, *args, **kwargs)

@@ -21,12 +21,9 @@ Two modes, chosen per group:
 
 The mode is :func:`~workbench.engine.kv.allocation.prefill_mode`: batched when the group
 needs no padding or its padded prompt fits one chunk of at least 2 columns; batched in
-chunks (``chunked_padding``, default on a GPU only) when every layer's cache is a plain
-``BatchKVCache`` (a row's real tokens come before its right padding, so causal attention
-never reads it; mlx-lm's ``PromptProcessingBatch`` chunks such prompts too); otherwise per
-row, because mlx-lm's right-padding protocol is not safe across chunk boundaries for every
-cache kind (``BatchRotatingKVCache``, mamba2's ``ArraysCache``; found by
-``tests/verify/test_fuzz.py``). Why the default differs by device: ``docs/architecture.md``.
+chunks (``chunked_padding``, a GPU default) only when every layer is a plain
+``BatchKVCache``; otherwise per row, as mlx-lm's right-padding protocol is not safe across
+chunks for rings and SSM states (``docs/architecture.md``, "Prefill mode per device").
 
 Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """

@@ -10,10 +10,12 @@ lengths its forward raises ``ValueError: [convert] Only length-1 arrays can be c
 to Python scalars``, or could compute positions wrong without raising. The probe runs two
 prompts of 3 and 5 tokens alone and then batched (merged with left padding, as a join
 does) for one decode step, and compares each row's next-token log-probabilities with its
-solo run (reduced-precision weights: within :data:`LOW_PRECISION_TOLERANCE`), over the tokens the solo run finds likely (log-prob above :data:`LIKELY_LOGPROB`):
-in bf16 the log-probs of unlikely tokens (below -20, say) carry errors of several nats
-between any two kernels, batched or not, while wrong positions change the likely ones. A model that fails is served in a *serial lane*: ``max_batch = 1``, the same API
-and events, one row at a time (see ``Scheduler.serial_reason``).
+solo run (reduced-precision weights: within :data:`LOW_PRECISION_TOLERANCE`), over the
+tokens the solo run finds likely (log-prob above :data:`LIKELY_LOGPROB`): in bf16 the
+log-probs of unlikely tokens (below -20, say) carry errors of several nats between any two
+kernels, batched or not, while wrong positions change the likely ones. A model that fails
+is served in a *serial lane*: ``max_batch = 1``, the same API and events, one row at a time
+(see ``Scheduler.serial_reason``).
 """
 
 from __future__ import annotations

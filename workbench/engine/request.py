@@ -75,6 +75,13 @@ class Request:
         adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
             (``workbench.engine.levers.lora``), applied to this row only; ``None`` (default)
             runs the base model. An unknown name is refused at ``submit``.
+        json_schema, regex, choices: structured output (at most one of them;
+            ``workbench.engine.levers.constrained``, through llguidance): a JSON schema (a
+            dict or its JSON text), a regex the whole output must match, or a non-empty
+            list of non-empty strings, one of which is the output. Applied as a logits mask
+            to this row only; the row finishes ``stop`` when the grammar is complete. A bad
+            one is refused at ``submit`` (``ValueError`` naming the field); without the
+            ``structured`` extra installed, ``ImportError`` naming it.
 
     An exception raised by a processor, sampler or ``on_token``, a processor's or sampler's
     return value outside its contract (a token id outside ``[0, V)`` or not an integer, a
@@ -103,14 +110,22 @@ class Request:
     messages: Sequence[Mapping[str, str]] | None = None
     stop: str | Sequence[str] | None = None
     adapter: str | None = None
+    json_schema: Mapping[str, Any] | str | None = None
+    regex: str | None = None
+    choices: Sequence[str] | None = None
+
+    @property
+    def constrained(self) -> bool:
+        """True when the request sets ``json_schema``, ``regex`` or ``choices``."""
+        return self.json_schema is not None or self.regex is not None or self.choices is not None
 
     @property
     def greedy(self) -> bool:
         """True when the row is decoded by plain argmax (temperature 0, no custom sampler,
-        no logits processors): the rows the oracles can check."""
+        no logits processors, no constraint): the rows the oracles can check."""
         return (self.temperature == 0.0 and self.sampler is None and not self.logits_processors
                 and not self.logit_bias and not self.repetition_penalty and not self.presence_penalty
-                and not self.frequency_penalty)
+                and not self.frequency_penalty and not self.constrained)
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> "Request":
@@ -183,7 +198,8 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     Raises:
         ValueError: naming the field and its allowed range, for a wrong type, an empty
             prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
-            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside ``(0, 1]``, ``top_k < 0``, or
+            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside
+            ``(0, 1]``, ``top_k < 0``, or
             ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
             longer than ``context_tokens``, both or neither of ``prompt`` and
             ``messages``, ``messages`` for a tokenizer without a chat template, a stop

@@ -6,20 +6,14 @@ Knows: a request's sampling fields and mlx-lm's sampling pieces
 know: the scheduler, caches.
 
 Greedy rows without processors share one ``argmax`` over the batch (as mlx-lm's
-``BatchGenerator`` does when rows share a sampler). Every other row is processed alone:
-its processors see only its own tokens (prompt and generated, never padding), and its
-draw uses its own PRNG key :func:`token_key` ``(seed, t)`` for its ``t``-th token, which
-depends on the seed and ``t`` only (never on ``max_tokens``, neighbours, preemption or
-checkpoints)
-— mlx-lm draws from one global PRNG state, so it cannot batch seeded requests.
+``BatchGenerator``). Every other row is processed alone: its processors see only its own
+tokens (never padding), and its ``t``-th draw uses the key :func:`token_key` ``(seed, t)``,
+which nothing else changes (mlx-lm's one global PRNG state cannot batch seeded requests).
 
-What a user's callable returns is checked before it can reach the next forward: a logits
-processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a custom sampler one
-integer token id in ``[0, V)`` (:func:`sampler_token`); anything else ends only that row
-(finish reason ``error``, the message naming the callable, the value and the limit). A
-sampler's id is checked on the device, lazily (:class:`TokenCheck`), so pipelining is kept:
-an id outside the vocabulary never reaches the embedding (token 0 is fed instead, and
-discarded with the row).
+A processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a sampler one
+integer id in ``[0, V)`` (:func:`sampler_token`, checked lazily on the device by
+:class:`TokenCheck`, so pipelining is kept); anything else ends only that row (finish
+reason ``error``, naming the callable, the value and the limit; token 0 is fed instead).
 
 Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 """
@@ -132,14 +126,18 @@ class RowSampler:
         seed: the PRNG seed for a sampled row (the request's own, else one the scheduler
             drew).
         vocab_size: ``V``.
+        constraint: the row's grammar mask, a logits processor applied after all others
+            (``workbench.engine.levers.constrained.RowGrammar``), or ``None``; kept as
+            :attr:`constraint`.
     """
 
-    def __init__(self, request: Request, seed: int, vocab_size: int):
+    def __init__(self, request: Request, seed: int, vocab_size: int, constraint: Any = None):
         r = request
         self.processors = make_logits_processors(
             dict(r.logit_bias) if r.logit_bias else None, r.repetition_penalty,
             presence_penalty=r.presence_penalty or None, frequency_penalty=r.frequency_penalty or None,
-        ) + list(r.logits_processors)
+        ) + list(r.logits_processors) + ([constraint] if constraint is not None else [])
+        self.constraint = constraint
         self.custom = r.sampler
         self.vocab_size = vocab_size
         self.temperature, self.top_p, self.top_k, self.min_p = r.temperature, r.top_p, r.top_k, r.min_p

@@ -50,7 +50,7 @@ from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from .kv import caches as kv
-from .levers import fastpath, invariant, lora, quantized_kv, speculative
+from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
 from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
@@ -214,8 +214,16 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """True when nothing is queued, prefilling or in the batch."""
+        return self._nothing_to("run")
+
+    def _nothing_to(self, call: str) -> bool:
+        """Whether ``call`` has nothing to do: ``"run"`` (:attr:`idle`), ``"admit"`` (no queue,
+        no prefilling group, no free slot to drop) or ``"filter"`` (no finished row)."""
         st = self.state
-        return not st.queue and st.prefilling is None and not st.batch.rows
+        if call == "filter":
+            return not any(r.finished for r in st.batch.rows)
+        held = st.batch.free if call == "admit" else st.batch.rows
+        return not st.queue and st.prefilling is None and not held
 
     # -- requests ---------------------------------------------------------------------
     @transactional()
@@ -230,6 +238,7 @@ class Scheduler:
             request = Request.from_dict(request)
         valid = validate(request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field)
         lora.check_request(self.adapters, valid.request.adapter)
+        constraint = constrained.constraint_of(valid.request, self.tokenizer, self.vocab_size)
         need = self.ledger.alone_bytes(len(valid.prompt_ids), valid.request.max_tokens)
         refusal = self.ledger.refusal(len(valid.prompt_ids), valid.request.max_tokens)
         if refusal:
@@ -238,7 +247,9 @@ class Scheduler:
         drawn = int(st.rng.integers(2**31))  # drawn for every request: seeds do not depend on others' fields
         seed = valid.request.seed if valid.request.seed is not None else drawn
         uid = st.next_uid
-        state = RequestState(uid, valid, seed, RowSampler(valid.request, seed, self.vocab_size), need, self.clock())
+        grammar = constrained.row_grammar(constraint, self.tokenizer, self.vocab_size, len(valid.prompt_ids))
+        sampler = RowSampler(valid.request, seed, self.vocab_size, grammar)
+        state = RequestState(uid, valid, seed, sampler, need, self.clock())
         st.next_uid += 1
         st.requests[uid] = state
         st.queue.append(state)
@@ -246,7 +257,7 @@ class Scheduler:
         return uid
 
     # -- the engine calls -------------------------------------------------------------
-    @transactional(prompt_cache=True, idle=lambda s: not s.state.queue and s.state.prefilling is None and not s.state.batch.free)
+    @transactional(prompt_cache=True, idle="admit")
     def admit(self) -> list[Event]:
         """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
         ``join``, and ``preempt`` for rows preempted to make room).
@@ -461,17 +472,21 @@ class Scheduler:
     def _read_token(self, row: RequestState, b: int, token: int, logprob: float, message: str,
                     out: list[Event], finished: list[Event]) -> None:
         """Record row ``b``'s token (unless ``message`` says its step failed), call its
-        ``on_token``, and finish it on an error, a stop id or ``max_tokens``."""
+        ``on_token``, and finish it on an error (its grammar refusing the token included),
+        a stop id, a stop string, a complete grammar or ``max_tokens``."""
         if not message:
             row.tokens.append(token)
             row.logprobs.append(logprob)
             out.append(self._log("token", row.uid, row=b, token=token, logprob=logprob))
             message = self._call_on_token(row, token)
+        message, complete = (message, False) if message else constrained.after_token(row.sampler.constraint, row.tokens)
         if message:
             row.finish("error", message)
         elif token in row.valid.stop_ids:
             row.finish("stop")
         elif row.valid.stop and row.text(self.tokenizer).stop_at is not None:  # a stop string in its text
+            row.finish("stop")
+        elif complete:  # its grammar admits nothing more
             row.finish("stop")
         elif len(row.tokens) >= row.valid.request.max_tokens:
             row.finish("length")
@@ -499,7 +514,7 @@ class Scheduler:
             return f"on_token raised {type(exc).__name__}: {exc}"
         return ""
 
-    @transactional(prompt_cache=True, idle=lambda s: not any(r.finished for r in s.state.batch.rows))
+    @transactional(prompt_cache=True, idle="filter")
     def filter(self) -> list[Event]:
         """Evict finished rows (mlx-lm's ``filter``; with ``reuse_slots`` their cache rows
         stay as free slots). Returns the evict events (old rows). With a prompt cache, a
@@ -614,13 +629,8 @@ class Scheduler:
             self.recorder.keep_checkpoint(checkpoint, self.config.history_checkpoints)
 
     def history_checkpoint(self, index: int) -> Checkpoint | None:
-        """The checkpoint kept with ``history[index]`` (``Scheduler(history_checkpoints=N)``),
-        for :meth:`restore`; ``None`` when none was kept for it.
-
-        Raises:
-            IndexError: for an index outside the history.
-        """
-        return self.recorder.checkpoints[index]
+        """Deprecated: ``history.checkpoint(index)``."""
+        return self.history.checkpoint(index)
 
     def fork(self, **changes: Any) -> "Scheduler":
         """An independent scheduler in this one's state, sharing the model weights (never
@@ -709,7 +719,7 @@ class Scheduler:
         :meth:`text` (what the row already had comes first). Mirrors mlx-lm's
         ``stream_generate`` text segments. Raises: KeyError for an unknown uid; whatever
         an engine call raises (the engine is then as before that call)."""
-        for u, piece in self._stream([self._state_of(uid).uid]):
+        for _, piece in self._stream([self._state_of(uid).uid]):
             yield piece
 
     def stream_all(self) -> Iterator[tuple[int, str]]:
@@ -739,27 +749,28 @@ class Scheduler:
             yield from pieces()
 
     def finished_greedy_uids(self) -> list[int]:
-        """Uids that finished by ``stop`` or ``length`` (evicted or not) and were decoded
-        greedily, in uid order: the rows an oracle can check."""
+        """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
         return [u for u, s in self.state.requests.items()
                 if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
 
     # -- observing --------------------------------------------------------------------
-    def snapshot(self) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it. Pure: it
-        changes nothing (the engine records :attr:`history` itself). Waits for an
-        in-flight forward when the batch's arrays are still being computed."""
-        return self._capture()()
+    def snapshot(self, record: bool = False) -> Snapshot:
+        """Frozen numpy view of the batch as the next ``step()`` will see it. Waits for an
+        in-flight forward when the batch's arrays are still being computed.
 
-    def record(self) -> Snapshot:
-        """The current snapshot, appended to :attr:`history` unless nothing happened (no
-        event) since the last one there — for views that show the engine after calls that
-        do not change the batch (e.g. ``submit``)."""
-        if not self.history.maxlen:
-            return self.snapshot()
+        Pure by default: it changes nothing (the engine records :attr:`history` itself).
+        With ``record=True`` it is also appended to :attr:`history`, unless nothing happened
+        (no event) since the last one there: for views that show the engine after calls
+        that do not change the batch (e.g. ``submit``)."""
+        if not record or not self.history.maxlen:
+            return self._capture()()
         if self.recorder.stale:
             self._record()
         return self.history[-1]
+
+    def record(self) -> Snapshot:
+        """Deprecated: ``snapshot(record=True)``."""
+        return self.snapshot(record=True)
 
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics), built

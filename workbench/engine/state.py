@@ -83,6 +83,13 @@ class RequestState:
         return self.status is Status.FINISHED
 
     @property
+    def constraint(self) -> str:
+        """Its output constraint as ``field=source`` (``Request(json_schema= / regex= /
+        choices=)``, cut for views), ``""`` for a free row."""
+        grammar = self.sampler.constraint
+        return "" if grammar is None else grammar.constraint.label()
+
+    @property
     def waiting(self) -> bool:
         """True while it sits in the queue (QUEUED or PREEMPTED)."""
         return self.status in (Status.QUEUED, Status.PREEMPTED)

@@ -15,13 +15,9 @@ Glossary:
   row runs, a tail that could still become a stop string is held back.
 
 Stop strings are matched by one Aho-Corasick automaton per stop list (:class:`StopAutomaton`):
-each new character of settled text is one automaton step, and its state (the longest tail
-of the text that begins a stop string) is the tail the ready text holds back, so a
-token's stop check costs the same whatever the number of stop strings.
-
-A :class:`RowText` is a cache: it is always re-derivable from the row's tokens
-(:func:`row_text` feeds it the tokens it has not seen), so rolling back, restoring or
-forking an engine drops it and the next read rebuilds it, with the same result.
+one step per settled character, its state being the tail the ready text holds back. A
+:class:`RowText` is a cache re-derivable from the row's tokens (:func:`row_text`): a
+rollback, restore or fork drops it and the next read rebuilds it.
 
 Example (stop ``["\\n\\n"]``; tokens decode to ``"x = 1"``, ``"\\n"``, ``"\\n"``)::
 

@@ -24,6 +24,8 @@ class RequestView:
         ``length``, ``error``, ``abort``, or ``None`` while unfinished. error: the message
         of a row finished with ``error`` (else ``""``). text: the visible completion
         (mlx-lm's streaming detokenizer; a final stop id excluded, cut before a stop string).
+        constraint: its structured-output constraint as ``field=source``
+        (``"regex=[0-9]+"``), ``""`` for a free row.
 
     Example: ``sched.request(uid).tokens`` after two steps of a running row is
     ``(tok_0, tok_1)``, ``status`` ``Status.RUNNING``, ``finish_reason`` ``None``.
@@ -37,9 +39,11 @@ class RequestView:
     finish_reason: str | None
     error: str
     text: str
+    constraint: str = ""
 
     @classmethod
     def of(cls, state: RequestState, tokenizer: Any) -> "RequestView":
         """The view of ``state`` now (its text through ``tokenizer``)."""
         return cls(state.uid, state.status, tuple(state.valid.prompt_ids), tuple(state.tokens),
-                   tuple(state.logprobs), state.finish_reason, state.message, state.text(tokenizer).text)
+                   tuple(state.logprobs), state.finish_reason, state.message, state.text(tokenizer).text,
+                   state.constraint)

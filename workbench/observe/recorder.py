@@ -16,7 +16,23 @@ from .snapshot import Snapshot
 class History(deque):
     """A ring buffer (``collections.deque`` with ``maxlen``) of :class:`Snapshot` s whose
     entries may be stored as capture functions: each is converted to its
-    :class:`Snapshot` the first time it is read (index, iteration), then kept."""
+    :class:`Snapshot` the first time it is read (index, iteration), then kept.
+
+    ``checkpoints`` is aligned with it: the engine checkpoint kept with each snapshot
+    (``Scheduler(history_checkpoints=N)``), or ``None``."""
+
+    def __init__(self, iterable=(), maxlen: int | None = None):
+        super().__init__(iterable, maxlen)
+        self.checkpoints: deque = deque(maxlen=maxlen)
+
+    def checkpoint(self, index: int) -> Any:
+        """The checkpoint kept with ``history[index]``, for ``Scheduler.restore``; ``None``
+        when none was kept for it.
+
+        Raises:
+            IndexError: for an index outside the history.
+        """
+        return self.checkpoints[index]
 
     def __getitem__(self, i):
         item = super().__getitem__(i)
@@ -50,7 +66,7 @@ class Recorder:
         self.clock = clock
         self.events: list[Event] = []
         self.history = History(maxlen=history_size)
-        self.checkpoints: deque = deque(maxlen=history_size)
+        self.checkpoints = self.history.checkpoints
         self._recorded_at = -1  # len(events) when the last snapshot was recorded
 
     def log(self, kind: str, uid: int, step: int, **fields: Any) -> Event:

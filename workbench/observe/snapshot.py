@@ -144,6 +144,8 @@ class Snapshot:
             (``Scheduler(adapters=...)``), in load order.
         adapter_bytes: bytes the loaded adapters hold (their per-layer stacks,
             :class:`workbench.engine.levers.lora.AdapterBank`); ``0`` without adapters.
+        constraints: ``[B]`` each row's structured-output constraint as ``field=source``
+            (``Request(json_schema= / regex= / choices=)``), ``""`` for a free row.
     """
 
     step: int
@@ -171,6 +173,7 @@ class Snapshot:
     adapters: tuple[str | None, ...] = ()
     adapters_loaded: tuple[str, ...] = ()
     adapter_bytes: int = 0
+    constraints: tuple[str, ...] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -227,7 +230,9 @@ class Snapshot:
             where = (f"left_padding {int(self.left_padding[r])}, offset {int(self.offset[r])}"
                      if attention or not self.groups else f"context {self.context_tokens[r]} tokens")
             adapter = f", adapter {self.adapters[r] or 'none'}" if self.adapters_loaded else ""
-            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}")
+            constraint = f", {self.constraints[r]}" if r < len(self.constraints) and self.constraints[r] else ""
+            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}"
+                         f"{constraint}")
         if len(self.groups) == 1 and self.groups[0].name == "full":
             lines.append("mask [full] ('#' attended, '.' padding, '@' fed token):")
             lines.append(mask_grid(self.groups[0].mask, self.uids))

@@ -109,7 +109,8 @@ class Replay:
     layouts: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=layout_columns()), repr=False)
 
     def text(self) -> str:
-        """One line: the replay's name, mode and its report's summary (requests, tokens, throughput, TTFT and TPOT p50/p95)."""
+        """One line: the replay's name, mode and its report's summary (requests, tokens,
+        throughput, TTFT and TPOT p50/p95)."""
         return f"{self.name} [{self.mode}]: {self.report.summary()}"
 
 

@@ -15,7 +15,8 @@ from typing import Any, MutableMapping, Sequence
 
 import mlx_lm
 
-from .oracle import DEFAULT_ATOL, OracleReport, compare_traces, ref_request, scheduler_trace, solo_reference
+from .oracle import (DEFAULT_ATOL, OracleReport, checkable_uids, compare_traces, ref_request, scheduler_trace,
+                     solo_reference)
 
 
 def reference_model(model_path: str, adapter_path: str | None,
@@ -53,7 +54,7 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
     Raises:
         KeyError: a uid the scheduler does not know.
     """
-    uids = list(uids) if uids is not None else sched.finished_greedy_uids()
+    uids = list(uids) if uids is not None else checkable_uids(sched)
     quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
     refs = {}

@@ -7,25 +7,24 @@ public calls, the solo oracle. Must not know: views.
 
 Each architecture is built as a random 2-layer instance from one small base config
 (:data:`BASE_CONFIG`, passed through mlx-lm's ``ModelArgs.from_dict``, which keeps the
-fields the architecture knows). An architecture whose ``ModelArgs`` needs fields the base
+fields the architecture knows), plus the few fields some architectures name their own way
+(:data:`ARCHITECTURE_CONFIG`: phixtral's ``model_dim``, gemma4's nested ``text_config`` and
+per-layer embeddings). An architecture whose ``ModelArgs`` needs fields the base
 config does not have is listed as "not built" with the error: it is untested, not
 refused. A built one is given to a ``Scheduler`` (which refuses cache types that cannot
 batch and probes batching, :mod:`workbench.engine.probe`); two greedy requests of 3 and
 7 tokens run batched and are compared with each run alone through mlx-lm.
 
 The walk is deterministic and bounded: each architecture's random weights come from
-``mx.random.seed`` of a fixed :data:`SEED` set just before it is built (without it,
-gemma2's batched-against-solo log-probability gap changed from run to run), and an
-architecture whose config, after the base config, still asks for more than
-:data:`MAX_PARAMETER_BYTES` of weights (gemma4's per-layer embeddings: 262,144 x layers) is
-listed as "not built" with its size, before a byte of it is allocated (MLX builds
-parameters lazily; their ``nbytes`` is known from shape and dtype). MLX's buffer cache is
-cleared after each architecture, so one architecture's freed buffers do not stay with the
-process.
+``mx.random.seed`` of a fixed :data:`SEED` set just before it is built, and one whose
+config still asks for more than :data:`MAX_PARAMETER_BYTES` of weights (deepseek_v41's
+fixed expert sizes) is listed as "not built" with its size before a byte of it is
+allocated (MLX builds parameters lazily). MLX's buffer cache is cleared after each.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import pkgutil
 from typing import Any, Callable
@@ -40,6 +39,14 @@ BASE_CONFIG = dict(
     max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True, n_embd=64, n_layer=2, n_head=4,
     n_inner=128, n_positions=512, n_ctx=512, d_model=64, n_layers=2, n_heads=4, num_layers=2, dim=64,
     hidden_dim=128, ffn_dim=128, num_heads=4, num_kv_heads=2, sliding_window=8, max_seq_len=512)
+# Small values for fields an architecture names its own way (defaults of gigabytes otherwise)
+_GEMMA4_TEXT = dict(num_kv_shared_layers=0, vocab_size_per_layer_input=256, hidden_size_per_layer_input=16,
+                    global_head_dim=16, sliding_window_pattern=2)
+ARCHITECTURE_CONFIG = {
+    "gemma4_text": _GEMMA4_TEXT,
+    "gemma4": dict(text_config=dict(BASE_CONFIG, **_GEMMA4_TEXT)),  # its text model's config, nested
+    "phixtral": dict(num_vocab=256, model_dim=64, rotary_dim=8),
+}
 COLUMNS = ["architecture", "result", "detail"]
 SEED = 0  # mx.random.seed before each architecture is built: the same weights on every run
 MAX_PARAMETER_BYTES = 256 << 20  # an architecture asking for more is not built (see the module docstring)
@@ -64,8 +71,15 @@ class ByteTokenizer:
         return {str(i): i for i in range(256)}
 
 
-def build(name: str) -> Any:
-    """A random 2-layer instance of mlx-lm's architecture ``name`` (:data:`BASE_CONFIG`).
+def config_for(name: str) -> dict[str, Any]:
+    """The config architecture ``name`` is built from: :data:`BASE_CONFIG` with its
+    :data:`ARCHITECTURE_CONFIG` fields (a fresh copy: mlx-lm may change nested dicts)."""
+    return copy.deepcopy(dict(BASE_CONFIG, **ARCHITECTURE_CONFIG.get(name, {}), model_type=name))
+
+
+def build(name: str, config: dict[str, Any] | None = None) -> Any:
+    """A random 2-layer instance of mlx-lm's architecture ``name`` from ``config``
+    (default :func:`config_for`).
 
     Raises:
         MemoryError: the architecture's weights would take more than :data:`MAX_PARAMETER_BYTES`
@@ -73,7 +87,7 @@ def build(name: str) -> Any:
         Exception: whatever mlx-lm raises for a config it cannot build from."""
     module = importlib.import_module(f"mlx_lm.models.{name}")
     mx.random.seed(SEED)
-    model = module.Model(module.ModelArgs.from_dict(dict(BASE_CONFIG, model_type=name)))
+    model = module.Model(module.ModelArgs.from_dict(config_for(name) if config is None else config))
     nbytes = sum(p.nbytes for _, p in tree_flatten(model.parameters()))  # lazy arrays: nothing allocated yet
     if nbytes > MAX_PARAMETER_BYTES:
         raise MemoryError(f"the base config still builds {nbytes / 2**20:,.0f} MiB of weights "

@@ -8,9 +8,9 @@ that holds them (``self.layers`` of the inner model, e.g. ``model.model.layers``
 Must not know: caches, the scheduler, batching.
 
 A hook is ``hook(i, layer, args, kwargs)``: it runs the real layer (``layer(*args,
-**kwargs)``, mlx-lm's ``layer(h, mask, cache)``) and returns its output, possibly changed. The wrapper forwards attribute
-reads (``layer.use_sliding``, ``layer.is_linear``) to the real layer, so model code that
-inspects its layers keeps working.
+**kwargs)``, mlx-lm's ``layer(h, mask, cache)``) and returns its output, possibly changed.
+The wrapper forwards attribute reads (``layer.use_sliding``, ``layer.is_linear``) to the
+real layer, so model code that inspects its layers keeps working.
 
 Axis letters: ``B`` rows, ``L`` positions in the forward, ``hidden`` the model width.
 """

@@ -4,7 +4,7 @@ numbers.
 Knows: :mod:`workbench.verify.rerun` (one decode forward re-run in its batch and alone,
 every layer recorded), the solo oracle (:mod:`workbench.verify.oracle`, to find the first
 suspect token), a scheduler's public checkpoints (``Scheduler.checkpoint()``,
-``history_checkpoint(i)``). Must not know: how the engine runs a step beyond what
+``history.checkpoint(i)``). Must not know: how the engine runs a step beyond what
 :mod:`~workbench.verify.rerun` mirrors.
 
 The oracle says "row r differs at token t"; :func:`localize` says where. It re-runs the
@@ -49,8 +49,10 @@ from ..engine.checkpoint import Checkpoint
 from .oracle import DEFAULT_ATOL, ref_request, scheduler_trace, solo_reference
 from .rerun import BatchedStep, StepRecord, batched_step, solo_step
 
-MEASURED_NOISE = 9.1e-6  # largest relative |Δ| of a correct batch: bundled models, float32, CPU and H200 (scripts/lab/layer_noise.py)
-DEFAULT_RTOL = 1e-4  # 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/lab/layer_noise.py)
+# largest relative |Δ| of a correct batch: bundled models, float32, CPU and GPU (scripts/lab/layer_noise.py)
+MEASURED_NOISE = 9.1e-6
+# 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/lab/layer_noise.py)
+DEFAULT_RTOL = 1e-4
 COLUMNS = ["layer", "max_abs_delta", "mean_abs_delta", "tolerance", "kv_max_abs_delta", "kv_tolerance",
            "over", "first_position", "n_positions_over", "positions"]
 
@@ -214,7 +216,7 @@ def checkpoint_before_token(sched: Any, uid: int, token_index: int) -> Checkpoin
                          "decode step; localize token 1: what the prefill and the join wrote differently "
                          "shows there in the caches at the prompt's positions")
     for i in range(len(sched.history) - 1, -1, -1):
-        cp = sched.history_checkpoint(i)
+        cp = sched.history.checkpoint(i)
         rows = {r.uid: r for r in cp.state.batch.rows} if cp is not None else {}
         if uid in rows and len(rows[uid].tokens) == token_index - 1:
             return cp

@@ -15,7 +15,7 @@ oracle here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
@@ -65,9 +65,11 @@ def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> lis
 
 def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
                    max_kv_size: int | None = None, keep: int = 0, tokenizer: Any = None,
-                   kv_bits: int | None = None, kv_group_size: int = 64) -> TokenTrace:
+                   kv_bits: int | None = None, kv_group_size: int = 64, logits_processors: Sequence[Any] = (),
+                   complete: Callable[[list[int]], bool] | None = None) -> TokenTrace:
     """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, the model's own
-    cache from :func:`solo_cache`).
+    cache from :func:`solo_cache`), with ``logits_processors`` (mlx-lm's
+    ``(tokens [T], logits [1, V]) -> logits [1, V]``, e.g. a row's grammar mask).
 
     With ``kv_bits`` the cache is quantized as ``generate_step(kv_bits=, kv_group_size=,
     quantized_kv_start=0)`` does: after the first forward (the first prefill chunk of
@@ -76,8 +78,9 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
 
     Stops after a stop id (included, as mlx-lm yields it), after the token whose text
     completes one of ``req.stop`` (mlx-lm's streaming detokenizer over mlx-lm's tokens,
-    through :class:`workbench.engine.text.RowText`, the engine's own stop-string rule), or
-    after ``max_tokens`` tokens.
+    through :class:`workbench.engine.text.RowText`, the engine's own stop-string rule), after
+    the token for which ``complete(tokens so far)`` is True (a complete grammar), or after
+    ``max_tokens`` tokens.
 
     Raises:
         ValueError: when ``req.stop`` is not empty and no ``tokenizer`` is given.
@@ -90,9 +93,12 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
     for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
                                            prefill_step_size=prefill_step_size,
                                            prompt_cache=solo_cache(model, max_kv_size, keep),
-                                           kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=0):
+                                           kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=0,
+                                           logits_processors=list(logits_processors) or None):
         trace.add(int(token), logprobs_v)
         if int(token) in req.stop_ids or (text is not None and text.feed(int(token))):
+            break
+        if complete is not None and complete(trace.tokens):
             break
     return trace
 
@@ -266,6 +272,12 @@ def scheduler_trace(sched: Any, uid: int) -> TokenTrace:
     return TokenTrace(tokens=sched.tokens(uid), logprobs=sched.logprobs(uid))
 
 
+def checkable_uids(sched: Any) -> list[int]:
+    """Uids of ``sched`` that finished by ``stop`` or ``length`` (evicted or not) and were
+    decoded greedily, in uid order: the rows an oracle can check."""
+    return [u for u, s in sched.requests.items() if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
+
+
 def ref_request(valid: Any) -> RefRequest:
     """A :class:`RefRequest` from a validated request (``workbench.engine.request.ValidRequest``),
     its stop strings included."""
@@ -277,7 +289,7 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     mlx-lm and compared (stop strings decoded with ``sched.tokenizer``; a quantized KV
     cache, ``Scheduler(kv_bits=...)``, at the same bits and group size). ``uids`` defaults
     to every finished greedy uid."""
-    uids = list(uids) if uids is not None else sched.finished_greedy_uids()
+    uids = list(uids) if uids is not None else checkable_uids(sched)
     quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
     refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.config.prefill_step_size,

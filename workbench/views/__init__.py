@@ -23,7 +23,8 @@ live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
 The four rows after the divergence view live in their modules (``views.attention``,
-``views.slots``, ``views.ring``, ``views.state``). ``Panel`` is imported lazily: importing this package does not import ipywidgets.
+``views.slots``, ``views.ring``, ``views.state``). ``Panel`` is imported lazily: importing
+this package does not import ipywidgets.
 """
 
 from .divergence import divergence_text, render_divergence

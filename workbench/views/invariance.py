@@ -36,7 +36,8 @@ def grids_text(grids: Sequence) -> str:
     lines = []
     for g in grids:
         firsts = [t for t in g.first_differences() if t is not None]
-        line = f"{g.mode:9s} B = {g.batch_size:2d}: {g.n_equal_rows}/{g.batch_size} rows bit-equal to alone at every token"
+        line = f"{g.mode:9s} B = {g.batch_size:2d}: {g.n_equal_rows}/{g.batch_size} rows bit-equal to alone"
+        line += " at every token"
         if firsts:
             where = ", ".join(f"token {t}: {firsts.count(t)}" for t in sorted(set(firsts)))
             line += f"; the others first differ at {where}"

@@ -69,10 +69,12 @@ def mask_cells(mask: np.ndarray) -> np.ndarray:
 
 def row_labels(snap: Snapshot) -> list[str]:
     """``uid N`` per row, with ``(finished)`` for rows waiting for ``filter()`` and, when the
-    scheduler loaded LoRA adapters, the row's adapter (``uid 2 · prose``, ``· none``)."""
+    scheduler loaded LoRA adapters, the row's adapter (``uid 2 · prose``, ``· none``), and a
+    constrained row's constraint (``uid 3 · regex=[0-9]+``)."""
     adapters = snap.adapters if snap.adapters_loaded else (None,) * len(snap.uids)
-    return [f"uid {u}" + (f" · {a or 'none'}" if snap.adapters_loaded else "") + (" (finished)" if f else "")
-            for u, f, a in zip(snap.uids, snap.finished, adapters)]
+    constraints = snap.constraints or ("",) * len(snap.uids)
+    return [f"uid {u}" + (f" · {a or 'none'}" if snap.adapters_loaded else "") + (f" · {c}" if c else "")
+            + (" (finished)" if f else "") for u, f, a, c in zip(snap.uids, snap.finished, adapters, constraints)]
 
 
 def _group_title(g: LayerGroup) -> str:

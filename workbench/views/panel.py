@@ -145,7 +145,7 @@ class Panel:
             W.HBox([self.mask_image, self.timeline_image], layout=W.Layout(flex_flow="row wrap")),
             self.kv_image, self.mask_ascii,
         ])
-        self.sched.record()  # the engine as it is now, whatever was called since the last one
+        self.sched.snapshot(record=True)  # the engine as it is now, whatever was called since the last one
         self._follow_history()
 
     # -- actions: call the engine, then snapshot and re-render ------------------------
@@ -184,7 +184,7 @@ class Panel:
     def on_restore(self) -> None:
         """Restore the engine to the snapshot the slider shows (its kept checkpoint)."""
         def restore(s: Scheduler) -> None:
-            checkpoint = s.history_checkpoint(self.slider.value)
+            checkpoint = s.history.checkpoint(self.slider.value)
             if checkpoint is None:
                 raise ValueError("no checkpoint was kept with this snapshot; create the scheduler with "
                                  "history_checkpoints=N to restore the latest N snapshots")
@@ -210,7 +210,7 @@ class Panel:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self.error.value = (f"<span style='color:#c0392b'>{what}: {html.escape(detail)} (engine at step "
                                 f"{self.sched.step_index}; the call in progress was undone)</span>")
-        self.sched.record()
+        self.sched.snapshot(record=True)
         self._follow_history()
 
     # -- rendering ---------------------------------------------------------------------
@@ -238,7 +238,7 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         self.mask_ascii.value = f"<pre>{html.escape(mask_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
-        self.buttons["Restore"].disabled = self.sched.history_checkpoint(self.slider.value) is None
+        self.buttons["Restore"].disabled = self.sched.history.checkpoint(self.slider.value) is None
         self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
                                            else "Scheduler(history_checkpoints=N) keeps checkpoints to restore")
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too

@@ -167,8 +167,11 @@ def visible_spans(b: pd.DataFrame, min_share: float = MIN_VISIBLE_SHARE) -> pd.D
 
     >>> b = pd.DataFrame({"submit": [0.0], "admit": [0.0], "first_token": [1.0], "finish": [9.0],
     ...                   "evict": [9.0078125], "now": [10.0]})
-    >>> visible_spans(b)[["kind", "width", "visible"]].to_dict("list")
-    {'kind': ['prefill', 'decode', 'finished, not filtered'], 'width': [1.0, 8.0, 0.0078125], 'visible': [True, True, False]}
+    >>> spans = visible_spans(b)
+    >>> spans.kind.tolist(), spans.width.tolist()
+    (['prefill', 'decode', 'finished, not filtered'], [1.0, 8.0, 0.0078125])
+    >>> spans.visible.tolist()
+    [True, True, False]
     """
     rows = []
     for y, (_uid, r) in enumerate(b.iterrows()):
@@ -194,7 +197,7 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
     colors = dict(SPANS)
     for span in spans.itertuples():
         ax.barh(span.y, span.width, left=span.left, color=colors[span.kind])
-    for y, (uid, r) in enumerate(b.iterrows()):
+    for y, (_, r) in enumerate(b.iterrows()):
         if pd.notna(r.join):
             ax.plot(r.join, y, marker=">", color="black", markersize=4)
         if pd.notna(r.evict):

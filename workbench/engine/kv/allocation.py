@@ -18,14 +18,11 @@ mlx-lm's allocation rules (``T`` tokens, ``W`` a ring's window, ``STEP_TOKENS = 
   one-token step grows by ``min(256, W - offset)`` up to ``W`` and trims to ``W``.
 - **SSM** (``ArraysCache``): a fixed state per row, whatever the tokens.
 
-The projection is an upper bound of the bytes held between two engine calls from now until
-every row has finished, assuming ``filter()`` follows the ``step()`` that finishes a row
-(as ``run()`` does). For the batch (``R`` cache rows, free slots included) it is
-``R * (full_token_bytes * C + sum_rings ring_token_bytes * W + fixed_bytes)`` with ``C``
-the full-attention capacity once the widest row holds its last token (``W_max``):
-unchanged while ``W_max`` fits, else grown by 256 each time the width reaches it (at most
-``W_max - 1 + 256`` where the starting capacity is only bounded). A joining group adds
-its own caches while it prefills, then joins (``R`` grows, ``C`` may grow).
+The projection bounds the bytes held between two engine calls until every row finishes
+(``filter()`` following the ``step()`` that finishes a row, as in ``run()``): for ``R``
+cache rows, ``R * (full_token_bytes * C + sum_rings ring_token_bytes * W + fixed_bytes)``,
+``C`` the full-attention capacity once the widest row holds its last token. A joining
+group adds its own caches while it prefills, then joins (``R`` grows, ``C`` may grow).
 
 Worked example (tiny-llama: 4 full layers, 512 bytes per token each, 2,048 per row and
 position): four 20-token prompts, ``max_tokens=8``, prefilled together in one chunk::

@@ -1,25 +1,16 @@
-"""The one module that touches mlx-lm's cache internals, behind named functions: free
-slots, ring positions, and cloning caches for checkpoints.
-
-Every other module uses mlx-lm's caches only through their public methods (``merge``,
-``extend``, ``filter``, ``extract``, ``prepare``, ``finalize``, ``make_mask``, ``state``,
-``nbytes``); what needs private fields (the write index ``_idx``, a ring's ``rotated``,
-an ``LRUPromptCache``'s trie) is here, so a change in mlx-lm breaks one file.
-
-**Free slots**: a finished row's place in the batch cache, reused by the next joiner.
+"""The one module that touches mlx-lm's cache internals (the write index ``_idx``, a
+ring's ``rotated``, an ``LRUPromptCache``'s trie), behind named functions: free slots,
+ring positions, cloning caches for checkpoints. Everything else uses the caches' public
+methods, so a change in mlx-lm breaks one file.
 
 Knows: the storage of mlx-lm's ``BatchKVCache`` (keys and values
-``[B, n_kv_heads, S, head_dim]``, ``left_padding`` ``[B]``, ``offset`` ``[B]``, the write
-index ``_idx``) and ``ArraysCache`` (states ``[B, ...]``). Must not know: requests,
-events, the scheduling policy.
+``[B, n_kv_heads, S, head_dim]``, ``left_padding`` ``[B]``, ``offset`` ``[B]``, ``_idx``)
+and ``ArraysCache`` (states ``[B, ...]``). Must not know: requests, events, the policy.
 
-mlx-lm evicts a row with ``filter`` (a gather that copies every kept row) and joins one
-with ``extend`` (a concatenate that copies every running row), so each costs about as
-much memory traffic as a decode step, which reads the same cache once. When a row
-finishes and another is ready to join, the joiner can instead be *written into the
-finished row's slot*: one slice update of ``[1, n_kv_heads, S, head_dim]`` per layer, the
-slot's older positions zeroed and masked by a new left padding. Cost: one row, not the
-batch. Example, slot 1 (uid 7 finished) reused by a joiner of 2 tokens, ``_idx = 4``::
+**Free slots**: mlx-lm's ``filter`` and ``extend`` copy every row (about a decode step's
+memory traffic each). A joiner can instead be *written into a finished row's slot*: one
+``[1, n_kv_heads, S, head_dim]`` slice update per layer, older positions zeroed and masked
+by a new left padding. Slot 1 (uid 7 finished) reused by a 2-token joiner, ``_idx = 4``::
 
     before (uid 7 evicted)          after fill_slots
     row 0  uid 3  [a b c d]  lp 0    row 0  uid 3  [a b c d]  lp 0
@@ -185,10 +176,8 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
     width, as the end of mlx-lm's ``BatchKVCache.filter`` does ("shift left to reduce
     padding"): ``keys[..., m:, :]``, ``_idx -= m``, ``left_padding -= m``.
 
-    Joining into free slots never runs ``filter``, so without this a batch whose rows
-    keep being replaced would keep the width of its oldest row forever (every step
-    attends over the masked positions). Trimming makes the next write copy the cache
-    once, hence the threshold.
+    Joins into free slots never run ``filter``: without this the width of the oldest row
+    would stay forever. A trim makes the next write copy the cache once, hence the threshold.
 
     Args:
         longest_row_tokens: the most tokens any row holds (the scheduler's count).

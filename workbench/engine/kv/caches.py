@@ -217,9 +217,8 @@ def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
     """Per-row geometry of one attention layer's batch cache, and its next-step mask,
     captured now and converted to numpy when the returned function is called.
 
-    Capturing evaluates nothing (it only keeps mlx-lm's immutable arrays and builds
-    ``cache.make_mask(1)`` lazily), so the engine can record a snapshot right after
-    launching a forward without waiting for it; the call evaluates (and may wait).
+    Capturing evaluates nothing (a snapshot can be recorded right after a forward is
+    launched); the call evaluates, and may wait.
 
     The dict has ``left_padding`` ``[B]`` (pad positions, tokens; for a ring that has
     dropped old positions this can be negative, as in mlx-lm), ``offset`` ``[B]`` (RoPE

@@ -26,8 +26,9 @@ import mlx.core as mx
 from .allocation import KVPlan, RowTokens, plan_of, read_allocation
 
 def joiner_tokens(s: Any) -> RowTokens:
-    """A queued request (a :class:`~workbench.engine.state.RequestState`) as a joiner: its input tokens (prompt, plus generated tokens when
-    resuming) and the most it may hold (prompt + ``max_tokens``)."""
+    """A queued request (a :class:`~workbench.engine.state.RequestState`) as a joiner:
+    its input tokens (prompt, plus generated tokens when resuming) and the most it may hold
+    (prompt + ``max_tokens``)."""
     return RowTokens(s.uid, len(s.inputs), len(s.valid.prompt_ids) + s.valid.request.max_tokens)
 
 

@@ -5,26 +5,17 @@ Knows: MLX's layer classes (``nn.Linear``, ``nn.QuantizedLinear``, ``nn.Embeddin
 ``nn.QuantizedEmbedding``'s ``as_linear``), mlx-lm's ``scaled_dot_product_attention`` and
 ``BatchKVCache``. Must not know: requests, the queue, events.
 
-Under batching a row's numbers change for two reasons, both removed here in the
-decode-shaped forwards (one token per row: the decode step and the join forward):
+In the decode-shaped forwards (the decode step, the join forward) two things mix rows,
+both removed here (why: ``docs/batch-invariance.md``):
 
-- **The matmul kernel depends on the row count.** ``x @ W.T`` with ``M`` rows is one
-  BLAS / GPU kernel call whose blocking, and so each output's reduction order, the library
-  picks from ``M``: row 0 alone and row 0 among 31 others are different sums. Every
-  layer's matmul therefore runs on row blocks whose size is fixed per device and weight
-  kind (:class:`RowBlocks`): an input of ``B`` rows is cut into blocks of ``max_rows`` and
-  each block is zero-padded to at least ``min_rows``, so every row is computed by a call of
-  the same shape whatever ``B`` is; a row's values never depend on the other rows' values.
-- **Attention over left padding.** A padded row's keys sit behind its padding; the masked
-  softmax and the ``probs @ V`` sum over a longer, shifted axis (MLX's CPU softmax
-  vectorizes along it; the reduction splits by index), so the sum groups differently from
-  the same row alone. Each row's attention runs on its own keys (``[left_padding_b:]``,
-  no mask), which is exactly the call it makes alone at ``B = 1``.
+- **matmuls** run on row blocks of a shape fixed per device and weight kind
+  (:class:`RowBlocks`: ``B`` rows cut into blocks of ``max_rows``, each zero-padded to at
+  least ``min_rows``), so the kernel never sees the batch size;
+- **attention** runs each row on its own keys (``[left_padding_b:]``, no mask): the call
+  it makes alone at ``B = 1``.
 
-Prefill needs neither: in the mode every prompt runs alone in chunks of exactly
-``prefill_step_size`` tokens from position 0, as it does alone (the scheduler fixes the
-chunk schedule, :mod:`workbench.engine.prefill`). Row-wise operations (RMSNorm, RoPE,
-elementwise, log-softmax over the vocabulary, each row's seeded draw) do not mix rows.
+Prefill runs every prompt alone in chunks of exactly ``prefill_step_size`` tokens
+(:mod:`workbench.engine.prefill`); row-wise operations do not mix rows.
 
 Example (CPU, float32, ``max_rows = min_rows = 16``): a step over ``B = 20`` rows runs
 each projection as two calls of 16 rows (the second holding 4 rows and 12 zero rows);

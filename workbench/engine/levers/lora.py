@@ -10,24 +10,18 @@ written by ``mlx_lm.lora`` and read by ``mlx_lm.tuner.utils.load_adapters``), ml
   into one :class:`AdapterBank`; its :attr:`AdapterBank.nbytes` are what they hold.
 - **selected**: ``Request(adapter=name)`` picks one per request (``None``: the base model).
 
-How rows with different adapters share one forward: each targeted ``Linear`` of the model
-is wrapped once by a :class:`RowLoRALinear` (idempotent; the weights are not changed, no
-adapter is fused into them). Before every forward the runner sets, with
-:func:`selected`, which adapter each row of *that* forward uses (the prefill group's rows,
-one row of a per-row prefill chunk, the join forward's rows, the running batch's rows: each
-has its own row order). The wrapper then adds, per row ``b``, mlx-lm's LoRA term with that
-row's own matrices, gathered from the bank::
+Each targeted ``Linear`` is wrapped once by a :class:`RowLoRALinear` (weights unchanged,
+nothing fused); before every forward the runner sets, with :func:`selected`, each row's
+adapter for *that* forward, and the wrapper adds mlx-lm's LoRA term per row
+(``docs/adapters.md``)::
 
     y[b] = linear(x[b]) + scale[i_b] * ((x[b] @ A[i_b]) @ B[i_b])      i_b = index of row b's adapter
 
     x [B, L, I] @ A[idx] [B, I, R] -> [B, L, R] @ B[idx] [B, R, O] -> [B, L, O]
 
-Slot 0 of every stack is the base model: ``A``, ``B`` and ``scale`` zero, so a row without
-adapter gets a delta of exactly ``0.0`` (its outputs equal the base model's bit for bit).
-Adapters of different rank are zero-padded to the largest rank ``R``; an adapter that does
-not target a layer has zeros there. A forward whose rows all use the base model (or any
-forward outside the scheduler, e.g. an oracle on the same model object) runs the plain
-``Linear`` and nothing else.
+Slot 0 of every stack is the base model (zeros: a row without adapter is the base model
+bit for bit); ranks are zero-padded to ``R``. A forward whose rows all use the base model,
+or any forward outside the scheduler, runs the plain ``Linear``.
 
 Axis letters: ``B`` rows of one forward, ``L`` tokens per row, ``I`` / ``O`` a Linear's
 input / output features, ``r`` one adapter's rank, ``R`` the largest loaded rank, ``N``
@@ -188,11 +182,10 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
         The :class:`Adapter` (matrices as stored, float32 for mlx-lm's trainer).
 
     Raises:
-        ValueError: naming the adapter and the field: a missing file, a
-            ``fine_tune_type`` other than ``lora`` (DoRA, full), a bad
-            ``lora_parameters.rank`` / ``scale``, a tensor for a layer the model lacks or
-            that is not a Linear, a ``lora_a`` without its ``lora_b``, shapes of another
-            architecture, or tensors whose rank differs from ``lora_parameters.rank``.
+        ValueError: naming the adapter and the field: a missing file, a ``fine_tune_type``
+            other than ``lora`` (DoRA, full), a bad ``lora_parameters.rank`` / ``scale``, a
+            tensor for a layer the model lacks or that is not a Linear, a ``lora_a`` without
+            its ``lora_b``, shapes of another architecture, or a rank other than the config's.
     """
     folder = Path(path)
     where = f"adapter {name!r} ({folder})"
@@ -284,7 +277,7 @@ def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array,
     """One layer's ``(A [N+1, I, R], B [N+1, R, O])``: slot 0 and adapters without this
     layer zero, ranks zero-padded to ``R``."""
     a0, b0 = next(ad.layers[path] for ad in adapters if path in ad.layers)
-    I, O = a0.shape[0], b0.shape[1]
+    I, O = a0.shape[0], b0.shape[1]  # noqa: E741 (the module's axis letters: I in, O out)
     a_rows, b_rows = [mx.zeros((I, rank), a0.dtype)], [mx.zeros((rank, O), b0.dtype)]
     for ad in adapters:
         a, b = ad.layers.get(path, (mx.zeros((I, ad.rank), a0.dtype), mx.zeros((ad.rank, O), b0.dtype)))

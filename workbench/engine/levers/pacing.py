@@ -5,35 +5,25 @@ Knows: the cost of the engine's forwards (:class:`workbench.engine.levers.cost.C
 what this engine measured), the shape of the next prefill chunk. Must not know: requests,
 the queue, events (the scheduler asks; :class:`Pacer` answers and learns).
 
-One *iteration* is ``admit(); step(); filter()``. A running row waits, between two of
-its tokens, for everything the iteration runs: the decode step (``[B, 1]``) plus any
-prefill chunks and join forwards ``admit()`` ran before it. vLLM bounds that work by a
-per-iteration *token* budget (``max_num_batched_tokens``, chunked prefill); here the
-budget is *time*, from the cost model::
+One *iteration* is ``admit(); step(); filter()``: a running row waits, between two
+tokens, for its decode step plus the prefill chunks and joins before it. vLLM bounds that
+by tokens (``max_num_batched_tokens``); here the budget is *time* (``docs/pacing.md``)::
 
     target     = itl_target_s, or itl_target_steps x the predicted decode step (default 8)
     prefill    = target - predicted decode step      (inf while no row is running)
     chunk k    = the most tokens with predicted prefill_s(rows, k, start) <= what is left
     join       = run when its predicted [n, 1] forward still fits (or nothing ran yet)
 
-Chunks are never shorter than an *efficient* chunk (per-token time at least its fixed
-time, and at least ``min_chunk_tokens``): when the budget cannot fit one, nothing more runs
-this iteration, or, if nothing ran yet, the efficient chunk runs over the budget. Chunk
-lengths are powers of two (or a prompt's last tokens). Predictions are corrected by what
-was measured: a prior ``cost_model`` scaled by the median measured / predicted ratio, or,
-without one, prefill coefficients fitted online
-(:func:`workbench.engine.levers.cost.nonnegative_lstsq`) and the median measured decode step.
-
-A decode sample is the time between two ``admit()`` calls outside prefill, taken only
-when exactly one decode step ran in between. The scheduler reports each paced ``admit()``::
+Chunks are powers of two (or a prompt's last tokens), never shorter than an *efficient*
+chunk (per-token time at least its fixed time, at least ``min_chunk_tokens``): one that
+does not fit waits, unless nothing ran yet. Predictions are corrected by measurements: a
+prior ``cost_model`` scaled by the median measured / predicted ratio, else coefficients
+fitted online (:func:`workbench.engine.levers.cost.nonnegative_lstsq`). The scheduler
+reports each paced ``admit()``::
 
     pacer.begin_iteration(now_s, step_index, rows, width_tokens)  # admit() starts
     pacer.observe_prefill(rows, tokens, start_tokens, seconds)    # each chunk it runs
     pacer.end_iteration(now_s)                                    # admit() returns
-
-Without a prior, the first chunk's time is split into a fixed part (one decode step: a
-forward reads the weights once whatever its length) and a per-token rest until chunks of
-two shapes have been measured.
 """
 
 from __future__ import annotations

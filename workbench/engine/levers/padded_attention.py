@@ -5,18 +5,12 @@ Knows: MLX's custom CUDA kernels (``mx.fast.cuda_kernel``) and mlx-lm's ``BatchK
 layout (``keys`` / ``values`` buffers ``[B, n_kv_heads, S, head_dim]``, ``left_padding``
 ``[B]``, write index ``_idx``). Must not know: requests, the queue, events.
 
-Why: MLX's fused one-query attention kernel on CUDA takes no array mask
-(``supports_sdpa_vector``: ``!has_arr_mask``), so a decode step over left-padded rows runs
-the unfused fallback (what it costs: ``docs/architecture.md``). The mask of a decode step
-only says "row ``b`` attends columns ``left_padding[b] .. idx - 1``", so a kernel that
-starts each row's loop at its padding needs no mask at all.
-
-The kernel: one thread block of ``WARPS`` warps per (row, query head); the warps split the
-row's columns (flash-decoding), each lane holds ``head_dim / 32`` dimensions, scores are
-reduced across the warp, softmax is online in float32, and the warps' partial results are
-combined through shared memory. Inputs in the model's dtype, accumulation in float32,
-output in the input dtype: the same attention as ``mx.fast.scaled_dot_product_attention``
-with the padding mask, within float rounding (not bit-equal to mlx-lm's unfused path).
+Why: MLX's fused one-query attention on CUDA takes no array mask, so padded decode steps
+run the unfused fallback (``docs/architecture.md``); a decode mask only says "row ``b``
+attends columns ``left_padding[b] .. idx - 1``", which a kernel starting each row there
+needs no mask for. One block of ``WARPS`` warps per (row, query head) splits the columns
+(flash-decoding), online softmax in float32: ``mx.fast.scaled_dot_product_attention``
+with the padding mask, within float rounding.
 """
 
 from __future__ import annotations

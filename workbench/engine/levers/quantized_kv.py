@@ -14,23 +14,12 @@ Axis letters: ``B`` rows, ``H`` KV heads, ``S`` cache positions, ``D`` head dim,
 Keys and values are each a tuple ``(packed [B, H, S, D_p] uint32, scales [B, H, S, G],
 biases [B, H, S, G])``, scales and biases in the model's activation dtype, exactly what
 ``mx.quantize(x, group_size, bits)`` returns for ``x`` ``[B, H, S, D]`` and what mlx-lm's
-``quantized_scaled_dot_product_attention`` reads (the model's attention takes that path
-because the cache has ``bits``). Quantization groups run along ``D`` only, so each
-position is quantized on its own: quantizing a whole buffer equals quantizing its
-positions one by one, bit for bit (tested), and padding, rolling, slicing rows or
-positions commute with it.
+``quantized_scaled_dot_product_attention`` reads. Groups run along ``D`` only, so each
+position is quantized on its own (padding, rolling and slicing commute with it).
 
-When mlx-lm quantizes (``generate_step(..., kv_bits, kv_group_size, quantized_kv_start)``):
-after every forward (each prefill chunk of ``prefill_step_size`` tokens, then each
-one-token step) it calls ``maybe_quantize_kv_cache``, which converts a layer's
-``KVCache`` with ``offset >= quantized_kv_start`` to a ``QuantizedKVCache`` (the whole
-float buffer through ``mx.quantize``). The forward that crosses the threshold still
-attends to float keys; every later one to quantized keys. The engine matches
-``quantized_kv_start=0``: a row's *first* forward (its first prefill chunk, or the join
-forward for a one-token prompt) runs on float keys, every later one on quantized keys.
-Other starts are not offered: a batch whose rows cross the threshold at different steps
-would need float and quantized rows in one layer, and mlx-lm picks the attention path
-per layer (``hasattr(cache, "bits")``), not per row.
+The engine matches mlx-lm's ``generate_step(..., quantized_kv_start=0)``: a row's first
+forward runs on float keys, every later one on quantized keys (``docs/quantized-kv.md``
+says why other starts are not offered).
 
 Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``), after
 ``merge`` of a 3-token and a 1-token solo cache::

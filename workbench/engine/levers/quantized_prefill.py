@@ -15,7 +15,7 @@ cache before the join forward), ``C`` chunk length.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 
@@ -28,22 +28,16 @@ from .quantized_kv import KVQuant, is_quantized, merge_rows, quantize_batch
 
 class QuantizedPrefillGroup(PrefillGroup):
     """A :class:`workbench.engine.prefill.PrefillGroup` whose caches are quantized after
-    every chunk, as ``generate_step(..., kv_bits, quantized_kv_start=0)`` quantizes after
-    every prefill forward: a row's first chunk attends to float keys, later ones to
-    quantized keys. Batched groups quantize the group's ``BatchKVCache`` layers (after
-    ``finalize`` for a padded group, which runs in one chunk); per-row groups quantize the
-    row's own mlx-lm cache with ``maybe_quantize_kv_cache`` (the reference's own call) and
-    merge the rows into a :class:`BatchQuantizedKVCache`. A row that has not run yet
-    (empty prompt tail) keeps a float cache: its first forward is the join forward
-    (:func:`join_forward`).
+    every chunk, as ``generate_step(..., kv_bits, quantized_kv_start=0)`` does: a row's
+    first chunk attends to float keys, later ones to quantized keys. Per-row groups
+    quantize each row's mlx-lm cache with ``maybe_quantize_kv_cache`` and merge them into a
+    :class:`BatchQuantizedKVCache`; a row with an empty tail keeps a float cache until its
+    join forward (:func:`join_forward`).
 
-    Which tokens the first (float) forward covers decides the numbers, so each row's first
-    chunk is exactly ``first_tokens[b]`` tokens: the reference's first forward,
-    ``min(prefill_step_size, prompt - 1)`` (1 for a one-token prompt), whatever chunk
-    size the caller asks for (pacing) and however long the row's input is (a preempted
-    row resumes from prompt + generated tokens). Later chunks run as asked: on quantized
-    keys, a position's result does not depend on the chunk it runs in (up to float
-    summation order). A group whose rows cannot share that first chunk runs per row.
+    The first (float) forward decides the numbers, so each row's first chunk is exactly
+    ``first_tokens[b]`` tokens (the reference's ``min(prefill_step_size, prompt - 1)``),
+    whatever chunk the caller asks for; later chunks run as asked. A group whose rows
+    cannot share that first chunk runs per row.
 
     Args:
         quant: the quantization. first_tokens: per row, tokens of its first forward
@@ -117,7 +111,7 @@ def fresh_rows(group: PrefillGroup) -> list[int]:
 
 def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array, samplers: Sequence[Any],
                  contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool,
-                 select: Callable[[list[int]], ContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
+                 select: Callable[[list[int]], contextlib.AbstractContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
     """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
     then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
 

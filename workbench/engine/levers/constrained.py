@@ -1,0 +1,281 @@
+"""Structured output per row: ``Request(json_schema=...)``, ``Request(regex=...)``,
+``Request(choices=[...])`` as a per-row logits mask, through llguidance.
+
+Knows: the three constraint fields and their limits, llguidance (``LLMatcher``,
+``LLTokenizer`` built from the Hugging Face tokenizer by ``llguidance.hf.from_tokenizer``),
+the model's vocabulary size. Must not know: the scheduler, caches, the batch's row order.
+
+How a row is constrained (``docs/structured-output.md`` says why llguidance):
+
+- At ``submit`` :func:`constraint_of` checks the fields (at most one of them; a dict or
+  JSON-text object schema, a non-empty regex, a non-empty list of non-empty choices) and
+  compiles the grammar against the tokenizer, so a bad one is refused before any state
+  changes (``ValueError`` naming the field and llguidance's message).
+- The row's :class:`RowGrammar` is its last logits processor (``RowSampler``): for the
+  token at index ``t`` it brings its matcher to the row's generated tokens ``[0, t)`` (read
+  from the context the engine hands every processor: prompt, then generated tokens),
+  computes llguidance's bitmask and sets every refused token's logit to ``-inf`` in that
+  row only, ``[1, V]``; other rows' logits are never touched.
+- The grammar state is a function of the row's generated tokens; the matcher is only its
+  cache. :meth:`RowGrammar.sync` compares the tokens the matcher consumed with the ones
+  asked for, rolls back to their common prefix and consumes the rest, so no engine path
+  (a rolled-back or interrupted call, ``restore``, ``fork``, preemption and recompute, a
+  prompt-cache hit) can advance it twice or leave it behind.
+- A row whose grammar is complete (llguidance ``is_stopped``: only EOS may follow) finishes
+  with ``stop`` (:meth:`RowGrammar.done`); a token the grammar refuses (a custom sampler
+  ignoring the mask) or a grammar with no continuation raises :class:`GrammarError`, which
+  ends that row only (``error``).
+
+Axis letters: ``V`` vocabulary, ``T`` context tokens (prompt + generated).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..sampling import BadOutput
+
+FIELDS = ("json_schema", "regex", "choices")
+# JSON output without free whitespace (llguidance's separators ``", "`` and ``": "``), so a
+# schema's output is bounded; a schema's own ``"x-guidance"`` options override it.
+JSON_DEFAULTS = {"whitespace_flexible": False}
+EXTRA = "structured"  # pip install -e ".[structured]"
+# Rust regex-syntax's meta characters (its ``escape``): a choice is matched literally.
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+class GrammarError(BadOutput):
+    """The row's grammar refused a token or has no continuation; the message (naming the
+    field) is the row's error."""
+
+
+def _llguidance() -> Any:
+    """The ``llguidance`` module. Raises: ImportError naming the extra to install."""
+    try:
+        import llguidance
+        import llguidance.hf  # noqa: F401  (from_tokenizer)
+    except ImportError as exc:
+        raise ImportError(f"structured output (Request(json_schema= / regex= / choices=)) needs llguidance: "
+                          f"pip install -e \".[{EXTRA}]\" (or pip install llguidance); {exc}") from None
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A request's checked constraint.
+
+    Attributes:
+        field: ``"json_schema"``, ``"regex"`` or ``"choices"``.
+        source: the constraint as text: the schema as compact JSON, the regex, or the
+            choices as a JSON list.
+        grammar: llguidance's grammar (``LLMatcher.grammar_from_*``), valid for the tokenizer.
+    """
+
+    field: str
+    source: str
+    grammar: str
+
+    def label(self, width: int = 48) -> str:
+        """``field=source`` cut to ``width`` characters (``…`` marks a cut), for views.
+        Example: ``Constraint("regex", "[0-9]+", g).label()`` is ``"regex=[0-9]+"``."""
+        text = f"{self.field}={self.source}"
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def choices_regex(choices: Sequence[str]) -> str:
+    """A regex matching exactly one of ``choices`` (each matched literally: Rust regex
+    meta characters escaped). Example: ``choices_regex(["a.b", "c"])`` is ``"(a\\.b|c)"``."""
+    return "(" + "|".join("".join("\\" + c if c in _REGEX_META else c for c in s) for s in choices) + ")"
+
+
+def requested(request: Any) -> list[str]:
+    """The constraint fields ``request`` sets (not ``None``), in :data:`FIELDS` order."""
+    return [f for f in FIELDS if getattr(request, f, None) is not None]
+
+
+def _source(field: str, value: Any) -> tuple[str, str]:
+    """``(source text, llguidance grammar)`` of one field's value. Raises: ValueError
+    naming the field and what it must be."""
+    llg = _llguidance().LLMatcher
+    if field == "json_schema":
+        schema = value
+        if isinstance(value, str):
+            try:
+                schema = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema must be a JSON schema object (a dict or its JSON text); "
+                                 f"the text is not JSON: {exc}") from None
+        if not isinstance(schema, Mapping):
+            raise ValueError(f"json_schema must be a JSON schema object (a dict or its JSON text), got "
+                             f"{type(schema).__name__}")
+        source = json.dumps(schema, separators=(",", ":"))
+        return source, llg.grammar_from_json_schema(source, defaults=JSON_DEFAULTS)
+    if field == "regex":
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"regex must be a non-empty str, got {value!r}")
+        return value, llg.grammar_from_regex(value)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"choices must be a non-empty list of non-empty str, got {value!r}")
+    for i, c in enumerate(value):
+        if not isinstance(c, str) or not c:
+            raise ValueError(f"choices[{i}] must be a non-empty str, got {c!r}")
+    unique = list(dict.fromkeys(value))
+    return json.dumps(unique, ensure_ascii=False), llg.grammar_from_regex(choices_regex(unique))
+
+
+def constraint_of(request: Any, tokenizer: Any, vocab_size: int) -> Constraint | None:
+    """The checked, compiled constraint of ``request`` (``None`` when it sets none).
+
+    Args:
+        request: a ``workbench.Request``.
+        tokenizer: mlx-lm's ``TokenizerWrapper`` (a Hugging Face fast tokenizer inside).
+        vocab_size: ``V``, rows of the model's output.
+
+    Raises:
+        ValueError: more than one of ``json_schema`` / ``regex`` / ``choices``; a field of
+            the wrong type or empty; a schema or regex llguidance refuses (its message);
+            a tokenizer llguidance cannot map (not a fast tokenizer).
+        ImportError: llguidance is not installed (naming the ``structured`` extra).
+    """
+    fields = requested(request)
+    if not fields:
+        return None
+    if len(fields) > 1:
+        raise ValueError(f"Request: give at most one of json_schema, regex, choices; got {fields}")
+    field = fields[0]
+    source, grammar = _source(field, getattr(request, field))
+    error = _llguidance().LLMatcher.validate_grammar(grammar, ll_tokenizer(tokenizer, vocab_size))
+    if error:
+        raise ValueError(f"{field}: llguidance refuses it: {error.strip()}")
+    return Constraint(field, source, grammar)
+
+
+_TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyDictionary()
+
+
+def ll_tokenizer(tokenizer: Any, vocab_size: int) -> Any:
+    """llguidance's ``LLTokenizer`` for mlx-lm's ``tokenizer`` and ``V`` = ``vocab_size``
+    (``llguidance.hf.from_tokenizer``, its EOS = the tokenizer's ``eos_token_ids``), built
+    once per tokenizer object (about 0.9 s for a 49k vocabulary) and kept while it lives.
+
+    Raises:
+        ValueError: the tokenizer is not a Hugging Face fast tokenizer (nothing to map).
+    """
+    built = _TOKENIZERS.setdefault(tokenizer, {})
+    if vocab_size not in built:
+        hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's TokenizerWrapper holds the HF one
+        eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
+        try:
+            built[vocab_size] = _llguidance().hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos or None)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"structured output needs a Hugging Face fast tokenizer (tokenizer.json); "
+                             f"llguidance cannot map {type(hf).__name__}: {exc}") from None
+    return built[vocab_size]
+
+
+class RowGrammar:
+    """One row's grammar as a logits processor ``(context [T], logits [1, V]) -> logits [1, V]``.
+
+    Args:
+        constraint: the row's :class:`Constraint`.
+        tokenizer: llguidance's ``LLTokenizer`` (:func:`ll_tokenizer`).
+        prompt_tokens: the row's prompt length; ``context[prompt_tokens:]`` are its
+            generated tokens (a preempted row's context is the same prompt + tokens).
+
+    Attributes:
+        mask_calls: masks computed so far (for the cost benchmark).
+
+    Interrupt-safe: the matcher and the tokens it consumed are one attribute, detached
+    while the matcher changes, so an exception (``KeyboardInterrupt`` included) at any
+    point leaves either the pair as it was or none (the next call replays the tokens into
+    a fresh matcher), never a matcher that consumed a token its list does not show.
+    """
+
+    def __init__(self, constraint: Constraint, tokenizer: Any, prompt_tokens: int):
+        self.constraint, self.tokenizer, self.prompt_tokens = constraint, tokenizer, int(prompt_tokens)
+        self._state: tuple[Any, tuple[int, ...]] | None = None  # (matcher, the generated ids it consumed)
+        self.mask_calls = 0
+
+    @property
+    def consumed(self) -> tuple[int, ...]:
+        """The generated tokens the matcher has consumed (its cache key; ``()`` when none)."""
+        return () if self._state is None else self._state[1]
+
+    def _fresh(self) -> Any:
+        return _llguidance().LLMatcher(self.tokenizer, self.constraint.grammar, log_level=0)
+
+    def sync(self, tokens: Sequence[int]) -> Any:
+        """Bring the matcher to exactly ``tokens`` (the row's generated ids): roll back to
+        the common prefix with :attr:`consumed` (a fresh matcher when rollback fails), then
+        consume the rest. Returns the matcher. Raises: :class:`GrammarError` for a token
+        the grammar refuses (the matcher is dropped: the next call starts afresh)."""
+        tokens = [int(t) for t in tokens]
+        state, self._state = self._state, None  # detached while it changes
+        matcher, consumed = state if state is not None else (self._fresh(), ())
+        common = 0
+        for a, b in zip(consumed, tokens, strict=False):  # lengths differ
+            if a != b:
+                break
+            common += 1
+        if common < len(consumed) and (matcher.is_error() or not matcher.rollback(len(consumed) - common)):
+            matcher, common = self._fresh(), 0
+        for i, t in enumerate(tokens[common:], start=common):
+            if not matcher.consume_token(t):
+                piece = self.tokenizer.decode_str([t]) if 0 <= t < self.tokenizer.vocab_size else ""
+                raise GrammarError(f"{self.constraint.field}: the grammar refuses token {t} ({piece!r}) after "
+                                   f"{i} generated token(s): {matcher.get_error()}")
+        self._state = (matcher, tuple(tokens))
+        return matcher
+
+    def allowed(self, tokens: Sequence[int], vocab_size: int) -> np.ndarray:
+        """The tokens that may follow ``tokens``: ``[V]`` bool (llguidance's bitmask,
+        unpacked). Raises: :class:`GrammarError` (a refused token, or nothing allowed)."""
+        matcher = self.sync(tokens)
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        self.mask_calls += 1
+        mask = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
+        if not mask.any():
+            raise GrammarError(f"{self.constraint.field}: no token of the vocabulary can continue the grammar "
+                               f"after {len(tokens)} generated token(s): {matcher.get_error()}")
+        return mask
+
+    def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
+        """``logits`` ``[1, V]`` with every token the grammar refuses after the row's
+        generated tokens (``context[prompt_tokens:]``, evaluated here) set to ``-inf``."""
+        generated = context[self.prompt_tokens:].tolist()
+        mask = mx.array(self.allowed(generated, logits.shape[-1]))[None]  # [1, V] bool
+        return mx.where(mask, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+    def done(self, tokens: Sequence[int]) -> bool:
+        """True when the grammar is complete after ``tokens``: only EOS may follow
+        (llguidance ``is_stopped``). Raises: :class:`GrammarError` for a refused token."""
+        return bool(self.sync(tokens).is_stopped())
+
+
+def row_grammar(constraint: Constraint | None, tokenizer: Any, vocab_size: int, prompt_tokens: int) -> RowGrammar | None:
+    """A fresh :class:`RowGrammar` for ``constraint`` (``None`` for none), on the tokenizer
+    mapped by :func:`ll_tokenizer`."""
+    if constraint is None:
+        return None
+    return RowGrammar(constraint, ll_tokenizer(tokenizer, vocab_size), prompt_tokens)
+
+
+def after_token(grammar: RowGrammar | None, tokens: Sequence[int]) -> tuple[str, bool]:
+    """What a row's grammar says once ``tokens`` (its generated ids, the latest just read)
+    are its output: ``(error message or "", complete)``. Raises nothing: a refused token,
+    or any exception llguidance raises, is the row's error message."""
+    if grammar is None:
+        return "", False
+    try:
+        return "", grammar.done(tokens)
+    except GrammarError as exc:
+        return str(exc), False
+    except Exception as exc:  # contained: only this row ends
+        return f"{grammar.constraint.field}: llguidance raised {type(exc).__name__}: {exc}", False

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from tests.real_model import NAME, chat_ids, real_model_folder
+from tests.real_model import chat_ids, dense_real_model
 from workbench.verify import oracle
 
 pytestmark = pytest.mark.realmodel
@@ -15,14 +15,8 @@ pytestmark = pytest.mark.realmodel
 CODE = "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n    return width * height\n"
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    real_model_folder()
-    return wb.load(NAME)
-
-
-def test_prompt_lookup_rows_that_copy_their_prompt_equal_each_request_run_alone(smollm2):
-    model, tokenizer = smollm2
+def test_prompt_lookup_rows_that_copy_their_prompt_equal_each_request_run_alone():
+    model, tokenizer = dense_real_model()
     sched = wb.Scheduler(model, tokenizer, max_batch=3, speculative="prompt-lookup", num_draft_tokens=4)
     questions = [f"Repeat this code exactly:\n```python\n{CODE}```", "Name a primary colour.",
                  f"Add type hints to this function:\n```python\n{CODE}```"]

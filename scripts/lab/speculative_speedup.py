@@ -24,7 +24,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 import workbench as wb
-from workbench.observe.speculation import acceptance, batch_tokens_per_forward
+from workbench.observe.speculation import acceptance
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
@@ -122,7 +122,8 @@ table = pd.DataFrame(rows)
 for workload in WORKLOADS:
     w = table.workload == workload
     for B in (1, 4):
-        base = table[w & (table.engine == "workbench") & (table.B == B) & (table.speculation == "none")].tok_per_s.iloc[0]
+        plain_rows = w & (table.engine == "workbench") & (table.B == B) & (table.speculation == "none")
+        base = table[plain_rows].tok_per_s.iloc[0]
         table.loc[w & (table.B == B), "vs_no_speculation"] = table[w & (table.B == B)].tok_per_s / base
     spec_ref = table[w & (table.engine == "mlx-lm") & (table.speculation == "draft")].tok_per_s.iloc[0]
     table.loc[w & (table.B == 1), "vs_mlx_lm_speculative"] = table[w & (table.B == 1)].tok_per_s / spec_ref

@@ -260,7 +260,8 @@ def test_combinations_that_cannot_speculate_are_refused_naming_why(make_sched, k
 
 
 @pytest.mark.parametrize("folder, max_kv_size, message", [
-    ("tiny-mamba2", None, "ArraysCache"), ("tiny-gemma3", None, "RotatingKVCache"), ("tiny-qwen3", 8, "RotatingKVCache"),
+    ("tiny-mamba2", None, "ArraysCache"), ("tiny-gemma3", None, "RotatingKVCache"),
+    ("tiny-qwen3", 8, "RotatingKVCache"),
     ("tiny-qwen3-next", None, "ArraysCache")])
 def test_models_whose_caches_cannot_be_trimmed_per_row_are_refused_naming_the_layer(folder, max_kv_size, message):
     model, tok = wb.load(DATA_DIR / "models" / folder)

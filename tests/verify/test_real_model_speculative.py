@@ -12,7 +12,8 @@ from workbench.verify import oracle
 
 pytestmark = pytest.mark.realmodel
 
-CODE = "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n    return width * height\n"
+CODE = ("def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n"
+        "    return width * height\n")
 
 
 def test_prompt_lookup_rows_that_copy_their_prompt_equal_each_request_run_alone():

@@ -250,7 +250,8 @@ class Verified:
     """What one verify forward decided, evaluated, per row.
 
     Attributes:
-        drafted: ``[B]`` draft tokens each row fed. accepted: ``[B]`` drafts accepted. tokens, logprobs: per row the accepted drafts
+        drafted: ``[B]`` draft tokens each row fed. accepted: ``[B]`` drafts accepted.
+        tokens, logprobs: per row the accepted drafts
             and their log-probabilities (natural log) under the target.
         pending: the next token per row (``choice[a_b]``), as the next step reads it.
     """
@@ -307,4 +308,5 @@ def verify(model: Any, caches: Sequence[Any], pending_tokens: Sequence[int], dra
     pending = Pending(mx.array([c[b][acc[b]] for b in rows], dtype=mx.uint32),
                       mx.array([p[b][acc[b]] for b in rows], dtype=mx.float32),
                       mx.array([f[b][acc[b]] for b in rows]), {b: e for b, e in errors.items() if acc[b] == 0})
-    return Verified([len(d) for d in drafts], acc, [list(drafts[b][: acc[b]]) for b in rows], [p[b][: acc[b]] for b in rows], pending)
+    return Verified([len(d) for d in drafts], acc, [list(drafts[b][: acc[b]]) for b in rows],
+                    [p[b][: acc[b]] for b in rows], pending)

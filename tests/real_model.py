@@ -27,3 +27,12 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     """One user turn through the model's chat template, generation prompt added."""
     return list(tokenizer.apply_chat_template([{"role": "user", "content": question}],
                                               add_generation_prompt=True))
+
+
+def dense_real_model():
+    """``(model, tokenizer)`` of the real model as ``wb.load`` gives it on the CPU (dequantized
+    to float32), fetched if needed (else a skip)."""
+    import workbench as wb
+
+    real_model_folder()
+    return wb.load(NAME)

@@ -105,6 +105,9 @@ SAMPLES_SCRIPT = (
     ("step", None), ("abort", 5), ("step", None), ("filter", None),
     ("run", None),
 )
+# SCRIPT with three times the tokens: speculating rows advance several tokens a step, and the
+# script's preempt still needs a running row
+SPEC_SCRIPT = tuple((op, (arg[0], arg[1], 3 * arg[2], *arg[3:]) if op == "submit" else arg) for op, arg in SCRIPT)
 
 CONFIGS = {
     "pipelined": (SCRIPT, {}),
@@ -114,6 +117,8 @@ CONFIGS = {
     "packed-budget": (BUDGET_SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None,
                                           budget_requests=2)),
     "samples": (SAMPLES_SCRIPT, {}),
+    "speculative": (SPEC_SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),
+    "draft": (SPEC_SCRIPT, dict(speculative="the model itself", num_draft_tokens=2)),  # drafts with its own weights
 }
 
 
@@ -198,6 +203,9 @@ def make_scheduler(family: str, config_name: str, clock=None, **extra) -> wb.Sch
         options["kv_budget_bytes"] = budget_requests * wb.Scheduler(model, tok, **options).ledger.alone_bytes(
             6, BUDGET_TOKENS - 6)
     elif budget_requests:
+    if options.get("speculative") == "the model itself":
+        options["speculative"] = model
+    if budget_requests:
         options["kv_budget_bytes"] = budget_requests * alone_bytes(  # rows as mlx-lm allocates them
             model, 6, BUDGET_TOKENS - 6, options["prefill_step_size"], max_kv_size, exact_chunks=False)
     return wb.Scheduler(model, tok, max_kv_size=max_kv_size, clock=clock or FakeClock(), **options)
@@ -280,6 +288,10 @@ def test_the_scripts_cover_every_kind_of_call_join_and_abort():
     assert {e.join_mode for e in sched.events if e.kind == "join"} == {"new batch", "extend", "free slot"}
     assert sorted(sched.finish_reason(u) for u in sched.requests) == ["abort"] * 3 + ["length"] * 3
     assert any(e.n_cached for e in sched.events if e.kind == "admit"), "a prompt-cache hit"
+    for name in ("speculative", "draft"):
+        _, sched = reference_of("llama", name)
+        drafts = [e for e in sched.events if e.kind == "draft"]
+        assert sum(e.n_accepted for e in drafts) > 0, f"{name}: drafts accepted"
     _, sched = reference_of("llama", "budget")
     assert [e.uid for e in sched.events if e.kind == "preempt"] == [1], "admit() preempted a row for uid 2"
     _, sched = reference_of("llama", "samples")
@@ -296,6 +308,8 @@ CASES += [("llama", "pipelined", "line"), ("mamba2", "plain", "line"), ("gemma3"
 CASES += [("llama", "packed", kind) for kind in KINDS] + [("llama", "packed-budget", kind) for kind in ("layer", "eval")]
 CASES += [(family, "samples", kind) for family in ("llama", "qwen3next") for kind in KINDS if kind != "line"]
 CASES += [("gemma3", "samples", "line")]
+CASES += [("llama", "speculative", kind) for kind in ("on_token", "layer", "eval", "clock", "line")]
+CASES += [("llama", "draft", kind) for kind in ("layer", "eval", "line")]
 
 
 @pytest.mark.parametrize("family, config_name, kind", CASES)

@@ -46,7 +46,10 @@ class Batch:
         fast_path: the decode fast paths the last decode step took
             (:func:`workbench.engine.levers.fastpath.decode_fast_path`: ``"no mask"``, ``"padded
             kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's forward
-            as it is); ``""`` before the first decode step.
+            as it is; ``"verify"``: a speculative verify forward); ``""`` before the first decode step.
+        draft: the draft model's own batch caches
+            (:class:`workbench.engine.levers.draft_model.DraftCaches`) when speculating with one,
+            else ``None``; it follows the rows by uid at each speculative step.
     """
 
     def __init__(self, reuse_slots: bool = True):
@@ -56,6 +59,7 @@ class Batch:
         self.pending: Pending | None = None
         self.free: list[int] = []
         self.fast_path = ""
+        self.draft = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -162,4 +166,5 @@ class Batch:
         out.pending = None if self.pending is None else self.pending.clone()
         out.free = list(self.free)
         out.fast_path = self.fast_path
+        out.draft = None if self.draft is None else self.draft.clone(share_appended)
         return out

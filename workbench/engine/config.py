@@ -25,6 +25,8 @@ from .packed.plan import SCHEDULES
 LAYOUTS = ("padded", "packed")
 
 _FORK = {"fork": True}  # field metadata: a fork (``Scheduler.fork``) may change it
+SPECULATIVE_METHODS = ("prompt-lookup",)  # speculative= names (else a draft model object)
+MAX_DRAFT_TOKENS = 16  # num_draft_tokens' upper limit
 
 
 def _setting(default: Any, fork: bool = False) -> Any:
@@ -39,7 +41,10 @@ class SchedulerConfig:
     ``history_checkpoints`` are ``>= 0``; ``kv_budget_bytes`` and ``max_kv_size`` ``>= 1``
     or ``None`` (no limit). ``layout="packed"`` (:mod:`workbench.engine.packed`) takes
     ``page_size`` and ``max_num_batched_tokens`` (``>= max_batch``) and ``packed_schedule``
-    (:data:`workbench.engine.packed.plan.SCHEDULES`).
+    (:data:`workbench.engine.packed.plan.SCHEDULES`). ``speculative`` is ``None``,
+    ``"prompt-lookup"`` or a draft mlx-lm model sharing the tokenizer, with
+    ``num_draft_tokens`` in ``[1, 16]`` (:mod:`workbench.engine.levers.speculative`; what
+    cannot speculate is refused when the scheduler is built).
 
     Raises:
         ValueError: naming the field and its limit (``max_batch must be an int >= 1, got
@@ -68,6 +73,8 @@ class SchedulerConfig:
     page_size: int = 16  # packed layout: token positions per KV page, >= 1
     max_num_batched_tokens: int | None = None  # packed: most tokens per forward (vLLM's); None: prefill_step_size
     packed_schedule: str = _setting("hybrid", fork=True)  # packed: "hybrid", "prefill-first" or "decode-first"
+    speculative: Any = None  # None, "prompt-lookup" or a draft mlx-lm model (levers/speculative.py)
+    num_draft_tokens: int = 4  # most draft tokens per row and step when speculating, 1..16
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "prefill_step_size", "clear_cache_every"):
@@ -81,6 +88,15 @@ class SchedulerConfig:
             object.__setattr__(self, name, bool(getattr(self, name)))
         policy_from(self.policy)  # raises for an unknown name
         self._check_layout()
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        _check_int("num_draft_tokens", self.num_draft_tokens, 1)
+        if self.num_draft_tokens > MAX_DRAFT_TOKENS:
+            raise ValueError(f"num_draft_tokens must be an int in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens!r}")
+        if isinstance(self.speculative, str) and self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be None, one of {list(SPECULATIVE_METHODS)} or a draft mlx-lm model, "
+                             f"got {self.speculative!r}")
 
     def _check_layout(self) -> None:
         if self.layout not in LAYOUTS:

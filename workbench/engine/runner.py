@@ -16,6 +16,7 @@ from .batch import Batch
 from .decode import Pending, launch
 from .levers.fastpath import FastDecode, decode_fast_path
 from .levers.invariant import Invariance, invariant_forward
+from .levers import speculative
 from .levers.quantized_attention import attention_path
 from .prefill import PrefillGroup
 from .kv.caches import CacheRecipe, repeat_rows
@@ -153,12 +154,14 @@ class ModelRunner:
             return launch(self.model, group.prefill.caches, *args)
 
     def decode(self, batch: Batch, tokens: mx.array, contexts: Sequence[Callable[[], mx.array]],
-               asynchronous: bool) -> Pending:
+               asynchronous: bool, index: Sequence[int] | None = None) -> Pending:
         """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
         caches and sample each row's next token (``asynchronous``: evaluation started,
         not awaited), on the fast paths that apply
-        (:func:`workbench.engine.levers.fastpath.decode_fast_path`), recorded in ``batch.fast_path``."""
-        index = [len(r.tokens) + 1 for r in batch.rows]
+        (:func:`workbench.engine.levers.fastpath.decode_fast_path`), recorded in ``batch.fast_path``.
+        ``index``: per row the 0-based index of the token sampled (default: one past its
+        tokens, whose latest is still unread)."""
+        index = [len(r.tokens) + 1 for r in batch.rows] if index is None else index
         held = [r.context_tokens for r in batch.rows]
         with selected(self.adapters, names_of(batch.rows)), invariant_forward(self.model, self.invariant, held), \
                 attention_path(self._quantized_attention), \
@@ -166,6 +169,23 @@ class ModelRunner:
             batch.fast_path = path or "none"
             return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
                           index, asynchronous)
+
+    def speculate(self, batch: Batch, spec: speculative.Speculation, tokens: list[int],
+                  contexts: Sequence[Callable[[], mx.array]]) -> speculative.Verified:
+        """A speculative decode step (:mod:`workbench.engine.levers.speculative`): each row's
+        drafts, then one verify forward ``[B, 1 + K]`` of ``tokens`` ``[B]`` (each row's
+        latest token, read and appended) and the drafts, caches trimmed per row to what
+        each accepted; an ordinary decode step (``[B, 1]``, evaluated) when no row drafts."""
+        drafts = speculative.propose(spec, batch)
+        index = [len(r.tokens) for r in batch.rows]
+        if not any(drafts):
+            pending = self.decode(batch, mx.array(tokens, dtype=mx.uint32), contexts, False, index)
+            return speculative.Verified.without_drafts(pending)
+        batch.fast_path = "verify"
+        verified = speculative.verify(self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows],
+                                      contexts, index)
+        speculative.settle(spec, batch, verified)
+        return verified
 
     def run_chunk(self, group: Prefilling, *args: Any) -> list[int]:
         """The group's next prefill chunk (``PrefillGroup.run_chunk(*args)``), with the

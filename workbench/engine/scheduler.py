@@ -50,7 +50,7 @@ from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from .kv import caches as kv
-from .levers import constrained, fastpath, invariant, lora, quantized_kv
+from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
 from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
@@ -151,6 +151,10 @@ class Scheduler:
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(policy_from(cfg.policy), cfg)
         self.batch_invariant = invariant.configure(model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes)
+        self.speculation = speculative.configure(model, cfg.speculative, cfg.num_draft_tokens,
+                                                 batch_invariant=cfg.batch_invariant, kv_quant=quant,
+                                                 adapters=self.adapters, vocab_size=self.vocab_size,
+                                                 prefill_step_size=cfg.prefill_step_size, max_kv_size=cfg.max_kv_size)
         fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
         self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)
@@ -462,6 +466,8 @@ class Scheduler:
         if self.packed:
             return self._step_packed()
         batch.compact()
+        if self.speculation is not None:
+            return self._step_speculative()
         current = batch.pending
         contexts = [self._context(r, current, b) for b, r in enumerate(batch.rows)]
         if self.config.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
@@ -470,12 +476,25 @@ class Scheduler:
         tops = current.read_top()
         if not self.config.pipeline:
             batch.pending = self.runner.decode(batch, current.tokens, contexts, False)
-        out, finished = [], []
-        for b, row in enumerate(batch.rows):
+        for row in batch.rows:
             row.fed += 1
+        out, finished = self._read_pending(current, toks, lps, finite, tops)
+        return self._end_step(out, finished)
+
+    def _read_pending(self, current: Pending, toks: list[int], lps: list[float], finite: list[bool],
+                      tops: dict[int, tuple]) -> tuple[list[Event], list[Event]]:
+        """Read each unfinished row's token of ``current`` with its top-k log-probs ``tops``
+        (:meth:`_read_token`). Returns the token events and the finish events."""
+        out, finished = [], []
+        for b, row in enumerate(self.state.batch.rows):
             if not row.finished:
                 message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
                 self._read_token(row, b, toks[b], lps[b], message, out, finished, tops.get(b, ()))
+        return out, finished
+
+    def _end_step(self, out: list[Event], finished: list[Event]) -> list[Event]:
+        """Count the step, clear MLX's cache every ``clear_cache_every`` steps, record."""
+        st = self.state
         st.step_index += 1
         if st.step_index % self.config.clear_cache_every == 0:
             mx.clear_cache()
@@ -519,6 +538,28 @@ class Scheduler:
             mx.clear_cache()
         self._record()
         return out + finished
+
+    def _step_speculative(self) -> list[Event]:
+        """``step()`` with speculation (:mod:`workbench.engine.levers.speculative`): read
+        each row's pending token, then one verify forward of it and the row's drafts; the
+        drafts each row accepted are its next tokens (a ``draft`` event per drafting row,
+        before their token events), up to where it finishes. Not pipelined: drafting reads the tokens."""
+        batch = self.state.batch
+        current = batch.pending
+        toks, lps, finite = current.read()
+        out, finished = self._read_pending(current, toks, lps, finite, current.read_top())
+        contexts = [self._context(r, None, b) for b, r in enumerate(batch.rows)]
+        verified = self.runner.speculate(batch, self.speculation, toks, contexts)
+        for b, row in enumerate(batch.rows):
+            row.fed += 1 + verified.accepted[b]
+            if verified.drafted[b]:
+                out.append(self._log("draft", row.uid, row=b, n_tokens=verified.drafted[b],
+                                     n_accepted=verified.accepted[b]))
+            for token, logprob in zip(verified.tokens[b], verified.logprobs[b]):
+                if not row.finished:
+                    self._read_token(row, b, token, logprob, "", out, finished)
+        batch.pending = verified.pending
+        return self._end_step(out, finished)
 
     def _read_token(self, row: RequestState, b: int, token: int, logprob: float, message: str,
                     out: list[Event], finished: list[Event], top: tuple = ()) -> None:

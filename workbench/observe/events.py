@@ -26,6 +26,9 @@ Kinds (``Event.kind``):
 ``evict``     the finished row left the batch at ``filter`` (was ``row``)
 ``preempt``   the running row's cache was dropped and the request re-queued;
               ``n_tokens`` = tokens generated so far (kept; it resumes)
+``draft``     a speculative step verified ``n_tokens`` draft tokens of ``uid`` at
+              ``row`` and accepted ``n_accepted`` of them (logged before that step's
+              token events; ``Scheduler(speculative=...)``)
 ============  ==============================================================
 
 ``message`` carries error text only (a ``finish`` with reason ``error``).
@@ -40,7 +43,7 @@ from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
 
-EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict", "preempt")
+EVENT_KINDS = ("submit", "admit", "prefill", "join", "token", "finish", "evict", "preempt", "draft")
 JOIN_MODES = ("new batch", "extend", "free slot", "packed")
 
 
@@ -61,6 +64,7 @@ class Event:
     join_mode: str = ""
     message: str = ""
     top_logprobs: tuple = ()
+    n_accepted: int = 0
 
     def __post_init__(self):
         if self.kind not in EVENT_KINDS:

@@ -14,6 +14,7 @@ import pandas as pd
 from .events import Event, events_frame
 from .metrics import percentiles, request_metrics, throughput_tok_per_s
 from .top_logprobs import top_logprobs_frame
+from .speculation import acceptance
 
 
 class Report:
@@ -37,6 +38,10 @@ class Report:
         top_logprobs: the top-k log-probs of every token of requests that asked
             (``Request(top_logprobs=k)``), one row per token and rank
             (:func:`workbench.observe.top_logprobs.top_logprobs_frame`).
+        speculation: per request that produced a token, its draft tokens verified and
+            accepted, acceptance rate and tokens per verify forward
+            (:func:`workbench.observe.speculation.acceptance`; no drafts without
+            ``Scheduler(speculative=...)``).
     """
 
     def __init__(self, events: pd.DataFrame | Sequence[Event], requests: pd.DataFrame | None = None,
@@ -71,6 +76,11 @@ class Report:
     def throughput_tok_per_s(self) -> float:
         """Generated tokens per second over the run."""
         return throughput_tok_per_s(self.events)
+
+    @functools.cached_property
+    def speculation(self) -> pd.DataFrame:
+        """Per-request speculation readings (built on first read)."""
+        return acceptance(self.events)
 
     def __repr__(self) -> str:
         return f"Report({self._n} events)"

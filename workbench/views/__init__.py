@@ -21,6 +21,7 @@ state vs KV (history)  ``state_text``              ``render_state``
 packed layout (snap)   ``packed_text``,            ``render_packed_mask``,
                        ``budget_text(history)``    ``render_page_table``,
                                                    ``render_token_budget(history)``
+drafts (events)        ``drafts_text``             ``render_drafts``
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
@@ -35,12 +36,14 @@ from .kv import kv_history_text, kv_text, render_kv
 from .latency import latency_text, render_latency
 from .mask import mask_text, render_masks
 from .paged import paged_text, render_paged
+from .speculative import drafts_text, render_drafts
 from .style import figure_png
 from .timeline import render_timeline, render_timelines, timeline_text
 
 __all__ = [
-    "Panel", "divergence_text", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text", "paged_text",
-    "render_divergence", "render_kv", "render_latency", "render_masks", "render_paged", "render_timeline", "render_timelines", "timeline_text",
+    "Panel", "divergence_text", "drafts_text", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text", "paged_text",
+    "render_divergence", "render_kv", "render_latency", "render_masks",
+    "render_drafts", "render_paged", "render_timeline", "render_timelines", "timeline_text",
 ]
 
 

@@ -1,0 +1,313 @@
+"""Speculative decoding inside the batch: draft tokens per row, one batched verify
+forward, per-row acceptance, each row's cache trimmed to what it accepted.
+
+Knows: mlx-lm's ``BatchKVCache`` through its public ``trim`` / ``prepare`` / ``finalize``,
+the model's forward over ``[B, 1 + K]`` tokens, greedy acceptance. Must not know: the
+queue, events, admission.
+
+``Scheduler(speculative="prompt-lookup", num_draft_tokens=k)`` drafts each row's next
+tokens from its own context (prompt and generated tokens) by n-gram lookup, no second
+model (vLLM's ``ngram`` speculative method, "prompt lookup decoding");
+``Scheduler(speculative=draft_model)`` drafts with a second mlx-lm model sharing the
+tokenizer, which keeps its own batch caches (:mod:`workbench.engine.levers.draft_model`).
+
+One speculative step (the row's pending token ``t0`` was sampled by the last forward)::
+
+    read t0 ─▶ drafts d[0..n_b) per row (n_b <= k; 0 for rows that cannot speculate)
+            ─▶ one verify forward over [B, 1 + K] = [t0, d..., pad...]   (K = max n_b)
+            ─▶ choice[j] = the target's token after input position j (j = 0..K)
+            ─▶ accept d[j] while choice[j] == d[j]: a_b drafts; the next pending token
+               is choice[a_b] (the "bonus" token: one more than accepted, always)
+            ─▶ trim row b's cache by K - a_b positions
+
+Only greedy rows without logits processors, a custom sampler or top-k log-probs speculate (their choice is
+the argmax, so accepting while the argmax equals the draft gives exactly the tokens of a
+non-speculative run). Sampled rows get no drafts and decode one token per step as before
+in the same forward: exact, without the rejection-sampling rule (Leviathan et al.), which
+would change which tokens a seeded row draws.
+
+Per-row trimming (worked example, ``_idx = 6`` after the verify forward of ``K = 2``)::
+
+    row 0 accepted 2, rejects 0   [a b c t d d]  lp 0       [a b c t d d]  lp 0
+    row 1 accepted 0, rejects 2   [0 x y t r r]  lp 1  ──▶  [r r 0 x y t]  lp 3 (rolled right by 2)
+
+``trim(min rejected)`` moves the shared write index (``min`` is 0 here), then every other
+row is rolled right by what it rejected beyond that (mlx-lm's ``prepare(right_padding=)``
++ ``finalize()``, the right-padding roll of its chunked prefill): its rejected positions
+wrap into its left padding, which the mask hides. Every row ends at the write index, so
+the KV width stays the longest row's tokens plus shared padding.
+
+Axis letters: ``B`` rows, ``K`` most drafts of any row, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from ..decode import Pending
+from ..sampling import RowSampler, sample_rows
+
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How a scheduler speculates.
+
+    Attributes:
+        num_draft_tokens: most draft tokens per row and step (``k``, 1..16).
+        draft: the draft model's proposer (:class:`workbench.engine.levers.draft_model.DraftModel`),
+            or ``None`` for prompt lookup.
+        max_ngram, min_ngram: the n-gram lengths prompt lookup tries, longest first (tokens).
+    """
+
+    num_draft_tokens: int
+    draft: Any = None
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    @property
+    def method(self) -> str:
+        """``"prompt-lookup"`` or ``"draft model"``."""
+        return PROMPT_LOOKUP if self.draft is None else "draft model"
+
+
+def configure(model: Any, speculative: Any, num_draft_tokens: int, *, batch_invariant: bool = False,
+              kv_quant: Any = None, adapters: Any = None, vocab_size: int | None = None,
+              prefill_step_size: int = 2048, max_kv_size: int | None = None) -> Speculation | None:
+    """The scheduler's :class:`Speculation` from ``Scheduler(speculative=,
+    num_draft_tokens=)``, or ``None`` for ``speculative=None``.
+
+    Args:
+        speculative: ``"prompt-lookup"`` or a draft mlx-lm model sharing the target's
+            tokenizer (same vocabulary size).
+        vocab_size: the target's ``V``, which a draft model must have too.
+
+    Raises:
+        ValueError: naming why the combination cannot speculate: ``batch_invariant`` (the
+            verify forward has ``1 + k`` query positions, not the one-token forward the mode
+            makes invariant), ``kv_bits`` (the quantized cache is not trimmed per row),
+            LoRA ``adapters`` (their per-row selection is not verified over several
+            positions), a layer cache other than ``KVCache`` in the target (with
+            ``max_kv_size``: rotating) or the draft model (:func:`check_cache`), a draft model
+            of another vocabulary size.
+    """
+    if speculative is None:
+        return None
+    if batch_invariant:
+        raise ValueError("speculative cannot run with batch_invariant=True: the verify forward runs 1 + "
+                         "num_draft_tokens query positions per row, the mode makes one-token forwards invariant")
+    if kv_quant is not None:
+        raise ValueError("speculative cannot run with kv_bits: the quantized batch cache is not trimmed per row")
+    if adapters is not None:
+        raise ValueError("speculative cannot run with LoRA adapters: their per-row selection over the "
+                         "verify forward's positions is not verified")
+    check_cache(model, "the model's", max_kv_size)
+    if isinstance(speculative, str):
+        return Speculation(num_draft_tokens)
+    from .draft_model import DraftModel
+
+    return Speculation(num_draft_tokens, DraftModel.of(speculative, vocab_size, prefill_step_size))
+
+
+def draft_caps(rows: Sequence[Any], k: int) -> list[int]:
+    """Per row the most drafts it may take now: ``0`` for a finished row or one that
+    cannot speculate (:func:`speculates`), else ``k`` bounded by the tokens left to
+    ``max_tokens`` (an accepted draft is a generated token).
+
+    Args:
+        rows: the batch's :class:`~workbench.engine.state.RequestState` rows, their latest
+            read token already appended.
+    """
+    return [0 if r.finished or not speculates(r.sampler) else max(0, min(k, r.valid.request.max_tokens - len(r.tokens)))
+            for r in rows]
+
+
+def propose(spec: Speculation, batch: Any) -> list[list[int]]:
+    """Each running row's drafts for this step (prompt lookup over its prompt and
+    generated tokens, or the draft model's greedy tokens), at most :func:`draft_caps`.
+
+    Args:
+        batch: the running :class:`~workbench.engine.batch.Batch` (the draft model keeps
+            its caches in ``batch.draft``).
+    """
+    caps = draft_caps(batch.rows, spec.num_draft_tokens)
+    if not any(caps):
+        return [[] for _ in caps]
+    contexts = [list(r.valid.prompt_ids) + r.tokens for r in batch.rows]
+    if spec.draft is not None:
+        return spec.draft.propose(batch, contexts, caps)
+    return [lookup_drafts(c, n, spec.max_ngram, spec.min_ngram) if n else [] for c, n in zip(contexts, caps)]
+
+
+def settle(spec: Speculation, batch: Any, verified: Verified) -> None:
+    """After a verify forward: the draft model's caches keep only the accepted drafts."""
+    if spec.draft is not None:
+        spec.draft.settle(batch, verified.accepted)
+
+
+def speculates(sampler: RowSampler) -> bool:
+    """Whether a row may take drafts: greedy, no logits processors, no custom sampler
+    (``RowSampler.shared_argmax``), no top-k log-probs asked (an accepted draft token's
+    would need the verify forward's full distribution at its position)."""
+    return sampler.shared_argmax and not sampler.top_logprobs
+
+
+def lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """Prompt-lookup drafts: the tokens that followed the latest earlier occurrence of
+    the context's last ``n`` tokens, for ``n`` from ``max_ngram`` down to ``min_ngram``
+    (the first ``n`` that occurs earlier wins); at most ``k`` of them. Mirrors vLLM's
+    ``NgramProposer`` (which takes the first occurrence; the latest one follows the most
+    recent repetition, as in copied code).
+
+    >>> lookup_drafts([5, 6, 7, 8, 5, 6], 3)   # "5 6" occurred at 0: then 7 8 5
+    [7, 8, 5]
+    >>> lookup_drafts([1, 2, 3], 4)
+    []
+
+    Args:
+        context: the row's tokens ``[T]`` (prompt, then generated).
+        k: most drafts (``>= 0``).
+
+    Returns:
+        Up to ``k`` token ids (empty when no suffix n-gram occurred before).
+    """
+    ctx = np.asarray(context, dtype=np.int64)
+    T = len(ctx)
+    for n in range(min(max_ngram, T - 1), min_ngram - 1, -1):
+        if n < 1 or k < 1:
+            break
+        windows = np.lib.stride_tricks.sliding_window_view(ctx[: T - 1], n)  # [T - n, n], starts 0..T-n-1
+        hits = np.flatnonzero((windows == ctx[T - n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            return ctx[start : start + k].tolist()
+    return []
+
+
+def accepted_counts(drafts: Sequence[Sequence[int]], choices: Sequence[Sequence[int]]) -> list[int]:
+    """Per row, how many leading drafts the target chose too (greedy acceptance).
+
+    >>> accepted_counts([[4, 5, 6], [], [7, 8]], [[4, 5, 9, 1], [3, 0, 0, 0], [2, 8, 0, 0]])
+    [2, 0, 0]
+
+    Args:
+        drafts: per row its draft tokens ``[n_b]``.
+        choices: per row the target's token after each input position ``[1 + K]``
+            (``choices[b][j]`` follows input ``j``; input 0 is the pending token).
+    """
+    out = []
+    for d, c in zip(drafts, choices):
+        a = 0
+        while a < len(d) and c[a] == d[a]:
+            a += 1
+        out.append(a)
+    return out
+
+
+def trim_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
+    """Drop the last ``rejected[b]`` positions of row ``b`` from every layer's
+    ``BatchKVCache``, in place (see the module docstring's worked example): ``trim(m)``
+    for the ``m`` all rows reject, then each row rolled right by the rest (mlx-lm's
+    ``prepare(right_padding=)`` + ``finalize()``), its offset (RoPE position) and left
+    padding moved with it.
+
+    Args:
+        caches: per-layer ``BatchKVCache`` over ``B`` rows (no free slots).
+        rejected: ``[B]`` positions to drop per row (each ``<=`` what it just appended).
+    """
+    m = min(rejected, default=0)
+    extra = [r - m for r in rejected]
+    for c in caches:
+        if m:
+            c.trim(m)
+        if any(extra):
+            c.prepare(right_padding=extra)
+            c.finalize()
+
+
+def check_cache(model: Any, who: str, max_kv_size: int | None = None) -> None:
+    """Refuse a model whose per-layer caches cannot be trimmed per row.
+
+    Raises:
+        ValueError: naming the first layer whose cache is not mlx-lm's ``KVCache``
+            (rotating windows overwrite old positions, ``ArraysCache`` states cannot step
+            back, ``CacheList`` mixes them).
+    """
+    for i, c in enumerate(make_prompt_cache(model, max_kv_size)):
+        if type(c) is not KVCache:
+            raise ValueError(f"speculative: {who} layer {i} has a {type(c).__name__}, which cannot be trimmed per "
+                             "row (only full-attention KVCache layers can drop rejected draft tokens)")
+
+
+@dataclass
+class Verified:
+    """What one verify forward decided, evaluated, per row.
+
+    Attributes:
+        drafted: ``[B]`` draft tokens each row fed. accepted: ``[B]`` drafts accepted.
+        tokens, logprobs: per row the accepted drafts
+            and their log-probabilities (natural log) under the target.
+        pending: the next token per row (``choice[a_b]``), as the next step reads it.
+    """
+
+    drafted: list[int]
+    accepted: list[int]
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    pending: Pending
+
+    @classmethod
+    def without_drafts(cls, pending: Pending) -> "Verified":
+        """A step in which no row drafted (an ordinary decode step gave ``pending``)."""
+        B = pending.tokens.shape[0]
+        return cls([0] * B, [0] * B, [[] for _ in range(B)], [[] for _ in range(B)], pending)
+
+
+def verify(model: Any, caches: Sequence[Any], pending_tokens: Sequence[int], drafts: Sequence[Sequence[int]],
+           samplers: Sequence[RowSampler], contexts: Sequence[Any], token_index: Sequence[int]) -> Verified:
+    """One verify forward over ``[B, 1 + K]`` (each row's pending token, its drafts,
+    then padding), greedy acceptance, caches trimmed per row (:func:`trim_rows`).
+
+    Position 0 of every row is sampled as a decode step samples it
+    (:func:`workbench.engine.sampling.sample_rows`: processors, seeded draws); later
+    positions are the argmax of the log-softmax (only drafted rows, all greedy, read them).
+
+    Args:
+        caches: per-layer ``BatchKVCache`` over ``B`` rows, each holding its context up to
+            (not including) its pending token.
+        pending_tokens: ``[B]`` each row's latest read token (fed first).
+        drafts: per row up to ``K`` draft tokens (rows with none feed padding only).
+        samplers, contexts, token_index: per row, as :func:`sample_rows` takes them.
+
+    Returns:
+        The evaluated :class:`Verified`.
+    """
+    K = max(len(d) for d in drafts)
+    inputs = mx.array([[t, *d, *([t] * (K - len(d)))] for t, d in zip(pending_tokens, drafts)], dtype=mx.uint32)
+    logits = model(inputs, cache=list(caches))  # [B, 1 + K, V]
+    first, first_lp, errors = sample_rows(logits[:, 0, :], samplers, contexts, token_index)  # [B], [B, V]
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [B, 1 + K, V]
+    choices = mx.concatenate([first[:, None], mx.argmax(lp[:, 1:], axis=-1).astype(mx.uint32)], axis=1)  # [B, 1 + K]
+    picked = mx.take_along_axis(lp, choices[..., None].astype(mx.int32), axis=-1)[..., 0]  # [B, 1 + K]
+    first_picked = mx.take_along_axis(first_lp, first[:, None].astype(mx.int32), axis=-1)[:, 0]
+    finite = mx.logical_not(mx.isnan(lp).any(axis=-1))  # [B, 1 + K]
+    first_finite = mx.logical_not(mx.isnan(first_lp).any(axis=-1))
+    mx.eval(choices, picked, finite, first_picked, first_finite)
+    c, p, f = choices.tolist(), picked.tolist(), finite.tolist()
+    for b, (lp0, ok0) in enumerate(zip(first_picked.tolist(), first_finite.tolist())):
+        p[b][0], f[b][0] = lp0, ok0  # position 0 as the row's own sampler processed it
+    acc = [min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))]
+    trim_rows(caches, [K - a for a in acc])
+    rows = range(len(drafts))
+    pending = Pending(mx.array([c[b][acc[b]] for b in rows], dtype=mx.uint32),
+                      mx.array([p[b][acc[b]] for b in rows], dtype=mx.float32),
+                      mx.array([f[b][acc[b]] for b in rows]), {b: e for b, e in errors.items() if acc[b] == 0})
+    return Verified([len(d) for d in drafts], acc, [list(drafts[b][: acc[b]]) for b in rows],
+                    [p[b][: acc[b]] for b in rows], pending)

@@ -1,0 +1,89 @@
+"""Accepted and rejected draft tokens per row per step (speculative decoding), drawn from
+the event log (``draft`` events; :func:`workbench.observe.speculation.draft_grid`).
+
+Knows: events, :mod:`workbench.observe.speculation`, matplotlib. Must not know: the
+scheduler, MLX.
+
+Text form (:func:`drafts_text`): one line per uid, a cell per decode step, ``+`` per
+accepted draft token and ``-`` per rejected one (``.`` where the row drafted nothing),
+then its acceptance rate and tokens per verify forward::
+
+    4 steps, 8/15 draft tokens accepted (53%), 4.50 tokens per forward over the batch
+    uid 0 | ++++ ++-  +--- .    | 7/11 accepted (64%), 2.75 tokens/forward
+    uid 1 | .    .    ---  +    | 1/4 accepted (25%), 1.25 tokens/forward
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..observe.events import Event
+from ..observe.speculation import acceptance, batch_tokens_per_forward, draft_grid
+from . import style
+
+ACCEPTED, REJECTED = "#2f9e44", "#e03131"
+
+
+def _cell(drafted: int, accepted: int, width: int) -> str:
+    return ("+" * accepted + "-" * (drafted - accepted) if drafted else ".").ljust(width)
+
+
+def drafts_text(events: Sequence[Event] | pd.DataFrame, max_steps: int = 40) -> str:
+    """Deterministic text form (see the module docstring): the first ``max_steps`` steps
+    with drafts, a headline with the batch's totals.
+
+    Raises:
+        ValueError: ``max_steps < 1``.
+    """
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    uids, drafted, accepted = draft_grid(events)
+    table = acceptance(events).set_index("uid")
+    if not uids:
+        return "no draft tokens (speculation off, or no row could draft)"
+    width = max(1, int(drafted.max()))
+    total_d, total_a = int(drafted.sum()), int(accepted.sum())
+    lines = [f"{drafted.shape[1]} steps, {total_a}/{total_d} draft tokens accepted ({total_a / total_d:.0%}), "
+             f"{batch_tokens_per_forward(events):.2f} tokens per forward over the batch"]
+    for i, u in enumerate(uids):
+        cells = " ".join(_cell(int(d), int(a), width) for d, a in zip(drafted[i, :max_steps], accepted[i, :max_steps]))
+        r = table.loc[u]
+        lines.append(f"uid {u} | {cells} | {int(r.accepted_tokens)}/{int(r.drafted_tokens)} accepted "
+                     f"({r.acceptance_rate:.0%}), {r.tokens_per_forward:.2f} tokens/forward")
+    return "\n".join(lines)
+
+
+def render_drafts(events: Sequence[Event] | pd.DataFrame, title: str | None = None) -> Figure:
+    """Rich form: one lane per uid over the decode steps, a green bar of the accepted and
+    a red bar of the rejected draft tokens at each step; beside it, each uid's acceptance
+    rate and tokens per verify forward."""
+    uids, drafted, accepted = draft_grid(events)
+    table = acceptance(events).set_index("uid")
+    U, T = drafted.shape
+    fig = Figure(figsize=(10, 0.5 * max(U, 1) + 1.8), layout="constrained")
+    if title:
+        fig.suptitle(title)
+    lanes, rates = fig.subplots(1, 2, width_ratios=[4, 1], sharey=True)
+    k = max(1, int(drafted.max()) if drafted.size else 1)
+    for i in range(U):
+        base = i - 0.4
+        steps = np.arange(T)
+        lanes.bar(steps, accepted[i] / k * 0.8, bottom=base, width=0.8, color=ACCEPTED)
+        lanes.bar(steps, (drafted[i] - accepted[i]) / k * 0.8, bottom=base + accepted[i] / k * 0.8, width=0.8,
+                  color=REJECTED)
+    lanes.set_yticks(range(U), [f"uid {u}" for u in uids])
+    lanes.set_ylim(U - 0.5, -0.5) if U else None
+    lanes.set_xlabel("decode step (one verify forward over the batch)")
+    lanes.set_title(f"draft tokens per step (bar height: of {k})", fontsize="small", loc="left")
+    rate = [table.loc[u].acceptance_rate for u in uids]
+    rates.barh(range(U), rate, color=ACCEPTED)
+    for i, u in enumerate(uids):
+        rates.text(0.02, i, f"{table.loc[u].tokens_per_forward:.2f} tok/fwd", va="center", fontsize="small")
+    rates.set_xlim(0, 1)
+    rates.set_xlabel("acceptance rate")
+    style.legend(fig, [("accepted draft token", ACCEPTED), ("rejected draft token", REJECTED)])
+    return fig

@@ -212,7 +212,8 @@ def test_other_families_are_refused_at_construction_naming_why(folder):
 @pytest.mark.parametrize("settings, name", [(dict(kv_bits=4, kv_group_size=32), "kv_bits"),
                                             (dict(prompt_cache=4), "prompt_cache"),
                                             (dict(batch_invariant=True), "batch_invariant"),
-                                            (dict(pacing=True), "pacing")])
+                                            (dict(pacing=True), "pacing"),
+                                            (dict(speculative="prompt-lookup"), "speculative")])
 def test_settings_the_packed_layout_does_not_take_are_refused(bundled, settings, name):
     model, tok = bundled
     with pytest.raises(ValueError, match=f"layout='packed' does not take {name}"):

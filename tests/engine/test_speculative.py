@@ -273,3 +273,19 @@ def test_models_whose_caches_cannot_be_trimmed_per_row_are_refused_naming_the_la
 def test_a_draft_model_of_another_vocabulary_is_refused(make_sched, random_llama):
     with pytest.raises(ValueError, match="draft model's vocab_size is 1024, the model's 4096"):
         make_sched(speculative=random_llama[0])
+
+
+def test_a_row_asking_top_logprobs_takes_no_drafts_and_keeps_its_top_k(bundled):
+    """Top-k log-probs of an accepted draft would need the verify forward's distribution at
+    its position: such a row decodes one token per step (no draft events), with its top-k,
+    and its tokens equal a speculating neighbour's with the same prompt."""
+    model, tok = bundled
+    sched = wb.Scheduler(model, tok, speculative=model, max_batch=3)  # drafting for itself: always drafts
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    asks = sched.submit(wb.Request(prompt=prompt, max_tokens=8, top_logprobs=2))
+    plain = sched.submit(wb.Request(prompt=prompt, max_tokens=8))
+    sched.run()
+    drafted = {e.uid for e in sched.events if e.kind == "draft"}
+    assert plain in drafted and asks not in drafted
+    assert len(sched.top_logprobs(asks)) == 8 and all(len(t) == 2 for t in sched.top_logprobs(asks))
+    assert sched.request(asks).tokens == sched.request(plain).tokens

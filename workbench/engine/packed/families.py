@@ -13,7 +13,7 @@ The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a
 joins once the solo oracle passes on it); refused now: every other family (not checked
 under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
 (a state per request, not pages), and these settings: ``kv_bits`` (quantized pages are
-not built), ``max_kv_size``, ``batch_invariant``, ``pacing``, LoRA ``adapters`` and a
+not built), ``max_kv_size``, ``batch_invariant``, ``pacing``, ``speculative``, LoRA ``adapters`` and a
 ``prompt_cache`` (not wired to pages yet).
 """
 
@@ -54,7 +54,8 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
                ("pacing", config.pacing not in (None, False), "the pacer times padded prefill chunks; the packed "
                 "layout's budget is max_num_batched_tokens"),
                ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
-               ("prompt_cache", prompt_cache is not None, "stored prefixes are not copied into pages yet")]
+               ("prompt_cache", prompt_cache is not None, "stored prefixes are not copied into pages yet"),
+               ("speculative", config.speculative is not None, "a verify forward of draft tokens is not packed yet")]
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")

@@ -51,6 +51,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..decode import Pending
+from ..top_logprobs import top_arrays
 from ..sampling import RowSampler, sample_rows
 
 PROMPT_LOOKUP = "prompt-lookup"
@@ -306,8 +307,9 @@ def verify(model: Any, caches: Sequence[Any], pending_tokens: Sequence[int], dra
     acc = [min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))]
     trim_rows(caches, [K - a for a in acc])
     rows = range(len(drafts))
+    top = top_arrays(first_lp, [s.top_logprobs for s in samplers])  # rows asking top-k never draft: position 0
     pending = Pending(mx.array([c[b][acc[b]] for b in rows], dtype=mx.uint32),
                       mx.array([p[b][acc[b]] for b in rows], dtype=mx.float32),
-                      mx.array([f[b][acc[b]] for b in rows]), {b: e for b, e in errors.items() if acc[b] == 0})
+                      mx.array([f[b][acc[b]] for b in rows]), {b: e for b, e in errors.items() if acc[b] == 0}, top)
     return Verified([len(d) for d in drafts], acc, [list(drafts[b][: acc[b]]) for b in rows],
                     [p[b][: acc[b]] for b in rows], pending)

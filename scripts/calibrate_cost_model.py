@@ -9,8 +9,15 @@ from pathlib import Path
 
 from workbench.cli import main
 
-model = sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[1] / "data/models/tiny-llama")
+model = (
+    sys.argv[1] if len(sys.argv) > 1 else str(Path(__file__).resolve().parents[1] / "data/models/tiny-llama")
+)
 machine = f"{platform.system().lower()}-{platform.machine()}"
-out = sys.argv[2] if len(sys.argv) > 2 else str(Path(__file__).resolve().parents[1] / "data" / "costmodels"
-                                                 / f"{Path(model).name}-{machine}.json")
+out = (
+    sys.argv[2]
+    if len(sys.argv) > 2
+    else str(
+        Path(__file__).resolve().parents[1] / "data" / "costmodels" / f"{Path(model).name}-{machine}.json"
+    )
+)
 sys.exit(main(["calibrate", "--model", model, "--out", out]))

@@ -19,6 +19,13 @@ os.environ.setdefault("WORKBENCH_BLAS", "off")
 for name in sys.argv[1:]:
     path = Path(name)
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False, record_timing=False, resources={"metadata": {"path": str(path.parent)}}).execute()
+    NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        store_widget_state=False,
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
     nbformat.write(nb, path)
     print(f"executed {path}")

@@ -36,18 +36,38 @@ SEED = 0
 
 ADJECTIVES = ["quiet", "old", "bright", "small", "green", "tired", "gentle", "cold", "busy", "golden"]
 NOUNS = ["river", "teacher", "garden", "village", "child", "boat", "letter", "forest", "baker", "window"]
-OBJECTS = ["the old map", "a warm loaf", "the morning light", "a long song", "the last letter",
-           "a basket of apples", "the open door", "a quiet story"]
+OBJECTS = [
+    "the old map",
+    "a warm loaf",
+    "the morning light",
+    "a long song",
+    "the last letter",
+    "a basket of apples",
+    "the open door",
+    "a quiet story",
+]
 VERBS = ["carries", "finds", "remembers", "watches", "follows", "keeps", "brings", "shares"]
-PLACES = ["past the harbour", "under the bridge", "across the field", "into the evening",
-          "along the road", "beside the hill", "through the town", "before the rain"]
+PLACES = [
+    "past the harbour",
+    "under the bridge",
+    "across the field",
+    "into the evening",
+    "along the road",
+    "beside the hill",
+    "through the town",
+    "before the rain",
+]
 
 
 def prose_lines(n: int, rng: random.Random) -> list[str]:
     """``n`` short English paragraphs of two or three template sentences each."""
+
     def sentence() -> str:
-        return (f"The {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {rng.choice(VERBS)} "
-                f"{rng.choice(OBJECTS)} {rng.choice(PLACES)}.")
+        return (
+            f"The {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)} {rng.choice(VERBS)} "
+            f"{rng.choice(OBJECTS)} {rng.choice(PLACES)}."
+        )
+
     return [" ".join(sentence() for _ in range(rng.randint(2, 3))) for _ in range(n)]
 
 
@@ -92,11 +112,41 @@ def train(name: str, out: Path, iters: int) -> float:
         lora["keys"] = keys
     config = folder / "train" / "lora.json"  # YAML is a superset of JSON: mlx_lm's -c reads it
     config.write_text(json.dumps({"lora_parameters": lora}, indent=2) + "\n")
-    cmd = [sys.executable, "-m", "mlx_lm", "lora", "--model", MODEL, "--train", "--data", str(folder / "train"),
-           "--adapter-path", str(folder), "--num-layers", str(num_layers), "--batch-size", "8",
-           "--iters", str(iters), "--learning-rate", "2e-3", "--steps-per-report", "25",
-           "--steps-per-eval", str(iters), "--val-batches", "2", "--save-every", str(iters + 1),
-           "--max-seq-length", "128", "--seed", str(SEED), "-c", str(config)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlx_lm",
+        "lora",
+        "--model",
+        MODEL,
+        "--train",
+        "--data",
+        str(folder / "train"),
+        "--adapter-path",
+        str(folder),
+        "--num-layers",
+        str(num_layers),
+        "--batch-size",
+        "8",
+        "--iters",
+        str(iters),
+        "--learning-rate",
+        "2e-3",
+        "--steps-per-report",
+        "25",
+        "--steps-per-eval",
+        str(iters),
+        "--val-batches",
+        "2",
+        "--save-every",
+        str(iters + 1),
+        "--max-seq-length",
+        "128",
+        "--seed",
+        str(SEED),
+        "-c",
+        str(config),
+    ]
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
     return time.perf_counter() - start

@@ -30,9 +30,18 @@ SEED = 0
 VOCAB_SIZE = 1024
 # Fixed, long-lived stdlib modules: the tokenizer corpus.
 CORPUS_FILES = [
-    "textwrap.py", "string.py", "heapq.py", "bisect.py", "fractions.py",
-    "functools.py", "dataclasses.py", "argparse.py", "json/decoder.py",
-    "json/encoder.py", "collections/__init__.py", "statistics.py",
+    "textwrap.py",
+    "string.py",
+    "heapq.py",
+    "bisect.py",
+    "fractions.py",
+    "functools.py",
+    "dataclasses.py",
+    "argparse.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "collections/__init__.py",
+    "statistics.py",
 ]
 
 TINY_LLAMA = {

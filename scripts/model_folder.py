@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import mlx.core as mx
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

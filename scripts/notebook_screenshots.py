@@ -58,7 +58,8 @@ CELL_INFO_JS = f"""(i) => {{
                     Math.round(p.clientHeight / parseFloat(getComputedStyle(p).lineHeight))];
           }})}};
 }}"""
-PANEL_INFO_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
+PANEL_INFO_JS = """() => Array.from(document.querySelectorAll(
+    '.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
   .map(i => [i.classList[i.classList.length - 1], i.naturalWidth, i.clientWidth])"""
 
 
@@ -66,11 +67,26 @@ def lab(served: Path, settings: Path, log_path: Path) -> tuple[subprocess.Popen,
     """A JupyterLab on ``served`` (no token, localhost), and its base URL once it answers."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.token=",
-         "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--allow-root", f"--ServerApp.root_dir={served}",
-         f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={settings.parent / 'workspaces'}",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        stdout=open(log_path, "w"), stderr=subprocess.STDOUT, cwd=REPO / "notebooks")
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            f"--port={port}",
+            "--ServerApp.token=",
+            "--ServerApp.password=",
+            "--ServerApp.ip=127.0.0.1",
+            "--allow-root",
+            f"--ServerApp.root_dir={served}",
+            f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={settings.parent / 'workspaces'}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        stdout=open(log_path, "w"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO / "notebooks",
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
@@ -91,7 +107,9 @@ def shoot(page, base: str, name: str, run: bool, cells: list[str], out: Path) ->
     if run:
         page.locator(CELL).first.click()
         page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
-        page.locator(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')").click()
+        page.locator(
+            ".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')"
+        ).click()
         time.sleep(5)
         page.wait_for_function(RUNNING_JS, timeout=500_000)
     time.sleep(2)
@@ -139,10 +157,20 @@ def main(argv: list[str]) -> None:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             try:
-                page = browser.new_page(viewport={"width": int(os.environ.get("VW", 1400)),
-                                                  "height": int(os.environ.get("VH", 1000))})
-                page.route("**/*", lambda route: route.continue_()
-                           if route.request.url.startswith("http://127.0.0.1") else route.abort())
+                page = browser.new_page(
+                    viewport={
+                        "width": int(os.environ.get("VW", 1400)),
+                        "height": int(os.environ.get("VH", 1000)),
+                    }
+                )
+                page.route(
+                    "**/*",
+                    lambda route: (
+                        route.continue_()
+                        if route.request.url.startswith("http://127.0.0.1")
+                        else route.abort()
+                    ),
+                )
                 for name, run, cells in jobs:
                     shoot(page, base, name, run, cells, out)
             finally:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from model_folder import stdlib_dir
 
-EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
-                           "encodings", "pydoc_data", "__pycache__"})
+EXCLUDED_DIRS = frozenset(
+    {"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings", "pydoc_data", "__pycache__"}
+)
 HELD_OUT_EVERY = 20
 
 

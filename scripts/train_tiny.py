@@ -98,7 +98,7 @@ def blocks_of(stream: np.ndarray) -> np.ndarray:
     """``[N_blocks, BLOCK_TOKENS + 1]``: block ``i`` is ``stream[i*BLOCK_TOKENS :][:BLOCK_TOKENS + 1]``
     (consecutive blocks share one token: the last target of one is the first input of the next)."""
     n = (len(stream) - 1) // BLOCK_TOKENS
-    return np.stack([stream[i * BLOCK_TOKENS: (i + 1) * BLOCK_TOKENS + 1] for i in range(n)])
+    return np.stack([stream[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS + 1] for i in range(n)])
 
 
 def windows(blocks: np.ndarray, long: bool) -> np.ndarray:
@@ -138,7 +138,7 @@ def held_out_loss(model: nn.Module, blocks: np.ndarray, batch_blocks: int = 8) -
     """Mean cross entropy (nats/token) over ``[n, BLOCK_TOKENS + 1]`` blocks, whole windows."""
     total, n = 0.0, 0
     for i in range(0, len(blocks), batch_blocks):
-        chunk = mx.array(blocks[i: i + batch_blocks])
+        chunk = mx.array(blocks[i : i + batch_blocks])
         total += loss_fn(model, chunk).item() * chunk.shape[0]
         n += chunk.shape[0]
     return total / n
@@ -154,8 +154,14 @@ class History:
     long_from_step: int | None = None
 
 
-def train(model: nn.Module, train_blocks: np.ndarray, eval_blocks: np.ndarray, steps: int,
-          max_train_s: float, log=print) -> tuple[History, float]:
+def train(
+    model: nn.Module,
+    train_blocks: np.ndarray,
+    eval_blocks: np.ndarray,
+    steps: int,
+    max_train_s: float,
+    log=print,
+) -> tuple[History, float]:
     """Train ``model`` in place until :func:`progress` reaches 1: after ``steps`` steps, or
     earlier when the training time (held-out evaluations included) reaches ``max_train_s``.
 
@@ -184,15 +190,17 @@ def train(model: nn.Module, train_blocks: np.ndarray, eval_blocks: np.ndarray, s
         if long and hist.long_from_step is None:
             hist.long_from_step = s
         opt.learning_rate = learning_rate(s, done)
-        idx = order[s * BATCH_BLOCKS: (s + 1) * BATCH_BLOCKS]
+        idx = order[s * BATCH_BLOCKS : (s + 1) * BATCH_BLOCKS]
         loss = step(mx.array(windows(train_blocks[idx], long)))
         mx.eval(state, loss)
         hist.train_loss.append(loss.item())
         if (s + 1) % EVAL_EVERY_STEPS == 0:
             hist.held_out.append((s + 1, held_out_loss(model, eval_blocks)))
-            log(f"step {s + 1}/{steps}  train {np.mean(hist.train_loss[-20:]):.3f}  held-out "
+            log(
+                f"step {s + 1}/{steps}  train {np.mean(hist.train_loss[-20:]):.3f}  held-out "
                 f"{hist.held_out[-1][1]:.3f}  lr {opt.learning_rate.item():.2e}  "
-                f"{time.perf_counter() - t0:.0f} s")
+                f"{time.perf_counter() - t0:.0f} s"
+            )
         done = progress(s + 1, steps, time.perf_counter() - t0, max_train_s)
         if done >= 1.0:
             break
@@ -200,8 +208,10 @@ def train(model: nn.Module, train_blocks: np.ndarray, eval_blocks: np.ndarray, s
     if not hist.held_out or hist.held_out[-1][0] != n:
         hist.held_out.append((n, held_out_loss(model, eval_blocks)))
     train_s = time.perf_counter() - t0
-    log(f"trained {n} of {steps} steps in {train_s:.0f} s "
-        f"({'all steps' if n == steps else 'time budget reached'})")
+    log(
+        f"trained {n} of {steps} steps in {train_s:.0f} s "
+        f"({'all steps' if n == steps else 'time budget reached'})"
+    )
     return hist, train_s
 
 
@@ -221,8 +231,14 @@ def plot_loss(hist: History, path: Path) -> None:
     ax.plot(steps, held, "o-", color="C3", label="held-out")
     if hist.long_from_step is not None:
         ax.axvline(hist.long_from_step, color="0.5", ls=":", lw=1)
-        ax.text(hist.long_from_step, ax.get_ylim()[1], f" {BLOCK_TOKENS}-token windows", va="top",
-                fontsize=8, color="0.4")
+        ax.text(
+            hist.long_from_step,
+            ax.get_ylim()[1],
+            f" {BLOCK_TOKENS}-token windows",
+            va="top",
+            fontsize=8,
+            color="0.4",
+        )
     ax.set(xlabel="step", ylabel="cross entropy (nats/token)", title="tiny-code training loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -235,30 +251,33 @@ def write_readme(out: Path, facts: dict) -> None:
     """The model card: what the model is, how it was made, and its measured numbers."""
     f = facts
     c = TINY_CODE
-    stop = ("all steps of the schedule" if f['steps_done'] == f['steps_max'] else
-            f"of at most {f['steps_max']}: the {f['max_train_s'] / 60:.0f}-minute training budget ended the schedule")
+    stop = (
+        "all steps of the schedule"
+        if f["steps_done"] == f["steps_max"]
+        else f"of at most {f['steps_max']}: the {f['max_train_s'] / 60:.0f}-minute training budget ended the schedule"
+    )
     text = f"""# tiny-code
 
 The batching workbench's default model: mlx-lm's `llama` architecture trained from scratch on
-CPython {f['python']}'s standard-library sources. Small enough to bundle and to train on a
+CPython {f["python"]}'s standard-library sources. Small enough to bundle and to train on a
 laptop CPU; big enough that greedy decoding is legible Python-like text and rarely ties.
 Made by `python scripts/train_tiny.py` (see its docstring); every number below is measured
 by that run.
 
 | | |
 | --- | --- |
-| parameters | {f['n_params']:,} (float32, {f['weights_bytes'] / 1e6:.1f} MB; input embedding and output projection {'tied' if c['tie_word_embeddings'] else 'untied'}) |
-| shape | {c['num_hidden_layers']} layers, hidden {c['hidden_size']}, MLP {c['intermediate_size']}, {c['num_attention_heads']} heads of {c['head_dim']} ({c['num_key_value_heads']} KV heads), RoPE |
-| context | {c['max_position_embeddings']} tokens (`max_position_embeddings`) |
+| parameters | {f["n_params"]:,} (float32, {f["weights_bytes"] / 1e6:.1f} MB; input embedding and output projection {"tied" if c["tie_word_embeddings"] else "untied"}) |
+| shape | {c["num_hidden_layers"]} layers, hidden {c["hidden_size"]}, MLP {c["intermediate_size"]}, {c["num_attention_heads"]} heads of {c["head_dim"]} ({c["num_key_value_heads"]} KV heads), RoPE |
+| context | {c["max_position_embeddings"]} tokens (`max_position_embeddings`) |
 | tokenizer | byte-level BPE, {VOCAB_SIZE} tokens, EOS `{EOS}` (id 0), trained on the training files |
-| corpus | {f['n_train_files']} stdlib `*.py` files, {f['train_bytes']:,} bytes, {f['train_tokens']:,} tokens (see `scripts/stdlib_corpus.py`) |
-| held out | every {HELD_OUT_EVERY}th file of the sorted list: {f['n_held_files']} files, {f['held_tokens']:,} tokens |
-| training | {f['steps_done']} steps of {BATCH_BLOCKS * BLOCK_TOKENS} tokens ({f['tokens_seen']:,} tokens, {f['epochs']:.2f} epochs; {stop}); AdamW, lr {PEAK_LR} after {WARMUP_STEPS} warmup steps, cosine to {FINAL_LR}; {BLOCK_TOKENS // 2}-token windows, {BLOCK_TOKENS}-token windows from step {f['long_from_step']} |
-| training time | {f['train_s'] / 60:.1f} min on {f['machine']} (whole script {f['total_s'] / 60:.1f} min) |
-| final train loss | {f['final_train_loss']:.3f} nats/token (mean of the last 20 steps) |
-| held-out perplexity | **{f['held_ppl']:.2f}** (cross entropy {f['held_loss']:.3f} nats/token over {f['held_eval_tokens']:,} tokens, {BLOCK_TOKENS}-token windows) |
-| near-ties | {f['margins']} — greedy, demo workload (`workbench margins`) |
-| versions | Python {f['python']}, mlx {version('mlx')}, mlx-lm {version('mlx-lm')}, tokenizers {version('tokenizers')}; seed {SEED} |
+| corpus | {f["n_train_files"]} stdlib `*.py` files, {f["train_bytes"]:,} bytes, {f["train_tokens"]:,} tokens (see `scripts/stdlib_corpus.py`) |
+| held out | every {HELD_OUT_EVERY}th file of the sorted list: {f["n_held_files"]} files, {f["held_tokens"]:,} tokens |
+| training | {f["steps_done"]} steps of {BATCH_BLOCKS * BLOCK_TOKENS} tokens ({f["tokens_seen"]:,} tokens, {f["epochs"]:.2f} epochs; {stop}); AdamW, lr {PEAK_LR} after {WARMUP_STEPS} warmup steps, cosine to {FINAL_LR}; {BLOCK_TOKENS // 2}-token windows, {BLOCK_TOKENS}-token windows from step {f["long_from_step"]} |
+| training time | {f["train_s"] / 60:.1f} min on {f["machine"]} (whole script {f["total_s"] / 60:.1f} min) |
+| final train loss | {f["final_train_loss"]:.3f} nats/token (mean of the last 20 steps) |
+| held-out perplexity | **{f["held_ppl"]:.2f}** (cross entropy {f["held_loss"]:.3f} nats/token over {f["held_eval_tokens"]:,} tokens, {BLOCK_TOKENS}-token windows) |
+| near-ties | {f["margins"]} — greedy, demo workload (`workbench margins`) |
+| versions | Python {f["python"]}, mlx {version("mlx")}, mlx-lm {version("mlx-lm")}, tokenizers {version("tokenizers")}; seed {SEED} |
 
 Loss curve: `docs/tiny-code-loss.png`. The corpus differs between CPython versions, so
 another Python rebuilds a slightly different model; the bundled one is the one above.
@@ -271,8 +290,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "data" / "models" / "tiny-code")
     parser.add_argument("--plot", type=Path, default=REPO / "docs" / "tiny-code-loss.png")
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--max-train-s", type=float, default=MAX_TRAIN_S,
-                        help="stop early when training has run this long (seconds)")
+    parser.add_argument(
+        "--max-train-s",
+        type=float,
+        default=MAX_TRAIN_S,
+        help="stop early when training has run this long (seconds)",
+    )
     args = parser.parse_args()
     t_start = time.perf_counter()
     mx.set_default_device(mx.cpu)
@@ -284,13 +307,22 @@ def main() -> None:
     held_stream = token_stream(tok, corpus.texts(corpus.held_out_files))
     train_blocks, held_blocks = blocks_of(train_stream), blocks_of(held_stream)
     pick = np.linspace(0, len(held_blocks) - 1, EVAL_BLOCKS_DURING).round().astype(int)
-    print(f"corpus: {len(corpus.train_files)} train files, {len(train_stream):,} tokens; "
-          f"{len(corpus.held_out_files)} held-out files, {len(held_stream):,} tokens", flush=True)
+    print(
+        f"corpus: {len(corpus.train_files)} train files, {len(train_stream):,} tokens; "
+        f"{len(corpus.held_out_files)} held-out files, {len(held_stream):,} tokens",
+        flush=True,
+    )
 
     model = llama.Model(llama.ModelArgs.from_dict(TINY_CODE))
     mx.eval(model.parameters())
-    hist, train_s = train(model, train_blocks, held_blocks[pick], args.steps, args.max_train_s,
-                                      log=lambda s: print(s, flush=True))
+    hist, train_s = train(
+        model,
+        train_blocks,
+        held_blocks[pick],
+        args.steps,
+        args.max_train_s,
+        log=lambda s: print(s, flush=True),
+    )
     held_loss = held_out_loss(model, held_blocks)
 
     weights = dict(tree_flatten(model.parameters()))
@@ -304,17 +336,28 @@ def main() -> None:
 
     margins = demo_margins(*load(args.out))
     facts = dict(
-        python=platform.python_version(), n_params=n_params,
+        python=platform.python_version(),
+        n_params=n_params,
         weights_bytes=(args.out / "model.safetensors").stat().st_size,
-        n_train_files=len(corpus.train_files), train_bytes=corpus.n_bytes(corpus.train_files),
-        train_tokens=len(train_stream), n_held_files=len(corpus.held_out_files), held_tokens=len(held_stream),
-        steps_done=steps_done, steps_max=args.steps, long_from_step=hist.long_from_step,
-        max_train_s=args.max_train_s, tokens_seen=steps_done * BATCH_BLOCKS * BLOCK_TOKENS,
-        epochs=steps_done * BATCH_BLOCKS / len(train_blocks), train_s=train_s,
+        n_train_files=len(corpus.train_files),
+        train_bytes=corpus.n_bytes(corpus.train_files),
+        train_tokens=len(train_stream),
+        n_held_files=len(corpus.held_out_files),
+        held_tokens=len(held_stream),
+        steps_done=steps_done,
+        steps_max=args.steps,
+        long_from_step=hist.long_from_step,
+        max_train_s=args.max_train_s,
+        tokens_seen=steps_done * BATCH_BLOCKS * BLOCK_TOKENS,
+        epochs=steps_done * BATCH_BLOCKS / len(train_blocks),
+        train_s=train_s,
         machine=f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
-        final_train_loss=float(np.mean(hist.train_loss[-20:])), held_loss=held_loss,
-        held_ppl=math.exp(held_loss), held_eval_tokens=len(held_blocks) * BLOCK_TOKENS,
-        margins=margins.text(), total_s=time.perf_counter() - t_start,
+        final_train_loss=float(np.mean(hist.train_loss[-20:])),
+        held_loss=held_loss,
+        held_ppl=math.exp(held_loss),
+        held_eval_tokens=len(held_blocks) * BLOCK_TOKENS,
+        margins=margins.text(),
+        total_s=time.perf_counter() - t_start,
     )
     write_readme(args.out, facts)
     print(f"held-out perplexity {facts['held_ppl']:.2f}; {margins.text()}")

@@ -97,23 +97,25 @@ def two_request_events():
     """
     from workbench.observe.events import Event, events_frame
 
-    return events_frame([
-        Event("submit", 0, 0, 0.0, n_tokens=4),
-        Event("submit", 1, 0, 1.0, n_tokens=2),
-        Event("admit", 0, 0, 1.5, row=0, n_tokens=4),
-        Event("admit", 1, 0, 1.5, row=1, n_tokens=2),
-        Event("join", 0, 0, 1.8, row=0),
-        Event("join", 1, 0, 1.8, row=1),
-        Event("token", 0, 0, 2.0, row=0, token=5, logprob=-1.0),
-        Event("token", 1, 0, 2.0, row=1, token=6, logprob=-1.0),
-        Event("token", 0, 1, 3.0, row=0, token=7, logprob=-1.0),
-        Event("token", 1, 1, 3.0, row=1, token=8, logprob=-1.0),
-        Event("finish", 1, 1, 3.0, row=1, finish_reason="length"),
-        Event("evict", 1, 2, 3.5, row=1),
-        Event("token", 0, 2, 4.0, row=0, token=9, logprob=-1.0),
-        Event("finish", 0, 2, 4.0, row=0, finish_reason="length"),
-        Event("evict", 0, 3, 4.5, row=0),
-    ])
+    return events_frame(
+        [
+            Event("submit", 0, 0, 0.0, n_tokens=4),
+            Event("submit", 1, 0, 1.0, n_tokens=2),
+            Event("admit", 0, 0, 1.5, row=0, n_tokens=4),
+            Event("admit", 1, 0, 1.5, row=1, n_tokens=2),
+            Event("join", 0, 0, 1.8, row=0),
+            Event("join", 1, 0, 1.8, row=1),
+            Event("token", 0, 0, 2.0, row=0, token=5, logprob=-1.0),
+            Event("token", 1, 0, 2.0, row=1, token=6, logprob=-1.0),
+            Event("token", 0, 1, 3.0, row=0, token=7, logprob=-1.0),
+            Event("token", 1, 1, 3.0, row=1, token=8, logprob=-1.0),
+            Event("finish", 1, 1, 3.0, row=1, finish_reason="length"),
+            Event("evict", 1, 2, 3.5, row=1),
+            Event("token", 0, 2, 4.0, row=0, token=9, logprob=-1.0),
+            Event("finish", 0, 2, 4.0, row=0, finish_reason="length"),
+            Event("evict", 0, 3, 4.5, row=0),
+        ]
+    )
 
 
 def pytest_configure(config):
@@ -123,8 +125,12 @@ def pytest_configure(config):
 
 
 def pytest_addoption(parser):
-    parser.addoption("--long", action="store_true", default=False,
-                     help="run the stateful fuzzer long enough for >= 10,000 operations")
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="run the stateful fuzzer long enough for >= 10,000 operations",
+    )
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -140,7 +146,8 @@ def pytest_terminal_summary(terminalreporter):
             f"against solo, {STATS['divergences']} divergences, {STATS['restores']} checkpoint restores "
             f"repeated their continuation, {STATS['interrupts']} interrupted operations left the engine unchanged, "
             f"{STATS.get('hostile_errors', 0)} hostile rows ended alone with their error, "
-            f"{STATS.get('constrained_checked', 0)} constrained rows kept their grammar")
+            f"{STATS.get('constrained_checked', 0)} constrained rows kept their grammar"
+        )
 
 
 # Notebooks that read data from outside the repository are skipped, with a clear message,
@@ -172,8 +179,14 @@ def _quantized_kv_skip_reason():
             choose_attention(2, d, mx.float32, 32, 4)
         except ValueError:
             bad.append(d)
-    return (f"MLX on {mx.default_device()} runs no quantized attention path for head dim(s) {bad}, so "
-            "Scheduler(kv_bits=...) refuses them at construction (docs/gpu.md)") if bad else None
+    return (
+        (
+            f"MLX on {mx.default_device()} runs no quantized attention path for head dim(s) {bad}, so "
+            "Scheduler(kv_bits=...) refuses them at construction (docs/gpu.md)"
+        )
+        if bad
+        else None
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -201,8 +214,10 @@ def _lacks_quantized_matmul() -> bool:
     return not device_runs_quantized_attention(32)
 
 
-GPU_SKIP = ("needs an NVIDIA GPU through mlx's CUDA backend (pip install -e \".[cuda]\"); mx.cuda.is_available() "
-            "is False here. Results on the lent H200 are recorded in docs/gpu.md")
+GPU_SKIP = (
+    'needs an NVIDIA GPU through mlx\'s CUDA backend (pip install -e ".[cuda]"); mx.cuda.is_available() '
+    "is False here. Results on the lent H200 are recorded in docs/gpu.md"
+)
 GPU_SKIPPED = []
 
 
@@ -221,12 +236,16 @@ def slow_tests() -> set[str]:
 
 def slow_item(item, listed: set[str]) -> bool:
     """True for a collected item of the `slow` tier (SLOW_MARKERS, a notebook, or ``listed``)."""
-    return (item.path.suffix == ".ipynb" or any(item.get_closest_marker(m) for m in SLOW_MARKERS)
-            or item.nodeid.split("[")[0] in listed)
+    return (
+        item.path.suffix == ".ipynb"
+        or any(item.get_closest_marker(m) for m in SLOW_MARKERS)
+        or item.nodeid.split("[")[0] in listed
+    )
 
 
 def pytest_collection_modifyitems(config, items):
     import mlx.core as mx
+
     from workbench.workloads.traces import trace_path
 
     listed = slow_tests()
@@ -239,8 +258,11 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker("gpu"):
                 item.add_marker(pytest.mark.skip(reason=GPU_SKIP))
                 GPU_SKIPPED.append(item.nodeid)
-    quantized = [item for item in items if item.get_closest_marker("quantized_kv")
-                 or item.path.name in QUANTIZED_KV_NOTEBOOKS]
+    quantized = [
+        item
+        for item in items
+        if item.get_closest_marker("quantized_kv") or item.path.name in QUANTIZED_KV_NOTEBOOKS
+    ]
     reason = _quantized_kv_skip_reason() if quantized else None
     if reason:
         for item in quantized:

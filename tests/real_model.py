@@ -25,8 +25,9 @@ def real_model_folder() -> Path:
 
 def chat_ids(tokenizer, question: str) -> list[int]:
     """One user turn through the model's chat template, generation prompt added."""
-    return list(tokenizer.apply_chat_template([{"role": "user", "content": question}],
-                                              add_generation_prompt=True))
+    return list(
+        tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    )
 
 
 def dense_real_model():

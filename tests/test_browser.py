@@ -28,8 +28,14 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "02_join_evict.ipynb"
 OUT_DIR = REPO / "test-output" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 # JupyterLab user settings: no news fetching (its toast covers the page), every cell in the DOM.
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
@@ -40,7 +46,8 @@ KERNEL_IDLE_JS = """() => {
   const state = document.querySelector('.jp-Notebook-ExecutionIndicator');
   return name && !/No Kernel/.test(name.textContent) && state && state.dataset.status === 'idle';
 }"""
-IMAGE_SCALES_JS = """() => Array.from(document.querySelectorAll('.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
+IMAGE_SCALES_JS = """() => Array.from(document.querySelectorAll(
+    '.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
   .map(img => [img.classList[img.classList.length - 1], img.clientWidth / img.naturalWidth])"""
 MASK_SHA256_JS = """async () => {
   const img = document.querySelector('.wb-mask-image');
@@ -89,11 +96,22 @@ def lab_server(tmp_path):
     for old in OUT_DIR.glob("*.png"):
         old.unlink()
     log = open(OUT_DIR / "jupyterlab.log", "w")
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
-           "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--allow-root",
-           f"--ServerApp.root_dir={served}", f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.token=",
+        "--ServerApp.password=",
+        "--ServerApp.ip=127.0.0.1",
+        "--allow-root",
+        f"--ServerApp.root_dir={served}",
+        f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
     try:
@@ -132,15 +150,21 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
         browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.route("**/*", lambda route: route.continue_()
-                       if route.request.url.startswith("http://127.0.0.1") else route.abort())
+            page.route(
+                "**/*",
+                lambda route: (
+                    route.continue_() if route.request.url.startswith("http://127.0.0.1") else route.abort()
+                ),
+            )
             try:
                 page.goto(f"{base}/lab/tree/{NOTEBOOK.name}")
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
                 page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000)
                 page.locator(".jp-Notebook .jp-Cell").first.click()  # focus the notebook
                 page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
-                page.locator(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')").click()
+                page.locator(
+                    ".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')"
+                ).click()
                 step = page.locator(".jupyter-widgets button:text-is('Step')")
                 step.wait_for(timeout=120_000)
                 page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)

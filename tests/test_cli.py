@@ -30,9 +30,23 @@ def test_demo_prints_table_and_oracle_and_writes_outputs(tmp_path):
 
 def test_demo_console_script_runs_with_mlx_lm_style_flags(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "demo", "--max-batch", "2", "--max-tokens", "8",
-         "--prefill-step-size", "32", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "demo",
+            "--max-batch",
+            "2",
+            "--max-tokens",
+            "8",
+            "--prefill-step-size",
+            "32",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr
     assert "max_batch 2" in out.stdout and "oracle: 14/14 rows match solo" in out.stdout
@@ -70,17 +84,32 @@ def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp
     assert "uid 2 | . . # # # # # @" in md  # the joiner (5 prompt tokens) in temporal window order
 
 
-SUBCOMMANDS = ("demo", "goldens", "gallery", "bench", "margins", "models", "families", "calibrate", "blas", "invariance",
-               "info")
+SUBCOMMANDS = (
+    "demo",
+    "goldens",
+    "gallery",
+    "bench",
+    "margins",
+    "models",
+    "families",
+    "calibrate",
+    "blas",
+    "invariance",
+    "info",
+)
 
 
 def _help_modules(args):
     """``main(args + ['--help'])`` in a fresh interpreter: its stdout and whether mlx, pandas or the engine
     were imported (the heavy stack, seconds of start-up)."""
-    code = ("import sys\nfrom workbench.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('IMPORTED', sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm', 'pandas', 'workbench.engine') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, *args, "--help"], capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys\nfrom workbench.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print('IMPORTED', sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm', 'pandas', 'workbench.engine') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args, "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -106,8 +135,11 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     import os
     import signal
 
-    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "families", "--out", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", "families", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     seen = b""
     while b"arch/s" not in seen:  # the walk's progress bar: imports done, architectures being tried
         chunk = os.read(proc.stderr.fileno(), 4096)
@@ -128,7 +160,10 @@ def test_families_writes_into_the_output_folder_not_the_docs(tmp_path, monkeypat
     monkeypatch.setattr(families, "architectures", lambda: ["llama", "Klear"])
     assert main(["families", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "families.md").read_text()
-    assert "| llama | batches | 2 rows of 3 and 7 tokens, 2/2 match solo |" in text and "| Klear | not built |" in text
+    assert (
+        "| llama | batches | 2 rows of 3 and 7 tokens, 2/2 match solo |" in text
+        and "| Klear | not built |" in text
+    )
 
 
 def test_the_commands_that_write_files_default_to_workbench_out():

@@ -36,9 +36,23 @@ def summary_run(tmp_path_factory):
     erroring test."""
     folder = tmp_path_factory.mktemp("summary")
     (folder / "test_summary.py").write_text(SUMMARY_TESTS)
-    return subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(folder),
-                           "-q", str(folder / "test_summary.py")],
-                          capture_output=True, text=True, timeout=120, cwd=folder)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            "--rootdir",
+            str(folder),
+            "-q",
+            str(folder / "test_summary.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=folder,
+    )
 
 
 def test_a_skipped_test_prints_its_reason_in_the_summary(summary_run):
@@ -72,23 +86,51 @@ def quick_collection(tmp_path_factory):
     one per marker expression: each imports the whole suite)."""
     plugin_dir = tmp_path_factory.mktemp("plugin")
     (plugin_dir / "collect_plugin.py").write_text(COLLECT_PLUGIN)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "collect_plugin",
-                           "-m", "not slow", "tests", "notebooks/02_join_evict.ipynb"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "collect_plugin",
+            "-m",
+            "not slow",
+            "tests",
+            "notebooks/02_join_evict.ipynb",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    return ([line.split(" ", 1)[1] for line in lines if line.startswith("SELECTED ")],
-            [line.split(" ", 1)[1] for line in lines if line.startswith("DESELECTED ")])
+    return (
+        [line.split(" ", 1)[1] for line in lines if line.startswith("SELECTED ")],
+        [line.split(" ", 1)[1] for line in lines if line.startswith("DESELECTED ")],
+    )
 
 
 def test_the_quick_check_leaves_out_notebooks_the_real_model_and_the_browser(quick_collection):
-    paths = ("notebooks/02_join_evict.ipynb", "tests/verify/test_real_model.py", "tests/test_browser.py",
-             "tests/test_pytest_config.py")
+    paths = (
+        "notebooks/02_join_evict.ipynb",
+        "tests/verify/test_real_model.py",
+        "tests/test_browser.py",
+        "tests/test_pytest_config.py",
+    )
     selected, deselected = quick_collection
     quick = [t for t in selected if t.startswith(paths)]
     everything = quick + [t for t in deselected if t.startswith(paths)]
-    assert any(t.startswith("notebooks/") for t in everything) and any("test_real_model" in t for t in everything)
+    assert any(t.startswith("notebooks/") for t in everything) and any(
+        "test_real_model" in t for t in everything
+    )
     assert quick and all(t.startswith("tests/test_pytest_config.py::") for t in quick), quick
 
 

@@ -17,7 +17,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 @pytest.mark.model
 def test_the_readme_completion_example_prints_what_the_readme_shows(bundled):
     text = README.read_text()
-    found = re.search(r"Three greedy completions.*?```python\n(.*?)```\n\nprints\n\n```python\n(.*?)```", text, re.S)
+    found = re.search(
+        r"Three greedy completions.*?```python\n(.*?)```\n\nprints\n\n```python\n(.*?)```", text, re.S
+    )
     assert found, "the README's completion example (code, then 'prints' and its output) is missing"
     code, shown = found.groups()
     assert '"import os\\n"' in code  # the prompt with its newline, as the output needs
@@ -85,5 +87,7 @@ def test_the_docs_index_links_every_document_and_only_documents_that_exist():
     index = (docs / "README.md").read_text()
     linked = set(re.findall(r"\]\(([^)#\s]+)\)", index))
     assert all((docs / p).exists() for p in linked), sorted(p for p in linked if not (docs / p).exists())
-    pages = {p.relative_to(docs).as_posix() for p in [*docs.glob("*.md"), *docs.glob("lab/*.md")]} - {"README.md"}
+    pages = {p.relative_to(docs).as_posix() for p in [*docs.glob("*.md"), *docs.glob("lab/*.md")]} - {
+        "README.md"
+    }
     assert pages <= linked, sorted(pages - linked)

@@ -16,26 +16,67 @@ Workloads, replay and comparison (docs/policies.md)::
                        cost_model=wb.CostModel.load(...), slo=wb.SLO(ttft_s=0.5))
 """
 
-from .runtime import blas  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.runtime.blas)
-from .runtime import precision  # noqa: F401  before mlx runs a matmul: full float32, MLX_ENABLE_TF32=0 (see workbench.runtime.precision)
+from .runtime import (
+    blas,  # noqa: F401  first: an optimized BLAS must be loaded before mlx (see workbench.runtime.blas)
+    precision,  # noqa: F401  before mlx runs a matmul: full float32, MLX_ENABLE_TF32=0 (see workbench.runtime.precision)
+)
 
 # Public names, imported on first use (PEP 562), so ``import workbench`` and ``workbench --help`` load
 # neither mlx nor pandas; ``wb.Scheduler`` imports the engine the first time it is read.
 _PUBLIC = {
-    "compare": "sim.compare", "CostModel": "sim.costmodel", "Event": "observe.events",
-    "BUNDLED_MODEL": "runtime.loading", "load": "runtime.loading", "SLO": "observe.metrics",
-    "ModelRef": "runtime.modelref", "replay": "sim.replay", "Report": "observe.report",
-    "Request": "engine.request", "Checkpoint": "engine.checkpoint", "Pacing": "engine.levers.pacing",
-    "ShortestPromptFirst": "engine.admission", "Scheduler": "engine.scheduler",
-    "RequestState": "engine.state", "Status": "engine.state", "Snapshot": "observe.snapshot",
-    "grid": "sim.sweep", "sweep": "sim.sweep", "trace_workload": "workloads.traces",
-    "Workload": "workloads.workload", "synthetic": "workloads.workload",
-    "SchedulerConfig": "engine.config", "RequestView": "engine.view",
+    "compare": "sim.compare",
+    "CostModel": "sim.costmodel",
+    "Event": "observe.events",
+    "BUNDLED_MODEL": "runtime.loading",
+    "load": "runtime.loading",
+    "SLO": "observe.metrics",
+    "ModelRef": "runtime.modelref",
+    "replay": "sim.replay",
+    "Report": "observe.report",
+    "Request": "engine.request",
+    "Checkpoint": "engine.checkpoint",
+    "Pacing": "engine.levers.pacing",
+    "ShortestPromptFirst": "engine.admission",
+    "Scheduler": "engine.scheduler",
+    "RequestState": "engine.state",
+    "Status": "engine.state",
+    "Snapshot": "observe.snapshot",
+    "grid": "sim.sweep",
+    "sweep": "sim.sweep",
+    "trace_workload": "workloads.traces",
+    "Workload": "workloads.workload",
+    "synthetic": "workloads.workload",
+    "SchedulerConfig": "engine.config",
+    "RequestView": "engine.view",
 }
 
-__all__ = ["BUNDLED_MODEL", "Checkpoint", "CostModel", "Event", "ModelRef", "Pacing", "Report", "Request", "RequestState", "RequestView", "SLO", "Scheduler", "SchedulerConfig",
-           "ShortestPromptFirst", "Snapshot", "Status",
-           "Workload", "compare", "grid", "load", "replay", "sweep", "synthetic", "trace_workload", "views"]
+__all__ = [
+    "BUNDLED_MODEL",
+    "Checkpoint",
+    "CostModel",
+    "Event",
+    "ModelRef",
+    "Pacing",
+    "Report",
+    "Request",
+    "RequestState",
+    "RequestView",
+    "SLO",
+    "Scheduler",
+    "SchedulerConfig",
+    "ShortestPromptFirst",
+    "Snapshot",
+    "Status",
+    "Workload",
+    "compare",
+    "grid",
+    "load",
+    "replay",
+    "sweep",
+    "synthetic",
+    "trace_workload",
+    "views",
+]
 __version__ = "0.1.0"
 
 

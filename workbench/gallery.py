@@ -15,17 +15,17 @@ Two runs feed the gallery:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from matplotlib.figure import Figure
 
 from . import views
-from .runtime.loading import DATA_DIR, load
 from .engine.request import Request
 from .engine.scheduler import Scheduler
 from .observe.snapshot import Snapshot
+from .runtime.loading import DATA_DIR, load
 from .workloads.workload import demo_workload, prompt_of_length
 
 WINDOW_MODEL = DATA_DIR / "models" / "tiny-gemma3"
@@ -50,7 +50,10 @@ def join_evict_history(sched: Scheduler) -> tuple[Snapshot, list[Snapshot]]:
     sched.submit(Request(prompt=prompt_of_length(tok, 6), max_tokens=20))
     sched.submit(Request(prompt=prompt_of_length(tok, 3, start=50), max_tokens=20))
     calls = [sched.admit] + [sched.step] * 8
-    calls += [lambda: sched.submit(Request(prompt=prompt_of_length(tok, 5, start=90), max_tokens=3)), sched.admit]
+    calls += [
+        lambda: sched.submit(Request(prompt=prompt_of_length(tok, 5, start=90), max_tokens=3)),
+        sched.admit,
+    ]
     joined_at = len(calls)
     calls += [sched.step] * 3 + [sched.filter] + [sched.step] * 2
     snaps = []
@@ -67,39 +70,77 @@ def gallery_entries(window_model: tuple | None = None, demo_model: tuple | None 
     model, tokenizer = demo_model or load()
     report = Scheduler(model, tokenizer, max_batch=4).run(demo_workload(tokenizer))
     return [
-        Entry("masks", "Attention masks", "The next step's mask per layer group and row, right after a "
-              "third row joined tiny-gemma3's batch (window group: temporal order).",
-              views.render_masks(joined), views.mask_text(joined)),
-        Entry("kv", "KV cache geometry", "Per row padding, valid tokens, expired ring slots and unused "
-              "capacity; padding waste and KV bytes over the snapshot history (join and evict).",
-              views.render_kv(joined, history), views.kv_text(joined) + "\n\n" + views.kv_history_text(history)),
-        Entry("timeline_steps", "Row timeline over decode steps", "The demo workload on tiny-llama: "
-              "queued, decoding, finished spans; joins and evictions marked.",
-              views.render_timeline(report.events, "demo workload", x="step"), views.timeline_text(report.events)),
-        Entry("timeline_time", "Row timeline over time", "The same run over wall-clock time, where "
-              "prefill has a width.", views.render_timeline(report.events, "demo workload", x="time"),
-              "(the text form is the one over steps, above)"),
-        Entry("latency", "Latency and throughput", "TTFT and TPOT per request with p50/p95, decode "
-              "tok/s per step, batch size per step (measured on the machine that ran the command).",
-              views.render_latency(report, "demo workload"), views.latency_text(report)),
+        Entry(
+            "masks",
+            "Attention masks",
+            "The next step's mask per layer group and row, right after a "
+            "third row joined tiny-gemma3's batch (window group: temporal order).",
+            views.render_masks(joined),
+            views.mask_text(joined),
+        ),
+        Entry(
+            "kv",
+            "KV cache geometry",
+            "Per row padding, valid tokens, expired ring slots and unused "
+            "capacity; padding waste and KV bytes over the snapshot history (join and evict).",
+            views.render_kv(joined, history),
+            views.kv_text(joined) + "\n\n" + views.kv_history_text(history),
+        ),
+        Entry(
+            "timeline_steps",
+            "Row timeline over decode steps",
+            "The demo workload on tiny-llama: queued, decoding, finished spans; joins and evictions marked.",
+            views.render_timeline(report.events, "demo workload", x="step"),
+            views.timeline_text(report.events),
+        ),
+        Entry(
+            "timeline_time",
+            "Row timeline over time",
+            "The same run over wall-clock time, where prefill has a width.",
+            views.render_timeline(report.events, "demo workload", x="time"),
+            "(the text form is the one over steps, above)",
+        ),
+        Entry(
+            "latency",
+            "Latency and throughput",
+            "TTFT and TPOT per request with p50/p95, decode "
+            "tok/s per step, batch size per step (measured on the machine that ran the command).",
+            views.render_latency(report, "demo workload"),
+            views.latency_text(report),
+        ),
     ]
 
 
-def write_gallery(out_dir: Path, entries: list[Entry] | None = None,
-                  echo: Callable[[str], None] = print) -> Path:
+def write_gallery(
+    out_dir: Path, entries: list[Entry] | None = None, echo: Callable[[str], None] = print
+) -> Path:
     """Write ``out_dir/views/<stem>.png`` per entry and ``out_dir/views.md``; returns the
     Markdown file's path."""
     entries = gallery_entries() if entries is None else entries
     (out_dir / "views").mkdir(parents=True, exist_ok=True)
-    parts = ["# Views gallery", "",
-             "Every picture is drawn by `workbench.views` from the live engine's own snapshots and "
-             "events. Written by `workbench gallery --out docs` (do not edit by hand); each view's text form "
-             "follows its picture. See `notebooks/02_join_evict.ipynb` for the story step by step "
-             "and `wb.views.Panel(sched)` for the live widget.", ""]
+    parts = [
+        "# Views gallery",
+        "",
+        "Every picture is drawn by `workbench.views` from the live engine's own snapshots and "
+        "events. Written by `workbench gallery --out docs` (do not edit by hand); each view's text form "
+        "follows its picture. See `notebooks/02_join_evict.ipynb` for the story step by step "
+        "and `wb.views.Panel(sched)` for the live widget.",
+        "",
+    ]
     for e in entries:
         e.figure.savefig(out_dir / "views" / f"{e.stem}.png", dpi=GALLERY_DPI)
-        parts += [f"## {e.title}", "", e.caption, "", f"![{e.title}](views/{e.stem}.png)", "",
-                  "```", e.text, "```", ""]
+        parts += [
+            f"## {e.title}",
+            "",
+            e.caption,
+            "",
+            f"![{e.title}](views/{e.stem}.png)",
+            "",
+            "```",
+            e.text,
+            "```",
+            "",
+        ]
     md = out_dir / "views.md"
     md.write_text("\n".join(parts))
     echo(f"wrote {md} and {len(entries)} PNGs in {out_dir / 'views'}")

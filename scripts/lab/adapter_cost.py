@@ -46,7 +46,11 @@ def step_times(model, tokenizer, rows: int, selection: list, steps: int, adapter
     ``rows`` rows whose adapters cycle through ``selection``."""
     sched = wb.Scheduler(model, tokenizer, max_batch=rows, pipeline=False, history_size=0, adapters=adapters)
     for b in range(rows):
-        sched.submit(wb.Request(prompt=PROMPT, max_tokens=steps + 8, stop_ids=[], adapter=selection[b % len(selection)]))
+        sched.submit(
+            wb.Request(
+                prompt=PROMPT, max_tokens=steps + 8, stop_ids=[], adapter=selection[b % len(selection)]
+            )
+        )
     sched.admit()
     for _ in range(4):
         sched.step()
@@ -76,22 +80,29 @@ def main() -> None:
         "all prose": (wrapped, ["prose"], bank),
         "mlx-lm LoRALinear (prose, whole batch)": (mlx_lora, [None], None),
     }
-    print(f"mlx {version('mlx')}, mlx-lm {version('mlx-lm')}, {platform.system()} {platform.machine()}; "
-          f"adapters hold {bank.nbytes:,} bytes ({', '.join(f'{n} rank {a.rank}' for n, a in bank.adapters.items())})")
+    print(
+        f"mlx {version('mlx')}, mlx-lm {version('mlx-lm')}, {platform.system()} {platform.machine()}; "
+        f"adapters hold {bank.nbytes:,} bytes ({', '.join(f'{n} rank {a.rank}' for n, a in bank.adapters.items())})"
+    )
     for rows in args.rows:
         times = {name: [] for name in setups}
         for _ in range(args.trials):
             for name, (m, selection, adapters) in setups.items():
                 times[name] += step_times(m, tok, rows, selection, args.steps, adapters)
+
         def p10_median(t: list[float]) -> tuple[float, float]:
             return statistics.quantiles(t, n=10)[0], statistics.median(t)
 
         base_p10, base_med = p10_median(times["base"])
         print(f"\n{rows} row(s), {args.trials} x {args.steps} steps each\n")
-        print("| set-up | p10 ms / step | vs base | median ms / step | vs base |\n| --- | ---: | ---: | ---: | ---: |")
+        print(
+            "| set-up | p10 ms / step | vs base | median ms / step | vs base |\n| --- | ---: | ---: | ---: | ---: |"
+        )
         for name, t in times.items():
             p10, med = p10_median(t)
-            print(f"| {name} | {1e3 * p10:.2f} | {p10 / base_p10:.2f}x | {1e3 * med:.2f} | {med / base_med:.2f}x |")
+            print(
+                f"| {name} | {1e3 * p10:.2f} | {p10 / base_p10:.2f}x | {1e3 * med:.2f} | {med / base_med:.2f}x |"
+            )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ import os
 import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--4bit", dest="four_bit", action="store_true", help="keep the 4-bit layers (dequantize=False)")
+parser.add_argument(
+    "--4bit", dest="four_bit", action="store_true", help="keep the 4-bit layers (dequantize=False)"
+)
 args = parser.parse_args()
 
 started = time.perf_counter()
@@ -20,10 +22,14 @@ import workbench as wb  # noqa: E402  timed with the load
 model, tokenizer = wb.load("smollm2-135m", **({"dequantize": False} if args.four_bit else {}))
 load_s = time.perf_counter() - started
 sched = wb.Scheduler(model, tokenizer, max_batch=4)
-uid = sched.submit(wb.Request(messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32))
+uid = sched.submit(
+    wb.Request(messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=32)
+)
 submitted, first_s, pieces = time.perf_counter(), None, []
 for piece in sched.stream(uid):
     first_s = time.perf_counter() - submitted if first_s is None else first_s
     pieces.append(piece)
-print(f"load {load_s:.1f} s; first piece {first_s:.2f} s after submit; all {time.perf_counter() - submitted:.2f} s; "
-      f"text {''.join(pieces)!r}; load average {os.getloadavg()[0]:.2f}")
+print(
+    f"load {load_s:.1f} s; first piece {first_s:.2f} s after submit; all {time.perf_counter() - submitted:.2f} s; "
+    f"text {''.join(pieces)!r}; load average {os.getloadavg()[0]:.2f}"
+)

@@ -50,8 +50,11 @@ def decode_ms(model, rows: int, cache_tokens: int = CACHE_TOKENS) -> float:
 
 def main() -> None:
     forms = {"4-bit": wb.load("smollm2-135m")[0], "float32": wb.load("smollm2-135m", dequantize=True)[0]}
-    tasks = {f"prefill {PROMPT_TOKENS} tok": prefill_ms, "decode B=1": lambda m: decode_ms(m, 1),
-             "decode B=3": lambda m: decode_ms(m, 3)}
+    tasks = {
+        f"prefill {PROMPT_TOKENS} tok": prefill_ms,
+        "decode B=1": lambda m: decode_ms(m, 1),
+        "decode B=3": lambda m: decode_ms(m, 3),
+    }
     best = {(f, t): float("inf") for f in forms for t in tasks}
     for _ in range(REPS):
         for task, run in tasks.items():

@@ -23,16 +23,31 @@ from workbench.workloads.traces import read_azure_trace, trace_path
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 25
 model, tokenizer = wb.load("tiny-llama")
 cost = wb.CostModel.load(wb.BUNDLED_MODEL.parent.parent / "costmodels" / "tiny-llama-linux-x86_64.json")
-work = wb.trace_workload(read_azure_trace(trace_path("conv")), tokenizer, seed=0, start_s=600, duration_s=12,
-                         time_scale=0.3, length_scale=0.25, max_prompt_tokens=512, max_output_tokens=128).head(n)
+work = wb.trace_workload(
+    read_azure_trace(trace_path("conv")),
+    tokenizer,
+    seed=0,
+    start_s=600,
+    duration_s=12,
+    time_scale=0.3,
+    length_scale=0.25,
+    max_prompt_tokens=512,
+    max_output_tokens=128,
+).head(n)
 arrivals = [Arrival(tuple(r.prompt), r.max_tokens, at_s=t) for t, r in work]
 engine = WorkbenchEngine(model, tokenizer, 8, 32, pacing=Pacing(cost_model=cost), history_size=0)
 drive(engine, arrivals)
 errors = engine.sched.pacer.prediction_errors()
-print(f"{len(work)} trace requests on tiny-llama, BLAS {BLAS.library or 'MLX bundled'}; "
-      f"{len(errors)} predictions ({engine.sched.pacer.text()})")
-print(f"{'operation':<10} {'n':>5}  {'prior median':>12} {'prior p90 |e|':>13}  "
-      f"{'corrected median':>16} {'corrected p90 |e|':>17}")
+print(
+    f"{len(work)} trace requests on tiny-llama, BLAS {BLAS.library or 'MLX bundled'}; "
+    f"{len(errors)} predictions ({engine.sched.pacer.text()})"
+)
+print(
+    f"{'operation':<10} {'n':>5}  {'prior median':>12} {'prior p90 |e|':>13}  "
+    f"{'corrected median':>16} {'corrected p90 |e|':>17}"
+)
 for kind, e in errors.groupby("kind"):
-    print(f"{kind:<10} {len(e):>5}  {e.prior_error.median():>+12.1%} {e.prior_error.abs().quantile(0.9):>13.1%}  "
-          f"{e.error.median():>+16.1%} {e.error.abs().quantile(0.9):>17.1%}")
+    print(
+        f"{kind:<10} {len(e):>5}  {e.prior_error.median():>+12.1%} {e.prior_error.abs().quantile(0.9):>13.1%}  "
+        f"{e.error.median():>+16.1%} {e.error.abs().quantile(0.9):>17.1%}"
+    )

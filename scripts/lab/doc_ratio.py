@@ -44,7 +44,9 @@ def main() -> None:
         doc, code = doc_and_code_lines(path.read_text())
         rows.append((doc, code, path))
     total_doc, total_code = sum(r[0] for r in rows), sum(r[1] for r in rows)
-    print(f"{args.folder}: {total_doc} docstring lines / {total_code} code lines = {total_doc / total_code:.2f}")
+    print(
+        f"{args.folder}: {total_doc} docstring lines / {total_code} code lines = {total_doc / total_code:.2f}"
+    )
     for doc, code, path in sorted(rows, key=lambda r: -r[0])[: args.top]:
         print(f"  {doc:5d} / {code:5d} = {doc / max(code, 1):.2f}  {path}")
 

@@ -5,25 +5,40 @@ The engine-level before / after is ``scripts/lab/decode_ratios.py`` (noisier: it
 
 Usage: ``python scripts/lab/fast_decode_cpu.py``
 """
-import time, mlx.core as mx, numpy as np
-import workbench
-from workbench.bench.run import FULL_CONFIG as cfg
-from workbench.bench.model import make_model
+
+import time
+
+import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache
+
+from workbench.bench.model import make_model
+from workbench.bench.run import FULL_CONFIG as cfg
 from workbench.engine.levers import fastpath
-model = make_model(cfg.shape); mx.eval(model.parameters())
+
+model = make_model(cfg.shape)
+mx.eval(model.parameters())
 for B in (1, 32):
-    caches = [BatchKVCache([0]*B) for _ in model.layers]
+    caches = [BatchKVCache([0] * B) for _ in model.layers]
     mx.eval(model(mx.zeros((B, 128), dtype=mx.uint32), cache=caches))
     res = {True: [], False: []}
     for r in range(12):
-        for fast in ((True, False) if r % 2 == 0 else (False, True)):
+        for fast in (True, False) if r % 2 == 0 else (False, True):
             paths = fastpath.FastDecode(fast, False)
             t = time.perf_counter()
             for _ in range(3):
-                with fastpath.decode_fast_path(model, caches, [caches[0]._idx]*B, paths):
-                    out = model(mx.zeros((B,1),dtype=mx.uint32), cache=caches)
+                with fastpath.decode_fast_path(model, caches, [caches[0]._idx] * B, paths):
+                    out = model(mx.zeros((B, 1), dtype=mx.uint32), cache=caches)
                 mx.eval(out)
-                for c in caches: c._idx -= 1; c.offset = c.offset - 1
-            res[fast].append((time.perf_counter()-t)/3)
-    print(B, "no mask", round(1e3*np.median(res[True]),2), "mask", round(1e3*np.median(res[False]),2), "ms")
+                for c in caches:
+                    c._idx -= 1
+                    c.offset = c.offset - 1
+            res[fast].append((time.perf_counter() - t) / 3)
+    print(
+        B,
+        "no mask",
+        round(1e3 * np.median(res[True]), 2),
+        "mask",
+        round(1e3 * np.median(res[False]), 2),
+        "ms",
+    )

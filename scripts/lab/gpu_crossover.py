@@ -41,11 +41,15 @@ KERNEL, NO_KERNEL = "kernel", "no kernel"
 
 def with_kernel_rows(factory, min_rows: int):
     """A factory of the same engine whose padded-rows kernel serves steps of ``min_rows`` or more."""
+
     def make():
         engine = factory()
         runner = engine.sched.runner
-        object.__setattr__(runner, "fast_decode", replace(runner.fast_decode, kernel_min_rows=min_rows))  # frozen
+        object.__setattr__(
+            runner, "fast_decode", replace(runner.fast_decode, kernel_min_rows=min_rows)
+        )  # frozen
         return engine
+
     return make
 
 
@@ -62,12 +66,17 @@ def main() -> None:
     _, tokenizer = load()
     frames = []
     for B in args.batch:
-        arrivals = [Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), cfg.decode_tokens)
-                    for b, n in enumerate(prompt_lengths(cfg, B))]
+        arrivals = [
+            Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), cfg.decode_tokens)
+            for b, n in enumerate(prompt_lengths(cfg, B))
+        ]
         base = engine_factories(model, tokenizer, B, cfg.prefill_step_size, (WORKBENCH, FAST_OFF, MLX_LM))
-        factories = {KERNEL: with_kernel_rows(base[WORKBENCH], 1),
-                     NO_KERNEL: with_kernel_rows(base[WORKBENCH], 10**9),
-                     FAST_OFF: base[FAST_OFF], MLX_LM: base[MLX_LM]}
+        factories = {
+            KERNEL: with_kernel_rows(base[WORKBENCH], 1),
+            NO_KERNEL: with_kernel_rows(base[WORKBENCH], 10**9),
+            FAST_OFF: base[FAST_OFF],
+            MLX_LM: base[MLX_LM],
+        }
         runs = gpu_runs(factories, arrivals, args.pairs, print)
         frames.append(runs)
         for row in runs.to_dict("records"):
@@ -81,7 +90,7 @@ def main() -> None:
     table = (pd.concat(frames).groupby(["B", "engine"]).step_s.median().unstack() * 1e3).round(2)
     print("median decode step, ms:")
     print(table.to_string())
-    faster = (table[KERNEL] < table[NO_KERNEL])
+    faster = table[KERNEL] < table[NO_KERNEL]
     cross = next((B for B in table.index if faster.loc[B:].all()), None)
     print(f"crossover (kernel faster at this B and every larger one measured): {cross}")
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import pandas as pd
 
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.bench.figures import render_frontier
@@ -44,15 +43,26 @@ panels = {}
 for steps in intervals:
     arrivals = staggered_arrivals(tokenizer, 24, steps * step_s)
     started = time.perf_counter()
-    requests, gaps = frontier_runs(model, tokenizer, arrivals, 8, 512, (2, 4, 8), rounds,
-                                   max_wait_s=30 * step_s, echo=print)
+    requests, gaps = frontier_runs(
+        model, tokenizer, arrivals, 8, 512, (2, 4, 8), rounds, max_wait_s=30 * step_s, echo=print
+    )
     summary = frontier_summary(requests, gaps, SLO(ttft_s=20 * step_s, tpot_s=3 * step_s))
     for name, frame in (("requests", requests), ("gaps", gaps), ("summary", summary)):
         frame.to_csv(out / f"frontier_{steps:g}_{name}.csv", index=False)
     panels[f"H200, one arrival every {steps:g} steps"] = (requests, gaps)
-    print(f"\narrivals every {steps:g} steps ({steps * step_s * 1e3:.1f} ms), {rounds} rounds, "
-          f"{time.perf_counter() - started:.0f} s:")
-    print((summary.set_index("engine")[["ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s",
-                                        "e2e_p95_s"]] * 1e3).round(2).to_string())
+    print(
+        f"\narrivals every {steps:g} steps ({steps * step_s * 1e3:.1f} ms), {rounds} rounds, "
+        f"{time.perf_counter() - started:.0f} s:"
+    )
+    print(
+        (
+            summary.set_index("engine")[
+                ["ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s", "e2e_p95_s"]
+            ]
+            * 1e3
+        )
+        .round(2)
+        .to_string()
+    )
     print(versus(summary).round(3).to_string(index=False))
 render_frontier(panels).savefig(out / "frontier.png", dpi=110)

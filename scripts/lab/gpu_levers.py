@@ -26,11 +26,11 @@ import argparse
 import os
 import time
 
-import workbench  # noqa: F401  first: sets MLX_ENABLE_TF32=0 unless the caller set it
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
+import workbench  # noqa: F401  first: sets MLX_ENABLE_TF32=0 unless the caller set it
 from workbench.bench.gpu import LLAMA_1B
 from workbench.bench.model import QUICK, decode_weight_bytes, make_model
 
@@ -44,8 +44,10 @@ def filled_caches(model, rows: int, context: int) -> list[BatchKVCache]:
         a = layer.self_attn
         B, H, S, D = rows, a.n_kv_heads, context, model.args.head_dim  # [B, n_kv_heads, S, head_dim]
         c = BatchKVCache([0] * rows)
-        c.update_and_fetch(mx.random.normal((B, H, S, D)).astype(mx.bfloat16),
-                           mx.random.normal((B, H, S, D)).astype(mx.bfloat16))
+        c.update_and_fetch(
+            mx.random.normal((B, H, S, D)).astype(mx.bfloat16),
+            mx.random.normal((B, H, S, D)).astype(mx.bfloat16),
+        )
         caches.append(c)
     mx.eval([c.state for c in caches])
     return caches
@@ -113,9 +115,13 @@ def engine_profile(model, rows: int, decode_tokens: int, top: int = 12) -> None:
     from workbench.workloads.workload import prompt_of_length
 
     _, tokenizer = load()
-    arrivals = [Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), decode_tokens)
-                for b, n in enumerate(prompt_lengths(GPU_CONFIG, rows))]
-    for name, factory in engine_factories(model, tokenizer, rows, GPU_CONFIG.prefill_step_size, ENGINES).items():
+    arrivals = [
+        Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), decode_tokens)
+        for b, n in enumerate(prompt_lengths(GPU_CONFIG, rows))
+    ]
+    for name, factory in engine_factories(
+        model, tokenizer, rows, GPU_CONFIG.prefill_step_size, ENGINES
+    ).items():
         run_once(factory, [Arrival(a.prompt, 4) for a in arrivals])  # warm-up
         prof = cProfile.Profile()
         start = time.perf_counter()
@@ -124,12 +130,16 @@ def engine_profile(model, rows: int, decode_tokens: int, top: int = 12) -> None:
         prof.disable()
         wall = time.perf_counter() - start
         stats = pstats.Stats(prof)
-        print(f"== profile {name}, B={rows}, {decode_tokens} tokens: wall {wall:.2f} s (profiled); MLX calls "
-              f"(graph building, eval, tolist) are invisible to cProfile and count as their caller's own time")
+        print(
+            f"== profile {name}, B={rows}, {decode_tokens} tokens: wall {wall:.2f} s (profiled); MLX calls "
+            f"(graph building, eval, tolist) are invisible to cProfile and count as their caller's own time"
+        )
         stats.sort_stats("tottime").print_stats(top)
 
 
-def prefill_chunks(model, cfg, sizes: tuple[int, ...], chunks: tuple[int, ...], decode_tokens: int, pairs: int) -> None:
+def prefill_chunks(
+    model, cfg, sizes: tuple[int, ...], chunks: tuple[int, ...], decode_tokens: int, pairs: int
+) -> None:
     """Wall throughput (prefill included) of both engines at each prefill chunk size, with
     the prompts of ``cfg`` (a :class:`workbench.bench.gpu.GpuBenchConfig`) and few new
     tokens, so prefill dominates the wall."""
@@ -142,10 +152,14 @@ def prefill_chunks(model, cfg, sizes: tuple[int, ...], chunks: tuple[int, ...], 
     _, tokenizer = load()
     print("prefill_step_size,B,engine,wall_tok_per_s_median,wall_s_median")
     for B in sizes:
-        arrivals = [Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), decode_tokens)
-                    for b, n in enumerate(prompt_lengths(cfg, B))]
+        arrivals = [
+            Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), decode_tokens)
+            for b, n in enumerate(prompt_lengths(cfg, B))
+        ]
         for chunk in chunks:
-            runs = gpu_runs(engine_factories(model, tokenizer, B, chunk, ENGINES), arrivals, pairs, echo=lambda _: None)
+            runs = gpu_runs(
+                engine_factories(model, tokenizer, B, chunk, ENGINES), arrivals, pairs, echo=lambda _: None
+            )
             for name, g in runs.groupby("engine", sort=False):
                 print(f"{chunk},{B},{name},{g.wall_tok_per_s.median():.0f},{g.wall_s.median():.3f}")
 
@@ -164,14 +178,22 @@ def main() -> None:
     if args.prefill:
         from workbench.bench.gpu import GPU_CONFIG, GPU_QUICK_CONFIG
 
-        prefill_chunks(model, GPU_QUICK_CONFIG if args.quick else GPU_CONFIG, (4,) if args.quick else (32, 128), (16, 64) if args.quick else (256, 512, 2048),
-                       8, 1 if args.quick else 2)
+        prefill_chunks(
+            model,
+            GPU_QUICK_CONFIG if args.quick else GPU_CONFIG,
+            (4,) if args.quick else (32, 128),
+            (16, 64) if args.quick else (256, 512, 2048),
+            8,
+            1 if args.quick else 2,
+        )
         return
     bw = bandwidth_bytes_per_s(64 * 2**20 if args.quick else 4 * 2**30)
     bound_s = decode_weight_bytes(model) / bw
-    print(f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')}; device {mx.default_device()}; weights "
-          f"{decode_weight_bytes(model) / 1e9:.2f} GB, copy {bw / 1e12:.2f} TB/s: "
-          f"weight-read bound {bound_s * 1e3:.3f} ms")
+    print(
+        f"MLX_ENABLE_TF32={os.environ.get('MLX_ENABLE_TF32')}; device {mx.default_device()}; weights "
+        f"{decode_weight_bytes(model) / 1e9:.2f} GB, copy {bw / 1e12:.2f} TB/s: "
+        f"weight-read bound {bound_s * 1e3:.3f} ms"
+    )
     mlps = [layer.mlp for layer in model.layers]
     compiled = [mx.compile(lambda x, mlp=mlp: mlp(x)) for mlp in mlps]
 
@@ -187,7 +209,7 @@ def main() -> None:
     times = {(n, B): [] for n in names for B in sizes}
     for r in range(args.rounds):
         for B in sizes:
-            for n in (names if r % 2 == 0 else names[::-1]):
+            for n in names if r % 2 == 0 else names[::-1]:
                 times[n, B].append(variant(n, B))
     variant("pipelined", 1)  # the plain MLPs back
     print("lever,B,step_ms_median,step_ms_min,step_ms_max,pct_of_weight_bound")

@@ -43,19 +43,35 @@ def case(B, dtype, D, n_q=32, n_kv=8, S=640, columns=400, layers=16):
     lp = mx.array([0] if B == 1 else [(37 * i) % 300 for i in range(B)])
     cols = mx.arange(columns)
     mask = (cols[None, :] >= lp[:, None])[:, None, None, :]  # [B, 1, 1, columns]
-    scale = D ** -0.5
-    ref = mx.fast.scaled_dot_product_attention(q, ks[0][..., :columns, :], vs[0][..., :columns, :], scale=scale,
-                                               mask=mask)
+    scale = D**-0.5
+    ref = mx.fast.scaled_dot_product_attention(
+        q, ks[0][..., :columns, :], vs[0][..., :columns, :], scale=scale, mask=mask
+    )
     got = padded_decode_attention(q, ks[0], vs[0], lp, columns, scale)
     err = mx.abs(got.astype(mx.float32) - ref.astype(mx.float32)).max().item()
     return {
-        "B": B, "dtype": str(dtype), "head_dim": D, "columns": columns, "max_abs_diff": err,
-        "kernel_ms": timed(lambda: [padded_decode_attention(q, k, v, lp, columns, scale) for k, v in zip(ks, vs)]),
-        "masked_ms": timed(lambda: [mx.fast.scaled_dot_product_attention(q, k[..., :columns, :], v[..., :columns, :],
-                                                                       scale=scale, mask=mask) for k, v in zip(ks, vs)]),
-        "unmasked_ms": timed(lambda: [mx.fast.scaled_dot_product_attention(q, k[..., :columns, :],
-                                                                         v[..., :columns, :], scale=scale)
-                                      for k, v in zip(ks, vs)]),
+        "B": B,
+        "dtype": str(dtype),
+        "head_dim": D,
+        "columns": columns,
+        "max_abs_diff": err,
+        "kernel_ms": timed(
+            lambda: [padded_decode_attention(q, k, v, lp, columns, scale) for k, v in zip(ks, vs)]
+        ),
+        "masked_ms": timed(
+            lambda: [
+                mx.fast.scaled_dot_product_attention(
+                    q, k[..., :columns, :], v[..., :columns, :], scale=scale, mask=mask
+                )
+                for k, v in zip(ks, vs)
+            ]
+        ),
+        "unmasked_ms": timed(
+            lambda: [
+                mx.fast.scaled_dot_product_attention(q, k[..., :columns, :], v[..., :columns, :], scale=scale)
+                for k, v in zip(ks, vs)
+            ]
+        ),
     }
 
 
@@ -63,8 +79,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="also write the rows as JSON lines to this file")
     a = ap.parse_args()
-    emit_jsonl((case(B, dtype, D) for D in (64, 128) for dtype in (mx.bfloat16, mx.float32) for B in (1, 8, 32, 128)),
-               a.out)
+    emit_jsonl(
+        (
+            case(B, dtype, D)
+            for D in (64, 128)
+            for dtype in (mx.bfloat16, mx.float32)
+            for B in (1, 8, 32, 128)
+        ),
+        a.out,
+    )
 
 
 if __name__ == "__main__":

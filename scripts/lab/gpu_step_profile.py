@@ -45,7 +45,7 @@ def prefilled(model, B: int, context: int, seed: int = 0):
     mx.random.seed(seed)
     toks = mx.random.randint(0, model.args.vocab_size, (B, context))
     for s in range(0, context, 512):
-        logits = model(toks[:, s:s + 512], cache=caches)
+        logits = model(toks[:, s : s + 512], cache=caches)
         mx.eval(logits, [c.state[:2] for c in caches])
     return caches, mx.argmax(logits[:, -1:], axis=-1)
 
@@ -66,6 +66,7 @@ def timed_sync(model, caches, y, n):
 
 def timed_pipelined(model, caches, y, n):
     """mlx-lm's generate loop: the graph of step n+1 is built while step n runs."""
+
     def step(y):
         logits = model(y, cache=caches)
         return mx.argmax(logits[:, -1:], axis=-1)
@@ -109,7 +110,7 @@ def static_from(caches, size):
     """Buffers of ``size`` columns holding what mlx-lm's caches hold."""
     kv = []
     for c in caches:
-        k, v = c.keys[..., :c._idx, :], c.values[..., :c._idx, :]
+        k, v = c.keys[..., : c._idx, :], c.values[..., : c._idx, :]
         pad = [(0, 0), (0, 0), (0, size - c._idx), (0, 0)]
         kv += [mx.pad(k, pad), mx.pad(v, pad)]
     mx.eval(kv)
@@ -152,8 +153,15 @@ def padded_kernel(model):
     original = mod.scaled_dot_product_attention
 
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
-        if isinstance(cache, BatchKVCache) and mask is not None and sinks is None and supported(queries, keys):
-            return padded_decode_attention(queries, cache.keys, cache.values, cache.left_padding, cache._idx, scale)
+        if (
+            isinstance(cache, BatchKVCache)
+            and mask is not None
+            and sinks is None
+            and supported(queries, keys)
+        ):
+            return padded_decode_attention(
+                queries, cache.keys, cache.values, cache.left_padding, cache._idx, scale
+            )
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     mod.scaled_dot_product_attention = sdpa
@@ -167,13 +175,15 @@ def timed_attention(caches, n_heads, with_mask, n=20):
     c0 = caches[0]
     B, H, _, D = c0.keys.shape
     q = mx.random.normal((B, n_heads, 1, D)).astype(c0.keys.dtype)
-    ks = [c.keys[..., :c._idx, :] for c in caches]
-    vs = [c.values[..., :c._idx, :] for c in caches]
+    ks = [c.keys[..., : c._idx, :] for c in caches]
+    vs = [c.values[..., : c._idx, :] for c in caches]
     mask = c0.make_mask(1)[..., : c0._idx] if with_mask else None
     ts = []
     for _ in range(n):
         t0 = time.perf_counter()
-        outs = [mx.fast.scaled_dot_product_attention(q, k, v, scale=D ** -0.5, mask=mask) for k, v in zip(ks, vs)]
+        outs = [
+            mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask) for k, v in zip(ks, vs)
+        ]
         mx.eval(outs)
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
@@ -209,15 +219,21 @@ def profile(model, B, context, n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="the tiny shape, 48 columns, 6 steps: a CPU check")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 128], help="batch sizes (default 1 8 32 128)")
-    ap.add_argument("--context", type=int, default=384, help="columns the rows are prefilled to (default 384)")
+    ap.add_argument(
+        "--batch", type=int, nargs="+", default=[1, 8, 32, 128], help="batch sizes (default 1 8 32 128)"
+    )
+    ap.add_argument(
+        "--context", type=int, default=384, help="columns the rows are prefilled to (default 384)"
+    )
     ap.add_argument("--steps", type=int, default=40, help="decode steps timed per variant (default 40)")
     ap.add_argument("--out", type=Path, help="also write the rows as JSON lines to this file")
     a = ap.parse_args()
     shape = QUICK if a.quick else LLAMA_1B
     model = make_model(shape, dtype=mx.bfloat16 if not a.quick else mx.float32)
-    emit_jsonl((profile(model, B, a.context if not a.quick else 48, a.steps if not a.quick else 6)
-                for B in a.batch), a.out)
+    emit_jsonl(
+        (profile(model, B, a.context if not a.quick else 48, a.steps if not a.quick else 6) for B in a.batch),
+        a.out,
+    )
 
 
 def emit_jsonl(rows, out: Path | None) -> None:

@@ -22,8 +22,12 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="model name or path (default: the bench's random llama shape)")
-    ap.add_argument("--shape", default="full", choices=["quick", "full", "1b"], help="bench shape when no --model")
+    ap.add_argument(
+        "--model", default=None, help="model name or path (default: the bench's random llama shape)"
+    )
+    ap.add_argument(
+        "--shape", default="full", choices=["quick", "full", "1b"], help="bench shape when no --model"
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32], help="rows B")
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tokens)")
@@ -46,14 +50,24 @@ def main() -> None:
     else:
         shapes = {"quick": bench_model.QUICK, "full": bench_model.FULL}
         if args.shape == "1b":
-            shapes["1b"] = bench_model.ModelShape("llama-1b", hidden_size=2048, num_hidden_layers=16,
-                                                  intermediate_size=8192, num_attention_heads=32,
-                                                  num_key_value_heads=8, head_dim=64, vocab_size=128256)
+            shapes["1b"] = bench_model.ModelShape(
+                "llama-1b",
+                hidden_size=2048,
+                num_hidden_layers=16,
+                intermediate_size=8192,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=64,
+                vocab_size=128256,
+            )
         model, tok = bench_model.make_model(shapes[args.shape], dtype=dtype), None
     if args.dtype != "float32":
         model.set_dtype(dtype)
     vocab = model.args.vocab_size if hasattr(model, "args") else 4096
-    prompts = [[(7 * b + 13 * i) % (vocab - 1) + 1 for i in range(args.prompt_tokens + b % 5)] for b in range(max(args.batch_sizes))]
+    prompts = [
+        [(7 * b + 13 * i) % (vocab - 1) + 1 for i in range(args.prompt_tokens + b % 5)]
+        for b in range(max(args.batch_sizes))
+    ]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
@@ -104,17 +118,32 @@ def _run(model, tok, prompts, steps, kw, MlxLmEngine):
 
 
 def _report(B, results, out):
-    med = {name: statistics.median(x[0] for x in results[(B, name)]) for name in ("default", "invariant", "mlx-lm")}
-    pre = {name: statistics.median(x[1] for x in results[(B, name)]) for name in ("default", "invariant", "mlx-lm")}
-    line = {"B": B, "step_ms": med, "prefill_s": pre,
-            "invariant_over_default_step": med["invariant"] / med["default"],
-            "invariant_over_default_prefill": pre["invariant"] / pre["default"],
-            "mlx_lm_over_default_step": med["mlx-lm"] / med["default"],
-            "step_ratios_per_round": [i[0] / d[0] for i, d in zip(results[(B, "invariant")], results[(B, "default")])]}
-    print(f"B = {B:3d}: step ms default {med['default']:.2f}, invariant {med['invariant']:.2f}, mlx-lm "
-          f"{med['mlx-lm']:.2f}; invariant/default step {line['invariant_over_default_step']:.2f}x "
-          f"(rounds {', '.join(f'{x:.2f}' for x in line['step_ratios_per_round'])}), prefill "
-          f"{line['invariant_over_default_prefill']:.2f}x", flush=True)
+    med = {
+        name: statistics.median(x[0] for x in results[(B, name)])
+        for name in ("default", "invariant", "mlx-lm")
+    }
+    pre = {
+        name: statistics.median(x[1] for x in results[(B, name)])
+        for name in ("default", "invariant", "mlx-lm")
+    }
+    line = {
+        "B": B,
+        "step_ms": med,
+        "prefill_s": pre,
+        "invariant_over_default_step": med["invariant"] / med["default"],
+        "invariant_over_default_prefill": pre["invariant"] / pre["default"],
+        "mlx_lm_over_default_step": med["mlx-lm"] / med["default"],
+        "step_ratios_per_round": [
+            i[0] / d[0] for i, d in zip(results[(B, "invariant")], results[(B, "default")])
+        ],
+    }
+    print(
+        f"B = {B:3d}: step ms default {med['default']:.2f}, invariant {med['invariant']:.2f}, mlx-lm "
+        f"{med['mlx-lm']:.2f}; invariant/default step {line['invariant_over_default_step']:.2f}x "
+        f"(rounds {', '.join(f'{x:.2f}' for x in line['step_ratios_per_round'])}), prefill "
+        f"{line['invariant_over_default_prefill']:.2f}x",
+        flush=True,
+    )
     with out.open("a") as f:
         f.write(json.dumps(line) + "\n")
 

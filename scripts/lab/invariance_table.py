@@ -19,25 +19,50 @@ import time
 from pathlib import Path
 
 QUESTIONS = [
-    "What is the capital of France?", "Name the three primary colors.", "What is 2 + 2?",
-    "Who wrote Romeo and Juliet?", "What is the boiling point of water?", "How many legs does a spider have?",
-    "What is the largest planet?", "Translate 'hello' into Spanish.", "What gas do plants breathe in?",
-    "Name a famous painting by Leonardo da Vinci.", "What is the square root of 81?", "What is H2O?",
-    "Which ocean is the largest?", "How many days are in a leap year?", "What is the opposite of hot?",
-    "Give me a synonym for happy.", "What language is spoken in Brazil?", "What is the freezing point of water?",
-    "Who painted the Starry Night?", "What is the chemical symbol for gold?", "How many continents are there?",
-    "What is the fastest land animal?", "Name a prime number greater than 10.", "What does a thermometer measure?",
-    "What is the tallest mountain on Earth?", "Which planet is called the Red Planet?", "What is 10 times 12?",
-    "Name an instrument with keys.", "What do bees make?", "What is the main ingredient of guacamole?",
-    "How many hours are in a day?", "Write one word that rhymes with cat.",
+    "What is the capital of France?",
+    "Name the three primary colors.",
+    "What is 2 + 2?",
+    "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water?",
+    "How many legs does a spider have?",
+    "What is the largest planet?",
+    "Translate 'hello' into Spanish.",
+    "What gas do plants breathe in?",
+    "Name a famous painting by Leonardo da Vinci.",
+    "What is the square root of 81?",
+    "What is H2O?",
+    "Which ocean is the largest?",
+    "How many days are in a leap year?",
+    "What is the opposite of hot?",
+    "Give me a synonym for happy.",
+    "What language is spoken in Brazil?",
+    "What is the freezing point of water?",
+    "Who painted the Starry Night?",
+    "What is the chemical symbol for gold?",
+    "How many continents are there?",
+    "What is the fastest land animal?",
+    "Name a prime number greater than 10.",
+    "What does a thermometer measure?",
+    "What is the tallest mountain on Earth?",
+    "Which planet is called the Red Planet?",
+    "What is 10 times 12?",
+    "Name an instrument with keys.",
+    "What do bees make?",
+    "What is the main ingredient of guacamole?",
+    "How many hours are in a day?",
+    "Write one word that rhymes with cat.",
 ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model name or path")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "native"],
-                    help="weights dtype (a quantized model is dequantized first unless native)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32", "native"],
+        help="weights dtype (a quantized model is dequantized first unless native)",
+    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="MLX device")
     ap.add_argument("--questions", type=int, default=32, help="how many questions (<= 32)")
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens per answer")
@@ -45,8 +70,11 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=3, help="steps between staggered arrivals")
     ap.add_argument("--prefill-step-size", type=int, default=2048, help="prefill chunk (tokens)")
     ap.add_argument("--out", default="workbench-out/invariance_table.jsonl", help="JSON lines file")
-    ap.add_argument("--skip-probe", action="store_true",
-                    help="batch even where the construction probe would choose the serial lane (diagnosis)")
+    ap.add_argument(
+        "--skip-probe",
+        action="store_true",
+        help="batch even where the construction probe would choose the serial lane (diagnosis)",
+    )
     args = ap.parse_args()
 
     import mlx.core as mx
@@ -62,10 +90,18 @@ def main() -> None:
     if args.dtype != "native":
         model.set_dtype(getattr(mx, args.dtype))
     chat = getattr(tok, "chat_template", None) is not None
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True) if chat
-               else tok.encode(q) for q in QUESTIONS[: args.questions]]  # a model without a template: the text
-    engines = {"workbench default": {}, "workbench fast_decode=False": {"fast_decode": False},
-               "mlx-lm BatchGenerator": None, "workbench batch_invariant=True": {"batch_invariant": True}}
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        if chat
+        else tok.encode(q)
+        for q in QUESTIONS[: args.questions]
+    ]  # a model without a template: the text
+    engines = {
+        "workbench default": {},
+        "workbench fast_decode=False": {"fast_decode": False},
+        "mlx-lm BatchGenerator": None,
+        "workbench batch_invariant=True": {"batch_invariant": True},
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -74,17 +110,34 @@ def main() -> None:
     for name, kw in engines.items():
         t0 = time.perf_counter()
         alone = [_run(model, tok, [p], 1, 0, kw, args)[0] for p in prompts]
-        for label, B, every in (("at once", len(prompts), 0), ("staggered", args.staggered_batch, args.every)):
+        for label, B, every in (
+            ("at once", len(prompts), 0),
+            ("staggered", args.staggered_batch, args.every),
+        ):
             got = _run(model, tok, prompts, B, every, kw, args)
             tokens_eq = sum(g[0] == a[0] for g, a in zip(got, alone))
             bits_eq = sum(g == a for g, a in zip(got, alone)) if kw is not None else None
-            line = {"engine": name, "schedule": label, "rows": len(prompts), "tokens_equal": tokens_eq,
-                    "bits_equal": bits_eq, "device": args.device, "dtype": args.dtype, "model": args.model,
-                    "mlx": mx.__version__}
+            line = {
+                "engine": name,
+                "schedule": label,
+                "rows": len(prompts),
+                "tokens_equal": tokens_eq,
+                "bits_equal": bits_eq,
+                "device": args.device,
+                "dtype": args.dtype,
+                "model": args.model,
+                "mlx": mx.__version__,
+            }
             rows.append(line)
-            print(f"{name:32s} {label:9s}: tokens equal to alone {tokens_eq}/{len(prompts)}"
-                  + (f", tokens and log-probs bit-equal {bits_eq}/{len(prompts)}" if bits_eq is not None else ""),
-                  flush=True)
+            print(
+                f"{name:32s} {label:9s}: tokens equal to alone {tokens_eq}/{len(prompts)}"
+                + (
+                    f", tokens and log-probs bit-equal {bits_eq}/{len(prompts)}"
+                    if bits_eq is not None
+                    else ""
+                ),
+                flush=True,
+            )
             with out.open("a") as f:
                 f.write(json.dumps(line) + "\n")
         print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -98,7 +151,13 @@ def _run(model, tok, prompts, max_batch, every, kw, args):
         from workbench.bench.engines import Arrival, MlxLmEngine, drive
 
         eng = MlxLmEngine(model, max_batch=max_batch, prefill_step_size=args.prefill_step_size)
-        drive(eng, [Arrival(tuple(p), args.max_tokens, at_s=0.0, at_iteration=every * i) for i, p in enumerate(prompts)])
+        drive(
+            eng,
+            [
+                Arrival(tuple(p), args.max_tokens, at_s=0.0, at_iteration=every * i)
+                for i, p in enumerate(prompts)
+            ],
+        )
         eng.close()
         toks: dict = {}
         for e in eng.events:

@@ -38,15 +38,26 @@ from workbench.workloads.workload import prompt_of_length
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("out", nargs="?", type=Path, help="folder for the CSV files (default: none written)")
-parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per arrival interval (default 2)")
-parser.add_argument("--arrival-steps", type=float, nargs="+", default=[8.0, 3.0],
-                    help="arrival intervals, in decode steps at B = 8 (default 8 3)")
-parser.add_argument("--targets", type=float, nargs="*", default=[],
-                    help="paced engines to add, at these multiples of the decode step (default none)")
+parser.add_argument(
+    "--rounds", type=int, default=2, help="alternating rounds per arrival interval (default 2)"
+)
+parser.add_argument(
+    "--arrival-steps",
+    type=float,
+    nargs="+",
+    default=[8.0, 3.0],
+    help="arrival intervals, in decode steps at B = 8 (default 8 3)",
+)
+parser.add_argument(
+    "--targets",
+    type=float,
+    nargs="*",
+    default=[],
+    help="paced engines to add, at these multiples of the decode step (default none)",
+)
 args = parser.parse_args()
 if args.out:
     args.out.mkdir(parents=True, exist_ok=True)
-
 
 
 def solo_forward_s(prompt) -> float:
@@ -70,14 +81,25 @@ print(f"decode step at B = 8: {step_s * 1e3:.1f} ms")
 for steps in args.arrival_steps:
     started = time.perf_counter()
     arrivals = staggered_arrivals(tokenizer, 16, steps * step_s)
-    requests, gaps = frontier_runs(model, tokenizer, arrivals, 8, 512, tuple(args.targets), args.rounds,
-                                   max_wait_s=30 * step_s, echo=print)
+    requests, gaps = frontier_runs(
+        model,
+        tokenizer,
+        arrivals,
+        8,
+        512,
+        tuple(args.targets),
+        args.rounds,
+        max_wait_s=30 * step_s,
+        echo=print,
+    )
     summary = frontier_summary(requests, gaps, SLO(ttft_s=10 * step_s, tpot_s=2 * step_s))
     if args.out:
         for name, frame in (("requests", requests), ("gaps", gaps), ("summary", summary)):
             frame.to_csv(args.out / f"floors_{steps:g}_{name}.csv", index=False)
-    print(f"\narrivals every {steps:g} steps ({steps * step_s * 1e3:.0f} ms), {args.rounds} rounds, "
-          f"{time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}; ms:")
+    print(
+        f"\narrivals every {steps:g} steps ({steps * step_s * 1e3:.0f} ms), {args.rounds} rounds, "
+        f"{time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}; ms:"
+    )
     cols = ["ttft_p50_s", "ttft_p95_s", "ttft_floor_p95_s", "itl_p50_s", "itl_p95_s", "itl_floor_p95_s"]
     print((summary.set_index("engine")[cols] * 1e3).round(1).to_string())
     print("each / mlx-lm's (a floor / mlx-lm's measured p95):")
@@ -86,8 +108,12 @@ for steps in args.arrival_steps:
     mlx = requests[requests.engine == MLX_LM]
     per_round = mlx.groupby("round").ttft_s.quantile(0.95)
     floor_s = mlx.ttft_floor_s.quantile(0.95)
-    print("mlx-lm's TTFT p95 per round: " + ", ".join(
-        f"{p95:.3f} s (floor / it {floor_s / p95:.2f})" for p95 in per_round))
+    print(
+        "mlx-lm's TTFT p95 per round: "
+        + ", ".join(f"{p95:.3f} s (floor / it {floor_s / p95:.2f})" for p95 in per_round)
+    )
     longest = max(arrivals, key=lambda a: len(a.prompt)).prompt
-    print(f"longest prompt ({len(longest)} tokens): TTFT floor / a solo forward timed directly "
-          f"{mlx[mlx.prompt_tokens == len(longest)].ttft_floor_s.min() / solo_forward_s(longest):.2f}")
+    print(
+        f"longest prompt ({len(longest)} tokens): TTFT floor / a solo forward timed directly "
+        f"{mlx[mlx.prompt_tokens == len(longest)].ttft_floor_s.min() / solo_forward_s(longest):.2f}"
+    )

@@ -23,7 +23,15 @@ from workbench.bench.pacing import frontier_runs, frontier_summary, versus  # no
 from workbench.bench.scenarios import staggered_arrivals  # noqa: E402
 from workbench.observe.metrics import SLO  # noqa: E402
 
-COLUMNS = ["engine", "ttft_p50_s", "ttft_p95_s", "itl_p95_s", "itl_max_s", "e2e_p95_s", "throughput_tok_per_s"]
+COLUMNS = [
+    "engine",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p95_s",
+    "itl_max_s",
+    "e2e_p95_s",
+    "throughput_tok_per_s",
+]
 
 
 def main(out: Path) -> None:
@@ -36,11 +44,27 @@ def main(out: Path) -> None:
         for n in (16, 24):
             arrivals = staggered_arrivals(tokenizer, n, every * step)
             for policy, wait in (("fcfs", None), ("shortest prompt first", 30 * step)):
-                requests, gaps = frontier_runs(model, tokenizer, arrivals, 8, 512, (1.5, 2, 4, 8), 1, mode="cost",
-                                               cost_model=cost, max_wait_s=wait, echo=lambda line: None,
-                                               floor_repeats=0)
-                ratios = versus(frontier_summary(requests, gaps, SLO(ttft_s=20 * step, tpot_s=3 * step)))[COLUMNS]
-                print(f"one arrival every {every} steps, {n} requests, {policy}: each engine / mlx-lm", flush=True)
+                requests, gaps = frontier_runs(
+                    model,
+                    tokenizer,
+                    arrivals,
+                    8,
+                    512,
+                    (1.5, 2, 4, 8),
+                    1,
+                    mode="cost",
+                    cost_model=cost,
+                    max_wait_s=wait,
+                    echo=lambda line: None,
+                    floor_repeats=0,
+                )
+                ratios = versus(frontier_summary(requests, gaps, SLO(ttft_s=20 * step, tpot_s=3 * step)))[
+                    COLUMNS
+                ]
+                print(
+                    f"one arrival every {every} steps, {n} requests, {policy}: each engine / mlx-lm",
+                    flush=True,
+                )
                 print(ratios.round(2).to_string(index=False), flush=True)
                 frames.append(ratios.assign(arrival_steps=every, requests=n, policy=policy))
     summary = pd.concat(frames, ignore_index=True)
@@ -52,6 +76,11 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", nargs="?", type=Path, default=Path("workbench-out/pacing_cost_sweep"),
-                    help="folder for summary.csv (default workbench-out/pacing_cost_sweep)")
+    ap.add_argument(
+        "out",
+        nargs="?",
+        type=Path,
+        default=Path("workbench-out/pacing_cost_sweep"),
+        help="folder for summary.csv (default workbench-out/pacing_cost_sweep)",
+    )
     main(ap.parse_args().out)

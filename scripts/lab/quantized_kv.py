@@ -41,7 +41,10 @@ def main() -> None:
     sizes = bytes_per_token(model, small)
     admission = admission_under_budget(model, tokenizer, small)
     big = make_model(FULL)
-    steps = [step_cost(big, args.rows, s, [(None, 64), (8, 64), (4, 64)], repeats=args.repeats) for s in args.contexts]
+    steps = [
+        step_cost(big, args.rows, s, [(None, 64), (8, 64), (4, 64)], repeats=args.repeats)
+        for s in args.contexts
+    ]
     steps = pd.concat(steps, ignore_index=True)
     big_sizes = bytes_per_token(big, [(None, 64), (8, 64), (4, 64)])
     print(f"mlx {mx.__version__}, {platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")

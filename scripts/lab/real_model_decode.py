@@ -24,13 +24,21 @@ parser.add_argument("--out", default=None, help="folder for real_runs.csv (not w
 args = parser.parse_args()
 cfg = QUICK_CONFIG if args.quick else FULL_CONFIG
 started_s, load_before = time.perf_counter(), os.getloadavg()[0]
-runs, meta = real_decode_runs(cfg.real_batch_sizes, cfg.real_prompt_tokens, cfg.real_decode_tokens, cfg.real_pairs,
-                              cfg.prefill_step_size, echo=lambda line: print(line, flush=True))
+runs, meta = real_decode_runs(
+    cfg.real_batch_sizes,
+    cfg.real_prompt_tokens,
+    cfg.real_decode_tokens,
+    cfg.real_pairs,
+    cfg.prefill_step_size,
+    echo=lambda line: print(line, flush=True),
+)
 same = runs.same_tokens.dropna()
 meta["real_same_tokens_runs"] = f"{int(same.sum())}/{len(same)}"
 table = real_table(runs)
-print(f"{datetime.date.today().isoformat()}, {cfg.name} sizes, {(time.perf_counter() - started_s) / 60:.1f} min, "
-      f"load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+print(
+    f"{datetime.date.today().isoformat()}, {cfg.name} sizes, {(time.perf_counter() - started_s) / 60:.1f} min, "
+    f"load average (1 min) {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+)
 print(real_model_line(cfg, meta))
 if len(table):
     print(table_text(table))

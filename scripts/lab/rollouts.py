@@ -37,8 +37,13 @@ for flag, (kind, default, text) in OPTIONS.items():
 args = parser.parse_args()
 
 model, tokenizer = wb.load(args.model)
-request = wb.Request(prompt=prompt_of_length(tokenizer, args.prompt_tokens, 0), max_tokens=args.max_tokens,
-                     temperature=0.8, seed=1000, stop_ids=[])
+request = wb.Request(
+    prompt=prompt_of_length(tokenizer, args.prompt_tokens, 0),
+    max_tokens=args.max_tokens,
+    temperature=0.8,
+    seed=1000,
+    stop_ids=[],
+)
 
 
 def seeded(i: int) -> wb.Request:
@@ -82,7 +87,7 @@ submit_n()  # warm-up
 times = {name: [] for name in WAYS}
 facts = {}
 for r in range(args.rounds):
-    for name in (list(WAYS) if r % 2 == 0 else list(WAYS)[::-1]):
+    for name in list(WAYS) if r % 2 == 0 else list(WAYS)[::-1]:
         seconds, prefill, tokens = WAYS[name]()
         times[name].append(seconds)
         facts[name] = (prefill, tokens)
@@ -90,6 +95,19 @@ equal = len({json.dumps(tokens) for _, tokens in facts.values()}) == 1
 base = statistics.median(times["submit_n"])
 for name in WAYS:
     t = statistics.median(times[name])
-    print(json.dumps(dict(model=args.model, k=args.k, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
-                          rounds=args.rounds, way=name, seconds=t, prefill_tokens=facts[name][0],
-                          speedup_of_submit_n=t / base, tokens_equal_across_ways=equal)))
+    print(
+        json.dumps(
+            dict(
+                model=args.model,
+                k=args.k,
+                prompt_tokens=args.prompt_tokens,
+                max_tokens=args.max_tokens,
+                rounds=args.rounds,
+                way=name,
+                seconds=t,
+                prefill_tokens=facts[name][0],
+                speedup_of_submit_n=t / base,
+                tokens_equal_across_ways=equal,
+            )
+        )
+    )

@@ -37,7 +37,7 @@ model, tok = wb.load("smollm2-135m")
 draft, _ = wb.load("smollm2-135m")
 draft.model.layers = draft.model.layers[: args.draft_layers]
 
-CODE = '''def moving_average(values, window):
+CODE = """def moving_average(values, window):
     if window <= 0:
         raise ValueError("window must be positive")
     out = []
@@ -49,14 +49,20 @@ CODE = '''def moving_average(values, window):
         if i >= window - 1:
             out.append(total / window)
     return out
-'''
+"""
 WORKLOADS = {
-    "chat": ["What is the capital of France? Answer in two sentences.", "Give me three tips for sleeping better.",
-             "Explain what a hash table is to a beginner.", "Write a haiku about autumn rain."],
-    "code copy": [f"Rewrite this function with type hints, keeping everything else the same:\n```python\n{CODE}```",
-                  f"Repeat this code exactly, then explain it in one line:\n```python\n{CODE}```",
-                  f"Add a docstring to this function and return the whole function:\n```python\n{CODE}```",
-                  f"Rename `values` to `xs` in this code and show the full result:\n```python\n{CODE}```"],
+    "chat": [
+        "What is the capital of France? Answer in two sentences.",
+        "Give me three tips for sleeping better.",
+        "Explain what a hash table is to a beginner.",
+        "Write a haiku about autumn rain.",
+    ],
+    "code copy": [
+        f"Rewrite this function with type hints, keeping everything else the same:\n```python\n{CODE}```",
+        f"Repeat this code exactly, then explain it in one line:\n```python\n{CODE}```",
+        f"Add a docstring to this function and return the whole function:\n```python\n{CODE}```",
+        f"Rename `values` to `xs` in this code and show the full result:\n```python\n{CODE}```",
+    ],
 }
 
 
@@ -71,17 +77,26 @@ def workbench_run(prompts, max_batch, speculative):
     times = [e.time_s for e in sched.events if e.kind == "token"]
     acc = acceptance(sched.events)
     rate = acc.accepted_tokens.sum() / acc.drafted_tokens.sum() if acc.drafted_tokens.sum() else float("nan")
-    return [sched.tokens(u) for u in uids], max(times) - min(times), len(prompts), rate, acc.tokens_per_forward.mean()
+    return (
+        [sched.tokens(u) for u in uids],
+        max(times) - min(times),
+        len(prompts),
+        rate,
+        acc.tokens_per_forward.mean(),
+    )
 
 
 def mlx_lm_run(prompts, draft_model):
     out, window = [], 0.0
     for p in prompts:
         if draft_model is None:
-            steps = generate_step(mx.array(p), model, max_tokens=args.tokens, prompt_cache=make_prompt_cache(model))
+            steps = generate_step(
+                mx.array(p), model, max_tokens=args.tokens, prompt_cache=make_prompt_cache(model)
+            )
         else:
-            steps = speculative_generate_step(mx.array(p), model, draft_model, num_draft_tokens=args.k,
-                                              max_tokens=args.tokens)
+            steps = speculative_generate_step(
+                mx.array(p), model, draft_model, num_draft_tokens=args.k, max_tokens=args.tokens
+            )
         tokens, first = [], None
         for step in steps:
             tokens.append(int(step[0]))
@@ -91,9 +106,16 @@ def mlx_lm_run(prompts, draft_model):
     return out, window, len(prompts), float("nan"), float("nan")
 
 
-RUNS = [("workbench", 1, None), ("workbench", 1, "prompt-lookup"), ("workbench", 1, "draft"),
-        ("mlx-lm", 1, None), ("mlx-lm", 1, "draft"),
-        ("workbench", 4, None), ("workbench", 4, "prompt-lookup"), ("workbench", 4, "draft")]
+RUNS = [
+    ("workbench", 1, None),
+    ("workbench", 1, "prompt-lookup"),
+    ("workbench", 1, "draft"),
+    ("mlx-lm", 1, None),
+    ("mlx-lm", 1, "draft"),
+    ("workbench", 4, None),
+    ("workbench", 4, "prompt-lookup"),
+    ("workbench", 4, "draft"),
+]
 rows = []
 for workload, texts in WORKLOADS.items():
     prompts = [chat_ids(t) for t in texts]
@@ -105,8 +127,13 @@ for workload, texts in WORKLOADS.items():
                 result = mlx_lm_run(prompts, draft if spec == "draft" else None)
             elif B == 1:
                 parts = [workbench_run([p], 1, spec_arg) for p in prompts]
-                result = ([t for r in parts for t in r[0]], sum(r[1] for r in parts), len(parts),
-                          sum(r[3] for r in parts) / len(parts), sum(r[4] for r in parts) / len(parts))
+                result = (
+                    [t for r in parts for t in r[0]],
+                    sum(r[1] for r in parts),
+                    len(parts),
+                    sum(r[3] for r in parts) / len(parts),
+                    sum(r[4] for r in parts) / len(parts),
+                )
             else:
                 result = workbench_run(prompts, B, spec_arg)
             key = (engine, B, spec)
@@ -115,8 +142,18 @@ for workload, texts in WORKLOADS.items():
     plain = best[("workbench", 1, None)][0]
     for (engine, B, spec), (tokens, window, windows, rate, per_forward) in best.items():
         n = sum(len(t) for t in tokens) - windows  # each window starts at a first token
-        rows.append(dict(workload=workload, engine=engine, B=B, speculation=spec or "none", tok_per_s=n / window,
-                         acceptance=rate, tokens_per_forward=per_forward, same=tokens == plain))
+        rows.append(
+            dict(
+                workload=workload,
+                engine=engine,
+                B=B,
+                speculation=spec or "none",
+                tok_per_s=n / window,
+                acceptance=rate,
+                tokens_per_forward=per_forward,
+                same=tokens == plain,
+            )
+        )
         print(rows[-1], flush=True)
 table = pd.DataFrame(rows)
 for workload in WORKLOADS:
@@ -127,8 +164,10 @@ for workload in WORKLOADS:
         table.loc[w & (table.B == B), "vs_no_speculation"] = table[w & (table.B == B)].tok_per_s / base
     spec_ref = table[w & (table.engine == "mlx-lm") & (table.speculation == "draft")].tok_per_s.iloc[0]
     table.loc[w & (table.B == 1), "vs_mlx_lm_speculative"] = table[w & (table.B == 1)].tok_per_s / spec_ref
-print(f"load average (1 min) {os.getloadavg()[0]:.2f}; k={args.k}, draft = first {args.draft_layers} of "
-      f"{len(model.layers)} layers, {args.tokens} tokens per request")
+print(
+    f"load average (1 min) {os.getloadavg()[0]:.2f}; k={args.k}, draft = first {args.draft_layers} of "
+    f"{len(model.layers)} layers, {args.tokens} tokens per request"
+)
 cols = list(table.columns)
 print("| " + " | ".join(cols) + " |\n|" + " --- |" * len(cols))
 for r in table.itertuples(index=False):

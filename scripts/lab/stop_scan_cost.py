@@ -18,7 +18,9 @@ from workbench.engine.text import RowText
 from workbench.workloads.workload import prompt_of_length
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--counts", type=int, nargs="+", default=[1, 16, 64, 256, 20000], help="stop-string counts K")
+parser.add_argument(
+    "--counts", type=int, nargs="+", default=[1, 16, 64, 256, 20000], help="stop-string counts K"
+)
 parser.add_argument("--length", type=int, default=64, help="characters per stop string (default 64)")
 parser.add_argument("--tokens", type=int, default=400, help="tokens fed per measurement (default 400)")
 args = parser.parse_args()
@@ -50,8 +52,14 @@ def batch_s(k: int) -> float:
     for _ in range(3):
         sched = wb.Scheduler(model, tokenizer, max_batch=4)
         for i in range(4):
-            sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, 12, 50 * i), max_tokens=48, stop_ids=[],
-                                    stop=stops(k) if (i == 0 and k) else None))
+            sched.submit(
+                wb.Request(
+                    prompt=prompt_of_length(tokenizer, 12, 50 * i),
+                    max_tokens=48,
+                    stop_ids=[],
+                    stop=stops(k) if (i == 0 and k) else None,
+                )
+            )
         start = time.perf_counter()
         for _ in sched.stream_all():
             pass

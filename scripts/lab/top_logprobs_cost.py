@@ -40,8 +40,17 @@ model, tokenizer = wb.load(args.model)
 def run(k: int) -> tuple[float, list]:
     """Median decode step (s) of B rows with ``top_logprobs=k``, and their tokens."""
     sched = wb.Scheduler(model, tokenizer, max_batch=args.rows)
-    uids = [sched.submit(wb.Request(prompt=prompt_of_length(tokenizer, 16, 40 * i), max_tokens=args.steps,
-                                    stop_ids=[], top_logprobs=k)) for i in range(args.rows)]
+    uids = [
+        sched.submit(
+            wb.Request(
+                prompt=prompt_of_length(tokenizer, 16, 40 * i),
+                max_tokens=args.steps,
+                stop_ids=[],
+                top_logprobs=k,
+            )
+        )
+        for i in range(args.rows)
+    ]
     sched.run()
     steps = step_metrics(sched.report().events)
     steps = steps[steps.batch_size == args.rows].step_s.iloc[2:]  # after the join and warm-up steps
@@ -51,7 +60,7 @@ def run(k: int) -> tuple[float, list]:
 run(0), run(args.k)  # warm-up
 off, on, same = [], [], True
 for r in range(args.rounds):
-    for k in ((0, args.k) if r % 2 == 0 else (args.k, 0)):
+    for k in (0, args.k) if r % 2 == 0 else (args.k, 0):
         step_s, tokens = run(k)
         (on if k else off).append(step_s)
         same = same and (tokens == run.__dict__.setdefault("tokens", tokens))
@@ -65,7 +74,26 @@ for _ in range(50):
     op.append(time.perf_counter() - start)
 step_off = statistics.median(off)
 common = dict(model=args.model, rows=args.rows, k=args.k, vocab=V, steps=args.steps, rounds=args.rounds)
-print(json.dumps(dict(common, reading="op", op_ms=statistics.median(op) * 1e3, step_ms=step_off * 1e3,
-                      fraction_of_step=statistics.median(op) / step_off)))
-print(json.dumps(dict(common, reading="end_to_end", step_ms_off=step_off * 1e3, step_ms_on=statistics.median(on) * 1e3,
-                      ratio_on_off=statistics.median(on) / step_off, tokens_equal=same)))
+print(
+    json.dumps(
+        dict(
+            common,
+            reading="op",
+            op_ms=statistics.median(op) * 1e3,
+            step_ms=step_off * 1e3,
+            fraction_of_step=statistics.median(op) / step_off,
+        )
+    )
+)
+print(
+    json.dumps(
+        dict(
+            common,
+            reading="end_to_end",
+            step_ms_off=step_off * 1e3,
+            step_ms_on=statistics.median(on) * 1e3,
+            ratio_on_off=statistics.median(on) / step_off,
+            tokens_equal=same,
+        )
+    )
+)

@@ -24,8 +24,17 @@ from workbench.bench.pacing import floor_verdicts, frontier_runs, frontier_summa
 from workbench.observe.metrics import SLO  # noqa: E402
 from workbench.workloads.traces import read_azure_trace, trace_path  # noqa: E402
 
-COLUMNS = ["engine", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s", "e2e_p95_s",
-           "goodput_req_per_s", "throughput_tok_per_s"]
+COLUMNS = [
+    "engine",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "itl_max_s",
+    "e2e_p95_s",
+    "goodput_req_per_s",
+    "throughput_tok_per_s",
+]
 
 
 def main() -> None:
@@ -35,16 +44,38 @@ def main() -> None:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = wb.load("tiny-llama")
-    work = wb.trace_workload(read_azure_trace(trace_path("conv")), tokenizer, seed=0, start_s=600, duration_s=12,
-                             time_scale=0.3, length_scale=0.25, max_prompt_tokens=512, max_output_tokens=128,
-                             name="conv 10:00+12 s")
+    work = wb.trace_workload(
+        read_azure_trace(trace_path("conv")),
+        tokenizer,
+        seed=0,
+        start_s=600,
+        duration_s=12,
+        time_scale=0.3,
+        length_scale=0.25,
+        max_prompt_tokens=512,
+        max_output_tokens=128,
+        name="conv 10:00+12 s",
+    )
     arrivals = [Arrival(tuple(r.prompt), r.max_tokens, at_s=t) for t, r in work.arrivals]
     cost = wb.CostModel.load(wb.BUNDLED_MODEL.parent.parent / "costmodels" / "tiny-llama-linux-x86_64.json")
     step = cost.decode_s(8, 200)
-    print(f"{work.name}: {len(arrivals)} requests over {arrivals[-1].at_s:.1f} s; cost-model step {step * 1e3:.1f} ms",
-          flush=True)
-    requests, gaps = frontier_runs(model, tokenizer, arrivals, 8, 512, (4, 8), a.rounds, mode="measured",
-                                   cost_model=cost, max_wait_s=30 * step, echo=lambda line: print(line, flush=True))
+    print(
+        f"{work.name}: {len(arrivals)} requests over {arrivals[-1].at_s:.1f} s; cost-model step {step * 1e3:.1f} ms",
+        flush=True,
+    )
+    requests, gaps = frontier_runs(
+        model,
+        tokenizer,
+        arrivals,
+        8,
+        512,
+        (4, 8),
+        a.rounds,
+        mode="measured",
+        cost_model=cost,
+        max_wait_s=30 * step,
+        echo=lambda line: print(line, flush=True),
+    )
     summary = frontier_summary(requests, gaps, SLO(ttft_s=20 * step, tpot_s=3 * step))
     requests.to_csv(a.out / "requests.csv", index=False)
     gaps.to_csv(a.out / "gaps.csv", index=False)

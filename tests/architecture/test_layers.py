@@ -40,7 +40,9 @@ def imported_packages(path: Path) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("path", [p for p in modules() if p.parent != PACKAGE], ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path", [p for p in modules() if p.parent != PACKAGE], ids=lambda p: str(p.relative_to(PACKAGE))
+)
 def test_a_subpackage_imports_only_itself_and_lower_subpackages(path):
     own = path.relative_to(PACKAGE).parts[0]
     allowed = set(LAYERS[: LAYERS.index(own) + 1])
@@ -74,14 +76,18 @@ def engine_imports(path: Path) -> set[str]:
         if not isinstance(node, ast.ImportFrom):
             continue
         if node.level:
-            module = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+            module = package[: len(package) - (node.level - 1)] + (
+                node.module.split(".") if node.module else []
+            )
         elif node.module and node.module.startswith("workbench."):
             module = node.module.split(".")[1:]
         else:
             continue
         if module[:1] != ["engine"]:
             continue
-        for alias in node.names:  # ``from . import caches`` names a module; ``from .kv.caches import X`` a name
+        for (
+            alias
+        ) in node.names:  # ``from . import caches`` names a module; ``from .kv.caches import X`` a name
             named = PACKAGE.joinpath(*module, alias.name)
             found = module + [alias.name] if named.is_dir() or named.with_suffix(".py").exists() else module
             out.add("/".join(found[1:]))
@@ -91,12 +97,17 @@ def engine_imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", sorted((ENGINE / "kv").glob("*.py")), ids=lambda p: p.name)
 def test_kv_never_imports_the_engine_core_or_its_levers(path):
     outside = {m for m in engine_imports(path) if not m.startswith("kv/")}
-    assert not outside, f"kv/{path.name} imports {sorted(outside)}: kv/ must stand below the core and the levers"
+    assert not outside, (
+        f"kv/{path.name} imports {sorted(outside)}: kv/ must stand below the core and the levers"
+    )
 
 
 def test_only_the_runner_and_the_scheduler_import_the_levers():
-    importers = {p.relative_to(ENGINE).as_posix() for p in ENGINE.glob("*.py")
-                 if any(m == "levers" or m.startswith("levers/") for m in engine_imports(p))}
+    importers = {
+        p.relative_to(ENGINE).as_posix()
+        for p in ENGINE.glob("*.py")
+        if any(m == "levers" or m.startswith("levers/") for m in engine_imports(p))
+    }
     assert importers == {"runner.py", "scheduler.py"}
 
 
@@ -107,14 +118,22 @@ def test_engine_modules_live_in_the_core_kv_levers_or_packed():
 
 @pytest.mark.parametrize("path", sorted((ENGINE / "packed").glob("*.py")), ids=lambda p: p.name)
 def test_packed_never_imports_the_levers_the_runner_or_the_scheduler(path):
-    bad = {m for m in engine_imports(path) if m == "levers" or m.startswith("levers/")
-           or m in ("runner", "scheduler", "batch", "prefill")}
-    assert not bad, f"packed/{path.name} imports {sorted(bad)}: the packed layout stands beside the padded one"
+    bad = {
+        m
+        for m in engine_imports(path)
+        if m == "levers" or m.startswith("levers/") or m in ("runner", "scheduler", "batch", "prefill")
+    }
+    assert not bad, (
+        f"packed/{path.name} imports {sorted(bad)}: the packed layout stands beside the padded one"
+    )
 
 
 def test_only_the_scheduler_and_the_config_import_the_packed_layout():
-    importers = {p.relative_to(ENGINE).as_posix() for p in ENGINE.glob("*.py")
-                 if any(m == "packed" or m.startswith("packed/") for m in engine_imports(p))}
+    importers = {
+        p.relative_to(ENGINE).as_posix()
+        for p in ENGINE.glob("*.py")
+        if any(m == "packed" or m.startswith("packed/") for m in engine_imports(p))
+    }
     assert importers == {"scheduler.py", "config.py"}
 
 

@@ -15,7 +15,9 @@ def test_mask_cost_times_every_step_of_each_kinds_output(bundled, prompt):
     assert [r["kind"] for r in rows] == list(bench.KINDS)
     for r in rows:
         assert 1 <= r["steps"] <= 12 and 0 < r["mask_us_median"] <= r["mask_us_p95"]
-    assert next(r for r in rows if r["kind"] == "long regex")["steps"] == 12  # it cannot complete in 12 tokens
+    assert (
+        next(r for r in rows if r["kind"] == "long regex")["steps"] == 12
+    )  # it cannot complete in 12 tokens
 
 
 def test_step_cost_reports_each_k_against_the_free_step(bundled, prompt):
@@ -23,4 +25,7 @@ def test_step_cost_reports_each_k_against_the_free_step(bundled, prompt):
     rows = bench.step_cost(model, tok, [prompt(8, 30 * i) for i in range(3)], ks=[0, 3], steps=4, rounds=1)
     assert [(r["B"], r["k"]) for r in rows] == [(3, 0), (3, 3)]
     assert rows[0]["vs_free"] == 1.0 and rows[0]["mask_ms"] == 0  # no constrained row: no mask
-    assert 0 < rows[1]["mask_ms"] < rows[1]["step_ms"] and rows[1]["mask_share"] == rows[1]["mask_ms"] / rows[1]["step_ms"]
+    assert (
+        0 < rows[1]["mask_ms"] < rows[1]["step_ms"]
+        and rows[1]["mask_share"] == rows[1]["mask_ms"] / rows[1]["step_ms"]
+    )

@@ -4,7 +4,12 @@ views' colours."""
 import pandas as pd
 
 from workbench.bench.figures import (
-    ENGINE_COLOURS, PREFILL_COLOUR, WORKBENCH_COLOUR, render_head_of_line, render_join, render_throughput,
+    ENGINE_COLOURS,
+    PREFILL_COLOUR,
+    WORKBENCH_COLOUR,
+    render_head_of_line,
+    render_join,
+    render_throughput,
     render_ttft_itl,
 )
 from workbench.views import style
@@ -16,10 +21,20 @@ def test_the_figures_use_the_views_colours():
 
 
 def test_throughput_draws_one_bar_per_engine_and_batch_size():
-    runs = pd.DataFrame({"engine": ["workbench", "mlx-lm"] * 4, "B": [1, 1, 8, 8] * 2,
-                         "tok_per_s": [18.0, 19.0, 100.0, 98.0, 18.5, 18.8, 103.0, 101.0]})
-    roofline = pd.DataFrame({"case": ["decode B=1", "decode B=8", "bare forward B=8"], "B": [1, 8, 8],
-                             "attainable_tok_per_s": [50.0, 400.0, 300.0]})
+    runs = pd.DataFrame(
+        {
+            "engine": ["workbench", "mlx-lm"] * 4,
+            "B": [1, 1, 8, 8] * 2,
+            "tok_per_s": [18.0, 19.0, 100.0, 98.0, 18.5, 18.8, 103.0, 101.0],
+        }
+    )
+    roofline = pd.DataFrame(
+        {
+            "case": ["decode B=1", "decode B=8", "bare forward B=8"],
+            "B": [1, 8, 8],
+            "attainable_tok_per_s": [50.0, 400.0, 300.0],
+        }
+    )
     (ax,) = render_throughput(runs, roofline).axes
     assert len(ax.patches) == 4  # 2 engines x 2 batch sizes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["B = 1", "B = 8"]
@@ -36,18 +51,28 @@ def test_ttft_itl_draws_one_cdf_per_engine_on_each_axis():
 
 
 def test_join_skips_methods_it_did_not_measure():
-    join = pd.DataFrame({"method": ["step", "step", "extend", "re-merge"], "seconds": [0.01, 0.012, 0.02, 0.05]})
+    join = pd.DataFrame(
+        {"method": ["step", "step", "extend", "re-merge"], "seconds": [0.01, 0.012, 0.02, 0.05]}
+    )
     (ax,) = render_join(join, rows=8, context_tokens=1024).axes
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["one decode step", "join by extend", "join by re-merge"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "one decode step",
+        "join by extend",
+        "join by re-merge",
+    ]
     assert ax.get_title() == "Joining 1 row into B=8 rows of 1024 tokens"
 
 
 def test_head_of_line_draws_one_panel_per_engine():
     rows = []
     for engine in ("workbench", "mlx-lm"):
-        rows += [(engine, "joiner", "submit", 9, 1.0), (engine, "joiner", "prefill", 9, 1.5),
-                 (engine, "joiner", "token", 9, 2.0), (engine, "running", "token", 0, 0.9),
-                 (engine, "running", "token", 0, 2.1)]
+        rows += [
+            (engine, "joiner", "submit", 9, 1.0),
+            (engine, "joiner", "prefill", 9, 1.5),
+            (engine, "joiner", "token", 9, 2.0),
+            (engine, "running", "token", 0, 0.9),
+            (engine, "running", "token", 0, 2.1),
+        ]
     hol = pd.DataFrame(rows, columns=["engine", "role", "kind", "uid", "time_s"])
     axes = render_head_of_line(hol).axes
     assert [ax.get_title(loc="left") for ax in axes] == ["workbench", "mlx-lm"]

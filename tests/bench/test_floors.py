@@ -7,7 +7,6 @@ import pytest
 import workbench as wb
 from workbench.bench.engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 from workbench.bench.floors import full_batch_step_s, measure_floors
-from workbench.bench.model import QUICK, make_model
 from workbench.observe.events import Event, events_frame
 from workbench.observe.metrics import request_metrics
 from workbench.workloads.workload import prompt_of_length
@@ -19,8 +18,17 @@ def log(*events: tuple) -> pd.DataFrame:
 
 def test_the_full_batch_step_is_the_median_gap_once_every_row_has_its_first_token():
     # uid 0 starts at 1.0, uid 1 at 1.5 (it joined later): gaps from 1.5 on only
-    events = log(("submit", 0, 0.0), ("submit", 1, 0.0), ("token", 0, 1.0), ("token", 0, 1.5), ("token", 1, 1.5),
-                 ("token", 0, 1.7), ("token", 1, 1.7), ("token", 0, 2.0), ("token", 1, 2.0))
+    events = log(
+        ("submit", 0, 0.0),
+        ("submit", 1, 0.0),
+        ("token", 0, 1.0),
+        ("token", 0, 1.5),
+        ("token", 1, 1.5),
+        ("token", 0, 1.7),
+        ("token", 1, 1.7),
+        ("token", 0, 2.0),
+        ("token", 1, 2.0),
+    )
     assert full_batch_step_s(events) == pytest.approx(0.25)  # gaps 0.2, 0.2, 0.3, 0.3 (not 1.0 -> 1.5)
     with pytest.raises(ValueError, match="decode_tokens"):
         full_batch_step_s(log(("token", 0, 1.0), ("token", 1, 1.2), ("token", 0, 1.4)))
@@ -28,8 +36,12 @@ def test_the_full_batch_step_is_the_median_gap_once_every_row_has_its_first_toke
 
 def test_the_floors_are_the_lowest_over_engines_and_repeats():
     calls = []
-    ttft_of = {("a", 0): {4: 0.30, 9: 0.50}, ("b", 0): {4: 0.20, 9: 0.60},
-               ("a", 1): {4: 0.25, 9: 0.45}, ("b", 1): {4: 0.40, 9: 0.70}}
+    ttft_of = {
+        ("a", 0): {4: 0.30, 9: 0.50},
+        ("b", 0): {4: 0.20, 9: 0.60},
+        ("a", 1): {4: 0.25, 9: 0.45},
+        ("b", 1): {4: 0.40, 9: 0.70},
+    }
     step_of = {("a", 0): 0.10, ("b", 0): 0.08, ("a", 1): 0.09, ("b", 1): 0.12}
 
     def run(name, arrivals):
@@ -38,8 +50,10 @@ def test_the_floors_are_the_lowest_over_engines_and_repeats():
         if len(arrivals) == 1:  # alone, one token
             return log(("submit", 0, 0.0), ("token", 0, ttft_of[name, rep][len(arrivals[0].prompt)]))
         step = step_of[name, rep]
-        return log(*[("submit", u, 0.0) for u in range(len(arrivals))],
-                   *[("token", u, 1.0 + k * step) for k in range(4) for u in range(len(arrivals))])
+        return log(
+            *[("submit", u, 0.0) for u in range(len(arrivals))],
+            *[("token", u, 1.0 + k * step) for k in range(4) for u in range(len(arrivals))],
+        )
 
     arrivals = [Arrival((1,) * 4, 8), Arrival((2,) * 9, 8), Arrival((3,) * 4, 8)]
     floors = measure_floors(run, ["a", "b"], arrivals, batch_rows=5, repeats=2, decode_tokens=4)
@@ -55,8 +69,9 @@ def test_the_floors_are_the_lowest_over_engines_and_repeats():
     assert "decode step at B = 5 80.0 ms" in floors.text(arrivals)
 
 
-@pytest.mark.parametrize("kwargs", [dict(names=[]), dict(arrivals=[]), dict(batch_rows=0), dict(repeats=0),
-                                    dict(decode_tokens=2)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(names=[]), dict(arrivals=[]), dict(batch_rows=0), dict(repeats=0), dict(decode_tokens=2)]
+)
 def test_measure_floors_refuses_what_it_cannot_measure(kwargs):
     args = dict(run=None, names=["a"], arrivals=[Arrival((1, 2), 4)], batch_rows=2) | kwargs
     with pytest.raises(ValueError, match="measure_floors"):
@@ -69,7 +84,9 @@ def test_a_measured_ttft_floor_is_the_lowest_solo_ttft_of_real_runs_of_the_whole
     one request whose 300-token prompt was prefilled whole and gave one token. (How close it
     is to a solo forward timed directly is a timing comparison, which flakes under load on a
     shared machine: ``scripts/latency_floors.py`` prints it.)"""
-    model, tok = wb.load("tiny-llama")  # the floor's rule does not depend on the model: the smallest bundled one
+    model, tok = wb.load(
+        "tiny-llama"
+    )  # the floor's rule does not depend on the model: the smallest bundled one
     prompt = prompt_of_length(tok, 300, 0)
     solo_runs = []
 

@@ -2,16 +2,21 @@
 through the same code on the CPU, and the real command on a GPU (``gpu`` marker). No
 timing thresholds: the measured numbers are in docs/gpu.md."""
 
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from workbench.bench.gpu import (
-    GPU_CONFIG, GPU_QUICK_CONFIG, full_batch_step_s, gpu_markdown, prompt_lengths, run_gpu_bench,
+    GPU_CONFIG,
+    GPU_QUICK_CONFIG,
+    full_batch_step_s,
+    gpu_markdown,
+    prompt_lengths,
+    run_gpu_bench,
 )
 from workbench.runtime.device import on_gpu
 
@@ -41,18 +46,51 @@ def test_quick_config_runs_through_the_same_code_on_the_cpu_and_both_engines_agr
 def test_device_gpu_on_the_cpu_is_refused_with_a_one_line_error(tmp_path):
     if on_gpu():
         pytest.skip("this machine has a GPU")
-    out = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "--device", "gpu", "--quick", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "bench",
+            "--device",
+            "gpu",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "--device gpu needs a GPU" in out.stderr
 
 
 @pytest.mark.gpu
 def test_quick_gpu_bench_runs_on_the_gpu_and_writes_its_files(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "--device", "gpu", "--quick", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workbench.cli",
+            "bench",
+            "--device",
+            "gpu",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr
     assert "| 8 |" in out.stdout and "% of bound" in out.stdout
-    assert {p.name for p in (tmp_path / "gpu-bench").iterdir()} == {"runs.csv", "roofline.csv", "table.csv", "meta.csv"}
+    assert {p.name for p in (tmp_path / "gpu-bench").iterdir()} == {
+        "runs.csv",
+        "roofline.csv",
+        "table.csv",
+        "meta.csv",
+    }
     runs = pd.read_csv(tmp_path / "gpu-bench" / "runs.csv")
     assert runs.same_tokens.dropna().eq(1.0).all()
 
@@ -62,13 +100,19 @@ def test_the_gpu_bench_takes_a_loaded_model_through_the_same_code(capsys):
     on whatever device this is, with the quick sizes); every engine gives the same tokens."""
     cfg = replace(GPU_QUICK_CONFIG, model="tiny-llama", pairs=1, batch_sizes=(2,), decode_tokens=4)
     result = run_gpu_bench(cfg, echo=lambda _: None, require_gpu=False)
-    assert result.meta["model"].startswith("tiny-llama: llama,") and result.meta["dtype"] == "weights as loaded"
+    assert (
+        result.meta["model"].startswith("tiny-llama: llama,") and result.meta["dtype"] == "weights as loaded"
+    )
     assert set(result.runs.engine) == {"workbench", "workbench, fast decode off", "mlx-lm"}
     assert result.runs.same_tokens.dropna().eq(1.0).all()
     assert "tiny-llama" in gpu_markdown(result)
 
 
 def test_model_without_device_gpu_is_refused():
-    out = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "--model", "tiny-llama"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "bench", "--model", "tiny-llama"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "--model is for --device gpu" in out.stderr

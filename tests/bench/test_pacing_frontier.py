@@ -8,7 +8,6 @@ import pytest
 
 import workbench as wb
 from workbench.bench.engines import Arrival
-from workbench.bench.model import QUICK, make_model
 from workbench.bench.pacing import FIXED, floor_verdicts, frontier_runs, frontier_summary, paced_name, versus
 from workbench.bench.scenarios import MLX_LM
 from workbench.engine.levers.cost import CostModel
@@ -16,16 +15,25 @@ from workbench.observe.metrics import SLO
 from workbench.workloads.workload import prompt_of_length
 
 # prefill dominates: a 300-token prompt costs ~30 decode steps, a chunk has a fixed part
-COST = CostModel(prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, prefill_s_per_pair=0.0,
-                 decode_s_per_step=0.010, decode_s_per_row=0.001)
+COST = CostModel(
+    prefill_s_per_chunk=0.002,
+    prefill_s_per_token=0.001,
+    prefill_s_per_pair=0.0,
+    decode_s_per_step=0.010,
+    decode_s_per_row=0.001,
+)
 LENGTHS = (24, 300, 8, 160, 40, 200, 16, 64)
 
 
 @pytest.fixture(scope="module")
 def runs():
     model, tok = wb.load("tiny-llama")  # times come from COST (mode="cost"): the smallest bundled model
-    arrivals = [Arrival(tuple(prompt_of_length(tok, n, 31 * i)), 12, at_s=0.03 * i) for i, n in enumerate(LENGTHS)]
-    return frontier_runs(model, tok, arrivals, 4, 512, (2, 4), 1, mode="cost", cost_model=COST, echo=lambda s: None)
+    arrivals = [
+        Arrival(tuple(prompt_of_length(tok, n, 31 * i)), 12, at_s=0.03 * i) for i, n in enumerate(LENGTHS)
+    ]
+    return frontier_runs(
+        model, tok, arrivals, 4, 512, (2, 4), 1, mode="cost", cost_model=COST, echo=lambda s: None
+    )
 
 
 def test_a_paced_engine_keeps_running_rows_gaps_near_the_target(runs):
@@ -55,11 +63,15 @@ def test_the_summary_is_computed_from_the_runs(runs):
     fixed = requests[requests.engine == FIXED]
     assert table.loc[FIXED, "ttft_p95_s"] == pytest.approx(fixed.ttft_s.quantile(0.95))
     assert table.loc[FIXED, "itl_max_s"] == pytest.approx(gaps[gaps.engine == FIXED].gap_s.max())
-    assert table.loc[paced_name(2), "target"] == 2 and table.loc[MLX_LM, "target"] != table.loc[MLX_LM, "target"]
+    assert (
+        table.loc[paced_name(2), "target"] == 2 and table.loc[MLX_LM, "target"] != table.loc[MLX_LM, "target"]
+    )
     ratios = versus(table.reset_index()).set_index("engine")
     floors = ["ttft_floor_p95_s", "itl_floor_p95_s"]  # against mlx-lm's measured p95, not its floor
     assert table.goodput_req_per_s.gt(0).all() and ratios.loc[MLX_LM].drop(floors).eq(1.0).all()
-    assert ratios.loc[FIXED, "itl_max_s"] == pytest.approx(table.loc[FIXED, "itl_max_s"] / table.loc[MLX_LM, "itl_max_s"])
+    assert ratios.loc[FIXED, "itl_max_s"] == pytest.approx(
+        table.loc[FIXED, "itl_max_s"] / table.loc[MLX_LM, "itl_max_s"]
+    )
 
 
 def test_the_ttft_floor_is_each_prompt_alone_and_no_engine_beats_it(runs):
@@ -77,7 +89,9 @@ def test_the_ttft_floor_is_each_prompt_alone_and_no_engine_beats_it(runs):
 def test_the_summary_reports_the_floors_p95_against_mlx_lms_p95(runs):
     requests, gaps = runs
     table = frontier_summary(requests, gaps, SLO(ttft_s=5.0, tpot_s=0.5)).set_index("engine")
-    floor_p95 = pd.Series([COST.prefill_s(n - 1, 0, 1) + 2 * COST.decode_s(1, 0) for n in LENGTHS]).quantile(0.95)
+    floor_p95 = pd.Series([COST.prefill_s(n - 1, 0, 1) + 2 * COST.decode_s(1, 0) for n in LENGTHS]).quantile(
+        0.95
+    )
     assert table.ttft_floor_p95_s.to_numpy() == pytest.approx(floor_p95)
     assert table.itl_floor_p95_s.to_numpy() == pytest.approx(COST.decode_s(4, 0))
     assert (table.ttft_p95_s >= table.ttft_floor_p95_s).all()
@@ -93,8 +107,9 @@ def test_the_summary_reports_the_floors_p95_against_mlx_lms_p95(runs):
 
 def test_runs_stored_without_floors_still_summarize(runs):
     requests, gaps = runs
-    table = frontier_summary(requests.drop(columns="ttft_floor_s"), gaps.drop(columns="itl_floor_s"),
-                             SLO(ttft_s=5.0, tpot_s=0.5))
+    table = frontier_summary(
+        requests.drop(columns="ttft_floor_s"), gaps.drop(columns="itl_floor_s"), SLO(ttft_s=5.0, tpot_s=0.5)
+    )
     assert table.ttft_floor_p95_s.isna().all() and table.itl_floor_p95_s.isna().all()
     assert not floor_verdicts(table).reachable.any()
     assert versus(table).ttft_p95_s.notna().all()

@@ -20,14 +20,39 @@ from workbench.workloads.workload import prompt_of_length
 
 
 def result():
-    decode = pd.DataFrame([dict(engine=e, B=8, pair=p, tok_per_s=v) for p, vals in enumerate([(100, 98, 90), (110, 99, 95)])
-                           for e, v in zip((PADDED, PACKED, MLX_LM), vals, strict=True)])
-    lat = pd.DataFrame([dict(scenario="azure", engine=e, round=0, ttft_p95_s=t, itl_p95_s=i)
-                        for e, t, i in ((PADDED, 2.0, 0.2), (PACKED, 1.0, 0.1), (MLX_LM, 2.0, 0.2))])
-    kv = pd.DataFrame([dict(scenario="azure", engine=PACKED, round=0, peak_held_bytes=105, peak_token_bytes=100,
-                            peak_allocated_bytes=120),
-                       dict(scenario="azure", engine=PADDED, round=0, peak_held_bytes=900, peak_token_bytes=100,
-                            peak_allocated_bytes=900)])
+    decode = pd.DataFrame(
+        [
+            dict(engine=e, B=8, pair=p, tok_per_s=v)
+            for p, vals in enumerate([(100, 98, 90), (110, 99, 95)])
+            for e, v in zip((PADDED, PACKED, MLX_LM), vals, strict=True)
+        ]
+    )
+    lat = pd.DataFrame(
+        [
+            dict(scenario="azure", engine=e, round=0, ttft_p95_s=t, itl_p95_s=i)
+            for e, t, i in ((PADDED, 2.0, 0.2), (PACKED, 1.0, 0.1), (MLX_LM, 2.0, 0.2))
+        ]
+    )
+    kv = pd.DataFrame(
+        [
+            dict(
+                scenario="azure",
+                engine=PACKED,
+                round=0,
+                peak_held_bytes=105,
+                peak_token_bytes=100,
+                peak_allocated_bytes=120,
+            ),
+            dict(
+                scenario="azure",
+                engine=PADDED,
+                round=0,
+                peak_held_bytes=900,
+                peak_token_bytes=100,
+                peak_allocated_bytes=900,
+            ),
+        ]
+    )
     return PackedBenchResult(decode, lat, kv, {})
 
 
@@ -40,7 +65,9 @@ def test_the_tables_give_ratios_to_mlx_lm_and_to_the_padded_layout():
     k = kv_table(r).set_index("engine")
     assert k.loc[PACKED, "held_vs_tokens"] == 1.05 and k.loc[PADDED, "held_vs_tokens"] == 9.0
     lines = goal_lines(summary(r), kv_table(r), decode_table(r))
-    assert lines[0].endswith(": met") and "decode B=8: packed 0.94x" in lines[1] and lines[1].endswith("missed")
+    assert (
+        lines[0].endswith(": met") and "decode B=8: packed 0.94x" in lines[1] and lines[1].endswith("missed")
+    )
     assert lines[2].startswith("- azure: packed peak KV bytes 1.050x") and lines[2].endswith("met")
 
 

@@ -23,7 +23,9 @@ def test_bytes_per_token_are_the_packed_scales_and_biases(bundled):
 @pytest.mark.quantized_kv
 def test_step_cost_measures_each_setting_over_the_same_geometry():
     model = make_model(QUICK)
-    table = step_cost(model, rows=2, context_tokens=16, settings=[(None, 32), (4, 32)], repeats=1, warm_steps=0)
+    table = step_cost(
+        model, rows=2, context_tokens=16, settings=[(None, 32), (4, 32)], repeats=1, warm_steps=0
+    )
     assert table.setting.tolist() == ["float", "q4/g32"]
     assert (table.step_s > 0).all() and table.vs_float.iloc[0] == 1.0
     assert table.kv_bytes.iloc[1] * 128 == table.kv_bytes.iloc[0] * 24  # head dim 32: 24 of 128 bytes
@@ -34,7 +36,9 @@ def test_a_quantized_cache_runs_more_rows_under_the_same_budget(bundled):
     model, tokenizer = bundled
     table = admission_under_budget(model, tokenizer, TINY, n_requests=8, prompt_tokens=24, max_tokens=6)
     assert table.kv_budget_bytes.nunique() == 1
-    assert table.request_bytes.iloc[0] == table.kv_budget_bytes.iloc[0] // 2  # budget_requests=2 float requests
+    assert (
+        table.request_bytes.iloc[0] == table.kv_budget_bytes.iloc[0] // 2
+    )  # budget_requests=2 float requests
     rows, steps = table.max_rows.tolist(), table.decode_steps.tolist()
     assert rows[0] == 2 and rows[0] < rows[1] < rows[2]
     assert steps[0] > steps[1] > steps[2]
@@ -46,10 +50,26 @@ def test_the_view_draws_three_panels_and_prints_the_tables(bundled):
 
     model, tokenizer = bundled
     sizes = bytes_per_token(model, TINY)
-    steps = pd.DataFrame({"setting": ["float", "q4/g64"], "rows": [8, 8], "context_tokens": [256, 256],
-                          "kv_bytes": [100, 16], "step_s": [0.010, 0.012], "vs_float": [1.0, 1.2]})
-    admission = pd.DataFrame({"setting": ["float", "q4/g32"], "kv_budget_bytes": [10, 10], "request_bytes": [5, 1],
-                              "max_rows": [2, 9], "decode_steps": [9, 3], "tokens_per_step": [2.0, 6.0]})
+    steps = pd.DataFrame(
+        {
+            "setting": ["float", "q4/g64"],
+            "rows": [8, 8],
+            "context_tokens": [256, 256],
+            "kv_bytes": [100, 16],
+            "step_s": [0.010, 0.012],
+            "vs_float": [1.0, 1.2],
+        }
+    )
+    admission = pd.DataFrame(
+        {
+            "setting": ["float", "q4/g32"],
+            "kv_budget_bytes": [10, 10],
+            "request_bytes": [5, 1],
+            "max_rows": [2, 9],
+            "decode_steps": [9, 3],
+            "tokens_per_step": [2.0, 6.0],
+        }
+    )
     fig = render_quantized(sizes, steps, admission, "tiny-code", "llama-155m")
     assert len(fig.axes) == 3
     assert [round(b.get_height()) for b in fig.axes[0].patches] == [2560, 800, 480]

@@ -19,9 +19,13 @@ from workbench.bench.scenarios import MLX_LM, WORKBENCH
 def test_real_model_decode_runs_give_one_ratio_row_per_batch_size():
     real_model_folder()
     lines = []
-    runs, meta = real_decode_runs((1, 2), prompt_tokens=4, decode_tokens=3, pairs=1, prefill_step_size=64,
-                                  echo=lines.append)
-    assert meta["real_model"].startswith(f"{NAME}: llama, hidden 576, 30 layers") and "4-bit" in meta["real_model"]
+    runs, meta = real_decode_runs(
+        (1, 2), prompt_tokens=4, decode_tokens=3, pairs=1, prefill_step_size=64, echo=lines.append
+    )
+    assert (
+        meta["real_model"].startswith(f"{NAME}: llama, hidden 576, 30 layers")
+        and "4-bit" in meta["real_model"]
+    )
     assert meta["real_parameters"] == 134_515_008  # SmolLM2-135M, the packed 4-bit weights counted unpacked
     assert sorted(zip(runs.B, runs.engine)) == [(1, MLX_LM), (1, WORKBENCH), (2, MLX_LM), (2, WORKBENCH)]
     assert all(math.isfinite(v) and v > 0 for v in runs.tok_per_s)

@@ -7,10 +7,22 @@ from workbench.bench.step_cost import MIB, render_step_cost, step_cost_table, st
 
 
 def frames():
-    runs = pd.DataFrame({"engine": ["workbench"] * 4 + ["mlx-lm"], "B": [1, 1, 4, 4, 1],
-                         "step_s": [0.09, 0.11, 0.12, 0.12, 1.0], "tok_per_s": [10.0, 9.0, 33.0, 33.0, 1.0]})
-    roofline = pd.DataFrame({"case": ["decode B=1", "decode B=4", "bare forward B=4"], "B": [1, 4, 4],
-                             "bytes_per_step": [101 * MIB, 104 * MIB, 999 * MIB], "context_tokens": [8, 8, 99]})
+    runs = pd.DataFrame(
+        {
+            "engine": ["workbench"] * 4 + ["mlx-lm"],
+            "B": [1, 1, 4, 4, 1],
+            "step_s": [0.09, 0.11, 0.12, 0.12, 1.0],
+            "tok_per_s": [10.0, 9.0, 33.0, 33.0, 1.0],
+        }
+    )
+    roofline = pd.DataFrame(
+        {
+            "case": ["decode B=1", "decode B=4", "bare forward B=4"],
+            "B": [1, 4, 4],
+            "bytes_per_step": [101 * MIB, 104 * MIB, 999 * MIB],
+            "context_tokens": [8, 8, 99],
+        }
+    )
     return runs, roofline
 
 
@@ -22,7 +34,10 @@ def test_the_table_splits_bytes_into_weights_and_kv_and_takes_medians():
     assert table.weights_mib.tolist() == pytest.approx([100.0, 100.0])
     assert table.kv_mib.tolist() == pytest.approx([1.0, 4.0])
     assert table.step_vs_B1.tolist() == pytest.approx([1.0, 1.2])
-    assert step_cost_text(table).splitlines()[2] == "  4    120.0       30.0    33.0     104.0       4.0       1.20"
+    assert (
+        step_cost_text(table).splitlines()[2]
+        == "  4    120.0       30.0    33.0     104.0       4.0       1.20"
+    )
     assert render_step_cost(table).axes
 
 

@@ -16,7 +16,9 @@ def run_specs(make_sched, prompt):
 
     def run(specs=MIXED_SPECS, **kwargs):
         sched = make_sched(**kwargs)
-        uids = [sched.submit(wb.Request(prompt=prompt(n, 13 * i), max_tokens=m)) for i, (n, m) in enumerate(specs)]
+        uids = [
+            sched.submit(wb.Request(prompt=prompt(n, 13 * i), max_tokens=m)) for i, (n, m) in enumerate(specs)
+        ]
         report = sched.run()
         return [sched.tokens(u) for u in uids], [sched.logprobs(u) for u in uids], report, sched
 

@@ -26,25 +26,50 @@ def _processor(bad):
     def fields(V, after):
         def processor(tokens, logits):
             return bad(V, logits) if tokens.size >= after else logits  # bad from the `after`-th call on
+
         return dict(logits_processors=[processor])
+
     return fields
 
 
 # name -> (request fields(V, after), error regex)
 HOSTILE = {
-    "sampler -1": (_sampler(lambda V, lp: -1), r"sampler returned -1 \(int32\); a token id must be an integer in \[0, {V}\)"),
-    "sampler V + 10": (_sampler(lambda V, lp: mx.array([V + 10])), r"sampler returned {V10} \(int32\).*\[0, {V}\)"),
-    "sampler 3.7": (_sampler(lambda V, lp: 3.7), r"sampler returned 3.7\d* \(float32\); a token id must be an integer"),
+    "sampler -1": (
+        _sampler(lambda V, lp: -1),
+        r"sampler returned -1 \(int32\); a token id must be an integer in \[0, {V}\)",
+    ),
+    "sampler V + 10": (
+        _sampler(lambda V, lp: mx.array([V + 10])),
+        r"sampler returned {V10} \(int32\).*\[0, {V}\)",
+    ),
+    "sampler 3.7": (
+        _sampler(lambda V, lp: 3.7),
+        r"sampler returned 3.7\d* \(float32\); a token id must be an integer",
+    ),
     "sampler NaN": (_sampler(lambda V, lp: math.nan), r"sampler returned nan \(float32\)"),
-    "sampler uint32 -1": (_sampler(lambda V, lp: mx.array([-1]).astype(mx.uint32)), r"sampler returned 4294967295 \(uint32\)"),
-    "sampler [2]": (_sampler(lambda V, lp: mx.array([1, 2])), r"sampler returned shape \(2,\); a token id must be one integer"),
+    "sampler uint32 -1": (
+        _sampler(lambda V, lp: mx.array([-1]).astype(mx.uint32)),
+        r"sampler returned 4294967295 \(uint32\)",
+    ),
+    "sampler [2]": (
+        _sampler(lambda V, lp: mx.array([1, 2])),
+        r"sampler returned shape \(2,\); a token id must be one integer",
+    ),
     "sampler [1, V]": (_sampler(lambda V, lp: lp), r"sampler returned shape \(1, {V}\)"),
     "sampler None": (_sampler(lambda V, lp: None), r"sampler returned NoneType, not a token id"),
-    "processor [1, V + 1]": (_processor(lambda V, lg: mx.concatenate([lg, lg[:, :1]], axis=1)),
-                             r"logits processor 0 returned shape \[1, {V1}\]; logits must be an mx.array \[1, {V}\]"),
+    "processor [1, V + 1]": (
+        _processor(lambda V, lg: mx.concatenate([lg, lg[:, :1]], axis=1)),
+        r"logits processor 0 returned shape \[1, {V1}\]; logits must be an mx.array \[1, {V}\]",
+    ),
     "processor [V]": (_processor(lambda V, lg: lg[0]), r"logits processor 0 returned shape \[{V}\]"),
-    "processor [2, V]": (_processor(lambda V, lg: mx.concatenate([lg, lg])), r"logits processor 0 returned shape \[2, {V}\]"),
-    "processor int32": (_processor(lambda V, lg: lg.astype(mx.int32)), r"logits processor 0 returned dtype int32"),
+    "processor [2, V]": (
+        _processor(lambda V, lg: mx.concatenate([lg, lg])),
+        r"logits processor 0 returned shape \[2, {V}\]",
+    ),
+    "processor int32": (
+        _processor(lambda V, lg: lg.astype(mx.int32)),
+        r"logits processor 0 returned dtype int32",
+    ),
     "processor numpy": (_processor(lambda V, lg: np.array(lg)), r"logits processor 0 returned ndarray"),
     "processor None": (_processor(lambda V, lg: None), r"logits processor 0 returned NoneType"),
 }

@@ -29,9 +29,16 @@ N_REQUESTS = 24
 
 def submit_workload(sched, tok) -> list[int]:
     """Prompts of 3..70 tokens, 24..60 new tokens each, greedy, no stop ids."""
-    return [sched.submit(wb.Request(prompt=prompt_of_length(tok, 3 + (17 * i) % 68, 41 * i),
-                                    max_tokens=24 + (7 * i) % 37, stop_ids=[]))
-            for i in range(N_REQUESTS)]
+    return [
+        sched.submit(
+            wb.Request(
+                prompt=prompt_of_length(tok, 3 + (17 * i) % 68, 41 * i),
+                max_tokens=24 + (7 * i) % 37,
+                stop_ids=[],
+            )
+        )
+        for i in range(N_REQUESTS)
+    ]
 
 
 def say(line: str) -> None:
@@ -56,11 +63,23 @@ def main() -> None:
             break
         except KeyboardInterrupt:
             report = sched.check()
-            say("INTERRUPTED " + json.dumps({"ok": report.ok, "report": str(report), "step": sched.step_index}))
+            say(
+                "INTERRUPTED "
+                + json.dumps({"ok": report.ok, "report": str(report), "step": sched.step_index})
+            )
     report = sched.check()
-    say("RESULT " + json.dumps({
-        "tokens": {u: sched.tokens(u) for u in uids}, "reference": {u: reference.tokens(u) for u in uids},
-        "finish": {u: sched.finish_reason(u) for u in uids}, "ok": report.ok, "report": str(report)}))
+    say(
+        "RESULT "
+        + json.dumps(
+            {
+                "tokens": {u: sched.tokens(u) for u in uids},
+                "reference": {u: reference.tokens(u) for u in uids},
+                "finish": {u: sched.finish_reason(u) for u in uids},
+                "ok": report.ok,
+                "report": str(report),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

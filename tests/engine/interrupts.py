@@ -98,6 +98,7 @@ def patched_eval(injector: Injector):
             out = real(*args, **kwargs)
             injector.point()
             return out
+
         return call
 
     mx.eval, mx.async_eval = around(originals[0]), around(originals[1])
@@ -111,11 +112,15 @@ ENGINE_DIR = str(Path(wb.__file__).parent)
 # A rollback itself is not interrupted by the tracer (nothing can protect Python code from an
 # exception raised at its every line; a real SIGINT there is held until it ends): the
 # rollback methods and what they call, and _transaction from its ``except`` on.
-_ROLLBACK_CODES = {checkpoint_module.EngineState.rollback.__code__, Recorder.rollback.__code__,
-                   inspect.unwrap(scheduler_module.sigint_deferred).__code__}
+_ROLLBACK_CODES = {
+    checkpoint_module.EngineState.rollback.__code__,
+    Recorder.rollback.__code__,
+    inspect.unwrap(scheduler_module.sigint_deferred).__code__,
+}
 _TX_CODE = inspect.unwrap(scheduler_module.Scheduler._transaction).__code__
 _TX_EXCEPT_LINE = _TX_CODE.co_firstlineno + next(
-    i for i, line in enumerate(inspect.getsourcelines(_TX_CODE)[0]) if "except BaseException" in line)
+    i for i, line in enumerate(inspect.getsourcelines(_TX_CODE)[0]) if "except BaseException" in line
+)
 
 
 class LineTracer:
@@ -126,7 +131,11 @@ class LineTracer:
         self.paused = False  # inside a rollback
 
     def _local(self, frame, event, arg):
-        if event == "line" and not self.paused and not (frame.f_code is _TX_CODE and frame.f_lineno >= _TX_EXCEPT_LINE):
+        if (
+            event == "line"
+            and not self.paused
+            and not (frame.f_code is _TX_CODE and frame.f_lineno >= _TX_EXCEPT_LINE)
+        ):
             self.injector.point()
         return self._local
 
@@ -155,11 +164,30 @@ class LineTracer:
 
 
 def facts_of(events):
-    return [(e.kind, e.uid, e.step, e.row, e.token, e.n_tokens, e.n_cached, e.finish_reason, e.join_mode, e.message)
-            for e in events]
+    return [
+        (
+            e.kind,
+            e.uid,
+            e.step,
+            e.row,
+            e.token,
+            e.n_tokens,
+            e.n_cached,
+            e.finish_reason,
+            e.join_mode,
+            e.message,
+        )
+        for e in events
+    ]
 
 
 def engine_state(sched):
     """What must not change when a call is interrupted."""
-    return (sched.snapshot().text(), {u: s.copy() for u, s in sched.requests.items()}, sched.queue,
-            sched.step_index, sched.idle, facts_of(sched.events))
+    return (
+        sched.snapshot().text(),
+        {u: s.copy() for u, s in sched.requests.items()},
+        sched.queue,
+        sched.step_index,
+        sched.idle,
+        facts_of(sched.events),
+    )

@@ -25,7 +25,12 @@ from workbench.verify.adapter_oracle import adapter_check
 MODEL = str(wb.BUNDLED_MODEL)
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"prose": str(ROOT / "data/adapters/prose"), "numbers": str(ROOT / "data/adapters/numbers")}
-PROMPTS = [("The ", "prose"), ("def add(a, b):", None), ("12 + 3 =", "numbers"), ("import os\nimport sys\n", "prose")]
+PROMPTS = [
+    ("The ", "prose"),
+    ("def add(a, b):", None),
+    ("12 + 3 =", "numbers"),
+    ("import os\nimport sys\n", "prose"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +87,9 @@ def test_base_rows_in_a_mixed_batch_equal_a_scheduler_without_adapters_bit_for_b
 def test_per_row_prefill_chunks_joins_free_slots_and_preemption_keep_each_rows_adapter(loaded, references):
     model, tok = loaded
     sched = wb.Scheduler(model, tok, max_batch=2, prefill_step_size=3, adapters=ADAPTERS)
-    arrivals = [(0, wb.Request(prompt=p, max_tokens=6 + 2 * i, adapter=a)) for i, (p, a) in enumerate(PROMPTS)]
+    arrivals = [
+        (0, wb.Request(prompt=p, max_tokens=6 + 2 * i, adapter=a)) for i, (p, a) in enumerate(PROMPTS)
+    ]
     arrivals += [(3, wb.Request(prompt="for i in range(10):", max_tokens=8, adapter="numbers"))]
     modes = set()
     for _, request in arrivals:
@@ -146,10 +153,13 @@ def test_row_lora_linear_equals_mlx_lm_lora_linear_per_row():
         ref = LoRALinear.from_base(base, r=r, scale=scale)
         ref.lora_b = mx.random.normal((r, 12))
         refs.append(ref)
-    adapters = [lora.Adapter(f"a{i}", "", ref.lora_a.shape[1], ref.scale, {"l": (ref.lora_a, ref.lora_b)}, 0)
-                for i, ref in enumerate(refs)]
-    bank = lora.AdapterBank(("a0", "a1"), {}, {"l": lora._stack(adapters, "l", 4)}, (0.0, 2.0, 0.5),
-                            lora.Selection(), 0)
+    adapters = [
+        lora.Adapter(f"a{i}", "", ref.lora_a.shape[1], ref.scale, {"l": (ref.lora_a, ref.lora_b)}, 0)
+        for i, ref in enumerate(refs)
+    ]
+    bank = lora.AdapterBank(
+        ("a0", "a1"), {}, {"l": lora._stack(adapters, "l", 4)}, (0.0, 2.0, 0.5), lora.Selection(), 0
+    )
     layer = lora.RowLoRALinear(base, "l", bank.selection)
     x = mx.random.normal((3, 5, 16))  # [B, L, I]
     with lora.selected(bank, ["a1", None, "a0"]):
@@ -204,14 +214,21 @@ def _wide(w):
     return {k: mx.zeros((256, 4)) if k.endswith("q_proj.lora_a") else v for k, v in w.items()}
 
 
-@pytest.mark.parametrize("config, weights, message", [
-    (_rank, None, r"lora_parameters.rank is 8 but .*lora_a has shape \(\d+, 4\).*rank mismatch"),
-    (lambda c: {"fine_tune_type": "dora"}, None, "fine_tune_type is 'dora'"),
-    (lambda c: {"lora_parameters": {"rank": 4}}, None, "lora_parameters.scale must be a number"),
-    (None, _layer7, "model.layers.7.self_attn.q_proj.lora_a.*a layer this model does not have"),
-    (None, _wide, r"q_proj.lora_a \(256, 4\).*another architecture"),
-    (None, lambda w: {k: v for k, v in w.items() if not k.endswith("v_proj.lora_b")}, "has no .*v_proj.lora_b"),
-])
+@pytest.mark.parametrize(
+    "config, weights, message",
+    [
+        (_rank, None, r"lora_parameters.rank is 8 but .*lora_a has shape \(\d+, 4\).*rank mismatch"),
+        (lambda c: {"fine_tune_type": "dora"}, None, "fine_tune_type is 'dora'"),
+        (lambda c: {"lora_parameters": {"rank": 4}}, None, "lora_parameters.scale must be a number"),
+        (None, _layer7, "model.layers.7.self_attn.q_proj.lora_a.*a layer this model does not have"),
+        (None, _wide, r"q_proj.lora_a \(256, 4\).*another architecture"),
+        (
+            None,
+            lambda w: {k: v for k, v in w.items() if not k.endswith("v_proj.lora_b")},
+            "has no .*v_proj.lora_b",
+        ),
+    ],
+)
 def test_a_bad_adapter_folder_is_refused_at_construction_naming_the_field(tmp_path, config, weights, message):
     model, tok = wb.load(MODEL)  # unwrapped: a failed load must leave it so
     path = _broken_copy(tmp_path, config=config, weights=weights)
@@ -287,8 +304,18 @@ def test_adapter_bytes_are_what_loading_adds_to_mlx_active_memory():
     gc.collect()
     mx.clear_cache()
     grown = mx.get_active_memory() - before
-    dims = [(128, 128), (128, 64), (128, 64), (128, 128), (128, 352), (128, 352), (352, 128)]  # q k v o gate up down
-    assert sched.adapters.nbytes == 5 * 3 * 4 * 8 * sum(i + o for i, o in dims)  # layers x slots x float32 x rank
+    dims = [
+        (128, 128),
+        (128, 64),
+        (128, 64),
+        (128, 128),
+        (128, 352),
+        (128, 352),
+        (352, 128),
+    ]  # q k v o gate up down
+    assert sched.adapters.nbytes == 5 * 3 * 4 * 8 * sum(
+        i + o for i, o in dims
+    )  # layers x slots x float32 x rank
     # what the device's allocator takes for the stacks (on the CPU their nbytes; on CUDA whole pages)
     taken = sum(allocation_bytes(x.nbytes) for stacks in sched.adapters.layers.values() for x in stacks)
     assert abs(grown - taken) < 0.05 * taken, (grown, taken)
@@ -318,7 +345,9 @@ def test_a_quantized_linear_takes_per_row_adapters_like_mlx_lm():
     ref = LoRALinear.from_base(base, r=4, scale=3.0)
     ref.lora_b = mx.random.normal((4, 32))
     adapter = lora.Adapter("q", "", 4, 3.0, {"l": (ref.lora_a, ref.lora_b)}, 0)
-    bank = lora.AdapterBank(("q",), {}, {"l": lora._stack([adapter], "l", 4)}, (0.0, 3.0), lora.Selection(), 0)
+    bank = lora.AdapterBank(
+        ("q",), {}, {"l": lora._stack([adapter], "l", 4)}, (0.0, 3.0), lora.Selection(), 0
+    )
     layer = lora.RowLoRALinear(base, "l", bank.selection)
     x = mx.random.normal((2, 3, 64))  # [B, L, I]
     with lora.selected(bank, [None, "q"]):
@@ -344,8 +373,14 @@ def test_the_bundled_adapters_are_what_scripts_make_adapters_configures():
     spec.loader.exec_module(script)
     for name, (_, rank, scale, num_layers, keys) in script.ADAPTERS.items():
         config = json.loads((Path(ADAPTERS[name]) / "adapter_config.json").read_text())
-        assert (config["lora_parameters"]["rank"], config["lora_parameters"]["scale"], config["num_layers"]) == (
-            rank, scale, num_layers)
+        assert (
+            config["lora_parameters"]["rank"],
+            config["lora_parameters"]["scale"],
+            config["num_layers"],
+        ) == (rank, scale, num_layers)
         assert config["lora_parameters"].get("keys") == keys and config["fine_tune_type"] == "lora"
-        lines = [json.loads(line)["text"] for line in (Path(ADAPTERS[name]) / "train/train.jsonl").read_text().splitlines()]
+        lines = [
+            json.loads(line)["text"]
+            for line in (Path(ADAPTERS[name]) / "train/train.jsonl").read_text().splitlines()
+        ]
         assert lines == script.ADAPTERS[name][0](400, script.random.Random(f"{script.SEED}-{name}"))[:-16]

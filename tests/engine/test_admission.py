@@ -9,11 +9,11 @@ and the held bytes against MLX's measured active memory."""
 import pytest
 
 import workbench as wb
-from workbench.verify import oracle
-from workbench.engine.kv.profile import kv_profile, projected_bytes
-from workbench.engine.kv.ledger import alone_bytes
 from workbench.engine.admission import FCFS, Priority, Queued, ShortestPromptFirst, policy_from
+from workbench.engine.kv.ledger import alone_bytes
+from workbench.engine.kv.profile import kv_profile, projected_bytes
 from workbench.runtime.memory import exact_allocations, settled_active_memory
+from workbench.verify import oracle
 
 pytestmark = pytest.mark.model
 
@@ -46,7 +46,13 @@ def test_priority_policy_admits_the_most_urgent_first(make_sched, prompt):
 def test_projected_bytes_come_from_the_real_layer_shapes(bundled):
     model, _ = bundled
     args = model.args
-    per_token = args.num_hidden_layers * 2 * args.num_key_value_heads * (args.head_dim or args.hidden_size // args.num_attention_heads) * 4
+    per_token = (
+        args.num_hidden_layers
+        * 2
+        * args.num_key_value_heads
+        * (args.head_dim or args.hidden_size // args.num_attention_heads)
+        * 4
+    )
     assert projected_bytes(kv_profile(model), 128) == 128 * per_token
 
 
@@ -57,7 +63,9 @@ def test_windowed_and_ssm_layers_project_bounded_bytes():
     prof = kv_profile(gemma)
     windowed = [lb for lb in prof if lb.window_tokens == 8]
     assert len(windowed) == 2
-    assert projected_bytes(prof, 1000) - projected_bytes(prof, 999) == sum(lb.per_token_bytes for lb in prof if lb.window_tokens is None)
+    assert projected_bytes(prof, 1000) - projected_bytes(prof, 999) == sum(
+        lb.per_token_bytes for lb in prof if lb.window_tokens is None
+    )
     mamba, _ = wb.load(DATA_DIR / "models" / "tiny-mamba2")
     assert projected_bytes(kv_profile(mamba), 10) == projected_bytes(kv_profile(mamba), 1000) > 0
 
@@ -75,7 +83,10 @@ def test_requests_wait_while_the_budget_is_full_and_outputs_are_unchanged(bundle
     assert snap.uids == (0, 1) and snap.queue == (2, 3)
     assert snap.kv_projected_bytes == snap.kv_bytes == 2 * one and snap.kv_budget_bytes == 2 * one
     b = 2 * one
-    assert f"KV budget {b:,} bytes: {b:,} held (batch {b:,} + prefill 0 + prompt cache 0), {b:,} projected" in snap.text()
+    assert (
+        f"KV budget {b:,} bytes: {b:,} held (batch {b:,} + prefill 0 + prompt cache 0), {b:,} projected"
+        in snap.text()
+    )
     report = sched.run()
     assert max(s.held_bytes for s in sched.history) == 2 * one
     assert (report.requests.generated_tokens == 12).all()
@@ -85,14 +96,21 @@ def test_requests_wait_while_the_budget_is_full_and_outputs_are_unchanged(bundle
 def test_a_request_that_can_never_fit_is_rejected_at_submit(bundled, make_sched, prompt):
     one = alone_bytes(bundled[0], 30, 8)
     sched = make_sched(kv_budget_bytes=one - 1)
-    with pytest.raises(ValueError, match=(rf"projects {one:,} KV bytes \(prompt 30 \+ max_tokens 8 tokens, as mlx-lm's "
-                                          rf".*kv_budget_bytes is {one - 1:,}, so {one - 1:,} bytes are available")):
+    with pytest.raises(
+        ValueError,
+        match=(
+            rf"projects {one:,} KV bytes \(prompt 30 \+ max_tokens 8 tokens, as mlx-lm's "
+            rf".*kv_budget_bytes is {one - 1:,}, so {one - 1:,} bytes are available"
+        ),
+    ):
         sched.submit(wb.Request(prompt=prompt(30, 0), max_tokens=8))
     assert sched.idle and sched.events == []
     make_sched(kv_budget_bytes=one).submit(wb.Request(prompt=prompt(30, 0), max_tokens=8))
 
 
-def test_a_preempted_row_resumes_and_its_greedy_output_equals_an_uninterrupted_run(bundled, make_sched, prompt):
+def test_a_preempted_row_resumes_and_its_greedy_output_equals_an_uninterrupted_run(
+    bundled, make_sched, prompt
+):
     model, _ = bundled
     sched = make_sched(max_batch=3)
     low = sched.submit(wb.Request(prompt=prompt(9, 3), max_tokens=20))
@@ -117,7 +135,10 @@ def test_under_kv_pressure_a_higher_priority_request_preempts_the_lowest(bundled
     model, _ = bundled
     one = alone_bytes(model, 10, 16)  # what one such row holds: 256 positions
     sched = make_sched(max_batch=4, kv_budget_bytes=2 * one, policy="priority")
-    lows = [sched.submit(wb.Request(prompt=prompt(10, 7 * i), max_tokens=16, priority=p)) for i, p in enumerate((0, 1))]
+    lows = [
+        sched.submit(wb.Request(prompt=prompt(10, 7 * i), max_tokens=16, priority=p))
+        for i, p in enumerate((0, 1))
+    ]
     sched.admit()
     for _ in range(4):
         sched.step()
@@ -133,6 +154,7 @@ def test_under_kv_pressure_a_higher_priority_request_preempts_the_lowest(bundled
 
 
 # -- the projection, rule by rule, against mlx-lm's own caches --------------------------
+
 
 def _feed(cache, tokens, chunk):
     """Write ``tokens`` positions into mlx-lm cache ``cache`` in chunks, as a forward does."""
@@ -152,7 +174,14 @@ def test_the_growth_step_is_mlx_lms():
 
     from workbench.engine.kv.allocation import STEP_TOKENS
 
-    assert STEP_TOKENS == KVCache.step == BatchKVCache.step == RotatingKVCache.step == BatchRotatingKVCache.step == 256
+    assert (
+        STEP_TOKENS
+        == KVCache.step
+        == BatchKVCache.step
+        == RotatingKVCache.step
+        == BatchRotatingKVCache.step
+        == 256
+    )
 
 
 @pytest.mark.parametrize("input_tokens", [1, 2, 20, 256, 257, 258, 300, 513, 1000])
@@ -174,7 +203,9 @@ def test_a_groups_capacity_is_what_mlx_lms_batch_cache_allocates(input_tokens, c
     assert bound[0] >= prefilled and bound[1] >= cache.keys.shape[2]
 
 
-@pytest.mark.parametrize("start,final", [(20, 28), (200, 256), (200, 257), (255, 300), (256, 520), (300, 1000)])
+@pytest.mark.parametrize(
+    "start,final", [(20, 28), (200, 256), (200, 257), (255, 300), (256, 520), (300, 1000)]
+)
 def test_decode_growth_is_what_mlx_lms_batch_cache_allocates(start, final):
     """A batch cache holding ``start`` positions fed one token at a time up to ``final``."""
     from mlx_lm.models.cache import BatchKVCache
@@ -189,6 +220,7 @@ def test_decode_growth_is_what_mlx_lms_batch_cache_allocates(start, final):
 
 
 # -- the issue's examples: the bytes held never exceed the budget -----------------------
+
 
 def _run(model, tok, specs, budget, **options):
     """Submit ``(prompt tokens, max_tokens)`` requests, run to idle; ``(scheduler, report)``."""
@@ -263,7 +295,9 @@ def test_the_prompt_cache_shares_the_ceiling_with_the_live_batch(random_llama):
     sched.submit(wb.Request(prompt=prompt_of_length(tok, 25, 37 * 3) + [5, 6], max_tokens=2, stop_ids=[]))
     sched.run()
     assert report.requests.generated_tokens.sum() == 36
-    assert sched.events[-1].kind == "evict" and any(e.kind == "admit" and e.n_cached > 0 for e in sched.events[-12:])
+    assert sched.events[-1].kind == "evict" and any(
+        e.kind == "admit" and e.n_cached > 0 for e in sched.events[-12:]
+    )
     assert all(s.held_bytes <= budget for s in sched.history)
 
 
@@ -280,12 +314,18 @@ def test_queued_requests_drain_in_order_when_only_one_row_fits(random_llama):
 def test_the_projection_bounds_the_bytes_held_at_every_snapshot(random_llama):
     model, tok = random_llama
     specs = [(3, 12), (60, 9), (17, 14), (1, 5), (33, 10), (250, 8), (9, 3)]
-    for options in (dict(reuse_slots=True), dict(reuse_slots=False), dict(prefill_step_size=16), dict(prompt_cache=4)):
+    for options in (
+        dict(reuse_slots=True),
+        dict(reuse_slots=False),
+        dict(prefill_step_size=16),
+        dict(prompt_cache=4),
+    ):
         sched, _ = _run(model, tok, specs, None, max_batch=3, **options)
         assert all(s.kv_bytes + s.prefill_kv_bytes <= s.kv_projected_bytes for s in sched.history), options
 
 
 # -- the computed bytes against MLX's measured memory -----------------------------------
+
 
 def _cache_arrays(sched):
     """Every array reachable from the batch's caches, the prefilling groups and the prompt
@@ -361,8 +401,9 @@ def _held_equals_released(model, tok, specs, reuse):
     from workbench.workloads.workload import prompt_of_length
 
     for k in range(1, 13):
-        sched = wb.Scheduler(model, tok, max_batch=3, history_size=0, reuse_slots=reuse, prefill_step_size=64,
-                             prompt_cache=4)
+        sched = wb.Scheduler(
+            model, tok, max_batch=3, history_size=0, reuse_slots=reuse, prefill_step_size=64, prompt_cache=4
+        )
         for i, (n, m) in enumerate(specs):
             sched.submit(wb.Request(prompt=prompt_of_length(tok, n, 10 * i), max_tokens=m, stop_ids=[]))
         for j in range(k):
@@ -388,7 +429,9 @@ def test_snapshots_report_measured_memory_that_tracks_the_computed_bytes(random_
     model, tok = random_llama
 
     def crossing():
-        sched = wb.Scheduler(model, tok, max_batch=2, history_size=100, pipeline=False)  # no forward in flight
+        sched = wb.Scheduler(
+            model, tok, max_batch=2, history_size=100, pipeline=False
+        )  # no forward in flight
         for i in range(2):
             sched.submit(wb.Request(prompt=prompt_of_length(tok, 250, 40 * i), max_tokens=12, stop_ids=[]))
         sched.admit()
@@ -436,14 +479,30 @@ def test_the_projection_on_hand_built_batches():
     assert plan.projected_bytes(four) == 4 * 256 * 2048 == 2_097_152  # one chunk of 19, the join fits in 256
     assert plan.projected_bytes([RowTokens(0, 1000, 1008)]) == 1024 * 2048  # 999 -> 1024, the join fits
     # a running row of 250 tokens (capacity 256) that will reach 262, and a 3-token joiner
-    running = KVPlan(2048, (), 0, 2048, reuse_slots=False, now=Allocation(1, 250, 256, 256 * 2048),
-                     rows=(RowTokens(7, 250, 262),))
+    running = KVPlan(
+        2048,
+        (),
+        0,
+        2048,
+        reuse_slots=False,
+        now=Allocation(1, 250, 256, 256 * 2048),
+        rows=(RowTokens(7, 250, 262),),
+    )
     assert running.projected_bytes() == 512 * 2048  # grows by 256 when the width reaches 256
     assert running.projected_bytes([RowTokens(8, 3, 10)]) == max(512 * 2048 + 256 * 2048, 2 * 512 * 2048)
-    assert running.projected_bytes([RowTokens(8, 3, 10)], dropped=[7]) == 256 * 2048  # preempted: the joiner alone
+    assert (
+        running.projected_bytes([RowTokens(8, 3, 10)], dropped=[7]) == 256 * 2048
+    )  # preempted: the joiner alone
     # a free slot (2 cache rows, 1 running) holds its bytes until the next admit/step
-    slot = KVPlan(2048, (), 0, 2048, reuse_slots=False, now=Allocation(2, 30, 256, 2 * 256 * 2048),
-                  rows=(RowTokens(7, 30, 40),))
+    slot = KVPlan(
+        2048,
+        (),
+        0,
+        2048,
+        reuse_slots=False,
+        now=Allocation(2, 30, 256, 2 * 256 * 2048),
+        rows=(RowTokens(7, 30, 40),),
+    )
     assert slot.projected_bytes() == 2 * 256 * 2048
     # ... beside a group already prefilling (filter() or preempt() during its prefill)
     assert slot.projected_bytes([RowTokens(9, 20, 28)]) == 2 * 256 * 2048

@@ -14,8 +14,10 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 import workbench as wb
 from workbench.runtime.loading import BUNDLED_MODEL
 
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +31,15 @@ def bos_tokenizer(tmp_path_factory):
     spec = json.loads((folder / "tokenizer.json").read_text())
     spec["post_processor"] = {
         "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
         "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}},
     }
     (folder / "tokenizer.json").write_text(json.dumps(spec))
@@ -45,7 +53,9 @@ def test_the_bos_tokenizer_really_adds_a_bos_and_the_bundled_one_adds_none(bundl
     _, plain = bundled
     assert bos_tokenizer.encode("import os\n")[0] == 0
     assert bos_tokenizer.encode("import os\n")[1:] == plain.encode("import os\n")
-    assert plain.encode("import os\n", add_special_tokens=True) == plain.encode("import os\n", add_special_tokens=False)
+    assert plain.encode("import os\n", add_special_tokens=True) == plain.encode(
+        "import os\n", add_special_tokens=False
+    )
 
 
 @pytest.mark.model
@@ -78,9 +88,13 @@ def test_messages_are_encoded_with_the_chat_template_and_its_generation_prompt(b
     sched = wb.Scheduler(model, bos_tokenizer)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Sort a list?"}]
     uid = sched.submit(wb.Request(messages=messages, max_tokens=4))
-    expected = bos_tokenizer.encode("<|system|>Be brief.\n<|user|>Sort a list?\n<|assistant|>", add_special_tokens=False)
+    expected = bos_tokenizer.encode(
+        "<|system|>Be brief.\n<|user|>Sort a list?\n<|assistant|>", add_special_tokens=False
+    )
     assert sched.request_of(uid).prompt_ids == tuple(expected)
-    assert sched.request_of(uid).prompt_ids == tuple(bos_tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    assert sched.request_of(uid).prompt_ids == tuple(
+        bos_tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    )
     sched.run()
     assert sched.finish_reason(uid) in ("stop", "length")
 
@@ -95,12 +109,15 @@ def test_prompt_and_messages_together_are_refused_naming_both_fields(bundled, bo
     assert sched.idle and sched.state.next_uid == 0
 
 
-@pytest.mark.parametrize("messages, match", [
-    ([], r"messages must be a non-empty list"),
-    ("hello", r"messages must be a non-empty list"),
-    ([{"role": "user"}], r"messages\[0\] must be a dict with str 'role' and 'content'"),
-    ([{"role": "user", "content": "a"}, ("user", "b")], r"messages\[1\] must be a dict"),
-])
+@pytest.mark.parametrize(
+    "messages, match",
+    [
+        ([], r"messages must be a non-empty list"),
+        ("hello", r"messages must be a non-empty list"),
+        ([{"role": "user"}], r"messages\[0\] must be a dict with str 'role' and 'content'"),
+        ([{"role": "user", "content": "a"}, ("user", "b")], r"messages\[1\] must be a dict"),
+    ],
+)
 def test_malformed_messages_are_refused_naming_the_bad_turn(bundled, bos_tokenizer, messages, match):
     model, _ = bundled
     with pytest.raises(ValueError, match=match):

@@ -15,8 +15,22 @@ pytestmark = pytest.mark.model
 
 def event_facts(events):
     """Events without their times (and NaN log-probs as None), for equality."""
-    return [(e.kind, e.uid, e.step, e.row, e.token, None if math.isnan(e.logprob) else e.logprob, e.n_tokens,
-             e.n_cached, e.finish_reason, e.join_mode, e.message) for e in events]
+    return [
+        (
+            e.kind,
+            e.uid,
+            e.step,
+            e.row,
+            e.token,
+            None if math.isnan(e.logprob) else e.logprob,
+            e.n_tokens,
+            e.n_cached,
+            e.finish_reason,
+            e.join_mode,
+            e.message,
+        )
+        for e in events
+    ]
 
 
 def outcome(sched, since=0):
@@ -32,10 +46,14 @@ def busy_scheduler(make_sched, prompt, unit_bytes):
     # rows as mlx-lm allocates them (256-token growth steps; bounds of about 256-280
     # positions a row with a prompt cache): three running and one prefilling fit in 1,200
     # positions, the urgent fifth does not
-    sched = make_sched(max_batch=5, prefill_step_size=4, prompt_cache=4, kv_budget_bytes=1200 * unit_bytes, seed=7)
+    sched = make_sched(
+        max_batch=5, prefill_step_size=4, prompt_cache=4, kv_budget_bytes=1200 * unit_bytes, seed=7
+    )
     sched.submit(wb.Request(prompt=prompt(6, 0), max_tokens=3, stop_ids=[]))
     sched.run()  # finished: its cache is now in the prompt cache
-    sched.submit(wb.Request(prompt=prompt(6, 0) + prompt(3, 40), max_tokens=9, stop_ids=[]))  # a prompt-cache hit
+    sched.submit(
+        wb.Request(prompt=prompt(6, 0) + prompt(3, 40), max_tokens=9, stop_ids=[])
+    )  # a prompt-cache hit
     sched.submit(wb.Request(prompt=prompt(9, 100), max_tokens=12, temperature=0.9, seed=3, stop_ids=[]))
     sched.submit(wb.Request(prompt=prompt(5, 200), max_tokens=10, temperature=1.0, stop_ids=[]))  # drawn seed
     for _ in range(4):
@@ -104,7 +122,8 @@ def test_a_checkpoint_copies_no_tensor(make_sched, prompt):
 
 
 def test_restoring_another_schedulers_or_models_checkpoint_is_refused_and_changes_nothing(
-        make_sched, prompt, random_llama):
+    make_sched, prompt, random_llama
+):
     a, b = make_sched(), make_sched()
     for s in (a, b):
         s.submit(wb.Request(prompt=prompt(5), max_tokens=4))

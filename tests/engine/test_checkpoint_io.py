@@ -29,14 +29,25 @@ SETTINGS = dict(max_batch=4, prompt_concurrency=3, prefill_step_size=8, history_
 def scenario(sched: wb.Scheduler, tok) -> None:
     """Greedy and sampled rows, top-k rows, a submit_n group, a queued request."""
     sched.submit(wb.Request(prompt=prompt_of_length(tok, 12, 0), max_tokens=14, top_logprobs=3, stop_ids=[]))
-    sched.submit_n(wb.Request(prompt=prompt_of_length(tok, 20, 50), max_tokens=9, temperature=0.8, seed=4,
-                              top_logprobs=2, stop_ids=[]), 2)
+    sched.submit_n(
+        wb.Request(
+            prompt=prompt_of_length(tok, 20, 50),
+            max_tokens=9,
+            temperature=0.8,
+            seed=4,
+            top_logprobs=2,
+            stop_ids=[],
+        ),
+        2,
+    )
     sched.submit(wb.Request(prompt=prompt_of_length(tok, 30, 90), max_tokens=6, stop_ids=[]))
     sched.submit(wb.Request(prompt=prompt_of_length(tok, 5, 130), max_tokens=3, stop_ids=[]))
 
 
 def records(sched) -> dict:
-    return {str(u): [list(x) if isinstance(x, tuple) else x for x in row_record(sched, u)] for u in sched.requests}
+    return {
+        str(u): [list(x) if isinstance(x, tuple) else x for x in row_record(sched, u)] for u in sched.requests
+    }
 
 
 def drive_to_save_point(sched, steps: int) -> None:
@@ -52,20 +63,28 @@ sched = wb.Scheduler(model, tok, **{settings!r})
 sched.restore(wb.Checkpoint.load(sys.argv[1], sched))
 assert sched.check().ok, str(sched.check())
 sched.run()
-print(json.dumps({{str(u): [list(sched.tokens(u)), sched.logprobs(u), [[list(p) for p in t] for t in sched.top_logprobs(u)],
-                   sched.finish_reason(u)] for u in sched.requests}}))
+top = lambda u: [[list(p) for p in t] for t in sched.top_logprobs(u)]
+print(json.dumps({{str(u): [list(sched.tokens(u)), sched.logprobs(u), top(u), sched.finish_reason(u)]
+                  for u in sched.requests}}))
 """
 
 
 def resume_in_a_new_process(path: Path, model: str, settings: dict) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", RESUME.format(model=model, settings=settings), str(path)],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME.format(model=model, settings=settings), str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("steps", [6, 13])  # 6: a group still prefilling (saved as queued); 13: rows ended, free slots
+@pytest.mark.parametrize(
+    "steps", [6, 13]
+)  # 6: a group still prefilling (saved as queued); 13: rows ended, free slots
 def test_a_batch_saved_mid_run_resumes_in_a_new_process_with_the_same_tokens(bundled, tmp_path, steps):
     model, tok = bundled
     sched = wb.Scheduler(model, tok, **SETTINGS)
@@ -75,14 +94,21 @@ def test_a_batch_saved_mid_run_resumes_in_a_new_process_with_the_same_tokens(bun
     assert bool(sched.batch.free) == (steps == 13)
     path = sched.checkpoint().save(tmp_path / "batch.safetensors")
     sched.run()
-    expected = {u: [list(t), lp, [[list(p) for p in pairs] for pairs in top], reason]
-                for u, (t, lp, top, reason) in ((str(u), row_record(sched, u)) for u in sched.requests)}
+    expected = {
+        u: [list(t), lp, [[list(p) for p in pairs] for pairs in top], reason]
+        for u, (t, lp, top, reason) in ((str(u), row_record(sched, u)) for u in sched.requests)
+    }
     got = resume_in_a_new_process(path, str(wb.BUNDLED_MODEL), SETTINGS)
     assert got == json.loads(json.dumps(expected))
     assert any(top for _, _, top, _ in got.values()), "top-k rows were in the batch"
 
 
-FAMILIES = {"llama": "tiny-llama", "gemma3": "tiny-gemma3", "qwen3next": "tiny-qwen3-next", "mamba2": "tiny-mamba2"}
+FAMILIES = {
+    "llama": "tiny-llama",
+    "gemma3": "tiny-gemma3",
+    "qwen3next": "tiny-qwen3-next",
+    "mamba2": "tiny-mamba2",
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,7 +131,8 @@ def test_every_familys_caches_round_trip_and_the_run_continues_as_uninterrupted(
 
 
 def test_loading_into_a_scheduler_with_other_settings_or_another_model_is_refused_naming_what_differs(
-        bundled, random_llama, tmp_path):
+    bundled, random_llama, tmp_path
+):
     model, tok = bundled
     sched = wb.Scheduler(model, tok, **SETTINGS)
     sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=4))
@@ -131,7 +158,9 @@ def test_a_file_of_another_format_or_version_is_refused(bundled, tmp_path):
     document = json.loads(metadata[key])
     document["version"] = checkpoint_io.VERSION + 1
     mx.save_safetensors(str(tmp_path / "b.safetensors"), arrays, {**metadata, key: json.dumps(document)})
-    with pytest.raises(ValueError, match=f"format version {checkpoint_io.VERSION + 1}; this workbench reads version 1"):
+    with pytest.raises(
+        ValueError, match=f"format version {checkpoint_io.VERSION + 1}; this workbench reads version 1"
+    ):
         wb.Checkpoint.load(tmp_path / "b.safetensors", sched)
     mx.save_safetensors(str(tmp_path / "c.safetensors"), {"x": mx.zeros((2,))})
     with pytest.raises(ValueError, match="not a workbench checkpoint"):

@@ -19,13 +19,16 @@ from workbench.engine.kv.profile import kv_profile
 from workbench.engine.prefill import PrefillGroup
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("max_batch", 0, "max_batch must be an int >= 1, got 0"),
-    ("prefill_step_size", 1.5, "prefill_step_size must be an int >= 1, got 1.5"),
-    ("kv_budget_bytes", True, "kv_budget_bytes must be an int >= 1, got True"),
-    ("history_checkpoints", -1, "history_checkpoints must be an int >= 0, got -1"),
-    ("policy", "lifo", "policy must be one of"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("max_batch", 0, "max_batch must be an int >= 1, got 0"),
+        ("prefill_step_size", 1.5, "prefill_step_size must be an int >= 1, got 1.5"),
+        ("kv_budget_bytes", True, "kv_budget_bytes must be an int >= 1, got True"),
+        ("history_checkpoints", -1, "history_checkpoints must be an int >= 0, got -1"),
+        ("policy", "lifo", "policy must be one of"),
+    ],
+)
 def test_a_config_outside_its_limits_is_refused_naming_the_field_and_limit(field, value, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(**{field: value})
@@ -124,7 +127,9 @@ def test_the_projection_of_a_chunked_padded_group_is_what_its_caches_allocate(bu
     plan = plan_of(kv_profile(model), 8, chunked_padding=True)
     held, joined = plan.group_bytes(joiners)
     assert held == group.kv_bytes and joined == group.caches[0].keys.shape[2] == 256
-    assert plan_of(kv_profile(model), 8).group_bytes(joiners)[1] == 30 + 256  # per row: merge, then one growth step
+    assert (
+        plan_of(kv_profile(model), 8).group_bytes(joiners)[1] == 30 + 256
+    )  # per row: merge, then one growth step
 
 
 def test_the_probe_forgets_a_model_once_it_is_collected():

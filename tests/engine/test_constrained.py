@@ -26,19 +26,35 @@ from .interrupts import Injector, engine_state, patched_eval
 
 pytestmark = pytest.mark.model
 
-PERSON = {"type": "object", "properties": {"ok": {"type": "boolean"},
-                                           "n": {"type": "integer", "minimum": 0, "maximum": 99}},
-          "required": ["ok", "n"], "additionalProperties": False}
-COLOR = {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
-                                          "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
-         "required": ["color", "tags"], "additionalProperties": False}
-CONSTRAINTS = [dict(json_schema=PERSON), dict(json_schema=json.dumps(COLOR)), dict(regex=r"[a-z]{2,6}\(\d\)"),
-               dict(choices=["yes", "no", "maybe so", "a.b|c"])]
+PERSON = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+}
+COLOR = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    },
+    "required": ["color", "tags"],
+    "additionalProperties": False,
+}
+CONSTRAINTS = [
+    dict(json_schema=PERSON),
+    dict(json_schema=json.dumps(COLOR)),
+    dict(regex=r"[a-z]{2,6}\(\d\)"),
+    dict(choices=["yes", "no", "maybe so", "a.b|c"]),
+]
 
 
 def requests(prompt, max_tokens=40):
     """Four constrained requests (two schemas, a regex, choices) and three free ones."""
-    out = [wb.Request(prompt=prompt(5 + 3 * i, 40 * i), max_tokens=max_tokens, **c) for i, c in enumerate(CONSTRAINTS)]
+    out = [
+        wb.Request(prompt=prompt(5 + 3 * i, 40 * i), max_tokens=max_tokens, **c)
+        for i, c in enumerate(CONSTRAINTS)
+    ]
     return out + [wb.Request(prompt=prompt(4 + 7 * i, 300 + 50 * i), max_tokens=12) for i in range(3)]
 
 
@@ -49,7 +65,9 @@ def run_all(sched, reqs):
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
-def test_constrained_and_free_rows_in_one_batch_each_equal_their_solo_run(make_sched, bundled, prompt, pipeline):
+def test_constrained_and_free_rows_in_one_batch_each_equal_their_solo_run(
+    make_sched, bundled, prompt, pipeline
+):
     model, tok = bundled
     sched = make_sched(max_batch=7, pipeline=pipeline)
     reqs = requests(prompt)
@@ -77,8 +95,10 @@ def test_a_free_row_has_the_same_tokens_beside_constrained_rows_as_beside_free_o
 
 
 def test_a_sampled_constrained_row_equals_itself_alone(make_sched, prompt):
-    reqs = [wb.Request(prompt=prompt(6, 10 * i), max_tokens=40, temperature=0.9, seed=7 + i, **c)
-            for i, c in enumerate(CONSTRAINTS)]
+    reqs = [
+        wb.Request(prompt=prompt(6, 10 * i), max_tokens=40, temperature=0.9, seed=7 + i, **c)
+        for i, c in enumerate(CONSTRAINTS)
+    ]
     batched = make_sched(max_batch=4)
     uids = run_all(batched, reqs)
     for uid, req in zip(uids, reqs, strict=True):
@@ -99,20 +119,28 @@ def test_the_constraint_shows_in_the_request_view_and_the_snapshot(make_sched, p
     assert rows[1].endswith("regex=[0-9]+") and "regex" not in rows[2]
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(json_schema=PERSON, regex="a"), r"at most one of json_schema, regex, choices; got \['json_schema', 'regex'\]"),
-    (dict(regex="[a-"), r"(?s)regex: llguidance refuses it: .*unclosed character class"),
-    (dict(regex=""), r"regex must be a non-empty str"),
-    (dict(regex=3), r"regex must be a non-empty str, got 3"),
-    (dict(json_schema="{not json"), r"json_schema must be a JSON schema object .* the text is not JSON"),
-    (dict(json_schema=[1, 2]), r"json_schema must be a JSON schema object .* got list"),
-    (dict(json_schema={"type": "foo"}), r"(?s)json_schema: llguidance refuses it: .*foo"),
-    (dict(choices=[]), r"choices must be a non-empty list of non-empty str"),
-    (dict(choices="yes"), r"choices must be a non-empty list"),
-    (dict(choices=["a", ""]), r"choices\[1\] must be a non-empty str, got ''"),
-    (dict(choices=["a", 2]), r"choices\[1\] must be a non-empty str, got 2"),
-])
-def test_a_bad_constraint_is_refused_at_submit_naming_the_field_and_nothing_changes(make_sched, fields, message):
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            dict(json_schema=PERSON, regex="a"),
+            r"at most one of json_schema, regex, choices; got \['json_schema', 'regex'\]",
+        ),
+        (dict(regex="[a-"), r"(?s)regex: llguidance refuses it: .*unclosed character class"),
+        (dict(regex=""), r"regex must be a non-empty str"),
+        (dict(regex=3), r"regex must be a non-empty str, got 3"),
+        (dict(json_schema="{not json"), r"json_schema must be a JSON schema object .* the text is not JSON"),
+        (dict(json_schema=[1, 2]), r"json_schema must be a JSON schema object .* got list"),
+        (dict(json_schema={"type": "foo"}), r"(?s)json_schema: llguidance refuses it: .*foo"),
+        (dict(choices=[]), r"choices must be a non-empty list of non-empty str"),
+        (dict(choices="yes"), r"choices must be a non-empty list"),
+        (dict(choices=["a", ""]), r"choices\[1\] must be a non-empty str, got ''"),
+        (dict(choices=["a", 2]), r"choices\[1\] must be a non-empty str, got 2"),
+    ],
+)
+def test_a_bad_constraint_is_refused_at_submit_naming_the_field_and_nothing_changes(
+    make_sched, fields, message
+):
     sched = make_sched()
     with pytest.raises(ValueError, match=message):
         sched.submit(wb.Request(prompt=[1, 2, 3], **fields))
@@ -132,14 +160,21 @@ def test_a_token_the_grammar_refuses_ends_only_its_own_row(make_sched, bundled, 
     model, tok = bundled
     letter = tok.encode("x", add_special_tokens=False)[0]
     sched = make_sched(max_batch=3)
-    bad = sched.submit(wb.Request(prompt=prompt(5), max_tokens=6, regex=r"[0-9]+",
-                                  sampler=lambda logprobs: mx.array([letter])))  # ignores the mask
+    bad = sched.submit(
+        wb.Request(
+            prompt=prompt(5), max_tokens=6, regex=r"[0-9]+", sampler=lambda logprobs: mx.array([letter])
+        )
+    )  # ignores the mask
     good = sched.submit(wb.Request(prompt=prompt(5), max_tokens=20, regex=r"[0-9]{3}"))
     free = sched.submit(wb.Request(prompt=prompt(9, 50), max_tokens=8))
     sched.run()
     assert sched.finish_reason(bad) == "error"
-    assert sched.error(bad).startswith(f"regex: the grammar refuses token {letter} ('x') after 0 generated token(s)")
-    assert sched.finish_reason(good) == "stop" and satisfies(wb.Request(prompt=[1], regex=r"[0-9]{3}"), sched.text(good))
+    assert sched.error(bad).startswith(
+        f"regex: the grammar refuses token {letter} ('x') after 0 generated token(s)"
+    )
+    assert sched.finish_reason(good) == "stop" and satisfies(
+        wb.Request(prompt=[1], regex=r"[0-9]{3}"), sched.text(good)
+    )
     ref = oracle.solo_reference(model, oracle.ref_request(sched.request_of(free)))
     assert sched.tokens(free) == ref.tokens
 

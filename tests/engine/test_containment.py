@@ -57,9 +57,17 @@ def failing_callback(uid, token):
 
 
 FAULTS = {
-    "processor raises": (dict(logits_processors=[raises_on_call(3)]), "logits processor raised RuntimeError: boom", 2),
+    "processor raises": (
+        dict(logits_processors=[raises_on_call(3)]),
+        "logits processor raised RuntimeError: boom",
+        2,
+    ),
     "nan logits": (dict(logits_processors=[nan_on_call(4)]), "non-finite logits (NaN or inf)", 3),
-    "sampler raises": (dict(temperature=0.7, sampler=lambda lp: 1 / 0), "sampler raised ZeroDivisionError", 0),
+    "sampler raises": (
+        dict(temperature=0.7, sampler=lambda lp: 1 / 0),
+        "sampler raised ZeroDivisionError",
+        0,
+    ),
     "callback raises": (dict(on_token=failing_callback), "on_token raised ValueError: callback failed", 1),
 }
 
@@ -81,8 +89,9 @@ def test_a_faulty_row_ends_with_error_and_neighbours_are_untouched(make_sched, p
 
 @pytest.mark.parametrize("pipeline", [True, False])
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_what_a_sampler_or_processor_returns_against_its_contract_ends_only_its_row(make_sched, prompt, name,
-                                                                                   pipeline):
+def test_what_a_sampler_or_processor_returns_against_its_contract_ends_only_its_row(
+    make_sched, prompt, name, pipeline
+):
     """A custom sampler's id (-1, past the vocabulary, 3.7, NaN, a wrong shape) never reaches
     the embedding, and a processor's wrong shape or dtype never reaches the batch's logits:
     the row ends with an error naming the callable, the value and the limit; step() never
@@ -90,8 +99,9 @@ def test_what_a_sampler_or_processor_returns_against_its_contract_ends_only_its_
     V = make_sched().vocab_size
     _, clean, _ = run(make_sched, prompt, pipeline=pipeline)
     fields, message = hostile_fields(name, V, after=9 + 3)  # a processor turns bad at its 4th token
-    sched, tokens, bad = run(make_sched, prompt, wb.Request(prompt=prompt(9, 300), max_tokens=10, **fields),
-                             pipeline=pipeline)
+    sched, tokens, bad = run(
+        make_sched, prompt, wb.Request(prompt=prompt(9, 300), max_tokens=10, **fields), pipeline=pipeline
+    )
     assert tokens == clean
     assert sched.finish_reason(bad) == "error", (sched.finish_reason(bad), sched.tokens(bad))
     assert re.match(message, sched.error(bad)), sched.error(bad)
@@ -102,8 +112,13 @@ def test_what_a_sampler_or_processor_returns_against_its_contract_ends_only_its_
 def test_a_sampler_returning_good_ids_of_any_integer_kind_is_followed(make_sched, prompt):
     """Python ints, numpy ints, int64 / uint32 arrays, shape () or [1]: the id is used as is."""
     V = make_sched().vocab_size
-    kinds = [lambda lp: int(mx.argmax(lp, axis=-1).item()), lambda lp: np.int64(mx.argmax(lp).item()),
-             lambda lp: mx.argmax(lp, axis=-1).astype(mx.int64), lambda lp: mx.argmax(lp), lambda lp: V - 1]
+    kinds = [
+        lambda lp: int(mx.argmax(lp, axis=-1).item()),
+        lambda lp: np.int64(mx.argmax(lp).item()),
+        lambda lp: mx.argmax(lp, axis=-1).astype(mx.int64),
+        lambda lp: mx.argmax(lp),
+        lambda lp: V - 1,
+    ]
     greedy = make_sched()
     uid = greedy.submit(wb.Request(prompt=prompt(9, 300), max_tokens=6))
     greedy.run()
@@ -172,7 +187,9 @@ def test_a_seeded_sampled_row_is_identical_alone_and_beside_any_neighbours(make_
     alone.run()
     reference = alone.tokens(uid)
     for max_batch, join_at in ((4, 0), (4, 3), (2, 5)):
-        sched, _, extra = run(make_sched, prompt, sampled(prompt, 7), max_batch=max_batch, join_extra_at=join_at)
+        sched, _, extra = run(
+            make_sched, prompt, sampled(prompt, 7), max_batch=max_batch, join_extra_at=join_at
+        )
         assert sched.tokens(extra) == reference
     # with sampled neighbours too
     sched = make_sched(max_batch=3)
@@ -187,7 +204,9 @@ def test_a_seeded_sampled_row_is_identical_alone_and_beside_any_neighbours(make_
     assert other.tokens(uid8) != reference  # the seed matters
 
 
-def test_an_unseeded_row_draws_its_seed_from_the_scheduler_seed_and_samples_as_if_given_it(make_sched, prompt):
+def test_an_unseeded_row_draws_its_seed_from_the_scheduler_seed_and_samples_as_if_given_it(
+    make_sched, prompt
+):
     unseeded = wb.Request(prompt=prompt(6), max_tokens=10, temperature=1.0)
 
     def once(scheduler_seed, neighbour):
@@ -212,13 +231,19 @@ def test_an_unseeded_row_draws_its_seed_from_the_scheduler_seed_and_samples_as_i
     assert alone.tokens(uid) == tokens
 
 
-def test_penalties_equal_mlx_lm_solo_with_the_same_processors_and_never_see_padding(bundled, make_sched, prompt):
+def test_penalties_equal_mlx_lm_solo_with_the_same_processors_and_never_see_padding(
+    bundled, make_sched, prompt
+):
     model, _ = bundled
     p = prompt(4, 600)
     fields = dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2, logit_bias={17: 2.0})
     reference = []
-    for token, _ in generate_step(mx.array(p), model, max_tokens=15, logits_processors=make_logits_processors(
-            {17: 2.0}, 1.3, presence_penalty=0.5, frequency_penalty=0.2)):
+    for token, _ in generate_step(
+        mx.array(p),
+        model,
+        max_tokens=15,
+        logits_processors=make_logits_processors({17: 2.0}, 1.3, presence_penalty=0.5, frequency_penalty=0.2),
+    ):
         reference.append(int(token))
     sched = make_sched(max_batch=3)
     sched.submit(wb.Request(prompt=prompt(60, 5), max_tokens=15))  # long neighbour: lots of padding

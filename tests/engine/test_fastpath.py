@@ -114,6 +114,7 @@ def test_fast_decode_takes_none_true_or_false_only(bad):
 
 # -- the padded-rows attention kernel (CUDA): dispatch checked on the CPU, the kernel on the GPU --
 
+
 def _reference_kernel(calls):
     """What ``padded_decode_attention`` computes, in MLX ops: attention over each row's
     ``left_padding .. columns - 1`` (the padding mask rebuilt from the arguments alone)."""
@@ -123,8 +124,9 @@ def _reference_kernel(calls):
         calls.append((queries.shape, keys.shape, columns))
         cols = mx.arange(columns)
         mask = (cols[None, :] >= left_padding[:, None])[:, None, None, :]
-        return mx.fast.scaled_dot_product_attention(queries, keys[..., :columns, :], values[..., :columns, :],
-                                                    scale=scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(
+            queries, keys[..., :columns, :], values[..., :columns, :], scale=scale, mask=mask
+        )
 
     return kernel
 
@@ -153,7 +155,9 @@ def test_padded_rows_reach_the_kernel_with_their_padding_and_buffers(bundled, pr
     monkeypatch.setattr(padded_attention, "padded_decode_attention", _reference_kernel(calls))
     monkeypatch.setattr(padded_attention, "supported", lambda q, k: q.shape[2] == 1)
     monkeypatch.setattr(padded_attention, "HEAD_DIMS", (16, 32, 64, 128))  # the bundled model's head dim too
-    monkeypatch.setattr(fastpath.FastDecode, "of", classmethod(lambda cls, f, adapters=None: cls(True, False, True)))
+    monkeypatch.setattr(
+        fastpath.FastDecode, "of", classmethod(lambda cls, f, adapters=None: cls(True, False, True))
+    )
     original = llama.scaled_dot_product_attention
     fast = _run(model, tokenizer, prompts)
     assert fast == plain
@@ -177,8 +181,11 @@ def test_steps_of_fewer_rows_than_the_crossover_keep_masked_attention(bundled, p
     monkeypatch.setattr(padded_attention, "padded_decode_attention", _reference_kernel(calls))
     monkeypatch.setattr(padded_attention, "supported", lambda q, k: q.shape[2] == 1)
     monkeypatch.setattr(padded_attention, "HEAD_DIMS", (16, 32, 64, 128))
-    monkeypatch.setattr(fastpath.FastDecode, "of",
-                        classmethod(lambda cls, f, adapters=None: cls(True, False, True, kernel_min_rows=3)))
+    monkeypatch.setattr(
+        fastpath.FastDecode,
+        "of",
+        classmethod(lambda cls, f, adapters=None: cls(True, False, True, kernel_min_rows=3)),
+    )
     sched = wb.Scheduler(model, tokenizer, max_batch=4)
     uids = [sched.submit(wb.Request(prompt=p, max_tokens=m)) for p, m in zip(prompts, (3, 9, 4, 9))]
     paths = []
@@ -205,11 +212,12 @@ def test_on_the_gpu_the_padded_kernel_equals_masked_attention(head_dim):
     k, v = mx.random.normal((B, n_kv, S, head_dim)), mx.random.normal((B, n_kv, S, head_dim))
     lp = mx.array([0, 3, 150, 299, 17])
     calls = []
-    want = _reference_kernel(calls)(q, k, v, lp, columns, head_dim ** -0.5)
-    got = padded_decode_attention(q, k, v, lp, columns, head_dim ** -0.5)
+    want = _reference_kernel(calls)(q, k, v, lp, columns, head_dim**-0.5)
+    got = padded_decode_attention(q, k, v, lp, columns, head_dim**-0.5)
     assert mx.abs(got - want).max().item() < 1e-5
-    half = padded_decode_attention(q.astype(mx.bfloat16), k.astype(mx.bfloat16), v.astype(mx.bfloat16), lp,
-                                   columns, head_dim ** -0.5)
+    half = padded_decode_attention(
+        q.astype(mx.bfloat16), k.astype(mx.bfloat16), v.astype(mx.bfloat16), lp, columns, head_dim**-0.5
+    )
     assert half.dtype == mx.bfloat16 and mx.abs(half.astype(mx.float32) - want).max().item() < 0.05
 
 

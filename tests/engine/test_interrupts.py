@@ -1,9 +1,9 @@
 """KeyboardInterrupt ("Kernel → Interrupt") landing anywhere inside a public engine call
 never corrupts the engine (issue 18).
 
-A script of calls (submits, ``submit_n`` samples sharing one prefill, chunked prefill with ``prefill_step_size=4``, joins by a new
-batch, by ``extend`` and into a free slot, decode steps, preemption, aborts, filters that
-store rows in a prompt cache, and a final ``run()``) runs on every bundled model family.
+A script of calls (submits, ``submit_n`` samples sharing one prefill, chunked prefill with
+``prefill_step_size=4``, joins by a new batch, by ``extend`` and into a free slot, decode
+steps, preemption, aborts, filters that store rows in a prompt cache, and a final ``run()``) runs on every bundled model family.
 Every call of the script is first interrupted at its 1st *point*, called again and
 interrupted at its 2nd point, and so on until it completes, where a point is one of:
 
@@ -34,8 +34,8 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
-from workbench.engine.kv.ledger import alone_bytes
 from workbench.engine.checkpoint import EngineState
+from workbench.engine.kv.ledger import alone_bytes
 from workbench.engine.runner import ModelRunner
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
@@ -45,8 +45,13 @@ from .interrupts import Injector, LineTracer, engine_state, facts_of, layer_list
 
 pytestmark = pytest.mark.model
 
-FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwen3next": ("tiny-qwen3-next", None),
-            "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8)}
+FAMILIES = {
+    "llama": ("tiny-llama", None),
+    "gemma3": ("tiny-gemma3", None),
+    "qwen3next": ("tiny-qwen3-next", None),
+    "mamba2": ("tiny-mamba2", None),
+    "qwen3-max-kv": ("tiny-qwen3", 8),
+}
 _MODELS: dict = {}
 
 
@@ -73,52 +78,100 @@ KINDS = ("on_token", "processor", "sampler", "layer", "eval", "clock", "line")
 # (operation, argument): submit (prompt tokens, prompt start, max_tokens[, priority]);
 # abort a uid; preempt the first unfinished running row; run to idle. Chunks are 4 tokens.
 SCRIPT = (
-    ("submit", (5, 0, 4)), ("submit", (10, 40, 14)),
-    ("admit", None), ("admit", None), ("admit", None), ("admit", None),  # prefill by chunks, a new batch
-    ("step", None), ("step", None),
-    ("submit", (9, 90, 6)),
-    ("admit", None), ("step", None), ("admit", None),  # a chunk between steps, then a join by extend
-    ("step", None), ("step", None), ("filter", None),  # uid 0 ends: a free slot, stored in the prompt cache
-    ("submit", (5, 0, 3)), ("admit", None),  # uid 0's prompt: a prompt-cache hit, joins the free slot
+    ("submit", (5, 0, 4)),
+    ("submit", (10, 40, 14)),
+    ("admit", None),
+    ("admit", None),
+    ("admit", None),
+    ("admit", None),  # prefill by chunks, a new batch
     ("step", None),
-    ("submit", (7, 200, 3)), ("abort", 4),  # aborted while queued
-    ("submit", (12, 300, 5)), ("admit", None), ("abort", 5),  # aborted while prefilling
-    ("step", None), ("preempt", None), ("step", None), ("abort", 2),  # aborted while running
-    ("admit", None), ("step", None), ("filter", None),
+    ("step", None),
+    ("submit", (9, 90, 6)),
+    ("admit", None),
+    ("step", None),
+    ("admit", None),  # a chunk between steps, then a join by extend
+    ("step", None),
+    ("step", None),
+    ("filter", None),  # uid 0 ends: a free slot, stored in the prompt cache
+    ("submit", (5, 0, 3)),
+    ("admit", None),  # uid 0's prompt: a prompt-cache hit, joins the free slot
+    ("step", None),
+    ("submit", (7, 200, 3)),
+    ("abort", 4),  # aborted while queued
+    ("submit", (12, 300, 5)),
+    ("admit", None),
+    ("abort", 5),  # aborted while prefilling
+    ("step", None),
+    ("preempt", None),
+    ("step", None),
+    ("abort", 2),  # aborted while running
+    ("admit", None),
+    ("step", None),
+    ("filter", None),
     ("run", None),
 )
 # A KV budget of two requests: a high-priority arrival preempts a running row inside admit().
 BUDGET_SCRIPT = (
-    ("submit", (6, 0, 10, 0)), ("submit", (6, 30, 10, 0)),
-    ("admit", None), ("admit", None), ("step", None), ("step", None),
+    ("submit", (6, 0, 10, 0)),
+    ("submit", (6, 30, 10, 0)),
+    ("admit", None),
+    ("admit", None),
+    ("step", None),
+    ("step", None),
     ("submit", (6, 60, 10, 2)),
-    ("admit", None), ("step", None), ("admit", None), ("step", None), ("filter", None),
+    ("admit", None),
+    ("step", None),
+    ("admit", None),
+    ("step", None),
+    ("filter", None),
     ("run", None),
 )
 BUDGET_TOKENS = 16  # every request of BUDGET_SCRIPT: prompt 6 + max_tokens 10
 # submit_n (prompt tokens, prompt start, max_tokens, n): samples sharing one chunked prefill, one
 # aborted while prefilling (the one the others copy), another while running; top-k rows among them.
 SAMPLES_SCRIPT = (
-    ("submit", (5, 0, 6)), ("submit_n", (10, 40, 5, 3)),
-    ("admit", None), ("admit", None), ("abort", 1), ("admit", None), ("admit", None),
-    ("step", None), ("submit_n", (7, 90, 4, 2)), ("admit", None), ("step", None), ("admit", None),
-    ("step", None), ("abort", 5), ("step", None), ("filter", None),
+    ("submit", (5, 0, 6)),
+    ("submit_n", (10, 40, 5, 3)),
+    ("admit", None),
+    ("admit", None),
+    ("abort", 1),
+    ("admit", None),
+    ("admit", None),
+    ("step", None),
+    ("submit_n", (7, 90, 4, 2)),
+    ("admit", None),
+    ("step", None),
+    ("admit", None),
+    ("step", None),
+    ("abort", 5),
+    ("step", None),
+    ("filter", None),
     ("run", None),
 )
 # SCRIPT with three times the tokens: speculating rows advance several tokens a step, and the
 # script's preempt still needs a running row
-SPEC_SCRIPT = tuple((op, (arg[0], arg[1], 3 * arg[2], *arg[3:]) if op == "submit" else arg) for op, arg in SCRIPT)
+SPEC_SCRIPT = tuple(
+    (op, (arg[0], arg[1], 3 * arg[2], *arg[3:]) if op == "submit" else arg) for op, arg in SCRIPT
+)
 
 CONFIGS = {
     "pipelined": (SCRIPT, {}),
-    "plain": (SCRIPT, dict(pipeline=False, reuse_slots=False, interleave_prefill=False, history_checkpoints=2)),
+    "plain": (
+        SCRIPT,
+        dict(pipeline=False, reuse_slots=False, interleave_prefill=False, history_checkpoints=2),
+    ),
     "budget": (BUDGET_SCRIPT, dict(budget_requests=2)),
     "packed": (SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None)),
-    "packed-budget": (BUDGET_SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None,
-                                          budget_requests=2)),
+    "packed-budget": (
+        BUDGET_SCRIPT,
+        dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None, budget_requests=2),
+    ),
     "samples": (SAMPLES_SCRIPT, {}),
     "speculative": (SPEC_SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),
-    "draft": (SPEC_SCRIPT, dict(speculative="the model itself", num_draft_tokens=2)),  # drafts with its own weights
+    "draft": (
+        SPEC_SCRIPT,
+        dict(speculative="the model itself", num_draft_tokens=2),
+    ),  # drafts with its own weights
 }
 
 
@@ -143,19 +196,37 @@ def request_hooks(kind: str, injector: Injector) -> dict:
         injector.point()
         return mx.argmax(logprobs, axis=-1)
 
-    return {"on_token": dict(on_token=on_token), "processor": dict(logits_processors=[processor]),
-            "sampler": dict(sampler=sampler)}.get(kind, {})
+    return {
+        "on_token": dict(on_token=on_token),
+        "processor": dict(logits_processors=[processor]),
+        "sampler": dict(sampler=sampler),
+    }.get(kind, {})
 
 
 def apply(sched, tok, op, arg, hooks):
     if op == "submit":
         n, start, max_tokens, *priority = arg
-        sched.submit(wb.Request(prompt=prompt_of_length(tok, n, start), max_tokens=max_tokens, stop_ids=[],
-                                priority=priority[0] if priority else 0, **hooks))
+        sched.submit(
+            wb.Request(
+                prompt=prompt_of_length(tok, n, start),
+                max_tokens=max_tokens,
+                stop_ids=[],
+                priority=priority[0] if priority else 0,
+                **hooks,
+            )
+        )
     elif op == "submit_n":
         n_tokens, start, max_tokens, n = arg
-        sched.submit_n(wb.Request(prompt=prompt_of_length(tok, n_tokens, start), max_tokens=max_tokens, stop_ids=[],
-                                  top_logprobs=3, **hooks), n)
+        sched.submit_n(
+            wb.Request(
+                prompt=prompt_of_length(tok, n_tokens, start),
+                max_tokens=max_tokens,
+                stop_ids=[],
+                top_logprobs=3,
+                **hooks,
+            ),
+            n,
+        )
     elif op == "preempt":
         sched.preempt(next(r.uid for r in sched.batch.rows if not r.finished))
     elif op == "abort":
@@ -179,13 +250,19 @@ def interrupted_call(sched, tok, op, arg, hooks, injector, reference_tokens, tra
             n += 1
             report = sched.check()
             assert report.ok, f"{op} interrupted at point {k}:\n{report}"
-            if op == "run":  # the iterations done are kept; each row's tokens a prefix of the uninterrupted ones
+            if (
+                op == "run"
+            ):  # the iterations done are kept; each row's tokens a prefix of the uninterrupted ones
                 for u, s in sched.requests.items():
-                    assert s.tokens == reference_tokens[u][: len(s.tokens)], f"run interrupted at {k}: uid {u}"
+                    assert s.tokens == reference_tokens[u][: len(s.tokens)], (
+                        f"run interrupted at {k}: uid {u}"
+                    )
                 assert len(sched.events) >= len(before[5])
             else:
                 after = engine_state(sched)
-                for name, was, now in zip(("snapshot", "requests", "queue", "step", "idle", "events"), before, after):
+                for name, was, now in zip(
+                    ("snapshot", "requests", "queue", "step", "idle", "events"), before, after
+                ):
                     assert now == was, f"{op} interrupted at point {k} changed the {name}:\n{was}\n---\n{now}"
             k += stride
             continue
@@ -197,22 +274,28 @@ def interrupted_call(sched, tok, op, arg, hooks, injector, reference_tokens, tra
 def make_scheduler(family: str, config_name: str, clock=None, **extra) -> wb.Scheduler:
     model, tok = model_of(family)
     max_kv_size = FAMILIES[family][1]
-    options = dict(max_batch=4, prefill_step_size=4, prompt_cache=4, history_size=4) | CONFIGS[config_name][1] | extra
+    options = (
+        dict(max_batch=4, prefill_step_size=4, prompt_cache=4, history_size=4)
+        | CONFIGS[config_name][1]
+        | extra
+    )
     budget_requests = options.pop("budget_requests", None)
-    if budget_requests and options.get("layout") == "packed":  # pages of 6 + 10 tokens
-        options["kv_budget_bytes"] = budget_requests * wb.Scheduler(model, tok, **options).ledger.alone_bytes(
-            6, BUDGET_TOKENS - 6)
-    elif budget_requests:
     if options.get("speculative") == "the model itself":
         options["speculative"] = model
-    if budget_requests:
+    if budget_requests and options.get("layout") == "packed":  # pages of 6 + 10 tokens
+        options["kv_budget_bytes"] = budget_requests * wb.Scheduler(model, tok, **options).ledger.alone_bytes(
+            6, BUDGET_TOKENS - 6
+        )
+    elif budget_requests:
         options["kv_budget_bytes"] = budget_requests * alone_bytes(  # rows as mlx-lm allocates them
-            model, 6, BUDGET_TOKENS - 6, options["prefill_step_size"], max_kv_size, exact_chunks=False)
+            model, 6, BUDGET_TOKENS - 6, options["prefill_step_size"], max_kv_size, exact_chunks=False
+        )
     return wb.Scheduler(model, tok, max_kv_size=max_kv_size, clock=clock or FakeClock(), **options)
 
 
-def play(family: str, config_name: str, kind: str | None, reference: Outcome | None = None,
-         stride: int = 1) -> tuple[Outcome, wb.Scheduler]:
+def play(
+    family: str, config_name: str, kind: str | None, reference: Outcome | None = None, stride: int = 1
+) -> tuple[Outcome, wb.Scheduler]:
     """Run the config's script on ``family``, every call interrupted at each of its
     points of ``kind`` in turn (``kind`` None: uninterrupted, the reference)."""
     model, tok = model_of(family)
@@ -244,8 +327,13 @@ def play(family: str, config_name: str, kind: str | None, reference: Outcome | N
             total += n
             per_op.append((op, n))
     assert sched.idle and sched.check().ok
-    outcome = Outcome({u: sched.tokens(u) for u in sched.requests}, {u: sched.finish_reason(u) for u in sched.requests},
-                      facts, total, per_op)
+    outcome = Outcome(
+        {u: sched.tokens(u) for u in sched.requests},
+        {u: sched.finish_reason(u) for u in sched.requests},
+        facts,
+        total,
+        per_op,
+    )
     return outcome, sched
 
 
@@ -263,8 +351,13 @@ def assert_solo(sched):
         req = oracle.ref_request(sched.request_of(u))
         key = (id(sched.model), req, sched.config.prefill_step_size, sched.config.max_kv_size)
         if key not in _SOLO:
-            _SOLO[key] = oracle.solo_reference(sched.model, req, sched.config.prefill_step_size,
-                                               sched.config.max_kv_size, tokenizer=sched.tokenizer)
+            _SOLO[key] = oracle.solo_reference(
+                sched.model,
+                req,
+                sched.config.prefill_step_size,
+                sched.config.max_kv_size,
+                tokenizer=sched.tokenizer,
+            )
         refs[u] = _SOLO[key]
     check = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, refs, atol=1e-4)
     assert check.ok, check.text()
@@ -297,15 +390,26 @@ def test_the_scripts_cover_every_kind_of_call_join_and_abort():
     _, sched = reference_of("llama", "samples")
     prefilled = {e.uid for e in sched.events if e.kind == "prefill"}
     assert prefilled == {0, 1, 4}, "each submit_n group's prompt is prefilled once, by its first sample"
-    assert [sched.finish_reason(u) for u in range(6)] == ["length", "abort", "length", "length", "length", "abort"]
+    assert [sched.finish_reason(u) for u in range(6)] == [
+        "length",
+        "abort",
+        "length",
+        "length",
+        "length",
+        "abort",
+    ]
     assert all(len(t) == 3 for u in (2, 3, 4) for t in sched.top_logprobs(u))
 
 
 CASES = [(family, "pipelined", kind) for family in FAMILIES for kind in KINDS if kind != "line"]
 CASES += [("llama", "plain", kind) for kind in KINDS if kind != "line"]
-CASES += [(family, "budget", kind) for family in ("llama", "qwen3next") for kind in ("layer", "eval", "clock")]
+CASES += [
+    (family, "budget", kind) for family in ("llama", "qwen3next") for kind in ("layer", "eval", "clock")
+]
 CASES += [("llama", "pipelined", "line"), ("mamba2", "plain", "line"), ("gemma3", "budget", "line")]
-CASES += [("llama", "packed", kind) for kind in KINDS] + [("llama", "packed-budget", kind) for kind in ("layer", "eval")]
+CASES += [("llama", "packed", kind) for kind in KINDS] + [
+    ("llama", "packed-budget", kind) for kind in ("layer", "eval")
+]
 CASES += [(family, "samples", kind) for family in ("llama", "qwen3next") for kind in KINDS if kind != "line"]
 CASES += [("gemma3", "samples", "line")]
 CASES += [("llama", "speculative", kind) for kind in ("on_token", "layer", "eval", "clock", "line")]
@@ -313,8 +417,9 @@ CASES += [("llama", "draft", kind) for kind in ("layer", "eval", "line")]
 
 
 @pytest.mark.parametrize("family, config_name, kind", CASES)
-def test_an_interrupt_at_any_point_of_any_call_leaves_the_engine_as_before_the_call(family, config_name, kind,
-                                                                                    request):
+def test_an_interrupt_at_any_point_of_any_call_leaves_the_engine_as_before_the_call(
+    family, config_name, kind, request
+):
     reference, _ = reference_of(family, config_name)
     # every executed line is a point: every 13th is interrupted (every one with --long)
     stride = 1 if kind != "line" or request.config.getoption("--long") else 13
@@ -407,20 +512,25 @@ def _raise_after(original):
     def call(*args, **kwargs):
         original(*args, **kwargs)
         raise KeyboardInterrupt("after the call")
+
     return call
 
 
 def _raise_before(original):
     def call(*args, **kwargs):
         raise KeyboardInterrupt("before the call")
+
     return call
 
 
-@pytest.mark.parametrize("where, wrap", [
-    ("start_prefill", _raise_before),  # the joining group being built
-    ("start_prefill", _raise_after),  # built, not yet the engine's
-    ("join_forward", _raise_after),  # the group's first tokens computed, the group not yet in the batch
-])
+@pytest.mark.parametrize(
+    "where, wrap",
+    [
+        ("start_prefill", _raise_before),  # the joining group being built
+        ("start_prefill", _raise_after),  # built, not yet the engine's
+        ("join_forward", _raise_after),  # the group's first tokens computed, the group not yet in the batch
+    ],
+)
 def test_an_interrupt_while_a_joining_group_is_built_loses_no_uid(monkeypatch, where, wrap):
     model, tok = model_of("llama")
 
@@ -450,8 +560,10 @@ def test_an_interrupt_while_a_joining_group_is_built_loses_no_uid(monkeypatch, w
 def test_run_interrupted_between_iterations_keeps_the_work_done():
     model, tok = model_of("llama")
     sched = wb.Scheduler(model, tok, max_batch=2)
-    uids = [sched.submit(wb.Request(prompt=prompt_of_length(tok, 4 + i, 9 * i), max_tokens=6, stop_ids=[]))
-            for i in range(3)]
+    uids = [
+        sched.submit(wb.Request(prompt=prompt_of_length(tok, 4 + i, 9 * i), max_tokens=6, stop_ids=[]))
+        for i in range(3)
+    ]
     calls = [0]
     original = sched.filter
 
@@ -478,8 +590,10 @@ def test_a_second_interrupt_during_the_rollback_is_raised_once_the_rollback_is_d
     model, tok = model_of("llama")
     callback = interrupting_once()
     sched = wb.Scheduler(model, tok)
-    uids = [sched.submit(wb.Request(prompt=[4, 5, 6], max_tokens=3, stop_ids=[], on_token=callback)),
-            sched.submit(wb.Request(prompt=[1, 2, 3], max_tokens=4, stop_ids=[]))]
+    uids = [
+        sched.submit(wb.Request(prompt=[4, 5, 6], max_tokens=3, stop_ids=[], on_token=callback)),
+        sched.submit(wb.Request(prompt=[1, 2, 3], max_tokens=4, stop_ids=[])),
+    ]
     sched.admit()
     before = engine_state(sched)
     rollback = EngineState.rollback

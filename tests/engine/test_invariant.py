@@ -29,10 +29,20 @@ PROMPT_TOKENS = (1, 3, 9, 17, 30, 5, 12, 24, 2, 40, 7, 16)
 def _requests(tok, sampled=2, max_tokens=10):
     from workbench.workloads.workload import prompt_of_length
 
-    reqs = [wb.Request(prompt=prompt_of_length(tok, n, 31 * i + 5), max_tokens=max_tokens)
-            for i, n in enumerate(PROMPT_TOKENS)]
-    reqs += [wb.Request(prompt=prompt_of_length(tok, 11 + i, 97 + i), max_tokens=max_tokens, temperature=0.9,
-                        top_p=0.95, seed=40 + i) for i in range(sampled)]
+    reqs = [
+        wb.Request(prompt=prompt_of_length(tok, n, 31 * i + 5), max_tokens=max_tokens)
+        for i, n in enumerate(PROMPT_TOKENS)
+    ]
+    reqs += [
+        wb.Request(
+            prompt=prompt_of_length(tok, 11 + i, 97 + i),
+            max_tokens=max_tokens,
+            temperature=0.9,
+            top_p=0.95,
+            seed=40 + i,
+        )
+        for i in range(sampled)
+    ]
     return reqs
 
 
@@ -90,7 +100,11 @@ def test_every_row_is_bit_equal_to_its_run_alone_at_once_and_staggered(family):
     model, tok = variant(family)
     reqs = _requests(tok)
     solo = _alone(family, model, tok, reqs)
-    for max_batch, arrivals in ((14, None), (5, [i // 2 * 3 for i in range(len(reqs))]), (3, [0] * len(reqs))):
+    for max_batch, arrivals in (
+        (14, None),
+        (5, [i // 2 * 3 for i in range(len(reqs))]),
+        (3, [0] * len(reqs)),
+    ):
         _, got = _run(model, tok, reqs, max_batch, arrivals)
         differ = [i for i, (a, b) in enumerate(zip(got, solo)) if a != b]
         assert not differ, f"{family} max_batch={max_batch}: rows {differ} differ from alone"
@@ -101,8 +115,9 @@ def test_prompt_cache_hits_pacing_and_a_restored_checkpoint_keep_every_row_bit_e
     shared = list(range(40, 60))  # 20 shared tokens: two whole chunks of 8 are reusable
     reqs = [wb.Request(prompt=shared + [70 + i] * (i + 1), max_tokens=8) for i in range(6)]
     solo = [invariance.alone(model, tok, r, CHUNK) for r in reqs]
-    sched = wb.Scheduler(model, tok, max_batch=3, prefill_step_size=CHUNK, batch_invariant=True, prompt_cache=8,
-                         pacing=True)
+    sched = wb.Scheduler(
+        model, tok, max_batch=3, prefill_step_size=CHUNK, batch_invariant=True, prompt_cache=8, pacing=True
+    )
     uids = [sched.submit(r) for r in reqs[:2]]
     sched.run()
     cp = sched.checkpoint()
@@ -182,7 +197,9 @@ def test_calibration_falls_back_to_smaller_blocks_where_a_row_depends_on_its_pos
 
 def test_the_audit_names_the_varying_operations_and_the_mode_removes_them():
     model, tok = variant("llama-trained")
-    audit = invariance.audit(model, tok, [[5 + i, 9, 11 + 2 * i] for i in range(8)], batch_sizes=(4,), max_tokens=4)
+    audit = invariance.audit(
+        model, tok, [[5 + i, 9, 11 + 2 * i] for i in range(8)], batch_sizes=(4,), max_tokens=4
+    )
     assert audit.end_to_end[("invariant", 4)] == (4, 4)
     assert all(f.mode_diff in (None, 0.0) for f in audit.ops)
     text = audit.text()
@@ -215,7 +232,9 @@ def test_with_openblas_the_mode_is_bit_exact_where_the_default_path_is_not(monke
     if find_blas() is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
-    out = subprocess.run([sys.executable, "-c", OPENBLAS_SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-c", OPENBLAS_SCRIPT], capture_output=True, text=True, env=env, timeout=900
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     counts = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
     assert counts["invariant"] == "11 11", out.stdout
@@ -225,12 +244,23 @@ def test_with_openblas_the_mode_is_bit_exact_where_the_default_path_is_not(monke
 def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules():
     model, tok = variant("llama-trained")
     prompts = [[5 + i, 9, 11 + 2 * i][: 1 + i % 3] for i in range(4)]
-    grids = invariance.step_grids(model, tok, prompts, batch_sizes=(2, 4), max_tokens=5, prefill_step_size=CHUNK)
-    assert [(g.mode, g.batch_size) for g in grids] == [("default", 2), ("default", 4), ("invariant", 2),
-                                                      ("invariant", 4)]
+    grids = invariance.step_grids(
+        model, tok, prompts, batch_sizes=(2, 4), max_tokens=5, prefill_step_size=CHUNK
+    )
+    assert [(g.mode, g.batch_size) for g in grids] == [
+        ("default", 2),
+        ("default", 4),
+        ("invariant", 2),
+        ("invariant", 4),
+    ]
     mode = grids[-1]
     assert mode.equal.shape == (4, 5) and mode.n_equal_rows == 4 and mode.first_differences() == [None] * 4
-    assert invariance.compare_steps(([1, 2, 3], [-.5, -.1, -.2]), ([1, 2], [-.5, -.3]), 4).tolist() == [1, 0, 0, -1]
+    assert invariance.compare_steps(([1, 2, 3], [-0.5, -0.1, -0.2]), ([1, 2], [-0.5, -0.3]), 4).tolist() == [
+        1,
+        0,
+        0,
+        -1,
+    ]
     assert invariance.end_to_end(model, tok, prompts, (4,), 5, CHUNK)[("invariant", 4)] == (4, 4)
     with pytest.raises(ValueError, match="prompts: 4 given"):
         invariance.step_grids(model, tok, prompts, batch_sizes=(8,))
@@ -238,8 +268,9 @@ def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules()
     found = invariance.chunk_findings(model, tok, wb.Request(prompt=long, max_tokens=3), chunk_sizes=(8, 16))
     assert [(c.prefill_step_size, c.reference_step_size) for c in found] == [(8, 2048), (16, 2048)]
     solo = invariance.alone(model, tok, wb.Request(prompt=long, max_tokens=3), 8)
-    assert found[0].tokens_equal == (solo[0] == invariance.alone(model, tok, wb.Request(prompt=long, max_tokens=3),
-                                                                  2048)[0])
+    assert found[0].tokens_equal == (
+        solo[0] == invariance.alone(model, tok, wb.Request(prompt=long, max_tokens=3), 2048)[0]
+    )
 
 
 DIVERGENCE_PROMPTS = [[5, 9, 11], [7, 8], [4, 4, 4, 4]]
@@ -249,17 +280,21 @@ def test_default_row_divergence_localizes_a_row_that_differs(monkeypatch):
     model, tok = variant("llama-trained")
     real_alone = invariance.alone
     # a stand-in for an optimized BLAS: the runs alone of the default path see their log-probs shifted
-    monkeypatch.setattr(invariance, "alone", lambda *a, **k: (lambda t, lp: (t, [x + 1e-3 for x in lp]))(
-        *real_alone(*a, **k)))
-    d = invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, batch_size=3, max_tokens=4,
-                                          prefill_step_size=CHUNK)
+    monkeypatch.setattr(
+        invariance, "alone", lambda *a, **k: (lambda t, lp: (t, [x + 1e-3 for x in lp]))(*real_alone(*a, **k))
+    )
+    d = invariance.default_row_divergence(
+        model, tok, DIVERGENCE_PROMPTS, batch_size=3, max_tokens=4, prefill_step_size=CHUNK
+    )
     assert d is not None and d.token_index == 1 and len(d.table) == 5
 
 
 def test_default_row_divergence_is_none_where_every_row_agrees():
     from workbench.runtime.device import backend
 
-    if backend() != "cpu":  # on CUDA the default path's rows differ from alone (docs/gpu.md): nothing to assert
+    if (
+        backend() != "cpu"
+    ):  # on CUDA the default path's rows differ from alone (docs/gpu.md): nothing to assert
         pytest.skip("the default path is batch-invariant only on the CPU's reference BLAS")
     model, tok = variant("llama-trained")
     assert invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, 3, 4, CHUNK) is None

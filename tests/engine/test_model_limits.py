@@ -10,8 +10,16 @@ from workbench.engine.request import context_limit
 
 def test_a_gpt2_prompt_past_n_positions_is_refused_at_submit_naming_the_field(bundled):
     _, tokenizer = bundled
-    args = gpt2.ModelArgs(model_type="gpt2", n_ctx=32, n_embd=32, n_head=2, n_layer=2, n_positions=32,
-                          layer_norm_epsilon=1e-5, vocab_size=len(tokenizer.get_vocab()))
+    args = gpt2.ModelArgs(
+        model_type="gpt2",
+        n_ctx=32,
+        n_embd=32,
+        n_head=2,
+        n_layer=2,
+        n_positions=32,
+        layer_norm_epsilon=1e-5,
+        vocab_size=len(tokenizer.get_vocab()),
+    )
     model = gpt2.Model(args)
     mx.eval(model.parameters())
     sched = wb.Scheduler(model, tokenizer)
@@ -34,8 +42,16 @@ def test_a_model_without_a_context_field_has_no_limit():
 def _bigcode(tokenizer):
     from mlx_lm.models import gpt_bigcode
 
-    args = gpt_bigcode.ModelArgs(model_type="gpt_bigcode", n_embd=32, n_layer=2, n_inner=64, n_head=2,
-                                 n_positions=64, layer_norm_epsilon=1e-5, vocab_size=len(tokenizer.get_vocab()))
+    args = gpt_bigcode.ModelArgs(
+        model_type="gpt_bigcode",
+        n_embd=32,
+        n_layer=2,
+        n_inner=64,
+        n_head=2,
+        n_positions=64,
+        layer_norm_epsilon=1e-5,
+        vocab_size=len(tokenizer.get_vocab()),
+    )
     model = gpt_bigcode.Model(args)
     mx.eval(model.parameters())
     return model
@@ -46,7 +62,10 @@ def test_a_model_that_cannot_batch_is_found_when_the_scheduler_is_built_and_serv
     model = _bigcode(tokenizer)  # mlx-lm's gpt_bigcode takes int(cache.offset): fails on two rows
     sched = wb.Scheduler(model, tokenizer, max_batch=4)
     assert sched.config.max_batch == 1 and "Only length-1 arrays can be converted" in sched.serial_reason
-    uids = [sched.submit(wb.Request(prompt=list(range(1 + i, 4 + 2 * i)), max_tokens=3, stop_ids=[])) for i in range(3)]
+    uids = [
+        sched.submit(wb.Request(prompt=list(range(1 + i, 4 + 2 * i)), max_tokens=3, stop_ids=[]))
+        for i in range(3)
+    ]
     sched.run()  # never fails mid-step: the queue drains one row at a time
     assert all(len(sched.tokens(u)) == 3 for u in uids) and sched.check().ok
     assert "serial lane (one row at a time)" in sched.snapshot().text()
@@ -61,8 +80,13 @@ def test_every_bundled_family_passes_the_batch_probe(bundled):
     from workbench.engine.probe import probe
     from workbench.runtime.loading import DATA_DIR
 
-    for name, max_kv_size in [("tiny-llama", None), ("tiny-gemma3", None), ("tiny-qwen3-next", None),
-                              ("tiny-mamba2", None), ("tiny-qwen3", 8)]:
+    for name, max_kv_size in [
+        ("tiny-llama", None),
+        ("tiny-gemma3", None),
+        ("tiny-qwen3-next", None),
+        ("tiny-mamba2", None),
+        ("tiny-qwen3", 8),
+    ]:
         model, _ = wb.load(DATA_DIR / "models" / name)
         assert probe(model, max_kv_size) == "", name
 

@@ -17,13 +17,18 @@ SPECS = ((3, 12), (60, 9), (17, 14), (1, 5), (33, 10), (9, 16))  # (prompt token
 
 
 def packed(model, tok, **settings):
-    return wb.Scheduler(model, tok, **({"layout": "packed", "max_batch": 4, "page_size": 4,
-                                         "max_num_batched_tokens": 16} | settings))
+    return wb.Scheduler(
+        model,
+        tok,
+        **({"layout": "packed", "max_batch": 4, "page_size": 4, "max_num_batched_tokens": 16} | settings),
+    )
 
 
 def submit_specs(sched, tok, specs=SPECS, start=0):
-    return [sched.submit(wb.Request(prompt=prompt_of_length(tok, n, start + 13 * i), max_tokens=m, stop_ids=[]))
-            for i, (n, m) in enumerate(specs)]
+    return [
+        sched.submit(wb.Request(prompt=prompt_of_length(tok, n, start + 13 * i), max_tokens=m, stop_ids=[]))
+        for i, (n, m) in enumerate(specs)
+    ]
 
 
 def staggered(sched, tok, specs=SPECS, every=2):
@@ -32,7 +37,9 @@ def staggered(sched, tok, specs=SPECS, every=2):
     while pending or not sched.idle:
         if pending and sched.step_index >= every * len(uids):
             i, (n, m) = pending.pop(0)
-            uids.append(sched.submit(wb.Request(prompt=prompt_of_length(tok, n, 13 * i), max_tokens=m, stop_ids=[])))
+            uids.append(
+                sched.submit(wb.Request(prompt=prompt_of_length(tok, n, 13 * i), max_tokens=m, stop_ids=[]))
+            )
         for call in (sched.admit, sched.step, sched.filter):
             call()
             check_books(sched)
@@ -68,7 +75,9 @@ def test_staggered_rows_in_packed_forwards_equal_each_request_run_alone(bundled,
     assert check.ok, check.text()
     assert check.noise < 1e-4
     kinds = [tuple(c.kind for c in s.packed.last_chunks) for s in sched.history]
-    assert any("decode" in k and "prefill" in k for k in kinds), "some forward mixed decode and prefill tokens"
+    assert any("decode" in k and "prefill" in k for k in kinds), (
+        "some forward mixed decode and prefill tokens"
+    )
 
 
 def test_a_second_llama_shape_in_packed_forwards_equals_its_solo_runs(llama):
@@ -168,12 +177,16 @@ def test_a_kv_budget_in_pages_admits_what_fits_and_preempts_for_priority(bundled
     probe = packed(model, tok)
     two = 2 * probe.ledger.alone_bytes(6, 10)
     sched = packed(model, tok, kv_budget_bytes=two)
-    low = [sched.submit(wb.Request(prompt=prompt_of_length(tok, 6, 30 * i), max_tokens=10, stop_ids=[]))
-           for i in range(2)]
+    low = [
+        sched.submit(wb.Request(prompt=prompt_of_length(tok, 6, 30 * i), max_tokens=10, stop_ids=[]))
+        for i in range(2)
+    ]
     sched.admit()
     sched.step()
     sched.step()
-    high = sched.submit(wb.Request(prompt=prompt_of_length(tok, 6, 90), max_tokens=10, stop_ids=[], priority=2))
+    high = sched.submit(
+        wb.Request(prompt=prompt_of_length(tok, 6, 90), max_tokens=10, stop_ids=[], priority=2)
+    )
     events = sched.admit()
     assert [e.uid for e in events if e.kind == "preempt"] == [low[1]]
     check_books(sched)
@@ -205,15 +218,22 @@ def test_checkpoint_restore_and_fork_continue_with_the_same_tokens(bundled):
 @pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-gemma3", "tiny-mamba2"])
 def test_other_families_are_refused_at_construction_naming_why(folder):
     model, tok = wb.load(DATA_DIR / "models" / folder)
-    with pytest.raises(ValueError, match=r"layout='packed' runs the llama family .* this model is mlx_lm\.models\."):
+    with pytest.raises(
+        ValueError, match=r"layout='packed' runs the llama family .* this model is mlx_lm\.models\."
+    ):
         wb.Scheduler(model, tok, layout="packed")
 
 
-@pytest.mark.parametrize("settings, name", [(dict(kv_bits=4, kv_group_size=32), "kv_bits"),
-                                            (dict(prompt_cache=4), "prompt_cache"),
-                                            (dict(batch_invariant=True), "batch_invariant"),
-                                            (dict(pacing=True), "pacing"),
-                                            (dict(speculative="prompt-lookup"), "speculative")])
+@pytest.mark.parametrize(
+    "settings, name",
+    [
+        (dict(kv_bits=4, kv_group_size=32), "kv_bits"),
+        (dict(prompt_cache=4), "prompt_cache"),
+        (dict(batch_invariant=True), "batch_invariant"),
+        (dict(pacing=True), "pacing"),
+        (dict(speculative="prompt-lookup"), "speculative"),
+    ],
+)
 def test_settings_the_packed_layout_does_not_take_are_refused(bundled, settings, name):
     model, tok = bundled
     with pytest.raises(ValueError, match=f"layout='packed' does not take {name}"):
@@ -227,7 +247,9 @@ def test_the_packed_snapshot_text_shows_the_page_table_and_the_last_forward(bund
     sched.admit()
     sched.step()
     text = sched.snapshot().text()
-    assert "page table: " in text and "packed forward: decode 0 + prefill 16 = 16 tokens of a 16 budget" in text
+    assert (
+        "page table: " in text and "packed forward: decode 0 + prefill 16 = 16 tokens of a 16 budget" in text
+    )
     assert dict(sched.snapshot().packed.held_tokens) == {0: 3, 1: 13}
 
 
@@ -236,9 +258,11 @@ def test_structured_output_rows_give_the_same_tokens_in_both_layouts(bundled):
     out = {}
     for layout in ("padded", "packed"):
         sched = wb.Scheduler(model, tok, max_batch=3, layout=layout, max_num_batched_tokens=16)
-        uids = [sched.submit(wb.Request(prompt="answer:", max_tokens=8, choices=["yes", "no"])),
-                sched.submit(wb.Request(prompt="def f(x):", max_tokens=8)),
-                sched.submit(wb.Request(prompt="n = ", max_tokens=6, regex=r"[0-9]{1,3}"))]
+        uids = [
+            sched.submit(wb.Request(prompt="answer:", max_tokens=8, choices=["yes", "no"])),
+            sched.submit(wb.Request(prompt="def f(x):", max_tokens=8)),
+            sched.submit(wb.Request(prompt="n = ", max_tokens=6, regex=r"[0-9]{1,3}")),
+        ]
         sched.run()
         out[layout] = [(sched.tokens(u), sched.finish_reason(u)) for u in uids]
     assert out["packed"] == out["padded"]

@@ -43,14 +43,16 @@ def test_a_mixed_forward_gives_each_request_the_logits_of_its_run_alone(bundled)
     table, pools = PageTable(4), Pools(len(model.model.layers))
     table.reserve(0, 5)
     table.reserve(1, len(b))
-    first = packed_forward(model, pools, table, [Chunk(0, 0, 5, "prefill", False), Chunk(1, 0, len(b), "prefill")],
-                           a[:5] + b)
+    first = packed_forward(
+        model, pools, table, [Chunk(0, 0, 5, "prefill", False), Chunk(1, 0, len(b), "prefill")], a[:5] + b
+    )
     assert first.shape == (1, model.args.vocab_size)
     assert mx.allclose(first[0], model(mx.array(b)[None])[0, -1], atol=1e-4).item()
     table.reserve(0, len(a))
     table.reserve(1, len(b) + 1)
-    second = packed_forward(model, pools, table, [Chunk(1, len(b), 1, "decode"), Chunk(0, 5, len(a) - 5, "prefill")],
-                            [7] + a[5:])
+    second = packed_forward(
+        model, pools, table, [Chunk(1, len(b), 1, "decode"), Chunk(0, 5, len(a) - 5, "prefill")], [7] + a[5:]
+    )
     assert mx.allclose(second[0], model(mx.array(b + [7])[None])[0, -1], atol=1e-4).item()
     assert mx.allclose(second[1], model(mx.array(a)[None])[0, -1], atol=1e-4).item()
 
@@ -58,18 +60,29 @@ def test_a_mixed_forward_gives_each_request_the_logits_of_its_run_alone(bundled)
 @pytest.mark.model
 def test_attention_by_groups_equals_the_masked_attention_over_every_requests_keys(bundled):
     model, tok = bundled
-    prompts = [tok.encode(t) for t in ("def add(a, b):\n    return", "import os\n", "class A:\n    pass\n\nx = 1")]
+    prompts = [
+        tok.encode(t) for t in ("def add(a, b):\n    return", "import os\n", "class A:\n    pass\n\nx = 1")
+    ]
 
     def run(masked):
         table, pools = PageTable(4), Pools(len(model.model.layers))
         for u, p in enumerate(prompts[:2]):
             table.reserve(u, len(p))
-        packed_forward(model, pools, table, [Chunk(u, 0, len(p), "prefill") for u, p in enumerate(prompts[:2])],
-                       prompts[0] + prompts[1], masked)
+        packed_forward(
+            model,
+            pools,
+            table,
+            [Chunk(u, 0, len(p), "prefill") for u, p in enumerate(prompts[:2])],
+            prompts[0] + prompts[1],
+            masked,
+        )
         for u, p in enumerate(prompts):
             table.reserve(u, len(p) + (u < 2))
-        chunks = [Chunk(0, len(prompts[0]), 1, "decode"), Chunk(1, len(prompts[1]), 1, "decode"),
-                  Chunk(2, 0, 5, "prefill", False)]
+        chunks = [
+            Chunk(0, len(prompts[0]), 1, "decode"),
+            Chunk(1, len(prompts[1]), 1, "decode"),
+            Chunk(2, 0, 5, "prefill", False),
+        ]
         table.reserve(2, 5)
         return packed_forward(model, pools, table, chunks, [11, 12] + prompts[2][:5], masked)
 

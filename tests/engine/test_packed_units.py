@@ -44,17 +44,26 @@ def test_a_clone_of_the_page_table_is_independent():
 
 def test_hybrid_plan_puts_every_decode_token_first_then_prefill_chunks_up_to_the_budget():
     wants = [Want(0, 5, 6, True), Want(1, 0, 10, False), Want(2, 2, 3, True), Want(3, 0, 4, False)]
-    assert plan_chunks(wants, 8) == (Chunk(0, 5, 1, "decode"), Chunk(2, 2, 1, "decode"),
-                                     Chunk(1, 0, 6, "prefill", samples=False))
-    assert plan_chunks(wants, 16) == (Chunk(0, 5, 1, "decode"), Chunk(2, 2, 1, "decode"),
-                                      Chunk(1, 0, 10, "prefill"), Chunk(3, 0, 4, "prefill"))
+    assert plan_chunks(wants, 8) == (
+        Chunk(0, 5, 1, "decode"),
+        Chunk(2, 2, 1, "decode"),
+        Chunk(1, 0, 6, "prefill", samples=False),
+    )
+    assert plan_chunks(wants, 16) == (
+        Chunk(0, 5, 1, "decode"),
+        Chunk(2, 2, 1, "decode"),
+        Chunk(1, 0, 10, "prefill"),
+        Chunk(3, 0, 4, "prefill"),
+    )
 
 
 def test_prefill_first_stalls_decodes_and_decode_first_holds_prefills_back():
     wants = [Want(0, 5, 6, True), Want(1, 0, 10, False)]
     assert plan_chunks(wants, 4, "prefill-first") == (Chunk(1, 0, 4, "prefill", samples=False),)
     assert plan_chunks(wants, 4, "decode-first") == (Chunk(0, 5, 1, "decode"),)
-    assert plan_chunks([Want(1, 0, 10, False)], 4, "decode-first") == (Chunk(1, 0, 4, "prefill", samples=False),)
+    assert plan_chunks([Want(1, 0, 10, False)], 4, "decode-first") == (
+        Chunk(1, 0, 4, "prefill", samples=False),
+    )
 
 
 def test_a_plan_with_more_decoding_rows_than_budget_is_refused():
@@ -70,13 +79,19 @@ def test_the_page_plan_reserves_prompt_plus_max_tokens_in_whole_pages():
     assert plan.projected_bytes([RowTokens(9, 10, 33)], dropped=[1]) == (2 + 3) * 1000
 
 
-@pytest.mark.parametrize("settings, message", [
-    (dict(layout="ragged"), "layout must be one of"),
-    (dict(page_size=0), "page_size must be an int >= 1"),
-    (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be an int >= 1"),
-    (dict(layout="packed", max_batch=8, max_num_batched_tokens=4), r"max_num_batched_tokens must be >= max_batch \(8\)"),
-    (dict(packed_schedule="greedy"), "packed_schedule must be one of"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(layout="ragged"), "layout must be one of"),
+        (dict(page_size=0), "page_size must be an int >= 1"),
+        (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be an int >= 1"),
+        (
+            dict(layout="packed", max_batch=8, max_num_batched_tokens=4),
+            r"max_num_batched_tokens must be >= max_batch \(8\)",
+        ),
+        (dict(packed_schedule="greedy"), "packed_schedule must be one of"),
+    ],
+)
 def test_packed_settings_outside_their_limits_are_refused_naming_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
         wb.SchedulerConfig(**settings)

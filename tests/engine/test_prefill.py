@@ -83,13 +83,17 @@ def test_warm_prompt_cache_gives_the_cold_tokens_inside_a_batch(bundled, make_sc
     report = sched.run().requests.set_index("uid")
     assert sched.tokens(warm) == sched.tokens(cold)
     assert report.loc[cold, "cached_tokens"] == 0
-    assert report.loc[warm, "cached_tokens"] == 38  # of the 39 to prefill; mlx-lm trims a longer entry to leave one
+    assert (
+        report.loc[warm, "cached_tokens"] == 38
+    )  # of the 39 to prefill; mlx-lm trims a longer entry to leave one
     assert report.loc[follow, "cached_tokens"] == 40 + 10  # the whole stored entry: prompt + generated tokens
     check = oracle.solo_check(model, sched)
     assert check.ok, check.text()
 
 
-def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_caches_and_per_row_otherwise(bundled, prompt):
+def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_caches_and_per_row_otherwise(
+    bundled, prompt
+):
     """mlx-lm's PromptProcessingBatch chunks right-padded prompts of full-attention models;
     so does the workbench on a GPU, or where asked (one forward per chunk for all rows, not
     one per row and chunk), and each row's cache equals the same prompt run alone. A sliding-window model keeps
@@ -117,7 +121,9 @@ def test_a_padded_group_longer_than_a_chunk_runs_batched_on_full_attention_cache
         for layer, ref in zip(group.caches, solo):
             pad = int(layer.left_padding[b].item())
             ours = layer.keys[b : b + 1, :, pad : layer._idx]
-            np.testing.assert_allclose(np.array(ours), np.array(ref.keys[..., : ref.offset, :]), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                np.array(ours), np.array(ref.keys[..., : ref.offset, :]), rtol=1e-5, atol=1e-5
+            )
 
     gemma, _ = wb.load("tiny-gemma3")
     rotating = PrefillGroup(gemma, [[1] * 5, [2] * 30], prefill_step_size=8, chunked_padding=True)
@@ -145,7 +151,8 @@ def test_scheduled_runs_with_batched_padded_chunks_equal_each_request_alone(make
 
 @pytest.mark.parametrize("first_window, second_window", [(None, 64), (64, None), (64, 48)])
 def test_schedulers_of_different_windows_sharing_one_prompt_cache_never_take_each_others_entries(
-        first_window, second_window):
+    first_window, second_window
+):
     """One mlx-lm LRUPromptCache shared by two schedulers on one model (as ``fresh()``
     shares it) that differ in ``max_kv_size``: a windowed row never resumes a
     full-attention entry (it would see past its window), nor the reverse; every row equals
@@ -166,8 +173,10 @@ def test_schedulers_of_different_windows_sharing_one_prompt_cache_never_take_eac
     follow = p + first.tokens(stored) + prompt_of_length(tok, 5, 700)  # 55 tokens + 20 new: past the window
     second = first.fresh(max_kv_size=second_window)
     assert second.prompt_cache.lru is lru
-    uids = [second.submit(wb.Request(prompt=follow, max_tokens=20, stop_ids=[])),
-            second.submit(wb.Request(prompt=p, max_tokens=10, stop_ids=[]))]
+    uids = [
+        second.submit(wb.Request(prompt=follow, max_tokens=20, stop_ids=[])),
+        second.submit(wb.Request(prompt=p, max_tokens=10, stop_ids=[])),
+    ]
     report = second.run().requests.set_index("uid")
     assert list(report.loc[uids, "cached_tokens"]) == [0, 0]
     check = oracle.solo_check(model, second, uids)
@@ -185,8 +194,11 @@ def test_the_prompt_cache_key_names_everything_that_shapes_a_cache(make_sched):
     from mlx_lm.models.cache import LRUPromptCache
 
     lru = LRUPromptCache(max_size=4)
-    plain, same, compiled = (make_sched(prompt_cache=lru), make_sched(prompt_cache=lru),
-                             make_sched(prompt_cache=lru, fast_decode=True))
+    plain, same, compiled = (
+        make_sched(prompt_cache=lru),
+        make_sched(prompt_cache=lru),
+        make_sched(prompt_cache=lru, fast_decode=True),
+    )
     assert plain.prompt_cache.key == same.prompt_cache.key
     assert compiled.prompt_cache.key != plain.prompt_cache.key
     assert "max_kv_size=None" in plain.prompt_cache.key and "kv_quant=None" in plain.prompt_cache.key

@@ -40,7 +40,9 @@ def _real_positions(q: BatchQuantizedKVCache, f: BatchKVCache, bits: int):
     """Per row, the quantized cache's parts over its real positions and mx.quantize of the
     float cache's keys there: (ours, expected) pairs of lists of numpy arrays."""
     lp = np.array(f.left_padding).tolist()
-    assert np.array(q.left_padding).tolist() == lp and np.array(q.offset).tolist() == np.array(f.offset).tolist()
+    assert (
+        np.array(q.left_padding).tolist() == lp and np.array(q.offset).tolist() == np.array(f.offset).tolist()
+    )
     assert q.size() == f.size()
     pairs = []
     for b, pad in enumerate(lp):
@@ -48,7 +50,9 @@ def _real_positions(q: BatchQuantizedKVCache, f: BatchKVCache, bits: int):
             continue
         for ours, floats in ((q.keys, f.keys), (q.values, f.values)):
             want = mx.quantize(floats[b : b + 1, :, pad : f.size()], group_size=G, bits=bits)
-            pairs.append(([np.array(a[b : b + 1, :, pad : q.size()]) for a in ours], [np.array(a) for a in want]))
+            pairs.append(
+                ([np.array(a[b : b + 1, :, pad : q.size()]) for a in ours], [np.array(a) for a in want])
+            )
     return pairs
 
 
@@ -118,7 +122,11 @@ def test_free_slot_fill_and_trim_move_packed_scales_and_biases_together():
     running = BatchQuantizedKVCache.merge(_solo(_rows([6, 6, 6]), True, bits))
     joiner = BatchQuantizedKVCache.merge(_solo(_rows([2], 9), True, bits))
     internals.fill_slots([running], [1], [joiner], [0], [2])
-    assert np.array(running.left_padding).tolist() == [0, 4, 0] and np.array(running.offset).tolist() == [6, 2, 6]
+    assert np.array(running.left_padding).tolist() == [0, 4, 0] and np.array(running.offset).tolist() == [
+        6,
+        2,
+        6,
+    ]
     for ours, src in zip(running.keys, joiner.keys):
         assert mx.array_equal(ours[1:2, :, 4:6], src[0:1, :, 0:2]).item()
         assert not np.array(ours[1, :, :4]).any()  # the slot's older positions are zeros
@@ -132,17 +140,22 @@ SPECS = ((3, 12), (60, 9), (17, 14), (1, 5), (33, 10), (1, 8))
 
 def _run(make_sched, prompt, bits, **kwargs):
     sched = make_sched(kv_bits=bits, kv_group_size=G, **kwargs)
-    uids = [sched.submit(wb.Request(prompt=prompt(n, 13 * i), max_tokens=m)) for i, (n, m) in enumerate(SPECS)]
+    uids = [
+        sched.submit(wb.Request(prompt=prompt(n, 13 * i), max_tokens=m)) for i, (n, m) in enumerate(SPECS)
+    ]
     sched.run()
     return sched, uids
 
 
-@pytest.mark.parametrize("bits,options", [
-    (4, dict(max_batch=3)),                                   # joins by free slot and extend
-    (8, dict(max_batch=3)),
-    (4, dict(max_batch=4, prefill_step_size=8)),              # chunked prefill: float first chunk, then quantized
-    (8, dict(max_batch=2, reuse_slots=False, pipeline=False)),
-])
+@pytest.mark.parametrize(
+    "bits,options",
+    [
+        (4, dict(max_batch=3)),  # joins by free slot and extend
+        (8, dict(max_batch=3)),
+        (4, dict(max_batch=4, prefill_step_size=8)),  # chunked prefill: float first chunk, then quantized
+        (8, dict(max_batch=2, reuse_slots=False, pipeline=False)),
+    ],
+)
 def test_every_row_equals_generate_step_with_kv_bits(make_sched, prompt, bits, options):
     sched, uids = _run(make_sched, prompt, bits, **options)
     assert sched.check().ok
@@ -154,7 +167,9 @@ def test_every_row_equals_generate_step_with_kv_bits(make_sched, prompt, bits, o
 
 
 def _trace(model, ids, steps, bits, **kw):
-    out = [(int(t), lp) for t, lp in generate_step(mx.array(ids, dtype=mx.uint32), model, max_tokens=steps, **kw)]
+    out = [
+        (int(t), lp) for t, lp in generate_step(mx.array(ids, dtype=mx.uint32), model, max_tokens=steps, **kw)
+    ]
     return [t for t, _ in out], [float(lp[t].item()) for t, lp in out]
 
 
@@ -236,14 +251,20 @@ def test_the_budget_projects_quantized_bytes_and_admits_more_rows(bundled, make_
     assert most[None] == 1 and 4 <= most[4] <= 5
 
 
-@pytest.mark.parametrize("options,match", [
-    (dict(kv_bits=3), r"kv_bits must be None \(float cache\) or one of \(4, 8\), got 3"),
-    (dict(kv_bits=True), r"kv_bits must be"),
-    (dict(kv_bits=4, kv_group_size=16), r"kv_group_size must be one of \(32, 64, 128\), got 16"),
-    (dict(kv_group_size=48), r"kv_group_size must be one of \(32, 64, 128\), got 48"),
-    (dict(kv_bits=4, kv_group_size=64), r"kv_group_size=64 does not divide layer 0's head dim \[32\]; allowed for this model: \[32\]"),
-    (dict(kv_bits=8, prompt_cache=4), r"kv_bits with prompt_cache is not offered"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(kv_bits=3), r"kv_bits must be None \(float cache\) or one of \(4, 8\), got 3"),
+        (dict(kv_bits=True), r"kv_bits must be"),
+        (dict(kv_bits=4, kv_group_size=16), r"kv_group_size must be one of \(32, 64, 128\), got 16"),
+        (dict(kv_group_size=48), r"kv_group_size must be one of \(32, 64, 128\), got 48"),
+        (
+            dict(kv_bits=4, kv_group_size=64),
+            r"kv_group_size=64 does not divide layer 0's head dim \[32\]; allowed for this model: \[32\]",
+        ),
+        (dict(kv_bits=8, prompt_cache=4), r"kv_bits with prompt_cache is not offered"),
+    ],
+)
 def test_bad_kv_settings_are_refused_naming_the_field(make_sched, options, match):
     with pytest.raises(ValueError, match=match):
         make_sched(**options)
@@ -258,7 +279,9 @@ def _without_quantized_matmul(monkeypatch, missing_when=lambda q_keys: True):
 
     def missing(queries, q_keys, *args, **kwargs):
         if missing_when(q_keys):
-            raise RuntimeError(f"[quantized_matmul] No implementation for problem shape: 1x{q_keys[0].shape[2]}x32x16")
+            raise RuntimeError(
+                f"[quantized_matmul] No implementation for problem shape: 1x{q_keys[0].shape[2]}x32x16"
+            )
         return real(queries, q_keys, *args, **kwargs)
 
     monkeypatch.setattr(mlx_base, "quantized_scaled_dot_product_attention", missing)
@@ -289,7 +312,9 @@ def _assert_rows_match(report):
     from workbench.runtime.device import on_gpu
 
     if on_gpu():
-        assert all(r.first_divergence_step is None and r.max_logprob_diff < 1e-3 for r in report.rows), report.text()
+        assert all(r.first_divergence_step is None and r.max_logprob_diff < 1e-3 for r in report.rows), (
+            report.text()
+        )
     else:
         assert report.n_match == len(report.rows), report.text()
 
@@ -306,7 +331,9 @@ def test_the_dequantizing_path_is_the_quantized_attention_within_rounding():
     k, v = (mx.quantize(mx.random.normal((2, 2, 9, 32)), group_size=32, bits=4) for _ in range(2))
     mask = mx.array([[True] * 9, [False] * 3 + [True] * 6])[:, None, None, :]
     got = dequantized_attention(q, k, v, scale=0.17, mask=mask, group_size=32, bits=4)
-    want = mlx_base.quantized_scaled_dot_product_attention(q, k, v, scale=0.17, mask=mask, group_size=32, bits=4)
+    want = mlx_base.quantized_scaled_dot_product_attention(
+        q, k, v, scale=0.17, mask=mask, group_size=32, bits=4
+    )
     # (mlx-lm's scales its queries in place: `queries *= scale`, so it runs second)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=0, atol=1e-5)
 
@@ -322,8 +349,11 @@ def test_a_device_without_any_quantized_attention_path_is_refused_at_constructio
         raise RuntimeError("[dequantize] not here")
 
     monkeypatch.setattr(quantized_attention, "dequantized_attention", broken)
-    with pytest.raises(ValueError, match=r"kv_bits=8, kv_group_size=32: MLX cannot run quantized attention for "
-                                         r"head dim 32 on .*No implementation.*nor dequantized"):
+    with pytest.raises(
+        ValueError,
+        match=r"kv_bits=8, kv_group_size=32: MLX cannot run quantized attention for "
+        r"head dim 32 on .*No implementation.*nor dequantized",
+    ):
         make_sched(kv_bits=8, kv_group_size=32)
     assert make_sched(kv_bits=None) is not None
 
@@ -349,8 +379,14 @@ def test_a_sliding_window_model_is_refused():
         wb.Scheduler(model, tokenizer, kv_bits=4, kv_group_size=32)
 
 
-@pytest.mark.parametrize("options", [dict(max_batch=3), dict(max_batch=3, prefill_step_size=8),
-                                     dict(max_batch=3, prefill_step_size=16, pacing=True)])  # paced chunk sizes
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_batch=3),
+        dict(max_batch=3, prefill_step_size=8),
+        dict(max_batch=3, prefill_step_size=16, pacing=True),
+    ],
+)  # paced chunk sizes
 def test_preempted_rows_resume_with_their_reference_first_forward(make_sched, prompt, options):
     """A preempted row re-prefills prompt + generated tokens; its first (float) chunk is
     still the reference's first forward (min(prefill_step_size, prompt - 1) tokens), so
@@ -374,7 +410,9 @@ def test_preempted_rows_resume_with_their_reference_first_forward(make_sched, pr
 
 def test_a_model_without_full_attention_layers_is_refused():
     model, tokenizer = wb.load("tiny-mamba2")
-    with pytest.raises(ValueError, match=r"no full-attention KVCache layer to quantize \(its layers: \['ArraysCache'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"no full-attention KVCache layer to quantize \(its layers: \['ArraysCache'\]\)"
+    ):
         wb.Scheduler(model, tokenizer, kv_bits=8, kv_group_size=32)
 
 
@@ -404,7 +442,8 @@ def test_on_cuda_the_dequantizing_path_is_always_taken(monkeypatch):
     from workbench.engine.levers.quantized_attention import choose_attention
     from workbench.runtime import device
 
-    assert choose_attention(2, 64, mx.float32, 32, 4) == ("dequantize" if device.backend() == "cuda"
-                                                          else "quantized_matmul")
+    assert choose_attention(2, 64, mx.float32, 32, 4) == (
+        "dequantize" if device.backend() == "cuda" else "quantized_matmul"
+    )
     monkeypatch.setattr(device, "backend", lambda: "cuda")
     assert choose_attention(2, 64, mx.float32, 32, 4) == "dequantize"

@@ -22,7 +22,10 @@ BAD = [
     (dict(prompt=[1], max_tokens=2.0), "max_tokens"),
     (dict(prompt=[1], temperature=-1.0), "temperature"),
     (dict(prompt=[1], temperature=math.nan), "temperature"),
-    (dict(prompt=[1], temperature=1e-45), r"temperature must be 0 \(greedy\) or >= 1e-37 \(1 / temperature must be finite"),
+    (
+        dict(prompt=[1], temperature=1e-45),
+        r"temperature must be 0 \(greedy\) or >= 1e-37 \(1 / temperature must be finite",
+    ),
     (dict(prompt=[1], temperature=2e-39), r"temperature must be 0 \(greedy\) or >= 1e-37"),
     (dict(prompt=[1], temperature=0.5, top_p=0.0), r"top_p must be a number in \(0, 1\]"),
     (dict(prompt=[1], temperature=0.5, top_k=-1), "top_k"),
@@ -42,8 +45,14 @@ BAD = [
     (dict(prompt=[1], sampler=5), "sampler must be callable"),
     (dict(prompt=[1], priority=1.5), "priority must be an int"),
     (dict(prompt=[1] * 10, max_tokens=10**6), "exceeds the model's context"),
-    (dict(prompt=[1], stop=[f"s{i}" for i in range(65)]), r"stop has 65 strings; at most 64 \(MAX_STOP_STRINGS\)"),
-    (dict(prompt=[1], stop=["x" * 257]), r"stop\[0\] is 257 characters long; at most 256 \(MAX_STOP_LENGTH\)"),
+    (
+        dict(prompt=[1], stop=[f"s{i}" for i in range(65)]),
+        r"stop has 65 strings; at most 64 \(MAX_STOP_STRINGS\)",
+    ),
+    (
+        dict(prompt=[1], stop=["x" * 257]),
+        r"stop\[0\] is 257 characters long; at most 256 \(MAX_STOP_LENGTH\)",
+    ),
 ]
 
 
@@ -151,7 +160,9 @@ def test_the_smallest_temperature_samples_the_greedy_tokens_in_float32_and_float
     t = tiny.submit(wb.Request(prompt=prompt(9, 40), max_tokens=8, temperature=MIN_TEMPERATURE, seed=3))
     greedy.run(), tiny.run()
     assert tiny.tokens(t) == greedy.tokens(g)
-    logits = mx.arange(4096, dtype=mx.float32)[None] * 0.01  # the top log-prob about -4.6, its neighbour 0.01 below
+    logits = (
+        mx.arange(4096, dtype=mx.float32)[None] * 0.01
+    )  # the top log-prob about -4.6, its neighbour 0.01 below
     logprobs = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float16)
     for temperature in (1e-5, MIN_TEMPERATURE):  # 1 / 1e-5 is past float16's largest (65504)
         sampler = RowSampler(wb.Request(prompt=[1], temperature=temperature), seed=0, vocab_size=4096)

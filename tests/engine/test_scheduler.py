@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.verify import oracle
 from workbench.observe.masks import decode_mask
+from workbench.verify import oracle
 
 pytestmark = pytest.mark.model
 
@@ -65,7 +65,9 @@ def test_row_joining_after_three_decode_steps_matches_solo(bundled, make_sched, 
     assert_solo(model, sched)
 
 
-def test_row_finishing_is_evicted_while_others_continue_and_a_new_row_joins_after(bundled, make_sched, prompt):
+def test_row_finishing_is_evicted_while_others_continue_and_a_new_row_joins_after(
+    bundled, make_sched, prompt
+):
     model, _ = bundled
     sched = make_sched(max_batch=3)
     short = sched.submit(wb.Request(prompt=prompt(12, 3), max_tokens=3))
@@ -92,8 +94,10 @@ def test_workload_equals_mlx_lm_batch_generator(bundled, make_sched, prompt):
     model, _ = bundled
     sched = make_sched(max_batch=3)
     lengths, max_tokens = (1, 5, 17, 40, 9, 64), (12, 20, 7, 16, 25, 10)
-    uids = [sched.submit(wb.Request(prompt=prompt(n, 17 * i), max_tokens=m))
-            for i, (n, m) in enumerate(zip(lengths, max_tokens))]
+    uids = [
+        sched.submit(wb.Request(prompt=prompt(n, 17 * i), max_tokens=m))
+        for i, (n, m) in enumerate(zip(lengths, max_tokens))
+    ]
     sched.run()
     refs = oracle.batch_reference(model, [oracle.ref_request(sched.request_of(u)) for u in uids], max_batch=3)
     report = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)))
@@ -101,7 +105,9 @@ def test_workload_equals_mlx_lm_batch_generator(bundled, make_sched, prompt):
     assert all(r.max_logprob_diff <= 1e-4 and not r.tie_accepted for r in report.rows)
 
 
-def test_snapshot_mask_equals_the_mask_attention_receives_at_every_step(bundled, make_sched, prompt, monkeypatch):
+def test_snapshot_mask_equals_the_mask_attention_receives_at_every_step(
+    bundled, make_sched, prompt, monkeypatch
+):
     import mlx_lm.models.llama as llama
 
     seen = []
@@ -177,7 +183,9 @@ def test_fake_clock_makes_metrics_identical_run_to_run(bundled, prompt, fake_clo
 
     def run():
         sched = wb.Scheduler(model, tokenizer, max_batch=2, clock=FakeClock())
-        arrivals = [(2 * i, wb.Request(prompt=prompt(n, i), max_tokens=5)) for i, n in enumerate((3, 8, 1, 12))]
+        arrivals = [
+            (2 * i, wb.Request(prompt=prompt(n, i), max_tokens=5)) for i, n in enumerate((3, 8, 1, 12))
+        ]
         return sched.run(arrivals).requests
 
     a, b = run(), run()
@@ -198,13 +206,16 @@ def test_unknown_uid_raises_key_error(make_sched):
         make_sched().tokens(3)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"max_batch": 0}, "max_batch must be an int >= 1"),
-    ({"prefill_step_size": -1}, "prefill_step_size must be an int >= 1"),
-    ({"prompt_concurrency": 0}, "prompt_concurrency must be an int >= 1"),
-    ({"clear_cache_every": 0}, "clear_cache_every must be an int >= 1"),
-    ({"history_size": -1}, "history_size must be an int >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_batch": 0}, "max_batch must be an int >= 1"),
+        ({"prefill_step_size": -1}, "prefill_step_size must be an int >= 1"),
+        ({"prompt_concurrency": 0}, "prompt_concurrency must be an int >= 1"),
+        ({"clear_cache_every": 0}, "clear_cache_every must be an int >= 1"),
+        ({"history_size": -1}, "history_size must be an int >= 0"),
+    ],
+)
 def test_a_scheduler_option_out_of_range_is_refused_naming_it(make_sched, kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_sched(**kwargs)

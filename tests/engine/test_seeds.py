@@ -12,8 +12,9 @@ PROMPT = list(range(10, 18))
 
 def seeded(make_sched, max_tokens=24, stop_ids=(), neighbour=False, preempt_at=None, restore_at=None):
     sched = make_sched(max_batch=3)
-    uid = sched.submit(wb.Request(prompt=PROMPT, max_tokens=max_tokens, temperature=1.0, seed=42,
-                                  stop_ids=list(stop_ids)))
+    uid = sched.submit(
+        wb.Request(prompt=PROMPT, max_tokens=max_tokens, temperature=1.0, seed=42, stop_ids=list(stop_ids))
+    )
     if neighbour:
         sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=30, temperature=0.7, stop_ids=[]))
     sched.admit()

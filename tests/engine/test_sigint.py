@@ -29,8 +29,14 @@ def read_line(child: subprocess.Popen, deadline_s: float) -> str:
 
 def test_real_sigints_during_run_leave_the_engine_intact_and_continuing_gives_the_same_tokens():
     env = dict(os.environ, WORKBENCH_BLAS=os.environ.get("WORKBENCH_BLAS", "off"))
-    child = subprocess.Popen([sys.executable, "-m", "tests.engine.interrupted_run"], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.interrupted_run"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline_s = time.monotonic() + 120
     try:
         kind, duration_s = read_line(child, deadline_s).split()

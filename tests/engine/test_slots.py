@@ -7,8 +7,8 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 import workbench as wb
-from workbench.verify import oracle
 from workbench.engine.kv import cache_internals as slots
+from workbench.verify import oracle
 
 
 def _kv(tokens: list[list[float]], width: int) -> BatchKVCache:
@@ -65,9 +65,13 @@ def _staggered(make_sched, prompt, **kw):
     """uid 0 stops after 3 tokens while uid 1 runs; uid 2 arrives at step 2 and joins
     right after uid 0 is evicted."""
     sched = make_sched(max_batch=2, **kw)
-    run = sched.run(arrivals=[(0, wb.Request(prompt=prompt(9, 0), max_tokens=3)),
-                              (0, wb.Request(prompt=prompt(30, 50), max_tokens=16)),
-                              (2, wb.Request(prompt=prompt(6, 300), max_tokens=10))])
+    run = sched.run(
+        arrivals=[
+            (0, wb.Request(prompt=prompt(9, 0), max_tokens=3)),
+            (0, wb.Request(prompt=prompt(30, 50), max_tokens=16)),
+            (2, wb.Request(prompt=prompt(6, 300), max_tokens=10)),
+        ]
+    )
     return sched, run
 
 
@@ -162,7 +166,9 @@ def _priority_preemption(make_sched, prompt, bundled, reuse):
     s.admit(), s.step()
     s.submit(wb.Request(prompt=prompt(10, 120), max_tokens=16, priority=5))
     s.admit()
-    return [e.uid for e in s.events if e.kind == "preempt"], [e.join_mode for e in s.events if e.kind == "join"]
+    return [e.uid for e in s.events if e.kind == "preempt"], [
+        e.join_mode for e in s.events if e.kind == "join"
+    ]
 
 
 @pytest.mark.model

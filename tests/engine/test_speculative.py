@@ -20,9 +20,12 @@ from workbench.verify import oracle
 pytestmark = pytest.mark.model
 
 # prompts that repeat themselves (prompt lookup finds drafts) and ones that do not
-CODE = ["def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return",
-        "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
-        "import os\nimport sys\n", "x = 1"]
+CODE = [
+    "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "import os\nimport sys\n",
+    "x = 1",
+]
 
 
 def assert_solo(model, sched, uids=None):
@@ -57,7 +60,12 @@ def test_prompt_lookup_drafts_follow_the_latest_earlier_occurrence_of_the_longes
 
 
 def test_greedy_acceptance_stops_at_the_first_draft_the_target_did_not_choose():
-    assert accepted_counts([[4, 5, 6], [], [7, 8], [1]], [[4, 5, 6, 2], [3], [2, 8, 0], [1, 1]]) == [3, 0, 0, 1]
+    assert accepted_counts([[4, 5, 6], [], [7, 8], [1]], [[4, 5, 6, 2], [3], [2, 8, 0], [1, 1]]) == [
+        3,
+        0,
+        0,
+        1,
+    ]
 
 
 def hand_cache(rows):
@@ -92,11 +100,15 @@ def test_trimming_every_row_by_the_same_count_only_moves_the_write_index():
 
 # -- the oracle ----------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["prompt-lookup", "noisy draft", "same model"])
-def test_every_greedy_row_equals_its_run_alone_with_staggered_joins_and_free_slots(bundled, noisy_draft, method):
+def test_every_greedy_row_equals_its_run_alone_with_staggered_joins_and_free_slots(
+    bundled, noisy_draft, method
+):
     model, tok = bundled
     speculative = {"prompt-lookup": "prompt-lookup", "noisy draft": noisy_draft, "same model": model}[method]
     sched = wb.Scheduler(model, tok, max_batch=3, speculative=speculative, num_draft_tokens=4)
-    arrivals = [(i, wb.Request(prompt=CODE[i % 4] * (1 + i % 2), max_tokens=9 + 7 * (i % 3))) for i in range(8)]
+    arrivals = [
+        (i, wb.Request(prompt=CODE[i % 4] * (1 + i % 2), max_tokens=9 + 7 * (i % 3))) for i in range(8)
+    ]
     checks = []
     pending = list(arrivals)
     while pending or not sched.idle:
@@ -115,7 +127,9 @@ def test_every_greedy_row_equals_its_run_alone_with_staggered_joins_and_free_slo
         assert accepted < sum(e.n_tokens for e in events), "some drafts were rejected"
     assert {e.join_mode for e in sched.events if e.kind == "join"} >= {"free slot"}
     tokens = [e for e in sched.events if e.kind == "token"]
-    assert len(tokens) > 1.3 * len({(e.uid, e.step) for e in tokens}), "rows advanced by more than a token a step"
+    assert len(tokens) > 1.3 * len({(e.uid, e.step) for e in tokens}), (
+        "rows advanced by more than a token a step"
+    )
 
 
 def test_rows_with_different_draft_counts_share_one_verify_forward(bundled, make_sched):
@@ -155,9 +169,13 @@ def test_a_stop_string_completed_inside_an_accepted_draft_ends_the_row_where_sol
     model, tok = bundled
     tokens, _ = self_drafted(make_sched, model, prompt=CODE[0], max_tokens=40)
     # a stop string completed by token 6, 7 or 8: drafts accepted in the second step, more after them
-    j, stop = next((j, tok.decode(tokens[: j + 1])[-n:]) for j in (6, 7, 8) for n in range(1, 8)
-                   if tok.decode(tokens[: j + 1])[-n:].strip()
-                   and tok.decode(tokens[: j + 1])[-n:] not in tok.decode(tokens[:j]))
+    j, stop = next(
+        (j, tok.decode(tokens[: j + 1])[-n:])
+        for j in (6, 7, 8)
+        for n in range(1, 8)
+        if tok.decode(tokens[: j + 1])[-n:].strip()
+        and tok.decode(tokens[: j + 1])[-n:] not in tok.decode(tokens[:j])
+    )
     stopped, sched = self_drafted(make_sched, model, prompt=CODE[0], max_tokens=40, stop=stop)
     uid = 0
     assert sched.finish_reason(uid) == "stop" and stopped == tokens[: j + 1]
@@ -181,8 +199,10 @@ def test_sampled_rows_draw_the_tokens_they_draw_without_speculation(bundled, mak
 
     def run(**kwargs):
         sched = make_sched(max_batch=4, **kwargs)
-        uids = [sched.submit(wb.Request(prompt=p, max_tokens=20, temperature=0.8 if i % 2 else 0.0, seed=7 + i))
-                for i, p in enumerate(CODE)]
+        uids = [
+            sched.submit(wb.Request(prompt=p, max_tokens=20, temperature=0.8 if i % 2 else 0.0, seed=7 + i))
+            for i, p in enumerate(CODE)
+        ]
         sched.run()
         return [sched.tokens(u) for u in uids], sched
 
@@ -193,8 +213,9 @@ def test_sampled_rows_draw_the_tokens_they_draw_without_speculation(bundled, mak
     assert_solo(model, sched)
 
 
-def test_a_preempted_row_resumes_and_equals_solo_and_an_aborted_row_leaves_the_others_intact(bundled, noisy_draft,
-                                                                                              make_sched):
+def test_a_preempted_row_resumes_and_equals_solo_and_an_aborted_row_leaves_the_others_intact(
+    bundled, noisy_draft, make_sched
+):
     model, tok = bundled
     for speculative in ("prompt-lookup", noisy_draft):
         sched = make_sched(max_batch=3, speculative=speculative, num_draft_tokens=3)
@@ -211,7 +232,8 @@ def test_a_preempted_row_resumes_and_equals_solo_and_an_aborted_row_leaves_the_o
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "noisy draft"])
 def test_restoring_a_checkpoint_repeats_the_same_tokens_and_draft_events_and_a_fork_continues_alike(
-        bundled, noisy_draft, make_sched, method):
+    bundled, noisy_draft, make_sched, method
+):
     model, tok = bundled
     speculative = "prompt-lookup" if method == "prompt-lookup" else noisy_draft
     sched = make_sched(max_batch=3, speculative=speculative, num_draft_tokens=3)
@@ -222,12 +244,16 @@ def test_restoring_a_checkpoint_repeats_the_same_tokens_and_draft_events_and_a_f
     cp = sched.checkpoint()
     fork = sched.fork()
     sched.run()
-    first = ({u: sched.tokens(u) for u in sched.requests}, [(e.uid, e.step, e.n_tokens, e.n_accepted)
-                                                             for e in drafts_of(sched)])
+    first = (
+        {u: sched.tokens(u) for u in sched.requests},
+        [(e.uid, e.step, e.n_tokens, e.n_accepted) for e in drafts_of(sched)],
+    )
     sched.restore(cp)
     sched.run()
-    again = ({u: sched.tokens(u) for u in sched.requests}, [(e.uid, e.step, e.n_tokens, e.n_accepted)
-                                                             for e in drafts_of(sched)])
+    again = (
+        {u: sched.tokens(u) for u in sched.requests},
+        [(e.uid, e.step, e.n_tokens, e.n_accepted) for e in drafts_of(sched)],
+    )
     assert again == first
     fork.run()
     assert {u: fork.tokens(u) for u in fork.requests} == first[0]
@@ -246,24 +272,37 @@ def test_a_prompt_cache_entry_stored_after_speculation_serves_the_next_request(b
 
 
 # -- refusals -------------------------------------------------------------------------
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(speculative="ngram"), r"speculative must be None, one of \['prompt-lookup'\]"),
-    (dict(speculative="prompt-lookup", num_draft_tokens=0), "num_draft_tokens must be an int >= 1"),
-    (dict(speculative="prompt-lookup", num_draft_tokens=17), r"num_draft_tokens must be an int in \[1, 16\]"),
-    (dict(speculative="prompt-lookup", batch_invariant=True), "cannot run with batch_invariant"),
-    (dict(speculative="prompt-lookup", kv_bits=8, kv_group_size=32), "cannot run with kv_bits"),
-    (dict(speculative=object()), "a draft mlx-lm model"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(speculative="ngram"), r"speculative must be None, one of \['prompt-lookup'\]"),
+        (dict(speculative="prompt-lookup", num_draft_tokens=0), "num_draft_tokens must be an int >= 1"),
+        (
+            dict(speculative="prompt-lookup", num_draft_tokens=17),
+            r"num_draft_tokens must be an int in \[1, 16\]",
+        ),
+        (dict(speculative="prompt-lookup", batch_invariant=True), "cannot run with batch_invariant"),
+        (dict(speculative="prompt-lookup", kv_bits=8, kv_group_size=32), "cannot run with kv_bits"),
+        (dict(speculative=object()), "a draft mlx-lm model"),
+    ],
+)
 def test_combinations_that_cannot_speculate_are_refused_naming_why(make_sched, kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_sched(**kwargs)
 
 
-@pytest.mark.parametrize("folder, max_kv_size, message", [
-    ("tiny-mamba2", None, "ArraysCache"), ("tiny-gemma3", None, "RotatingKVCache"),
-    ("tiny-qwen3", 8, "RotatingKVCache"),
-    ("tiny-qwen3-next", None, "ArraysCache")])
-def test_models_whose_caches_cannot_be_trimmed_per_row_are_refused_naming_the_layer(folder, max_kv_size, message):
+@pytest.mark.parametrize(
+    "folder, max_kv_size, message",
+    [
+        ("tiny-mamba2", None, "ArraysCache"),
+        ("tiny-gemma3", None, "RotatingKVCache"),
+        ("tiny-qwen3", 8, "RotatingKVCache"),
+        ("tiny-qwen3-next", None, "ArraysCache"),
+    ],
+)
+def test_models_whose_caches_cannot_be_trimmed_per_row_are_refused_naming_the_layer(
+    folder, max_kv_size, message
+):
     model, tok = wb.load(DATA_DIR / "models" / folder)
     with pytest.raises(ValueError, match=f"layer \\d+ has a {message}"):
         wb.Scheduler(model, tok, speculative="prompt-lookup", max_kv_size=max_kv_size)

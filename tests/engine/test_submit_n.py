@@ -61,16 +61,24 @@ def test_shared_rows_point_each_sample_at_its_groups_first_member_with_the_same_
     assert shared_rows(states) == [0, 1, 0, 3]
 
 
-@pytest.mark.parametrize("options", [dict(max_batch=8), dict(max_batch=8, prefill_step_size=16),
-                                     dict(max_batch=3, prefill_step_size=32, pipeline=False)])
-def test_sampled_samples_draw_as_seed_plus_i_alone_and_the_prompt_is_prefilled_once_per_group(bundled, prompt,
-                                                                                              options):
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_batch=8),
+        dict(max_batch=8, prefill_step_size=16),
+        dict(max_batch=3, prefill_step_size=32, pipeline=False),
+    ],
+)
+def test_sampled_samples_draw_as_seed_plus_i_alone_and_the_prompt_is_prefilled_once_per_group(
+    bundled, prompt, options
+):
     model, tok = bundled
     ids = prompt(70, 5)
     sched = wb.Scheduler(model, tok, **options)
     plain = sched.submit(wb.Request(prompt=prompt(20, 300), max_tokens=6, stop_ids=[]))
-    request = wb.Request(prompt=ids, max_tokens=8, temperature=0.9, top_p=0.95, seed=11, stop_ids=[],
-                         top_logprobs=3)
+    request = wb.Request(
+        prompt=ids, max_tokens=8, temperature=0.9, top_p=0.95, seed=11, stop_ids=[], top_logprobs=3
+    )
     uids = sched.submit_n(request, 6)
     assert uids == list(range(1, 7)) and [sched.requests[u].seed for u in uids] == list(range(11, 17))
     sched.run()
@@ -82,7 +90,9 @@ def test_sampled_samples_draw_as_seed_plus_i_alone_and_the_prompt_is_prefilled_o
     assert len(groups) == 1 if options["max_batch"] == 8 else 1 < len(groups) < 6
     ran = prefill_tokens(sched, uids)
     assert sum(ran.values()) == len(groups) * (len(ids) - 1), (ran, groups)
-    assert [u for u in uids if ran[u]] == [g[0] for g in groups], "the first sample of each group is prefilled"
+    assert [u for u in uids if ran[u]] == [g[0] for g in groups], (
+        "the first sample of each group is prefilled"
+    )
     chunk = options.get("prefill_step_size", 2048)
     n_chunks = sum(1 for e in sched.events if e.kind == "prefill" and e.uid in uids)
     assert n_chunks == len(groups) * math.ceil((len(ids) - 1) / chunk)
@@ -94,7 +104,9 @@ def test_greedy_samples_equal_each_other_and_the_prompt_alone_through_mlx_lm(bun
     sched = wb.Scheduler(model, tok, max_batch=4, prefill_step_size=8)
     first = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=10, stop_ids=[]))
     sched.admit(), sched.step(), sched.step()
-    uids = sched.submit_n(wb.Request(prompt=prompt(25, 7), max_tokens=9, stop_ids=[]), 3)  # join a running batch
+    uids = sched.submit_n(
+        wb.Request(prompt=prompt(25, 7), max_tokens=9, stop_ids=[]), 3
+    )  # join a running batch
     sched.run()
     assert len({tuple(sched.tokens(u)) for u in uids}) == 1
     assert [len(sched.tokens(u)) for u in uids] == [9, 9, 9]
@@ -102,7 +114,9 @@ def test_greedy_samples_equal_each_other_and_the_prompt_alone_through_mlx_lm(bun
     assert check.ok, check.text()
 
 
-def test_samples_with_a_prompt_cache_checkpoint_restore_and_fork_continue_with_the_same_tokens(bundled, prompt):
+def test_samples_with_a_prompt_cache_checkpoint_restore_and_fork_continue_with_the_same_tokens(
+    bundled, prompt
+):
     model, tok = bundled
     ids = prompt(40, 11)
     sched = wb.Scheduler(model, tok, max_batch=4, prefill_step_size=16, prompt_cache=4)
@@ -122,8 +136,13 @@ def test_samples_with_a_prompt_cache_checkpoint_restore_and_fork_continue_with_t
     other.run()
     assert {u: row_record(other, u) for u in uids} == first
     for i, u in enumerate(uids):
-        assert first[u] == run_alone(model, tok, wb.Request(prompt=ids, max_tokens=7, temperature=0.8, seed=3 + i,
-                                                            stop_ids=[]), max_batch=4, prefill_step_size=16)
+        assert first[u] == run_alone(
+            model,
+            tok,
+            wb.Request(prompt=ids, max_tokens=7, temperature=0.8, seed=3 + i, stop_ids=[]),
+            max_batch=4,
+            prefill_step_size=16,
+        )
     assert sched.finish_reason(warm) == "length"
 
 
@@ -143,9 +162,13 @@ def test_aborting_one_sample_leaves_the_others_running_to_their_own_tokens(bundl
     assert sched.finish_reason(uids[0]) == "abort"
     for i, u in enumerate(uids[1:], 1):
         assert sched.finish_reason(u) == "length"
-        assert row_record(sched, u) == run_alone(model, tok, wb.Request(prompt=ids, max_tokens=6, temperature=0.7,
-                                                                        seed=20 + i, stop_ids=[]),
-                                                 max_batch=4, prefill_step_size=8)
+        assert row_record(sched, u) == run_alone(
+            model,
+            tok,
+            wb.Request(prompt=ids, max_tokens=6, temperature=0.7, seed=20 + i, stop_ids=[]),
+            max_batch=4,
+            prefill_step_size=8,
+        )
     assert sched.check().ok
 
 
@@ -158,8 +181,12 @@ def test_a_preempted_sample_resumes_from_its_own_tokens(bundled, prompt):
     sched.preempt(uids[1])
     sched.run()
     for i, u in enumerate(uids):
-        assert row_record(sched, u) == run_alone(model, tok, wb.Request(prompt=ids, max_tokens=8, temperature=1.0,
-                                                                        seed=7 + i, stop_ids=[]), max_batch=3)
+        assert row_record(sched, u) == run_alone(
+            model,
+            tok,
+            wb.Request(prompt=ids, max_tokens=8, temperature=1.0, seed=7 + i, stop_ids=[]),
+            max_batch=3,
+        )
     assert prefill_tokens(sched, [uids[1]])[uids[1]] == len(ids) - 1 + 3, "resumed: prompt and its 3 tokens"
 
 
@@ -183,8 +210,12 @@ def test_samples_on_the_real_model_equal_each_seed_alone_and_greedy_ones_equal_s
     sched.run()
     assert sum(prefill_tokens(sched, sampled + greedy).values()) == 2 * (len(ids) - 1)
     for i, u in enumerate(sampled):
-        assert row_record(sched, u) == run_alone(model, tok, wb.Request(prompt=ids, max_tokens=6, temperature=0.8,
-                                                                        seed=1 + i, stop_ids=[]), max_batch=6)
+        assert row_record(sched, u) == run_alone(
+            model,
+            tok,
+            wb.Request(prompt=ids, max_tokens=6, temperature=0.8, seed=1 + i, stop_ids=[]),
+            max_batch=6,
+        )
     assert len({tuple(sched.tokens(u)) for u in greedy}) == 1
     check = oracle.solo_check(model, sched, greedy, atol=1e-4)
     assert check.ok, check.text()

@@ -33,12 +33,16 @@ def _straddling_stop(tokenizer, tokens):
     raise AssertionError("no straddling substring found")
 
 
-def test_a_stop_string_across_token_boundaries_ends_the_row_before_it_and_nothing_after_leaks(make_sched, prompt):
+def test_a_stop_string_across_token_boundaries_ends_the_row_before_it_and_nothing_after_leaks(
+    make_sched, prompt
+):
     base = wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[])
     free, u = _solo(make_sched, base)
     tokens, full = free.tokens(u), free.text(u)
     stop, start, done = _straddling_stop(free.tokenizer, tokens)
-    sched, uid = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=["@@never@@", stop]))
+    sched, uid = _solo(
+        make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=["@@never@@", stop])
+    )
     assert sched.finish_reason(uid) == "stop"
     assert sched.tokens(uid) == tokens[: done + 1]  # the row ended on the token completing the stop string
     assert sched.text(uid) == full[:start] and stop not in sched.text(uid)
@@ -50,7 +54,9 @@ def test_a_stop_string_across_token_boundaries_ends_the_row_before_it_and_nothin
 def test_single_token_stop_ids_still_end_a_row_and_hide_their_token(make_sched, prompt):
     free, u = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=10, stop_ids=[]))
     third = free.tokens(u)[2]
-    sched, uid = _solo(make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=10, stop_ids=[third], stop=["@@"]))
+    sched, uid = _solo(
+        make_sched, wb.Request(prompt=prompt(9, 40), max_tokens=10, stop_ids=[third], stop=["@@"])
+    )
     first = free.tokens(u).index(third)
     assert sched.tokens(uid) == free.tokens(u)[: first + 1] and sched.finish_reason(uid) == "stop"
     assert sched.text(uid) == free.tokenizer.decode(free.tokens(u)[:first])
@@ -71,7 +77,10 @@ def test_stream_yields_pieces_that_join_to_the_text_and_never_show_a_stop_string
 
 def test_stream_all_gives_every_row_its_text_piece_by_piece(make_sched, prompt):
     sched = make_sched(max_batch=3)
-    uids = [sched.submit(wb.Request(prompt=prompt(4 + 3 * i, 17 * i), max_tokens=6 + 4 * i, stop_ids=[])) for i in range(5)]
+    uids = [
+        sched.submit(wb.Request(prompt=prompt(4 + 3 * i, 17 * i), max_tokens=6 + 4 * i, stop_ids=[]))
+        for i in range(5)
+    ]
     got: dict[int, str] = {}
     counts: dict[int, int] = {}
     for uid, piece in sched.stream_all():
@@ -120,8 +129,15 @@ def test_text_state_is_undone_by_an_interrupted_step_and_carried_by_checkpoint_a
             raise KeyboardInterrupt
 
     sched = make_sched()
-    uid = sched.submit(wb.Request(prompt=prompt(9, 40), max_tokens=40, stop_ids=[], stop=[stop],
-                                  on_token=interrupt_on_the_stop_token))
+    uid = sched.submit(
+        wb.Request(
+            prompt=prompt(9, 40),
+            max_tokens=40,
+            stop_ids=[],
+            stop=[stop],
+            on_token=interrupt_on_the_stop_token,
+        )
+    )
     cp = None
     with pytest.raises(KeyboardInterrupt):
         while True:
@@ -227,7 +243,9 @@ def test_check_finds_a_text_that_disagrees_with_the_tokens(make_sched, prompt):
     assert not sched.check().ok
     state.text_state = None
     assert sched.check().ok
-    assert sched.text(uid) == visible_text(sched.tokenizer, sched.tokens(uid), None, set(), ["@@"], closed=False)
+    assert sched.text(uid) == visible_text(
+        sched.tokenizer, sched.tokens(uid), None, set(), ["@@"], closed=False
+    )
 
 
 def test_a_stop_check_steps_once_per_new_character_whatever_the_number_of_stop_strings(bundled, monkeypatch):
@@ -270,8 +288,10 @@ def _naive(text, stops):
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(stops=st.lists(st.text("abc", min_size=1, max_size=4), min_size=1, max_size=6, unique=True),
-       text=st.text("abcd", max_size=30))
+@given(
+    stops=st.lists(st.text("abc", min_size=1, max_size=4), min_size=1, max_size=6, unique=True),
+    text=st.text("abcd", max_size=30),
+)
 def test_the_stop_automaton_finds_what_searching_every_string_finds(stops, text):
     from workbench.engine.text import StopAutomaton
 

@@ -19,15 +19,17 @@ from .alone import row_record, run_alone
 
 
 def test_top_arrays_keep_the_k_best_of_the_rows_that_asked_best_first_ties_by_id():
-    logprobs = mx.array([[-2.3, -0.4, -9.1, -1.2, -3.0],
-                         [-1.0, -1.0, -5.0, -0.5, -7.0],
-                         [-0.1, -3.0, -4.0, -5.0, -6.0]])  # [B=3, V=5]
+    logprobs = mx.array(
+        [[-2.3, -0.4, -9.1, -1.2, -3.0], [-1.0, -1.0, -5.0, -0.5, -7.0], [-0.1, -3.0, -4.0, -5.0, -6.0]]
+    )  # [B=3, V=5]
     top = read_top(top_arrays(logprobs, [2, 3, 0]))
     assert set(top) == {0, 1}, "row 2 asked none"
     assert top[0] == ((1, pytest.approx(-0.4)), (3, pytest.approx(-1.2)))
     assert [t for t, _ in top[1]] == [3, 0, 1]  # -0.5, then the tie -1.0 by id
     assert read_top(top_arrays(logprobs, [0, 0, 0])) == {}
-    assert [t for t, _ in read_top(top_arrays(logprobs, [9, 0, 0]))[0]] == [1, 3, 0, 4, 2], "k past V: all of V"
+    assert [t for t, _ in read_top(top_arrays(logprobs, [9, 0, 0]))[0]] == [1, 3, 0, 4, 2], (
+        "k past V: all of V"
+    )
 
 
 @pytest.mark.parametrize("value", [-1, MAX_TOP_LOGPROBS + 1, 2.0, True, "5", None])
@@ -39,18 +41,31 @@ def test_a_top_logprobs_outside_0_to_20_is_refused_naming_the_field_and_the_limi
 
 
 # (prompt tokens, max_tokens, top_logprobs, temperature, arrival step): plain rows among them
-ROWS = ((7, 9, 5, 0.0, 0), (30, 6, 0, 0.0, 0), (3, 12, 20, 0.0, 2), (18, 8, 1, 0.9, 3), (11, 7, 0, 0.7, 3),
-        (45, 10, 5, 0.0, 5))
+ROWS = (
+    (7, 9, 5, 0.0, 0),
+    (30, 6, 0, 0.0, 0),
+    (3, 12, 20, 0.0, 2),
+    (18, 8, 1, 0.9, 3),
+    (11, 7, 0, 0.7, 3),
+    (45, 10, 5, 0.0, 5),
+)
 
 
 def requests_of(prompt) -> list[wb.Request]:
-    return [wb.Request(prompt=prompt(n, 17 * i), max_tokens=m, top_logprobs=k, temperature=t, seed=100 + i,
-                       stop_ids=[])
-            for i, (n, m, k, t, _) in enumerate(ROWS)]
+    return [
+        wb.Request(
+            prompt=prompt(n, 17 * i), max_tokens=m, top_logprobs=k, temperature=t, seed=100 + i, stop_ids=[]
+        )
+        for i, (n, m, k, t, _) in enumerate(ROWS)
+    ]
 
 
-@pytest.mark.parametrize("options", [dict(max_batch=3, prefill_step_size=8), dict(max_batch=4, pipeline=False)])
-def test_top_logprobs_under_staggered_joins_equal_each_request_run_alone_bit_for_bit(bundled, prompt, options):
+@pytest.mark.parametrize(
+    "options", [dict(max_batch=3, prefill_step_size=8), dict(max_batch=4, pipeline=False)]
+)
+def test_top_logprobs_under_staggered_joins_equal_each_request_run_alone_bit_for_bit(
+    bundled, prompt, options
+):
     model, tokenizer = bundled
     requests = requests_of(prompt)
     sched = wb.Scheduler(model, tokenizer, **options)
@@ -67,7 +82,9 @@ def test_top_logprobs_under_staggered_joins_equal_each_request_run_alone_bit_for
             if pairs and request.temperature == 0:  # greedy: the chosen token is the best one
                 assert pairs[0] == (token, logprob)
             if pairs:
-                assert dict(pairs).get(token, logprob) == logprob, "the chosen token's log-prob is the same number"
+                assert dict(pairs).get(token, logprob) == logprob, (
+                    "the chosen token's log-prob is the same number"
+                )
         assert sched.top_logprobs(uid) == list(top)
 
 
@@ -107,7 +124,7 @@ def test_top_logprobs_equal_mlx_lms_own_log_probs_alone(bundled, prompt):
     uid = sched.submit(wb.Request(prompt=ids, max_tokens=6, top_logprobs=5, stop_ids=[]))
     sched.run()
     steps = generate_step(mx.array(ids), model, max_tokens=6, prompt_cache=solo_cache(model))
-    for (token, logprobs), ours in zip(steps, sched.top_logprobs(uid)):
+    for (_token, logprobs), ours in zip(steps, sched.top_logprobs(uid)):
         ref = np.array(logprobs.astype(mx.float32))
         best = np.argsort(-ref, kind="stable")[:5]
         assert [t for t, _ in ours] == best.tolist()
@@ -121,8 +138,10 @@ def test_top_logprobs_on_the_real_model_under_batching_equal_each_request_alone(
     real_model_folder()
     model, tokenizer = wb.load(NAME)
     questions = ["What is 2+2?", "Name a primary colour.", "Say hello."]
-    requests = [wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=5, top_logprobs=k, stop_ids=[])
-                for q, k in zip(questions, (5, 0, 20))]
+    requests = [
+        wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=5, top_logprobs=k, stop_ids=[])
+        for q, k in zip(questions, (5, 0, 20))
+    ]
     sched = wb.Scheduler(model, tokenizer, max_batch=3)
     sched.run(arrivals=[(0, requests[0]), (2, requests[1]), (3, requests[2])])
     for uid, request in enumerate(requests):

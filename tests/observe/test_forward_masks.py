@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from mlx_lm.models.base import create_causal_mask
 
+from tests.views.test_views import full_snapshot
 from workbench.observe.events import Event
 from workbench.observe.forward_masks import causal_mask, decode_forward, prefill_forwards
-from tests.views.test_views import full_snapshot
 
 
 def ev(kind, uid, n=0, cached=0):
@@ -22,7 +22,14 @@ def test_causal_mask_equals_mlx_lm_create_causal_mask(n, cached, lp):
 
 
 def test_a_right_padded_group_is_one_forward_padded_to_its_longest_row():
-    log = [ev("admit", 0, 6), ev("admit", 1, 2), ev("prefill", 0, 5), ev("prefill", 1, 1), ev("join", 0), ev("join", 1)]
+    log = [
+        ev("admit", 0, 6),
+        ev("admit", 1, 2),
+        ev("prefill", 0, 5),
+        ev("prefill", 1, 1),
+        ev("join", 0),
+        ev("join", 1),
+    ]
     (fm,) = prefill_forwards(log)
     assert fm.uids == (0, 1) and fm.shape == (2, 5, 5) and fm.n_cached == 0 and fm.first_event == 2
     assert fm.query_padding.astype(int).tolist() == [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1]]
@@ -39,7 +46,13 @@ def test_chunks_of_one_prompt_are_separate_forwards_over_the_cached_keys():
 
 
 def test_consecutive_chunks_of_different_rows_with_different_starts_are_different_forwards():
-    log = [ev("admit", 0, 9), ev("admit", 1, 5), ev("prefill", 0, 4), ev("prefill", 0, 4), ev("prefill", 1, 4)]
+    log = [
+        ev("admit", 0, 9),
+        ev("admit", 1, 5),
+        ev("prefill", 0, 4),
+        ev("prefill", 0, 4),
+        ev("prefill", 1, 4),
+    ]
     assert [(f.uids, f.n_cached) for f in prefill_forwards(log)] == [((0,), 0), ((0,), 4), ((1,), 0)]
 
 

@@ -48,8 +48,17 @@ def test_a_ring_grid_marks_the_write_slot_w_so_at_means_only_the_fed_token():
     from workbench.observe.snapshot import LayerGroup
 
     ring = np.array([[True, True, False, True]])
-    group = LayerGroup("window4", ("0",), 1024, ring, window_tokens=4, write_index=1, wrapped=True,
-                       mask_temporal=np.array([[False, True, True, True]]), kv_width_tokens=4)
+    group = LayerGroup(
+        "window4",
+        ("0",),
+        1024,
+        ring,
+        window_tokens=4,
+        write_index=1,
+        wrapped=True,
+        mask_temporal=np.array([[False, True, True, True]]),
+        kv_width_tokens=4,
+    )
     storage, temporal = group.text([7]).split("temporal order")
     assert "uid 7 | # w . #" in storage and "@" not in storage.split("\n", 1)[1]
     assert "uid 7 | . # # @" in temporal

@@ -3,14 +3,21 @@ padded side against the bytes the engine's real caches allocate."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.observe.paged import (blocks_for, group_layout, paged_summary, paged_table, paged_text, padding_tax,
-                                     step_layout, window_blocks)
+from workbench.observe.paged import (
+    blocks_for,
+    group_layout,
+    padding_tax,
+    paged_summary,
+    paged_table,
+    paged_text,
+    step_layout,
+    window_blocks,
+)
 from workbench.observe.snapshot import LayerGroup, Snapshot, frozen
 
 TB = 2048  # token bytes of the hand-built full-attention group
@@ -20,18 +27,37 @@ def full_group(offsets, width, capacity, tb=TB, free=0, allocated_width=0):
     """A full-attention group whose rows hold ``offsets`` tokens, left-padded to ``width``."""
     offsets = np.asarray(offsets)
     rows = len(offsets) + free
-    return LayerGroup(name="full", layers=("0",), kv_bytes=rows * capacity * tb, mask=frozen(np.ones((len(offsets), 1), bool)),
-                      left_padding=frozen(width - offsets), offset=frozen(offsets), kv_width_tokens=width,
-                      capacity_tokens=capacity, token_bytes=tb, allocated_width_tokens=allocated_width or width,
-                      allocated_capacity_tokens=capacity)
+    return LayerGroup(
+        name="full",
+        layers=("0",),
+        kv_bytes=rows * capacity * tb,
+        mask=frozen(np.ones((len(offsets), 1), bool)),
+        left_padding=frozen(width - offsets),
+        offset=frozen(offsets),
+        kv_width_tokens=width,
+        capacity_tokens=capacity,
+        token_bytes=tb,
+        allocated_width_tokens=allocated_width or width,
+        allocated_capacity_tokens=capacity,
+    )
 
 
 def snapshot(groups, n_rows, free=0, step=0, context=None, budget=None):
-    return Snapshot(step=step, uids=tuple(range(n_rows)), finished=(False,) * n_rows,
-                    generated_tokens=(0,) * n_rows, context_tokens=tuple(context or (0,) * n_rows),
-                    left_padding=frozen(np.zeros(n_rows, int)), offset=frozen(np.zeros(n_rows, int)),
-                    kv_width_tokens=0, capacity_tokens=0, kv_bytes=sum(g.kv_bytes for g in groups),
-                    kv_budget_bytes=budget, groups=tuple(groups), free_slots=free)
+    return Snapshot(
+        step=step,
+        uids=tuple(range(n_rows)),
+        finished=(False,) * n_rows,
+        generated_tokens=(0,) * n_rows,
+        context_tokens=tuple(context or (0,) * n_rows),
+        left_padding=frozen(np.zeros(n_rows, int)),
+        offset=frozen(np.zeros(n_rows, int)),
+        kv_width_tokens=0,
+        capacity_tokens=0,
+        kv_bytes=sum(g.kv_bytes for g in groups),
+        kv_budget_bytes=budget,
+        groups=tuple(groups),
+        free_slots=free,
+    )
 
 
 def test_blocks_round_each_row_up_to_whole_blocks():
@@ -84,9 +110,18 @@ def test_padding_shared_by_all_rows_while_free_slots_are_held_counts_as_padding(
 
 
 def test_window_and_state_groups_beside_a_full_group():
-    window = LayerGroup(name="window8", layers=("1",), kv_bytes=3 * 8 * 512, mask=frozen(np.ones((2, 8), bool)),
-                        left_padding=frozen(np.array([3, -29])), offset=frozen(np.array([5, 37])), kv_width_tokens=8,
-                        capacity_tokens=8, window_tokens=8, token_bytes=512)
+    window = LayerGroup(
+        name="window8",
+        layers=("1",),
+        kv_bytes=3 * 8 * 512,
+        mask=frozen(np.ones((2, 8), bool)),
+        left_padding=frozen(np.array([3, -29])),
+        offset=frozen(np.array([5, 37])),
+        kv_width_tokens=8,
+        capacity_tokens=8,
+        window_tokens=8,
+        token_bytes=512,
+    )
     ssm = LayerGroup(name="ssm", layers=("2",), kv_bytes=3 * 1000, mask=frozen(np.ones((2, 1), bool)))
     full = full_group([5, 37], width=37, capacity=256, free=1)
     snap = snapshot([full, window, ssm], 2, free=1)

@@ -10,8 +10,12 @@ def hand_events():
     """uid 0: drafts (4 of 4, 2 of 3, 1 of 4) at steps 0-2, 11 tokens in 4 steps; uid 1:
     drafts (0 of 3, 1 of 1) at steps 2-3, 5 tokens in 4 steps; uid 2: 2 tokens, no drafts."""
     ev = []
-    per_step = {0: [(0, 4, 4, 5), (1, 0, 0, 1)], 1: [(0, 3, 2, 3), (1, 0, 0, 1), (2, 0, 0, 1)],
-                2: [(0, 4, 1, 2), (1, 3, 0, 1), (2, 0, 0, 1)], 3: [(0, 0, 0, 1), (1, 1, 1, 2)]}
+    per_step = {
+        0: [(0, 4, 4, 5), (1, 0, 0, 1)],
+        1: [(0, 3, 2, 3), (1, 0, 0, 1), (2, 0, 0, 1)],
+        2: [(0, 4, 1, 2), (1, 3, 0, 1), (2, 0, 0, 1)],
+        3: [(0, 0, 0, 1), (1, 1, 1, 2)],
+    }
     for step, rows in per_step.items():
         for uid, drafted, accepted, tokens in rows:
             if drafted:

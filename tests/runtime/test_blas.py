@@ -34,7 +34,9 @@ def run_with(env_blas):
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
     if env_blas is not None:
         env["WORKBENCH_BLAS"] = env_blas
-    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MLX uses Accelerate on macOS")
@@ -50,11 +52,16 @@ def test_an_optimized_blas_is_found_loaded_first_and_the_oracle_still_agrees(mon
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the start-up hook is for Linux")
 def test_the_start_up_hook_gives_mlx_the_optimized_blas_even_when_mlx_is_imported_first(monkeypatch):
     monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
-    env = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_BLAS", "LD_PRELOAD", "WORKBENCH_BLAS_HOOK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORKBENCH_BLAS", "LD_PRELOAD", "WORKBENCH_BLAS_HOOK")
+    }
     if find_blas() is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
-    subprocess.run([sys.executable, "-m", "workbench.cli", "blas", "--install-hook"], env=env, check=True,
-                   timeout=300)  # the explicit command; the same line as before where it was installed already
+    subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "blas", "--install-hook"], env=env, check=True, timeout=300
+    )  # the explicit command; the same line as before where it was installed already
     code = "import mlx.core, workbench.runtime.blas as b; print(b.STATUS.library); print(b.matmul_seconds(1024, 2))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     library, seconds = out.stdout.split()
@@ -82,13 +89,17 @@ def test_importing_mlx_first_without_the_hook_is_reported_loudly_not_hidden():
 def test_importing_workbench_writes_nothing_into_site_packages(tmp_path):
     site = tmp_path / "site-packages"
     site.mkdir()
-    code = ("import sysconfig; real = sysconfig.get_paths; "
-            f"sysconfig.get_paths = lambda *a, **k: dict(real(*a, **k), purelib={str(site)!r}); "
-            "import workbench, workbench.runtime.blas as b; workbench.Scheduler; print(b.hook_path())")
+    code = (
+        "import sysconfig; real = sysconfig.get_paths; "
+        f"sysconfig.get_paths = lambda *a, **k: dict(real(*a, **k), purelib={str(site)!r}); "
+        "import workbench, workbench.runtime.blas as b; workbench.Scheduler; print(b.hook_path())"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("WORKBENCH_BLAS", "WORKBENCH_BLAS_HOOK")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(site / "workbench-blas.pth")  # the patched folder is the one it would use
+    assert out.stdout.strip() == str(
+        site / "workbench-blas.pth"
+    )  # the patched folder is the one it would use
     assert list(site.iterdir()) == []
 
 

@@ -67,21 +67,26 @@ def tiny_weights(seed=0):
     return out
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("blk.3.attn_q.scales", "model.layers.3.self_attn.q_proj.scales"),
-    ("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight"),
-    ("blk.12.ffn_down.biases", "model.layers.12.mlp.down_proj.biases"),
-    ("blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight"),
-    ("blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"),
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.scales", "lm_head.scales"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("blk.3.attn_q.scales", "model.layers.3.self_attn.q_proj.scales"),
+        ("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight"),
+        ("blk.12.ffn_down.biases", "model.layers.12.mlp.down_proj.biases"),
+        ("blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight"),
+        ("blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"),
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("output.scales", "lm_head.scales"),
+    ],
+)
 def test_gguf_tensor_names_map_to_mlx_lm_llama_names(name, expected):
     assert gguf.gguf_name_to_mlx(name) == expected
 
 
-@pytest.mark.parametrize("name", ["blk.0.attn_qkv.weight", "token_embd", "blk.x.attn_q.weight", "output.norm.weight"])
+@pytest.mark.parametrize(
+    "name", ["blk.0.attn_qkv.weight", "token_embd", "blk.x.attn_q.weight", "output.norm.weight"]
+)
 def test_a_tensor_outside_the_llama_map_is_refused_by_name(name):
     with pytest.raises(ValueError, match="unknown GGUF tensor name"):
         gguf.gguf_name_to_mlx(name)
@@ -89,15 +94,20 @@ def test_a_tensor_outside_the_llama_map_is_refused_by_name(name):
 
 def test_quantization_is_read_from_packed_shapes_with_per_module_exceptions():
     def q(out, inp, bits):  # what mx.load gives for a GGUF Q4_1 / Q8_0 tensor
-        return {"weight": mx.zeros((out, inp * bits // 32), dtype=mx.uint32),
-                "scales": mx.zeros((out, inp // 32), dtype=mx.float16)}
+        return {
+            "weight": mx.zeros((out, inp * bits // 32), dtype=mx.uint32),
+            "scales": mx.zeros((out, inp // 32), dtype=mx.float16),
+        }
 
     weights = {}
     for module, bits in [("a.q_proj", 4), ("a.k_proj", 4), ("model.embed_tokens", 8)]:
         weights |= {f"{module}.{k}": v for k, v in q(96, 576, bits).items()}
     weights["model.norm.weight"] = mx.ones((576,))
     assert gguf.quantization_of(weights) == {
-        "group_size": 32, "bits": 4, "model.embed_tokens": {"group_size": 32, "bits": 8}}
+        "group_size": 32,
+        "bits": 4,
+        "model.embed_tokens": {"group_size": 32, "bits": 8},
+    }
     assert gguf.quantization_of({"model.norm.weight": mx.ones((4,))}) is None
 
 
@@ -105,8 +115,13 @@ def test_config_carries_the_llama_shape_rope_traditional_and_tied_embedding():
     weights = gguf.rename_weights(tiny_weights())
     config = gguf.config_from_metadata(tiny_metadata(), weights)
     assert config["model_type"] == "llama"
-    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
-            config["num_key_value_heads"], config["intermediate_size"]) == (HIDDEN, LAYERS, HEADS, KV_HEADS, FFN)
+    assert (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["intermediate_size"],
+    ) == (HIDDEN, LAYERS, HEADS, KV_HEADS, FFN)
     assert config["rope_traditional"] is True and config["tie_word_embeddings"] is True
     assert config["rms_norm_eps"] == 1e-5 and config["rope_theta"] == 100000.0
     assert config["vocab_size"] == len(TOKENS) and config["head_dim"] == HIDDEN // HEADS
@@ -144,8 +159,9 @@ def test_converted_folder_loads_in_mlx_lm_with_its_chat_template_and_records_its
     assert record["bytes"] == source.stat().st_size
     model, tokenizer = mlx_lm.load(str(out))
     assert model.args.rope_traditional is True and len(model.layers) == LAYERS
-    np.testing.assert_array_equal(np.array(model.model.layers[1].mlp.down_proj.weight),
-                                  np.array(weights["blk.1.ffn_down.weight"]))
+    np.testing.assert_array_equal(
+        np.array(model.model.layers[1].mlp.down_proj.weight), np.array(weights["blk.1.ffn_down.weight"])
+    )
     assert tokenizer.eos_token_ids == {2} and tokenizer.bos_token == "<|im_start|>"
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "ab"}])
     assert ids[:1] == [1] and TOKENS.index("ab") in ids and 2 in ids

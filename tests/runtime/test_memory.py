@@ -104,7 +104,9 @@ def test_on_the_gpu_buffers_take_the_allocator_rounded_bytes():
             assert grown - n >= 64, (n, grown)
 
 
-def test_inside_exact_allocations_a_fresh_buffer_takes_its_allocation_bytes_and_the_limit_comes_back(restore_limit):
+def test_inside_exact_allocations_a_fresh_buffer_takes_its_allocation_bytes_and_the_limit_comes_back(
+    restore_limit,
+):
     """With the buffer cache off no larger freed buffer is handed back (the 19,712 bytes for
     16,385 seen in CI): a buffer's growth of the idle device's active memory is its
     ``allocation_bytes`` (within the stray scalars of one op)."""

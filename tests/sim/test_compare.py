@@ -8,13 +8,13 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
-from workbench.sim.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
-from workbench.sim.costmodel import CostModel
 from workbench.observe.events import Event
 from workbench.observe.metrics import SLO
-from workbench.runtime.modelref import ModelRef
-from workbench.sim.replay import SAMPLE_COLUMNS, Replay
 from workbench.observe.report import build_report
+from workbench.runtime.modelref import ModelRef
+from workbench.sim.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
+from workbench.sim.costmodel import CostModel
+from workbench.sim.replay import SAMPLE_COLUMNS, Replay
 from workbench.views.replay import latency_cdf_text, occupancy_text, render_latency_cdfs, render_occupancy
 from workbench.workloads.workload import Workload
 
@@ -23,15 +23,32 @@ COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_
 
 def _hand_run(name="hand"):
     # uid 0: submit 0, admit 0, join 0, tokens at 1, 2, 3 s; uid 1: submit 1, admit 2, tokens at 3, 4 s
-    ev = [Event("submit", 0, 0, 0.0, n_tokens=4), Event("admit", 0, 0, 0.0), Event("join", 0, 0, 0.0),
-          Event("submit", 1, 0, 1.0, n_tokens=2), Event("token", 0, 0, 1.0, token=1),
-          Event("admit", 1, 1, 2.0), Event("join", 1, 1, 2.0), Event("token", 0, 1, 2.0, token=1),
-          Event("token", 0, 2, 3.0, token=1), Event("finish", 0, 2, 3.0, finish_reason="length"),
-          Event("token", 1, 2, 3.0, token=1), Event("evict", 0, 3, 3.0),
-          Event("token", 1, 3, 4.0, token=1), Event("finish", 1, 3, 4.0, finish_reason="length"),
-          Event("evict", 1, 4, 4.0)]
-    samples = pd.DataFrame([(0.0, 0, 1, 1, 0, 100, 4, 4, 0), (2.0, 1, 2, 0, 0, 300, 6, 12, 3),
-                            (3.0, 3, 1, 0, 0, 200, 3, 3, 0), (4.0, 4, 0, 0, 0, 0, 0, 0, 0)], columns=SAMPLE_COLUMNS)
+    ev = [
+        Event("submit", 0, 0, 0.0, n_tokens=4),
+        Event("admit", 0, 0, 0.0),
+        Event("join", 0, 0, 0.0),
+        Event("submit", 1, 0, 1.0, n_tokens=2),
+        Event("token", 0, 0, 1.0, token=1),
+        Event("admit", 1, 1, 2.0),
+        Event("join", 1, 1, 2.0),
+        Event("token", 0, 1, 2.0, token=1),
+        Event("token", 0, 2, 3.0, token=1),
+        Event("finish", 0, 2, 3.0, finish_reason="length"),
+        Event("token", 1, 2, 3.0, token=1),
+        Event("evict", 0, 3, 3.0),
+        Event("token", 1, 3, 4.0, token=1),
+        Event("finish", 1, 3, 4.0, finish_reason="length"),
+        Event("evict", 1, 4, 4.0),
+    ]
+    samples = pd.DataFrame(
+        [
+            (0.0, 0, 1, 1, 0, 100, 4, 4, 0),
+            (2.0, 1, 2, 0, 0, 300, 6, 12, 3),
+            (3.0, 3, 1, 0, 0, 200, 3, 3, 0),
+            (4.0, 4, 0, 0, 0, 0, 0, 0, 0),
+        ],
+        columns=SAMPLE_COLUMNS,
+    )
     return Replay(name=name, config={}, mode="cost", report=build_report(ev), samples=samples)
 
 
@@ -51,10 +68,19 @@ def test_a_summary_row_has_exact_latencies_rates_kv_and_padding():
 def test_compare_runs_each_config_on_the_same_workload_and_returns_the_documented_columns():
     standin = ModelRef(standin=True)
     tok = standin.load()[1]
-    work = wb.synthetic(tok, 8, rate_per_s=20.0, seed=1, prompt_tokens=wb.workloads.distributions.Uniform(2, 30),
-                        output_tokens=4)
-    configs = {"fcfs": {"max_batch": 2}, "spf": {"max_batch": 2, "policy": "shortest-prompt-first"},
-               "wide": {"max_batch": 8}}
+    work = wb.synthetic(
+        tok,
+        8,
+        rate_per_s=20.0,
+        seed=1,
+        prompt_tokens=wb.workloads.distributions.Uniform(2, 30),
+        output_tokens=4,
+    )
+    configs = {
+        "fcfs": {"max_batch": 2},
+        "spf": {"max_batch": 2, "policy": "shortest-prompt-first"},
+        "wide": {"max_batch": 8},
+    }
     table = wb.compare(work, configs, standin, cost_model=COST, slo=SLO(ttft_s=0.5))
     assert list(table.columns) == COMPARE_COLUMNS and table.config.tolist() == ["fcfs", "spf", "wide"]
     assert (table.requests == 8).all() and (table.finished == 8).all()
@@ -72,7 +98,8 @@ def test_the_latency_cdf_text_reads_each_run_at_fixed_quantiles():
         "               p0     p50    p100\n"
         "TTFT (ms)                        \n"
         "a          1000.0  1500.0  2000.0\n"
-        "b          1000.0  1500.0  2000.0")
+        "b          1000.0  1500.0  2000.0"
+    )
 
 
 def test_the_occupancy_text_gives_queue_and_batch_size_at_even_times():
@@ -89,8 +116,13 @@ def test_the_figures_have_one_panel_per_latency_and_two_for_occupancy():
 
 
 def test_an_empty_run_summarizes_to_nans_not_errors():
-    run = Replay(name="empty", config={}, mode="cost", report=build_report([]),
-                 samples=pd.DataFrame(columns=SAMPLE_COLUMNS))
+    run = Replay(
+        name="empty",
+        config={},
+        mode="cost",
+        report=build_report([]),
+        samples=pd.DataFrame(columns=SAMPLE_COLUMNS),
+    )
     row = summary_row(run)
     assert row["requests"] == 0 and math.isnan(row["ttft_p50_s"]) and row["peak_kv_bytes"] == 0
     assert math.isnan(row["slo_attainment"]) and math.isnan(row["goodput_req_per_s"])

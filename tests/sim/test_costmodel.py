@@ -9,16 +9,25 @@ from workbench.engine.levers.cost import nonnegative_lstsq
 from workbench.sim.calibrate import DECODE_COLUMNS, PREFILL_COLUMNS, fit_cost_model, measure_costs
 from workbench.sim.costmodel import CostedModel, CostModel
 
-TRUE = CostModel(prefill_s_per_chunk=2e-3, prefill_s_per_token=5e-4, prefill_s_per_pair=2e-7,
-                 decode_s_per_step=4e-3, decode_s_per_row=6e-4, decode_s_per_kv_token=3e-7)
+TRUE = CostModel(
+    prefill_s_per_chunk=2e-3,
+    prefill_s_per_token=5e-4,
+    prefill_s_per_pair=2e-7,
+    decode_s_per_step=4e-3,
+    decode_s_per_row=6e-4,
+    decode_s_per_kv_token=3e-7,
+)
 
 
 def _synthetic_measurements(cost, noise_s=0.0, seed=0):
     rng = np.random.default_rng(seed)
-    prefill = pd.DataFrame([(b, k, s, cost.prefill_s(k, s, b)) for b in (1, 4) for k in (8, 32, 128)
-                            for s in range(0, 512, 64)], columns=PREFILL_COLUMNS)
-    decode = pd.DataFrame([(b, w, cost.decode_s(b, w)) for b in (1, 2, 4, 8) for w in (16, 128, 1024)],
-                          columns=DECODE_COLUMNS)
+    prefill = pd.DataFrame(
+        [(b, k, s, cost.prefill_s(k, s, b)) for b in (1, 4) for k in (8, 32, 128) for s in range(0, 512, 64)],
+        columns=PREFILL_COLUMNS,
+    )
+    decode = pd.DataFrame(
+        [(b, w, cost.decode_s(b, w)) for b in (1, 2, 4, 8) for w in (16, 128, 1024)], columns=DECODE_COLUMNS
+    )
     for f in (prefill, decode):
         f["time_s"] += rng.normal(0, noise_s, len(f)) if noise_s else 0.0
     return prefill, decode
@@ -26,8 +35,14 @@ def _synthetic_measurements(cost, noise_s=0.0, seed=0):
 
 def test_fitting_noise_free_measurements_recovers_the_coefficients():
     fitted = fit_cost_model(*_synthetic_measurements(TRUE), label="synthetic")
-    for name in ("prefill_s_per_chunk", "prefill_s_per_token", "prefill_s_per_pair",
-                 "decode_s_per_step", "decode_s_per_row", "decode_s_per_kv_token"):
+    for name in (
+        "prefill_s_per_chunk",
+        "prefill_s_per_token",
+        "prefill_s_per_pair",
+        "decode_s_per_step",
+        "decode_s_per_row",
+        "decode_s_per_kv_token",
+    ):
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-6, abs=1e-12), name
     assert fitted.label == "synthetic"
 
@@ -77,7 +92,9 @@ def test_a_costed_model_charges_prefill_chunks_at_their_start_and_one_token_feed
         assert clock() == pytest.approx(TRUE.prefill_s(16, 16, rows=2))
         model(_Shape(2, 1), cache=group)  # the join: a [2, 1] feed at width 32
         model(_Shape(3, 8), cache=other)
-    assert clock() == pytest.approx(TRUE.prefill_s(16, 16, rows=2) + TRUE.decode_s(2, 32) + TRUE.prefill_s(8, 0, 3))
+    assert clock() == pytest.approx(
+        TRUE.prefill_s(16, 16, rows=2) + TRUE.decode_s(2, 32) + TRUE.prefill_s(8, 0, 3)
+    )
     assert TRUE.prefill_s(8, 0, rows=3) == pytest.approx(2e-3 + 3 * (8 * 5e-4 + 36 * 2e-7))
 
 
@@ -91,10 +108,22 @@ def test_a_cost_model_round_trips_through_json(tmp_path):
 
 @pytest.mark.model
 def test_measuring_this_machine_gives_rows_a_cost_model_can_be_fitted_from(bundled):
-    prefill, decode = measure_costs(*bundled, batch_sizes=(1, 2), kv_widths_tokens=(8, 24), chunk_tokens=(8, 16),
-                                    group_rows=(1, 2), prefill_context_tokens=32, decode_steps=2, repeats=1)
+    prefill, decode = measure_costs(
+        *bundled,
+        batch_sizes=(1, 2),
+        kv_widths_tokens=(8, 24),
+        chunk_tokens=(8, 16),
+        group_rows=(1, 2),
+        prefill_context_tokens=32,
+        decode_steps=2,
+        repeats=1,
+    )
     assert list(prefill.columns) == PREFILL_COLUMNS and list(decode.columns) == DECODE_COLUMNS
-    assert prefill.groupby("rows").tokens.sum().to_dict() == {1: 64, 2: 64} and len(decode) == 8 and (decode.time_s > 0).all()
+    assert (
+        prefill.groupby("rows").tokens.sum().to_dict() == {1: 64, 2: 64}
+        and len(decode) == 8
+        and (decode.time_s > 0).all()
+    )
     assert sorted(set(decode.kv_width_tokens)) == [9, 10, 25, 26]  # width W + 1 after the warm-up step
     fitted = fit_cost_model(prefill, decode)
     assert fitted.decode_s(1, 10) > 0 and fitted.prefill_s(16) > 0

@@ -22,9 +22,16 @@ def test_a_summary_row_takes_the_paged_peak_and_the_padding_tax_from_the_layouts
     layouts = pd.DataFrame([{c: 0 for c in layout_columns()} for _ in range(2)])
     layouts["padded_bytes"] = [1000, 3000]
     layouts["paged_bytes_b16"] = [200, 800]
-    run = Replay(name="hand", config={}, mode="cost", report=build_report([Event("submit", 0, 0, 0.0, n_tokens=1)]),
-                 samples=pd.DataFrame([(0.0, 0, 1, 0, 0, 1000, 4, 4, 0), (1.0, 1, 2, 0, 0, 3000, 6, 12, 3)],
-                                      columns=SAMPLE_COLUMNS), layouts=layouts)
+    run = Replay(
+        name="hand",
+        config={},
+        mode="cost",
+        report=build_report([Event("submit", 0, 0, 0.0, n_tokens=1)]),
+        samples=pd.DataFrame(
+            [(0.0, 0, 1, 0, 0, 1000, 4, 4, 0), (1.0, 1, 2, 0, 0, 3000, 6, 12, 3)], columns=SAMPLE_COLUMNS
+        ),
+        layouts=layouts,
+    )
     row = summary_row(run)
     assert list(row) == COMPARE_COLUMNS
     assert row["paged_peak_bytes_b16"] == 800 and row["peak_kv_bytes"] == 3000
@@ -32,7 +39,13 @@ def test_a_summary_row_takes_the_paged_peak_and_the_padding_tax_from_the_layouts
 
 
 def test_a_run_without_layouts_has_no_paged_numbers():
-    run = Replay(name="empty", config={}, mode="cost", report=build_report([]), samples=pd.DataFrame(columns=SAMPLE_COLUMNS))
+    run = Replay(
+        name="empty",
+        config={},
+        mode="cost",
+        report=build_report([]),
+        samples=pd.DataFrame(columns=SAMPLE_COLUMNS),
+    )
     row = summary_row(run)
     assert math.isnan(row["paged_peak_bytes_b16"]) and math.isnan(row["padding_tax"])
 
@@ -41,18 +54,28 @@ def test_a_run_without_layouts_has_no_paged_numbers():
 def test_a_replay_records_both_layouts_of_the_batch_it_measured():
     standin = wb.ModelRef(standin=True)
     model, tok = standin.load()
-    work = wb.synthetic(tok, 10, rate_per_s=30.0, seed=2, prompt_tokens=wb.workloads.distributions.Uniform(2, 60),
-                        output_tokens=6)
+    work = wb.synthetic(
+        tok,
+        10,
+        rate_per_s=30.0,
+        seed=2,
+        prompt_tokens=wb.workloads.distributions.Uniform(2, 60),
+        output_tokens=6,
+    )
     run = wb.replay(work, model, tok, {"max_batch": 4}, cost_model=COST)
     lay, s = run.layouts, run.samples
     assert list(lay.columns) == layout_columns() and len(lay) == len(s)
-    assert lay.padded_bytes.tolist() == s.kv_bytes.tolist()  # the counterfactual sees the batch the replay measured
+    assert (
+        lay.padded_bytes.tolist() == s.kv_bytes.tolist()
+    )  # the counterfactual sees the batch the replay measured
     assert lay.rows.tolist() == s.batch_size.tolist()
     parts = lay.padded_data_bytes + lay.padded_padding_bytes + lay.padded_growth_bytes + lay.padded_free_bytes
     assert parts.tolist() == lay.padded_bytes.tolist()
     busy = lay[lay.rows > 0]
     assert (busy.paged_bytes_b16 < busy.padded_bytes).all()  # short rows in 256-token growth steps
-    assert (busy.paged_bytes_b16 <= busy.paged_bytes_b32).all() and (busy.paged_bytes_b32 <= busy.paged_bytes_b64).all()
+    assert (busy.paged_bytes_b16 <= busy.paged_bytes_b32).all() and (
+        busy.paged_bytes_b32 <= busy.paged_bytes_b64
+    ).all()
     table = wb.compare(work, {"b4": {"max_batch": 4}}, standin, cost_model=COST)
     assert table.paged_peak_bytes_b16.iloc[0] == lay.paged_bytes_b16.max()
     assert table.padding_tax.iloc[0] == pytest.approx(1 - lay.paged_bytes_b16.sum() / lay.padded_bytes.sum())

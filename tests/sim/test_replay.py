@@ -5,14 +5,16 @@ import pandas as pd
 import pytest
 
 import workbench as wb
+from workbench.runtime.modelref import ModelRef
 from workbench.sim.clocks import VirtualClock, WallClock
 from workbench.sim.costmodel import CostModel
-from workbench.workloads.distributions import Uniform
-from workbench.runtime.modelref import ModelRef
 from workbench.sim.replay import SAMPLE_COLUMNS, check_config, replay, scheduler_options
+from workbench.workloads.distributions import Uniform
 from workbench.workloads.workload import Workload, synthetic
 
-COST = CostModel(prefill_s_per_chunk=0.01, prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
+COST = CostModel(
+    prefill_s_per_chunk=0.01, prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,9 @@ def standin():
 
 
 def _small(tokenizer, n=10, seed=4):
-    return synthetic(tokenizer, n, rate_per_s=8.0, seed=seed, prompt_tokens=Uniform(2, 40), output_tokens=Uniform(1, 9))
+    return synthetic(
+        tokenizer, n, rate_per_s=8.0, seed=seed, prompt_tokens=Uniform(2, 40), output_tokens=Uniform(1, 9)
+    )
 
 
 def test_the_virtual_clock_moves_only_when_told_and_pins_reads():
@@ -97,13 +101,18 @@ def test_prefill_first_stalls_a_running_row_longer_than_decode_first_and_serves_
     joiner = wb.Request(prompt=[5] * 200, max_tokens=2, stop_ids=[])
     work = Workload(((0.0, runner), (0.3, joiner)))
     out = {}
-    for name, cfg in {"decode-first": {"prefill_step_size": 32}, "prefill-first": {"interleave_prefill": False}}.items():
+    for name, cfg in {
+        "decode-first": {"prefill_step_size": 32},
+        "prefill-first": {"interleave_prefill": False},
+    }.items():
         ev = replay(work, *standin, cfg, cost_model=COST).report.events
         gaps = ev[(ev.kind == "token") & (ev.uid == 0)].time_s.diff().max()
         ttft = ev[(ev.kind == "token") & (ev.uid == 1)].time_s.min() - 0.3
         out[name] = (gaps, ttft)
     assert out["prefill-first"][0] > out["decode-first"][0]  # the runner waits through the whole prompt
-    assert out["prefill-first"][1] < out["decode-first"][1]  # the joiner's chunks do not wait for decode steps
+    assert (
+        out["prefill-first"][1] < out["decode-first"][1]
+    )  # the joiner's chunks do not wait for decode steps
 
 
 def test_measured_mode_skips_idle_time_and_counts_only_engine_calls(standin):
@@ -126,7 +135,8 @@ def test_wall_mode_submits_each_request_when_its_arrival_time_passes(standin):
 
 def test_configs_are_checked_against_the_scheduler_signature(standin):
     assert {"policy", "max_batch", "prefill_step_size", "interleave_prefill", "prompt_concurrency"} <= set(
-        scheduler_options())
+        scheduler_options()
+    )
     assert "clock" not in scheduler_options()
     if "kv_budget_bytes" in scheduler_options():  # the engine's KV budget, once it has one
         assert check_config({"kv_budget_bytes": 10**9}) == {"kv_budget_bytes": 10**9}

@@ -6,18 +6,31 @@ import pytest
 
 import workbench as wb
 from workbench.sim.costmodel import CostModel
-from workbench.workloads.distributions import Uniform
 from workbench.sim.sweep import grid, local_processes, sweep
+from workbench.workloads.distributions import Uniform
 
-COST = CostModel(prefill_s_per_chunk=1e-3, prefill_s_per_token=1e-3, decode_s_per_step=6e-3, decode_s_per_row=1e-3,
-                 decode_s_per_kv_token=1e-6)
+COST = CostModel(
+    prefill_s_per_chunk=1e-3,
+    prefill_s_per_token=1e-3,
+    decode_s_per_step=6e-3,
+    decode_s_per_row=1e-3,
+    decode_s_per_kv_token=1e-6,
+)
 STANDIN = wb.ModelRef(standin=True)
 
 
 @pytest.fixture(scope="module")
 def setup():
-    work = wb.synthetic(STANDIN.load()[1], 12, rate_per_s=10.0, seed=9, arrivals="gamma", cv=2.0,
-                        prompt_tokens=Uniform(2, 60), output_tokens=Uniform(1, 8))
+    work = wb.synthetic(
+        STANDIN.load()[1],
+        12,
+        rate_per_s=10.0,
+        seed=9,
+        arrivals="gamma",
+        cv=2.0,
+        prompt_tokens=Uniform(2, 60),
+        output_tokens=Uniform(1, 8),
+    )
     configs = grid({"prefill_step_size": 16}, policy=["fcfs", "shortest-prompt-first"], max_batch=[2])
     expected = wb.compare(work, configs, STANDIN, cost_model=COST, slo=wb.SLO(ttft_s=0.2))
     return work, configs, expected
@@ -25,9 +38,14 @@ def setup():
 
 def test_a_grid_names_each_point_by_its_axes_over_the_base():
     g = grid({"max_batch": 4}, policy=["fcfs", "priority"], prefill_step_size=[64])
-    assert g == {"policy=fcfs prefill_step_size=64": {"max_batch": 4, "policy": "fcfs", "prefill_step_size": 64},
-                 "policy=priority prefill_step_size=64": {"max_batch": 4, "policy": "priority",
-                                                          "prefill_step_size": 64}}
+    assert g == {
+        "policy=fcfs prefill_step_size=64": {"max_batch": 4, "policy": "fcfs", "prefill_step_size": 64},
+        "policy=priority prefill_step_size=64": {
+            "max_batch": 4,
+            "policy": "priority",
+            "prefill_step_size": 64,
+        },
+    }
     assert grid({"max_batch": 2}) == {"base": {"max_batch": 2}}
     with pytest.raises(ValueError, match="not Scheduler options"):
         grid(batch=[1])
@@ -43,10 +61,15 @@ def test_a_sweep_on_local_processes_gives_the_in_process_table(setup):
 def test_a_sweep_on_a_dask_local_cluster_gives_the_in_process_table(setup):
     distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] is in the dev extra")
     work, configs, expected = setup
-    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=1,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        table = sweep(work, configs, STANDIN, cost_model=COST, slo=wb.SLO(ttft_s=0.2),
-                      executor=client.get_executor())
+    with (
+        distributed.LocalCluster(
+            processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        table = sweep(
+            work, configs, STANDIN, cost_model=COST, slo=wb.SLO(ttft_s=0.2), executor=client.get_executor()
+        )
     pd.testing.assert_frame_equal(table, expected)
 
 

@@ -15,10 +15,16 @@ from workbench.verify.constrained import constrained_reference, satisfies
 
 pytestmark = pytest.mark.realmodel
 
-CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                         "country": {"type": "string", "maxLength": 20},
-                                         "population_millions": {"type": "integer", "minimum": 0, "maximum": 40}},
-        "required": ["city", "country", "population_millions"], "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "country": {"type": "string", "maxLength": 20},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 40},
+    },
+    "required": ["city", "country", "population_millions"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +35,13 @@ def smollm2():
 
 def test_constrained_chat_rows_beside_free_ones_equal_their_solo_runs(smollm2):
     model, tok = smollm2
-    asks = [("Describe Paris as JSON with city, country and population.", dict(json_schema=CITY)),
-            ("Is the sky blue? Answer yes or no.", dict(choices=["yes", "no"])),
-            ("Give a year in the 1900s.", dict(regex=r"19[0-9]{2}")),
-            ("What is the capital of France?", {}),
-            ("Name a color.", {})]
+    asks = [
+        ("Describe Paris as JSON with city, country and population.", dict(json_schema=CITY)),
+        ("Is the sky blue? Answer yes or no.", dict(choices=["yes", "no"])),
+        ("Give a year in the 1900s.", dict(regex=r"19[0-9]{2}")),
+        ("What is the capital of France?", {}),
+        ("Name a color.", {}),
+    ]
     sched = wb.Scheduler(model, tok, max_batch=len(asks))
     reqs = [wb.Request(prompt=chat_ids(tok, q), max_tokens=60 if c else 12, **c) for q, c in asks]
     uids = [sched.submit(r) for r in reqs]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.verify import oracle
 from workbench.runtime.loading import DATA_DIR
+from workbench.verify import oracle
 from workbench.verify.mask_oracle import mismatches, recorded_masks
 from workbench.workloads.workload import prompt_maker, prompt_of_length
 
@@ -115,11 +115,20 @@ def test_short_row_output_does_not_depend_on_its_long_neighbour(family):
 def test_workload_equals_mlx_lm_batch_generator(family):
     sched = family(max_batch=3)
     specs = ((1, 12), (17, 20), (40, 9), (5, 16), (26, 11))
-    uids = [sched.submit(wb.Request(prompt=family.prompt(n, 11 * i), max_tokens=m)) for i, (n, m) in enumerate(specs)]
+    uids = [
+        sched.submit(wb.Request(prompt=family.prompt(n, 11 * i), max_tokens=m))
+        for i, (n, m) in enumerate(specs)
+    ]
     sched.run()
-    refs = oracle.batch_reference(family.model, [oracle.ref_request(sched.request_of(u)) for u in uids],
-                                  max_batch=3, max_kv_size=family.max_kv_size)
-    report = oracle.compare_traces({u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)), atol=ATOL)
+    refs = oracle.batch_reference(
+        family.model,
+        [oracle.ref_request(sched.request_of(u)) for u in uids],
+        max_batch=3,
+        max_kv_size=family.max_kv_size,
+    )
+    report = oracle.compare_traces(
+        {u: oracle.scheduler_trace(sched, u) for u in uids}, dict(zip(uids, refs)), atol=ATOL
+    )
     assert report.ok, report.text()
 
 
@@ -165,11 +174,27 @@ def test_max_kv_size_on_a_model_with_its_own_caches_is_refused():
 def test_llama4_chunked_attention_is_refused_at_construction_naming_layer_and_type():
     from mlx_lm.models import llama4
 
-    text = dict(attention_bias=False, attention_chunk_size=8, head_dim=16, hidden_size=64,
-                interleave_moe_layer_step=1, intermediate_size=64, intermediate_size_mlp=128,
-                max_position_embeddings=256, model_type="llama4_text", num_attention_heads=4,
-                num_experts_per_tok=1, num_hidden_layers=4, num_key_value_heads=2, num_local_experts=2,
-                rms_norm_eps=1e-5, rope_scaling=None, rope_theta=10000.0, use_qk_norm=True, vocab_size=1024)
+    text = dict(
+        attention_bias=False,
+        attention_chunk_size=8,
+        head_dim=16,
+        hidden_size=64,
+        interleave_moe_layer_step=1,
+        intermediate_size=64,
+        intermediate_size_mlp=128,
+        max_position_embeddings=256,
+        model_type="llama4_text",
+        num_attention_heads=4,
+        num_experts_per_tok=1,
+        num_hidden_layers=4,
+        num_key_value_heads=2,
+        num_local_experts=2,
+        rms_norm_eps=1e-5,
+        rope_scaling=None,
+        rope_theta=10000.0,
+        use_qk_norm=True,
+        vocab_size=1024,
+    )
     model = llama4.Model(llama4.ModelArgs.from_dict({"model_type": "llama4", "text_config": text}))
     _, tokenizer = wb.load(DATA_DIR / "models" / "tiny-llama")
     with pytest.raises(ValueError, match="layer 0: cache type ChunkedKVCache cannot be batched"):
@@ -199,8 +224,12 @@ def test_cache_kinds_per_family_are_grouped_in_snapshots(family):
     sched.admit()
     snap = sched.snapshot()
     names = [g.name for g in snap.groups]
-    expected = {"gemma3_text": ["window8", "full"], "qwen3_next": ["ssm", "full"],
-                "mamba2": ["ssm"], "qwen3": ["window8"]}
+    expected = {
+        "gemma3_text": ["window8", "full"],
+        "qwen3_next": ["ssm", "full"],
+        "mamba2": ["ssm"],
+        "qwen3": ["window8"],
+    }
     assert names == expected[type(family.model).__module__.split(".")[-1]]
     assert sum(g.kv_bytes for g in snap.groups) == snap.kv_bytes
     text = snap.text()

@@ -23,10 +23,19 @@ def test_the_documented_table_lists_every_architecture_once_with_a_known_result(
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "families.md").read_text()
-    rows = [line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    rows = [
+        line.split(" | ")[:2] for line in text.splitlines() if line.startswith("| ") and "---" not in line
+    ][1:]
     names = [r[0][2:] for r in rows]
     assert len(names) == len(set(names)) > 100
-    assert {r[1] for r in rows} <= {"batches", "serial lane", "refused", "not built", "fails", "differs from solo"}
+    assert {r[1] for r in rows} <= {
+        "batches",
+        "serial lane",
+        "refused",
+        "not built",
+        "fails",
+        "differs from solo",
+    }
     assert ("llama", "batches") in {(n, r[1]) for n, r in zip(names, rows)}
 
 
@@ -39,11 +48,17 @@ def test_an_architecture_that_would_build_gigabytes_is_not_built_and_nothing_is_
     import resource
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    config = dict(BASE_CONFIG, model_type="gemma4")  # its default text config: 35 layers, 262,144 x 8,960 embeddings
+    config = dict(
+        BASE_CONFIG, model_type="gemma4"
+    )  # its default text config: 35 layers, 262,144 x 8,960 embeddings
     with pytest.raises(MemoryError, match="MiB of weights"):
         build("gemma4", config)
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024  # KiB: 16 GB were never allocated
-    result, detail = try_family("deepseek_v41")  # its expert sizes are fixed: over the bound with any base config
+    assert (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 512 * 1024
+    )  # KiB: 16 GB were never allocated
+    result, detail = try_family(
+        "deepseek_v41"
+    )  # its expert sizes are fixed: over the bound with any base config
     assert result == "not built" and "MemoryError" in detail and "MiB of weights" in detail
 
 

@@ -11,9 +11,9 @@ is interrupted by a KeyboardInterrupt at a random point (the k-th decoder-layer 
 Rows asking top-k log-probs and ``submit_n`` groups (greedy or sampled, sharing one
 prefill) join among plain rows; each finished one equals the same request run alone through
 the engine (sample ``i`` as ``Request(seed=seed + i)``; tokens, finish reason; log-probs and
-top-k within 1e-4, ids equal but for near ties). Hostile rows join among the good ones: a custom sampler or logits processor whose return
-value breaks its contract (``tests/engine/hostile.py``: an id of -1, past the vocabulary,
-3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after some
+top-k within 1e-4, ids equal but for near ties). Hostile rows join among the good ones: a
+custom sampler or logits processor whose return value breaks its contract
+(``tests/engine/hostile.py``: an id of -1, past the vocabulary, 3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after some
 tokens; every hostile row ends ``error`` (or ``abort`` when the fuzzer aborted it) with its
 message, and every good row still equals its solo reference.
 Constrained rows join too (``Request(json_schema= / regex= / choices=)``, greedy or sampled):
@@ -36,34 +36,56 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import workbench as wb
-from workbench.engine.levers.constrained import GrammarError, constraint_of, row_grammar
-from workbench.verify import oracle
-from workbench.verify.constrained import constrained_reference, satisfies
-from workbench.observe.metrics import step_metrics
-from workbench.engine.kv.ledger import alone_bytes
-from workbench.runtime.loading import DATA_DIR
-from workbench.workloads.workload import prompt_of_length
 from tests.engine.alone import run_alone
 from tests.engine.hostile import HOSTILE, hostile_fields
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
+from workbench.engine.kv.ledger import alone_bytes
+from workbench.engine.levers.constrained import GrammarError, constraint_of, row_grammar
+from workbench.observe.metrics import step_metrics
+from workbench.runtime.loading import DATA_DIR
+from workbench.verify import oracle
+from workbench.verify.constrained import constrained_reference, satisfies
+from workbench.workloads.workload import prompt_of_length
 
 pytestmark = pytest.mark.model
 
-FAMILIES = {"llama": ("tiny-llama", None), "gemma3": ("tiny-gemma3", None), "qwen3next": ("tiny-qwen3-next", None),
-            "mamba2": ("tiny-mamba2", None), "qwen3-max-kv": ("tiny-qwen3", 8), "llama-kv4": ("tiny-llama", None),
-            "llama-packed": ("tiny-llama", None), "code-packed": ("tiny-code", None)}
+FAMILIES = {
+    "llama": ("tiny-llama", None),
+    "gemma3": ("tiny-gemma3", None),
+    "qwen3next": ("tiny-qwen3-next", None),
+    "mamba2": ("tiny-mamba2", None),
+    "qwen3-max-kv": ("tiny-qwen3", 8),
+    "llama-kv4": ("tiny-llama", None),
+    "llama-packed": ("tiny-llama", None),
+    "code-packed": ("tiny-code", None),
+}
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 PACKED = {"llama-packed", "code-packed"}  # Scheduler(layout="packed"): pages of 1, 4 or 16, no prompt cache
 _MODELS: dict = {}
 _REFS: dict = {}
-STATS = {"operations": 0, "divergences": 0, "rows_checked": 0, "restores": 0, "interrupts": 0, "hostile_errors": 0,
-         "constrained_checked": 0}
+STATS = {
+    "operations": 0,
+    "divergences": 0,
+    "rows_checked": 0,
+    "restores": 0,
+    "interrupts": 0,
+    "hostile_errors": 0,
+    "constrained_checked": 0,
+}
 # the constrained rows' constraints: two schemas, two regexes, choices (a prefix of another among them)
 CONSTRAINTS = (
-    dict(json_schema={"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22, 333]}},
-                      "required": ["ok", "n"], "additionalProperties": False}),
+    dict(
+        json_schema={
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 22, 333]}},
+            "required": ["ok", "n"],
+            "additionalProperties": False,
+        }
+    ),
     dict(json_schema='{"type": "array", "items": {"enum": ["x", "yy"]}, "minItems": 1, "maxItems": 3}'),
-    dict(regex=r"[a-f]{1,5}-[0-9]{2}"), dict(regex=r"(ab|cd)+!"), dict(choices=["no", "none", "yes please"]),
+    dict(regex=r"[a-f]{1,5}-[0-9]{2}"),
+    dict(regex=r"(ab|cd)+!"),
+    dict(choices=["no", "none", "yes please"]),
 )
 
 
@@ -82,8 +104,21 @@ def continuation(sched, tok, ops, since):
                 sched.preempt(live[0])
         elif op in ("admit", "step", "filter"):
             getattr(sched, op)()
-    facts = [(e.kind, e.uid, e.step, e.row, e.token, e.n_tokens, e.n_cached, e.finish_reason, e.join_mode, e.message)
-             for e in sched.events[since:]]
+    facts = [
+        (
+            e.kind,
+            e.uid,
+            e.step,
+            e.row,
+            e.token,
+            e.n_tokens,
+            e.n_cached,
+            e.finish_reason,
+            e.join_mode,
+            e.message,
+        )
+        for e in sched.events[since:]
+    ]
     return {u: (sched.tokens(u), sched.finish_reason(u)) for u in sched.requests}, facts
 
 
@@ -98,27 +133,52 @@ def make_machine(family: str):
     kv_bits = KV_BITS.get(family)
     # the solo reference of a quantized row quantizes as generate_step(kv_bits=4, quantized_kv_start=0)
     # after its first prefill chunk, so it runs with the scheduler's chunk size
-    ref_kv = (lambda chunk: {"kv_bits": kv_bits, "kv_group_size": 32, "prefill_step_size": chunk}) if kv_bits else (
-        lambda chunk: {})
+    ref_kv = (
+        (lambda chunk: {"kv_bits": kv_bits, "kv_group_size": 32, "prefill_step_size": chunk})
+        if kv_bits
+        else (lambda chunk: {})
+    )
 
     class EngineMachine(RuleBasedStateMachine):
-        @initialize(max_batch=st.integers(1, 4), chunk=st.sampled_from([3, 16, 64, 2048]),
-                    budget_requests=st.sampled_from([None, 2, 3]), pipeline=st.booleans(),
-                    prompt_cache=st.sampled_from([None, 4]), page_size=st.sampled_from([1, 4, 16]))
+        @initialize(
+            max_batch=st.integers(1, 4),
+            chunk=st.sampled_from([3, 16, 64, 2048]),
+            budget_requests=st.sampled_from([None, 2, 3]),
+            pipeline=st.booleans(),
+            prompt_cache=st.sampled_from([None, 4]),
+            page_size=st.sampled_from([1, 4, 16]),
+        )
         def setup(self, max_batch, chunk, budget_requests, pipeline, prompt_cache, page_size):
             self.model, self.tok = model_of(folder)
             self.injector = Injector()  # raises only while armed (the interrupted-operation rule)
-            layout = {} if family not in PACKED else dict(layout="packed", page_size=page_size,
-                                                          max_num_batched_tokens=max(chunk, max_batch))
+            layout = (
+                {}
+                if family not in PACKED
+                else dict(layout="packed", page_size=page_size, max_num_batched_tokens=max(chunk, max_batch))
+            )
             # what the longest request (300 + 12 tokens) may hold alone: as mlx-lm allocates it, or in pages
-            self.unit = (wb.Scheduler(self.model, self.tok, max_batch=max_batch, **layout).ledger.alone_bytes(300, 12)
-                         if layout
-                         else alone_bytes(self.model, 300, 12, chunk, max_kv_size, exact_chunks=False))
+            self.unit = (
+                wb.Scheduler(self.model, self.tok, max_batch=max_batch, **layout).ledger.alone_bytes(300, 12)
+                if layout
+                else alone_bytes(self.model, 300, 12, chunk, max_kv_size, exact_chunks=False)
+            )
             budget = None if budget_requests is None else budget_requests * self.unit
-            self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
-                                      max_kv_size=max_kv_size, kv_budget_bytes=budget, pipeline=pipeline,
-                                      history_size=0, prompt_cache=None if kv_bits or layout else prompt_cache,
-                                      seed=max_batch, clock=self.clock, kv_bits=kv_bits, kv_group_size=32, **layout)
+            self.sched = wb.Scheduler(
+                self.model,
+                self.tok,
+                max_batch=max_batch,
+                prefill_step_size=chunk,
+                max_kv_size=max_kv_size,
+                kv_budget_bytes=budget,
+                pipeline=pipeline,
+                history_size=0,
+                prompt_cache=None if kv_bits or layout else prompt_cache,
+                seed=max_batch,
+                clock=self.clock,
+                kv_bits=kv_bits,
+                kv_group_size=32,
+                **layout,
+            )
             self.ref_kv = ref_kv(chunk)
             self.submitted = []
             self.hostile = {}  # uid -> the regex its error must match
@@ -126,8 +186,13 @@ def make_machine(family: str):
             self.checked = set()
             self.rows_at = {}
             self.alone = {}  # uid -> the request its run alone must equal (top-k rows, submit_n samples)
-            self.settings = dict(prefill_step_size=chunk, max_kv_size=max_kv_size, kv_bits=kv_bits, kv_group_size=32,
-                                 history_size=0)
+            self.settings = dict(
+                prefill_step_size=chunk,
+                max_kv_size=max_kv_size,
+                kv_bits=kv_bits,
+                kv_group_size=32,
+                history_size=0,
+            )
 
         def op(self):
             STATS["operations"] += 1
@@ -139,63 +204,119 @@ def make_machine(family: str):
         def on_token(self, uid, token):
             self.injector.point()
 
-        @rule(n=st.integers(1, 300), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
-              priority=st.integers(0, 2), temperature=st.sampled_from([0.0, 0.0, 0.8]))
+        @rule(
+            n=st.integers(1, 300),
+            start=st.integers(0, 900),
+            max_tokens=st.integers(1, 12),
+            priority=st.integers(0, 2),
+            temperature=st.sampled_from([0.0, 0.0, 0.8]),
+        )
         def submit(self, n, start, max_tokens, priority, temperature):
             self.op()
-            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens,
-                             stop_ids=[], priority=priority, temperature=temperature,  # sampled: drawn seed
-                             on_token=self.on_token)
+            req = wb.Request(
+                prompt=prompt_of_length(self.tok, n, start),
+                max_tokens=max_tokens,
+                stop_ids=[],
+                priority=priority,
+                temperature=temperature,  # sampled: drawn seed
+                on_token=self.on_token,
+            )
             self.submitted.append(self.sched.submit(req))
 
-        @rule(n=st.integers(1, 120), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
-              k=st.sampled_from([1, 5, 20]), temperature=st.sampled_from([0.0, 0.9]))
+        @rule(
+            n=st.integers(1, 120),
+            start=st.integers(0, 900),
+            max_tokens=st.integers(1, 12),
+            k=st.sampled_from([1, 5, 20]),
+            temperature=st.sampled_from([0.0, 0.9]),
+        )
         def submit_top_logprobs(self, n, start, max_tokens, k, temperature):
             """A row asking its top-k log-probs: equal to the same request alone."""
             self.op()
-            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[],
-                             temperature=temperature, top_logprobs=k)
+            req = wb.Request(
+                prompt=prompt_of_length(self.tok, n, start),
+                max_tokens=max_tokens,
+                stop_ids=[],
+                temperature=temperature,
+                top_logprobs=k,
+            )
             uid = self.sched.submit(req)
             self.submitted.append(uid)
             self.alone[uid] = replace(req, seed=self.sched.requests[uid].seed)  # a sampled row's drawn seed
 
-        @rule(n=st.integers(1, 120), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
-              samples=st.integers(2, 4), temperature=st.sampled_from([0.0, 0.8]), seed=st.integers(0, 99),
-              k=st.sampled_from([0, 3]))
+        @rule(
+            n=st.integers(1, 120),
+            start=st.integers(0, 900),
+            max_tokens=st.integers(1, 12),
+            samples=st.integers(2, 4),
+            temperature=st.sampled_from([0.0, 0.8]),
+            seed=st.integers(0, 99),
+            k=st.sampled_from([0, 3]),
+        )
         def submit_samples(self, n, start, max_tokens, samples, temperature, seed, k):
             """A submit_n group (one shared prefill): sample i equal to Request(seed=seed + i) alone."""
             self.op()
-            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[],
-                             temperature=temperature, seed=seed, top_logprobs=k)
+            req = wb.Request(
+                prompt=prompt_of_length(self.tok, n, start),
+                max_tokens=max_tokens,
+                stop_ids=[],
+                temperature=temperature,
+                seed=seed,
+                top_logprobs=k,
+            )
             uids = self.sched.submit_n(req, samples)
             self.submitted += uids
             self.alone.update({u: replace(req, seed=seed + i) for i, u in enumerate(uids)})
 
-        @rule(n=st.integers(1, 40), start=st.integers(0, 900), max_tokens=st.integers(1, 12),
-              name=st.sampled_from(sorted(HOSTILE)), bad_at=st.integers(0, 11))
+        @rule(
+            n=st.integers(1, 40),
+            start=st.integers(0, 900),
+            max_tokens=st.integers(1, 12),
+            name=st.sampled_from(sorted(HOSTILE)),
+            bad_at=st.integers(0, 11),
+        )
         def submit_hostile(self, n, start, max_tokens, name, bad_at):
             """A row whose sampler or processor returns garbage (a processor from its
             ``bad_at``-th token on, within ``max_tokens``): it must end alone."""
             self.op()
-            fields, message = hostile_fields(name, self.sched.vocab_size, after=n + min(bad_at, max_tokens - 1))
-            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields)
+            fields, message = hostile_fields(
+                name, self.sched.vocab_size, after=n + min(bad_at, max_tokens - 1)
+            )
+            req = wb.Request(
+                prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields
+            )
             uid = self.sched.submit(req)
             self.submitted.append(uid)
             self.hostile[uid] = message
 
-        @rule(n=st.integers(1, 60), start=st.integers(0, 900), max_tokens=st.integers(1, 24),
-              which=st.integers(0, len(CONSTRAINTS) - 1), temperature=st.sampled_from([0.0, 0.0, 0.8]))
+        @rule(
+            n=st.integers(1, 60),
+            start=st.integers(0, 900),
+            max_tokens=st.integers(1, 24),
+            which=st.integers(0, len(CONSTRAINTS) - 1),
+            temperature=st.sampled_from([0.0, 0.0, 0.8]),
+        )
         def submit_constrained(self, n, start, max_tokens, which, temperature):
             """A row under a grammar mask (its EOS ids as stop ids)."""
             self.op()
-            req = wb.Request(prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, temperature=temperature,
-                             on_token=self.on_token, **CONSTRAINTS[which])
+            req = wb.Request(
+                prompt=prompt_of_length(self.tok, n, start),
+                max_tokens=max_tokens,
+                temperature=temperature,
+                on_token=self.on_token,
+                **CONSTRAINTS[which],
+            )
             uid = self.sched.submit(req)
             self.submitted.append(uid)
             self.constrained.add(uid)
 
-        @rule(ops=st.lists(st.sampled_from(["admit", "step", "filter", "submit", "abort", "preempt"]),
-                           min_size=1, max_size=8))
+        @rule(
+            ops=st.lists(
+                st.sampled_from(["admit", "step", "filter", "submit", "abort", "preempt"]),
+                min_size=1,
+                max_size=8,
+            )
+        )
         def checkpoint_then_restore_repeats_the_continuation(self, ops):
             self.op()
             cp = self.sched.checkpoint()
@@ -246,17 +367,27 @@ def make_machine(family: str):
             st_, rows = self.sched.state, self.sched.batch.rows
             unfinished = [u for u in self.submitted if not self.sched.requests[u].finished]
             running = [r.uid for r in rows if not r.finished]
-            ops = ([("admit", ())] if st_.queue or st_.prefilling else []) + ([("step", ())] if rows else []) + (
-                [("filter", ())] if any(r.finished for r in rows) else []) + (
-                [("abort", (u,)) for u in unfinished] + [("preempt", (u,)) for u in running])
+            ops = (
+                ([("admit", ())] if st_.queue or st_.prefilling else [])
+                + ([("step", ())] if rows else [])
+                + ([("filter", ())] if any(r.finished for r in rows) else [])
+                + ([("abort", (u,)) for u in unfinished] + [("preempt", (u,)) for u in running])
+            )
             if not ops:
                 return
             op, args = data.draw(st.sampled_from(ops))
             points = ["clock"] if op in ("abort", "preempt") else ["layer", "eval", "on_token", "clock"]
             point = data.draw(st.sampled_from(points))
-            with (wrapped_layers(self.model, self.injector) if point == "layer" else
-                  patched_eval(self.injector) if point == "eval" else contextlib.nullcontext()):
-                cp = self.sched.checkpoint()  # count the call's points, undo it, then interrupt at one of them
+            with (
+                wrapped_layers(self.model, self.injector)
+                if point == "layer"
+                else patched_eval(self.injector)
+                if point == "eval"
+                else contextlib.nullcontext()
+            ):
+                cp = (
+                    self.sched.checkpoint()
+                )  # count the call's points, undo it, then interrupt at one of them
                 self.injector.arm(10**9)
                 try:
                     getattr(self.sched, op)(*args)
@@ -273,7 +404,9 @@ def make_machine(family: str):
                     getattr(self.sched, op)(*args)
                 except KeyboardInterrupt:
                     STATS["interrupts"] += 1
-                    assert engine_state(self.sched) == before, f"{op} interrupted at {point} point {k} changed the engine"
+                    assert engine_state(self.sched) == before, (
+                        f"{op} interrupted at {point} point {k} changed the engine"
+                    )
                 finally:
                     self.injector.disarm()
                 assert self.injector.fired, f"{op} did not reach {point} point {k} of {n_points}"
@@ -316,7 +449,8 @@ def make_machine(family: str):
             snap = self.sched.snapshot()
             assert snap.held_bytes <= snap.kv_budget_bytes, (
                 f"held {snap.held_bytes:,} (batch {snap.kv_bytes:,} + prefill {snap.prefill_kv_bytes:,} + prompt cache "
-                f"{snap.prompt_cache_bytes:,}) > budget {snap.kv_budget_bytes:,}; projected {snap.kv_projected_bytes:,}")
+                f"{snap.prompt_cache_bytes:,}) > budget {snap.kv_budget_bytes:,}; projected {snap.kv_projected_bytes:,}"
+            )
 
         @invariant()
         def the_projection_bounds_the_bytes_held(self):
@@ -326,7 +460,8 @@ def make_machine(family: str):
             if hasattr(self, "sched") and self.sched.config.kv_budget_bytes is not None:
                 snap = self.sched.snapshot()
                 assert snap.kv_bytes + snap.prefill_kv_bytes <= snap.kv_projected_bytes, (
-                    f"held {snap.kv_bytes + snap.prefill_kv_bytes:,} > projected {snap.kv_projected_bytes:,}")
+                    f"held {snap.kv_bytes + snap.prefill_kv_bytes:,} > projected {snap.kv_projected_bytes:,}"
+                )
 
         @invariant()
         def finished_greedy_rows_equal_solo(self):
@@ -338,9 +473,12 @@ def make_machine(family: str):
                 valid = self.sched.request_of(uid)
                 key = (folder, valid.prompt_ids, valid.request.max_tokens, tuple(sorted(self.ref_kv.items())))
                 if key not in _REFS:
-                    _REFS[key] = oracle.solo_reference(self.model, oracle.ref_request(valid), max_kv_size=max_kv_size,
-                                                       **self.ref_kv)
-                result = oracle.compare_row(uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4)
+                    _REFS[key] = oracle.solo_reference(
+                        self.model, oracle.ref_request(valid), max_kv_size=max_kv_size, **self.ref_kv
+                    )
+                result = oracle.compare_row(
+                    uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4
+                )
                 STATS["rows_checked"] += 1
                 if not result.match:
                     STATS["divergences"] += 1
@@ -360,8 +498,12 @@ def make_machine(family: str):
                 tokens, logprobs, top, reason = _REFS[key]
                 STATS["rows_checked"] += 1
                 mine = self.sched.request(uid)
-                same = mine.tokens == tokens and mine.finish_reason == reason and all(
-                    top_k_close(a, b, 1e-4) for a, b in zip(mine.top_logprobs, top)) and len(mine.top_logprobs) == len(top)
+                same = (
+                    mine.tokens == tokens
+                    and mine.finish_reason == reason
+                    and all(top_k_close(a, b, 1e-4) for a, b in zip(mine.top_logprobs, top))
+                    and len(mine.top_logprobs) == len(top)
+                )
                 if not same:
                     STATS["divergences"] += 1
                 assert same, f"uid {uid} differs from its run alone: {mine.tokens} vs {tokens}"
@@ -377,21 +519,42 @@ def make_machine(family: str):
                 if reason not in ("stop", "length"):
                     continue
                 V, tokens = self.sched.vocab_size, self.sched.tokens(uid)
-                fresh = row_grammar(constraint_of(valid.request, self.tok, V), self.tok, V, len(valid.prompt_ids))
+                fresh = row_grammar(
+                    constraint_of(valid.request, self.tok, V), self.tok, V, len(valid.prompt_ids)
+                )
                 try:
                     fresh.sync([t for t in tokens if t not in valid.stop_ids])
                 except GrammarError as exc:
                     raise AssertionError(f"uid {uid}: its tokens break its own grammar: {exc}") from None
                 if reason == "stop":
-                    assert satisfies(valid.request, self.sched.text(uid)), (uid, valid.request, self.sched.text(uid))
+                    assert satisfies(valid.request, self.sched.text(uid)), (
+                        uid,
+                        valid.request,
+                        self.sched.text(uid),
+                    )
                 if valid.request.temperature == 0:
-                    key = (folder, valid.prompt_ids, valid.request.max_tokens, repr(CONSTRAINTS.index(
-                        {f: getattr(valid.request, f) for f in ("json_schema", "regex", "choices")
-                         if getattr(valid.request, f) is not None})), tuple(sorted(self.ref_kv.items())))
+                    key = (
+                        folder,
+                        valid.prompt_ids,
+                        valid.request.max_tokens,
+                        repr(
+                            CONSTRAINTS.index(
+                                {
+                                    f: getattr(valid.request, f)
+                                    for f in ("json_schema", "regex", "choices")
+                                    if getattr(valid.request, f) is not None
+                                }
+                            )
+                        ),
+                        tuple(sorted(self.ref_kv.items())),
+                    )
                     if key not in _REFS:
-                        _REFS[key] = constrained_reference(self.model, self.tok, valid, V, max_kv_size=max_kv_size,
-                                                           **self.ref_kv)
-                    result = oracle.compare_row(uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4)
+                        _REFS[key] = constrained_reference(
+                            self.model, self.tok, valid, V, max_kv_size=max_kv_size, **self.ref_kv
+                        )
+                    result = oracle.compare_row(
+                        uid, oracle.scheduler_trace(self.sched, uid), _REFS[key], atol=1e-4
+                    )
                     assert result.match, result.describe()
                 STATS["constrained_checked"] += 1
                 self.checked.add(uid)
@@ -416,7 +579,9 @@ def make_machine(family: str):
             if family in PACKED:  # its batch holds joining rows too; occupancy counts joined rows only
                 return
             steps = step_metrics(ev).set_index("step").batch_size
-            wrong = {s: (int(steps[s]), n) for s, n in self.rows_at.items() if s in steps.index and steps[s] != n}
+            wrong = {
+                s: (int(steps[s]), n) for s, n in self.rows_at.items() if s in steps.index and steps[s] != n
+            }
             assert not wrong, f"step_metrics batch size != rows that ran (step: (metric, true)): {wrong}"
 
     return EngineMachine
@@ -428,19 +593,28 @@ def top_k_close(a, b, atol: float) -> bool:
     if len(a) != len(b) or any(abs(x[1] - y[1]) > atol for x, y in zip(a, b)):
         return False
     values = [v for _, v in a]
-    tie = [any(abs(values[i] - values[j]) <= atol for j in (i - 1, i + 1) if 0 <= j < len(values))
-           or i == len(values) - 1 for i in range(len(values))]
+    tie = [
+        any(abs(values[i] - values[j]) <= atol for j in (i - 1, i + 1) if 0 <= j < len(values))
+        or i == len(values) - 1
+        for i in range(len(values))
+    ]
     return all(x[0] == y[0] or t for x, y, t in zip(a, b, tie))
 
 
 def _settings(request):
     long = request.config.getoption("--long")
-    return settings(max_examples=70 if long else 6, stateful_step_count=40 if long else 35, deadline=None,
-                    suppress_health_check=list(HealthCheck), derandomize=not long)
+    return settings(
+        max_examples=70 if long else 6,
+        stateful_step_count=40 if long else 35,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=not long,
+    )
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.quantized_kv) if f in KV_BITS else f
-                                    for f in FAMILIES])
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=pytest.mark.quantized_kv) if f in KV_BITS else f for f in FAMILIES]
+)
 def test_random_operation_sequences_keep_every_invariant(family, request):
     machine = make_machine(family)
     machine.TestCase.settings = _settings(request)

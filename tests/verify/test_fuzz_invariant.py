@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import workbench as wb
+from tests.verify.test_fuzz import _settings, model_of
 from workbench.runtime.blas import find_blas
 from workbench.verify import invariance
 from workbench.workloads.workload import prompt_of_length
-from tests.verify.test_fuzz import _settings, model_of
 
 pytestmark = pytest.mark.model
 
@@ -35,25 +35,47 @@ STATS = {"operations": 0, "rows_checked": 0, "restores": 0}
 
 def make_machine(folder: str):
     class InvariantMachine(RuleBasedStateMachine):
-        @initialize(max_batch=st.integers(1, 6), chunk=st.sampled_from([3, 8, 16, 64]),
-                    prompt_cache=st.sampled_from([None, 4]), pacing=st.booleans())
+        @initialize(
+            max_batch=st.integers(1, 6),
+            chunk=st.sampled_from([3, 8, 16, 64]),
+            prompt_cache=st.sampled_from([None, 4]),
+            pacing=st.booleans(),
+        )
         def setup(self, max_batch, chunk, prompt_cache, pacing):
             self.model, self.tok = model_of(folder)
             self.chunk = chunk
-            self.sched = wb.Scheduler(self.model, self.tok, max_batch=max_batch, prefill_step_size=chunk,
-                                      batch_invariant=True, prompt_cache=prompt_cache, pacing=pacing, history_size=0)
+            self.sched = wb.Scheduler(
+                self.model,
+                self.tok,
+                max_batch=max_batch,
+                prefill_step_size=chunk,
+                batch_invariant=True,
+                prompt_cache=prompt_cache,
+                pacing=pacing,
+                history_size=0,
+            )
             self.saved = None
             self.checked: set = set()
 
-        @rule(n=st.integers(1, 120), start=st.integers(0, 60), max_tokens=st.integers(1, 10),
-              seed=st.one_of(st.none(), st.integers(0, 3)))
+        @rule(
+            n=st.integers(1, 120),
+            start=st.integers(0, 60),
+            max_tokens=st.integers(1, 10),
+            seed=st.one_of(st.none(), st.integers(0, 3)),
+        )
         def submit(self, n, start, max_tokens, seed):
             """A greedy row, or a seeded sampled one; prompts starting at a few offsets
             share prefixes (prompt-cache hits)."""
             STATS["operations"] += 1
             sampled = {} if seed is None else {"temperature": 0.8, "top_p": 0.95, "seed": seed}
-            self.sched.submit(wb.Request(prompt=prompt_of_length(self.tok, n, start * 7), max_tokens=max_tokens,
-                                         stop_ids=[], **sampled))
+            self.sched.submit(
+                wb.Request(
+                    prompt=prompt_of_length(self.tok, n, start * 7),
+                    max_tokens=max_tokens,
+                    stop_ids=[],
+                    **sampled,
+                )
+            )
 
         @rule(op=st.sampled_from(["admit", "step", "filter", "step", "step"]))
         def engine_call(self, op):
@@ -78,7 +100,9 @@ def make_machine(folder: str):
             STATS["operations"] += 1
             STATS["restores"] += 1
             self.sched.restore(self.saved)
-            self.checked = {u for u in self.checked if u in self.sched.requests and self.sched.requests[u].finished}
+            self.checked = {
+                u for u in self.checked if u in self.sched.requests and self.sched.requests[u].finished
+            }
 
         @invariant()
         def the_engine_is_consistent_and_finished_rows_equal_alone(self):
@@ -88,17 +112,29 @@ def make_machine(folder: str):
 
         def finished_rows_are_bit_equal_to_their_run_alone(self):
             for uid, state in self.sched.requests.items():
-                if uid in self.checked or not state.finished or self.sched.finish_reason(uid) in ("abort", "error"):
+                if (
+                    uid in self.checked
+                    or not state.finished
+                    or self.sched.finish_reason(uid) in ("abort", "error")
+                ):
                     continue
                 req = self.sched.request_of(uid).request
-                key = (folder, self.chunk, tuple(self.sched.request_of(uid).prompt_ids), req.max_tokens,
-                       req.temperature, req.seed)
+                key = (
+                    folder,
+                    self.chunk,
+                    tuple(self.sched.request_of(uid).prompt_ids),
+                    req.max_tokens,
+                    req.temperature,
+                    req.seed,
+                )
                 if key not in _ALONE:
                     _ALONE[key] = invariance.alone(self.model, self.tok, req, self.chunk)
                 got = (self.sched.tokens(uid), self.sched.logprobs(uid))
                 d = invariance.first_difference(list(zip(*got)), list(zip(*_ALONE[key])))
-                assert d is None, (f"{folder} uid {uid} (chunk {self.chunk}, seed {req.seed}) differs from its run "
-                                   f"alone from token {d}: {got} vs {_ALONE[key]}")
+                assert d is None, (
+                    f"{folder} uid {uid} (chunk {self.chunk}, seed {req.seed}) differs from its run "
+                    f"alone from token {d}: {got} vs {_ALONE[key]}"
+                )
                 STATS["rows_checked"] += 1
                 self.checked.add(uid)
 
@@ -130,7 +166,24 @@ def test_the_fuzzer_holds_with_openblas_where_the_default_path_is_not_invariant(
     if library is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
     env = {**os.environ, "WORKBENCH_BLAS": library}  # set: tests/conftest.py keeps it, no restart
-    out = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "not openblas"], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-o",
+            "addopts=",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "not openblas",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "5 passed" in out.stdout, out.stdout[-2000:]

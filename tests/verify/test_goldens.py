@@ -7,9 +7,9 @@ from importlib.metadata import version
 import pytest
 
 import workbench as wb
+from workbench.runtime.loading import BUNDLED_MODEL, DATA_DIR, RANDOM_MODEL
 from workbench.verify import oracle
 from workbench.verify.goldens import GOLDEN_MAX_BATCH, golden_requests, read_goldens
-from workbench.runtime.loading import BUNDLED_MODEL, DATA_DIR, RANDOM_MODEL
 
 pytestmark = pytest.mark.model
 
@@ -34,8 +34,10 @@ def test_golden_records_versions_and_requests(case):
 def test_scheduler_matches_goldens(case):
     golden, (model, tokenizer) = case
     sched = wb.Scheduler(model, tokenizer, max_batch=golden["max_batch"])
-    uids = [sched.submit(wb.Request(prompt=r["prompt_ids"], max_tokens=r["max_tokens"], stop_ids=r["stop_ids"]))
-            for r in golden["requests"]]
+    uids = [
+        sched.submit(wb.Request(prompt=r["prompt_ids"], max_tokens=r["max_tokens"], stop_ids=r["stop_ids"]))
+        for r in golden["requests"]
+    ]
     sched.run()
     for uid, r in zip(uids, golden["requests"]):
         assert sched.tokens(uid) == r["solo_tokens"] == r["batch_tokens"]
@@ -51,5 +53,6 @@ def test_live_mlx_lm_oracle_still_reproduces_the_goldens(case):
         assert live.tokens == r["solo_tokens"], (
             f"mlx-lm now gives other tokens than the golden (written with mlx {golden['mlx_version']}, "
             f"mlx-lm {golden['mlx_lm_version']}; running mlx {version('mlx')}, mlx-lm {version('mlx-lm')}); "
-            "rerun `workbench goldens` and review the diff")
+            "rerun `workbench goldens` and review the diff"
+        )
         assert live.logprobs == pytest.approx(r["solo_logprobs"], abs=1e-4)

@@ -10,8 +10,12 @@ import pytest
 import workbench as wb
 from workbench.runtime.device import on_gpu
 from workbench.verify import faults
-from workbench.verify.layers import (DEFAULT_RTOL, checkpoint_before_token, first_suspect_token, layer_table,
-                                     localize, ranges)
+from workbench.verify.layers import (
+    first_suspect_token,
+    layer_table,
+    localize,
+    ranges,
+)
 from workbench.verify.rerun import StepRecord
 from workbench.workloads.workload import prompt_maker
 
@@ -30,15 +34,23 @@ def running(make_sched, prompt, steps=2, **kwargs):
 
 # -- the pure table ---------------------------------------------------------------------
 
+
 def record(hidden, kv, logprobs=(0.0, -1.0)):
-    return StepRecord(np.array(hidden, np.float32), [None if k is None else np.array(k, np.float32) for k in kv],
-                      np.array(logprobs, np.float32))
+    return StepRecord(
+        np.array(hidden, np.float32),
+        [None if k is None else np.array(k, np.float32) for k in kv],
+        np.array(logprobs, np.float32),
+    )
 
 
 def test_layer_table_flags_the_layer_and_the_positions_over_tolerance():
     # 3 layers, hidden 2, P = 2 (cache positions 0..2, K = 1)
-    solo = record([[1.0, -2.0], [4.0, 0.0], [10.0, 1.0]], [[[1.0], [1.0], [2.0]], [[3.0], [1.0], [1.0]], None])
-    batched = record([[1.0, -2.0], [4.0, 0.5], [10.5, 1.0]], [[[1.0], [1.0], [2.0]], [[3.0], [1.5], [1.0]], None])
+    solo = record(
+        [[1.0, -2.0], [4.0, 0.0], [10.0, 1.0]], [[[1.0], [1.0], [2.0]], [[3.0], [1.0], [1.0]], None]
+    )
+    batched = record(
+        [[1.0, -2.0], [4.0, 0.5], [10.5, 1.0]], [[[1.0], [1.0], [2.0]], [[3.0], [1.5], [1.0]], None]
+    )
     table = layer_table(batched, solo, position=2, rtol=0.1)
     assert list(table["over"]) == [False, True, False]
     assert list(table["max_abs_delta"]) == [0.0, 0.5, 0.5]
@@ -64,6 +76,7 @@ def test_ranges_compacts_runs():
 
 
 # -- a correct batch ---------------------------------------------------------------------
+
 
 @pytest.mark.model
 def test_a_correct_batch_has_every_layer_of_every_row_within_tolerance(make_sched, prompt):
@@ -97,6 +110,7 @@ def test_localize_changes_nothing_in_the_scheduler(make_sched, prompt):
 
 
 # -- the planted fault ---------------------------------------------------------------------
+
 
 @pytest.mark.model
 @pytest.mark.parametrize("layer, row", [(1, 0), (3, 2), (4, 3)])
@@ -147,6 +161,7 @@ def test_a_fault_in_the_prefill_shows_at_token_1_in_the_caches_of_the_prompt(mak
 
 # -- real causes ---------------------------------------------------------------------------
 
+
 @pytest.mark.model
 @pytest.mark.parametrize("fault", [faults.no_padding_mask, faults.rope_counts_padding])
 def test_a_padding_bug_shows_in_layer_0_of_exactly_the_padded_rows(make_sched, prompt, bundled, fault):
@@ -177,6 +192,7 @@ def test_a_bf16_batch_differs_from_layer_0_at_every_position(prompt, bundled):
 
 
 # -- refusals ------------------------------------------------------------------------------
+
 
 @pytest.mark.model
 def test_localize_refuses_what_it_cannot_re_run(make_sched, prompt, random_llama):

@@ -3,8 +3,8 @@
 import pytest
 
 import workbench as wb
-from workbench.verify import lessons
 from workbench.runtime.loading import DATA_DIR
+from workbench.verify import lessons
 from workbench.workloads.workload import prompt_of_length
 
 pytestmark = pytest.mark.model
@@ -23,7 +23,9 @@ def test_scanning_pads_into_an_ssm_state_changes_the_next_token(mamba):
 
 def test_a_stale_ssm_state_changes_the_next_token(mamba):
     model, tok = mamba
-    assert lessons.stale_state_gap(model, prompt_of_length(tok, 20, 300), prompt_of_length(tok, 6, 500)) > 0.05
+    assert (
+        lessons.stale_state_gap(model, prompt_of_length(tok, 20, 300), prompt_of_length(tok, 6, 500)) > 0.05
+    )
 
 
 def test_sink_tokens_change_a_windowed_solo_run():

@@ -35,5 +35,7 @@ def test_a_checked_run_checks_every_decode_step_and_generates_what_run_does(make
 
 
 def test_a_step_check_with_a_disagreement_is_not_ok():
-    assert not StepCheck(snapshot=None, n_masks=2, problems=["call 1 [full]: model saw [[1]], snapshot has [[0]]"]).ok
+    assert not StepCheck(
+        snapshot=None, n_masks=2, problems=["call 1 [full]: model saw [[1]], snapshot has [[0]]"]
+    ).ok
     assert StepCheck(snapshot=None, n_masks=2, problems=[]).ok

@@ -45,8 +45,9 @@ def test_a_flip_below_the_tolerance_is_an_accepted_near_tie():
 
 
 def test_a_shorter_trace_is_a_divergence_and_the_report_counts_causes():
-    report = compare_traces({0: TokenTrace([1, 2], [-0.1, -0.2]), 1: TokenTrace([1, 2, 3], [-0.1, -0.2, -0.3])},
-                            {0: REF, 1: REF})
+    report = compare_traces(
+        {0: TokenTrace([1, 2], [-0.1, -0.2]), 1: TokenTrace([1, 2, 3], [-0.1, -0.2, -0.3])}, {0: REF, 1: REF}
+    )
     assert [r.cause for r in report.rows] == [oracle.DIVERGENCE, oracle.MATCH]
     assert report.causes() == {oracle.DIVERGENCE: 1, oracle.MATCH: 1} and report.noise == 0.0
 

@@ -55,14 +55,18 @@ def test_dequantized_load_is_float32_and_gives_the_4bit_models_logits(smollm2):
     dense, _ = wb.load(NAME, dequantize=True)
     assert isinstance(model.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
     q_proj = dense.model.layers[0].self_attn.q_proj
-    assert type(q_proj) is nn.Linear and q_proj.weight.dtype == mx.float32 and q_proj.weight.shape == (576, 576)
+    assert (
+        type(q_proj) is nn.Linear and q_proj.weight.dtype == mx.float32 and q_proj.weight.shape == (576, 576)
+    )
     ids = mx.array([chat_ids(tokenizer, "Hi")])
     quantized, dequantized = np.array(model(ids)[0, -1]), np.array(dense(ids)[0, -1])
     assert quantized.argmax() == dequantized.argmax()
     np.testing.assert_allclose(dequantized, quantized, atol=0.05 * np.abs(quantized).max())
 
 
-def test_by_default_load_dequantizes_on_the_cpu_saying_so_in_one_line_and_keeps_4_bits_on_a_gpu(smollm2, capsys):
+def test_by_default_load_dequantizes_on_the_cpu_saying_so_in_one_line_and_keeps_4_bits_on_a_gpu(
+    smollm2, capsys
+):
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -79,7 +83,9 @@ def test_by_default_load_dequantizes_on_the_cpu_saying_so_in_one_line_and_keeps_
 
 def test_chat_rows_in_the_packed_layout_equal_each_request_run_alone(smollm2):
     model, tokenizer = smollm2
-    sched = wb.Scheduler(model, tokenizer, layout="packed", max_batch=3, page_size=16, max_num_batched_tokens=24)
+    sched = wb.Scheduler(
+        model, tokenizer, layout="packed", max_batch=3, page_size=16, max_num_batched_tokens=24
+    )
     questions = ["What is 2+2?", "Name a primary colour.", "Say hello."]
     first = sched.submit(wb.Request(prompt=chat_ids(tokenizer, questions[0]), max_tokens=6))
     sched.admit()

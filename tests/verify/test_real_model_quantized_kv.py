@@ -10,7 +10,10 @@ import workbench as wb
 from tests.real_model import NAME, chat_ids, real_model_folder
 from workbench.verify import oracle
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.quantized_kv]  # quantized_kv: skipped where the device lacks the kernels
+pytestmark = [
+    pytest.mark.realmodel,
+    pytest.mark.quantized_kv,
+]  # quantized_kv: skipped where the device lacks the kernels
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,20 @@ from workbench.verify import oracle
 
 pytestmark = pytest.mark.realmodel
 
-CODE = ("def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n"
-        "    return width * height\n")
+CODE = (
+    "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError('negative')\n"
+    "    return width * height\n"
+)
 
 
 def test_prompt_lookup_rows_that_copy_their_prompt_equal_each_request_run_alone():
     model, tokenizer = dense_real_model()
     sched = wb.Scheduler(model, tokenizer, max_batch=3, speculative="prompt-lookup", num_draft_tokens=4)
-    questions = [f"Repeat this code exactly:\n```python\n{CODE}```", "Name a primary colour.",
-                 f"Add type hints to this function:\n```python\n{CODE}```"]
+    questions = [
+        f"Repeat this code exactly:\n```python\n{CODE}```",
+        "Name a primary colour.",
+        f"Add type hints to this function:\n```python\n{CODE}```",
+    ]
     uids = [sched.submit(wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=28)) for q in questions]
     sched.run()
     table = sched.report().speculation.set_index("uid")

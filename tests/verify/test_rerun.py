@@ -27,7 +27,10 @@ def test_the_batched_re_run_is_the_forward_the_next_step_runs(make_sched, prompt
         assert b.fed_token == sched.tokens(uid)[n] and b.batch_size == 3 and b.row == uid
         assert int(b.record.logprobs.argmax()) == token
         assert b.record.logprobs[token] == sched.logprobs(uid)[n + 1]  # bit for bit
-        assert b.record.hidden.shape == (5, 128) and b.record.kv[0].shape == (len(sched.request_of(uid).prompt_ids) + n + 1, 2 * 2 * 32)
+        assert b.record.hidden.shape == (5, 128) and b.record.kv[0].shape == (
+            len(sched.request_of(uid).prompt_ids) + n + 1,
+            2 * 2 * 32,
+        )
     assert [b.left_padding for b in steps.values()] == [5, 9, 0]
 
 

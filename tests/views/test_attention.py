@@ -6,13 +6,22 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
+from tests.views.test_views import full_snapshot
 from workbench.observe.events import Event
 from workbench.observe.forward_masks import decode_forward, prefill_forwards
 from workbench.verify.mask_oracle import prefill_mismatches, recorded_masks
-from workbench.views.attention import (CACHED, LATER, NEW, OWN, PAD, attention_cells, attention_text,
-                                       render_attention, stacked_cells)
+from workbench.views.attention import (
+    CACHED,
+    LATER,
+    NEW,
+    OWN,
+    PAD,
+    attention_cells,
+    attention_text,
+    render_attention,
+    stacked_cells,
+)
 from workbench.workloads.workload import prompt_maker
-from tests.views.test_views import full_snapshot
 
 
 def chunks(*sizes, uid=0):
@@ -22,19 +31,25 @@ def chunks(*sizes, uid=0):
 
 
 def test_text_of_a_chunk_after_cached_tokens_marks_cached_new_own_and_later_keys():
-    assert attention_text(chunks(2, 3)[1]) == "\n".join([
-        "prefill uid 0: positions 2-4, 2 cached",
-        "uid 0  keys 0-4",
-        "  q 2 | c c @ . .",
-        "  q 3 | c c # @ .",
-        "  q 4 | c c # # @",
-    ])
+    assert attention_text(chunks(2, 3)[1]) == "\n".join(
+        [
+            "prefill uid 0: positions 2-4, 2 cached",
+            "uid 0  keys 0-4",
+            "  q 2 | c c @ . .",
+            "  q 3 | c c # @ .",
+            "  q 4 | c c # # @",
+        ]
+    )
 
 
 def test_text_of_a_padded_row_marks_its_pad_queries_and_keys():
     log = [Event("prefill", 0, 0, 0.0, n_tokens=3), Event("prefill", 1, 0, 0.0, n_tokens=1)]
     assert attention_text(prefill_forwards(log)[0]).splitlines()[-4:] == [
-        "uid 1  keys 0-2", "  q 0 | @ p p", "  q 1 | p p p", "  q 2 | p p p"]
+        "uid 1  keys 0-2",
+        "  q 0 | @ p p",
+        "  q 1 | p p p",
+        "  q 2 | p p p",
+    ]
 
 
 def test_text_of_a_decode_step_is_one_line_per_row():
@@ -69,9 +84,12 @@ def test_render_attention_draws_one_axes_per_prefill_row_and_refuses_nothing():
 
 
 @pytest.mark.parametrize("chunked_padding", [False, True], ids=["cpu default", "gpu default: batched chunks"])
-@pytest.mark.parametrize("prefill_step_size,lengths", [(2048, (6, 2, 4)), (4, (11,)), (4, (11, 5)), (3, (4, 4))])
-def test_the_views_prefill_masks_equal_what_the_layers_receive(prefill_step_size, lengths, chunked_padding,
-                                                               monkeypatch):
+@pytest.mark.parametrize(
+    "prefill_step_size,lengths", [(2048, (6, 2, 4)), (4, (11,)), (4, (11, 5)), (3, (4, 4))]
+)
+def test_the_views_prefill_masks_equal_what_the_layers_receive(
+    prefill_step_size, lengths, chunked_padding, monkeypatch
+):
     """Also with a GPU's default (right-padded groups batched chunk by chunk), where a row with
     no real token left in a chunk still rides in its forward."""
     from workbench.engine import prefill

@@ -14,22 +14,28 @@ from workbench.views.style import figure_png
 
 def table():
     """3 layers, P = 2: layer 1's output and its cache at position 1 over tolerance."""
-    solo = StepRecord(np.array([[1.0, -2.0], [4.0, 0.0], [10.0, 1.0]], np.float32),
-                      [np.array([[1.0], [1.0], [2.0]], np.float32), np.array([[3.0], [1.0], [1.0]], np.float32), None],
-                      np.zeros(2, np.float32))
-    batched = StepRecord(np.array([[1.0, -2.0], [4.0, 0.5], [10.5, 1.0]], np.float32),
-                         [np.array([[1.0], [1.0], [2.0]], np.float32), np.array([[3.0], [1.5], [1.0]], np.float32), None],
-                         np.zeros(2, np.float32))
+    solo = StepRecord(
+        np.array([[1.0, -2.0], [4.0, 0.0], [10.0, 1.0]], np.float32),
+        [np.array([[1.0], [1.0], [2.0]], np.float32), np.array([[3.0], [1.0], [1.0]], np.float32), None],
+        np.zeros(2, np.float32),
+    )
+    batched = StepRecord(
+        np.array([[1.0, -2.0], [4.0, 0.5], [10.5, 1.0]], np.float32),
+        [np.array([[1.0], [1.0], [2.0]], np.float32), np.array([[3.0], [1.5], [1.0]], np.float32), None],
+        np.zeros(2, np.float32),
+    )
     return layer_table(batched, solo, position=2, rtol=0.1)
 
 
 def test_the_text_form_lists_each_layers_verdict_and_positions():
-    assert divergence_text(table()) == "\n".join([
-        "layer  over  first position  positions",
-        "    0    no               -  -",
-        "    1   YES               1  1-2",
-        "    2    no               -  -",
-    ])
+    assert divergence_text(table()) == "\n".join(
+        [
+            "layer  over  first position  positions",
+            "    0    no               -  -",
+            "    1   YES               1  1-2",
+            "    2    no               -  -",
+        ]
+    )
 
 
 def test_the_figure_colours_over_tolerance_markers_and_names_the_first_layer():

@@ -26,15 +26,33 @@ def test_render_grids_draws_one_panel_per_grid():
 
 
 def test_ops_and_chunks_text_give_verdicts_and_magnitudes_only_when_asked():
-    ops = [OpFinding("lm_head Linear 8->16 mlx.core.float32", (2, 8), 2.9e-6, 0.0, "blocks of 8 rows (padded to 8)"),
-           OpFinding("rms_norm 8 mlx.core.float32", (2,), 0.0, None, "unchanged")]
+    ops = [
+        OpFinding(
+            "lm_head Linear 8->16 mlx.core.float32", (2, 8), 2.9e-6, 0.0, "blocks of 8 rows (padded to 8)"
+        ),
+        OpFinding("rms_norm 8 mlx.core.float32", (2,), 0.0, None, "unchanged"),
+    ]
     text = view.ops_text(ops).splitlines()
-    assert text[1].split() == ["lm_head", "Linear", "8->16", "float32", "differs", "bit-equal", "blocks", "of", "8",
-                               "rows", "(padded", "to", "8)"]
+    assert text[1].split() == [
+        "lm_head",
+        "Linear",
+        "8->16",
+        "float32",
+        "differs",
+        "bit-equal",
+        "blocks",
+        "of",
+        "8",
+        "rows",
+        "(padded",
+        "to",
+        "8)",
+    ]
     assert "bit-equal   unchanged" in text[2]
     assert "2.9e-06" in view.ops_text(ops, magnitudes=True)
     chunks = [ChunkFinding(8, 2048, True, 9.5e-7), ChunkFinding(16, 2048, False, 0.0)]
     assert view.chunks_text(chunks).splitlines() == [
         "prefill_step_size     8 vs 2048: tokens equal, log-probs differ",
-        "prefill_step_size    16 vs 2048: tokens DIFFER, log-probs bit-equal"]
+        "prefill_step_size    16 vs 2048: tokens DIFFER, log-probs bit-equal",
+    ]
     assert "9.5e-07 nats" in view.chunks_text(chunks, magnitudes=True)

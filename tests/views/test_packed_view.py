@@ -37,13 +37,21 @@ def test_the_packed_text_shows_pages_chunks_and_the_mask_of_the_step(running):
 
 
 def test_the_budget_text_lists_each_forward_of_the_history(running):
-    assert budget_text(running.history).splitlines() == ["step  decode  prefill  budget", "   1       0        3       6",
-                                                         "   2       1        5       6"]
+    assert budget_text(running.history).splitlines() == [
+        "step  decode  prefill  budget",
+        "   1       0        3       6",
+        "   2       1        5       6",
+    ]
 
 
 def test_the_figures_draw_from_a_snapshot_and_a_history(running):
     snap = running.snapshot()
-    assert render_packed_mask(snap).axes[0].get_title(loc="left").startswith("packed mask of step 2: 6 tokens x 9 keys")
+    assert (
+        render_packed_mask(snap)
+        .axes[0]
+        .get_title(loc="left")
+        .startswith("packed mask of step 2: 6 tokens x 9 keys")
+    )
     assert "3/3 pages" in render_page_table(snap).axes[0].get_title(loc="left")
     assert len(render_token_budget(running.history).axes[0].patches) == 4
 
@@ -59,5 +67,7 @@ def test_the_panel_on_a_packed_scheduler_shows_its_mask_page_table_and_text(runn
     panel = views.Panel(running)
     panel.buttons["Step"].click()
     assert panel.sched.step_index == 3 and panel.error.value == ""
-    assert bytes(panel.mask_image.value).startswith(b"\x89PNG") and bytes(panel.kv_image.value).startswith(b"\x89PNG")
+    assert bytes(panel.mask_image.value).startswith(b"\x89PNG") and bytes(panel.kv_image.value).startswith(
+        b"\x89PNG"
+    )
     assert "page table: " in panel.mask_ascii.value and "packed mask: T=" in panel.mask_ascii.value

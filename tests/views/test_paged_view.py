@@ -14,11 +14,15 @@ from workbench.views.style import figure_png, smallest_text_px
 
 
 def _table(budget=True):
-    snaps = [snapshot([full_group([5, 37], width=37, capacity=256)], 2, step=0),
-             snapshot([full_group([6, 38, 3], width=38, capacity=256)], 3, step=1),
-             snapshot([full_group([39], width=39, capacity=256, free=1)], 1, free=1, step=2)]
+    snaps = [
+        snapshot([full_group([5, 37], width=37, capacity=256)], 2, step=0),
+        snapshot([full_group([6, 38, 3], width=38, capacity=256)], 3, step=1),
+        snapshot([full_group([39], width=39, capacity=256, free=1)], 1, free=1, step=2),
+    ]
     table = paged_table(snaps, blocks=(16, 64))
-    return table if budget else table[[c for c in table.columns if "max_batch" not in c and c != "budget_bytes"]]
+    return (
+        table if budget else table[[c for c in table.columns if "max_batch" not in c and c != "budget_bytes"]]
+    )
 
 
 def test_the_figure_draws_the_table_bytes_waste_and_largest_batch():

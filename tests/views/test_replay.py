@@ -18,21 +18,39 @@ def _run(name: str, scale: float) -> Replay:
     TPOT 5..31 ms, E2E 150..5500 ms); two requests' events for the occupancy panels."""
     rng = np.random.default_rng(0)
     n = 40
-    requests = pd.DataFrame({"ttft_s": rng.uniform(0.03, 5.0, n) * scale, "tpot_s": rng.uniform(0.005, 0.031, n),
-                             "e2e_s": rng.uniform(0.15, 5.5, n) * scale})
-    events = [Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.2), Event("admit", 0, 0, 0.5), Event("join", 0, 0, 0.5),
-              Event("admit", 1, 1, 1.0), Event("join", 1, 1, 1.0), Event("evict", 0, 2, 3.0 * scale),
-              Event("evict", 1, 3, 7.5 * scale)]
+    requests = pd.DataFrame(
+        {
+            "ttft_s": rng.uniform(0.03, 5.0, n) * scale,
+            "tpot_s": rng.uniform(0.005, 0.031, n),
+            "e2e_s": rng.uniform(0.15, 5.5, n) * scale,
+        }
+    )
+    events = [
+        Event("submit", 0, 0, 0.0),
+        Event("submit", 1, 0, 0.2),
+        Event("admit", 0, 0, 0.5),
+        Event("join", 0, 0, 0.5),
+        Event("admit", 1, 1, 1.0),
+        Event("join", 1, 1, 1.0),
+        Event("evict", 0, 2, 3.0 * scale),
+        Event("evict", 1, 3, 7.5 * scale),
+    ]
     return Replay(name=name, config={}, mode="cost", report=Report(events, requests=requests), samples=None)
 
 
 def _overlapping_tick_labels(ax) -> list[tuple[str, str]]:
-    boxes = [(t.get_text(), t.get_window_extent()) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+    boxes = [
+        (t.get_text(), t.get_window_extent())
+        for t in ax.get_xticklabels()
+        if t.get_visible() and t.get_text()
+    ]
     return [(a, b) for (a, ba), (b, bb) in zip(boxes, boxes[1:]) if ba.x1 > bb.x0]
 
 
 def test_latency_cdf_tick_labels_are_plain_numbers_that_never_overlap():
-    runs = {name: _run(name, s) for name, s in (("fcfs", 1.0), ("shortest-first", 1.1), ("prefill-first", 0.9))}
+    runs = {
+        name: _run(name, s) for name, s in (("fcfs", 1.0), ("shortest-first", 1.1), ("prefill-first", 0.9))
+    }
     fig = render_latency_cdfs(runs)
     FigureCanvasAgg(fig).draw()
     for ax in fig.axes:

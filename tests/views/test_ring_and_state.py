@@ -5,11 +5,11 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
+from tests.views.test_views import full_snapshot
 from workbench.runtime.loading import DATA_DIR
 from workbench.views.ring import render_ring, ring_cells
 from workbench.views.state import group_bytes, render_state, state_text
 from workbench.workloads.workload import prompt_maker, prompt_of_length
-from tests.views.test_views import full_snapshot
 
 
 def test_ring_cells_put_the_write_slot_at_the_write_index_once_wrapped_else_last():
@@ -45,7 +45,16 @@ def test_state_bytes_stay_flat_while_the_kv_cache_grows():
     full = [group_bytes(s, s.group("full")) for s in shown]
     assert len(set(ssm)) == 1 and full == sorted(full) and full[-1] > full[0]
     assert full[0] == shown[0].group("full").token_bytes * shown[0].kv_width_tokens
-    assert state_text(shown).splitlines()[0].split() == ["step", "rows", "longest", "context", "ssm", "KiB", "full", "KiB"]
+    assert state_text(shown).splitlines()[0].split() == [
+        "step",
+        "rows",
+        "longest",
+        "context",
+        "ssm",
+        "KiB",
+        "full",
+        "KiB",
+    ]
     assert isinstance(render_state(list(sched.history)), Figure)
     with pytest.raises(ValueError, match="a snapshot with rows"):
         render_state([full_snapshot(uids=(), left_padding=(), width=0)])

@@ -17,11 +17,23 @@ def ev(kind, uid, step):
 
 
 def test_a_joiner_takes_the_slot_an_evicted_request_freed():
-    log = [ev("join", 0, 0), ev("join", 1, 0), ev("token", 0, 0), ev("token", 1, 0), ev("token", 1, 1),
-           ev("evict", 0, 1), ev("join", 2, 2), ev("token", 2, 2), ev("token", 1, 2)]
+    log = [
+        ev("join", 0, 0),
+        ev("join", 1, 0),
+        ev("token", 0, 0),
+        ev("token", 1, 0),
+        ev("token", 1, 1),
+        ev("evict", 0, 1),
+        ev("join", 2, 2),
+        ev("token", 2, 2),
+        ev("token", 1, 2),
+    ]
     grid = slot_grid(log, 2)
     assert grid.tolist() == [[0, IDLE, 2], [1, 1, 1]]
-    assert slots_text(grid) == "3 decode steps, 5 tokens in 6 slot-steps: 83% busy\nslot 0 | 0 . 2\nslot 1 | 1 1 1"
+    assert (
+        slots_text(grid)
+        == "3 decode steps, 5 tokens in 6 slot-steps: 83% busy\nslot 0 | 0 . 2\nslot 1 | 1 1 1"
+    )
     assert utilisation(grid) == pytest.approx(5 / 6)
 
 
@@ -41,7 +53,9 @@ def test_static_batching_waits_for_the_longest_row_and_gives_the_same_tokens():
     model, tokenizer = wb.load()
     prompt = prompt_maker(tokenizer)
     wanted = [(5, 2), (4, 6), (3, 3), (6, 2)]
-    make = lambda: [wb.Request(prompt=prompt(n, 9 * i), max_tokens=m, stop_ids=[]) for i, (n, m) in enumerate(wanted)]
+    make = lambda: [
+        wb.Request(prompt=prompt(n, 9 * i), max_tokens=m, stop_ids=[]) for i, (n, m) in enumerate(wanted)
+    ]
     static = wb.Scheduler(model, tokenizer, max_batch=2)
     run_static(static, make())
     continuous = wb.Scheduler(model, tokenizer, max_batch=2)
@@ -49,8 +63,10 @@ def test_static_batching_waits_for_the_longest_row_and_gives_the_same_tokens():
         continuous.submit(r)
     continuous.run()
     # static: batch {0, 1} runs 6 steps (uid 1's length), then {2, 3} 3 steps; continuous: 7 steps
-    assert slot_grid(static.events, 2).tolist() == [[0, 0, IDLE, IDLE, IDLE, IDLE, 2, 2, 2],
-                                                    [1, 1, 1, 1, 1, 1, 3, 3, IDLE]]
+    assert slot_grid(static.events, 2).tolist() == [
+        [0, 0, IDLE, IDLE, IDLE, IDLE, 2, 2, 2],
+        [1, 1, 1, 1, 1, 1, 3, 3, IDLE],
+    ]
     assert static.step_index == 9 and continuous.step_index < static.step_index
     assert all(static.tokens(u) == continuous.tokens(u) for u in range(4))
     with pytest.raises(ValueError, match="needs an idle scheduler"):

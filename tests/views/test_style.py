@@ -26,9 +26,14 @@ def test_no_colour_of_the_palette_has_two_meanings():
 
 
 def hex_literals(path: Path) -> set[str]:
-    return {n.value.lower() for n in ast.walk(ast.parse(path.read_text()))
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) == 7
-            and n.value.startswith(HEX)}
+    return {
+        n.value.lower()
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and len(n.value) == 7
+        and n.value.startswith(HEX)
+    }
 
 
 def test_the_views_write_no_colour_of_their_own_outside_the_palette():
@@ -42,8 +47,19 @@ def test_the_views_write_no_colour_of_their_own_outside_the_palette():
 def test_the_benchmark_figures_agree_with_the_palette_and_orange_means_no_engine():
     assert bench_figures.WORKBENCH_COLOUR == style.ATTENDED and bench_figures.PREFILL_COLOUR == style.PREFILL
     engines = {name: c for name, c in bench_figures.ENGINE_COLOURS.items() if name != "workbench"}
-    cache_meanings = {style.PADDING, style.PREFILL, style.ATTENDED, style.FED, style.NEW_KEY, style.STATE,
-                      style.EXPIRED, style.QUEUED, style.WAITING, style.GOOD, style.BAD}
+    cache_meanings = {
+        style.PADDING,
+        style.PREFILL,
+        style.ATTENDED,
+        style.FED,
+        style.NEW_KEY,
+        style.STATE,
+        style.EXPIRED,
+        style.QUEUED,
+        style.WAITING,
+        style.GOOD,
+        style.BAD,
+    }
     assert not set(engines.values()) & cache_meanings, engines
 
 
@@ -81,6 +97,10 @@ def test_png_grid_lays_images_out_in_rows_top_aligned():
         image.imsave(buf, np.full((h, w, 3), value), format="png")
         return buf.getvalue()
 
-    grid = image.imread(io.BytesIO(style.png_grid([[png(10, 20, 0.0), png(6, 30, 0.5)], [png(4, 8, 0.0)]], gap_px=2)))
+    grid = image.imread(
+        io.BytesIO(style.png_grid([[png(10, 20, 0.0), png(6, 30, 0.5)], [png(4, 8, 0.0)]], gap_px=2))
+    )
     assert grid.shape[:2] == (10 + 2 + 4, 20 + 2 + 30)
-    assert to_hex(grid[0, 0, :3]) == "#000000" and to_hex(grid[8, 30, :3]) == "#ffffff"  # under the short image: white
+    assert (
+        to_hex(grid[0, 0, :3]) == "#000000" and to_hex(grid[8, 30, :3]) == "#ffffff"
+    )  # under the short image: white

@@ -13,14 +13,17 @@ from workbench import views  # noqa: E402
 
 
 def test_the_text_shows_the_latest_tokens_candidates_of_each_row_that_asked():
-    events = events_frame([
-        Event("token", 3, 0, 1.0, row=0, token=7, logprob=-0.1, top_logprobs=((7, -0.1), (2, -2.4))),
-        Event("token", 5, 0, 1.0, row=1, token=4, logprob=-0.3),
-        Event("token", 3, 1, 2.0, row=0, token=9, logprob=-0.9, top_logprobs=((5, -0.7), (9, -0.9))),
-    ])
+    events = events_frame(
+        [
+            Event("token", 3, 0, 1.0, row=0, token=7, logprob=-0.1, top_logprobs=((7, -0.1), (2, -2.4))),
+            Event("token", 5, 0, 1.0, row=1, token=4, logprob=-0.3),
+            Event("token", 3, 1, 2.0, row=0, token=9, logprob=-0.9, top_logprobs=((5, -0.7), (9, -0.9))),
+        ]
+    )
     snap = Snapshot(2, (3, 5), (), (), (), (), (), 0, 0, 0)
-    assert top_logprobs_text(snap, events) == ("top log-probs of each row's latest token (best first)\n"
-                                               "row 0 uid 3  5  -0.70 | 9  -0.90")
+    assert top_logprobs_text(snap, events) == (
+        "top log-probs of each row's latest token (best first)\nrow 0 uid 3  5  -0.70 | 9  -0.90"
+    )
     earlier = Snapshot(1, (3, 5), (), (), (), (), (), 0, 0, 0)  # the history's step 1: the first token's
     assert top_logprobs_text(earlier, events).endswith("row 0 uid 3  7  -0.10 | 2  -2.40")
     assert top_logprobs_text(Snapshot(2, (5,), (), (), (), (), (), 0, 0, 0), events) == ""

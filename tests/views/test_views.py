@@ -32,17 +32,36 @@ def full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3, capacity=8, step=3,
     """A hand-built snapshot of a full-attention batch (2 layers, 4,096 KV bytes)."""
     lp = frozen(np.array(left_padding))
     offset = frozen(width - lp)
-    group = LayerGroup(name="full", layers=("0", "1"), kv_bytes=4096, mask=frozen(decode_mask(lp, width)),
-                       left_padding=lp, offset=offset, kv_width_tokens=width, capacity_tokens=capacity)
+    group = LayerGroup(
+        name="full",
+        layers=("0", "1"),
+        kv_bytes=4096,
+        mask=frozen(decode_mask(lp, width)),
+        left_padding=lp,
+        offset=offset,
+        kv_width_tokens=width,
+        capacity_tokens=capacity,
+    )
     B = len(uids)
-    return Snapshot(step=step, uids=tuple(uids), finished=tuple(finished or [False] * B),
-                    generated_tokens=(1,) * B, context_tokens=tuple(int(o) for o in offset),
-                    left_padding=lp, offset=offset, kv_width_tokens=width, capacity_tokens=capacity,
-                    kv_bytes=4096, groups=(group,))
+    return Snapshot(
+        step=step,
+        uids=tuple(uids),
+        finished=tuple(finished or [False] * B),
+        generated_tokens=(1,) * B,
+        context_tokens=tuple(int(o) for o in offset),
+        left_padding=lp,
+        offset=offset,
+        kv_width_tokens=width,
+        capacity_tokens=capacity,
+        kv_bytes=4096,
+        groups=(group,),
+    )
 
 
 def report_of(events) -> Report:
-    return Report(events=events, requests=request_metrics(events), throughput_tok_per_s=throughput_tok_per_s(events))
+    return Report(
+        events=events, requests=request_metrics(events), throughput_tok_per_s=throughput_tok_per_s(events)
+    )
 
 
 def window_run(model_name="tiny-gemma3", steps=8):
@@ -61,19 +80,30 @@ def window_run(model_name="tiny-gemma3", steps=8):
 
 # -- mask view --------------------------------------------------------------------------
 def test_mask_text_of_a_two_row_full_attention_snapshot_is_exact():
-    assert views.mask_text(full_snapshot()) == "\n".join([
-        "masks at step 3: 2 row(s)",
-        "[full] layers 0,1, 4,096 bytes; KV width 3 tokens",
-        "  mask ('#' attended, '.' padding, '@' fed token):",
-        "uid 7 | # # # @",
-        "uid 9 | . . # @",
-    ])
+    assert views.mask_text(full_snapshot()) == "\n".join(
+        [
+            "masks at step 3: 2 row(s)",
+            "[full] layers 0,1, 4,096 bytes; KV width 3 tokens",
+            "  mask ('#' attended, '.' padding, '@' fed token):",
+            "uid 7 | # # # @",
+            "uid 9 | . . # @",
+        ]
+    )
 
 
 def test_mask_text_of_an_empty_batch_says_no_rows():
-    empty = Snapshot(step=0, uids=(), finished=(), generated_tokens=(), context_tokens=(),
-                     left_padding=frozen(np.zeros(0, int)), offset=frozen(np.zeros(0, int)),
-                     kv_width_tokens=0, capacity_tokens=0, kv_bytes=0)
+    empty = Snapshot(
+        step=0,
+        uids=(),
+        finished=(),
+        generated_tokens=(),
+        context_tokens=(),
+        left_padding=frozen(np.zeros(0, int)),
+        offset=frozen(np.zeros(0, int)),
+        kv_width_tokens=0,
+        capacity_tokens=0,
+        kv_bytes=0,
+    )
     assert views.mask_text(empty) == "masks at step 0: 0 row(s)\n(no rows)"
     fig = views.render_masks(empty)
     assert fig.axes[0].texts[0].get_text().startswith("no rows in the batch")
@@ -107,33 +137,51 @@ def test_render_masks_of_a_sliding_window_model_draws_each_group_on_shared_posit
 
 # -- KV geometry ------------------------------------------------------------------------
 def test_kv_text_of_a_two_row_snapshot_is_exact():
-    assert views.kv_text(full_snapshot()) == "\n".join([
-        "KV geometry at step 3: 2 row(s), 4,096 KV bytes, padding waste 33.3%",
-        "[full] layers 0,1: KV width 3 of 8 allocated tokens",
-        "  uid | padding    valid   unused",
-        "    7 |       0        3        5",
-        "    9 |       2        1        5",
-    ])
+    assert views.kv_text(full_snapshot()) == "\n".join(
+        [
+            "KV geometry at step 3: 2 row(s), 4,096 KV bytes, padding waste 33.3%",
+            "[full] layers 0,1: KV width 3 of 8 allocated tokens",
+            "  uid | padding    valid   unused",
+            "    7 |       0        3        5",
+            "    9 |       2        1        5",
+        ]
+    )
 
 
 def test_row_geometry_of_a_wrapped_ring_counts_the_overwritten_slot_as_expired():
     # window 4, wrapped: row 0 has no padding left (mlx-lm's left_padding went negative),
     # row 1 still has 2 pad slots. The fed token overwrites the write slot.
     mask = np.array([[True, True, True, True], [True, False, False, True]])
-    ring = LayerGroup(name="window4", layers=("0",), kv_bytes=0, mask=mask, left_padding=np.array([-1, 2]),
-                      kv_width_tokens=4, capacity_tokens=4, window_tokens=4, write_index=0, wrapped=True)
+    ring = LayerGroup(
+        name="window4",
+        layers=("0",),
+        kv_bytes=0,
+        mask=mask,
+        left_padding=np.array([-1, 2]),
+        kv_width_tokens=4,
+        capacity_tokens=4,
+        window_tokens=4,
+        write_index=0,
+        wrapped=True,
+    )
     geo = row_geometry(ring)
     assert {k: v.tolist() for k, v in geo.items()} == {
-        "padding": [0, 2], "valid": [3, 1], "expired": [1, 1], "unused": [0, 0]}
+        "padding": [0, 2],
+        "valid": [3, 1],
+        "expired": [1, 1],
+        "unused": [0, 0],
+    }
 
 
 def test_kv_history_text_has_one_line_per_snapshot():
     history = [full_snapshot(step=3), full_snapshot(uids=(9,), left_padding=(0,), width=1, step=4)]
-    assert views.kv_history_text(history) == "\n".join([
-        "step  rows  KV width  padding waste      KV bytes",
-        "   3     2         3          33.3%         4,096",
-        "   4     1         1           0.0%         4,096",
-    ])
+    assert views.kv_history_text(history) == "\n".join(
+        [
+            "step  rows  KV width  padding waste      KV bytes",
+            "   3     2         3          33.3%         4,096",
+            "   4     1         1           0.0%         4,096",
+        ]
+    )
 
 
 def test_render_kv_draws_row_bars_and_waste_and_bytes_per_step():
@@ -164,16 +212,30 @@ def test_timeline_text_of_a_long_run_merges_steps_per_column_so_a_line_fits_the_
     from workbench.observe.events import Event, events_frame
 
     # uid 0: 250 tokens (steps 0..249), evicted at step 250; uid 1 queued from step 0, joins at step 200
-    ev = ([Event("submit", 0, 0, 0.0), Event("submit", 1, 0, 0.0), Event("admit", 0, 0, 0.0), Event("admit", 1, 200, 0.0)]
-          + [Event("token", 0, s, 0.0) for s in range(250)] + [Event("token", 1, s, 0.0) for s in range(200, 210)]
-          + [Event("finish", 0, 249, 0.0), Event("evict", 0, 250, 0.0), Event("finish", 1, 209, 0.0),
-             Event("evict", 1, 210, 0.0)])
+    ev = (
+        [
+            Event("submit", 0, 0, 0.0),
+            Event("submit", 1, 0, 0.0),
+            Event("admit", 0, 0, 0.0),
+            Event("admit", 1, 200, 0.0),
+        ]
+        + [Event("token", 0, s, 0.0) for s in range(250)]
+        + [Event("token", 1, s, 0.0) for s in range(200, 210)]
+        + [
+            Event("finish", 0, 249, 0.0),
+            Event("evict", 0, 250, 0.0),
+            Event("finish", 1, 209, 0.0),
+            Event("evict", 1, 210, 0.0),
+        ]
+    )
     lines = views.timeline_text(events_frame(ev)).splitlines()
     assert lines[0] == "(one column = 3 decode steps)"  # 251 steps, at most 100 columns
     assert lines[1] == "uid 0 | " + "#" * 83 + "x"  # steps 249, 250 share column 83: x outranks #
     assert lines[2] == "uid 1 | " + "q" * 66 + "####x"  # 198..200: a token outranks q; 210 is x
     assert max(len(line) for line in lines) <= 8 + views.timeline.TEXT_COLUMNS
-    assert views.timeline_text(events_frame(ev), max_columns=300).splitlines()[0] == "uid 0 | " + "#" * 250 + "x"
+    assert (
+        views.timeline_text(events_frame(ev), max_columns=300).splitlines()[0] == "uid 0 | " + "#" * 250 + "x"
+    )
     with pytest.raises(ValueError, match="max_columns"):
         views.timeline_text(events_frame(ev), max_columns=0)
 
@@ -187,11 +249,17 @@ def test_the_timeline_legend_lists_only_the_span_kinds_drawn_wide_enough_to_see(
     assert legend(views.render_timeline(two_request_events, x="step")) == ["decode"]
     # over time uid 1 waits 0.5 s for filter(): its span is drawn and listed
     assert legend(views.render_timeline(two_request_events, x="time")) == [
-        "queued", "prefill", "decode", "finished, not filtered"]
+        "queued",
+        "prefill",
+        "decode",
+        "finished, not filtered",
+    ]
     late = two_request_events.copy()
     finish_s = late[late.kind == "finish"].set_index("uid").time_s
     evict = late.kind == "evict"
-    late.loc[evict, "time_s"] = late.loc[evict, "uid"].map(finish_s) + 1e-6  # filter() right after the finishing step
+    late.loc[evict, "time_s"] = (
+        late.loc[evict, "uid"].map(finish_s) + 1e-6
+    )  # filter() right after the finishing step
     spans = views.timeline.visible_spans(views.timeline.span_bounds(late, "time"))
     assert not spans[spans.kind == "finished, not filtered"].visible.any()  # microseconds: drawn, not listed
     assert "finished, not filtered" not in legend(views.render_timeline(late, x="time"))
@@ -202,7 +270,11 @@ def test_render_timeline_over_steps_draws_spans_and_join_evict_marks(two_request
     ax = fig.axes[0]
     assert ax.get_xlabel() == "decode step"
     assert [t.get_text() for t in ax.get_yticklabels()] == ["uid 0", "uid 1"]
-    decode = [(p.get_x(), p.get_width()) for p in ax.patches if p.get_facecolor()[:3] == (59 / 255, 125 / 255, 216 / 255)]
+    decode = [
+        (p.get_x(), p.get_width())
+        for p in ax.patches
+        if p.get_facecolor()[:3] == (59 / 255, 125 / 255, 216 / 255)
+    ]
     assert decode == [(0, 3), (0, 2)]
     assert len(ax.lines) == 4  # a join and an evict mark per uid
     assert all(float(t).is_integer() for t in ax.get_xticks())  # whole decode steps, never 2.5
@@ -213,7 +285,9 @@ def test_render_timelines_draws_one_panel_per_run_on_shared_axes(two_request_eve
     fig = views.render_timelines({"fcfs": two_request_events, "spf": later})
     left, right = fig.axes[:2]
     assert [a.get_title().split()[0] for a in (left, right)] == ["fcfs", "spf"]
-    assert left.get_xlim() == right.get_xlim() and right.get_legend() is not None and left.get_legend() is None
+    assert (
+        left.get_xlim() == right.get_xlim() and right.get_legend() is not None and left.get_legend() is None
+    )
     with pytest.raises(ValueError, match="at least one run"):
         views.render_timelines({})
 
@@ -225,13 +299,15 @@ def test_render_timeline_refuses_an_unknown_axis(two_request_events):
 
 # -- latency ----------------------------------------------------------------------------
 def test_latency_text_of_a_hand_written_log_is_exact(two_request_events):
-    assert views.latency_text(report_of(two_request_events)) == "\n".join([
-        "2 requests, 5 generated tokens over 3 decode steps",
-        "TTFT (ms): p50 1500.0, p95 1950.0 (2 requests)",
-        "TPOT (ms): p50 1000.0, p95 1000.0 (2 requests)",
-        "throughput: 1.2 tok/s over the run; decode tok/s per step: min 1.0, max 2.0",
-        "batch size by step: 2×2 1",
-    ])
+    assert views.latency_text(report_of(two_request_events)) == "\n".join(
+        [
+            "2 requests, 5 generated tokens over 3 decode steps",
+            "TTFT (ms): p50 1500.0, p95 1950.0 (2 requests)",
+            "TPOT (ms): p50 1000.0, p95 1000.0 (2 requests)",
+            "throughput: 1.2 tok/s over the run; decode tok/s per step: min 1.0, max 2.0",
+            "batch size by step: 2×2 1",
+        ]
+    )
 
 
 def test_run_lengths_collapse_repeats():
@@ -242,7 +318,11 @@ def test_run_lengths_collapse_repeats():
 def test_render_latency_has_the_four_panels(two_request_events):
     fig = views.render_latency(report_of(two_request_events))
     assert [ax.get_title(loc="left") for ax in fig.axes] == [
-        "TTFT per request", "TPOT per request", "decode throughput per step", "batch size per step"]
+        "TTFT per request",
+        "TPOT per request",
+        "decode throughput per step",
+        "batch size per step",
+    ]
     assert fig.axes[0].get_legend().get_texts()[0].get_text() == "p50 1500.0 ms"
 
 
@@ -263,7 +343,9 @@ def test_step_button_steps_the_engine_and_changes_label_and_mask_image(panel):
     panel.buttons["Step"].click()
     assert panel.sched.step_index == 1
     assert panel.status.value == "step 1 · 2 row(s) · 1,310,720 KV bytes · queue []"
-    assert bytes(panel.mask_image.value) != bytes(image) and bytes(panel.mask_image.value).startswith(b"\x89PNG")
+    assert bytes(panel.mask_image.value) != bytes(image) and bytes(panel.mask_image.value).startswith(
+        b"\x89PNG"
+    )
     assert "uid 0 | # # # # # # @" in panel.mask_ascii.value
 
 
@@ -365,8 +447,12 @@ def test_the_panel_images_fit_two_side_by_side_unscaled_with_text_of_at_least_9_
     for image, fig in figures.items():
         width_px = fig.get_figwidth() * panel_module.IMAGE_DPI
         assert 2 * width_px + 16 <= 968, image  # two per row in JupyterLab's output area at a 1400 px window
-        assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340, image  # both rows and the buttons on a 900 px screen
-        assert smallest_text_px(fig, panel_module.IMAGE_DPI) >= 9, image  # shown at its own size (test_browser.py)
+        assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340, (
+            image
+        )  # both rows and the buttons on a 900 px screen
+        assert smallest_text_px(fig, panel_module.IMAGE_DPI) >= 9, (
+            image
+        )  # shown at its own size (test_browser.py)
     layout = panel.mask_image.layout
     assert layout.width is None and layout.max_width == "100%" and layout.align_self == "flex-start"
 
@@ -439,9 +525,11 @@ def test_restore_is_enabled_in_every_notebook_that_shows_the_panel():
 
 
 def test_importing_workbench_and_its_views_does_not_import_ipywidgets():
-    code = ("import sys, workbench as wb; wb.views.render_masks; "
-            "assert 'ipywidgets' not in sys.modules, 'ipywidgets imported'; "
-            "wb.views.Panel; assert 'ipywidgets' in sys.modules")
+    code = (
+        "import sys, workbench as wb; wb.views.render_masks; "
+        "assert 'ipywidgets' not in sys.modules, 'ipywidgets imported'; "
+        "wb.views.Panel; assert 'ipywidgets' in sys.modules"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 
@@ -463,7 +551,9 @@ def test_layer_lists_of_deep_models_are_written_as_ranges_and_short_ones_name_ev
     assert layer_list(["0", "1", "2", "3", "4"]) == "0,1,2,3,4"  # the tiny models' text stays as it was
     assert layer_list([str(i) for i in range(30)]) == "0-29"  # SmolLM2-135M's one group
     assert layer_list([str(i) for i in range(0, 30, 2)]) == ",".join(str(i) for i in range(0, 30, 2))
-    assert layer_list([str(i) for i in range(12) if i not in (5, 9)]) == "0-4,6,7,8,10,11".replace("6,7,8", "6-8")
+    assert layer_list([str(i) for i in range(12) if i not in (5, 9)]) == "0-4,6,7,8,10,11".replace(
+        "6,7,8", "6-8"
+    )
 
 
 def test_mask_text_writes_a_deep_models_layer_list_as_a_range_and_keeps_short_lists():
@@ -504,7 +594,13 @@ def test_the_panel_prefill_image_of_a_long_prompt_stays_short():
     from workbench.observe.forward_masks import ForwardMask, causal_mask
 
     n = 40  # a chat prompt's prefill, one row
-    fm = ForwardMask("prefill uid 4: positions 0-39", (4,), causal_mask(n), 0, np.zeros((1, n), bool),
-                     np.zeros((1, n), bool))
+    fm = ForwardMask(
+        "prefill uid 4: positions 0-39",
+        (4,),
+        causal_mask(n),
+        0,
+        np.zeros((1, n), bool),
+        np.zeros((1, n), bool),
+    )
     fig = panel_module.prefill_figure(fm)
     assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340

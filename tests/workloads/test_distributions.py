@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from workbench.workloads.distributions import (
-    Fixed, LogNormal, Uniform, gamma_arrivals_s, generator, lengths_from, poisson_arrivals_s,
+    Fixed,
+    LogNormal,
+    Uniform,
+    gamma_arrivals_s,
+    generator,
+    lengths_from,
+    poisson_arrivals_s,
 )
 
 
@@ -40,12 +46,20 @@ def test_lengths_stay_in_their_bounds_and_a_fixed_length_draws_nothing():
     assert lengths_from(12) == Fixed(12) and lengths_from(Uniform(1, 2)) == Uniform(1, 2)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: poisson_arrivals_s(3, 0.0, 0), lambda: poisson_arrivals_s(-1, 1.0, 0),
-    lambda: gamma_arrivals_s(3, 1.0, 0.0, 0), lambda: generator(None), lambda: Fixed(0),
-    lambda: Uniform(5, 4), lambda: LogNormal(0, 1.0), lambda: LogNormal(10, 1.0, low=5, high=4),
-    lambda: lengths_from(2.5),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: poisson_arrivals_s(3, 0.0, 0),
+        lambda: poisson_arrivals_s(-1, 1.0, 0),
+        lambda: gamma_arrivals_s(3, 1.0, 0.0, 0),
+        lambda: generator(None),
+        lambda: Fixed(0),
+        lambda: Uniform(5, 4),
+        lambda: LogNormal(0, 1.0),
+        lambda: LogNormal(10, 1.0, low=5, high=4),
+        lambda: lengths_from(2.5),
+    ],
+)
 def test_bad_parameters_are_refused_with_a_value_error(make):
     with pytest.raises(ValueError):
         make()

@@ -17,7 +17,9 @@ def _said(capfd, caplog) -> str:
     return text
 
 
-def test_the_prompt_set_is_longer_than_the_context_yet_tokenized_without_the_transformers_warning(capfd, caplog):
+def test_the_prompt_set_is_longer_than_the_context_yet_tokenized_without_the_transformers_warning(
+    capfd, caplog
+):
     tokenizer = load_tokenizer(BUNDLED_MODEL)  # fresh: transformers warns once per tokenizer object
     _said(capfd, caplog)
     ids = source_ids.__wrapped__(tokenizer)  # not a cached result: tokenize now

@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 from workbench.workloads.traces import (
-    TRACE_DIR_ENV, fit_lengths, read_azure_trace, trace_dir, trace_path, trace_workload, window,
+    TRACE_DIR_ENV,
+    fit_lengths,
+    read_azure_trace,
+    trace_dir,
+    trace_path,
+    trace_workload,
+    window,
 )
 
 CSV = """TIMESTAMP,ContextTokens,GeneratedTokens
@@ -33,7 +39,9 @@ def test_a_trace_csv_becomes_sorted_arrival_seconds_and_lengths(small_trace):
 def test_a_csv_without_the_trace_columns_is_refused(tmp_path):
     path = tmp_path / "other.csv"
     path.write_text("time,tokens\n1,2\n")
-    with pytest.raises(ValueError, match=r"missing column\(s\) \['ContextTokens', 'GeneratedTokens', 'TIMESTAMP'\]"):
+    with pytest.raises(
+        ValueError, match=r"missing column\(s\) \['ContextTokens', 'GeneratedTokens', 'TIMESTAMP'\]"
+    ):
         read_azure_trace(path)
 
 
@@ -47,7 +55,9 @@ def test_a_window_is_shifted_to_zero_and_time_scaled(small_trace):
 def test_lengths_are_scaled_then_capped_then_fit_the_context():
     p, o = fit_lengths([1500, 10, 4, 3000], [300, 5, 1, 3000], context_tokens=1024)
     assert p.tolist() == [724, 10, 4, 1] and o.tolist() == [300, 5, 1, 1023]
-    p, o = fit_lengths([1500, 10, 1], [300, 5, 1], length_scale=0.25, max_prompt_tokens=200, max_output_tokens=50)
+    p, o = fit_lengths(
+        [1500, 10, 1], [300, 5, 1], length_scale=0.25, max_prompt_tokens=200, max_output_tokens=50
+    )
     assert p.tolist() == [200, 2, 1] and o.tolist() == [50, 1, 1]
     with pytest.raises(ValueError, match="length_scale"):
         fit_lengths([1], [1], length_scale=0)
@@ -61,7 +71,9 @@ def test_a_trace_workload_has_the_fitted_lengths_and_never_stops_early(small_tra
     assert f.prompt_tokens.tolist() == [187, 5, 874] and f.max_tokens.tolist() == [22, 2, 150]
     assert f.arrival_s.tolist() == pytest.approx([0.0, 0.3, 0.5])
     assert all(r.stop_ids == [] for _, r in w)
-    assert w == trace_workload(small_trace, bundled[1], seed=0, length_scale=0.5, context_tokens=1024, max_requests=3)
+    assert w == trace_workload(
+        small_trace, bundled[1], seed=0, length_scale=0.5, context_tokens=1024, max_requests=3
+    )
 
 
 def test_the_trace_folder_follows_the_environment_variable(monkeypatch, tmp_path):

@@ -6,7 +6,13 @@ import pytest
 import workbench as wb
 from workbench.workloads.distributions import Uniform
 from workbench.workloads.workload import (
-    WORKLOAD_COLUMNS, Workload, prompt_maker, prompt_of_length, source_ids, synthesize_prompts, synthetic,
+    WORKLOAD_COLUMNS,
+    Workload,
+    prompt_maker,
+    prompt_of_length,
+    source_ids,
+    synthesize_prompts,
+    synthetic,
 )
 
 
@@ -16,15 +22,29 @@ def tok(bundled):
 
 
 def test_a_seeded_synthetic_workload_is_identical_run_to_run(tok):
-    a = synthetic(tok, 30, rate_per_s=3.0, seed=11, prompt_tokens=Uniform(2, 90), output_tokens=Uniform(1, 20))
-    b = synthetic(tok, 30, rate_per_s=3.0, seed=11, prompt_tokens=Uniform(2, 90), output_tokens=Uniform(1, 20))
+    a = synthetic(
+        tok, 30, rate_per_s=3.0, seed=11, prompt_tokens=Uniform(2, 90), output_tokens=Uniform(1, 20)
+    )
+    b = synthetic(
+        tok, 30, rate_per_s=3.0, seed=11, prompt_tokens=Uniform(2, 90), output_tokens=Uniform(1, 20)
+    )
     assert a == b
-    assert a != synthetic(tok, 30, rate_per_s=3.0, seed=12, prompt_tokens=Uniform(2, 90), output_tokens=Uniform(1, 20))
+    assert a != synthetic(
+        tok, 30, rate_per_s=3.0, seed=12, prompt_tokens=Uniform(2, 90), output_tokens=Uniform(1, 20)
+    )
 
 
 def test_synthetic_prompts_have_exactly_the_sampled_lengths_and_requests_never_stop_early(tok):
-    w = synthetic(tok, 25, rate_per_s=1.0, seed=2, arrivals="gamma", cv=2.0,
-                  prompt_tokens=Uniform(1, 300), output_tokens=7)
+    w = synthetic(
+        tok,
+        25,
+        rate_per_s=1.0,
+        seed=2,
+        arrivals="gamma",
+        cv=2.0,
+        prompt_tokens=Uniform(1, 300),
+        output_tokens=7,
+    )
     f = w.frame()
     assert list(f.columns) == WORKLOAD_COLUMNS and len(f) == 25
     assert f.prompt_tokens.between(1, 300).all() and (f.max_tokens == 7).all()
@@ -60,7 +80,9 @@ def test_a_workload_sorts_by_arrival_keeps_ties_in_order_and_refuses_bad_items()
     a, b, c = (wb.Request(prompt=[i + 1], max_tokens=2) for i in range(3))
     w = Workload(((2.0, a), (0.5, b), (0.5, c)), name="w")
     assert [r for _, r in w] == [b, c, a] and w.duration_s == 2.0 and len(w.head(2)) == 2
-    assert w.text() == "w: 3 requests over 2.0 s (1.50 req/s), prompt tokens p50 1 max 1, max_tokens p50 2 max 2"
+    assert (
+        w.text() == "w: 3 requests over 2.0 s (1.50 req/s), prompt tokens p50 1 max 1, max_tokens p50 2 max 2"
+    )
     assert [r.priority for _, r in w.with_priorities([3, 1, 2])] == [3, 1, 2]
     with pytest.raises(ValueError, match="arrival_s"):
         Workload(((-1.0, a),))

@@ -7,7 +7,7 @@ Knows: matplotlib. Must not know: the engine, the benchmark's runs.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 from matplotlib.axis import Axis

@@ -28,7 +28,9 @@ from .scenarios import _filled_rows, _timed
 COLUMNS = ["measure", "value", "unit"]
 
 
-def checkpoint_cost(model: Any, rows: int, context_tokens: int, repeats: int = 3, warm_steps: int = 3) -> pd.DataFrame:
+def checkpoint_cost(
+    model: Any, rows: int, context_tokens: int, repeats: int = 3, warm_steps: int = 3
+) -> pd.DataFrame:
     """Measure a checkpoint of a ``rows`` x ``context_tokens`` batch.
 
     Returns one row per measurement (``measure``, ``value``, ``unit``): ``kv_bytes`` (the
@@ -44,8 +46,10 @@ def checkpoint_cost(model: Any, rows: int, context_tokens: int, repeats: int = 3
     step = lambda: mx.argmax(model(token, cache=running)[:, -1, :], axis=-1)  # noqa: E731
     for _ in range(warm_steps):
         _timed(step)
-    samples: dict[str, list[float]] = {k: [] for k in ("clone_s", "step_s", "first_step_after_s", "later_step_s",
-                                                       "clone_bytes", "held_bytes")}
+    samples: dict[str, list[float]] = {
+        k: []
+        for k in ("clone_s", "step_s", "first_step_after_s", "later_step_s", "clone_bytes", "held_bytes")
+    }
     for _ in range(repeats):
         samples["step_s"].append(_timed(step))
         gc.collect()
@@ -61,5 +65,7 @@ def checkpoint_cost(model: Any, rows: int, context_tokens: int, repeats: int = 3
         gc.collect()
         samples["held_bytes"].append(with_checkpoint - mx.get_active_memory())
     rows_out = [("kv_bytes", float(kv.kv_bytes(running)), "bytes")]
-    rows_out += [(k, float(pd.Series(v).median()), "bytes" if k.endswith("bytes") else "s") for k, v in samples.items()]
+    rows_out += [
+        (k, float(pd.Series(v).median()), "bytes" if k.endswith("bytes") else "s") for k, v in samples.items()
+    ]
     return pd.DataFrame(rows_out, columns=COLUMNS)

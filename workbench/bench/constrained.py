@@ -36,12 +36,22 @@ from ..engine.scheduler import Scheduler
 
 # A grammar no row completes within a run: 300 to 400 characters of lowercase letters and spaces.
 GRAMMAR = dict(regex="[a-z ]{300,400}")
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                           "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
-          "required": ["name", "age", "tags"], "additionalProperties": False}
-KINDS = {"json_schema": dict(json_schema=SCHEMA), "regex": dict(regex=r"[a-z]+( [a-z]+){2,5}\."),
-         "choices": dict(choices=["positive", "negative", "neutral"]), "long regex": GRAMMAR}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+KINDS = {
+    "json_schema": dict(json_schema=SCHEMA),
+    "regex": dict(regex=r"[a-z]+( [a-z]+){2,5}\."),
+    "choices": dict(choices=["positive", "negative", "neutral"]),
+    "long regex": GRAMMAR,
+}
 
 
 def mask_cost(model: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int = 32) -> list[dict]:
@@ -66,8 +76,14 @@ def mask_cost(model: Any, tokenizer: Any, prompt: Sequence[int], max_tokens: int
             mx.eval(grammar(context, logits))
             times.append((time.perf_counter() - t0) * 1e6)
         times.sort()
-        out.append(dict(kind=kind, steps=len(times), mask_us_median=statistics.median(times),
-                        mask_us_p95=times[min(len(times) - 1, int(0.95 * len(times)))]))
+        out.append(
+            dict(
+                kind=kind,
+                steps=len(times),
+                mask_us_median=statistics.median(times),
+                mask_us_p95=times[min(len(times) - 1, int(0.95 * len(times)))],
+            )
+        )
     return out
 
 
@@ -90,14 +106,18 @@ def timed_masks(spent: list[float]):
         RowGrammar.allowed = real
 
 
-def _step_ms(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], k: int, steps: int) -> tuple[float, float]:
+def _step_ms(
+    model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], k: int, steps: int
+) -> tuple[float, float]:
     """``(median ms of a decode step, median ms of the masks within it)`` of one run:
     ``len(prompts)`` rows, the first ``k`` under :data:`GRAMMAR`, ``steps`` tokens each (no
     stop ids). Raises: RuntimeError when a row did not run every step (its grammar
     completed, or it failed)."""
     sched = Scheduler(model, tokenizer, max_batch=len(prompts), history_size=0)
-    uids = [sched.submit(Request(prompt=list(p), max_tokens=steps, stop_ids=[], **(GRAMMAR if i < k else {})))
-            for i, p in enumerate(prompts)]
+    uids = [
+        sched.submit(Request(prompt=list(p), max_tokens=steps, stop_ids=[], **(GRAMMAR if i < k else {})))
+        for i, p in enumerate(prompts)
+    ]
     while sched.state.queue or sched.state.prefilling is not None:
         sched.admit()
     times, masks = [], []
@@ -111,12 +131,22 @@ def _step_ms(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], k: in
     sched.run()
     short = [u for u in uids if len(sched.tokens(u)) != steps]
     if short:
-        raise RuntimeError(f"rows {short} did not run {steps} steps: {[sched.finish_reason(u) for u in short]}")
-    return statistics.median(times[1:]) * 1e3, statistics.median(masks[1:]) * 1e3  # step 1 reads the join's tokens
+        raise RuntimeError(
+            f"rows {short} did not run {steps} steps: {[sched.finish_reason(u) for u in short]}"
+        )
+    return statistics.median(times[1:]) * 1e3, statistics.median(
+        masks[1:]
+    ) * 1e3  # step 1 reads the join's tokens
 
 
-def step_cost(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], ks: Sequence[int], steps: int = 16,
-              rounds: int = 3) -> list[dict]:
+def step_cost(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    ks: Sequence[int],
+    steps: int = 16,
+    rounds: int = 3,
+) -> list[dict]:
     """The median decode step with ``k`` constrained rows of ``B = len(prompts)``, for each
     ``k`` in ``ks``, after one warm-up run, ``rounds`` alternating rounds (``ks`` forwards,
     then backwards). Returns one dict per ``k``: ``B``, ``k``, ``step_ms`` and ``mask_ms``
@@ -125,12 +155,21 @@ def step_cost(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], ks: 
     per_k: dict[int, list[tuple[float, float]]] = {k: [] for k in ks}
     _step_ms(model, tokenizer, prompts, max(ks), steps)  # warm-up (first-call costs), not counted
     for r in range(rounds):
-        for k in (ks if r % 2 == 0 else list(reversed(ks))):
+        for k in ks if r % 2 == 0 else list(reversed(ks)):
             per_k[k].append(_step_ms(model, tokenizer, prompts, k, steps))
     step = {k: statistics.median(s for s, _ in v) for k, v in per_k.items()}
     mask = {k: statistics.median(m for _, m in v) for k, v in per_k.items()}
-    return [dict(B=len(prompts), k=k, step_ms=step[k], mask_ms=mask[k], mask_share=mask[k] / step[k],
-                 vs_free=step[k] / step[0] if 0 in step else None) for k in per_k]
+    return [
+        dict(
+            B=len(prompts),
+            k=k,
+            step_ms=step[k],
+            mask_ms=mask[k],
+            mask_share=mask[k] / step[k],
+            vs_free=step[k] / step[0] if 0 in step else None,
+        )
+        for k in per_k
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -142,7 +181,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="model name or path")
     ap.add_argument("--batch", type=int, default=8, help="rows B of the step runs")
-    ap.add_argument("--ks", type=int, nargs="+", default=None, help="constrained rows k (default 0, 1, B/2, B)")
+    ap.add_argument(
+        "--ks", type=int, nargs="+", default=None, help="constrained rows k (default 0, 1, B/2, B)"
+    )
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed per run")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     args = ap.parse_args(argv)

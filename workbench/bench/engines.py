@@ -23,15 +23,16 @@ returned, and :mod:`workbench.observe.metrics` reads both logs alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 from mlx_lm.generate import BatchGenerator
 
-from ..observe.events import Event
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
+from ..observe.events import Event
 
 
 class WorkbenchEngine:
@@ -46,10 +47,23 @@ class WorkbenchEngine:
 
     name = "workbench"
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch: int, prefill_step_size: int,
-                 clock: Callable[[], float] = time.perf_counter, **scheduler_kwargs: Any):
-        self.sched = Scheduler(model, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size,
-                               clock=clock, **scheduler_kwargs)
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        max_batch: int,
+        prefill_step_size: int,
+        clock: Callable[[], float] = time.perf_counter,
+        **scheduler_kwargs: Any,
+    ):
+        self.sched = Scheduler(
+            model,
+            tokenizer,
+            max_batch=max_batch,
+            prefill_step_size=prefill_step_size,
+            clock=clock,
+            **scheduler_kwargs,
+        )
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
         """Queue one request (prompt ids, max_tokens); returns its id."""
@@ -96,10 +110,19 @@ class MlxLmEngine:
 
     name = "mlx-lm"
 
-    def __init__(self, model: Any, max_batch: int, prefill_step_size: int,
-                 clock: Callable[[], float] = time.perf_counter):
-        self.gen = BatchGenerator(model, completion_batch_size=max_batch, prefill_batch_size=max_batch,
-                                  prefill_step_size=prefill_step_size)
+    def __init__(
+        self,
+        model: Any,
+        max_batch: int,
+        prefill_step_size: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.gen = BatchGenerator(
+            model,
+            completion_batch_size=max_batch,
+            prefill_batch_size=max_batch,
+            prefill_step_size=prefill_step_size,
+        )
         self.clock = clock
         self.events: list[Event] = []
         self._active: set[int] = set()
@@ -120,7 +143,9 @@ class MlxLmEngine:
         for r in responses:
             self.events.append(Event("token", r.uid, self._iterations, now_s, token=int(r.token)))
             if r.finish_reason is not None:
-                self.events.append(Event("finish", r.uid, self._iterations, now_s, finish_reason=r.finish_reason))
+                self.events.append(
+                    Event("finish", r.uid, self._iterations, now_s, finish_reason=r.finish_reason)
+                )
                 self._active.discard(r.uid)
         self._iterations += 1
         return len(responses)
@@ -149,7 +174,9 @@ class Arrival:
 ITERATION_COLUMNS = ["iteration", "time_s", "tokens"]
 
 
-def drive(engine: Any, arrivals: Sequence[Arrival], clock: Callable[[], float] = time.perf_counter) -> pd.DataFrame:
+def drive(
+    engine: Any, arrivals: Sequence[Arrival], clock: Callable[[], float] = time.perf_counter
+) -> pd.DataFrame:
     """Run ``engine`` until every arrival was submitted and it is idle again.
 
     Arrivals are submitted in the given order, each when due; an idle engine does not

@@ -36,9 +36,14 @@ PREFILL_COLOUR = "#f2a541"
 MLX_LM_COLOUR = "#8c564b"
 PACED_COLOUR = "#9467bd"
 OTHER_COLOUR = "#4d4d4d"
-ENGINE_COLOURS = {"workbench": WORKBENCH_COLOUR, "workbench, instrumentation off": "#9cc0ef", "mlx-lm": MLX_LM_COLOUR,
-                  "workbench, prefill-first": OTHER_COLOUR, "workbench, paced": PACED_COLOUR,
-                  "workbench, paced 4x step": PACED_COLOUR}
+ENGINE_COLOURS = {
+    "workbench": WORKBENCH_COLOUR,
+    "workbench, instrumentation off": "#9cc0ef",
+    "mlx-lm": MLX_LM_COLOUR,
+    "workbench, prefill-first": OTHER_COLOUR,
+    "workbench, paced": PACED_COLOUR,
+    "workbench, paced 4x step": PACED_COLOUR,
+}
 
 
 def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
@@ -59,9 +64,19 @@ def render_throughput(runs: pd.DataFrame, roofline: pd.DataFrame) -> Figure:
         g = runs[runs.engine == engine].groupby("B").tok_per_s
         med, lo, hi = g.median().reindex(sizes), g.min().reindex(sizes), g.max().reindex(sizes)
         x = np.arange(len(sizes)) + (i - (len(engines) - 1) / 2) * width
-        ax.bar(x, med, width, color=ENGINE_COLOURS[engine], label=engine,
-               yerr=[med - lo, hi - med], capsize=3, error_kw={"lw": 0.8})
-    bound = roofline[roofline.case.str.startswith("decode")].set_index("B").attainable_tok_per_s.reindex(sizes)
+        ax.bar(
+            x,
+            med,
+            width,
+            color=ENGINE_COLOURS[engine],
+            label=engine,
+            yerr=[med - lo, hi - med],
+            capsize=3,
+            error_kw={"lw": 0.8},
+        )
+    bound = (
+        roofline[roofline.case.str.startswith("decode")].set_index("B").attainable_tok_per_s.reindex(sizes)
+    )
     ax.scatter(np.arange(len(sizes)), bound, marker="_", s=900, color="black", label="attainable (roofline)")
     plain_log_axis(ax.yaxis, [runs.tok_per_s.to_numpy(), bound.to_numpy()])
     ax.set_xticks(np.arange(len(sizes)), [f"B = {b}" for b in sizes])
@@ -115,9 +130,13 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
     """
     fig = Figure(figsize=(5.5, 3.4))
     ax = fig.subplots()
-    spec = [("step", "one decode step", OTHER_COLOUR), ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
-            ("extend", "join by extend", "#9ecae1"), ("extend, fresh pages", "by extend, fresh pages", "#c6dbef"),
-            ("re-merge", "join by re-merge", ENGINE_COLOURS["mlx-lm"])]
+    spec = [
+        ("step", "one decode step", OTHER_COLOUR),
+        ("free slot", "join into a free slot", ENGINE_COLOURS["workbench"]),
+        ("extend", "join by extend", "#9ecae1"),
+        ("extend, fresh pages", "by extend, fresh pages", "#c6dbef"),
+        ("re-merge", "join by re-merge", ENGINE_COLOURS["mlx-lm"]),
+    ]
     spec = [s for s in spec if (join.method == s[0]).any()]
     for i, (m, _, c) in enumerate(spec):
         s = join[join.method == m].seconds * 1e3
@@ -155,7 +174,9 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
         ax.set_yticks(sorted(run.uid.unique()))
         ax.set_ylabel("row uid")
         ax.set_title(engine, fontsize=9, loc="left")
-    axes[-1].set_xlabel("seconds since the long prompt arrived (amber: its prefill chunks; dashed: its first token)")
+    axes[-1].set_xlabel(
+        "seconds since the long prompt arrived (amber: its prefill chunks; dashed: its first token)"
+    )
     fig.tight_layout()
     return fig
 
@@ -171,8 +192,14 @@ def frontier_points(requests: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
     paced), ``ttft_p95_s`` and ``itl_p95_s`` (seconds), every round pooled."""
     rows = []
     for engine, r in requests.groupby("engine", sort=False):
-        rows.append({"engine": engine, "target": target_of(engine), "ttft_p95_s": r.ttft_s.quantile(0.95),
-                     "itl_p95_s": gaps[gaps.engine == engine].gap_s.quantile(0.95)})
+        rows.append(
+            {
+                "engine": engine,
+                "target": target_of(engine),
+                "ttft_p95_s": r.ttft_s.quantile(0.95),
+                "itl_p95_s": gaps[gaps.engine == engine].gap_s.quantile(0.95),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -193,13 +220,24 @@ def render_frontier(workloads: dict) -> Figure:
         paced = pts[pts.target.notna()].sort_values("target")
         ax.plot(ms(paced.itl_p95_s), ms(paced.ttft_p95_s), "o-", color=PACED_COLOUR, label="workbench, paced")
         for i, r in enumerate(paced.itertuples()):  # labels alternate sides: close points stay readable
-            ax.annotate(f"t = {r.target:g}", (ms(r.itl_p95_s), ms(r.ttft_p95_s)), textcoords="offset points",
-                        xytext=(-36, 6) if i % 2 == 0 else (6, -13), fontsize=9)
+            ax.annotate(
+                f"t = {r.target:g}",
+                (ms(r.itl_p95_s), ms(r.ttft_p95_s)),
+                textcoords="offset points",
+                xytext=(-36, 6) if i % 2 == 0 else (6, -13),
+                fontsize=9,
+            )
         for engine, marker in (("workbench", "s"), ("mlx-lm", "D")):
             row = pts[pts.engine == engine]
             if len(row):
-                ax.plot(ms(row.itl_p95_s), ms(row.ttft_p95_s), marker, color=ENGINE_COLOURS[engine], ms=8,
-                        label=engine if engine == "mlx-lm" else "workbench, fixed chunks")
+                ax.plot(
+                    ms(row.itl_p95_s),
+                    ms(row.ttft_p95_s),
+                    marker,
+                    color=ENGINE_COLOURS[engine],
+                    ms=8,
+                    label=engine if engine == "mlx-lm" else "workbench, fixed chunks",
+                )
         ref = pts[pts.engine == "mlx-lm"]
         if len(ref):
             x, y = ms(float(ref.itl_p95_s.iloc[0])), ms(float(ref.ttft_p95_s.iloc[0]))

@@ -19,14 +19,21 @@ from pathlib import Path
 import pandas as pd
 
 DOCS_BENCHMARKS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
-CSV_FILES = {"table.csv": "the table", "runs.csv": "every decode run", "requests.csv": "latency workload, per request",
-             "gaps.csv": "latency workload, per inter-token gap",
-             "loaded_requests.csv": "loaded latency workload, per request",
-             "loaded_gaps.csv": "loaded latency workload, per inter-token gap", "join.csv": "join-cost measurements",
-             "head_of_line.csv": "head-of-line events", "roofline.csv": "roofline per case",
-             "checkpoint.csv": "checkpoint cost measurements", "session.csv": "every call of the long session",
-             "real_runs.csv": "every decode run on the real model (the second shape)",
-             "meta.csv": "model, machine, load, bandwidth"}
+CSV_FILES = {
+    "table.csv": "the table",
+    "runs.csv": "every decode run",
+    "requests.csv": "latency workload, per request",
+    "gaps.csv": "latency workload, per inter-token gap",
+    "loaded_requests.csv": "loaded latency workload, per request",
+    "loaded_gaps.csv": "loaded latency workload, per inter-token gap",
+    "join.csv": "join-cost measurements",
+    "head_of_line.csv": "head-of-line events",
+    "roofline.csv": "roofline per case",
+    "checkpoint.csv": "checkpoint cost measurements",
+    "session.csv": "every call of the long session",
+    "real_runs.csv": "every decode run on the real model (the second shape)",
+    "meta.csv": "model, machine, load, bandwidth",
+}
 
 
 def read_frame(name: str, folder: str | Path = DOCS_BENCHMARKS) -> pd.DataFrame:

@@ -30,8 +30,8 @@ the same run, no schedule meets issue 17's TTFT goal on these arrivals on this m
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -68,13 +68,21 @@ class Floors:
     def text(self, arrivals: Sequence[Arrival]) -> str:
         """One line: the TTFT floors' p50 / p95 over ``arrivals`` and the ITL floor, in ms."""
         ttft = pd.Series(self.ttft_s(arrivals))
-        return (f"floors: TTFT p50 {ttft.median() * 1e3:.1f} ms, p95 {ttft.quantile(0.95) * 1e3:.1f} ms "
-                f"(each prompt alone, lowest of {self.runs} runs), decode step at B = {self.batch_rows} "
-                f"{self.itl_s * 1e3:.1f} ms")
+        return (
+            f"floors: TTFT p50 {ttft.median() * 1e3:.1f} ms, p95 {ttft.quantile(0.95) * 1e3:.1f} ms "
+            f"(each prompt alone, lowest of {self.runs} runs), decode step at B = {self.batch_rows} "
+            f"{self.itl_s * 1e3:.1f} ms"
+        )
 
 
-def measure_floors(run: Run, names: Sequence[str], arrivals: Sequence[Arrival], batch_rows: int,
-                   repeats: int = 2, decode_tokens: int = 16) -> Floors:
+def measure_floors(
+    run: Run,
+    names: Sequence[str],
+    arrivals: Sequence[Arrival],
+    batch_rows: int,
+    repeats: int = 2,
+    decode_tokens: int = 16,
+) -> Floors:
     """Measure the TTFT and ITL floors of ``arrivals`` (see the module docstring).
 
     Args:
@@ -98,9 +106,11 @@ def measure_floors(run: Run, names: Sequence[str], arrivals: Sequence[Arrival], 
             ``decode_tokens < 3``.
     """
     if not names or not arrivals or batch_rows < 1 or repeats < 1 or decode_tokens < 3:
-        raise ValueError(f"measure_floors needs engines, arrivals, batch_rows >= 1, repeats >= 1 and "
-                         f"decode_tokens >= 3; got {list(names)}, {len(arrivals)} arrivals, {batch_rows}, "
-                         f"{repeats}, {decode_tokens}")
+        raise ValueError(
+            f"measure_floors needs engines, arrivals, batch_rows >= 1, repeats >= 1 and "
+            f"decode_tokens >= 3; got {list(names)}, {len(arrivals)} arrivals, {batch_rows}, "
+            f"{repeats}, {decode_tokens}"
+        )
     prompts = {len(a.prompt): a.prompt for a in reversed(arrivals)}  # the first prompt of each length
     batch = [Arrival(arrivals[i % len(arrivals)].prompt, decode_tokens) for i in range(batch_rows)]
     ttft_s = {n: float("inf") for n in prompts}
@@ -108,7 +118,9 @@ def measure_floors(run: Run, names: Sequence[str], arrivals: Sequence[Arrival], 
     for _ in range(repeats):
         for name in names:
             for n, prompt in sorted(prompts.items()):
-                ttft_s[n] = min(ttft_s[n], float(request_metrics(run(name, [Arrival(prompt, 1)])).ttft_s.iloc[0]))
+                ttft_s[n] = min(
+                    ttft_s[n], float(request_metrics(run(name, [Arrival(prompt, 1)])).ttft_s.iloc[0])
+                )
             itl_s = min(itl_s, full_batch_step_s(run(name, batch)))
     return Floors(ttft_s, itl_s, batch_rows, repeats * len(names))
 

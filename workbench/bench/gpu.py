@@ -33,28 +33,37 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pandas as pd
 
-from .engines import Arrival
-from .model import QUICK, ModelShape, decode_weight_bytes, make_model, parameter_count
-from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
-from .scenarios import FAST_OFF, MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
 from ..runtime import precision
 from ..runtime.device import device_report, on_gpu
 from ..runtime.loading import load
 from ..workloads.workload import prompt_of_length
+from .engines import Arrival
+from .model import QUICK, ModelShape, decode_weight_bytes, make_model, parameter_count
+from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
+from .scenarios import FAST_OFF, MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
 
 # Llama-3.2-1B's shape (tied embeddings): 1.24B parameters, 2.47 GB in bf16.
-LLAMA_1B = ModelShape("llama-1b", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
-                      num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-                      tie_word_embeddings=True)
+LLAMA_1B = ModelShape(
+    "llama-1b",
+    hidden_size=2048,
+    num_hidden_layers=16,
+    intermediate_size=8192,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    vocab_size=128256,
+    tie_word_embeddings=True,
+)
 ENGINES = (WORKBENCH, FAST_OFF, MLX_LM)  # FAST_OFF: the same engine before the decode fast paths
 
 
@@ -77,12 +86,32 @@ class GpuBenchConfig:
     model: str | None = None  # an mlx-lm model path or a bundled / fetched name instead of ``shape``
 
 
-GPU_CONFIG = GpuBenchConfig("gpu", LLAMA_1B, "bfloat16", batch_sizes=(1, 8, 32, 128), prompt_tokens_min=64,
-                            prompt_tokens_max=512, decode_tokens=128, pairs=3, prefill_step_size=2048,
-                            bandwidth_bytes=4 * 2**30, matmul_n=8192)
-GPU_QUICK_CONFIG = GpuBenchConfig("gpu-quick", QUICK, "bfloat16", batch_sizes=(1, 8), prompt_tokens_min=16,
-                                  prompt_tokens_max=64, decode_tokens=16, pairs=1, prefill_step_size=128,
-                                  bandwidth_bytes=64 * 2**20, matmul_n=512)
+GPU_CONFIG = GpuBenchConfig(
+    "gpu",
+    LLAMA_1B,
+    "bfloat16",
+    batch_sizes=(1, 8, 32, 128),
+    prompt_tokens_min=64,
+    prompt_tokens_max=512,
+    decode_tokens=128,
+    pairs=3,
+    prefill_step_size=2048,
+    bandwidth_bytes=4 * 2**30,
+    matmul_n=8192,
+)
+GPU_QUICK_CONFIG = GpuBenchConfig(
+    "gpu-quick",
+    QUICK,
+    "bfloat16",
+    batch_sizes=(1, 8),
+    prompt_tokens_min=16,
+    prompt_tokens_max=64,
+    decode_tokens=16,
+    pairs=1,
+    prefill_step_size=128,
+    bandwidth_bytes=64 * 2**20,
+    matmul_n=512,
+)
 
 
 @dataclass
@@ -118,8 +147,12 @@ def full_batch_step_s(iterations: pd.DataFrame, rows: int) -> float:
     return float(np.median(gaps)) if gaps.size else float("nan")
 
 
-def gpu_runs(factories: dict[str, Callable[[], Any]], arrivals: list[Arrival], pairs: int,
-             echo: Callable[[str], None] = print) -> pd.DataFrame:
+def gpu_runs(
+    factories: dict[str, Callable[[], Any]],
+    arrivals: list[Arrival],
+    pairs: int,
+    echo: Callable[[str], None] = print,
+) -> pd.DataFrame:
     """Alternating runs of every engine on ``arrivals`` (after one untimed warm-up each,
     with 4 new tokens). Returns one row per measured run: ``engine``, ``B``, ``pair``,
     ``step_s``, ``decode_tok_per_s``, ``wall_s``, ``tokens``, ``wall_tok_per_s`` and
@@ -135,9 +168,21 @@ def gpu_runs(factories: dict[str, Callable[[], Any]], arrivals: list[Arrival], p
         step_s = full_batch_step_s(iterations, rows_n)
         wall_s = float(iterations.time_s.iloc[-1] - iterations.attrs["start_s"])
         made = int(iterations.tokens.sum())
-        out.append({"engine": name, "B": rows_n, "pair": pair, "step_s": step_s, "decode_tok_per_s": rows_n / step_s,
-                    "wall_s": wall_s, "tokens": made, "wall_tok_per_s": made / wall_s})
-        echo(f"  B={rows_n:<4} {name:<10} pair {pair}: step {step_s * 1e3:7.2f} ms, wall {made / wall_s:9.1f} tok/s")
+        out.append(
+            {
+                "engine": name,
+                "B": rows_n,
+                "pair": pair,
+                "step_s": step_s,
+                "decode_tok_per_s": rows_n / step_s,
+                "wall_s": wall_s,
+                "tokens": made,
+                "wall_tok_per_s": made / wall_s,
+            }
+        )
+        echo(
+            f"  B={rows_n:<4} {name:<10} pair {pair}: step {step_s * 1e3:7.2f} ms, wall {made / wall_s:9.1f} tok/s"
+        )
     first = next(iter(factories))
     for row in out:
         same = tokens[row["pair"], row["engine"]] == tokens[row["pair"], first]
@@ -145,8 +190,9 @@ def gpu_runs(factories: dict[str, Callable[[], Any]], arrivals: list[Arrival], p
     return pd.DataFrame(out)
 
 
-def gpu_roofline(model: Any, cfg: GpuBenchConfig, runs: pd.DataFrame, bandwidth_bytes_per_s: float,
-                 flops_per_s: float) -> pd.DataFrame:
+def gpu_roofline(
+    model: Any, cfg: GpuBenchConfig, runs: pd.DataFrame, bandwidth_bytes_per_s: float, flops_per_s: float
+) -> pd.DataFrame:
     """One row per B: ``context_tokens`` (mean prompt + half the decode), ``bytes_per_step``,
     ``memory_s``, ``compute_s``, ``bound_s`` (their max), the median measured step of each
     engine (``workbench_step_s``, ``mlx_lm_step_s``) and each one's ``% of bound``."""
@@ -160,10 +206,21 @@ def gpu_roofline(model: Any, cfg: GpuBenchConfig, runs: pd.DataFrame, bandwidth_
         bound_s = max(memory_s, compute_s)
         wb, ml = med[(WORKBENCH, B)], med[(MLX_LM, B)]
         off = med.get((FAST_OFF, B), np.nan)
-        out.append({"B": B, "context_tokens": context, "bytes_per_step": cost.bytes_per_step(B, context),
-                    "memory_s": memory_s, "compute_s": compute_s, "bound_s": bound_s, "workbench_step_s": wb,
-                    "fast_off_step_s": off, "mlx_lm_step_s": ml, "workbench_pct_of_bound": 100 * bound_s / wb,
-                    "mlx_lm_pct_of_bound": 100 * bound_s / ml})
+        out.append(
+            {
+                "B": B,
+                "context_tokens": context,
+                "bytes_per_step": cost.bytes_per_step(B, context),
+                "memory_s": memory_s,
+                "compute_s": compute_s,
+                "bound_s": bound_s,
+                "workbench_step_s": wb,
+                "fast_off_step_s": off,
+                "mlx_lm_step_s": ml,
+                "workbench_pct_of_bound": 100 * bound_s / wb,
+                "mlx_lm_pct_of_bound": 100 * bound_s / ml,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -182,13 +239,23 @@ def gpu_table(runs: pd.DataFrame, roofline: pd.DataFrame) -> pd.DataFrame:
         B = int(rf.B)
         dec, wall = _pair_ratio(runs, B, "decode_tok_per_s"), _pair_ratio(runs, B, "wall_tok_per_s")
         wall_med = runs[runs.B == B].groupby("engine").wall_tok_per_s.median()
-        out.append({"B": B, "workbench_step_ms": 1e3 * rf.workbench_step_s,
-                    "fast_off_step_ms": 1e3 * rf.fast_off_step_s, "mlx_lm_step_ms": 1e3 * rf.mlx_lm_step_s,
-                    "decode_ratio": dec.median(), "decode_ratio_range": f"{dec.min():.2f}..{dec.max():.2f}",
-                    "workbench_wall_tok_per_s": wall_med[WORKBENCH], "mlx_lm_wall_tok_per_s": wall_med[MLX_LM],
-                    "wall_ratio": wall.median(), "wall_ratio_range": f"{wall.min():.2f}..{wall.max():.2f}",
-                    "bound_ms": 1e3 * rf.bound_s, "workbench_pct_of_bound": rf.workbench_pct_of_bound,
-                    "mlx_lm_pct_of_bound": rf.mlx_lm_pct_of_bound})
+        out.append(
+            {
+                "B": B,
+                "workbench_step_ms": 1e3 * rf.workbench_step_s,
+                "fast_off_step_ms": 1e3 * rf.fast_off_step_s,
+                "mlx_lm_step_ms": 1e3 * rf.mlx_lm_step_s,
+                "decode_ratio": dec.median(),
+                "decode_ratio_range": f"{dec.min():.2f}..{dec.max():.2f}",
+                "workbench_wall_tok_per_s": wall_med[WORKBENCH],
+                "mlx_lm_wall_tok_per_s": wall_med[MLX_LM],
+                "wall_ratio": wall.median(),
+                "wall_ratio_range": f"{wall.min():.2f}..{wall.max():.2f}",
+                "bound_ms": 1e3 * rf.bound_s,
+                "workbench_pct_of_bound": rf.workbench_pct_of_bound,
+                "mlx_lm_pct_of_bound": rf.mlx_lm_pct_of_bound,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -202,8 +269,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def run_gpu_bench(cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] = print,
-                  require_gpu: bool = True) -> GpuBenchResult:
+def run_gpu_bench(
+    cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] = print, require_gpu: bool = True
+) -> GpuBenchResult:
     """Run the GPU benchmark of ``cfg`` (see the module docstring), echoing progress
     (``require_gpu=False`` lets a CPU test run the quick config through the same code).
 
@@ -211,8 +279,10 @@ def run_gpu_bench(cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] 
         ValueError: when MLX's default device is not a GPU and ``require_gpu``.
     """
     if require_gpu and not on_gpu():
-        raise ValueError(f"--device gpu needs a GPU, but MLX runs on {device_report().text()} "
-                         f"(NVIDIA: pip install -e \".[cuda]\", docs/gpu.md)")
+        raise ValueError(
+            f"--device gpu needs a GPU, but MLX runs on {device_report().text()} "
+            f'(NVIDIA: pip install -e ".[cuda]", docs/gpu.md)'
+        )
     started_s = time.perf_counter()
     echo(f"device: {device_report().text()}; {precision.describe()}")
     if cfg.model is None:
@@ -221,59 +291,89 @@ def run_gpu_bench(cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] 
         described = cfg.shape.describe()
     else:
         model, tokenizer = load(cfg.model)  # prompts are cut from the bundled prompt set, in its tokenizer
-        described = (f"{cfg.model}: {type(model).__module__.rsplit('.', 1)[-1]}, {len(model.layers)} layers, "
-                     f"{decode_weight_bytes(model) / 1e6:,.1f} MB of weights read per step")
+        described = (
+            f"{cfg.model}: {type(model).__module__.rsplit('.', 1)[-1]}, {len(model.layers)} layers, "
+            f"{decode_weight_bytes(model) / 1e6:,.1f} MB of weights read per step"
+        )
     dtype = cfg.dtype if cfg.model is None else "weights as loaded"
     echo(f"model {described}, {parameter_count(model) / 1e6:,.1f}M parameters, {dtype}")
     frames = []
     for B in cfg.batch_sizes:
-        arrivals = [Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), cfg.decode_tokens)
-                    for b, n in enumerate(prompt_lengths(cfg, B))]
-        frames.append(gpu_runs(engine_factories(model, tokenizer, B, cfg.prefill_step_size, ENGINES),
-                               arrivals, cfg.pairs, echo))
+        arrivals = [
+            Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), cfg.decode_tokens)
+            for b, n in enumerate(prompt_lengths(cfg, B))
+        ]
+        frames.append(
+            gpu_runs(
+                engine_factories(model, tokenizer, B, cfg.prefill_step_size, ENGINES),
+                arrivals,
+                cfg.pairs,
+                echo,
+            )
+        )
     runs = pd.concat(frames, ignore_index=True)
     bandwidth = copy_bandwidth_bytes_per_s(cfg.bandwidth_bytes, backend="mlx")
     flops = matmul_flops_per_s(cfg.matmul_n, 5, cfg.dtype)
     roofline = gpu_roofline(model, cfg, runs, bandwidth, flops)
     same = runs.same_tokens.dropna()
-    meta = {"date": datetime.date.today().isoformat(), **_versions(), "device": device_report().text(),
-            "precision": precision.describe(), "model": described, "dtype": dtype,
-            "parameters": parameter_count(model), "copy_bandwidth_bytes_per_s": bandwidth,
-            "matmul_flops_per_s": flops, "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
-            "wall_s": time.perf_counter() - started_s,
-            **{k: v for k, v in asdict(cfg).items() if k not in ("name", "shape", "model", "dtype")}}
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        **_versions(),
+        "device": device_report().text(),
+        "precision": precision.describe(),
+        "model": described,
+        "dtype": dtype,
+        "parameters": parameter_count(model),
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "matmul_flops_per_s": flops,
+        "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
+        "wall_s": time.perf_counter() - started_s,
+        **{k: v for k, v in asdict(cfg).items() if k not in ("name", "shape", "model", "dtype")},
+    }
     return GpuBenchResult(cfg, runs, roofline, gpu_table(runs, roofline), meta)
 
 
 def gpu_markdown(result: GpuBenchResult) -> str:
     """The result as markdown: what ran, the table, the roofline line, the meta."""
     m, cfg = result.meta, result.config
-    lines = [f"Measured {m['date']} on {m['device']}; mlx {m['mlx']}, mlx-cuda-13 {m['mlx-cuda-13']}, "
-             f"mlx-lm {m['mlx-lm']}; {m['precision']}.",
-             f"Model: {m['model']} ({m['parameters'] / 1e6:,.1f}M parameters, {m['dtype']}). Prompts "
-             f"{cfg.prompt_tokens_min}-{cfg.prompt_tokens_max} tokens, {cfg.decode_tokens} new tokens, "
-             f"prefill_step_size {cfg.prefill_step_size}, {cfg.pairs} alternating pairs; tokens equal between the "
-             f"engines in {m['same_tokens_runs']} runs.", "",
-             "| B | workbench step | fast decode off | mlx-lm step | decode tok/s ratio (range) "
-             "| wall tok/s workbench / mlx-lm | wall ratio (range) | step bound | workbench % of bound "
-             "| mlx-lm % of bound |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"Measured {m['date']} on {m['device']}; mlx {m['mlx']}, mlx-cuda-13 {m['mlx-cuda-13']}, "
+        f"mlx-lm {m['mlx-lm']}; {m['precision']}.",
+        f"Model: {m['model']} ({m['parameters'] / 1e6:,.1f}M parameters, {m['dtype']}). Prompts "
+        f"{cfg.prompt_tokens_min}-{cfg.prompt_tokens_max} tokens, {cfg.decode_tokens} new tokens, "
+        f"prefill_step_size {cfg.prefill_step_size}, {cfg.pairs} alternating pairs; tokens equal between the "
+        f"engines in {m['same_tokens_runs']} runs.",
+        "",
+        "| B | workbench step | fast decode off | mlx-lm step | decode tok/s ratio (range) "
+        "| wall tok/s workbench / mlx-lm | wall ratio (range) | step bound | workbench % of bound "
+        "| mlx-lm % of bound |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for _, r in result.table.iterrows():
-        lines.append(f"| {r.B} | {r.workbench_step_ms:.2f} ms | {r.fast_off_step_ms:.2f} ms | {r.mlx_lm_step_ms:.2f} ms "
-                     f"| {r.decode_ratio:.2f} "
-                     f"({r.decode_ratio_range}) | {r.workbench_wall_tok_per_s:,.0f} / {r.mlx_lm_wall_tok_per_s:,.0f} "
-                     f"| {r.wall_ratio:.2f} ({r.wall_ratio_range}) | {r.bound_ms:.2f} ms "
-                     f"| {r.workbench_pct_of_bound:.0f}% | {r.mlx_lm_pct_of_bound:.0f}% |")
-    lines += ["", f"Roofline: copy bandwidth {m['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, {cfg.dtype} matmul "
-                  f"{m['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s; step bound = max(bytes / bandwidth, flops / rate) "
-                  f"at the mean context; decode ratio = workbench tok/s / mlx-lm tok/s (> 1: workbench faster); "
-                  f"fast decode off = the workbench with `fast_decode=False` (mlx-lm's forward as it is: a mask in "
-                  f"every step, MLPs not compiled), in the same alternation."]
+        lines.append(
+            f"| {r.B} | {r.workbench_step_ms:.2f} ms | {r.fast_off_step_ms:.2f} ms | {r.mlx_lm_step_ms:.2f} ms "
+            f"| {r.decode_ratio:.2f} "
+            f"({r.decode_ratio_range}) | {r.workbench_wall_tok_per_s:,.0f} / {r.mlx_lm_wall_tok_per_s:,.0f} "
+            f"| {r.wall_ratio:.2f} ({r.wall_ratio_range}) | {r.bound_ms:.2f} ms "
+            f"| {r.workbench_pct_of_bound:.0f}% | {r.mlx_lm_pct_of_bound:.0f}% |"
+        )
+    lines += [
+        "",
+        f"Roofline: copy bandwidth {m['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, {cfg.dtype} matmul "
+        f"{m['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s; step bound = max(bytes / bandwidth, flops / rate) "
+        f"at the mean context; decode ratio = workbench tok/s / mlx-lm tok/s (> 1: workbench faster); "
+        f"fast decode off = the workbench with `fast_decode=False` (mlx-lm's forward as it is: a mask in "
+        f"every step, MLPs not compiled), in the same alternation.",
+    ]
     return "\n".join(lines)
 
 
-def gpu_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print,
-                  model: str | None = None) -> int:
+def gpu_bench_job(
+    quick: bool = False,
+    out_dir: Path | None = None,
+    echo: Callable[[str], None] = print,
+    model: str | None = None,
+) -> int:
     """The job behind ``workbench bench --device gpu [--model M]``: run the GPU benchmark (or
     its ``quick`` smoke form) on the 1B-shaped random llama, or on ``model`` (an mlx-lm path,
     or a bundled or fetched name such as ``smollm2-135m``: the real 4-bit chat model) at the
@@ -290,9 +390,12 @@ def gpu_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Callab
     if model is not None:
         cfg = replace(cfg, name=f"{cfg.name}-{Path(model).name}", model=model)
     result = run_gpu_bench(cfg, echo)
-    for name, frame in {"runs.csv": result.runs, "roofline.csv": result.roofline, "table.csv": result.table,
-                        "meta.csv": pd.DataFrame({"key": list(result.meta), "value": list(result.meta.values())})
-                        }.items():
+    for name, frame in {
+        "runs.csv": result.runs,
+        "roofline.csv": result.roofline,
+        "table.csv": result.table,
+        "meta.csv": pd.DataFrame({"key": list(result.meta), "value": list(result.meta.values())}),
+    }.items():
         frame.to_csv(out / "gpu-bench" / name, index=False)
     text = gpu_markdown(result)
     (out / "gpu-bench.md").write_text(text + "\n")

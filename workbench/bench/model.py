@@ -42,18 +42,36 @@ class ModelShape:
 
     def describe(self) -> str:
         """One line: hidden, layers, heads (query/KV), head dim, MLP, vocabulary, context."""
-        return (f"{self.name}: llama, hidden {self.hidden_size}, {self.num_hidden_layers} layers, "
-                f"{self.num_attention_heads} query / {self.num_key_value_heads} KV heads (GQA) of dim "
-                f"{self.head_dim}, MLP {self.intermediate_size}, vocab {self.vocab_size}, "
-                f"context {self.max_position_embeddings}")
+        return (
+            f"{self.name}: llama, hidden {self.hidden_size}, {self.num_hidden_layers} layers, "
+            f"{self.num_attention_heads} query / {self.num_key_value_heads} KV heads (GQA) of dim "
+            f"{self.head_dim}, MLP {self.intermediate_size}, vocab {self.vocab_size}, "
+            f"context {self.max_position_embeddings}"
+        )
 
 
 # TinyLlama-1.1B's proportions (GQA 4:1, SwiGLU MLP 2.75x, 32k vocab, untied head) at
 # half its width and about a third of its depth: ~155M parameters.
-FULL = ModelShape("llama-155m", hidden_size=1024, num_hidden_layers=8, intermediate_size=2816,
-                  num_attention_heads=16, num_key_value_heads=4, head_dim=64, vocab_size=32000)
-QUICK = ModelShape("llama-tiny", hidden_size=256, num_hidden_layers=4, intermediate_size=704,
-                   num_attention_heads=8, num_key_value_heads=2, head_dim=32, vocab_size=4096)
+FULL = ModelShape(
+    "llama-155m",
+    hidden_size=1024,
+    num_hidden_layers=8,
+    intermediate_size=2816,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=64,
+    vocab_size=32000,
+)
+QUICK = ModelShape(
+    "llama-tiny",
+    hidden_size=256,
+    num_hidden_layers=4,
+    intermediate_size=704,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=32,
+    vocab_size=4096,
+)
 
 
 def make_model(shape: ModelShape, seed: int = 0, dtype: mx.Dtype = mx.float32) -> Any:

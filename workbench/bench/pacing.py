@@ -34,12 +34,13 @@ p95: a goal below that ratio is out of reach of any schedule on that machine.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
-from ..engine.levers.pacing import Pacing
 from ..engine.admission import ShortestPromptFirst
+from ..engine.levers.pacing import Pacing
 from ..observe.events import events_frame
 from ..observe.metrics import SLO, meets_slo, request_metrics, token_gaps
 from ..sim.clocks import VirtualClock
@@ -50,11 +51,27 @@ from .floors import measure_floors
 from .scenarios import MLX_LM, WORKBENCH, alternating
 
 FIXED = WORKBENCH  # as shipped: one prefill_step_size chunk per iteration
-SUMMARY_COLUMNS = ["engine", "target", "ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_p99_s", "itl_max_s",
-                   "e2e_p95_s",
-                   "goodput_req_per_s", "throughput_tok_per_s", "requests", "rounds",
-                   "ttft_floor_p95_s", "itl_floor_p95_s"]
-FLOOR_OF = {"ttft_floor_p95_s": "ttft_p95_s", "itl_floor_p95_s": "itl_p95_s"}  # a floor column -> what it bounds
+SUMMARY_COLUMNS = [
+    "engine",
+    "target",
+    "ttft_p50_s",
+    "ttft_p95_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "itl_p99_s",
+    "itl_max_s",
+    "e2e_p95_s",
+    "goodput_req_per_s",
+    "throughput_tok_per_s",
+    "requests",
+    "rounds",
+    "ttft_floor_p95_s",
+    "itl_floor_p95_s",
+]
+FLOOR_OF = {
+    "ttft_floor_p95_s": "ttft_p95_s",
+    "itl_floor_p95_s": "itl_p95_s",
+}  # a floor column -> what it bounds
 GOALS = {"ttft": 0.6, "itl": 1.0}  # issue 17: p95 at most this x mlx-lm's, both at once
 
 
@@ -64,10 +81,17 @@ def paced_name(target_steps: float) -> str:
     return f"workbench, paced {target_steps:g}x step"
 
 
-def frontier_factories(model: Any, tokenizer: Any, max_batch: int, prefill_step_size: int,
-                       targets_steps: Sequence[float], clock: Callable[[], float] = time.perf_counter,
-                       max_wait_s: float | None = None, cost_model: CostModel | None = None,
-                       history_size: int = 64) -> dict[str, Callable[[], Any]]:
+def frontier_factories(
+    model: Any,
+    tokenizer: Any,
+    max_batch: int,
+    prefill_step_size: int,
+    targets_steps: Sequence[float],
+    clock: Callable[[], float] = time.perf_counter,
+    max_wait_s: float | None = None,
+    cost_model: CostModel | None = None,
+    history_size: int = 64,
+) -> dict[str, Callable[[], Any]]:
     """Engine factories by name: mlx-lm (``MLX_LM``), the workbench as shipped
     (``FIXED``), and the workbench paced at each of ``targets_steps`` (multiples of its
     decode step, :func:`paced_name`) admitting shortest prompt first bounded by
@@ -88,13 +112,26 @@ def frontier_factories(model: Any, tokenizer: Any, max_batch: int, prefill_step_
     policy = "fcfs" if max_wait_s is None else ShortestPromptFirst(max_wait_s=max_wait_s)
     out: dict[str, Callable[[], Any]] = {
         MLX_LM: lambda: MlxLmEngine(model, max_batch, prefill_step_size, clock=clock),
-        FIXED: lambda: WorkbenchEngine(model, tokenizer, max_batch, prefill_step_size, clock=clock,
-                                       history_size=history_size)}
+        FIXED: lambda: WorkbenchEngine(
+            model, tokenizer, max_batch, prefill_step_size, clock=clock, history_size=history_size
+        ),
+    }
     for t in targets_steps:
         pacing = Pacing(itl_target_steps=t, cost_model=cost_model)
-        out[paced_name(t)] = (lambda p: lambda: WorkbenchEngine(
-            model, tokenizer, max_batch, prefill_step_size, clock=clock, history_size=history_size,
-            pacing=p, policy=policy))(pacing)
+        out[paced_name(t)] = (
+            lambda p: (
+                lambda: WorkbenchEngine(
+                    model,
+                    tokenizer,
+                    max_batch,
+                    prefill_step_size,
+                    clock=clock,
+                    history_size=history_size,
+                    pacing=p,
+                    policy=policy,
+                )
+            )
+        )(pacing)
     return out
 
 
@@ -116,11 +153,21 @@ def drive_virtual(engine: Any, arrivals: Sequence[Arrival], clock: VirtualClock,
             engine.iterate()
 
 
-def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_batch: int, prefill_step_size: int,
-                  targets_steps: Sequence[float], rounds: int, mode: str = "measured",
-                  cost_model: CostModel | None = None, max_wait_s: float | None = None,
-                  echo: Callable[[str], None] = print, warmup: bool = True,
-                  floor_repeats: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
+def frontier_runs(
+    model: Any,
+    tokenizer: Any,
+    arrivals: Sequence[Arrival],
+    max_batch: int,
+    prefill_step_size: int,
+    targets_steps: Sequence[float],
+    rounds: int,
+    mode: str = "measured",
+    cost_model: CostModel | None = None,
+    max_wait_s: float | None = None,
+    echo: Callable[[str], None] = print,
+    warmup: bool = True,
+    floor_repeats: int = 2,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every engine of :func:`frontier_factories` through ``arrivals``, ``rounds`` times,
     alternating (A B C, C B A, ...). ``mode`` is ``measured`` or ``cost`` (then
     ``cost_model`` is required; it charges the forwards and is the paced engines' prior).
@@ -155,35 +202,68 @@ def frontier_runs(model: Any, tokenizer: Any, arrivals: Sequence[Arrival], max_b
     names = list(frontier_factories(model, tokenizer, max_batch, prefill_step_size, targets_steps))
 
     def run(name: str, these: Sequence[Arrival]) -> pd.DataFrame:
-        return _run(name, model, tokenizer, these, max_batch, prefill_step_size, targets_steps, mode, cost_model,
-                    max_wait_s)
+        return _run(
+            name,
+            model,
+            tokenizer,
+            these,
+            max_batch,
+            prefill_step_size,
+            targets_steps,
+            mode,
+            cost_model,
+            max_wait_s,
+        )
 
     if warmup and mode == "measured":
         for name in names:
             run(name, arrivals)
     ttft_floor_s, itl_floor_s = [float("nan")] * len(arrivals), float("nan")
     if floor_repeats:
-        floors = measure_floors(run, [MLX_LM, FIXED], arrivals, max_batch, 1 if mode == "cost" else floor_repeats)
+        floors = measure_floors(
+            run, [MLX_LM, FIXED], arrivals, max_batch, 1 if mode == "cost" else floor_repeats
+        )
         ttft_floor_s, itl_floor_s = floors.ttft_s(arrivals), floors.itl_s
         echo(f"  {floors.text(arrivals)}")
     for rnd, name in alternating(names, rounds):
         events = run(name, arrivals)
         r = request_metrics(events)
         g = token_gaps(events)[["uid", "gap_s"]]
-        makespan_s = events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
+        makespan_s = (
+            events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
+        )
         requests.append(r.assign(engine=name, round=rnd, makespan_s=makespan_s, ttft_floor_s=ttft_floor_s))
         gaps.append(g.assign(engine=name, round=rnd, itl_floor_s=itl_floor_s))
-        echo(f"  {name:<32} round {rnd}: TTFT p95 {r.ttft_s.quantile(0.95) * 1e3:8.1f} ms, "
-             f"ITL p95 {g.gap_s.quantile(0.95) * 1e3:8.1f} ms")
+        echo(
+            f"  {name:<32} round {rnd}: TTFT p95 {r.ttft_s.quantile(0.95) * 1e3:8.1f} ms, "
+            f"ITL p95 {g.gap_s.quantile(0.95) * 1e3:8.1f} ms"
+        )
     return pd.concat(requests, ignore_index=True), pd.concat(gaps, ignore_index=True)
 
 
-def _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets_steps, mode, cost_model,
-         max_wait_s) -> pd.DataFrame:
+def _run(
+    name,
+    model,
+    tokenizer,
+    arrivals,
+    max_batch,
+    prefill_step_size,
+    targets_steps,
+    mode,
+    cost_model,
+    max_wait_s,
+) -> pd.DataFrame:
     """One engine, fresh, through the arrivals: its events frame."""
     if mode == "measured":
-        engine = frontier_factories(model, tokenizer, max_batch, prefill_step_size, targets_steps,
-                                    max_wait_s=max_wait_s, cost_model=cost_model)[name]()
+        engine = frontier_factories(
+            model,
+            tokenizer,
+            max_batch,
+            prefill_step_size,
+            targets_steps,
+            max_wait_s=max_wait_s,
+            cost_model=cost_model,
+        )[name]()
         try:
             drive(engine, arrivals)
             return events_frame(engine.events)
@@ -191,8 +271,17 @@ def _run(name, model, tokenizer, arrivals, max_batch, prefill_step_size, targets
             engine.close()
     clock = VirtualClock()
     costed = CostedModel(model, clock, cost_model)
-    engine = frontier_factories(costed, tokenizer, max_batch, prefill_step_size, targets_steps, clock=clock,
-                                max_wait_s=max_wait_s, cost_model=cost_model, history_size=0)[name]()
+    engine = frontier_factories(
+        costed,
+        tokenizer,
+        max_batch,
+        prefill_step_size,
+        targets_steps,
+        clock=clock,
+        max_wait_s=max_wait_s,
+        cost_model=cost_model,
+        history_size=0,
+    )[name]()
     try:
         drive_virtual(engine, arrivals, clock, costed)
         return events_frame(engine.events)
@@ -218,13 +307,25 @@ def frontier_summary(requests: pd.DataFrame, gaps: pd.DataFrame, slo: SLO) -> pd
         g = gaps[gaps.engine == name]
         makespan = r.groupby("round").makespan_s.first().sum()
         good = int(meets_slo(r, slo).sum())
-        rows.append({"engine": name, "target": target_of(name), "ttft_p50_s": r.ttft_s.median(),
-                     "ttft_p95_s": r.ttft_s.quantile(0.95), "itl_p50_s": g.gap_s.median(),
-                     "itl_p95_s": g.gap_s.quantile(0.95), "itl_p99_s": g.gap_s.quantile(0.99),
-                     "itl_max_s": g.gap_s.max(), "e2e_p95_s": r.e2e_s.quantile(0.95),
-                     "goodput_req_per_s": good / makespan, "throughput_tok_per_s": r.generated_tokens.sum() / makespan,
-                     "requests": len(r), "rounds": r["round"].nunique(),
-                     "ttft_floor_p95_s": _p95(r, "ttft_floor_s"), "itl_floor_p95_s": _p95(g, "itl_floor_s")})
+        rows.append(
+            {
+                "engine": name,
+                "target": target_of(name),
+                "ttft_p50_s": r.ttft_s.median(),
+                "ttft_p95_s": r.ttft_s.quantile(0.95),
+                "itl_p50_s": g.gap_s.median(),
+                "itl_p95_s": g.gap_s.quantile(0.95),
+                "itl_p99_s": g.gap_s.quantile(0.99),
+                "itl_max_s": g.gap_s.max(),
+                "e2e_p95_s": r.e2e_s.quantile(0.95),
+                "goodput_req_per_s": good / makespan,
+                "throughput_tok_per_s": r.generated_tokens.sum() / makespan,
+                "requests": len(r),
+                "rounds": r["round"].nunique(),
+                "ttft_floor_p95_s": _p95(r, "ttft_floor_s"),
+                "itl_floor_p95_s": _p95(g, "itl_floor_s"),
+            }
+        )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
@@ -265,6 +366,14 @@ def floor_verdicts(summary: pd.DataFrame, reference: str = MLX_LM) -> pd.DataFra
     out = []
     for measure, goal in GOALS.items():
         floor_s, ref_s = row[f"{measure}_floor_p95_s"], row[f"{measure}_p95_s"]
-        out.append({"measure": measure, "floor_p95_s": floor_s, "reference_p95_s": ref_s,
-                    "floor_ratio": floor_s / ref_s, "goal_ratio": goal, "reachable": bool(floor_s / ref_s <= goal)})
+        out.append(
+            {
+                "measure": measure,
+                "floor_p95_s": floor_s,
+                "reference_p95_s": ref_s,
+                "floor_ratio": floor_s / ref_s,
+                "goal_ratio": goal,
+                "reachable": bool(floor_s / ref_s <= goal),
+            }
+        )
     return pd.DataFrame(out)

@@ -44,8 +44,11 @@ from .scenarios import MLX_LM, WORKBENCH, alternating, decode_runs, equal_prompt
 
 PADDED, PACKED = WORKBENCH, "workbench, packed"
 CHUNK_TOKENS, PAGE_TOKENS, MAX_BATCH = 512, 16, 8
-SCHEDULE_NAMES = {"hybrid": "packed, hybrid (stall-free)", "prefill-first": "packed, prefill-first",
-                  "decode-first": "packed, decode-first"}
+SCHEDULE_NAMES = {
+    "hybrid": "packed, hybrid (stall-free)",
+    "prefill-first": "packed, prefill-first",
+    "decode-first": "packed, decode-first",
+}
 GOALS = {"ttft_p95": 0.6, "itl_p95": 1.0, "decode": 0.97, "kv_peak": 1.1}  # issue 27
 
 
@@ -84,24 +87,43 @@ def factories(model: Any, tokenizer: Any, names: Sequence[str]) -> dict[str, Cal
     """Fresh-engine factories: the padded workbench (:data:`PADDED`), the packed one
     (:data:`PACKED`, hybrid), the packed one under each schedule (:data:`SCHEDULE_NAMES`)
     and mlx-lm, all at ``MAX_BATCH`` rows and ``CHUNK_TOKENS``."""
+
     def workbench(**kw: Any) -> Callable[[], Any]:
         return lambda: TrackedWorkbench(model, tokenizer, MAX_BATCH, CHUNK_TOKENS, history_size=64, **kw)
 
     packed = dict(layout="packed", page_size=PAGE_TOKENS, max_num_batched_tokens=CHUNK_TOKENS)
-    every = {PADDED: workbench(), PACKED: workbench(**packed), MLX_LM: lambda: MlxLmEngine(model, MAX_BATCH, CHUNK_TOKENS)}
+    every = {
+        PADDED: workbench(),
+        PACKED: workbench(**packed),
+        MLX_LM: lambda: MlxLmEngine(model, MAX_BATCH, CHUNK_TOKENS),
+    }
     every.update({name: workbench(**packed, packed_schedule=s) for s, name in SCHEDULE_NAMES.items()})
     return {n: every[n] for n in names}
 
 
 def azure_arrivals(tokenizer: Any) -> list[Arrival]:
     """The azure window of the module docstring, as arrivals."""
-    work = trace_workload(read_azure_trace(trace_path("conv")), tokenizer, seed=0, start_s=600, duration_s=12,
-                          time_scale=0.3, length_scale=0.25, max_prompt_tokens=512, max_output_tokens=128)
+    work = trace_workload(
+        read_azure_trace(trace_path("conv")),
+        tokenizer,
+        seed=0,
+        start_s=600,
+        duration_s=12,
+        time_scale=0.3,
+        length_scale=0.25,
+        max_prompt_tokens=512,
+        max_output_tokens=128,
+    )
     return [Arrival(tuple(r.prompt), r.max_tokens, at_s=t) for t, r in work.arrivals]
 
 
-def latency(fac: dict[str, Callable[[], Any]], arrivals: list[Arrival], rounds: int, scenario: str,
-            echo: Callable[[str], None]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def latency(
+    fac: dict[str, Callable[[], Any]],
+    arrivals: list[Arrival],
+    rounds: int,
+    scenario: str,
+    echo: Callable[[str], None],
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each engine through ``arrivals`` once (warm-up, discarded), then ``rounds`` times
     alternating. Returns ``(summary, kv)``: per run ``scenario, engine, round`` and TTFT /
     ITL p50, p95, p99 (seconds), tokens per second of makespan; per workbench run its KV
@@ -113,17 +135,32 @@ def latency(fac: dict[str, Callable[[], Any]], arrivals: list[Arrival], rounds: 
         events, samples = _run(fac[name], arrivals)
         r, g = request_metrics(events), token_gaps(events)
         span_s = events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
-        row = dict(scenario=scenario, engine=name, round=rnd, requests=len(r),
-                   throughput_tok_per_s=int((events.kind == "token").sum()) / span_s)
+        row = dict(
+            scenario=scenario,
+            engine=name,
+            round=rnd,
+            requests=len(r),
+            throughput_tok_per_s=int((events.kind == "token").sum()) / span_s,
+        )
         for q in (50, 95, 99):
             row[f"ttft_p{q}_s"], row[f"itl_p{q}_s"] = r.ttft_s.quantile(q / 100), g.gap_s.quantile(q / 100)
         rows.append(row)
         if samples:
             held, tokens, allocated = zip(*samples)
-            kv.append(dict(scenario=scenario, engine=name, round=rnd, peak_held_bytes=max(held),
-                           peak_token_bytes=max(tokens), peak_allocated_bytes=max(allocated)))
-        echo(f"  {scenario:<9} {name:<28} round {rnd}: TTFT p95 {row['ttft_p95_s'] * 1e3:7.1f} ms, "
-             f"ITL p95 {row['itl_p95_s'] * 1e3:6.1f} ms")
+            kv.append(
+                dict(
+                    scenario=scenario,
+                    engine=name,
+                    round=rnd,
+                    peak_held_bytes=max(held),
+                    peak_token_bytes=max(tokens),
+                    peak_allocated_bytes=max(allocated),
+                )
+            )
+        echo(
+            f"  {scenario:<9} {name:<28} round {rnd}: TTFT p95 {row['ttft_p95_s'] * 1e3:7.1f} ms, "
+            f"ITL p95 {row['itl_p95_s'] * 1e3:6.1f} ms"
+        )
     return pd.DataFrame(rows), pd.DataFrame(kv)
 
 
@@ -154,30 +191,57 @@ def run_packed_bench(quick: bool = False, echo: Callable[[str], None] = print) -
     model, tokenizer = load("tiny-llama")
     pairs, rounds, sizes = (1, 1, (8,)) if quick else (3, 2, (1, 8))
     echo("decode throughput (alternating runs)")
-    decode = pd.concat([decode_runs(factories(model, tokenizer, (PADDED, PACKED, MLX_LM)),
-                                    equal_prompts(tokenizer, B, 16), 24, pairs, lambda s: None).assign(B=B)
-                        for B in sizes], ignore_index=True)
+    decode = pd.concat(
+        [
+            decode_runs(
+                factories(model, tokenizer, (PADDED, PACKED, MLX_LM)),
+                equal_prompts(tokenizer, B, 16),
+                24,
+                pairs,
+                lambda s: None,
+            ).assign(B=B)
+            for B in sizes
+        ],
+        ignore_index=True,
+    )
     step_s = decode[(decode.B == 8) & (decode.engine == PADDED)].step_s.median()
     three = factories(model, tokenizer, (PADDED, PACKED, MLX_LM))
     parts = []
     for scenario, every_steps in (("staggered", 8), ("loaded", 3)):
         loads.append(os.getloadavg()[0])
         echo(f"{scenario} arrivals (one every {every_steps} decode steps of {step_s * 1e3:.1f} ms)")
-        parts.append(latency(three, staggered_arrivals(tokenizer, 16, every_steps * step_s), rounds, scenario, echo))
+        parts.append(
+            latency(three, staggered_arrivals(tokenizer, 16, every_steps * step_s), rounds, scenario, echo)
+        )
     loads.append(os.getloadavg()[0])
     echo("azure window (conv 10:00 + 12 s)")
     arrivals = azure_arrivals(tokenizer)
     parts.append(latency(three, arrivals, rounds, "azure", echo))
     loads.append(os.getloadavg()[0])
     echo("sarathi: packed schedules on the azure window")
-    parts.append(latency(factories(model, tokenizer, list(SCHEDULE_NAMES.values())), arrivals, rounds, "sarathi", echo))
+    parts.append(
+        latency(factories(model, tokenizer, list(SCHEDULE_NAMES.values())), arrivals, rounds, "sarathi", echo)
+    )
     loads.append(os.getloadavg()[0])
-    meta = dict(mode="quick" if quick else "full", model="tiny-llama", max_batch=MAX_BATCH, chunk_tokens=CHUNK_TOKENS,
-                page_tokens=PAGE_TOKENS, decode_step_s=step_s, azure_requests=len(arrivals),
-                load_1min_min=min(loads), load_1min_max=max(loads), cores=os.cpu_count(),
-                wall_s=time.perf_counter() - started_s)
-    return PackedBenchResult(decode, pd.concat([p[0] for p in parts], ignore_index=True),
-                             pd.concat([p[1] for p in parts], ignore_index=True), meta)
+    meta = dict(
+        mode="quick" if quick else "full",
+        model="tiny-llama",
+        max_batch=MAX_BATCH,
+        chunk_tokens=CHUNK_TOKENS,
+        page_tokens=PAGE_TOKENS,
+        decode_step_s=step_s,
+        azure_requests=len(arrivals),
+        load_1min_min=min(loads),
+        load_1min_max=max(loads),
+        cores=os.cpu_count(),
+        wall_s=time.perf_counter() - started_s,
+    )
+    return PackedBenchResult(
+        decode,
+        pd.concat([p[0] for p in parts], ignore_index=True),
+        pd.concat([p[1] for p in parts], ignore_index=True),
+        meta,
+    )
 
 
 def summary(result: PackedBenchResult) -> pd.DataFrame:
@@ -194,7 +258,12 @@ def summary(result: PackedBenchResult) -> pd.DataFrame:
 def kv_table(result: PackedBenchResult) -> pd.DataFrame:
     """Per scenario and workbench engine: peak bytes held, peak bytes of tokens held, their
     ratio, and the packed pools' allocation over the tokens' peak (maxima over rounds)."""
-    kv = result.kv.groupby(["scenario", "engine"], sort=False).max(numeric_only=True).reset_index().drop(columns="round")
+    kv = (
+        result.kv.groupby(["scenario", "engine"], sort=False)
+        .max(numeric_only=True)
+        .reset_index()
+        .drop(columns="round")
+    )
     kv["held_vs_tokens"] = kv.peak_held_bytes / kv.peak_token_bytes
     kv["allocated_vs_tokens"] = kv.peak_allocated_bytes / kv.peak_token_bytes
     return kv
@@ -231,16 +300,39 @@ def read_result(folder: Path) -> PackedBenchResult:
 def report_text(result: PackedBenchResult) -> str:
     """The markdown ``packed-bench.md``: the three tables and the goals of issue 27."""
     s, kv, dec = summary(result), kv_table(result), decode_table(result)
-    m = {"mode": "?", "model": "tiny-llama", "max_batch": MAX_BATCH, "chunk_tokens": CHUNK_TOKENS,
-         "page_tokens": PAGE_TOKENS, "load_1min_min": float("nan"), "load_1min_max": float("nan"),
-         "cores": os.cpu_count(), "wall_s": float("nan")} | result.meta
-    lines = [f"# Packed layout benchmark (`workbench bench --packed{' --quick' if m['mode'] == 'quick' else ''}`)", "",
-             f"Model {m['model']}, max_batch {m['max_batch']}, chunk / token budget {m['chunk_tokens']} tokens, pages "
-             f"of {m['page_tokens']}; load average {m['load_1min_min']:.1f} to {m['load_1min_max']:.1f} on "
-             f"{m['cores']} cores; {m['wall_s']:.0f} s.", "", "## Decode tok/s (alternating runs)", "",
-             frame_markdown(dec), "", "## Latency (medians over rounds; seconds)", "",
-             frame_markdown(s), "", "## KV bytes: peak held vs peak bytes of tokens held", "",
-             frame_markdown(kv), "", "## Goals (issue 27)", ""]
+    m = {
+        "mode": "?",
+        "model": "tiny-llama",
+        "max_batch": MAX_BATCH,
+        "chunk_tokens": CHUNK_TOKENS,
+        "page_tokens": PAGE_TOKENS,
+        "load_1min_min": float("nan"),
+        "load_1min_max": float("nan"),
+        "cores": os.cpu_count(),
+        "wall_s": float("nan"),
+    } | result.meta
+    lines = [
+        f"# Packed layout benchmark (`workbench bench --packed{' --quick' if m['mode'] == 'quick' else ''}`)",
+        "",
+        f"Model {m['model']}, max_batch {m['max_batch']}, chunk / token budget {m['chunk_tokens']} tokens, pages "
+        f"of {m['page_tokens']}; load average {m['load_1min_min']:.1f} to {m['load_1min_max']:.1f} on "
+        f"{m['cores']} cores; {m['wall_s']:.0f} s.",
+        "",
+        "## Decode tok/s (alternating runs)",
+        "",
+        frame_markdown(dec),
+        "",
+        "## Latency (medians over rounds; seconds)",
+        "",
+        frame_markdown(s),
+        "",
+        "## KV bytes: peak held vs peak bytes of tokens held",
+        "",
+        frame_markdown(kv),
+        "",
+        "## Goals (issue 27)",
+        "",
+    ]
     lines += goal_lines(s, kv, dec)
     return "\n".join(lines) + "\n"
 
@@ -252,19 +344,27 @@ def goal_lines(s: pd.DataFrame, kv: pd.DataFrame, dec: pd.DataFrame) -> list[str
     for scenario in packed.index:
         t, i = packed.loc[scenario, "ttft_p95_vs_mlx_lm"], packed.loc[scenario, "itl_p95_vs_mlx_lm"]
         met = t <= GOALS["ttft_p95"] and i <= GOALS["itl_p95"]
-        out.append(f"- {scenario}: TTFT p95 {t:.2f}x, ITL p95 {i:.2f}x mlx-lm (goal <= {GOALS['ttft_p95']}x and "
-                   f"<= {GOALS['itl_p95']}x at once): {'met' if met else 'missed'}")
+        out.append(
+            f"- {scenario}: TTFT p95 {t:.2f}x, ITL p95 {i:.2f}x mlx-lm (goal <= {GOALS['ttft_p95']}x and "
+            f"<= {GOALS['itl_p95']}x at once): {'met' if met else 'missed'}"
+        )
     for _, row in dec.iterrows():
-        out.append(f"- decode B={int(row.B)}: packed {row.packed_vs_padded:.2f}x the padded layout (goal >= "
-                   f"{GOALS['decode']}): {'met' if row.packed_vs_padded >= GOALS['decode'] else 'missed'}")
+        out.append(
+            f"- decode B={int(row.B)}: packed {row.packed_vs_padded:.2f}x the padded layout (goal >= "
+            f"{GOALS['decode']}): {'met' if row.packed_vs_padded >= GOALS['decode'] else 'missed'}"
+        )
     for _, row in kv[kv.engine == PACKED].iterrows():
-        out.append(f"- {row.scenario}: packed peak KV bytes {row.held_vs_tokens:.3f}x the bytes of the tokens held "
-                   f"(pools allocated {row.allocated_vs_tokens:.3f}x; goal <= {GOALS['kv_peak']}): "
-                   f"{'met' if row.held_vs_tokens <= GOALS['kv_peak'] else 'missed'}")
+        out.append(
+            f"- {row.scenario}: packed peak KV bytes {row.held_vs_tokens:.3f}x the bytes of the tokens held "
+            f"(pools allocated {row.allocated_vs_tokens:.3f}x; goal <= {GOALS['kv_peak']}): "
+            f"{'met' if row.held_vs_tokens <= GOALS['kv_peak'] else 'missed'}"
+        )
     return out
 
 
-def packed_bench_job(quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print) -> int:
+def packed_bench_job(
+    quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print
+) -> int:
     """``workbench bench --packed``: run, write ``packed-bench.md`` and
     ``packed-bench/{decode,latency,kv}.csv`` under ``out_dir`` (default
     ``workbench-out``), print the report. Returns the exit code (0)."""

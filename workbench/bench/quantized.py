@@ -15,7 +15,8 @@ machine (the docs state which); row counts under a budget are deterministic.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import pandas as pd
@@ -24,8 +25,8 @@ from ..engine.kv import caches as kv
 from ..engine.kv.profile import kv_profile, projected_bytes
 from ..engine.levers.quantized_attention import attention_path
 from ..engine.levers.quantized_kv import KVQuant, check_model, quantize_batch
-from ..engine.scheduler import Scheduler
 from ..engine.request import Request
+from ..engine.scheduler import Scheduler
 from ..workloads.workload import prompt_of_length
 from .scenarios import _filled_rows, _timed
 
@@ -47,15 +48,23 @@ def bytes_per_token(model: Any, settings: Sequence[Setting]) -> pd.DataFrame:
     biases when quantized), from :func:`kv_profile`'s probe. Columns ``setting``,
     ``kv_bits``, ``kv_group_size``, ``bytes_per_token``, ``vs_float`` (ratio to the first
     float setting, or to the first setting)."""
-    rows = [(label(s), s[0], s[1], projected_bytes(kv_profile(model, kv_quant=_quant(s)), 1)) for s in settings]
+    rows = [
+        (label(s), s[0], s[1], projected_bytes(kv_profile(model, kv_quant=_quant(s)), 1)) for s in settings
+    ]
     frame = pd.DataFrame(rows, columns=["setting", "kv_bits", "kv_group_size", "bytes_per_token"])
     base = frame.loc[frame.kv_bits.isna(), "bytes_per_token"]
     frame["vs_float"] = frame.bytes_per_token / (base.iloc[0] if len(base) else frame.bytes_per_token.iloc[0])
     return frame
 
 
-def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Setting], repeats: int = 5,
-              warm_steps: int = 2) -> pd.DataFrame:
+def step_cost(
+    model: Any,
+    rows: int,
+    context_tokens: int,
+    settings: Sequence[Setting],
+    repeats: int = 5,
+    warm_steps: int = 2,
+) -> pd.DataFrame:
     """Seconds of one decode forward ``[rows, 1]`` over a batch cache of ``context_tokens``
     random keys and values per row, float or quantized (the float cache through
     :func:`quantize_batch`, as the engine converts it), and the cache's bytes. Settings
@@ -69,7 +78,9 @@ def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Set
     caches = {}
     for s in settings:
         q = _quant(s)
-        caches[s] = kv.merge_rows(_filled_rows(model, rows, context_tokens)) if q is None else quantize_batch(base, q)
+        caches[s] = (
+            kv.merge_rows(_filled_rows(model, rows, context_tokens)) if q is None else quantize_batch(base, q)
+        )
         mx.eval([c.state for c in caches[s]])
     token = mx.zeros((rows, 1), dtype=mx.uint32)
     paths = {s: None if s[0] is None else check_model(model, _quant(s)).attention for s in settings}
@@ -78,6 +89,7 @@ def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Set
         def forward() -> mx.array:
             with attention_path(paths[s]):  # the path a scheduler with this setting takes
                 return mx.argmax(model(token, cache=caches[s])[:, -1, :], axis=-1)
+
         return forward
 
     for s in settings:
@@ -87,16 +99,28 @@ def step_cost(model: Any, rows: int, context_tokens: int, settings: Sequence[Set
     for _ in range(repeats):
         for s in settings:
             times[s].append(_timed(step(s)))
-    frame = pd.DataFrame([(label(s), rows, context_tokens, kv.kv_bytes(caches[s]), statistics.median(times[s]))
-                          for s in settings], columns=["setting", "rows", "context_tokens", "kv_bytes", "step_s"])
+    frame = pd.DataFrame(
+        [
+            (label(s), rows, context_tokens, kv.kv_bytes(caches[s]), statistics.median(times[s]))
+            for s in settings
+        ],
+        columns=["setting", "rows", "context_tokens", "kv_bytes", "step_s"],
+    )
     base_s = frame.loc[frame.setting == "float", "step_s"]
     frame["vs_float"] = frame.step_s / (base_s.iloc[0] if len(base_s) else frame.step_s.iloc[0])
     return frame
 
 
-def admission_under_budget(model: Any, tokenizer: Any, settings: Sequence[Setting], budget_requests: int = 2,
-                           n_requests: int = 12, prompt_tokens: int = 48, max_tokens: int = 16,
-                           max_batch: int = 12) -> pd.DataFrame:
+def admission_under_budget(
+    model: Any,
+    tokenizer: Any,
+    settings: Sequence[Setting],
+    budget_requests: int = 2,
+    n_requests: int = 12,
+    prompt_tokens: int = 48,
+    max_tokens: int = 16,
+    max_batch: int = 12,
+) -> pd.DataFrame:
     """The same ``n_requests`` (``prompt_tokens`` + ``max_tokens``) through a scheduler
     whose ``kv_budget_bytes`` is what ``budget_requests`` float requests project; per
     setting the most rows running at once, the decode steps to finish them all, and
@@ -105,6 +129,7 @@ def admission_under_budget(model: Any, tokenizer: Any, settings: Sequence[Settin
     Columns ``setting``, ``kv_budget_bytes``, ``request_bytes`` (one request's projected
     bytes alone), ``max_rows``, ``decode_steps``, ``tokens_per_step``.
     """
+
     def sched_of(s: Setting, **kw: Any) -> Scheduler:
         return Scheduler(model, tokenizer, kv_bits=s[0], kv_group_size=s[1], history_size=0, **kw)
 
@@ -119,7 +144,9 @@ def admission_under_budget(model: Any, tokenizer: Any, settings: Sequence[Settin
     for s in settings:
         sched = sched_of(s, max_batch=max_batch, kv_budget_bytes=budget)
         for i in range(n_requests):
-            sched.submit(Request(prompt=prompt_of_length(tokenizer, prompt_tokens, 17 * i), max_tokens=max_tokens))
+            sched.submit(
+                Request(prompt=prompt_of_length(tokenizer, prompt_tokens, 17 * i), max_tokens=max_tokens)
+            )
         most = 0
         while not sched.idle:
             sched.admit()
@@ -127,6 +154,17 @@ def admission_under_budget(model: Any, tokenizer: Any, settings: Sequence[Settin
             sched.step()
             sched.filter()
         tokens = sum(len(sched.tokens(u)) for u in sched.requests)
-        out.append((label(s), budget, one_request(s), most, sched.step_index, tokens / max(sched.step_index, 1)))
-    return pd.DataFrame(out, columns=["setting", "kv_budget_bytes", "request_bytes", "max_rows", "decode_steps",
-                                      "tokens_per_step"])
+        out.append(
+            (label(s), budget, one_request(s), most, sched.step_index, tokens / max(sched.step_index, 1))
+        )
+    return pd.DataFrame(
+        out,
+        columns=[
+            "setting",
+            "kv_budget_bytes",
+            "request_bytes",
+            "max_rows",
+            "decode_steps",
+            "tokens_per_step",
+        ],
+    )

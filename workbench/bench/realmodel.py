@@ -17,7 +17,8 @@ own tokenizer. Not fetched, the section is skipped and :func:`real_model_missing
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -33,8 +34,10 @@ def real_model_missing(name: str = REAL_MODEL) -> str | None:
     """Why the real-model section cannot run (one line, with the command that fixes it),
     or ``None`` when ``name`` is fetched (or bundled)."""
     if resolve_name(name) is None:
-        return (f"{name} is not fetched, so the real-model decode rows are skipped "
-                f"(run `workbench models fetch {name}`, then the benchmark again)")
+        return (
+            f"{name} is not fetched, so the real-model decode rows are skipped "
+            f"(run `workbench models fetch {name}`, then the benchmark again)"
+        )
     return None
 
 
@@ -47,20 +50,31 @@ def describe_weights(model: Any) -> str:
     if not bits:
         return str(proj.weight.dtype).replace("mlx.core.", "")
     embed_bits = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "bits", bits)
-    return f"{bits}-bit (groups of {proj.group_size})" + (f", {embed_bits}-bit embedding" if embed_bits != bits else "")
+    return f"{bits}-bit (groups of {proj.group_size})" + (
+        f", {embed_bits}-bit embedding" if embed_bits != bits else ""
+    )
 
 
 def describe_model(name: str, model: Any) -> str:
     """One line: name, family, layers, hidden, heads (query/KV), vocabulary, weights."""
     a = model.args
-    return (f"{name}: {a.model_type}, hidden {a.hidden_size}, {a.num_hidden_layers} layers, "
-            f"{a.num_attention_heads} query / {a.num_key_value_heads} KV heads (GQA), MLP {a.intermediate_size}, "
-            f"vocab {a.vocab_size}, weights {describe_weights(model)}")
+    return (
+        f"{name}: {a.model_type}, hidden {a.hidden_size}, {a.num_hidden_layers} layers, "
+        f"{a.num_attention_heads} query / {a.num_key_value_heads} KV heads (GQA), MLP {a.intermediate_size}, "
+        f"vocab {a.vocab_size}, weights {describe_weights(model)}"
+    )
 
 
-def real_decode_runs(batch_sizes: tuple[int, ...], prompt_tokens: int, decode_tokens: int, pairs: int,
-                     prefill_step_size: int, echo: Callable[[str], None] = print,
-                     name: str = REAL_MODEL, skip: str | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+def real_decode_runs(
+    batch_sizes: tuple[int, ...],
+    prompt_tokens: int,
+    decode_tokens: int,
+    pairs: int,
+    prefill_step_size: int,
+    echo: Callable[[str], None] = print,
+    name: str = REAL_MODEL,
+    skip: str | None = None,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Decode throughput of the workbench and mlx-lm's ``BatchGenerator`` on the fetched
     real model, alternating, at each batch size: :func:`decode_runs` with the model's own
     tokenizer (prompts of exactly ``prompt_tokens`` tokens from the bundled prompt set).
@@ -87,12 +101,34 @@ def real_decode_runs(batch_sizes: tuple[int, ...], prompt_tokens: int, decode_to
     missing = skip or real_model_missing(name)
     if missing is not None:
         echo(f"  skipped: {missing}")
-        return pd.DataFrame(columns=["engine", "B", "pair", "tok_per_s", "window_s", "tokens", "step_s",
-                                     "snapshots", "history_read_s", "same_tokens"]), {"real_model_skipped": missing}
+        return pd.DataFrame(
+            columns=[
+                "engine",
+                "B",
+                "pair",
+                "tok_per_s",
+                "window_s",
+                "tokens",
+                "step_s",
+                "snapshots",
+                "history_read_s",
+                "same_tokens",
+            ]
+        ), {"real_model_skipped": missing}
     model, tokenizer = load(name, dequantize=False)  # as converted: 4-bit weights
     meta = {"real_model": describe_model(name, model), "real_parameters": parameter_count(model)}
     echo(f"  model {meta['real_model']}")
-    runs = pd.concat([decode_runs(engine_factories(model, tokenizer, B, prefill_step_size, REAL_ENGINES),
-                                  equal_prompts(tokenizer, B, prompt_tokens), decode_tokens, pairs, echo)
-                      for B in batch_sizes], ignore_index=True)
+    runs = pd.concat(
+        [
+            decode_runs(
+                engine_factories(model, tokenizer, B, prefill_step_size, REAL_ENGINES),
+                equal_prompts(tokenizer, B, prompt_tokens),
+                decode_tokens,
+                pairs,
+                echo,
+            )
+            for B in batch_sizes
+        ],
+        ignore_index=True,
+    )
     return runs, meta

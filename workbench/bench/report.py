@@ -21,70 +21,132 @@ import json
 import os
 import platform
 import subprocess
+from collections.abc import Callable, Sequence
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
+from ..observe.metrics import percentiles
 from .files import CSV_FILES, read_frame, read_meta
-from .run import DEFAULT_TARGET, BenchResult
-from .session import window_medians
 from .pacing import paced_name
 from .realmodel import REAL_MODEL
+from .run import DEFAULT_TARGET, BenchResult
 from .scenarios import MLX_LM, PACED, PREFILL_FIRST, WORKBENCH, WORKBENCH_OFF, head_of_line_numbers
-from ..observe.metrics import percentiles
+from .session import window_medians
 
-TABLE_COLUMNS = ["row", "metric", "unit", "measured", "reference", "reference_is", "value", "value_is",
-                 "spread", "goal", "met"]
-GOALS = {"decode": (">=", 1.10), "overhead": ("<=", 1.03), "join_slot": ("<=", 1.0), "join_extend": ("<=", 1.0),
-         "hol_workbench": ("<=", 1.5), "session_late": ("<=", 1.10), "paced_decode": (">=", 0.97),
-         "paced_ttft_p95": ("<=", 0.6), "paced_itl_p95": ("<=", 1.0)}
+TABLE_COLUMNS = [
+    "row",
+    "metric",
+    "unit",
+    "measured",
+    "reference",
+    "reference_is",
+    "value",
+    "value_is",
+    "spread",
+    "goal",
+    "met",
+]
+GOALS = {
+    "decode": (">=", 1.10),
+    "overhead": ("<=", 1.03),
+    "join_slot": ("<=", 1.0),
+    "join_extend": ("<=", 1.0),
+    "hol_workbench": ("<=", 1.5),
+    "session_late": ("<=", 1.10),
+    "paced_decode": (">=", 0.97),
+    "paced_ttft_p95": ("<=", 0.6),
+    "paced_itl_p95": ("<=", 1.0),
+}
 # Per goal: what it asks (on the row's value), and what a miss means (the text `workbench bench` prints).
 GOAL_MEANINGS = {
-    "decode": ("the workbench decodes at least 10% more tok/s than mlx-lm's BatchGenerator at this batch size",
-               "the workbench is not faster than mlx-lm here: its per-step Python (events, snapshots, per-row "
-               "bookkeeping) costs more than its pipelining saves; on a loaded machine re-run before concluding"),
-    "overhead": ("recording (events and a snapshot after every call) slows decoding by at most 3%",
-                 "instrumentation costs more than 3% of decode time: use history_size=0 for timing runs"),
-    "join_slot": ("a row joining into a free slot costs at most one decode step",
-                  "joining stalls the running rows for more than a step each time a request arrives"),
-    "join_extend": ("a row joining by extend (mlx-lm's BatchKVCache.extend) costs at most one decode step",
-                    "growing the batch copies more than a step's worth of KV: running rows stall at every join"),
-    "hol_workbench": ("while a long prompt joins, running rows' largest token gap is at most 1.5 x (one prefill "
-                      "chunk + one decode step)",
-                      "chunked prefill does not bound head-of-line blocking: running rows wait longer than a chunk"),
-    "session_late": ("an engine call late in a long session costs at most 10% more than early on",
-                     "some per-call cost grows with the session (event log, request map, history)"),
-    "paced_decode": ("with pacing on, decode throughput stays within 3% of mlx-lm's",
-                     "the pacer's own work (waiting for the pending step, timing the forwards) costs decode speed"),
-    "paced_ttft_p95": ("with pacing on, TTFT p95 is at most 0.6 x mlx-lm's on the same arrivals",
-                       "joiners do not reach their first token much sooner than with mlx-lm: with light load TTFT is "
-                       "mostly the prompt's own prefill compute, which no schedule shortens"),
-    "paced_itl_p95": ("with pacing on, ITL p95 is at most mlx-lm's, at the same time as the TTFT goal",
-                      "running rows wait longer between tokens than with mlx-lm: prefill chunks inflate more gaps "
-                      "than they shorten"),
+    "decode": (
+        "the workbench decodes at least 10% more tok/s than mlx-lm's BatchGenerator at this batch size",
+        "the workbench is not faster than mlx-lm here: its per-step Python (events, snapshots, per-row "
+        "bookkeeping) costs more than its pipelining saves; on a loaded machine re-run before concluding",
+    ),
+    "overhead": (
+        "recording (events and a snapshot after every call) slows decoding by at most 3%",
+        "instrumentation costs more than 3% of decode time: use history_size=0 for timing runs",
+    ),
+    "join_slot": (
+        "a row joining into a free slot costs at most one decode step",
+        "joining stalls the running rows for more than a step each time a request arrives",
+    ),
+    "join_extend": (
+        "a row joining by extend (mlx-lm's BatchKVCache.extend) costs at most one decode step",
+        "growing the batch copies more than a step's worth of KV: running rows stall at every join",
+    ),
+    "hol_workbench": (
+        "while a long prompt joins, running rows' largest token gap is at most 1.5 x (one prefill "
+        "chunk + one decode step)",
+        "chunked prefill does not bound head-of-line blocking: running rows wait longer than a chunk",
+    ),
+    "session_late": (
+        "an engine call late in a long session costs at most 10% more than early on",
+        "some per-call cost grows with the session (event log, request map, history)",
+    ),
+    "paced_decode": (
+        "with pacing on, decode throughput stays within 3% of mlx-lm's",
+        "the pacer's own work (waiting for the pending step, timing the forwards) costs decode speed",
+    ),
+    "paced_ttft_p95": (
+        "with pacing on, TTFT p95 is at most 0.6 x mlx-lm's on the same arrivals",
+        "joiners do not reach their first token much sooner than with mlx-lm: with light load TTFT is "
+        "mostly the prompt's own prefill compute, which no schedule shortens",
+    ),
+    "paced_itl_p95": (
+        "with pacing on, ITL p95 is at most mlx-lm's, at the same time as the TTFT goal",
+        "running rows wait longer between tokens than with mlx-lm: prefill chunks inflate more gaps "
+        "than they shorten",
+    ),
 }
 # Goals set for a GPU: on a CPU they are shown apart, with why this machine does not reach them.
 GPU_GOALS = {
     "decode": "its margin comes from overlapping the engine's Python with the device's forward (mx.async_eval); "
-              "on a CPU both run on the same cores",
+    "on a CPU both run on the same cores",
     "paced_ttft_p95": "at staggered arrivals each prompt's own prefill, alone, is above 0.6 x mlx-lm's TTFT p95 "
-                      "on this CPU (the floors, docs/pacing.md): no schedule reaches it",
+    "on this CPU (the floors, docs/pacing.md): no schedule reaches it",
 }
-NOTES_MARKER = "<!-- Everything below this line is hand-written and kept when `workbench bench` rewrites the file. -->"
+NOTES_MARKER = (
+    "<!-- Everything below this line is hand-written and kept when `workbench bench` rewrites the file. -->"
+)
 
 
 def row_ids(batch_sizes: tuple[int, ...], real_batch_sizes: tuple[int, ...] = ()) -> list[str]:
     """Every row of the table, in order (the smoke test and the notebook check these);
     ``real_batch_sizes``: those of the real model's decode runs (none when it was skipped)."""
-    return ([f"decode_B{b}" for b in batch_sizes] + [f"overhead_B{b}" for b in batch_sizes]
-            + [f"paced_decode_B{b}" for b in batch_sizes]
-            + ["ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "paced_ttft_p95", "paced_itl_p95", "paced_itl_max",
-               "paced_ttft_p95_loaded", "paced_itl_p95_loaded", "join_slot", "join_extend", "join_extend_fresh", "join_remerge",
-               "hol_workbench", "hol_mlx_lm", "hol_prefill_first", "checkpoint_take", "checkpoint_next_step",
-               "checkpoint_held", "session_late"] + [f"roofline_B{b}" for b in batch_sizes]
-            + [f"real_decode_B{b}" for b in real_batch_sizes])
+    return (
+        [f"decode_B{b}" for b in batch_sizes]
+        + [f"overhead_B{b}" for b in batch_sizes]
+        + [f"paced_decode_B{b}" for b in batch_sizes]
+        + [
+            "ttft_p50",
+            "ttft_p95",
+            "itl_p50",
+            "itl_p95",
+            "paced_ttft_p95",
+            "paced_itl_p95",
+            "paced_itl_max",
+            "paced_ttft_p95_loaded",
+            "paced_itl_p95_loaded",
+            "join_slot",
+            "join_extend",
+            "join_extend_fresh",
+            "join_remerge",
+            "hol_workbench",
+            "hol_mlx_lm",
+            "hol_prefill_first",
+            "checkpoint_take",
+            "checkpoint_next_step",
+            "checkpoint_held",
+            "session_late",
+        ]
+        + [f"roofline_B{b}" for b in batch_sizes]
+        + [f"real_decode_B{b}" for b in real_batch_sizes]
+    )
 
 
 def goal_kind(row: str) -> str | None:
@@ -130,11 +192,35 @@ def _spread(values: pd.Series) -> str:
 def _adder(rows: list[list[Any]]) -> Callable[..., None]:
     """``add(row, metric, unit, measured, reference, reference_is, value, value_is,
     spread="")``: appends one table row to ``rows``, its goal and ``met`` from the row id."""
-    def add(row: str, metric: str, unit: str, measured: float, reference: float, reference_is: str,
-            value: float, value_is: str, spread: str = "") -> None:
+
+    def add(
+        row: str,
+        metric: str,
+        unit: str,
+        measured: float,
+        reference: float,
+        reference_is: str,
+        value: float,
+        value_is: str,
+        spread: str = "",
+    ) -> None:
         goal = goal_text(row)
-        rows.append([row, metric, unit, measured, reference, reference_is, value, value_is, spread, goal,
-                     _met(value, goal)])
+        rows.append(
+            [
+                row,
+                metric,
+                unit,
+                measured,
+                reference,
+                reference_is,
+                value,
+                value_is,
+                spread,
+                goal,
+                _met(value, goal),
+            ]
+        )
+
     return add
 
 
@@ -149,68 +235,173 @@ def build_table(result: BenchResult) -> pd.DataFrame:
     _decode_rows(add, runs, cfg.batch_sizes)
     for B in cfg.batch_sizes:
         r = _pair_ratios(runs, B, WORKBENCH_OFF, WORKBENCH)
-        add(f"overhead_B{B}", f"instrumentation overhead, B={B}", "tok/s", med[(WORKBENCH, B)],
-            med[(WORKBENCH_OFF, B)], "workbench, history_size=0", r.median(),
+        add(
+            f"overhead_B{B}",
+            f"instrumentation overhead, B={B}",
+            "tok/s",
+            med[(WORKBENCH, B)],
+            med[(WORKBENCH_OFF, B)],
+            "workbench, history_size=0",
+            r.median(),
             "median of pairs: time instrumented / time off",
-            _spread(r))
+            _spread(r),
+        )
     for B in cfg.batch_sizes:
         r = _pair_ratios(runs, B, PACED, MLX_LM)
-        add(f"paced_decode_B{B}", f"decode tok/s, B={B}, pacing on", "tok/s", med[(PACED, B)], med[(MLX_LM, B)],
-            "mlx-lm", r.median(), "median of pairs: paced / mlx-lm", _spread(r))
+        add(
+            f"paced_decode_B{B}",
+            f"decode tok/s, B={B}, pacing on",
+            "tok/s",
+            med[(PACED, B)],
+            med[(MLX_LM, B)],
+            "mlx-lm",
+            r.median(),
+            "median of pairs: paced / mlx-lm",
+            _spread(r),
+        )
     for name, frame, col in (("ttft", result.requests, "ttft_s"), ("itl", result.gaps, "gap_s")):
         ours = percentiles(frame[frame.engine == WORKBENCH][col])
         theirs = percentiles(frame[frame.engine == MLX_LM][col])
         for q in ("p50", "p95"):
-            add(f"{name}_{q}", f"{name.upper()} {q}, staggered arrivals", "s", ours[q], theirs[q], "mlx-lm",
-                ours[q] / theirs[q], "workbench / mlx-lm (lower is better)")
+            add(
+                f"{name}_{q}",
+                f"{name.upper()} {q}, staggered arrivals",
+                "s",
+                ours[q],
+                theirs[q],
+                "mlx-lm",
+                ours[q] / theirs[q],
+                "workbench / mlx-lm (lower is better)",
+            )
     _paced_rows(add, result.requests, result.gaps, "", "staggered arrivals", with_max=True)
-    _paced_rows(add, result.loaded_requests, result.loaded_gaps, "_loaded",
-                f"loaded (one arrival every {cfg.latency_loaded_arrival_steps:g} steps)")
+    _paced_rows(
+        add,
+        result.loaded_requests,
+        result.loaded_gaps,
+        "_loaded",
+        f"loaded (one arrival every {cfg.latency_loaded_arrival_steps:g} steps)",
+    )
     sec = result.join.groupby("method").seconds
     step_s = sec.median()["step"]
     where = f"1 row into B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
-    for row, method, how in (("join_slot", "free slot", "into a free slot"), ("join_extend", "extend", "by extend"),
-                             ("join_extend_fresh", "extend, fresh pages", "by extend into fresh pages"),
-                             ("join_remerge", "re-merge", "by re-merge")):
+    for row, method, how in (
+        ("join_slot", "free slot", "into a free slot"),
+        ("join_extend", "extend", "by extend"),
+        ("join_extend_fresh", "extend, fresh pages", "by extend into fresh pages"),
+        ("join_remerge", "re-merge", "by re-merge"),
+    ):
         ratios = result.join[result.join.method == method].seconds / step_s
-        add(row, f"join {how}, {where}", "s", sec.median()[method], step_s, "one decode step",
-            ratios.median(), "join / step", _spread(ratios))
+        add(
+            row,
+            f"join {how}, {where}",
+            "s",
+            sec.median()[method],
+            step_s,
+            "one decode step",
+            ratios.median(),
+            "join / step",
+            _spread(ratios),
+        )
     ref = head_of_line_numbers(result.hol, WORKBENCH)
-    for row, engine in (("hol_workbench", WORKBENCH), ("hol_mlx_lm", MLX_LM), ("hol_prefill_first", PREFILL_FIRST)):
+    for row, engine in (
+        ("hol_workbench", WORKBENCH),
+        ("hol_mlx_lm", MLX_LM),
+        ("hol_prefill_first", PREFILL_FIRST),
+    ):
         n = head_of_line_numbers(result.hol, engine)
         bound = ref["chunk_s"] + n["step_s"]
-        add(row, f"head-of-line, {engine}: {cfg.hol_prompt_tokens}-token join, chunk {cfg.hol_chunk_tokens}", "s",
-            n["max_gap_s"], bound, "one chunk + one step", n["max_gap_s"] / bound, "max gap / (chunk + step)")
+        add(
+            row,
+            f"head-of-line, {engine}: {cfg.hol_prompt_tokens}-token join, chunk {cfg.hol_chunk_tokens}",
+            "s",
+            n["max_gap_s"],
+            bound,
+            "one chunk + one step",
+            n["max_gap_s"] / bound,
+            "max gap / (chunk + step)",
+        )
     cp = result.checkpoint.set_index("measure").value
     where = f"B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
-    add("checkpoint_take", f"checkpoint, taking it, {where}", "s", cp["clone_s"], cp["step_s"], "one decode step",
-        cp["clone_s"] / cp["step_s"], "checkpoint / step")
-    add("checkpoint_next_step", f"checkpoint, the step after it (copies the KV once), {where}", "s",
-        cp["first_step_after_s"], cp["step_s"], "one decode step", cp["first_step_after_s"] / cp["step_s"],
-        "step after / step")
-    add("checkpoint_held", f"checkpoint, bytes it keeps alive once the batch moved on, {where}", "bytes",
-        cp["held_bytes"], cp["kv_bytes"], "the batch's KV bytes", cp["held_bytes"] / cp["kv_bytes"], "held / KV bytes")
+    add(
+        "checkpoint_take",
+        f"checkpoint, taking it, {where}",
+        "s",
+        cp["clone_s"],
+        cp["step_s"],
+        "one decode step",
+        cp["clone_s"] / cp["step_s"],
+        "checkpoint / step",
+    )
+    add(
+        "checkpoint_next_step",
+        f"checkpoint, the step after it (copies the KV once), {where}",
+        "s",
+        cp["first_step_after_s"],
+        cp["step_s"],
+        "one decode step",
+        cp["first_step_after_s"] / cp["step_s"],
+        "step after / step",
+    )
+    add(
+        "checkpoint_held",
+        f"checkpoint, bytes it keeps alive once the batch moved on, {where}",
+        "bytes",
+        cp["held_bytes"],
+        cp["kv_bytes"],
+        "the batch's KV bytes",
+        cp["held_bytes"] / cp["kv_bytes"],
+        "held / KV bytes",
+    )
     first, last = window_medians(result.session)
     n = int(result.session.step.max())
-    add("session_late", f"run(max_steps=1), steps {n - 199:,}-{n:,} against steps 1-200", "s", last, first,
-        "steps 1-200", last / first, "late / early")
+    add(
+        "session_late",
+        f"run(max_steps=1), steps {n - 199:,}-{n:,} against steps 1-200",
+        "s",
+        last,
+        first,
+        "steps 1-200",
+        last / first,
+        "late / early",
+    )
     for _, r in result.roofline[result.roofline.case.str.startswith("decode")].iterrows():
-        add(f"roofline_B{r.B}", f"roofline, decode B={r.B}", "tok/s", r.workbench_tok_per_s,
-            r.attainable_tok_per_s, "attainable: min(memory, compute bound)",
-            r.workbench_tok_per_s / r.attainable_tok_per_s, "workbench / attainable")
+        add(
+            f"roofline_B{r.B}",
+            f"roofline, decode B={r.B}",
+            "tok/s",
+            r.workbench_tok_per_s,
+            r.attainable_tok_per_s,
+            "attainable: min(memory, compute bound)",
+            r.workbench_tok_per_s / r.attainable_tok_per_s,
+            "workbench / attainable",
+        )
     table, real = pd.DataFrame(rows, columns=TABLE_COLUMNS), real_table(result.real_runs)
     return pd.concat([table, real], ignore_index=True) if len(real) else table
 
 
-def _decode_rows(add: Callable[..., None], runs: pd.DataFrame, batch_sizes: Sequence[int], row: str = "decode",
-                 where: str = "") -> None:
+def _decode_rows(
+    add: Callable[..., None],
+    runs: pd.DataFrame,
+    batch_sizes: Sequence[int],
+    row: str = "decode",
+    where: str = "",
+) -> None:
     """One row per batch size: the workbench's median decode tok/s against mlx-lm's, value
     = the median of per-pair ratios (workbench / mlx-lm), spread their range."""
     med = runs.groupby(["engine", "B"]).tok_per_s.median()
     for B in batch_sizes:
         r = _pair_ratios(runs, B, WORKBENCH, MLX_LM)
-        add(f"{row}_B{B}", f"decode tok/s, B={B}{where}", "tok/s", med[(WORKBENCH, B)], med[(MLX_LM, B)], "mlx-lm",
-            r.median(), "median of pairs: workbench / mlx-lm", _spread(r))
+        add(
+            f"{row}_B{B}",
+            f"decode tok/s, B={B}{where}",
+            "tok/s",
+            med[(WORKBENCH, B)],
+            med[(MLX_LM, B)],
+            "mlx-lm",
+            r.median(),
+            "median of pairs: workbench / mlx-lm",
+            _spread(r),
+        )
 
 
 def real_table(real_runs: pd.DataFrame, model: str = REAL_MODEL) -> pd.DataFrame:
@@ -224,22 +415,44 @@ def real_table(real_runs: pd.DataFrame, model: str = REAL_MODEL) -> pd.DataFrame
     """
     rows: list[list[Any]] = []
     if len(real_runs):
-        _decode_rows(_adder(rows), real_runs, sorted(int(b) for b in set(real_runs.B)), "real_decode",
-                     f", {model} (4-bit)")
+        _decode_rows(
+            _adder(rows),
+            real_runs,
+            sorted(int(b) for b in set(real_runs.B)),
+            "real_decode",
+            f", {model} (4-bit)",
+        )
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
-def _paced_rows(add: Callable[..., None], requests: pd.DataFrame, gaps: pd.DataFrame, suffix: str, where: str,
-                with_max: bool = False) -> None:
+def _paced_rows(
+    add: Callable[..., None],
+    requests: pd.DataFrame,
+    gaps: pd.DataFrame,
+    suffix: str,
+    where: str,
+    with_max: bool = False,
+) -> None:
     """TTFT p95 and ITL p95 (and ITL max) of the default paced engine against mlx-lm."""
     name = paced_name(DEFAULT_TARGET)
     measures = [("ttft_p95", requests, "ttft_s", 0.95), ("itl_p95", gaps, "gap_s", 0.95)]
     if with_max:
         measures.append(("itl_max", gaps, "gap_s", 1.0))
     for row, frame, col, q in measures:
-        ours, theirs = frame[frame.engine == name][col].quantile(q), frame[frame.engine == MLX_LM][col].quantile(q)
-        add(f"paced_{row}{suffix}", f"{row.split('_')[0].upper()} {row.split('_')[1]}, {where}, pacing on", "s",
-            ours, theirs, "mlx-lm", ours / theirs, "paced / mlx-lm (lower is better)")
+        ours, theirs = (
+            frame[frame.engine == name][col].quantile(q),
+            frame[frame.engine == MLX_LM][col].quantile(q),
+        )
+        add(
+            f"paced_{row}{suffix}",
+            f"{row.split('_')[0].upper()} {row.split('_')[1]}, {where}, pacing on",
+            "s",
+            ours,
+            theirs,
+            "mlx-lm",
+            ours / theirs,
+            "paced / mlx-lm (lower is better)",
+        )
 
 
 def _fmt(x: float, unit: str) -> str:
@@ -252,11 +465,15 @@ def table_text(table: pd.DataFrame) -> str:
     median of per-pair ratios, which need not equal measured / reference), spread, goal, met."""
     width = max(len(m) for m in table.metric)
     is_width = max(len(v) for v in table.value_is)
-    lines = [f"{'metric':<{width}}  {'measured':>13}  {'reference':>13}  {'value':>7}  {'value is':<{is_width}}  "
-             f"{'spread':>12}  {'goal':>7}  met"]
+    lines = [
+        f"{'metric':<{width}}  {'measured':>13}  {'reference':>13}  {'value':>7}  {'value is':<{is_width}}  "
+        f"{'spread':>12}  {'goal':>7}  met"
+    ]
     for _, r in table.iterrows():
-        lines.append(f"{r.metric:<{width}}  {_fmt(r.measured, r.unit):>13}  {_fmt(r.reference, r.unit):>13}  "
-                     f"{r.value:7.3f}  {r.value_is:<{is_width}}  {r.spread:>12}  {r.goal:>7}  {r.met}")
+        lines.append(
+            f"{r.metric:<{width}}  {_fmt(r.measured, r.unit):>13}  {_fmt(r.reference, r.unit):>13}  "
+            f"{r.value:7.3f}  {r.value_is:<{is_width}}  {r.spread:>12}  {r.goal:>7}  {r.met}"
+        )
     return "\n".join(lines)
 
 
@@ -265,29 +482,41 @@ def goals_text(table: pd.DataFrame, device: str = "cpu") -> str:
     miss, what it means. On a CPU (``device``), the GPU goals (:func:`gpu_goal`) come after
     the others, apart, each with why this machine does not reach it. Text lines, for
     ``workbench bench``'s printed output."""
+
     def line(r: Any) -> str:
         goal, miss = GOAL_MEANINGS[goal_kind(r.row)]
-        return (f"- {r.metric}: {'met' if r.met == 'yes' else 'MISSED'} ({r.value_is} = {r.value:.3f}, "
-                f"goal {r.goal}): goal: {goal}" + ("" if r.met == "yes" else f"; a miss means: {miss}"))
+        return (
+            f"- {r.metric}: {'met' if r.met == 'yes' else 'MISSED'} ({r.value_is} = {r.value:.3f}, "
+            f"goal {r.goal}): goal: {goal}" + ("" if r.met == "yes" else f"; a miss means: {miss}")
+        )
 
     with_goal = table[table.goal != ""]
     on_gpu = [gpu_goal(row) is not None and device == "cpu" for row in with_goal.row]
     here, gpu = with_goal[[not g for g in on_gpu]], with_goal[on_gpu]
-    lines = [f"goals this machine can reach: {(here.met == 'yes').sum()} of {len(here)} met "
-             "(value is the row's value column; met: yes / no):", *map(line, here.itertuples())]
+    lines = [
+        f"goals this machine can reach: {(here.met == 'yes').sum()} of {len(here)} met "
+        "(value is the row's value column; met: yes / no):",
+        *map(line, here.itertuples()),
+    ]
     if len(gpu):
-        lines.append(f"goals set for a GPU (out of reach on this CPU; {(gpu.met == 'yes').sum()} of {len(gpu)} met):")
+        lines.append(
+            f"goals set for a GPU (out of reach on this CPU; {(gpu.met == 'yes').sum()} of {len(gpu)} met):"
+        )
         lines += [f"{line(r)}; why not here: {gpu_goal(r.row)}" for r in gpu.itertuples()]
     return "\n".join(lines)
 
 
 def table_markdown(table: pd.DataFrame) -> str:
     """The table as a Markdown table (measured, reference and what it is, value, goal)."""
-    lines = ["| metric | measured | reference | value | spread | goal | met |",
-             "| --- | ---: | ---: | ---: | ---: | :---: | :---: |"]
+    lines = [
+        "| metric | measured | reference | value | spread | goal | met |",
+        "| --- | ---: | ---: | ---: | ---: | :---: | :---: |",
+    ]
     for _, r in table.iterrows():
-        lines.append(f"| {r.metric} | {_fmt(r.measured, r.unit)} | {_fmt(r.reference, r.unit)} ({r.reference_is}) "
-                     f"| {r.value:.3f} ({r.value_is}) | {r.spread} | {r.goal} | {r.met} |")
+        lines.append(
+            f"| {r.metric} | {_fmt(r.measured, r.unit)} | {_fmt(r.reference, r.unit)} ({r.reference_is}) "
+            f"| {r.value:.3f} ({r.value_is}) | {r.spread} | {r.goal} | {r.met} |"
+        )
     return "\n".join(lines)
 
 
@@ -298,29 +527,45 @@ def machine_info() -> dict[str, Any]:
 
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        cpu = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "")
+        cpu = next(
+            (ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), ""
+        )
     except OSError:
         cpu = platform.processor()
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu or platform.machine(), "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1),
-            "system": f"{platform.system()} {platform.machine()}", "python": platform.python_version(),
-            "mlx": version("mlx"), "mlx_lm": version("mlx-lm"), "blas": STATUS.library or "MLX's bundled",
-            "blas_note": STATUS.note, "mlx_cache": CACHE.note}
+    return {
+        "cpu": cpu or platform.machine(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gb, 1),
+        "system": f"{platform.system()} {platform.machine()}",
+        "python": platform.python_version(),
+        "mlx": version("mlx"),
+        "mlx_lm": version("mlx-lm"),
+        "blas": STATUS.library or "MLX's bundled",
+        "blas_note": STATUS.note,
+        "mlx_cache": CACHE.note,
+    }
 
 
-FIGURES = {"throughput.png": "decode tok/s per engine and batch size, with the roofline bound",
-           "latency.png": "TTFT and ITL distributions, staggered arrivals",
-           "frontier.png": "TTFT p95 against ITL p95: mlx-lm, the workbench as shipped, and paced at each target",
-           "join.png": "join into a free slot, by extend and by re-merge, against one decode step",
-           "head_of_line.png": "running rows' tokens while a long prompt joins"}
+FIGURES = {
+    "throughput.png": "decode tok/s per engine and batch size, with the roofline bound",
+    "latency.png": "TTFT and ITL distributions, staggered arrivals",
+    "frontier.png": "TTFT p95 against ITL p95: mlx-lm, the workbench as shipped, and paced at each target",
+    "join.png": "join into a free slot, by extend and by re-merge, against one decode step",
+    "head_of_line.png": "running rows' tokens while a long prompt joins",
+}
 
 
 def meta_of(result: BenchResult) -> dict[str, Any]:
     """``result.meta`` plus the machine, the date and the decode runs' token agreement."""
     same, real_same = result.runs.same_tokens.dropna(), result.real_runs.same_tokens.dropna()
-    return {**machine_info(), **result.meta, "date": datetime.date.today().isoformat(),
-            "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
-            "real_same_tokens_runs": f"{int(real_same.sum())}/{len(real_same)}"}
+    return {
+        **machine_info(),
+        **result.meta,
+        "date": datetime.date.today().isoformat(),
+        "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
+        "real_same_tokens_runs": f"{int(real_same.sum())}/{len(real_same)}",
+    }
 
 
 def _outcomes(table: pd.DataFrame) -> list[str]:
@@ -337,8 +582,10 @@ def _history_read_text(runs: pd.DataFrame) -> str:
     if timed.empty:
         return "no snapshots were recorded"
     per = (timed.history_read_s / timed.snapshots).median()
-    return (f"{per * 1e3:.2f} ms per snapshot (median over {len(timed)} runs of {int(timed.snapshots.median())} "
-            "snapshots)")
+    return (
+        f"{per * 1e3:.2f} ms per snapshot (median over {len(timed)} runs of {int(timed.snapshots.median())} "
+        "snapshots)"
+    )
 
 
 def real_model_line(cfg: Any, meta: dict[str, Any]) -> str:
@@ -346,12 +593,14 @@ def real_model_line(cfg: Any, meta: dict[str, Any]) -> str:
     sizes, or why they were skipped (``meta["real_model_skipped"]``)."""
     if "real_model_skipped" in meta:
         return f"- second shape, the real model: **skipped**: {meta['real_model_skipped']}"
-    return (f"- second shape, the real model: {meta['real_model']}; {int(meta['real_parameters']) / 1e6:.1f}M "
-            f"parameters, the converted weights of `workbench models fetch {REAL_MODEL}`; decode "
-            f"runs (the `real_decode` rows, no goal of their own) of the workbench and mlx-lm only at B = "
-            f"{', '.join(map(str, cfg.real_batch_sizes))}: prompts of {cfg.real_prompt_tokens} tokens (its own "
-            f"tokenizer), max_tokens {cfg.real_decode_tokens}, measured runs per engine: {cfg.real_pairs}, after a "
-            f"warm-up, alternating; mlx-lm's tokens equal the workbench's in {meta['real_same_tokens_runs']} runs")
+    return (
+        f"- second shape, the real model: {meta['real_model']}; {int(meta['real_parameters']) / 1e6:.1f}M "
+        f"parameters, the converted weights of `workbench models fetch {REAL_MODEL}`; decode "
+        f"runs (the `real_decode` rows, no goal of their own) of the workbench and mlx-lm only at B = "
+        f"{', '.join(map(str, cfg.real_batch_sizes))}: prompts of {cfg.real_prompt_tokens} tokens (its own "
+        f"tokenizer), max_tokens {cfg.real_decode_tokens}, measured runs per engine: {cfg.real_pairs}, after a "
+        f"warm-up, alternating; mlx-lm's tokens equal the workbench's in {meta['real_same_tokens_runs']} runs"
+    )
 
 
 def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], notes: str) -> str:
@@ -360,11 +609,14 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
     cfg = result.config
     gb = lambda x: f"{x / 1e9:.1f} GB/s"  # noqa: E731
     lines = [
-        "# Benchmarks: the workbench against mlx-lm's BatchGenerator", "",
+        "# Benchmarks: the workbench against mlx-lm's BatchGenerator",
+        "",
         f"Written by `workbench bench` ({meta['mode']} mode, {meta['date']}, {meta['wall_s'] / 60:.1f} min); "
         "`workbench bench --quick` is the CI smoke run. The numbers below are from one run on a shared machine: "
-        "read the ratios, which come from alternating runs, more than the absolute rates.", "",
-        "## Machine", "",
+        "read the ratios, which come from alternating runs, more than the absolute rates.",
+        "",
+        "## Machine",
+        "",
         f"- CPU: {meta['cpu']}, {meta['cores']} cores (`nproc`), {meta['memory_gib']} GiB; {meta['system']}",
         f"- load average (1 min) during the run: {meta['load_1min_min']:.2f} to {meta['load_1min_max']:.2f} "
         f"(at each section: {meta['load_1min_samples']}) on {meta['cores']} cores: other jobs shared the CPU",
@@ -373,8 +625,10 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"- MLX buffer cache: {meta.get('mlx_cache', 'not recorded')} (`workbench/runtime/memory.py`)",
         f"- memory bandwidth: {gb(meta['copy_bandwidth_bytes_per_s'])} (numpy copy, read + write); "
         f"an MLX copy reaches {gb(meta['mlx_copy_bytes_per_s'])}",
-        f"- Python {meta['python']}, mlx {meta['mlx']}, mlx-lm {meta['mlx_lm']}, device {meta['device']}", "",
-        "## Model", "",
+        f"- Python {meta['python']}, mlx {meta['mlx']}, mlx-lm {meta['mlx_lm']}, device {meta['device']}",
+        "",
+        "## Model",
+        "",
         f"- {meta['model']}; {meta['parameters'] / 1e6:.1f}M parameters, {meta['dtype']} (random weights, seed 0, "
         "built in memory: speed depends on shapes only; float32 because float16 and bfloat16 decode steps "
         "measured 3-8x slower than float32 at B = 8 and 32 on this CPU: MLX's half-precision CPU matmuls do not "
@@ -392,10 +646,18 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         f"shortest prompt first with a {cfg.pacing_max_wait_steps:g}-step age bound) at t = "
         f"{', '.join(f'{t:g}' for t in cfg.pacing_targets)}; the loaded variant: one arrival every "
         f"{cfg.latency_loaded_arrival_steps:g} steps, paced at the default t = {DEFAULT_TARGET:g}",
-        real_model_line(cfg, meta), "",
-        "## Results", "", table_markdown(table), "",
-        "## Goals", "", *_outcomes(table), "",
-        "## Definitions", "",
+        real_model_line(cfg, meta),
+        "",
+        "## Results",
+        "",
+        table_markdown(table),
+        "",
+        "## Goals",
+        "",
+        *_outcomes(table),
+        "",
+        "## Definitions",
+        "",
         "- **decode tok/s**: tokens of the engine iterations after the first one that produced tokens, over the "
         "time from that iteration's return to the last one's; the same driver stamps both engines (one iteration: "
         "the workbench's `admit(); step(); filter()`, one mlx-lm `next_generated()`). The workbench runs as "
@@ -439,10 +701,18 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "the first 200 (the event log, request map and history grow all session).",
         "- **roofline**: bytes per step = weights read by a step (the untied input embedding excluded) + B x "
         "context x KV bytes per token; memory bound = B x bandwidth / bytes; compute bound = B x matmul flop/s / "
-        "(2 x weight parameters + attention flops per row); attainable = the smaller.", "",
-        "## Figures", "", *[f"![{desc}](benchmarks/{name})" for name, desc in FIGURES.items()], "",
-        "Data: " + ", ".join(f"`benchmarks/{name}` ({desc})" for name, desc in CSV_FILES.items()) + ".", "",
-        NOTES_MARKER, "", notes.strip(), "",
+        "(2 x weight parameters + attention flops per row); attainable = the smaller.",
+        "",
+        "## Figures",
+        "",
+        *[f"![{desc}](benchmarks/{name})" for name, desc in FIGURES.items()],
+        "",
+        "Data: " + ", ".join(f"`benchmarks/{name}` ({desc})" for name, desc in CSV_FILES.items()) + ".",
+        "",
+        NOTES_MARKER,
+        "",
+        notes.strip(),
+        "",
     ]
     return "\n".join(lines)
 
@@ -454,13 +724,18 @@ def write_figures(data: Path) -> None:
 
     read = lambda name: read_frame(name, data)  # noqa: E731
     meta = read_meta(data)
-    figures = {"throughput.png": render_throughput(read("runs.csv"), read("roofline.csv")),
-               "latency.png": render_ttft_itl(read("requests.csv"), read("gaps.csv")),
-               "frontier.png": render_frontier({
-                   "staggered arrivals": (read("requests.csv"), read("gaps.csv")),
-                   "loaded arrivals": (read("loaded_requests.csv"), read("loaded_gaps.csv"))}),
-               "join.png": render_join(read("join.csv"), int(meta["join_rows"]), int(meta["join_context_tokens"])),
-               "head_of_line.png": render_head_of_line(read("head_of_line.csv"))}
+    figures = {
+        "throughput.png": render_throughput(read("runs.csv"), read("roofline.csv")),
+        "latency.png": render_ttft_itl(read("requests.csv"), read("gaps.csv")),
+        "frontier.png": render_frontier(
+            {
+                "staggered arrivals": (read("requests.csv"), read("gaps.csv")),
+                "loaded arrivals": (read("loaded_requests.csv"), read("loaded_gaps.csv")),
+            }
+        ),
+        "join.png": render_join(read("join.csv"), int(meta["join_rows"]), int(meta["join_context_tokens"])),
+        "head_of_line.png": render_head_of_line(read("head_of_line.csv")),
+    }
     for name, fig in figures.items():
         fig.savefig(data / name, dpi=110)
 
@@ -472,12 +747,26 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     data.mkdir(parents=True, exist_ok=True)
     table = build_table(result)
     meta = meta_of(result)
-    frames = {"table.csv": table, "runs.csv": result.runs, "requests.csv": result.requests, "gaps.csv": result.gaps,
-              "loaded_requests.csv": result.loaded_requests, "loaded_gaps.csv": result.loaded_gaps,
-              "join.csv": result.join, "head_of_line.csv": result.hol, "roofline.csv": result.roofline,
-              "checkpoint.csv": result.checkpoint, "session.csv": result.session, "real_runs.csv": result.real_runs,
-              "meta.csv": pd.DataFrame({"key": list(meta), "value": [json.dumps(v) if not isinstance(v, str) else v
-                                                                     for v in meta.values()]})}
+    frames = {
+        "table.csv": table,
+        "runs.csv": result.runs,
+        "requests.csv": result.requests,
+        "gaps.csv": result.gaps,
+        "loaded_requests.csv": result.loaded_requests,
+        "loaded_gaps.csv": result.loaded_gaps,
+        "join.csv": result.join,
+        "head_of_line.csv": result.hol,
+        "roofline.csv": result.roofline,
+        "checkpoint.csv": result.checkpoint,
+        "session.csv": result.session,
+        "real_runs.csv": result.real_runs,
+        "meta.csv": pd.DataFrame(
+            {
+                "key": list(meta),
+                "value": [json.dumps(v) if not isinstance(v, str) else v for v in meta.values()],
+            }
+        ),
+    }
     for name, frame in frames.items():
         frame.to_csv(data / name, index=False)
     write_figures(data)
@@ -488,8 +777,13 @@ def write_outputs(result: BenchResult, out_dir: Path) -> pd.DataFrame:
     return table
 
 
-def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print, progress: bool = True,
-              real_model: bool = True) -> int:
+def bench_job(
+    quick: bool = False,
+    out_dir: Path | None = None,
+    echo=print,
+    progress: bool = True,
+    real_model: bool = True,
+) -> int:
     """The job behind ``workbench bench``: run the full (or ``quick``) benchmark, write its
     files under ``out_dir`` (default ``workbench-out``: a user's run never rewrites the
     documented numbers; ``docs`` for maintainers), print the table; ``real_model=False``
@@ -503,11 +797,15 @@ def bench_job(quick: bool = False, out_dir: Path | None = None, echo=print, prog
     echo(table_text(table))
     echo(goals_text(table, "gpu" if result.meta["device"].lower().startswith("device(gpu") else "cpu"))
     if result.meta["load_1min_max"] > (os.cpu_count() or 1):
-        echo(f"note: other jobs loaded the machine (load average up to {result.meta['load_1min_max']:.2f} on "
-             f"{os.cpu_count()} cores), so timing goals may be missed by noise; re-run on a quiet machine")
+        echo(
+            f"note: other jobs loaded the machine (load average up to {result.meta['load_1min_max']:.2f} on "
+            f"{os.cpu_count()} cores), so timing goals may be missed by noise; re-run on a quiet machine"
+        )
     if "real_model_skipped" in result.meta:
         echo(f"real-model rows: skipped: {result.meta['real_model_skipped']}")
-    echo(f"load average (1 min) during the run: {result.meta['load_1min_min']:.2f} to "
-         f"{result.meta['load_1min_max']:.2f}; {result.meta['wall_s']:.0f} s")
+    echo(
+        f"load average (1 min) during the run: {result.meta['load_1min_min']:.2f} to "
+        f"{result.meta['load_1min_max']:.2f}; {result.meta['wall_s']:.0f} s"
+    )
     echo(f"wrote {out / 'benchmarks.md'} and {out / 'benchmarks'}/ ({', '.join([*CSV_FILES, *FIGURES])})")
     return 0

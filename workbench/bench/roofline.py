@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .model import decode_weight_bytes, decode_weight_params
-from ..runtime.blas import matmul_seconds
 from ..engine.kv.profile import kv_profile
+from ..runtime.blas import matmul_seconds
+from .model import decode_weight_bytes, decode_weight_params
 
 
 def copy_bandwidth_bytes_per_s(n_bytes: int = 256 * 2**20, repeats: int = 5, backend: str = "numpy") -> float:
@@ -91,11 +91,16 @@ def decode_cost(model: Any) -> DecodeCost:
     )
 
 
-def bounds_tok_per_s(cost: DecodeCost, rows: int, context_tokens: float, bandwidth_bytes_per_s: float,
-                     flops_per_s: float) -> dict[str, float]:
+def bounds_tok_per_s(
+    cost: DecodeCost, rows: int, context_tokens: float, bandwidth_bytes_per_s: float, flops_per_s: float
+) -> dict[str, float]:
     """``memory_tok_per_s``, ``compute_tok_per_s``, ``attainable_tok_per_s`` and
     ``bytes_per_step`` for ``rows`` rows at ``context_tokens`` (see the module docstring)."""
     memory = rows * bandwidth_bytes_per_s / cost.bytes_per_step(rows, context_tokens)
     compute = rows * flops_per_s / cost.flops_per_step(rows, context_tokens)
-    return {"bytes_per_step": cost.bytes_per_step(rows, context_tokens), "memory_tok_per_s": memory,
-            "compute_tok_per_s": compute, "attainable_tok_per_s": min(memory, compute)}
+    return {
+        "bytes_per_step": cost.bytes_per_step(rows, context_tokens),
+        "memory_tok_per_s": memory,
+        "compute_tok_per_s": compute,
+        "attainable_tok_per_s": min(memory, compute),
+    }

@@ -34,19 +34,20 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 import pandas as pd
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..engine.kv import caches as kv
 from ..engine.kv import cache_internals as slots
-from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
+from ..engine.kv import caches as kv
 from ..observe.events import events_frame
 from ..observe.metrics import request_metrics, token_gaps
 from ..workloads.workload import prompt_of_length
+from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 
 WORKBENCH, WORKBENCH_OFF, MLX_LM = "workbench", "workbench, instrumentation off", "mlx-lm"
 PREFILL_FIRST = "workbench, prefill-first"
@@ -60,21 +61,30 @@ LATENCY_MAX_TOKENS = (16, 48, 24, 32, 40, 20, 56, 28)
 EngineFactory = Callable[[], Any]
 
 
-def engine_factories(model: Any, tokenizer: Any, max_batch: int, prefill_step_size: int,
-                     names: tuple[str, ...] = (WORKBENCH, WORKBENCH_OFF, MLX_LM)) -> dict[str, EngineFactory]:
+def engine_factories(
+    model: Any,
+    tokenizer: Any,
+    max_batch: int,
+    prefill_step_size: int,
+    names: tuple[str, ...] = (WORKBENCH, WORKBENCH_OFF, MLX_LM),
+) -> dict[str, EngineFactory]:
     """Fresh-engine factories by name: the workbench as shipped (events and a snapshot
     after every call, ``history_size=64``), with recording off (``history_size=0``;
     events are always logged), prefill-first (``interleave_prefill=False``), paced
     (``pacing=True``: the default per-iteration time budget), without the decode fast
     paths (``fast_decode=False``: mlx-lm's forward as it is), and mlx-lm."""
+
     def workbench(**kw: Any) -> EngineFactory:
         return lambda: WorkbenchEngine(model, tokenizer, max_batch, prefill_step_size, **kw)
 
-    every = {WORKBENCH: workbench(history_size=64), WORKBENCH_OFF: workbench(history_size=0),
-             PREFILL_FIRST: workbench(history_size=64, interleave_prefill=False),
-             PACED: workbench(history_size=64, pacing=True),
-             FAST_OFF: workbench(history_size=64, fast_decode=False),
-             MLX_LM: lambda: MlxLmEngine(model, max_batch, prefill_step_size)}
+    every = {
+        WORKBENCH: workbench(history_size=64),
+        WORKBENCH_OFF: workbench(history_size=0),
+        PREFILL_FIRST: workbench(history_size=64, interleave_prefill=False),
+        PACED: workbench(history_size=64, pacing=True),
+        FAST_OFF: workbench(history_size=64, fast_decode=False),
+        MLX_LM: lambda: MlxLmEngine(model, max_batch, prefill_step_size),
+    }
     return {name: every[name] for name in names}
 
 
@@ -108,8 +118,12 @@ def decode_window(iterations: pd.DataFrame) -> dict[str, float]:
     made = iterations[iterations.tokens > 0]
     window_s = float(made.time_s.iloc[-1] - made.time_s.iloc[0])
     tokens = int(made.tokens.iloc[1:].sum())
-    return {"tok_per_s": tokens / window_s, "window_s": window_s, "tokens": tokens,
-            "step_s": float(np.median(np.diff(made.time_s.to_numpy())))}
+    return {
+        "tok_per_s": tokens / window_s,
+        "window_s": window_s,
+        "tokens": tokens,
+        "step_s": float(np.median(np.diff(made.time_s.to_numpy()))),
+    }
 
 
 def equal_prompts(tokenizer: Any, rows: int, prompt_tokens: int) -> list[tuple[int, ...]]:
@@ -124,8 +138,13 @@ def tokens_by_uid(events: pd.DataFrame) -> list[tuple[int, ...]]:
     return tok.groupby("uid").token.apply(tuple).tolist()
 
 
-def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ...]], decode_tokens: int,
-                pairs: int, echo: Callable[[str], None] = print) -> pd.DataFrame:
+def decode_runs(
+    factories: dict[str, EngineFactory],
+    prompts: list[tuple[int, ...]],
+    decode_tokens: int,
+    pairs: int,
+    echo: Callable[[str], None] = print,
+) -> pd.DataFrame:
     """Alternating decode runs of every engine on the same prompts (all submitted at once).
 
     Returns one row per measured run: ``engine``, ``B``, ``pair``, ``tok_per_s``,
@@ -139,10 +158,20 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
     for pair, name in alternating(list(factories), pairs):
         iterations, events = run_once(factories[name], arrivals)
         tokens[pair, name] = tokens_by_uid(events)
-        rows.append({"engine": name, "B": len(prompts), "pair": pair, **decode_window(iterations),
-                     "snapshots": iterations.attrs["snapshots"], "history_read_s": iterations.attrs["history_read_s"]})
-        echo(f"  B={len(prompts):<3} {name:<32} pair {pair}: {rows[-1]['tok_per_s']:8.2f} tok/s "
-             f"(step {rows[-1]['step_s'] * 1e3:.1f} ms)")
+        rows.append(
+            {
+                "engine": name,
+                "B": len(prompts),
+                "pair": pair,
+                **decode_window(iterations),
+                "snapshots": iterations.attrs["snapshots"],
+                "history_read_s": iterations.attrs["history_read_s"],
+            }
+        )
+        echo(
+            f"  B={len(prompts):<3} {name:<32} pair {pair}: {rows[-1]['tok_per_s']:8.2f} tok/s "
+            f"(step {rows[-1]['step_s'] * 1e3:.1f} ms)"
+        )
     first = next(iter(factories))
     for row in rows:
         same = tokens[row["pair"], row["engine"]] == tokens[row["pair"], first]
@@ -153,13 +182,20 @@ def decode_runs(factories: dict[str, EngineFactory], prompts: list[tuple[int, ..
 def staggered_arrivals(tokenizer: Any, n_requests: int, interval_s: float) -> list[Arrival]:
     """The latency workload: prompt lengths and ``max_tokens`` cycling through
     ``LATENCY_PROMPT_TOKENS`` and ``LATENCY_MAX_TOKENS``, one arrival every ``interval_s``."""
-    return [Arrival(tuple(prompt_of_length(tokenizer, n, start=53 * i)), m, at_s=i * interval_s)
-            for i, n, m in zip(range(n_requests), itertools.cycle(LATENCY_PROMPT_TOKENS),
-                               itertools.cycle(LATENCY_MAX_TOKENS))]
+    return [
+        Arrival(tuple(prompt_of_length(tokenizer, n, start=53 * i)), m, at_s=i * interval_s)
+        for i, n, m in zip(
+            range(n_requests), itertools.cycle(LATENCY_PROMPT_TOKENS), itertools.cycle(LATENCY_MAX_TOKENS)
+        )
+    ]
 
 
-def latency_runs(factories: dict[str, EngineFactory], arrivals: list[Arrival], rounds: int,
-                 echo: Callable[[str], None] = print) -> tuple[pd.DataFrame, pd.DataFrame]:
+def latency_runs(
+    factories: dict[str, EngineFactory],
+    arrivals: list[Arrival],
+    rounds: int,
+    echo: Callable[[str], None] = print,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each engine through the staggered ``arrivals``, alternating. Returns
     ``(requests, gaps)``: per request ``engine, round, uid, prompt_tokens, ttft_s,
     tpot_s`` and per token gap ``engine, round, uid, gap_s``, from the event logs."""
@@ -170,8 +206,10 @@ def latency_runs(factories: dict[str, EngineFactory], arrivals: list[Arrival], r
         g = token_gaps(events)[["uid", "gap_s"]]
         requests.append(r.assign(engine=name, round=rnd))
         gaps.append(g.assign(engine=name, round=rnd))
-        echo(f"  {name:<32} round {rnd}: TTFT p50 {r.ttft_s.median() * 1e3:.0f} ms, ITL p50 "
-             f"{g.gap_s.median() * 1e3:.0f} ms")
+        echo(
+            f"  {name:<32} round {rnd}: TTFT p50 {r.ttft_s.median() * 1e3:.0f} ms, ITL p50 "
+            f"{g.gap_s.median() * 1e3:.0f} ms"
+        )
     return pd.concat(requests, ignore_index=True), pd.concat(gaps, ignore_index=True)
 
 
@@ -243,7 +281,11 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
         slots.fill_slots(spare, [rows], joiner, [0], [context_tokens])
         return [c.state[:2] for c in spare]
 
-    _timed(extend), _timed(remerge), _timed(free_slot)  # warm-up: the process's first touch of this much memory
+    (
+        _timed(extend),
+        _timed(remerge),
+        _timed(free_slot),
+    )  # warm-up: the process's first touch of this much memory
     for _ in range(repeats):
         mx.clear_cache()  # MLX's buffer cache emptied: this extend's buffers page-fault, as for a new batch size
         out.append(("extend, fresh pages", _timed(extend)))
@@ -251,8 +293,15 @@ def join_cost(model: Any, rows: int, context_tokens: int, repeats: int, warm_ste
     return pd.DataFrame(out, columns=["method", "seconds"])
 
 
-def head_of_line(factories: dict[str, EngineFactory], tokenizer: Any, rows: int, prompt_tokens: int,
-                 chunk_tokens: int, warm_steps: int = 4, echo: Callable[[str], None] = print) -> pd.DataFrame:
+def head_of_line(
+    factories: dict[str, EngineFactory],
+    tokenizer: Any,
+    rows: int,
+    prompt_tokens: int,
+    chunk_tokens: int,
+    warm_steps: int = 4,
+    echo: Callable[[str], None] = print,
+) -> pd.DataFrame:
     """Running rows decode while one ``prompt_tokens`` prompt joins, per engine (whose
     prefill chunk is ``chunk_tokens``).
 
@@ -288,5 +337,8 @@ def head_of_line_numbers(hol: pd.DataFrame, engine: str) -> dict[str, float]:
     before = gaps[gaps.to_s <= start_s]
     prefill_idx = joiner.index[joiner.kind == "prefill"]
     chunks = [ev.time_s[i] - ev.time_s[i - 1] for i in prefill_idx]
-    return {"max_gap_s": float(during.gap_s.max()), "step_s": float(before.gap_s.median()),
-            "chunk_s": float(max(chunks)) if chunks else float("nan")}
+    return {
+        "max_gap_s": float(during.gap_s.max()),
+        "step_s": float(before.gap_s.median()),
+        "chunk_s": float(max(chunks)) if chunks else float("nan"),
+    }

@@ -21,8 +21,9 @@ from ..engine.scheduler import Scheduler
 from ..workloads.workload import prompt_of_length
 
 
-def session_cost(model: Any, tokenizer: Any, steps: int, max_batch: int = 4, prompt_tokens: int = 8,
-                 max_tokens: int = 16) -> pd.DataFrame:
+def session_cost(
+    model: Any, tokenizer: Any, steps: int, max_batch: int = 4, prompt_tokens: int = 8, max_tokens: int = 16
+) -> pd.DataFrame:
     """Seconds of every ``run(max_steps=1)`` call over a session of ``steps`` decode steps.
 
     Returns one row per call: ``step`` (the step index after it), ``seconds``,
@@ -32,7 +33,9 @@ def session_cost(model: Any, tokenizer: Any, steps: int, max_batch: int = 4, pro
     rows, submitted = [], 0
     while sched.step_index < steps:
         while len(sched.queue) < 2:
-            sched.submit(Request(prompt=prompts[submitted % len(prompts)], max_tokens=max_tokens, stop_ids=[]))
+            sched.submit(
+                Request(prompt=prompts[submitted % len(prompts)], max_tokens=max_tokens, stop_ids=[])
+            )
             submitted += 1
         start = time.perf_counter()
         sched.run(max_steps=1)

@@ -23,8 +23,9 @@ object with ``name`` and ``order(queue: [Queued]) -> [uid]``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from .kv.allocation import KVPlan, RowTokens
 from .kv.ledger import joiner_tokens
@@ -92,7 +93,10 @@ class ShortestPromptFirst:
         """Uids: those waiting ``>= max_wait_s`` by arrival, then the rest by prompt
         tokens, then arrival."""
         late = lambda q: self.max_wait_s is not None and q.waited_s >= self.max_wait_s  # noqa: E731
-        return [q.uid for q in sorted(queue, key=lambda q: (not late(q), 0 if late(q) else q.prompt_tokens, q.arrival))]
+        return [
+            q.uid
+            for q in sorted(queue, key=lambda q: (not late(q), 0 if late(q) else q.prompt_tokens, q.arrival))
+        ]
 
     def __repr__(self) -> str:
         return f"ShortestPromptFirst(max_wait_s={self.max_wait_s!r})"
@@ -149,8 +153,13 @@ class Admission:
     policy: Policy
     config: Any  # a workbench.engine.config.SchedulerConfig
 
-    def decide(self, queue: Sequence[RequestState], running: Sequence[RequestState], plan: KVPlan | None = None,
-               now_s: float = 0.0) -> Decision:
+    def decide(
+        self,
+        queue: Sequence[RequestState],
+        running: Sequence[RequestState],
+        plan: KVPlan | None = None,
+        now_s: float = 0.0,
+    ) -> Decision:
         """Choose from ``queue`` (arrival order) given the ``running`` rows (unfinished
         ones count for preemption) and ``plan``, the batch's allocation now and the
         projection admission checks against ``kv_budget_bytes`` (``None`` or no budget:
@@ -161,8 +170,10 @@ class Admission:
         if slots <= 0 or not queue:
             return Decision()
         by_uid = {s.uid: s for s in queue}
-        seen = [Queued(s.uid, len(s.valid.prompt_ids), s.valid.request.priority, i, now_s - s.submitted_s)
-                for i, s in enumerate(queue)]
+        seen = [
+            Queued(s.uid, len(s.valid.prompt_ids), s.valid.request.priority, i, now_s - s.submitted_s)
+            for i, s in enumerate(queue)
+        ]
         chosen: list[RowTokens] = []
         preempt: list[int] = []
         for uid in self.policy.order(seen)[:slots]:
@@ -180,8 +191,13 @@ class Admission:
         budget = self.config.kv_budget_bytes
         return budget is None or plan is None or plan.projected_bytes(joiners, dropped) <= budget
 
-    def _victims(self, joiner: RequestState, running: Sequence[RequestState], plan: KVPlan | None,
-                 group: list[RowTokens]) -> list[int]:
+    def _victims(
+        self,
+        joiner: RequestState,
+        running: Sequence[RequestState],
+        plan: KVPlan | None,
+        group: list[RowTokens],
+    ) -> list[int]:
         """Running unfinished rows of lower priority than ``joiner`` to preempt so that
         ``group`` (the joiner alone) fits, lowest priority (then latest joined) first;
         ``[]`` if even all of them would not make room."""

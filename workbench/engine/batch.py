@@ -18,13 +18,13 @@ Axis letters: ``B`` rows, ``P`` cache rows (``B`` plus free slots).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
+from .decode import Pending
 from .kv import cache_internals as internals
 from .kv import caches as kv
-from .decode import Pending
 from .state import RequestState
 
 NEW_BATCH, EXTEND, FREE_SLOT = "new batch", "extend", "free slot"  # how a row joined (Event.join_mode)
@@ -83,7 +83,9 @@ class Batch:
         """Bytes the caches allocate (capacity and free slots included)."""
         return kv.kv_bytes(self.caches)
 
-    def place(self, joiners: kv.LayerCaches, states: Sequence[RequestState], pending: Pending) -> list[tuple[int, str]]:
+    def place(
+        self, joiners: kv.LayerCaches, states: Sequence[RequestState], pending: Pending
+    ) -> list[tuple[int, str]]:
         """Add joining rows: their caches ``joiners`` (``len(states)`` rows, each holding
         its ``context_tokens``) and their pending first tokens. Each goes into a free slot
         where it fits (:func:`cache_internals.fill_slots`), the rest by mlx-lm's
@@ -96,7 +98,8 @@ class Batch:
         lengths = [s.context_tokens for s in states]
         order = self._put(joiners, lengths)
         self.pending = Pending.concat(self.pending, pending).take(
-            [i if mode == "live" else n_live + i for mode, i in order])
+            [i if mode == "live" else n_live + i for mode, i in order]
+        )
         self.rows = [self.rows[i] if mode == "live" else states[i] for mode, i in order]
         where = {i: (b, mode) for b, (mode, i) in enumerate(order) if mode != "live"}
         return [where[i] for i in range(len(states))]
@@ -111,7 +114,7 @@ class Batch:
         width = internals.fill_width(self.caches) if self.free else 0
         fit = [i for i, n in enumerate(lengths) if n <= width][: len(self.free)]
         if fit and internals.can_fill(self.caches, joiners, [lengths[i] for i in fit]):
-            used, self.free = self.free[: len(fit)], self.free[len(fit):]
+            used, self.free = self.free[: len(fit)], self.free[len(fit) :]
             internals.fill_slots(self.caches, used, joiners, fit, [lengths[i] for i in fit])
             by_slot.update({p: (FREE_SLOT, i) for p, i in zip(used, fit)})
             held = [r.context_tokens for r in self.rows] + [lengths[i] for i in fit]
@@ -156,7 +159,9 @@ class Batch:
         mx.eval([c.state for c in solo])
         return solo
 
-    def clone(self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False) -> "Batch":
+    def clone(
+        self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False
+    ) -> "Batch":
         """An independent copy sharing the cache buffers (see
         :func:`cache_internals.clone_caches`, and its ``share_appended``); ``state_of``
         maps each row's request state to the copy's."""

@@ -8,13 +8,14 @@ know: how the engine changes that state. Reads only.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..observe.snapshot import LayerGroup, Snapshot, frozen
-from .kv import caches as kv
 from .batch import Batch
+from .kv import caches as kv
 
 
 def _group_geometries(batch: Batch) -> list[tuple[str, tuple[str, ...], int, kv.Geometry]]:
@@ -45,8 +46,9 @@ def _with_allocation(geo: kv.Geometry, layers: list) -> kv.Geometry:
     held = [c for c in layers if c.keys is not None]
     token_bytes = sum(int(c.nbytes) // (kv.keys_shape(c)[0] * kv.keys_shape(c)[2]) for c in held)
     width, capacity = (int(held[0].size()), kv.keys_shape(held[0])[2]) if held else (0, 0)
-    return lambda: dict(geo(), token_bytes=token_bytes, allocated_width_tokens=width,
-                        allocated_capacity_tokens=capacity)
+    return lambda: dict(
+        geo(), token_bytes=token_bytes, allocated_width_tokens=width, allocated_capacity_tokens=capacity
+    )
 
 
 def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
@@ -80,12 +82,16 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
             values = {k: (frozen(v) if isinstance(v, (list, np.ndarray)) else v) for k, v in geo().items()}
             built.append(LayerGroup(name=name, layers=labels, kv_bytes=nbytes, **values))
         attn = next((g for g in built if g.name == "full"), None) or next(
-            (g for g in built if g.window_tokens is not None), None)
+            (g for g in built if g.window_tokens is not None), None
+        )
         return Snapshot(
             left_padding=attn.left_padding if attn else frozen(np.zeros(B, np.int64)),
             offset=attn.offset if attn else frozen(np.zeros(B, np.int64)),
             kv_width_tokens=attn.kv_width_tokens if attn else 0,
             capacity_tokens=attn.capacity_tokens if attn else 0,
-            groups=tuple(built), **rows, **fields)
+            groups=tuple(built),
+            **rows,
+            **fields,
+        )
 
     return build

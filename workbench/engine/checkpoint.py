@@ -20,9 +20,10 @@ import copy
 import functools
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -74,11 +75,16 @@ class EngineState:
             return requests[s.uid]
 
         return EngineState(
-            batch=self.batch.clone(state_of), rng=copy.deepcopy(self.rng),
+            batch=self.batch.clone(state_of),
+            rng=copy.deepcopy(self.rng),
             prompt_cache=None if self.prompt_cache is None else self.prompt_cache.clone(),
-            requests=requests, queue=[state_of(s) for s in self.queue],
+            requests=requests,
+            queue=[state_of(s) for s in self.queue],
             prefilling=None if self.prefilling is None else self.prefilling.clone(state_of),
-            step_index=self.step_index, next_uid=self.next_uid, joins=self.joins)
+            step_index=self.step_index,
+            next_uid=self.next_uid,
+            joins=self.joins,
+        )
 
     def savepoint(self, prompt_cache: bool = False) -> "Savepoint":
         """What one engine call may change, noted before it, for :meth:`rollback`: each
@@ -89,11 +95,16 @@ class EngineState:
         ``prompt_cache``. Costs O(live requests), not O(session)."""
         same = lambda s: s  # noqa: E731  the request states stay the same objects; their memos undo them
         return Savepoint(
-            memos=[(s, s.memo()) for s in self.live], queue=list(self.queue),
+            memos=[(s, s.memo()) for s in self.live],
+            queue=list(self.queue),
             prefilling=None if self.prefilling is None else self.prefilling.clone(same, share_appended=True),
-            batch=self.batch.clone(same, share_appended=True), rng_state=self.rng.bit_generator.state,
-            prompt_cache=self.prompt_cache.clone() if prompt_cache and self.prompt_cache is not None else self.prompt_cache,
-            counters=(self.step_index, self.next_uid, self.joins))
+            batch=self.batch.clone(same, share_appended=True),
+            rng_state=self.rng.bit_generator.state,
+            prompt_cache=self.prompt_cache.clone()
+            if prompt_cache and self.prompt_cache is not None
+            else self.prompt_cache,
+            counters=(self.step_index, self.next_uid, self.joins),
+        )
 
     def rollback(self, savepoint: "Savepoint") -> None:
         """Return to ``savepoint`` (from :meth:`savepoint`, used once): requests submitted
@@ -176,8 +187,10 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         s = self.state
-        return (f"Checkpoint(step {self.step}, {len(s.batch)} row(s), {len(s.queue)} queued, "
-                f"{len(s.requests)} request(s), {self.n_events} events, scheduler {self.scheduler_id})")
+        return (
+            f"Checkpoint(step {self.step}, {len(s.batch)} row(s), {len(s.queue)} queued, "
+            f"{len(s.requests)} request(s), {self.n_events} events, scheduler {self.scheduler_id})"
+        )
 
 
 def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
@@ -188,15 +201,21 @@ def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
             another scheduler).
     """
     if not isinstance(checkpoint, Checkpoint):
-        raise ValueError(f"checkpoint must be a workbench Checkpoint (from Scheduler.checkpoint()), "
-                         f"got {type(checkpoint).__name__}")
+        raise ValueError(
+            f"checkpoint must be a workbench Checkpoint (from Scheduler.checkpoint()), "
+            f"got {type(checkpoint).__name__}"
+        )
     if checkpoint.model_id != id(model):
-        raise ValueError(f"checkpoint was taken with another model ({checkpoint.model_id:#x}, this scheduler's "
-                         f"is {id(model):#x}); its caches do not fit this model. Nothing was changed.")
+        raise ValueError(
+            f"checkpoint was taken with another model ({checkpoint.model_id:#x}, this scheduler's "
+            f"is {id(model):#x}); its caches do not fit this model. Nothing was changed."
+        )
     if checkpoint.scheduler_id != scheduler_id:
-        raise ValueError(f"checkpoint belongs to scheduler {checkpoint.scheduler_id}, not this one ({scheduler_id}); "
-                         "restore it into the scheduler that took it, or continue from it with that "
-                         "scheduler's fork(). Nothing was changed.")
+        raise ValueError(
+            f"checkpoint belongs to scheduler {checkpoint.scheduler_id}, not this one ({scheduler_id}); "
+            "restore it into the scheduler that took it, or continue from it with that "
+            "scheduler's fork(). Nothing was changed."
+        )
 
 
 @contextlib.contextmanager
@@ -223,6 +242,7 @@ def transactional(prompt_cache: bool = False, idle: str | None = None) -> Callab
     included, first returns the engine to its state before the call (see
     :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When
     ``scheduler._nothing_to(idle)`` (e.g. ``idle="admit"``), it returns ``[]`` at once (no savepoint)."""
+
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -230,5 +250,7 @@ def transactional(prompt_cache: bool = False, idle: str | None = None) -> Callab
                 return []
             with self._transaction(prompt_cache):
                 return method(self, *args, **kwargs)
+
         return call
+
     return wrap

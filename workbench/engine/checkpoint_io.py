@@ -57,8 +57,21 @@ from .state import RequestState, Status
 
 FORMAT, VERSION = "workbench-checkpoint", 1
 CALLABLE_FIELDS = ("logits_processors", "sampler", "on_token")
-_STATE_FIELDS = ("uid", "seed", "projected_bytes", "submitted_s", "finish_reason", "message", "tokens", "logprobs",
-                 "fed", "cached_tokens", "join_order", "evicted", "sample_group")
+_STATE_FIELDS = (
+    "uid",
+    "seed",
+    "projected_bytes",
+    "submitted_s",
+    "finish_reason",
+    "message",
+    "tokens",
+    "logprobs",
+    "fed",
+    "cached_tokens",
+    "join_order",
+    "evicted",
+    "sample_group",
+)
 
 
 def identity_of(sched: Any) -> dict:
@@ -76,10 +89,15 @@ def identity_of(sched: Any) -> dict:
     args = {k: _plain(v) for k, v in sorted(vars(args).items())} if args is not None else {}
     settings = {f.name: _plain(getattr(sched.config, f.name)) for f in dataclasses.fields(sched.config)}
     settings["adapters"] = sorted(sched.adapters.names) if sched.adapters else []
-    return {"model": {"class": f"{type(model).__module__}.{type(model).__name__}", "args": args,
-                      "weights_blake2b": digest.hexdigest()},
-            "tokenizer": {"vocab_size": int(sched.vocab_size), "eos_token_ids": sorted(tokenizer.eos_token_ids)},
-            "settings": settings}
+    return {
+        "model": {
+            "class": f"{type(model).__module__}.{type(model).__name__}",
+            "args": args,
+            "weights_blake2b": digest.hexdigest(),
+        },
+        "tokenizer": {"vocab_size": int(sched.vocab_size), "eos_token_ids": sorted(tokenizer.eos_token_ids)},
+        "settings": settings,
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -126,23 +144,33 @@ def save(checkpoint: Checkpoint, path: str | Path) -> Path:
         raise ValueError("this checkpoint does not know its scheduler (take it with Scheduler.checkpoint())")
     identity = checkpoint.identity()
     if identity["settings"].get("kv_bits") is not None:
-        raise ValueError(f"Checkpoint.save: a quantized KV cache (kv_bits={identity['settings']['kv_bits']}) cannot "
-                         "be saved (mlx-lm's load_prompt_cache does not know its class)")
+        raise ValueError(
+            f"Checkpoint.save: a quantized KV cache (kv_bits={identity['settings']['kv_bits']}) cannot "
+            "be saved (mlx-lm's load_prompt_cache does not know its class)"
+        )
     st = checkpoint.state
     live = {s.uid for s in st.live}
-    document = {"format": FORMAT, "version": VERSION, "identity": identity,
-                "counters": {"step_index": st.step_index, "next_uid": st.next_uid, "joins": st.joins},
-                "rng": st.rng.bit_generator.state,
-                "requests": [_request_record(s, s.uid in live) for s in st.requests.values()],
-                "queue": sorted(s.uid for s in st.queue + (st.prefilling.states if st.prefilling else [])
-                                if not s.finished),
-                "batch": _batch_record(st.batch),
-                "events": [dataclasses.asdict(e) for e in checkpoint.recorder.events[: checkpoint.n_events]]}
+    document = {
+        "format": FORMAT,
+        "version": VERSION,
+        "identity": identity,
+        "counters": {"step_index": st.step_index, "next_uid": st.next_uid, "joins": st.joins},
+        "rng": st.rng.bit_generator.state,
+        "requests": [_request_record(s, s.uid in live) for s in st.requests.values()],
+        "queue": sorted(
+            s.uid for s in st.queue + (st.prefilling.states if st.prefilling else []) if not s.finished
+        ),
+        "batch": _batch_record(st.batch),
+        "events": [dataclasses.asdict(e) for e in checkpoint.recorder.events[: checkpoint.n_events]],
+    }
     prefilling = {s.uid for s in st.prefilling.states} if st.prefilling else set()
     for record in document["requests"]:
         if record["uid"] in prefilling:  # saved as queued: it prefills again after loading
-            record["status"] = (Status.PREEMPTED if record["tokens"] else Status.QUEUED).value \
-                if record["status"] != Status.FINISHED.value else record["status"]
+            record["status"] = (
+                (Status.PREEMPTED if record["tokens"] else Status.QUEUED).value
+                if record["status"] != Status.FINISHED.value
+                else record["status"]
+            )
             record["evicted"] = record["evicted"] or record["status"] == Status.FINISHED.value
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,29 +183,51 @@ def _request_record(s: RequestState, live: bool) -> dict:
     r = s.valid.request
     for name in CALLABLE_FIELDS:
         if live and getattr(r, name):
-            raise ValueError(f"Checkpoint.save: uid {s.uid} is {s.status.value} and has {name} (a callable), "
-                             "which cannot be saved; save once it finished, or submit it without")
+            raise ValueError(
+                f"Checkpoint.save: uid {s.uid} is {s.status.value} and has {name} (a callable), "
+                "which cannot be saved; save once it finished, or submit it without"
+            )
     if live and getattr(r, "constrained", False):
-        raise ValueError(f"Checkpoint.save: uid {s.uid} is {s.status.value} and has a structured-output constraint "
-                         "(json_schema / regex / choices), whose grammar state is not saved; save once it finished")
-    fields = {f.name: _plain(getattr(r, f.name)) for f in dataclasses.fields(r) if f.name not in CALLABLE_FIELDS}
-    fields["logit_bias"] = None if r.logit_bias is None else [[int(t), float(b)] for t, b in r.logit_bias.items()]
+        raise ValueError(
+            f"Checkpoint.save: uid {s.uid} is {s.status.value} and has a structured-output constraint "
+            "(json_schema / regex / choices), whose grammar state is not saved; save once it finished"
+        )
+    fields = {
+        f.name: _plain(getattr(r, f.name)) for f in dataclasses.fields(r) if f.name not in CALLABLE_FIELDS
+    }
+    fields["logit_bias"] = (
+        None if r.logit_bias is None else [[int(t), float(b)] for t, b in r.logit_bias.items()]
+    )
     record = {name: _plain(getattr(s, name)) for name in _STATE_FIELDS}
-    record.update(request=fields, prompt_ids=list(s.valid.prompt_ids), status=s.status.value,
-                  top_logprobs=[[list(p) for p in pairs] for pairs in s.top_logprobs])
+    record.update(
+        request=fields,
+        prompt_ids=list(s.valid.prompt_ids),
+        status=s.status.value,
+        top_logprobs=[[list(p) for p in pairs] for pairs in s.top_logprobs],
+    )
     return record
 
 
 def _batch_record(batch: Batch) -> dict:
     """The batch's rows, free slots and pending next tokens (evaluated) as JSON data."""
-    record = {"rows": [r.uid for r in batch.rows], "free": list(batch.free), "reuse_slots": batch.reuse_slots,
-              "fast_path": batch.fast_path, "has_caches": batch.caches is not None, "pending": None}
+    record = {
+        "rows": [r.uid for r in batch.rows],
+        "free": list(batch.free),
+        "reuse_slots": batch.reuse_slots,
+        "fast_path": batch.fast_path,
+        "has_caches": batch.caches is not None,
+        "pending": None,
+    }
     pending = batch.pending
     if pending is not None:
         tokens, logprobs, finite = pending.read()
-        record["pending"] = {"tokens": tokens, "logprobs": logprobs, "finite": finite,
-                             "errors": {str(b): m for b, m in pending.errors.items()},
-                             "top": {str(b): [list(p) for p in pairs] for b, pairs in pending.read_top().items()}}
+        record["pending"] = {
+            "tokens": tokens,
+            "logprobs": logprobs,
+            "finite": finite,
+            "errors": {str(b): m for b, m in pending.errors.items()},
+            "top": {str(b): [list(p) for p in pairs] for b, pairs in pending.read_top().items()},
+        }
     return record
 
 
@@ -199,26 +249,39 @@ def load(path: str | Path, sched: Any) -> Checkpoint:
         caches, metadata = load_prompt_cache(str(path), return_metadata=True)
         document = json.loads(metadata.get("workbench", "null") or "null")
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
-        raise ValueError(f"{path} is not a workbench checkpoint (mlx-lm's load_prompt_cache: {exc})") from None
+        raise ValueError(
+            f"{path} is not a workbench checkpoint (mlx-lm's load_prompt_cache: {exc})"
+        ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path} is not a workbench checkpoint (no '{FORMAT}' metadata)")
     if document.get("version") != VERSION:
-        raise ValueError(f"{path} is format version {document.get('version')}; this workbench reads version {VERSION}")
+        raise ValueError(
+            f"{path} is format version {document.get('version')}; this workbench reads version {VERSION}"
+        )
     differ = differences(document["identity"], sched._identity())
     if differ:
-        raise ValueError(f"checkpoint {path} was saved by a scheduler unlike this one: " + "; ".join(differ)
-                         + ". Load it into a scheduler with the same model, tokenizer and settings.")
+        raise ValueError(
+            f"checkpoint {path} was saved by a scheduler unlike this one: "
+            + "; ".join(differ)
+            + ". Load it into a scheduler with the same model, tokenizer and settings."
+        )
     requests = {r["uid"]: _request_state(r, sched) for r in document["requests"]}
     for c in caches:
         complete_loaded_cache(c)
-    state = EngineState(_batch_of(document["batch"], caches, requests), np.random.default_rng(),
-                        prompt_cache=sched.state.prompt_cache, requests=requests,
-                        queue=[requests[u] for u in document["queue"]], **document["counters"])
+    state = EngineState(
+        _batch_of(document["batch"], caches, requests),
+        np.random.default_rng(),
+        prompt_cache=sched.state.prompt_cache,
+        requests=requests,
+        queue=[requests[u] for u in document["queue"]],
+        **document["counters"],
+    )
     state.rng.bit_generator.state = document["rng"]
     recorder = Recorder(sched.clock, sched.config.history_size)
     recorder.events = [_event(e) for e in document["events"]]
-    return Checkpoint(sched.id, id(sched.model), state.step_index, len(recorder.events), state, recorder,
-                      sched._identity)
+    return Checkpoint(
+        sched.id, id(sched.model), state.step_index, len(recorder.events), state, recorder, sched._identity
+    )
 
 
 def _request_state(record: dict, sched: Any) -> RequestState:
@@ -230,8 +293,15 @@ def _request_state(record: dict, sched: Any) -> RequestState:
     valid = validate(request, sched.tokenizer, sched.vocab_size, sched.context_tokens, sched.context_field)
     if list(valid.prompt_ids) != record["prompt_ids"]:
         raise ValueError(f"uid {record['uid']}'s prompt tokenizes differently here than where it was saved")
-    state = RequestState(record["uid"], valid, record["seed"], RowSampler(request, record["seed"], sched.vocab_size),
-                         record["projected_bytes"], record["submitted_s"], Status(record["status"]))
+    state = RequestState(
+        record["uid"],
+        valid,
+        record["seed"],
+        RowSampler(request, record["seed"], sched.vocab_size),
+        record["projected_bytes"],
+        record["submitted_s"],
+        Status(record["status"]),
+    )
     for name in _STATE_FIELDS[4:]:
         setattr(state, name, record[name])
     state.top_logprobs = [tuple(tuple(p) for p in pairs) for pairs in record["top_logprobs"]]
@@ -246,10 +316,20 @@ def _batch_of(record: dict, caches: list[Any], requests: dict[int, RequestState]
     batch.free, batch.fast_path = list(record["free"]), record["fast_path"]
     p = record["pending"]
     if p is not None:
-        top = {int(b): (mx.array([t for t, _ in pairs], dtype=mx.int32), mx.array([v for _, v in pairs], dtype=mx.float32))
-               for b, pairs in p["top"].items()}
-        batch.pending = Pending(mx.array(p["tokens"], dtype=mx.uint32), mx.array(p["logprobs"], dtype=mx.float32),
-                                mx.array(p["finite"], dtype=mx.bool_), {int(b): m for b, m in p["errors"].items()}, top)
+        top = {
+            int(b): (
+                mx.array([t for t, _ in pairs], dtype=mx.int32),
+                mx.array([v for _, v in pairs], dtype=mx.float32),
+            )
+            for b, pairs in p["top"].items()
+        }
+        batch.pending = Pending(
+            mx.array(p["tokens"], dtype=mx.uint32),
+            mx.array(p["logprobs"], dtype=mx.float32),
+            mx.array(p["finite"], dtype=mx.bool_),
+            {int(b): m for b, m in p["errors"].items()},
+            top,
+        )
     return batch
 
 

@@ -71,8 +71,12 @@ class SchedulerConfig:
     seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
     layout: str = "padded"  # "padded" (mlx-lm's left-padded batch caches) or "packed" (engine/packed/)
     page_size: int = 16  # packed layout: token positions per KV page, >= 1
-    max_num_batched_tokens: int | None = None  # packed: most tokens per forward (vLLM's); None: prefill_step_size
-    packed_schedule: str = _setting("hybrid", fork=True)  # packed: "hybrid", "prefill-first" or "decode-first"
+    max_num_batched_tokens: int | None = (
+        None  # packed: most tokens per forward (vLLM's); None: prefill_step_size
+    )
+    packed_schedule: str = _setting(
+        "hybrid", fork=True
+    )  # packed: "hybrid", "prefill-first" or "decode-first"
     speculative: Any = None  # None, "prompt-lookup" or a draft mlx-lm model (levers/speculative.py)
     num_draft_tokens: int = 4  # most draft tokens per row and step when speculating, 1..16
 
@@ -93,10 +97,14 @@ class SchedulerConfig:
     def _check_speculative(self) -> None:
         _check_int("num_draft_tokens", self.num_draft_tokens, 1)
         if self.num_draft_tokens > MAX_DRAFT_TOKENS:
-            raise ValueError(f"num_draft_tokens must be an int in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens!r}")
+            raise ValueError(
+                f"num_draft_tokens must be an int in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens!r}"
+            )
         if isinstance(self.speculative, str) and self.speculative not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative must be None, one of {list(SPECULATIVE_METHODS)} or a draft mlx-lm model, "
-                             f"got {self.speculative!r}")
+            raise ValueError(
+                f"speculative must be None, one of {list(SPECULATIVE_METHODS)} or a draft mlx-lm model, "
+                f"got {self.speculative!r}"
+            )
 
     def _check_layout(self) -> None:
         if self.layout not in LAYOUTS:
@@ -107,8 +115,10 @@ class SchedulerConfig:
         if self.packed_schedule not in SCHEDULES:
             raise ValueError(f"packed_schedule must be one of {SCHEDULES}, got {self.packed_schedule!r}")
         if self.layout == "packed" and self.token_budget < self.max_batch:
-            raise ValueError(f"max_num_batched_tokens must be >= max_batch ({self.max_batch}) with layout='packed' "
-                             f"(every running row's next token goes into each forward), got {self.token_budget}")
+            raise ValueError(
+                f"max_num_batched_tokens must be >= max_batch ({self.max_batch}) with layout='packed' "
+                f"(every running row's next token goes into each forward), got {self.token_budget}"
+            )
 
     @property
     def token_budget(self) -> int:

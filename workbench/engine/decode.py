@@ -14,8 +14,9 @@ Axis letters: ``B`` rows, ``V`` vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 
@@ -60,8 +61,13 @@ class Pending:
         n = a.tokens.shape[0]
         errors = {**a.errors, **{n + k: v for k, v in b.errors.items()}}
         top = {**a.top, **{n + k: v for k, v in b.top.items()}}
-        return Pending(mx.concatenate([a.tokens, b.tokens]), mx.concatenate([a.logprobs, b.logprobs]),
-                       mx.concatenate([a.finite, b.finite]), errors, top)
+        return Pending(
+            mx.concatenate([a.tokens, b.tokens]),
+            mx.concatenate([a.logprobs, b.logprobs]),
+            mx.concatenate([a.finite, b.finite]),
+            errors,
+            top,
+        )
 
     def clone(self) -> "Pending":
         """A copy sharing the arrays (nothing writes them in place) with its own ``errors``
@@ -84,8 +90,15 @@ class Pending:
         return read_top(self.top)
 
 
-def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[RowSampler],
-           contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool = True) -> Pending:
+def launch(
+    model: Any,
+    caches: list[Any],
+    inputs: mx.array,
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+    asynchronous: bool = True,
+) -> Pending:
     """Feed ``inputs`` ``[B]`` (token ids, may be lazy) through the model with ``caches``
     (updated in place) and sample each row's next token.
 
@@ -102,8 +115,13 @@ def launch(model: Any, caches: list[Any], inputs: mx.array, samplers: Sequence[R
     return sample_pending(logits, samplers, contexts, token_index, asynchronous)
 
 
-def sample_pending(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any],
-                   token_index: Sequence[int], asynchronous: bool = True) -> Pending:
+def sample_pending(
+    logits: mx.array,
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+    asynchronous: bool = True,
+) -> Pending:
     """Sample each row's next token from ``logits`` ``[B, V]`` (the tail of
     :func:`launch`, shared with the packed forward): the :class:`Pending` tokens,
     log-probabilities, finiteness and errors, evaluated (or started, ``asynchronous``)."""

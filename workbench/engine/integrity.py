@@ -28,13 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kv import caches as kv
 from .checkpoint import EngineState
+from .kv import caches as kv
 from .state import Status
 from .text import RowText, sync, text_tokens
 
-PLACES = {"queue": (Status.QUEUED, Status.PREEMPTED), "prefilling": (Status.PREFILLING, Status.FINISHED),
-          "batch": (Status.RUNNING, Status.FINISHED)}
+PLACES = {
+    "queue": (Status.QUEUED, Status.PREEMPTED),
+    "prefilling": (Status.PREFILLING, Status.FINISHED),
+    "batch": (Status.RUNNING, Status.FINISHED),
+}
 
 
 @dataclass(frozen=True)
@@ -57,21 +60,27 @@ class Integrity:
     def __str__(self) -> str:
         if self.ok:
             return f"integrity ok: {self.summary}"
-        return "\n".join([f"integrity: {len(self.problems)} problem(s) ({self.summary})"]
-                         + [f"  - {p}" for p in self.problems])
+        return "\n".join(
+            [f"integrity: {len(self.problems)} problem(s) ({self.summary})"]
+            + [f"  - {p}" for p in self.problems]
+        )
 
 
 def _places(state: EngineState) -> list[str]:
     problems, seen = [], {}
-    members = {"queue": state.queue, "prefilling": state.prefilling.states if state.prefilling else [],
-               "batch": state.batch.rows}
+    members = {
+        "queue": state.queue,
+        "prefilling": state.prefilling.states if state.prefilling else [],
+        "batch": state.batch.rows,
+    }
     for place, states in members.items():
         for s in states:
             if s.uid in seen:
                 problems.append(f"uid {s.uid} is in the {seen[s.uid]} and the {place}")
             seen[s.uid] = place
-            if s.status not in PLACES[place] and not (place == "batch" and s.status is Status.PREFILLING
-                                                       and hasattr(state.batch, "problems")):  # packed: joiners in the batch
+            if s.status not in PLACES[place] and not (
+                place == "batch" and s.status is Status.PREFILLING and hasattr(state.batch, "problems")
+            ):  # packed: joiners in the batch
                 problems.append(f"uid {s.uid} is {s.status.value} but sits in the {place}")
             if state.requests.get(s.uid) is not s:
                 problems.append(f"uid {s.uid} in the {place} is not the request state the scheduler holds")
@@ -80,10 +89,15 @@ def _places(state: EngineState) -> list[str]:
     for uid, s in state.requests.items():
         if uid not in seen and not (s.finished and s.evicted):
             problems.append(f"uid {uid} is {s.status.value} but in no place (lost)")
-        if len(s.tokens) != len(s.logprobs) or len(s.tokens) != len(s.top_logprobs) or \
-                len(s.tokens) > s.valid.request.max_tokens:
-            problems.append(f"uid {uid} has {len(s.tokens)} tokens, {len(s.logprobs)} log-probs, "
-                            f"{len(s.top_logprobs)} top-k entries, max_tokens {s.valid.request.max_tokens}")
+        if (
+            len(s.tokens) != len(s.logprobs)
+            or len(s.tokens) != len(s.top_logprobs)
+            or len(s.tokens) > s.valid.request.max_tokens
+        ):
+            problems.append(
+                f"uid {uid} has {len(s.tokens)} tokens, {len(s.logprobs)} log-probs, "
+                f"{len(s.top_logprobs)} top-k entries, max_tokens {s.valid.request.max_tokens}"
+            )
     return problems
 
 
@@ -97,13 +111,17 @@ def _texts(state: EngineState, tokenizer) -> list[str]:
             continue
         tokens = text_tokens(s.tokens, s.finish_reason, s.valid.stop_ids)
         if t.n_tokens > len(tokens) or (t.closed and not s.finished):
-            problems.append(f"uid {uid}: its text counts {t.n_tokens} tokens{' and is closed' if t.closed else ''}, "
-                            f"the request has {len(tokens)} text tokens and is {s.status.value}")
+            problems.append(
+                f"uid {uid}: its text counts {t.n_tokens} tokens{' and is closed' if t.closed else ''}, "
+                f"the request has {len(tokens)} text tokens and is {s.status.value}"
+            )
             continue
         fresh = sync(RowText(tokenizer, s.valid.stop), tokens[: t.n_tokens], t.closed)
         if (t.text, t.stop_at) != (fresh.text, fresh.stop_at):
-            problems.append(f"uid {uid}: its text {t.text[-40:]!r} (stop at {t.stop_at}) is not what its "
-                            f"{t.n_tokens} tokens decode to, {fresh.text[-40:]!r} (stop at {fresh.stop_at})")
+            problems.append(
+                f"uid {uid}: its text {t.text[-40:]!r} (stop at {t.stop_at}) is not what its "
+                f"{t.n_tokens} tokens decode to, {fresh.text[-40:]!r} (stop at {fresh.stop_at})"
+            )
     return problems
 
 
@@ -113,13 +131,17 @@ def _batch(state: EngineState) -> tuple[list[str], int]:
         return batch.problems(), 0
     B, P = len(batch), len(batch.rows) + len(batch.free)
     if (batch.caches is None) != (B == 0) or (B == 0 and batch.free):
-        problems.append(f"{B} row(s) but caches {'absent' if batch.caches is None else 'present'}, "
-                        f"{len(batch.free)} free slot(s)")
+        problems.append(
+            f"{B} row(s) but caches {'absent' if batch.caches is None else 'present'}, "
+            f"{len(batch.free)} free slot(s)"
+        )
         return problems, 0
     if B == 0:
         return problems, 0
     if batch.pending is None or batch.pending.tokens.shape[0] != B:
-        problems.append(f"{B} row(s) but {0 if batch.pending is None else batch.pending.tokens.shape[0]} pending tokens")
+        problems.append(
+            f"{B} row(s) but {0 if batch.pending is None else batch.pending.tokens.shape[0]} pending tokens"
+        )
     if any(not 0 <= p < P for p in batch.free):
         problems.append(f"free slots {batch.free} outside the {P} cache rows")
     held = np.array([r.context_tokens for r in batch.rows])
@@ -141,12 +163,16 @@ def _layer(name: str, label: str, cache, held: np.ndarray, B: int) -> list[str]:
     if offset.shape[0] != B:
         return [f"layer {label} ({name}) holds {offset.shape[0]} rows, the batch {B}"]
     for b in np.nonzero(offset != held)[0]:
-        out.append(f"layer {label} ({name}) row {b}: cache offset {offset[b]}, scheduler counts {held[b]} tokens")
+        out.append(
+            f"layer {label} ({name}) row {b}: cache offset {offset[b]}, scheduler counts {held[b]} tokens"
+        )
     if name == "full":
         width = int(cache.size())
         lp = np.array(cache.left_padding).reshape(-1)
         for b in np.nonzero(lp + offset != width)[0]:
-            out.append(f"layer {label} (full) row {b}: left padding {lp[b]} + offset {offset[b]} != KV width {width}")
+            out.append(
+                f"layer {label} (full) row {b}: left padding {lp[b]} + offset {offset[b]} != KV width {width}"
+            )
     return out
 
 
@@ -155,7 +181,9 @@ def check_state(state: EngineState, tokenizer=None) -> Integrity:
     ``tokenizer``). Never raises for a bad state: the problems are the result."""
     problems = _places(state) + ([] if tokenizer is None else _texts(state, tokenizer))
     batch_problems, n_layers = _batch(state)
-    summary = (f"{len(state.batch)} row(s), {len(state.queue)} queued, "
-               f"{len(state.prefilling.states) if state.prefilling else 0} prefilling, "
-               f"{len(state.requests)} request(s), {n_layers} layer cache(s) checked")
+    summary = (
+        f"{len(state.batch)} row(s), {len(state.queue)} queued, "
+        f"{len(state.prefilling.states) if state.prefilling else 0} prefilling, "
+        f"{len(state.requests)} request(s), {n_layers} layer cache(s) checked"
+    )
     return Integrity(tuple(problems + batch_problems), summary)

@@ -31,11 +31,13 @@ Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk l
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
-from .kv import caches as kv
+
 from ..runtime.device import on_gpu
+from .kv import caches as kv
 from .kv.allocation import prefill_mode
 from .kv.cache_internals import clone_caches
 
@@ -75,9 +77,16 @@ class PrefillGroup:
         length: ``L``, the longest prompt (tokens).
     """
 
-    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
-                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
-                 chunked_padding: bool | None = None, fixed_chunks: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        prompts: Sequence[Sequence[int]],
+        prefill_step_size: int,
+        max_kv_size: int | None = None,
+        caches: list[list[Any]] | None = None,
+        chunked_padding: bool | None = None,
+        fixed_chunks: bool = False,
+    ):
         self.model = model
         self.prompts = [list(p) for p in prompts]
         self.lengths = [len(p) for p in prompts]
@@ -85,7 +94,9 @@ class PrefillGroup:
         self.right_padding = [self.length - n for n in self.lengths]
         self.step_size = prefill_step_size
         padded = max(self.right_padding, default=0) > 0
-        mode = prefill_mode(self.lengths, prefill_step_size, self.chunks_padding(model, max_kv_size, chunked_padding))
+        mode = prefill_mode(
+            self.lengths, prefill_step_size, self.chunks_padding(model, max_kv_size, chunked_padding)
+        )
         self.chunked_padding, self.per_row = mode == "chunked", mode == "per row"
         self.fixed_chunks = bool(fixed_chunks)
         if self.fixed_chunks:  # every row alone, also a group of one: the chunks it runs alone
@@ -96,18 +107,24 @@ class PrefillGroup:
             self._solo = caches or [kv.single_cache(model, max_kv_size) for _ in prompts]
             self.caches: list[Any] = []
         else:
-            self.caches = kv.merge_rows(caches) if caches else kv.new_batch_cache(model, len(prompts), max_kv_size)
+            self.caches = (
+                kv.merge_rows(caches) if caches else kv.new_batch_cache(model, len(prompts), max_kv_size)
+            )
             if padded:
                 for c in self.caches:
                     c.prepare(lengths=self.lengths, right_padding=self.right_padding)
             self._padded = padded
-            self._tokens = mx.array([p + [0] * (self.length - len(p)) for p in self.prompts], dtype=mx.uint32)  # [B, L]
+            self._tokens = mx.array(
+                [p + [0] * (self.length - len(p)) for p in self.prompts], dtype=mx.uint32
+            )  # [B, L]
         self._done = False
         if self.length == 0:
             self._finish()
 
     @classmethod
-    def chunks_padding(cls, model: Any, max_kv_size: int | None = None, chunked_padding: bool | None = None) -> bool:
+    def chunks_padding(
+        cls, model: Any, max_kv_size: int | None = None, chunked_padding: bool | None = None
+    ) -> bool:
         """Whether this group class runs right-padded groups longer than a chunk batched in
         chunks for ``model``: ``chunked_padding`` asked (``None``: on a GPU) and the caches
         pad safely. The ``chunked_padding`` of :func:`~workbench.engine.kv.allocation.prefill_mode`."""
@@ -125,7 +142,10 @@ class PrefillGroup:
         """Per row, its prompt tokens already in the cache."""
         if not self.per_row:
             return [min(self.position, n) for n in self.lengths]
-        return [n if b < self._row else (self._row_pos if b == self._row else 0) for b, n in enumerate(self.lengths)]
+        return [
+            n if b < self._row else (self._row_pos if b == self._row else 0)
+            for b, n in enumerate(self.lengths)
+        ]
 
     @property
     def kv_bytes(self) -> int:

@@ -29,7 +29,9 @@ from mlx.utils import tree_flatten
 from .kv import caches as kv
 
 PROMPT_LENGTHS = (3, 5)  # two rows of different lengths, of ordinary mid-vocabulary token ids
-TOLERANCE = 5e-2  # max |Δ log-prob|: generous for reduced-precision weights; wrong positions differ by far more
+TOLERANCE = (
+    5e-2  # max |Δ log-prob|: generous for reduced-precision weights; wrong positions differ by far more
+)
 LIKELY_LOGPROB = -9.0  # compare tokens the solo run gives at least ~1e-4 probability
 LOW_PRECISION_TOLERANCE = 1.0  # for 16-bit or quantized weights: one step of bf16 noise reaches ~0.4 nats
 
@@ -44,9 +46,17 @@ def _prompts(model: Any) -> list[list[int]]:
 
 
 def _tolerance(model: Any) -> float:
-    low = any(v.dtype != mx.float32 for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+    low = any(
+        v.dtype != mx.float32
+        for _, v in tree_flatten(model.parameters())
+        if mx.issubdtype(v.dtype, mx.floating)
+    )
     return LOW_PRECISION_TOLERANCE if low else TOLERANCE
-_RESULTS: dict[int, str] = {}  # id(model) -> reason: probed once per model object, dropped when it is collected
+
+
+_RESULTS: dict[
+    int, str
+] = {}  # id(model) -> reason: probed once per model object, dropped when it is collected
 
 
 def _next_logprobs(model: Any, caches: list[Any], tokens: mx.array) -> mx.array:
@@ -72,8 +82,11 @@ def probe(model: Any, max_kv_size: int | None = None) -> str:
         batched = _next_logprobs(model, kv.merge_rows(rows), mx.array([[1], [1]]))  # [2, V]
         likely = alone > LIKELY_LOGPROB  # [2, V]
         diff = float(mx.where(likely, mx.abs(alone - batched), 0.0).max())
-        reason = "" if diff <= _tolerance(model) else (
-            f"rows of 3 and 5 tokens batched differ from each alone by {diff:.3g} in log-probability")
+        reason = (
+            ""
+            if diff <= _tolerance(model)
+            else (f"rows of 3 and 5 tokens batched differ from each alone by {diff:.3g} in log-probability")
+        )
     except Exception as exc:  # the model's own code: anything it raises means it does not batch
         reason = f"a batched decode step raised {type(exc).__name__}: {exc}"
     try:  # keyed by id, forgotten with the model: the cache never keeps a model alive

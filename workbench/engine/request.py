@@ -18,10 +18,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
 
 FINISH_REASONS = ("stop", "length", "error", "abort")
 # The smallest positive temperature: sampling scales log-probabilities (>= -ln V, V < e^32)
@@ -131,9 +132,16 @@ class Request:
     def greedy(self) -> bool:
         """True when the row is decoded by plain argmax (temperature 0, no custom sampler,
         no logits processors, no constraint): the rows the oracles can check."""
-        return (self.temperature == 0.0 and self.sampler is None and not self.logits_processors
-                and not self.logit_bias and not self.repetition_penalty and not self.presence_penalty
-                and not self.frequency_penalty and not self.constrained)
+        return (
+            self.temperature == 0.0
+            and self.sampler is None
+            and not self.logits_processors
+            and not self.logit_bias
+            and not self.repetition_penalty
+            and not self.presence_penalty
+            and not self.frequency_penalty
+            and not self.constrained
+        )
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> "Request":
@@ -151,8 +159,10 @@ def _init_refusing_unknown_fields(self, *args, **kwargs):
     if unknown:
         raise ValueError(f"Request: unknown field(s) {unknown}; allowed fields: {list(_FIELDS)}")
     if not args and kwargs.get("prompt") is None and kwargs.get("messages") is None:
-        raise ValueError("Request: the field 'prompt' (a str or a list of token ids) or 'messages' "
-                         "(chat turns) is required")
+        raise ValueError(
+            "Request: the field 'prompt' (a str or a list of token ids) or 'messages' "
+            "(chat turns) is required"
+        )
     _dataclass_init(self, *args, **kwargs)
 
 
@@ -188,8 +198,13 @@ def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...
     return tuple(int(t) for t in ids)
 
 
-def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int | None = None,
-             context_field: str = "max_position_embeddings") -> ValidRequest:
+def validate(
+    request: Any,
+    tokenizer: Any,
+    vocab_size: int,
+    context_tokens: int | None = None,
+    context_field: str = "max_position_embeddings",
+) -> ValidRequest:
     """Check every field of ``request`` and tokenize its prompt.
 
     Args:
@@ -226,16 +241,20 @@ def validate(request: Any, tokenizer: Any, vocab_size: int, context_tokens: int 
     if context_tokens is not None and len(ids) + r.max_tokens > context_tokens:
         raise ValueError(
             f"prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) = {len(ids) + r.max_tokens} "
-            f"exceeds the model's context of {context_tokens} tokens ({context_field})")
+            f"exceeds the model's context of {context_tokens} tokens ({context_field})"
+        )
     if not _is_int(r.priority):
         raise ValueError(f"priority must be an int, got {r.priority!r}")
     if r.adapter is not None and (not isinstance(r.adapter, str) or not r.adapter):
-        raise ValueError(f"adapter must be a loaded adapter's name (a non-empty str) or None, got {r.adapter!r}")
+        raise ValueError(
+            f"adapter must be a loaded adapter's name (a non-empty str) or None, got {r.adapter!r}"
+        )
     _check_sampling(r)
     _check_processors(r, vocab_size)
     _check_top_logprobs(r, vocab_size)
-    return ValidRequest(request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size),
-                        stop=_stop_strings(r))
+    return ValidRequest(
+        request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size), stop=_stop_strings(r)
+    )
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -251,8 +270,10 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
     :func:`encode_text`, ids checked against the vocabulary."""
     if r.messages is not None:
         if r.prompt is not None:
-            raise ValueError("Request: give either 'prompt' or 'messages', not both "
-                             "(messages are encoded with the chat template into the prompt)")
+            raise ValueError(
+                "Request: give either 'prompt' or 'messages', not both "
+                "(messages are encoded with the chat template into the prompt)"
+            )
         return _chat_ids(r.messages, tokenizer, vocab_size)
     if r.prompt is None:
         raise ValueError("Request: the field 'prompt' or 'messages' is required")
@@ -274,13 +295,21 @@ def _chat_ids(messages: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]
     """Chat turns as token ids: mlx-lm's ``tokenizer.apply_chat_template(messages,
     add_generation_prompt=True)`` (tokenized, no special tokens added beyond the template's)."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError(f"messages must be a non-empty list of {{'role': str, 'content': str}} dicts, got {messages!r}")
+        raise ValueError(
+            f"messages must be a non-empty list of {{'role': str, 'content': str}} dicts, got {messages!r}"
+        )
     for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, Mapping)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
     if not getattr(tokenizer, "has_chat_template", False):
-        raise ValueError("messages need a tokenizer with a chat template, and this model's tokenizer has none "
-                         "(tokenizer.has_chat_template is False); pass prompt= (text or token ids) instead")
+        raise ValueError(
+            "messages need a tokenizer with a chat template, and this model's tokenizer has none "
+            "(tokenizer.has_chat_template is False); pass prompt= (text or token ids) instead"
+        )
     ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True)
     if not ids:
         raise ValueError("messages encode to zero tokens through the chat template; need >= 1")
@@ -295,13 +324,17 @@ def _stop_strings(r: Request) -> tuple[str, ...]:
     if not isinstance(stops, (list, tuple)):
         raise ValueError(f"stop must be a str or a list of str, got {type(r.stop).__name__}")
     if len(stops) > MAX_STOP_STRINGS:
-        raise ValueError(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} (MAX_STOP_STRINGS) are allowed")
+        raise ValueError(
+            f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} (MAX_STOP_STRINGS) are allowed"
+        )
     for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop[{i}] must be a non-empty str, got {s!r}")
         if len(s) > MAX_STOP_LENGTH:
-            raise ValueError(f"stop[{i}] is {len(s)} characters long; at most {MAX_STOP_LENGTH} (MAX_STOP_LENGTH) "
-                             "are allowed")
+            raise ValueError(
+                f"stop[{i}] is {len(s)} characters long; at most {MAX_STOP_LENGTH} (MAX_STOP_LENGTH) "
+                "are allowed"
+            )
     return tuple(dict.fromkeys(stops))
 
 
@@ -310,8 +343,10 @@ def _check_sampling(r: Request) -> None:
     if not _is_real(r.temperature) or r.temperature < 0:
         raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
     if 0 < r.temperature < MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (1 / temperature must be "
-                         f"finite in float32), got {r.temperature!r}")
+        raise ValueError(
+            f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (1 / temperature must be "
+            f"finite in float32), got {r.temperature!r}"
+        )
     if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
         raise ValueError(f"top_p must be a number in (0, 1], got {r.top_p!r}")
     if not _is_int(r.top_k) or r.top_k < 0:
@@ -343,12 +378,16 @@ def _check_processors(r: Request, vocab_size: int) -> None:
             raise ValueError(f"{name} must be a finite number, got {getattr(r, name)!r}")
     if r.logit_bias is not None:
         if not isinstance(r.logit_bias, Mapping):
-            raise ValueError(f"logit_bias must be a mapping token id -> bias, got {type(r.logit_bias).__name__}")
+            raise ValueError(
+                f"logit_bias must be a mapping token id -> bias, got {type(r.logit_bias).__name__}"
+            )
         _check_ids("logit_bias", list(r.logit_bias), vocab_size)
         for t, b in r.logit_bias.items():
             if not _is_real(b):
                 raise ValueError(f"logit_bias[{t}] must be a finite number, got {b!r}")
-    if not isinstance(r.logits_processors, (list, tuple)) or not all(callable(f) for f in r.logits_processors):
+    if not isinstance(r.logits_processors, (list, tuple)) or not all(
+        callable(f) for f in r.logits_processors
+    ):
         raise ValueError("logits_processors must be a list of callables (tokens, logits) -> logits")
     for name in ("sampler", "on_token"):
         if getattr(r, name) is not None and not callable(getattr(r, name)):
@@ -364,8 +403,17 @@ def _stop_ids(r: Request, tokenizer: Any, vocab_size: int) -> frozenset[int]:
     raise ValueError(f"stop_ids must be a list of int token ids or None, got {type(r.stop_ids).__name__}")
 
 
-CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length",
-                  "max_sequence_length", "max_seq_length", "context_length", "block_size")
+CONTEXT_FIELDS = (
+    "max_position_embeddings",
+    "n_positions",
+    "n_ctx",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "context_length",
+    "block_size",
+)
 
 
 def context_limit(model: Any) -> tuple[int | None, str]:

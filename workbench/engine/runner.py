@@ -6,22 +6,29 @@ prompt cache. Must not know: the queue, admission, events.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 
-from .levers.lora import AdapterBank, names_of, selected
 from .batch import Batch
 from .decode import Pending, launch
-from .levers.fastpath import FastDecode, decode_fast_path
-from .levers.invariant import Invariance, invariant_forward
-from .levers import speculative
-from .levers.quantized_attention import attention_path
-from .prefill import PrefillGroup
 from .kv.caches import CacheRecipe, repeat_rows
 from .kv.promptcache import PromptCache
-from .levers.quantized_prefill import QuantizedPrefillGroup, first_forward_tokens, join_forward as quantized_join_forward
+from .levers import speculative
+from .levers.fastpath import FastDecode, decode_fast_path
+from .levers.invariant import Invariance, invariant_forward
+from .levers.lora import AdapterBank, names_of, selected
+from .levers.quantized_attention import attention_path
+from .levers.quantized_prefill import (
+    QuantizedPrefillGroup,
+    first_forward_tokens,
+)
+from .levers.quantized_prefill import (
+    join_forward as quantized_join_forward,
+)
+from .prefill import PrefillGroup
 from .siblings import shared_rows
 from .state import RequestState
 
@@ -65,10 +72,16 @@ class Prefilling:
             repeat_rows(self.prefill.caches, self.rows)
             self.rows = None
 
-    def clone(self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False) -> "Prefilling":
+    def clone(
+        self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False
+    ) -> "Prefilling":
         """An independent copy (see :meth:`PrefillGroup.clone`)."""
-        return Prefilling([state_of(s) for s in self.states], self.prefill.clone(share_appended),
-                          list(self.last_tokens), None if self.rows is None else list(self.rows))
+        return Prefilling(
+            [state_of(s) for s in self.states],
+            self.prefill.clone(share_appended),
+            list(self.last_tokens),
+            None if self.rows is None else list(self.rows),
+        )
 
 
 @dataclass(frozen=True)
@@ -124,17 +137,26 @@ class ModelRunner:
         group = self._prefill_group(prefilled, tails, caches)
         return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
 
-    def _prefill_group(self, states: Sequence[RequestState], tails: list[list[int]],
-                       caches: list[Any] | None) -> PrefillGroup:
+    def _prefill_group(
+        self, states: Sequence[RequestState], tails: list[list[int]], caches: list[Any] | None
+    ) -> PrefillGroup:
         """The prefill group running ``tails`` (of ``states``) from ``caches`` (cached
         prefixes, or ``None``)."""
         recipe, step = self.recipe, self.config.prefill_step_size
         if recipe.kv_quant is None:
-            group = PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches,
-                                 fixed_chunks=self.invariant is not None)
+            group = PrefillGroup(
+                recipe.model, tails, step, recipe.max_kv_size, caches, fixed_chunks=self.invariant is not None
+            )
         else:
-            group = QuantizedPrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches, quant=recipe.kv_quant,
-                                          first_tokens=first_forward_tokens(states, step))
+            group = QuantizedPrefillGroup(
+                recipe.model,
+                tails,
+                step,
+                recipe.max_kv_size,
+                caches,
+                quant=recipe.kv_quant,
+                first_tokens=first_forward_tokens(states, step),
+            )
         return group
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
@@ -145,16 +167,37 @@ class ModelRunner:
         with selected(self.adapters, names_of(group.states)), attention_path(self._quantized_attention):
             return self._join_forward(group, last, contexts)
 
-    def _join_forward(self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
-        args = (last, [s.sampler for s in group.states], contexts, [len(s.tokens) for s in group.states], self.config.pipeline)
-        if self.recipe.kv_quant is not None:  # quantizes the caches after it, a fresh row's first forward in float
-            return quantized_join_forward(self.model, group.prefill, self.recipe.kv_quant, *args,
-                                          select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])))
+    def _join_forward(
+        self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]
+    ) -> Pending:
+        args = (
+            last,
+            [s.sampler for s in group.states],
+            contexts,
+            [len(s.tokens) for s in group.states],
+            self.config.pipeline,
+        )
+        if (
+            self.recipe.kv_quant is not None
+        ):  # quantizes the caches after it, a fresh row's first forward in float
+            return quantized_join_forward(
+                self.model,
+                group.prefill,
+                self.recipe.kv_quant,
+                *args,
+                select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])),
+            )
         with invariant_forward(self.model, self.invariant, [len(s.inputs) - 1 for s in group.states]):
             return launch(self.model, group.prefill.caches, *args)
 
-    def decode(self, batch: Batch, tokens: mx.array, contexts: Sequence[Callable[[], mx.array]],
-               asynchronous: bool, index: Sequence[int] | None = None) -> Pending:
+    def decode(
+        self,
+        batch: Batch,
+        tokens: mx.array,
+        contexts: Sequence[Callable[[], mx.array]],
+        asynchronous: bool,
+        index: Sequence[int] | None = None,
+    ) -> Pending:
         """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
         caches and sample each row's next token (``asynchronous``: evaluation started,
         not awaited), on the fast paths that apply
@@ -163,15 +206,30 @@ class ModelRunner:
         tokens, whose latest is still unread)."""
         index = [len(r.tokens) + 1 for r in batch.rows] if index is None else index
         held = [r.context_tokens for r in batch.rows]
-        with selected(self.adapters, names_of(batch.rows)), invariant_forward(self.model, self.invariant, held), \
-                attention_path(self._quantized_attention), \
-                decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path:
+        with (
+            selected(self.adapters, names_of(batch.rows)),
+            invariant_forward(self.model, self.invariant, held),
+            attention_path(self._quantized_attention),
+            decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path,
+        ):
             batch.fast_path = path or "none"
-            return launch(self.model, batch.caches, tokens, [r.sampler for r in batch.rows], contexts,
-                          index, asynchronous)
+            return launch(
+                self.model,
+                batch.caches,
+                tokens,
+                [r.sampler for r in batch.rows],
+                contexts,
+                index,
+                asynchronous,
+            )
 
-    def speculate(self, batch: Batch, spec: speculative.Speculation, tokens: list[int],
-                  contexts: Sequence[Callable[[], mx.array]]) -> speculative.Verified:
+    def speculate(
+        self,
+        batch: Batch,
+        spec: speculative.Speculation,
+        tokens: list[int],
+        contexts: Sequence[Callable[[], mx.array]],
+    ) -> speculative.Verified:
         """A speculative decode step (:mod:`workbench.engine.levers.speculative`): each row's
         drafts, then one verify forward ``[B, 1 + K]`` of ``tokens`` ``[B]`` (each row's
         latest token, read and appended) and the drafts, caches trimmed per row to what
@@ -182,8 +240,9 @@ class ModelRunner:
             pending = self.decode(batch, mx.array(tokens, dtype=mx.uint32), contexts, False, index)
             return speculative.Verified.without_drafts(pending)
         batch.fast_path = "verify"
-        verified = speculative.verify(self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows],
-                                      contexts, index)
+        verified = speculative.verify(
+            self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
+        )
         speculative.settle(spec, batch, verified)
         return verified
 
@@ -193,9 +252,17 @@ class ModelRunner:
         prefill = group.prefill
         rows = range(len(group.prefilled))
         if prefill.per_row:  # the first row with prompt tokens left, as PrefillGroup runs them
-            rows = [next(b for b, (done, n) in enumerate(zip(prefill.rows_done_tokens, prefill.lengths)) if done < n)]
-        with selected(self.adapters, names_of([group.prefilled[b] for b in rows])), \
-                attention_path(self._quantized_attention):
+            rows = [
+                next(
+                    b
+                    for b, (done, n) in enumerate(zip(prefill.rows_done_tokens, prefill.lengths))
+                    if done < n
+                )
+            ]
+        with (
+            selected(self.adapters, names_of([group.prefilled[b] for b in rows])),
+            attention_path(self._quantized_attention),
+        ):
             return prefill.run_chunk(*args)
 
     @property
@@ -208,5 +275,9 @@ class ModelRunner:
         """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens
         (the token fed after the last one read is trimmed away)."""
         row = batch.rows[b]
-        prompt_cache.store(list(row.valid.prompt_ids) + row.tokens, batch.extract(b), row.fed - len(row.tokens),
-                           prefilled_tokens=len(row.valid.prompt_ids) - 1)
+        prompt_cache.store(
+            list(row.valid.prompt_ids) + row.tokens,
+            batch.extract(b),
+            row.fed - len(row.tokens),
+            prefilled_tokens=len(row.valid.prompt_ids) - 1,
+        )

@@ -21,8 +21,9 @@ Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
@@ -67,8 +68,10 @@ class TokenCheck:
         tokens are read)."""
         if self.ok.item():
             return ""
-        return (f"sampler returned {self.value.item()!r} ({dtype_name(self.value.dtype)}); a token id must be an "
-                f"integer in [0, {self.vocab_size})")
+        return (
+            f"sampler returned {self.value.item()!r} ({dtype_name(self.value.dtype)}); a token id must be an "
+            f"integer in [0, {self.vocab_size})"
+        )
 
 
 def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
@@ -90,11 +93,17 @@ def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
     except (TypeError, ValueError) as exc:
         raise BadOutput(f"sampler returned {type(value).__name__}, not a token id ({exc})") from None
     if array.size != 1:
-        raise BadOutput(f"sampler returned shape {tuple(array.shape)}; a token id must be one integer "
-                        f"(shape [1]) in [0, {vocab_size})")
+        raise BadOutput(
+            f"sampler returned shape {tuple(array.shape)}; a token id must be one integer "
+            f"(shape [1]) in [0, {vocab_size})"
+        )
     array = array.reshape(1)
     if mx.issubdtype(array.dtype, mx.integer):
-        ok = (array >= 0) & (array < vocab_size) if mx.issubdtype(array.dtype, mx.signedinteger) else array < vocab_size
+        ok = (
+            (array >= 0) & (array < vocab_size)
+            if mx.issubdtype(array.dtype, mx.signedinteger)
+            else array < vocab_size
+        )
     else:  # 3.7, NaN, True: not an id (never truncated to one)
         ok = mx.zeros((1,), dtype=mx.bool_)
     return mx.where(ok, array, 0).astype(mx.uint32), TokenCheck(array, ok, vocab_size)
@@ -133,10 +142,16 @@ class RowSampler:
 
     def __init__(self, request: Request, seed: int, vocab_size: int, constraint: Any = None):
         r = request
-        self.processors = make_logits_processors(
-            dict(r.logit_bias) if r.logit_bias else None, r.repetition_penalty,
-            presence_penalty=r.presence_penalty or None, frequency_penalty=r.frequency_penalty or None,
-        ) + list(r.logits_processors) + ([constraint] if constraint is not None else [])
+        self.processors = (
+            make_logits_processors(
+                dict(r.logit_bias) if r.logit_bias else None,
+                r.repetition_penalty,
+                presence_penalty=r.presence_penalty or None,
+                frequency_penalty=r.frequency_penalty or None,
+            )
+            + list(r.logits_processors)
+            + ([constraint] if constraint is not None else [])
+        )
         self.constraint = constraint
         self.custom = r.sampler
         self.vocab_size = vocab_size
@@ -180,8 +195,9 @@ class RowSampler:
         return mx.random.categorical(logprobs * scale, key=key).astype(mx.uint32)
 
 
-def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any],
-                token_index: Sequence[int]) -> tuple[mx.array, mx.array, dict[int, str]]:
+def sample_rows(
+    logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequence[Any], token_index: Sequence[int]
+) -> tuple[mx.array, mx.array, dict[int, str]]:
     """Next token per row.
 
     Args:
@@ -206,8 +222,13 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequ
     for b, s in enumerate(samplers):
         row = logits[b : b + 1]
         if s.processors:
-            row = _contained(errors, b, "logits processor", lambda s=s, b=b, row=row: s.process(contexts[b](), row),
-                             mx.zeros_like(row))
+            row = _contained(
+                errors,
+                b,
+                "logits processor",
+                lambda s=s, b=b, row=row: s.process(contexts[b](), row),
+                mx.zeros_like(row),
+            )
         rows_logits.append(row)
     logits = mx.concatenate(rows_logits, axis=0)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -220,7 +241,9 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler], contexts: Sequ
             if checked is not None:
                 chosen, errors[b] = checked
         elif b not in errors and s.temperature != 0:
-            chosen = _contained(errors, b, "sampler", lambda s=s, lp=lp, b=b: s.choose(lp, token_index[b]), None)
+            chosen = _contained(
+                errors, b, "sampler", lambda s=s, lp=lp, b=b: s.choose(lp, token_index[b]), None
+            )
         tokens.append(greedy[b : b + 1] if chosen is None else chosen)
     return mx.concatenate(tokens), logprobs, errors
 

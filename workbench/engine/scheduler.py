@@ -38,9 +38,10 @@ import itertools
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -49,8 +50,6 @@ from ..observe.events import Event
 from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
-from .kv import caches as kv
-from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
 from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
@@ -59,13 +58,15 @@ from .checkpoint_io import identity_of
 from .config import SchedulerConfig
 from .decode import Pending, sample_pending
 from .integrity import Integrity, check_state
+from .kv import caches as kv
 from .kv.ledger import KVLedger, measured_memory
-from .probe import probe
-from .levers.pacing import Pacer, Pacing, pacing_from
 from .kv.promptcache import PromptCache
+from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
+from .levers.pacing import Pacer, pacing_from
 from .packed import families as packed_families
 from .packed.batch import PackedBatch
 from .packed.ledger import PageLedger
+from .probe import probe
 from .request import Request, ValidRequest, context_limit, validate
 from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
@@ -84,7 +85,9 @@ def vocab_size(model: Any, tokenizer: Any) -> int:
     return int(size if size is not None else len(tokenizer.get_vocab()))
 
 
-def config_of(config: SchedulerConfig | Mapping[str, Any] | None, settings: Mapping[str, Any]) -> SchedulerConfig:
+def config_of(
+    config: SchedulerConfig | Mapping[str, Any] | None, settings: Mapping[str, Any]
+) -> SchedulerConfig:
     """The :class:`SchedulerConfig` that ``Scheduler(config, **settings)`` means: ``config``
     (a config, a mapping of settings, or ``None``: the defaults) with ``settings`` replaced.
 
@@ -94,13 +97,17 @@ def config_of(config: SchedulerConfig | Mapping[str, Any] | None, settings: Mapp
     """
     unknown = sorted(set(settings) - set(SchedulerConfig.names()))
     if unknown:
-        raise TypeError(f"Scheduler() got unknown setting(s) {unknown}; the settings are {list(SchedulerConfig.names())}")
+        raise TypeError(
+            f"Scheduler() got unknown setting(s) {unknown}; the settings are {list(SchedulerConfig.names())}"
+        )
     if config is None:
         return SchedulerConfig(**settings)
     if isinstance(config, Mapping):
         return config_of(None, {**config, **settings})
     if not isinstance(config, SchedulerConfig):
-        raise TypeError(f"config must be a SchedulerConfig, a mapping of settings or None, got {type(config).__name__}")
+        raise TypeError(
+            f"config must be a SchedulerConfig, a mapping of settings or None, got {type(config).__name__}"
+        )
     return replace(config, **settings) if settings else config
 
 
@@ -130,42 +137,79 @@ class Scheduler:
         TypeError: an unknown setting.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, config: SchedulerConfig | Mapping[str, Any] | None = None, *,
-                 clock: Callable[[], float] = time.perf_counter, prompt_cache: Any = None,
-                 adapters: Mapping[str, str] | lora.AdapterBank | None = None, **settings: Any):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        config: SchedulerConfig | Mapping[str, Any] | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        prompt_cache: Any = None,
+        adapters: Mapping[str, str] | lora.AdapterBank | None = None,
+        **settings: Any,
+    ):
         asked = config_of(config, settings)
         self.model, self.tokenizer, self._asked = model, tokenizer, asked
         kv.check_batchable(model, asked.max_kv_size)
-        quant = quantized_kv.configure(model, asked.kv_bits, asked.kv_group_size, asked.max_kv_size, prompt_cache)
+        quant = quantized_kv.configure(
+            model, asked.kv_bits, asked.kv_group_size, asked.max_kv_size, prompt_cache
+        )
         self.adapters = lora.configure(model, adapters, prompt_cache)
-        self._extras = dict(clock=clock, prompt_cache=prompt_cache, adapters=self.adapters)  # forks share the bank
+        self._extras = dict(
+            clock=clock, prompt_cache=prompt_cache, adapters=self.adapters
+        )  # forks share the bank
         self.recipe = kv.CacheRecipe(model, asked.max_kv_size, quant)
         self.packed = asked.layout == "packed"
         if self.packed:
             packed_families.check_model(model)
             packed_families.check_settings(asked, prompt_cache, adapters)
-        self.serial_reason = probe(model, asked.max_kv_size) if asked.max_batch > 1 and not self.packed else ""
+        self.serial_reason = (
+            probe(model, asked.max_kv_size) if asked.max_batch > 1 and not self.packed else ""
+        )
         cfg = self.config = replace(asked, max_batch=1, prompt_concurrency=1) if self.serial_reason else asked
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens, self.context_field = context_limit(model)
         self.id = f"scheduler-{next(_IDS)}"
         self.admission = Admission(policy_from(cfg.policy), cfg)
-        self.batch_invariant = invariant.configure(model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes)
-        self.speculation = speculative.configure(model, cfg.speculative, cfg.num_draft_tokens,
-                                                 batch_invariant=cfg.batch_invariant, kv_quant=quant,
-                                                 adapters=self.adapters, vocab_size=self.vocab_size,
-                                                 prefill_step_size=cfg.prefill_step_size, max_kv_size=cfg.max_kv_size)
+        self.batch_invariant = invariant.configure(
+            model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes
+        )
+        self.speculation = speculative.configure(
+            model,
+            cfg.speculative,
+            cfg.num_draft_tokens,
+            batch_invariant=cfg.batch_invariant,
+            kv_quant=quant,
+            adapters=self.adapters,
+            vocab_size=self.vocab_size,
+            prefill_step_size=cfg.prefill_step_size,
+            max_kv_size=cfg.max_kv_size,
+        )
         fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
         self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)
         self.pacing = pacing_from(cfg.pacing)
         self.pacer = None if self.pacing is None else Pacer(self.pacing, cfg.prefill_step_size)
-        self.ledger = KVLedger(self.recipe.profile(), cfg, self.pacing is None and prompt_cache is None and quant is None,
-                               chunked_padding=self.runner.chunks_padding())
+        self.ledger = KVLedger(
+            self.recipe.profile(),
+            cfg,
+            self.pacing is None and prompt_cache is None and quant is None,
+            chunked_padding=self.runner.chunks_padding(),
+        )
         aligned = cfg.prefill_step_size if self.batch_invariant else None
-        cache = None if prompt_cache is None else PromptCache(  # keyed by all that shapes a cache
-            model, prompt_cache, asked.max_kv_size, aligned, kv_quant=quant, adapters=self.adapters,
-            fast_decode=self.runner.fast_decode)
+        cache = (
+            None
+            if prompt_cache is None
+            else PromptCache(  # keyed by all that shapes a cache
+                model,
+                prompt_cache,
+                asked.max_kv_size,
+                aligned,
+                kv_quant=quant,
+                adapters=self.adapters,
+                fast_decode=self.runner.fast_decode,
+            )
+        )
         self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
         if self.packed:
             self._use_pages()
@@ -205,8 +249,12 @@ class Scheduler:
     events = property(lambda self: self.recorder.events, doc="Every :class:`Event` so far (do not mutate).")
     history = property(lambda self: self.recorder.history, doc="The latest snapshots (:class:`History`).")
     step_index = property(lambda self: self.state.step_index, doc="Decode steps completed.")
-    prompt_cache = property(lambda self: self.state.prompt_cache, doc="The :class:`PromptCache`, or ``None``.")
-    batch = property(lambda self: self.state.batch, doc="The running :class:`Batch` (read it; do not mutate).")
+    prompt_cache = property(
+        lambda self: self.state.prompt_cache, doc="The :class:`PromptCache`, or ``None``."
+    )
+    batch = property(
+        lambda self: self.state.batch, doc="The running :class:`Batch` (read it; do not mutate)."
+    )
 
     @property
     def requests(self) -> Mapping[int, RequestState]:
@@ -423,7 +471,12 @@ class Scheduler:
         prompt-cache entries alone keep the first request out, they are dropped first."""
         st = self.state
         decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
-        if not decision.admit and not st.batch.rows and st.prompt_cache is not None and st.prompt_cache.nbytes:
+        if (
+            not decision.admit
+            and not st.batch.rows
+            and st.prompt_cache is not None
+            and st.prompt_cache.nbytes
+        ):
             st.prompt_cache.trim_to(0)
             decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
         return decision
@@ -458,10 +511,16 @@ class Scheduler:
         """
         st, batch = self.state, self.state.batch
         if not batch.rows and st.queue and st.prefilling is None:
-            warnings.warn(f"step(): no row is running and {len(st.queue)} request(s) wait in the queue; call "
-                          "admit() first to prefill them and join them to the batch (run() drives "
-                          "admit(); step(); filter())", UserWarning, stacklevel=3)
-        if not batch.rows or (self.config.kv_budget_bytes is not None and all(r.finished for r in batch.rows)):
+            warnings.warn(
+                f"step(): no row is running and {len(st.queue)} request(s) wait in the queue; call "
+                "admit() first to prefill them and join them to the batch (run() drives "
+                "admit(); step(); filter())",
+                UserWarning,
+                stacklevel=3,
+            )
+        if not batch.rows or (
+            self.config.kv_budget_bytes is not None and all(r.finished for r in batch.rows)
+        ):
             return []
         if self.packed:
             return self._step_packed()
@@ -481,8 +540,9 @@ class Scheduler:
         out, finished = self._read_pending(current, toks, lps, finite, tops)
         return self._end_step(out, finished)
 
-    def _read_pending(self, current: Pending, toks: list[int], lps: list[float], finite: list[bool],
-                      tops: dict[int, tuple]) -> tuple[list[Event], list[Event]]:
+    def _read_pending(
+        self, current: Pending, toks: list[int], lps: list[float], finite: list[bool], tops: dict[int, tuple]
+    ) -> tuple[list[Event], list[Event]]:
         """Read each unfinished row's token of ``current`` with its top-k log-probs ``tops``
         (:meth:`_read_token`). Returns the token events and the finish events."""
         out, finished = [], []
@@ -515,8 +575,9 @@ class Scheduler:
         logits = batch.forward(self.model, chunks)
         if rows:
             contexts = [self._context(r, None, b) for b, r in zip(sampled, rows)]
-            pending = sample_pending(logits, [r.sampler for r in rows], contexts, [len(r.tokens) for r in rows],
-                                     asynchronous=False)
+            pending = sample_pending(
+                logits, [r.sampler for r in rows], contexts, [len(r.tokens) for r in rows], asynchronous=False
+            )
             toks, lps, finite = pending.read()
             tops = pending.read_top()
         else:  # prefill chunks only: no row samples, the pools are written
@@ -553,16 +614,28 @@ class Scheduler:
         for b, row in enumerate(batch.rows):
             row.fed += 1 + verified.accepted[b]
             if verified.drafted[b]:
-                out.append(self._log("draft", row.uid, row=b, n_tokens=verified.drafted[b],
-                                     n_accepted=verified.accepted[b]))
+                out.append(
+                    self._log(
+                        "draft", row.uid, row=b, n_tokens=verified.drafted[b], n_accepted=verified.accepted[b]
+                    )
+                )
             for token, logprob in zip(verified.tokens[b], verified.logprobs[b]):
                 if not row.finished:
                     self._read_token(row, b, token, logprob, "", out, finished)
         batch.pending = verified.pending
         return self._end_step(out, finished)
 
-    def _read_token(self, row: RequestState, b: int, token: int, logprob: float, message: str,
-                    out: list[Event], finished: list[Event], top: tuple = ()) -> None:
+    def _read_token(
+        self,
+        row: RequestState,
+        b: int,
+        token: int,
+        logprob: float,
+        message: str,
+        out: list[Event],
+        finished: list[Event],
+        top: tuple = (),
+    ) -> None:
         """Record row ``b``'s token and its ``top`` log-probs (unless ``message`` says its
         step failed), call its ``on_token``, and finish it on an error (its grammar refusing
         the token included), a stop id, a stop string, a complete grammar or ``max_tokens``."""
@@ -572,7 +645,9 @@ class Scheduler:
             row.top_logprobs.append(top)
             out.append(self._log("token", row.uid, row=b, token=token, logprob=logprob, top_logprobs=top))
             message = self._call_on_token(row, token)
-        message, complete = (message, False) if message else constrained.after_token(row.sampler.constraint, row.tokens)
+        message, complete = (
+            (message, False) if message else constrained.after_token(row.sampler.constraint, row.tokens)
+        )
         if message:
             row.finish("error", message)
         elif token in row.valid.stop_ids:
@@ -584,15 +659,19 @@ class Scheduler:
         elif len(row.tokens) >= row.valid.request.max_tokens:
             row.finish("length")
         if row.finished:
-            finished.append(self._log("finish", row.uid, row=b, finish_reason=row.finish_reason, message=row.message))
+            finished.append(
+                self._log("finish", row.uid, row=b, finish_reason=row.finish_reason, message=row.message)
+            )
 
     @staticmethod
     def _context(row: RequestState, pending: Pending | None, b: int) -> Callable[[], mx.array]:
         """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one in
         ``pending``) for its logits processors: built only when asked."""
+
         def build() -> mx.array:
             known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
             return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
+
         return build
 
     @staticmethod
@@ -664,10 +743,14 @@ class Scheduler:
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
         s, st = self._state_of(uid), self.state
         if self.batch_invariant is not None:
-            raise ValueError("preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
-                             "decoded tokens: other sums than the decode steps that made them)")
+            raise ValueError(
+                "preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
+                "decoded tokens: other sums than the decode steps that made them)"
+            )
         if s.status is not Status.RUNNING and not (self.packed and s.status is Status.PREFILLING):
-            raise ValueError(f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted")
+            raise ValueError(
+                f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted"
+            )
         b = next(i for i, r in enumerate(st.batch.rows) if r is s)
         st.batch.filter([i for i in range(len(st.batch)) if i != b], reuse_slots)
         s.status = Status.PREEMPTED
@@ -706,8 +789,15 @@ class Scheduler:
         """The whole engine state now (queue, request states, batch caches, prefilling
         group, prompt cache, seed generator, step index, events, history), for
         :meth:`restore`. Copies no tensor (new handles on the same MLX buffers)."""
-        return Checkpoint(self.id, id(self.model), self.step_index, len(self.events),
-                          self.state.clone(), self.recorder.clone(), self._identity)
+        return Checkpoint(
+            self.id,
+            id(self.model),
+            self.step_index,
+            len(self.events),
+            self.state.clone(),
+            self.recorder.clone(),
+            self._identity,
+        )
 
     def _identity(self) -> dict:
         """The model, tokenizer and settings a checkpoint on disk records and loading
@@ -725,7 +815,9 @@ class Scheduler:
         """
         check_owner(checkpoint, self.id, self.model)
         self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
-        if self.config.history_checkpoints and not self.recorder.stale:  # taken with the latest snapshot: keep it there
+        if (
+            self.config.history_checkpoints and not self.recorder.stale
+        ):  # taken with the latest snapshot: keep it there
             self.recorder.keep_checkpoint(checkpoint, self.config.history_checkpoints)
 
     def history_checkpoint(self, index: int) -> Checkpoint | None:
@@ -836,7 +928,9 @@ class Scheduler:
         for _, piece in self._stream([self._state_of(uid).uid], logprobs):
             yield piece
 
-    def stream_all(self, logprobs: bool = False) -> Iterator[tuple[int, str]] | Iterator[tuple[int, StreamChunk]]:
+    def stream_all(
+        self, logprobs: bool = False
+    ) -> Iterator[tuple[int, str]] | Iterator[tuple[int, StreamChunk]]:
         """``(uid, piece)`` for every row, like :meth:`stream` (``logprobs``: pieces are
         :class:`~workbench.engine.view.StreamChunk` s), driving the engine until idle
         (requests submitted meanwhile are included); each uid's pieces join to its text."""
@@ -848,12 +942,12 @@ class Scheduler:
         done: set[int] = set()  # uids finished and fully handed out: never read again
 
         def pieces() -> Iterator[tuple[int, Any]]:
-            for u in (uids if uids is not None else list(self.state.requests)):
+            for u in uids if uids is not None else list(self.state.requests):
                 state = self.state.requests[u]
                 if u in done:
                     continue
                 ready = state.text(self.tokenizer).ready
-                text, t0, t1 = ready[sent.get(u, 0):], read.get(u, 0), len(state.tokens)
+                text, t0, t1 = ready[sent.get(u, 0) :], read.get(u, 0), len(state.tokens)
                 sent[u], read[u] = len(ready), t1
                 if chunks and (text or t1 > t0):
                     yield u, StreamChunk.of(state, text, t0, t1)
@@ -869,8 +963,11 @@ class Scheduler:
 
     def finished_greedy_uids(self) -> list[int]:
         """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
-        return [u for u, s in self.state.requests.items()
-                if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
+        return [
+            u
+            for u, s in self.state.requests.items()
+            if s.valid.request.greedy and s.finish_reason in ("stop", "length")
+        ]
 
     # -- observing --------------------------------------------------------------------
     def snapshot(self, record: bool = False) -> Snapshot:
@@ -894,31 +991,48 @@ class Scheduler:
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics), built
         when first read: calling it costs the same however long the session."""
+
         def text(tokens: list[int], uid: int) -> str:  # from the report's own token events
             state = self.state.requests.get(uid)  # absent after a restore to before its submit
             if state is None:
                 return self.tokenizer.decode(tokens)
             done = len(tokens) == len(state.tokens) and state.finished  # else the report ends mid-row
-            return visible_text(self.tokenizer, tokens, state.finish_reason if done else None,
-                                state.valid.stop_ids, state.valid.stop)  # finalized: all its tokens shown
+            return visible_text(
+                self.tokenizer,
+                tokens,
+                state.finish_reason if done else None,
+                state.valid.stop_ids,
+                state.valid.stop,
+            )  # finalized: all its tokens shown
+
         return build_report(self.events, text)
 
     def _capture(self) -> Callable[[], Snapshot]:
         st = self.state
-        return capture(st.batch, st.step_index, queue=self.queue, kv_budget_bytes=self.config.kv_budget_bytes,
-                       serial_reason=self.serial_reason,
-                       kv_projected_bytes=self.kv_projected_bytes,
-                       prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
-                       **({"packed": st.batch.state(self.config.token_budget)} if self.packed else {}),
-                       **lora.snapshot_fields(self.adapters), **self._memory_fields())
+        return capture(
+            st.batch,
+            st.step_index,
+            queue=self.queue,
+            kv_budget_bytes=self.config.kv_budget_bytes,
+            serial_reason=self.serial_reason,
+            kv_projected_bytes=self.kv_projected_bytes,
+            prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
+            **({"packed": st.batch.state(self.config.token_budget)} if self.packed else {}),
+            **lora.snapshot_fields(self.adapters),
+            **self._memory_fields(),
+        )
 
     def _memory_fields(self) -> dict[str, int]:
         """The snapshot's byte readings beside ``kv_bytes``: the prefilling group's and the
         prompt cache's bytes, and MLX's measured active and peak memory."""
         held = self.ledger.held(self.state)
         active, peak = measured_memory()
-        return dict(prefill_kv_bytes=held.prefill_bytes, prompt_cache_bytes=held.prompt_cache_bytes,
-                    active_memory_bytes=active, peak_memory_bytes=peak)
+        return dict(
+            prefill_kv_bytes=held.prefill_bytes,
+            prompt_cache_bytes=held.prompt_cache_bytes,
+            active_memory_bytes=active,
+            peak_memory_bytes=peak,
+        )
 
     def _record(self) -> None:
         self.recorder.record(self._capture())
@@ -930,7 +1044,9 @@ class Scheduler:
 
 
 def _deprecated_alias(name: str, read: Callable[[Scheduler], Any]) -> property:
-    return property(read, doc=f"Deprecated: read ``sched.config.{name}`` (``sched.recipe.{name}`` for ``kv_quant``).")
+    return property(
+        read, doc=f"Deprecated: read ``sched.config.{name}`` (``sched.recipe.{name}`` for ``kv_quant``)."
+    )
 
 
 for _name in ("max_batch", "prefill_step_size", "max_kv_size", "kv_budget_bytes", "history_checkpoints"):
@@ -943,9 +1059,14 @@ def _signature() -> inspect.Signature:
     out (keyword-only), so Jupyter's Shift-Tab and ``help`` list them."""
     P = inspect.Parameter
     own = list(inspect.signature(Scheduler.__init__).parameters.values())[1:]  # without self
-    settings = [P(f.name, P.KEYWORD_ONLY, default=f.default, annotation=f.type) for f in fields(SchedulerConfig)]
-    return inspect.Signature([p for p in own if p.kind is not P.VAR_KEYWORD][:3] + settings
-                             + [p for p in own if p.kind is P.KEYWORD_ONLY])
+    settings = [
+        P(f.name, P.KEYWORD_ONLY, default=f.default, annotation=f.type) for f in fields(SchedulerConfig)
+    ]
+    return inspect.Signature(
+        [p for p in own if p.kind is not P.VAR_KEYWORD][:3]
+        + settings
+        + [p for p in own if p.kind is P.KEYWORD_ONLY]
+    )
 
 
 Scheduler.__signature__ = _signature()

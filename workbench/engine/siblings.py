@@ -21,7 +21,7 @@ the scheduler has one). Example, a group admitting uids ``[4, 5, 6, 9]`` where 4
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .state import RequestState
 

@@ -134,17 +134,42 @@ class RequestState:
         """Its mutable fields now, for :meth:`undo` (token lists by length: an engine call
         only appends to them; the text cache by how far it was fed)."""
         t = self.text_state
-        return (self.status, self.finish_reason, self.message, len(self.tokens), len(self.logprobs),
-                len(self.top_logprobs), self.fed, self.cached_tokens, self.join_order, self.evicted, t,
-                t and (t.n_tokens, t.closed))
+        return (
+            self.status,
+            self.finish_reason,
+            self.message,
+            len(self.tokens),
+            len(self.logprobs),
+            len(self.top_logprobs),
+            self.fed,
+            self.cached_tokens,
+            self.join_order,
+            self.evicted,
+            t,
+            t and (t.n_tokens, t.closed),
+        )
 
     def undo(self, memo: tuple) -> None:
         """Return to the fields of :meth:`memo` (a text cache fed since is dropped)."""
-        (self.status, self.finish_reason, self.message, n_tokens, n_logprobs, n_top, self.fed,
-         self.cached_tokens, self.join_order, self.evicted, text, fed) = memo
+        (
+            self.status,
+            self.finish_reason,
+            self.message,
+            n_tokens,
+            n_logprobs,
+            n_top,
+            self.fed,
+            self.cached_tokens,
+            self.join_order,
+            self.evicted,
+            text,
+            fed,
+        ) = memo
         del self.tokens[n_tokens:], self.logprobs[n_logprobs:], self.top_logprobs[n_top:]
         now = self.text_state
-        self.text_state = text if text is not None and now is text and (now.n_tokens, now.closed) == fed else None
+        self.text_state = (
+            text if text is not None and now is text and (now.n_tokens, now.closed) == fed else None
+        )
 
     def copy(self) -> "RequestState":
         """An independent copy (token lists copied; the immutable request and sampler shared;

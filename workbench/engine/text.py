@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class StopAutomaton:
@@ -105,7 +106,10 @@ class RowText:
         self.stops = tuple(stops)
         self._automaton = stop_automaton(self.stops) if self.stops else None
         self.n_tokens, self.closed, self.stop_at = 0, False, None
-        self._state, self._searched = 0, 0  # the automaton's state after the settled text's first _searched characters
+        self._state, self._searched = (
+            0,
+            0,
+        )  # the automaton's state after the settled text's first _searched characters
         self._lead: str | None = None  # leading space the detokenizer trimmed (tokenizer.decode keeps it)
         self._tokens: list[int] = []
 
@@ -193,6 +197,7 @@ def _detokenizer(tokenizer: Any) -> Any:
     if detok is not None:
         return detok
     from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
+
     return NaiveStreamingDetokenizer(tokenizer)
 
 
@@ -206,15 +211,21 @@ def text_tokens(tokens: Sequence[int], finish_reason: str | None, stop_ids: Any)
 def sync(text: RowText, tokens: Sequence[int], finished: bool) -> RowText:
     """Feed ``text`` the text tokens it has not seen (``tokens[text.n_tokens:]``) and close it
     once the row finished. Returns ``text``. Raises nothing."""
-    for token in tokens[text.n_tokens:]:
+    for token in tokens[text.n_tokens :]:
         text.feed(token)
     if finished:
         text.close()
     return text
 
 
-def visible_text(tokenizer: Any, tokens: Sequence[int], finish_reason: str | None, stop_ids: Any,
-                 stops: Sequence[str] = (), closed: bool = True) -> str:
+def visible_text(
+    tokenizer: Any,
+    tokens: Sequence[int],
+    finish_reason: str | None,
+    stop_ids: Any,
+    stops: Sequence[str] = (),
+    closed: bool = True,
+) -> str:
     """A row's visible text from its tokens alone (a fresh :class:`RowText`, finalized unless
     ``closed`` is False): what the report's ``text`` column shows, and ``Scheduler.text``
     of a finished row."""

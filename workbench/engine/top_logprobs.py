@@ -22,7 +22,7 @@ Axis letters: ``B`` rows, ``n`` rows that asked, ``V`` vocabulary, ``K`` the mos
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 
@@ -48,8 +48,12 @@ def top_arrays(logprobs: mx.array, ks: Sequence[int]) -> TopArrays:
         return {}
     V = logprobs.shape[-1]
     K = min(V, max(ks[b] for b in rows))
-    picked = logprobs if len(rows) == logprobs.shape[0] else logprobs[mx.array(rows, dtype=mx.int32)]  # [n, V]
-    ids = mx.argpartition(-picked, kth=K - 1, axis=-1)[:, :K] if K < V else mx.argsort(-picked, axis=-1)  # [n, K]
+    picked = (
+        logprobs if len(rows) == logprobs.shape[0] else logprobs[mx.array(rows, dtype=mx.int32)]
+    )  # [n, V]
+    ids = (
+        mx.argpartition(-picked, kth=K - 1, axis=-1)[:, :K] if K < V else mx.argsort(-picked, axis=-1)
+    )  # [n, K]
     values = mx.take_along_axis(picked, ids, axis=-1)
     order = mx.argsort(-values, axis=-1)
     ids = mx.take_along_axis(ids, order, axis=-1).astype(mx.int32)

@@ -47,9 +47,18 @@ class RequestView:
     @classmethod
     def of(cls, state: RequestState, tokenizer: Any) -> "RequestView":
         """The view of ``state`` now (its text through ``tokenizer``)."""
-        return cls(state.uid, state.status, tuple(state.valid.prompt_ids), tuple(state.tokens),
-                   tuple(state.logprobs), state.finish_reason, state.message, state.text(tokenizer).text,
-                   top_logprobs=tuple(state.top_logprobs), constraint=state.constraint)
+        return cls(
+            state.uid,
+            state.status,
+            tuple(state.valid.prompt_ids),
+            tuple(state.tokens),
+            tuple(state.logprobs),
+            state.finish_reason,
+            state.message,
+            state.text(tokenizer).text,
+            top_logprobs=tuple(state.top_logprobs),
+            constraint=state.constraint,
+        )
 
 
 @dataclass(frozen=True)
@@ -74,5 +83,9 @@ class StreamChunk:
     @classmethod
     def of(cls, state: RequestState, text: str, start: int, stop: int) -> "StreamChunk":
         """``text`` with ``state``'s tokens ``[start, stop)`` and their log-probs."""
-        return cls(text, tuple(state.tokens[start:stop]), tuple(state.logprobs[start:stop]),
-                   tuple(state.top_logprobs[start:stop]))
+        return cls(
+            text,
+            tuple(state.tokens[start:stop]),
+            tuple(state.logprobs[start:stop]),
+            tuple(state.top_logprobs[start:stop]),
+        )

@@ -70,8 +70,10 @@ class Event:
         if self.kind not in EVENT_KINDS:
             raise ValueError(f"Event.kind must be one of {EVENT_KINDS}, got {self.kind!r}")
         if self.join_mode and (self.kind != "join" or self.join_mode not in JOIN_MODES):
-            raise ValueError(f"Event.join_mode must be one of {JOIN_MODES} (join events only) or '', "
-                             f"got {self.join_mode!r} for kind {self.kind!r}")
+            raise ValueError(
+                f"Event.join_mode must be one of {JOIN_MODES} (join events only) or '', "
+                f"got {self.join_mode!r} for kind {self.kind!r}"
+            )
 
 
 EVENT_COLUMNS = [f.name for f in fields(Event)]

@@ -23,8 +23,8 @@ padding masked (:func:`decode_forward`, from the snapshot's ``full`` group).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -112,8 +112,11 @@ def prefill_forwards(events: Sequence[Event]) -> list[ForwardMask]:
         if e.kind == "prefill":
             start = cached.get(e.uid, 0)
             run = runs[-1] if runs and prev_kind == "prefill" else None
-            if (run is None or e.uid in {x.uid for _, x, _ in run}
-                    or (e.n_tokens and column[-1] is not None and column[-1] != start)):
+            if (
+                run is None
+                or e.uid in {x.uid for _, x, _ in run}
+                or (e.n_tokens and column[-1] is not None and column[-1] != start)
+            ):
                 runs.append([])
                 column.append(None)
             runs[-1].append((i, e, start))
@@ -121,8 +124,10 @@ def prefill_forwards(events: Sequence[Event]) -> list[ForwardMask]:
                 column[-1] = start
             cached[e.uid] = start + e.n_tokens
         prev_kind = e.kind
-    return [_prefill_forward(run, max(x for _, _, x in run) if col is None else col)
-            for run, col in zip(runs, column)]
+    return [
+        _prefill_forward(run, max(x for _, _, x in run) if col is None else col)
+        for run, col in zip(runs, column)
+    ]
 
 
 def _prefill_forward(run: list[tuple[int, Event, int]], n_cached: int) -> ForwardMask:
@@ -136,10 +141,19 @@ def _prefill_forward(run: list[tuple[int, Event, int]], n_cached: int) -> Forwar
         key_padding[b, row_cached:n_cached] = True  # padding columns of the row's earlier chunks
     key_padding[:, n_cached:] = query_padding
     uids = tuple(e.uid for _, e, _ in run)
-    label = (f"prefill uid{'s' if B > 1 else ''} {','.join(map(str, uids))}: positions "
-             f"{n_cached}-{n_cached + n - 1}" + (f", {n_cached} cached" if n_cached else ""))
-    return ForwardMask(label, uids, frozen(np.repeat(causal_mask(n, n_cached), B, axis=0)), n_cached,
-                       frozen(query_padding), frozen(key_padding), first_index)
+    label = (
+        f"prefill uid{'s' if B > 1 else ''} {','.join(map(str, uids))}: positions "
+        f"{n_cached}-{n_cached + n - 1}" + (f", {n_cached} cached" if n_cached else "")
+    )
+    return ForwardMask(
+        label,
+        uids,
+        frozen(np.repeat(causal_mask(n, n_cached), B, axis=0)),
+        n_cached,
+        frozen(query_padding),
+        frozen(key_padding),
+        first_index,
+    )
 
 
 def decode_forward(snap: Snapshot, group: str = "full") -> ForwardMask:
@@ -153,5 +167,11 @@ def decode_forward(snap: Snapshot, group: str = "full") -> ForwardMask:
     mask = np.asarray(g.mask, bool)  # [B, S]
     B, S = mask.shape
     key_padding = np.arange(S)[None, :] < np.asarray(g.left_padding)[:, None]
-    return ForwardMask(f"decode step {snap.step}", tuple(snap.uids), frozen(mask[:, None, :]), S - 1,
-                       frozen(np.zeros((B, 1), bool)), frozen(key_padding))
+    return ForwardMask(
+        f"decode step {snap.step}",
+        tuple(snap.uids),
+        frozen(mask[:, None, :]),
+        S - 1,
+        frozen(np.zeros((B, 1), bool)),
+        frozen(key_padding),
+    )

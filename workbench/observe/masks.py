@@ -20,7 +20,7 @@ which is what ``BatchKVCache.make_mask(1)`` gives the attention layers.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

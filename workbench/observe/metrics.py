@@ -33,15 +33,24 @@ request; their distribution is the ITL (its per-request mean is ``tpot_s``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 REQUEST_COLUMNS = [
-    "uid", "prompt_tokens", "generated_tokens", "queue_s", "ttft_s", "tpot_s", "e2e_s",
-    "finish_reason", "text", "error", "cached_tokens",
+    "uid",
+    "prompt_tokens",
+    "generated_tokens",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "finish_reason",
+    "text",
+    "error",
+    "cached_tokens",
 ]
 
 
@@ -49,7 +58,9 @@ def _first_time(ev: pd.DataFrame, kind: str) -> pd.Series:
     return ev[ev.kind == kind].groupby("uid").time_s.min()
 
 
-def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str] | None = None) -> pd.DataFrame:
+def request_metrics(
+    events: pd.DataFrame, decode: Callable[[list[int], int], str] | None = None
+) -> pd.DataFrame:
     """One row per submitted request with ``REQUEST_COLUMNS``.
 
     Args:
@@ -76,19 +87,21 @@ def request_metrics(events: pd.DataFrame, decode: Callable[[list[int], int], str
         n = int(n_tok.get(uid, 0))
         tpot = (last_tok[uid] - first_tok[uid]) / (n - 1) if n > 1 else math.nan
         tokens = tokens_of.get(uid, [])
-        rows.append({
-            "uid": int(uid),
-            "prompt_tokens": int(s.n_tokens),
-            "generated_tokens": n,
-            "queue_s": admit.get(uid, math.nan) - s.time_s,
-            "ttft_s": first_tok.get(uid, math.nan) - s.time_s,
-            "tpot_s": tpot,
-            "e2e_s": (fin.time_s[uid] - s.time_s) if uid in fin.index else math.nan,
-            "finish_reason": fin.finish_reason[uid] if uid in fin.index else "",
-            "text": decode(tokens, int(uid)) if decode else "",
-            "error": fin.message[uid] if uid in fin.index and "message" in fin else "",
-            "cached_tokens": int(cached.get(uid, 0)) if len(cached) else 0,
-        })
+        rows.append(
+            {
+                "uid": int(uid),
+                "prompt_tokens": int(s.n_tokens),
+                "generated_tokens": n,
+                "queue_s": admit.get(uid, math.nan) - s.time_s,
+                "ttft_s": first_tok.get(uid, math.nan) - s.time_s,
+                "tpot_s": tpot,
+                "e2e_s": (fin.time_s[uid] - s.time_s) if uid in fin.index else math.nan,
+                "finish_reason": fin.finish_reason[uid] if uid in fin.index else "",
+                "text": decode(tokens, int(uid)) if decode else "",
+                "error": fin.message[uid] if uid in fin.index and "message" in fin else "",
+                "cached_tokens": int(cached.get(uid, 0)) if len(cached) else 0,
+            }
+        )
     return pd.DataFrame(rows, columns=REQUEST_COLUMNS)
 
 
@@ -128,12 +141,20 @@ def prefill_chunks(events: pd.DataFrame) -> pd.DataFrame:
             continue
         if current is None or uids[i] in current["uids"]:
             start = times[i - 1] if i else times[i]
-            current = {"step": steps[i], "time_s": times[i], "uids": set(), "tokens": 0, "chunk_s": times[i] - start}
+            current = {
+                "step": steps[i],
+                "time_s": times[i],
+                "uids": set(),
+                "tokens": 0,
+                "chunk_s": times[i] - start,
+            }
             rows.append(current)
         current["uids"].add(uids[i])
         current["tokens"] += n[i]
-    out = pd.DataFrame([(r["step"], r["time_s"], len(r["uids"]), r["tokens"], r["chunk_s"]) for r in rows],
-                       columns=PREFILL_COLUMNS[:-1])
+    out = pd.DataFrame(
+        [(r["step"], r["time_s"], len(r["uids"]), r["tokens"], r["chunk_s"]) for r in rows],
+        columns=PREFILL_COLUMNS[:-1],
+    )
     out["tok_per_s"] = out.tokens / out.chunk_s.where(out.chunk_s > 0)
     return out[PREFILL_COLUMNS]
 
@@ -203,7 +224,13 @@ def goodput_req_per_s(requests: pd.DataFrame, span_s: float, slo: SLO) -> float:
 
 
 OCCUPANCY_COLUMNS = ["time_s", "queued", "prefilling", "running"]
-_STATE_AFTER = {"submit": "queued", "admit": "prefilling", "join": "running", "evict": None, "preempt": "queued"}
+_STATE_AFTER = {
+    "submit": "queued",
+    "admit": "prefilling",
+    "join": "running",
+    "evict": None,
+    "preempt": "queued",
+}
 
 
 def occupancy(events: pd.DataFrame, by: str = "time_s") -> pd.DataFrame:
@@ -286,6 +313,12 @@ def token_gaps(events: pd.DataFrame) -> pd.DataFrame:
     tok = events[events.kind == "token"].sort_values(["uid", "time_s"], kind="stable")
     prev = tok.groupby("uid").time_s.shift()
     keep = prev.notna()
-    return pd.DataFrame({"uid": tok.uid[keep].astype(int).to_numpy(), "from_s": prev[keep].to_numpy(),
-                         "to_s": tok.time_s[keep].to_numpy(),
-                         "gap_s": (tok.time_s - prev)[keep].to_numpy()}, columns=GAP_COLUMNS)
+    return pd.DataFrame(
+        {
+            "uid": tok.uid[keep].astype(int).to_numpy(),
+            "from_s": prev[keep].to_numpy(),
+            "to_s": tok.time_s[keep].to_numpy(),
+            "gap_s": (tok.time_s - prev)[keep].to_numpy(),
+        },
+        columns=GAP_COLUMNS,
+    )

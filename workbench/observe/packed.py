@@ -140,9 +140,13 @@ def mask_text(chunks: Sequence[Chunk]) -> str:
     mask = packed_mask(chunks)
     qu, qp, ku, _ = packed_layout(chunks)
     cuts = set(np.flatnonzero(np.diff(ku)) + 1)
-    lines = [f"packed mask: T={mask.shape[0]} tokens x S={mask.shape[1]} keys ('#' attended, '|' request blocks)"]
+    lines = [
+        f"packed mask: T={mask.shape[0]} tokens x S={mask.shape[1]} keys ('#' attended, '|' request blocks)"
+    ]
     for t in range(mask.shape[0]):
-        cells = "".join(("|" if s in cuts else "") + ("#" if mask[t, s] else ".") for s in range(mask.shape[1]))
+        cells = "".join(
+            ("|" if s in cuts else "") + ("#" if mask[t, s] else ".") for s in range(mask.shape[1])
+        )
         lines.append(f"  {f'{qu[t]}@{qp[t]}':>8} {cells}")
     return "\n".join(lines)
 
@@ -150,9 +154,11 @@ def mask_text(chunks: Sequence[Chunk]) -> str:
 def page_table_text(state: PackedState) -> str:
     """The page table: one line per request (uid, tokens, pages), then the free list."""
     held = dict(state.held_tokens)
-    lines = [f"page table: {state.used_pages}/{state.capacity_pages} pages of {state.page_size} tokens "
-             f"({state.page_bytes:,} bytes each): {state.held_bytes:,} bytes held, "
-             f"{state.token_bytes:,} bytes of tokens"]
+    lines = [
+        f"page table: {state.used_pages}/{state.capacity_pages} pages of {state.page_size} tokens "
+        f"({state.page_bytes:,} bytes each): {state.held_bytes:,} bytes held, "
+        f"{state.token_bytes:,} bytes of tokens"
+    ]
     for uid, pages in state.pages:
         lines.append(f"  uid {uid}: {held.get(uid, 0)} tokens in pages {list(pages)}")
     lines.append(f"  free pages: {list(state.free_pages)}")
@@ -162,10 +168,15 @@ def page_table_text(state: PackedState) -> str:
 def chunks_text(chunks: Sequence[Chunk], token_budget: int = 0) -> str:
     """One forward's chunks and its token budget split: ``decode d + prefill p = T``."""
     split = budget_split(chunks)
-    head = f"packed forward: decode {split['decode_tokens']} + prefill {split['prefill_tokens']} = {split['tokens']} tokens"
+    head = (
+        f"packed forward: decode {split['decode_tokens']} + prefill {split['prefill_tokens']} = "
+        f"{split['tokens']} tokens"
+    )
     lines = [head + (f" of a {token_budget} budget" if token_budget else "")]
     for c in chunks:
-        lines.append(f"  uid {c.uid}: {c.kind} positions {c.start}..{c.end - 1}{' -> samples' if c.samples else ''}")
+        lines.append(
+            f"  uid {c.uid}: {c.kind} positions {c.start}..{c.end - 1}{' -> samples' if c.samples else ''}"
+        )
     return "\n".join(lines)
 
 

@@ -62,7 +62,8 @@ paged bytes (plus state).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -113,17 +114,27 @@ def held_tokens(group: LayerGroup) -> np.ndarray:
 def _attention(group: LayerGroup, rows: int, free: int, blocks: Sequence[int]) -> dict[str, float]:
     tb = group.token_bytes
     if tb <= 0 and group.kv_bytes > 0:
-        raise ValueError(f"layer group {group.name!r} holds {group.kv_bytes:,} bytes but has no token_bytes "
-                         "(a snapshot from capture gives it; a hand-built one must set it)")
+        raise ValueError(
+            f"layer group {group.name!r} holds {group.kv_bytes:,} bytes but has no token_bytes "
+            "(a snapshot from capture gives it; a hand-built one must set it)"
+        )
     capacity = group.allocated_capacity_tokens or group.capacity_tokens
     width = group.allocated_width_tokens or group.kv_width_tokens
     held = held_tokens(group)
     data = int(held.sum())
-    out = {"data": data * tb, "padding": (rows * width - data) * tb, "growth": rows * (capacity - width) * tb,
-           "free": free * capacity * tb, "padded_row": capacity * tb}
+    out = {
+        "data": data * tb,
+        "padding": (rows * width - data) * tb,
+        "growth": rows * (capacity - width) * tb,
+        "free": free * capacity * tb,
+        "padded_row": capacity * tb,
+    }
     for b in blocks:
-        n = (blocks_for(held, b) if group.window_tokens is None
-             else window_blocks(group.offset, group.window_tokens, b))
+        n = (
+            blocks_for(held, b)
+            if group.window_tokens is None
+            else window_blocks(group.offset, group.window_tokens, b)
+        )
         out[f"paged_b{b}"] = int(n.sum()) * b * tb
     return out
 
@@ -135,8 +146,9 @@ def _state(group: LayerGroup, rows: int, free: int, blocks: Sequence[int]) -> di
     return out
 
 
-def group_layout(group: LayerGroup, rows: int, free_slots: int,
-                 blocks: Sequence[int] = DEFAULT_BLOCKS) -> dict[str, float]:
+def group_layout(
+    group: LayerGroup, rows: int, free_slots: int, blocks: Sequence[int] = DEFAULT_BLOCKS
+) -> dict[str, float]:
     """One layer group's bytes in both layouts (see the module docstring).
 
     Args:
@@ -169,7 +181,12 @@ def step_layout(snap: Snapshot, blocks: Sequence[int] = DEFAULT_BLOCKS) -> dict[
     B, free = snap.batch_size, snap.free_slots
     parts = [group_layout(g, B, free, blocks) for g in snap.groups] if B or free else []
     total = lambda key: int(sum(p[key] for p in parts))  # noqa: E731
-    row: dict[str, Any] = {"step": snap.step, "rows": B, "free_slots": free, "tokens": int(sum(snap.context_tokens))}
+    row: dict[str, Any] = {
+        "step": snap.step,
+        "rows": B,
+        "free_slots": free,
+        "tokens": int(sum(snap.context_tokens)),
+    }
     row["padded_bytes"] = sum(total(k) for k in PADDED_PARTS)
     row.update({f"padded_{k}_bytes": total(k) for k in PADDED_PARTS})
     row["padded_row_bytes"] = total("padded_row")
@@ -195,16 +212,19 @@ def with_budget(table: pd.DataFrame, budget_bytes: int | None = None) -> pd.Data
     budget = int(budget_bytes if budget_bytes is not None else (out.padded_bytes.max() if len(out) else 0))
     out["budget_bytes"] = budget
     has_rows = (out.rows > 0) & (out.padded_row_bytes > 0)
-    rows_fit = lambda per_row: pd.array(np.where(has_rows, np.floor(budget / per_row.where(has_rows, 1.0)), np.nan),  # noqa: E731
-                                        dtype="Int64")
+    rows_fit = lambda per_row: pd.array(
+        np.where(has_rows, np.floor(budget / per_row.where(has_rows, 1.0)), np.nan),  # noqa: E731
+        dtype="Int64",
+    )
     out["padded_max_batch"] = rows_fit(out.padded_row_bytes)
     for b in block_sizes(out):
         out[f"paged_max_batch_b{b}"] = rows_fit(out[f"paged_row_bytes_b{b}"])
     return out
 
 
-def paged_table(snaps: Iterable[Snapshot], blocks: Sequence[int] = DEFAULT_BLOCKS,
-                budget_bytes: int | None = None) -> pd.DataFrame:
+def paged_table(
+    snaps: Iterable[Snapshot], blocks: Sequence[int] = DEFAULT_BLOCKS, budget_bytes: int | None = None
+) -> pd.DataFrame:
     """Per snapshot (one per step of a run, e.g. ``sched.history``), the padded batch's
     bytes and their parts beside a paged layout's bytes for each block size, and the
     largest batch each admits under ``budget_bytes`` (see :func:`step_layout`,
@@ -225,9 +245,14 @@ def paged_table(snaps: Iterable[Snapshot], blocks: Sequence[int] = DEFAULT_BLOCK
 
 def layout_columns(blocks: Sequence[int] = DEFAULT_BLOCKS) -> list[str]:
     """The columns of :func:`step_layout` rows, in table order."""
-    head = ["step", "rows", "free_slots", "tokens", "padded_bytes"] + [f"padded_{k}_bytes" for k in PADDED_PARTS]
-    return head + ["padded_row_bytes"] + [f"paged_{k}_b{b}" for b in blocks
-                                          for k in ("bytes", "waste_bytes", "row_bytes")]
+    head = ["step", "rows", "free_slots", "tokens", "padded_bytes"] + [
+        f"padded_{k}_bytes" for k in PADDED_PARTS
+    ]
+    return (
+        head
+        + ["padded_row_bytes"]
+        + [f"paged_{k}_b{b}" for b in blocks for k in ("bytes", "waste_bytes", "row_bytes")]
+    )
 
 
 def padding_tax(table: pd.DataFrame, block_tokens: int = 16) -> float:
@@ -261,8 +286,10 @@ def paged_text(table: pd.DataFrame) -> str:
     if not len(table):
         return "paged vs padded: no steps"
     data = float(table.padded_data_bytes.sum())
-    lines = [f"paged vs padded over {len(table)} step(s), peak {int(table.rows.max())} row(s)"
-             + (f", budget {int(table.budget_bytes.iloc[0]):,} bytes" if "budget_bytes" in table else "")]
+    lines = [
+        f"paged vs padded over {len(table)} step(s), peak {int(table.rows.max())} row(s)"
+        + (f", budget {int(table.budget_bytes.iloc[0]):,} bytes" if "budget_bytes" in table else "")
+    ]
 
     def line(name: str, col: str, batch_col: str) -> str:
         total = float(table[col].sum())
@@ -275,8 +302,13 @@ def paged_text(table: pd.DataFrame) -> str:
     lines.append(line("padded", "padded_bytes", "padded_max_batch"))
     padded = float(table.padded_bytes.sum())
     if padded:
-        lines.append("    of it: " + ", ".join(f"{PART_NAMES[k]} {float(table[f'padded_{k}_bytes'].sum()) / padded:.1%}"
-                                              for k in PADDED_PARTS))
+        lines.append(
+            "    of it: "
+            + ", ".join(
+                f"{PART_NAMES[k]} {float(table[f'padded_{k}_bytes'].sum()) / padded:.1%}"
+                for k in PADDED_PARTS
+            )
+        )
     for b in block_sizes(table):
         lines.append(line(f"paged b={b}", f"paged_bytes_b{b}", f"paged_max_batch_b{b}"))
     return "\n".join(lines)

@@ -7,7 +7,8 @@ is told what to log; a snapshot arrives as a capture function, converted on firs
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .events import Event
 from .snapshot import Snapshot
@@ -100,7 +101,12 @@ class Recorder:
 
     def mark(self) -> tuple:
         """Where the books stand now, for :meth:`rollback` (O(history size), not O(events))."""
-        return len(self.events), list(super(History, self.history).__iter__()), list(self.checkpoints), self._recorded_at
+        return (
+            len(self.events),
+            list(super(History, self.history).__iter__()),
+            list(self.checkpoints),
+            self._recorded_at,
+        )
 
     def rollback(self, mark: tuple) -> None:
         """Drop what was logged and recorded since ``mark``."""
@@ -115,7 +121,9 @@ class Recorder:
     def clone(self, clock: Callable[[], float] | None = None, history_size: int | None = None) -> "Recorder":
         """A copy with its own event list and history (events and snapshots are immutable
         and shared); ``clock`` and ``history_size`` replace this one's when given."""
-        out = Recorder(clock or self.clock, self.history.maxlen or 0 if history_size is None else history_size)
+        out = Recorder(
+            clock or self.clock, self.history.maxlen or 0 if history_size is None else history_size
+        )
         out.events = list(self.events)
         out.history.extend(super(History, self.history).__iter__())  # entries as stored, unconverted
         out.checkpoints.extend(self.checkpoints)

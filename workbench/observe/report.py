@@ -6,15 +6,15 @@ Knows: events and metrics. Must not know: MLX, caches, the scheduler's internals
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
 from .events import Event, events_frame
 from .metrics import percentiles, request_metrics, throughput_tok_per_s
-from .top_logprobs import top_logprobs_frame
 from .speculation import acceptance
+from .top_logprobs import top_logprobs_frame
 
 
 class Report:
@@ -44,9 +44,14 @@ class Report:
             ``Scheduler(speculative=...)``).
     """
 
-    def __init__(self, events: pd.DataFrame | Sequence[Event], requests: pd.DataFrame | None = None,
-                 throughput_tok_per_s: float | None = None,
-                 decode: Callable[[list[int], int], str] | None = None, n_events: int | None = None):
+    def __init__(
+        self,
+        events: pd.DataFrame | Sequence[Event],
+        requests: pd.DataFrame | None = None,
+        throughput_tok_per_s: float | None = None,
+        decode: Callable[[list[int], int], str] | None = None,
+        n_events: int | None = None,
+    ):
         self._log = events
         self._n = len(events) if n_events is None else n_events
         self._decode = decode
@@ -97,7 +102,9 @@ class Report:
         ``{"events": path, "requests": path}``. Raises: OSError when it cannot be written."""
         return self._write(Path(folder), "parquet", lambda frame, path: frame.to_parquet(path, index=False))
 
-    def _write(self, folder: Path, suffix: str, write: Callable[[pd.DataFrame, Path], None]) -> dict[str, Path]:
+    def _write(
+        self, folder: Path, suffix: str, write: Callable[[pd.DataFrame, Path], None]
+    ) -> dict[str, Path]:
         folder.mkdir(parents=True, exist_ok=True)
         paths = {name: folder / f"{name}.{suffix}" for name in ("events", "requests")}
         write(self.events, paths["events"])

@@ -75,25 +75,31 @@ class LayerGroup:
         """ASCII form: geometry line(s) and the mask grid labelled by uid."""
         head = f"[{self.name}] layers {','.join(self.layers)}, {self.kv_bytes:,} bytes"
         if self.name == "ssm":
-            return "\n".join([
-                f"{head}; state shapes {list(self.state_shapes)}",
-                "  enters the state at the next step ('#' yes):",
-                mask_grid(self.mask, uids, fed_slot=False),
-            ])
+            return "\n".join(
+                [
+                    f"{head}; state shapes {list(self.state_shapes)}",
+                    "  enters the state at the next step ('#' yes):",
+                    mask_grid(self.mask, uids, fed_slot=False),
+                ]
+            )
         if self.window_tokens is not None:
-            return "\n".join([
-                f"{head}; window {self.window_tokens} tokens, write index {self.write_index}, "
-                f"wrapped {'yes' if self.wrapped else 'no'}, width {self.kv_width_tokens}",
-                "  mask in ring (storage) order ('#' attended, '.' masked, 'w' write slot of the fed token):",
-                mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True, mark="w"),
-                "  mask in temporal order (oldest first, '@' = fed token):",
-                mask_grid(self.mask_temporal, uids),
-            ])
-        return "\n".join([
-            f"{head}; KV width {self.kv_width_tokens} tokens",
-            "  mask ('#' attended, '.' padding, '@' fed token):",
-            mask_grid(self.mask, uids),
-        ])
+            return "\n".join(
+                [
+                    f"{head}; window {self.window_tokens} tokens, write index {self.write_index}, "
+                    f"wrapped {'yes' if self.wrapped else 'no'}, width {self.kv_width_tokens}",
+                    "  mask in ring (storage) order ('#' attended, '.' masked, 'w' write slot of the fed token):",
+                    mask_grid(self.mask, uids, fed_slot=self.write_index if self.wrapped else True, mark="w"),
+                    "  mask in temporal order (oldest first, '@' = fed token):",
+                    mask_grid(self.mask_temporal, uids),
+                ]
+            )
+        return "\n".join(
+            [
+                f"{head}; KV width {self.kv_width_tokens} tokens",
+                "  mask ('#' attended, '.' padding, '@' fed token):",
+                mask_grid(self.mask, uids),
+            ]
+        )
 
 
 @dataclass(frozen=True)
@@ -209,8 +215,11 @@ class Snapshot:
     def text(self) -> str:
         """Deterministic text form: a header, per-row geometry and each group's masks."""
         recurrent_only = bool(self.groups) and all(g.name == "ssm" for g in self.groups)
-        geometry = ("no KV cache (recurrent state only), " if recurrent_only
-                    else f"KV width {self.kv_width_tokens} tokens, ")
+        geometry = (
+            "no KV cache (recurrent state only), "
+            if recurrent_only
+            else f"KV width {self.kv_width_tokens} tokens, "
+        )
         lines = [
             f"step {self.step}: {self.batch_size} row(s), {geometry}"
             f"{self.kv_bytes:,} {'state' if recurrent_only else 'KV'} bytes, queue {list(self.queue)}"
@@ -218,25 +227,38 @@ class Snapshot:
         if self.serial_reason:
             lines.append(f"  serial lane (one row at a time): {self.serial_reason}")
         if self.kv_budget_bytes is not None:
-            lines.append(f"  KV budget {self.kv_budget_bytes:,} bytes: {self.held_bytes:,} held (batch "
-                         f"{self.kv_bytes:,} + prefill {self.prefill_kv_bytes:,} + prompt cache "
-                         f"{self.prompt_cache_bytes:,}), {self.kv_projected_bytes:,} projected")
+            lines.append(
+                f"  KV budget {self.kv_budget_bytes:,} bytes: {self.held_bytes:,} held (batch "
+                f"{self.kv_bytes:,} + prefill {self.prefill_kv_bytes:,} + prompt cache "
+                f"{self.prompt_cache_bytes:,}), {self.kv_projected_bytes:,} projected"
+            )
         for uid, done, total in self.prefilling:
             lines.append(f"  prefilling uid {uid}: {min(done, total)}/{total} prompt tokens")
         if self.free_slots:
-            lines.append(f"  free slots: {self.free_slots} (evicted rows' cache rows: the next admit() writes joiners "
-                         "into them and drops the rest)")
+            lines.append(
+                f"  free slots: {self.free_slots} (evicted rows' cache rows: the next admit() writes joiners "
+                "into them and drops the rest)"
+            )
         if self.adapters_loaded:
-            lines.append(f"  adapters loaded: {', '.join(self.adapters_loaded)} ({self.adapter_bytes:,} bytes)")
+            lines.append(
+                f"  adapters loaded: {', '.join(self.adapters_loaded)} ({self.adapter_bytes:,} bytes)"
+            )
         attention = any(g.name != "ssm" for g in self.groups)
         for r, uid in enumerate(self.uids):
             state = "finished" if self.finished[r] else "running"
-            where = (f"left_padding {int(self.left_padding[r])}, offset {int(self.offset[r])}"
-                     if attention or not self.groups else f"context {self.context_tokens[r]} tokens")
+            where = (
+                f"left_padding {int(self.left_padding[r])}, offset {int(self.offset[r])}"
+                if attention or not self.groups
+                else f"context {self.context_tokens[r]} tokens"
+            )
             adapter = f", adapter {self.adapters[r] or 'none'}" if self.adapters_loaded else ""
-            constraint = f", {self.constraints[r]}" if r < len(self.constraints) and self.constraints[r] else ""
-            lines.append(f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}"
-                         f"{constraint}")
+            constraint = (
+                f", {self.constraints[r]}" if r < len(self.constraints) and self.constraints[r] else ""
+            )
+            lines.append(
+                f"  row {r}: uid {uid} {state}, {where}, generated {self.generated_tokens[r]}{adapter}"
+                f"{constraint}"
+            )
         if self.packed is not None:
             lines.append(self.packed.text())
         if len(self.groups) == 1 and self.groups[0].name == "full":

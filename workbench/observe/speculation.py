@@ -19,8 +19,16 @@ import pandas as pd
 
 from .events import Event, events_frame
 
-ACCEPTANCE_COLUMNS = ["uid", "draft_steps", "drafted_tokens", "accepted_tokens", "acceptance_rate", "tokens",
-                      "token_steps", "tokens_per_forward"]
+ACCEPTANCE_COLUMNS = [
+    "uid",
+    "draft_steps",
+    "drafted_tokens",
+    "accepted_tokens",
+    "acceptance_rate",
+    "tokens",
+    "token_steps",
+    "tokens_per_forward",
+]
 
 
 def _frame(events: Sequence[Event] | pd.DataFrame) -> pd.DataFrame:
@@ -38,8 +46,15 @@ def acceptance(events: Sequence[Event] | pd.DataFrame) -> pd.DataFrame:
     """
     ev = _frame(events)
     tok = ev[ev.kind == "token"].groupby("uid").agg(tokens=("step", "size"), token_steps=("step", "nunique"))
-    dr = ev[ev.kind == "draft"].groupby("uid").agg(draft_steps=("step", "size"), drafted_tokens=("n_tokens", "sum"),
-                                                   accepted_tokens=("n_accepted", "sum"))
+    dr = (
+        ev[ev.kind == "draft"]
+        .groupby("uid")
+        .agg(
+            draft_steps=("step", "size"),
+            drafted_tokens=("n_tokens", "sum"),
+            accepted_tokens=("n_accepted", "sum"),
+        )
+    )
     out = tok.join(dr, how="left").fillna({"draft_steps": 0, "drafted_tokens": 0, "accepted_tokens": 0})
     for name in ("draft_steps", "drafted_tokens", "accepted_tokens"):
         out[name] = out[name].astype(int)

@@ -32,6 +32,15 @@ def top_logprobs_frame(events: pd.DataFrame) -> pd.DataFrame:
         positions = tokens.groupby("uid").cumcount()
         for (_, e), position in zip(tokens.iterrows(), positions):
             for rank, (token, logprob) in enumerate(e.top_logprobs or ()):
-                rows.append((int(e.uid), int(e.step), int(position), rank, int(token), float(logprob),
-                             int(token) == int(e.token)))
+                rows.append(
+                    (
+                        int(e.uid),
+                        int(e.step),
+                        int(position),
+                        rank,
+                        int(token),
+                        float(logprob),
+                        int(token) == int(e.token),
+                    )
+                )
     return pd.DataFrame(rows, columns=TOP_LOGPROBS_COLUMNS)

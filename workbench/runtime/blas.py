@@ -37,8 +37,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-SEARCH_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
-               "/usr/local/lib")
+SEARCH_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+)
 NAMES = ("libopenblas.so.0", "libopenblas.so", "libmkl_rt.so.2", "libmkl_rt.so.3", "libmkl_rt.so")
 
 
@@ -68,7 +73,7 @@ def find_blas() -> str | None:
 
 HOOK_NAME = "workbench-blas.pth"
 INSTALL_HOOK_COMMAND = "workbench blas --install-hook"
-INSTALL_HINT = "apt-get install libopenblas0-pthread, or pip install -e \".[mkl]\" (MKL from PyPI, about 1 GB)"
+INSTALL_HINT = 'apt-get install libopenblas0-pthread, or pip install -e ".[mkl]" (MKL from PyPI, about 1 GB)'
 
 
 def loaded(path: str) -> bool:
@@ -86,9 +91,11 @@ def hook_line(path: str) -> str:
     ``WORKBENCH_BLAS`` or ``WORKBENCH_BLAS_HOOK`` is ``off``/``none``/``0`` (a ``.pth``
     line starting with ``import`` is executed by ``site``)."""
     off = "('off', 'none', '0')"
-    return (f"import os, ctypes; os.environ.get('WORKBENCH_BLAS', '').strip().lower() in {off} "
-            f"or os.environ.get('WORKBENCH_BLAS_HOOK', '').strip().lower() in {off} "
-            f"or not os.path.exists({path!r}) or ctypes.CDLL({path!r}, mode=ctypes.RTLD_GLOBAL)\n")
+    return (
+        f"import os, ctypes; os.environ.get('WORKBENCH_BLAS', '').strip().lower() in {off} "
+        f"or os.environ.get('WORKBENCH_BLAS_HOOK', '').strip().lower() in {off} "
+        f"or not os.path.exists({path!r}) or ctypes.CDLL({path!r}, mode=ctypes.RTLD_GLOBAL)\n"
+    )
 
 
 def hook_path() -> Path:
@@ -131,16 +138,21 @@ def activate() -> BlasStatus:
         return BlasStatus(None, "WORKBENCH_BLAS=off: MLX's bundled reference BLAS")
     path = find_blas()
     if path is None:
-        return BlasStatus(None, f"no optimized BLAS found ({INSTALL_HINT}); using MLX's bundled reference BLAS")
+        return BlasStatus(
+            None, f"no optimized BLAS found ({INSTALL_HINT}); using MLX's bundled reference BLAS"
+        )
     if loaded(path):
         hook = hook_path()
         how = f"start-up hook {hook}" if hook.exists() else "LD_PRELOAD or an earlier import"
         return BlasStatus(path, f"{path} loaded at interpreter start ({how})")
     if "mlx.core" in sys.modules:
-        return BlasStatus(None, f"mlx was imported before workbench, so MLX keeps its slow reference BLAS in "
-                                f"this process: import workbench first, or run `{INSTALL_HOOK_COMMAND}` once (a "
-                                f"start-up hook that loads {path} in every new process of this environment), "
-                                "then restart the kernel or interpreter")
+        return BlasStatus(
+            None,
+            f"mlx was imported before workbench, so MLX keeps its slow reference BLAS in "
+            f"this process: import workbench first, or run `{INSTALL_HOOK_COMMAND}` once (a "
+            f"start-up hook that loads {path} in every new process of this environment), "
+            "then restart the kernel or interpreter",
+        )
     try:
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:

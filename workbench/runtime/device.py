@@ -75,9 +75,14 @@ def device_report() -> DeviceReport:
     if kind_of == "cpu" and memory is None:
         memory = _ram_bytes()
     free = info.get("free_memory")
-    return DeviceReport("cpu" if kind_of == "cpu" else "gpu", kind_of, str(info.get("device_name", "unknown")),
-                        str(info.get("architecture", "unknown")), None if memory is None else int(memory),
-                        None if free is None else int(free))
+    return DeviceReport(
+        "cpu" if kind_of == "cpu" else "gpu",
+        kind_of,
+        str(info.get("device_name", "unknown")),
+        str(info.get("architecture", "unknown")),
+        None if memory is None else int(memory),
+        None if free is None else int(free),
+    )
 
 
 CUDA_WHEELS = ("mlx-cuda-13", "mlx-cuda-12")
@@ -92,6 +97,8 @@ def cuda_install_note() -> str | None:
         except PackageNotFoundError:
             continue
         if not mx.cuda.is_available():
-            return (f"{name} {wheel_version} is installed but MLX has no CUDA backend: mlx-cpu's libmlx.so was "
-                    f"installed over it; run pip install --force-reinstall --no-deps {name}=={wheel_version}")
+            return (
+                f"{name} {wheel_version} is installed but MLX has no CUDA backend: mlx-cpu's libmlx.so was "
+                f"installed over it; run pip install --force-reinstall --no-deps {name}=={wheel_version}"
+            )
     return None

@@ -198,9 +198,7 @@ def tokenizer_from_metadata(meta: dict[str, Any]) -> Any:
     pre = meta.get("tokenizer.ggml.pre", "default")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre == "smollm":
-        pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level]
-        )
+        pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     elif pre in ("gpt2", "default"):
         pre_tokenizer = byte_level
     else:

@@ -81,7 +81,7 @@ def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool | None = 
     """
     target = resolve(path_or_repo)
     if not Path(target).exists():
-        from huggingface_hub.errors import HFValidationError, HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
         try:
             model, tokenizer = mlx_lm.load(target)
@@ -89,7 +89,8 @@ def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool | None = 
             raise FileNotFoundError(
                 f"no model {target!r}: not a folder, not a bundled or fetched name, and not a "
                 f"reachable Hugging Face repo id ({type(exc).__name__}). Known models: "
-                f"{known_models_text()}") from None
+                f"{known_models_text()}"
+            ) from None
     else:
         model, tokenizer = mlx_lm.load(target)
     if dequantize is False or not is_quantized(model):
@@ -100,8 +101,11 @@ def load(path_or_repo: str | Path = BUNDLED_MODEL, *, dequantize: bool | None = 
     if dequantize is None:
         if mx.default_device() != mx.cpu:
             return model, tokenizer
-        print(f"workbench: {Path(str(path_or_repo)).name} has quantized layers: on the CPU they run dequantized "
-              f"to float32, which is faster here (wb.load(..., dequantize=False) keeps them)", file=sys.stderr)
+        print(
+            f"workbench: {Path(str(path_or_repo)).name} has quantized layers: on the CPU they run dequantized "
+            f"to float32, which is faster here (wb.load(..., dequantize=False) keeps them)",
+            file=sys.stderr,
+        )
     model = dequantize_model(model)
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())

@@ -32,8 +32,8 @@ import contextlib
 import gc
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -70,10 +70,17 @@ def raise_cache_limit() -> CacheStatus:
         return CacheStatus(limit, limit, f"{ENV}=0: MLX's default cache limit {limit / 2**20:,.0f} MiB")
     if before >= wanted:  # never lower it
         mx.set_cache_limit(before)
-        return CacheStatus(before, before, f"MLX's cache limit {before / 2**20:,.0f} MiB kept (already >= "
-                                           f"{wanted / 2**20:,.0f} MiB)")
-    return CacheStatus(before, int(wanted), f"MLX's cache limit raised from {before / 2**20:,.0f} MiB to "
-                                            f"{wanted / 2**20:,.0f} MiB (freed KV-sized buffers are reused)")
+        return CacheStatus(
+            before,
+            before,
+            f"MLX's cache limit {before / 2**20:,.0f} MiB kept (already >= {wanted / 2**20:,.0f} MiB)",
+        )
+    return CacheStatus(
+        before,
+        int(wanted),
+        f"MLX's cache limit raised from {before / 2**20:,.0f} MiB to "
+        f"{wanted / 2**20:,.0f} MiB (freed KV-sized buffers are reused)",
+    )
 
 
 STATUS = raise_cache_limit()

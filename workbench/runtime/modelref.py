@@ -41,10 +41,20 @@ def standin_model(vocab_size: int, context_tokens: int = 2048) -> Any:
     """
     from mlx_lm.models import llama
 
-    args = llama.ModelArgs(model_type="llama", hidden_size=STANDIN_HIDDEN, num_hidden_layers=1,
-                           intermediate_size=2 * STANDIN_HIDDEN, num_attention_heads=1, num_key_value_heads=1,
-                           head_dim=STANDIN_HIDDEN, rms_norm_eps=1e-5, vocab_size=int(vocab_size),
-                           max_position_embeddings=int(context_tokens), rope_theta=10000.0, tie_word_embeddings=True)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=STANDIN_HIDDEN,
+        num_hidden_layers=1,
+        intermediate_size=2 * STANDIN_HIDDEN,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=STANDIN_HIDDEN,
+        rms_norm_eps=1e-5,
+        vocab_size=int(vocab_size),
+        max_position_embeddings=int(context_tokens),
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
     model = llama.Model(args)
     model.update(tree_map(mx.zeros_like, model.parameters()))
     mx.eval(model.parameters())

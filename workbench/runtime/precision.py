@@ -28,7 +28,9 @@ import os
 from dataclasses import dataclass
 
 ENV = "MLX_ENABLE_TF32"
-TF32_ERROR = 1e-4  # relative error above which float32 matmuls are judged to run at TF32 (full float32: ~1e-7)
+TF32_ERROR = (
+    1e-4  # relative error above which float32 matmuls are judged to run at TF32 (full float32: ~1e-7)
+)
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,16 @@ and prints :func:`fit_errors_text`.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from ..engine.levers.cost import nonnegative_lstsq
 from ..engine.prefill import PrefillGroup
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
 from ..workloads.workload import prompt_of_length
-from ..engine.levers.cost import nonnegative_lstsq
 from .costmodel import CostModel, decode_features, prefill_features
 
 PREFILL_COLUMNS = ["rows", "tokens", "start_tokens", "time_s"]
@@ -53,10 +53,17 @@ def fit_cost_model(prefill: pd.DataFrame, decode: pd.DataFrame, label: str = "")
     return CostModel(*map(float, pc), *map(float, dc), label=label)
 
 
-def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2, 4, 8),
-                  kv_widths_tokens: Sequence[int] = (32, 128, 512), chunk_tokens: Sequence[int] = (16, 64, 256),
-                  group_rows: Sequence[int] = (1, 4), prefill_context_tokens: int = 512, decode_steps: int = 6,
-                  repeats: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
+def measure_costs(
+    model: Any,
+    tokenizer: Any,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    kv_widths_tokens: Sequence[int] = (32, 128, 512),
+    chunk_tokens: Sequence[int] = (16, 64, 256),
+    group_rows: Sequence[int] = (1, 4),
+    prefill_context_tokens: int = 512,
+    decode_steps: int = 6,
+    repeats: int = 3,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Measure prefill chunks and decode steps of ``model`` on this machine.
 
     Prefill: for each group size ``B`` in ``group_rows`` and chunk size ``C``, ``B``
@@ -73,7 +80,10 @@ def measure_costs(model: Any, tokenizer: Any, batch_sizes: Sequence[int] = (1, 2
     for _ in range(repeats):
         _measure_prefill(model, tokenizer, group_rows, chunk_tokens, prefill_context_tokens, prefill_rows)
         _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, decode_rows)
-    return (pd.DataFrame(prefill_rows, columns=PREFILL_COLUMNS), pd.DataFrame(decode_rows, columns=DECODE_COLUMNS))
+    return (
+        pd.DataFrame(prefill_rows, columns=PREFILL_COLUMNS),
+        pd.DataFrame(decode_rows, columns=DECODE_COLUMNS),
+    )
 
 
 def _measure_prefill(model, tokenizer, group_rows, chunk_tokens, context_tokens, out) -> None:
@@ -91,10 +101,17 @@ def _measure_prefill(model, tokenizer, group_rows, chunk_tokens, context_tokens,
 def _measure_decode(model, tokenizer, batch_sizes, kv_widths_tokens, decode_steps, rows) -> None:
     for b in batch_sizes:
         for w in kv_widths_tokens:
-            sched = Scheduler(model, tokenizer, max_batch=b, prefill_step_size=max(kv_widths_tokens), history_size=0)
+            sched = Scheduler(
+                model, tokenizer, max_batch=b, prefill_step_size=max(kv_widths_tokens), history_size=0
+            )
             for i in range(b):
-                sched.submit(Request(prompt=prompt_of_length(tokenizer, w, 11 * i), max_tokens=decode_steps + 2,
-                                     stop_ids=[]))
+                sched.submit(
+                    Request(
+                        prompt=prompt_of_length(tokenizer, w, 11 * i),
+                        max_tokens=decode_steps + 2,
+                        stop_ids=[],
+                    )
+                )
             sched.admit()
             sched.step()
             for _ in range(decode_steps):
@@ -121,12 +138,23 @@ def fit_errors_text(cost: CostModel, prefill: pd.DataFrame, decode: pd.DataFrame
     lines, as ``workbench calibrate`` prints them)."""
     lines = []
     for name, frame, keys, predict in (
-        ("prefill", prefill, ["rows", "tokens", "start_tokens"],
-         lambda r: cost.prefill_s(r.tokens, r.start_tokens, r.rows)),
-        ("decode", decode, ["batch_size", "kv_width_tokens"], lambda r: cost.decode_s(r.batch_size, r.kv_width_tokens)),
+        (
+            "prefill",
+            prefill,
+            ["rows", "tokens", "start_tokens"],
+            lambda r: cost.prefill_s(r.tokens, r.start_tokens, r.rows),
+        ),
+        (
+            "decode",
+            decode,
+            ["batch_size", "kv_width_tokens"],
+            lambda r: cost.decode_s(r.batch_size, r.kv_width_tokens),
+        ),
     ):
         med = frame.groupby(keys, as_index=False).time_s.median()
         err = (pd.Series([predict(r) for r in med.itertuples()]) - med.time_s).abs() / med.time_s
-        lines.append(f"{name}: {len(med)} configurations, median relative error {err.median():.0%} "
-                     "(vs the median of each)")
+        lines.append(
+            f"{name}: {len(med)} configurations, median relative error {err.median():.0%} "
+            "(vs the median of each)"
+        )
     return "\n".join(lines)

@@ -18,8 +18,9 @@ wraps a model so that the forwards run inside ``admit()`` advance a virtual cloc
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from ..engine.levers.cost import CostModel, decode_features, prefill_features  # noqa: F401  (re-exported)
 

@@ -44,17 +44,26 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .clocks import VirtualClock, WallClock
-from .costmodel import CostedModel, CostModel
+from ..engine.scheduler import Scheduler
 from ..observe.paged import layout_columns, step_layout
 from ..observe.report import Report
-from ..engine.scheduler import Scheduler
 from ..observe.snapshot import Snapshot
 from ..workloads.workload import Workload
+from .clocks import VirtualClock, WallClock
+from .costmodel import CostedModel, CostModel
 
 MODES = ("wall", "measured", "cost")
-SAMPLE_COLUMNS = ["time_s", "step", "batch_size", "queued", "prefilling", "kv_bytes", "kv_width_tokens",
-                  "kv_slots_tokens", "padding_tokens"]
+SAMPLE_COLUMNS = [
+    "time_s",
+    "step",
+    "batch_size",
+    "queued",
+    "prefilling",
+    "kv_bytes",
+    "kv_width_tokens",
+    "kv_slots_tokens",
+    "padding_tokens",
+]
 _NOT_CONFIG = {"self", "model", "tokenizer", "config", "clock"}
 
 
@@ -73,16 +82,26 @@ def check_config(config: dict[str, Any] | None) -> dict[str, Any]:
     config = dict(config or {})
     unknown = sorted(set(config) - set(scheduler_options()))
     if unknown:
-        raise ValueError(f"config key(s) {unknown} are not Scheduler options of this engine; "
-                         f"accepted: {scheduler_options()} (the replay supplies the clock)")
+        raise ValueError(
+            f"config key(s) {unknown} are not Scheduler options of this engine; "
+            f"accepted: {scheduler_options()} (the replay supplies the clock)"
+        )
     return config
 
 
 def sample_of(snap: Snapshot, time_s: float) -> tuple:
     """One ``SAMPLE_COLUMNS`` row from the snapshot the next decode step sees."""
-    return (time_s, snap.step, snap.batch_size, len(snap.queue), len(snap.prefilling), snap.kv_bytes,
-            snap.kv_width_tokens, snap.batch_size * snap.kv_width_tokens,
-            int(np.clip(snap.left_padding, 0, None).sum()))
+    return (
+        time_s,
+        snap.step,
+        snap.batch_size,
+        len(snap.queue),
+        len(snap.prefilling),
+        snap.kv_bytes,
+        snap.kv_width_tokens,
+        snap.batch_size * snap.kv_width_tokens,
+        int(np.clip(snap.left_padding, 0, None).sum()),
+    )
 
 
 @dataclass(frozen=True)
@@ -119,14 +138,24 @@ def _mode(mode: str | None, cost_model: CostModel | None) -> str:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "cost" and cost_model is None:
-        raise ValueError("mode 'cost' needs a cost_model (a workbench.sim.costmodel.CostModel: "
-                         "CostModel.load(path), or workbench.sim.calibrate.calibrate(model, tokenizer))")
+        raise ValueError(
+            "mode 'cost' needs a cost_model (a workbench.sim.costmodel.CostModel: "
+            "CostModel.load(path), or workbench.sim.calibrate.calibrate(model, tokenizer))"
+        )
     return mode
 
 
-def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any] | None = None, *,
-           mode: str | None = None, cost_model: CostModel | None = None, name: str = "",
-           progress: bool = False) -> Replay:
+def replay(
+    workload: Workload,
+    model: Any,
+    tokenizer: Any,
+    config: dict[str, Any] | None = None,
+    *,
+    mode: str | None = None,
+    cost_model: CostModel | None = None,
+    name: str = "",
+    progress: bool = False,
+) -> Replay:
     """Run ``workload`` through a new Scheduler with ``config`` (see the module docstring).
 
     Args:
@@ -173,9 +202,17 @@ def replay(workload: Workload, model: Any, tokenizer: Any, config: dict[str, Any
             with around_call():
                 events += sched.filter()
             if not events and not sched.idle:
-                raise RuntimeError(f"replay made no progress at step {sched.step_index} with work left "
-                                   f"(queue {list(snap.queue)}); check the config's limits")
+                raise RuntimeError(
+                    f"replay made no progress at step {sched.step_index} with work left "
+                    f"(queue {list(snap.queue)}); check the config's limits"
+                )
             bar.update(sum(e.kind == "finish" for e in events))
-    return Replay(name=name or workload.name, config=config, mode=mode, report=sched.report(),
-                  samples=pd.DataFrame(samples, columns=SAMPLE_COLUMNS), wall_s=time.perf_counter() - started,
-                  layouts=pd.DataFrame(layouts, columns=layout_columns()))
+    return Replay(
+        name=name or workload.name,
+        config=config,
+        mode=mode,
+        report=sched.report(),
+        samples=pd.DataFrame(samples, columns=SAMPLE_COLUMNS),
+        wall_s=time.perf_counter() - started,
+        layouts=pd.DataFrame(layouts, columns=layout_columns()),
+    )

@@ -22,18 +22,19 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .compare import COMPARE_COLUMNS, summary_row
-from .costmodel import CostModel
 from ..observe.metrics import SLO
 from ..runtime.modelref import ModelRef
-from .replay import check_config, replay
 from ..workloads.workload import Workload
+from .compare import COMPARE_COLUMNS, summary_row
+from .costmodel import CostModel
+from .replay import check_config, replay
 
 
 def grid(base: Mapping[str, Any] | None = None, **axes: Sequence[Any]) -> dict[str, dict[str, Any]]:
@@ -54,22 +55,40 @@ def grid(base: Mapping[str, Any] | None = None, **axes: Sequence[Any]) -> dict[s
     return out
 
 
-def run_config(workload: Workload, name: str, config: dict[str, Any], model: ModelRef, mode: str | None,
-               cost_model: CostModel | None, slo: SLO) -> dict[str, Any]:
+def run_config(
+    workload: Workload,
+    name: str,
+    config: dict[str, Any],
+    model: ModelRef,
+    mode: str | None,
+    cost_model: CostModel | None,
+    slo: SLO,
+) -> dict[str, Any]:
     """One sweep task: replay ``workload`` under ``config`` and return its table row.
     Module-level so every executor can pickle it."""
-    return summary_row(replay(workload, *model.load(), config, mode=mode, cost_model=cost_model, name=name), slo)
+    return summary_row(
+        replay(workload, *model.load(), config, mode=mode, cost_model=cost_model, name=name), slo
+    )
 
 
 def local_processes(max_workers: int | None = None) -> ProcessPoolExecutor:
     """A ``ProcessPoolExecutor`` with the ``spawn`` start method (default workers: CPUs)."""
-    return ProcessPoolExecutor(max_workers=max_workers or os.cpu_count() or 1,
-                               mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(
+        max_workers=max_workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")
+    )
 
 
-def sweep(workload: Workload, configs: Mapping[str, dict[str, Any]], model: ModelRef = ModelRef(), *,
-          slo: SLO = SLO(), mode: str | None = None, cost_model: CostModel | None = None,
-          executor: Executor | None = None, progress: bool = False) -> pd.DataFrame:
+def sweep(
+    workload: Workload,
+    configs: Mapping[str, dict[str, Any]],
+    model: ModelRef = ModelRef(),
+    *,
+    slo: SLO = SLO(),
+    mode: str | None = None,
+    cost_model: CostModel | None = None,
+    executor: Executor | None = None,
+    progress: bool = False,
+) -> pd.DataFrame:
     """The comparison table (``COMPARE_COLUMNS``, rows in the order of ``configs``), one
     task per config on ``executor``.
 
@@ -91,8 +110,10 @@ def sweep(workload: Workload, configs: Mapping[str, dict[str, Any]], model: Mode
     if own:
         executor = local_processes(min(len(configs), os.cpu_count() or 1) or 1)
     try:
-        futures = [executor.submit(run_config, workload, name, cfg, model, mode, cost_model, slo)
-                   for name, cfg in configs.items()]
+        futures = [
+            executor.submit(run_config, workload, name, cfg, model, mode, cost_model, slo)
+            for name, cfg in configs.items()
+        ]
         rows = [f.result() for f in tqdm(futures, desc="sweep", disable=not progress, leave=False)]
     finally:
         if own:

@@ -12,4 +12,11 @@ to the same requests alone through ``mlx_lm.load(..., adapter_path=...)``
 from .adapter_oracle import adapter_check
 from .layers import DEFAULT_RTOL, LayerDivergence, first_suspect_token, layer_table, localize
 
-__all__ = ["DEFAULT_RTOL", "adapter_check", "LayerDivergence", "first_suspect_token", "layer_table", "localize"]
+__all__ = [
+    "DEFAULT_RTOL",
+    "adapter_check",
+    "LayerDivergence",
+    "first_suspect_token",
+    "layer_table",
+    "localize",
+]

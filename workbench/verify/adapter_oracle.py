@@ -11,16 +11,25 @@ A row without adapter is compared with the base model loaded from the same folde
 
 from __future__ import annotations
 
-from typing import Any, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
+from typing import Any
 
 import mlx_lm
 
-from .oracle import (DEFAULT_ATOL, OracleReport, checkable_uids, compare_traces, ref_request, scheduler_trace,
-                     solo_reference)
+from .oracle import (
+    DEFAULT_ATOL,
+    OracleReport,
+    checkable_uids,
+    compare_traces,
+    ref_request,
+    scheduler_trace,
+    solo_reference,
+)
 
 
-def reference_model(model_path: str, adapter_path: str | None,
-                    models: MutableMapping[str | None, Any] | None = None) -> Any:
+def reference_model(
+    model_path: str, adapter_path: str | None, models: MutableMapping[str | None, Any] | None = None
+) -> Any:
     """``mlx_lm.load(model_path, adapter_path=adapter_path)``'s model (``None``: the base
     model), kept in ``models`` (keyed by adapter path) when given, so each loads once."""
     if models is not None and adapter_path in models:
@@ -31,8 +40,13 @@ def reference_model(model_path: str, adapter_path: str | None,
     return model
 
 
-def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None, atol: float = DEFAULT_ATOL,
-                  models: MutableMapping[str | None, Any] | None = None) -> OracleReport:
+def adapter_check(
+    model_path: str,
+    sched: Any,
+    uids: Sequence[int] | None = None,
+    atol: float = DEFAULT_ATOL,
+    models: MutableMapping[str | None, Any] | None = None,
+) -> OracleReport:
     """Solo oracle for the finished greedy rows of a scheduler with adapters.
 
     Each uid runs alone through mlx-lm's ``generate_step`` on the model
@@ -63,6 +77,12 @@ def adapter_check(model_path: str, sched: Any, uids: Sequence[int] | None = None
         name = valid.request.adapter
         path = None if name is None else sched.adapters.adapters[name].path
         model = reference_model(model_path, path, models)
-        refs[u] = solo_reference(model, ref_request(valid), sched.config.prefill_step_size, sched.config.max_kv_size,
-                                 tokenizer=sched.tokenizer, **kv)
+        refs[u] = solo_reference(
+            model,
+            ref_request(valid),
+            sched.config.prefill_step_size,
+            sched.config.max_kv_size,
+            tokenizer=sched.tokenizer,
+            **kv,
+        )
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

@@ -24,8 +24,9 @@ from ..engine.levers.constrained import after_token, constraint_of, row_grammar
 from .oracle import TokenTrace, ref_request, solo_reference
 
 
-def constrained_reference(model: Any, tokenizer: Any, valid: Any, vocab_size: int,
-                          max_kv_size: int | None = None, **kwargs: Any) -> TokenTrace:
+def constrained_reference(
+    model: Any, tokenizer: Any, valid: Any, vocab_size: int, max_kv_size: int | None = None, **kwargs: Any
+) -> TokenTrace:
     """The constrained solo run of ``valid`` (a ``ValidRequest`` with ``json_schema``,
     ``regex`` or ``choices``): greedy ``generate_step`` with the row's grammar mask, the
     model's own cache. ``kwargs`` go to :func:`solo_reference` (``prefill_step_size``,
@@ -38,9 +39,15 @@ def constrained_reference(model: Any, tokenizer: Any, valid: Any, vocab_size: in
     if constraint is None:
         raise ValueError("constrained_reference: the request sets none of json_schema, regex, choices")
     grammar = row_grammar(constraint, tokenizer, vocab_size, len(valid.prompt_ids))
-    return solo_reference(model, ref_request(valid), max_kv_size=max_kv_size, tokenizer=tokenizer,
-                          logits_processors=[grammar], complete=lambda tokens: after_token(grammar, tokens)[1],
-                          **kwargs)
+    return solo_reference(
+        model,
+        ref_request(valid),
+        max_kv_size=max_kv_size,
+        tokenizer=tokenizer,
+        logits_processors=[grammar],
+        complete=lambda tokens: after_token(grammar, tokens)[1],
+        **kwargs,
+    )
 
 
 def satisfies(request: Any, text: str) -> bool:
@@ -53,7 +60,9 @@ def satisfies(request: Any, text: str) -> bool:
         ValueError: the request sets none of the three.
     """
     if request.json_schema is not None:
-        schema = json.loads(request.json_schema) if isinstance(request.json_schema, str) else request.json_schema
+        schema = (
+            json.loads(request.json_schema) if isinstance(request.json_schema, str) else request.json_schema
+        )
         try:
             value = json.loads(text)
         except json.JSONDecodeError:

@@ -27,21 +27,54 @@ from __future__ import annotations
 import copy
 import importlib
 import pkgutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import pandas as pd
 from mlx.utils import tree_flatten
 
 BASE_CONFIG = dict(
-    hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=256, head_dim=16, rms_norm_eps=1e-5, layer_norm_eps=1e-5, layer_norm_epsilon=1e-5, norm_eps=1e-5,
-    max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True, n_embd=64, n_layer=2, n_head=4,
-    n_inner=128, n_positions=512, n_ctx=512, d_model=64, n_layers=2, n_heads=4, num_layers=2, dim=64,
-    hidden_dim=128, ffn_dim=128, num_heads=4, num_kv_heads=2, sliding_window=8, max_seq_len=512)
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    layer_norm_eps=1e-5,
+    layer_norm_epsilon=1e-5,
+    norm_eps=1e-5,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    n_embd=64,
+    n_layer=2,
+    n_head=4,
+    n_inner=128,
+    n_positions=512,
+    n_ctx=512,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    num_layers=2,
+    dim=64,
+    hidden_dim=128,
+    ffn_dim=128,
+    num_heads=4,
+    num_kv_heads=2,
+    sliding_window=8,
+    max_seq_len=512,
+)
 # Small values for fields an architecture names its own way (defaults of gigabytes otherwise)
-_GEMMA4_TEXT = dict(num_kv_shared_layers=0, vocab_size_per_layer_input=256, hidden_size_per_layer_input=16,
-                    global_head_dim=16, sliding_window_pattern=2)
+_GEMMA4_TEXT = dict(
+    num_kv_shared_layers=0,
+    vocab_size_per_layer_input=256,
+    hidden_size_per_layer_input=16,
+    global_head_dim=16,
+    sliding_window_pattern=2,
+)
 ARCHITECTURE_CONFIG = {
     "gemma4_text": _GEMMA4_TEXT,
     "gemma4": dict(text_config=dict(BASE_CONFIG, **_GEMMA4_TEXT)),  # its text model's config, nested
@@ -90,8 +123,10 @@ def build(name: str, config: dict[str, Any] | None = None) -> Any:
     model = module.Model(module.ModelArgs.from_dict(config_for(name) if config is None else config))
     nbytes = sum(p.nbytes for _, p in tree_flatten(model.parameters()))  # lazy arrays: nothing allocated yet
     if nbytes > MAX_PARAMETER_BYTES:
-        raise MemoryError(f"the base config still builds {nbytes / 2**20:,.0f} MiB of weights "
-                          f"(limit {MAX_PARAMETER_BYTES >> 20} MiB)")
+        raise MemoryError(
+            f"the base config still builds {nbytes / 2**20:,.0f} MiB of weights "
+            f"(limit {MAX_PARAMETER_BYTES >> 20} MiB)"
+        )
     mx.eval(model.parameters())
     model(mx.array([[1, 2, 3]]))  # one forward: built for real
     return model
@@ -123,7 +158,9 @@ def try_family(name: str) -> tuple[str, str]:
     except Exception as exc:  # noqa: BLE001  reported in the table, not hidden
         return "fails", f"{type(exc).__name__}: {str(exc)[:120]}"
     lane = "serial lane" if sched.serial_reason else "batches"
-    detail = sched.serial_reason or f"2 rows of 3 and 7 tokens, {sum(r.match for r in check.rows)}/2 match solo"
+    detail = (
+        sched.serial_reason or f"2 rows of 3 and 7 tokens, {sum(r.match for r in check.rows)}/2 match solo"
+    )
     return (lane if check.ok else "differs from solo"), detail
 
 
@@ -132,11 +169,16 @@ def architectures() -> list[str]:
     :data:`SKIPPED_MODULES` and subpackages left out)."""
     import mlx_lm.models as models
 
-    return sorted(info.name for info in pkgutil.iter_modules(models.__path__)
-                  if not info.ispkg and info.name not in SKIPPED_MODULES)
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(models.__path__)
+        if not info.ispkg and info.name not in SKIPPED_MODULES
+    )
 
 
-def walk_families(names: list[str] | None = None, progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+def walk_families(
+    names: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> pd.DataFrame:
     """One row per architecture module of ``mlx_lm.models`` (or of ``names``) with ``COLUMNS``.
 
     Args:
@@ -163,11 +205,17 @@ def walk_families(names: list[str] | None = None, progress: Callable[[str], None
 def families_markdown(table: pd.DataFrame, versions: str) -> str:
     """``docs/families.md``: counts per result, then the table."""
     counts = table.result.value_counts()
-    lines = ["# Model families: batched, serial lane, or refused", "",
-             f"Written by `workbench families --out docs` ({versions}); see `workbench/verify/families.py` for how each "
-             "architecture is built and checked. \"not built\" means the walk's small base config did not fit "
-             "that architecture's config: it is untested, not refused.", "",
-             ", ".join(f"{k}: {v}" for k, v in counts.items()), "",
-             "| architecture | result | detail |", "| --- | --- | --- |"]
+    lines = [
+        "# Model families: batched, serial lane, or refused",
+        "",
+        f"Written by `workbench families --out docs` ({versions}); see `workbench/verify/families.py` for how each "
+        'architecture is built and checked. "not built" means the walk\'s small base config did not fit '
+        "that architecture's config: it is untested, not refused.",
+        "",
+        ", ".join(f"{k}: {v}" for k, v in counts.items()),
+        "",
+        "| architecture | result | detail |",
+        "| --- | --- | --- |",
+    ]
     lines += [f"| {r.architecture} | {r.result} | {r.detail.replace('|', '/')} |" for r in table.itertuples()]
     return "\n".join(lines) + "\n"

@@ -24,8 +24,9 @@ Axis letters: ``B`` rows, ``L`` positions in the forward, ``hidden`` the model w
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import mlx.core as mx
 
@@ -75,7 +76,9 @@ def no_padding_mask(model: Any) -> Iterator[None]:
     Raises:
         ValueError: when no module of the model imports ``create_attention_mask``.
     """
-    patched = [(m, m.create_attention_mask) for m in _model_modules(model) if hasattr(m, "create_attention_mask")]
+    patched = [
+        (m, m.create_attention_mask) for m in _model_modules(model) if hasattr(m, "create_attention_mask")
+    ]
     if not patched:
         raise ValueError(f"{type(model).__module__} builds no mask through create_attention_mask")
 
@@ -84,6 +87,7 @@ def no_padding_mask(model: Any) -> Iterator[None]:
             if cache is not None and getattr(cache, "left_padding", None) is not None:
                 return None if h.shape[1] == 1 else "causal"  # h: [B, L, hidden]
             return original(h, cache, *args, **kwargs)
+
         return create_attention_mask
 
     for module, original in patched:
@@ -109,6 +113,7 @@ def rope_counts_padding(model: Any) -> Iterator[None]:
     Raises:
         ValueError: for a model without ``layers`` (:func:`hooked_layers`).
     """
+
     def hook(i: int, real: Any, args: tuple, kwargs: dict) -> Any:
         cache = _layer_cache(args, kwargs)
         padding = getattr(cache, "left_padding", None)

@@ -15,8 +15,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from .oracle import RefRequest, batch_reference, solo_reference
 from ..workloads.workload import prompt_of_length
+from .oracle import RefRequest, batch_reference, solo_reference
 
 GOLDEN_PROMPT_TOKENS = (1, 5, 17, 40, 3, 96)
 GOLDEN_MAX_TOKENS = (12, 20, 16, 24, 10, 18)
@@ -38,15 +38,17 @@ def make_goldens(model: Any, tokenizer: Any, model_name: str) -> dict:
     rows = []
     for r, b in zip(reqs, batch):
         solo = solo_reference(model, r)
-        rows.append({
-            "prompt_ids": list(r.prompt_ids),
-            "max_tokens": r.max_tokens,
-            "stop_ids": sorted(r.stop_ids),
-            "solo_tokens": solo.tokens,
-            "solo_logprobs": [round(x, 6) for x in solo.logprobs],
-            "solo_top2_margins": [round(x, 6) for x in solo.margins],
-            "batch_tokens": b.tokens,
-        })
+        rows.append(
+            {
+                "prompt_ids": list(r.prompt_ids),
+                "max_tokens": r.max_tokens,
+                "stop_ids": sorted(r.stop_ids),
+                "solo_tokens": solo.tokens,
+                "solo_logprobs": [round(x, 6) for x in solo.logprobs],
+                "solo_top2_margins": [round(x, 6) for x in solo.margins],
+                "batch_tokens": b.tokens,
+            }
+        )
     return {
         "model": model_name,
         "mlx_version": version("mlx"),

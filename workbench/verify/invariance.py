@@ -17,8 +17,9 @@ Axis letters: ``B`` rows, ``K`` input features, ``S`` cached positions.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 
@@ -53,7 +54,9 @@ class BitReport:
 
     def text(self) -> str:
         """E.g. ``bit-exact: 14/14 rows equal to their run alone (tokens and log-probs)``."""
-        out = f"bit-exact: {self.n_equal}/{len(self.rows)} rows equal to their run alone (tokens and log-probs)"
+        out = (
+            f"bit-exact: {self.n_equal}/{len(self.rows)} rows equal to their run alone (tokens and log-probs)"
+        )
         bad = [f"uid {r.uid} from token {r.first_difference}" for r in self.rows if not r.equal]
         return out + (": differ " + ", ".join(bad) if bad else "")
 
@@ -67,12 +70,14 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def alone(model: Any, tokenizer: Any, request: Request, prefill_step_size: int,
-          batch_invariant: bool = True) -> tuple[list[int], list[float]]:
+def alone(
+    model: Any, tokenizer: Any, request: Request, prefill_step_size: int, batch_invariant: bool = True
+) -> tuple[list[int], list[float]]:
     """``(tokens, log-probs)`` of ``request`` run alone: ``Scheduler(max_batch=1,
     batch_invariant=..., prefill_step_size=...)``."""
-    sched = Scheduler(model, tokenizer, max_batch=1, prefill_step_size=prefill_step_size,
-                      batch_invariant=batch_invariant)
+    sched = Scheduler(
+        model, tokenizer, max_batch=1, prefill_step_size=prefill_step_size, batch_invariant=batch_invariant
+    )
     uid = sched.submit(dataclasses.replace(request, on_token=None))  # the batched run's callback stays there
     sched.run()
     return sched.tokens(uid), sched.logprobs(uid)
@@ -86,13 +91,17 @@ def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
         ValueError: ``sched`` is not in the batch-invariant mode.
     """
     if sched.batch_invariant is None:
-        raise ValueError("bit_check needs a Scheduler(batch_invariant=True): outside the mode rows are "
-                         "compared with a tolerance (workbench.verify.oracle.solo_check)")
+        raise ValueError(
+            "bit_check needs a Scheduler(batch_invariant=True): outside the mode rows are "
+            "compared with a tolerance (workbench.verify.oracle.solo_check)"
+        )
     if uids is None:
         uids = [u for u, s in sched.requests.items() if s.finished]
     rows = []
     for u in uids:
-        tokens, logprobs = alone(sched.model, sched.tokenizer, sched.request_of(u).request, sched.prefill_step_size)
+        tokens, logprobs = alone(
+            sched.model, sched.tokenizer, sched.request_of(u).request, sched.prefill_step_size
+        )
         got_t, got_l = sched.tokens(u), sched.logprobs(u)
         d = first_difference(list(zip(got_t, got_l)), list(zip(tokens, logprobs)))
         rows.append(BitRow(u, d is None, d))
@@ -100,6 +109,7 @@ def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
 
 
 # -- the audit ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class OpFinding:
@@ -133,16 +143,37 @@ def projection_findings(model: Any, counts: Sequence[int] = (2, 8, 16, 32)) -> l
         x = mx.random.normal((max(counts), K), key=mx.random.key(3)).astype(dtype)  # [B, K]
         blocks = inv.blocks_for(m)
         plain = max(_diff(f(x[:B])[0], f(x[:1])[0]) for B in counts)
-        mode = max(_diff(invariant.blocked(f, x[:B], blocks)[0], invariant.blocked(f, x[:1], blocks)[0]) for B in counts)
-        choice = ("any row count" if blocks is None else "one row per call" if blocks == invariant.ONE_ROW
-                  else f"blocks of {blocks.max_rows} rows (padded to {blocks.min_rows})")
-        out.append(OpFinding(f"{name} {type(m).__name__} {K}->{m['weight'].shape[0]} {dtype}", tuple(counts),
-                             plain, mode, choice))
+        mode = max(
+            _diff(invariant.blocked(f, x[:B], blocks)[0], invariant.blocked(f, x[:1], blocks)[0])
+            for B in counts
+        )
+        choice = (
+            "any row count"
+            if blocks is None
+            else "one row per call"
+            if blocks == invariant.ONE_ROW
+            else f"blocks of {blocks.max_rows} rows (padded to {blocks.min_rows})"
+        )
+        out.append(
+            OpFinding(
+                f"{name} {type(m).__name__} {K}->{m['weight'].shape[0]} {dtype}",
+                tuple(counts),
+                plain,
+                mode,
+                choice,
+            )
+        )
     return out
 
 
-def attention_findings(heads: int = 4, kv_heads: int = 2, head_dim: int = 32, tokens: int = 300,
-                       pads: Sequence[int] = (1, 7, 33, 100), dtype: Any = mx.float32) -> list[OpFinding]:
+def attention_findings(
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 32,
+    tokens: int = 300,
+    pads: Sequence[int] = (1, 7, 33, 100),
+    dtype: Any = mx.float32,
+) -> list[OpFinding]:
     """One-query attention of a row over its ``tokens`` keys alone vs behind ``pads`` of
     left padding with a padding mask (what a padded batch row computes), and the mode's
     per-row attention (:func:`workbench.engine.levers.invariant.row_attention` on the CPU;
@@ -151,21 +182,33 @@ def attention_findings(heads: int = 4, kv_heads: int = 2, head_dim: int = 32, to
     q = mx.random.normal((1, heads, 1, head_dim), key=k0).astype(dtype)
     k = mx.random.normal((1, kv_heads, tokens, head_dim), key=k1).astype(dtype)
     v = mx.random.normal((1, kv_heads, tokens, head_dim), key=k2).astype(dtype)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
     worst, mode = 0.0, 0.0
     for p in pads:
         zeros = mx.zeros((1, kv_heads, p, head_dim), dtype=dtype)
         kp, vp = mx.concatenate([zeros, k], axis=2), mx.concatenate([zeros, v], axis=2)
         mask = (mx.arange(p + tokens) >= p)[None, None, None, :]  # [1, 1, 1, S]
-        worst = max(worst, _diff(mx.fast.scaled_dot_product_attention(q, kp, vp, scale=scale, mask=mask), ref))
+        worst = max(
+            worst, _diff(mx.fast.scaled_dot_product_attention(q, kp, vp, scale=scale, mask=mask), ref)
+        )
         starts = mx.array([p])
-        padded = invariant.row_attention(q, kp, vp, starts, scale) if _cpu() else mx.fast.scaled_dot_product_attention(
-            q, kp[:, :, p:], vp[:, :, p:], scale=scale)
+        padded = (
+            invariant.row_attention(q, kp, vp, starts, scale)
+            if _cpu()
+            else mx.fast.scaled_dot_product_attention(q, kp[:, :, p:], vp[:, :, p:], scale=scale)
+        )
         alone_ = invariant.row_attention(q, k, v, mx.array([0]), scale) if _cpu() else ref
         mode = max(mode, _diff(padded, alone_))
-    return [OpFinding(f"attention, one query over {tokens} keys, {dtype}", tuple(pads), worst, mode,
-                      "each row on its own keys, no mask")]
+    return [
+        OpFinding(
+            f"attention, one query over {tokens} keys, {dtype}",
+            tuple(pads),
+            worst,
+            mode,
+            "each row on its own keys, no mask",
+        )
+    ]
 
 
 def _cpu() -> bool:
@@ -174,19 +217,30 @@ def _cpu() -> bool:
     return backend() == "cpu"
 
 
-def rowwise_findings(K: int = 128, counts: Sequence[int] = (2, 8, 32), dtype: Any = mx.float32) -> list[OpFinding]:
+def rowwise_findings(
+    K: int = 128, counts: Sequence[int] = (2, 8, 32), dtype: Any = mx.float32
+) -> list[OpFinding]:
     """Row-wise operations (RMSNorm, RoPE at per-row offsets, log-softmax): row 0 alone vs
     inside ``B`` rows; the mode leaves them as they are."""
     x = mx.random.normal((max(counts), 1, K), key=mx.random.key(9)).astype(dtype)
     w = mx.ones((K,), dtype=dtype)
     ops = {
         "rms_norm": lambda a: mx.fast.rms_norm(a, w, 1e-5),
-        "rope (per-row offsets)": lambda a: mx.fast.rope(a[:, None], K, traditional=False, base=10000.0, scale=1.0,
-                                                          offset=mx.arange(a.shape[0]) * 3 + 5)[:, 0],
+        "rope (per-row offsets)": lambda a: mx.fast.rope(
+            a[:, None], K, traditional=False, base=10000.0, scale=1.0, offset=mx.arange(a.shape[0]) * 3 + 5
+        )[:, 0],
         "log-softmax": lambda a: a - mx.logsumexp(a, axis=-1, keepdims=True),
     }
-    return [OpFinding(f"{name} {K} {dtype}", tuple(counts), max(_diff(f(x[:B])[0], f(x[:1])[0]) for B in counts),
-                      None, "unchanged") for name, f in ops.items()]
+    return [
+        OpFinding(
+            f"{name} {K} {dtype}",
+            tuple(counts),
+            max(_diff(f(x[:B])[0], f(x[:1])[0]) for B in counts),
+            None,
+            "unchanged",
+        )
+        for name, f in ops.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -199,18 +253,29 @@ class Audit:
     end_to_end: dict
 
     def text(self) -> str:
-        lines = [f"batch invariance on {self.device}", "operation | rows tried | max |diff| default | in the mode | mode's choice"]
+        lines = [
+            f"batch invariance on {self.device}",
+            "operation | rows tried | max |diff| default | in the mode | mode's choice",
+        ]
         for f in self.ops:
             mode = "unchanged" if f.mode_diff is None else f"{f.mode_diff:.1e}"
-            lines.append(f"{f.op} | {', '.join(map(str, f.rows))} | {f.max_abs_diff:.1e} | {mode} | {f.mode_choice}")
+            lines.append(
+                f"{f.op} | {', '.join(map(str, f.rows))} | {f.max_abs_diff:.1e} | {mode} | {f.mode_choice}"
+            )
         lines.append("end to end (greedy rows bit-equal to their run alone, tokens and log-probs):")
         for (mode, B), (eq, n) in sorted(self.end_to_end.items()):
             lines.append(f"  {mode:9s} B = {B:3d}: {eq}/{n}")
         return "\n".join(lines)
 
 
-def end_to_end(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Sequence[int] = (8,),
-               max_tokens: int = 16, prefill_step_size: int = 64) -> dict:
+def end_to_end(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    batch_sizes: Sequence[int] = (8,),
+    max_tokens: int = 16,
+    prefill_step_size: int = 64,
+) -> dict:
     """``{("default" | "invariant", B): (rows bit-equal to alone, rows)}``: the first ``B``
     of ``prompts`` (str, token ids or chat messages) submitted at once into
     ``max_batch=B``, greedy, each against itself alone in the same mode
@@ -248,8 +313,9 @@ class StepGrid:
         return [int((r == DIFFERS).argmax()) if (r == DIFFERS).any() else None for r in self.equal]
 
 
-def compare_steps(got: tuple[Sequence[int], Sequence[float]], ref: tuple[Sequence[int], Sequence[float]],
-                  max_tokens: int) -> Any:
+def compare_steps(
+    got: tuple[Sequence[int], Sequence[float]], ref: tuple[Sequence[int], Sequence[float]], max_tokens: int
+) -> Any:
     """``[max_tokens]`` int8 of :data:`EQUAL` / :data:`DIFFERS` / :data:`NO_TOKEN` for one
     row's ``(tokens, log-probs)`` against its reference's.
 
@@ -265,9 +331,15 @@ def compare_steps(got: tuple[Sequence[int], Sequence[float]], ref: tuple[Sequenc
     return out
 
 
-def step_grids(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Sequence[int] = (8,),
-               max_tokens: int = 16, prefill_step_size: int = 64,
-               modes: Sequence[bool] = (False, True)) -> list[StepGrid]:
+def step_grids(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    batch_sizes: Sequence[int] = (8,),
+    max_tokens: int = 16,
+    prefill_step_size: int = 64,
+    modes: Sequence[bool] = (False, True),
+) -> list[StepGrid]:
     """One :class:`StepGrid` per mode (``batch_invariant`` in ``modes``) and batch size
     ``B``: the first ``B`` of ``prompts`` (str, token ids or chat messages) submitted at
     once into ``max_batch=B``, greedy, each row against the same request alone in the same
@@ -285,7 +357,9 @@ def step_grids(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: 
         refs: dict = {}
         for B in batch_sizes:
             reqs = [_request(p, max_tokens) for p in prompts[:B]]
-            sched = Scheduler(model, tokenizer, max_batch=B, prefill_step_size=prefill_step_size, batch_invariant=mode)
+            sched = Scheduler(
+                model, tokenizer, max_batch=B, prefill_step_size=prefill_step_size, batch_invariant=mode
+            )
             uids = [sched.submit(r) for r in reqs]
             sched.run()
             rows = []
@@ -309,8 +383,13 @@ class ChunkFinding:
     max_abs_logprob_diff: float
 
 
-def chunk_findings(model: Any, tokenizer: Any, request: Request, chunk_sizes: Sequence[int] = (8, 16, 64),
-                   reference_step_size: int = 2048) -> list[ChunkFinding]:
+def chunk_findings(
+    model: Any,
+    tokenizer: Any,
+    request: Request,
+    chunk_sizes: Sequence[int] = (8, 16, 64),
+    reference_step_size: int = 2048,
+) -> list[ChunkFinding]:
     """Does the chunk schedule change a row's bits? ``request`` run alone in the mode
     (:func:`alone`) with each of ``chunk_sizes`` as ``prefill_step_size`` against
     ``reference_step_size`` (a prompt shorter than it is prefilled in one call)."""
@@ -324,8 +403,14 @@ def chunk_findings(model: Any, tokenizer: Any, request: Request, chunk_sizes: Se
     return out
 
 
-def default_row_divergence(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_size: int = 8,
-                           max_tokens: int = 8, prefill_step_size: int = 64) -> Any:
+def default_row_divergence(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    batch_size: int = 8,
+    max_tokens: int = 8,
+    prefill_step_size: int = 64,
+) -> Any:
     """Where batching changes a row on the default path: the first ``batch_size`` of
     ``prompts`` run at once (default mode, every step's checkpoint kept), the first row
     whose log-probs differ from its run alone (:func:`alone`) at a decode token (index
@@ -335,13 +420,21 @@ def default_row_divergence(model: Any, tokenizer: Any, prompts: Sequence[Any], b
     from .layers import localize
 
     reqs = [_request(p, max_tokens) for p in prompts[:batch_size]]
-    sched = Scheduler(model, tokenizer, max_batch=batch_size, prefill_step_size=prefill_step_size,
-                      history_checkpoints=max_tokens + 2)
+    sched = Scheduler(
+        model,
+        tokenizer,
+        max_batch=batch_size,
+        prefill_step_size=prefill_step_size,
+        history_checkpoints=max_tokens + 2,
+    )
     uids = [sched.submit(r) for r in reqs]
     sched.run()
     for u, r in zip(uids, reqs):
-        diffs = compare_steps((sched.tokens(u), sched.logprobs(u)),
-                              alone(model, tokenizer, r, prefill_step_size, batch_invariant=False), max_tokens)
+        diffs = compare_steps(
+            (sched.tokens(u), sched.logprobs(u)),
+            alone(model, tokenizer, r, prefill_step_size, batch_invariant=False),
+            max_tokens,
+        )
         later = [t for t in range(1, len(sched.tokens(u))) if diffs[t] == DIFFERS]
         if later:
             return localize(sched, u, token=later[0])
@@ -354,8 +447,13 @@ def _request(p: Any, max_tokens: int) -> Request:
     return Request(prompt=p, max_tokens=max_tokens)
 
 
-def audit(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Sequence[int] = (8,),
-          max_tokens: int = 16) -> Audit:
+def audit(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Any],
+    batch_sizes: Sequence[int] = (8,),
+    max_tokens: int = 16,
+) -> Audit:
     """The variance audit of ``model`` on this device: :func:`projection_findings`,
     :func:`attention_findings` (at the model's head shape and dtype),
     :func:`rowwise_findings` and :func:`end_to_end`."""
@@ -365,14 +463,21 @@ def audit(model: Any, tokenizer: Any, prompts: Sequence[Any], batch_sizes: Seque
     heads = getattr(args, "num_attention_heads", 4)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
     head_dim = getattr(args, "head_dim", None) or getattr(args, "hidden_size", 128) // heads
-    dtype = next((m["weight"].dtype for _, m in model.named_modules() if isinstance(m, invariant.PROJECTIONS)
-                  and "scales" not in m), mx.float32)
+    dtype = next(
+        (
+            m["weight"].dtype
+            for _, m in model.named_modules()
+            if isinstance(m, invariant.PROJECTIONS) and "scales" not in m
+        ),
+        mx.float32,
+    )
     ops = projection_findings(model) + attention_findings(heads, kv_heads, head_dim, dtype=dtype)
     ops += rowwise_findings(dtype=dtype)
     return Audit(device_report().text(), ops, end_to_end(model, tokenizer, prompts, batch_sizes, max_tokens))
 
 
 # -- the lesson of notebooks/15_batch_invariance.ipynb -----------------------------------
+
 
 @dataclass(frozen=True)
 class Lesson:
@@ -389,8 +494,14 @@ class Lesson:
     divergence: Any
 
 
-def lesson(prompts: Sequence[Any], long_prompt: Any, model_path: str | None = None,
-           batch_sizes: Sequence[int] = (8, 32), max_tokens: int = 12, prefill_step_size: int = 64) -> Lesson:
+def lesson(
+    prompts: Sequence[Any],
+    long_prompt: Any,
+    model_path: str | None = None,
+    batch_sizes: Sequence[int] = (8, 32),
+    max_tokens: int = 12,
+    prefill_step_size: int = 64,
+) -> Lesson:
     """The batch-invariance lesson on this process's BLAS for ``model_path`` (default: the
     bundled model): ``prompts`` run in batches of ``batch_sizes`` (``prompts[0]``, the
     request followed alone and among neighbours, is row 0), ``long_prompt`` prefilled in
@@ -402,7 +513,9 @@ def lesson(prompts: Sequence[Any], long_prompt: Any, model_path: str | None = No
     grids = step_grids(model, tokenizer, prompts, batch_sizes, max_tokens, prefill_step_size)
     ops = projection_findings(model) + attention_findings() + rowwise_findings()
     chunks = chunk_findings(model, tokenizer, _request(long_prompt, max_tokens))
-    divergence = default_row_divergence(model, tokenizer, prompts, min(batch_sizes), max_tokens, prefill_step_size)
+    divergence = default_row_divergence(
+        model, tokenizer, prompts, min(batch_sizes), max_tokens, prefill_step_size
+    )
     return Lesson(blas.STATUS.note, blas.STATUS.library, grids, ops, chunks, divergence)
 
 
@@ -431,10 +544,17 @@ def lesson_with_optimized_blas(prompts: Sequence[Any], timeout_s: float = 300, *
             os.environ["WORKBENCH_BLAS"] = saved
     if found is None:
         raise RuntimeError(f"no optimized BLAS installed to compare with ({INSTALL_HINT})")
-    code = ("import pickle, sys\nfrom workbench.verify import invariance\n"
-            "sys.stdout.buffer.write(pickle.dumps(invariance.lesson(**pickle.loads(sys.stdin.buffer.read()))))")
-    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps({"prompts": list(prompts), **kwargs}),
-                         capture_output=True, env=env, timeout=timeout_s)
+    code = (
+        "import pickle, sys\nfrom workbench.verify import invariance\n"
+        "sys.stdout.buffer.write(pickle.dumps(invariance.lesson(**pickle.loads(sys.stdin.buffer.read()))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps({"prompts": list(prompts), **kwargs}),
+        capture_output=True,
+        env=env,
+        timeout=timeout_s,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"the optimized-BLAS process failed: {out.stderr.decode()[-2000:]}")
     return pickle.loads(out.stdout)

@@ -17,8 +17,9 @@ Axis letters: ``B`` rows, ``L`` positions in the forward, ``hidden`` the model w
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 
@@ -79,7 +80,9 @@ def hooked_layers(model: Any, hooks: dict[int, Hook]) -> Iterator[None]:
     layers = model_layers(model)
     bad = [i for i in hooks if not 0 <= i < len(layers)]
     if bad:
-        raise ValueError(f"layer index {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1})")
+        raise ValueError(
+            f"layer index {bad} out of range: the model has {len(layers)} layers (0..{len(layers) - 1})"
+        )
     holders = [h for h in _holders(model, layers) if h[2] in hooks]
     missing = sorted(set(hooks) - {i for _, _, i in holders})
     if missing:

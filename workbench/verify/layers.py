@@ -53,11 +53,23 @@ from .rerun import BatchedStep, StepRecord, batched_step, solo_step
 MEASURED_NOISE = 9.1e-6
 # 11x MEASURED_NOISE; the planted faults and bf16 are 29x to 7,900x over it (scripts/lab/layer_noise.py)
 DEFAULT_RTOL = 1e-4
-COLUMNS = ["layer", "max_abs_delta", "mean_abs_delta", "tolerance", "kv_max_abs_delta", "kv_tolerance",
-           "over", "first_position", "n_positions_over", "positions"]
+COLUMNS = [
+    "layer",
+    "max_abs_delta",
+    "mean_abs_delta",
+    "tolerance",
+    "kv_max_abs_delta",
+    "kv_tolerance",
+    "over",
+    "first_position",
+    "n_positions_over",
+    "positions",
+]
 
 
-def layer_table(batched: StepRecord, solo: StepRecord, position: int, rtol: float = DEFAULT_RTOL) -> pd.DataFrame:
+def layer_table(
+    batched: StepRecord, solo: StepRecord, position: int, rtol: float = DEFAULT_RTOL
+) -> pd.DataFrame:
     """Δ per layer between the batched and the solo record of one row's forward.
 
     Args:
@@ -86,10 +98,20 @@ def layer_table(batched: StepRecord, solo: StepRecord, position: int, rtol: floa
         kv_delta, kv_tol, over_kv = _kv_over(batched.kv[i], solo.kv[i], rtol)
         over_out = bool(delta.max() > tol)
         positions = sorted(set(over_kv) | ({position} if over_out else set()))
-        rows.append({"layer": i, "max_abs_delta": float(delta.max()), "mean_abs_delta": float(delta.mean()),
-                     "tolerance": tol, "kv_max_abs_delta": kv_delta, "kv_tolerance": kv_tol,
-                     "over": bool(positions), "first_position": positions[0] if positions else pd.NA,
-                     "n_positions_over": len(positions), "positions": tuple(positions)})
+        rows.append(
+            {
+                "layer": i,
+                "max_abs_delta": float(delta.max()),
+                "mean_abs_delta": float(delta.mean()),
+                "tolerance": tol,
+                "kv_max_abs_delta": kv_delta,
+                "kv_tolerance": kv_tol,
+                "over": bool(positions),
+                "first_position": positions[0] if positions else pd.NA,
+                "n_positions_over": len(positions),
+                "positions": tuple(positions),
+            }
+        )
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["first_position"] = table["first_position"].astype("Int64")
     return table
@@ -170,18 +192,27 @@ class LayerDivergence:
 
     def text(self) -> str:
         """One line for humans: the verdict, the first layer and its positions."""
-        head = (f"uid {self.uid} (row {self.row} of {self.batch_size}, left padding {self.left_padding}), "
-                f"step {self.step}, token {self.token_index} (fed at position {self.position})")
+        head = (
+            f"uid {self.uid} (row {self.row} of {self.batch_size}, left padding {self.left_padding}), "
+            f"step {self.step}, token {self.token_index} (fed at position {self.position})"
+        )
         if self.ok:
-            return (f"{head}: every layer within tolerance (rtol {self.rtol:.0e}), "
-                    f"max |dlogprob| {self.logprob_max_abs_delta:.1e}")
+            return (
+                f"{head}: every layer within tolerance (rtol {self.rtol:.0e}), "
+                f"max |dlogprob| {self.logprob_max_abs_delta:.1e}"
+            )
         t = self.table.iloc[self.first_layer]
-        where = ("this step's token only" if self.positions == [self.position] else
-                 "its cache differs, written by earlier steps: localize an earlier token")
-        return (f"{head}: first over tolerance at layer {self.first_layer} "
-                f"(output max |d| {t['max_abs_delta']:.2e}, tolerance {t['tolerance']:.2e}), "
-                f"positions {ranges(self.positions)} ({where}); next token batched {self.batched_argmax}, "
-                f"alone {self.solo_argmax}")
+        where = (
+            "this step's token only"
+            if self.positions == [self.position]
+            else "its cache differs, written by earlier steps: localize an earlier token"
+        )
+        return (
+            f"{head}: first over tolerance at layer {self.first_layer} "
+            f"(output max |d| {t['max_abs_delta']:.2e}, tolerance {t['tolerance']:.2e}), "
+            f"positions {ranges(self.positions)} ({where}); next token batched {self.batched_argmax}, "
+            f"alone {self.solo_argmax}"
+        )
 
 
 def ranges(positions: list[int]) -> str:
@@ -212,21 +243,32 @@ def checkpoint_before_token(sched: Any, uid: int, token_index: int) -> Checkpoin
             the step).
     """
     if token_index < 1:
-        raise ValueError(f"token {token_index}: a row's first token comes from its join forward, not a "
-                         "decode step; localize token 1: what the prefill and the join wrote differently "
-                         "shows there in the caches at the prompt's positions")
+        raise ValueError(
+            f"token {token_index}: a row's first token comes from its join forward, not a "
+            "decode step; localize token 1: what the prefill and the join wrote differently "
+            "shows there in the caches at the prompt's positions"
+        )
     for i in range(len(sched.history) - 1, -1, -1):
         cp = sched.history.checkpoint(i)
         rows = {r.uid: r for r in cp.state.batch.rows} if cp is not None else {}
         if uid in rows and len(rows[uid].tokens) == token_index - 1:
             return cp
-    raise ValueError(f"no kept checkpoint has uid {uid} running with {token_index - 1} tokens read "
-                     f"(scheduler history_checkpoints={sched.config.history_checkpoints}); keep more, or pass "
-                     "checkpoint=sched.checkpoint() taken before that step")
+    raise ValueError(
+        f"no kept checkpoint has uid {uid} running with {token_index - 1} tokens read "
+        f"(scheduler history_checkpoints={sched.config.history_checkpoints}); keep more, or pass "
+        "checkpoint=sched.checkpoint() taken before that step"
+    )
 
 
-def localize(sched: Any, uid: int, *, token: int | None = None, checkpoint: Checkpoint | None = None,
-             rtol: float = DEFAULT_RTOL, reference_model: Any = None) -> LayerDivergence:
+def localize(
+    sched: Any,
+    uid: int,
+    *,
+    token: int | None = None,
+    checkpoint: Checkpoint | None = None,
+    rtol: float = DEFAULT_RTOL,
+    reference_model: Any = None,
+) -> LayerDivergence:
     """Re-run one decode forward of row ``uid`` batched and alone, every layer recorded,
     and say where they first differ (:class:`LayerDivergence`; ``.table`` per layer).
 
@@ -259,25 +301,43 @@ def localize(sched: Any, uid: int, *, token: int | None = None, checkpoint: Chec
     elif checkpoint is None:
         checkpoint = sched.checkpoint()
     if not isinstance(checkpoint, Checkpoint) or checkpoint.model_id != id(sched.model):
-        raise ValueError("checkpoint must be a Checkpoint taken on this scheduler's model (by it, or by a "
-                         "scheduler it was forked from or that was forked from it)")
+        raise ValueError(
+            "checkpoint must be a Checkpoint taken on this scheduler's model (by it, or by a "
+            "scheduler it was forked from or that was forked from it)"
+        )
     state = next((r for r in checkpoint.state.batch.rows if r.uid == uid), None)
     batched = batched_step(sched.model, checkpoint, uid)
     prompt, tokens = list(state.valid.prompt_ids), list(state.tokens)
-    solo = solo_step(reference_model or sched.model, prompt, tokens, batched.fed_token,
-                     sched.config.prefill_step_size, sched.config.max_kv_size)
+    solo = solo_step(
+        reference_model or sched.model,
+        prompt,
+        tokens,
+        batched.fed_token,
+        sched.config.prefill_step_size,
+        sched.config.max_kv_size,
+    )
     return _report(uid, checkpoint.step, len(tokens) + 1, len(prompt) + len(tokens), batched, solo, rtol)
 
 
-def _report(uid: int, step: int, token_index: int, position: int, batched: BatchedStep, solo: StepRecord,
-            rtol: float) -> LayerDivergence:
+def _report(
+    uid: int, step: int, token_index: int, position: int, batched: BatchedStep, solo: StepRecord, rtol: float
+) -> LayerDivergence:
     rec = batched.record
     return LayerDivergence(
-        uid=uid, row=batched.row, batch_size=batched.batch_size, step=step, token_index=token_index,
-        position=position, left_padding=batched.left_padding, fed_token=batched.fed_token, rtol=rtol,
+        uid=uid,
+        row=batched.row,
+        batch_size=batched.batch_size,
+        step=step,
+        token_index=token_index,
+        position=position,
+        left_padding=batched.left_padding,
+        fed_token=batched.fed_token,
+        rtol=rtol,
         table=layer_table(rec, solo, position, rtol),
         logprob_max_abs_delta=float(np.abs(rec.logprobs - solo.logprobs).max()),
-        batched_argmax=int(rec.logprobs.argmax()), solo_argmax=int(solo.logprobs.argmax()))
+        batched_argmax=int(rec.logprobs.argmax()),
+        solo_argmax=int(solo.logprobs.argmax()),
+    )
 
 
 def first_suspect_token(sched: Any, uid: int, atol: float = DEFAULT_ATOL) -> int | None:
@@ -290,8 +350,12 @@ def first_suspect_token(sched: Any, uid: int, atol: float = DEFAULT_ATOL) -> int
         ValueError: for an unknown uid (as ``sched.tokens``).
     """
     ours = scheduler_trace(sched, uid)
-    ref = solo_reference(sched.model, ref_request(sched.request_of(uid)), sched.config.prefill_step_size,
-                         sched.config.max_kv_size)
+    ref = solo_reference(
+        sched.model,
+        ref_request(sched.request_of(uid)),
+        sched.config.prefill_step_size,
+        sched.config.max_kv_size,
+    )
     for t, (a, b) in enumerate(zip(ours.tokens, ref.tokens)):
         if a != b or abs(ours.logprobs[t] - ref.logprobs[t]) > atol:
             return t

@@ -9,8 +9,9 @@ Axis letters: ``V`` vocabulary, ``T`` tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

@@ -13,15 +13,16 @@ random-weight model ties often; a trained one rarely.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from .oracle import TokenTrace, ref_request, solo_reference
 from ..engine.request import validate
 from ..engine.scheduler import vocab_size
 from ..workloads.workload import demo_workload
+from .oracle import TokenTrace, ref_request, solo_reference
 
 NEAR_TIE_MARGIN = 1e-3
 
@@ -54,9 +55,11 @@ class MarginReport:
         steps (0.00%); margin min 0.0123, median 1.87``."""
         if not self.n_steps:
             return "near-ties: no decode steps"
-        return (f"near-ties (top-2 margin < {self.threshold:.0e}): {self.n_near_ties} of {self.n_steps} "
-                f"decode steps ({100 * self.near_tie_rate:.2f}%); margin min {self.margins.min():.4g}, "
-                f"median {np.median(self.margins):.3g}")
+        return (
+            f"near-ties (top-2 margin < {self.threshold:.0e}): {self.n_near_ties} of {self.n_steps} "
+            f"decode steps ({100 * self.near_tie_rate:.2f}%); margin min {self.margins.min():.4g}, "
+            f"median {np.median(self.margins):.3g}"
+        )
 
 
 def margin_report(traces: Sequence[TokenTrace], threshold: float = NEAR_TIE_MARGIN) -> MarginReport:

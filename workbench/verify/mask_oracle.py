@@ -22,9 +22,10 @@ or, the same through the scheduler's public calls only::
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,9 @@ def recorded_masks(model: Any, prefill: bool = False) -> Iterator[list[SeenMask]
 
         module.create_ssm_mask = recording_ssm_mask
     if not originals:
-        raise ValueError(f"{module.__name__} has no scaled_dot_product_attention or create_ssm_mask to record")
+        raise ValueError(
+            f"{module.__name__} has no scaled_dot_product_attention or create_ssm_mask to record"
+        )
     try:
         yield seen
     finally:
@@ -122,8 +125,10 @@ def mismatches(snap: Snapshot, seen: list[SeenMask], caches: list[Any]) -> list[
         expected = snap.group(name).mask
         got = np.ones_like(expected) if s.mask is None else s.mask
         if got.shape != expected.shape or not np.array_equal(got, expected):
-            problems.append(f"call {i} [{name}]: model saw {got.astype(int).tolist()}, "
-                            f"snapshot has {expected.astype(int).tolist()}")
+            problems.append(
+                f"call {i} [{name}]: model saw {got.astype(int).tolist()}, "
+                f"snapshot has {expected.astype(int).tolist()}"
+            )
     return problems
 
 
@@ -141,8 +146,10 @@ def prefill_mismatches(forwards: list[ForwardMask], seen: list[SeenMask]) -> lis
     for i, s in enumerate(seen):
         f = forwards[i // per_forward]
         if s.mask.shape != f.mask.shape or not np.array_equal(s.mask, f.mask):
-            problems.append(f"call {i} [{f.label}]: model saw shape {s.mask.shape}, the view has {f.mask.shape}"
-                            + ("" if s.mask.shape != f.mask.shape else " with other cells"))
+            problems.append(
+                f"call {i} [{f.label}]: model saw shape {s.mask.shape}, the view has {f.mask.shape}"
+                + ("" if s.mask.shape != f.mask.shape else " with other cells")
+            )
     return problems
 
 

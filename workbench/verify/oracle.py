@@ -14,8 +14,9 @@ oracle here.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
@@ -63,10 +64,18 @@ def solo_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> lis
     return single_cache(model, max_kv_size, keep)
 
 
-def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
-                   max_kv_size: int | None = None, keep: int = 0, tokenizer: Any = None,
-                   kv_bits: int | None = None, kv_group_size: int = 64, logits_processors: Sequence[Any] = (),
-                   complete: Callable[[list[int]], bool] | None = None) -> TokenTrace:
+def solo_reference(
+    model: Any,
+    req: RefRequest,
+    prefill_step_size: int = 2048,
+    max_kv_size: int | None = None,
+    keep: int = 0,
+    tokenizer: Any = None,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    logits_processors: Sequence[Any] = (),
+    complete: Callable[[list[int]], bool] | None = None,
+) -> TokenTrace:
     """Run ``req`` alone through mlx-lm's ``generate_step`` (greedy, the model's own
     cache from :func:`solo_cache`), with ``logits_processors`` (mlx-lm's
     ``(tokens [T], logits [1, V]) -> logits [1, V]``, e.g. a row's grammar mask).
@@ -90,11 +99,17 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
     text = RowText(tokenizer, req.stop) if req.stop else None
     trace = TokenTrace()
     prompt = mx.array(list(req.prompt_ids), dtype=mx.uint32)
-    for token, logprobs_v in generate_step(prompt, model, max_tokens=req.max_tokens,
-                                           prefill_step_size=prefill_step_size,
-                                           prompt_cache=solo_cache(model, max_kv_size, keep),
-                                           kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=0,
-                                           logits_processors=list(logits_processors) or None):
+    for token, logprobs_v in generate_step(
+        prompt,
+        model,
+        max_tokens=req.max_tokens,
+        prefill_step_size=prefill_step_size,
+        prompt_cache=solo_cache(model, max_kv_size, keep),
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+        quantized_kv_start=0,
+        logits_processors=list(logits_processors) or None,
+    ):
         trace.add(int(token), logprobs_v)
         if int(token) in req.stop_ids or (text is not None and text.feed(int(token))):
             break
@@ -103,13 +118,23 @@ def solo_reference(model: Any, req: RefRequest, prefill_step_size: int = 2048,
     return trace
 
 
-def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
-                    prefill_step_size: int = 2048, max_kv_size: int | None = None) -> list[TokenTrace]:
+def batch_reference(
+    model: Any,
+    reqs: Sequence[RefRequest],
+    max_batch: int,
+    prefill_step_size: int = 2048,
+    max_kv_size: int | None = None,
+) -> list[TokenTrace]:
     """Run ``reqs`` together through mlx-lm's ``BatchGenerator`` (greedy), all inserted
     at once, ``max_batch`` rows decoding and prefilling at a time. Returns traces in
     request order."""
-    gen = BatchGenerator(model, completion_batch_size=max_batch, prefill_batch_size=max_batch,
-                         prefill_step_size=prefill_step_size, max_kv_size=max_kv_size)
+    gen = BatchGenerator(
+        model,
+        completion_batch_size=max_batch,
+        prefill_batch_size=max_batch,
+        prefill_step_size=prefill_step_size,
+        max_kv_size=max_kv_size,
+    )
     try:
         uids = gen.insert(
             [list(r.prompt_ids) for r in reqs],
@@ -129,7 +154,12 @@ def batch_reference(model: Any, reqs: Sequence[RefRequest], max_batch: int,
 
 
 MATCH, NEAR_TIE, PRECISION_NEAR_TIE, LOGPROB_NOISE, DIVERGENCE = (
-    "match", "near-tie", "near-tie under reduced precision", "log-prob noise", "divergence")
+    "match",
+    "near-tie",
+    "near-tie under reduced precision",
+    "log-prob noise",
+    "divergence",
+)
 NOISE_FACTOR = 4.0  # a top-2 margin within this many times the measured log-prob noise can flip
 
 
@@ -178,9 +208,11 @@ class RowResult:
             verdict = "match" if self.match else f"MISMATCH ({self.cause})"
             return f"uid {self.uid}: {verdict} ({self.n_tokens} tokens, max |dlogprob| {self.max_logprob_diff:.2e})"
         verdict = "near-tie accepted" if self.tie_accepted else f"MISMATCH ({self.cause})"
-        return (f"uid {self.uid}: {verdict} at step {self.first_divergence_step}: ours {self.ours} vs reference "
-                f"{self.theirs}, logprob gap {self.logprob_gap:.2e}, reference top-2 margin {self.ref_margin:.2e}, "
-                f"measured log-prob noise {self.noise:.2e}")
+        return (
+            f"uid {self.uid}: {verdict} at step {self.first_divergence_step}: ours {self.ours} vs reference "
+            f"{self.theirs}, logprob gap {self.logprob_gap:.2e}, reference top-2 margin {self.ref_margin:.2e}, "
+            f"measured log-prob noise {self.noise:.2e}"
+        )
 
 
 def divergence_cause(margin: float, noise: float, atol: float) -> str:
@@ -208,13 +240,33 @@ def compare_row(uid: int, ours: TokenTrace, ref: TokenTrace, atol: float = DEFAU
             gap = abs(ours.logprobs[t] - ref.logprobs[t]) if a is not None and b is not None else float("nan")
             margin = ref.margins[t] if t < len(ref.margins) else float("nan")
             noise = max(diffs[: t + 1] if a is not None and b is not None else diffs[:t], default=0.0)
-            cause = divergence_cause(margin, noise, atol) if margin == margin else DIVERGENCE  # NaN: length differs
+            cause = (
+                divergence_cause(margin, noise, atol) if margin == margin else DIVERGENCE
+            )  # NaN: length differs
             tie = cause == NEAR_TIE
-            return RowResult(uid, tie, len(ours.tokens), max(diffs[:t], default=0.0), t, a, b, gap, margin, tie,
-                             noise, cause)
+            return RowResult(
+                uid,
+                tie,
+                len(ours.tokens),
+                max(diffs[:t], default=0.0),
+                t,
+                a,
+                b,
+                gap,
+                margin,
+                tie,
+                noise,
+                cause,
+            )
     worst = max(diffs, default=0.0)
-    return RowResult(uid, worst <= atol, len(ours.tokens), worst, noise=worst,
-                     cause=MATCH if worst <= atol else LOGPROB_NOISE)
+    return RowResult(
+        uid,
+        worst <= atol,
+        len(ours.tokens),
+        worst,
+        noise=worst,
+        cause=MATCH if worst <= atol else LOGPROB_NOISE,
+    )
 
 
 @dataclass(frozen=True)
@@ -251,8 +303,9 @@ class OracleReport:
         return max((r.noise for r in self.rows), default=0.0)
 
 
-def compare_traces(ours: dict[int, TokenTrace], refs: dict[int, TokenTrace],
-                   atol: float = DEFAULT_ATOL) -> OracleReport:
+def compare_traces(
+    ours: dict[int, TokenTrace], refs: dict[int, TokenTrace], atol: float = DEFAULT_ATOL
+) -> OracleReport:
     """Compare every uid of ``refs`` with ``ours`` (:func:`compare_row` per uid, in
     ``refs``' order).
 
@@ -275,7 +328,11 @@ def scheduler_trace(sched: Any, uid: int) -> TokenTrace:
 def checkable_uids(sched: Any) -> list[int]:
     """Uids of ``sched`` that finished by ``stop`` or ``length`` (evicted or not) and were
     decoded greedily, in uid order: the rows an oracle can check."""
-    return [u for u, s in sched.requests.items() if s.valid.request.greedy and s.finish_reason in ("stop", "length")]
+    return [
+        u
+        for u, s in sched.requests.items()
+        if s.valid.request.greedy and s.finish_reason in ("stop", "length")
+    ]
 
 
 def ref_request(valid: Any) -> RefRequest:
@@ -284,7 +341,9 @@ def ref_request(valid: Any) -> RefRequest:
     return RefRequest(valid.prompt_ids, valid.request.max_tokens, valid.stop_ids, tuple(valid.stop))
 
 
-def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: float = DEFAULT_ATOL) -> OracleReport:
+def solo_check(
+    model: Any, sched: Any, uids: Sequence[int] | None = None, atol: float = DEFAULT_ATOL
+) -> OracleReport:
     """Solo oracle for finished greedy rows of ``sched``: each uid run alone through
     mlx-lm and compared (stop strings decoded with ``sched.tokenizer``; a quantized KV
     cache, ``Scheduler(kv_bits=...)``, at the same bits and group size). ``uids`` defaults
@@ -292,6 +351,15 @@ def solo_check(model: Any, sched: Any, uids: Sequence[int] | None = None, atol: 
     uids = list(uids) if uids is not None else checkable_uids(sched)
     quant = sched.recipe.kv_quant
     kv = {} if quant is None else {"kv_bits": quant.bits, "kv_group_size": quant.group_size}
-    refs = {u: solo_reference(model, ref_request(sched.request_of(u)), sched.config.prefill_step_size,
-                              sched.config.max_kv_size, tokenizer=sched.tokenizer, **kv) for u in uids}
+    refs = {
+        u: solo_reference(
+            model,
+            ref_request(sched.request_of(u)),
+            sched.config.prefill_step_size,
+            sched.config.max_kv_size,
+            tokenizer=sched.tokenizer,
+            **kv,
+        )
+        for u in uids
+    }
     return compare_traces({u: scheduler_trace(sched, u) for u in uids}, refs, atol)

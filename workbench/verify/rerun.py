@@ -24,8 +24,9 @@ of one position side by side (``2 * n_kv_heads * head_dim``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -112,21 +113,33 @@ def batched_step(model: Any, checkpoint: Checkpoint, uid: int) -> BatchedStep:
     batch = checkpoint.state.batch.clone(lambda s: s)
     uids = [r.uid for r in batch.rows]
     if uid not in uids:
-        raise ValueError(f"uid {uid} holds no row of the batch at this checkpoint (rows: uids {uids}); "
-                         "localize a row while it runs")
+        raise ValueError(
+            f"uid {uid} holds no row of the batch at this checkpoint (rows: uids {uids}); "
+            "localize a row while it runs"
+        )
     batch.compact()
     b = uids.index(uid)
     tokens = batch.pending.tokens  # [B]
     outputs, logprobs = _recorded_forward(model, tokens, batch.caches)
     padding = getattr(batch.caches[0], "left_padding", None)
-    record = StepRecord(hidden=np.stack([_float32(o[b, -1]) for o in outputs]),
-                        kv=_kv_rows(batch.extract(b)), logprobs=_float32(logprobs[b]))
-    return BatchedStep(record, b, len(uids), int(tokens[b].item()),
-                       0 if padding is None else int(padding[b].item()))
+    record = StepRecord(
+        hidden=np.stack([_float32(o[b, -1]) for o in outputs]),
+        kv=_kv_rows(batch.extract(b)),
+        logprobs=_float32(logprobs[b]),
+    )
+    return BatchedStep(
+        record, b, len(uids), int(tokens[b].item()), 0 if padding is None else int(padding[b].item())
+    )
 
 
-def solo_step(model: Any, prompt_ids: Sequence[int], tokens: Sequence[int], fed_token: int,
-              prefill_step_size: int = 2048, max_kv_size: int | None = None) -> StepRecord:
+def solo_step(
+    model: Any,
+    prompt_ids: Sequence[int],
+    tokens: Sequence[int],
+    fed_token: int,
+    prefill_step_size: int = 2048,
+    max_kv_size: int | None = None,
+) -> StepRecord:
     """The same forward alone: the row's cache rebuilt as mlx-lm's ``generate_step`` builds
     it (``prompt_ids[:-1]`` in chunks of ``prefill_step_size``, then ``prompt_ids[-1]`` and
     each of ``tokens`` one forward each, into :func:`solo_cache`), then ``fed_token``
@@ -140,11 +153,14 @@ def solo_step(model: Any, prompt_ids: Sequence[int], tokens: Sequence[int], fed_
     cache = solo_cache(model, max_kv_size)
     head = list(prompt_ids[:-1])
     for start in range(0, len(head), prefill_step_size):
-        model(mx.array(head[start:start + prefill_step_size], dtype=mx.uint32)[None], cache=cache)
+        model(mx.array(head[start : start + prefill_step_size], dtype=mx.uint32)[None], cache=cache)
         mx.eval([c.state for c in cache])
     for token in [prompt_ids[-1], *tokens]:
         model(mx.array([[token]], dtype=mx.uint32), cache=cache)
         mx.eval([c.state for c in cache])
     outputs, logprobs = _recorded_forward(model, mx.array([fed_token], dtype=mx.uint32), cache)
-    return StepRecord(hidden=np.stack([_float32(o[0, -1]) for o in outputs]), kv=_kv_rows(cache),
-                      logprobs=_float32(logprobs[0]))
+    return StepRecord(
+        hidden=np.stack([_float32(o[0, -1]) for o in outputs]),
+        kv=_kv_rows(cache),
+        logprobs=_float32(logprobs[0]),
+    )

@@ -41,9 +41,24 @@ from .style import figure_png
 from .timeline import render_timeline, render_timelines, timeline_text
 
 __all__ = [
-    "Panel", "divergence_text", "drafts_text", "figure_png", "kv_history_text", "kv_text", "latency_text", "mask_text", "paged_text",
-    "render_divergence", "render_kv", "render_latency", "render_masks",
-    "render_drafts", "render_paged", "render_timeline", "render_timelines", "timeline_text",
+    "Panel",
+    "divergence_text",
+    "drafts_text",
+    "figure_png",
+    "kv_history_text",
+    "kv_text",
+    "latency_text",
+    "mask_text",
+    "paged_text",
+    "render_divergence",
+    "render_kv",
+    "render_latency",
+    "render_masks",
+    "render_drafts",
+    "render_paged",
+    "render_timeline",
+    "render_timelines",
+    "timeline_text",
 ]
 
 

@@ -31,9 +31,13 @@ from . import style
 LATER, PAD, NEW, CACHED, OWN = 0, 1, 2, 3, 4  # cell codes of :func:`attention_cells`
 SYMBOLS = ".p#c@"
 CMAP = ListedColormap([style.LATER, style.PADDING, style.NEW_KEY, style.ATTENDED, style.FED])
-LEGEND = [("masked: a later position", style.LATER), ("padding", style.PADDING),
-          ("key of this forward", style.NEW_KEY), ("cached key (earlier forward)", style.ATTENDED),
-          ("the query's own key", style.FED)]
+LEGEND = [
+    ("masked: a later position", style.LATER),
+    ("padding", style.PADDING),
+    ("key of this forward", style.NEW_KEY),
+    ("cached key (earlier forward)", style.ATTENDED),
+    ("the query's own key", style.FED),
+]
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions
 NARROW_GRID_IN = 1.3  # under 6 inches wide (the panel), the tallest grid is at most this high
 
@@ -66,18 +70,23 @@ def attention_text(fm: ForwardMask) -> str:
     if N == 1:  # a decode step: one line per row
         u_width = max(len(str(u)) for u in fm.uids) if fm.uids else 1
         lines.append(f"keys 0-{S - 1}, one query per row (its position {S - 1} in the batch cache)")
-        lines += [f"  uid {u:>{u_width}} | " + " ".join(SYMBOLS[c] for c in cells[b, 0])
-                  for b, u in enumerate(fm.uids)]
+        lines += [
+            f"  uid {u:>{u_width}} | " + " ".join(SYMBOLS[c] for c in cells[b, 0])
+            for b, u in enumerate(fm.uids)
+        ]
         return "\n".join(lines)
     for b, uid in enumerate(fm.uids):
         lines.append(f"uid {uid}  keys 0-{S - 1}")
-        lines += [f"  q {fm.n_cached + i:>{q_width}} | " + " ".join(SYMBOLS[c] for c in cells[b, i])
-                  for i in range(N)]
+        lines += [
+            f"  q {fm.n_cached + i:>{q_width}} | " + " ".join(SYMBOLS[c] for c in cells[b, i])
+            for i in range(N)
+        ]
     return "\n".join(lines)
 
 
-def _draw(ax, cells: np.ndarray, first_query: int | None, row_labels: list[str] | None,
-          max_labels: int = 16) -> None:
+def _draw(
+    ax, cells: np.ndarray, first_query: int | None, row_labels: list[str] | None, max_labels: int = 16
+) -> None:
     """One heatmap of ``[rows, S]`` cells with whole-number ticks and cell borders."""
     rows, S = cells.shape
     ax.imshow(cells, cmap=CMAP, vmin=0, vmax=len(SYMBOLS) - 1, aspect="equal", interpolation="nearest")
@@ -103,13 +112,20 @@ def stacked_cells(forwards: list[ForwardMask]) -> tuple[np.ndarray, list[int]]:
     if not forwards or any(f.shape[0] != 1 or f.uids != forwards[0].uids for f in forwards):
         raise ValueError("stacked chunks must be single-row forwards of one uid")
     s_max = max(f.shape[2] for f in forwards)
-    parts = [np.pad(attention_cells(f)[0], ((0, 0), (0, s_max - f.shape[2])), constant_values=LATER)
-             for f in forwards]
+    parts = [
+        np.pad(attention_cells(f)[0], ((0, 0), (0, s_max - f.shape[2])), constant_values=LATER)
+        for f in forwards
+    ]
     return np.concatenate(parts), list(np.cumsum([0] + [p.shape[0] for p in parts[:-1]]))
 
 
-def render_attention(forwards: list[ForwardMask], title: str | None = None, columns: int = 3,
-                     stack: bool = False, width_in: float = 9.0) -> Figure:
+def render_attention(
+    forwards: list[ForwardMask],
+    title: str | None = None,
+    columns: int = 3,
+    stack: bool = False,
+    width_in: float = 9.0,
+) -> Figure:
     """Heatmaps of the forwards' 2-D masks: one axes per row of each prefill forward
     (query position down, key position across), one axes per decode step (a line per row);
     with ``stack``, one axes for the chunks of one row's chunked prefill, chunk under chunk
@@ -131,26 +147,37 @@ def render_attention(forwards: list[ForwardMask], title: str | None = None, colu
     panels = []  # (title, cells [rows, S], first query, row labels)
     if stack:
         cells, starts = stacked_cells(forwards)
-        panels.append((f"uid {forwards[0].uids[0]}: {len(forwards)} prefill chunks", cells,
-                       forwards[0].n_cached, None))
+        panels.append(
+            (f"uid {forwards[0].uids[0]}: {len(forwards)} prefill chunks", cells, forwards[0].n_cached, None)
+        )
     one = not stack and len(forwards) == 1 and forwards[0].shape[0] > 1  # its label: the figure's title
     for fm in [] if stack else forwards:
         cells = attention_cells(fm)
         if fm.shape[1] == 1:
             panels.append((fm.label, cells[:, 0], None, [f"uid {u}" for u in fm.uids]))
         else:
-            panels += [(f"row uid {u}" if one else f"{fm.label}\nrow uid {u}" if fm.shape[0] > 1 else fm.label,
-                        cells[b], fm.n_cached, None) for b, u in enumerate(fm.uids)]
+            panels += [
+                (
+                    f"row uid {u}" if one else f"{fm.label}\nrow uid {u}" if fm.shape[0] > 1 else fm.label,
+                    cells[b],
+                    fm.n_cached,
+                    None,
+                )
+                for b, u in enumerate(fm.uids)
+            ]
     if one:
         title = f"{title}\n{forwards[0].label}" if title else forwards[0].label
     columns = min(columns, len(panels))
     n_rows = -(-len(panels) // columns)
     s_max = max(p[1].shape[1] for p in panels)
     rows_max = max(p[1].shape[0] for p in panels)
-    cell_in = min(0.32, (width_in - 1.0) / columns / max(s_max, 1),
-                  NARROW_GRID_IN / rows_max if width_in < 6 else 1.0)  # a narrow figure stays short
-    heights = [max(p[1].shape[0] for p in panels[i * columns:(i + 1) * columns]) * cell_in + 1.1
-               for i in range(n_rows)]
+    cell_in = min(
+        0.32, (width_in - 1.0) / columns / max(s_max, 1), NARROW_GRID_IN / rows_max if width_in < 6 else 1.0
+    )  # a narrow figure stays short
+    heights = [
+        max(p[1].shape[0] for p in panels[i * columns : (i + 1) * columns]) * cell_in + 1.1
+        for i in range(n_rows)
+    ]
     fig = Figure(figsize=(width_in, sum(heights) + 0.9), layout="constrained")
     if title:
         fig.suptitle(title, fontsize="medium" if width_in < 6 else "large")
@@ -165,9 +192,14 @@ def render_attention(forwards: list[ForwardMask], title: str | None = None, colu
         for k, start in enumerate(starts):
             if k:
                 axes[0].axhline(start - 0.5, color="black", linewidth=2)
-            axes[0].annotate(f"chunk {k + 1}", (1.01, start - 0.3), xycoords=("axes fraction", "data"),
-                             fontsize="small", va="top")
-    for ax in axes[len(panels):]:
+            axes[0].annotate(
+                f"chunk {k + 1}",
+                (1.01, start - 0.3),
+                xycoords=("axes fraction", "data"),
+                fontsize="small",
+                va="top",
+            )
+    for ax in axes[len(panels) :]:
         ax.set_axis_off()
     present = {int(c) for p in panels for c in np.unique(p[1])}
     style.legend(fig, [e for code, e in enumerate(LEGEND) if code in present], ncol=3 if width_in >= 6 else 2)

@@ -43,7 +43,9 @@ def divergence_text(table: pd.DataFrame) -> str:
     lines = ["layer  over  first position  positions"]
     for _, r in table.iterrows():
         first = "-" if pd.isna(r["first_position"]) else str(int(r["first_position"]))
-        lines.append(f"{int(r['layer']):5d}  {'YES' if r['over'] else 'no':>4}  {first:>14}  {ranges(list(r['positions']))}")
+        lines.append(
+            f"{int(r['layer']):5d}  {'YES' if r['over'] else 'no':>4}  {first:>14}  {ranges(list(r['positions']))}"
+        )
     return "\n".join(lines)
 
 
@@ -66,17 +68,39 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     floor = _floor(table)
     out = np.maximum(table["max_abs_delta"].to_numpy(float), floor)
     kv = np.maximum(table["kv_max_abs_delta"].to_numpy(float), floor)
-    kv[np.isposinf(kv)] = 10 * np.nanmax(np.r_[out, kv[np.isfinite(kv)]])  # caches of different lengths: on top
+    kv[np.isposinf(kv)] = 10 * np.nanmax(
+        np.r_[out, kv[np.isfinite(kv)]]
+    )  # caches of different lengths: on top
     out_over = table["max_abs_delta"].to_numpy(float) > table["tolerance"].to_numpy(float)
     kv_over = table["kv_max_abs_delta"].to_numpy(float) > table["kv_tolerance"].to_numpy(float)
     ax.plot(layers, out, color="#555555", lw=1, zorder=1)
-    ax.scatter(layers, out, c=[OVER if o else WITHIN for o in out_over], s=60, marker="o", zorder=3,
-               label="output at the fed position")
-    ax.step(layers, table["tolerance"], where="mid", ls="--", color="#555555", lw=1, label="tolerance (output)")
+    ax.scatter(
+        layers,
+        out,
+        c=[OVER if o else WITHIN for o in out_over],
+        s=60,
+        marker="o",
+        zorder=3,
+        label="output at the fed position",
+    )
+    ax.step(
+        layers, table["tolerance"], where="mid", ls="--", color="#555555", lw=1, label="tolerance (output)"
+    )
     if np.isfinite(kv).any():
-        ax.scatter(layers, kv, edgecolors=[OVER if o else WITHIN for o in kv_over], s=45, marker="s", facecolors="none", linewidths=1.5, zorder=2,
-                   label="KV cache, real positions")
-        ax.step(layers, table["kv_tolerance"], where="mid", ls=":", color="#888888", lw=1, label="tolerance (KV)")
+        ax.scatter(
+            layers,
+            kv,
+            edgecolors=[OVER if o else WITHIN for o in kv_over],
+            s=45,
+            marker="s",
+            facecolors="none",
+            linewidths=1.5,
+            zorder=2,
+            label="KV cache, real positions",
+        )
+        ax.step(
+            layers, table["kv_tolerance"], where="mid", ls=":", color="#888888", lw=1, label="tolerance (KV)"
+        )
     _mark_first(ax, table, out)
     ax.set_yscale("log")
     zero = (table[["max_abs_delta", "kv_max_abs_delta"]].to_numpy(float) == 0).any()
@@ -94,12 +118,24 @@ def _legend(fig: Figure, has_kv: bool) -> None:
     """Below the axes: the marker shapes (grey: their colour is the verdict), the
     tolerance lines, and the two verdict colours."""
     grey = "#555555"
-    entries = [Line2D([], [], ls="", marker="o", color=grey, markersize=7, label="output at the fed position"),
-               Line2D([], [], ls="--", color=grey, lw=1, label="tolerance (output)")]
+    entries = [
+        Line2D([], [], ls="", marker="o", color=grey, markersize=7, label="output at the fed position"),
+        Line2D([], [], ls="--", color=grey, lw=1, label="tolerance (output)"),
+    ]
     if has_kv:
-        entries += [Line2D([], [], ls="", marker="s", markerfacecolor="none", markeredgecolor=grey, markersize=7,
-                           label="KV cache, real positions"),
-                    Line2D([], [], ls=":", color="#888888", lw=1, label="tolerance (KV)")]
+        entries += [
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="s",
+                markerfacecolor="none",
+                markeredgecolor=grey,
+                markersize=7,
+                label="KV cache, real positions",
+            ),
+            Line2D([], [], ls=":", color="#888888", lw=1, label="tolerance (KV)"),
+        ]
     entries += [Patch(color=WITHIN, label="within tolerance"), Patch(color=OVER, label="over tolerance")]
     fig.legend(handles=entries, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
 
@@ -123,7 +159,13 @@ def _mark_first(ax, table: pd.DataFrame, out: np.ndarray) -> None:
     where = list(table.loc[i, "positions"])
     positions = f"position{'s' if len(where) > 1 else ''} {ranges(where)}"
     right_half = table.loc[i, "layer"] > table["layer"].max() / 2
-    ax.annotate(f"first over tolerance: layer {int(table.loc[i, 'layer'])}\n{positions}",
-                xy=(table.loc[i, "layer"], out[i]), xytext=(0.45 if right_half else 0.55, 0.5),
-                textcoords="axes fraction", ha="right" if right_half else "left", fontsize=10, color=OVER,
-                arrowprops={"arrowstyle": "->", "color": OVER})
+    ax.annotate(
+        f"first over tolerance: layer {int(table.loc[i, 'layer'])}\n{positions}",
+        xy=(table.loc[i, "layer"], out[i]),
+        xytext=(0.45 if right_half else 0.55, 0.5),
+        textcoords="axes fraction",
+        ha="right" if right_half else "left",
+        fontsize=10,
+        color=OVER,
+        arrowprops={"arrowstyle": "->", "color": OVER},
+    )

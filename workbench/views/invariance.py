@@ -19,7 +19,7 @@ neither run has that token.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -51,15 +51,28 @@ def render_grids(grids: Sequence, title: str = "") -> Figure:
     cmap = ListedColormap([NONE_COLOR, DIFFERS_COLOR, EQUAL_COLOR])  # -1, 0, 1
     axes = fig.subplots(1, len(grids), squeeze=False)[0]
     for ax, g in zip(axes, grids):
-        ax.imshow(np.asarray(g.equal) + 1, cmap=cmap, vmin=0, vmax=2, aspect="auto", interpolation="nearest",
-                  origin="lower")
+        ax.imshow(
+            np.asarray(g.equal) + 1,
+            cmap=cmap,
+            vmin=0,
+            vmax=2,
+            aspect="auto",
+            interpolation="nearest",
+            origin="lower",
+        )
         ax.set_title(f"{g.mode}, B = {g.batch_size}\n{g.n_equal_rows}/{g.batch_size} rows equal", fontsize=10)
         ax.set_xlabel("generated token")
     axes[0].set_ylabel("row (request)")
     if title:
         fig.suptitle(title, fontsize=11)
-    style.legend(fig, [("bit-equal to alone", EQUAL_COLOR), ("differs (token or log-prob)", DIFFERS_COLOR),
-                       ("no token", NONE_COLOR)])
+    style.legend(
+        fig,
+        [
+            ("bit-equal to alone", EQUAL_COLOR),
+            ("differs (token or log-prob)", DIFFERS_COLOR),
+            ("no token", NONE_COLOR),
+        ],
+    )
     return fig
 
 
@@ -78,8 +91,10 @@ def ops_text(ops: Sequence, magnitudes: bool = False) -> str:
     w = max(len(n) for n in names) if names else 9
     lines = [f"{'operation':{w}s}  {'default':10s}  {'in the mode':11s}  mode's choice"]
     for name, o in zip(names, ops):
-        lines.append(f"{name:{w}s}  {_verdict(o.max_abs_diff, magnitudes):10s}  "
-                     f"{_verdict(o.mode_diff, magnitudes):11s}  {o.mode_choice}")
+        lines.append(
+            f"{name:{w}s}  {_verdict(o.max_abs_diff, magnitudes):10s}  "
+            f"{_verdict(o.mode_diff, magnitudes):11s}  {o.mode_choice}"
+        )
     return "\n".join(lines)
 
 
@@ -88,8 +103,15 @@ def chunks_text(chunks: Sequence, magnitudes: bool = False) -> str:
     log-probs (``bit-equal`` / ``differ``, or the largest |diff| in nats)."""
     lines = []
     for c in chunks:
-        lp = ("bit-equal" if c.max_abs_logprob_diff == 0.0 else
-              f"differ by up to {c.max_abs_logprob_diff:.1e} nats" if magnitudes else "differ")
-        lines.append(f"prefill_step_size {c.prefill_step_size:5d} vs {c.reference_step_size}: tokens "
-                     f"{'equal' if c.tokens_equal else 'DIFFER'}, log-probs {lp}")
+        lp = (
+            "bit-equal"
+            if c.max_abs_logprob_diff == 0.0
+            else f"differ by up to {c.max_abs_logprob_diff:.1e} nats"
+            if magnitudes
+            else "differ"
+        )
+        lines.append(
+            f"prefill_step_size {c.prefill_step_size:5d} vs {c.reference_step_size}: tokens "
+            f"{'equal' if c.tokens_equal else 'DIFFER'}, log-probs {lp}"
+        )
     return "\n".join(lines)

@@ -24,7 +24,7 @@ Rich form: stacked bars per row and group (left), padding waste and KV bytes per
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -34,8 +34,12 @@ from ..observe.snapshot import LayerGroup, Snapshot
 from . import style
 from .mask import row_labels
 
-SEGMENTS = (("padding", style.PADDING), ("valid", style.ATTENDED), ("expired", style.EXPIRED),
-            ("unused", style.UNUSED))
+SEGMENTS = (
+    ("padding", style.PADDING),
+    ("valid", style.ATTENDED),
+    ("expired", style.EXPIRED),
+    ("unused", style.UNUSED),
+)
 
 
 def row_geometry(group: LayerGroup) -> dict[str, np.ndarray]:
@@ -45,8 +49,12 @@ def row_geometry(group: LayerGroup) -> dict[str, np.ndarray]:
     width = group.kv_width_tokens
     padding = np.clip(np.asarray(group.left_padding, np.int64), 0, width)
     valid = np.asarray(group.mask, bool).sum(axis=1) - 1
-    return {"padding": padding, "valid": valid, "expired": width - padding - valid,
-            "unused": np.full_like(padding, group.capacity_tokens - width)}
+    return {
+        "padding": padding,
+        "valid": valid,
+        "expired": width - padding - valid,
+        "unused": np.full_like(padding, group.capacity_tokens - width),
+    }
 
 
 def attention_groups(snap: Snapshot) -> list[LayerGroup]:
@@ -56,21 +64,27 @@ def attention_groups(snap: Snapshot) -> list[LayerGroup]:
 
 def kv_text(snap: Snapshot) -> str:
     """Deterministic text form of one snapshot's KV geometry (see the module docstring)."""
-    lines = [f"KV geometry at step {snap.step}: {snap.batch_size} row(s), {snap.kv_bytes:,} KV bytes, "
-             f"padding waste {snap.padding_waste:.1%}"]
+    lines = [
+        f"KV geometry at step {snap.step}: {snap.batch_size} row(s), {snap.kv_bytes:,} KV bytes, "
+        f"padding waste {snap.padding_waste:.1%}"
+    ]
     width = max([3] + [len(str(u)) for u in snap.uids])
     for g in attention_groups(snap):
         geo = row_geometry(g)
         cols = [c for c, _ in SEGMENTS if c != "expired" or g.window_tokens is not None]
-        lines.append(f"[{g.name}] layers {style.layer_list(g.layers)}: KV width {g.kv_width_tokens} "
-                     f"of {g.capacity_tokens} allocated tokens")
+        lines.append(
+            f"[{g.name}] layers {style.layer_list(g.layers)}: KV width {g.kv_width_tokens} "
+            f"of {g.capacity_tokens} allocated tokens"
+        )
         lines.append(f"  {'uid':>{width}} | " + "  ".join(f"{c:>7}" for c in cols))
         for r, uid in enumerate(snap.uids):
             lines.append(f"  {uid:>{width}} | " + "  ".join(f"{int(geo[c][r]):>7}" for c in cols))
     for g in snap.groups if snap.uids else []:
         if g.name == "ssm":
-            lines.append(f"[ssm] layers {style.layer_list(g.layers)}: {g.kv_bytes:,} bytes of fixed-size "
-                         f"state per batch, no sequence axis; shapes {list(g.state_shapes)}")
+            lines.append(
+                f"[ssm] layers {style.layer_list(g.layers)}: {g.kv_bytes:,} bytes of fixed-size "
+                f"state per batch, no sequence axis; shapes {list(g.state_shapes)}"
+            )
     return "\n".join(lines)
 
 
@@ -78,8 +92,10 @@ def kv_history_text(history: Sequence[Snapshot]) -> str:
     """One line per snapshot of ``history``: step, rows, KV width, padding waste, KV bytes."""
     lines = ["step  rows  KV width  padding waste      KV bytes"]
     for s in history:
-        lines.append(f"{s.step:>4}  {s.batch_size:>4}  {s.kv_width_tokens:>8}  "
-                     f"{s.padding_waste:>13.1%}  {s.kv_bytes:>12,}")
+        lines.append(
+            f"{s.step:>4}  {s.batch_size:>4}  {s.kv_width_tokens:>8}  "
+            f"{s.padding_waste:>13.1%}  {s.kv_bytes:>12,}"
+        )
     return "\n".join(lines)
 
 
@@ -97,8 +113,9 @@ def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
             ax.text(shown, r, f"+{int(geo['unused'][r])} unused ", ha="right", va="center", fontsize="small")
     ax.set_yticks(range(B), row_labels(snap))
     ax.invert_yaxis()
-    ax.set_title(f"{g.name} · KV width {g.kv_width_tokens} of {g.capacity_tokens} tokens",
-                 fontsize="small", loc="left")
+    ax.set_title(
+        f"{g.name} · KV width {g.kv_width_tokens} of {g.capacity_tokens} tokens", fontsize="small", loc="left"
+    )
 
 
 def bytes_unit(n_bytes: float) -> tuple[int, str]:
@@ -120,19 +137,30 @@ def render_kv(snap: Snapshot, history: Sequence[Snapshot] = (), width_in: float 
     instead of drawing empty axes; bytes and waste never go below 0."""
     groups = attention_groups(snap)
     narrow = width_in < 6
-    fig = Figure(figsize=(width_in, max(2.9 if narrow else 3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups))),
-                 layout="constrained")
+    fig = Figure(
+        figsize=(
+            width_in,
+            max(2.9 if narrow else 3.8, 0.9 + sum(0.3 * snap.batch_size + 0.8 for g in groups)),
+        ),
+        layout="constrained",
+    )
     unit, unit_name = bytes_unit(snap.kv_bytes)
     held = f"{snap.kv_bytes / unit:,.2f} {unit_name}" if snap.kv_bytes else "no KV bytes"
-    fig.suptitle(f"KV cache, step {snap.step}: {held}, padding {snap.padding_waste:.0%}" if narrow else
-                 f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), {held}, padding waste "
-                 f"{snap.padding_waste:.1%}", fontsize="medium" if narrow else "large")
+    fig.suptitle(
+        f"KV cache, step {snap.step}: {held}, padding {snap.padding_waste:.0%}"
+        if narrow
+        else f"KV cache geometry at step {snap.step}: {snap.batch_size} row(s), {held}, padding waste "
+        f"{snap.padding_waste:.1%}",
+        fontsize="medium" if narrow else "large",
+    )
     left, right = fig.subfigures(1, 2, width_ratios=[3, 2]) if history else (fig, None)
     if groups:
         axes = left.subplots(len(groups), 1, squeeze=False)[:, 0]
         for ax, g in zip(axes, groups):
             _draw_rows(ax, snap, g)
-        axes[-1].set_xlabel("tokens per row" if narrow else "tokens per row (stacked: padding, valid, expired, unused)")
+        axes[-1].set_xlabel(
+            "tokens per row" if narrow else "tokens per row (stacked: padding, valid, expired, unused)"
+        )
     else:
         style.empty(left.add_subplot(), "no attention cache" if snap.uids else "no rows in the batch")
     if right is not None:
@@ -151,8 +179,9 @@ def _draw_history(fig, snap: Snapshot, history: Sequence[Snapshot], narrow: bool
     steps = [s.step for s in history]
     unit, unit_name = bytes_unit(max(s.kv_bytes for s in history))
     waste_ax, bytes_ax = fig.subplots(2, 1, sharex=True)
-    waste_ax.plot(steps, [100 * s.padding_waste for s in history], "o-", color=style.PADDING,
-                  markeredgecolor=style.EDGE)
+    waste_ax.plot(
+        steps, [100 * s.padding_waste for s in history], "o-", color=style.PADDING, markeredgecolor=style.EDGE
+    )
     waste_ax.set_ylabel("padding %" if narrow else "padding waste (%)")
     waste_ax.set_ylim(0, max(5.0, 1.1 * max(100 * s.padding_waste for s in history)))
     bytes_ax.plot(steps, [s.kv_bytes / unit for s in history], "o-", color=style.ATTENDED)

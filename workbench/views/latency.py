@@ -33,16 +33,18 @@ LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
 def latency_text(report: Report) -> str:
     """Deterministic text form (see the module docstring); times in milliseconds."""
     r, steps = report.requests, step_metrics(report.events)
-    lines = [f"{len(r)} requests, {int(r.generated_tokens.sum())} generated tokens "
-             f"over {len(steps)} decode steps"]
+    lines = [
+        f"{len(r)} requests, {int(r.generated_tokens.sum())} generated tokens over {len(steps)} decode steps"
+    ]
     for col, name in LATENCIES:
         p, n = percentiles(r[col]), int(np.isfinite(r[col].to_numpy(float)).sum())
         lines.append(f"{name} (ms): p50 {p['p50'] * 1e3:.1f}, p95 {p['p95'] * 1e3:.1f} ({n} requests)")
     rate = steps.tok_per_s.to_numpy(float)
     rate = rate[np.isfinite(rate)]
     per_step = f"min {rate.min():.1f}, max {rate.max():.1f}" if rate.size else "n/a"
-    lines.append(f"throughput: {report.throughput_tok_per_s:.1f} tok/s over the run; "
-                 f"decode tok/s per step: {per_step}")
+    lines.append(
+        f"throughput: {report.throughput_tok_per_s:.1f} tok/s over the run; decode tok/s per step: {per_step}"
+    )
     lines.append("batch size by step: " + run_lengths(steps.batch_size.astype(int).tolist()))
     return "\n".join(lines)
 
@@ -88,8 +90,13 @@ def render_latency(report: Report, title: str = "latency and throughput") -> Fig
     steps = step_metrics(report.events)
     t0 = report.events[report.events.kind == "submit"].time_s.min()
     rate_ax.plot(steps.time_s - t0, steps.tok_per_s, ".", color=style.ATTENDED, label="one step")
-    rate_ax.plot(steps.time_s - t0, steps.tok_per_s.rolling(8, min_periods=1).mean(), "-",
-                 color=style.SERIES[0], label="mean of 8 steps")
+    rate_ax.plot(
+        steps.time_s - t0,
+        steps.tok_per_s.rolling(8, min_periods=1).mean(),
+        "-",
+        color=style.SERIES[0],
+        label="mean of 8 steps",
+    )
     rate_ax.legend(fontsize="x-small")
     rate_ax.set_title("decode throughput per step", fontsize="small", loc="left")
     rate_ax.set_xlabel("time since first submit (s)")

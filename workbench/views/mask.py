@@ -42,9 +42,15 @@ def mask_text(snap: Snapshot) -> str:
     head = f"masks at step {snap.step}: {snap.batch_size} row(s)"
     if not snap.uids:
         return f"{head}\n(no rows)"
-    return "\n".join([head] + [g.text(snap.uids).replace(f"layers {','.join(g.layers)}",
-                                                          f"layers {style.layer_list(g.layers)}", 1)
-                                for g in snap.groups])
+    return "\n".join(
+        [head]
+        + [
+            g.text(snap.uids).replace(
+                f"layers {','.join(g.layers)}", f"layers {style.layer_list(g.layers)}", 1
+            )
+            for g in snap.groups
+        ]
+    )
 
 
 def temporal_mask(group: LayerGroup) -> np.ndarray:
@@ -73,8 +79,13 @@ def row_labels(snap: Snapshot) -> list[str]:
     constrained row's constraint (``uid 3 · regex=[0-9]+``)."""
     adapters = snap.adapters if snap.adapters_loaded else (None,) * len(snap.uids)
     constraints = snap.constraints or ("",) * len(snap.uids)
-    return [f"uid {u}" + (f" · {a or 'none'}" if snap.adapters_loaded else "") + (f" · {c}" if c else "")
-            + (" (finished)" if f else "") for u, f, a, c in zip(snap.uids, snap.finished, adapters, constraints)]
+    return [
+        f"uid {u}"
+        + (f" · {a or 'none'}" if snap.adapters_loaded else "")
+        + (f" · {c}" if c else "")
+        + (" (finished)" if f else "")
+        for u, f, a, c in zip(snap.uids, snap.finished, adapters, constraints)
+    ]
 
 
 def _group_title(g: LayerGroup) -> str:
@@ -98,8 +109,10 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
     B = snap.batch_size
     heights = [max(B, 1) * 0.32 + 0.7 for _ in groups] or [1.0]
     fig = Figure(figsize=(width_in, sum(heights) + (1.3 if width_in >= 6 else 1.0)), layout="constrained")
-    fig.suptitle(title or f"attention masks for the next step (step {snap.step}, {B} row(s))",
-                 fontsize="medium" if width_in < 6 else "large")
+    fig.suptitle(
+        title or f"attention masks for the next step (step {snap.step}, {B} row(s))",
+        fontsize="medium" if width_in < 6 else "large",
+    )
     if not groups:
         style.empty(fig.add_subplot(), "no rows in the batch: submit a prompt, then Admit")
         return fig
@@ -108,8 +121,15 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
     for ax, g in zip(axes, groups):
         cells = mask_cells(temporal_mask(g))
         S = cells.shape[1]
-        ax.imshow(cells, cmap=CMAP, vmin=0, vmax=2, aspect="auto", interpolation="nearest",
-                  extent=(-S + 0.5, 0.5, B - 0.5, -0.5))
+        ax.imshow(
+            cells,
+            cmap=CMAP,
+            vmin=0,
+            vmax=2,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(-S + 0.5, 0.5, B - 0.5, -0.5),
+        )
         if s_max <= GRID_MAX_COLUMNS:
             style.cell_borders(ax, S, B, x0=-S + 0.5, color="white", linewidth=1.0)
         ax.set_yticks(range(B), row_labels(snap))
@@ -119,8 +139,18 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
             ax.axvspan(-s_max + 0.5, -S + 0.5, facecolor="white", edgecolor=OUTSIDE_EDGE, hatch="//")
     style.integer_ticks(axes[-1].xaxis, -s_max + 1, 0, max_labels=16 if width_in >= 6 else 8)
     axes[-1].set_xlabel("key position relative to the fed token (0 = fed token)")
-    entries = ([("masked (padding / expired)", style.PADDING), ("attended cached token", style.ATTENDED)]
-               if width_in >= 6 else [("masked", style.PADDING), ("attended", style.ATTENDED)]) + [("fed token", style.FED)]
-    style.legend(fig, entries + ([("not held (outside the window)", "white", "//")] if s_max > min(
-        temporal_mask(g).shape[1] for g in groups) else []))
+    entries = (
+        [("masked (padding / expired)", style.PADDING), ("attended cached token", style.ATTENDED)]
+        if width_in >= 6
+        else [("masked", style.PADDING), ("attended", style.ATTENDED)]
+    ) + [("fed token", style.FED)]
+    style.legend(
+        fig,
+        entries
+        + (
+            [("not held (outside the window)", "white", "//")]
+            if s_max > min(temporal_mask(g).shape[1] for g in groups)
+            else []
+        ),
+    )
     return fig

@@ -38,15 +38,22 @@ GRID_MAX = 80  # cell grid lines up to this many columns
 
 def _packed(snap) -> PackedState:
     if getattr(snap, "packed", None) is None:
-        raise ValueError("this snapshot is of the padded layout; the packed views need Scheduler(layout='packed')")
+        raise ValueError(
+            "this snapshot is of the padded layout; the packed views need Scheduler(layout='packed')"
+        )
     return snap.packed
 
 
 def packed_text(snap) -> str:
     """The snapshot's page table, its latest forward's chunks and their packed mask."""
     state = _packed(snap)
-    return "\n".join([page_table_text(state), chunks_text(state.last_chunks, state.token_budget),
-                      mask_text(state.last_chunks)])
+    return "\n".join(
+        [
+            page_table_text(state),
+            chunks_text(state.last_chunks, state.token_budget),
+            mask_text(state.last_chunks),
+        ]
+    )
 
 
 def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
@@ -56,7 +63,9 @@ def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
     the same forward light."""
     state = _packed(snap)
     chunks = state.last_chunks
-    fig = Figure(figsize=(width_in, 1.6 + 0.22 * max(sum(c.n_tokens for c in chunks), 1)), layout="constrained")
+    fig = Figure(
+        figsize=(width_in, 1.6 + 0.22 * max(sum(c.n_tokens for c in chunks), 1)), layout="constrained"
+    )
     ax = fig.add_subplot()
     if not chunks:
         ax.text(0.5, 0.5, "no packed forward yet", ha="center", va="center")
@@ -81,14 +90,24 @@ def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
     centres = [np.mean(np.flatnonzero(ku == c.uid)) for c in chunks]
     ax.set_xticks(centres, [f"uid {c.uid} ({c.end} keys)" for c in chunks], fontsize=9)
     ax.tick_params(which="minor", length=0)
-    ax.set_title(f"packed mask of step {snap.step}: {T} tokens x {S} keys "
-                 f"(budget {state.token_budget})", fontsize="medium", loc="left")
-    fig.legend(handles=[Patch(color=style.ATTENDED, label="decode token -> cached key"),
-                        Patch(color=style.PREFILL, label="prefill token -> cached key"),
-                        Patch(color=style.NEW_KEY, label="-> key of this forward (decode)"),
-                        Patch(color="#f7d19e", label="-> key of this forward (prefill)"),
-                        Patch(color=style.UNUSED, label="masked (other request / later)")],
-               loc="outside lower center", ncol=3, fontsize=8.5, frameon=False)
+    ax.set_title(
+        f"packed mask of step {snap.step}: {T} tokens x {S} keys (budget {state.token_budget})",
+        fontsize="medium",
+        loc="left",
+    )
+    fig.legend(
+        handles=[
+            Patch(color=style.ATTENDED, label="decode token -> cached key"),
+            Patch(color=style.PREFILL, label="prefill token -> cached key"),
+            Patch(color=style.NEW_KEY, label="-> key of this forward (decode)"),
+            Patch(color="#f7d19e", label="-> key of this forward (prefill)"),
+            Patch(color=style.UNUSED, label="masked (other request / later)"),
+        ],
+        loc="outside lower center",
+        ncol=3,
+        fontsize=8.5,
+        frameon=False,
+    )
     return fig
 
 
@@ -106,15 +125,20 @@ def render_page_table(snap, width_in: float = 9.0) -> Figure:
         grid[len(rows), page] = -1
     fig = Figure(figsize=(width_in, 1.4 + 0.3 * (len(rows) + 1)), layout="constrained")
     ax = fig.add_subplot()
-    ax.imshow(np.where(grid < 0, np.nan, grid), cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    ax.imshow(
+        np.where(grid < 0, np.nan, grid), cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest"
+    )
     free = np.argwhere(grid < 0)
     if len(free):
         ax.scatter(free[:, 1], free[:, 0], marker="s", color=style.QUEUED, s=40)
     ax.set_yticks(range(len(rows) + 1), [f"uid {u}" for u, _ in rows] + ["free"])
     ax.set_xlabel("page id")
-    ax.set_title(f"page table at step {snap.step}: {state.used_pages}/{state.capacity_pages} pages of "
-                 f"{state.page_size} tokens, {state.held_bytes:,} bytes held ({state.token_bytes:,} of tokens)",
-                 fontsize="medium", loc="left")
+    ax.set_title(
+        f"page table at step {snap.step}: {state.used_pages}/{state.capacity_pages} pages of "
+        f"{state.page_size} tokens, {state.held_bytes:,} bytes held ({state.token_bytes:,} of tokens)",
+        fontsize="medium",
+        loc="left",
+    )
     return fig
 
 

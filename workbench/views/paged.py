@@ -31,8 +31,12 @@ __all__ = ["PART_COLOURS", "paged_text", "render_paged"]
 
 MIB = 1024 * 1024
 PART_COLOURS = {"data": style.ATTENDED, "padding": style.PADDING, "growth": style.UNUSED, "free": style.LATER}
-PART_LABELS = {"data": "padded: tokens", "padding": "padded: left padding", "growth": "padded: growth step (unused)",
-               "free": "padded: free slots"}
+PART_LABELS = {
+    "data": "padded: tokens",
+    "padding": "padded: left padding",
+    "growth": "padded: growth step (unused)",
+    "free": "padded: free slots",
+}
 PAGED_STYLES = ("-", "--", ":", "-.")
 PAGED_COLOUR = "#222222"
 PADDED_COLOUR = style.SERIES[1]  # the padded cache as shipped (a series colour: no cache meaning)
@@ -69,41 +73,80 @@ def render_paged(table: pd.DataFrame, title: str = "", x: str = "step", width_in
 
     bytes_ax = axes[0]
     parts = [table[f"padded_{p}_bytes"].to_numpy(float) / MIB for p in PADDED_PARTS]
-    bytes_ax.stackplot(xs, *parts, colors=[PART_COLOURS[p] for p in PADDED_PARTS], step="post",
-                       edgecolor=style.EDGE, linewidth=0.3)
+    bytes_ax.stackplot(
+        xs,
+        *parts,
+        colors=[PART_COLOURS[p] for p in PADDED_PARTS],
+        step="post",
+        edgecolor=style.EDGE,
+        linewidth=0.3,
+    )
     for b, ls in zip(blocks, PAGED_STYLES):
-        bytes_ax.step(xs, table[f"paged_bytes_b{b}"] / MIB, where="post", color=PAGED_COLOUR, linestyle=ls, linewidth=1.4)
+        bytes_ax.step(
+            xs,
+            table[f"paged_bytes_b{b}"] / MIB,
+            where="post",
+            color=PAGED_COLOUR,
+            linestyle=ls,
+            linewidth=1.4,
+        )
     bytes_ax.set_ylabel("KV bytes (MiB)")
-    bytes_ax.set_title("bytes held: the padded batch (stacked) and a paged cache (lines)", fontsize="medium", loc="left")
+    bytes_ax.set_title(
+        "bytes held: the padded batch (stacked) and a paged cache (lines)", fontsize="medium", loc="left"
+    )
 
     waste_ax = axes[1]
     data = table.padded_data_bytes
-    waste_ax.step(xs, _share(table.padded_bytes - data, table.padded_bytes), where="post", color=PADDED_COLOUR,
-                  linewidth=1.6)
+    waste_ax.step(
+        xs,
+        _share(table.padded_bytes - data, table.padded_bytes),
+        where="post",
+        color=PADDED_COLOUR,
+        linewidth=1.6,
+    )
     for b, ls in zip(blocks, PAGED_STYLES):
         paged = table[f"paged_bytes_b{b}"]
-        waste_ax.step(xs, _share(paged - data, paged), where="post", color=PAGED_COLOUR, linestyle=ls, linewidth=1.4)
+        waste_ax.step(
+            xs, _share(paged - data, paged), where="post", color=PAGED_COLOUR, linestyle=ls, linewidth=1.4
+        )
     waste_ax.set_ylabel("waste (% of bytes)")
     waste_ax.set_ylim(0, 100)
     waste_ax.set_title("share of each layout's bytes holding no token", fontsize="medium", loc="left")
 
-    handles = [Patch(facecolor=PART_COLOURS[p], edgecolor=style.EDGE, label=PART_LABELS[p]) for p in PADDED_PARTS]
+    handles = [
+        Patch(facecolor=PART_COLOURS[p], edgecolor=style.EDGE, label=PART_LABELS[p]) for p in PADDED_PARTS
+    ]
     handles.append(Line2D([], [], color=PADDED_COLOUR, linewidth=1.6, label="padded (waste, max batch)"))
-    handles += [Line2D([], [], color=PAGED_COLOUR, linestyle=ls, linewidth=1.4, label=f"paged, {b}-token blocks")
-                for b, ls in zip(blocks, PAGED_STYLES)]
+    handles += [
+        Line2D([], [], color=PAGED_COLOUR, linestyle=ls, linewidth=1.4, label=f"paged, {b}-token blocks")
+        for b, ls in zip(blocks, PAGED_STYLES)
+    ]
     if budget:
         batch_ax = axes[2]
-        batch_ax.step(xs, table.padded_max_batch.astype(float), where="post", color=PADDED_COLOUR, linewidth=1.6)
+        batch_ax.step(
+            xs, table.padded_max_batch.astype(float), where="post", color=PADDED_COLOUR, linewidth=1.6
+        )
         for b, ls in zip(blocks, PAGED_STYLES):
-            batch_ax.step(xs, table[f"paged_max_batch_b{b}"].astype(float), where="post", color=PAGED_COLOUR, linestyle=ls,
-                          linewidth=1.4)
-        batch_ax.step(xs, table.rows.where(table.rows > 0), where="post", color=style.ATTENDED, linewidth=1.2, alpha=0.8)
+            batch_ax.step(
+                xs,
+                table[f"paged_max_batch_b{b}"].astype(float),
+                where="post",
+                color=PAGED_COLOUR,
+                linestyle=ls,
+                linewidth=1.4,
+            )
+        batch_ax.step(
+            xs, table.rows.where(table.rows > 0), where="post", color=style.ATTENDED, linewidth=1.2, alpha=0.8
+        )
         handles.append(Line2D([], [], color=style.ATTENDED, linewidth=1.2, label="rows running"))
         batch_ax.set_ylim(bottom=0)
         batch_ax.set_ylabel("rows")
         budget_bytes = int(table.budget_bytes.iloc[0]) if len(table) else 0
-        batch_ax.set_title(f"largest batch of rows like these under {budget_bytes / MIB:,.1f} MiB",
-                           fontsize="medium", loc="left")
+        batch_ax.set_title(
+            f"largest batch of rows like these under {budget_bytes / MIB:,.1f} MiB",
+            fontsize="medium",
+            loc="left",
+        )
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("decode step" if x == "step" else ("virtual time (s)" if x == "time_s" else x))

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import base64
 import html
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -55,8 +56,10 @@ try:
     import ipywidgets as W
     from IPython.display import HTML
 except ImportError as exc:  # the engine and the figure views do not need them
-    raise ImportError(f"wb.views.Panel needs ipywidgets and IPython ({exc}); install them with "
-                      "pip install -e \".[notebooks]\" (or pip install ipywidgets)") from exc
+    raise ImportError(
+        f"wb.views.Panel needs ipywidgets and IPython ({exc}); install them with "
+        'pip install -e ".[notebooks]" (or pip install ipywidgets)'
+    ) from exc
 
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
@@ -93,8 +96,11 @@ def nothing_to_do(call: str, snap: Snapshot) -> str:
     """
     queued = f"queue {list(snap.queue)}: press Admit" if snap.queue else "submit a prompt, then Admit"
     if call == "admit":
-        return ("Admit: nothing to admit (the queue is empty" +
-                (f"; {snap.batch_size} row(s) running: press Step)." if snap.batch_size else "; submit a prompt first)."))
+        return "Admit: nothing to admit (the queue is empty" + (
+            f"; {snap.batch_size} row(s) running: press Step)."
+            if snap.batch_size
+            else "; submit a prompt first)."
+        )
     if call == "step":
         return f"Step: no running row to decode ({queued})."
     if call == "filter":
@@ -112,15 +118,17 @@ def prefill_figure(fm: ForwardMask | None) -> Figure:
         return fig
     more = f" (first 3 of {len(fm.uids)} rows)" if len(fm.uids) > 3 else ""
     label = fm.label.replace("prefill ", "last prefill: ", 1) + more
-    shown = ForwardMask(label, fm.uids[:3], fm.mask[:3], fm.n_cached, fm.query_padding[:3], fm.key_padding[:3],
-                        fm.first_event)
+    shown = ForwardMask(
+        label, fm.uids[:3], fm.mask[:3], fm.n_cached, fm.query_padding[:3], fm.key_padding[:3], fm.first_event
+    )
     return render_attention([shown], columns=len(shown.uids), width_in=IMAGE_WIDTH_IN)
 
 
 def status_text(snap: Snapshot) -> str:
     """The status line: step, rows, KV bytes and the queue of a snapshot."""
-    return (f"step {snap.step} · {snap.batch_size} row(s) · {snap.kv_bytes:,} KV bytes · "
-            f"queue {list(snap.queue)}")
+    return (
+        f"step {snap.step} · {snap.batch_size} row(s) · {snap.kv_bytes:,} KV bytes · queue {list(snap.queue)}"
+    )
 
 
 class Panel:
@@ -134,18 +142,31 @@ class Panel:
             :func:`reset_scheduler`).
     """
 
-    def __init__(self, sched: Scheduler, max_tokens: int = 16, run_steps: int = 8,
-                 reset: Callable[[Scheduler], Scheduler] = reset_scheduler):
+    def __init__(
+        self,
+        sched: Scheduler,
+        max_tokens: int = 16,
+        run_steps: int = 8,
+        reset: Callable[[Scheduler], Scheduler] = reset_scheduler,
+    ):
         self.sched = sched
         self._reset = reset
         self.prompt = W.Text(value="def add(a, b):", description="prompt")
         self.max_tokens = W.IntText(value=max_tokens, description="max tokens")
         self.run_steps = W.IntText(value=run_steps, description="steps N")
-        self.buttons = {name: W.Button(description=name) for name in
-                        ("Submit", "Admit", "Step", "Filter", "Run N steps", "Reset", "Restore")}
-        actions = {"Submit": self.on_submit, "Admit": self.on_admit, "Step": self.on_step,
-                   "Filter": self.on_filter, "Run N steps": self.on_run, "Reset": self.on_reset,
-                   "Restore": self.on_restore}
+        self.buttons = {
+            name: W.Button(description=name)
+            for name in ("Submit", "Admit", "Step", "Filter", "Run N steps", "Reset", "Restore")
+        }
+        actions = {
+            "Submit": self.on_submit,
+            "Admit": self.on_admit,
+            "Step": self.on_step,
+            "Filter": self.on_filter,
+            "Run N steps": self.on_run,
+            "Reset": self.on_reset,
+            "Restore": self.on_restore,
+        }
         for name, button in self.buttons.items():
             button.on_click(lambda _b, act=actions[name]: act())
         self.status = W.Label().add_class("wb-status")
@@ -155,8 +176,10 @@ class Panel:
         self.slider_label = W.Label()
         self._quiet = False  # True while the panel itself moves the slider
         self.slider.observe(lambda _change: None if self._quiet else self.render(), names="value")
+
         def natural() -> W.Layout:  # the PNG's own size (never stretched, at most the output's width)
             return W.Layout(max_width="100%", height="auto", align_self="flex-start")
+
         self.mask_image = W.Image(format="png", layout=natural()).add_class("wb-mask-image")
         self.attention_image = W.Image(format="png", layout=natural()).add_class("wb-attention-image")
         self.timeline_image = W.Image(format="png", layout=natural()).add_class("wb-timeline-image")
@@ -173,18 +196,29 @@ class Panel:
         for b in self.buttons.values():
             b.layout = compact
         images = W.Layout(flex_flow="row wrap", align_items="flex-start")
-        self.widget = W.VBox([
-            W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
-            W.HBox([self.buttons[n] for n in ("Admit", "Step", "Filter")]
-                   + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]),
-            self.status, self.notice, self.error, W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
-            W.HBox([self.mask_image, self.attention_image], layout=images),
-            W.HBox([self.kv_image, self.timeline_image], layout=images),
-            self.rows, self.top_ascii, ascii_box,
-        ])
+        self.widget = W.VBox(
+            [
+                W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
+                W.HBox(
+                    [self.buttons[n] for n in ("Admit", "Step", "Filter")]
+                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]
+                ),
+                self.status,
+                self.notice,
+                self.error,
+                W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
+                W.HBox([self.mask_image, self.attention_image], layout=images),
+                W.HBox([self.kv_image, self.timeline_image], layout=images),
+                self.rows,
+                self.top_ascii,
+                ascii_box,
+            ]
+        )
         for label in (self.notice, self.error):  # take no room while empty
-            label.observe(lambda change: setattr(change.owner.layout, "display", "" if change.new else "none"),
-                          names="value")
+            label.observe(
+                lambda change: setattr(change.owner.layout, "display", "" if change.new else "none"),
+                names="value",
+            )
             label.layout.display = "none"
         self.sched.snapshot(record=True)  # the engine as it is now, whatever was called since the last one
         self._follow_history()
@@ -209,27 +243,35 @@ class Panel:
     def on_run(self) -> None:
         """Up to N iterations of the engine's loop (``run(max_steps=1)``: admit, step,
         filter); each engine call records a snapshot, so the slider can scrub every step."""
+
         def run(s: Scheduler) -> None:
             for _ in range(self.run_steps.value):
                 if s.idle:
                     break
                 s.run(max_steps=1)
+
         self._act(run)
 
     def on_reset(self) -> None:
         """Replace ``panel.sched`` by ``reset(panel.sched)``."""
+
         def reset(s: Scheduler) -> None:
             self.sched = self._reset(s)
+
         self._act(reset)
 
     def on_restore(self) -> None:
         """Restore the engine to the snapshot the slider shows (its kept checkpoint)."""
+
         def restore(s: Scheduler) -> None:
             checkpoint = s.history.checkpoint(self.slider.value)
             if checkpoint is None:
-                raise ValueError("no checkpoint was kept with this snapshot; create the scheduler with "
-                                 "history_checkpoints=N to restore the latest N snapshots")
+                raise ValueError(
+                    "no checkpoint was kept with this snapshot; create the scheduler with "
+                    "history_checkpoints=N to restore the latest N snapshots"
+                )
             s.restore(checkpoint)
+
         self._act(restore)
 
     def _act(self, call: Callable[[Scheduler], Any], idle_call: str | None = None) -> None:
@@ -249,8 +291,10 @@ class Panel:
         except (Exception, KeyboardInterrupt) as exc:  # shown in the panel, never swallowed silently
             what = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            self.error.value = (f"<span style='color:#c0392b'>{what}: {html.escape(detail)} (engine at step "
-                                f"{self.sched.step_index}; the call in progress was undone)</span>")
+            self.error.value = (
+                f"<span style='color:#c0392b'>{what}: {html.escape(detail)} (engine at step "
+                f"{self.sched.step_index}; the call in progress was undone)</span>"
+            )
         self.sched.snapshot(record=True)
         self._follow_history()
 
@@ -279,13 +323,18 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
-        top = top_logprobs_text(snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t])))
+        top = top_logprobs_text(
+            snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t]))
+        )
         self.top_ascii.value = f"<pre>{html.escape(top)}</pre>" if top else ""
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         self.buttons["Restore"].disabled = self.sched.history.checkpoint(self.slider.value) is None
-        self.buttons["Restore"].tooltip = ("restore the engine to this snapshot" if self.sched.history_checkpoints
-                                           else "Scheduler(history_checkpoints=N) keeps checkpoints to restore")
+        self.buttons["Restore"].tooltip = (
+            "restore the engine to this snapshot"
+            if self.sched.history_checkpoints
+            else "Scheduler(history_checkpoints=N) keeps checkpoints to restore"
+        )
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
 
     def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:
@@ -294,12 +343,18 @@ class Panel:
         :meth:`recent_events`), each ``IMAGE_WIDTH_IN`` wide."""
         timeline = render_timeline(self.recent_events(snap.step), x="step", width_in=IMAGE_WIDTH_IN)
         if snap.packed is not None:  # the packed layout: its latest forward's mask and its page table
-            return {self.mask_image: render_packed_mask(snap, width_in=IMAGE_WIDTH_IN),
-                    self.attention_image: prefill_figure(None),
-                    self.kv_image: render_page_table(snap, width_in=IMAGE_WIDTH_IN), self.timeline_image: timeline}
-        return {self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
-                self.attention_image: prefill_figure(self.last_prefill(snap.step)),
-                self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN), self.timeline_image: timeline}
+            return {
+                self.mask_image: render_packed_mask(snap, width_in=IMAGE_WIDTH_IN),
+                self.attention_image: prefill_figure(None),
+                self.kv_image: render_page_table(snap, width_in=IMAGE_WIDTH_IN),
+                self.timeline_image: timeline,
+            }
+        return {
+            self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
+            self.attention_image: prefill_figure(self.last_prefill(snap.step)),
+            self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
+            self.timeline_image: timeline,
+        }
 
     def last_prefill(self, step: int) -> ForwardMask | None:
         """The last prefill forward run at or before decode step ``step``, read from the
@@ -338,22 +393,27 @@ class Panel:
         bundle = self.widget._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
         data["image/png"] = base64.b64encode(self.static_png()).decode()
-        data["text/plain"] = "\n".join([self.status.value, self.rows_text(self.shown),
-                                        mask_text(self.shown)])
+        data["text/plain"] = "\n".join([self.status.value, self.rows_text(self.shown), mask_text(self.shown)])
         return bundle
 
     def static_png(self) -> bytes:
         """The panel's four images as one PNG, in the panel's 2 x 2 layout (what a stored
         notebook shows where the live widget cannot render)."""
-        return style.png_grid([[bytes(self.mask_image.value), bytes(self.attention_image.value)],
-                               [bytes(self.kv_image.value), bytes(self.timeline_image.value)]])
+        return style.png_grid(
+            [
+                [bytes(self.mask_image.value), bytes(self.attention_image.value)],
+                [bytes(self.kv_image.value), bytes(self.timeline_image.value)],
+            ]
+        )
 
     def static(self) -> HTML:
         """The panel's current views without widgets: status, PNG images and ASCII
         masks as one HTML output (shows in nbclient/nbval runs and static HTML exports)."""
-        images = "".join(f"<img src='data:image/png;base64,{base64.b64encode(w.value).decode()}' "
-                         "style='max-width:100%'/>"
-                         for w in (self.mask_image, self.attention_image, self.kv_image, self.timeline_image))
-        return HTML(f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
-                    f"{self.rows.value}{self.top_ascii.value}{self.mask_ascii.value}</div>")
-
+        images = "".join(
+            f"<img src='data:image/png;base64,{base64.b64encode(w.value).decode()}' style='max-width:100%'/>"
+            for w in (self.mask_image, self.attention_image, self.kv_image, self.timeline_image)
+        )
+        return HTML(
+            f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
+            f"{self.rows.value}{self.top_ascii.value}{self.mask_ascii.value}</div>"
+        )

@@ -29,7 +29,11 @@ __all__ = ["quantized_text", "render_quantized"]
 
 WIDTH_IN = 9.4  # at 100 dpi narrower than a JupyterLab output area: shown unscaled
 
-BITS_COLOURS = {"float": style.SERIES[0], "q8": style.SERIES[3], "q4": style.SERIES[2]}  # by a setting's bits (no cache meaning)
+BITS_COLOURS = {
+    "float": style.SERIES[0],
+    "q8": style.SERIES[3],
+    "q4": style.SERIES[2],
+}  # by a setting's bits (no cache meaning)
 
 
 def _colour(setting: str) -> str:
@@ -37,31 +41,51 @@ def _colour(setting: str) -> str:
     return BITS_COLOURS.get(setting.split("/")[0], style.SERIES[4])
 
 
-def quantized_text(bytes_table: pd.DataFrame, steps: pd.DataFrame | None = None,
-                   admission: pd.DataFrame | None = None) -> str:
+def quantized_text(
+    bytes_table: pd.DataFrame, steps: pd.DataFrame | None = None, admission: pd.DataFrame | None = None
+) -> str:
     """The tables as aligned text: bytes per token, step times (when given, ms), and
     admission under the budget (when given)."""
-    parts = ["KV bytes per token\n" + bytes_table[["setting", "bytes_per_token", "vs_float"]]
-             .to_string(index=False, float_format=lambda x: f"{x:.4g}")]
+    parts = [
+        "KV bytes per token\n"
+        + bytes_table[["setting", "bytes_per_token", "vs_float"]].to_string(
+            index=False, float_format=lambda x: f"{x:.4g}"
+        )
+    ]
     if steps is not None:
-        ms = steps.assign(step_ms=steps.step_s * 1e3)[["setting", "rows", "context_tokens", "kv_bytes", "step_ms",
-                                                       "vs_float"]]
+        ms = steps.assign(step_ms=steps.step_s * 1e3)[
+            ["setting", "rows", "context_tokens", "kv_bytes", "step_ms", "vs_float"]
+        ]
         parts.append("decode step\n" + ms.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     if admission is not None:
-        parts.append("under one byte budget\n" + admission.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+        parts.append(
+            "under one byte budget\n" + admission.to_string(index=False, float_format=lambda x: f"{x:.3g}")
+        )
     return "\n\n".join(parts)
 
 
 def _bars(ax, names: list[str], values: list[float], colours: list[str], notes: list[str]) -> None:
     bars = ax.bar(names, values, color=colours, edgecolor=style.EDGE)
     for bar, note in zip(bars, notes):
-        ax.annotate(note, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=9, xytext=(0, 2), textcoords="offset points")
+        ax.annotate(
+            note,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     ax.margins(y=0.18)
 
 
-def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: pd.DataFrame,
-                     model_name: str = "", step_model_name: str = "") -> Figure:
+def render_quantized(
+    bytes_table: pd.DataFrame,
+    steps: pd.DataFrame,
+    admission: pd.DataFrame,
+    model_name: str = "",
+    step_model_name: str = "",
+) -> Figure:
     """Three panels (see the module docstring) of the tables of
     :mod:`workbench.bench.quantized`; ``steps`` may hold several context lengths.
     ``model_name`` / ``step_model_name`` label the model of the bytes and budget panels /
@@ -69,8 +93,13 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
     fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
     ax_bytes, ax_step, ax_rows = fig.subplots(1, 3, width_ratios=[1, 1.45, 1])
     settings = list(bytes_table.setting)
-    _bars(ax_bytes, settings, list(bytes_table.bytes_per_token), [_colour(s) for s in settings],
-          [f"x{r:.3g}" for r in bytes_table.vs_float])
+    _bars(
+        ax_bytes,
+        settings,
+        list(bytes_table.bytes_per_token),
+        [_colour(s) for s in settings],
+        [f"x{r:.3g}" for r in bytes_table.vs_float],
+    )
     ax_bytes.set_ylabel("KV bytes per token (all layers)")
     ax_bytes.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
     contexts = sorted(steps.context_tokens.unique())
@@ -82,17 +111,34 @@ def render_quantized(bytes_table: pd.DataFrame, steps: pd.DataFrame, admission: 
         ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor=style.EDGE, label=s)
         for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
             if s != "float":  # the float bar is x1 by definition
-                ax_step.annotate(f"x{r:.2f}", (x, v), ha="center", va="bottom", fontsize=9, xytext=(0, 2),
-                                 textcoords="offset points", rotation=90)
+                ax_step.annotate(
+                    f"x{r:.2f}",
+                    (x, v),
+                    ha="center",
+                    va="bottom",
+                    fontsize=9,
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    rotation=90,
+                )
     ax_step.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
     ax_step.set_ylabel("decode step (ms)")
     on = f" ({step_model_name})" if step_model_name else ""
     ax_step.set_title(f"step time{on}, B = {int(steps.rows.iloc[0])} rows", fontsize="medium")
     ax_step.margins(y=0.3)
     names = list(admission.setting)
-    _bars(ax_rows, names, list(admission.max_rows), [_colour(s) for s in names],
-          [f"{t:.3g} tok/step" for t in admission.tokens_per_step])
+    _bars(
+        ax_rows,
+        names,
+        list(admission.max_rows),
+        [_colour(s) for s in names],
+        [f"{t:.3g} tok/step" for t in admission.tokens_per_step],
+    )
     ax_rows.set_ylabel("most rows running at once")
-    ax_rows.set_title(f"rows under a budget of\n{int(admission.kv_budget_bytes.iloc[0]):,} B", fontsize="medium")
-    style.legend(fig, [(name if name == "float" else f"{name[1:]}-bit", c) for name, c in BITS_COLOURS.items()])
+    ax_rows.set_title(
+        f"rows under a budget of\n{int(admission.kv_budget_bytes.iloc[0]):,} B", fontsize="medium"
+    )
+    style.legend(
+        fig, [(name if name == "float" else f"{name[1:]}-bit", c) for name, c in BITS_COLOURS.items()]
+    )
     return fig

@@ -16,7 +16,7 @@ Text forms::
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,19 +30,23 @@ CDF_QUANTILES = (10, 25, 50, 75, 90, 95, 99)
 LATENCY_LABELS = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "queue_s": "queue"}
 
 
-def latency_cdf_text(runs: Mapping[str, Replay], column: str = "ttft_s",
-                     quantiles: Sequence[int] = CDF_QUANTILES) -> str:
+def latency_cdf_text(
+    runs: Mapping[str, Replay], column: str = "ttft_s", quantiles: Sequence[int] = CDF_QUANTILES
+) -> str:
     """The latency ``column`` (``ttft_s``, ``tpot_s``, ``e2e_s``, ``queue_s``) in ms at
     ``quantiles``, one line per run: the CDF read at fixed heights."""
-    rows = {name: {k: f"{v * 1e3:.1f}" for k, v in percentiles(run.report.requests[column], quantiles).items()}
-            for name, run in runs.items()}
+    rows = {
+        name: {k: f"{v * 1e3:.1f}" for k, v in percentiles(run.report.requests[column], quantiles).items()}
+        for name, run in runs.items()
+    }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = f"{LATENCY_LABELS.get(column, column)} (ms)"
     return table.to_string()
 
 
-def render_latency_cdfs(runs: Mapping[str, Replay], columns: Sequence[str] = ("ttft_s", "tpot_s", "e2e_s"),
-                        title: str = "") -> Figure:
+def render_latency_cdfs(
+    runs: Mapping[str, Replay], columns: Sequence[str] = ("ttft_s", "tpot_s", "e2e_s"), title: str = ""
+) -> Figure:
     """One panel per latency column: each run's empirical CDF (x: ms, log scale, plain
     tick labels that do not overlap). 3.1 inches per panel, so three panels (930 px at
     the notebook's 100 dpi) fit a JupyterLab output area unscaled."""
@@ -79,8 +83,10 @@ def occupancy_text(runs: Mapping[str, Replay], n_times: int = 8) -> str:
     times = np.linspace(0.0, end_s, n_times)
     blocks = []
     for col, label in (("queued", "queued"), ("running", "batch size")):
-        rows = {name: occupancy_at(occupancy(r.report.events), times + _t0(r))[col].tolist()
-                for name, r in runs.items()}
+        rows = {
+            name: occupancy_at(occupancy(r.report.events), times + _t0(r))[col].tolist()
+            for name, r in runs.items()
+        }
         table = pd.DataFrame.from_dict(rows, orient="index", columns=[f"{t:.2f}" for t in times])
         table.index.name = f"{label} at t (s)"
         blocks.append(table.to_string())

@@ -11,7 +11,7 @@ Text form: each group's :meth:`LayerGroup.text` (storage and temporal order grid
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -41,14 +41,41 @@ def _draw_ring(ax, cells: list[str], title: str) -> None:
     W = len(cells)
     for j, cell in enumerate(cells):  # slot 0 at the top, clockwise
         start = 90 - (j + 1) * 360 / W
-        ax.add_patch(Wedge((0, 0), 1.0, start, start + 360 / W, width=0.45, facecolor=COLOURS[cell],
-                           edgecolor="white", linewidth=1.5))
+        ax.add_patch(
+            Wedge(
+                (0, 0),
+                1.0,
+                start,
+                start + 360 / W,
+                width=0.45,
+                facecolor=COLOURS[cell],
+                edgecolor="white",
+                linewidth=1.5,
+            )
+        )
         angle = np.deg2rad(start + 180 / W)
-        ax.text(0.775 * np.cos(angle), 0.775 * np.sin(angle), str(j), ha="center", va="center",
-                fontsize="small", color="white" if cell != "masked" else "black")
+        ax.text(
+            0.775 * np.cos(angle),
+            0.775 * np.sin(angle),
+            str(j),
+            ha="center",
+            va="center",
+            fontsize="small",
+            color="white" if cell != "masked" else "black",
+        )
         if cell == "write":
-            ax.add_patch(FancyArrow(0, 0, 0.42 * np.cos(angle), 0.42 * np.sin(angle), width=0.03,
-                                    head_width=0.12, length_includes_head=True, color="black"))
+            ax.add_patch(
+                FancyArrow(
+                    0,
+                    0,
+                    0.42 * np.cos(angle),
+                    0.42 * np.sin(angle),
+                    width=0.03,
+                    head_width=0.12,
+                    length_includes_head=True,
+                    color="black",
+                )
+            )
     ax.set_xlim(-1.1, 1.1)
     ax.set_ylim(-1.1, 1.1)
     ax.set_aspect("equal")
@@ -71,8 +98,10 @@ def render_ring(snapshots: Sequence[Snapshot], group: str) -> Figure:
     W = snapshots[0].group(group).window_tokens
     if W is None:
         raise ValueError(f"group {group!r} is not a sliding window")
-    fig.suptitle(f"{group}: the ring of {W} slots per row (arrow: the slot the next token is written to)",
-                 fontsize="medium")
+    fig.suptitle(
+        f"{group}: the ring of {W} slots per row (arrow: the slot the next token is written to)",
+        fontsize="medium",
+    )
     axes = fig.subplots(len(uids), len(snapshots), squeeze=False)
     for c, snap in enumerate(snapshots):
         g = snap.group(group)
@@ -83,7 +112,15 @@ def render_ring(snapshots: Sequence[Snapshot], group: str) -> Figure:
                 ax.set_axis_off()
                 continue
             b = snap.uids.index(uid)
-            _draw_ring(ax, ring_cells(g.mask[b], g.write_index, g.wrapped), f"step {snap.step} · {labels[uid]}")
-    style.legend(fig, [("the slot written next (the fed token)", style.FED), ("attended", style.ATTENDED),
-                       ("masked (padding)", style.PADDING)])
+            _draw_ring(
+                ax, ring_cells(g.mask[b], g.write_index, g.wrapped), f"step {snap.step} · {labels[uid]}"
+            )
+    style.legend(
+        fig,
+        [
+            ("the slot written next (the fed token)", style.FED),
+            ("attended", style.ATTENDED),
+            ("masked (padding)", style.PADDING),
+        ],
+    )
     return fig

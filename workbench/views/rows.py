@@ -7,7 +7,7 @@ scheduler's tokenizer), so this stays a pure function of a snapshot and strings.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..observe.snapshot import Snapshot
 
@@ -29,11 +29,12 @@ def _clip(text: str, room: int, keep: str) -> str:
     keeps the end, ``"head"`` the start)."""
     if len(text) <= room:
         return text
-    return "…" + text[-(room - 1):] if keep == "tail" else text[:room - 1] + "…"
+    return "…" + text[-(room - 1) :] if keep == "tail" else text[: room - 1] + "…"
 
 
-def rows_text(snap: Snapshot, prompts: Mapping[int, str], generated: Mapping[int, str],
-              columns: int = ROW_TEXT_COLUMNS) -> str:
+def rows_text(
+    snap: Snapshot, prompts: Mapping[int, str], generated: Mapping[int, str], columns: int = ROW_TEXT_COLUMNS
+) -> str:
     """One line per row of ``snap``: ``uid N  "…prompt tail" → "generated"`` with the row's
     generated-token count and ``finished`` for rows waiting for ``filter()``; each line at
     most ``columns`` characters (the prompt keeps its end, the generated text its start).

@@ -16,7 +16,7 @@ then ``a-z``; ``*`` beyond) where the slot's request produced a token, ``.`` whe
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -64,10 +64,18 @@ def utilisation(grid: np.ndarray) -> float:
 
 def slots_text(grid: np.ndarray) -> str:
     """Deterministic text form of a :func:`slot_grid` (see the module docstring)."""
-    head = (f"{grid.shape[1]} decode steps, {int((grid != IDLE).sum())} tokens in "
-            f"{grid.size} slot-steps: {utilisation(grid):.0%} busy")
-    return "\n".join([head] + [f"slot {s} | " + " ".join("." if u == IDLE else (DIGITS[u] if u < len(DIGITS) else "*")
-                                                    for u in row) for s, row in enumerate(grid)])
+    head = (
+        f"{grid.shape[1]} decode steps, {int((grid != IDLE).sum())} tokens in "
+        f"{grid.size} slot-steps: {utilisation(grid):.0%} busy"
+    )
+    return "\n".join(
+        [head]
+        + [
+            f"slot {s} | "
+            + " ".join("." if u == IDLE else (DIGITS[u] if u < len(DIGITS) else "*") for u in row)
+            for s, row in enumerate(grid)
+        ]
+    )
 
 
 def render_slots(runs: Sequence[tuple[str, np.ndarray]], title: str | None = None) -> Figure:
@@ -90,13 +98,22 @@ def render_slots(runs: Sequence[tuple[str, np.ndarray]], title: str | None = Non
     cmap = ListedColormap([style.LATER, style.ATTENDED])
     for ax, (label, grid) in zip(axes, runs):
         S, T = grid.shape
-        ax.imshow((grid != IDLE).astype(int), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest",
-                  extent=(-0.5, T - 0.5, S - 0.5, -0.5))
+        ax.imshow(
+            (grid != IDLE).astype(int),
+            cmap=cmap,
+            vmin=0,
+            vmax=1,
+            aspect="auto",
+            interpolation="nearest",
+            extent=(-0.5, T - 0.5, S - 0.5, -0.5),
+        )
         for s in range(S):
             for t in range(T):
                 if grid[s, t] != IDLE and (t == 0 or grid[s, t - 1] != grid[s, t]):
                     ax.axvline(t - 0.5, ymin=1 - (s + 1) / S, ymax=1 - s / S, color="black", linewidth=1.5)
-                    ax.text(t + 0.1, s, str(grid[s, t]), va="center", ha="left", fontsize="small", color="white")
+                    ax.text(
+                        t + 0.1, s, str(grid[s, t]), va="center", ha="left", fontsize="small", color="white"
+                    )
         ax.set_yticks(range(S), [f"slot {s}" for s in range(S)])
         ax.set_yticks(np.arange(-0.5, S), minor=True)
         ax.grid(which="minor", axis="y", color=style.BORDER, linewidth=0.6)
@@ -104,9 +121,18 @@ def render_slots(runs: Sequence[tuple[str, np.ndarray]], title: str | None = Non
         ax.set_xlim(-0.5, steps - 0.5)
         if T < steps:  # this run was over
             ax.axvspan(T - 0.5, steps - 0.5, facecolor="white", edgecolor=style.EXPIRED, hatch="//")
-        ax.set_title(f"{label}: {T} decode steps, {utilisation(grid):.0%} of slot-steps busy",
-                     fontsize="small", loc="left")
+        ax.set_title(
+            f"{label}: {T} decode steps, {utilisation(grid):.0%} of slot-steps busy",
+            fontsize="small",
+            loc="left",
+        )
     axes[-1].set_xlabel("decode step")
-    style.legend(fig, [("slot produced a token (number: the request's uid where its turn starts)", style.ATTENDED),
-                       ("slot idle", style.LATER), ("run over", "white", "//")])
+    style.legend(
+        fig,
+        [
+            ("slot produced a token (number: the request's uid where its turn starts)", style.ATTENDED),
+            ("slot idle", style.LATER),
+            ("run over", "white", "//"),
+        ],
+    )
     return fig

@@ -47,13 +47,19 @@ def drafts_text(events: Sequence[Event] | pd.DataFrame, max_steps: int = 40) -> 
         return "no draft tokens (speculation off, or no row could draft)"
     width = max(1, int(drafted.max()))
     total_d, total_a = int(drafted.sum()), int(accepted.sum())
-    lines = [f"{drafted.shape[1]} steps, {total_a}/{total_d} draft tokens accepted ({total_a / total_d:.0%}), "
-             f"{batch_tokens_per_forward(events):.2f} tokens per forward over the batch"]
+    lines = [
+        f"{drafted.shape[1]} steps, {total_a}/{total_d} draft tokens accepted ({total_a / total_d:.0%}), "
+        f"{batch_tokens_per_forward(events):.2f} tokens per forward over the batch"
+    ]
     for i, u in enumerate(uids):
-        cells = " ".join(_cell(int(d), int(a), width) for d, a in zip(drafted[i, :max_steps], accepted[i, :max_steps]))
+        cells = " ".join(
+            _cell(int(d), int(a), width) for d, a in zip(drafted[i, :max_steps], accepted[i, :max_steps])
+        )
         r = table.loc[u]
-        lines.append(f"uid {u} | {cells} | {int(r.accepted_tokens)}/{int(r.drafted_tokens)} accepted "
-                     f"({r.acceptance_rate:.0%}), {r.tokens_per_forward:.2f} tokens/forward")
+        lines.append(
+            f"uid {u} | {cells} | {int(r.accepted_tokens)}/{int(r.drafted_tokens)} accepted "
+            f"({r.acceptance_rate:.0%}), {r.tokens_per_forward:.2f} tokens/forward"
+        )
     return "\n".join(lines)
 
 
@@ -73,8 +79,13 @@ def render_drafts(events: Sequence[Event] | pd.DataFrame, title: str | None = No
         base = i - 0.4
         steps = np.arange(T)
         lanes.bar(steps, accepted[i] / k * 0.8, bottom=base, width=0.8, color=ACCEPTED)
-        lanes.bar(steps, (drafted[i] - accepted[i]) / k * 0.8, bottom=base + accepted[i] / k * 0.8, width=0.8,
-                  color=REJECTED)
+        lanes.bar(
+            steps,
+            (drafted[i] - accepted[i]) / k * 0.8,
+            bottom=base + accepted[i] / k * 0.8,
+            width=0.8,
+            color=REJECTED,
+        )
     lanes.set_yticks(range(U), [f"uid {u}" for u in uids])
     lanes.set_ylim(U - 0.5, -0.5) if U else None
     lanes.set_xlabel("decode step (one verify forward over the batch)")

@@ -12,7 +12,7 @@ beyond it); for an ``ssm`` group its state arrays' bytes. Text form: one line pe
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
@@ -31,11 +31,13 @@ def group_bytes(snap: Snapshot, g: LayerGroup) -> int:
 def state_text(history: Sequence[Snapshot]) -> str:
     """One line per snapshot with rows: step, rows, the longest context and each group's bytes."""
     names = [g.name for g in history[0].groups] if history else []
-    lines = [f"step  rows  longest context  " + "  ".join(f"{n + ' KiB':>12}" for n in names)]
+    lines = ["step  rows  longest context  " + "  ".join(f"{n + ' KiB':>12}" for n in names)]
     for s in history:
         if s.batch_size:
-            lines.append(f"{s.step:>4}  {s.batch_size:>4}  {max(s.context_tokens):>15}  "
-                         + "  ".join(f"{group_bytes(s, g) / KIB:>12.1f}" for g in s.groups))
+            lines.append(
+                f"{s.step:>4}  {s.batch_size:>4}  {max(s.context_tokens):>15}  "
+                + "  ".join(f"{group_bytes(s, g) / KIB:>12.1f}" for g in s.groups)
+            )
     return "\n".join(lines)
 
 

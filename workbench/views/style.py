@@ -37,11 +37,22 @@ SERIES = ("#4d4d4d", "#8c564b", "#bcbd22", "#9467bd", "#17becf")
 BORDER = "#8c8c8c"  # cell borders of heatmaps
 EDGE = "#666666"  # outlines of bars and legend patches
 
-PALETTE = {"padding": PADDING, "prefill": PREFILL, "decode / attended": ATTENDED, "fed token": FED,
-           "key of this forward": NEW_KEY, "recurrent state": STATE, "free / idle / later": LATER,
-           "unused capacity": UNUSED, "expired (outside the window)": EXPIRED, "queued": QUEUED,
-           "finished, not filtered": WAITING, "good": GOOD, "bad": BAD,
-           **{f"series {i}": c for i, c in enumerate(SERIES)}}
+PALETTE = {
+    "padding": PADDING,
+    "prefill": PREFILL,
+    "decode / attended": ATTENDED,
+    "fed token": FED,
+    "key of this forward": NEW_KEY,
+    "recurrent state": STATE,
+    "free / idle / later": LATER,
+    "unused capacity": UNUSED,
+    "expired (outside the window)": EXPIRED,
+    "queued": QUEUED,
+    "finished, not filtered": WAITING,
+    "good": GOOD,
+    "bad": BAD,
+    **{f"series {i}": c for i, c in enumerate(SERIES)},
+}
 
 
 LAYERS_LISTED = 8  # up to this many layers are listed one by one; more are written as ranges
@@ -78,8 +89,15 @@ def integer_ticks(axis, first: int, last: int, max_labels: int = 16) -> None:
     axis.set_ticks([v for v in range(first, last + 1) if v % k == 0])
 
 
-def cell_borders(ax, n_cols: int, n_rows: int, x0: float = -0.5, y0: float = -0.5,
-                 color: str = BORDER, linewidth: float = 0.6) -> None:
+def cell_borders(
+    ax,
+    n_cols: int,
+    n_rows: int,
+    x0: float = -0.5,
+    y0: float = -0.5,
+    color: str = BORDER,
+    linewidth: float = 0.6,
+) -> None:
     """A line around every cell of an ``n_rows x n_cols`` heatmap whose first cell's corner
     is at ``(x0, y0)`` (data units, cells 1 wide): drawn as lines, not as a grid of minor
     ticks (matplotlib drops a minor tick that falls on a major one, so 3 cells could look
@@ -98,10 +116,17 @@ def empty(ax, message: str) -> None:
 def legend(fig: Figure, entries: list[tuple], ncol: int | None = None) -> None:
     """A figure-level legend of ``(label, colour)`` or ``(label, colour, hatch)`` patches,
     below the axes."""
-    handles = [Patch(facecolor=e[1], edgecolor="#666666", hatch=e[2] if len(e) > 2 else None, label=e[0])
-               for e in entries]
-    fig.legend(handles=handles, loc="outside lower center", ncol=ncol or len(entries),
-               fontsize="small", frameon=False)
+    handles = [
+        Patch(facecolor=e[1], edgecolor="#666666", hatch=e[2] if len(e) > 2 else None, label=e[0])
+        for e in entries
+    ]
+    fig.legend(
+        handles=handles,
+        loc="outside lower center",
+        ncol=ncol or len(entries),
+        fontsize="small",
+        frameon=False,
+    )
 
 
 def figure_png(fig: Figure, dpi: int = 90) -> bytes:

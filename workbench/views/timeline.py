@@ -37,8 +37,12 @@ from matplotlib.ticker import MaxNLocator
 
 from . import style
 
-SPANS = (("queued", style.QUEUED), ("prefill", style.PREFILL), ("decode", style.ATTENDED),
-         ("finished, not filtered", style.WAITING))
+SPANS = (
+    ("queued", style.QUEUED),
+    ("prefill", style.PREFILL),
+    ("decode", style.ATTENDED),
+    ("finished, not filtered", style.WAITING),
+)
 MIN_VISIBLE_SHARE = 0.002  # a span narrower than this share of the axis is under a pixel wide
 AXES = {"time": ("time_s", "time since first submit (s)"), "step": ("step", "decode step")}
 
@@ -85,7 +89,9 @@ def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
                 cells.append("q")
             else:
                 cells.append(" ")
-        merged = [max(cells[i:i + per_column], key=MARK_RANK.__getitem__) for i in range(0, n_steps, per_column)]
+        merged = [
+            max(cells[i : i + per_column], key=MARK_RANK.__getitem__) for i in range(0, n_steps, per_column)
+        ]
         lines.append(f"uid {uid:>{width}} | " + "".join(merged).rstrip())
     return "\n".join(lines)
 
@@ -106,8 +112,13 @@ def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     col = AXES[x][0]
     t0 = events[events.kind == "submit"][col].min() if x == "time" else 0
     out = pd.DataFrame({"submit": _per_uid(events, "submit", col)})
-    for name, kind in (("admit", "admit"), ("join", "join"), ("first_token", "token"),
-                       ("finish", "finish"), ("evict", "evict")):
+    for name, kind in (
+        ("admit", "admit"),
+        ("join", "join"),
+        ("first_token", "token"),
+        ("finish", "finish"),
+        ("evict", "evict"),
+    ):
         out[name] = _per_uid(events, kind, col)
     tok = events.kind == "token"
     if x == "step":
@@ -118,8 +129,9 @@ def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     return out - t0
 
 
-def render_timeline(events: pd.DataFrame, title: str = "row timeline", x: str = "time",
-                    width_in: float = 9.0) -> Figure:
+def render_timeline(
+    events: pd.DataFrame, title: str = "row timeline", x: str = "time", width_in: float = 9.0
+) -> Figure:
     """Gantt chart of a report's ``events`` over ``x`` = ``time`` (seconds since the first
     submit) or ``step`` (decode steps).
 
@@ -231,5 +243,9 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
 def _legend(ax, shown: set[str]) -> None:
     """The span legend right of ``ax``: the kinds in ``shown``, in ``SPANS`` order."""
     if shown:
-        ax.legend(handles=[Patch(facecolor=c, label=n) for n, c in SPANS if n in shown],
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+        ax.legend(
+            handles=[Patch(facecolor=c, label=n) for n, c in SPANS if n in shown],
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            fontsize="small",
+        )

@@ -11,14 +11,16 @@ Example (uid 0 asked ``top_logprobs=2``, uid 1 none; ``decode`` shows token text
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pandas as pd
 
 from ..observe.snapshot import Snapshot
 
 
-def top_logprobs_text(snap: Snapshot, events: pd.DataFrame, decode: Callable[[int], str] | None = None) -> str:
+def top_logprobs_text(
+    snap: Snapshot, events: pd.DataFrame, decode: Callable[[int], str] | None = None
+) -> str:
     """One line per row of ``snap`` whose latest token (a ``token`` event before decode
     step ``snap.step``) carries top-k log-probs: ``row b uid u`` then ``token logprob``
     pairs best first, tokens shown by ``decode(id)`` (default: the id). ``""`` when no

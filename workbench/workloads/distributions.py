@@ -42,7 +42,12 @@ def generator(seed: int | np.random.Generator) -> np.random.Generator:
 
 
 def _positive(name: str, value: float) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 

@@ -8,7 +8,8 @@ its internals (this is a way of *calling* the same engine, not another engine).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..observe.report import Report
 
@@ -43,7 +44,9 @@ def run_static(sched: Any, requests: Iterable[Any]) -> Report:
                 if not snap.prefilling and (snap.batch_size >= sched.max_batch or not snap.queue):
                     break
                 if not events:
-                    raise RuntimeError(f"admit() admitted nobody into an empty batch; queue {list(snap.queue)}")
+                    raise RuntimeError(
+                        f"admit() admitted nobody into an empty batch; queue {list(snap.queue)}"
+                    )
         sched.step()
         sched.filter()
     return sched.report()

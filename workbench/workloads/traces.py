@@ -32,16 +32,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..runtime.loading import DATA_DIR
 from ..engine.request import Request
+from ..runtime.loading import DATA_DIR
 from .workload import Workload, synthesize_prompts
 
 TRACE_DIR_ENV = "WORKBENCH_TRACE_DIR"
 DEFAULT_TRACE_DIR = DATA_DIR.parent.parent / "shared" / "data" / "azure-llm-inference-2023"
 TRACE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 TRACE_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens"]
-CITATION = ('Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
-            "ISCA 2024 (Azure LLM inference trace 2023, CC-BY)")
+CITATION = (
+    'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
+    "ISCA 2024 (Azure LLM inference trace 2023, CC-BY)"
+)
 
 
 def trace_dir() -> Path:
@@ -63,7 +65,8 @@ def trace_path(name: str = "conv") -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"Azure trace {path} not found; set ${TRACE_DIR_ENV} to a folder holding {TRACE_FILES[name]} "
-            "(from github.com/Azure/AzurePublicDataset)")
+            "(from github.com/Azure/AzurePublicDataset)"
+        )
     return path
 
 
@@ -79,16 +82,19 @@ def read_azure_trace(path: str | Path) -> pd.DataFrame:
     if missing:
         raise ValueError(f"{path}: not an Azure LLM inference trace, missing column(s) {sorted(missing)}")
     stamps = pd.to_datetime(raw.TIMESTAMP, format="ISO8601")
-    out = pd.DataFrame({
-        "arrival_s": (stamps - stamps.min()).dt.total_seconds().to_numpy(np.float64),
-        "prompt_tokens": raw.ContextTokens.to_numpy(np.int64),
-        "output_tokens": raw.GeneratedTokens.to_numpy(np.int64),
-    })
+    out = pd.DataFrame(
+        {
+            "arrival_s": (stamps - stamps.min()).dt.total_seconds().to_numpy(np.float64),
+            "prompt_tokens": raw.ContextTokens.to_numpy(np.int64),
+            "output_tokens": raw.GeneratedTokens.to_numpy(np.int64),
+        }
+    )
     return out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
 
 
-def window(trace: pd.DataFrame, start_s: float = 0.0, duration_s: float | None = None,
-           time_scale: float = 1.0) -> pd.DataFrame:
+def window(
+    trace: pd.DataFrame, start_s: float = 0.0, duration_s: float | None = None, time_scale: float = 1.0
+) -> pd.DataFrame:
     """Requests arriving in ``[start_s, start_s + duration_s)`` (trace seconds), with
     times shifted to start at 0 and multiplied by ``time_scale`` (0.5 = twice the rate).
 
@@ -103,9 +109,14 @@ def window(trace: pd.DataFrame, start_s: float = 0.0, duration_s: float | None =
     return w.reset_index(drop=True)
 
 
-def fit_lengths(prompt_tokens: Any, output_tokens: Any, length_scale: float = 1.0,
-                max_prompt_tokens: int | None = None, max_output_tokens: int | None = None,
-                context_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def fit_lengths(
+    prompt_tokens: Any,
+    output_tokens: Any,
+    length_scale: float = 1.0,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    context_tokens: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Scale and cap ``[N]`` prompt and output lengths (see the module docstring).
 
     Returns:
@@ -117,8 +128,11 @@ def fit_lengths(prompt_tokens: Any, output_tokens: Any, length_scale: float = 1.
     """
     if not length_scale > 0:
         raise ValueError(f"length_scale must be > 0, got {length_scale}")
-    for name, cap, least in (("max_prompt_tokens", max_prompt_tokens, 1),
-                             ("max_output_tokens", max_output_tokens, 1), ("context_tokens", context_tokens, 2)):
+    for name, cap, least in (
+        ("max_prompt_tokens", max_prompt_tokens, 1),
+        ("max_output_tokens", max_output_tokens, 1),
+        ("context_tokens", context_tokens, 2),
+    ):
         if cap is not None and cap < least:
             raise ValueError(f"{name} must be >= {least}, got {cap}")
     p = np.maximum(np.rint(np.asarray(prompt_tokens, np.float64) * length_scale), 1).astype(np.int64)
@@ -131,11 +145,21 @@ def fit_lengths(prompt_tokens: Any, output_tokens: Any, length_scale: float = 1.
     return p, o
 
 
-def trace_workload(trace: pd.DataFrame | str | Path, tokenizer: Any, seed: int | np.random.Generator = 0, *,
-                   start_s: float = 0.0, duration_s: float | None = None, time_scale: float = 1.0,
-                   length_scale: float = 1.0, max_prompt_tokens: int | None = None,
-                   max_output_tokens: int | None = None, context_tokens: int | None = 2048,
-                   max_requests: int | None = None, name: str | None = None) -> Workload:
+def trace_workload(
+    trace: pd.DataFrame | str | Path,
+    tokenizer: Any,
+    seed: int | np.random.Generator = 0,
+    *,
+    start_s: float = 0.0,
+    duration_s: float | None = None,
+    time_scale: float = 1.0,
+    length_scale: float = 1.0,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    context_tokens: int | None = 2048,
+    max_requests: int | None = None,
+    name: str | None = None,
+) -> Workload:
     """A :class:`Workload` from a trace window: arrival times from the trace, prompts
     synthesized to the fitted prompt lengths, ``max_tokens`` = the fitted output length
     and ``stop_ids=[]`` (so each request generates exactly its trace output length).
@@ -151,9 +175,15 @@ def trace_workload(trace: pd.DataFrame | str | Path, tokenizer: Any, seed: int |
     """
     frame = trace if isinstance(trace, pd.DataFrame) else read_azure_trace(trace)
     w = window(frame, start_s, duration_s, time_scale).head(max_requests)
-    p, o = fit_lengths(w.prompt_tokens, w.output_tokens, length_scale, max_prompt_tokens,
-                       max_output_tokens, context_tokens)
+    p, o = fit_lengths(
+        w.prompt_tokens, w.output_tokens, length_scale, max_prompt_tokens, max_output_tokens, context_tokens
+    )
     prompts = synthesize_prompts(tokenizer, p, seed)
     label = name or f"trace window {start_s:g}+{duration_s if duration_s is not None else 'end'} s"
-    return Workload(tuple((float(t), Request(prompt=ids, max_tokens=int(m), stop_ids=[]))
-                          for t, ids, m in zip(w.arrival_s, prompts, o)), name=label)
+    return Workload(
+        tuple(
+            (float(t), Request(prompt=ids, max_tokens=int(m), stop_ids=[]))
+            for t, ids, m in zip(w.arrival_s, prompts, o)
+        ),
+        name=label,
+    )

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .distributions import Lengths, gamma_arrivals_s, generator, lengths_from, poisson_arrivals_s
-from ..runtime.loading import DATA_DIR
 from ..engine.request import Request
+from ..runtime.loading import DATA_DIR
+from .distributions import Lengths, gamma_arrivals_s, generator, lengths_from, poisson_arrivals_s
 
 PROMPT_SOURCE = DATA_DIR / "prompts" / "python_source.txt"
 
@@ -48,14 +49,19 @@ def source_ids(tokenizer: Any, source: Path = PROMPT_SOURCE) -> tuple[int, ...]:
     context, which no request ever sends (prompts are cut from it)."""
     text = Path(source).read_text()
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    ids = tuple(backend.encode(text, add_special_tokens=False).ids if backend is not None
-                else tokenizer.encode(text, add_special_tokens=False))
+    ids = tuple(
+        backend.encode(text, add_special_tokens=False).ids
+        if backend is not None
+        else tokenizer.encode(text, add_special_tokens=False)
+    )
     if not ids:
         raise ValueError(f"prompt set {source} tokenizes to zero tokens")
     return ids
 
 
-def prompt_of_length(tokenizer: Any, n_tokens: int, start: int = 0, source: Path = PROMPT_SOURCE) -> list[int]:
+def prompt_of_length(
+    tokenizer: Any, n_tokens: int, start: int = 0, source: Path = PROMPT_SOURCE
+) -> list[int]:
     """``n_tokens`` token ids cut from the prompt set, starting at token ``start``
     (wrapping around the text).
 
@@ -143,16 +149,27 @@ class Workload:
         Raises: ValueError when the lengths differ."""
         if len(priorities) != len(self):
             raise ValueError(f"need {len(self)} priorities, got {len(priorities)}")
-        return replace(self, arrivals=tuple((t, replace(r, priority=int(p)))
-                                            for (t, r), p in zip(self.arrivals, priorities)))
+        return replace(
+            self,
+            arrivals=tuple((t, replace(r, priority=int(p))) for (t, r), p in zip(self.arrivals, priorities)),
+        )
 
     def frame(self) -> pd.DataFrame:
         """One row per arrival with ``WORKLOAD_COLUMNS``; ``prompt_tokens`` is ``-1`` for
         a text prompt or chat messages (their length depends on the tokenizer)."""
-        return pd.DataFrame([
-            {"arrival_s": t, "prompt_tokens": len(r.prompt) if isinstance(r.prompt, (list, tuple)) else -1,
-             "max_tokens": r.max_tokens, "priority": r.priority, "temperature": r.temperature}
-            for t, r in self.arrivals], columns=WORKLOAD_COLUMNS)
+        return pd.DataFrame(
+            [
+                {
+                    "arrival_s": t,
+                    "prompt_tokens": len(r.prompt) if isinstance(r.prompt, (list, tuple)) else -1,
+                    "max_tokens": r.max_tokens,
+                    "priority": r.priority,
+                    "temperature": r.temperature,
+                }
+                for t, r in self.arrivals
+            ],
+            columns=WORKLOAD_COLUMNS,
+        )
 
     def text(self) -> str:
         """One deterministic line: requests, span, mean rate, prompt and output lengths."""
@@ -161,17 +178,24 @@ class Workload:
         f = self.frame()
         rate = f"{len(f) / self.duration_s:.2f} req/s" if self.duration_s > 0 else "all at 0 s"
         p = f.prompt_tokens[f.prompt_tokens >= 0]
-        prompt = (f"prompt tokens p50 {p.median():.0f} max {p.max()}" if len(p) else "text prompts")
-        return (f"{self.name}: {len(f)} requests over {self.duration_s:.1f} s ({rate}), {prompt}, "
-                f"max_tokens p50 {f.max_tokens.median():.0f} max {f.max_tokens.max()}")
+        prompt = f"prompt tokens p50 {p.median():.0f} max {p.max()}" if len(p) else "text prompts"
+        return (
+            f"{self.name}: {len(f)} requests over {self.duration_s:.1f} s ({rate}), {prompt}, "
+            f"max_tokens p50 {f.max_tokens.median():.0f} max {f.max_tokens.max()}"
+        )
 
     def __str__(self) -> str:
         return self.text()
 
 
-def synthesize_prompts(tokenizer: Any, lengths_tokens: Sequence[int], rng: int | np.random.Generator,
-                       shared_prefix_tokens: int = 0, n_prefixes: int = 1,
-                       source: Path = PROMPT_SOURCE) -> list[list[int]]:
+def synthesize_prompts(
+    tokenizer: Any,
+    lengths_tokens: Sequence[int],
+    rng: int | np.random.Generator,
+    shared_prefix_tokens: int = 0,
+    n_prefixes: int = 1,
+    source: Path = PROMPT_SOURCE,
+) -> list[list[int]]:
     """One prompt of exactly ``lengths_tokens[i]`` ids per entry, cut from the prompt set.
 
     Each prompt starts at a random token of the set. With ``shared_prefix_tokens = P > 0``
@@ -186,8 +210,9 @@ def synthesize_prompts(tokenizer: Any, lengths_tokens: Sequence[int], rng: int |
         ValueError: for a length < 1, ``shared_prefix_tokens < 0`` or ``n_prefixes < 1``.
     """
     if shared_prefix_tokens < 0 or n_prefixes < 1:
-        raise ValueError(f"need shared_prefix_tokens >= 0 and n_prefixes >= 1, got "
-                         f"{shared_prefix_tokens} and {n_prefixes}")
+        raise ValueError(
+            f"need shared_prefix_tokens >= 0 and n_prefixes >= 1, got {shared_prefix_tokens} and {n_prefixes}"
+        )
     rng = generator(rng)
     n_ids = len(source_ids(tokenizer, source))
     prefix_starts = rng.integers(0, n_ids, size=n_prefixes)
@@ -201,11 +226,22 @@ def synthesize_prompts(tokenizer: Any, lengths_tokens: Sequence[int], rng: int |
     return out
 
 
-def synthetic(tokenizer: Any, n_requests: int, rate_per_s: float, seed: int | np.random.Generator, *,
-              arrivals: str = "poisson", cv: float = 1.0, prompt_tokens: "int | Lengths" = 32,
-              output_tokens: "int | Lengths" = 16, shared_prefix_tokens: int = 0, n_prefixes: int = 1,
-              stop_ids: Sequence[int] | None = (), temperature: float = 0.0,
-              name: str | None = None) -> Workload:
+def synthetic(
+    tokenizer: Any,
+    n_requests: int,
+    rate_per_s: float,
+    seed: int | np.random.Generator,
+    *,
+    arrivals: str = "poisson",
+    cv: float = 1.0,
+    prompt_tokens: "int | Lengths" = 32,
+    output_tokens: "int | Lengths" = 16,
+    shared_prefix_tokens: int = 0,
+    n_prefixes: int = 1,
+    stop_ids: Sequence[int] | None = (),
+    temperature: float = 0.0,
+    name: str | None = None,
+) -> Workload:
     """A seeded synthetic workload.
 
     Args:
@@ -240,5 +276,10 @@ def synthetic(tokenizer: Any, n_requests: int, rate_per_s: float, seed: int | np
     prompts = synthesize_prompts(tokenizer, n_prompt, rng, shared_prefix_tokens, n_prefixes)
     stop = None if stop_ids is None else list(stop_ids)
     label = name or f"{arrivals}{'' if arrivals == 'poisson' else f' cv {cv:g}'} {rate_per_s:g} req/s"
-    return Workload(tuple((float(t), Request(prompt=p, max_tokens=int(m), stop_ids=stop, temperature=temperature))
-                          for t, p, m in zip(times, prompts, n_out)), name=label)
+    return Workload(
+        tuple(
+            (float(t), Request(prompt=p, max_tokens=int(m), stop_ids=stop, temperature=temperature))
+            for t, p, m in zip(times, prompts, n_out)
+        ),
+        name=label,
+    )

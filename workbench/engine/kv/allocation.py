@@ -38,8 +38,9 @@ sum ``4 x 28 x 2,048 = 229,376`` is 9.1x too small).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 STEP_TOKENS = 256  # mlx-lm's KVCache.step / BatchKVCache.step / RotatingKVCache.step (checked in tests)
 FILL_SLACK = 4 / 3  # joining into a free slot keeps shared left padding below a quarter of the width
@@ -106,8 +107,9 @@ def prefill_mode(lengths: Sequence[int], chunk_tokens: int, chunked_padding: boo
     return "chunked" if chunked_padding and longest > chunk_tokens else "per row"
 
 
-def group_capacity_tokens(input_tokens: int, chunk_tokens: int, exact: bool, stored_tokens: int = 0,
-                          per_row: bool = False) -> tuple[int, int]:
+def group_capacity_tokens(
+    input_tokens: int, chunk_tokens: int, exact: bool, stored_tokens: int = 0, per_row: bool = False
+) -> tuple[int, int]:
     """Full-attention positions per row a joining group allocates: ``(while prefilling,
     after the join forward)``.
 
@@ -177,8 +179,11 @@ class KVPlan:
         """Bytes of one cache row with ``full_capacity_tokens`` full-attention positions and
         ``ring_tokens`` positions per ring (default: each ring's whole window)."""
         rings = ring_tokens if ring_tokens is not None else [w for w, _ in self.rings]
-        return (self.full_token_bytes * full_capacity_tokens + self.fixed_bytes
-                + sum(b * n for (_, b), n in zip(self.rings, rings)))
+        return (
+            self.full_token_bytes * full_capacity_tokens
+            + self.fixed_bytes
+            + sum(b * n for (_, b), n in zip(self.rings, rings))
+        )
 
     def group_bytes(self, joiners: Sequence[RowTokens]) -> tuple[int, int]:
         """``(bytes the group's caches hold while prefilling, full capacity after its
@@ -189,14 +194,19 @@ class KVPlan:
         T = max(longest - 1, 0)
         lengths = [max(j.held_tokens - 1, 0) for j in joiners]
         per_row = prefill_mode(lengths, self.chunk_tokens, self.chunked_padding) == "per row"
-        prefill, joined = group_capacity_tokens(longest, self.chunk_tokens, self.exact_chunks, self.stored_tokens,
-                                                per_row)
+        prefill, joined = group_capacity_tokens(
+            longest, self.chunk_tokens, self.exact_chunks, self.stored_tokens, per_row
+        )
         chunk = min(self.chunk_tokens, max(T, 1))
-        rings = [max(min(w, T + STEP_TOKENS), min(T, w - 1 + chunk), min(self.stored_tokens, w)) for w, _ in self.rings]
+        rings = [
+            max(min(w, T + STEP_TOKENS), min(T, w - 1 + chunk), min(self.stored_tokens, w))
+            for w, _ in self.rings
+        ]
         return len(joiners) * self.row_bytes(prefill, rings), joined
 
-    def projected_bytes(self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (),
-                        started: bool = False) -> int:
+    def projected_bytes(
+        self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (), started: bool = False
+    ) -> int:
         """Most bytes the batch and the joining group hold from now on, with the rows of
         uids ``dropped`` preempted and ``joiners`` (``held_tokens`` = input tokens,
         ``final_tokens`` = prompt + ``max_tokens``) prefilled together and joined.
@@ -209,7 +219,9 @@ class KVPlan:
         until the next ``admit()`` / ``step()``. Raises nothing; 0 for an empty engine."""
         gone = set(dropped)
         rows = [r for r in self.rows if r.uid not in gone]
-        P = self.now.rows - (len(self.rows) - len(rows)) if rows else 0  # free slots, until the next admit/step
+        P = (
+            self.now.rows - (len(self.rows) - len(rows)) if rows else 0
+        )  # free slots, until the next admit/step
         capacity = self.now.capacity_tokens if rows else 0
         width = self.now.width_tokens + max(r.final_tokens - r.held_tokens for r in rows) if rows else 0
         grown = full_capacity_tokens(capacity, width)
@@ -222,8 +234,11 @@ class KVPlan:
         widest = max(width, math.ceil(max(j.final_tokens for j in joiners) * slack))
         # the joined capacity is the larger of the two (``extend``); it grows from there only
         # when known exactly: a bound may be above the real capacity, which then grows
-        joined = full_capacity_tokens(max(capacity, joined_capacity), widest) if self.exact_chunks else max(
-            capacity, joined_capacity, widest - 1 + STEP_TOKENS if widest > capacity else 0)
+        joined = (
+            full_capacity_tokens(max(capacity, joined_capacity), widest)
+            if self.exact_chunks
+            else max(capacity, joined_capacity, widest - 1 + STEP_TOKENS if widest > capacity else 0)
+        )
         after = (len(rows) + len(joiners)) * self.row_bytes(max(grown, joined))
         beside = held_now + prefill_bytes if started else 0
         return max(held_now, running + prefill_bytes, after, beside)

@@ -27,11 +27,19 @@ scheduler falls back to ``filter`` + ``extend``.
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList, KVCache, LRUPromptCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    CacheList,
+    KVCache,
+    LRUPromptCache,
+)
 
 LayerCaches = list[Any]  # one batch cache per layer, as a model's forward takes them
 
@@ -67,8 +75,9 @@ def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int])
     return True
 
 
-def _put_rows(a: mx.array | None, slots: Sequence[int], src: mx.array | None, rows: Sequence[int],
-              n_rows: int) -> mx.array | None:
+def _put_rows(
+    a: mx.array | None, slots: Sequence[int], src: mx.array | None, rows: Sequence[int], n_rows: int
+) -> mx.array | None:
     """``a`` (``[B]``, ``None`` meaning zeros) with ``a[slots[i]] = src[rows[i]]`` (``src``
     ``None`` meaning zeros), as mlx-lm's ``ArraysCache.extend`` pads a missing side."""
     if a is None and src is None:
@@ -81,8 +90,13 @@ def _put_rows(a: mx.array | None, slots: Sequence[int], src: mx.array | None, ro
     return mx.where(mx.array(where), src[mx.array(gather)].astype(dtype), a)
 
 
-def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
-               rows: Sequence[int], lengths: Sequence[int]) -> None:
+def fill_slots(
+    running: LayerCaches,
+    slots: Sequence[int],
+    joiners: LayerCaches,
+    rows: Sequence[int],
+    lengths: Sequence[int],
+) -> None:
     """Write joiner row ``rows[i]`` (``lengths[i]`` tokens, right-aligned at the
     joiners' write index) into running slot ``slots[i]``, in place, lazily.
 
@@ -116,7 +130,9 @@ def fill_slots(running: LayerCaches, slots: Sequence[int], joiners: LayerCaches,
                         row = mx.concatenate([mx.zeros((1, H, r._idx - n, D), src.dtype), row], axis=2)
                     dst[slot : slot + 1, :, : r._idx, :] = row
         order = list(range(len(slots)))
-        r.left_padding = _put_rows(r.left_padding, slots, mx.array([r._idx - n for n in lengths]), order, len(r.offset))
+        r.left_padding = _put_rows(
+            r.left_padding, slots, mx.array([r._idx - n for n in lengths]), order, len(r.offset)
+        )
         r.offset = _put_rows(r.offset, slots, mx.array(list(lengths)), order, len(r.offset))
 
 
@@ -191,8 +207,10 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
         return 0
     for c in _flat(running):
         if isinstance(c, BatchKVCache):
-            c.keys, c.values = (tuple(a[..., m:, :] for a in t) if isinstance(t, (tuple, list)) else t[..., m:, :]
-                                for t in (c.keys, c.values))
+            c.keys, c.values = (
+                tuple(a[..., m:, :] for a in t) if isinstance(t, (tuple, list)) else t[..., m:, :]
+                for t in (c.keys, c.values)
+            )
             c._idx -= m
             c.left_padding = c.left_padding - m
     return m
@@ -231,7 +249,10 @@ def _handle(value: Any) -> Any:
     return value
 
 
-APPEND_ONLY = (KVCache, BatchKVCache)  # writes go past the write index only (subclasses: the quantized batch cache); rings overwrite old slots
+APPEND_ONLY = (
+    KVCache,
+    BatchKVCache,
+)  # writes go past the write index only (subclasses: the quantized batch cache); rings overwrite old slots
 
 
 def clone_cache(cache: Any, share_appended: bool = False) -> Any:

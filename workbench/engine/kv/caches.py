@@ -12,8 +12,9 @@ use, each row left-padded by ``left_padding[b]`` positions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -68,8 +69,10 @@ def single_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> L
     (and the solo reference of a batched row) uses ``keep=0``; ``keep=4`` reproduces
     mlx-lm's single-sequence default (a known semantic gap).
     """
-    return [RotatingKVCache(c.max_size, keep=keep) if isinstance(c, RotatingKVCache) else c
-            for c in make_prompt_cache(model, max_kv_size)]
+    return [
+        RotatingKVCache(c.max_size, keep=keep) if isinstance(c, RotatingKVCache) else c
+        for c in make_prompt_cache(model, max_kv_size)
+    ]
 
 
 def new_batch_cache(model: Any, n_rows: int, max_kv_size: int | None = None) -> LayerCaches:
@@ -163,11 +166,12 @@ def settle(caches: LayerCaches | None) -> None:
     if not caches:
         return
     for c in caches:
-        for sub in (c.caches if isinstance(c, CacheList) else (c,)):
+        for sub in c.caches if isinstance(c, CacheList) else (c,):
             if isinstance(sub, BatchKVCache) and sub.keys is not None:
                 sub.keys, sub.values = (
                     type(t)(mx.contiguous(a) for a in t) if isinstance(t, (tuple, list)) else mx.contiguous(t)
-                    for t in (sub.keys, sub.values))
+                    for t in (sub.keys, sub.values)
+                )
     mx.eval([c.state for c in caches])
 
 
@@ -242,8 +246,10 @@ def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
     # new handles: mlx-lm's rotating cache updates these arrays in place (``-=``, ``+=``)
     left_padding, offset = cache.left_padding[:], cache.offset[:]
     B = left_padding.shape[0]
-    out: dict[str, Any] = {"capacity_tokens": 0 if cache.keys is None else keys_shape(cache)[2],
-                           "kv_width_tokens": int(cache.size())}
+    out: dict[str, Any] = {
+        "capacity_tokens": 0 if cache.keys is None else keys_shape(cache)[2],
+        "kv_width_tokens": int(cache.size()),
+    }
     if isinstance(cache, BatchRotatingKVCache):
         mask = cache.make_mask(1, window_size=cache.max_size)
         wrapped, write_index = ring_position(cache)
@@ -270,5 +276,7 @@ def ssm_geometry(cache: ArraysCache, n_rows: int) -> Geometry:
     B = n_rows
     mask = cache.make_mask(1)
     shapes = tuple(tuple(a.shape) for a in cache.cache if a is not None)
-    return lambda: {"state_shapes": shapes,
-                    "mask": np.ones((B, 1), bool) if mask is None else np.array(mask).reshape(B, -1)}
+    return lambda: {
+        "state_shapes": shapes,
+        "mask": np.ones((B, 1), bool) if mask is None else np.array(mask).reshape(B, -1),
+    }

@@ -18,12 +18,14 @@ cache (mlx-lm's ``LRUPromptCache``) is trimmed to ``budget - projected live byte
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 
 from .allocation import KVPlan, RowTokens, plan_of, read_allocation
+
 
 def joiner_tokens(s: Any) -> RowTokens:
     """A queued request (a :class:`~workbench.engine.state.RequestState`) as a joiner:
@@ -36,7 +38,9 @@ def row_tokens(s: Any) -> RowTokens:
     """A running row: the tokens its cache holds and the most it may hold (what it holds,
     once finished)."""
     held = s.context_tokens
-    return RowTokens(s.uid, held, held if s.finished else len(s.valid.prompt_ids) + s.valid.request.max_tokens)
+    return RowTokens(
+        s.uid, held, held if s.finished else len(s.valid.prompt_ids) + s.valid.request.max_tokens
+    )
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,16 @@ class KVLedger:
         chunked_padding: right-padded groups run batched in chunks (``ModelRunner.chunks_padding``).
     """
 
-    def __init__(self, profile: Sequence[Any], config: Any, exact_chunks: bool = True, chunked_padding: bool = False):
-        self.base = plan_of(profile, config.prefill_step_size, exact_chunks=exact_chunks, reuse_slots=config.reuse_slots,
-                            chunked_padding=chunked_padding)
+    def __init__(
+        self, profile: Sequence[Any], config: Any, exact_chunks: bool = True, chunked_padding: bool = False
+    ):
+        self.base = plan_of(
+            profile,
+            config.prefill_step_size,
+            exact_chunks=exact_chunks,
+            reuse_slots=config.reuse_slots,
+            chunked_padding=chunked_padding,
+        )
         self.config = config
 
     def plan(self, st: Any) -> KVPlan:
@@ -85,8 +96,12 @@ class KVLedger:
         stored = 0
         if st.prompt_cache is not None and self.base.full_token_bytes:
             stored = st.prompt_cache.nbytes // self.base.full_token_bytes
-        return dataclasses.replace(self.base, now=read_allocation(st.batch.caches), stored_tokens=stored,
-                                   rows=tuple(row_tokens(r) for r in st.batch.rows))
+        return dataclasses.replace(
+            self.base,
+            now=read_allocation(st.batch.caches),
+            stored_tokens=stored,
+            rows=tuple(row_tokens(r) for r in st.batch.rows),
+        )
 
     def projected_bytes(self, st: Any) -> int:
         """Most bytes the batch and the prefilling group may hold from now on (0 when
@@ -105,15 +120,19 @@ class KVLedger:
         budget = self.config.kv_budget_bytes
         if budget is None or need <= budget:
             return ""
-        return (f"request projects {need:,} KV bytes (prompt {prompt_tokens} + max_tokens {max_tokens} tokens, "
-                f"as mlx-lm's batch caches allocate them: 256-token growth steps) but kv_budget_bytes is "
-                f"{budget:,}, so {budget:,} bytes are available even on an idle engine; it could never be admitted")
+        return (
+            f"request projects {need:,} KV bytes (prompt {prompt_tokens} + max_tokens {max_tokens} tokens, "
+            f"as mlx-lm's batch caches allocate them: 256-token growth steps) but kv_budget_bytes is "
+            f"{budget:,}, so {budget:,} bytes are available even on an idle engine; it could never be admitted"
+        )
 
     def held(self, st: Any) -> Held:
         """The bytes ``st``'s caches hold now."""
-        return Held(read_allocation(st.batch.caches).nbytes,
-                    st.prefilling.prefill.kv_bytes if st.prefilling else 0,
-                    st.prompt_cache.nbytes if st.prompt_cache is not None else 0)
+        return Held(
+            read_allocation(st.batch.caches).nbytes,
+            st.prefilling.prefill.kv_bytes if st.prefilling else 0,
+            st.prompt_cache.nbytes if st.prompt_cache is not None else 0,
+        )
 
     def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
         """Trim the prompt cache to ``budget - projected live bytes`` (the batch, the
@@ -127,8 +146,14 @@ class KVLedger:
         return st.prompt_cache.trim_to(self.config.kv_budget_bytes - live)
 
 
-def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_size: int = 2048,
-                max_kv_size: int | None = None, exact_chunks: bool = True) -> int:
+def alone_bytes(
+    model: Any,
+    prompt_tokens: int,
+    max_tokens: int,
+    prefill_step_size: int = 2048,
+    max_kv_size: int | None = None,
+    exact_chunks: bool = True,
+) -> int:
     """Bytes one request (``prompt_tokens`` + ``max_tokens``) may hold alone on an idle
     engine, as mlx-lm allocates its caches: the least ``kv_budget_bytes`` that admits it
     (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes = 524,288). Pass
@@ -136,8 +161,11 @@ def alone_bytes(model: Any, prompt_tokens: int, max_tokens: int, prefill_step_si
     :class:`KVLedger`). Builds the model's ``kv_profile`` (one probe forward)."""
     from .profile import kv_profile
 
-    return _alone(plan_of(kv_profile(model, max_kv_size), prefill_step_size, exact_chunks=exact_chunks),
-                  prompt_tokens, max_tokens)
+    return _alone(
+        plan_of(kv_profile(model, max_kv_size), prefill_step_size, exact_chunks=exact_chunks),
+        prompt_tokens,
+        max_tokens,
+    )
 
 
 def _alone(plan: KVPlan, prompt_tokens: int, max_tokens: int) -> int:

@@ -21,7 +21,14 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ def kv_profile(model: Any, max_kv_size: int | None = None, kv_quant: Any = None)
 
 def projected_bytes(profile: list[LayerBytes], total_tokens: int) -> int:
     """Bytes one request's cache reaches with ``total_tokens`` (prompt + max_tokens)."""
-    return sum(lb.per_token_bytes * (min(total_tokens, lb.window_tokens) if lb.window_tokens else total_tokens)
-               + lb.fixed_bytes for lb in profile)
-
+    return sum(
+        lb.per_token_bytes * (min(total_tokens, lb.window_tokens) if lb.window_tokens else total_tokens)
+        + lb.fixed_bytes
+        for lb in profile
+    )

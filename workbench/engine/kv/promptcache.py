@@ -17,7 +17,8 @@ scheduler only ever resumes entries that its own prefill would have written.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 
@@ -50,8 +51,14 @@ class PromptCache:
             (see :func:`cache_key`, which keys the trie with them and ``max_kv_size``).
     """
 
-    def __init__(self, model: Any, lru: LRUPromptCache | int, max_kv_size: int | None = None,
-                 aligned: int | None = None, **shaped_by: Any):
+    def __init__(
+        self,
+        model: Any,
+        lru: LRUPromptCache | int,
+        max_kv_size: int | None = None,
+        aligned: int | None = None,
+        **shaped_by: Any,
+    ):
         self.model = model
         self.aligned = aligned
         self.key = cache_key(model, max_kv_size, aligned=aligned, **shaped_by)
@@ -95,13 +102,16 @@ class PromptCache:
             rest = list(tokens)[hit - cut :]
         return cache, list(rest)
 
-    def store(self, tokens: Sequence[int], caches: list[Any], extra_tokens: int,
-              prefilled_tokens: int | None = None) -> bool:
+    def store(
+        self, tokens: Sequence[int], caches: list[Any], extra_tokens: int, prefilled_tokens: int | None = None
+    ) -> bool:
         """Store single-sequence ``caches`` holding ``tokens`` plus ``extra_tokens`` fed
         after them (trimmed away first). Returns False when they cannot be trimmed (or,
         :attr:`aligned`, when the first ``prefilled_tokens`` hold no whole chunk)."""
         if self.aligned:
-            keep = (len(tokens) if prefilled_tokens is None else prefilled_tokens) // self.aligned * self.aligned
+            keep = (
+                (len(tokens) if prefilled_tokens is None else prefilled_tokens) // self.aligned * self.aligned
+            )
             if keep == 0:
                 return False
             extra_tokens += len(tokens) - keep

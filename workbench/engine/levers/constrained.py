@@ -62,8 +62,10 @@ def _llguidance() -> Any:
         import llguidance
         import llguidance.hf  # noqa: F401  (from_tokenizer)
     except ImportError as exc:
-        raise ImportError(f"structured output (Request(json_schema= / regex= / choices=)) needs llguidance: "
-                          f"pip install -e \".[{EXTRA}]\" (or pip install llguidance); {exc}") from None
+        raise ImportError(
+            f"structured output (Request(json_schema= / regex= / choices=)) needs llguidance: "
+            f'pip install -e ".[{EXTRA}]" (or pip install llguidance); {exc}'
+        ) from None
     return llguidance
 
 
@@ -110,11 +112,15 @@ def _source(field: str, value: Any) -> tuple[str, str]:
             try:
                 schema = json.loads(value)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"json_schema must be a JSON schema object (a dict or its JSON text); "
-                                 f"the text is not JSON: {exc}") from None
+                raise ValueError(
+                    f"json_schema must be a JSON schema object (a dict or its JSON text); "
+                    f"the text is not JSON: {exc}"
+                ) from None
         if not isinstance(schema, Mapping):
-            raise ValueError(f"json_schema must be a JSON schema object (a dict or its JSON text), got "
-                             f"{type(schema).__name__}")
+            raise ValueError(
+                f"json_schema must be a JSON schema object (a dict or its JSON text), got "
+                f"{type(schema).__name__}"
+            )
         source = json.dumps(schema, separators=(",", ":"))
         return source, llg.grammar_from_json_schema(source, defaults=JSON_DEFAULTS)
     if field == "regex":
@@ -175,8 +181,10 @@ def ll_tokenizer(tokenizer: Any, vocab_size: int) -> Any:
         try:
             built[vocab_size] = _llguidance().hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos or None)
         except (ValueError, TypeError, AttributeError) as exc:
-            raise ValueError(f"structured output needs a Hugging Face fast tokenizer (tokenizer.json); "
-                             f"llguidance cannot map {type(hf).__name__}: {exc}") from None
+            raise ValueError(
+                f"structured output needs a Hugging Face fast tokenizer (tokenizer.json); "
+                f"llguidance cannot map {type(hf).__name__}: {exc}"
+            ) from None
     return built[vocab_size]
 
 
@@ -229,8 +237,10 @@ class RowGrammar:
         for i, t in enumerate(tokens[common:], start=common):
             if not matcher.consume_token(t):
                 piece = self.tokenizer.decode_str([t]) if 0 <= t < self.tokenizer.vocab_size else ""
-                raise GrammarError(f"{self.constraint.field}: the grammar refuses token {t} ({piece!r}) after "
-                                   f"{i} generated token(s): {matcher.get_error()}")
+                raise GrammarError(
+                    f"{self.constraint.field}: the grammar refuses token {t} ({piece!r}) after "
+                    f"{i} generated token(s): {matcher.get_error()}"
+                )
         self._state = (matcher, tuple(tokens))
         return matcher
 
@@ -242,14 +252,16 @@ class RowGrammar:
         self.mask_calls += 1
         mask = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
         if not mask.any():
-            raise GrammarError(f"{self.constraint.field}: no token of the vocabulary can continue the grammar "
-                               f"after {len(tokens)} generated token(s): {matcher.get_error()}")
+            raise GrammarError(
+                f"{self.constraint.field}: no token of the vocabulary can continue the grammar "
+                f"after {len(tokens)} generated token(s): {matcher.get_error()}"
+            )
         return mask
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         """``logits`` ``[1, V]`` with every token the grammar refuses after the row's
         generated tokens (``context[prompt_tokens:]``, evaluated here) set to ``-inf``."""
-        generated = context[self.prompt_tokens:].tolist()
+        generated = context[self.prompt_tokens :].tolist()
         mask = mx.array(self.allowed(generated, logits.shape[-1]))[None]  # [1, V] bool
         return mx.where(mask, logits, mx.array(-float("inf"), dtype=logits.dtype))
 
@@ -259,7 +271,9 @@ class RowGrammar:
         return bool(self.sync(tokens).is_stopped())
 
 
-def row_grammar(constraint: Constraint | None, tokenizer: Any, vocab_size: int, prompt_tokens: int) -> RowGrammar | None:
+def row_grammar(
+    constraint: Constraint | None, tokenizer: Any, vocab_size: int, prompt_tokens: int
+) -> RowGrammar | None:
     """A fresh :class:`RowGrammar` for ``constraint`` (``None`` for none), on the tokenizer
     mapped by :func:`ll_tokenizer`."""
     if constraint is None:

@@ -22,9 +22,10 @@ Fitting the coefficients from measurements is :func:`nonnegative_lstsq` (used by
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -94,13 +95,15 @@ class CostModel:
     def text(self) -> str:
         """Deterministic multi-line form in microseconds."""
         us = lambda s: f"{s * 1e6:.4g} us"
-        return "\n".join([
-            f"cost model{f' ({self.label})' if self.label else ''}:",
-            f"  prefill chunk: {us(self.prefill_s_per_chunk)} + {us(self.prefill_s_per_token)}/token"
-            f" + {us(self.prefill_s_per_pair)}/attended pair",
-            f"  decode step:   {us(self.decode_s_per_step)} + {us(self.decode_s_per_row)}/row"
-            f" + {us(self.decode_s_per_kv_token)}/row/KV token",
-        ])
+        return "\n".join(
+            [
+                f"cost model{f' ({self.label})' if self.label else ''}:",
+                f"  prefill chunk: {us(self.prefill_s_per_chunk)} + {us(self.prefill_s_per_token)}/token"
+                f" + {us(self.prefill_s_per_pair)}/attended pair",
+                f"  decode step:   {us(self.decode_s_per_step)} + {us(self.decode_s_per_row)}/row"
+                f" + {us(self.decode_s_per_kv_token)}/row/KV token",
+            ]
+        )
 
     def __str__(self) -> str:
         return self.text()

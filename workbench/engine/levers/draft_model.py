@@ -51,8 +51,12 @@ class DraftCaches:
 
     def clone(self, share_appended: bool = False) -> "DraftCaches":
         """An independent copy sharing the cache buffers (``clone_caches``)."""
-        return DraftCaches(list(self.uids), [list(h) for h in self.held], clone_caches(self.caches, share_appended),
-                           [list(f) for f in self.fed])
+        return DraftCaches(
+            list(self.uids),
+            [list(h) for h in self.held],
+            clone_caches(self.caches, share_appended),
+            [list(f) for f in self.fed],
+        )
 
 
 def _prefix(held: Sequence[int], context: Sequence[int]) -> bool:
@@ -75,12 +79,16 @@ class DraftModel:
                 target's ``vocab_size``, or a layer cache other than ``KVCache``.
         """
         if not callable(model) or not hasattr(model, "layers"):
-            raise ValueError(f"speculative must be None, 'prompt-lookup' or a draft mlx-lm model (mlx_lm.load), "
-                             f"got {type(model).__name__}")
+            raise ValueError(
+                f"speculative must be None, 'prompt-lookup' or a draft mlx-lm model (mlx_lm.load), "
+                f"got {type(model).__name__}"
+            )
         size = getattr(getattr(model, "args", None), "vocab_size", None)
         if vocab_size is not None and size is not None and int(size) != int(vocab_size):
-            raise ValueError(f"speculative: the draft model's vocab_size is {size}, the model's {vocab_size}; "
-                             "a draft model must share the tokenizer")
+            raise ValueError(
+                f"speculative: the draft model's vocab_size is {size}, the model's {vocab_size}; "
+                "a draft model must share the tokenizer"
+            )
         check_cache(model, "the draft model's")
         return cls(model, prefill_step_size)
 
@@ -92,7 +100,9 @@ class DraftModel:
             mx.eval([c.state for c in cache])
         return cache
 
-    def follow(self, state: DraftCaches | None, uids: Sequence[int], contexts: Sequence[Sequence[int]]) -> DraftCaches:
+    def follow(
+        self, state: DraftCaches | None, uids: Sequence[int], contexts: Sequence[Sequence[int]]
+    ) -> DraftCaches:
         """Draft caches whose rows are ``uids`` in order, each holding a prefix of its
         context shorter than it: kept rows filtered (mlx-lm's ``filter``, which also
         reorders), the others prefilled alone with all but their last token and joined
@@ -107,8 +117,10 @@ class DraftModel:
                 c.filter([old[uids[b]] for b in kept])
             held = {b: state.held[old[uids[b]]] for b in kept}
         if fresh:
-            joiners = [type(layer[0]).merge(list(layer)) for layer in
-                       zip(*(self._prefill(list(contexts[b][:-1])) for b in fresh))]
+            joiners = [
+                type(layer[0]).merge(list(layer))
+                for layer in zip(*(self._prefill(list(contexts[b][:-1])) for b in fresh))
+            ]
             if caches is None:
                 caches = joiners
             else:
@@ -133,7 +145,7 @@ class DraftModel:
         """
         state = self.follow(batch.draft, [r.uid for r in batch.rows], contexts)
         batch.draft = state
-        missing = [list(c[len(h):]) for c, h in zip(contexts, state.held)]
+        missing = [list(c[len(h) :]) for c, h in zip(contexts, state.held)]
         N = max(len(m) for m in missing)
         inputs = mx.array([m + [m[-1]] * (N - len(m)) for m in missing], dtype=mx.uint32)  # [B, N]
         logits = self.model(inputs, cache=state.caches)  # [B, N, V]
@@ -145,7 +157,9 @@ class DraftModel:
             h.extend(m)
         drafts = [token]
         for _ in range(max(caps) - 1):
-            token = mx.argmax(self.model(token[:, None], cache=state.caches)[:, -1], axis=-1).astype(mx.uint32)
+            token = mx.argmax(self.model(token[:, None], cache=state.caches)[:, -1], axis=-1).astype(
+                mx.uint32
+            )
             drafts.append(token)
         rows = mx.stack(drafts, axis=1).tolist()  # [B, max(caps)]
         state.fed = [row[:-1] for row in rows]  # the last draft was never fed

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from ..kv.cache_internals import LayerCaches, write_index
-
 
 PADDED_KERNEL_MIN_ROWS = 1  # rows from which the padded-rows kernel beats masked attention in a step
 # (scripts/lab/gpu_crossover.py measures it; docs/gpu.md)
@@ -72,8 +72,12 @@ class FastDecode:
         if not (fast_decode is None or isinstance(fast_decode, bool)):
             raise ValueError(f"fast_decode must be None, True or False, got {fast_decode!r}")
         no_mask = fast_decode is None or bool(fast_decode)
-        return cls(no_mask, bool(fast_decode) and adapters is None, no_mask and backend() == "cuda",
-                   PADDED_KERNEL_MIN_ROWS)
+        return cls(
+            no_mask,
+            bool(fast_decode) and adapters is None,
+            no_mask and backend() == "cuda",
+            PADDED_KERNEL_MIN_ROWS,
+        )
 
 
 def unpadded(caches: LayerCaches | None, held: Sequence[int]) -> bool:
@@ -144,8 +148,9 @@ def compilable(model: Any) -> bool:
     import mlx.nn as nn
 
     blocks = _blocks(model)
-    return bool(blocks) and all(isinstance(getattr(b, "mlp", None), nn.Module) and type(b.mlp).__name__ == "MLP"
-                                for b in blocks)
+    return bool(blocks) and all(
+        isinstance(getattr(b, "mlp", None), nn.Module) and type(b.mlp).__name__ == "MLP" for b in blocks
+    )
 
 
 @contextlib.contextmanager
@@ -174,7 +179,9 @@ def compiled_mlps(model: Any) -> Iterator[None]:
 def plain_batch_caches(caches: LayerCaches | None) -> bool:
     """True when every layer is mlx-lm's float ``BatchKVCache`` (its own ``make_mask``,
     not quantized): a decode step's mask is then exactly each row's left padding."""
-    return bool(caches) and all(_mask_is_padding(c) and not hasattr(c, "bits") and c.keys is not None for c in caches)
+    return bool(caches) and all(
+        _mask_is_padding(c) and not hasattr(c, "bits") and c.keys is not None for c in caches
+    )
 
 
 def kernel_serves(caches: LayerCaches) -> bool:
@@ -200,10 +207,15 @@ def _with_padded_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
     from .padded_attention import padded_decode_attention, supported
 
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
-        if (sinks is None and isinstance(mask, mx.array) and plain_batch_caches([cache])
-                and supported(queries, keys)):
-            return padded_decode_attention(queries, cache.keys, cache.values, cache.left_padding,
-                                           write_index(cache), scale)
+        if (
+            sinks is None
+            and isinstance(mask, mx.array)
+            and plain_batch_caches([cache])
+            and supported(queries, keys)
+        ):
+            return padded_decode_attention(
+                queries, cache.keys, cache.values, cache.left_padding, write_index(cache), scale
+            )
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     sdpa.original = original
@@ -229,12 +241,15 @@ def padded_attention(model: Any) -> Iterator[bool]:
         yield bool(mods)
     finally:
         for m in mods:
-            m.scaled_dot_product_attention = getattr(m.scaled_dot_product_attention, "original",
-                                                     m.scaled_dot_product_attention)
+            m.scaled_dot_product_attention = getattr(
+                m.scaled_dot_product_attention, "original", m.scaled_dot_product_attention
+            )
 
 
 @contextlib.contextmanager
-def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths: FastDecode) -> Iterator[str]:
+def decode_fast_path(
+    model: Any, caches: LayerCaches, held: Sequence[int], paths: FastDecode
+) -> Iterator[str]:
     """Within the block, build a decode forward with whichever fast paths apply.
 
     Args:
@@ -254,9 +269,13 @@ def decode_fast_path(model: Any, caches: LayerCaches, held: Sequence[int], paths
         if paths.no_mask and unpadded(caches, held):
             stack.enter_context(without_mask(caches))
             on.append("no mask")
-        elif (paths.padded_kernel and len(held) >= paths.kernel_min_rows and plain_batch_caches(caches)
-              and kernel_serves(caches)
-              and stack.enter_context(padded_attention(model))):
+        elif (
+            paths.padded_kernel
+            and len(held) >= paths.kernel_min_rows
+            and plain_batch_caches(caches)
+            and kernel_serves(caches)
+            and stack.enter_context(padded_attention(model))
+        ):
             on.append("padded kernel")
         if paths.compile_mlp and compilable(model):
             stack.enter_context(compiled_mlps(model))

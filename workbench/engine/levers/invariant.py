@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -101,15 +102,23 @@ ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
 ROWS_APART_BYTES = 4 << 20  # CPU float weights up to this size run one-row calls (they stay in cache)
 FALLBACK_ROWS = (8, 4, 2, 1)  # fixed blocks tried in order where the first choice fails its check
 PROJECTIONS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
-_METHOD = {nn.Linear: "__call__", nn.QuantizedLinear: "__call__", nn.Embedding: "as_linear",
-           nn.QuantizedEmbedding: "as_linear"}
+_METHOD = {
+    nn.Linear: "__call__",
+    nn.QuantizedLinear: "__call__",
+    nn.Embedding: "as_linear",
+    nn.QuantizedEmbedding: "as_linear",
+}
 
 
 ONE_ROW = RowBlocks(1, 1)
 
 
-def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | None,
-            rows_apart: Callable[[mx.array], mx.array] | None = None) -> mx.array:
+def blocked(
+    f: Callable[[mx.array], mx.array],
+    x: mx.array,
+    blocks: RowBlocks | None,
+    rows_apart: Callable[[mx.array], mx.array] | None = None,
+) -> mx.array:
     """``f(x)`` for a row-wise ``f`` (a projection ``[..., K] -> [..., N]``), computed in
     calls of :meth:`RowBlocks.plan`'s shapes: equal to ``f(x)`` up to the kernel chosen, and
     each row's bits independent of the other rows of ``x``.
@@ -138,8 +147,14 @@ def blocked(f: Callable[[mx.array], mx.array], x: mx.array, blocks: RowBlocks | 
     return y.reshape(*lead, y.shape[-1])
 
 
-def rows_agree(f: Callable[[mx.array], mx.array], K: int, dtype: Any, blocks: RowBlocks | None,
-               counts: Sequence[int] = (3, 9, 20), rows_apart: Callable[[mx.array], mx.array] | None = None) -> bool:
+def rows_agree(
+    f: Callable[[mx.array], mx.array],
+    K: int,
+    dtype: Any,
+    blocks: RowBlocks | None,
+    counts: Sequence[int] = (3, 9, 20),
+    rows_apart: Callable[[mx.array], mx.array] | None = None,
+) -> bool:
     """True when, for random inputs ``[M, K]``, the first, middle and last row of ``f``
     computed among ``M`` rows (in :func:`blocked` calls of ``blocks``, for each ``M`` in
     ``counts``; for fixed blocks one full block) have the bits of the same row computed
@@ -187,7 +202,9 @@ class Invariance:
 
     backend: str
     blocks: dict
-    _plans: dict = field(default_factory=dict, compare=False, repr=False)  # id(module) -> (weight, blocks, apart)
+    _plans: dict = field(
+        default_factory=dict, compare=False, repr=False
+    )  # id(module) -> (weight, blocks, apart)
 
     @classmethod
     def calibrate(cls, model: Any) -> "Invariance":
@@ -219,7 +236,11 @@ class Invariance:
         known = self._plans.get(id(module))
         if known is None or known[0] is not weight:
             blocks = self.blocks_for(module)
-            known = self._plans[id(module)] = (weight, blocks, rows_apart_linear(module) if blocks == ONE_ROW else None)
+            known = self._plans[id(module)] = (
+                weight,
+                blocks,
+                rows_apart_linear(module) if blocks == ONE_ROW else None,
+            )
         return known[1], known[2]
 
 
@@ -293,7 +314,9 @@ def _attention_modules(model: Any) -> list[Any]:
     return [m for m in mods if m is not None and hasattr(m, "scaled_dot_product_attention")]
 
 
-def row_attention(queries: mx.array, keys: mx.array, values: mx.array, starts: mx.array, scale: float) -> mx.array:
+def row_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, starts: mx.array, scale: float
+) -> mx.array:
     """One-query attention in which each row's bits depend only on its own keys (the CPU's
     batch-invariant attention): row ``b`` attends positions ``starts[b]:`` of its keys.
 
@@ -340,12 +363,22 @@ def _per_row(original: Callable[..., mx.array], held: Sequence[int]) -> Callable
         if min(starts) < 0:
             raise RuntimeError(f"rows claim {[n + 1 for n in held]} tokens in a cache {S} wide")
         if cuda and supported(queries, keys):  # each row from its own start, a fixed reduction order
-            return padded_decode_attention(queries, cache.keys, cache.values, mx.array(starts, dtype=mx.int32),
-                                           write_index(cache), scale)
+            return padded_decode_attention(
+                queries, cache.keys, cache.values, mx.array(starts, dtype=mx.int32), write_index(cache), scale
+            )
         if not cuda:
             return row_attention(queries, keys, values, mx.array(starts, dtype=mx.int32), scale)
-        outs = [original(queries[b : b + 1], keys[b : b + 1, :, s:], values[b : b + 1, :, s:], cache=cache,
-                         scale=scale, mask=None) for b, s in enumerate(starts)]  # each row alone
+        outs = [
+            original(
+                queries[b : b + 1],
+                keys[b : b + 1, :, s:],
+                values[b : b + 1, :, s:],
+                cache=cache,
+                scale=scale,
+                mask=None,
+            )
+            for b, s in enumerate(starts)
+        ]  # each row alone
         return outs[0] if B == 1 else mx.concatenate(outs)
 
     sdpa.original = original
@@ -365,8 +398,9 @@ def per_row_attention(model: Any, held: Sequence[int]) -> Iterator[None]:
         yield
     finally:
         for m in mods:
-            m.scaled_dot_product_attention = getattr(m.scaled_dot_product_attention, "original",
-                                                     m.scaled_dot_product_attention)
+            m.scaled_dot_product_attention = getattr(
+                m.scaled_dot_product_attention, "original", m.scaled_dot_product_attention
+            )
 
 
 @contextlib.contextmanager
@@ -380,8 +414,13 @@ def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -
         yield
 
 
-def configure(model: Any, batch_invariant: bool, max_kv_size: int | None = None, kv_quant: Any = None,
-              kv_budget_bytes: int | None = None) -> Invariance | None:
+def configure(
+    model: Any,
+    batch_invariant: bool,
+    max_kv_size: int | None = None,
+    kv_quant: Any = None,
+    kv_budget_bytes: int | None = None,
+) -> Invariance | None:
     """``Scheduler(batch_invariant=)``: the mode's :class:`Invariance` on this device, or
     ``None`` when off.
 
@@ -404,15 +443,19 @@ def configure(model: Any, batch_invariant: bool, max_kv_size: int | None = None,
     if kv_quant is not None:
         raise ValueError("batch_invariant=True cannot run a quantized KV cache (kv_bits): not supported")
     if kv_budget_bytes is not None:
-        raise ValueError("batch_invariant=True cannot take kv_budget_bytes: preemption recomputes a row's decoded "
-                         "tokens as prefill, whose sums differ from the decode steps that made them")
+        raise ValueError(
+            "batch_invariant=True cannot take kv_budget_bytes: preemption recomputes a row's decoded "
+            "tokens as prefill, whose sums differ from the decode steps that made them"
+        )
 
     def leaves(c: Any) -> list[Any]:
         return [x for sub in c.caches for x in leaves(sub)] if isinstance(c, CacheList) else [c]
 
     for i, c in enumerate(x for layer in new_batch_cache(model, 1, max_kv_size) for x in leaves(layer)):
         if not (type(c) is BatchKVCache or isinstance(c, ArraysCache)):
-            raise ValueError(f"batch_invariant=True cannot batch layer {i}'s {type(c).__name__}"
-                             + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
-                             + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers")
+            raise ValueError(
+                f"batch_invariant=True cannot batch layer {i}'s {type(c).__name__}"
+                + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
+                + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers"
+            )
     return Invariance.calibrate(model)

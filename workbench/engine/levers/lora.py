@@ -33,9 +33,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -89,7 +90,9 @@ class RowLoRALinear(nn.Module):
         a, b = stacks  # [N+1, I, R], [N+1, R, O]
         rows = sel.rows  # [B]
         if rows.shape[0] != x.shape[0]:
-            raise RuntimeError(f"{self.path}: adapter selection has {rows.shape[0]} rows, the forward {x.shape[0]}")
+            raise RuntimeError(
+                f"{self.path}: adapter selection has {rows.shape[0]} rows, the forward {x.shape[0]}"
+            )
         xs = x if x.ndim == 3 else x.reshape(x.shape[0], -1, x.shape[-1])  # [B, L, I]
         delta = sel.scale * ((xs @ a[rows]) @ b[rows])  # [B, L, R] -> [B, L, O]
         if delta.dtype != x.dtype:
@@ -160,12 +163,16 @@ def _check_pair(where: str, path: str, a: mx.array, b: mx.array, dims: tuple[int
     if a.ndim != 2 or b.ndim != 2:
         raise ValueError(f"{where}: {path}.lora_a / lora_b must be 2-D, got shapes {a.shape} and {b.shape}")
     if a.shape[1] != rank or b.shape[0] != rank:
-        raise ValueError(f"{where}: lora_parameters.rank is {rank} but {path}.lora_a has shape {a.shape} "
-                         f"and lora_b {b.shape} (rank mismatch)")
+        raise ValueError(
+            f"{where}: lora_parameters.rank is {rank} but {path}.lora_a has shape {a.shape} "
+            f"and lora_b {b.shape} (rank mismatch)"
+        )
     if (a.shape[0], b.shape[1]) != dims:
-        raise ValueError(f"{where}: {path}.lora_a {a.shape} / lora_b {b.shape} need a layer of {a.shape[0]} "
-                         f"inputs and {b.shape[1]} outputs, this model's has {dims[0]} and {dims[1]} "
-                         "(an adapter for another architecture)")
+        raise ValueError(
+            f"{where}: {path}.lora_a {a.shape} / lora_b {b.shape} need a layer of {a.shape[0]} "
+            f"inputs and {b.shape[1]} outputs, this model's has {dims[0]} and {dims[1]} "
+            "(an adapter for another architecture)"
+        )
 
 
 def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
@@ -201,8 +208,14 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
             continue
         dims = _linear_dims(modules[layer]) if layer in modules else None
         if dims is None:
-            what = "a layer this model does not have" if layer not in modules else f"a {type(modules[layer]).__name__}"
-            raise ValueError(f"{where}: tensor {key!r} targets {what}, not a Linear (an adapter for another architecture)")
+            what = (
+                "a layer this model does not have"
+                if layer not in modules
+                else f"a {type(modules[layer]).__name__}"
+            )
+            raise ValueError(
+                f"{where}: tensor {key!r} targets {what}, not a Linear (an adapter for another architecture)"
+            )
         if f"{layer}.lora_b" not in weights:
             raise ValueError(f"{where}: tensor {key!r} has no {layer}.lora_b")
         _check_pair(where, layer, weights[key], weights[f"{layer}.lora_b"], dims, rank)
@@ -210,7 +223,9 @@ def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
     orphans = sorted(k for k in weights if k.endswith(".lora_b") and k[: -len(".lora_b")] not in layers)
     if orphans:
         raise ValueError(f"{where}: tensor {orphans[0]!r} has no matching lora_a")
-    return Adapter(name, str(folder), rank, scale, layers, (folder / FILES[1]).stat().st_size, tuple(sorted(layers)))
+    return Adapter(
+        name, str(folder), rank, scale, layers, (folder / FILES[1]).stat().st_size, tuple(sorted(layers))
+    )
 
 
 @dataclass(frozen=True, repr=False)
@@ -245,8 +260,10 @@ class AdapterBank:
             ValueError: naming the field ``adapter`` and the loaded names.
         """
         if name is not None and name not in self.names:
-            raise ValueError(f"adapter {name!r} is not loaded; this scheduler's adapters are {list(self.names)} "
-                             "(Scheduler(adapters={name: path})), or None for the base model")
+            raise ValueError(
+                f"adapter {name!r} is not loaded; this scheduler's adapters are {list(self.names)} "
+                "(Scheduler(adapters={name: path})), or None for the base model"
+            )
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{n} (rank {a.rank}, {len(a.targets)} layers)" for n, a in self.adapters.items())
@@ -267,7 +284,11 @@ def wrap_layers(model: nn.Module, paths: Sequence[str]) -> Selection:
     ``model.update_modules``). Returns the model's :class:`Selection`."""
     selection = _selection_of(model)
     modules = dict(model.named_modules())
-    new = [(p, RowLoRALinear(modules[p], p, selection)) for p in paths if not isinstance(modules[p], RowLoRALinear)]
+    new = [
+        (p, RowLoRALinear(modules[p], p, selection))
+        for p in paths
+        if not isinstance(modules[p], RowLoRALinear)
+    ]
     if new:
         model.update_modules(tree_unflatten(new))
     return selection
@@ -286,7 +307,9 @@ def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array,
     return mx.stack(a_rows), mx.stack(b_rows)
 
 
-def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None) -> AdapterBank | None:
+def load_adapters(
+    model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None
+) -> AdapterBank | None:
     """Load ``adapters`` (name -> folder) for per-row selection on ``model``.
 
     Reads and checks every folder first (:func:`read_adapter`), so a bad one changes
@@ -313,12 +336,19 @@ def load_adapters(model: nn.Module, adapters: Mapping[str, str | Path] | Adapter
     layers = {p: _stack(read, p, rank) for p in paths}
     mx.eval(layers)
     nbytes = sum(int(x.nbytes) for stacks in layers.values() for x in stacks)
-    return AdapterBank(tuple(ad.name for ad in read), {ad.name: dataclasses.replace(ad, layers={}) for ad in read}, layers,
-                       (0.0,) + tuple(ad.scale for ad in read), selection, nbytes)
+    return AdapterBank(
+        tuple(ad.name for ad in read),
+        {ad.name: dataclasses.replace(ad, layers={}) for ad in read},
+        layers,
+        (0.0,) + tuple(ad.scale for ad in read),
+        selection,
+        nbytes,
+    )
 
 
-def configure(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None,
-              prompt_cache: Any = None) -> AdapterBank | None:
+def configure(
+    model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None, prompt_cache: Any = None
+) -> AdapterBank | None:
     """The scheduler's adapters: :func:`load_adapters`, refused with a prompt cache.
 
     Raises:
@@ -328,8 +358,10 @@ def configure(model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank
     """
     bank = load_adapters(model, adapters)
     if bank is not None and prompt_cache is not None:
-        raise ValueError("adapters and prompt_cache cannot be combined: a cached prefix holds the keys and values "
-                         "of the adapter it ran with, and the prompt cache is keyed by tokens only")
+        raise ValueError(
+            "adapters and prompt_cache cannot be combined: a cached prefix holds the keys and values "
+            "of the adapter it ran with, and the prompt cache is keyed by tokens only"
+        )
     return bank
 
 
@@ -342,8 +374,10 @@ def check_request(bank: AdapterBank | None, name: str | None) -> None:
     if name is None:
         return
     if bank is None:
-        raise ValueError(f"adapter {name!r}: this scheduler loaded no adapters "
-                         "(build it with Scheduler(adapters={name: path}))")
+        raise ValueError(
+            f"adapter {name!r}: this scheduler loaded no adapters "
+            "(build it with Scheduler(adapters={name: path}))"
+        )
     bank.check(name)
 
 

@@ -38,8 +38,8 @@ import pandas as pd
 
 from .cost import CostModel, nonnegative_lstsq, prefill_features
 
-SAMPLES = 64   # measured forwards kept for the online fit / correction
-RECENT = 16    # of which the latest this many set the correction ratio
+SAMPLES = 64  # measured forwards kept for the online fit / correction
+RECENT = 16  # of which the latest this many set the correction ratio
 PREDICTIONS = 4096  # predictions kept, with what was then measured (prediction_errors)
 
 
@@ -70,14 +70,24 @@ class Pacing:
     cost_model: CostModel | None = None
 
     def __post_init__(self) -> None:
-        if self.itl_target_s is not None and not (isinstance(self.itl_target_s, (int, float)) and self.itl_target_s > 0):
-            raise ValueError(f"Pacing.itl_target_s must be a number of seconds > 0 or None, got {self.itl_target_s!r}")
+        if self.itl_target_s is not None and not (
+            isinstance(self.itl_target_s, (int, float)) and self.itl_target_s > 0
+        ):
+            raise ValueError(
+                f"Pacing.itl_target_s must be a number of seconds > 0 or None, got {self.itl_target_s!r}"
+            )
         if not (isinstance(self.itl_target_steps, (int, float)) and self.itl_target_steps > 1):
             raise ValueError(f"Pacing.itl_target_steps must be a number > 1, got {self.itl_target_steps!r}")
-        if isinstance(self.min_chunk_tokens, bool) or not isinstance(self.min_chunk_tokens, int) or self.min_chunk_tokens < 1:
+        if (
+            isinstance(self.min_chunk_tokens, bool)
+            or not isinstance(self.min_chunk_tokens, int)
+            or self.min_chunk_tokens < 1
+        ):
             raise ValueError(f"Pacing.min_chunk_tokens must be an int >= 1, got {self.min_chunk_tokens!r}")
         if self.cost_model is not None and not isinstance(self.cost_model, CostModel):
-            raise ValueError(f"Pacing.cost_model must be a CostModel or None, got {type(self.cost_model).__name__}")
+            raise ValueError(
+                f"Pacing.cost_model must be a CostModel or None, got {type(self.cost_model).__name__}"
+            )
 
 
 def pacing_from(spec: Any) -> Pacing | None:
@@ -96,8 +106,10 @@ def pacing_from(spec: Any) -> Pacing | None:
         return spec
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         if not spec > 0:
-            raise ValueError(f"pacing={spec!r}: a target in seconds must be > 0 (or pacing=True for "
-                             f"{Pacing().itl_target_steps:g} x the decode step)")
+            raise ValueError(
+                f"pacing={spec!r}: a target in seconds must be > 0 (or pacing=True for "
+                f"{Pacing().itl_target_steps:g} x the decode step)"
+            )
         return Pacing(itl_target_s=float(spec))
     raise ValueError(f"pacing must be None, True, a target in seconds, or a Pacing, got {spec!r}")
 
@@ -137,10 +149,14 @@ class Pacer:
 
     def __init__(self, pacing: Pacing, prefill_step_size: int):
         self.pacing, self.prefill_step_size = pacing, prefill_step_size
-        self.prefill_samples: deque[tuple[int, int, int, float]] = deque(maxlen=SAMPLES)  # rows, tokens, start, s
-        self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)       # rows, width, s
+        self.prefill_samples: deque[tuple[int, int, int, float]] = deque(
+            maxlen=SAMPLES
+        )  # rows, tokens, start, s
+        self.decode_samples: deque[tuple[int, int, float]] = deque(maxlen=SAMPLES)  # rows, width, s
         self._prefill_coef: np.ndarray | None = None
-        self._ratios: dict[str, float] = {}  # "prefill" / "decode": the prior's correction, until a new sample
+        self._ratios: dict[
+            str, float
+        ] = {}  # "prefill" / "decode": the prior's correction, until a new sample
         self.predictions: deque[tuple[str, float, float, float]] = deque(maxlen=PREDICTIONS)
         self.last_iteration: Iteration | None = None  # the latest admit() that returned
         self._step_index, self._start_s, self._prefill_s = 0, 0.0, 0.0  # the admit() in progress (or latest)
@@ -170,8 +186,12 @@ class Pacer:
         self._prefill_s += seconds
         if tokens > 0 and seconds > 0:
             prior = self.pacing.cost_model
-            self._note("prefill", self.prefill_s(rows, tokens, start_tokens), seconds,
-                       prior.prefill_s(tokens, start_tokens, rows) if prior is not None else math.nan)
+            self._note(
+                "prefill",
+                self.prefill_s(rows, tokens, start_tokens),
+                seconds,
+                prior.prefill_s(tokens, start_tokens, rows) if prior is not None else math.nan,
+            )
             self.prefill_samples.append((rows, tokens, start_tokens, seconds))
             self._prefill_coef = None
             self._ratios.pop("prefill", None)
@@ -183,8 +203,12 @@ class Pacer:
         ``seconds > 0``."""
         if rows > 0 and seconds > 0:
             prior = self.pacing.cost_model
-            self._note("decode", self.decode_s(rows, width_tokens) if self.decode_samples or prior else None, seconds,
-                       prior.decode_s(rows, width_tokens) if prior is not None else math.nan)
+            self._note(
+                "decode",
+                self.decode_s(rows, width_tokens) if self.decode_samples or prior else None,
+                seconds,
+                prior.decode_s(rows, width_tokens) if prior is not None else math.nan,
+            )
             self.decode_samples.append((rows, width_tokens, seconds))
             self._ratios.pop("decode", None)
 
@@ -199,7 +223,9 @@ class Pacer:
         NaN without one) and the relative errors ``error`` and ``prior_error``
         (predicted / measured - 1: negative is optimistic). The latest ``PREDICTIONS``."""
         frame = pd.DataFrame(list(self.predictions), columns=["kind", "predicted_s", "measured_s", "prior_s"])
-        return frame.assign(error=frame.predicted_s / frame.measured_s - 1, prior_error=frame.prior_s / frame.measured_s - 1)
+        return frame.assign(
+            error=frame.predicted_s / frame.measured_s - 1, prior_error=frame.prior_s / frame.measured_s - 1
+        )
 
     # -- predicting --------------------------------------------------------------------
     def decode_s(self, rows: int, width_tokens: int) -> float:
@@ -242,8 +268,9 @@ class Pacer:
             return math.inf
         return self.target_s(rows, width_tokens) - self.decode_s(rows, width_tokens)
 
-    def chunk_tokens(self, budget_s: float, rows: int, start_tokens: int, remaining_tokens: int,
-                     first: bool) -> int:
+    def chunk_tokens(
+        self, budget_s: float, rows: int, start_tokens: int, remaining_tokens: int, first: bool
+    ) -> int:
         """The chunk to run now, in tokens per row (``0``: none): the most tokens, up to
         ``remaining_tokens`` and the chunk cap, whose ``[rows, k]`` forward after
         ``start_tokens`` cached tokens is predicted to fit ``budget_s`` seconds (a power of
@@ -266,7 +293,9 @@ class Pacer:
                 lo = mid
             else:
                 hi = mid - 1
-        efficient = min(cap, _bucket_up(max(self.efficient_tokens(rows, start_tokens), self.pacing.min_chunk_tokens)))
+        efficient = min(
+            cap, _bucket_up(max(self.efficient_tokens(rows, start_tokens), self.pacing.min_chunk_tokens))
+        )
         if lo >= efficient:
             return lo if lo == cap else _bucket_down(lo)
         return efficient if first else 0
@@ -312,7 +341,9 @@ class Pacer:
         if ratio is None:
             prior = self.pacing.cost_model
             if kind == "prefill":
-                pairs = [(prior.prefill_s(k, s0, b), s) for b, k, s0, s in list(self.prefill_samples)[-RECENT:]]
+                pairs = [
+                    (prior.prefill_s(k, s0, b), s) for b, k, s0, s in list(self.prefill_samples)[-RECENT:]
+                ]
             else:
                 pairs = [(prior.decode_s(b, w), s) for b, w, s in list(self.decode_samples)[-RECENT:]]
             ratio = self._ratios[kind] = self._ratio(pairs)
@@ -328,9 +359,10 @@ class Pacer:
         """One line: the predictions' basis (prior or learned) and the measured prefill
         chunks and decode iterations kept."""
         basis = "prior cost model, corrected" if self.pacing.cost_model is not None else "learned online"
-        return (f"pacing ({basis}): {len(self.prefill_samples)} prefill and {len(self.decode_samples)} "
-                f"decode measurements")
-
+        return (
+            f"pacing ({basis}): {len(self.prefill_samples)} prefill and {len(self.decode_samples)} "
+            f"decode measurements"
+        )
 
 
 def _bucket_down(tokens: int) -> int:

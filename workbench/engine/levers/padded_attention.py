@@ -84,13 +84,18 @@ _SOURCE = """
 
 @lru_cache(maxsize=1)
 def _kernel() -> Any:
-    return mx.fast.cuda_kernel(name="workbench_padded_decode_attention",
-                               input_names=["q", "k", "v", "left_padding", "dims", "scale"],
-                               output_names=["out"], source=_SOURCE.replace("WARPS_T", str(WARPS)))
+    return mx.fast.cuda_kernel(
+        name="workbench_padded_decode_attention",
+        input_names=["q", "k", "v", "left_padding", "dims", "scale"],
+        output_names=["out"],
+        source=_SOURCE.replace("WARPS_T", str(WARPS)),
+    )
 
 
 @lru_cache(maxsize=4)
-def _step_constants(S: int, columns: int, n_q: int, n_kv: int, B: int, scale: float) -> tuple[mx.array, mx.array]:
+def _step_constants(
+    S: int, columns: int, n_q: int, n_kv: int, B: int, scale: float
+) -> tuple[mx.array, mx.array]:
     """The kernel's ``dims`` and ``scale`` inputs, made once per step and shared by every layer
     (two small host arrays per step instead of two per layer and step)."""
     return mx.array([S, columns, n_q, n_kv, B], dtype=mx.int32), mx.array([scale], dtype=mx.float32)
@@ -100,13 +105,20 @@ def supported(queries: mx.array, keys: mx.array) -> bool:
     """True when :func:`padded_decode_attention` serves these shapes: one query per row
     (decode), equal query and key head dims in :data:`HEAD_DIMS`, query heads a multiple
     of the KV heads (GQA), and a float16 / bfloat16 / float32 dtype."""
-    return (queries.ndim == 4 and queries.shape[2] == 1 and queries.shape[-1] == keys.shape[-1]
-            and queries.shape[-1] in HEAD_DIMS and queries.shape[1] % keys.shape[1] == 0
-            and queries.dtype in DTYPES and keys.dtype == queries.dtype)
+    return (
+        queries.ndim == 4
+        and queries.shape[2] == 1
+        and queries.shape[-1] == keys.shape[-1]
+        and queries.shape[-1] in HEAD_DIMS
+        and queries.shape[1] % keys.shape[1] == 0
+        and queries.dtype in DTYPES
+        and keys.dtype == queries.dtype
+    )
 
 
-def padded_decode_attention(queries: mx.array, keys: mx.array, values: mx.array, left_padding: mx.array,
-                            columns: int, scale: float) -> mx.array:
+def padded_decode_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, left_padding: mx.array, columns: int, scale: float
+) -> mx.array:
     """One decode step's attention over left-padded rows, on CUDA, without a mask array.
 
     Row ``b`` attends columns ``left_padding[b] .. columns - 1`` of its keys and values: the
@@ -130,9 +142,11 @@ def padded_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
             ``1 .. S``.
     """
     if not supported(queries, keys) or values.shape != keys.shape:
-        raise ValueError(f"padded_decode_attention serves one-query steps with head_dim in {HEAD_DIMS} and "
-                         f"matching dtypes; got queries {queries.shape} {queries.dtype}, keys {keys.shape} "
-                         f"{keys.dtype}, values {values.shape}")
+        raise ValueError(
+            f"padded_decode_attention serves one-query steps with head_dim in {HEAD_DIMS} and "
+            f"matching dtypes; got queries {queries.shape} {queries.dtype}, keys {keys.shape} "
+            f"{keys.dtype}, values {values.shape}"
+        )
     B, n_q, _, D = queries.shape
     _, n_kv, S, _ = keys.shape
     if not 1 <= columns <= S:
@@ -141,7 +155,11 @@ def padded_decode_attention(queries: mx.array, keys: mx.array, values: mx.array,
     threads = 32 * WARPS
     if left_padding.dtype != mx.int32:
         left_padding = left_padding.astype(mx.int32)
-    return _kernel()(inputs=[queries, keys, values, left_padding, dims, scale_array],
-                     template=[("T", queries.dtype), ("D", D)], grid=(B * n_q * threads, 1, 1),
-                     threadgroup=(threads, 1, 1), output_shapes=[queries.shape],
-                     output_dtypes=[queries.dtype])[0]
+    return _kernel()(
+        inputs=[queries, keys, values, left_padding, dims, scale_array],
+        template=[("T", queries.dtype), ("D", D)],
+        grid=(B * n_q * threads, 1, 1),
+        threadgroup=(threads, 1, 1),
+        output_shapes=[queries.shape],
+        output_dtypes=[queries.dtype],
+    )[0]

@@ -24,7 +24,8 @@ and a shape no finite probe covers can fail in a step (head dim 64 ran every pro
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
@@ -33,9 +34,15 @@ PROBE_SHAPES = ((1, 1, 1), (1, 1, 60), (3, 1, 33), (1, 8, 60), (3, 8, 33))  # (G
 ATTENTION_PATHS = ("quantized_matmul", "dequantize")
 
 
-def dequantized_attention(queries: mx.array, q_keys: tuple[mx.array, mx.array, mx.array],
-                          q_values: tuple[mx.array, mx.array, mx.array], scale: float,
-                          mask: Optional[mx.array | str], group_size: int = 64, bits: int = 8) -> mx.array:
+def dequantized_attention(
+    queries: mx.array,
+    q_keys: tuple[mx.array, mx.array, mx.array],
+    q_values: tuple[mx.array, mx.array, mx.array],
+    scale: float,
+    mask: mx.array | str | None,
+    group_size: int = 64,
+    bits: int = 8,
+) -> mx.array:
     """Attention over quantized keys and values, dequantized first.
 
     Mirrors mlx-lm's ``models.base.quantized_scaled_dot_product_attention`` (same arguments,
@@ -57,14 +64,24 @@ def dequantized_attention(queries: mx.array, q_keys: tuple[mx.array, mx.array, m
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def _runs(attention: Callable[..., mx.array], n_kv: int, dim: int, dtype: Any, group_size: int,
-          bits: int) -> str:
+def _runs(
+    attention: Callable[..., mx.array], n_kv: int, dim: int, dtype: Any, group_size: int, bits: int
+) -> str:
     """``""`` when ``attention`` runs at every :data:`PROBE_SHAPES`, else the first failure."""
     for repeats, n_q, n_k in PROBE_SHAPES:
         q_keys = mx.quantize(mx.zeros((1, n_kv, n_k, dim), dtype), group_size=group_size, bits=bits)
         try:
-            mx.eval(attention(mx.zeros((1, n_kv * repeats, n_q, dim), dtype), q_keys, q_keys, scale=1.0,
-                              mask=None, group_size=group_size, bits=bits))
+            mx.eval(
+                attention(
+                    mx.zeros((1, n_kv * repeats, n_q, dim), dtype),
+                    q_keys,
+                    q_keys,
+                    scale=1.0,
+                    mask=None,
+                    group_size=group_size,
+                    bits=bits,
+                )
+            )
         except (RuntimeError, ValueError) as e:
             return f"{n_kv * repeats} query heads, {n_q} queries, {n_k} keys: {e}"
     return ""
@@ -90,9 +107,11 @@ def choose_attention(n_kv: int, dim: int, dtype: Any, group_size: int, bits: int
         return "quantized_matmul"
     if not _runs(dequantized_attention, n_kv, dim, dtype, group_size, bits):
         return "dequantize"
-    raise ValueError(f"kv_bits={bits}, kv_group_size={group_size}: MLX cannot run quantized attention for head dim "
-                     f"{dim} on {mx.default_device()} ({failed}), nor dequantized; use kv_bits=None or another "
-                     "kv_group_size")
+    raise ValueError(
+        f"kv_bits={bits}, kv_group_size={group_size}: MLX cannot run quantized attention for head dim "
+        f"{dim} on {mx.default_device()} ({failed}), nor dequantized; use kv_bits=None or another "
+        "kv_group_size"
+    )
 
 
 @contextlib.contextmanager

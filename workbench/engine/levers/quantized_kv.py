@@ -32,13 +32,20 @@ Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import (
-    ArraysCache, BatchKVCache, CacheList, KVCache, QuantizedKVCache, dynamic_roll, make_prompt_cache,
+    ArraysCache,
+    BatchKVCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    dynamic_roll,
+    make_prompt_cache,
 )
 
 from ..kv import cache_internals as internals
@@ -73,7 +80,9 @@ def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
         ValueError: naming the field and its allowed values.
     """
     if isinstance(kv_group_size, bool) or kv_group_size not in ALLOWED_GROUP_SIZES:  # also without kv_bits:
-        raise ValueError(f"kv_group_size must be one of {ALLOWED_GROUP_SIZES}, got {kv_group_size!r}")  # a typo is not silent
+        raise ValueError(
+            f"kv_group_size must be one of {ALLOWED_GROUP_SIZES}, got {kv_group_size!r}"
+        )  # a typo is not silent
     if kv_bits is None:
         return None
     if isinstance(kv_bits, bool) or kv_bits not in ALLOWED_BITS:
@@ -101,32 +110,41 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> K
     caches = make_prompt_cache(model, max_kv_size)
     for i, c in enumerate(caches):
         if not isinstance(c, (KVCache, ArraysCache, CacheList)):
-            raise ValueError(f"kv_bits: layer {i} has a {type(c).__name__}, which mlx-lm cannot quantize "
-                             "(only full-attention KVCache layers); use kv_bits=None for this model")
+            raise ValueError(
+                f"kv_bits: layer {i} has a {type(c).__name__}, which mlx-lm cannot quantize "
+                "(only full-attention KVCache layers); use kv_bits=None for this model"
+            )
     if not any(isinstance(c, KVCache) for c in caches):
-        raise ValueError("kv_bits: the model has no full-attention KVCache layer to quantize (its layers: "
-                         f"{sorted({type(c).__name__ for c in caches})}); use kv_bits=None")
+        raise ValueError(
+            "kv_bits: the model has no full-attention KVCache layer to quantize (its layers: "
+            f"{sorted({type(c).__name__ for c in caches})}); use kv_bits=None"
+        )
     model(mx.array([[0]], dtype=mx.uint32), cache=caches)
     for i, c in enumerate(caches):
         if isinstance(c, KVCache):
             dims = {c.keys.shape[-1], c.values.shape[-1]}
             if any(d % quant.group_size for d in dims):
                 fits = [g for g in ALLOWED_GROUP_SIZES if all(d % g == 0 for d in dims)]
-                raise ValueError(f"kv_group_size={quant.group_size} does not divide layer {i}'s head dim "
-                                 f"{sorted(dims)}; allowed for this model: {fits}")
+                raise ValueError(
+                    f"kv_group_size={quant.group_size} does not divide layer {i}'s head dim "
+                    f"{sorted(dims)}; allowed for this model: {fits}"
+                )
     keys = next(c for c in caches if isinstance(c, KVCache)).keys
     _, n_kv, _, dim = keys.shape
     return replace(quant, attention=choose_attention(n_kv, dim, keys.dtype, quant.group_size, quant.bits))
 
 
-def device_runs_quantized_attention(head_dim: int = 64, n_kv_heads: int = 2,
-                                    kv_bits: int = 4, kv_group_size: int = 32) -> bool:
+def device_runs_quantized_attention(
+    head_dim: int = 64, n_kv_heads: int = 2, kv_bits: int = 4, kv_group_size: int = 32
+) -> bool:
     """True when MLX on the default device runs mlx-lm's own quantized attention
     (``quantized_matmul``) at every probed shape for this head dim (on the CPU always, on
     CUDA not always: ``docs/gpu.md``); where it does not, a scheduler with ``kv_bits``
     attends by dequantizing (:mod:`workbench.engine.levers.quantized_attention`)."""
     try:
-        return choose_attention(n_kv_heads, head_dim, mx.float32, kv_group_size, kv_bits) == "quantized_matmul"
+        return (
+            choose_attention(n_kv_heads, head_dim, mx.float32, kv_group_size, kv_bits) == "quantized_matmul"
+        )
     except ValueError:
         return False
 
@@ -171,8 +189,12 @@ class BatchQuantizedKVCache(BatchKVCache):
             if self.keys is None:
                 self.keys, self.values = fresh_k, fresh_v
             else:
-                self.keys = tuple(mx.concatenate([a[..., :prev, :], z], axis=2) for a, z in zip(self.keys, fresh_k))
-                self.values = tuple(mx.concatenate([a[..., :prev, :], z], axis=2) for a, z in zip(self.values, fresh_v))
+                self.keys = tuple(
+                    mx.concatenate([a[..., :prev, :], z], axis=2) for a, z in zip(self.keys, fresh_k)
+                )
+                self.values = tuple(
+                    mx.concatenate([a[..., :prev, :], z], axis=2) for a, z in zip(self.values, fresh_v)
+                )
         self.offset = self.offset + N
         internals.set_write_index(self, prev + N)
         for stored, new in ((self.keys, keys), (self.values, values)):
@@ -184,8 +206,11 @@ class BatchQuantizedKVCache(BatchKVCache):
         """Zero ``(packed [B, H, S, D_p], scales [B, H, S, G], biases)``, as
         ``QuantizedKVCache``'s ``init_quant`` allocates them."""
         words = D * self.bits // 32
-        return (mx.zeros((B, H, S, words), mx.uint32), mx.zeros((B, H, S, D // self.group_size), dtype),
-                mx.zeros((B, H, S, D // self.group_size), dtype))
+        return (
+            mx.zeros((B, H, S, words), mx.uint32),
+            mx.zeros((B, H, S, D // self.group_size), dtype),
+            mx.zeros((B, H, S, D // self.group_size), dtype),
+        )
 
     def keys_and_values(self) -> tuple[Quantized, Quantized]:
         """Keys and values over positions ``[0, KV width)``."""
@@ -237,9 +262,14 @@ class BatchQuantizedKVCache(BatchKVCache):
             ValueError: when ``other`` is not a :class:`BatchQuantizedKVCache` of the same
                 ``bits`` and ``group_size``.
         """
-        if not isinstance(other, BatchQuantizedKVCache) or (other.bits, other.group_size) != (self.bits, self.group_size):
-            raise ValueError(f"extend: a {self.bits}-bit group-{self.group_size} cache cannot take "
-                             f"{type(other).__name__} rows of another quantization")
+        if not isinstance(other, BatchQuantizedKVCache) or (other.bits, other.group_size) != (
+            self.bits,
+            self.group_size,
+        ):
+            raise ValueError(
+                f"extend: a {self.bits}-bit group-{self.group_size} cache cannot take "
+                f"{type(other).__name__} rows of another quantization"
+            )
         if self.keys is None and other.keys is None:
             self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
             self.offset = mx.concatenate([self.offset, other.offset])
@@ -267,8 +297,9 @@ class BatchQuantizedKVCache(BatchKVCache):
             keys, values = (tuple(a[..., :right, :] for a in t) for t in (keys, values))
             right = 0
         if left or right:
-            keys, values = (tuple(mx.pad(a, [(0, 0), (0, 0), (left, right), (0, 0)]) for a in t)
-                            for t in (keys, values))
+            keys, values = (
+                tuple(mx.pad(a, [(0, 0), (0, 0), (left, right), (0, 0)]) for a in t) for t in (keys, values)
+            )
         return keys, values, c.left_padding + left
 
     def extract(self, idx: int) -> QuantizedKVCache:
@@ -282,7 +313,9 @@ class BatchQuantizedKVCache(BatchKVCache):
         return out
 
     @classmethod
-    def merge(cls, caches: Sequence[Any], group_size: int | None = None, bits: int | None = None) -> "BatchQuantizedKVCache":
+    def merge(
+        cls, caches: Sequence[Any], group_size: int | None = None, bits: int | None = None
+    ) -> "BatchQuantizedKVCache":
         """One batch cache from single-sequence ``QuantizedKVCache`` rows (empty
         ``KVCache`` / ``QuantizedKVCache`` rows allowed), left-padding the shorter
         (``BatchKVCache.merge``). ``group_size`` / ``bits`` default to the rows' own.
@@ -297,7 +330,7 @@ class BatchQuantizedKVCache(BatchKVCache):
         kinds = {(c.group_size, c.bits) for c in held} | ({(group_size, bits)} if bits is not None else set())
         if len(kinds) != 1:
             raise ValueError(f"merge: rows of different (group_size, bits) {sorted(kinds)} or none known")
-        (group_size, bits), = kinds
+        ((group_size, bits),) = kinds
         lengths = [c.offset if c.keys is not None else 0 for c in caches]
         width = max(lengths)
         out = cls([width - n for n in lengths], group_size, bits)
@@ -383,8 +416,9 @@ def merge_rows(solo: list[list[Any]], quant: KVQuant) -> list[Any]:
     return out
 
 
-def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None,
-              prompt_cache: Any = None) -> KVQuant | None:
+def configure(
+    model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None, prompt_cache: Any = None
+) -> KVQuant | None:
     """The scheduler's ``kv_bits`` / ``kv_group_size`` checked against the model
     (:func:`kv_quant_from`, :func:`check_model`); ``None`` for a float cache.
 
@@ -397,6 +431,8 @@ def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | N
     if quant is None:
         return None
     if prompt_cache is not None:
-        raise ValueError("kv_bits with prompt_cache is not offered: a cached prefix changes which forward "
-                         "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them")
+        raise ValueError(
+            "kv_bits with prompt_cache is not offered: a cached prefix changes which forward "
+            "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them"
+        )
     return check_model(model, quant, max_kv_size)

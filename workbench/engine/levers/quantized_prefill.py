@@ -15,13 +15,14 @@ cache before the join forward), ``C`` chunk length.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 
+from ..decode import Pending, launch
 from ..kv import cache_internals as internals
 from ..kv import caches as kv
-from ..decode import Pending, launch
 from ..prefill import PrefillGroup
 from .quantized_kv import KVQuant, is_quantized, merge_rows, quantize_batch
 
@@ -46,9 +47,16 @@ class QuantizedPrefillGroup(PrefillGroup):
             prompt cache with ``kv_bits``).
     """
 
-    def __init__(self, model: Any, prompts: Sequence[Sequence[int]], prefill_step_size: int,
-                 max_kv_size: int | None = None, caches: list[list[Any]] | None = None,
-                 quant: KVQuant = KVQuant(8, 64), first_tokens: Sequence[int] | None = None):
+    def __init__(
+        self,
+        model: Any,
+        prompts: Sequence[Sequence[int]],
+        prefill_step_size: int,
+        max_kv_size: int | None = None,
+        caches: list[list[Any]] | None = None,
+        quant: KVQuant = KVQuant(8, 64),
+        first_tokens: Sequence[int] | None = None,
+    ):
         self.quant = quant
         tails = [len(p) for p in prompts]
         first = first_tokens if first_tokens is not None else [prefill_step_size] * len(tails)
@@ -109,9 +117,19 @@ def fresh_rows(group: PrefillGroup) -> list[int]:
     return [b for b, n in enumerate(group.lengths) if n == 0]
 
 
-def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array, samplers: Sequence[Any],
-                 contexts: Sequence[Any], token_index: Sequence[int], asynchronous: bool,
-                 select: Callable[[list[int]], contextlib.AbstractContextManager[Any]] = lambda rows: contextlib.nullcontext()) -> Pending:
+def join_forward(
+    model: Any,
+    group: PrefillGroup,
+    quant: KVQuant,
+    last: mx.array,
+    samplers: Sequence[Any],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+    asynchronous: bool,
+    select: Callable[[list[int]], contextlib.AbstractContextManager[Any]] = lambda rows: (
+        contextlib.nullcontext()
+    ),
+) -> Pending:
     """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
     then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
 
@@ -132,11 +150,21 @@ def join_forward(model: Any, group: PrefillGroup, quant: KVQuant, last: mx.array
         return pending
     solo = kv.new_batch_cache(model, len(fresh))
     with select(fresh):
-        first = launch(model, solo, last[mx.array(fresh)], [samplers[b] for b in fresh],
-                       [contexts[b] for b in fresh], [token_index[b] for b in fresh], asynchronous)
-    internals.fill_slots(group.caches, fresh, quantize_batch(solo, quant), list(range(len(fresh))), [1] * len(fresh))
+        first = launch(
+            model,
+            solo,
+            last[mx.array(fresh)],
+            [samplers[b] for b in fresh],
+            [contexts[b] for b in fresh],
+            [token_index[b] for b in fresh],
+            asynchronous,
+        )
+    internals.fill_slots(
+        group.caches, fresh, quantize_batch(solo, quant), list(range(len(fresh))), [1] * len(fresh)
+    )
     n = len(samplers)
     return Pending.concat(pending, first).take([n + fresh.index(b) if b in fresh else b for b in range(n)])
+
 
 def first_forward_tokens(states: Sequence[Any], prefill_step_size: int) -> list[int]:
     """Per request state, the prompt tokens its reference's first forward covers:

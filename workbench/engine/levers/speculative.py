@@ -51,8 +51,8 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..decode import Pending
-from ..top_logprobs import top_arrays
 from ..sampling import RowSampler, sample_rows
+from ..top_logprobs import top_arrays
 
 PROMPT_LOOKUP = "prompt-lookup"
 
@@ -79,9 +79,18 @@ class Speculation:
         return PROMPT_LOOKUP if self.draft is None else "draft model"
 
 
-def configure(model: Any, speculative: Any, num_draft_tokens: int, *, batch_invariant: bool = False,
-              kv_quant: Any = None, adapters: Any = None, vocab_size: int | None = None,
-              prefill_step_size: int = 2048, max_kv_size: int | None = None) -> Speculation | None:
+def configure(
+    model: Any,
+    speculative: Any,
+    num_draft_tokens: int,
+    *,
+    batch_invariant: bool = False,
+    kv_quant: Any = None,
+    adapters: Any = None,
+    vocab_size: int | None = None,
+    prefill_step_size: int = 2048,
+    max_kv_size: int | None = None,
+) -> Speculation | None:
     """The scheduler's :class:`Speculation` from ``Scheduler(speculative=,
     num_draft_tokens=)``, or ``None`` for ``speculative=None``.
 
@@ -102,13 +111,19 @@ def configure(model: Any, speculative: Any, num_draft_tokens: int, *, batch_inva
     if speculative is None:
         return None
     if batch_invariant:
-        raise ValueError("speculative cannot run with batch_invariant=True: the verify forward runs 1 + "
-                         "num_draft_tokens query positions per row, the mode makes one-token forwards invariant")
+        raise ValueError(
+            "speculative cannot run with batch_invariant=True: the verify forward runs 1 + "
+            "num_draft_tokens query positions per row, the mode makes one-token forwards invariant"
+        )
     if kv_quant is not None:
-        raise ValueError("speculative cannot run with kv_bits: the quantized batch cache is not trimmed per row")
+        raise ValueError(
+            "speculative cannot run with kv_bits: the quantized batch cache is not trimmed per row"
+        )
     if adapters is not None:
-        raise ValueError("speculative cannot run with LoRA adapters: their per-row selection over the "
-                         "verify forward's positions is not verified")
+        raise ValueError(
+            "speculative cannot run with LoRA adapters: their per-row selection over the "
+            "verify forward's positions is not verified"
+        )
     check_cache(model, "the model's", max_kv_size)
     if isinstance(speculative, str):
         return Speculation(num_draft_tokens)
@@ -126,8 +141,12 @@ def draft_caps(rows: Sequence[Any], k: int) -> list[int]:
         rows: the batch's :class:`~workbench.engine.state.RequestState` rows, their latest
             read token already appended.
     """
-    return [0 if r.finished or not speculates(r.sampler) else max(0, min(k, r.valid.request.max_tokens - len(r.tokens)))
-            for r in rows]
+    return [
+        0
+        if r.finished or not speculates(r.sampler)
+        else max(0, min(k, r.valid.request.max_tokens - len(r.tokens)))
+        for r in rows
+    ]
 
 
 def propose(spec: Speculation, batch: Any) -> list[list[int]]:
@@ -185,7 +204,7 @@ def lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram:
         if n < 1 or k < 1:
             break
         windows = np.lib.stride_tricks.sliding_window_view(ctx[: T - 1], n)  # [T - n, n], starts 0..T-n-1
-        hits = np.flatnonzero((windows == ctx[T - n:]).all(axis=1))
+        hits = np.flatnonzero((windows == ctx[T - n :]).all(axis=1))
         if len(hits):
             start = int(hits[-1]) + n
             return ctx[start : start + k].tolist()
@@ -243,8 +262,10 @@ def check_cache(model: Any, who: str, max_kv_size: int | None = None) -> None:
     """
     for i, c in enumerate(make_prompt_cache(model, max_kv_size)):
         if type(c) is not KVCache:
-            raise ValueError(f"speculative: {who} layer {i} has a {type(c).__name__}, which cannot be trimmed per "
-                             "row (only full-attention KVCache layers can drop rejected draft tokens)")
+            raise ValueError(
+                f"speculative: {who} layer {i} has a {type(c).__name__}, which cannot be trimmed per "
+                "row (only full-attention KVCache layers can drop rejected draft tokens)"
+            )
 
 
 @dataclass
@@ -271,8 +292,15 @@ class Verified:
         return cls([0] * B, [0] * B, [[] for _ in range(B)], [[] for _ in range(B)], pending)
 
 
-def verify(model: Any, caches: Sequence[Any], pending_tokens: Sequence[int], drafts: Sequence[Sequence[int]],
-           samplers: Sequence[RowSampler], contexts: Sequence[Any], token_index: Sequence[int]) -> Verified:
+def verify(
+    model: Any,
+    caches: Sequence[Any],
+    pending_tokens: Sequence[int],
+    drafts: Sequence[Sequence[int]],
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+) -> Verified:
     """One verify forward over ``[B, 1 + K]`` (each row's pending token, its drafts,
     then padding), greedy acceptance, caches trimmed per row (:func:`trim_rows`).
 
@@ -291,11 +319,15 @@ def verify(model: Any, caches: Sequence[Any], pending_tokens: Sequence[int], dra
         The evaluated :class:`Verified`.
     """
     K = max(len(d) for d in drafts)
-    inputs = mx.array([[t, *d, *([t] * (K - len(d)))] for t, d in zip(pending_tokens, drafts)], dtype=mx.uint32)
+    inputs = mx.array(
+        [[t, *d, *([t] * (K - len(d)))] for t, d in zip(pending_tokens, drafts)], dtype=mx.uint32
+    )
     logits = model(inputs, cache=list(caches))  # [B, 1 + K, V]
     first, first_lp, errors = sample_rows(logits[:, 0, :], samplers, contexts, token_index)  # [B], [B, V]
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [B, 1 + K, V]
-    choices = mx.concatenate([first[:, None], mx.argmax(lp[:, 1:], axis=-1).astype(mx.uint32)], axis=1)  # [B, 1 + K]
+    choices = mx.concatenate(
+        [first[:, None], mx.argmax(lp[:, 1:], axis=-1).astype(mx.uint32)], axis=1
+    )  # [B, 1 + K]
     picked = mx.take_along_axis(lp, choices[..., None].astype(mx.int32), axis=-1)[..., 0]  # [B, 1 + K]
     first_picked = mx.take_along_axis(first_lp, first[:, None].astype(mx.int32), axis=-1)[:, 0]
     finite = mx.logical_not(mx.isnan(lp).any(axis=-1))  # [B, 1 + K]
@@ -304,12 +336,25 @@ def verify(model: Any, caches: Sequence[Any], pending_tokens: Sequence[int], dra
     c, p, f = choices.tolist(), picked.tolist(), finite.tolist()
     for b, (lp0, ok0) in enumerate(zip(first_picked.tolist(), first_finite.tolist())):
         p[b][0], f[b][0] = lp0, ok0  # position 0 as the row's own sampler processed it
-    acc = [min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))]
+    acc = [
+        min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))
+    ]
     trim_rows(caches, [K - a for a in acc])
     rows = range(len(drafts))
-    top = top_arrays(first_lp, [s.top_logprobs for s in samplers])  # rows asking top-k never draft: position 0
-    pending = Pending(mx.array([c[b][acc[b]] for b in rows], dtype=mx.uint32),
-                      mx.array([p[b][acc[b]] for b in rows], dtype=mx.float32),
-                      mx.array([f[b][acc[b]] for b in rows]), {b: e for b, e in errors.items() if acc[b] == 0}, top)
-    return Verified([len(d) for d in drafts], acc, [list(drafts[b][: acc[b]]) for b in rows],
-                    [p[b][: acc[b]] for b in rows], pending)
+    top = top_arrays(
+        first_lp, [s.top_logprobs for s in samplers]
+    )  # rows asking top-k never draft: position 0
+    pending = Pending(
+        mx.array([c[b][acc[b]] for b in rows], dtype=mx.uint32),
+        mx.array([p[b][acc[b]] for b in rows], dtype=mx.float32),
+        mx.array([f[b][acc[b]] for b in rows]),
+        {b: e for b, e in errors.items() if acc[b] == 0},
+        top,
+    )
+    return Verified(
+        [len(d) for d in drafts],
+        acc,
+        [list(drafts[b][: acc[b]]) for b in rows],
+        [p[b][: acc[b]] for b in rows],
+        pending,
+    )

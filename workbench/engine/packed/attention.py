@@ -98,8 +98,16 @@ class PagedLayer:
         path), or groups (:class:`~workbench.engine.packed.grouped.Groups`, the grouped path).
     """
 
-    def __init__(self, pools: Pools, layer: int, write: mx.array, positions: mx.array, gather: mx.array | None = None,
-                 mask: mx.array | None = None, groups: Groups | None = None):
+    def __init__(
+        self,
+        pools: Pools,
+        layer: int,
+        write: mx.array,
+        positions: mx.array,
+        gather: mx.array | None = None,
+        mask: mx.array | None = None,
+        groups: Groups | None = None,
+    ):
         self.pools, self.layer, self.write, self.gather = pools, layer, write, gather
         self.mask, self.offset, self.groups = mask, positions, groups
         if groups is None:
@@ -121,7 +129,9 @@ class PagedLayer:
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         """Attention of ``queries`` ``[1, H, T, D]`` over this layer's pools by groups
         (:func:`~workbench.engine.packed.grouped.grouped_attention`)."""
-        return grouped_attention(queries, self.pools.keys[self.layer], self.pools.values[self.layer], self.groups, scale)
+        return grouped_attention(
+            queries, self.pools.keys[self.layer], self.pools.values[self.layer], self.groups, scale
+        )
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """The ``[T, S]`` packed mask (``N == T``; no window: full attention only);
@@ -140,7 +150,12 @@ class PerTokenRoPE:
         self.rope = rope
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
-        if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and offset.shape[0] == x.shape[2] > 1:
+        if (
+            isinstance(offset, mx.array)
+            and offset.ndim == 1
+            and x.shape[0] == 1
+            and offset.shape[0] == x.shape[2] > 1
+        ):
             return self.rope(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
         return self.rope(x, offset=offset)
 
@@ -175,12 +190,16 @@ def layer_inputs(table: PageTable, chunks: Sequence[Chunk]) -> dict[str, np.ndar
     positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
     write = [s for c in chunks for s in table.slots(c.uid, c.start, c.end)]
     ends = np.cumsum([c.n_tokens for c in chunks]) - 1
-    return dict(write=np.array(write, np.int32), positions=positions.astype(np.int32),
-                sampled=np.array([e for c, e in zip(chunks, ends, strict=True) if c.samples], np.int32))
+    return dict(
+        write=np.array(write, np.int32),
+        positions=positions.astype(np.int32),
+        sampled=np.array([e for c, e in zip(chunks, ends, strict=True) if c.samples], np.int32),
+    )
 
 
-def paged_layers(pools: Pools, table: PageTable, chunks: Sequence[Chunk], n_layers: int, arrays: dict,
-                 masked: bool = False) -> list[PagedLayer]:
+def paged_layers(
+    pools: Pools, table: PageTable, chunks: Sequence[Chunk], n_layers: int, arrays: dict, masked: bool = False
+) -> list[PagedLayer]:
     """One :class:`PagedLayer` per layer: by groups (default), or ``masked`` (every
     request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is)."""
     write, positions = mx.array(arrays["write"]), mx.array(arrays["positions"])
@@ -192,8 +211,14 @@ def paged_layers(pools: Pools, table: PageTable, chunks: Sequence[Chunk], n_laye
     return [PagedLayer(pools, i, write, positions, gather, mask) for i in range(n_layers)]
 
 
-def packed_forward(model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int],
-                   masked: bool = False) -> mx.array:
+def packed_forward(
+    model: Any,
+    pools: Pools,
+    table: PageTable,
+    chunks: Sequence[Chunk],
+    tokens: Sequence[int],
+    masked: bool = False,
+) -> mx.array:
     """Run ``tokens`` ``[T]`` (the chunks' tokens, in order) through ``model`` as one
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling

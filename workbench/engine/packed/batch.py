@@ -53,7 +53,12 @@ class PackedBatch:
     free: tuple[int, ...] = ()  # no free slots: a freed page returns to the free list at once
 
     def __init__(self, page_size: int, page_bytes: int, n_layers: int, max_pages: int | None = None):
-        self.page_size, self.page_bytes, self.n_layers, self.max_pages = page_size, page_bytes, n_layers, max_pages
+        self.page_size, self.page_bytes, self.n_layers, self.max_pages = (
+            page_size,
+            page_bytes,
+            n_layers,
+            max_pages,
+        )
         self.rows: list[RequestState] = []
         self.held: list[int] = []
         self.table = PageTable(page_size)
@@ -80,8 +85,11 @@ class PackedBatch:
 
     def wants(self) -> list[Want]:
         """Each unfinished row's work (:class:`Want`), row order."""
-        return [Want(r.uid, h, len(r.inputs), r.status is Status.RUNNING)
-                for r, h in zip(self.rows, self.held, strict=True) if not r.finished]
+        return [
+            Want(r.uid, h, len(r.inputs), r.status is Status.RUNNING)
+            for r, h in zip(self.rows, self.held, strict=True)
+            if not r.finished
+        ]
 
     def plan(self, budget: int, schedule: str = "hybrid") -> tuple[Chunk, ...]:
         """The next forward's chunks (:func:`workbench.engine.packed.plan.plan_chunks`)."""
@@ -98,7 +106,7 @@ class PackedBatch:
         if self.table.capacity > have:
             grown = max(self.table.capacity, have + math.ceil(have / GROWTH))
             self.pools.slots = min(grown, max(self.max_pages or grown, self.table.capacity)) * self.page_size
-        tokens = [t for c in chunks for t in self.rows[by_uid[c.uid]].inputs[c.start:c.end]]
+        tokens = [t for c in chunks for t in self.rows[by_uid[c.uid]].inputs[c.start : c.end]]
         logits = packed_forward(model, self.pools, self.table, chunks, tokens)
         for c in chunks:
             self.held[by_uid[c.uid]] = c.end
@@ -123,21 +131,34 @@ class PackedBatch:
         """Nothing to compact (no free slots). Returns False."""
         return False
 
-    def clone(self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False) -> "PackedBatch":
+    def clone(
+        self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False
+    ) -> "PackedBatch":
         """An independent copy (page table copied; pools as :meth:`Pools.clone` with
         ``share=share_appended``); ``state_of`` maps each row's state to the copy's."""
         out = PackedBatch(self.page_size, self.page_bytes, self.n_layers, self.max_pages)
         out.rows, out.held = [state_of(r) for r in self.rows], list(self.held)
-        out.table, out.pools, out.last_chunks = self.table.clone(), self.pools.clone(share_appended), self.last_chunks
+        out.table, out.pools, out.last_chunks = (
+            self.table.clone(),
+            self.pools.clone(share_appended),
+            self.last_chunks,
+        )
         return out
 
     def state(self, token_budget: int) -> PackedState:
         """The frozen :class:`PackedState` now."""
         held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         pages = tuple((r.uid, tuple(self.table.pages[r.uid])) for r in self.rows if r.uid in self.table.pages)
-        return PackedState(self.page_size, self.page_bytes, self.pools.slots // self.page_size, pages,
-                           tuple(self.table.free_list), tuple((u, held[u]) for u, _ in pages), self.last_chunks,
-                           token_budget)
+        return PackedState(
+            self.page_size,
+            self.page_bytes,
+            self.pools.slots // self.page_size,
+            pages,
+            tuple(self.table.free_list),
+            tuple((u, held[u]) for u, _ in pages),
+            self.last_chunks,
+            token_budget,
+        )
 
     def problems(self) -> list[str]:
         """What disagrees in the books: a row's pages against its held tokens, a page held
@@ -147,10 +168,14 @@ class PackedBatch:
         for r, h in zip(self.rows, self.held, strict=True):
             n = len(self.table.pages.get(r.uid, []))
             if n < self.table.pages_for(h) or h > len(r.inputs):
-                out.append(f"uid {r.uid}: {h} tokens held, {len(r.inputs)} known, in {n} page(s) of {self.page_size}")
+                out.append(
+                    f"uid {r.uid}: {h} tokens held, {len(r.inputs)} known, in {n} page(s) of {self.page_size}"
+                )
             seen += self.table.pages.get(r.uid, [])
         if set(self.table.pages) - {r.uid for r in self.rows}:
-            out.append(f"pages held by uids not in the batch: {sorted(set(self.table.pages) - {r.uid for r in self.rows})}")
+            out.append(
+                f"pages held by uids not in the batch: {sorted(set(self.table.pages) - {r.uid for r in self.rows})}"
+            )
         if len(seen) != len(set(seen)) or set(seen) & set(self.table.free_list):
             out.append("a page is held twice, or held and free")
         if self.table.capacity * self.page_size > self.pools.slots and self.pools.keys[0] is not None:

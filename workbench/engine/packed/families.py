@@ -33,13 +33,17 @@ def check_model(model: Any) -> None:
     """
     module = type(model).__module__
     if module not in ADMITTED_MODULES:
-        raise ValueError(f"layout='packed' runs the llama family ({', '.join(ADMITTED_MODULES)}); this model is "
-                         f"{module}: its attention is not checked with per-token RoPE positions and paged "
-                         "caches (use layout='padded')")
+        raise ValueError(
+            f"layout='packed' runs the llama family ({', '.join(ADMITTED_MODULES)}); this model is "
+            f"{module}: its attention is not checked with per-token RoPE positions and paged "
+            "caches (use layout='padded')"
+        )
     kinds = set(getattr(model.model, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
-        raise ValueError(f"layout='packed' pages full-attention layers only; this model has layer types "
-                         f"{sorted(kinds)} (a sliding window keeps a ring, not pages; use layout='padded')")
+        raise ValueError(
+            f"layout='packed' pages full-attention layers only; this model has layer types "
+            f"{sorted(kinds)} (a sliding window keeps a ring, not pages; use layout='padded')"
+        )
 
 
 def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) -> None:
@@ -48,14 +52,19 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     Raises:
         ValueError: naming the first such setting and why.
     """
-    refused = [("kv_bits", config.kv_bits is not None, "quantized pages are not built"),
-               ("max_kv_size", config.max_kv_size is not None, "a rotating window is not paged"),
-               ("batch_invariant", config.batch_invariant, "the mode runs the padded layout's per-row attention"),
-               ("pacing", config.pacing not in (None, False), "the pacer times padded prefill chunks; the packed "
-                "layout's budget is max_num_batched_tokens"),
-               ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
-               ("prompt_cache", prompt_cache is not None, "stored prefixes are not copied into pages yet"),
-               ("speculative", config.speculative is not None, "a verify forward of draft tokens is not packed yet")]
+    refused = [
+        ("kv_bits", config.kv_bits is not None, "quantized pages are not built"),
+        ("max_kv_size", config.max_kv_size is not None, "a rotating window is not paged"),
+        ("batch_invariant", config.batch_invariant, "the mode runs the padded layout's per-row attention"),
+        (
+            "pacing",
+            config.pacing not in (None, False),
+            "the pacer times padded prefill chunks; the packed layout's budget is max_num_batched_tokens",
+        ),
+        ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
+        ("prompt_cache", prompt_cache is not None, "stored prefixes are not copied into pages yet"),
+        ("speculative", config.speculative is not None, "a verify forward of draft tokens is not packed yet"),
+    ]
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")

@@ -87,22 +87,31 @@ def _gather(pool: mx.array, slots: mx.array) -> mx.array:
     return mx.swapaxes(g, -3, -2)
 
 
-def grouped_attention(queries: mx.array, keys_pool: mx.array, values_pool: mx.array, groups: Groups,
-                      scale: float) -> mx.array:
+def grouped_attention(
+    queries: mx.array, keys_pool: mx.array, values_pool: mx.array, groups: Groups, scale: float
+) -> mx.array:
     """Attention of ``queries`` ``[1, H, T, D]`` (RoPE applied) over the pools ``[N,
     n_kv_heads, D]`` by :class:`Groups`. Returns ``[1, H, T, D]``."""
     outs = []
     R = groups.n_decode
     if R:
         q = mx.swapaxes(queries[0, :, :R], 0, 1)[:, :, None]  # [R, H, 1, D]
-        k, v = _gather(keys_pool, groups.decode_slots), _gather(values_pool, groups.decode_slots)  # [R, n_kv, L, D]
-        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=groups.decode_mask)  # [R, H, 1, D]
+        k, v = (
+            _gather(keys_pool, groups.decode_slots),
+            _gather(values_pool, groups.decode_slots),
+        )  # [R, n_kv, L, D]
+        o = mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask=groups.decode_mask
+        )  # [R, H, 1, D]
         outs.append(mx.swapaxes(o[:, :, 0], 0, 1)[None])  # [1, H, R, D]
     for first, n, slots in groups.chunks:
         k, v = _gather(keys_pool, slots)[None], _gather(values_pool, slots)[None]  # [1, n_kv, end, D]
         mask = "causal" if n > 1 else None
-        outs.append(mx.fast.scaled_dot_product_attention(queries[:, :, first : first + n], k, v, scale=scale,
-                                                         mask=mask))
+        outs.append(
+            mx.fast.scaled_dot_product_attention(
+                queries[:, :, first : first + n], k, v, scale=scale, mask=mask
+            )
+        )
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
 
@@ -114,8 +123,16 @@ class PagedSDPA:
     def __init__(self, original: Any):
         self.original = original
 
-    def __call__(self, queries: mx.array, keys: mx.array, values: mx.array, cache: Any, scale: float,
-                 mask: Any, sinks: Any = None) -> mx.array:
+    def __call__(
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        cache: Any,
+        scale: float,
+        mask: Any,
+        sinks: Any = None,
+    ) -> mx.array:
         attend = getattr(cache, "attend", None)
         if attend is not None and sinks is None:
             return attend(queries, scale)

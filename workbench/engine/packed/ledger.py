@@ -40,8 +40,9 @@ class PagePlan:
         """Pages for ``tokens`` positions."""
         return -(-max(tokens, 0) // self.page_size)
 
-    def projected_bytes(self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (),
-                        started: bool = False) -> int:
+    def projected_bytes(
+        self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (), started: bool = False
+    ) -> int:
         """Bytes reserved by the rows not in ``dropped`` plus ``joiners`` (their
         ``final_tokens``). ``started`` is accepted for :class:`KVPlan`'s signature."""
         kept = sum(n for uid, n in self.rows if uid not in set(dropped))
@@ -68,8 +69,11 @@ class PageLedger:
     def plan(self, st: Any) -> PagePlan:
         """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now."""
         table = st.batch.table
-        return PagePlan(self.page_size, self.page_bytes,
-                        tuple((r.uid, self._reserve(r, len(table.pages.get(r.uid, [])))) for r in st.batch.rows))
+        return PagePlan(
+            self.page_size,
+            self.page_bytes,
+            tuple((r.uid, self._reserve(r, len(table.pages.get(r.uid, [])))) for r in st.batch.rows),
+        )
 
     def projected_bytes(self, st: Any) -> int:
         """Bytes the batch's rows reserve now (0 when idle)."""
@@ -77,16 +81,20 @@ class PageLedger:
 
     def alone_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
         """Bytes one request reserves: ``ceil((prompt + max_tokens) / page_size)`` pages."""
-        return PagePlan(self.page_size, self.page_bytes).projected_bytes([RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)])
+        return PagePlan(self.page_size, self.page_bytes).projected_bytes(
+            [RowTokens(-1, prompt_tokens, prompt_tokens + max_tokens)]
+        )
 
     def refusal(self, prompt_tokens: int, max_tokens: int) -> str:
         """Why a request can never be admitted under the budget (``""`` when it can)."""
         need, budget = self.alone_bytes(prompt_tokens, max_tokens), self.config.kv_budget_bytes
         if budget is None or need <= budget:
             return ""
-        return (f"request reserves {need:,} KV bytes ({need // self.page_bytes} pages of {self.page_size} tokens for "
-                f"prompt {prompt_tokens} + max_tokens {max_tokens}) but kv_budget_bytes is {budget:,}; "
-                "it could never be admitted")
+        return (
+            f"request reserves {need:,} KV bytes ({need // self.page_bytes} pages of {self.page_size} tokens for "
+            f"prompt {prompt_tokens} + max_tokens {max_tokens}) but kv_budget_bytes is {budget:,}; "
+            "it could never be admitted"
+        )
 
     def held(self, st: Any) -> Held:
         """Bytes held now: the pages handed out (no prefilling group, no prompt cache)."""
@@ -95,4 +103,3 @@ class PageLedger:
     def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
         """Nothing to trim (no prompt cache in the packed layout). Returns 0."""
         return 0
-

@@ -3,9 +3,10 @@ never corrupts the engine (issue 18).
 
 A script of calls (submits, ``submit_n`` samples sharing one prefill, chunked prefill with
 ``prefill_step_size=4``, joins by a new batch, by ``extend`` and into a free slot, decode
-steps, preemption, aborts, filters that store rows in a prompt cache, and a final ``run()``) runs on every bundled model family.
-Every call of the script is first interrupted at its 1st *point*, called again and
-interrupted at its 2nd point, and so on until it completes, where a point is one of:
+steps, preemption, aborts, filters that store rows in a prompt cache, and a final ``run()``)
+runs on every bundled model family. Every call of the script is first interrupted at its 1st
+*point*, called again and interrupted at its 2nd point, and so on until it completes, where a
+point is one of:
 
 - ``on_token``: a request's ``on_token`` callback;
 - ``processor``: a request's logits processor (identity otherwise);

@@ -1,26 +1,26 @@
 """Stateful fuzzing of the engine: random submit / admit / step / filter / abort / preempt
-sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch, KV
-budgets, prompt caches and sampled rows, for every bundled model family, and for the
-packed layout on the llama family (page sizes 1, 4, 16; the chunk size as its token budget). After every
-operation the invariants hold and ``sched.check()`` is ok; every finished greedy row
-equals its solo mlx-lm reference; at random points a checkpoint is taken, a random
-continuation run, the checkpoint restored and the same continuation run again: tokens
-and events (times aside) must be the same; and an admit / step / filter / abort / preempt
-is interrupted by a KeyboardInterrupt at a random point (the k-th decoder-layer call,
-``mx.eval``, ``on_token`` callback or clock read), which must leave the engine as it was.
-Rows asking top-k log-probs and ``submit_n`` groups (greedy or sampled, sharing one
-prefill) join among plain rows; each finished one equals the same request run alone through
-the engine (sample ``i`` as ``Request(seed=seed + i)``; tokens, finish reason; log-probs and
-top-k within 1e-4, ids equal but for near ties). Hostile rows join among the good ones: a
-custom sampler or logits processor whose return value breaks its contract
-(``tests/engine/hostile.py``: an id of -1, past the vocabulary, 3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after some
-tokens; every hostile row ends ``error`` (or ``abort`` when the fuzzer aborted it) with its
-message, and every good row still equals its solo reference.
-Constrained rows join too (``Request(json_schema= / regex= / choices=)``, greedy or sampled):
-every finished one's tokens are accepted by a fresh grammar, one finished ``stop`` satisfies
-its constraint (parses and validates, matches, is a choice), and a greedy one equals its
-constrained solo run (mlx-lm's ``generate_step`` with the same mask), while every free row
-still equals its unconstrained solo run: no mask reaches another row.
+sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch, KV budgets,
+prompt caches and sampled rows, for every bundled model family, and for the packed layout on
+the llama family (page sizes 1, 4, 16; the chunk size as its token budget). After every
+operation the invariants hold and ``sched.check()`` is ok; every finished greedy row equals its
+solo mlx-lm reference; at random points a checkpoint is taken, a random continuation run, the
+checkpoint restored and the same continuation run again: tokens and events (times aside) must
+be the same; and an admit / step / filter / abort / preempt is interrupted by a
+KeyboardInterrupt at a random point (the k-th decoder-layer call, ``mx.eval``, ``on_token``
+callback or clock read), which must leave the engine as it was. Rows asking top-k log-probs and
+``submit_n`` groups (greedy or sampled, sharing one prefill) join among plain rows; each
+finished one equals the same request run alone through the engine (sample ``i`` as
+``Request(seed=seed + i)``; tokens, finish reason; log-probs and top-k within 1e-4, ids equal
+but for near ties). Hostile rows join among the good ones: a custom sampler or logits processor
+whose return value breaks its contract (``tests/engine/hostile.py``: an id of -1, past the
+vocabulary, 3.7, NaN, a wrong shape; logits of a wrong shape or dtype), bad at once or after
+some tokens; every hostile row ends ``error`` (or ``abort`` when the fuzzer aborted it) with
+its message, and every good row still equals its solo reference. Constrained rows join too
+(``Request(json_schema= / regex= / choices=)``, greedy or sampled): every finished one's tokens
+are accepted by a fresh grammar, one finished ``stop`` satisfies its constraint (parses and
+validates, matches, is a choice), and a greedy one equals its constrained solo run (mlx-lm's
+``generate_step`` with the same mask), while every free row still equals its unconstrained solo
+run: no mask reaches another row.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""

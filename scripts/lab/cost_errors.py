@@ -18,22 +18,12 @@ import workbench as wb
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.engine.levers.pacing import Pacing
 from workbench.runtime.blas import STATUS as BLAS
-from workbench.workloads.traces import read_azure_trace, trace_path
+from workbench.workloads.traces import conv_window
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 25
 model, tokenizer = wb.load("tiny-llama")
 cost = wb.CostModel.load(wb.BUNDLED_MODEL.parent.parent / "costmodels" / "tiny-llama-linux-x86_64.json")
-work = wb.trace_workload(
-    read_azure_trace(trace_path("conv")),
-    tokenizer,
-    seed=0,
-    start_s=600,
-    duration_s=12,
-    time_scale=0.3,
-    length_scale=0.25,
-    max_prompt_tokens=512,
-    max_output_tokens=128,
-).head(n)
+work = conv_window(tokenizer).head(n)
 arrivals = [Arrival(tuple(r.prompt), r.max_tokens, at_s=t) for t, r in work]
 engine = WorkbenchEngine(model, tokenizer, 8, 32, pacing=Pacing(cost_model=cost), history_size=0)
 drive(engine, arrivals)

@@ -22,7 +22,7 @@ import workbench as wb  # noqa: E402
 from workbench.bench.engines import Arrival  # noqa: E402
 from workbench.bench.pacing import floor_verdicts, frontier_runs, frontier_summary, versus  # noqa: E402
 from workbench.observe.metrics import SLO  # noqa: E402
-from workbench.workloads.traces import read_azure_trace, trace_path  # noqa: E402
+from workbench.workloads.traces import conv_window  # noqa: E402
 
 COLUMNS = [
     "engine",
@@ -44,18 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     model, tokenizer = wb.load("tiny-llama")
-    work = wb.trace_workload(
-        read_azure_trace(trace_path("conv")),
-        tokenizer,
-        seed=0,
-        start_s=600,
-        duration_s=12,
-        time_scale=0.3,
-        length_scale=0.25,
-        max_prompt_tokens=512,
-        max_output_tokens=128,
-        name="conv 10:00+12 s",
-    )
+    work = conv_window(tokenizer, name="conv 10:00+12 s")
     arrivals = [Arrival(tuple(r.prompt), r.max_tokens, at_s=t) for t, r in work.arrivals]
     cost = wb.CostModel.load(wb.BUNDLED_MODEL.parent.parent / "costmodels" / "tiny-llama-linux-x86_64.json")
     step = cost.decode_s(8, 200)

@@ -197,6 +197,12 @@ def make_machine(family: str):
         def op(self):
             STATS["operations"] += 1
 
+        def _request(self, n, start, max_tokens, **fields):
+            """A request of ``n`` prompt tokens cut at ``start``, no stop ids."""
+            return wb.Request(
+                prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields
+            )
+
         def clock(self):
             self.injector.point()
             return time.perf_counter()
@@ -213,10 +219,10 @@ def make_machine(family: str):
         )
         def submit(self, n, start, max_tokens, priority, temperature):
             self.op()
-            req = wb.Request(
-                prompt=prompt_of_length(self.tok, n, start),
-                max_tokens=max_tokens,
-                stop_ids=[],
+            req = self._request(
+                n,
+                start,
+                max_tokens,
                 priority=priority,
                 temperature=temperature,  # sampled: drawn seed
                 on_token=self.on_token,
@@ -233,10 +239,10 @@ def make_machine(family: str):
         def submit_top_logprobs(self, n, start, max_tokens, k, temperature):
             """A row asking its top-k log-probs: equal to the same request alone."""
             self.op()
-            req = wb.Request(
-                prompt=prompt_of_length(self.tok, n, start),
-                max_tokens=max_tokens,
-                stop_ids=[],
+            req = self._request(
+                n,
+                start,
+                max_tokens,
                 temperature=temperature,
                 top_logprobs=k,
             )
@@ -256,10 +262,10 @@ def make_machine(family: str):
         def submit_samples(self, n, start, max_tokens, samples, temperature, seed, k):
             """A submit_n group (one shared prefill): sample i equal to Request(seed=seed + i) alone."""
             self.op()
-            req = wb.Request(
-                prompt=prompt_of_length(self.tok, n, start),
-                max_tokens=max_tokens,
-                stop_ids=[],
+            req = self._request(
+                n,
+                start,
+                max_tokens,
                 temperature=temperature,
                 seed=seed,
                 top_logprobs=k,
@@ -282,9 +288,7 @@ def make_machine(family: str):
             fields, message = hostile_fields(
                 name, self.sched.vocab_size, after=n + min(bad_at, max_tokens - 1)
             )
-            req = wb.Request(
-                prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields
-            )
+            req = self._request(n, start, max_tokens, **fields)
             uid = self.sched.submit(req)
             self.submitted.append(uid)
             self.hostile[uid] = message

@@ -38,7 +38,7 @@ import pandas as pd
 from ..observe.events import events_frame
 from ..observe.metrics import request_metrics, token_gaps
 from ..runtime.loading import load
-from ..workloads.traces import read_azure_trace, trace_path, trace_workload
+from ..workloads.traces import conv_window
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 from .scenarios import MLX_LM, WORKBENCH, alternating, decode_runs, equal_prompts, staggered_arrivals
 
@@ -103,17 +103,7 @@ def factories(model: Any, tokenizer: Any, names: Sequence[str]) -> dict[str, Cal
 
 def azure_arrivals(tokenizer: Any) -> list[Arrival]:
     """The azure window of the module docstring, as arrivals."""
-    work = trace_workload(
-        read_azure_trace(trace_path("conv")),
-        tokenizer,
-        seed=0,
-        start_s=600,
-        duration_s=12,
-        time_scale=0.3,
-        length_scale=0.25,
-        max_prompt_tokens=512,
-        max_output_tokens=128,
-    )
+    work = conv_window(tokenizer)
     return [Arrival(tuple(r.prompt), r.max_tokens, at_s=t) for t, r in work.arrivals]
 
 

@@ -187,3 +187,21 @@ def trace_workload(
         ),
         name=label,
     )
+
+
+# the Azure conversation window the packed bench and the cost lab scripts replay:
+CONV_WINDOW = dict(start_s=600, duration_s=12, time_scale=0.3, length_scale=0.25)
+CONV_LIMITS = dict(max_prompt_tokens=512, max_output_tokens=128)
+
+
+def conv_window(tokenizer: Any, name: str | None = None) -> Workload:
+    """The Azure conversation trace's 10:00 + 12 s window (:data:`CONV_WINDOW`: arrivals
+    0.3x apart, lengths x 0.25, prompts <= 512 and outputs <= 128 tokens), as a
+    :func:`trace_workload` cut by ``tokenizer`` (seed 0).
+
+    Raises:
+        FileNotFoundError: the trace is absent (see :func:`trace_path`).
+    """
+    return trace_workload(
+        read_azure_trace(trace_path("conv")), tokenizer, seed=0, name=name, **CONV_WINDOW, **CONV_LIMITS
+    )

@@ -181,6 +181,13 @@ def test_a_running_request_with_a_callable_and_a_quantized_cache_cannot_be_saved
     quantized = wb.Scheduler(model, tok, kv_bits=8, kv_group_size=32)
     with pytest.raises(ValueError, match=r"quantized KV cache \(kv_bits=8\)"):
         quantized.checkpoint().save(tmp_path / "q.safetensors")
+    packed = wb.Scheduler(model, tok, layout="packed")
+    packed.submit(wb.Request(prompt=[5, 6, 7], max_tokens=3))
+    packed.admit()
+    packed.step()
+    with pytest.raises(ValueError, match=r"layout='packed' keeps its KV in pages.*restore in memory"):
+        packed.checkpoint().save(tmp_path / "p.safetensors")
+    assert not (tmp_path / "p.safetensors").exists()
 
 
 def test_an_idle_scheduler_saves_and_loads(bundled, tmp_path):

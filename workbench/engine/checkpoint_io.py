@@ -23,7 +23,8 @@ are the same; the events then show a second ``admit``). A request with a callabl
 (``logits_processors``, ``sampler``, ``on_token``) cannot be saved while it runs (refused,
 naming the uid and the field), nor one with a structured-output constraint (its grammar
 state is not saved); a finished one is saved without them. A quantized KV cache
-(``kv_bits``) is refused: mlx-lm's loader does not know its class.
+(``kv_bits``) is refused: mlx-lm's loader does not know its class; so is the packed layout's
+(its pages are not in the file format yet: its checkpoints restore in memory).
 
 Loading refuses (``ValueError`` naming what differs) a file of another format or version,
 or one saved by a scheduler whose model (class, config, a digest of every weight's bytes),
@@ -138,7 +139,8 @@ def save(checkpoint: Checkpoint, path: str | Path) -> Path:
 
     Raises:
         ValueError: a running request with a callable field (naming the uid and the
-            field), a quantized KV cache, or a checkpoint without its scheduler's identity.
+            field), a quantized KV cache, the packed layout, or a checkpoint without its
+            scheduler's identity.
     """
     if checkpoint.identity is None:
         raise ValueError("this checkpoint does not know its scheduler (take it with Scheduler.checkpoint())")
@@ -147,6 +149,11 @@ def save(checkpoint: Checkpoint, path: str | Path) -> Path:
         raise ValueError(
             f"Checkpoint.save: a quantized KV cache (kv_bits={identity['settings']['kv_bits']}) cannot "
             "be saved (mlx-lm's load_prompt_cache does not know its class)"
+        )
+    if identity["settings"].get("layout") == "packed":
+        raise ValueError(
+            "Checkpoint.save: layout='packed' keeps its KV in pages, which the file format does not hold yet; "
+            "its checkpoints restore in memory (Scheduler.restore(cp)), or save from layout='padded'"
         )
     st = checkpoint.state
     live = {s.uid for s in st.live}

@@ -46,6 +46,46 @@ class SchedulerConfig:
     ``num_draft_tokens`` in ``[1, 16]`` (:mod:`workbench.engine.levers.speculative`; what
     cannot speculate is refused when the scheduler is built).
 
+    Attributes (each the :class:`~workbench.engine.scheduler.Scheduler` keyword of that name):
+        max_batch (default ``4``): most rows in the running batch, >= 1
+        prefill_step_size (default ``2048``): prefill chunk, tokens, >= 1 (mlx-lm's
+            --prefill-step-size)
+        prompt_concurrency (default ``None``): most requests prefilled together
+        interleave_prefill (default ``True``): at most one prefill chunk per admit()
+        pipeline (default ``True``): launch each decode forward before reading the previous
+            tokens
+        policy (default ``"fcfs"``): admission order: a name in admission.POLICIES, or a Policy
+        kv_budget_bytes (default ``None``): projected KV bytes admission may hold
+        reuse_slots (default ``True``): evicted rows' cache rows stay free slots (False:
+            mlx-lm's filter + extend)
+        max_kv_size (default ``None``): rotating KV of this many tokens (models without
+            make_cache)
+        kv_bits (default ``None``): quantized KV cache, 4 or 8 bits (None: float), as mlx-lm's
+            generate_step
+        kv_group_size (default ``64``): values sharing one scale and bias: 32, 64 or 128,
+            dividing the head dim
+        pacing (default ``None``): None: fixed chunks; True, a target gap (seconds) or a
+            levers.pacing.Pacing
+        fast_decode (default ``None``): decode fast paths: None where they apply, True all,
+            False none
+        batch_invariant (default ``False``): every row bit-identical to its run alone
+            (levers/invariant.py)
+        clear_cache_every (default ``256``): mx.clear_cache() every this many steps, >= 1
+        history_size (default ``64``): snapshots kept in Scheduler.history (0: no recording)
+        history_checkpoints (default ``0``): checkpoints kept with the latest snapshots
+        seed (default ``0``): draws the PRNG seed of sampled requests submitted without one
+        layout (default ``"padded"``): "padded" (mlx-lm's left-padded batch caches) or "packed"
+            (engine/packed/)
+        page_size (default ``16``): packed layout: token positions per KV page, >= 1
+        max_num_batched_tokens (default ``None``): packed: most tokens per forward (vLLM's);
+            None: prefill_step_size
+        packed_schedule (default ``"hybrid"``): packed: "hybrid", "prefill-first" or
+            "decode-first"
+        speculative (default ``None``): None, "prompt-lookup" or a draft mlx-lm model
+            (levers/speculative.py)
+        num_draft_tokens (default ``4``): most draft tokens per row and step when speculating,
+            1..16
+
     Raises:
         ValueError: naming the field and its limit (``max_batch must be an int >= 1, got
             0``), or an unknown ``policy`` name.
@@ -71,12 +111,8 @@ class SchedulerConfig:
     seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
     layout: str = "padded"  # "padded" (mlx-lm's left-padded batch caches) or "packed" (engine/packed/)
     page_size: int = 16  # packed layout: token positions per KV page, >= 1
-    max_num_batched_tokens: int | None = (
-        None  # packed: most tokens per forward (vLLM's); None: prefill_step_size
-    )
-    packed_schedule: str = _setting(
-        "hybrid", fork=True
-    )  # packed: "hybrid", "prefill-first" or "decode-first"
+    max_num_batched_tokens: int | None = None  # packed: most tokens per forward (vLLM's)
+    packed_schedule: str = _setting("hybrid", fork=True)  # packed: hybrid, prefill-first, decode-first
     speculative: Any = None  # None, "prompt-lookup" or a draft mlx-lm model (levers/speculative.py)
     num_draft_tokens: int = 4  # most draft tokens per row and step when speculating, 1..16
 

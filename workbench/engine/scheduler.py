@@ -174,17 +174,7 @@ class Scheduler:
         self.batch_invariant = invariant.configure(
             model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes
         )
-        self.speculation = speculative.configure(
-            model,
-            cfg.speculative,
-            cfg.num_draft_tokens,
-            batch_invariant=cfg.batch_invariant,
-            kv_quant=quant,
-            adapters=self.adapters,
-            vocab_size=self.vocab_size,
-            prefill_step_size=cfg.prefill_step_size,
-            max_kv_size=cfg.max_kv_size,
-        )
+        self.speculation = self._speculation(quant)
         fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
         self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)
@@ -196,24 +186,41 @@ class Scheduler:
             self.pacing is None and prompt_cache is None and quant is None,
             chunked_padding=self.runner.chunks_padding(),
         )
-        aligned = cfg.prefill_step_size if self.batch_invariant else None
-        cache = (
-            None
-            if prompt_cache is None
-            else PromptCache(  # keyed by all that shapes a cache
-                model,
-                prompt_cache,
-                asked.max_kv_size,
-                aligned,
-                kv_quant=quant,
-                adapters=self.adapters,
-                fast_decode=self.runner.fast_decode,
-            )
-        )
+        cache = None if prompt_cache is None else self._prompt_cache(prompt_cache, quant)
         self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
         if self.packed:
             self._use_pages()
         self._in_call = False
+
+    def _speculation(self, quant: Any) -> Any:
+        """The speculation settings checked against the model and the other levers
+        (:func:`workbench.engine.levers.speculative.configure`); ``None``: off."""
+        cfg = self.config
+        return speculative.configure(
+            self.model,
+            cfg.speculative,
+            cfg.num_draft_tokens,
+            batch_invariant=cfg.batch_invariant,
+            kv_quant=quant,
+            adapters=self.adapters,
+            vocab_size=self.vocab_size,
+            prefill_step_size=cfg.prefill_step_size,
+            max_kv_size=cfg.max_kv_size,
+        )
+
+    def _prompt_cache(self, prompt_cache: Any, quant: Any) -> PromptCache:
+        """The engine's view of the user's mlx-lm prompt cache, keyed by all that shapes a
+        cache (model, window, KV quantization, adapters, fast paths, the invariant mode)."""
+        aligned = self.config.prefill_step_size if self.batch_invariant else None
+        return PromptCache(
+            self.model,
+            prompt_cache,
+            self._asked.max_kv_size,
+            aligned,
+            kv_quant=quant,
+            adapters=self.adapters,
+            fast_decode=self.runner.fast_decode,
+        )
 
     def _use_pages(self) -> None:
         """The packed layout's batch and books (:mod:`workbench.engine.packed`): pages of

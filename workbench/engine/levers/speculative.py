@@ -292,6 +292,23 @@ class Verified:
         return cls([0] * B, [0] * B, [[] for _ in range(B)], [[] for _ in range(B)], pending)
 
 
+def _choices(logits: mx.array, first: mx.array, first_lp: mx.array) -> tuple[list, list, list]:
+    """Per row and position of a verify forward's ``logits`` ``[B, 1 + K, V]``: the choice
+    (position 0: the row's own sample ``first``; later: the argmax), its log-prob and
+    whether the position's log-probs are finite; evaluated, as lists ``[B][1 + K]``."""
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [B, 1 + K, V]
+    choices = mx.concatenate([first[:, None], mx.argmax(lp[:, 1:], axis=-1).astype(mx.uint32)], axis=1)
+    picked = mx.take_along_axis(lp, choices[..., None].astype(mx.int32), axis=-1)[..., 0]  # [B, 1 + K]
+    first_picked = mx.take_along_axis(first_lp, first[:, None].astype(mx.int32), axis=-1)[:, 0]
+    finite = mx.logical_not(mx.isnan(lp).any(axis=-1))  # [B, 1 + K]
+    first_finite = mx.logical_not(mx.isnan(first_lp).any(axis=-1))
+    mx.eval(choices, picked, finite, first_picked, first_finite)
+    c, p, f = choices.tolist(), picked.tolist(), finite.tolist()
+    for b, (lp0, ok0) in enumerate(zip(first_picked.tolist(), first_finite.tolist())):
+        p[b][0], f[b][0] = lp0, ok0  # position 0 as the row's own sampler processed it
+    return c, p, f
+
+
 def verify(
     model: Any,
     caches: Sequence[Any],
@@ -324,26 +341,13 @@ def verify(
     )
     logits = model(inputs, cache=list(caches))  # [B, 1 + K, V]
     first, first_lp, errors = sample_rows(logits[:, 0, :], samplers, contexts, token_index)  # [B], [B, V]
-    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [B, 1 + K, V]
-    choices = mx.concatenate(
-        [first[:, None], mx.argmax(lp[:, 1:], axis=-1).astype(mx.uint32)], axis=1
-    )  # [B, 1 + K]
-    picked = mx.take_along_axis(lp, choices[..., None].astype(mx.int32), axis=-1)[..., 0]  # [B, 1 + K]
-    first_picked = mx.take_along_axis(first_lp, first[:, None].astype(mx.int32), axis=-1)[:, 0]
-    finite = mx.logical_not(mx.isnan(lp).any(axis=-1))  # [B, 1 + K]
-    first_finite = mx.logical_not(mx.isnan(first_lp).any(axis=-1))
-    mx.eval(choices, picked, finite, first_picked, first_finite)
-    c, p, f = choices.tolist(), picked.tolist(), finite.tolist()
-    for b, (lp0, ok0) in enumerate(zip(first_picked.tolist(), first_finite.tolist())):
-        p[b][0], f[b][0] = lp0, ok0  # position 0 as the row's own sampler processed it
+    c, p, f = _choices(logits, first, first_lp)
     acc = [
         min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))
     ]
     trim_rows(caches, [K - a for a in acc])
     rows = range(len(drafts))
-    top = top_arrays(
-        first_lp, [s.top_logprobs for s in samplers]
-    )  # rows asking top-k never draft: position 0
+    top = top_arrays(first_lp, [s.top_logprobs for s in samplers])  # top-k rows never draft: position 0
     pending = Pending(
         mx.array([c[b][acc[b]] for b in rows], dtype=mx.uint32),
         mx.array([p[b][acc[b]] for b in rows], dtype=mx.float32),

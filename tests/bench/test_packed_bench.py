@@ -37,20 +37,13 @@ def result():
         [
             dict(
                 scenario="azure",
-                engine=PACKED,
+                engine=e,
                 round=0,
-                peak_held_bytes=105,
+                peak_held_bytes=h,
                 peak_token_bytes=100,
-                peak_allocated_bytes=120,
-            ),
-            dict(
-                scenario="azure",
-                engine=PADDED,
-                round=0,
-                peak_held_bytes=900,
-                peak_token_bytes=100,
-                peak_allocated_bytes=900,
-            ),
+                peak_allocated_bytes=a,
+            )
+            for e, h, a in ((PACKED, 105, 120), (PADDED, 900, 900))
         ]
     )
     return PackedBenchResult(decode, lat, kv, {})

@@ -35,6 +35,12 @@ def admitted_groups(sched, uids) -> list[list[int]]:
     return groups + [run] if run else groups
 
 
+def sample_alone(model, tok, ids, max_tokens, temperature, seed, **settings):
+    """A sampled request of prompt ``ids`` run alone (:func:`run_alone`): its row record."""
+    request = wb.Request(prompt=ids, max_tokens=max_tokens, temperature=temperature, seed=seed, stop_ids=[])
+    return run_alone(model, tok, request, **settings)
+
+
 @pytest.mark.parametrize("n", [0, MAX_SAMPLES + 1, 2.0, True, None])
 def test_a_bad_n_is_refused_naming_it_and_nothing_is_queued(make_sched, n):
     sched = make_sched()
@@ -162,12 +168,8 @@ def test_aborting_one_sample_leaves_the_others_running_to_their_own_tokens(bundl
     assert sched.finish_reason(uids[0]) == "abort"
     for i, u in enumerate(uids[1:], 1):
         assert sched.finish_reason(u) == "length"
-        assert row_record(sched, u) == run_alone(
-            model,
-            tok,
-            wb.Request(prompt=ids, max_tokens=6, temperature=0.7, seed=20 + i, stop_ids=[]),
-            max_batch=4,
-            prefill_step_size=8,
+        assert row_record(sched, u) == sample_alone(
+            model, tok, ids, 6, 0.7, 20 + i, max_batch=4, prefill_step_size=8
         )
     assert sched.check().ok
 
@@ -181,12 +183,7 @@ def test_a_preempted_sample_resumes_from_its_own_tokens(bundled, prompt):
     sched.preempt(uids[1])
     sched.run()
     for i, u in enumerate(uids):
-        assert row_record(sched, u) == run_alone(
-            model,
-            tok,
-            wb.Request(prompt=ids, max_tokens=8, temperature=1.0, seed=7 + i, stop_ids=[]),
-            max_batch=3,
-        )
+        assert row_record(sched, u) == sample_alone(model, tok, ids, 8, 1.0, 7 + i, max_batch=3)
     assert prefill_tokens(sched, [uids[1]])[uids[1]] == len(ids) - 1 + 3, "resumed: prompt and its 3 tokens"
 
 
@@ -210,12 +207,7 @@ def test_samples_on_the_real_model_equal_each_seed_alone_and_greedy_ones_equal_s
     sched.run()
     assert sum(prefill_tokens(sched, sampled + greedy).values()) == 2 * (len(ids) - 1)
     for i, u in enumerate(sampled):
-        assert row_record(sched, u) == run_alone(
-            model,
-            tok,
-            wb.Request(prompt=ids, max_tokens=6, temperature=0.8, seed=1 + i, stop_ids=[]),
-            max_batch=6,
-        )
+        assert row_record(sched, u) == sample_alone(model, tok, ids, 6, 0.8, 1 + i, max_batch=6)
     assert len({tuple(sched.tokens(u)) for u in greedy}) == 1
     check = oracle.solo_check(model, sched, greedy, atol=1e-4)
     assert check.ok, check.text()

@@ -77,7 +77,7 @@ def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
     starts = {c.uid: c.start for c in chunks}
     new_key = np.array([p >= starts[u] for u, p in zip(ku, kp, strict=True)])
     cells = np.where(mask, kind[:, None] + 2 * new_key[None, :], 0)  # 0 masked, 1/2 cached key, 3/4 new key
-    cmap = ListedColormap([style.UNUSED, style.ATTENDED, style.PREFILL, style.NEW_KEY, "#f7d19e"])
+    cmap = ListedColormap([style.UNUSED, style.ATTENDED, style.PREFILL, style.FED, style.NEW_KEY])
     T, S = mask.shape
     ax.imshow(cells, cmap=cmap, vmin=0, vmax=4, aspect="auto", interpolation="nearest")
     if S <= GRID_MAX:
@@ -85,7 +85,7 @@ def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
         ax.set_yticks(np.arange(T + 1) - 0.5, minor=True)
         ax.grid(which="minor", color="white", linewidth=0.8)
     for cut in np.flatnonzero(np.diff(ku)) + 0.5:
-        ax.axvline(cut, color="#333333", linewidth=1.2)
+        ax.axvline(cut, color=style.EDGE, linewidth=1.2)
     ax.set_yticks(range(T), [f"{u}@{p}" for u, p in zip(qu, qp, strict=True)], fontsize=7 if T > 24 else 9)
     centres = [np.mean(np.flatnonzero(ku == c.uid)) for c in chunks]
     ax.set_xticks(centres, [f"uid {c.uid} ({c.end} keys)" for c in chunks], fontsize=9)
@@ -99,8 +99,8 @@ def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
         handles=[
             Patch(color=style.ATTENDED, label="decode token -> cached key"),
             Patch(color=style.PREFILL, label="prefill token -> cached key"),
-            Patch(color=style.NEW_KEY, label="-> key of this forward (decode)"),
-            Patch(color="#f7d19e", label="-> key of this forward (prefill)"),
+            Patch(color=style.FED, label="-> its own key (decode token)"),
+            Patch(color=style.NEW_KEY, label="-> key of this forward (prefill)"),
             Patch(color=style.UNUSED, label="masked (other request / later)"),
         ],
         loc="outside lower center",
@@ -162,7 +162,7 @@ def render_token_budget(history: Sequence, width_in: float = 9.0) -> Figure:
     ax.bar(steps, d, color=style.ATTENDED, label="decode tokens")
     ax.bar(steps, p, bottom=d, color=style.PREFILL, label="prefill tokens")
     if rows:
-        ax.axhline(rows[-1].budget_tokens, color="#333333", linestyle="--", linewidth=1, label="token budget")
+        ax.axhline(rows[-1].budget_tokens, color=style.EDGE, linestyle="--", linewidth=1, label="token budget")
     ax.set_xlabel("step (after the forward)")
     ax.set_ylabel("tokens in the forward")
     ax.set_title("token budget per iteration: decode + prefill", fontsize="medium", loc="left")

@@ -25,7 +25,7 @@ from ..observe.events import Event
 from ..observe.speculation import acceptance, batch_tokens_per_forward, draft_grid
 from . import style
 
-ACCEPTED, REJECTED = "#2f9e44", "#e03131"
+ACCEPTED, REJECTED = style.GOOD, style.BAD
 
 
 def _cell(drafted: int, accepted: int, width: int) -> str:

@@ -162,7 +162,9 @@ def render_token_budget(history: Sequence, width_in: float = 9.0) -> Figure:
     ax.bar(steps, d, color=style.ATTENDED, label="decode tokens")
     ax.bar(steps, p, bottom=d, color=style.PREFILL, label="prefill tokens")
     if rows:
-        ax.axhline(rows[-1].budget_tokens, color=style.EDGE, linestyle="--", linewidth=1, label="token budget")
+        ax.axhline(
+            rows[-1].budget_tokens, color=style.EDGE, linestyle="--", linewidth=1, label="token budget"
+        )
     ax.set_xlabel("step (after the forward)")
     ax.set_ylabel("tokens in the forward")
     ax.set_title("token budget per iteration: decode + prefill", fontsize="medium", loc="left")

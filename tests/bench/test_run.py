@@ -18,6 +18,7 @@ from workbench.bench.report import (
     GOALS,
     GPU_GOALS,
     NOTES_MARKER,
+    TABLE_COLUMNS,
     goal_text,
     goals_text,
     row_ids,
@@ -187,19 +188,7 @@ def test_a_value_that_is_a_median_of_pair_ratios_says_so_where_it_differs_from_m
     assert (measured, reference) == (80.0, 95.0) and value == pytest.approx(100 / 95)  # pairs 1.05, 1.2, 0.8
     table = pd.DataFrame(
         rows,
-        columns=[
-            "row",
-            "metric",
-            "unit",
-            "measured",
-            "reference",
-            "reference_is",
-            "value",
-            "value_is",
-            "spread",
-            "goal",
-            "met",
-        ],
+        columns=TABLE_COLUMNS,
     )
     assert (
         value_is == "median of pairs: workbench / mlx-lm"

@@ -81,7 +81,7 @@ def _verdict(diff: float | None, magnitudes: bool) -> str:
         return "unchanged"
     if diff == 0.0:
         return "bit-equal"
-    return f"{diff:.1e}" if magnitudes else "differs"
+    return style.scientific(diff) if magnitudes else "differs"
 
 
 def ops_text(ops: Sequence, magnitudes: bool = False) -> str:
@@ -106,7 +106,7 @@ def chunks_text(chunks: Sequence, magnitudes: bool = False) -> str:
         lp = (
             "bit-equal"
             if c.max_abs_logprob_diff == 0.0
-            else f"differ by up to {c.max_abs_logprob_diff:.1e} nats"
+            else f"differ by up to {style.scientific(c.max_abs_logprob_diff)} nats"
             if magnitudes
             else "differ"
         )

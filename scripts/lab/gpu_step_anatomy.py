@@ -299,14 +299,15 @@ class LeanBlock(nn.Module):
     heads are split by reshapes alone (``L = 1``), the SwiGLU under ``mx.compile``. The
     norms, RoPE, the cache's ``update_and_fetch`` and the attention are mlx-lm's / MLX's."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, transposed: bool = True):
         super().__init__()
         a, m = layer.self_attn, layer.mlp
-        self.layer = layer
-        self.wqkv = mx.contiguous(mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).T)
-        self.wo = mx.contiguous(a.o_proj.weight.T)
-        self.wgu = mx.contiguous(mx.concatenate([m.gate_proj.weight, m.up_proj.weight]).T)
-        self.wd = mx.contiguous(m.down_proj.weight.T)
+        self.layer, self.transposed = layer, transposed
+        store = (lambda w: mx.contiguous(w.T)) if transposed else (lambda w: w)
+        self.wqkv = store(mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        self.wo = store(a.o_proj.weight)
+        self.wgu = store(mx.concatenate([m.gate_proj.weight, m.up_proj.weight]))
+        self.wd = store(m.down_proj.weight)
         hd = a.q_proj.weight.shape[0] // a.n_heads
         self.hd, self.splits = hd, [a.n_heads * hd, (a.n_heads + a.n_kv_heads) * hd]
         self.hidden = m.gate_proj.weight.shape[0]
@@ -317,13 +318,14 @@ class LeanBlock(nn.Module):
         from mlx_lm.models.base import scaled_dot_product_attention
 
         a, B = self.layer.self_attn, x.shape[0]
-        q, k, v = mx.split(self.layer.input_layernorm(x) @ self.wqkv, self.splits, axis=-1)
+        mm = (lambda x, w: x @ w) if self.transposed else (lambda x, w: x @ w.T)
+        q, k, v = mx.split(mm(self.layer.input_layernorm(x), self.wqkv), self.splits, axis=-1)
         q = a.rope(q.reshape(B, a.n_heads, 1, self.hd), offset=cache.offset)
         k = a.rope(k.reshape(B, a.n_kv_heads, 1, self.hd), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v.reshape(B, a.n_kv_heads, 1, self.hd))
         o = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=mask)
-        h = x + o.reshape(B, -1) @ self.wo
-        return h + self.swiglu(self.layer.post_attention_layernorm(h) @ self.wgu) @ self.wd
+        h = x + mm(o.reshape(B, -1), self.wo)
+        return h + mm(self.swiglu(mm(self.layer.post_attention_layernorm(h), self.wgu)), self.wd)
 
 
 def lean_forward(model, blocks):
@@ -384,16 +386,19 @@ def pipelined_steps(model, rows: int, steps: int = 30, warm: int = 5, context: i
 
 def fused(model, sizes, rounds: int = 3) -> None:
     """The ``fused`` reading, variants alternating over ``rounds``."""
-    variants = ["plain", "fused", "fused+compiled", "lean"]
-    lean = lean_forward(model, [LeanBlock(layer) for layer in model.layers])
+    variants = ["plain", "fused", "fused+compiled", "lean", "lean, weights as stored"]
+    leans = {
+        "lean": lean_forward(model, [LeanBlock(layer) for layer in model.layers]),
+        "lean, weights as stored": lean_forward(model, [LeanBlock(layer, False) for layer in model.layers]),
+    }
     for B in sizes:
         times = collections.defaultdict(list)
         prims, tokens = {}, {}
         for r in range(rounds):
             for v in variants if r % 2 == 0 else variants[::-1]:
                 mx.random.seed(B)  # the same random caches for every variant
-                with fused_layers(model, "plain" if v == "lean" else v):
-                    s, prims[v], tokens[v] = pipelined_steps(model, B, lean=lean if v == "lean" else None)
+                with fused_layers(model, "plain" if v in leans else v):
+                    s, prims[v], tokens[v] = pipelined_steps(model, B, lean=leans.get(v))
                 times[v].append(s)
         for v in variants:
             emit(

@@ -14,6 +14,8 @@ Six readings, each printed as JSON lines (``"part"`` names the reading):
 - ``kernels`` (CUDA; PyTorch's profiler on the GPU machine's image): every GPU kernel of
   ten full-batch decode iterations of each engine, timed by CUPTI: the GPU's busy time per
   step against the step's wall time, kernels per step, the costliest kernels.
+- ``packed_anatomy``, ``packed_kernels``: ``anatomy`` and ``kernels`` with the packed layout
+  beside the two engines, at the largest B.
 - ``graph``: the primitives MLX runs for one decode forward of mlx-lm's model at each B
   (``mx.export_to_dot``), with the most frequent kinds: the kernels a step launches.
 - ``fused``: the bare forward (pipelined like both engines, no scheduler) with mlx-lm's
@@ -62,6 +64,7 @@ from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
 
 DECODE_TOKENS = 48
+PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)
 NO_KERNEL = {
     "Broadcast",
     "Reshape",
@@ -137,12 +140,23 @@ def anatomy_run(engine, arrivals: list[Arrival]) -> dict[str, float]:
     }
 
 
-def anatomy(model, tokenizer, cfg, sizes, rounds: int = 2) -> None:
-    """The ``anatomy`` reading (module docstring), engines alternating over ``rounds``."""
+def engine_makers(model, tokenizer, cfg, packed: bool = False) -> dict:
+    """name -> ``B -> engine``: the workbench as the GPU benchmark runs it, mlx-lm, and with
+    ``packed`` the workbench's packed layout (:data:`PACKED_SETTINGS`)."""
     engines = {
         "workbench": lambda B: WorkbenchEngine(model, tokenizer, B, cfg.prefill_step_size, history_size=64),
         "mlx-lm": lambda B: MlxLmEngine(model, B, cfg.prefill_step_size),
     }
+    if packed:
+        engines["packed"] = lambda B: WorkbenchEngine(
+            model, tokenizer, B, cfg.prefill_step_size, history_size=64, **PACKED_SETTINGS
+        )
+    return engines
+
+
+def anatomy(model, tokenizer, cfg, sizes, rounds: int = 2, packed: bool = False) -> None:
+    """The ``anatomy`` reading (module docstring), engines alternating over ``rounds``."""
+    engines = engine_makers(model, tokenizer, cfg, packed)
     for B in sizes:
         arrivals = arrivals_for(cfg, tokenizer, B, DECODE_TOKENS)
         for make in engines.values():  # warm-up
@@ -167,19 +181,17 @@ def warmed(engine, arrivals: list[Arrival], full_steps: int = 3):
     return engine
 
 
-def kernels(model, tokenizer, cfg, sizes, steps: int = 10) -> None:
+def kernels(model, tokenizer, cfg, sizes, steps: int = 10, packed: bool = False) -> None:
     """The ``kernels`` reading (CUDA only): PyTorch's profiler (CUPTI) records every GPU
     kernel of the process, MLX's included, over ``steps`` full-batch decode iterations of
-    each engine; the kernels' summed time against the iterations' wall time says how much
-    of a step the GPU is busy (the rest: the GPU waits for the host)."""
+    each engine (``packed``: also the packed layout); the kernels' summed time against the
+    iterations' wall time says how much of a step the GPU is busy (the rest: the GPU waits
+    for the host)."""
     import torch  # the GPU machine's image has it; CUPTI sees MLX's kernels too
     from torch.profiler import ProfilerActivity, profile
 
     torch.zeros(1, device="cuda")
-    engines = {
-        "workbench": lambda B: WorkbenchEngine(model, tokenizer, B, cfg.prefill_step_size, history_size=64),
-        "mlx-lm": lambda B: MlxLmEngine(model, B, cfg.prefill_step_size),
-    }
+    engines = engine_makers(model, tokenizer, cfg, packed)
     for B in sizes:
         arrivals = arrivals_for(cfg, tokenizer, B, 10 * steps)
         for name, make in engines.items():
@@ -441,9 +453,7 @@ def packed(model, tokenizer, cfg, sizes) -> None:
                 B,
                 cfg.prefill_step_size,
                 history_size=64,
-                layout="packed",
-                page_size=16,
-                max_num_batched_tokens=8192,
+                **PACKED_SETTINGS,
             ),
             "mlx-lm": lambda B=B: MlxLmEngine(model, B, cfg.prefill_step_size),
         }
@@ -473,6 +483,8 @@ def main() -> None:
         "anatomy": lambda: anatomy(model, tokenizer, cfg, sizes),
         "graph": lambda: graph(model, sizes),
         "kernels": lambda: kernels(model, tokenizer, cfg, sizes),
+        "packed_kernels": lambda: kernels(model, tokenizer, cfg, [max(sizes)], packed=True),
+        "packed_anatomy": lambda: anatomy(model, tokenizer, cfg, [max(sizes)], packed=True),
         "fused": lambda: fused(model, sizes),
         "quantized_kv": lambda: quantized_kv(model, [s for s in sizes if s > 1] or sizes),
         "packed": lambda: packed(model, tokenizer, cfg, [max(sizes)]),

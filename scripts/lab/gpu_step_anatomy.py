@@ -130,6 +130,8 @@ def anatomy_run(engine, arrivals: list[Arrival]) -> dict[str, float]:
         total = time.perf_counter() - start
         rows.append((made, total, totals["launch"], totals["wait"]))
     full = [r for prev, r in zip(rows, rows[1:]) if r[0] == B and prev[0] == B]
+    if not full:  # a warm-up too short for two full-batch iterations
+        return {"steps": 0}
     med = lambda i: 1e3 * statistics.median(r[i] for r in full)  # noqa: E731
     return {
         "steps": len(full),

@@ -46,8 +46,9 @@ def grids_text(grids: Sequence) -> str:
 
 
 def render_grids(grids: Sequence, title: str = "") -> Figure:
-    """Rows x tokens panels, one per grid (see the module docstring)."""
-    fig = Figure(figsize=(3.2 * len(grids), 4.2), layout="constrained")
+    """Rows x tokens panels, one per grid (see the module docstring), at most 9.4 in wide
+    (shown unscaled in a JupyterLab output area)."""
+    fig = Figure(figsize=(min(9.4, 3.2 * len(grids)), 4.2), layout="constrained")  # unscaled at 100 dpi
     cmap = ListedColormap([NONE_COLOR, DIFFERS_COLOR, EQUAL_COLOR])  # -1, 0, 1
     axes = fig.subplots(1, len(grids), squeeze=False)[0]
     for ax, g in zip(axes, grids):

@@ -14,8 +14,8 @@ def _grids():
 
 def test_grids_text_counts_equal_rows_and_where_the_others_first_differ():
     assert view.grids_text(_grids()).splitlines() == [
-        "default   B =  3: 1/3 rows bit-equal to alone at every token; "
-        "the others first differ at token 0: 1, token 1: 1",
+        "default   B =  3: 1/3 rows bit-equal to alone at every token;",
+        "                  the others first differ at token 0: 1, token 1: 1",  # a second line: no wrap
         "invariant B =  3: 3/3 rows bit-equal to alone at every token",
     ]
 

@@ -31,8 +31,8 @@ EQUAL_COLOR, DIFFERS_COLOR, NONE_COLOR = style.GOOD, style.BAD, style.LATER
 
 
 def grids_text(grids: Sequence) -> str:
-    """One line per grid: rows bit-equal to alone at every token, and where the others
-    first differ (``token t: n rows``)."""
+    """One line per grid: rows bit-equal to alone at every token, and, on an indented
+    second line, where the others first differ (``token t: n`` rows)."""
     lines = []
     for g in grids:
         firsts = [t for t in g.first_differences() if t is not None]
@@ -40,7 +40,7 @@ def grids_text(grids: Sequence) -> str:
         line += " at every token"
         if firsts:
             where = ", ".join(f"token {t}: {firsts.count(t)}" for t in sorted(set(firsts)))
-            line += f"; the others first differ at {where}"
+            line += ";\n" + " " * len("default   B = 32: ") + f"the others first differ at {where}"
         lines.append(line)
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache
 
 import workbench as wb
+from tests.engine import drafting
 from workbench.engine.levers.speculative import accepted_counts, lookup_drafts, trim_rows
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
@@ -42,11 +43,7 @@ def drafts_of(sched):
 def noisy_draft():
     """The bundled model with its last layer's MLP zeroed: same vocabulary, drafts that
     the target accepts only in part."""
-    model, _ = wb.load()
-    mlp = model.layers[-1].mlp
-    mlp.down_proj.weight = mx.zeros_like(mlp.down_proj.weight)
-    mx.eval(model.parameters())
-    return model
+    return drafting.noisy_draft()
 
 
 # -- pure functions -------------------------------------------------------------------

@@ -20,7 +20,11 @@ its message, and every good row still equals its solo reference. Constrained row
 are accepted by a fresh grammar, one finished ``stop`` satisfies its constraint (parses and
 validates, matches, is a choice), and a greedy one equals its constrained solo run (mlx-lm's
 ``generate_step`` with the same mask), while every free row still equals its unconstrained solo
-run: no mask reaches another row.
+run: no mask reaches another row. Two families speculate on the bundled model (``code-lookup``:
+``speculative="prompt-lookup"``; ``code-draft``: a draft model, the bundled model with its last
+MLP zeroed), 1, 3 or 5 draft tokens: every greedy row still equals its solo run without
+speculation, every sampled row (which takes no drafts) equals its seeded run alone without
+speculation, and over the examples drafts were both accepted and rejected.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
@@ -37,6 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import workbench as wb
 from tests.engine.alone import run_alone
+from tests.engine.drafting import noisy_draft
 from tests.engine.hostile import HOSTILE, hostile_fields
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
 from workbench.engine.kv.ledger import alone_bytes
@@ -58,9 +63,13 @@ FAMILIES = {
     "llama-kv4": ("tiny-llama", None),
     "llama-packed": ("tiny-llama", None),
     "code-packed": ("tiny-code", None),
+    "code-lookup": ("tiny-code", None),
+    "code-draft": ("tiny-code", None),
 }
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 PACKED = {"llama-packed", "code-packed"}  # Scheduler(layout="packed"): pages of 1, 4 or 16, no prompt cache
+# Scheduler(speculative=...): prompt lookup, or a draft model (the bundled model with its last MLP zeroed)
+SPECULATIVE = {"code-lookup": "prompt-lookup", "code-draft": "draft model"}
 _MODELS: dict = {}
 _REFS: dict = {}
 STATS = {
@@ -71,6 +80,8 @@ STATS = {
     "interrupts": 0,
     "hostile_errors": 0,
     "constrained_checked": 0,
+    "drafted_tokens": 0,
+    "accepted_tokens": 0,
 }
 # the constrained rows' constraints: two schemas, two regexes, choices (a prefix of another among them)
 CONSTRAINTS = (
@@ -128,6 +139,19 @@ def model_of(folder):
     return _MODELS[folder]
 
 
+def speculation_of(family: str, folder: str, k: int) -> dict:
+    """The scheduler settings of a speculating family (none for the others): prompt lookup, or
+    the folder's model with its last MLP zeroed as the draft model; ``k`` draft tokens."""
+    if family not in SPECULATIVE:
+        return {}
+    if SPECULATIVE[family] == "prompt-lookup":
+        return dict(speculative="prompt-lookup", num_draft_tokens=k)
+    key = f"{folder} noisy draft"
+    if key not in _MODELS:
+        _MODELS[key] = noisy_draft(DATA_DIR / "models" / folder)
+    return dict(speculative=_MODELS[key], num_draft_tokens=k)
+
+
 def make_machine(family: str):
     folder, max_kv_size = FAMILIES[family]
     kv_bits = KV_BITS.get(family)
@@ -178,6 +202,8 @@ def make_machine(family: str):
                 kv_bits=kv_bits,
                 kv_group_size=32,
                 **layout,
+                # page_size is drawn for every family: the speculating ones read it as num_draft_tokens
+                **speculation_of(family, folder, {1: 1, 4: 3, 16: 5}[page_size]),
             )
             self.ref_kv = ref_kv(chunk)
             self.submitted = []
@@ -227,7 +253,10 @@ def make_machine(family: str):
                 temperature=temperature,  # sampled: drawn seed
                 on_token=self.on_token,
             )
-            self.submitted.append(self.sched.submit(req))
+            uid = self.sched.submit(req)
+            self.submitted.append(uid)
+            if family in SPECULATIVE and temperature:  # a sampled row beside drafting rows: as alone
+                self.alone[uid] = replace(req, seed=self.sched.requests[uid].seed)
 
         @rule(
             n=st.integers(1, 120),
@@ -573,6 +602,9 @@ def make_machine(family: str):
             ev = self.sched.report().events
             finishes = ev[ev.kind == "finish"].uid.tolist()
             assert sorted(finishes) == sorted(self.submitted), "every uid ends in exactly one terminal state"
+            drafts = ev[ev.kind == "draft"]
+            STATS["drafted_tokens"] += int(drafts.n_tokens.sum()) if len(drafts) else 0
+            STATS["accepted_tokens"] += int(drafts.n_accepted.sum()) if len(drafts) else 0
             for uid, message in self.hostile.items():
                 reason = self.sched.finish_reason(uid)
                 assert reason in ("error", "abort"), f"hostile uid {uid} ended {reason}"
@@ -622,6 +654,10 @@ def _settings(request):
 def test_random_operation_sequences_keep_every_invariant(family, request):
     machine = make_machine(family)
     machine.TestCase.settings = _settings(request)
-    before = STATS["operations"]
+    before = dict(STATS)
     machine.TestCase("runTest").runTest()
-    assert STATS["operations"] > before
+    assert STATS["operations"] > before["operations"]
+    if family in SPECULATIVE:  # rows drafted, and the target accepted some drafts and rejected others
+        drafted = STATS["drafted_tokens"] - before["drafted_tokens"]
+        accepted = STATS["accepted_tokens"] - before["accepted_tokens"]
+        assert 0 < accepted < drafted, (family, accepted, drafted)

@@ -23,8 +23,9 @@ validates, matches, is a choice), and a greedy one equals its constrained solo r
 run: no mask reaches another row. Two families speculate on the bundled model (``code-lookup``:
 ``speculative="prompt-lookup"``; ``code-draft``: a draft model, the bundled model with its last
 MLP zeroed), 1, 3 or 5 draft tokens: every greedy row still equals its solo run without
-speculation, every sampled row (which takes no drafts) equals its seeded run alone without
-speculation, and over the examples drafts were both accepted and rejected.
+speculation, every sampled row (drafting too: it accepts a draft where its own seeded
+draw equals it) equals its seeded run alone without speculation, and over the examples drafts
+were both accepted and rejected.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""

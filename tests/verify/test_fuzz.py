@@ -1,7 +1,8 @@
 """Stateful fuzzing of the engine: random submit / admit / step / filter / abort / preempt
 sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch, KV budgets,
 prompt caches and sampled rows, for every bundled model family, and for the packed layout on
-the llama family (page sizes 1, 4, 16; the chunk size as its token budget). After every
+the llama family (page sizes 1, 4, 16; the chunk size as its token budget; prefix caching on or
+off, prompts cut at four starts so that they share whole pages of a prefix). After every
 operation the invariants hold and ``sched.check()`` is ok; every finished greedy row equals its
 solo mlx-lm reference; at random points a checkpoint is taken, a random continuation run, the
 checkpoint restored and the same continuation run again: tokens and events (times aside) must
@@ -68,7 +69,14 @@ FAMILIES = {
     "code-draft": ("tiny-code", None),
 }
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
-PACKED = {"llama-packed", "code-packed"}  # Scheduler(layout="packed"): pages of 1, 4 or 16, no prompt cache
+PACKED = {
+    "llama-packed",
+    "code-packed",
+}  # Scheduler(layout="packed"): pages of 1, 4 or 16, prefix caching on or off
+PACKED_CACHE_PAGES = (
+    64  # the packed prompt cache (prompt_cache=4 drawn): at most 64 unreferenced pages cached
+)
+PACKED_STARTS = 40  # packed rows cut their prompts at 0, 40, 80 or 120: many share whole pages of a prefix
 # Scheduler(speculative=...): prompt lookup, or a draft model (the bundled model with its last MLP zeroed)
 SPECULATIVE = {"code-lookup": "prompt-lookup", "code-draft": "draft model"}
 _MODELS: dict = {}
@@ -83,6 +91,7 @@ STATS = {
     "constrained_checked": 0,
     "drafted_tokens": 0,
     "accepted_tokens": 0,
+    "cached_admissions": 0,  # packed rows admitted onto cached or shared pages (admit events with n_cached)
 }
 # the constrained rows' constraints: two schemas, two regexes, choices (a prefix of another among them)
 CONSTRAINTS = (
@@ -197,7 +206,9 @@ def make_machine(family: str):
                 kv_budget_bytes=budget,
                 pipeline=pipeline,
                 history_size=0,
-                prompt_cache=None if kv_bits or layout else prompt_cache,
+                prompt_cache=None
+                if kv_bits or prompt_cache is None
+                else (PACKED_CACHE_PAGES if layout else prompt_cache),
                 seed=max_batch,
                 clock=self.clock,
                 kv_bits=kv_bits,
@@ -225,7 +236,10 @@ def make_machine(family: str):
             STATS["operations"] += 1
 
         def _request(self, n, start, max_tokens, **fields):
-            """A request of ``n`` prompt tokens cut at ``start``, no stop ids."""
+            """A request of ``n`` prompt tokens cut at ``start``, no stop ids. A packed row's
+            ``start`` is one of four (:data:`PACKED_STARTS`), so that prompts share prefixes."""
+            if family in PACKED:
+                start = start // 300 * PACKED_STARTS
             return wb.Request(
                 prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields
             )
@@ -614,6 +628,7 @@ def make_machine(family: str):
                     STATS["hostile_errors"] += 1
             assert self.sched.idle and self.sched.snapshot().kv_bytes == 0
             if family in PACKED:  # its batch holds joining rows too; occupancy counts joined rows only
+                STATS["cached_admissions"] += int((ev[ev.kind == "admit"].n_cached > 0).sum())
                 return
             steps = step_metrics(ev).set_index("step").batch_size
             wrong = {
@@ -662,3 +677,5 @@ def test_random_operation_sequences_keep_every_invariant(family, request):
         drafted = STATS["drafted_tokens"] - before["drafted_tokens"]
         accepted = STATS["accepted_tokens"] - before["accepted_tokens"]
         assert 0 < accepted < drafted, (family, accepted, drafted)
+    if family in PACKED:  # prompts cut at four starts share prefixes: some rows start on cached pages
+        assert STATS["cached_admissions"] > before["cached_admissions"]

@@ -13,6 +13,7 @@ import pytest
 from mlx_lm.models.cache import BatchKVCache
 
 import workbench as wb
+from tests.engine import drafting
 from workbench.engine.levers.speculative import accepted_counts, lookup_drafts, trim_rows
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
@@ -42,11 +43,7 @@ def drafts_of(sched):
 def noisy_draft():
     """The bundled model with its last layer's MLP zeroed: same vocabulary, drafts that
     the target accepts only in part."""
-    model, _ = wb.load()
-    mlp = model.layers[-1].mlp
-    mlp.down_proj.weight = mx.zeros_like(mlp.down_proj.weight)
-    mx.eval(model.parameters())
-    return model
+    return drafting.noisy_draft()
 
 
 # -- pure functions -------------------------------------------------------------------
@@ -194,23 +191,95 @@ def test_a_stop_id_inside_an_accepted_draft_ends_the_row_there(bundled, make_sch
     assert_solo(model, sched)
 
 
-def test_sampled_rows_draw_the_tokens_they_draw_without_speculation(bundled, make_sched):
+def test_sampled_rows_draft_and_draw_the_tokens_they_draw_without_speculation(bundled, make_sched):
+    """A sampled row accepts a draft where its own seeded draw for that token equals it, so
+    it emits the tokens a run without speculation draws (mlx-lm's penalties included)."""
     model, tok = bundled
 
     def run(**kwargs):
         sched = make_sched(max_batch=4, **kwargs)
         uids = [
-            sched.submit(wb.Request(prompt=p, max_tokens=20, temperature=0.8 if i % 2 else 0.0, seed=7 + i))
+            sched.submit(
+                wb.Request(
+                    prompt=p * 2,
+                    max_tokens=20,
+                    temperature=0.8 if i in (1, 2) else 0.0,
+                    seed=7 + i,
+                    repetition_penalty=1.1 if i == 2 else None,
+                )
+            )
             for i, p in enumerate(CODE)
+        ]
+        sched.run()
+        return [(sched.tokens(u), sched.logprobs(u)) for u in uids], sched
+
+    plain, _ = run(pipeline=False)
+    spec, sched = run(speculative="prompt-lookup", num_draft_tokens=3)
+    assert [t for t, _ in spec] == [t for t, _ in plain]
+    for (_, a), (_, b) in zip(spec, plain):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    accepted = {u: sum(e.n_accepted for e in drafts_of(sched) if e.uid == u) for u in range(4)}
+    assert accepted[1] > 0 and accepted[2] > 0, f"sampled rows took and accepted drafts: {accepted}"
+    assert_solo(model, sched)
+
+
+def test_rows_with_a_custom_sampler_or_a_users_logits_processor_take_no_drafts(bundled):
+    model, tok = bundled
+    sched = wb.Scheduler(model, tok, speculative=model, max_batch=3)  # drafting for itself: always drafts
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    custom = sched.submit(wb.Request(prompt=prompt, max_tokens=8, sampler=lambda lp: mx.argmax(lp, axis=-1)))
+    processed = sched.submit(wb.Request(prompt=prompt, max_tokens=8, logits_processors=[lambda t, lg: lg]))
+    plain = sched.submit(wb.Request(prompt=prompt, max_tokens=8))
+    sched.run()
+    assert {e.uid for e in drafts_of(sched)} == {plain}
+    assert sched.tokens(custom) == sched.tokens(processed) == sched.tokens(plain)
+
+
+def chi_square_critical(df: int, z: float = 3.09) -> float:
+    """The chi-square quantile of ``df`` degrees of freedom at the normal quantile ``z``
+    (3.09: a 0.1% tail), by the Wilson-Hilferty approximation."""
+    h = 2 / (9 * df)
+    return df * (1 - h + z * h**0.5) ** 3
+
+
+def test_sampled_tokens_after_an_accepted_draft_follow_the_models_distribution(bundled):
+    """Over 600 seeds: every seed's tokens equal its run without speculation, and the token
+    sampled right after an accepted draft (the verify forward's next position) has the
+    model's distribution given the tokens before it (a chi-square test at the 0.1% level)."""
+    model, tok = bundled
+    ids = tok.encode(CODE[2] * 2)  # it repeats: its drafts are often drawn
+    seeds = range(600)
+
+    def run(**kwargs):
+        sched = wb.Scheduler(model, tok, max_batch=100, **kwargs)
+        uids = [
+            sched.submit(wb.Request(prompt=ids, max_tokens=3, temperature=1.0, seed=s, stop_ids=[]))
+            for s in seeds
         ]
         sched.run()
         return [sched.tokens(u) for u in uids], sched
 
-    plain, _ = run(pipeline=False)
-    spec, sched = run(speculative="prompt-lookup", num_draft_tokens=3)
+    plain, _ = run()
+    spec, sched = run(speculative="prompt-lookup", num_draft_tokens=2)
     assert spec == plain
-    assert {e.uid for e in drafts_of(sched)} <= {0, 2}, "only greedy rows draft"
-    assert_solo(model, sched)
+    first_verify = {e.uid: e for e in drafts_of(sched) if e.n_tokens}  # each row's one verify with drafts
+    bonus = [spec[u] for u, e in first_verify.items() if e.n_accepted >= 1]  # t2 accepted: t3 at position 1
+    pairs = {}
+    for t in bonus:
+        pairs.setdefault((t[0], t[1]), []).append(t[2])
+    (t1, t2), after = max(pairs.items(), key=lambda kv: len(kv[1]))
+    assert len(after) >= 60, f"{len(after)} rows took the bonus after one accepted draft"
+    logits = model(mx.array([ids + [t1, t2]]))[0, -1]
+    p = np.array(mx.softmax(logits.astype(mx.float32)))
+    n = len(after)
+    counts = np.bincount(after, minlength=len(p))
+    big = np.flatnonzero(p * n >= 5)
+    expected = np.append(p[big] * n, n - (p[big] * n).sum())
+    observed = np.append(counts[big], n - counts[big].sum())
+    keep = expected > 0
+    stat = float((((observed - expected) ** 2)[keep] / expected[keep]).sum())
+    df = int(keep.sum()) - 1
+    assert df >= 1 and stat < chi_square_critical(df), (stat, df, chi_square_critical(df))
 
 
 def test_a_preempted_row_resumes_and_equals_solo_and_an_aborted_row_leaves_the_others_intact(

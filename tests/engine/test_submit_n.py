@@ -94,14 +94,14 @@ def test_sampled_samples_draw_as_seed_plus_i_alone_and_the_prompt_is_prefilled_o
     assert len({tuple(sched.tokens(u)) for u in uids}) > 1, "different seeds draw different samples"
     groups = admitted_groups(sched, uids)  # 8 rows take all six at once; 3 rows take them as rows free up
     assert len(groups) == 1 if options["max_batch"] == 8 else 1 < len(groups) < 6
-    ran = prefill_tokens(sched, uids)
-    assert sum(ran.values()) == len(groups) * (len(ids) - 1), (ran, groups)
-    assert [u for u in uids if ran[u]] == [g[0] for g in groups], (
-        "the first sample of each group is prefilled"
-    )
+    ran = prefill_tokens(sched, uids)  # later groups start from the first group's prompt (shared_prompts)
+    assert sum(ran.values()) == len(ids) - 1, (ran, groups)
+    assert [u for u in uids if ran[u]] == [uids[0]], "only the first sample is prefilled"
     chunk = options.get("prefill_step_size", 2048)
     n_chunks = sum(1 for e in sched.events if e.kind == "prefill" and e.uid in uids)
-    assert n_chunks == len(groups) * math.ceil((len(ids) - 1) / chunk)
+    assert n_chunks == math.ceil((len(ids) - 1) / chunk)
+    cached = [e.n_cached for e in sched.events if e.kind == "admit" and e.uid in uids]
+    assert cached == [0] * len(groups[0]) + [len(ids) - 1] * (len(uids) - len(groups[0]))
     assert row_record(sched, plain) == run_alone(model, tok, sched.request_of(plain).request, **options)
 
 

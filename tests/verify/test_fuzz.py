@@ -21,7 +21,12 @@ its message, and every good row still equals its solo reference. Constrained row
 are accepted by a fresh grammar, one finished ``stop`` satisfies its constraint (parses and
 validates, matches, is a choice), and a greedy one equals its constrained solo run (mlx-lm's
 ``generate_step`` with the same mask), while every free row still equals its unconstrained solo
-run: no mask reaches another row.
+run: no mask reaches another row. Two families speculate on the bundled model (``code-lookup``:
+``speculative="prompt-lookup"``; ``code-draft``: a draft model, the bundled model with its last
+MLP zeroed), 1, 3 or 5 draft tokens: every greedy row still equals its solo run without
+speculation, every sampled row (drafting too: it accepts a draft where its own seeded
+draw equals it) equals its seeded run alone without speculation, and over the examples drafts
+were both accepted and rejected.
 
 CI runs a bounded number of examples; ``pytest tests/verify/test_fuzz.py --long`` runs at least
 10,000 operations and prints the count of operations and divergences."""
@@ -38,6 +43,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import workbench as wb
 from tests.engine.alone import run_alone
+from tests.engine.drafting import noisy_draft
 from tests.engine.hostile import HOSTILE, hostile_fields
 from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
 from workbench.engine.kv.ledger import alone_bytes
@@ -59,6 +65,8 @@ FAMILIES = {
     "llama-kv4": ("tiny-llama", None),
     "llama-packed": ("tiny-llama", None),
     "code-packed": ("tiny-code", None),
+    "code-lookup": ("tiny-code", None),
+    "code-draft": ("tiny-code", None),
 }
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 PACKED = {
@@ -69,6 +77,8 @@ PACKED_CACHE_PAGES = (
     64  # the packed prompt cache (prompt_cache=4 drawn): at most 64 unreferenced pages cached
 )
 PACKED_STARTS = 40  # packed rows cut their prompts at 0, 40, 80 or 120: many share whole pages of a prefix
+# Scheduler(speculative=...): prompt lookup, or a draft model (the bundled model with its last MLP zeroed)
+SPECULATIVE = {"code-lookup": "prompt-lookup", "code-draft": "draft model"}
 _MODELS: dict = {}
 _REFS: dict = {}
 STATS = {
@@ -79,6 +89,8 @@ STATS = {
     "interrupts": 0,
     "hostile_errors": 0,
     "constrained_checked": 0,
+    "drafted_tokens": 0,
+    "accepted_tokens": 0,
     "cached_admissions": 0,  # packed rows admitted onto cached or shared pages (admit events with n_cached)
 }
 # the constrained rows' constraints: two schemas, two regexes, choices (a prefix of another among them)
@@ -137,6 +149,19 @@ def model_of(folder):
     return _MODELS[folder]
 
 
+def speculation_of(family: str, folder: str, k: int) -> dict:
+    """The scheduler settings of a speculating family (none for the others): prompt lookup, or
+    the folder's model with its last MLP zeroed as the draft model; ``k`` draft tokens."""
+    if family not in SPECULATIVE:
+        return {}
+    if SPECULATIVE[family] == "prompt-lookup":
+        return dict(speculative="prompt-lookup", num_draft_tokens=k)
+    key = f"{folder} noisy draft"
+    if key not in _MODELS:
+        _MODELS[key] = noisy_draft(DATA_DIR / "models" / folder)
+    return dict(speculative=_MODELS[key], num_draft_tokens=k)
+
+
 def make_machine(family: str):
     folder, max_kv_size = FAMILIES[family]
     kv_bits = KV_BITS.get(family)
@@ -189,6 +214,8 @@ def make_machine(family: str):
                 kv_bits=kv_bits,
                 kv_group_size=32,
                 **layout,
+                # page_size is drawn for every family: the speculating ones read it as num_draft_tokens
+                **speculation_of(family, folder, {1: 1, 4: 3, 16: 5}[page_size]),
             )
             self.ref_kv = ref_kv(chunk)
             self.submitted = []
@@ -241,7 +268,10 @@ def make_machine(family: str):
                 temperature=temperature,  # sampled: drawn seed
                 on_token=self.on_token,
             )
-            self.submitted.append(self.sched.submit(req))
+            uid = self.sched.submit(req)
+            self.submitted.append(uid)
+            if family in SPECULATIVE and temperature:  # a sampled row beside drafting rows: as alone
+                self.alone[uid] = replace(req, seed=self.sched.requests[uid].seed)
 
         @rule(
             n=st.integers(1, 120),
@@ -587,6 +617,9 @@ def make_machine(family: str):
             ev = self.sched.report().events
             finishes = ev[ev.kind == "finish"].uid.tolist()
             assert sorted(finishes) == sorted(self.submitted), "every uid ends in exactly one terminal state"
+            drafts = ev[ev.kind == "draft"]
+            STATS["drafted_tokens"] += int(drafts.n_tokens.sum()) if len(drafts) else 0
+            STATS["accepted_tokens"] += int(drafts.n_accepted.sum()) if len(drafts) else 0
             for uid, message in self.hostile.items():
                 reason = self.sched.finish_reason(uid)
                 assert reason in ("error", "abort"), f"hostile uid {uid} ended {reason}"
@@ -637,8 +670,12 @@ def _settings(request):
 def test_random_operation_sequences_keep_every_invariant(family, request):
     machine = make_machine(family)
     machine.TestCase.settings = _settings(request)
-    before, cached = STATS["operations"], STATS["cached_admissions"]
+    before = dict(STATS)
     machine.TestCase("runTest").runTest()
-    assert STATS["operations"] > before
+    assert STATS["operations"] > before["operations"]
+    if family in SPECULATIVE:  # rows drafted, and the target accepted some drafts and rejected others
+        drafted = STATS["drafted_tokens"] - before["drafted_tokens"]
+        accepted = STATS["accepted_tokens"] - before["accepted_tokens"]
+        assert 0 < accepted < drafted, (family, accepted, drafted)
     if family in PACKED:  # prompts cut at four starts share prefixes: some rows start on cached pages
-        assert STATS["cached_admissions"] > cached
+        assert STATS["cached_admissions"] > before["cached_admissions"]

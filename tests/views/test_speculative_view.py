@@ -24,3 +24,87 @@ def test_the_figure_has_a_lane_per_drafting_row_and_its_acceptance_rate():
     assert [round(p.get_width(), 3) for p in rates.patches] == [round(7 / 11, 3), 0.25]
     heights = [round(p.get_height(), 3) for p in lanes.patches[:4]]  # uid 0's accepted bars, of 4 per step
     assert heights == [0.8, 0.4, 0.2, 0.0]
+
+
+def test_the_latest_steps_window_shows_the_last_steps_with_their_step_numbers():
+    assert drafts_text(hand_events(), last_steps=2).splitlines() == [
+        "4 steps (steps 2-3 shown), 8/15 draft tokens accepted (53%), 4.50 tokens per forward over the batch",
+        "uid 0 | +--- .    | 7/11 accepted (64%), 2.75 tokens/forward",
+        "uid 1 | ---  +    | 1/4 accepted (25%), 1.25 tokens/forward",
+    ]
+    with pytest.raises(ValueError, match="last_steps must be >= 1"):
+        drafts_text(hand_events(), last_steps=0)
+    lanes = render_drafts(hand_events(), last_steps=2, width_in=4.7, height_in=2.5).axes[0]
+    accepted = lanes.patches[:2]  # uid 0's accepted bars at steps 2 and 3 (of 4 per step)
+    assert [round(p.get_x() + p.get_width() / 2, 3) for p in accepted] == [2.0, 3.0]
+    assert [round(p.get_height(), 3) for p in accepted] == [0.2, 0.0]
+
+
+# -- in the live Panel -------------------------------------------------------------------
+CODE = "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return"  # repeated: drafts accepted and rejected
+
+
+def signs(text: str, uid: int) -> tuple[int, int]:
+    """``(+, -)`` cells of ``uid``'s line in a draft text form (0, 0 when it has none)."""
+    line = next((ln for ln in text.splitlines() if ln.startswith(f"uid {uid} |")), "uid | |")
+    cells = line.split(" | ")[1]
+    return cells.count("+"), cells.count("-")
+
+
+def drafted_up_to(sched, uid: int, step: int) -> tuple[int, int]:
+    """``(accepted, rejected)`` draft tokens of ``uid`` in decode steps before ``step``,
+    from the engine's ``draft`` events."""
+    ev = [e for e in sched.events if e.kind == "draft" and e.uid == uid and e.step < step]
+    accepted = sum(e.n_accepted for e in ev)
+    return accepted, sum(e.n_tokens for e in ev) - accepted
+
+
+def test_the_panel_shows_each_rows_drafts_while_speculating_and_follows_the_steps_and_the_slider(
+    make_sched,
+):
+    pytest.importorskip("ipywidgets")
+    import workbench as wb
+    from workbench import views
+    from workbench.views import panel as panel_module
+    from workbench.views.style import smallest_text_px
+
+    sched = make_sched(max_batch=2, history_size=32, speculative="prompt-lookup", num_draft_tokens=3)
+    greedy = sched.submit(wb.Request(prompt=CODE * 2, max_tokens=12))
+    no_drafts = sched.submit(wb.Request(prompt=CODE * 2, max_tokens=12, top_logprobs=2))  # takes none
+    panel = views.Panel(sched)
+    assert panel.drafts_box.layout.display == "" and "no draft tokens" in panel.drafts_ascii.value
+    panel.buttons["Admit"].click()
+    seen = []
+    for _ in range(5):
+        panel.buttons["Step"].click()
+        step = panel.shown.step
+        assert signs(panel.drafts_ascii.value, greedy) == drafted_up_to(sched, greedy, step)
+        assert signs(panel.drafts_ascii.value, no_drafts) == (0, 0)
+        seen.append(drafted_up_to(sched, greedy, step))
+    assert seen[-1][0] > seen[0][0] and seen[-1][1] > 0, f"accepted and rejected drafts as it stepped: {seen}"
+    figures = panel.figures(panel.shown, list(sched.history))
+    drafts = figures[panel.drafts_image]
+    assert [t.get_text() for t in drafts.axes[0].get_yticklabels()] == [f"uid {greedy}"]
+    assert drafts.get_figwidth() * panel_module.IMAGE_DPI <= 470
+    assert drafts.get_figheight() * panel_module.IMAGE_DPI <= 340
+    assert smallest_text_px(drafts, panel_module.IMAGE_DPI) >= 9
+    assert bytes(panel.drafts_image.value).startswith(b"\x89PNG")
+    assert panel.static().data.count("data:image/png;base64,") == 5 and "accepted" in panel.static().data
+    history = list(sched.history)
+    panel.slider.value = max(i for i, s in enumerate(history) if s.step == sched.step_index - 1)
+    assert panel.shown.step == sched.step_index - 1  # back one step: the view shows that snapshot's drafts
+    assert signs(panel.drafts_ascii.value, greedy) == drafted_up_to(sched, greedy, panel.shown.step)
+
+
+def test_a_panel_on_a_scheduler_that_does_not_speculate_hides_the_draft_view(make_sched):
+    pytest.importorskip("ipywidgets")
+    import workbench as wb
+    from workbench import views
+
+    sched = make_sched(max_batch=2, history_size=8)
+    sched.submit(wb.Request(prompt=CODE * 2, max_tokens=4))
+    panel = views.Panel(sched)
+    panel.buttons["Admit"].click(), panel.buttons["Step"].click()
+    assert panel.drafts_box.layout.display == "none" and panel.drafts_ascii.value == ""
+    assert panel.drafts_image not in panel.figures(panel.shown, list(sched.history))
+    assert panel.static().data.count("data:image/png;base64,") == 4

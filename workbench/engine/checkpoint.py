@@ -31,6 +31,7 @@ from ..observe.recorder import Recorder
 from .batch import Batch
 from .kv.promptcache import PromptCache
 from .runner import Prefilling
+from .shared_prompts import HeldPrompt
 from .state import RequestState
 
 
@@ -47,6 +48,8 @@ class EngineState:
         rng: draws the seed of requests submitted without one.
         step_index: decode steps completed. next_uid: the uid ``submit`` gives next.
         joins: rows joined so far (the next row's ``join_order``).
+        shared_prompts: sample group -> its prefilled prompt, held for the samples still
+            queued (:mod:`workbench.engine.shared_prompts`); never written, shared by copies.
     """
 
     batch: Batch
@@ -58,6 +61,7 @@ class EngineState:
     step_index: int = 0
     next_uid: int = 0
     joins: int = 0
+    shared_prompts: dict[int, HeldPrompt] = field(default_factory=dict)
 
     @property
     def live(self) -> list[RequestState]:
@@ -84,6 +88,7 @@ class EngineState:
             step_index=self.step_index,
             next_uid=self.next_uid,
             joins=self.joins,
+            shared_prompts=dict(self.shared_prompts),
         )
 
     def savepoint(self, prompt_cache: bool = False) -> "Savepoint":
@@ -104,6 +109,7 @@ class EngineState:
             if prompt_cache and self.prompt_cache is not None
             else self.prompt_cache,
             counters=(self.step_index, self.next_uid, self.joins),
+            shared_prompts=dict(self.shared_prompts),
         )
 
     def rollback(self, savepoint: "Savepoint") -> None:
@@ -118,6 +124,7 @@ class EngineState:
         self.rng.bit_generator.state = savepoint.rng_state
         self.prompt_cache = savepoint.prompt_cache
         self.step_index, self.next_uid, self.joins = savepoint.counters
+        self.shared_prompts = savepoint.shared_prompts
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,7 @@ class Savepoint:
     rng_state: dict
     prompt_cache: PromptCache | None
     counters: tuple[int, int, int]
+    shared_prompts: dict[int, HeldPrompt]
 
 
 @dataclass(frozen=True, repr=False)

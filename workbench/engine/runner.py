@@ -6,12 +6,13 @@ prompt cache. Must not know: the queue, admission, events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
+from . import shared_prompts
 from .batch import Batch
 from .decode import Pending, launch
 from .kv.caches import CacheRecipe, repeat_rows
@@ -29,6 +30,7 @@ from .levers.quantized_prefill import (
     join_forward as quantized_join_forward,
 )
 from .prefill import PrefillGroup
+from .shared_prompts import HeldPrompt
 from .siblings import shared_rows
 from .state import RequestState
 
@@ -116,26 +118,52 @@ class ModelRunner:
         group = PrefillGroup if self.recipe.kv_quant is None else QuantizedPrefillGroup
         return group.chunks_padding(self.recipe.model, self.recipe.max_kv_size)
 
-    def start_prefill(self, states: Sequence[RequestState], prompt_cache: PromptCache | None) -> Prefilling:
+    def start_prefill(
+        self,
+        states: Sequence[RequestState],
+        prompt_cache: PromptCache | None,
+        shared: Mapping[int, HeldPrompt] | None = None,
+    ) -> Prefilling:
         """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
-        starting from its longest prompt-cache hit; sets ``cached_tokens``. Members of one
-        ``submit_n`` group with the same inputs share one prefill row (float caches;
-        :mod:`workbench.engine.siblings`). Runs nothing."""
-        shared = shared_rows(states) if self.recipe.kv_quant is None else list(range(len(states)))
-        firsts = sorted(set(shared))
-        rows = None if len(firsts) == len(states) else [firsts.index(b) for b in shared]
+        starting from its longest prompt-cache hit, or from the prompt held for its
+        ``submit_n`` group (``shared``, :mod:`workbench.engine.shared_prompts`: nothing left
+        to prefill); sets ``cached_tokens``. Members of one ``submit_n`` group with the same
+        inputs share one prefill row (float caches; :mod:`workbench.engine.siblings`). Runs
+        nothing."""
+        rows_of = shared_rows(states) if self.recipe.kv_quant is None else list(range(len(states)))
+        firsts = sorted(set(rows_of))
+        rows = None if len(firsts) == len(states) else [firsts.index(b) for b in rows_of]
         prefilled = [states[b] for b in firsts]
         inputs = [s.inputs for s in prefilled]
         caches = None
         tails = [inp[:-1] for inp in inputs]
-        if prompt_cache is not None:
-            fetched = [prompt_cache.fetch(t) for t in tails]
+        starts = [shared_prompts.take(shared, s) if shared else None for s in prefilled]
+        if prompt_cache is not None or any(c is not None for c in starts):
+            fetched = [
+                (c, []) if c is not None else self._fetch(prompt_cache, t) for c, t in zip(starts, tails)
+            ]
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
-        for s, b in zip(states, shared):
+        for s, b in zip(states, rows_of):
             r = firsts.index(b)
             s.cached_tokens = len(inputs[r]) - 1 - len(tails[r])
         group = self._prefill_group(prefilled, tails, caches)
         return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
+
+    def _fetch(self, prompt_cache: PromptCache | None, tokens: list[int]) -> tuple[list[Any], list[int]]:
+        """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
+        hit for ``tokens``, or fresh caches and all of them."""
+        if prompt_cache is not None:
+            return prompt_cache.fetch(tokens)
+        return self.recipe.single(), list(tokens)
+
+    def hold_prompts(
+        self, group: Prefilling, queue: Sequence[RequestState], shared: dict, room_bytes: int | None
+    ) -> None:
+        """Before ``group``'s join forward: hold its prefilled rows for the ``submit_n``
+        samples still in ``queue`` (:func:`workbench.engine.shared_prompts.hold`; float caches
+        only: a quantized group's samples prefill separately)."""
+        if self.recipe.kv_quant is None:
+            shared_prompts.hold(shared, group.prefilled, group.prefill.caches, queue, room_bytes)
 
     def _prefill_group(
         self, states: Sequence[RequestState], tails: list[list[int]], caches: list[Any] | None

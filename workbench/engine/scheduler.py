@@ -50,6 +50,7 @@ from ..observe.events import Event
 from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
+from . import shared_prompts
 from .admission import Admission, Decision, policy_from
 from .batch import Batch
 from .capture import capture
@@ -341,7 +342,9 @@ class Scheduler:
         ``seed + i`` (``seed`` the request's own, else one drawn from the scheduler's
         seed), so it draws exactly the tokens ``Request(seed=seed + i)`` draws alone. Samples
         admitted together share one prefill: the prompt runs once and its cache row is
-        copied into every sample's row (:mod:`workbench.engine.siblings`). Returns their
+        copied into every sample's row (:mod:`workbench.engine.siblings`); samples admitted
+        later start from a copy of that prefilled row, held while they wait
+        (:mod:`workbench.engine.shared_prompts`). Returns their
         uids, consecutive; each is an ordinary request afterwards (``abort``, ``preempt``,
         ``tokens`` one by one). Like vLLM's ``SamplingParams(n=...)``.
 
@@ -472,7 +475,8 @@ class Scheduler:
         if self.packed:
             st.batch.add(chosen)
         else:
-            st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache)
+            st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache, st.shared_prompts)
+            st.shared_prompts = shared_prompts.prune(st.shared_prompts, st.queue)  # what no sample waits for
         for s in chosen:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
@@ -496,6 +500,7 @@ class Scheduler:
         """The join forward (each member's last input token), then the members enter the
         batch (free slots or ``extend``); one ``join`` event each, with its mode."""
         st = self.state
+        self.runner.hold_prompts(group, st.queue, st.shared_prompts, self.ledger.room_bytes(st))
         group.expand()  # a submit_n group's prefilled row copied into each sample's row
         for s in group.states:
             s.fed = len(s.tokens)  # a resumed row's generated tokens are in its cache again
@@ -736,6 +741,7 @@ class Scheduler:
         if s.waiting:
             self.state.queue.remove(s)
             s.evicted = True
+            self.state.shared_prompts = shared_prompts.prune(self.state.shared_prompts, self.state.queue)
         s.finish("abort")
         return [self._log("finish", uid, finish_reason="abort")]
 
@@ -1040,6 +1046,7 @@ class Scheduler:
         return dict(
             prefill_kv_bytes=held.prefill_bytes,
             prompt_cache_bytes=held.prompt_cache_bytes,
+            shared_prompt_bytes=held.shared_prompt_bytes,
             active_memory_bytes=active,
             peak_memory_bytes=peak,
         )

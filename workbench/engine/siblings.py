@@ -10,7 +10,8 @@ admitted together with the same inputs, only the first is prefilled; at the join
 prefilled cache row is copied into the others' rows (:func:`workbench.engine.kv.caches.repeat_rows`,
 mlx-lm's ``filter`` with a repeated index), so the prompt runs through the model once and
 every sample's row holds the same KV, bit for bit. A sample admitted in a later group (a
-``max_batch`` or KV budget smaller than ``n``) or resumed after preemption (its inputs
+``max_batch`` or KV budget smaller than ``n``) starts from the first group's prefilled row,
+held for it (:mod:`workbench.engine.shared_prompts`); one resumed after preemption (its inputs
 then include its own tokens) is prefilled as any request is (through the prompt cache when
 the scheduler has one). Example, a group admitting uids ``[4, 5, 6, 9]`` where 4-6 are one
 ``submit_n`` of 3 and 9 another request::

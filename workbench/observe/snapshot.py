@@ -120,7 +120,7 @@ class Snapshot:
         kv_bytes: bytes allocated by every layer's batch cache (the sum of the arrays'
             ``nbytes``: capacity, padding and free slots included).
         kv_budget_bytes: the scheduler's KV budget (``None``: no budget); it covers
-            ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes``.
+            ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes + shared_prompt_bytes``.
         kv_projected_bytes: the most bytes the batch and prefilling caches may hold from
             now until every row finishes, as mlx-lm allocates them (256-token growth
             steps, rows padded to the widest; :mod:`workbench.engine.kv.allocation`): what
@@ -142,6 +142,8 @@ class Snapshot:
         prefill_kv_bytes: bytes the prefilling group's caches hold (``nbytes``).
         prompt_cache_bytes: bytes the prompt cache's entries hold (mlx-lm's
             ``LRUPromptCache.nbytes``).
+        shared_prompt_bytes: bytes of the prompts held for ``submit_n`` samples still queued
+            (:mod:`workbench.engine.shared_prompts`), which they start from instead of a prefill.
         active_memory_bytes, peak_memory_bytes: MLX's measured ``mx.get_active_memory()``
             and ``mx.get_peak_memory()`` when the snapshot was taken: every live array of
             the process (weights included), beside the computed bytes above.
@@ -184,11 +186,13 @@ class Snapshot:
     adapter_bytes: int = 0
     packed: PackedState | None = None
     constraints: tuple[str, ...] = ()
+    shared_prompt_bytes: int = 0
 
     @property
     def held_bytes(self) -> int:
-        """Everything the KV budget covers: ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes``."""
-        return self.kv_bytes + self.prefill_kv_bytes + self.prompt_cache_bytes
+        """Everything the KV budget covers: ``kv_bytes + prefill_kv_bytes + prompt_cache_bytes +
+        shared_prompt_bytes``."""
+        return self.kv_bytes + self.prefill_kv_bytes + self.prompt_cache_bytes + self.shared_prompt_bytes
 
     @property
     def batch_size(self) -> int:
@@ -227,10 +231,11 @@ class Snapshot:
         if self.serial_reason:
             lines.append(f"  serial lane (one row at a time): {self.serial_reason}")
         if self.kv_budget_bytes is not None:
+            shared = f" + shared prompts {self.shared_prompt_bytes:,}" if self.shared_prompt_bytes else ""
             lines.append(
                 f"  KV budget {self.kv_budget_bytes:,} bytes: {self.held_bytes:,} held (batch "
                 f"{self.kv_bytes:,} + prefill {self.prefill_kv_bytes:,} + prompt cache "
-                f"{self.prompt_cache_bytes:,}), {self.kv_projected_bytes:,} projected"
+                f"{self.prompt_cache_bytes:,}{shared}), {self.kv_projected_bytes:,} projected"
             )
         for uid, done, total in self.prefilling:
             lines.append(f"  prefilling uid {uid}: {min(done, total)}/{total} prompt tokens")

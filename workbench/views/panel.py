@@ -24,6 +24,10 @@ Widgets (``panel.widget`` is the whole box)::
     uid 0 (5 tokens)  "def add(a, b):" → "⏎    return a + b"   <- each row's text (wb-rows)
     row 1 uid 1  ' x'  -0.40 | ' y'  -2.00                    <- top log-probs (wb-top-logprobs) of
                                                                    rows that asked top_logprobs
+    [draft tokens per row and step (wb-drafts-image)]          <- only while the scheduler speculates:
+    uid 0 | ++++ ++-  +--- .    | 7/11 accepted (64%), ...        accepted (+) / rejected (-) drafts
+                                                                   of the shown snapshot's rows, the
+                                                                   latest DRAFT_STEPS steps (wb-drafts)
     > text masks (ASCII)                                       <- folded: the nbval-style text form
 
 The images are PNGs at ``IMAGE_DPI``, ``IMAGE_WIDTH_IN`` inches wide: 470 pixels, two side
@@ -72,6 +76,7 @@ from .kv import render_kv
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .rows import rows_text
+from .speculative import drafts_text, render_drafts
 from .timeline import render_timeline
 from .top_logprobs import top_logprobs_text
 
@@ -79,6 +84,7 @@ IMAGE_DPI = 100  # with IMAGE_WIDTH_IN: images of 470 px whose smallest text is 
 IMAGE_WIDTH_IN = 4.7  # two images side by side (940 px and their margins) in a 968 px output area
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
+DRAFT_STEPS = 16  # the draft view shows the latest decode steps: it moves as the user steps
 
 
 def reset_scheduler(sched: Scheduler) -> Scheduler:
@@ -122,6 +128,33 @@ def prefill_figure(fm: ForwardMask | None) -> Figure:
         label, fm.uids[:3], fm.mask[:3], fm.n_cached, fm.query_padding[:3], fm.key_padding[:3], fm.first_event
     )
     return render_attention([shown], columns=len(shown.uids), width_in=IMAGE_WIDTH_IN)
+
+
+def draft_events(events: pd.DataFrame, snap: Snapshot) -> pd.DataFrame:
+    """The events of ``snap``'s rows logged by the decode steps before it (``step <
+    snap.step``): what the draft view of that snapshot reads."""
+    return events[(events.step < snap.step) & events.uid.isin(list(snap.uids))]
+
+
+def drafts_figure(events: pd.DataFrame, snap: Snapshot) -> Figure:
+    """The panel's draft image for ``snap``: accepted / rejected draft tokens of its rows
+    over the latest ``DRAFT_STEPS`` decode steps (:func:`render_drafts` of
+    :func:`draft_events`), ``IMAGE_WIDTH_IN`` wide, or an empty state that says what
+    makes drafts."""
+    ev = draft_events(events, snap)
+    drafting = ev[ev.kind == "draft"].uid.nunique()
+    if not drafting:
+        fig = Figure(figsize=(IMAGE_WIDTH_IN, 2.0), layout="constrained")
+        fig.suptitle("draft tokens per row and step", fontsize="medium")
+        style.empty(fig.add_subplot(), "no drafts yet: Step rows whose context repeats itself")
+        return fig
+    return render_drafts(
+        ev,
+        title=f"drafts of the rows at step {snap.step}",
+        width_in=IMAGE_WIDTH_IN,
+        height_in=min(3.4, 1.9 + 0.3 * drafting),
+        last_steps=DRAFT_STEPS,
+    )
 
 
 def status_text(snap: Snapshot) -> str:
@@ -187,6 +220,9 @@ class Panel:
         self.rows = W.HTML().add_class("wb-rows")
         self.mask_ascii = W.HTML()
         self.top_ascii = W.HTML().add_class("wb-top-logprobs")
+        self.drafts_image = W.Image(format="png", layout=natural()).add_class("wb-drafts-image")
+        self.drafts_ascii = W.HTML().add_class("wb-drafts")
+        self.drafts_box = W.VBox([self.drafts_image, self.drafts_ascii])  # shown while speculating
         ascii_box = W.Accordion([self.mask_ascii], titles=("text masks (ASCII)",))
         compact = W.Layout(width="auto")
         for w in (self.prompt, self.max_tokens, self.run_steps):
@@ -211,6 +247,7 @@ class Panel:
                 W.HBox([self.kv_image, self.timeline_image], layout=images),
                 self.rows,
                 self.top_ascii,
+                self.drafts_box,
                 ascii_box,
             ]
         )
@@ -327,6 +364,10 @@ class Panel:
             snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t]))
         )
         self.top_ascii.value = f"<pre>{html.escape(top)}</pre>" if top else ""
+        self.drafts_box.layout.display = "" if self.speculating else "none"
+        self.drafts_ascii.value = (
+            f"<pre>{html.escape(self.drafts_text(snap))}</pre>" if self.speculating else ""
+        )
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
         self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
         self.buttons["Restore"].disabled = self.sched.history.checkpoint(self.slider.value) is None
@@ -340,8 +381,11 @@ class Panel:
     def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:
         """The figure each image shows for ``snap`` (decode masks, the 2-D mask of the
         last prefill forward up to its step, KV geometry with ``history``, the timeline of
-        :meth:`recent_events`), each ``IMAGE_WIDTH_IN`` wide."""
-        timeline = render_timeline(self.recent_events(snap.step), x="step", width_in=IMAGE_WIDTH_IN)
+        :meth:`recent_events`; while the scheduler speculates, the draft tokens of ``snap``'s
+        rows, :func:`drafts_figure`), each ``IMAGE_WIDTH_IN`` wide."""
+        events = self.recent_events(snap.step)
+        timeline = render_timeline(events, x="step", width_in=IMAGE_WIDTH_IN)
+        drafts = {self.drafts_image: drafts_figure(events, snap)} if self.speculating else {}
         if snap.packed is not None:  # the packed layout: its latest forward's mask and its page table
             return {
                 self.mask_image: render_packed_mask(snap, width_in=IMAGE_WIDTH_IN),
@@ -354,7 +398,20 @@ class Panel:
             self.attention_image: prefill_figure(self.last_prefill(snap.step)),
             self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
             self.timeline_image: timeline,
+            **drafts,
         }
+
+    @property
+    def speculating(self) -> bool:
+        """Whether the scheduler speculates (``Scheduler(speculative=...)``): the panel
+        then shows the draft view."""
+        return self.sched.config.speculative is not None
+
+    def drafts_text(self, snap: Snapshot) -> str:
+        """The draft view's text form for ``snap``: its rows' accepted (+) / rejected (-)
+        draft tokens over the latest ``DRAFT_STEPS`` decode steps
+        (:func:`~workbench.views.speculative.drafts_text` of :func:`draft_events`)."""
+        return drafts_text(draft_events(self.recent_events(snap.step), snap), last_steps=DRAFT_STEPS)
 
     def last_prefill(self, step: int) -> ForwardMask | None:
         """The last prefill forward run at or before decode step ``step``, read from the
@@ -393,27 +450,32 @@ class Panel:
         bundle = self.widget._repr_mimebundle_(**kwargs)
         data = bundle[0] if isinstance(bundle, tuple) else bundle
         data["image/png"] = base64.b64encode(self.static_png()).decode()
-        data["text/plain"] = "\n".join([self.status.value, self.rows_text(self.shown), mask_text(self.shown)])
+        drafts = [self.drafts_text(self.shown)] if self.speculating else []
+        data["text/plain"] = "\n".join(
+            [self.status.value, self.rows_text(self.shown), *drafts, mask_text(self.shown)]
+        )
         return bundle
 
+    def _images(self) -> list[W.Image]:
+        """The images shown now: the four, then the draft image while speculating."""
+        four = [self.mask_image, self.attention_image, self.kv_image, self.timeline_image]
+        return four + ([self.drafts_image] if self.speculating else [])
+
     def static_png(self) -> bytes:
-        """The panel's four images as one PNG, in the panel's 2 x 2 layout (what a stored
-        notebook shows where the live widget cannot render)."""
-        return style.png_grid(
-            [
-                [bytes(self.mask_image.value), bytes(self.attention_image.value)],
-                [bytes(self.kv_image.value), bytes(self.timeline_image.value)],
-            ]
-        )
+        """The panel's images as one PNG, in the panel's 2 x 2 layout (and the draft image
+        below while speculating): what a stored notebook shows where the live widget
+        cannot render."""
+        png = [bytes(w.value) for w in self._images()]
+        return style.png_grid([png[0:2], png[2:4], png[4:]])
 
     def static(self) -> HTML:
         """The panel's current views without widgets: status, PNG images and ASCII
         masks as one HTML output (shows in nbclient/nbval runs and static HTML exports)."""
         images = "".join(
             f"<img src='data:image/png;base64,{base64.b64encode(w.value).decode()}' style='max-width:100%'/>"
-            for w in (self.mask_image, self.attention_image, self.kv_image, self.timeline_image)
+            for w in self._images()
         )
         return HTML(
             f"<div><p>{html.escape(self.status.value)}</p>{self.error.value}{images}"
-            f"{self.rows.value}{self.top_ascii.value}{self.mask_ascii.value}</div>"
+            f"{self.rows.value}{self.top_ascii.value}{self.drafts_ascii.value}{self.mask_ascii.value}</div>"
         )

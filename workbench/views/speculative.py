@@ -11,6 +11,9 @@ then its acceptance rate and tokens per verify forward::
     4 steps, 8/15 draft tokens accepted (53%), 4.50 tokens per forward over the batch
     uid 0 | ++++ ++-  +--- .    | 7/11 accepted (64%), 2.75 tokens/forward
     uid 1 | .    .    ---  +    | 1/4 accepted (25%), 1.25 tokens/forward
+
+With ``last_steps=N`` both forms show the latest ``N`` steps instead (the live Panel's
+window, which moves as the user steps); the headline then says which steps.
 """
 
 from __future__ import annotations
@@ -32,29 +35,46 @@ def _cell(drafted: int, accepted: int, width: int) -> str:
     return ("+" * accepted + "-" * (drafted - accepted) if drafted else ".").ljust(width)
 
 
-def drafts_text(events: Sequence[Event] | pd.DataFrame, max_steps: int = 40) -> str:
-    """Deterministic text form (see the module docstring): the first ``max_steps`` steps
-    with drafts, a headline with the batch's totals.
+def _window(T: int, max_steps: int, last_steps: int | None) -> slice:
+    """The decode steps (columns of :func:`draft_grid`, ``T`` of them) a view shows: the
+    first ``max_steps``, or the latest ``last_steps``.
 
     Raises:
-        ValueError: ``max_steps < 1``.
+        ValueError: ``max_steps < 1`` or ``last_steps < 1``.
     """
     if max_steps < 1:
         raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    if last_steps is None:
+        return slice(0, min(T, max_steps))
+    if last_steps < 1:
+        raise ValueError(f"last_steps must be >= 1 or None, got {last_steps}")
+    return slice(max(0, T - last_steps), T)
+
+
+def drafts_text(
+    events: Sequence[Event] | pd.DataFrame, max_steps: int = 40, last_steps: int | None = None
+) -> str:
+    """Deterministic text form (see the module docstring): the first ``max_steps`` steps
+    with drafts (with ``last_steps``: the latest ``last_steps`` steps up to the last one
+    with drafts), a headline with the batch's totals over every step.
+
+    Raises:
+        ValueError: ``max_steps < 1`` or ``last_steps < 1``.
+    """
     uids, drafted, accepted = draft_grid(events)
+    cols = _window(drafted.shape[1], max_steps, last_steps)
     table = acceptance(events).set_index("uid")
     if not uids:
         return "no draft tokens (speculation off, or no row could draft)"
     width = max(1, int(drafted.max()))
     total_d, total_a = int(drafted.sum()), int(accepted.sum())
+    shown = "" if last_steps is None else f" (steps {cols.start}-{drafted.shape[1] - 1} shown)"
     lines = [
-        f"{drafted.shape[1]} steps, {total_a}/{total_d} draft tokens accepted ({total_a / total_d:.0%}), "
-        f"{batch_tokens_per_forward(events):.2f} tokens per forward over the batch"
+        f"{drafted.shape[1]} steps{shown}, {total_a}/{total_d} draft tokens accepted "
+        f"({total_a / total_d:.0%}), {batch_tokens_per_forward(events):.2f} tokens per forward over the batch"
     ]
     for i, u in enumerate(uids):
-        cells = " ".join(
-            _cell(int(d), int(a), width) for d, a in zip(drafted[i, :max_steps], accepted[i, :max_steps])
-        )
+        cells = " ".join(_cell(int(d), int(a), width) for d, a in zip(drafted[i, cols], accepted[i, cols]))
         r = table.loc[u]
         lines.append(
             f"uid {u} | {cells} | {int(r.accepted_tokens)}/{int(r.drafted_tokens)} accepted "
@@ -63,21 +83,37 @@ def drafts_text(events: Sequence[Event] | pd.DataFrame, max_steps: int = 40) -> 
     return "\n".join(lines)
 
 
-def render_drafts(events: Sequence[Event] | pd.DataFrame, title: str | None = None) -> Figure:
+def render_drafts(
+    events: Sequence[Event] | pd.DataFrame,
+    title: str | None = None,
+    width_in: float = 10.0,
+    height_in: float | None = None,
+    last_steps: int | None = None,
+) -> Figure:
     """Rich form: one lane per uid over the decode steps, a green bar of the accepted and
     a red bar of the rejected draft tokens at each step; beside it, each uid's acceptance
-    rate and tokens per verify forward."""
+    rate and tokens per verify forward.
+
+    Args:
+        width_in, height_in: the figure's size in inches (height default: 0.5 per uid + 1.8).
+        last_steps: draw only the latest ``last_steps`` decode steps (default: all).
+
+    Raises:
+        ValueError: ``last_steps < 1``.
+    """
     uids, drafted, accepted = draft_grid(events)
     table = acceptance(events).set_index("uid")
     U, T = drafted.shape
-    fig = Figure(figsize=(10, 0.5 * max(U, 1) + 1.8), layout="constrained")
+    cols = _window(T, max(T, 1), last_steps)
+    fig = Figure(figsize=(width_in, height_in or 0.5 * max(U, 1) + 1.8), layout="constrained")
     if title:
         fig.suptitle(title)
     lanes, rates = fig.subplots(1, 2, width_ratios=[4, 1], sharey=True)
     k = max(1, int(drafted.max()) if drafted.size else 1)
+    steps = np.arange(T)[cols]
+    drafted, accepted = drafted[:, cols], accepted[:, cols]
     for i in range(U):
         base = i - 0.4
-        steps = np.arange(T)
         lanes.bar(steps, accepted[i] / k * 0.8, bottom=base, width=0.8, color=ACCEPTED)
         lanes.bar(
             steps,

@@ -8,11 +8,15 @@ counters. Must not know: the policy, events.
 One ceiling for everything that holds KV bytes::
 
     batch caches (free slots included) + prefilling group's caches + prompt-cache entries
-        <= kv_budget_bytes, between any two engine calls
+        + shared prompts <= kv_budget_bytes, between any two engine calls
 
 Admission keeps the first two under the budget through :meth:`KVLedger.plan`; the prompt
-cache (mlx-lm's ``LRUPromptCache``) is trimmed to ``budget - projected live bytes`` (its
-``trim_to(n_bytes=)``) whenever a group is admitted or rows are stored in it.
+cache (mlx-lm's ``LRUPromptCache``) is trimmed to ``budget - projected live bytes - shared
+prompts`` (its ``trim_to(n_bytes=)``) whenever a group is admitted or rows are stored in it,
+and the shared prompts of ``submit_n`` samples still queued
+(:mod:`workbench.engine.shared_prompts`) are dropped first when they alone do not fit; a
+prompt is held only within :meth:`KVLedger.room_bytes`. While one is held (or a prefilling
+member starts from one) the projection bounds groups as for cached prefixes (not exactly).
 """
 
 from __future__ import annotations
@@ -47,16 +51,18 @@ def row_tokens(s: Any) -> RowTokens:
 class Held:
     """Bytes held now: ``batch_bytes`` (the running batch's caches, free slots included),
     ``prefill_bytes`` (the prefilling group's caches), ``prompt_cache_bytes`` (the stored
-    entries); all the sum of the arrays' ``nbytes``."""
+    entries), ``shared_prompt_bytes`` (prompts held for queued ``submit_n`` samples); all
+    the sum of the arrays' ``nbytes``."""
 
     batch_bytes: int
     prefill_bytes: int
     prompt_cache_bytes: int
+    shared_prompt_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         """Everything the budget covers."""
-        return self.batch_bytes + self.prefill_bytes + self.prompt_cache_bytes
+        return self.batch_bytes + self.prefill_bytes + self.prompt_cache_bytes + self.shared_prompt_bytes
 
 
 def measured_memory() -> tuple[int, int]:
@@ -92,12 +98,16 @@ class KVLedger:
 
     def plan(self, st: Any) -> KVPlan:
         """The :class:`KVPlan` of engine state ``st`` now (its batch's allocation and rows;
-        with a prompt cache, its entries bound the cached prefixes a joiner may copy)."""
+        with a prompt cache, its entries bound the cached prefixes a joiner may copy; while
+        a shared prompt is held or a prefilling member starts from one, groups are bounded
+        as cached prefixes are, not computed exactly)."""
         stored = 0
         if st.prompt_cache is not None and self.base.full_token_bytes:
             stored = st.prompt_cache.nbytes // self.base.full_token_bytes
+        starts = st.prefilling is not None and any(s.cached_tokens for s in st.prefilling.states)
         return dataclasses.replace(
             self.base,
+            exact_chunks=self.base.exact_chunks and not (st.shared_prompts or starts),
             now=read_allocation(st.batch.caches),
             stored_tokens=stored,
             rows=tuple(row_tokens(r) for r in st.batch.rows),
@@ -132,18 +142,46 @@ class KVLedger:
             read_allocation(st.batch.caches).nbytes,
             st.prefilling.prefill.kv_bytes if st.prefilling else 0,
             st.prompt_cache.nbytes if st.prompt_cache is not None else 0,
+            shared_bytes(st),
+        )
+
+    def room_bytes(self, st: Any) -> int | None:
+        """Bytes the budget leaves beside the projected live bytes, the prompt cache and the
+        shared prompts now: what a new shared prompt may take (``None``: no budget)."""
+        if self.config.kv_budget_bytes is None:
+            return None
+        held = self.held(st)
+        return (
+            self.config.kv_budget_bytes
+            - self.projected_bytes(st)
+            - held.prompt_cache_bytes
+            - shared_bytes(st)
         )
 
     def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
-        """Trim the prompt cache to ``budget - projected live bytes`` (the batch, the
-        prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out), mlx-lm's
-        ``LRUPromptCache.trim_to(n_bytes=)``. Returns the bytes dropped (0 without a
-        budget or a prompt cache)."""
-        if self.config.kv_budget_bytes is None or st.prompt_cache is None:
+        """Fit what may yield into ``budget - projected live bytes`` (the batch, the
+        prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out): the shared
+        prompts are dropped when they alone do not fit, then the prompt cache is trimmed to
+        what is left (mlx-lm's ``LRUPromptCache.trim_to(n_bytes=)``). Returns the bytes
+        dropped (0 without a budget)."""
+        if self.config.kv_budget_bytes is None or (st.prompt_cache is None and not st.shared_prompts):
             return 0
         group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
-        live = self.plan(st).projected_bytes(group, dropped, started=st.prefilling is not None)
-        return st.prompt_cache.trim_to(self.config.kv_budget_bytes - live)
+        room = self.config.kv_budget_bytes - self.plan(st).projected_bytes(
+            group, dropped, started=st.prefilling is not None
+        )
+        freed = 0
+        if shared_bytes(st) > room:
+            freed, st.shared_prompts = shared_bytes(st), {}
+        if st.prompt_cache is not None:
+            freed += st.prompt_cache.trim_to(room - shared_bytes(st))
+        return freed
+
+
+def shared_bytes(st: Any) -> int:
+    """Bytes of the prompts ``st`` holds for queued ``submit_n`` samples
+    (:mod:`workbench.engine.shared_prompts`)."""
+    return sum(h.nbytes for h in st.shared_prompts.values())
 
 
 def alone_bytes(

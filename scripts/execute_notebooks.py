@@ -2,8 +2,10 @@
 
 Usage: ``python scripts/execute_notebooks.py notebooks/01_tour.ipynb [...]``
 Run it after editing a notebook, review the output diff, commit. Kernels run with
-``WORKBENCH_BLAS=off`` like the test suite. Widget state is not stored, so a static HTML
-export of a notebook loads no widget script from a CDN.
+``WORKBENCH_BLAS=off`` like the test suite, except a notebook whose metadata asks for the
+users' BLAS (``"workbench": {"blas": "optimized"}``; ``notebooks/conftest.py`` gives nbval
+the same rule). Widget state is not stored, so a static HTML export of a notebook loads no
+widget script from a CDN.
 """
 
 import os
@@ -19,6 +21,8 @@ os.environ.setdefault("WORKBENCH_BLAS", "off")
 for name in sys.argv[1:]:
     path = Path(name)
     nb = nbformat.read(path, as_version=4)
+    optimized = nb.metadata.get("workbench", {}).get("blas") == "optimized"
+    env = {k: v for k, v in os.environ.items() if not (optimized and k == "WORKBENCH_BLAS")}
     NotebookClient(
         nb,
         timeout=600,
@@ -26,6 +30,6 @@ for name in sys.argv[1:]:
         store_widget_state=False,
         record_timing=False,
         resources={"metadata": {"path": str(path.parent)}},
-    ).execute()
+    ).execute(env=env)
     nbformat.write(nb, path)
-    print(f"executed {path}")
+    print(f"executed {path}" + (" (with the users' BLAS)" if optimized else ""))

@@ -1,11 +1,13 @@
 """Which weights notebook 10 loads: SmolLM2-135M's forwards on this CPU, 4-bit weights (as
 converted) against the same weights dequantized to float32 (``dequantize=True``). With MLX's
-reference BLAS (nbval's ``WORKBENCH_BLAS=off``) float32 does not pay, so the notebook keeps
-4-bit; with an optimized BLAS (``WORKBENCH_BLAS=/path/to/libopenblas.so.0``) float32
-prefills over 10 times faster. Notebook 10 points here rather than quoting numbers of another run.
+reference BLAS (the test suite's ``WORKBENCH_BLAS=off``) float32 does not pay; with an
+optimized BLAS (``WORKBENCH_BLAS=/path/to/libopenblas.so.0``) float32 prefills over 10 times
+faster. So notebook 10 loads the float32 form (``wb.load``'s default on the CPU) and runs,
+under nbval too, with the optimized BLAS (its metadata: ``notebooks/conftest.py``). Notebook 10
+points here rather than quoting numbers of another run.
 
 Usage: ``python scripts/lab/chat_notebook_cost.py`` (needs ``workbench models fetch smollm2-135m``).
-With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set, as nbval runs the notebook;
+With the test suite's numerics (``WORKBENCH_BLAS=off`` unless set;
 the script restarts itself with it, since the BLAS is chosen at interpreter start),
 it times the forwards notebook 10 is made of: a 37-token prefill (one chat prompt), and one
 decode step at B = 1 and B = 3 over a 40-token cache. Each number is the fastest of ``REPS``

@@ -162,6 +162,12 @@ CONFIGS = {
         BUDGET_SCRIPT,
         dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None, budget_requests=2),
     ),
+    # prefix caching: a repeat prompt and a preempted row resume from cached pages, samples share one prefill
+    "packed-cache": (SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=8)),
+    "packed-samples": (
+        SAMPLES_SCRIPT,
+        dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=8),
+    ),
     "samples": (SAMPLES_SCRIPT, {}),
     "speculative": (SPEC_SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),
     "draft": (
@@ -397,6 +403,18 @@ def test_the_scripts_cover_every_kind_of_call_join_and_abort():
     assert all(len(t) == 3 for u in (2, 3, 4) for t in sched.top_logprobs(u))
 
 
+def test_the_packed_cache_scripts_take_cached_pages_and_prefill_a_samples_prompt_once():
+    _, sched = reference_of("llama", "packed-cache")
+    assert any(e.n_cached for e in sched.events if e.kind == "admit"), "cached pages taken at admission"
+    _, sched = reference_of("llama", "packed-samples")
+    prefilled = {
+        u: sum(e.n_tokens for e in sched.events if e.kind == "prefill" and e.uid == u) for u in range(6)
+    }
+    assert prefilled[1] == 0 and prefilled[1] + prefilled[2] + prefilled[3] == 10, (
+        "uid 1 aborted before its prefill: uid 2 prefills the group's 10-token prompt once"
+    )
+
+
 CASES = [(family, "pipelined", kind) for family in FAMILIES for kind in KINDS if kind != "line"]
 CASES += [("llama", "plain", kind) for kind in KINDS if kind != "line"]
 CASES += [
@@ -406,6 +424,8 @@ CASES += [("llama", "pipelined", "line"), ("mamba2", "plain", "line"), ("gemma3"
 CASES += [("llama", "packed", kind) for kind in KINDS] + [
     ("llama", "packed-budget", kind) for kind in ("layer", "eval")
 ]
+CASES += [("llama", "packed-cache", kind) for kind in KINDS]
+CASES += [("llama", "packed-samples", kind) for kind in ("on_token", "sampler", "layer", "eval", "clock")]
 CASES += [(family, "samples", kind) for family in ("llama", "qwen3next") for kind in KINDS if kind != "line"]
 CASES += [("gemma3", "samples", "line")]
 CASES += [("llama", "speculative", kind) for kind in ("on_token", "layer", "eval", "clock", "line")]

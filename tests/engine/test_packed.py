@@ -4,6 +4,7 @@ prefill forwards, abort, preemption, a KV budget in pages, checkpoint / restore 
 the books count pages; other families and settings are refused at construction."""
 
 import pytest
+from mlx_lm.models.cache import LRUPromptCache
 
 import workbench as wb
 from workbench.observe.packed import packed_mask
@@ -228,7 +229,8 @@ def test_other_families_are_refused_at_construction_naming_why(folder):
     "settings, name",
     [
         (dict(kv_bits=4, kv_group_size=32), "kv_bits"),
-        (dict(prompt_cache=4), "prompt_cache"),
+        (dict(prompt_cache=LRUPromptCache(4)), "prompt_cache: its prompt cache is pages"),
+        (dict(prompt_cache=-1), "prompt_cache"),
         (dict(batch_invariant=True), "batch_invariant"),
         (dict(pacing=True), "pacing"),
         (dict(speculative="prompt-lookup"), "speculative"),

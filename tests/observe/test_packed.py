@@ -71,6 +71,27 @@ def test_the_page_table_text_and_the_bytes_it_counts():
     )
 
 
+def test_a_shared_page_counts_once_and_the_text_marks_it_and_the_cached_pages():
+    state = PackedState(
+        4,
+        100,
+        6,
+        pages=((0, (0, 1, 2)), (1, (0, 1, 3))),
+        free_pages=(5,),
+        held_tokens=((0, 9), (1, 10)),
+        cached_pages=(4,),
+    )
+    assert state.used_pages == 4 and state.shared_pages == (0, 1)
+    assert state.held_bytes == 400 and state.cached_bytes == 100
+    assert page_table_text(state).splitlines() == [
+        "page table: 4/6 pages of 4 tokens (100 bytes each): 400 bytes held, 475 bytes of tokens",
+        "  uid 0: 9 tokens in pages [0*, 1*, 2]",
+        "  uid 1: 10 tokens in pages [0*, 1*, 3]",
+        "  free pages: [5]",
+        "  cached pages (least recently used first): [4] (100 bytes); * shared: 2 page(s)",
+    ]
+
+
 def test_the_budget_rows_of_a_history_count_each_forward_once():
     class Snap:
         def __init__(self, step, chunks):

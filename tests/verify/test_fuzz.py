@@ -1,7 +1,8 @@
 """Stateful fuzzing of the engine: random submit / admit / step / filter / abort / preempt
 sequences with random prompt lengths (1..300), max_tokens, chunk sizes, max_batch, KV budgets,
 prompt caches and sampled rows, for every bundled model family, and for the packed layout on
-the llama family (page sizes 1, 4, 16; the chunk size as its token budget). After every
+the llama family (page sizes 1, 4, 16; the chunk size as its token budget; prefix caching on or
+off, prompts cut at four starts so that they share whole pages of a prefix). After every
 operation the invariants hold and ``sched.check()`` is ok; every finished greedy row equals its
 solo mlx-lm reference; at random points a checkpoint is taken, a random continuation run, the
 checkpoint restored and the same continuation run again: tokens and events (times aside) must
@@ -57,7 +58,14 @@ FAMILIES = {
     "code-packed": ("tiny-code", None),
 }
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
-PACKED = {"llama-packed", "code-packed"}  # Scheduler(layout="packed"): pages of 1, 4 or 16, no prompt cache
+PACKED = {
+    "llama-packed",
+    "code-packed",
+}  # Scheduler(layout="packed"): pages of 1, 4 or 16, prefix caching on or off
+PACKED_CACHE_PAGES = (
+    64  # the packed prompt cache (prompt_cache=4 drawn): at most 64 unreferenced pages cached
+)
+PACKED_STARTS = 40  # packed rows cut their prompts at 0, 40, 80 or 120: many share whole pages of a prefix
 _MODELS: dict = {}
 _REFS: dict = {}
 STATS = {
@@ -68,6 +76,7 @@ STATS = {
     "interrupts": 0,
     "hostile_errors": 0,
     "constrained_checked": 0,
+    "cached_admissions": 0,  # packed rows admitted onto cached or shared pages (admit events with n_cached)
 }
 # the constrained rows' constraints: two schemas, two regexes, choices (a prefix of another among them)
 CONSTRAINTS = (
@@ -155,7 +164,9 @@ def make_machine(family: str):
                 kv_budget_bytes=budget,
                 pipeline=pipeline,
                 history_size=0,
-                prompt_cache=None if kv_bits or layout else prompt_cache,
+                prompt_cache=None
+                if kv_bits or prompt_cache is None
+                else (PACKED_CACHE_PAGES if layout else prompt_cache),
                 seed=max_batch,
                 clock=self.clock,
                 kv_bits=kv_bits,
@@ -181,7 +192,10 @@ def make_machine(family: str):
             STATS["operations"] += 1
 
         def _request(self, n, start, max_tokens, **fields):
-            """A request of ``n`` prompt tokens cut at ``start``, no stop ids."""
+            """A request of ``n`` prompt tokens cut at ``start``, no stop ids. A packed row's
+            ``start`` is one of four (:data:`PACKED_STARTS`), so that prompts share prefixes."""
+            if family in PACKED:
+                start = start // 300 * PACKED_STARTS
             return wb.Request(
                 prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields
             )
@@ -564,6 +578,7 @@ def make_machine(family: str):
                     STATS["hostile_errors"] += 1
             assert self.sched.idle and self.sched.snapshot().kv_bytes == 0
             if family in PACKED:  # its batch holds joining rows too; occupancy counts joined rows only
+                STATS["cached_admissions"] += int((ev[ev.kind == "admit"].n_cached > 0).sum())
                 return
             steps = step_metrics(ev).set_index("step").batch_size
             wrong = {
@@ -605,6 +620,8 @@ def _settings(request):
 def test_random_operation_sequences_keep_every_invariant(family, request):
     machine = make_machine(family)
     machine.TestCase.settings = _settings(request)
-    before = STATS["operations"]
+    before, cached = STATS["operations"], STATS["cached_admissions"]
     machine.TestCase("runTest").runTest()
     assert STATS["operations"] > before
+    if family in PACKED:  # prompts cut at four starts share prefixes: some rows start on cached pages
+        assert STATS["cached_admissions"] > cached

@@ -14,8 +14,8 @@ def _grids():
 
 def test_grids_text_counts_equal_rows_and_where_the_others_first_differ():
     assert view.grids_text(_grids()).splitlines() == [
-        "default   B =  3: 1/3 rows bit-equal to alone at every token; "
-        "the others first differ at token 0: 1, token 1: 1",
+        "default   B =  3: 1/3 rows bit-equal to alone at every token;",
+        "                  the others first differ at token 0: 1, token 1: 1",  # a second line: no wrap
         "invariant B =  3: 3/3 rows bit-equal to alone at every token",
     ]
 
@@ -49,10 +49,10 @@ def test_ops_and_chunks_text_give_verdicts_and_magnitudes_only_when_asked():
         "8)",
     ]
     assert "bit-equal   unchanged" in text[2]
-    assert "2.9e-06" in view.ops_text(ops, magnitudes=True)
+    assert "2.9×10⁻⁶" in view.ops_text(ops, magnitudes=True)  # no e-notation
     chunks = [ChunkFinding(8, 2048, True, 9.5e-7), ChunkFinding(16, 2048, False, 0.0)]
     assert view.chunks_text(chunks).splitlines() == [
         "prefill_step_size     8 vs 2048: tokens equal, log-probs differ",
         "prefill_step_size    16 vs 2048: tokens DIFFER, log-probs bit-equal",
     ]
-    assert "9.5e-07 nats" in view.chunks_text(chunks, magnitudes=True)
+    assert "9.5×10⁻⁷ nats" in view.chunks_text(chunks, magnitudes=True)

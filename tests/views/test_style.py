@@ -104,3 +104,8 @@ def test_png_grid_lays_images_out_in_rows_top_aligned():
     assert (
         to_hex(grid[0, 0, :3]) == "#000000" and to_hex(grid[8, 30, :3]) == "#ffffff"
     )  # under the short image: white
+
+
+def test_scientific_writes_tiny_and_huge_magnitudes_without_e_notation():
+    assert style.scientific(3.8e-6) == "3.8×10⁻⁶" and style.scientific(-1.25e-7, 3) == "-1.25×10⁻⁷"
+    assert style.scientific(1.5e12) == "1.5×10¹²" and style.scientific(0.0) == "0"

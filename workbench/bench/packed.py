@@ -113,13 +113,15 @@ def latency(
     rounds: int,
     scenario: str,
     echo: Callable[[str], None],
+    warm_up: bool = True,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each engine through ``arrivals`` once (warm-up, discarded), then ``rounds`` times
-    alternating. Returns ``(summary, kv)``: per run ``scenario, engine, round`` and TTFT /
-    ITL p50, p95, p99 (seconds), tokens per second of makespan; per workbench run its KV
-    peaks (``peak_held_bytes``, ``peak_token_bytes``, ``peak_allocated_bytes``)."""
+    """Each engine through ``arrivals`` once (warm-up, discarded; not with ``warm_up=False``),
+    then ``rounds`` times alternating. Returns ``(summary, kv)``: per run ``scenario,
+    engine, round`` and TTFT / ITL p50, p95, p99 (seconds), tokens per second of makespan;
+    per workbench run its KV peaks (``peak_held_bytes``, ``peak_token_bytes``,
+    ``peak_allocated_bytes``)."""
     rows, kv = [], []
-    for name in fac:
+    for name in fac if warm_up else ():
         _run(fac[name], arrivals)
     for rnd, name in alternating(list(fac), rounds):
         events, samples = _run(fac[name], arrivals)

@@ -120,7 +120,8 @@ class Scheduler:
     ``TokenizerWrapper``; the settings (:class:`SchedulerConfig`, ``help(wb.SchedulerConfig)``)
     as a config, as keywords, or both (keywords win: ``dataclasses.replace``), held in
     :attr:`config`; ``clock`` ``() -> seconds`` (inject a fake one for deterministic
-    metrics); ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size``; ``adapters``
+    metrics); ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size`` (with
+    ``layout="packed"`` an int: prefix caching, at most that many unreferenced pages kept); ``adapters``
     LoRA adapters ``{name: folder}`` (:mod:`workbench.engine.levers.lora`).
 
     Every call that changes the engine (``submit``, ``admit``, ``step``, ``filter``,
@@ -186,7 +187,7 @@ class Scheduler:
             self.pacing is None and prompt_cache is None and quant is None,
             chunked_padding=self.runner.chunks_padding(),
         )
-        cache = None if prompt_cache is None else self._prompt_cache(prompt_cache, quant)
+        cache = None if prompt_cache is None or self.packed else self._prompt_cache(prompt_cache, quant)
         self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
         if self.packed:
             self._use_pages()
@@ -224,12 +225,15 @@ class Scheduler:
 
     def _use_pages(self) -> None:
         """The packed layout's batch and books (:mod:`workbench.engine.packed`): pages of
-        ``page_size`` positions, ``page_size * full_token_bytes`` bytes each."""
+        ``page_size`` positions, ``page_size * full_token_bytes`` bytes each; an int
+        ``prompt_cache`` turns on prefix caching (at most that many unreferenced pages kept)."""
         cfg = self.config
         page_bytes = cfg.page_size * self.ledger.base.full_token_bytes
         max_pages = None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // page_bytes
         self.ledger = PageLedger(cfg.page_size, page_bytes, cfg)
-        self.state.batch = PackedBatch(cfg.page_size, page_bytes, len(self.model.model.layers), max_pages)
+        self.state.batch = PackedBatch(
+            cfg.page_size, page_bytes, len(self.model.model.layers), max_pages, self._extras["prompt_cache"]
+        )
 
     @contextlib.contextmanager
     def _transaction(self, prompt_cache: bool = False):
@@ -576,10 +580,9 @@ class Scheduler:
         chunks = batch.plan(cfg.token_budget, cfg.packed_schedule)
         if not chunks:
             return []
-        by_uid = {r.uid: b for b, r in enumerate(batch.rows)}
-        sampled = [by_uid[c.uid] for c in chunks if c.samples]
+        logits = batch.forward(self.model, chunks)  # a leader's submit_n followers sample with it
+        sampled = batch.sampled
         rows = [batch.rows[b] for b in sampled]
-        logits = batch.forward(self.model, chunks)
         if rows:
             contexts = [self._context(r, None, b) for b, r in zip(sampled, rows)]
             pending = sample_pending(

@@ -28,6 +28,7 @@ Axis letters: ``T`` packed query tokens of one forward, ``S`` key positions it r
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -71,6 +72,8 @@ class PackedState:
         held_tokens: ``(uid, tokens in its pages)`` per request holding pages.
         last_chunks: the chunks of the latest packed forward (``()`` before the first).
         token_budget: most tokens one packed forward carries (``max_num_batched_tokens``).
+        cached_pages: with prefix caching, the pages no request holds that keep a cached
+            prefix, least recently used first (``None``: prefix caching off).
     """
 
     page_size: int
@@ -81,16 +84,28 @@ class PackedState:
     held_tokens: tuple[tuple[int, int], ...] = ()
     last_chunks: tuple[Chunk, ...] = ()
     token_budget: int = 0
+    cached_pages: tuple[int, ...] | None = None
 
     @property
     def used_pages(self) -> int:
-        """Pages held by requests."""
-        return sum(len(p) for _, p in self.pages)
+        """Distinct pages held by requests (a page shared by several counted once)."""
+        return len({p for _, pages in self.pages for p in pages})
+
+    @property
+    def shared_pages(self) -> tuple[int, ...]:
+        """Pages held by more than one request, sorted."""
+        counts = Counter(p for _, pages in self.pages for p in pages)
+        return tuple(sorted(p for p, n in counts.items() if n > 1))
 
     @property
     def held_bytes(self) -> int:
         """Bytes the requests' pages hold: ``used_pages * page_bytes``."""
         return self.used_pages * self.page_bytes
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the cached pages: ``len(cached_pages) * page_bytes``."""
+        return len(self.cached_pages or ()) * self.page_bytes
 
     @property
     def token_bytes(self) -> int:
@@ -152,16 +167,24 @@ def mask_text(chunks: Sequence[Chunk]) -> str:
 
 
 def page_table_text(state: PackedState) -> str:
-    """The page table: one line per request (uid, tokens, pages), then the free list."""
-    held = dict(state.held_tokens)
+    """The page table: one line per request (uid, tokens, pages; a page shared with
+    another request marked ``*``), then the free list and, with prefix caching, the cached
+    pages. Example line: ``uid 3: 9 tokens in pages [0*, 1*, 4]``."""
+    held, shared = dict(state.held_tokens), set(state.shared_pages)
     lines = [
         f"page table: {state.used_pages}/{state.capacity_pages} pages of {state.page_size} tokens "
         f"({state.page_bytes:,} bytes each): {state.held_bytes:,} bytes held, "
         f"{state.token_bytes:,} bytes of tokens"
     ]
     for uid, pages in state.pages:
-        lines.append(f"  uid {uid}: {held.get(uid, 0)} tokens in pages {list(pages)}")
+        ids = ", ".join(f"{p}{'*' if p in shared else ''}" for p in pages)
+        lines.append(f"  uid {uid}: {held.get(uid, 0)} tokens in pages [{ids}]")
     lines.append(f"  free pages: {list(state.free_pages)}")
+    if state.cached_pages is not None:
+        lines.append(
+            f"  cached pages (least recently used first): {list(state.cached_pages)} "
+            f"({state.cached_bytes:,} bytes); * shared: {len(shared)} page(s)"
+        )
     return "\n".join(lines)
 
 

@@ -31,8 +31,8 @@ EQUAL_COLOR, DIFFERS_COLOR, NONE_COLOR = style.GOOD, style.BAD, style.LATER
 
 
 def grids_text(grids: Sequence) -> str:
-    """One line per grid: rows bit-equal to alone at every token, and where the others
-    first differ (``token t: n rows``)."""
+    """One line per grid: rows bit-equal to alone at every token, and, on an indented
+    second line, where the others first differ (``token t: n`` rows)."""
     lines = []
     for g in grids:
         firsts = [t for t in g.first_differences() if t is not None]
@@ -40,14 +40,15 @@ def grids_text(grids: Sequence) -> str:
         line += " at every token"
         if firsts:
             where = ", ".join(f"token {t}: {firsts.count(t)}" for t in sorted(set(firsts)))
-            line += f"; the others first differ at {where}"
+            line += ";\n" + " " * len("default   B = 32: ") + f"the others first differ at {where}"
         lines.append(line)
     return "\n".join(lines)
 
 
 def render_grids(grids: Sequence, title: str = "") -> Figure:
-    """Rows x tokens panels, one per grid (see the module docstring)."""
-    fig = Figure(figsize=(3.2 * len(grids), 4.2), layout="constrained")
+    """Rows x tokens panels, one per grid (see the module docstring), at most 9.4 in wide
+    (shown unscaled in a JupyterLab output area)."""
+    fig = Figure(figsize=(min(9.4, 3.2 * len(grids)), 4.2), layout="constrained")  # unscaled at 100 dpi
     cmap = ListedColormap([NONE_COLOR, DIFFERS_COLOR, EQUAL_COLOR])  # -1, 0, 1
     axes = fig.subplots(1, len(grids), squeeze=False)[0]
     for ax, g in zip(axes, grids):
@@ -81,7 +82,7 @@ def _verdict(diff: float | None, magnitudes: bool) -> str:
         return "unchanged"
     if diff == 0.0:
         return "bit-equal"
-    return f"{diff:.1e}" if magnitudes else "differs"
+    return style.scientific(diff) if magnitudes else "differs"
 
 
 def ops_text(ops: Sequence, magnitudes: bool = False) -> str:
@@ -106,7 +107,7 @@ def chunks_text(chunks: Sequence, magnitudes: bool = False) -> str:
         lp = (
             "bit-equal"
             if c.max_abs_logprob_diff == 0.0
-            else f"differ by up to {c.max_abs_logprob_diff:.1e} nats"
+            else f"differ by up to {style.scientific(c.max_abs_logprob_diff)} nats"
             if magnitudes
             else "differ"
         )

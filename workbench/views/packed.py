@@ -113,7 +113,8 @@ def render_packed_mask(snap, width_in: float = 9.0) -> Figure:
 
 def render_page_table(snap, width_in: float = 9.0) -> Figure:
     """The page table: one row per request holding pages, one column per page id of the
-    pools; a cell shows how full that page is; the last row marks the free pages."""
+    pools; a cell shows how full that page is (a page shared by several requests in each of
+    their rows); the last row marks the free pages (squares) and the cached ones (diamonds)."""
     state = _packed(snap)
     n, rows = max(state.capacity_pages, 1), list(state.pages)
     held = dict(state.held_tokens)
@@ -131,7 +132,13 @@ def render_page_table(snap, width_in: float = 9.0) -> Figure:
     free = np.argwhere(grid < 0)
     if len(free):
         ax.scatter(free[:, 1], free[:, 0], marker="s", color=style.QUEUED, s=40)
-    ax.set_yticks(range(len(rows) + 1), [f"uid {u}" for u, _ in rows] + ["free"])
+    cached = list(state.cached_pages or ())
+    if cached:  # prefix caching: pages no request holds that keep a prefix
+        ax.scatter(cached, [len(rows)] * len(cached), marker="D", color=style.STATE, s=30)
+    ax.set_yticks(
+        range(len(rows) + 1),
+        [f"uid {u}" for u, _ in rows] + ["free / cached" if state.cached_pages is not None else "free"],
+    )
     ax.set_xlabel("page id")
     ax.set_title(
         f"page table at step {snap.step}: {state.used_pages}/{state.capacity_pages} pages of "

@@ -6,8 +6,9 @@ padded layout (mlx-lm's left-padded batch caches) stays the default.
 
 Modules (each one concept):
 
-- :mod:`.pages` the page table and free list (pure Python; vLLM's ``BlockManager``,
-  nano-vllm's ``block_manager``);
+- :mod:`.pages` the page table, free list, reference counts and cached pages (pure Python;
+  vLLM's ``BlockManager``, nano-vllm's ``block_manager``); :mod:`.prefix` the prefix index of
+  full pages (prefix caching);
 - :mod:`.plan` one iteration's chunks under the token budget (decode first, then
   prefill chunks: Sarathi-Serve's stall-free batches);
 - :mod:`.attention` the paged cache object each layer's own ``Attention`` calls

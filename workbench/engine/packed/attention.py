@@ -74,6 +74,27 @@ class Pools:
                 grow = mx.zeros((self.slots - n, *like.shape[1:]), dtype=like.dtype)
                 pool[layer] = grow if have is None else mx.concatenate([have, grow])
 
+    def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
+        """Copy each ``(source, copy)`` page's ``page_size`` slots into the copy's, in every
+        layer's keys and values (copy-on-write of a shared page), growing the pools to
+        ``slots`` first."""
+        if not pairs:
+            return
+        src, dst = (
+            mx.array(
+                np.concatenate([np.arange(p * page_size, (p + 1) * page_size) for p in pages]).astype(
+                    np.int32
+                )
+            )
+            for pages in zip(*pairs, strict=True)
+        )
+        for layer, have in enumerate(self.keys):
+            if have is None:
+                continue
+            self.fit(layer, have)
+            for pool in (self.keys, self.values):
+                pool[layer][dst] = pool[layer][src]
+
     def clone(self, share: bool = False) -> "Pools":
         """A copy: the same array objects with ``share`` (an engine call's savepoint: the
         live pools keep writing in place, only into slots the copy's page table calls

@@ -11,6 +11,17 @@ surface the scheduler and snapshots share with :class:`workbench.engine.batch.Ba
 (``rows``, ``caches``, ``view``, ``pending``, ``free``, ``fast_path``, ``kv_bytes``,
 ``filter``, ``compact``, ``clone``) keeps one scheduler loop for both layouts.
 
+With prefix caching a joiner takes the pages of its longest cached prefix at
+:meth:`PackedBatch.add` (those tokens count as held: its prefill starts after them), and
+every page a forward fills is indexed for later joiners
+(:mod:`workbench.engine.packed.prefix`). Samples of one ``submit_n`` admitted together
+(:func:`workbench.engine.siblings.shared_rows`) share one prefill: the first (the
+*leader*) prefills; the others (its *followers*) plan nothing until the leader's last
+prompt chunk, then take all its pages (:meth:`PageTable.fork`) and sample their first
+token from the same logits; their first writes copy the shared last page
+(:meth:`PageTable.copy_on_write`). A leader that leaves first (abort, preemption) hands
+its pages and progress to its next follower.
+
 Axis letters: ``B`` requests in the batch (row order = arrival in the batch).
 """
 
@@ -23,6 +34,7 @@ from typing import Any
 import mlx.core as mx
 
 from ...observe.packed import Chunk, PackedState
+from ..siblings import shared_rows
 from ..state import RequestState, Status
 from .attention import Pools, packed_forward
 from .pages import PageTable
@@ -39,11 +51,14 @@ class PackedBatch:
             layers (keys and values). n_layers: the model's layers.
         max_pages: most pages the pools may allocate (``kv_budget_bytes // page_bytes``;
             ``None``: no limit).
+        cache_pages: prefix caching: most unreferenced pages kept cached (``None``: off).
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
         table: the :class:`PageTable`. pools: the :class:`Pools`.
         last_chunks: the chunks of the latest packed forward.
+        follows: follower uid -> its leader's uid (samples waiting for one prefill).
+        sampled: row indices the latest forward's logits are for, in order.
     """
 
     fast_path = "packed"
@@ -52,26 +67,36 @@ class PackedBatch:
     pending = None
     free: tuple[int, ...] = ()  # no free slots: a freed page returns to the free list at once
 
-    def __init__(self, page_size: int, page_bytes: int, n_layers: int, max_pages: int | None = None):
-        self.page_size, self.page_bytes, self.n_layers, self.max_pages = (
-            page_size,
-            page_bytes,
-            n_layers,
-            max_pages,
-        )
+    def __init__(
+        self,
+        page_size: int,
+        page_bytes: int,
+        n_layers: int,
+        max_pages: int | None = None,
+        cache_pages: int | None = None,
+    ):
+        self.page_size, self.page_bytes, self.n_layers = page_size, page_bytes, n_layers
+        self.max_pages, self.cache_pages = max_pages, cache_pages
         self.rows: list[RequestState] = []
         self.held: list[int] = []
-        self.table = PageTable(page_size)
+        self.table = PageTable(page_size, max_pages, cache_pages)
         self.pools = Pools(n_layers)
         self.last_chunks: tuple[Chunk, ...] = ()
+        self.follows: dict[int, int] = {}
+        self.sampled: list[int] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes the requests' pages hold: ``used pages * page_bytes``."""
+        """Bytes the requests' pages hold: ``used pages * page_bytes`` (a shared page once)."""
         return self.table.used * self.page_bytes
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the cached pages no request holds: ``cached pages * page_bytes``."""
+        return len(self.table.cached) * self.page_bytes
 
     @property
     def pool_bytes(self) -> int:
@@ -79,16 +104,42 @@ class PackedBatch:
         return self.pools.slots // self.page_size * self.page_bytes
 
     def add(self, states: Sequence[RequestState]) -> None:
-        """Append joining rows (nothing of them in pages yet)."""
-        self.rows += list(states)
-        self.held += [0] * len(states)
+        """Append joining rows: each takes the pages of its longest cached prefix (those
+        tokens held; ``cached_tokens`` set); a ``submit_n`` sample admitted with its
+        group's first member follows it (nothing of its own in pages)."""
+        leaders = shared_rows(states)
+        for b, s in enumerate(states):
+            hit = self.table.match(s.inputs) if leaders[b] == b else []
+            self.table.share(s.uid, hit)
+            if leaders[b] != b:
+                self.follows[s.uid] = states[leaders[b]].uid
+            s.cached_tokens = len(hit) * self.page_size
+            self.rows.append(s)
+            self.held.append(s.cached_tokens)
+
+    def _promote(self, leaving: Sequence[int] = ()) -> None:
+        """A follower whose leader finished or is ``leaving`` (uids) takes its leader's
+        pages and progress and leads the others; a finished follower stops following."""
+        alive = {r.uid for r in self.rows if not r.finished and r.uid not in set(leaving)}
+        held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
+        for b, f in [(b, r.uid) for b, r in enumerate(self.rows) if r.uid in self.follows]:
+            lead = self.follows[f]
+            if f in alive and lead in alive:
+                continue
+            del self.follows[f]
+            if f not in alive:
+                continue
+            self.table.fork(lead, f)
+            self.held[b] = held[f] = held.get(lead, 0)
+            self.follows.update({g: f for g, ld in self.follows.items() if ld == lead})
 
     def wants(self) -> list[Want]:
-        """Each unfinished row's work (:class:`Want`), row order."""
+        """Each unfinished row's work (:class:`Want`), row order; a follower has none."""
+        self._promote()
         return [
             Want(r.uid, h, len(r.inputs), r.status is Status.RUNNING)
             for r, h in zip(self.rows, self.held, strict=True)
-            if not r.finished
+            if not r.finished and r.uid not in self.follows
         ]
 
     def plan(self, budget: int, schedule: str = "hybrid") -> tuple[Chunk, ...]:
@@ -96,34 +147,58 @@ class PackedBatch:
         return plan_chunks(self.wants(), budget, schedule)
 
     def forward(self, model: Any, chunks: Sequence[Chunk]) -> mx.array:
-        """Reserve the chunks' pages (growing the pools by at least 1/8 when the free list
-        runs out), run the packed forward, count the chunks' tokens as held. Returns the
-        logits ``[R, V]`` of the sampling chunks, in chunk order."""
+        """Copy the shared pages the chunks write into, reserve the chunks' pages (growing
+        the pools by at least 1/8 when the free list runs out), run the packed forward,
+        count the chunks' tokens as held and index the pages they filled; a leader's
+        followers take its pages at its sampling chunk. Returns the logits ``[R, V]`` of
+        the rows that sample (:attr:`sampled`: each sampling chunk's row, then its followers)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
+        copies = []
         for c in chunks:
+            copies += self.table.copy_on_write(c.uid, c.start, c.end)
             self.table.reserve(c.uid, c.end)
         have = self.pools.slots // self.page_size
         if self.table.capacity > have:
             grown = max(self.table.capacity, have + math.ceil(have / GROWTH))
             self.pools.slots = min(grown, max(self.max_pages or grown, self.table.capacity)) * self.page_size
+        self.pools.copy_pages(copies, self.page_size)
         tokens = [t for c in chunks for t in self.rows[by_uid[c.uid]].inputs[c.start : c.end]]
         logits = packed_forward(model, self.pools, self.table, chunks, tokens)
         for c in chunks:
             self.held[by_uid[c.uid]] = c.end
+            self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
         self.last_chunks = tuple(chunks)
-        return logits
+        return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
+
+    def _fan_out(self, logits: mx.array, sampling: list[int]) -> mx.array:
+        """Each sampling row's followers take its pages and its logits row; sets
+        :attr:`sampled`. Returns ``logits`` ``[R, V]`` with a row repeated per follower."""
+        self.sampled, take = [], []
+        for i, b in enumerate(sampling):
+            lead = self.rows[b].uid
+            joined = [f for f, r in enumerate(self.rows) if self.follows.get(r.uid) == lead]
+            for f in joined:
+                self.table.fork(lead, self.rows[f].uid)
+                self.held[f] = self.held[b]
+                del self.follows[self.rows[f].uid]
+            self.sampled += [b, *joined]
+            take += [i] * (1 + len(joined))
+        return logits if len(take) == len(sampling) else logits[mx.array(take)]
 
     def settle(self) -> None:
         """Evaluate the pools (a forward whose logits nobody reads still wrote them)."""
         mx.eval([a for a in self.pools.keys + self.pools.values if a is not None])
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
-        """Keep only rows ``keep`` (sorted row indices); the others' pages go back to the
-        free list at once (``reuse_slots`` has no meaning here)."""
+        """Keep only rows ``keep`` (sorted row indices); the others' pages go back at
+        once (a count reaching 0: the free list, or the cached pages), a leaving leader's
+        to its next follower first (``reuse_slots`` has no meaning here)."""
         keep = set(keep)
+        self._promote([r.uid for b, r in enumerate(self.rows) if b not in keep])
         for b, r in enumerate(self.rows):
             if b not in keep:
                 self.table.free(r.uid)
+                self.follows.pop(r.uid, None)
         self.rows = [r for b, r in enumerate(self.rows) if b in keep]
         self.held = [h for b, h in enumerate(self.held) if b in keep]
 
@@ -134,15 +209,17 @@ class PackedBatch:
     def clone(
         self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False
     ) -> "PackedBatch":
-        """An independent copy (page table copied; pools as :meth:`Pools.clone` with
-        ``share=share_appended``); ``state_of`` maps each row's state to the copy's."""
-        out = PackedBatch(self.page_size, self.page_bytes, self.n_layers, self.max_pages)
+        """An independent copy (page table copied, its hand-out counts shared with
+        ``share_appended``; pools as :meth:`Pools.clone` with ``share=share_appended``);
+        ``state_of`` maps each row's state to the copy's."""
+        out = PackedBatch(self.page_size, self.page_bytes, self.n_layers, self.max_pages, self.cache_pages)
         out.rows, out.held = [state_of(r) for r in self.rows], list(self.held)
         out.table, out.pools, out.last_chunks = (
-            self.table.clone(),
+            self.table.clone(share_handouts=share_appended),
             self.pools.clone(share_appended),
             self.last_chunks,
         )
+        out.follows, out.sampled = dict(self.follows), list(self.sampled)
         return out
 
     def state(self, token_budget: int) -> PackedState:
@@ -158,26 +235,24 @@ class PackedBatch:
             tuple((u, held[u]) for u, _ in pages),
             self.last_chunks,
             token_budget,
+            None if self.table.index is None else tuple(self.table.cached),
         )
 
     def problems(self) -> list[str]:
-        """What disagrees in the books: a row's pages against its held tokens, a page held
-        twice or both held and free, pools smaller than the pages handed out."""
-        out = []
-        seen: list[int] = []
+        """What disagrees in the books: a row's pages against its held tokens, the page
+        table's own books (:meth:`PageTable.problems`), a follower holding pages or
+        following a uid not in the batch, pools smaller than the pages handed out."""
+        out, uids = self.table.problems(), {r.uid for r in self.rows}
         for r, h in zip(self.rows, self.held, strict=True):
             n = len(self.table.pages.get(r.uid, []))
             if n < self.table.pages_for(h) or h > len(r.inputs):
                 out.append(
                     f"uid {r.uid}: {h} tokens held, {len(r.inputs)} known, in {n} page(s) of {self.page_size}"
                 )
-            seen += self.table.pages.get(r.uid, [])
-        if set(self.table.pages) - {r.uid for r in self.rows}:
-            out.append(
-                f"pages held by uids not in the batch: {sorted(set(self.table.pages) - {r.uid for r in self.rows})}"
-            )
-        if len(seen) != len(set(seen)) or set(seen) & set(self.table.free_list):
-            out.append("a page is held twice, or held and free")
+            if r.uid in self.follows and (n or h or self.follows[r.uid] not in uids):
+                out.append(f"uid {r.uid} follows uid {self.follows[r.uid]} but holds {n} page(s)")
+        if set(self.table.pages) - uids:
+            out.append(f"pages held by uids not in the batch: {sorted(set(self.table.pages) - uids)}")
         if self.table.capacity * self.page_size > self.pools.slots and self.pools.keys[0] is not None:
             out.append(f"{self.table.capacity} pages handed out, pools of {self.pools.slots} slots")
         return out

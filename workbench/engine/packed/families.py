@@ -13,8 +13,10 @@ The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a
 joins once the solo oracle passes on it); refused now: every other family (not checked
 under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
 (a state per request, not pages), and these settings: ``kv_bits`` (quantized pages are
-not built), ``max_kv_size``, ``batch_invariant``, ``pacing``, ``speculative``, LoRA ``adapters`` and a
-``prompt_cache`` (not wired to pages yet).
+not built), ``max_kv_size``, ``batch_invariant``, ``pacing``, ``speculative``, LoRA ``adapters``, and a
+``prompt_cache`` other than an int (the packed layout caches pages: ``prompt_cache=N`` turns
+on prefix caching, keeping at most ``N`` unreferenced pages; an mlx-lm ``LRUPromptCache``
+holds whole mlx-lm caches, not pages).
 """
 
 from __future__ import annotations
@@ -62,9 +64,20 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
             "the pacer times padded prefill chunks; the packed layout's budget is max_num_batched_tokens",
         ),
         ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
-        ("prompt_cache", prompt_cache is not None, "stored prefixes are not copied into pages yet"),
+        (
+            "prompt_cache",
+            prompt_cache is not None and not _pages(prompt_cache),
+            "its prompt cache is pages: prompt_cache=N (an int >= 0, the most unreferenced pages kept "
+            f"cached), not {type(prompt_cache).__name__} {prompt_cache!r} (an mlx-lm LRUPromptCache holds "
+            "mlx-lm caches, not pages)",
+        ),
         ("speculative", config.speculative is not None, "a verify forward of draft tokens is not packed yet"),
     ]
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")
+
+
+def _pages(prompt_cache: Any) -> bool:
+    """Whether ``prompt_cache`` is a packed prompt cache's size: an int ``>= 0`` (pages)."""
+    return isinstance(prompt_cache, int) and not isinstance(prompt_cache, bool) and prompt_cache >= 0

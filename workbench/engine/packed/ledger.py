@@ -1,25 +1,37 @@
 """The KV books of the packed layout, in pages: bytes held, the projection admission
 checks against ``kv_budget_bytes``, and refusals at ``submit``.
 
-Knows: the page size and bytes, request states' token counts. Must not know: the policy, MLX.
+Knows: the page size and bytes, request states' token counts, the batch's page table and
+``submit_n`` followers. Must not know: the policy, MLX.
 
 A request reserves the pages of everything it may hold, ``ceil((prompt + max_tokens) /
 page_size)``, from admission until ``filter()`` evicts it (a finished row: the pages it
 holds). So a step never runs out of pages and never preempts mid-forward; the pages it
-actually holds (``PackedBatch.kv_bytes``) grow one at a time as its tokens arrive::
+actually holds (``PackedBatch.kv_bytes``) grow one at a time as its tokens arrive. A page
+several requests share counts once::
 
-    projected = page_bytes * (sum over rows kept of their reserve + sum over joiners)
-    held      = page_bytes * pages handed out            <= projected <= kv_budget_bytes
+    projected = page_bytes * (|pages held by rows kept  U  pages joiners find cached|
+                              + sum over rows kept of (reserve - pages held)
+                              + sum over joiners of (reserve - pages found cached))
+    held      = page_bytes * distinct pages handed out      <= projected <= kv_budget_bytes
+
+A row whose partly filled last page another holds too reserves one page more (its write
+copies the page first); a ``submit_n`` follower reserves the pages past its prompt (its
+leader's, which it will share) plus that copy, and so does its leader's copy. Cached pages
+no request holds (the prompt cache) are not reserved: a page taken when the pools are at
+the budget evicts the least recently used of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..kv.allocation import RowTokens
 from ..kv.ledger import Held
+from ..siblings import shared_rows
 
 
 @dataclass(frozen=True)
@@ -30,11 +42,17 @@ class PagePlan:
     Attributes:
         page_size: positions per page. page_bytes: bytes of one page.
         rows: ``(uid, reserved pages)`` of each row in the batch.
+        held: ``(uid, pages held)`` of each row in the batch (``()``: none shared, the
+            reserve alone counts).
+        joining: joiners -> ``(pages they would share, pages they would add)``
+            (``None``: each joiner adds the pages of its ``final_tokens``).
     """
 
     page_size: int
     page_bytes: int
     rows: tuple[tuple[int, int], ...] = ()
+    held: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    joining: Callable[[Sequence[RowTokens]], tuple[set[int], int]] | None = field(default=None, compare=False)
 
     def pages(self, tokens: int) -> int:
         """Pages for ``tokens`` positions."""
@@ -43,10 +61,19 @@ class PagePlan:
     def projected_bytes(
         self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (), started: bool = False
     ) -> int:
-        """Bytes reserved by the rows not in ``dropped`` plus ``joiners`` (their
-        ``final_tokens``). ``started`` is accepted for :class:`KVPlan`'s signature."""
-        kept = sum(n for uid, n in self.rows if uid not in set(dropped))
-        return self.page_bytes * (kept + sum(self.pages(j.final_tokens) for j in joiners))
+        """Bytes reserved by the rows not in ``dropped`` plus ``joiners``, a shared page
+        once. ``started`` is accepted for :class:`KVPlan`'s signature."""
+        gone = set(dropped)
+        held = {uid: pages for uid, pages in self.held if uid not in gone}
+        distinct = {p for pages in held.values() for p in pages}
+        future = sum(n - len(held.get(uid, ())) for uid, n in self.rows if uid not in gone)
+        if self.joining is not None and joiners:
+            shared, added = self.joining(joiners)
+            distinct |= shared
+            future += added
+        else:
+            future += sum(self.pages(j.final_tokens) for j in joiners)
+        return self.page_bytes * (len(distinct) + future)
 
 
 class PageLedger:
@@ -61,19 +88,60 @@ class PageLedger:
     def __init__(self, page_size: int, page_bytes: int, config: Any):
         self.page_size, self.page_bytes, self.config = page_size, page_bytes, config
 
-    def _reserve(self, s: Any, held_pages: int) -> int:
+    def _pages(self, tokens: int) -> int:
+        return -(-max(tokens, 0) // self.page_size)
+
+    def _final(self, s: Any) -> int:
+        return self._pages(len(s.valid.prompt_ids) + s.valid.request.max_tokens)
+
+    def _follower(self, s: Any) -> int:
+        """Pages a ``submit_n`` follower adds to its leader's: past its prompt's, and the
+        copy of the shared last page when the prompt ends inside one."""
+        return self._final(s) - self._pages(len(s.inputs)) + bool(len(s.inputs) % self.page_size)
+
+    def _reserve(self, s: Any, pages: Sequence[int], held: int, st: Any) -> int:
+        """Pages row ``s`` (holding ``pages``, ``held`` tokens) may hold in all."""
+        batch = st.batch
         if s.finished:
-            return held_pages
-        return -(-(len(s.valid.prompt_ids) + s.valid.request.max_tokens) // self.page_size)
+            return len(pages)
+        if s.uid in batch.follows:
+            return self._follower(s)
+        copy = s.uid in batch.follows.values() and len(s.inputs) % self.page_size  # its followers will share
+        copy = copy or (held % self.page_size and batch.table.refs.get(pages[-1], 0) > 1)
+        return max(self._final(s), len(pages)) + bool(copy)
+
+    def _joining(self, st: Any) -> Callable[[Sequence[RowTokens]], tuple[set[int], int]]:
+        """What joiners would add to ``st``'s batch: each takes its cached prefix
+        (:meth:`PageTable.match`), a ``submit_n`` sample admitted with its group's first
+        member follows it (:func:`workbench.engine.siblings.shared_rows`)."""
+        table, found = st.batch.table, {}
+
+        def joining(joiners: Sequence[RowTokens]) -> tuple[set[int], int]:
+            states = [st.requests[j.uid] for j in joiners]
+            leaders = shared_rows(states)
+            led, shared, added = Counter(leaders), set(), 0
+            for b, s in enumerate(states):
+                if leaders[b] != b:
+                    added += self._follower(s)
+                    continue
+                if s.uid not in found:
+                    found[s.uid] = table.match(s.inputs)
+                shared.update(found[s.uid])
+                copy = led[b] > 1 and len(s.inputs) % self.page_size
+                added += self._final(s) - len(found[s.uid]) + bool(copy)
+            return shared, added
+
+        return joining
 
     def plan(self, st: Any) -> PagePlan:
         """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now."""
-        table = st.batch.table
-        return PagePlan(
-            self.page_size,
-            self.page_bytes,
-            tuple((r.uid, self._reserve(r, len(table.pages.get(r.uid, [])))) for r in st.batch.rows),
+        batch = st.batch
+        held = tuple((r.uid, tuple(batch.table.pages.get(r.uid, ()))) for r in batch.rows)
+        rows = tuple(
+            (r.uid, self._reserve(r, pages, h, st))
+            for r, (_, pages), h in zip(batch.rows, held, batch.held, strict=True)
         )
+        return PagePlan(self.page_size, self.page_bytes, rows, held, self._joining(st))
 
     def projected_bytes(self, st: Any) -> int:
         """Bytes the batch's rows reserve now (0 when idle)."""
@@ -97,9 +165,11 @@ class PageLedger:
         )
 
     def held(self, st: Any) -> Held:
-        """Bytes held now: the pages handed out (no prefilling group, no prompt cache)."""
-        return Held(st.batch.kv_bytes, 0, 0)
+        """Bytes held now: the distinct pages handed out, and the cached pages no request
+        holds as the prompt cache's bytes (no prefilling group)."""
+        return Held(st.batch.kv_bytes, 0, st.batch.cached_bytes)
 
     def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
-        """Nothing to trim (no prompt cache in the packed layout). Returns 0."""
+        """Nothing to trim: cached pages are evicted when a page is taken at the budget
+        (:meth:`workbench.engine.packed.pages.PageTable.reserve`). Returns 0."""
         return 0

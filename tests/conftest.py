@@ -88,6 +88,23 @@ def prompt(bundled):
     return prompt_maker(tokenizer)
 
 
+@functools.cache
+def _solo_references():
+    from tests.references import SoloReferences
+
+    return SoloReferences()
+
+
+@pytest.fixture
+def solo_references_once(monkeypatch):
+    """``oracle.solo_reference`` (and so ``oracle.solo_check``) through the session's memo
+    (``tests/references.py``): each mlx-lm solo run once per model, request and settings. For
+    modules that patch nothing the reference runs through (``pytest.mark.usefixtures``)."""
+    from workbench.verify import oracle
+
+    monkeypatch.setattr(oracle, "solo_reference", _solo_references())
+
+
 @pytest.fixture
 def two_request_events():
     """A hand-written event log of two requests (times in seconds, steps 0..3).
@@ -133,20 +150,55 @@ def pytest_addoption(parser):
     )
 
 
+def _counts() -> dict:
+    """This process's counts for the summary: the fuzzer's (``tests.verify.test_fuzz.STATS``)
+    and the solo-reference memo's (``tests/references.py``); empty where neither ran."""
+    module = sys.modules.get("tests.verify.test_fuzz")
+    counts = dict(module.STATS) if module else {}
+    if _solo_references.cache_info().currsize:
+        counts |= {"solo_runs": _solo_references().runs, "solo_reused": _solo_references().reused}
+    return counts
+
+
+# Under pytest-xdist (pyproject's ``-n``) the workers run the tests and the controller prints the
+# summary: each worker hands over its GPU skips and counts when it finishes.
+WORKER_COUNTS: dict[str, int] = {}
+
+
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if output is not None:
+        output["gpu_skipped"] = list(GPU_SKIPPED)
+        output["counts"] = _counts()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", None) or {}
+    GPU_SKIPPED[:] = sorted(set(GPU_SKIPPED) | set(output.get("gpu_skipped", ())))
+    for name, count in output.get("counts", {}).items():
+        WORKER_COUNTS[name] = WORKER_COUNTS.get(name, 0) + count
+
+
 def pytest_terminal_summary(terminalreporter):
     if GPU_SKIPPED:
         terminalreporter.write_line(f"gpu: {len(GPU_SKIPPED)} test(s) skipped: {GPU_SKIP}")
-    try:
-        from tests.verify.test_fuzz import STATS
-    except ImportError:
-        return
-    if STATS["operations"]:
+    stats = _counts()
+    for name, count in WORKER_COUNTS.items():
+        stats[name] = stats.get(name, 0) + count
+    if stats.get("solo_runs"):
         terminalreporter.write_line(
-            f"fuzzer: {STATS['operations']} operations, {STATS['rows_checked']} finished rows checked "
-            f"against solo, {STATS['divergences']} divergences, {STATS['restores']} checkpoint restores "
-            f"repeated their continuation, {STATS['interrupts']} interrupted operations left the engine unchanged, "
-            f"{STATS.get('hostile_errors', 0)} hostile rows ended alone with their error, "
-            f"{STATS.get('constrained_checked', 0)} constrained rows kept their grammar"
+            f"solo references (tests/references.py): {stats['solo_runs']} mlx-lm runs, "
+            f"{stats.get('solo_reused', 0)} reused"
+        )
+    if stats.get("operations"):
+        n = lambda name: stats.get(name, 0)
+        terminalreporter.write_line(
+            f"fuzzer: {n('operations')} operations, {n('rows_checked')} finished rows checked "
+            f"against solo, {n('divergences')} divergences, {n('restores')} checkpoint restores "
+            f"repeated their continuation, {n('interrupts')} interrupted operations left the engine unchanged, "
+            f"{n('hostile_errors')} hostile rows ended alone with their error, "
+            f"{n('constrained_checked')} constrained rows kept their grammar"
         )
 
 

@@ -7,6 +7,7 @@ import sys
 import pandas as pd
 import pytest
 
+from tests.cli_process import run_workbench
 from workbench.cli import main
 from workbench.demo import run_demo
 
@@ -29,25 +30,8 @@ def test_demo_prints_table_and_oracle_and_writes_outputs(tmp_path):
 
 
 def test_demo_console_script_runs_with_mlx_lm_style_flags(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench.cli",
-            "demo",
-            "--max-batch",
-            "2",
-            "--max-tokens",
-            "8",
-            "--prefill-step-size",
-            "32",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    args = ("--max-batch", "2", "--max-tokens", "8", "--prefill-step-size", "32", "--out", str(tmp_path))
+    out = run_workbench("demo", *args, timeout_s=600)
     assert out.returncode == 0, out.stderr
     assert "max_batch 2" in out.stdout and "oracle: 14/14 rows match solo" in out.stdout
 

@@ -2,14 +2,13 @@
 through the same code on the CPU, and the real command on a GPU (``gpu`` marker). No
 timing thresholds: the measured numbers are in docs/gpu.md."""
 
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.cli_process import run_workbench
 from workbench.bench.gpu import (
     GPU_CONFIG,
     GPU_QUICK_CONFIG,
@@ -46,43 +45,13 @@ def test_quick_config_runs_through_the_same_code_on_the_cpu_and_both_engines_agr
 def test_device_gpu_on_the_cpu_is_refused_with_a_one_line_error(tmp_path):
     if on_gpu():
         pytest.skip("this machine has a GPU")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench.cli",
-            "bench",
-            "--device",
-            "gpu",
-            "--quick",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = run_workbench("bench", "--device", "gpu", "--quick", "--out", str(tmp_path))
     assert out.returncode == 2 and "--device gpu needs a GPU" in out.stderr
 
 
 @pytest.mark.gpu
 def test_quick_gpu_bench_runs_on_the_gpu_and_writes_its_files(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workbench.cli",
-            "bench",
-            "--device",
-            "gpu",
-            "--quick",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = run_workbench("bench", "--device", "gpu", "--quick", "--out", str(tmp_path), timeout_s=600)
     assert out.returncode == 0, out.stderr
     assert "| 8 |" in out.stdout and "% of bound" in out.stdout
     assert {p.name for p in (tmp_path / "gpu-bench").iterdir()} == {
@@ -109,10 +78,5 @@ def test_the_gpu_bench_takes_a_loaded_model_through_the_same_code(capsys):
 
 
 def test_model_without_device_gpu_is_refused():
-    out = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "bench", "--model", "tiny-llama"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_workbench("bench", "--model", "tiny-llama", timeout_s=120)
     assert out.returncode != 0 and "--model is for --device gpu" in out.stderr

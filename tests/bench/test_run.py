@@ -4,12 +4,11 @@ numbers, the files it writes. No timing thresholds: speed claims come from the f
 
 import math
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
+from tests.cli_process import run_workbench
 from workbench.bench.files import read_meta
 from workbench.bench.report import (
     CSV_FILES,
@@ -38,13 +37,7 @@ def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     (out / "benchmarks.md").write_text(f"old text\n{NOTES_MARKER}\nhand-written diagnosis\n")
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "bench", "--quick", "--no-real-model", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    proc = run_workbench("bench", "--quick", "--no-real-model", "--out", str(out), timeout_s=600, env=env)
     return proc, out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import sys
 from pathlib import Path
 
@@ -163,22 +164,30 @@ class LineTracer:
             sys.settrace(None)
 
 
-def facts_of(events):
-    return [
-        (
-            e.kind,
-            e.uid,
-            e.step,
-            e.row,
-            e.token,
-            e.n_tokens,
-            e.n_cached,
-            e.finish_reason,
-            e.join_mode,
-            e.message,
-        )
-        for e in events
-    ]
+# What an event says apart from its clock time (equal runs give equal facts), in this order.
+FACTS = (
+    "kind",
+    "uid",
+    "step",
+    "row",
+    "token",
+    "n_tokens",
+    "n_cached",
+    "finish_reason",
+    "join_mode",
+    "message",
+)
+# FACTS with the token's log-prob after the token (tests/engine/test_checkpoint.py)
+FACTS_WITH_LOGPROB = (*FACTS[:5], "logprob", *FACTS[5:])
+
+
+def facts_of(events, fields: tuple[str, ...] = FACTS) -> list[tuple]:
+    """Each event as the tuple of its ``fields`` (a NaN, e.g. no log-prob, as None), for equality."""
+    return [tuple(_plain(getattr(e, name)) for name in fields) for e in events]
+
+
+def _plain(value):
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def engine_state(sched):

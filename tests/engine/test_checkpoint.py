@@ -3,34 +3,18 @@ returned to exactly, and branched into an independent scheduler on the same weig
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 import pytest
 
 import workbench as wb
+from tests.engine.interrupts import FACTS_WITH_LOGPROB, facts_of
 
 pytestmark = pytest.mark.model
 
 
 def event_facts(events):
     """Events without their times (and NaN log-probs as None), for equality."""
-    return [
-        (
-            e.kind,
-            e.uid,
-            e.step,
-            e.row,
-            e.token,
-            None if math.isnan(e.logprob) else e.logprob,
-            e.n_tokens,
-            e.n_cached,
-            e.finish_reason,
-            e.join_mode,
-            e.message,
-        )
-        for e in events
-    ]
+    return facts_of(events, FACTS_WITH_LOGPROB)
 
 
 def outcome(sched, since=0):

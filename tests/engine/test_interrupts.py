@@ -35,6 +35,7 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
+from tests.families import CACHE_FAMILIES
 from workbench.engine.checkpoint import EngineState
 from workbench.engine.kv.ledger import alone_bytes
 from workbench.engine.runner import ModelRunner
@@ -46,13 +47,7 @@ from .interrupts import Injector, LineTracer, engine_state, facts_of, layer_list
 
 pytestmark = pytest.mark.model
 
-FAMILIES = {
-    "llama": ("tiny-llama", None),
-    "gemma3": ("tiny-gemma3", None),
-    "qwen3next": ("tiny-qwen3-next", None),
-    "mamba2": ("tiny-mamba2", None),
-    "qwen3-max-kv": ("tiny-qwen3", 8),
-}
+FAMILIES = CACHE_FAMILIES
 _MODELS: dict = {}
 
 

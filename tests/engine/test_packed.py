@@ -12,7 +12,7 @@ from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
 from workbench.workloads.workload import prompt_of_length
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("solo_references_once")]
 
 SPECS = ((3, 12), (60, 9), (17, 14), (1, 5), (33, 10), (9, 16))  # (prompt tokens, max_tokens)
 

@@ -9,7 +9,7 @@ import pytest
 import workbench as wb
 from workbench.verify import oracle
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("solo_references_once")]
 
 
 @pytest.mark.parametrize("interleave", [False, True])

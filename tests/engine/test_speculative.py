@@ -18,7 +18,7 @@ from workbench.engine.levers.speculative import accepted_counts, lookup_drafts, 
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("solo_references_once")]
 
 # prompts that repeat themselves (prompt lookup finds drafts) and ones that do not
 CODE = [

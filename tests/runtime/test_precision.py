@@ -2,12 +2,11 @@
 report (workbench.runtime.device); the GPU-only checks carry the ``gpu`` marker."""
 
 import os
-import subprocess
-import sys
 
 import mlx.core as mx
 import pytest
 
+from tests.cli_process import run_workbench
 from workbench.runtime import device, precision
 
 
@@ -53,9 +52,7 @@ def test_an_installed_cuda_wheel_without_a_cuda_backend_is_named_with_its_fix(mo
 def test_on_the_gpu_float32_matmuls_run_at_full_precision_and_info_says_so():
     assert device.device_report().backend == "cuda" and device.cuda_install_note() is None
     assert precision.float32_matmul_error() < precision.TF32_ERROR
-    out = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "info"], capture_output=True, text=True, timeout=300
-    )
+    out = run_workbench("info")
     assert out.returncode == 0, out.stderr
     assert "device: gpu (cuda)" in out.stdout and "float32 matmuls: full float32" in out.stdout
 
@@ -63,9 +60,7 @@ def test_on_the_gpu_float32_matmuls_run_at_full_precision_and_info_says_so():
 @pytest.mark.gpu
 def test_on_the_gpu_a_user_who_allows_tf32_gets_it_and_info_says_so():
     env = {**os.environ, precision.ENV: "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "info"], capture_output=True, text=True, timeout=300, env=env
-    )
+    out = run_workbench("info", env=env)
     assert out.returncode == 0, out.stderr
     assert "float32 matmuls: TF32 (reduced precision)" in out.stdout and "set by the user" in out.stdout
 
@@ -73,12 +68,6 @@ def test_on_the_gpu_a_user_who_allows_tf32_gets_it_and_info_says_so():
 @pytest.mark.gpu
 def test_on_the_gpu_with_tf32_allowed_the_demo_explains_every_mismatch_by_precision(tmp_path):
     env = {**os.environ, precision.ENV: "1"}
-    out = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "demo", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    out = run_workbench("demo", "--out", str(tmp_path), timeout_s=600, env=env)
     assert "float32 matmuls: TF32 (reduced precision)" in out.stdout, out.stdout + out.stderr
     assert "MISMATCH (divergence)" not in out.stdout, out.stdout

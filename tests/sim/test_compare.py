@@ -10,13 +10,13 @@ from matplotlib.figure import Figure
 import workbench as wb
 from workbench.observe.events import Event
 from workbench.observe.metrics import SLO
-from workbench.observe.report import build_report
 from workbench.runtime.modelref import ModelRef
 from workbench.sim.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
 from workbench.sim.costmodel import CostModel
-from workbench.sim.replay import SAMPLE_COLUMNS, Replay
 from workbench.views.replay import latency_cdf_text, occupancy_text, render_latency_cdfs, render_occupancy
 from workbench.workloads.workload import Workload
+
+from .replays import hand_replay
 
 COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
 
@@ -40,16 +40,13 @@ def _hand_run(name="hand"):
         Event("finish", 1, 3, 4.0, finish_reason="length"),
         Event("evict", 1, 4, 4.0),
     ]
-    samples = pd.DataFrame(
-        [
-            (0.0, 0, 1, 1, 0, 100, 4, 4, 0),
-            (2.0, 1, 2, 0, 0, 300, 6, 12, 3),
-            (3.0, 3, 1, 0, 0, 200, 3, 3, 0),
-            (4.0, 4, 0, 0, 0, 0, 0, 0, 0),
-        ],
-        columns=SAMPLE_COLUMNS,
-    )
-    return Replay(name=name, config={}, mode="cost", report=build_report(ev), samples=samples)
+    samples = [
+        (0.0, 0, 1, 1, 0, 100, 4, 4, 0),
+        (2.0, 1, 2, 0, 0, 300, 6, 12, 3),
+        (3.0, 3, 1, 0, 0, 200, 3, 3, 0),
+        (4.0, 4, 0, 0, 0, 0, 0, 0, 0),
+    ]
+    return hand_replay(ev, samples, name)
 
 
 def test_a_summary_row_has_exact_latencies_rates_kv_and_padding():
@@ -116,13 +113,7 @@ def test_the_figures_have_one_panel_per_latency_and_two_for_occupancy():
 
 
 def test_an_empty_run_summarizes_to_nans_not_errors():
-    run = Replay(
-        name="empty",
-        config={},
-        mode="cost",
-        report=build_report([]),
-        samples=pd.DataFrame(columns=SAMPLE_COLUMNS),
-    )
+    run = hand_replay(name="empty")
     row = summary_row(run)
     assert row["requests"] == 0 and math.isnan(row["ttft_p50_s"]) and row["peak_kv_bytes"] == 0
     assert math.isnan(row["slo_attainment"]) and math.isnan(row["goodput_req_per_s"])

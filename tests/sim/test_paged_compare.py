@@ -10,10 +10,10 @@ import pytest
 import workbench as wb
 from workbench.observe.events import Event
 from workbench.observe.paged import layout_columns
-from workbench.observe.report import build_report
 from workbench.sim.compare import COMPARE_COLUMNS, summary_row
 from workbench.sim.costmodel import CostModel
-from workbench.sim.replay import SAMPLE_COLUMNS, Replay
+
+from .replays import hand_replay
 
 COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
 
@@ -22,16 +22,8 @@ def test_a_summary_row_takes_the_paged_peak_and_the_padding_tax_from_the_layouts
     layouts = pd.DataFrame([{c: 0 for c in layout_columns()} for _ in range(2)])
     layouts["padded_bytes"] = [1000, 3000]
     layouts["paged_bytes_b16"] = [200, 800]
-    run = Replay(
-        name="hand",
-        config={},
-        mode="cost",
-        report=build_report([Event("submit", 0, 0, 0.0, n_tokens=1)]),
-        samples=pd.DataFrame(
-            [(0.0, 0, 1, 0, 0, 1000, 4, 4, 0), (1.0, 1, 2, 0, 0, 3000, 6, 12, 3)], columns=SAMPLE_COLUMNS
-        ),
-        layouts=layouts,
-    )
+    samples = [(0.0, 0, 1, 0, 0, 1000, 4, 4, 0), (1.0, 1, 2, 0, 0, 3000, 6, 12, 3)]
+    run = hand_replay([Event("submit", 0, 0, 0.0, n_tokens=1)], samples, layouts=layouts)
     row = summary_row(run)
     assert list(row) == COMPARE_COLUMNS
     assert row["paged_peak_bytes_b16"] == 800 and row["peak_kv_bytes"] == 3000
@@ -39,13 +31,7 @@ def test_a_summary_row_takes_the_paged_peak_and_the_padding_tax_from_the_layouts
 
 
 def test_a_run_without_layouts_has_no_paged_numbers():
-    run = Replay(
-        name="empty",
-        config={},
-        mode="cost",
-        report=build_report([]),
-        samples=pd.DataFrame(columns=SAMPLE_COLUMNS),
-    )
+    run = hand_replay(name="empty")
     row = summary_row(run)
     assert math.isnan(row["paged_peak_bytes_b16"]) and math.isnan(row["padding_tax"])
 

@@ -14,7 +14,7 @@ from workbench.verify import oracle
 from workbench.verify.mask_oracle import mismatches, recorded_masks
 from workbench.workloads.workload import prompt_maker, prompt_of_length
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("solo_references_once")]
 
 ATOL = 1e-5  # ring-buffer and SSM layers: per-step logprobs within 1e-5 of solo
 FAMILIES = {

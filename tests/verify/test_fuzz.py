@@ -45,7 +45,8 @@ import workbench as wb
 from tests.engine.alone import run_alone
 from tests.engine.drafting import noisy_draft
 from tests.engine.hostile import HOSTILE, hostile_fields
-from tests.engine.interrupts import Injector, engine_state, patched_eval, wrapped_layers
+from tests.engine.interrupts import Injector, engine_state, facts_of, patched_eval, wrapped_layers
+from tests.families import CACHE_FAMILIES
 from workbench.engine.kv.ledger import alone_bytes
 from workbench.engine.levers.constrained import GrammarError, constraint_of, row_grammar
 from workbench.observe.metrics import step_metrics
@@ -57,11 +58,7 @@ from workbench.workloads.workload import prompt_of_length
 pytestmark = pytest.mark.model
 
 FAMILIES = {
-    "llama": ("tiny-llama", None),
-    "gemma3": ("tiny-gemma3", None),
-    "qwen3next": ("tiny-qwen3-next", None),
-    "mamba2": ("tiny-mamba2", None),
-    "qwen3-max-kv": ("tiny-qwen3", 8),
+    **CACHE_FAMILIES,
     "llama-kv4": ("tiny-llama", None),
     "llama-packed": ("tiny-llama", None),
     "code-packed": ("tiny-code", None),
@@ -125,21 +122,7 @@ def continuation(sched, tok, ops, since):
                 sched.preempt(live[0])
         elif op in ("admit", "step", "filter"):
             getattr(sched, op)()
-    facts = [
-        (
-            e.kind,
-            e.uid,
-            e.step,
-            e.row,
-            e.token,
-            e.n_tokens,
-            e.n_cached,
-            e.finish_reason,
-            e.join_mode,
-            e.message,
-        )
-        for e in sched.events[since:]
-    ]
+    facts = facts_of(sched.events[since:])
     return {u: (sched.tokens(u), sched.finish_reason(u)) for u in sched.requests}, facts
 
 

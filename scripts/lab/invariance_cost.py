@@ -50,16 +50,11 @@ def main() -> None:
     else:
         shapes = {"quick": bench_model.QUICK, "full": bench_model.FULL}
         if args.shape == "1b":
-            shapes["1b"] = bench_model.ModelShape(
-                "llama-1b",
-                hidden_size=2048,
-                num_hidden_layers=16,
-                intermediate_size=8192,
-                num_attention_heads=32,
-                num_key_value_heads=8,
-                head_dim=64,
-                vocab_size=128256,
-            )
+            from dataclasses import replace
+
+            from workbench.bench.gpu import LLAMA_1B
+
+            shapes["1b"] = replace(LLAMA_1B, tie_word_embeddings=False)  # as measured: its own LM head
         model, tok = bench_model.make_model(shapes[args.shape], dtype=dtype), None
     if args.dtype != "float32":
         model.set_dtype(dtype)

@@ -210,3 +210,28 @@ def test_a_running_constrained_row_cannot_be_saved(bundled, tmp_path):
     sched.admit()
     with pytest.raises(ValueError, match="uid 0 is running and has a structured-output constraint"):
         sched.checkpoint().save(tmp_path / "a.safetensors")
+
+
+@pytest.mark.realmodel
+def test_a_real_chat_batch_saved_mid_run_resumes_in_a_new_process_with_the_same_tokens(tmp_path):
+    """SmolLM2-135M (as ``wb.load`` gives it on the CPU): three chat rows, one with top-k
+    log-probs and one sampled, saved after a few steps; the new process's rows equal the
+    uninterrupted run's tokens, log-probs, top-k and finish reasons."""
+    from tests.real_model import NAME, chat_ids, dense_real_model
+
+    model, tok = dense_real_model()
+    settings = dict(max_batch=3, history_size=4)
+    sched = wb.Scheduler(model, tok, **settings)
+    questions = ["What is the capital of France?", "Name a primary colour.", "Say hello."]
+    sched.submit(wb.Request(prompt=chat_ids(tok, questions[0]), max_tokens=6, top_logprobs=3))
+    sched.submit(wb.Request(prompt=chat_ids(tok, questions[1]), max_tokens=5, temperature=0.7, seed=3))
+    sched.submit(wb.Request(prompt=chat_ids(tok, questions[2]), max_tokens=4))
+    drive_to_save_point(sched, 3)
+    assert sched.batch.rows
+    path = sched.checkpoint().save(tmp_path / "chat.safetensors")
+    sched.run()
+    expected = {
+        u: [list(t), lp, [[list(p) for p in pairs] for pairs in top], reason]
+        for u, (t, lp, top, reason) in ((str(u), row_record(sched, u)) for u in sched.requests)
+    }
+    assert resume_in_a_new_process(path, NAME, settings) == json.loads(json.dumps(expected))

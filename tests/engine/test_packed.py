@@ -256,6 +256,7 @@ def test_the_packed_snapshot_text_shows_the_page_table_and_the_last_forward(bund
 
 
 def test_structured_output_rows_give_the_same_tokens_in_both_layouts(bundled):
+    pytest.importorskip("llguidance", reason="structured output needs the `structured` extra (llguidance)")
     model, tok = bundled
     out = {}
     for layout in ("padded", "packed"):

@@ -343,6 +343,12 @@ def _scale_array(scale: float) -> mx.array:
     return mx.array([scale], dtype=mx.float32)
 
 
+@lru_cache(maxsize=8)
+def _dims(*dims: int) -> mx.array:
+    """A kernel's ``dims`` input, made once per step's shapes and shared by every layer."""
+    return mx.array(dims, dtype=mx.int32)
+
+
 def paged_decode_attention(
     queries: mx.array,
     k_pool: mx.array,
@@ -376,7 +382,7 @@ def paged_decode_attention(
     _, H, R, D = queries.shape
     n_kv = k_pool.shape[1]
     n_splits, per = split_plan(R, n_kv, pages.page_table.shape[1], splits)
-    dims = mx.array([R, n_kv, pages.page_table.shape[1], per, n_splits], dtype=mx.int32)
+    dims = _dims(R, n_kv, pages.page_table.shape[1], per, n_splits)
     q = mx.swapaxes(queries[0], 0, 1)  # [R, H, D]
     vec = 16 // queries.dtype.size  # 16 bytes a lane
     template = [("T", queries.dtype), ("D", D), ("G", H // n_kv), ("PS", pages.page_size), ("VEC", vec)]
@@ -393,7 +399,7 @@ def paged_decode_attention(
         **args, output_shapes=[(R, H, n_splits, 2), (R, H, n_splits, D)], output_dtypes=[mx.float32] * 2
     )
     return _reduce_kernel()(
-        inputs=[ml, acc, mx.array([R, H, n_splits], dtype=mx.int32)],
+        inputs=[ml, acc, _dims(R, H, n_splits)],
         template=[("T", queries.dtype), ("D", D)],
         grid=(R * H * D, 1, 1),
         threadgroup=(D, 1, 1),

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import workbench as wb
+from tests.engine.test_packed import SPECS, packed, staggered
 from workbench.engine.packed import cuda_attention as ca
 from workbench.engine.packed.attention import Pools, packed_forward
 from workbench.engine.packed.grouped import grouped_attention, groups_of
@@ -17,7 +17,6 @@ from workbench.engine.packed.pages import PageTable
 from workbench.observe.packed import Chunk
 from workbench.runtime import device
 from workbench.verify import oracle
-from workbench.workloads.workload import prompt_of_length
 
 
 def scattered_table(page_size, lengths, seed=0):
@@ -173,17 +172,11 @@ def test_decode_rows_go_to_the_kernel_and_prefill_chunks_by_groups(monkeypatch, 
     assert calls == [((1, 8, 4, 64), 4, 33)]
 
 
-def _staggered_packed(model, tok, specs=((3, 9), (40, 7), (17, 10), (1, 6)), every=2):
-    sched = wb.Scheduler(model, tok, layout="packed", max_batch=4, page_size=4, max_num_batched_tokens=16)
-    uids, pending = [], list(enumerate(specs))
-    while pending or not sched.idle:
-        if pending and sched.step_index >= every * len(uids):
-            i, (n, m) = pending.pop(0)
-            uids.append(
-                sched.submit(wb.Request(prompt=prompt_of_length(tok, n, 13 * i), max_tokens=m, stop_ids=[]))
-            )
-        sched.admit(), sched.step(), sched.filter()
-    return sched, uids
+def _staggered_packed(model, tok):
+    """A packed scheduler (pages of 4, 16 tokens a forward) run over staggered arrivals, its books
+    checked after every call (``tests/engine/test_packed.py``). Returns ``(scheduler, uids)``."""
+    sched = packed(model, tok)
+    return sched, staggered(sched, tok, SPECS[:4])
 
 
 @pytest.mark.model

@@ -6,12 +6,14 @@ length mask), on the 1B shape (32 query heads, 8 KV heads, head dim 64, bf16), `
 128 rows of 512-2048 tokens (uniform) in pages of 16 handed out in turn (scattered, as in a
 running engine), one pool pair per layer, ``--layers`` layers in one eval (median of 20).
 
-Per row count it prints the largest |kernel - gather path| and |kernel - float32 reference|,
-both times, gather / kernel, the kernel's splits, and the host time to build each path's index
-arrays for a step (``groups_of`` vs ``decode_pages``, once for all layers).
+Per row count and kernel layout (``--layouts``: warps per block and bytes a lane loads,
+``cuda_attention.Layout``; the first is the engine's default) it prints the largest |kernel -
+gather path| and |kernel - float32 reference|, both times, gather / kernel, the kernel's
+splits, and the host time to build each path's index arrays for a step (``groups_of`` vs
+``decode_pages``, once for all layers); then every row as a JSON line.
 
 Usage (on a CUDA machine): ``python scripts/lab/packed_cuda_bench.py [--batch 1 32 128]
-[--page-size 16] [--layers 16] [--dtype bfloat16] [--out FILE]``.
+[--page-size 16] [--layers 16] [--dtype bfloat16] [--layouts 4:16 8:16 4:8] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def host_ms(fn, n=20) -> float:
     return statistics.median(ts) * 1e3
 
 
-def case(R: int, page_size: int, layers: int, dtype) -> dict:
+def case(R: int, page_size: int, layers: int, dtype, layouts: list[ca.Layout]) -> list[dict]:
+    """One row per kernel layout for ``R`` decode rows (the gather path timed once)."""
     rng = np.random.default_rng(R)
     lengths = [int(n) for n in rng.integers(512, 2049, R)]
     table = running_table(page_size, lengths)
@@ -74,14 +77,11 @@ def case(R: int, page_size: int, layers: int, dtype) -> dict:
     groups, pages = groups_of(table, chunks), ca.decode_pages(table, chunks)
     scale = HEAD_DIM**-0.5
     k0, v0 = pools[0]
-    got = ca.paged_decode_attention(q, k0, v0, pages, scale).astype(mx.float32)
     gathered = grouped_attention(q, k0, v0, groups, scale).astype(mx.float32)
     ref = ca.paged_decode_reference(
         q.astype(mx.float32), k0.astype(mx.float32), v0.astype(mx.float32), pages, scale
     )
-    gather_ms = timed(lambda: [grouped_attention(q, k, v, groups, scale) for k, v in pools])
-    kernel_ms = timed(lambda: [ca.paged_decode_attention(q, k, v, pages, scale) for k, v in pools])
-    return {
+    base = {
         "rows": R,
         "dtype": str(dtype),
         "page_size": page_size,
@@ -89,26 +89,46 @@ def case(R: int, page_size: int, layers: int, dtype) -> dict:
         "length_min": min(lengths),
         "length_mean": round(statistics.mean(lengths), 1),
         "length_max": max(lengths),
-        "splits": ca.split_plan(R, N_KV, pages.page_table.shape[1])[0],
-        "max_abs_vs_gather": mx.abs(got - gathered).max().item(),
-        "max_abs_vs_reference": mx.abs(got - ref).max().item(),
-        "gather_ms": gather_ms,
-        "kernel_ms": kernel_ms,
-        "gather_over_kernel": gather_ms / kernel_ms,
+        "gather_ms": timed(lambda: [grouped_attention(q, k, v, groups, scale) for k, v in pools]),
         "host_groups_ms": host_ms(lambda: groups_of(table, chunks)),
         "host_pages_ms": host_ms(lambda: ca.decode_pages(table, chunks)),
     }
+    out = []
+    for lay in layouts:
+        got = ca.paged_decode_attention(q, k0, v0, pages, scale, layout=lay).astype(mx.float32)
+        kernel_ms = timed(
+            lambda lay=lay: [ca.paged_decode_attention(q, k, v, pages, scale, layout=lay) for k, v in pools]
+        )
+        out.append(
+            base
+            | {
+                "warps": lay.warps,
+                "lane_bytes": lay.lane_bytes,
+                "splits": ca.split_plan(R, N_KV, pages.page_table.shape[1], min_pages=lay.warps)[0],
+                "max_abs_vs_gather": mx.abs(got - gathered).max().item(),
+                "max_abs_vs_reference": mx.abs(got - ref).max().item(),
+                "kernel_ms": kernel_ms,
+                "gather_over_kernel": base["gather_ms"] / kernel_ms,
+            }
+        )
+    return out
 
 
 def line(row: dict) -> str:
     return (
         f"R={row['rows']:>3} {row['dtype']} L {row['length_min']}-{row['length_max']} "
-        f"(mean {row['length_mean']}), {row['layers']} layers: gather {row['gather_ms']:.3f} ms, "
-        f"kernel {row['kernel_ms']:.3f} ms ({row['splits']} split(s)), gather/kernel "
-        f"{row['gather_over_kernel']:.2f}x; |kernel - gather| {row['max_abs_vs_gather']:.2g}, "
-        f"|kernel - ref| {row['max_abs_vs_reference']:.2g}; host index arrays "
-        f"{row['host_groups_ms']:.2f} ms (groups) vs {row['host_pages_ms']:.2f} ms (pages)"
+        f"(mean {row['length_mean']}), {row['layers']} layers, kernel {row['warps']} warps x "
+        f"{row['lane_bytes']} B/lane: gather {row['gather_ms']:.3f} ms, kernel {row['kernel_ms']:.3f} ms "
+        f"({row['splits']} split(s)), gather/kernel {row['gather_over_kernel']:.2f}x; |kernel - gather| "
+        f"{row['max_abs_vs_gather']:.2g}, |kernel - ref| {row['max_abs_vs_reference']:.2g}; host index "
+        f"arrays {row['host_groups_ms']:.2f} ms (groups) vs {row['host_pages_ms']:.2f} ms (pages)"
     )
+
+
+def layout_of(text: str) -> ca.Layout:
+    """``"warps:lane_bytes"`` -> a :class:`~workbench.engine.packed.cuda_attention.Layout`."""
+    warps, lane_bytes = (int(x) for x in text.split(":"))
+    return ca.Layout(warps, lane_bytes)
 
 
 def main():
@@ -117,13 +137,20 @@ def main():
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["4:16", "8:16", "4:8"],
+        help="kernel layouts, warps:lane_bytes (first: default)",
+    )
     ap.add_argument("--out", type=Path, help="also write the rows as JSON lines to this file")
     a = ap.parse_args()
-    dtype = getattr(mx, a.dtype)
+    dtype, layouts = getattr(mx, a.dtype), [layout_of(t) for t in a.layouts]
     rows = []
     for R in a.batch:
-        rows.append(case(R, a.page_size, a.layers, dtype))
-        print(line(rows[-1]), flush=True)
+        for row in case(R, a.page_size, a.layers, dtype, layouts):
+            rows.append(row)
+            print(line(row), flush=True)
     emit_jsonl(rows, a.out)
 
 

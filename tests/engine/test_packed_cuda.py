@@ -110,7 +110,7 @@ def test_split_plan_fills_the_gpu_and_covers_every_page():
     for rows, pages in [(1, 128), (1, 3), (4, 64), (32, 128), (2, 1)]:
         splits, per = ca.split_plan(rows, 8, pages)
         assert splits * per >= pages > (splits - 1) * per
-        assert per >= min(ca.MIN_SPLIT_PAGES, pages)
+        assert per >= min(ca.LAYOUT.warps, pages)
         assert splits == 1 or rows * 8 * splits <= 2 * ca.TARGET_BLOCKS
     assert ca.split_plan(1, 8, 128, splits=7) == (7, 19)
     assert ca.split_plan(1, 8, 3, splits=7) == (3, 1)
@@ -233,11 +233,12 @@ def test_decode_kernel_false_keeps_the_gather_path(bundled, monkeypatch):
 
 # -- the kernel's own source, emulated on the CPU (tests/engine/cuda_emulation.py) --
 
-EMULATION = [  # dtype, query heads, KV heads, head dim, page size, row lengths, splits asked, pointer shifts
-    (mx.float32, 8, 2, 64, 16, [1, 16, 17, 47, 90], (1, 3), {}),
-    (mx.bfloat16, 8, 2, 64, 16, [1, 16, 17, 47, 90], (None,), {}),
-    (mx.bfloat16, 8, 2, 64, 16, [1, 16, 17, 47, 90], (1,), {"k_pool": 2, "v_pool": 4}),
-    (mx.float16, 4, 4, 32, 7, [33, 1, 14, 65], (1,), {}),
+EMULATION = [  # dtype, query heads, KV heads, head dim, page size, row lengths, splits, pointer shifts, layout
+    (mx.float32, 8, 2, 64, 16, [1, 16, 17, 47, 90], (1, 3), {}, ca.LAYOUT),
+    (mx.bfloat16, 8, 2, 64, 16, [1, 16, 17, 47, 90], (None,), {}, ca.LAYOUT),
+    (mx.bfloat16, 8, 2, 64, 16, [1, 16, 17, 47, 90], (1,), {"k_pool": 2, "v_pool": 4}, ca.LAYOUT),
+    (mx.float16, 4, 4, 32, 7, [33, 1, 14, 65], (1,), {}, ca.LAYOUT),
+    (mx.bfloat16, 6, 2, 64, 16, [1, 40, 90], (1, 2), {}, ca.Layout(8, 8)),
 ]
 
 
@@ -251,12 +252,12 @@ def test_the_kernel_source_run_by_a_cpu_emulation_equals_the_reference(case):
     why = available()
     if why:
         pytest.skip(f"the CUDA emulation needs g++ and CUDA's headers: {why}")
-    dtype, H, n_kv, D, page_size, lengths, splits, shifts = EMULATION[case]
+    dtype, H, n_kv, D, page_size, lengths, splits, shifts, layout = EMULATION[case]
     table, chunks, q, k, v = decode_case(page_size, lengths, H, n_kv, D, dtype, seed=case)
     pages = ca.decode_pages(table, chunks)
     with emulated(shifts, caches=(ca._kernel, ca._reduce_kernel)):
         for n in splits:
-            got = ca.paged_decode_attention(q, k, v, pages, D**-0.5, splits=n)
+            got = ca.paged_decode_attention(q, k, v, pages, D**-0.5, splits=n, layout=layout)
             assert_close_to_reference(got, q, k, v, pages, D**-0.5)
 
 
@@ -304,6 +305,18 @@ def test_on_the_gpu_the_kernel_serves_other_head_dims_groups_and_page_sizes(
     for splits in (None, 3):
         got = ca.paged_decode_attention(q, k, v, pages, head_dim**-0.5, splits=splits)
         assert_close_to_reference(got, q, k, v, pages, head_dim**-0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", [ca.Layout(8, 16), ca.Layout(4, 8), ca.Layout(2, 4)], ids=str)
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["fp32", "bf16"])
+def test_on_the_gpu_other_kernel_layouts_equal_the_reference(dtype, layout):
+    lengths = lengths_for(16, 40)
+    table, chunks, q, k, v = decode_case(16, lengths, 32, 8, 64, dtype, seed=7)
+    pages = ca.decode_pages(table, chunks)
+    for splits in (None, 1):
+        got = ca.paged_decode_attention(q, k, v, pages, 0.125, splits=splits, layout=layout)
+        assert_close_to_reference(got, q, k, v, pages, 0.125)
 
 
 @pytest.mark.gpu

@@ -19,8 +19,9 @@ GQA grouping (its batch decode kernel: one block per KV head serves the query he
 share it, so each key is read once per KV head, not once per query head). Per block ``(row,
 KV head, split)``: the split's pages are walked by ``WARPS`` warps; within a warp ``32 / LPT``
 lane groups take one token each (``LPT = head_dim / VEC`` lanes, ``VEC`` elements a lane:
-16 bytes), each group a dot product per query head reduced over its lanes, an online
-softmax in float32 (flash-decoding); the lane groups, then the warps, merge their states.
+16 bytes by default, :class:`Layout`), each group a dot product per query head reduced over
+its lanes, an online softmax in float32 (flash-decoding); the lane groups, then the warps,
+merge their states.
 One split writes the output; several write partial states that :data:`_REDUCE` merges.
 
 The same arithmetic in MLX ops: :func:`paged_decode_reference` (the CPU's stand-in in the
@@ -45,15 +46,31 @@ from ...observe.packed import DECODE, Chunk
 from .grouped import Groups, grouped_attention
 from .pages import PageTable
 
-WARPS = 4  # warps per block (row, KV head, split)
 HEAD_DIMS = (32, 64, 128)  # head dims served: head_dim / VEC lanes per token must divide 32
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)  # pool and query dtypes served (float32 accumulation)
 MAX_GROUP = 8  # most query heads per KV head (the kernel keeps G states per lane in registers)
 TARGET_BLOCKS = 264  # blocks that fill an H200's 132 SMs twice: rows x KV heads fewer than this split
-MIN_SPLIT_PAGES = WARPS  # a split holds at least one page per warp
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the kernel spreads a block's work: ``warps`` per block (row, KV head, split), each
+    walking every ``warps``-th page; ``lane_bytes`` of a key or value row per lane (a lane group
+    of ``head_dim * itemsize / lane_bytes`` lanes takes one token, at most 32). A split holds
+    at least ``warps`` pages (one per warp)."""
+
+    warps: int = 4
+    lane_bytes: int = 16
+
+    def vec(self, dtype: mx.Dtype, head_dim: int) -> int:
+        """Elements a lane holds: ``lane_bytes / itemsize``, at least ``head_dim / 32``."""
+        return max(self.lane_bytes // dtype.size, head_dim // 32, 1)
+
+
+LAYOUT = Layout()  # the default (tests/engine/test_packed_cuda.py checks others on the GPU)
 
 _HEADER = """
-// VEC elements of a row into float registers: one 16-byte load where the pointer allows it.
+// VEC elements of a row into float registers: one vector load where the pointer allows it.
 template <int VEC, typename T>
 __device__ inline void load_floats(const T* p, bool vector_ok, float* out) {
     if (vector_ok) {
@@ -99,6 +116,7 @@ _BODY = """
     const int* pt = page_table + (size_t)r * MAXP;
     for (int p = p0 + w; p < p1; p += WARPS) {
         int page = pt[p];
+        #pragma unroll
         for (int t0 = 0; t0 < PS; t0 += TPW) {
             int t = t0 + g;
             bool valid = t < PS && p * PS + t < L;
@@ -325,16 +343,18 @@ def _check(queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodeP
         )
 
 
-def split_plan(n_rows: int, n_kv_heads: int, max_pages: int, splits: int | None = None) -> tuple[int, int]:
+def split_plan(
+    n_rows: int, n_kv_heads: int, max_pages: int, splits: int | None = None, min_pages: int = LAYOUT.warps
+) -> tuple[int, int]:
     """``(splits, pages per split)`` of rows whose longest holds ``max_pages`` pages: one split
     when ``rows x KV heads`` fills :data:`TARGET_BLOCKS` blocks, else as many as bring it
-    there with at least :data:`MIN_SPLIT_PAGES` pages each (``splits``: asked for, capped at
-    ``max_pages``)."""
+    there with at least ``min_pages`` pages each (one per warp; ``splits``: asked for, capped
+    at ``max_pages``)."""
     want = splits if splits is not None else math.ceil(TARGET_BLOCKS / max(1, n_rows * n_kv_heads))
     want = max(1, min(want, max_pages))
     per = math.ceil(max_pages / want)
     if splits is None:
-        per = max(per, min(MIN_SPLIT_PAGES, max_pages))
+        per = max(per, min(min_pages, max_pages))
     return math.ceil(max_pages / per), per
 
 
@@ -356,6 +376,7 @@ def paged_decode_attention(
     pages: DecodePages,
     scale: float,
     splits: int | None = None,
+    layout: Layout = LAYOUT,
 ) -> mx.array:
     """One-query attention of each decode row over its own pages, on CUDA.
 
@@ -371,6 +392,7 @@ def paged_decode_attention(
         pages: the rows' :class:`DecodePages`.
         scale: the softmax scale (``head_dim ** -0.5`` for llama).
         splits: how many splits a row's pages are cut into (default: :func:`split_plan`).
+        layout: warps per block and bytes per lane (:class:`Layout`).
 
     Returns:
         ``[1, H, R, D]`` in the queries' dtype.
@@ -381,17 +403,16 @@ def paged_decode_attention(
     _check(queries, k_pool, v_pool, pages)
     _, H, R, D = queries.shape
     n_kv = k_pool.shape[1]
-    n_splits, per = split_plan(R, n_kv, pages.page_table.shape[1], splits)
+    n_splits, per = split_plan(R, n_kv, pages.page_table.shape[1], splits, layout.warps)
     dims = _dims(R, n_kv, pages.page_table.shape[1], per, n_splits)
     q = mx.swapaxes(queries[0], 0, 1)  # [R, H, D]
-    vec = 16 // queries.dtype.size  # 16 bytes a lane
-    template = [("T", queries.dtype), ("D", D), ("G", H // n_kv), ("PS", pages.page_size), ("VEC", vec)]
-    template.append(("WARPS", WARPS))
+    template = [("T", queries.dtype), ("D", D), ("G", H // n_kv), ("PS", pages.page_size)]
+    template += [("VEC", layout.vec(queries.dtype, D)), ("WARPS", layout.warps)]
     args = dict(
         inputs=[q, k_pool, v_pool, pages.page_table, pages.lengths, dims, _scale_array(float(scale))],
         template=template,
-        grid=(R * n_kv * n_splits * 32 * WARPS, 1, 1),
-        threadgroup=(32 * WARPS, 1, 1),
+        grid=(R * n_kv * n_splits * 32 * layout.warps, 1, 1),
+        threadgroup=(32 * layout.warps, 1, 1),
     )
     if n_splits == 1:
         return _kernel(False)(**args, output_shapes=[(1, H, R, D)], output_dtypes=[queries.dtype])[0]

@@ -255,10 +255,12 @@ def test_the_kernel_source_run_by_a_cpu_emulation_equals_the_reference(case):
     dtype, H, n_kv, D, page_size, lengths, splits, shifts, layout = EMULATION[case]
     table, chunks, q, k, v = decode_case(page_size, lengths, H, n_kv, D, dtype, seed=case)
     pages = ca.decode_pages(table, chunks)
+    want = reference32(q, k, v, pages, D**-0.5)
     with emulated(shifts, caches=(ca._kernel, ca._reduce_kernel)):
         for n in splits:
-            got = ca.paged_decode_attention(q, k, v, pages, D**-0.5, splits=n, layout=layout)
-            assert_close_to_reference(got, q, k, v, pages, D**-0.5)
+            assert_close(
+                ca.paged_decode_attention(q, k, v, pages, D**-0.5, splits=n, layout=layout), want, dtype
+            )
 
 
 # -- on the GPU: the kernel against the reference --
@@ -266,14 +268,18 @@ def test_the_kernel_source_run_by_a_cpu_emulation_equals_the_reference(case):
 TOLERANCE = {mx.float32: (1e-5, 1e-5), mx.bfloat16: (2**-8, 1e-5), mx.float16: (2**-10, 1e-5)}  # (rel, abs)
 
 
-def assert_close_to_reference(got, q, k, v, pages, scale):
-    """``got`` (the kernel, in ``q``'s dtype) against the float32 reference on the same inputs:
-    within float32 rounding, plus the output's own rounding to ``q``'s dtype."""
-    want = ca.paged_decode_reference(
+def reference32(q, k, v, pages, scale):
+    """The float32 reference on the same (rounded) inputs as the kernel."""
+    return ca.paged_decode_reference(
         q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), pages, scale
     )
-    assert got.shape == want.shape and got.dtype == q.dtype
-    rel, tol = TOLERANCE[q.dtype]
+
+
+def assert_close(got, want, dtype):
+    """``got`` (the kernel, ``dtype``) against the float32 reference ``want``: within float32
+    rounding, plus the output's own rounding to ``dtype``."""
+    assert got.shape == want.shape and got.dtype == dtype
+    rel, tol = TOLERANCE[dtype]
     err = mx.abs(got.astype(mx.float32) - want) - (rel * mx.abs(want) + tol)
     assert mx.all(err <= 0).item(), f"largest excess {err.max().item():.3g} over {rel} x |want| + {tol}"
 
@@ -287,9 +293,9 @@ def test_on_the_gpu_the_paged_kernel_equals_the_reference(dtype, n_heads, n_kv, 
     lengths = lengths_for(page_size, B)
     table, chunks, q, k, v = decode_case(page_size, lengths, n_heads, n_kv, 64, dtype, seed=B)
     pages = ca.decode_pages(table, chunks)
+    want = reference32(q, k, v, pages, 0.125)
     for splits in (None, 1, 5):  # the default plan, no split, five partitions merged by the reduce kernel
-        got = ca.paged_decode_attention(q, k, v, pages, 0.125, splits=splits)
-        assert_close_to_reference(got, q, k, v, pages, 0.125)
+        assert_close(ca.paged_decode_attention(q, k, v, pages, 0.125, splits=splits), want, dtype)
 
 
 @pytest.mark.gpu
@@ -302,9 +308,9 @@ def test_on_the_gpu_the_kernel_serves_other_head_dims_groups_and_page_sizes(
     lengths = [1, 2, page_size, page_size + 3, 300, 1001, 64]
     table, chunks, q, k, v = decode_case(page_size, lengths, n_heads, n_kv, head_dim, dtype, seed=head_dim)
     pages = ca.decode_pages(table, chunks)
+    want = reference32(q, k, v, pages, head_dim**-0.5)
     for splits in (None, 3):
-        got = ca.paged_decode_attention(q, k, v, pages, head_dim**-0.5, splits=splits)
-        assert_close_to_reference(got, q, k, v, pages, head_dim**-0.5)
+        assert_close(ca.paged_decode_attention(q, k, v, pages, head_dim**-0.5, splits=splits), want, dtype)
 
 
 @pytest.mark.gpu
@@ -314,9 +320,11 @@ def test_on_the_gpu_other_kernel_layouts_equal_the_reference(dtype, layout):
     lengths = lengths_for(16, 40)
     table, chunks, q, k, v = decode_case(16, lengths, 32, 8, 64, dtype, seed=7)
     pages = ca.decode_pages(table, chunks)
+    want = reference32(q, k, v, pages, 0.125)
     for splits in (None, 1):
-        got = ca.paged_decode_attention(q, k, v, pages, 0.125, splits=splits, layout=layout)
-        assert_close_to_reference(got, q, k, v, pages, 0.125)
+        assert_close(
+            ca.paged_decode_attention(q, k, v, pages, 0.125, splits=splits, layout=layout), want, dtype
+        )
 
 
 @pytest.mark.gpu

@@ -435,7 +435,10 @@ def paged_decode_reference(
     """What :func:`paged_decode_attention` computes, in MLX ops (any device): each row's keys
     and values looked up through its page table, the scores ``(q * scale) . k`` in float32,
     masked past the row's length (those values read as 0, as the kernel never reads them),
-    softmax, times the values, cast to the queries' dtype.
+    softmax, times the values, cast to the queries' dtype. The products are summed
+    elementwise, not by a matmul, so it stays float32 where MLX's float32 matmuls run at
+    TF32 (``MLX_ENABLE_TF32=1`` on CUDA: :mod:`workbench.runtime.precision`); it holds ``[R,
+    n_kv_heads, G, S, D]`` float32 products at once (``S``: the page table's positions).
 
     Args and returns: as :func:`paged_decode_attention` (``[1, H, R, D]``).
     """
@@ -448,8 +451,9 @@ def paged_decode_reference(
     v = mx.swapaxes(mx.where(valid[..., None, None], v_pool[slots].astype(mx.float32), 0), 1, 2)
     q = queries[0].astype(mx.float32) * scale  # [H, R, D]
     q = q.reshape(n_kv, H // n_kv, R, D).transpose(2, 0, 1, 3)  # [R, n_kv, G, D]
-    scores = mx.where(valid[:, None, None, :], q @ mx.swapaxes(k, -1, -2), -mx.inf)  # [R, n_kv, G, S]
-    o = mx.softmax(scores, axis=-1, precise=True) @ v  # [R, n_kv, G, D]
+    dots = (q[:, :, :, None, :] * k[:, :, None]).sum(-1)  # [R, n_kv, G, S]
+    p = mx.softmax(mx.where(valid[:, None, None, :], dots, -mx.inf), axis=-1, precise=True)
+    o = (p[..., None] * v[:, :, None]).sum(-2)  # [R, n_kv, G, D]
     return mx.swapaxes(o.reshape(R, H, D), 0, 1)[None].astype(queries.dtype)
 
 

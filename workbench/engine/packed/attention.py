@@ -237,10 +237,11 @@ def packed_forward(
     pools: Pools,
     table: PageTable,
     chunks: Sequence[Chunk],
-    tokens: Sequence[int],
+    tokens: Sequence[int] | mx.array,
     masked: bool = False,
 ) -> mx.array:
-    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order) through ``model`` as one
+    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order; ids or a uint32 array, maybe
+    lazy) through ``model`` as one
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
     chunk's last token (``R = 0``: an empty ``[0, V]``).
@@ -253,5 +254,6 @@ def packed_forward(
     inner = model.model
     caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked)
     with per_token_rope(inner), paged_sdpa(inner):
-        h = inner(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [T, hidden], normed
+        ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+        h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]

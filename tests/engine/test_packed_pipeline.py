@@ -197,3 +197,27 @@ def test_on_a_cost_clock_each_packed_forward_advances_the_clock_by_its_cost(bund
         charged += bool(chunks)
         sched.filter()
     assert charged > 5 and clock() > 0
+
+
+def test_pipelined_submit_n_samples_equal_their_unpipelined_runs(bundled):
+    model, tok = bundled
+    req = wb.Request(prompt=prompt_of_length(tok, 22, 0), max_tokens=8, temperature=0.8, seed=5, stop_ids=[])
+    runs = {}
+    for pipeline in (True, False):
+        sched = wb.Scheduler(
+            model,
+            tok,
+            layout="packed",
+            max_batch=4,
+            page_size=4,
+            max_num_batched_tokens=10,
+            pipeline=pipeline,
+        )
+        uids = sched.submit_n(req, 3)
+        sched.run()
+        assert sched.check().ok and sched.snapshot().packed.used_pages == 0
+        runs[pipeline] = [(sched.tokens(u), sched.logprobs(u)) for u in uids]
+    assert [t for t, _ in runs[True]] == [t for t, _ in runs[False]]
+    assert all(
+        max(abs(a - b) for a, b in zip(x, y)) < 1e-5 for (_, x), (_, y) in zip(runs[True], runs[False])
+    )

@@ -5,10 +5,12 @@ from the unread tokens (pipelined) with every row still equal to its run alone, 
 cost clock each packed forward is charged what the cost model says it costs."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 import workbench as wb
 from workbench.engine.levers.cost import CostModel
+from workbench.engine.packed.attention import Pools
 from workbench.engine.packed.grouped import grouped_attention, groups_of
 from workbench.engine.packed.pages import PageTable
 from workbench.observe.packed import Chunk
@@ -221,3 +223,21 @@ def test_pipelined_submit_n_samples_equal_their_unpipelined_runs(bundled):
     assert all(
         max(abs(a - b) for a, b in zip(x, y)) < 1e-5 for (_, x), (_, y) in zip(runs[True], runs[False])
     )
+
+
+def test_copy_on_write_copies_the_pages_not_the_pools():
+    pools = Pools(2)
+    pools.slots = 1 << 18
+    for layer in range(2):
+        pools.fit(layer, mx.zeros((1, 4, 64), mx.float16))
+    pools.keys[0][mx.arange(16, 48)] = mx.random.normal((32, 4, 64), key=mx.random.key(0)).astype(mx.float16)
+    mx.eval(pools.keys + pools.values)
+    source = np.array(pools.keys[0][16:48])  # a copy: a view would hold the pool
+    layer_pool = pools.keys[0].nbytes
+    for i in range(3):  # a gather in flight when the write is dispatched made it copy the pool
+        grew = peak_growth(
+            lambda i=i: (pools.copy_pages([(1, 7 + i), (2, 20 + i)], 16), mx.eval(pools.keys + pools.values))
+        )
+        assert grew < layer_pool / 4, f"copy-on-write allocated {grew / layer_pool:.2f} layer pools"
+        assert (np.array(pools.keys[0][(7 + i) * 16 : (8 + i) * 16]) == source[:16]).all()
+        assert (np.array(pools.keys[0][(20 + i) * 16 : (21 + i) * 16]) == source[16:]).all()

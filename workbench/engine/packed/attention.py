@@ -77,7 +77,8 @@ class Pools:
     def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
         """Copy each ``(source, copy)`` page's ``page_size`` slots into the copy's, in every
         layer's keys and values (copy-on-write of a shared page), growing the pools to
-        ``slots`` first."""
+        ``slots`` first. The pages are read (evaluated) before they are written, so each
+        pool is written in place."""
         if not pairs:
             return
         src, dst = (
@@ -88,12 +89,16 @@ class Pools:
             )
             for pages in zip(*pairs, strict=True)
         )
-        for layer, have in enumerate(self.keys):
-            if have is None:
-                continue
-            self.fit(layer, have)
+        layers = [layer for layer, have in enumerate(self.keys) if have is not None]
+        for layer in layers:
+            self.fit(layer, self.keys[layer])
+        # Read before the writes: a write into a pool that a gather not yet run still reads
+        # copies the pool whole (MLX reuses only a buffer nothing else refers to).
+        moved = {(id(pool), layer): pool[layer][src] for layer in layers for pool in (self.keys, self.values)}
+        mx.eval(list(moved.values()))
+        for layer in layers:
             for pool in (self.keys, self.values):
-                pool[layer][dst] = pool[layer][src]
+                pool[layer][dst] = moved[id(pool), layer]
 
     def clone(self, share: bool = False) -> "Pools":
         """A copy: the same array objects with ``share`` (an engine call's savepoint: the

@@ -18,18 +18,10 @@ Usage: ``python scripts/lab/packed_copies.py`` (seconds on a CPU). Two readings:
 import mlx.core as mx
 
 import workbench as wb
+from workbench.bench.memory import peak_growth
 from workbench.engine.packed.grouped import flat_indices
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
-
-
-def peak_growth(call) -> int:
-    mx.synchronize()
-    before = mx.get_active_memory()
-    mx.reset_peak_memory()
-    call()
-    mx.synchronize()
-    return mx.get_peak_memory() - before
 
 
 def steps(pipeline: bool, hold_views: bool) -> list[float]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from workbench.bench.memory import peak_growth
 from workbench.engine.levers.cost import CostModel
 from workbench.engine.packed.attention import Pools
 from workbench.engine.packed.grouped import grouped_attention, groups_of
@@ -35,16 +36,6 @@ def packed(model, tok, **settings):
         for i, (n, m) in enumerate(SPECS)
     ]
     return sched, uids
-
-
-def peak_growth(call) -> int:
-    """Bytes MLX allocated at the peak of ``call()`` beyond what was active before it."""
-    mx.synchronize()
-    before = mx.get_active_memory()
-    mx.reset_peak_memory()
-    call()
-    mx.synchronize()
-    return mx.get_peak_memory() - before
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
@@ -151,14 +142,7 @@ def test_a_joiner_admitted_while_a_forward_is_in_flight_joins_the_next_one(bundl
 
 
 def test_packed_s_is_one_forwards_fixed_cost_plus_each_tokens_own():
-    cost = CostModel(
-        prefill_s_per_chunk=2.0,
-        prefill_s_per_token=0.5,
-        prefill_s_per_pair=0.01,
-        decode_s_per_step=3.0,
-        decode_s_per_row=0.25,
-        decode_s_per_kv_token=0.001,
-    )
+    cost = CostModel(2.0, 0.5, 0.01, 3.0, 0.25, 0.001)  # p_chunk, p_token, p_pair, d_step, d_row, d_kv
     assert cost.packed_s([]) == 0.0
     assert cost.packed_s([10, 30]) == pytest.approx(3.0 + 2 * 0.25 + 40 * 0.001)
     assert cost.packed_s([], [(4, 6)]) == pytest.approx(2.0 + 4 * 0.5 + 0.01 * (4 * 6 + 10))

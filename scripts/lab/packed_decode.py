@@ -53,10 +53,11 @@ for B in sizes:
             f"mlx-lm {row[PADDED] / row[MLX_LM]:.3f} (tok/s: padded {row[PADDED]:.1f}, packed {row[PACKED]:.1f}, "
             f"unpipelined {row[UNPIPELINED]:.1f}, mlx-lm {row[MLX_LM]:.1f})"
         )
-    ratio = r[PACKED] / r[PADDED]
+    ratio, vs_mlx = r[PACKED] / r[PADDED], r[PACKED] / r[MLX_LM]
     same = runs[runs.engine != PADDED].same_tokens.min()
     print(
         f"B={B}: packed / padded median {ratio.median():.3f} (spread {ratio.min():.3f}..{ratio.max():.3f}); "
+        f"packed / mlx-lm median {vs_mlx.median():.3f} (spread {vs_mlx.min():.3f}..{vs_mlx.max():.3f}); "
         f"tokens equal the padded layout's in every pair: {bool(same)}; load {min(loads):.2f}-{max(loads):.2f} "
         f"on {os.cpu_count()} cores",
         flush=True,

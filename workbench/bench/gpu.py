@@ -50,7 +50,16 @@ from ..workloads.workload import prompt_of_length
 from .engines import Arrival
 from .model import QUICK, ModelShape, decode_weight_bytes, make_model, parameter_count
 from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
-from .scenarios import FAST_OFF, MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
+from .scenarios import (
+    FAST_OFF,
+    MLX_LM,
+    WORKBENCH,
+    alternating,
+    engine_factories,
+    run_once,
+    tokens_by_uid,
+    with_same_tokens,
+)
 
 # Llama-3.2-1B's shape (tied embeddings): 1.24B parameters, 2.47 GB in bf16.
 LLAMA_1B = ModelShape(
@@ -183,11 +192,7 @@ def gpu_runs(
         echo(
             f"  B={rows_n:<4} {name:<10} pair {pair}: step {step_s * 1e3:7.2f} ms, wall {made / wall_s:9.1f} tok/s"
         )
-    first = next(iter(factories))
-    for row in out:
-        same = tokens[row["pair"], row["engine"]] == tokens[row["pair"], first]
-        row["same_tokens"] = np.nan if row["engine"] == first else float(same)
-    return pd.DataFrame(out)
+    return with_same_tokens(out, tokens, next(iter(factories)))
 
 
 def gpu_roofline(

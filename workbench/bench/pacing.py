@@ -70,6 +70,8 @@ SUMMARY_COLUMNS = [
     "ttft_floor_p95_s",
     "itl_floor_p95_s",
 ]
+# The latency quantiles (seconds) the lab scripts print of a summary, each engine's and against mlx-lm's.
+LATENCY_COLUMNS = ["ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s", "e2e_p95_s"]
 FLOOR_OF = {
     "ttft_floor_p95_s": "ttft_p95_s",
     "itl_floor_p95_s": "itl_p95_s",

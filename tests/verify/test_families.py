@@ -174,9 +174,11 @@ def test_max_kv_size_on_a_model_with_its_own_caches_is_refused():
 def test_llama4_chunked_attention_is_refused_at_construction_naming_layer_and_type():
     from workbench.verify.families import build, config_for
 
-    # llama4's own fields over the families' base config: attention in chunks of 8 tokens, 2 experts
+    # llama4's own fields over the families' base config: attention in chunks of 8 tokens, 2
+    # experts, 4 layers (its global attention layer is the fourth)
     text = dict(
         config_for("llama4_text"),
+        num_hidden_layers=4,
         attention_bias=False,
         attention_chunk_size=8,
         interleave_moe_layer_step=1,

@@ -95,31 +95,20 @@ class GpuBenchConfig:
     model: str | None = None  # an mlx-lm model path or a bundled / fetched name instead of ``shape``
 
 
-GPU_CONFIG = GpuBenchConfig(
-    "gpu",
-    LLAMA_1B,
-    "bfloat16",
-    batch_sizes=(1, 8, 32, 128),
-    prompt_tokens_min=64,
-    prompt_tokens_max=512,
-    decode_tokens=128,
-    pairs=3,
-    prefill_step_size=2048,
-    bandwidth_bytes=4 * 2**30,
-    matmul_n=8192,
-)
+# Every size of the GPU run and its quick variant side by side: field -> (full, quick).
+_GPU_SIZES = {
+    "batch_sizes": ((1, 8, 32, 128), (1, 8)),
+    "prompt_tokens_min": (64, 16),
+    "prompt_tokens_max": (512, 64),
+    "decode_tokens": (128, 16),
+    "pairs": (3, 1),
+    "prefill_step_size": (2048, 128),
+    "bandwidth_bytes": (4 * 2**30, 64 * 2**20),
+    "matmul_n": (8192, 512),
+}
+GPU_CONFIG = GpuBenchConfig("gpu", LLAMA_1B, "bfloat16", **{f: full for f, (full, _) in _GPU_SIZES.items()})
 GPU_QUICK_CONFIG = GpuBenchConfig(
-    "gpu-quick",
-    QUICK,
-    "bfloat16",
-    batch_sizes=(1, 8),
-    prompt_tokens_min=16,
-    prompt_tokens_max=64,
-    decode_tokens=16,
-    pairs=1,
-    prefill_step_size=128,
-    bandwidth_bytes=64 * 2**20,
-    matmul_n=512,
+    "gpu-quick", QUICK, "bfloat16", **{f: quick for f, (_, quick) in _GPU_SIZES.items()}
 )
 
 

@@ -77,34 +77,60 @@ class BenchConfig:
     real_pairs: int
 
 
-# Every size of the full and the quick run side by side: field -> (full, quick).
-_SIZES = {
-    "batch_sizes": ((1, 8, 32), (1, 8)),
-    "prompt_tokens": (16, 16),
-    "decode_tokens": (24, 16),
-    "pairs": (8, 3),
-    "prefill_step_size": (512, 128),
-    "latency_requests": (16, 6),
-    "latency_max_batch": (8, 4),
-    "latency_arrival_steps": (8, 4),
-    "latency_rounds": (2, 1),
-    "latency_loaded_arrival_steps": (3, 2),
-    "pacing_targets": ((2, 4, 8), (DEFAULT_TARGET,)),  # quick: the paced rows read the default target's runs
-    "pacing_max_wait_steps": (30, 30),
-    "join_rows": (32, 8),
-    "join_context_tokens": (1024, 256),
-    "join_repeats": (3, 3),
-    "hol_rows": (4, 2),
-    "hol_prompt_tokens": (4096, 512),
-    "hol_chunk_tokens": (512, 64),
-    "session_steps": (30_000, 600),
-    "real_batch_sizes": ((1, 8, 32), (1, 4)),
-    "real_prompt_tokens": (8, 8),
-    "real_decode_tokens": (8, 6),
-    "real_pairs": (2, 1),
-}
-FULL_CONFIG = BenchConfig("full", FULL, **{field: full for field, (full, _) in _SIZES.items()})
-QUICK_CONFIG = BenchConfig("quick", QUICK, **{field: quick for field, (_, quick) in _SIZES.items()})
+FULL_CONFIG = BenchConfig(
+    "full",
+    FULL,
+    batch_sizes=(1, 8, 32),
+    prompt_tokens=16,
+    decode_tokens=24,
+    pairs=8,
+    prefill_step_size=512,
+    latency_requests=16,
+    latency_max_batch=8,
+    latency_arrival_steps=8,
+    latency_rounds=2,
+    latency_loaded_arrival_steps=3,
+    pacing_targets=(2, 4, 8),
+    pacing_max_wait_steps=30,
+    join_rows=32,
+    join_context_tokens=1024,
+    join_repeats=3,
+    hol_rows=4,
+    hol_prompt_tokens=4096,
+    hol_chunk_tokens=512,
+    session_steps=30_000,
+    real_batch_sizes=(1, 8, 32),
+    real_prompt_tokens=8,
+    real_decode_tokens=8,
+    real_pairs=2,
+)
+QUICK_CONFIG = BenchConfig(
+    "quick",
+    QUICK,
+    batch_sizes=(1, 8),
+    prompt_tokens=16,
+    decode_tokens=16,
+    pairs=3,
+    prefill_step_size=128,
+    latency_requests=6,
+    latency_max_batch=4,
+    latency_arrival_steps=4,
+    latency_rounds=1,
+    latency_loaded_arrival_steps=2,
+    pacing_targets=(DEFAULT_TARGET,),  # the paced rows read the default target's runs
+    pacing_max_wait_steps=30,
+    join_rows=8,
+    join_context_tokens=256,
+    join_repeats=3,
+    hol_rows=2,
+    hol_prompt_tokens=512,
+    hol_chunk_tokens=64,
+    session_steps=600,
+    real_batch_sizes=(1, 4),
+    real_prompt_tokens=8,
+    real_decode_tokens=6,
+    real_pairs=1,
+)
 
 
 @dataclass

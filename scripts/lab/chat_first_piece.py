@@ -33,6 +33,7 @@ for piece in sched.stream(uid):
     first_s = time.perf_counter() - submitted if first_s is None else first_s
     pieces.append(piece)
 print(
-    f"load {load_s:.1f} s; Scheduler() {scheduler_s:.1f} s; first piece {first_s:.2f} s after submit; all {time.perf_counter() - submitted:.2f} s; "
+    f"load {load_s:.1f} s; Scheduler() {scheduler_s:.1f} s; "
+    f"first piece {first_s:.2f} s after submit; all {time.perf_counter() - submitted:.2f} s; "
     f"text {''.join(pieces)!r}; load average {os.getloadavg()[0]:.2f}"
 )

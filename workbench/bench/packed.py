@@ -124,12 +124,12 @@ def latency(
     one engine (default: a fresh engine on the wall clock,
     :func:`workbench.bench.engines.drive`; the cost clock's is
     :func:`workbench.bench.packed_cost.run_on_cost_clock`)."""
-    run = _run if run is None else run
+    drive_one = _run if run is None else run
     rows, kv = [], []
     for name in fac if warm_up else ():
-        run(fac[name], arrivals)
+        drive_one(fac[name], arrivals)
     for rnd, name in alternating(list(fac), rounds):
-        events, samples = run(fac[name], arrivals)
+        events, samples = drive_one(fac[name], arrivals)
         r, g = request_metrics(events), token_gaps(events)
         span_s = events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
         run = dict(scenario=scenario, engine=name, round=rnd)

@@ -79,7 +79,8 @@ class Pools:
     def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
         """Copy each ``(source, copy)`` page's ``page_size`` slots into the copy's, in every
         layer's keys and values (copy-on-write of a shared page), growing the pools to
-        ``slots`` first."""
+        ``slots`` first. The pages are read (evaluated) before they are written, so each
+        pool is written in place."""
         if not pairs:
             return
         src, dst = (
@@ -90,12 +91,16 @@ class Pools:
             )
             for pages in zip(*pairs, strict=True)
         )
-        for layer, have in enumerate(self.keys):
-            if have is None:
-                continue
-            self.fit(layer, have)
+        layers = [layer for layer, have in enumerate(self.keys) if have is not None]
+        for layer in layers:
+            self.fit(layer, self.keys[layer])
+        # Read before the writes: a write into a pool that a gather not yet run still reads
+        # copies the pool whole (MLX reuses only a buffer nothing else refers to).
+        moved = {(id(pool), layer): pool[layer][src] for layer in layers for pool in (self.keys, self.values)}
+        mx.eval(list(moved.values()))
+        for layer in layers:
             for pool in (self.keys, self.values):
-                pool[layer][dst] = pool[layer][src]
+                pool[layer][dst] = moved[id(pool), layer]
 
     def clone(self, share: bool = False) -> "Pools":
         """A copy: the same array objects with ``share`` (an engine call's savepoint: the
@@ -253,11 +258,12 @@ def packed_forward(
     pools: Pools,
     table: PageTable,
     chunks: Sequence[Chunk],
-    tokens: Sequence[int],
+    tokens: Sequence[int] | mx.array,
     masked: bool = False,
     decode_kernel: bool | None = None,
 ) -> mx.array:
-    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order) through ``model`` as one
+    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order; ids or a uint32 array, maybe
+    lazy) through ``model`` as one
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
     chunk's last token (``R = 0``: an empty ``[0, V]``).
@@ -277,5 +283,6 @@ def packed_forward(
     )
     caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked, kernel)
     with per_token_rope(inner), paged_sdpa(inner):
-        h = inner(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [T, hidden], normed
+        ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+        h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]

@@ -127,6 +127,7 @@ def test_the_kernel_is_selected_on_cuda_only_for_the_shapes_it_serves(monkeypatc
     assert not ca.selected(None, 32, None)  # no pool yet (no forward has written one)
     assert not ca.selected(None, 128, pool)  # 16 query heads per KV head: more than MAX_GROUP
     assert not ca.selected(None, 12, pool)  # not a multiple of the KV heads
+    assert not ca.selected(None, 0, pool)
     assert not ca.selected(None, 32, mx.zeros((8, 8, 16), mx.float32))  # head dim 16
     assert not ca.selected(None, 32, mx.zeros((8, 8, 64), mx.int32))
 

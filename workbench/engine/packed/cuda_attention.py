@@ -309,7 +309,9 @@ def serves(n_heads: int, pool: mx.array | None) -> bool:
     if pool is None or pool.ndim != 3:
         return False
     n_kv, D = pool.shape[1], pool.shape[2]
-    return D in HEAD_DIMS and pool.dtype in DTYPES and n_heads % n_kv == 0 and n_heads // n_kv <= MAX_GROUP
+    return (
+        D in HEAD_DIMS and pool.dtype in DTYPES and n_heads % n_kv == 0 and 1 <= n_heads // n_kv <= MAX_GROUP
+    )
 
 
 def selected(choice: bool | None, n_heads: int, pool: mx.array | None) -> bool:
@@ -399,6 +401,11 @@ def paged_decode_attention(
 
     Raises:
         ValueError: shapes or dtypes it does not serve (see :func:`serves`).
+
+    Example::
+
+        pages = decode_pages(table, chunks)  # the forward's leading decode rows
+        out = paged_decode_attention(queries[:, :, : pages.n_rows], k_pool, v_pool, pages, head_dim**-0.5)
     """
     _check(queries, k_pool, v_pool, pages)
     _, H, R, D = queries.shape

@@ -423,16 +423,23 @@ def paged_decode_attention(
     )
     if n_splits == 1:
         return _kernel(False)(**args, output_shapes=[(1, H, R, D)], output_dtypes=[queries.dtype])[0]
+    return _split_and_reduce(args, (R, H, D), n_splits, queries.dtype)
+
+
+def _split_and_reduce(args: dict, shape: tuple[int, int, int], n_splits: int, dtype: mx.Dtype) -> mx.array:
+    """The split kernel's partial states ``[R, H, splits, 2]`` (maximum, sum) and ``[R, H,
+    splits, D]`` (float32), merged by :data:`_REDUCE` into ``[1, H, R, D]`` ``dtype``."""
+    R, H, D = shape
     ml, acc = _kernel(True)(
         **args, output_shapes=[(R, H, n_splits, 2), (R, H, n_splits, D)], output_dtypes=[mx.float32] * 2
     )
     return _reduce_kernel()(
         inputs=[ml, acc, _dims(R, H, n_splits)],
-        template=[("T", queries.dtype), ("D", D)],
+        template=[("T", dtype), ("D", D)],
         grid=(R * H * D, 1, 1),
         threadgroup=(D, 1, 1),
         output_shapes=[(1, H, R, D)],
-        output_dtypes=[queries.dtype],
+        output_dtypes=[dtype],
     )[0]
 
 

@@ -2,8 +2,9 @@
 its MLX-ops reference equals the gather path (``grouped_attention``'s decode group) on the CPU;
 the dispatch (decode rows to the kernel, prefill chunks by groups, on CUDA only, off with
 ``decode_kernel=False``) is checked on the CPU with the reference standing in for the kernel;
-the kernel itself is compared with the reference on the GPU (``gpu`` tests: skipped elsewhere,
-with the reason)."""
+the kernels' own CUDA source is run on the CPU by an emulation (``tests/engine/cuda_emulation.py``,
+skipped without g++ and CUDA's headers) against the reference; the kernel itself is compared
+with the reference on the GPU (``gpu`` tests: skipped elsewhere, with the reason)."""
 
 import mlx.core as mx
 import numpy as np

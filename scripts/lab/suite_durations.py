@@ -10,7 +10,10 @@ the XML (time it with ``time``). ``--slow-list`` compares the functions (paramet
 ``--write`` rewrites the measured part of ``tests/slow_tests.txt`` (every function over 2 s,
 keeping its hand-written companions: tests that share a listed test's slow fixture) and
 ``tests/file_seconds.txt`` (each file's seconds: ``tests/conftest.py`` hands the longest files
-to the xdist workers first).
+to the xdist workers first). ``--workers N`` replays the run's test times through pytest-xdist's
+``--dist loadfile`` rule (a worker gets the next file once at most 2 of its tests are pending)
+for xdist's own most-tests-first order and for longest-file-first: the wall time each order
+gives, before start-up and collection.
 """
 
 from __future__ import annotations
@@ -22,7 +25,50 @@ from pathlib import Path
 
 SLOW_LIST = Path(__file__).resolve().parents[2] / "tests" / "slow_tests.txt"
 FILE_SECONDS = SLOW_LIST.with_name("file_seconds.txt")
-NOT_LISTED = ("real_model", "realmodel", "test_browser", ".ipynb")  # slow by marker or kind, not by list
+NOT_LISTED = ("real_model", "realmodel", "test_browser", ".ipynb")  # files slow by marker or kind
+
+
+def by_marker(name: str) -> bool:
+    """True for a function of a file whose tests are all slow without the list (notebooks,
+    the real-model and browser files), judged by its path: a name may say "real_model" and
+    still be a quick test."""
+    return any(k in name.split("::")[0] for k in NOT_LISTED)
+
+
+def file_cases(paths: list[str]) -> dict[str, list[float]]:
+    """``file -> [seconds of each test case]``, in the run's order."""
+    files: dict[str, list[float]] = {}
+    for path in paths:
+        for case in ET.parse(path).iter("testcase"):
+            files.setdefault(_module(case.get("classname", "").split("."))[0], []).append(
+                float(case.get("time") or 0.0)
+            )
+    return files
+
+
+def replay(files: dict[str, list[float]], order: list[str], workers: int) -> float:
+    """Wall seconds of ``workers`` xdist workers taking whole files in ``order`` (xdist's
+    ``LoadScopeScheduling``: a worker is sent the next file while at most 2 of its tests are
+    pending), each test taking its measured time."""
+    queue = [list(files[f]) for f in order]
+    pending: list[list[float]] = [[] for _ in range(workers)]
+    clock = [0.0] * workers
+    for n in range(workers):
+        while queue and len(pending[n]) <= 2:
+            pending[n] += queue.pop(0)
+    while any(pending):
+        n = min((k for k in range(workers) if pending[k]), key=lambda k: clock[k])
+        clock[n] += pending[n].pop(0)
+        while queue and len(pending[n]) <= 2:
+            pending[n] += queue.pop(0)
+    return max(clock)
+
+
+def _module(parts: list[str]) -> tuple[str, int]:
+    """``(file path, index of its part)`` of a junit classname split on dots."""
+    i = next((k for k, p in enumerate(parts) if p.startswith("test_") or "ipynb" in p), len(parts) - 1)
+    notebook = "ipynb" in parts[i]  # notebooks.01_tour.ipynb -> notebooks/01_tour.ipynb
+    return "/".join(parts[: i if notebook else i + 1]) + (".ipynb" if notebook else ".py"), i
 
 
 def test_seconds(paths: list[str]) -> collections.Counter:
@@ -31,11 +77,7 @@ def test_seconds(paths: list[str]) -> collections.Counter:
     for path in paths:
         for case in ET.parse(path).iter("testcase"):
             parts = case.get("classname", "").split(".")
-            i = next(
-                (k for k, p in enumerate(parts) if p.startswith("test_") or "ipynb" in p), len(parts) - 1
-            )
-            notebook = "ipynb" in parts[i]  # notebooks.01_tour.ipynb -> notebooks/01_tour.ipynb
-            module = "/".join(parts[: i if notebook else i + 1]) + (".ipynb" if notebook else ".py")
+            module, i = _module(parts)
             name = "::".join([module, *parts[i + 1 :], case.get("name", "").split("[")[0]])
             seconds[name] += float(case.get("time") or 0.0)
     return seconds
@@ -56,11 +98,14 @@ def slow_list_report(seconds: collections.Counter) -> list[str]:
         line.split()[0] for line in SLOW_LIST.read_text().splitlines() if line.strip() and line[0] != "#"
     }
     lines = ["over 2 s, not in tests/slow_tests.txt:"]
-    lines += [f"  {s:8.1f}  {n}" for n, s in seconds.most_common() if s > 2.0 and n not in listed]
-    lines = [line for line in lines if not any(k in line for k in NOT_LISTED)]
+    lines += [
+        f"  {s:8.1f}  {n}"
+        for n, s in seconds.most_common()
+        if s > 2.0 and n not in listed and not by_marker(n)
+    ]
     lines += ["listed, under 1 s here:"]
     lines += [f"  {seconds[n]:8.2f}  {n}" for n in sorted(listed) if n in seconds and seconds[n] < 1.0]
-    quick = sum(s for n, s in seconds.items() if n not in listed and not any(k in n for k in NOT_LISTED))
+    quick = sum(s for n, s in seconds.items() if n not in listed and not by_marker(n))
     return [*lines, f"the quick check's tests (not listed, not slow by marker): {quick:.1f} s"]
 
 
@@ -85,7 +130,7 @@ def write_lists(seconds: collections.Counter, source: str) -> None:
         for line in SLOW_LIST.read_text().splitlines()
         if line.strip() and line[0] != "#" and len(line.split()) > 1 and not _is_number(line.split()[1])
     ]
-    slow = sorted(n for n, s in seconds.items() if s > 2.0 and not any(k in n for k in NOT_LISTED))
+    slow = sorted(n for n, s in seconds.items() if s > 2.0 and not by_marker(n))
     lines = [f"{n}  {seconds[n]:.1f}" for n in slow] + ["", COMPANIONS.rstrip("\n"), *companions]
     SLOW_LIST.write_text(SLOW_HEADER.format(source=source) + "\n".join(lines) + "\n")
     files = grouped(seconds, "file")
@@ -109,6 +154,7 @@ def main() -> None:
     parser.add_argument("xml", nargs="+", help="junit XML files of pytest runs")
     parser.add_argument("--top", type=int, default=30, help="files and functions listed, slowest first")
     parser.add_argument("--slow-list", action="store_true", help="compare with tests/slow_tests.txt")
+    parser.add_argument("--workers", type=int, default=0, help="replay the run on N xdist workers")
     parser.add_argument(
         "--write",
         metavar="SOURCE",
@@ -125,6 +171,17 @@ def main() -> None:
     print("\n".join(f"  {s:8.1f}  {name}" for name, s in seconds.most_common(args.top)))
     if args.slow_list:
         print("\n" + "\n".join(slow_list_report(seconds)))
+    if args.workers:
+        files = file_cases(args.xml)
+        most_tests = sorted(files, key=lambda f: -len(files[f]))
+        longest = sorted(files, key=lambda f: -sum(files[f]))
+        print(f"\n{args.workers} workers, --dist loadfile, this run's test times:")
+        print(f"  xdist's order (most tests first): {replay(files, most_tests, args.workers):.0f} s")
+        print(f"  longest file first: {replay(files, longest, args.workers):.0f} s")
+        print(
+            f"  the longest file: {max(sum(t) for t in files.values()):.0f} s; 1/{args.workers} of the sum: "
+            f"{sum(seconds.values()) / args.workers:.0f} s"
+        )
     if args.write:
         write_lists(seconds, args.write)
 

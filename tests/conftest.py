@@ -275,7 +275,7 @@ GPU_SKIPPED = []
 
 # The `slow` tier: `pytest -m "not slow"` is the quick check (README). Every executed notebook, every
 # test of the fetched real model and the real-browser test are slow, and so is every test function
-# listed in tests/slow_tests.txt (measured over 2 s on 2 cores: `pytest --durations=0`).
+# listed in tests/slow_tests.txt (over 2 s in a whole-suite run: `scripts/lab/suite_durations.py RUN.xml --write`).
 SLOW_MARKERS = ("realmodel", "browser")
 SLOW_TESTS_FILE = Path(__file__).resolve().parent / "slow_tests.txt"
 

@@ -10,6 +10,18 @@ from tests.views.test_views import full_snapshot
 from workbench.observe.forward_masks import causal_mask, decode_forward, prefill_forwards
 
 
+def prefill_log(prompt_tokens: dict[int, int], chunks: list[tuple[int, int]], joins=()) -> list:
+    """Each uid admitted with its prompt length, then the prefill chunks ``(uid, tokens)`` in
+    order, then the joins of ``joins``."""
+    return event_log(
+        "\n".join(
+            [f"admit {uid} n_tokens={n}" for uid, n in prompt_tokens.items()]
+            + [f"prefill {uid} n_tokens={n}" for uid, n in chunks]
+            + [f"join {uid}" for uid in joins]
+        )
+    )
+
+
 @pytest.mark.parametrize("n,cached,lp", [(3, 0, None), (2, 4, None), (1, 3, [0, 2]), (4, 2, [1, 0, 2])])
 def test_causal_mask_equals_mlx_lm_create_causal_mask(n, cached, lp):
     theirs = create_causal_mask(n, offset=cached, left_padding=None if lp is None else mx.array(lp))
@@ -18,16 +30,7 @@ def test_causal_mask_equals_mlx_lm_create_causal_mask(n, cached, lp):
 
 
 def test_a_right_padded_group_is_one_forward_padded_to_its_longest_row():
-    log = event_log(
-        """
-        admit 0 n_tokens=6
-        admit 1 n_tokens=2
-        prefill 0 n_tokens=5
-        prefill 1 n_tokens=1
-        join 0
-        join 1
-        """
-    )
+    log = prefill_log({0: 6, 1: 2}, [(0, 5), (1, 1)], joins=(0, 1))
     (fm,) = prefill_forwards(log)
     assert fm.uids == (0, 1) and fm.shape == (2, 5, 5) and fm.n_cached == 0 and fm.first_event == 2
     assert fm.query_padding.astype(int).tolist() == [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1]]
@@ -51,15 +54,7 @@ def test_chunks_of_one_prompt_are_separate_forwards_over_the_cached_keys():
 
 
 def test_consecutive_chunks_of_different_rows_with_different_starts_are_different_forwards():
-    log = event_log(
-        """
-        admit 0 n_tokens=9
-        admit 1 n_tokens=5
-        prefill 0 n_tokens=4
-        prefill 0 n_tokens=4
-        prefill 1 n_tokens=4
-        """
-    )
+    log = prefill_log({0: 9, 1: 5}, [(0, 4), (0, 4), (1, 4)])
     assert [(f.uids, f.n_cached) for f in prefill_forwards(log)] == [((0,), 0), ((0,), 4), ((1,), 0)]
 
 

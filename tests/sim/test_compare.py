@@ -8,17 +8,15 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
+from tests.cost_models import SIM_COST as COST
 from tests.observe.event_logs import event_log
 from workbench.observe.metrics import SLO
 from workbench.runtime.modelref import ModelRef
 from workbench.sim.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
-from workbench.sim.costmodel import CostModel
 from workbench.views.replay import latency_cdf_text, occupancy_text, render_latency_cdfs, render_occupancy
 from workbench.workloads.workload import Workload
 
 from .replays import hand_replay
-
-COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
 
 
 def _hand_run(name="hand"):

@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import workbench as wb
 from tests.engine.test_packed import SPECS, packed, staggered
 from workbench.engine.packed import cuda_attention as ca
 from workbench.engine.packed.attention import Pools, packed_forward
@@ -179,6 +180,29 @@ def _staggered_packed(model, tok):
     checked after every call (``tests/engine/test_packed.py``). Returns ``(scheduler, uids)``."""
     sched = packed(model, tok)
     return sched, staggered(sched, tok, SPECS[:4])
+
+
+@pytest.mark.model
+def test_fast_decode_false_keeps_a_packed_scheduler_off_the_kernel_through_fork_and_restore(
+    bundled, monkeypatch
+):
+    """``Scheduler(fast_decode=False)`` reaches the packed forward (no kernel call where the kernel
+    would be selected), and its forks and restores keep the choice; the default takes the kernel."""
+    model, tok = bundled
+    calls = []
+    monkeypatch.setattr(ca, "paged_decode_attention", _stand_in(calls))
+    monkeypatch.setattr(
+        ca, "selected", lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
+    )
+    off = packed(model, tok, fast_decode=False, history_checkpoints=2)
+    staggered(off, tok, SPECS[:2])
+    fork = off.fork()
+    fork.submit(wb.Request(prompt=tok.encode("import os\n"), max_tokens=3))
+    fork.run()
+    assert off.state.batch.decode_kernel is False is fork.state.batch.decode_kernel and not calls
+    on = packed(model, tok)
+    staggered(on, tok, SPECS[:2])
+    assert calls, "the default (None) takes the kernel where it is selected"
 
 
 @pytest.mark.model

@@ -233,7 +233,12 @@ class Scheduler:
         max_pages = None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // page_bytes
         self.ledger = PageLedger(cfg.page_size, page_bytes, cfg)
         self.state.batch = PackedBatch(
-            cfg.page_size, page_bytes, len(self.model.model.layers), max_pages, self._extras["prompt_cache"]
+            cfg.page_size,
+            page_bytes,
+            len(self.model.model.layers),
+            max_pages,
+            self._extras["prompt_cache"],
+            decode_kernel=False if cfg.fast_decode is False else None,  # fast_decode=False: MLX ops only
         )
 
     @contextlib.contextmanager

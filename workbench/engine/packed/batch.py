@@ -81,6 +81,9 @@ class PackedBatch:
         max_pages: most pages the pools may allocate (``kv_budget_bytes // page_bytes``;
             ``None``: no limit).
         cache_pages: prefix caching: most unreferenced pages kept cached (``None``: off).
+        decode_kernel: the decode rows' attention by the CUDA paged-attention kernel
+            (``None``: on CUDA where it serves the model; ``False``: never;
+            :func:`~workbench.engine.packed.attention.packed_forward`).
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
@@ -105,9 +108,10 @@ class PackedBatch:
         n_layers: int,
         max_pages: int | None = None,
         cache_pages: int | None = None,
+        decode_kernel: bool | None = None,
     ):
         self.page_size, self.page_bytes, self.n_layers = page_size, page_bytes, n_layers
-        self.max_pages, self.cache_pages = max_pages, cache_pages
+        self.max_pages, self.cache_pages, self.decode_kernel = max_pages, cache_pages, decode_kernel
         self.rows: list[RequestState] = []
         self.held: list[int] = []
         self.table = PageTable(page_size, max_pages, cache_pages)
@@ -204,7 +208,14 @@ class PackedBatch:
         charge = getattr(model, "charge_packed", None)  # a model that prices its forwards (a cost clock)
         if charge is not None:
             charge(chunks)
-        logits = packed_forward(model, self.pools, self.table, chunks, self._tokens(chunks, after))
+        logits = packed_forward(
+            model,
+            self.pools,
+            self.table,
+            chunks,
+            self._tokens(chunks, after),
+            decode_kernel=self.decode_kernel,
+        )
         for c in chunks:
             self.held[by_uid[c.uid]] = c.end
             if c.end <= len(self.rows[by_uid[c.uid]].inputs):
@@ -300,7 +311,14 @@ class PackedBatch:
         """An independent copy (page table copied, its hand-out counts shared with
         ``share_appended``; pools as :meth:`Pools.clone` with ``share=share_appended``);
         ``state_of`` maps each row's state to the copy's."""
-        out = PackedBatch(self.page_size, self.page_bytes, self.n_layers, self.max_pages, self.cache_pages)
+        out = PackedBatch(
+            self.page_size,
+            self.page_bytes,
+            self.n_layers,
+            self.max_pages,
+            self.cache_pages,
+            self.decode_kernel,
+        )
         out.rows, out.held = [state_of(r) for r in self.rows], list(self.held)
         out.table, out.pools, out.last_chunks = (
             self.table.clone(share_handouts=share_appended),

@@ -63,30 +63,30 @@ TINY_LLAMA = {
 
 # One small random-weight model per cache family, for the family tests (windows of 8
 # tokens so the ring buffers wrap inside the tests). All share the tiny-llama tokenizer.
-TINY_GEMMA3 = {  # sliding window (BatchRotatingKVCache) + global attention (BatchKVCache)
-    "model_type": "gemma3_text",
+# The attention of the family models: width 64, MLP 128, 4 query and 2 KV heads of 16 dims.
+FAMILY_ATTENTION = {
     "hidden_size": 64,
-    "num_hidden_layers": 4,
     "intermediate_size": 128,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
     "rms_norm_eps": 1e-6,
     "vocab_size": VOCAB_SIZE,
-    "query_pre_attn_scalar": 16,
-    "sliding_window": 8,
-    "sliding_window_pattern": 2,
     "max_position_embeddings": 2048,
     "torch_dtype": "float32",
 }
-TINY_QWEN3_NEXT = {  # gated-delta linear attention (ArraysCache) + full attention (BatchKVCache)
-    "model_type": "qwen3_next",
-    "hidden_size": 64,
+TINY_GEMMA3 = {  # sliding window (BatchRotatingKVCache) + global attention (BatchKVCache)
+    **FAMILY_ATTENTION,
+    "model_type": "gemma3_text",
     "num_hidden_layers": 4,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 8,
+    "sliding_window_pattern": 2,
+}
+TINY_QWEN3_NEXT = {  # gated-delta linear attention (ArraysCache) + full attention (BatchKVCache)
+    **FAMILY_ATTENTION,
+    "model_type": "qwen3_next",
+    "num_hidden_layers": 4,
     "linear_num_value_heads": 4,
     "linear_num_key_heads": 2,
     "linear_key_head_dim": 16,
@@ -98,14 +98,10 @@ TINY_QWEN3_NEXT = {  # gated-delta linear attention (ArraysCache) + full attenti
     "shared_expert_intermediate_size": 64,
     "mlp_only_layers": [],
     "moe_intermediate_size": 32,
-    "rms_norm_eps": 1e-6,
-    "vocab_size": VOCAB_SIZE,
     "rope_theta": 10000.0,
     "partial_rotary_factor": 0.25,
-    "max_position_embeddings": 2048,
     "full_attention_interval": 2,
     "tie_word_embeddings": False,
-    "torch_dtype": "float32",
 }
 TINY_MAMBA2 = {  # pure SSM (ArraysCache: conv state + SSM state)
     "model_type": "mamba2",
@@ -128,19 +124,11 @@ TINY_MAMBA2 = {  # pure SSM (ArraysCache: conv state + SSM state)
     "torch_dtype": "float32",
 }
 TINY_QWEN3 = {  # full attention, no make_cache: mlx-lm's max_kv_size gives it rotating caches
+    **FAMILY_ATTENTION,
     "model_type": "qwen3",
-    "hidden_size": 64,
     "num_hidden_layers": 3,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "rms_norm_eps": 1e-6,
-    "vocab_size": VOCAB_SIZE,
-    "max_position_embeddings": 2048,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
-    "torch_dtype": "float32",
 }
 FAMILIES = {
     "tiny-llama": (llama, TINY_LLAMA),

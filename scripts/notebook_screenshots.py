@@ -1,6 +1,7 @@
 """Screenshots of notebook outputs as JupyterLab shows them at 100% zoom, in Debian's
-Chromium driven by Playwright (the same set-up as ``tests/test_browser.py``; see there for
-what it needs). Used to check that figures and text forms are readable (issue 13).
+Chromium driven by Playwright (the set-up of ``tests/test_browser.py``, shared in
+``tests/browser_lab.py``: see there for what it needs). Used to check that figures and text
+forms are readable (issue 13).
 
 Usage::
 
@@ -25,18 +26,23 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, KERNEL_IDLE_JS, _free_port, _write_settings  # noqa: E402
+from tests.browser_lab import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    local_only,
+    open_notebook,
+    run_all_cells,
+    start_lab,
+    stop_lab,
+)
 
 VISIBLE = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 CELL = f"{VISIBLE} .jp-Notebook .jp-Cell"
@@ -63,53 +69,11 @@ PANEL_INFO_JS = """() => Array.from(document.querySelectorAll(
   .map(i => [i.classList[i.classList.length - 1], i.naturalWidth, i.clientWidth])"""
 
 
-def lab(served: Path, settings: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """A JupyterLab on ``served`` (no token, localhost), and its base URL once it answers."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            f"--port={port}",
-            "--ServerApp.token=",
-            "--ServerApp.password=",
-            "--ServerApp.ip=127.0.0.1",
-            "--allow-root",
-            f"--ServerApp.root_dir={served}",
-            f"--LabApp.user_settings_dir={settings}",
-            f"--LabApp.workspaces_dir={settings.parent / 'workspaces'}",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        stdout=open(log_path, "w"),
-        stderr=subprocess.STDOUT,
-        cwd=REPO / "notebooks",
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status", timeout=2)
-            return proc, base
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"JupyterLab did not start; see {log_path}") from None
-            time.sleep(0.5)
-
-
 def shoot(page, base: str, name: str, run: bool, cells: list[str], out: Path) -> None:
     """Open ``name``, optionally run all cells, and screenshot the requested cells."""
-    page.goto(f"{base}/lab/tree/{name}")
-    page.wait_for_selector(CELL, timeout=60_000)
-    page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000)
+    open_notebook(page, base, name, CELL)
     if run:
-        page.locator(CELL).first.click()
-        page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
-        page.locator(
-            ".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')"
-        ).click()
+        run_all_cells(page, CELL)
         time.sleep(5)
         page.wait_for_function(RUNNING_JS, timeout=500_000)
     time.sleep(2)
@@ -146,13 +110,12 @@ def main(argv: list[str]) -> None:
     work = Path(tempfile.mkdtemp())
     served = work / "served"
     served.mkdir()
-    _write_settings(work / "settings")
     jobs = []
     for spec, cells in zip(argv[1::2], argv[2::2]):
         path, _, mode = spec.partition(":")
         shutil.copy(path, served / Path(path).name)
         jobs.append((Path(path).name, mode == "run", cells.split(",")))
-    proc, base = lab(served, work / "settings", out / "jupyterlab.log")
+    proc, base = start_lab(served, work, out / "jupyterlab.log", cwd=REPO / "notebooks")
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
@@ -163,21 +126,13 @@ def main(argv: list[str]) -> None:
                         "height": int(os.environ.get("VH", 1000)),
                     }
                 )
-                page.route(
-                    "**/*",
-                    lambda route: (
-                        route.continue_()
-                        if route.request.url.startswith("http://127.0.0.1")
-                        else route.abort()
-                    ),
-                )
+                page.route("**/*", local_only)
                 for name, run, cells in jobs:
                     shoot(page, base, name, run, cells, out)
             finally:
                 browser.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_lab(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 

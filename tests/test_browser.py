@@ -11,41 +11,27 @@ reason. Browser downloads (``playwright install``) are never used.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.browser_lab import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    KERNEL_IDLE_JS,
+    local_only,
+    open_notebook,
+    run_all_cells,
+    start_lab,
+    stop_lab,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "02_join_evict.ipynb"
 OUT_DIR = REPO / "test-output" / "browser"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-# JupyterLab user settings: no news fetching (its toast covers the page), every cell in the DOM.
-LAB_SETTINGS = {
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"},
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
-}
-KERNEL_IDLE_JS = """() => {
-  const name = document.querySelector('.jp-Notebook-toolbarKernelName, .jp-KernelName');
-  const state = document.querySelector('.jp-Notebook-ExecutionIndicator');
-  return name && !/No Kernel/.test(name.textContent) && state && state.dataset.status === 'idle';
-}"""
 IMAGE_SCALES_JS = """() => Array.from(document.querySelectorAll(
     '.wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image'))
   .map(img => [img.classList[img.classList.length - 1], img.clientWidth / img.naturalWidth])"""
@@ -57,19 +43,6 @@ MASK_SHA256_JS = """async () => {
 }"""
 
 pytestmark = pytest.mark.browser
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_settings(settings_dir: Path) -> None:
-    for rel, value in LAB_SETTINGS.items():
-        path = settings_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(value))
 
 
 @pytest.fixture
@@ -90,49 +63,17 @@ def lab_server(tmp_path):
     served = tmp_path / "served"
     served.mkdir()
     shutil.copy(NOTEBOOK, served / NOTEBOOK.name)
-    _write_settings(tmp_path / "settings")
-    port = _free_port()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for old in OUT_DIR.glob("*.png"):
         old.unlink()
-    log = open(OUT_DIR / "jupyterlab.log", "w")
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyter",
-        "lab",
-        "--no-browser",
-        f"--port={port}",
-        "--ServerApp.token=",
-        "--ServerApp.password=",
-        "--ServerApp.ip=127.0.0.1",
-        "--allow-root",
-        f"--ServerApp.root_dir={served}",
-        f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-    base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not start; see {OUT_DIR / 'jupyterlab.log'}")
-                time.sleep(0.5)
+        proc, base = start_lab(served, tmp_path, OUT_DIR / "jupyterlab.log")
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
         yield base, served
     finally:
-        proc.send_signal(signal.SIGTERM)  # the server shuts its kernels down
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_lab(proc)
 
 
 def _wait_for_change(read, old, timeout_s: float):
@@ -150,21 +91,10 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
         browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.route(
-                "**/*",
-                lambda route: (
-                    route.continue_() if route.request.url.startswith("http://127.0.0.1") else route.abort()
-                ),
-            )
+            page.route("**/*", local_only)
             try:
-                page.goto(f"{base}/lab/tree/{NOTEBOOK.name}")
-                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-                page.wait_for_function(KERNEL_IDLE_JS, timeout=90_000)
-                page.locator(".jp-Notebook .jp-Cell").first.click()  # focus the notebook
-                page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
-                page.locator(
-                    ".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')"
-                ).click()
+                open_notebook(page, base, NOTEBOOK.name, ".jp-Notebook .jp-Cell")
+                run_all_cells(page, ".jp-Notebook .jp-Cell")
                 step = page.locator(".jupyter-widgets button:text-is('Step')")
                 step.wait_for(timeout=120_000)
                 page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)

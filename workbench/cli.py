@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 OUT = "workbench-out"  # the default output folder of every command that writes files
@@ -222,15 +223,26 @@ def positive_int(text: str) -> int:
 
 
 def _command(
-    sub: argparse._SubParsersAction, name: str, summary: str, details: str = ""
+    sub: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    details: str = "",
+    func: Callable[[argparse.Namespace], int] | None = None,
+    out: str = "",
 ) -> argparse.ArgumentParser:
     """A sub-command whose one-line ``summary`` shows in ``workbench --help`` and whose
-    ``--help`` gives the summary and the ``details``."""
-    return sub.add_parser(
+    ``--help`` gives the summary and the ``details``; ``func`` runs it (returns the exit
+    code); ``out``: what it writes, for its ``--out`` folder option (:func:`_out`), if any."""
+    p = sub.add_parser(
         name,
         help=summary,
         description=f"{summary[0].upper()}{summary[1:]}." + (f" {details}" if details else ""),
     )
+    if func is not None:
+        p.set_defaults(func=func)
+    if out:
+        _out(p, out)
+    return p
 
 
 def _out(p: argparse.ArgumentParser, what: str) -> None:
@@ -238,6 +250,15 @@ def _out(p: argparse.ArgumentParser, what: str) -> None:
         "--out",
         default=OUT,
         help=f"output folder for {what} (default ./{OUT}; --out docs rewrites the repo's documented copy)",
+    )
+
+
+def _model(p: argparse.ArgumentParser, default: str = "bundled") -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        help="mlx-lm model path, bundled or fetched name (smollm2-135m), "
+        f"or Hugging Face repo id (default: {default})",
     )
 
 
@@ -255,13 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run a staggered 14-request workload, print metrics and the oracle check",
         "Every row is checked token for token against mlx-lm alone and mlx-lm's BatchGenerator; writes "
         "timeline.png, events.csv and requests.csv. About 30 s on 2 cores with the bundled model.",
+        func=_demo,
+        out="timeline.png, events.csv, requests.csv",
     )
-    d.add_argument(
-        "--model",
-        default=None,
-        help="mlx-lm model path, bundled or fetched name (smollm2-135m), "
-        "or Hugging Face repo id (default: bundled)",
-    )
+    _model(d)
     d.add_argument(
         "--dequantize",
         action=argparse.BooleanOptionalAction,
@@ -280,25 +298,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="Scheduler(batch_invariant=True): also check "
         "every row bit for bit against itself alone in the mode",
     )
-    _out(d, "timeline.png, events.csv, requests.csv")
-    d.set_defaults(func=_demo)
     g = _command(
         sub,
         "goldens",
         "write reference trajectories from mlx-lm to goldens/",
         "Maintainers: the tests compare the engine with these files and with mlx-lm live.",
+        func=_goldens,
     )
-    g.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
+    _model(g)
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
-    g.set_defaults(func=_goldens)
-    v = _command(
+    _command(
         sub,
         "gallery",
         "draw every view of a live run into views.md and views/",
         "`--out docs` rewrites docs/views.md and docs/views/.",
+        func=_gallery,
+        out="views.md and views/",
     )
-    _out(v, "views.md and views/")
-    v.set_defaults(func=_gallery)
     b = _command(
         sub,
         "bench",
@@ -307,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "head-of-line, checkpoints, a long session, roofline; decode again on the fetched SmolLM2-135M "
         "(skipped, saying why, when it is not fetched). The full CPU run took 28 min on 2 shared cores "
         "(docs/benchmarks.md); --quick a few minutes. Writes benchmarks.md and benchmarks/.",
+        func=_bench,
+        out="benchmarks.md and benchmarks/",
     )
     b.add_argument(
         "--quick",
@@ -320,7 +338,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="gpu: a 1B-shaped bf16 llama at B=1,8,32,128 against mlx-lm, decode and wall with prefill, "
         "roofline (writes gpu-bench.md; docs/gpu.md)",
     )
-    _out(b, "benchmarks.md and benchmarks/")
     b.add_argument(
         "--no-real-model",
         action="store_true",
@@ -339,16 +356,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(decode, staggered, loaded, Azure window, Sarathi-Serve schedules; writes packed-bench.md and "
         "packed-bench/; docs/packed.md)",
     )
-    b.set_defaults(func=_bench)
     m = _command(
         sub,
         "margins",
         "how often greedy decoding nearly ties over the demo workload",
         "Prints the top-2 logit margins: where they are tiny, the token-for-token oracles could flip.",
+        func=_margins,
     )
-    m.add_argument("--model", default=None, help="mlx-lm model path or repo id (default: bundled)")
-    m.set_defaults(func=_margins)
-    mo = _command(sub, "models", "bundled and fetched models: `models list`, `models fetch smollm2-135m`")
+    _model(m)
+    mo = _command(
+        sub, "models", "bundled and fetched models: `models list`, `models fetch smollm2-135m`", func=_models
+    )
     mo_sub = mo.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     _command(mo_sub, "list", "bundled, fetched (with source and sha256) and fetchable models")
     mf = _command(
@@ -360,41 +378,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mf.add_argument("name", help="a catalog name, e.g. smollm2-135m")
     mf.add_argument("--force", action="store_true", help="convert again even if already fetched")
-    mo.set_defaults(func=_models)
-    fa = _command(
+    _command(
         sub,
         "families",
         "try every mlx-lm architecture as a random 2-layer model: batches "
         "(oracle-checked), serial lane or refused, and why",
         "Deterministic (seeded weights), at most 256 MiB of weights per architecture; writes families.md.",
+        func=_families,
+        out="families.md",
     )
-    _out(fa, "families.md")
-    fa.set_defaults(func=_families)
     ca = _command(
         sub,
         "calibrate",
         "measure prefill chunks and decode steps on this machine and fit a cost model",
         "The JSON it writes is what wb.CostModel.load reads for replays on a virtual clock "
         "(docs/policies.md).",
+        func=_calibrate,
     )
-    ca.add_argument(
-        "--model", default=None, help="mlx-lm model path or name (default: the bundled tiny-llama)"
-    )
+    _model(ca, "the bundled tiny-llama")
     ca.add_argument("--out", default=None, help=f"the JSON file (default ./{OUT}/<model>-<machine>.json)")
-    ca.set_defaults(func=_calibrate)
     bl = _command(
         sub,
         "blas",
         "which BLAS MLX's CPU matmuls use; install or remove the start-up hook",
         "`import workbench` loads an optimized BLAS before mlx; where mlx is imported first (a notebook's "
         "first line), the hook loads it at every interpreter start of this environment.",
+        func=_blas,
     )
     hook = bl.add_mutually_exclusive_group()
     hook.add_argument(
         "--install-hook", action="store_true", help="write workbench-blas.pth into site-packages"
     )
     hook.add_argument("--remove-hook", action="store_true", help="delete it")
-    bl.set_defaults(func=_blas)
     iv = _command(
         sub,
         "invariance",
@@ -403,19 +418,19 @@ def build_parser() -> argparse.ArgumentParser:
         "Per projection, attention over left padding and row-wise op: row alone vs among B rows; then, end to "
         "end, greedy rows bit-equal to their run alone by default and with Scheduler(batch_invariant=True). "
         "Exit 1 if an invariant row differs. docs/batch-invariance.md.",
+        func=_invariance,
     )
-    iv.add_argument("--model", default=None, help="mlx-lm model path or name (default: bundled)")
+    _model(iv)
     iv.add_argument(
         "--batch-sizes", type=positive_int, nargs="+", default=[8, 32], help="batch sizes B (default 8 32)"
     )
     iv.add_argument("--max-tokens", type=positive_int, default=12, help="tokens per row (default 12)")
-    iv.set_defaults(func=_invariance)
-    i = _command(
+    _command(
         sub,
         "info",
         "print versions, the device and its memory, float32 matmul precision (TF32 or not), the active BLAS",
+        func=_info,
     )
-    i.set_defaults(func=_info)
     return p
 
 

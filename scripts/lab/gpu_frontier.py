@@ -20,7 +20,7 @@ from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.bench.figures import render_frontier
 from workbench.bench.gpu import LLAMA_1B
 from workbench.bench.model import make_model
-from workbench.bench.pacing import frontier_runs, frontier_summary, versus
+from workbench.bench.pacing import LATENCY_COLUMNS, frontier_runs, frontier_summary, versus
 from workbench.bench.scenarios import staggered_arrivals
 from workbench.observe.metrics import SLO
 from workbench.runtime import precision
@@ -54,15 +54,6 @@ for steps in intervals:
         f"\narrivals every {steps:g} steps ({steps * step_s * 1e3:.1f} ms), {rounds} rounds, "
         f"{time.perf_counter() - started:.0f} s:"
     )
-    print(
-        (
-            summary.set_index("engine")[
-                ["ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s", "e2e_p95_s"]
-            ]
-            * 1e3
-        )
-        .round(2)
-        .to_string()
-    )
+    print((summary.set_index("engine")[LATENCY_COLUMNS] * 1e3).round(2).to_string())
     print(versus(summary).round(3).to_string(index=False))
 render_frontier(panels).savefig(out / "frontier.png", dpi=110)

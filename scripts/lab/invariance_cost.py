@@ -75,41 +75,47 @@ def main() -> None:
 
 
 def _run(model, tok, prompts, steps, kw, MlxLmEngine):
-    import mlx.core as mx
-
     import workbench as wb
 
     B = len(prompts)
     if kw is None:
         eng = MlxLmEngine(model, max_batch=B, prefill_step_size=2048)
-        t0 = time.perf_counter()
-        for p in prompts:
-            eng.submit(p, steps + 2)
-        while len(eng.events) < 2 * B:  # prefill until every row has its first token
-            eng.iterate()
-        mx.synchronize()
-        prefill_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            eng.iterate()
-        mx.synchronize()
-        ms = (time.perf_counter() - t0) / steps * 1e3
+
+        def prefill():
+            for p in prompts:
+                eng.submit(p, steps + 2)
+            while len(eng.events) < 2 * B:  # prefill until every row has its first token
+                eng.iterate()
+
+        ms, prefill_s = _timed(prefill, eng.iterate, steps)
         eng.close()
         return ms, prefill_s, None
     sched = wb.Scheduler(model, tok, max_batch=B, prefill_step_size=2048, **kw)
     uids = [sched.submit(wb.Request(prompt=p, max_tokens=steps + 2, stop_ids=[])) for p in prompts]
+
+    def prefill():
+        while sched.queue or sched.state.prefilling is not None:
+            sched.admit()
+        sched.step()
+
+    ms, prefill_s = _timed(prefill, sched.step, steps)
+    return ms, prefill_s, [sched.logprobs(u) for u in uids]
+
+
+def _timed(prefill, step, steps):
+    """``(ms per step, prefill seconds)``: ``prefill()`` timed, then ``steps`` calls of
+    ``step()``, each span ended by ``mx.synchronize()``."""
+    import mlx.core as mx
+
     t0 = time.perf_counter()
-    while sched.queue or sched.state.prefilling is not None:
-        sched.admit()
-    sched.step()
+    prefill()
     mx.synchronize()
     prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(steps):
-        sched.step()
+        step()
     mx.synchronize()
-    ms = (time.perf_counter() - t0) / steps * 1e3
-    return ms, prefill_s, [sched.logprobs(u) for u in uids]
+    return (time.perf_counter() - t0) / steps * 1e3, prefill_s
 
 
 def _report(B, results, out):

@@ -19,19 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import workbench as wb  # noqa: E402
 from workbench.bench.model import QUICK, make_model  # noqa: E402
-from workbench.bench.pacing import frontier_runs, frontier_summary, versus  # noqa: E402
+from workbench.bench.pacing import LATENCY_COLUMNS, frontier_runs, frontier_summary, versus  # noqa: E402
 from workbench.bench.scenarios import staggered_arrivals  # noqa: E402
 from workbench.observe.metrics import SLO  # noqa: E402
 
-COLUMNS = [
-    "engine",
-    "ttft_p50_s",
-    "ttft_p95_s",
-    "itl_p95_s",
-    "itl_max_s",
-    "e2e_p95_s",
-    "throughput_tok_per_s",
-]
+COLUMNS = ["engine", *LATENCY_COLUMNS, "throughput_tok_per_s"]
 
 
 def main(out: Path) -> None:

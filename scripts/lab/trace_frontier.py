@@ -20,21 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import workbench as wb  # noqa: E402
 from workbench.bench.engines import Arrival  # noqa: E402
-from workbench.bench.pacing import floor_verdicts, frontier_runs, frontier_summary, versus  # noqa: E402
+from workbench.bench.pacing import (  # noqa: E402
+    LATENCY_COLUMNS,
+    floor_verdicts,
+    frontier_runs,
+    frontier_summary,
+    versus,
+)
 from workbench.observe.metrics import SLO  # noqa: E402
 from workbench.workloads.traces import conv_window  # noqa: E402
 
-COLUMNS = [
-    "engine",
-    "ttft_p50_s",
-    "ttft_p95_s",
-    "itl_p50_s",
-    "itl_p95_s",
-    "itl_max_s",
-    "e2e_p95_s",
-    "goodput_req_per_s",
-    "throughput_tok_per_s",
-]
+COLUMNS = ["engine", *LATENCY_COLUMNS, "goodput_req_per_s", "throughput_tok_per_s"]
 
 
 def main() -> None:

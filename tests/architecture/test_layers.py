@@ -102,13 +102,18 @@ def test_kv_never_imports_the_engine_core_or_its_levers(path):
     )
 
 
-def test_only_the_runner_and_the_scheduler_import_the_levers():
-    importers = {
+def core_importers(folder: str) -> set[str]:
+    """The engine's core modules (``engine/*.py``) that import engine subpackage ``folder``
+    (the package or any module in it)."""
+    return {
         p.relative_to(ENGINE).as_posix()
         for p in ENGINE.glob("*.py")
-        if any(m == "levers" or m.startswith("levers/") for m in engine_imports(p))
+        if any(m == folder or m.startswith(folder + "/") for m in engine_imports(p))
     }
-    assert importers == {"runner.py", "scheduler.py"}
+
+
+def test_only_the_runner_and_the_scheduler_import_the_levers():
+    assert core_importers("levers") == {"runner.py", "scheduler.py"}
 
 
 def test_engine_modules_live_in_the_core_kv_levers_or_packed():
@@ -129,12 +134,7 @@ def test_packed_never_imports_the_levers_the_runner_or_the_scheduler(path):
 
 
 def test_only_the_scheduler_and_the_config_import_the_packed_layout():
-    importers = {
-        p.relative_to(ENGINE).as_posix()
-        for p in ENGINE.glob("*.py")
-        if any(m == "packed" or m.startswith("packed/") for m in engine_imports(p))
-    }
-    assert importers == {"scheduler.py", "config.py"}
+    assert core_importers("packed") == {"scheduler.py", "config.py"}
 
 
 def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

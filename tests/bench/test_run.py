@@ -164,7 +164,7 @@ def test_on_a_cpu_the_gpu_goals_are_listed_apart_with_why_this_machine_does_not_
 
 
 def test_a_value_that_is_a_median_of_pair_ratios_says_so_where_it_differs_from_measured_over_reference():
-    from workbench.bench.report import _adder, _decode_rows
+    from workbench.bench.report import DECODE_ROWS, _adder, _pair_rows
     from workbench.bench.scenarios import MLX_LM, WORKBENCH
 
     runs = pd.DataFrame(
@@ -176,7 +176,7 @@ def test_a_value_that_is_a_median_of_pair_ratios_says_so_where_it_differs_from_m
         }
     )
     rows = []
-    _decode_rows(_adder(rows), runs, [8])
+    _pair_rows(_adder(rows), runs, [8], DECODE_ROWS)
     ((_, metric, unit, measured, reference, _, value, value_is, *_rest),) = rows
     assert (measured, reference) == (80.0, 95.0) and value == pytest.approx(100 / 95)  # pairs 1.05, 1.2, 0.8
     table = pd.DataFrame(

@@ -1,27 +1,21 @@
 """Context limits come from whichever config field an mlx-lm model uses (issue 14, item 5)."""
 
-import mlx.core as mx
 import pytest
-from mlx_lm.models import gpt2
 
 import workbench as wb
 from workbench.engine.request import context_limit
+from workbench.verify.families import build, config_for
+
+
+def _tiny(name: str, tokenizer, **fields):
+    """mlx-lm's architecture ``name`` as a random 2-layer model over ``tokenizer``'s vocabulary
+    (:func:`workbench.verify.families.build` from its base config and ``fields``)."""
+    return build(name, dict(config_for(name), vocab_size=len(tokenizer.get_vocab()), **fields))
 
 
 def test_a_gpt2_prompt_past_n_positions_is_refused_at_submit_naming_the_field(bundled):
     _, tokenizer = bundled
-    args = gpt2.ModelArgs(
-        model_type="gpt2",
-        n_ctx=32,
-        n_embd=32,
-        n_head=2,
-        n_layer=2,
-        n_positions=32,
-        layer_norm_epsilon=1e-5,
-        vocab_size=len(tokenizer.get_vocab()),
-    )
-    model = gpt2.Model(args)
-    mx.eval(model.parameters())
+    model = _tiny("gpt2", tokenizer, n_positions=32, n_ctx=32)
     sched = wb.Scheduler(model, tokenizer)
     assert context_limit(model) == (32, "n_positions")
     with pytest.raises(ValueError, match=r"= 42 exceeds the model's context of 32 tokens \(n_positions\)"):
@@ -39,27 +33,9 @@ def test_a_model_without_a_context_field_has_no_limit():
     assert context_limit(Bare()) == (None, "")
 
 
-def _bigcode(tokenizer):
-    from mlx_lm.models import gpt_bigcode
-
-    args = gpt_bigcode.ModelArgs(
-        model_type="gpt_bigcode",
-        n_embd=32,
-        n_layer=2,
-        n_inner=64,
-        n_head=2,
-        n_positions=64,
-        layer_norm_epsilon=1e-5,
-        vocab_size=len(tokenizer.get_vocab()),
-    )
-    model = gpt_bigcode.Model(args)
-    mx.eval(model.parameters())
-    return model
-
-
 def test_a_model_that_cannot_batch_is_found_when_the_scheduler_is_built_and_served_one_row_at_a_time(bundled):
     _, tokenizer = bundled
-    model = _bigcode(tokenizer)  # mlx-lm's gpt_bigcode takes int(cache.offset): fails on two rows
+    model = _tiny("gpt_bigcode", tokenizer)  # mlx-lm's gpt_bigcode takes int(cache.offset): fails on two rows
     sched = wb.Scheduler(model, tokenizer, max_batch=4)
     assert sched.config.max_batch == 1 and "Only length-1 arrays can be converted" in sched.serial_reason
     uids = [

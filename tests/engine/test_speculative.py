@@ -261,7 +261,10 @@ def test_sampled_tokens_after_an_accepted_draft_follow_the_models_distribution(b
 
     plain, _ = run()
     spec, sched = run(speculative="prompt-lookup", num_draft_tokens=2)
-    assert spec == plain
+    differ = [s for s in seeds if spec[s] != plain[s]]
+    # Bit equal on the CPU. On a GPU the verify forward's logits differ from a one-token step's in
+    # the last bits, which can move a seeded draw across a token boundary (1 of 600 seeds on an H200).
+    assert len(differ) <= (0 if mx.default_device() == mx.cpu else len(seeds) // 100), differ
     first_verify = {e.uid: e for e in drafts_of(sched) if e.n_tokens}  # each row's one verify with drafts
     bonus = [spec[u] for u, e in first_verify.items() if e.n_accepted >= 1]  # t2 accepted: t3 at position 1
     pairs = {}

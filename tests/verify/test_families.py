@@ -172,30 +172,23 @@ def test_max_kv_size_on_a_model_with_its_own_caches_is_refused():
 
 
 def test_llama4_chunked_attention_is_refused_at_construction_naming_layer_and_type():
-    from mlx_lm.models import llama4
+    from workbench.verify.families import build, config_for
 
+    # llama4's own fields over the families' base config: attention in chunks of 8 tokens, 2
+    # experts, 4 layers (its global attention layer is the fourth)
     text = dict(
+        config_for("llama4_text"),
+        num_hidden_layers=4,
         attention_bias=False,
         attention_chunk_size=8,
-        head_dim=16,
-        hidden_size=64,
         interleave_moe_layer_step=1,
-        intermediate_size=64,
         intermediate_size_mlp=128,
-        max_position_embeddings=256,
-        model_type="llama4_text",
-        num_attention_heads=4,
         num_experts_per_tok=1,
-        num_hidden_layers=4,
-        num_key_value_heads=2,
         num_local_experts=2,
-        rms_norm_eps=1e-5,
         rope_scaling=None,
-        rope_theta=10000.0,
         use_qk_norm=True,
-        vocab_size=1024,
     )
-    model = llama4.Model(llama4.ModelArgs.from_dict({"model_type": "llama4", "text_config": text}))
+    model = build("llama4", {"model_type": "llama4", "text_config": text})
     _, tokenizer = wb.load(DATA_DIR / "models" / "tiny-llama")
     with pytest.raises(ValueError, match="layer 0: cache type ChunkedKVCache cannot be batched"):
         wb.Scheduler(model, tokenizer)

@@ -145,6 +145,12 @@ def speculation_of(family: str, folder: str, k: int) -> dict:
     return dict(speculative=_MODELS[key], num_draft_tokens=k)
 
 
+def request_strategies(longest: int, max_tokens: int = 12) -> dict:
+    """The strategies of a rule's request: ``n`` prompt tokens (1 to ``longest``), cut at
+    ``start`` of the prompt set, up to ``max_tokens`` new tokens."""
+    return dict(n=st.integers(1, longest), start=st.integers(0, 900), max_tokens=st.integers(1, max_tokens))
+
+
 def make_machine(family: str):
     folder, max_kv_size = FAMILIES[family]
     kv_bits = KV_BITS.get(family)
@@ -180,22 +186,26 @@ def make_machine(family: str):
                 else alone_bytes(self.model, 300, 12, chunk, max_kv_size, exact_chunks=False)
             )
             budget = None if budget_requests is None else budget_requests * self.unit
+            # the settings a row's run alone shares with the batch
+            self.settings = dict(
+                prefill_step_size=chunk,
+                max_kv_size=max_kv_size,
+                kv_bits=kv_bits,
+                kv_group_size=32,
+                history_size=0,
+            )
             self.sched = wb.Scheduler(
                 self.model,
                 self.tok,
                 max_batch=max_batch,
-                prefill_step_size=chunk,
-                max_kv_size=max_kv_size,
                 kv_budget_bytes=budget,
                 pipeline=pipeline,
-                history_size=0,
                 prompt_cache=None
                 if kv_bits or prompt_cache is None
                 else (PACKED_CACHE_PAGES if layout else prompt_cache),
                 seed=max_batch,
                 clock=self.clock,
-                kv_bits=kv_bits,
-                kv_group_size=32,
+                **self.settings,
                 **layout,
                 # page_size is drawn for every family: the speculating ones read it as num_draft_tokens
                 **speculation_of(family, folder, {1: 1, 4: 3, 16: 5}[page_size]),
@@ -207,13 +217,6 @@ def make_machine(family: str):
             self.checked = set()
             self.rows_at = {}
             self.alone = {}  # uid -> the request its run alone must equal (top-k rows, submit_n samples)
-            self.settings = dict(
-                prefill_step_size=chunk,
-                max_kv_size=max_kv_size,
-                kv_bits=kv_bits,
-                kv_group_size=32,
-                history_size=0,
-            )
 
         def op(self):
             STATS["operations"] += 1
@@ -227,6 +230,13 @@ def make_machine(family: str):
                 prompt=prompt_of_length(self.tok, n, start), max_tokens=max_tokens, stop_ids=[], **fields
             )
 
+        def _submit(self, n, start, max_tokens, **fields):
+            """Submit :meth:`_request` and record its uid; returns ``(uid, request)``."""
+            req = self._request(n, start, max_tokens, **fields)
+            uid = self.sched.submit(req)
+            self.submitted.append(uid)
+            return uid, req
+
         def clock(self):
             self.injector.point()
             return time.perf_counter()
@@ -235,52 +245,31 @@ def make_machine(family: str):
             self.injector.point()
 
         @rule(
-            n=st.integers(1, 300),
-            start=st.integers(0, 900),
-            max_tokens=st.integers(1, 12),
+            **request_strategies(300),
             priority=st.integers(0, 2),
             temperature=st.sampled_from([0.0, 0.0, 0.8]),
         )
         def submit(self, n, start, max_tokens, priority, temperature):
             self.op()
-            req = self._request(
-                n,
-                start,
-                max_tokens,
-                priority=priority,
-                temperature=temperature,  # sampled: drawn seed
-                on_token=self.on_token,
+            uid, req = self._submit(  # sampled: drawn seed
+                n, start, max_tokens, priority=priority, temperature=temperature, on_token=self.on_token
             )
-            uid = self.sched.submit(req)
-            self.submitted.append(uid)
             if family in SPECULATIVE and temperature:  # a sampled row beside drafting rows: as alone
                 self.alone[uid] = replace(req, seed=self.sched.requests[uid].seed)
 
         @rule(
-            n=st.integers(1, 120),
-            start=st.integers(0, 900),
-            max_tokens=st.integers(1, 12),
+            **request_strategies(120),
             k=st.sampled_from([1, 5, 20]),
             temperature=st.sampled_from([0.0, 0.9]),
         )
         def submit_top_logprobs(self, n, start, max_tokens, k, temperature):
             """A row asking its top-k log-probs: equal to the same request alone."""
             self.op()
-            req = self._request(
-                n,
-                start,
-                max_tokens,
-                temperature=temperature,
-                top_logprobs=k,
-            )
-            uid = self.sched.submit(req)
-            self.submitted.append(uid)
+            uid, req = self._submit(n, start, max_tokens, temperature=temperature, top_logprobs=k)
             self.alone[uid] = replace(req, seed=self.sched.requests[uid].seed)  # a sampled row's drawn seed
 
         @rule(
-            n=st.integers(1, 120),
-            start=st.integers(0, 900),
-            max_tokens=st.integers(1, 12),
+            **request_strategies(120),
             samples=st.integers(2, 4),
             temperature=st.sampled_from([0.0, 0.8]),
             seed=st.integers(0, 99),
@@ -302,9 +291,7 @@ def make_machine(family: str):
             self.alone.update({u: replace(req, seed=seed + i) for i, u in enumerate(uids)})
 
         @rule(
-            n=st.integers(1, 40),
-            start=st.integers(0, 900),
-            max_tokens=st.integers(1, 12),
+            **request_strategies(40),
             name=st.sampled_from(sorted(HOSTILE)),
             bad_at=st.integers(0, 11),
         )
@@ -315,15 +302,11 @@ def make_machine(family: str):
             fields, message = hostile_fields(
                 name, self.sched.vocab_size, after=n + min(bad_at, max_tokens - 1)
             )
-            req = self._request(n, start, max_tokens, **fields)
-            uid = self.sched.submit(req)
-            self.submitted.append(uid)
+            uid, _ = self._submit(n, start, max_tokens, **fields)
             self.hostile[uid] = message
 
         @rule(
-            n=st.integers(1, 60),
-            start=st.integers(0, 900),
-            max_tokens=st.integers(1, 24),
+            **request_strategies(60, max_tokens=24),
             which=st.integers(0, len(CONSTRAINTS) - 1),
             temperature=st.sampled_from([0.0, 0.0, 0.8]),
         )

@@ -394,6 +394,38 @@ def test_restore_returns_the_engine_to_the_snapshot_the_slider_shows(make_sched,
     assert sched.tokens(0) == tokens_at_4  # the same continuation
 
 
+def test_restore_on_a_snapshot_older_than_the_kept_checkpoints_says_from_which_one_it_works(
+    make_sched, prompt
+):
+    sched = make_sched(max_batch=3, history_size=8, history_checkpoints=3)
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
+    sched.admit()
+    panel = views.Panel(sched)
+    panel.run_steps.value = 5
+    panel.buttons["Run N steps"].click()
+    panel.slider.value = 0
+    first = len(sched.history) - 3 + 1  # the oldest of the 3 latest, counted from 1
+    assert panel.buttons["Restore"].disabled
+    assert f"Restore works from snapshot {first}" in panel.buttons["Restore"].tooltip
+    assert "history_checkpoints=3" in panel.slider_label.value
+    panel.slider.value = panel.slider.max
+    assert not panel.buttons["Restore"].disabled and "·" not in panel.slider_label.value
+
+
+def test_admit_with_a_full_batch_says_the_queue_waits_for_a_free_row(make_sched, prompt):
+    sched = make_sched(max_batch=1)
+    for n in (3, 4):
+        sched.submit(wb.Request(prompt=prompt(n), max_tokens=4))
+    panel = views.Panel(sched)
+    panel.buttons["Admit"].click()
+    panel.buttons["Admit"].click()
+    assert (
+        panel.notice.value.startswith("Admit: queue [1] waits") and "queue is empty" not in panel.notice.value
+    )
+    panel.slider.value = 0  # scrubbing the history: the notice was about the engine now, not that snapshot
+    assert panel.notice.value == ""
+
+
 def test_restore_is_disabled_without_kept_checkpoints_and_says_how_to_keep_them(panel):
     assert panel.buttons["Restore"].disabled and "history_checkpoints" in panel.buttons["Restore"].tooltip
     panel.on_restore()

@@ -50,7 +50,16 @@ from ..workloads.workload import prompt_of_length
 from .engines import Arrival
 from .model import QUICK, ModelShape, decode_weight_bytes, make_model, parameter_count
 from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
-from .scenarios import FAST_OFF, MLX_LM, WORKBENCH, alternating, engine_factories, run_once, tokens_by_uid
+from .scenarios import (
+    FAST_OFF,
+    MLX_LM,
+    WORKBENCH,
+    alternating,
+    engine_factories,
+    run_once,
+    tokens_by_uid,
+    with_same_tokens,
+)
 
 # Llama-3.2-1B's shape (tied embeddings): 1.24B parameters, 2.47 GB in bf16.
 LLAMA_1B = ModelShape(
@@ -86,31 +95,20 @@ class GpuBenchConfig:
     model: str | None = None  # an mlx-lm model path or a bundled / fetched name instead of ``shape``
 
 
-GPU_CONFIG = GpuBenchConfig(
-    "gpu",
-    LLAMA_1B,
-    "bfloat16",
-    batch_sizes=(1, 8, 32, 128),
-    prompt_tokens_min=64,
-    prompt_tokens_max=512,
-    decode_tokens=128,
-    pairs=3,
-    prefill_step_size=2048,
-    bandwidth_bytes=4 * 2**30,
-    matmul_n=8192,
-)
+# Every size of the GPU run and its quick variant side by side: field -> (full, quick).
+_GPU_SIZES = {
+    "batch_sizes": ((1, 8, 32, 128), (1, 8)),
+    "prompt_tokens_min": (64, 16),
+    "prompt_tokens_max": (512, 64),
+    "decode_tokens": (128, 16),
+    "pairs": (3, 1),
+    "prefill_step_size": (2048, 128),
+    "bandwidth_bytes": (4 * 2**30, 64 * 2**20),
+    "matmul_n": (8192, 512),
+}
+GPU_CONFIG = GpuBenchConfig("gpu", LLAMA_1B, "bfloat16", **{f: full for f, (full, _) in _GPU_SIZES.items()})
 GPU_QUICK_CONFIG = GpuBenchConfig(
-    "gpu-quick",
-    QUICK,
-    "bfloat16",
-    batch_sizes=(1, 8),
-    prompt_tokens_min=16,
-    prompt_tokens_max=64,
-    decode_tokens=16,
-    pairs=1,
-    prefill_step_size=128,
-    bandwidth_bytes=64 * 2**20,
-    matmul_n=512,
+    "gpu-quick", QUICK, "bfloat16", **{f: quick for f, (_, quick) in _GPU_SIZES.items()}
 )
 
 
@@ -183,11 +181,7 @@ def gpu_runs(
         echo(
             f"  B={rows_n:<4} {name:<10} pair {pair}: step {step_s * 1e3:7.2f} ms, wall {made / wall_s:9.1f} tok/s"
         )
-    first = next(iter(factories))
-    for row in out:
-        same = tokens[row["pair"], row["engine"]] == tokens[row["pair"], first]
-        row["same_tokens"] = np.nan if row["engine"] == first else float(same)
-    return pd.DataFrame(out)
+    return with_same_tokens(out, tokens, next(iter(factories)))
 
 
 def gpu_roofline(

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -68,6 +70,8 @@ SUMMARY_COLUMNS = [
     "ttft_floor_p95_s",
     "itl_floor_p95_s",
 ]
+# The latency quantiles (seconds) the lab scripts print of a summary, each engine's and against mlx-lm's.
+LATENCY_COLUMNS = ["ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s", "itl_max_s", "e2e_p95_s"]
 FLOOR_OF = {
     "ttft_floor_p95_s": "ttft_p95_s",
     "itl_floor_p95_s": "itl_p95_s",
@@ -201,20 +205,9 @@ def frontier_runs(
     requests, gaps = [], []
     names = list(frontier_factories(model, tokenizer, max_batch, prefill_step_size, targets_steps))
 
-    def run(name: str, these: Sequence[Arrival]) -> pd.DataFrame:
-        return _run(
-            name,
-            model,
-            tokenizer,
-            these,
-            max_batch,
-            prefill_step_size,
-            targets_steps,
-            mode,
-            cost_model,
-            max_wait_s,
-        )
-
+    run = _FrontierRun(
+        model, tokenizer, max_batch, prefill_step_size, targets_steps, mode, cost_model, max_wait_s
+    )
     if warmup and mode == "measured":
         for name in names:
             run(name, arrivals)
@@ -241,52 +234,49 @@ def frontier_runs(
     return pd.concat(requests, ignore_index=True), pd.concat(gaps, ignore_index=True)
 
 
-def _run(
-    name,
-    model,
-    tokenizer,
-    arrivals,
-    max_batch,
-    prefill_step_size,
-    targets_steps,
-    mode,
-    cost_model,
-    max_wait_s,
-) -> pd.DataFrame:
-    """One engine, fresh, through the arrivals: its events frame."""
-    if mode == "measured":
-        engine = frontier_factories(
-            model,
-            tokenizer,
-            max_batch,
-            prefill_step_size,
-            targets_steps,
-            max_wait_s=max_wait_s,
-            cost_model=cost_model,
-        )[name]()
+@dataclass(frozen=True)
+class _FrontierRun:
+    """``run(name, arrivals)``: engine ``name`` of :func:`frontier_factories` (the settings
+    of :func:`frontier_runs`), fresh, through ``arrivals``, on the wall clock in
+    ``measured`` mode or on a virtual clock charged by ``cost_model`` in ``cost`` mode (no
+    snapshots kept); returns its events frame."""
+
+    model: Any
+    tokenizer: Any
+    max_batch: int
+    prefill_step_size: int
+    targets_steps: Sequence[float]
+    mode: str
+    cost_model: CostModel | None
+    max_wait_s: float | None
+
+    def __call__(self, name: str, arrivals: Sequence[Arrival]) -> pd.DataFrame:
+        if self.mode == "measured":
+            engine = self._engine(name, self.model)
+            go = partial(drive, engine, arrivals)
+        else:
+            clock = VirtualClock()
+            costed = CostedModel(self.model, clock, self.cost_model)
+            engine = self._engine(name, costed, clock=clock, history_size=0)
+            go = partial(drive_virtual, engine, arrivals, clock, costed)
         try:
-            drive(engine, arrivals)
+            go()
             return events_frame(engine.events)
         finally:
             engine.close()
-    clock = VirtualClock()
-    costed = CostedModel(model, clock, cost_model)
-    engine = frontier_factories(
-        costed,
-        tokenizer,
-        max_batch,
-        prefill_step_size,
-        targets_steps,
-        clock=clock,
-        max_wait_s=max_wait_s,
-        cost_model=cost_model,
-        history_size=0,
-    )[name]()
-    try:
-        drive_virtual(engine, arrivals, clock, costed)
-        return events_frame(engine.events)
-    finally:
-        engine.close()
+
+    def _engine(self, name: str, model: Any, **clocking: Any) -> Any:
+        factories = frontier_factories(
+            model,
+            self.tokenizer,
+            self.max_batch,
+            self.prefill_step_size,
+            self.targets_steps,
+            max_wait_s=self.max_wait_s,
+            cost_model=self.cost_model,
+            **clocking,
+        )
+        return factories[name]()
 
 
 def frontier_summary(requests: pd.DataFrame, gaps: pd.DataFrame, slo: SLO) -> pd.DataFrame:

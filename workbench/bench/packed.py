@@ -127,13 +127,8 @@ def latency(
         events, samples = _run(fac[name], arrivals)
         r, g = request_metrics(events), token_gaps(events)
         span_s = events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
-        row = dict(
-            scenario=scenario,
-            engine=name,
-            round=rnd,
-            requests=len(r),
-            throughput_tok_per_s=int((events.kind == "token").sum()) / span_s,
-        )
+        run = dict(scenario=scenario, engine=name, round=rnd)
+        row = dict(run, requests=len(r), throughput_tok_per_s=int((events.kind == "token").sum()) / span_s)
         for q in (50, 95, 99):
             row[f"ttft_p{q}_s"], row[f"itl_p{q}_s"] = r.ttft_s.quantile(q / 100), g.gap_s.quantile(q / 100)
         rows.append(row)
@@ -141,9 +136,7 @@ def latency(
             held, tokens, allocated = zip(*samples)
             kv.append(
                 dict(
-                    scenario=scenario,
-                    engine=name,
-                    round=rnd,
+                    run,
                     peak_held_bytes=max(held),
                     peak_token_bytes=max(tokens),
                     peak_allocated_bytes=max(allocated),

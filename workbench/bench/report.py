@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -228,37 +229,11 @@ def build_table(result: BenchResult) -> pd.DataFrame:
     """The table of ``result`` (see the module docstring); the real model's rows last
     (:func:`real_table`)."""
     cfg, runs = result.config, result.runs
-    med = runs.groupby(["engine", "B"]).tok_per_s.median()
     rows: list[list[Any]] = []
     add = _adder(rows)
 
-    _decode_rows(add, runs, cfg.batch_sizes)
-    for B in cfg.batch_sizes:
-        r = _pair_ratios(runs, B, WORKBENCH_OFF, WORKBENCH)
-        add(
-            f"overhead_B{B}",
-            f"instrumentation overhead, B={B}",
-            "tok/s",
-            med[(WORKBENCH, B)],
-            med[(WORKBENCH_OFF, B)],
-            "workbench, history_size=0",
-            r.median(),
-            "median of pairs: time instrumented / time off",
-            _spread(r),
-        )
-    for B in cfg.batch_sizes:
-        r = _pair_ratios(runs, B, PACED, MLX_LM)
-        add(
-            f"paced_decode_B{B}",
-            f"decode tok/s, B={B}, pacing on",
-            "tok/s",
-            med[(PACED, B)],
-            med[(MLX_LM, B)],
-            "mlx-lm",
-            r.median(),
-            "median of pairs: paced / mlx-lm",
-            _spread(r),
-        )
+    for pair_rows in (DECODE_ROWS, OVERHEAD_ROWS, PACED_DECODE_ROWS):
+        _pair_rows(add, runs, cfg.batch_sizes, pair_rows)
     for name, frame, col in (("ttft", result.requests, "ttft_s"), ("itl", result.gaps, "gap_s")):
         ours = percentiles(frame[frame.engine == WORKBENCH][col])
         theirs = percentiles(frame[frame.engine == MLX_LM][col])
@@ -379,27 +354,57 @@ def build_table(result: BenchResult) -> pd.DataFrame:
     return pd.concat([table, real], ignore_index=True) if len(real) else table
 
 
-def _decode_rows(
-    add: Callable[..., None],
-    runs: pd.DataFrame,
-    batch_sizes: Sequence[int],
-    row: str = "decode",
-    where: str = "",
+@dataclass(frozen=True)
+class PairRows:
+    """One table row per batch size ``B`` (``{row}_B{B}``, metric ``{metric}, B={B}{where}``):
+    ``measured``'s median tok/s against ``reference``'s (engine names); value the median of
+    per-pair ratios ``measured / reference``, or ``reference / measured`` (a time ratio) when
+    ``inverse``; spread their range."""
+
+    row: str
+    metric: str
+    measured: str
+    reference: str
+    reference_is: str
+    value_is: str
+    where: str = ""
+    inverse: bool = False
+
+
+DECODE_ROWS = PairRows(
+    "decode", "decode tok/s", WORKBENCH, MLX_LM, "mlx-lm", "median of pairs: workbench / mlx-lm"
+)
+OVERHEAD_ROWS = PairRows(
+    "overhead",
+    "instrumentation overhead",
+    WORKBENCH,
+    WORKBENCH_OFF,
+    "workbench, history_size=0",
+    "median of pairs: time instrumented / time off",
+    inverse=True,
+)
+PACED_DECODE_ROWS = PairRows(
+    "paced_decode", "decode tok/s", PACED, MLX_LM, "mlx-lm", "median of pairs: paced / mlx-lm", ", pacing on"
+)
+
+
+def _pair_rows(
+    add: Callable[..., None], runs: pd.DataFrame, batch_sizes: Sequence[int], rows: PairRows
 ) -> None:
-    """One row per batch size: the workbench's median decode tok/s against mlx-lm's, value
-    = the median of per-pair ratios (workbench / mlx-lm), spread their range."""
+    """Add ``rows``' table rows (:class:`PairRows`) for ``batch_sizes`` from ``runs`` (tok/s per run)."""
     med = runs.groupby(["engine", "B"]).tok_per_s.median()
     for B in batch_sizes:
-        r = _pair_ratios(runs, B, WORKBENCH, MLX_LM)
+        top, bottom = (rows.reference, rows.measured) if rows.inverse else (rows.measured, rows.reference)
+        r = _pair_ratios(runs, B, top, bottom)
         add(
-            f"{row}_B{B}",
-            f"decode tok/s, B={B}{where}",
+            f"{rows.row}_B{B}",
+            f"{rows.metric}, B={B}{rows.where}",
             "tok/s",
-            med[(WORKBENCH, B)],
-            med[(MLX_LM, B)],
-            "mlx-lm",
+            med[(rows.measured, B)],
+            med[(rows.reference, B)],
+            rows.reference_is,
             r.median(),
-            "median of pairs: workbench / mlx-lm",
+            rows.value_is,
             _spread(r),
         )
 
@@ -415,13 +420,8 @@ def real_table(real_runs: pd.DataFrame, model: str = REAL_MODEL) -> pd.DataFrame
     """
     rows: list[list[Any]] = []
     if len(real_runs):
-        _decode_rows(
-            _adder(rows),
-            real_runs,
-            sorted(int(b) for b in set(real_runs.B)),
-            "real_decode",
-            f", {model} (4-bit)",
-        )
+        real = replace(DECODE_ROWS, row="real_decode", where=f", {model} (4-bit)")
+        _pair_rows(_adder(rows), real_runs, sorted(int(b) for b in set(real_runs.B)), real)
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 

@@ -172,7 +172,15 @@ def decode_runs(
             f"  B={len(prompts):<3} {name:<32} pair {pair}: {rows[-1]['tok_per_s']:8.2f} tok/s "
             f"(step {rows[-1]['step_s'] * 1e3:.1f} ms)"
         )
-    first = next(iter(factories))
+    return with_same_tokens(rows, tokens, next(iter(factories)))
+
+
+def with_same_tokens(
+    rows: list[dict[str, Any]], tokens: dict[tuple[int, str], Any], first: str
+) -> pd.DataFrame:
+    """``rows`` (one per measured run, with ``pair`` and ``engine``) as a frame with a
+    ``same_tokens`` column: 1.0 where the run's tokens (``tokens[pair, engine]``) equal engine
+    ``first``'s in the same pair, 0.0 where they differ, NaN for ``first`` itself."""
     for row in rows:
         same = tokens[row["pair"], row["engine"]] == tokens[row["pair"], first]
         row["same_tokens"] = np.nan if row["engine"] == first else float(same)

@@ -176,15 +176,7 @@ class ModelRunner:
                 recipe.model, tails, step, recipe.max_kv_size, caches, fixed_chunks=self.invariant is not None
             )
         else:
-            group = QuantizedPrefillGroup(
-                recipe.model,
-                tails,
-                step,
-                recipe.max_kv_size,
-                caches,
-                quant=recipe.kv_quant,
-                first_tokens=first_forward_tokens(states, step),
-            )
+            group = QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
         return group
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:

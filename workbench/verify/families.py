@@ -34,38 +34,20 @@ import mlx.core as mx
 import pandas as pd
 from mlx.utils import tree_flatten
 
-BASE_CONFIG = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    layer_norm_eps=1e-5,
-    layer_norm_epsilon=1e-5,
-    norm_eps=1e-5,
-    max_position_embeddings=512,
-    rope_theta=10000.0,
-    tie_word_embeddings=True,
-    n_embd=64,
-    n_layer=2,
-    n_head=4,
-    n_inner=128,
-    n_positions=512,
-    n_ctx=512,
-    d_model=64,
-    n_layers=2,
-    n_heads=4,
-    num_layers=2,
-    dim=64,
-    hidden_dim=128,
-    ffn_dim=128,
-    num_heads=4,
-    num_kv_heads=2,
-    sliding_window=8,
-    max_seq_len=512,
+# One small size per kind (units: features, layers, heads, tokens), under every name the
+# architectures give it; BASE_CONFIG holds each name with its kind's size.
+BASE_SIZES = dict(width=64, layers=2, mlp=128, heads=4, kv_heads=2, context=512, norm_eps=1e-5)
+SIZE_NAMES = {
+    "width": ("hidden_size", "n_embd", "d_model", "dim"),
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "mlp": ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads"),
+    "context": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
+    "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"),
+}
+BASE_CONFIG = {name: BASE_SIZES[kind] for kind, names in SIZE_NAMES.items() for name in names} | dict(
+    vocab_size=256, head_dim=16, rope_theta=10000.0, tie_word_embeddings=True, sliding_window=8
 )
 # Small values for fields an architecture names its own way (defaults of gigabytes otherwise)
 _GEMMA4_TEXT = dict(

@@ -49,6 +49,21 @@ def divergence_text(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _deltas(
+    ax, layers, deltas, over, tolerance, label: str, short: str, line: dict, hollow: bool = False
+) -> None:
+    """One marker per layer at its ``deltas`` (coloured :data:`OVER` where ``over``, else
+    :data:`WITHIN`; circles, or hollow squares when ``hollow``) and ``tolerance`` as a step
+    line drawn with ``line`` (matplotlib's ``ls`` and ``color``)."""
+    colours = [OVER if o else WITHIN for o in over]
+    if hollow:
+        marks = dict(edgecolors=colours, facecolors="none", linewidths=1.5, s=45, marker="s", zorder=2)
+    else:
+        marks = dict(c=colours, s=60, marker="o", zorder=3)
+    ax.scatter(layers, deltas, label=label, **marks)
+    ax.step(layers, tolerance, where="mid", lw=1, label=f"tolerance ({short})", **line)
+
+
 def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     """The figure of the module docstring: ``max |Δ|`` and tolerance per layer (log scale),
     over-tolerance layers in red, the first one annotated with its positions.
@@ -74,32 +89,21 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     out_over = table["max_abs_delta"].to_numpy(float) > table["tolerance"].to_numpy(float)
     kv_over = table["kv_max_abs_delta"].to_numpy(float) > table["kv_tolerance"].to_numpy(float)
     ax.plot(layers, out, color="#555555", lw=1, zorder=1)
-    ax.scatter(
-        layers,
-        out,
-        c=[OVER if o else WITHIN for o in out_over],
-        s=60,
-        marker="o",
-        zorder=3,
-        label="output at the fed position",
+    output_line, kv_line = dict(ls="--", color="#555555"), dict(ls=":", color="#888888")
+    _deltas(
+        ax, layers, out, out_over, table["tolerance"], "output at the fed position", "output", output_line
     )
-    ax.step(
-        layers, table["tolerance"], where="mid", ls="--", color="#555555", lw=1, label="tolerance (output)"
-    )
-    if np.isfinite(kv).any():
-        ax.scatter(
+    if np.isfinite(kv).any():  # KV markers hollow, under the output's
+        _deltas(
+            ax,
             layers,
             kv,
-            edgecolors=[OVER if o else WITHIN for o in kv_over],
-            s=45,
-            marker="s",
-            facecolors="none",
-            linewidths=1.5,
-            zorder=2,
-            label="KV cache, real positions",
-        )
-        ax.step(
-            layers, table["kv_tolerance"], where="mid", ls=":", color="#888888", lw=1, label="tolerance (KV)"
+            kv_over,
+            table["kv_tolerance"],
+            "KV cache, real positions",
+            "KV",
+            kv_line,
+            hollow=True,
         )
     _mark_first(ax, table, out)
     ax.set_yscale("log")

@@ -101,6 +101,11 @@ def nothing_to_do(call: str, snap: Snapshot) -> str:
     'Filter: no finished row to evict.'
     """
     queued = f"queue {list(snap.queue)}: press Admit" if snap.queue else "submit a prompt, then Admit"
+    if call == "admit" and snap.queue:
+        return (
+            f"Admit: queue {list(snap.queue)} waits: the {snap.batch_size} running row(s) hold the "
+            "batch's rows or its KV budget (press Step until a row finishes, then Filter)."
+        )
     if call == "admit":
         return "Admit: nothing to admit (the queue is empty" + (
             f"; {snap.batch_size} row(s) running: press Step)."
@@ -112,6 +117,28 @@ def nothing_to_do(call: str, snap: Snapshot) -> str:
     if call == "filter":
         return "Filter: no finished row to evict."
     raise ValueError(f"call must be 'admit', 'step' or 'filter', got {call!r}")
+
+
+def restore_note(history, index: int, kept: int) -> str | None:
+    """Why ``history[index]`` cannot be restored (``None``: it can): no checkpoints kept
+    (``kept == 0``), or the snapshot is older than the ``kept`` latest, which are the only
+    ones with a checkpoint (a ring of ``Scheduler(history_checkpoints=kept)``).
+
+    >>> from workbench.observe.recorder import History
+    >>> restore_note(History([1, 2, 3]), 0, 0)
+    'Scheduler(history_checkpoints=N) keeps checkpoints to restore'
+    """
+    if not kept:
+        return "Scheduler(history_checkpoints=N) keeps checkpoints to restore"
+    if history.checkpoint(index) is not None:
+        return None
+    have = [i for i in range(len(history)) if history.checkpoint(i) is not None]
+    if not have:
+        return f"no checkpoint kept yet (history_checkpoints={kept})"
+    return (
+        f"no checkpoint kept with this snapshot (history_checkpoints={kept}: one with each of the latest "
+        f"{kept} taken since it was set); Restore works from snapshot {have[0] + 1}"
+    )
 
 
 def prefill_figure(fm: ForwardMask | None) -> Figure:
@@ -208,7 +235,7 @@ class Panel:
         self.slider = W.IntSlider(description="history", min=0, max=0, continuous_update=False, readout=False)
         self.slider_label = W.Label()
         self._quiet = False  # True while the panel itself moves the slider
-        self.slider.observe(lambda _change: None if self._quiet else self.render(), names="value")
+        self.slider.observe(lambda _change: None if self._quiet else self.on_scrub(), names="value")
 
         def natural() -> W.Layout:  # the PNG's own size (never stretched, at most the output's width)
             return W.Layout(max_width="100%", height="auto", align_self="flex-start")
@@ -311,6 +338,11 @@ class Panel:
 
         self._act(restore)
 
+    def on_scrub(self) -> None:
+        """The user moved the slider: the last action's notice no longer applies; re-render."""
+        self.notice.value = ""
+        self.render()
+
     def _act(self, call: Callable[[Scheduler], Any], idle_call: str | None = None) -> None:
         """Run ``call(sched)``; show its error, if any, in the error label (cleared on
         success), a ``KeyboardInterrupt`` ("Kernel → Interrupt") included; when
@@ -369,13 +401,12 @@ class Panel:
             f"<pre>{html.escape(self.drafts_text(snap))}</pre>" if self.speculating else ""
         )
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
-        self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
-        self.buttons["Restore"].disabled = self.sched.history.checkpoint(self.slider.value) is None
-        self.buttons["Restore"].tooltip = (
-            "restore the engine to this snapshot"
-            if self.sched.history_checkpoints
-            else "Scheduler(history_checkpoints=N) keeps checkpoints to restore"
+        why = restore_note(self.sched.history, self.slider.value, self.sched.history_checkpoints)
+        self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})" + (
+            f" · {why}" if why and self.sched.history_checkpoints else ""
         )
+        self.buttons["Restore"].disabled = why is not None
+        self.buttons["Restore"].tooltip = why or "restore the engine to this snapshot"
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
 
     def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:

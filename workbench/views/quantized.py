@@ -64,18 +64,20 @@ def quantized_text(
     return "\n\n".join(parts)
 
 
-def _bars(ax, names: list[str], values: list[float], colours: list[str], notes: list[str]) -> None:
-    bars = ax.bar(names, values, color=colours, edgecolor=style.EDGE)
+def _note(ax, text: str, xy: tuple[float, float], **extra) -> None:
+    """``text`` just above point ``xy`` (data coordinates), centred, 9 pt."""
+    ax.annotate(
+        text, xy, ha="center", va="bottom", fontsize=9, xytext=(0, 2), textcoords="offset points", **extra
+    )
+
+
+def _bars(ax, table: pd.DataFrame, column: str, notes: list[str]) -> None:
+    """One bar per row of ``table``: its ``setting`` in that setting's colour, as high as
+    its ``column``, with its note above."""
+    names = list(table.setting)
+    bars = ax.bar(names, list(table[column]), color=[_colour(s) for s in names], edgecolor=style.EDGE)
     for bar, note in zip(bars, notes):
-        ax.annotate(
-            note,
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            ha="center",
-            va="bottom",
-            fontsize=9,
-            xytext=(0, 2),
-            textcoords="offset points",
-        )
+        _note(ax, note, (bar.get_x() + bar.get_width() / 2, bar.get_height()))
     ax.margins(y=0.18)
 
 
@@ -92,14 +94,7 @@ def render_quantized(
     of the step-time panel."""
     fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
     ax_bytes, ax_step, ax_rows = fig.subplots(1, 3, width_ratios=[1, 1.45, 1])
-    settings = list(bytes_table.setting)
-    _bars(
-        ax_bytes,
-        settings,
-        list(bytes_table.bytes_per_token),
-        [_colour(s) for s in settings],
-        [f"x{r:.3g}" for r in bytes_table.vs_float],
-    )
+    _bars(ax_bytes, bytes_table, "bytes_per_token", [f"x{r:.3g}" for r in bytes_table.vs_float])
     ax_bytes.set_ylabel("KV bytes per token (all layers)")
     ax_bytes.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
     contexts = sorted(steps.context_tokens.unique())
@@ -111,29 +106,13 @@ def render_quantized(
         ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor=style.EDGE, label=s)
         for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
             if s != "float":  # the float bar is x1 by definition
-                ax_step.annotate(
-                    f"x{r:.2f}",
-                    (x, v),
-                    ha="center",
-                    va="bottom",
-                    fontsize=9,
-                    xytext=(0, 2),
-                    textcoords="offset points",
-                    rotation=90,
-                )
+                _note(ax_step, f"x{r:.2f}", (x, v), rotation=90)
     ax_step.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
     ax_step.set_ylabel("decode step (ms)")
     on = f" ({step_model_name})" if step_model_name else ""
     ax_step.set_title(f"step time{on}, B = {int(steps.rows.iloc[0])} rows", fontsize="medium")
     ax_step.margins(y=0.3)
-    names = list(admission.setting)
-    _bars(
-        ax_rows,
-        names,
-        list(admission.max_rows),
-        [_colour(s) for s in names],
-        [f"{t:.3g} tok/step" for t in admission.tokens_per_step],
-    )
+    _bars(ax_rows, admission, "max_rows", [f"{t:.3g} tok/step" for t in admission.tokens_per_step])
     ax_rows.set_ylabel("most rows running at once")
     ax_rows.set_title(
         f"rows under a budget of\n{int(admission.kv_budget_bytes.iloc[0]):,} B", fontsize="medium"

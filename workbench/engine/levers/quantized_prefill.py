@@ -41,30 +41,28 @@ class QuantizedPrefillGroup(PrefillGroup):
     cannot share that first chunk runs per row.
 
     Args:
-        quant: the quantization. first_tokens: per row, tokens of its first forward
-            (default ``min(prefill_step_size, tail)``). The others as
-            :class:`PrefillGroup` (no prompt-cache ``caches``: the scheduler refuses a
-            prompt cache with ``kv_bits``).
+        recipe: the model, its ``max_kv_size`` and the quantization (``recipe.kv_quant``, a
+            :class:`KVQuant`). first_tokens: per row, tokens of its first forward (default
+            ``min(prefill_step_size, tail)``). The others as :class:`PrefillGroup` (no
+            prompt-cache ``caches``: the scheduler refuses a prompt cache with ``kv_bits``).
     """
 
     def __init__(
         self,
-        model: Any,
+        recipe: kv.CacheRecipe,
         prompts: Sequence[Sequence[int]],
         prefill_step_size: int,
-        max_kv_size: int | None = None,
         caches: list[list[Any]] | None = None,
-        quant: KVQuant = KVQuant(8, 64),
         first_tokens: Sequence[int] | None = None,
     ):
-        self.quant = quant
+        self.quant: KVQuant = recipe.kv_quant
         tails = [len(p) for p in prompts]
         first = first_tokens if first_tokens is not None else [prefill_step_size] * len(tails)
         self.first_tokens = [min(f, n) for f, n in zip(first, tails)]
-        super().__init__(model, prompts, prefill_step_size, max_kv_size, caches)
+        super().__init__(recipe.model, prompts, prefill_step_size, recipe.max_kv_size, caches)
         if not self.per_row and not self._shared_first_chunk(tails):  # run the rows one by one
             self.per_row, self.caches = True, []
-            self._solo = [kv.single_cache(model, max_kv_size) for _ in prompts]
+            self._solo = [recipe.single() for _ in prompts]
 
     @staticmethod
     def _pads_safely(model: Any, max_kv_size: int | None) -> bool:

@@ -75,8 +75,10 @@ def test_the_kv_sample_counts_pages_and_tokens_as_an_independent_count(bundled):
     sched.step()
     held, tokens, allocated = kv_sample(sched)
     per_token = sched.batch.page_bytes // 4
-    # 6 + 1 fed and 5 + 0 tokens in pages of 4: 2 + 2 pages (the second row's last page not full)
-    assert tokens == (7 + 5) * per_token and held == 4 * 4 * per_token and allocated >= held
+    # 6 + 1 + 1 and 5 + 1 tokens in pages of 4 (the second step's read launched the next forward,
+    # each row's next token, pipelined): 2 + 2 pages (the second row's last page not full)
+    assert sched.batch.launched is not None
+    assert tokens == (8 + 6) * per_token and held == 4 * 4 * per_token and allocated >= held
 
 
 def test_the_report_renders_its_tables_without_optional_packages():

@@ -114,17 +114,22 @@ def latency(
     scenario: str,
     echo: Callable[[str], None],
     warm_up: bool = True,
+    run: Callable[[Any, list[Arrival]], tuple[pd.DataFrame, list]] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Each engine through ``arrivals`` once (warm-up, discarded; not with ``warm_up=False``),
     then ``rounds`` times alternating. Returns ``(summary, kv)``: per run ``scenario,
     engine, round`` and TTFT / ITL p50, p95, p99 (seconds), tokens per second of makespan;
     per workbench run its KV peaks (``peak_held_bytes``, ``peak_token_bytes``,
-    ``peak_allocated_bytes``)."""
+    ``peak_allocated_bytes``). ``run(fac[name], arrivals) -> (events, kv samples)`` drives
+    one engine (default: a fresh engine on the wall clock,
+    :func:`workbench.bench.engines.drive`; the cost clock's is
+    :func:`workbench.bench.packed_cost.run_on_cost_clock`)."""
+    drive_one = _run if run is None else run
     rows, kv = [], []
     for name in fac if warm_up else ():
-        _run(fac[name], arrivals)
+        drive_one(fac[name], arrivals)
     for rnd, name in alternating(list(fac), rounds):
-        events, samples = _run(fac[name], arrivals)
+        events, samples = drive_one(fac[name], arrivals)
         r, g = request_metrics(events), token_gaps(events)
         span_s = events[events.kind == "token"].time_s.max() - events[events.kind == "submit"].time_s.min()
         run = dict(scenario=scenario, engine=name, round=rnd)

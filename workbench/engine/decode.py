@@ -83,6 +83,10 @@ class Pending:
         self.errors = {b: message for b, message in resolved.items() if message}
         return self.tokens.tolist(), self.logprobs.tolist(), self.finite.tolist()
 
+    def arrays(self) -> list[mx.array]:
+        """The arrays a read evaluates: tokens, log-probs, finiteness, the top-k arrays."""
+        return [self.tokens, self.logprobs, self.finite, *arrays_of(self.top)]
+
     def read_top(self) -> dict[int, TopPairs]:
         """Row -> its top-k ``((id, log-prob), ...)`` best first, for the rows that asked
         (:func:`workbench.engine.top_logprobs.read_top`; evaluates, after :meth:`read`
@@ -120,11 +124,12 @@ def sample_pending(
     samplers: Sequence[RowSampler],
     contexts: Sequence[Any],
     token_index: Sequence[int],
-    asynchronous: bool = True,
+    asynchronous: bool | None = True,
 ) -> Pending:
     """Sample each row's next token from ``logits`` ``[B, V]`` (the tail of
     :func:`launch`, shared with the packed forward): the :class:`Pending` tokens,
-    log-probabilities, finiteness and errors, evaluated (or started, ``asynchronous``)."""
+    log-probabilities, finiteness and errors, evaluated (``asynchronous=False``), started
+    (``True``) or left lazy (``None``: the caller starts them later, :meth:`Pending.arrays`)."""
     sampled, logprobs, errors = sample_rows(logits, samplers, contexts, token_index)  # [B], [B, V]
     # NaN or +inf in a row's (processed) logits, or all -inf, makes its log-softmax NaN;
     # -inf entries alone (banned tokens) are fine.
@@ -132,8 +137,6 @@ def sample_pending(
     chosen = mx.take_along_axis(logprobs, sampled[:, None].astype(mx.int32), axis=-1)[:, 0]
     top = top_arrays(logprobs, [s.top_logprobs for s in samplers])  # the same [B, V] as ``chosen``
     pending = Pending(sampled, chosen.astype(mx.float32), finite, errors, top)
-    if asynchronous:
-        mx.async_eval(pending.tokens, pending.logprobs, pending.finite, *arrays_of(top))
-    else:
-        mx.eval(pending.tokens, pending.logprobs, pending.finite, *arrays_of(top))
+    if asynchronous is not None:
+        (mx.async_eval if asynchronous else mx.eval)(*pending.arrays())
     return pending

@@ -578,35 +578,26 @@ class Scheduler:
         return out + finished
 
     def _step_packed(self) -> list[Event]:
-        """One packed forward ``[1, T]``: every running row's next token, then prefill
-        chunks of joining rows up to ``config.token_budget``; a joining row whose chunk
-        ends its inputs joins (``join`` event, mode ``"packed"``) with its first token."""
+        """One packed forward's tokens: every running row's next token, then prefill chunks
+        of joining rows up to ``config.token_budget``; a joining row whose chunk ends its
+        inputs joins (``join`` event, mode ``"packed"``) with its first token. With
+        ``pipeline``, the next forward is built from this one's unread tokens and started
+        as soon as they are read, before the events (:meth:`_launch_packed`)."""
         st, batch, cfg = self.state, self.state.batch, self.config
-        chunks = batch.plan(cfg.token_budget, cfg.packed_schedule)
-        if not chunks:
-            return []
-        logits = batch.forward(self.model, chunks)  # a leader's submit_n followers sample with it
-        sampled = batch.sampled
-        rows = [batch.rows[b] for b in sampled]
-        if rows:
-            contexts = [self._context(r, None, b) for b, r in zip(sampled, rows)]
-            pending = sample_pending(
-                logits, [r.sampler for r in rows], contexts, [len(r.tokens) for r in rows], asynchronous=False
-            )
-            toks, lps, finite = pending.read()
-            tops = pending.read_top()
-        else:  # prefill chunks only: no row samples, the pools are written
-            batch.settle()
-        out, finished = [], []
-        for c in chunks:
-            if c.kind != "decode":
-                self._log("prefill", c.uid, n_tokens=c.n_tokens)
-        for i, (b, row) in enumerate(zip(sampled, rows)):
-            if row.status is Status.PREFILLING:
-                row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
-                self._log("join", row.uid, row=b, n_tokens=len(row.valid.prompt_ids), join_mode="packed")
-            message = pending.errors.get(i) or ("" if finite[i] else "non-finite logits (NaN or inf)")
-            self._read_token(row, b, toks[i], lps[i], message, out, finished, tops.get(i, ()))
+        current = batch.launched
+        if current is None:
+            current = self._launch_packed()
+            if current is None:
+                return []
+            mx.async_eval(*current.outputs)
+        nxt = self._launch_packed(current) if cfg.pipeline and current.uids else None
+        read = current.pending.read() if current.pending is not None else mx.eval(*current.outputs)
+        if nxt is not None:
+            mx.async_eval(*nxt.outputs)  # after the read: the pools are written in place then
+        batch.launched = nxt
+        out, finished = self._read_packed(current, read)
+        batch.after_read(nxt)
+        batch.last_chunks = current.chunks
         for row, held in zip(batch.rows, batch.held):
             row.fed = max(0, held - len(row.valid.prompt_ids))
         st.step_index += 1
@@ -614,6 +605,54 @@ class Scheduler:
             mx.clear_cache()
         self._record()
         return out + finished
+
+    def _launch_packed(self, after: Any = None) -> Any:
+        """Build the next packed forward and its sampling (lazy: not started), or ``None``
+        when nothing is planned. ``after``: a launched forward whose tokens are unread; the
+        next one counts them as known and feeds them, and is built only when it carries
+        decode tokens alone (a joiner admitted meanwhile waits one forward)."""
+        batch, cfg = self.state.batch, self.config
+        unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
+        chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
+        if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
+            return None
+
+        def sample(logits: mx.array, sampled: list[int]) -> Pending:
+            rows = [batch.rows[b] for b in sampled]
+            contexts = [
+                self._context(r, after.pending if r.uid in unread else None, unread.get(r.uid, 0))
+                for r in rows
+            ]
+            index = [len(r.tokens) + (r.uid in unread) for r in rows]
+            return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
+
+        return batch.launch(self.model, chunks, sample, after)
+
+    def _read_packed(self, current: Any, read: tuple | None) -> tuple[list[Event], list[Event]]:
+        """The events of a read packed forward: ``prefill`` per prefill chunk, then per
+        sampling row (``join`` for a joiner) its token, or its error. Rows that left the
+        batch or finished since it was launched are skipped."""
+        st, batch = self.state, self.state.batch
+        for c in current.chunks:
+            if c.kind != "decode":
+                self._log("prefill", c.uid, n_tokens=c.n_tokens)
+        out, finished = [], []
+        if read is None:
+            return out, finished
+        toks, lps, finite = read
+        tops = current.pending.read_top()
+        rows = {r.uid: b for b, r in enumerate(batch.rows)}
+        for i, uid in enumerate(current.uids):
+            b = rows.get(uid)
+            if b is None or batch.rows[b].finished:
+                continue
+            row = batch.rows[b]
+            if row.status is Status.PREFILLING:
+                row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
+                self._log("join", row.uid, row=b, n_tokens=len(row.valid.prompt_ids), join_mode="packed")
+            message = current.pending.errors.get(i) or ("" if finite[i] else "non-finite logits (NaN or inf)")
+            self._read_token(row, b, toks[i], lps[i], message, out, finished, tops.get(i, ()))
+        return out, finished
 
     def _step_speculative(self) -> list[Event]:
         """``step()`` with speculation (:mod:`workbench.engine.levers.speculative`): read

@@ -34,11 +34,14 @@ class CostedModel:
     so the scheduler and mlx-lm's cache helpers see the model unchanged. A ``[B, L > 1]``
     forward is charged as a prefill chunk, a ``[B, 1]`` forward as ``decode_s`` (a join,
     or a one-token chunk); the start position / KV width is the tokens this cache list
-    has been fed so far.
+    has been fed so far. A packed ``[1, T]`` forward (``layout="packed"``, which calls the
+    inner model itself) is priced by :meth:`charge_packed` (``CostModel.packed_s``).
+    ``__wrapped__`` is the model (the packed layout checks its family through it).
     """
 
     def __init__(self, model: Any, clock: Any, cost: CostModel):
         self._model, self._clock, self._cost = model, clock, cost
+        self.__wrapped__ = model
         self._fed: dict[int, int] = {}  # id(first layer cache) -> tokens fed so far
         self._charging = False
 
@@ -62,6 +65,18 @@ class CostedModel:
         if self._charging:
             self._clock.advance(cost_s)
         return self._model(inputs, cache=cache, **kwargs)
+
+    def charge_packed(self, chunks: Any) -> float:
+        """Price one packed forward of ``chunks`` (:class:`~workbench.observe.packed.Chunk`:
+        a decode chunk attends its ``end`` keys, a prefill chunk is ``n_tokens`` after
+        ``start``); the clock advances inside :meth:`charging`. Returns seconds."""
+        cost_s = self._cost.packed_s(
+            [c.end for c in chunks if c.kind == "decode"],
+            [(c.n_tokens, c.start) for c in chunks if c.kind != "decode"],
+        )
+        if self._charging:
+            self._clock.advance(cost_s)
+        return cost_s
 
     def forward_s(self, rows: int, tokens: int, cache: Any) -> float:
         """Seconds for a ``[rows, tokens]`` forward into ``cache``; counts its tokens

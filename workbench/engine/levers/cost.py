@@ -2,8 +2,9 @@
 plan with (the per-iteration time budget, :mod:`workbench.engine.levers.pacing`) and the
 simulation replays with (:mod:`workbench.sim.costmodel`).
 
-Knows: the two shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
-``[B, 1]`` feeds: decode steps and joins). Must not know: the engine; it runs nothing.
+Knows: the shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
+``[B, 1]`` feeds: decode steps and joins; the packed layout's ``[1, T]``). Must not know:
+the engine; it runs nothing.
 
 Model (seconds; every coefficient ``>= 0``)::
 
@@ -13,6 +14,11 @@ Model (seconds; every coefficient ``>= 0``)::
     [B, 1] forward (a decode step, or a join feeding each joiner's last prompt token)
     at KV width W:
         decode_s  = d_step + d_row * B + d_kv * B * W
+    packed [1, T] forward (layout="packed"): R decode rows, row r attending W_r keys,
+    and prefill chunks c of k_c tokens after s_c (each request its own keys, no pads):
+        packed_s  = max(d_step if R, p_chunk if any chunk) + d_row * R + d_kv * sum_r W_r
+                    + sum_c (p_token * k_c + p_pair * (k_c * s_c + k_c * (k_c + 1) / 2))
+                    └─ one forward's fixed cost (the weights read once), each token its own
 
 Fitting the coefficients from measurements is :func:`nonnegative_lstsq` (used by
 :func:`workbench.sim.calibrate.fit_cost_model` and by the online fit of
@@ -22,7 +28,7 @@ Fitting the coefficients from measurements is :func:`nonnegative_lstsq` (used by
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -59,6 +65,19 @@ class CostModel:
         if batch_size <= 0:
             return 0.0
         return float(decode_features([batch_size], [kv_width_tokens])[0] @ self._decode_coef)
+
+    def packed_s(self, decode_kv_tokens: Sequence[int], prefill: Sequence[tuple[int, int]] = ()) -> float:
+        """Seconds for one packed ``[1, T]`` forward (module docstring): decode rows
+        attending ``decode_kv_tokens`` keys each (their own tokens, the new one included)
+        and prefill chunks ``(tokens, start_tokens)``; 0 for an empty forward."""
+        fixed = max(
+            self.decode_s_per_step if decode_kv_tokens else 0.0, self.prefill_s_per_chunk if prefill else 0.0
+        )
+        rows = (
+            len(decode_kv_tokens) * self.decode_s_per_row + sum(decode_kv_tokens) * self.decode_s_per_kv_token
+        )
+        chunks = sum(self.prefill_s(k, s) - self.prefill_s_per_chunk for k, s in prefill)
+        return fixed + rows + chunks
 
     @property
     def _prefill_coef(self) -> np.ndarray:

@@ -43,6 +43,8 @@ import mlx.core as mx
 import numpy as np
 
 from ...observe.packed import Chunk, packed_mask
+from . import cuda_attention
+from .cuda_attention import DecodePages
 from .grouped import Groups, grouped_attention, groups_of, paged_sdpa
 from .pages import PageTable
 
@@ -77,7 +79,8 @@ class Pools:
     def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
         """Copy each ``(source, copy)`` page's ``page_size`` slots into the copy's, in every
         layer's keys and values (copy-on-write of a shared page), growing the pools to
-        ``slots`` first."""
+        ``slots`` first. The pages are read (evaluated) before they are written, so each
+        pool is written in place."""
         if not pairs:
             return
         src, dst = (
@@ -88,12 +91,16 @@ class Pools:
             )
             for pages in zip(*pairs, strict=True)
         )
-        for layer, have in enumerate(self.keys):
-            if have is None:
-                continue
-            self.fit(layer, have)
+        layers = [layer for layer, have in enumerate(self.keys) if have is not None]
+        for layer in layers:
+            self.fit(layer, self.keys[layer])
+        # Read before the writes: a write into a pool that a gather not yet run still reads
+        # copies the pool whole (MLX reuses only a buffer nothing else refers to).
+        moved = {(id(pool), layer): pool[layer][src] for layer in layers for pool in (self.keys, self.values)}
+        mx.eval(list(moved.values()))
+        for layer in layers:
             for pool in (self.keys, self.values):
-                pool[layer][dst] = pool[layer][src]
+                pool[layer][dst] = moved[id(pool), layer]
 
     def clone(self, share: bool = False) -> "Pools":
         """A copy: the same array objects with ``share`` (an engine call's savepoint: the
@@ -117,6 +124,9 @@ class PagedLayer:
         each packed token. positions: ``[T]`` int32 RoPE position of each token.
         gather: ``[S]`` int32 pool slots of the keys and mask ``[T, S]`` bool (the masked
         path), or groups (:class:`~workbench.engine.packed.grouped.Groups`, the grouped path).
+        decode: the decode rows for the CUDA kernel
+        (:class:`~workbench.engine.packed.cuda_attention.DecodePages`; ``groups`` then hold
+        the chunks after them), or ``None``.
     """
 
     def __init__(
@@ -128,9 +138,10 @@ class PagedLayer:
         gather: mx.array | None = None,
         mask: mx.array | None = None,
         groups: Groups | None = None,
+        decode: DecodePages | None = None,
     ):
         self.pools, self.layer, self.write, self.gather = pools, layer, write, gather
-        self.mask, self.offset, self.groups = mask, positions, groups
+        self.mask, self.offset, self.groups, self.decode = mask, positions, groups, decode
         if groups is None:
             self.attend = None  # the masked path: mlx-lm's attention over the gathered keys
 
@@ -149,10 +160,12 @@ class PagedLayer:
 
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         """Attention of ``queries`` ``[1, H, T, D]`` over this layer's pools by groups
-        (:func:`~workbench.engine.packed.grouped.grouped_attention`)."""
-        return grouped_attention(
-            queries, self.pools.keys[self.layer], self.pools.values[self.layer], self.groups, scale
-        )
+        (:func:`~workbench.engine.packed.grouped.grouped_attention`), the decode rows by the
+        CUDA kernel when ``decode`` is set (:func:`~workbench.engine.packed.cuda_attention.packed_attention`)."""
+        k, v = self.pools.keys[self.layer], self.pools.values[self.layer]
+        if self.decode is not None:
+            return cuda_attention.packed_attention(queries, k, v, self.decode, self.groups, scale)
+        return grouped_attention(queries, k, v, self.groups, scale)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """The ``[T, S]`` packed mask (``N == T``; no window: full attention only);
@@ -219,14 +232,22 @@ def layer_inputs(table: PageTable, chunks: Sequence[Chunk]) -> dict[str, np.ndar
 
 
 def paged_layers(
-    pools: Pools, table: PageTable, chunks: Sequence[Chunk], n_layers: int, arrays: dict, masked: bool = False
+    pools: Pools,
+    table: PageTable,
+    chunks: Sequence[Chunk],
+    n_layers: int,
+    arrays: dict,
+    masked: bool = False,
+    decode_kernel: bool = False,
 ) -> list[PagedLayer]:
-    """One :class:`PagedLayer` per layer: by groups (default), or ``masked`` (every
-    request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is)."""
+    """One :class:`PagedLayer` per layer: by groups (default; with ``decode_kernel`` the
+    leading decode rows by :mod:`~workbench.engine.packed.cuda_attention`), or ``masked``
+    (every request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is)."""
     write, positions = mx.array(arrays["write"]), mx.array(arrays["positions"])
     if not masked:
-        groups = groups_of(table, chunks)
-        return [PagedLayer(pools, i, write, positions, groups=groups) for i in range(n_layers)]
+        decode = cuda_attention.decode_pages(table, chunks) if decode_kernel else None
+        groups = groups_of(table, chunks[decode.n_rows :] if decode else chunks)
+        return [PagedLayer(pools, i, write, positions, groups=groups, decode=decode) for i in range(n_layers)]
     gather = mx.array(np.array(table.gather_slots([(c.uid, c.end) for c in chunks]), np.int32))
     mask = mx.array(packed_mask(chunks))
     return [PagedLayer(pools, i, write, positions, gather, mask) for i in range(n_layers)]
@@ -237,13 +258,19 @@ def packed_forward(
     pools: Pools,
     table: PageTable,
     chunks: Sequence[Chunk],
-    tokens: Sequence[int],
+    tokens: Sequence[int] | mx.array,
     masked: bool = False,
+    decode_kernel: bool | None = None,
 ) -> mx.array:
-    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order) through ``model`` as one
+    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order; ids or a uint32 array, maybe
+    lazy) through ``model`` as one
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
     chunk's last token (``R = 0``: an empty ``[0, V]``).
+
+    ``decode_kernel``: the decode rows' attention by the CUDA paged-attention kernel
+    (:func:`workbench.engine.packed.cuda_attention.selected`: ``None`` on CUDA where it
+    serves the model's heads and pools, ``False`` never: MLX ops as on the CPU).
 
     Raises:
         ValueError: a chunk beyond its request's pages.
@@ -251,7 +278,11 @@ def packed_forward(
     arrays = layer_inputs(table, chunks)
     pools.slots = max(pools.slots, table.capacity * table.page_size)
     inner = model.model
-    caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked)
+    kernel = not masked and cuda_attention.selected(
+        decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0]
+    )
+    caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked, kernel)
     with per_token_rope(inner), paged_sdpa(inner):
-        h = inner(mx.array(list(tokens), dtype=mx.uint32)[None], cache=caches)[0]  # [T, hidden], normed
+        ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+        h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]

@@ -28,12 +28,14 @@ Axis letters: ``B`` requests in the batch (row order = arrival in the batch).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from ...observe.packed import Chunk, PackedState
+from ..decode import Pending
 from ..siblings import shared_rows
 from ..state import RequestState, Status
 from .attention import Pools, packed_forward
@@ -41,6 +43,33 @@ from .pages import PageTable
 from .plan import Want, plan_chunks
 
 GROWTH = 8  # the pools grow by at least 1/GROWTH of their pages (or what is needed)
+
+
+@dataclass
+class Launched:
+    """A packed forward built (its evaluation started or about to be) whose sampled
+    tokens are not read yet: the packed layout's pipelining (the next forward is built
+    from these unread tokens before they are read, as the padded layout's decode step).
+
+    Attributes:
+        chunks: its chunks. uids: the uid of each row it samples, in the order of
+            ``pending``'s rows (a leader's followers after it).
+        pending: the lazy :class:`~workbench.engine.decode.Pending` (``None``: no row samples).
+        outputs: the arrays whose evaluation runs it (``pending``'s, or the pools).
+        deferred: chunks ending at a token unread when it was built; their full pages are
+            indexed once that token is read (:meth:`PackedBatch.after_read`).
+    """
+
+    chunks: tuple[Chunk, ...]
+    uids: tuple[int, ...]
+    pending: Pending | None
+    outputs: list[mx.array]
+    deferred: tuple[Chunk, ...] = ()
+
+    def clone(self) -> "Launched":
+        """A copy sharing the arrays (nothing writes them in place)."""
+        pending = None if self.pending is None else self.pending.clone()
+        return Launched(self.chunks, self.uids, pending, list(self.outputs), self.deferred)
 
 
 class PackedBatch:
@@ -56,9 +85,11 @@ class PackedBatch:
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
         table: the :class:`PageTable`. pools: the :class:`Pools`.
-        last_chunks: the chunks of the latest packed forward.
+        last_chunks: the chunks of the latest packed forward whose tokens were read.
         follows: follower uid -> its leader's uid (samples waiting for one prefill).
         sampled: row indices the latest forward's logits are for, in order.
+        launched: the forward launched before the previous one's tokens were read
+            (:class:`Launched`; ``None``: none in flight).
     """
 
     fast_path = "packed"
@@ -84,6 +115,7 @@ class PackedBatch:
         self.last_chunks: tuple[Chunk, ...] = ()
         self.follows: dict[int, int] = {}
         self.sampled: list[int] = []
+        self.launched: Launched | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -133,25 +165,32 @@ class PackedBatch:
             self.held[b] = held[f] = held.get(lead, 0)
             self.follows.update({g: f for g, ld in self.follows.items() if ld == lead})
 
-    def wants(self) -> list[Want]:
-        """Each unfinished row's work (:class:`Want`), row order; a follower has none."""
+    def wants(self, unread: Collection[int] = ()) -> list[Want]:
+        """Each unfinished row's work (:class:`Want`), row order; a follower has none. A
+        row in ``unread`` (uids whose sampled token is not read yet) counts that token as
+        known and decodes it, unless it is its last (``max_tokens``: it finishes on the read)."""
         self._promote()
         return [
-            Want(r.uid, h, len(r.inputs), r.status is Status.RUNNING)
+            Want(r.uid, h, len(r.inputs) + (r.uid in unread), r.status is Status.RUNNING or r.uid in unread)
             for r, h in zip(self.rows, self.held, strict=True)
-            if not r.finished and r.uid not in self.follows
+            if not r.finished
+            and r.uid not in self.follows
+            and not (r.uid in unread and len(r.tokens) + 1 >= r.valid.request.max_tokens)
         ]
 
-    def plan(self, budget: int, schedule: str = "hybrid") -> tuple[Chunk, ...]:
-        """The next forward's chunks (:func:`workbench.engine.packed.plan.plan_chunks`)."""
-        return plan_chunks(self.wants(), budget, schedule)
+    def plan(self, budget: int, schedule: str = "hybrid", unread: Collection[int] = ()) -> tuple[Chunk, ...]:
+        """The next forward's chunks (:func:`workbench.engine.packed.plan.plan_chunks`)
+        over :meth:`wants` with ``unread``."""
+        return plan_chunks(self.wants(unread), budget, schedule)
 
-    def forward(self, model: Any, chunks: Sequence[Chunk]) -> mx.array:
+    def forward(self, model: Any, chunks: Sequence[Chunk], after: Launched | None = None) -> mx.array:
         """Copy the shared pages the chunks write into, reserve the chunks' pages (growing
-        the pools by at least 1/8 when the free list runs out), run the packed forward,
-        count the chunks' tokens as held and index the pages they filled; a leader's
-        followers take its pages at its sampling chunk. Returns the logits ``[R, V]`` of
-        the rows that sample (:attr:`sampled`: each sampling chunk's row, then its followers)."""
+        the pools by at least 1/8 when the free list runs out), build the packed forward
+        (lazy), count the chunks' tokens as held and index the pages they filled; a
+        leader's followers take its pages at its sampling chunk. A chunk of a row that
+        ``after`` (a launched forward, not read yet) samples feeds that unread token.
+        Returns the logits ``[R, V]`` of the rows that sample (:attr:`sampled`: each
+        sampling chunk's row, then its followers)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
         copies = []
         for c in chunks:
@@ -162,13 +201,44 @@ class PackedBatch:
             grown = max(self.table.capacity, have + math.ceil(have / GROWTH))
             self.pools.slots = min(grown, max(self.max_pages or grown, self.table.capacity)) * self.page_size
         self.pools.copy_pages(copies, self.page_size)
-        tokens = [t for c in chunks for t in self.rows[by_uid[c.uid]].inputs[c.start : c.end]]
-        logits = packed_forward(model, self.pools, self.table, chunks, tokens)
+        charge = getattr(model, "charge_packed", None)  # a model that prices its forwards (a cost clock)
+        if charge is not None:
+            charge(chunks)
+        logits = packed_forward(model, self.pools, self.table, chunks, self._tokens(chunks, after))
         for c in chunks:
             self.held[by_uid[c.uid]] = c.end
-            self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
-        self.last_chunks = tuple(chunks)
+            if c.end <= len(self.rows[by_uid[c.uid]].inputs):
+                self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
         return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
+
+    def _tokens(self, chunks: Sequence[Chunk], after: Launched | None) -> mx.array:
+        """The chunks' tokens ``[T]`` uint32: their rows' inputs, and where a chunk ends
+        past them, the token ``after`` sampled for that row (unread, lazy)."""
+        rows = {r.uid: r for r in self.rows}
+        tokens, at, src = [], [], []
+        for c in chunks:
+            known = rows[c.uid].inputs[c.start : c.end]
+            tokens += known
+            if len(known) < c.n_tokens:  # a decode chunk of the row's unread token
+                at.append(len(tokens))
+                src.append(after.uids.index(c.uid))
+                tokens.append(0)
+        out = mx.array(tokens, dtype=mx.uint32)
+        if at:
+            out[mx.array(at)] = after.pending.tokens[mx.array(src)].astype(mx.uint32)
+        return out
+
+    def after_read(self, launched: Launched | None) -> None:
+        """Once a forward's tokens are read: a row's held tokens are at most its known ones
+        (a token fed ahead that the row did not keep: an error, an abort), and the pages of
+        ``launched``'s deferred chunks are indexed where their rows kept that token."""
+        for b, r in enumerate(self.rows):
+            self.held[b] = min(self.held[b], len(r.inputs))
+        rows = {r.uid: r for r in self.rows}
+        for c in () if launched is None else launched.deferred:
+            r = rows.get(c.uid)
+            if r is not None and not r.finished and len(r.inputs) >= c.end:
+                self.table.register(c.uid, r.inputs, c.start, c.end)
 
     def _fan_out(self, logits: mx.array, sampling: list[int]) -> mx.array:
         """Each sampling row's followers take its pages and its logits row; sets
@@ -185,9 +255,25 @@ class PackedBatch:
             take += [i] * (1 + len(joined))
         return logits if len(take) == len(sampling) else logits[mx.array(take)]
 
-    def settle(self) -> None:
-        """Evaluate the pools (a forward whose logits nobody reads still wrote them)."""
-        mx.eval([a for a in self.pools.keys + self.pools.values if a is not None])
+    def launch(
+        self,
+        model: Any,
+        chunks: Sequence[Chunk],
+        sample: Callable[[mx.array, list[int]], Pending],
+        after: Launched | None = None,
+    ) -> Launched:
+        """Build the forward of ``chunks`` (:meth:`forward`, fed ``after``'s unread tokens)
+        and its sampling, ``sample(logits [R, V], row indices)`` -> a lazy
+        :class:`~workbench.engine.decode.Pending`. Returns the :class:`Launched`, not
+        started (``mx.async_eval(*launched.outputs)`` starts it)."""
+        known = {r.uid: len(r.inputs) for r in self.rows}
+        logits = self.forward(model, chunks, after)
+        rows = list(self.sampled)
+        pending = sample(logits, rows) if rows else None
+        pools = [a for a in self.pools.keys + self.pools.values if a is not None]
+        outputs = pending.arrays() if pending is not None else pools  # a prefill forward: its writes
+        deferred = tuple(c for c in chunks if c.end > known[c.uid])
+        return Launched(tuple(chunks), tuple(self.rows[b].uid for b in rows), pending, outputs, deferred)
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
         """Keep only rows ``keep`` (sorted row indices); the others' pages go back at
@@ -201,6 +287,8 @@ class PackedBatch:
                 self.follows.pop(r.uid, None)
         self.rows = [r for b, r in enumerate(self.rows) if b in keep]
         self.held = [h for b, h in enumerate(self.held) if b in keep]
+        if self.launched is not None and not {r.uid for r in self.rows} & set(self.launched.uids):
+            self.launched = None  # in flight for rows that all left: its tokens are never read
 
     def compact(self) -> bool:
         """Nothing to compact (no free slots). Returns False."""
@@ -220,6 +308,7 @@ class PackedBatch:
             self.last_chunks,
         )
         out.follows, out.sampled = dict(self.follows), list(self.sampled)
+        out.launched = None if self.launched is None else self.launched.clone()
         return out
 
     def state(self, token_budget: int) -> PackedState:

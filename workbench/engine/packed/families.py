@@ -27,12 +27,15 @@ ADMITTED_MODULES = ("mlx_lm.models.llama",)
 
 
 def check_model(model: Any) -> None:
-    """Refuse a model the packed layout does not run.
+    """Refuse a model the packed layout does not run (a wrapper's ``__wrapped__`` model is
+    checked).
 
     Raises:
         ValueError: naming the model's module and why (not a checked family, or a
             sliding-window layer).
     """
+    while hasattr(model, "__wrapped__"):  # a wrapper that runs the model unchanged (a cost clock's)
+        model = model.__wrapped__
     module = type(model).__module__
     if module not in ADMITTED_MODULES:
         raise ValueError(

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -51,12 +51,15 @@ class Groups:
             with slot 0), or ``None`` when ``R == 0``.
         decode_mask: ``[R, 1, 1, L_max]`` bool, or ``None`` (every row as long).
         chunks: ``(first packed token, tokens, slots [end])`` of every other chunk.
+        flat: ``(id(slots), n_kv_heads)`` -> the flat-pool indices of those slots
+            (:func:`flat_indices`), made once per forward for every layer.
     """
 
     n_decode: int
     decode_slots: mx.array | None
     decode_mask: mx.array | None
     chunks: tuple[tuple[int, int, mx.array], ...]
+    flat: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def groups_of(table: PageTable, chunks: Sequence[Chunk]) -> Groups:
@@ -81,10 +84,27 @@ def groups_of(table: PageTable, chunks: Sequence[Chunk]) -> Groups:
     return Groups(n, slots, mask, tuple(rest))
 
 
-def _gather(pool: mx.array, slots: mx.array) -> mx.array:
-    """``pool`` ``[N, n_kv_heads, D]`` at ``slots`` ``[..., L]`` -> ``[..., n_kv_heads, L, D]``."""
-    g = pool[slots]  # [..., L, n_kv_heads, D]
-    return mx.swapaxes(g, -3, -2)
+def flat_indices(slots: mx.array, n_kv_heads: int) -> mx.array:
+    """Rows of the flat pool ``[N * n_kv_heads, D]`` holding each head of each slot:
+    ``slots`` ``[..., L]`` -> ``[..., n_kv_heads, L]`` int32 (``slot * n_kv_heads + head``)."""
+    heads = mx.arange(n_kv_heads, dtype=mx.int32)[:, None]  # [n_kv_heads, 1]
+    return slots[..., None, :] * n_kv_heads + heads
+
+
+def _gather(pool: mx.array, slots: mx.array, groups: Groups | None = None) -> mx.array:
+    """``pool`` ``[N, n_kv_heads, D]`` at ``slots`` ``[..., L]`` -> ``[..., n_kv_heads, L, D]``,
+    row-contiguous: one gather over the flat pool at :func:`flat_indices` (memoized in
+    ``groups.flat``), so that the attention reads the block as it is. (A gather of the
+    ``[..., L, n_kv_heads, D]`` rows then a swap of axes leaves every ``[L, D]`` matrix
+    strided, which MLX's attention and matmuls copy first: the GPU's ``copy_g`` kernels.)"""
+    N, H, D = pool.shape
+    key = (id(slots), H)
+    flat = None if groups is None else groups.flat.get(key)
+    if flat is None:
+        flat = flat_indices(slots, H)
+        if groups is not None:
+            groups.flat[key] = flat
+    return pool.reshape(N * H, D)[flat]
 
 
 def grouped_attention(
@@ -97,15 +117,18 @@ def grouped_attention(
     if R:
         q = mx.swapaxes(queries[0, :, :R], 0, 1)[:, :, None]  # [R, H, 1, D]
         k, v = (
-            _gather(keys_pool, groups.decode_slots),
-            _gather(values_pool, groups.decode_slots),
+            _gather(keys_pool, groups.decode_slots, groups),
+            _gather(values_pool, groups.decode_slots, groups),
         )  # [R, n_kv, L, D]
         o = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=groups.decode_mask
         )  # [R, H, 1, D]
         outs.append(mx.swapaxes(o[:, :, 0], 0, 1)[None])  # [1, H, R, D]
     for first, n, slots in groups.chunks:
-        k, v = _gather(keys_pool, slots)[None], _gather(values_pool, slots)[None]  # [1, n_kv, end, D]
+        k, v = (
+            _gather(keys_pool, slots, groups)[None],
+            _gather(values_pool, slots, groups)[None],
+        )  # [1, n_kv, end, D]
         mask = "causal" if n > 1 else None
         outs.append(
             mx.fast.scaled_dot_product_attention(

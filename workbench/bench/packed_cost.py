@@ -1,0 +1,114 @@
+"""Sarathi-Serve's schedule comparison on the cost clock: the Azure window through the
+packed layout under each schedule and token budget, every forward priced by the bundled
+tiny-llama cost model, beside the padded layout and mlx-lm on the same clock.
+
+``python -m workbench.bench.packed_cost [budget ...]`` prints one markdown table (TTFT and
+ITL p50 / p95 / p99, tokens per second), the same on every run and machine.
+
+Knows: :mod:`workbench.bench.packed` (the Azure arrivals, the latency rows), the virtual
+clock and cost model of :mod:`workbench.sim`, the cost-clock driver of
+:mod:`workbench.bench.pacing`. Must not know: the engine's internals.
+
+A packed ``[1, T]`` forward costs one forward's fixed cost plus each token's own
+(:meth:`workbench.engine.levers.cost.CostModel.packed_s`: decode rows by the keys they
+attend, prefill chunks by their tokens and causal pairs), so the comparison is of the
+schedules alone: which tokens share a forward, not Python's overheads. Pipelining is off
+(``pipeline=False``): on a virtual clock it hides nothing and would stamp each token one
+forward late.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from ..observe.events import events_frame
+from ..runtime.loading import DATA_DIR, load
+from ..sim.clocks import VirtualClock
+from ..sim.costmodel import CostedModel, CostModel
+from .engines import Arrival, MlxLmEngine
+from .pacing import drive_virtual
+from .packed import CHUNK_TOKENS, MAX_BATCH, PADDED, PAGE_TOKENS, TrackedWorkbench, azure_arrivals, latency
+from .packed_sweep import sweep_table
+from .scenarios import MLX_LM
+
+BUDGETS = (32, 64, 512)  # tokens per packed forward
+SCHEDULES = ("hybrid", "prefill-first", "decode-first")
+COST_MODEL = DATA_DIR / "costmodels" / "tiny-llama-linux-x86_64.json"
+
+Build = Callable[[], tuple[Any, VirtualClock, CostedModel]]  # a fresh engine on its own clock
+
+
+def cost_factories(
+    model: Any, tokenizer: Any, cost: CostModel, budgets: Sequence[int] = BUDGETS
+) -> dict[str, Build]:
+    """Builders of fresh engines on a fresh virtual clock: the packed layout under each of
+    :data:`SCHEDULES` at each budget (``"hybrid, 64"``), then the padded layout and mlx-lm
+    (chunks of :data:`CHUNK_TOKENS`); ``MAX_BATCH`` rows, pages of ``PAGE_TOKENS``."""
+
+    def build(make: Callable[[CostedModel, VirtualClock], Any]) -> Build:
+        def fresh() -> tuple[Any, VirtualClock, CostedModel]:
+            clock = VirtualClock()
+            costed = CostedModel(model, clock, cost)
+            return make(costed, clock), clock, costed
+
+        return fresh
+
+    def packed(schedule: str, budget: int) -> Build:
+        settings = dict(layout="packed", page_size=PAGE_TOKENS, max_num_batched_tokens=budget)
+        return build(
+            lambda m, c: TrackedWorkbench(
+                m,
+                tokenizer,
+                MAX_BATCH,
+                CHUNK_TOKENS,
+                clock=c,
+                history_size=0,
+                pipeline=False,
+                packed_schedule=schedule,
+                **settings,
+            )
+        )
+
+    out = {f"{s}, {b}": packed(s, b) for b in budgets for s in SCHEDULES}
+    out[PADDED] = build(
+        lambda m, c: TrackedWorkbench(m, tokenizer, MAX_BATCH, CHUNK_TOKENS, clock=c, history_size=0)
+    )
+    out[MLX_LM] = build(lambda m, c: MlxLmEngine(m, MAX_BATCH, CHUNK_TOKENS, clock=c))
+    return out
+
+
+def run_on_cost_clock(build: Build, arrivals: list[Arrival]) -> tuple[pd.DataFrame, list]:
+    """One fresh engine through ``arrivals`` on its virtual clock
+    (:func:`workbench.bench.pacing.drive_virtual`). Returns its events and KV samples."""
+    engine, clock, costed = build()
+    try:
+        drive_virtual(engine, arrivals, clock, costed)
+        return events_frame(engine.events), list(getattr(engine, "samples", []))
+    finally:
+        engine.close()
+
+
+def run_cost(
+    budgets: Sequence[int] = BUDGETS, echo: Callable[[str], None] = print
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every engine of :func:`cost_factories` once through the Azure window on the cost
+    clock. Returns ``(summary, kv)`` as :func:`workbench.bench.packed.latency`."""
+    model, tokenizer = load("tiny-llama")
+    fac = cost_factories(model, tokenizer, CostModel.load(COST_MODEL), budgets)
+    return latency(
+        fac, azure_arrivals(tokenizer), 1, "sarathi-cost", echo, warm_up=False, run=run_on_cost_clock
+    )
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    """Run the comparison (budgets from ``argv``, else :data:`BUDGETS`) and print its table."""
+    summary, _ = run_cost(tuple(int(a) for a in argv) or BUDGETS)
+    print(sweep_table(summary))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -275,9 +275,28 @@ GPU_SKIPPED = []
 
 # The `slow` tier: `pytest -m "not slow"` is the quick check (README). Every executed notebook, every
 # test of the fetched real model and the real-browser test are slow, and so is every test function
-# listed in tests/slow_tests.txt (measured over 2 s on 2 cores: `pytest --durations=0`).
+# listed in tests/slow_tests.txt (over 2 s in a whole-suite run: `scripts/lab/suite_durations.py RUN.xml --write`).
 SLOW_MARKERS = ("realmodel", "browser")
 SLOW_TESTS_FILE = Path(__file__).resolve().parent / "slow_tests.txt"
+
+
+FILE_SECONDS_FILE = SLOW_TESTS_FILE.with_name("file_seconds.txt")
+
+
+def file_seconds() -> dict[str, float]:
+    """``path -> seconds`` from tests/file_seconds.txt: each test file's (and notebook's)
+    measured seconds in a run of the whole suite."""
+    rows = [line.split() for line in FILE_SECONDS_FILE.read_text().splitlines()]
+    return {row[0]: float(row[1]) for row in rows if row and not row[0].startswith("#")}
+
+
+def longest_files_first(items: list) -> None:
+    """Order ``items`` in place file by file, the longest measured file first (0 s for a file
+    tests/file_seconds.txt does not list), each file's own order kept. pytest-xdist, with
+    pyproject's ``--dist loadfile --no-loadscope-reorder``, hands files to the workers in this
+    order, so the last files to run are short ones and the two workers finish together."""
+    seconds = file_seconds()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
 
 
 def slow_tests() -> set[str]:
@@ -304,6 +323,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if slow_item(item, listed):
             item.add_marker(pytest.mark.slow)
+    longest_files_first(items)
 
     if not mx.cuda.is_available():
         for item in items:

@@ -2,10 +2,14 @@
 
 ``.ci/run`` fetches it before the tests; here :func:`real_model_folder` fetches it if it is
 missing and skips (with the reason, shown by ``pytest -rs``) only when it cannot be fetched.
+Each form of the model is loaded once per test process (:func:`dense_real_model`,
+:func:`quantized_real_model`): the float32 form takes a dequantization of every layer, and
+the tests that share it only read it (tests of loading itself call ``wb.load``).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -32,8 +36,21 @@ def chat_ids(tokenizer, question: str) -> list[int]:
 
 def dense_real_model():
     """``(model, tokenizer)`` of the real model as ``wb.load`` gives it on the CPU (dequantized
-    to float32), fetched if needed (else a skip)."""
+    to float32), fetched if needed (else a skip); one load per process, shared."""
+    real_model_folder()
+    return _loaded(None)
+
+
+def quantized_real_model():
+    """``(model, tokenizer)`` of the real model with its 4-bit layers as converted
+    (``wb.load(NAME, dequantize=False)``), fetched if needed (else a skip); one load per
+    process, shared."""
+    real_model_folder()
+    return _loaded(False)
+
+
+@functools.cache
+def _loaded(dequantize: bool | None):
     import workbench as wb
 
-    real_model_folder()
-    return wb.load(NAME)
+    return wb.load(NAME, dequantize=dequantize)

@@ -19,6 +19,7 @@ OUT = "workbench-out"  # the default output folder of every command that writes 
 
 
 def _demo(args: argparse.Namespace) -> int:
+    print("demo: importing MLX and mlx-lm, loading the model ...", flush=True)  # seconds on a loaded CPU
     from .demo import run_demo
     from .runtime.blas import STATUS
 

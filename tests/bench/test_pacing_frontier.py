@@ -7,21 +7,13 @@ import pandas as pd
 import pytest
 
 import workbench as wb
+from tests.cost_models import PACING_COST as COST
 from workbench.bench.engines import Arrival
 from workbench.bench.pacing import FIXED, floor_verdicts, frontier_runs, frontier_summary, paced_name, versus
 from workbench.bench.scenarios import MLX_LM
-from workbench.engine.levers.cost import CostModel
 from workbench.observe.metrics import SLO
 from workbench.workloads.workload import prompt_of_length
 
-# prefill dominates: a 300-token prompt costs ~30 decode steps, a chunk has a fixed part
-COST = CostModel(
-    prefill_s_per_chunk=0.002,
-    prefill_s_per_token=0.001,
-    prefill_s_per_pair=0.0,
-    decode_s_per_step=0.010,
-    decode_s_per_row=0.001,
-)
 LENGTHS = (24, 300, 8, 160, 40, 200, 16, 64)
 
 

@@ -4,7 +4,13 @@ step-time table's shape, admission under one budget, the figure and text forms."
 import pytest
 
 from workbench.bench.model import QUICK, make_model
-from workbench.bench.quantized import admission_under_budget, bytes_per_token, step_cost
+from workbench.bench.quantized import (
+    ADMISSION_COLUMNS,
+    STEP_COLUMNS,
+    admission_under_budget,
+    bytes_per_token,
+    step_cost,
+)
 from workbench.views.quantized import quantized_text, render_quantized
 
 pytestmark = pytest.mark.model
@@ -26,7 +32,7 @@ def test_step_cost_measures_each_setting_over_the_same_geometry():
     table = step_cost(
         model, rows=2, context_tokens=16, settings=[(None, 32), (4, 32)], repeats=1, warm_steps=0
     )
-    assert table.setting.tolist() == ["float", "q4/g32"]
+    assert tuple(table.columns) == STEP_COLUMNS and table.setting.tolist() == ["float", "q4/g32"]
     assert (table.step_s > 0).all() and table.vs_float.iloc[0] == 1.0
     assert table.kv_bytes.iloc[1] * 128 == table.kv_bytes.iloc[0] * 24  # head dim 32: 24 of 128 bytes
 
@@ -35,7 +41,7 @@ def test_step_cost_measures_each_setting_over_the_same_geometry():
 def test_a_quantized_cache_runs_more_rows_under_the_same_budget(bundled):
     model, tokenizer = bundled
     table = admission_under_budget(model, tokenizer, TINY, n_requests=8, prompt_tokens=24, max_tokens=6)
-    assert table.kv_budget_bytes.nunique() == 1
+    assert tuple(table.columns) == ADMISSION_COLUMNS and table.kv_budget_bytes.nunique() == 1
     assert (
         table.request_bytes.iloc[0] == table.kv_budget_bytes.iloc[0] // 2
     )  # budget_requests=2 float requests
@@ -50,25 +56,12 @@ def test_the_view_draws_three_panels_and_prints_the_tables(bundled):
 
     model, tokenizer = bundled
     sizes = bytes_per_token(model, TINY)
+    # one row per setting, as the tables print
     steps = pd.DataFrame(
-        {
-            "setting": ["float", "q4/g64"],
-            "rows": [8, 8],
-            "context_tokens": [256, 256],
-            "kv_bytes": [100, 16],
-            "step_s": [0.010, 0.012],
-            "vs_float": [1.0, 1.2],
-        }
+        [("float", 8, 256, 100, 0.010, 1.0), ("q4/g64", 8, 256, 16, 0.012, 1.2)], columns=STEP_COLUMNS
     )
     admission = pd.DataFrame(
-        {
-            "setting": ["float", "q4/g32"],
-            "kv_budget_bytes": [10, 10],
-            "request_bytes": [5, 1],
-            "max_rows": [2, 9],
-            "decode_steps": [9, 3],
-            "tokens_per_step": [2.0, 6.0],
-        }
+        [("float", 10, 5, 2, 9, 2.0), ("q4/g32", 10, 1, 9, 3, 6.0)], columns=ADMISSION_COLUMNS
     )
     fig = render_quantized(sizes, steps, admission, "tiny-code", "llama-155m")
     assert len(fig.axes) == 3

@@ -284,7 +284,9 @@ def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules()
         0,
         -1,
     ]
-    assert invariance.end_to_end(model, tok, prompts, (4,), 5, CHUNK)[("invariant", 4)] == (4, 4)
+    assert invariance.end_to_end(invariance.step_grids(model, tok, prompts, (4,), 5, CHUNK))[
+        ("invariant", 4)
+    ] == (4, 4)
     with pytest.raises(ValueError, match="prompts: 4 given"):
         invariance.step_grids(model, tok, prompts, batch_sizes=(8,))
     long = list(range(40, 70))

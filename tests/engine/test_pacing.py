@@ -7,13 +7,10 @@ import math
 import pytest
 
 import workbench as wb
+from tests.cost_models import PACING_COST as COST
 from workbench.engine.admission import Queued, ShortestPromptFirst
 from workbench.engine.levers.cost import CostModel
 from workbench.engine.levers.pacing import Iteration, Pacer, Pacing, pacing_from
-
-COST = CostModel(
-    prefill_s_per_chunk=0.002, prefill_s_per_token=0.001, decode_s_per_step=0.010, decode_s_per_row=0.001
-)
 
 
 def test_the_chunk_is_the_most_tokens_whose_predicted_time_fits_the_budget_in_powers_of_two():

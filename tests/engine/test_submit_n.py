@@ -195,11 +195,11 @@ def test_a_seedless_request_draws_one_seed_for_its_samples(make_sched):
 
 
 @pytest.mark.realmodel
+@pytest.mark.usefixtures("solo_references_once")  # the three greedy samples: one mlx-lm solo run
 def test_samples_on_the_real_model_equal_each_seed_alone_and_greedy_ones_equal_solo():
-    from tests.real_model import NAME, chat_ids, real_model_folder
+    from tests.real_model import chat_ids, dense_real_model
 
-    real_model_folder()
-    model, tok = wb.load(NAME)
+    model, tok = dense_real_model()
     ids = chat_ids(tok, "Write a haiku about rain.")
     sched = wb.Scheduler(model, tok, max_batch=6)
     sampled = sched.submit_n(wb.Request(prompt=ids, max_tokens=6, temperature=0.8, seed=1, stop_ids=[]), 3)

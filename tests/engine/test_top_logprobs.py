@@ -133,10 +133,9 @@ def test_top_logprobs_equal_mlx_lms_own_log_probs_alone(bundled, prompt):
 
 @pytest.mark.realmodel
 def test_top_logprobs_on_the_real_model_under_batching_equal_each_request_alone():
-    from tests.real_model import NAME, chat_ids, real_model_folder
+    from tests.real_model import chat_ids, dense_real_model
 
-    real_model_folder()
-    model, tokenizer = wb.load(NAME)
+    model, tokenizer = dense_real_model()
     questions = ["What is 2+2?", "Name a primary colour.", "Say hello."]
     requests = [
         wb.Request(prompt=chat_ids(tokenizer, q), max_tokens=5, top_logprobs=k, stop_ids=[])

@@ -5,13 +5,21 @@ import numpy as np
 import pytest
 from mlx_lm.models.base import create_causal_mask
 
+from tests.observe.event_logs import event_log
 from tests.views.test_views import full_snapshot
-from workbench.observe.events import Event
 from workbench.observe.forward_masks import causal_mask, decode_forward, prefill_forwards
 
 
-def ev(kind, uid, n=0, cached=0):
-    return Event(kind, uid, step=0, time_s=0.0, n_tokens=n, n_cached=cached)
+def prefill_log(prompt_tokens: dict[int, int], chunks: list[tuple[int, int]], joins=()) -> list:
+    """Each uid admitted with its prompt length, then the prefill chunks ``(uid, tokens)`` in
+    order, then the joins of ``joins``."""
+    return event_log(
+        "\n".join(
+            [f"admit {uid} n_tokens={n}" for uid, n in prompt_tokens.items()]
+            + [f"prefill {uid} n_tokens={n}" for uid, n in chunks]
+            + [f"join {uid}" for uid in joins]
+        )
+    )
 
 
 @pytest.mark.parametrize("n,cached,lp", [(3, 0, None), (2, 4, None), (1, 3, [0, 2]), (4, 2, [1, 0, 2])])
@@ -22,14 +30,7 @@ def test_causal_mask_equals_mlx_lm_create_causal_mask(n, cached, lp):
 
 
 def test_a_right_padded_group_is_one_forward_padded_to_its_longest_row():
-    log = [
-        ev("admit", 0, 6),
-        ev("admit", 1, 2),
-        ev("prefill", 0, 5),
-        ev("prefill", 1, 1),
-        ev("join", 0),
-        ev("join", 1),
-    ]
+    log = prefill_log({0: 6, 1: 2}, [(0, 5), (1, 1)], joins=(0, 1))
     (fm,) = prefill_forwards(log)
     assert fm.uids == (0, 1) and fm.shape == (2, 5, 5) and fm.n_cached == 0 and fm.first_event == 2
     assert fm.query_padding.astype(int).tolist() == [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1]]
@@ -38,7 +39,14 @@ def test_a_right_padded_group_is_one_forward_padded_to_its_longest_row():
 
 
 def test_chunks_of_one_prompt_are_separate_forwards_over_the_cached_keys():
-    log = [ev("admit", 0, 11, cached=2), ev("prefill", 0, 4), ev("token", 5), ev("prefill", 0, 4)]
+    log = event_log(
+        """
+        admit 0 n_tokens=11 n_cached=2
+        prefill 0 n_tokens=4
+        token 5
+        prefill 0 n_tokens=4
+        """
+    )
     first, second = prefill_forwards(log)
     assert (first.n_cached, first.shape) == (2, (1, 4, 6))
     assert (second.n_cached, second.shape) == (6, (1, 4, 10))
@@ -46,13 +54,7 @@ def test_chunks_of_one_prompt_are_separate_forwards_over_the_cached_keys():
 
 
 def test_consecutive_chunks_of_different_rows_with_different_starts_are_different_forwards():
-    log = [
-        ev("admit", 0, 9),
-        ev("admit", 1, 5),
-        ev("prefill", 0, 4),
-        ev("prefill", 0, 4),
-        ev("prefill", 1, 4),
-    ]
+    log = prefill_log({0: 9, 1: 5}, [(0, 4), (0, 4), (1, 4)])
     assert [(f.uids, f.n_cached) for f in prefill_forwards(log)] == [((0,), 0), ((0,), 4), ((1,), 0)]
 
 

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from tests.observe.event_logs import event_log
 from workbench.observe.events import Event, events_frame
 from workbench.observe.metrics import percentiles, request_metrics, throughput_tok_per_s, token_gaps
 
@@ -13,19 +14,21 @@ def _events():
     # uid 1: submitted at 1 s, admitted at 4 s, one token at 6 s, stops at 6 s
     # uid 2: submitted at 2 s, still queued
     return events_frame(
-        [
-            Event("submit", 0, 0, 0.0, n_tokens=7),
-            Event("submit", 1, 0, 1.0, n_tokens=3),
-            Event("admit", 0, 0, 1.0, row=0, n_tokens=7),
-            Event("submit", 2, 0, 2.0, n_tokens=9),
-            Event("token", 0, 0, 2.0, row=0, token=11, logprob=-1.0),
-            Event("token", 0, 1, 3.0, row=0, token=12, logprob=-1.0),
-            Event("admit", 1, 2, 4.0, row=1, n_tokens=3),
-            Event("token", 0, 2, 5.0, row=0, token=13, logprob=-1.0),
-            Event("finish", 0, 2, 5.0, row=0, finish_reason="length"),
-            Event("token", 1, 3, 6.0, row=1, token=0, logprob=-0.5),
-            Event("finish", 1, 3, 6.0, row=1, finish_reason="stop"),
-        ]
+        event_log(
+            """
+            submit 0 0 0.0 n_tokens=7
+            submit 1 0 1.0 n_tokens=3
+            admit 0 0 1.0 row=0 n_tokens=7
+            submit 2 0 2.0 n_tokens=9
+            token 0 0 2.0 row=0 token=11 logprob=-1.0
+            token 0 1 3.0 row=0 token=12 logprob=-1.0
+            admit 1 2 4.0 row=1 n_tokens=3
+            token 0 2 5.0 row=0 token=13 logprob=-1.0
+            finish 0 2 5.0 row=0 finish_reason=length
+            token 1 3 6.0 row=1 token=0 logprob=-0.5
+            finish 1 3 6.0 row=1 finish_reason=stop
+            """
+        )
     )
 
 
@@ -129,14 +132,16 @@ def test_occupancy_counts_queued_prefilling_and_running_after_each_event_time():
     from workbench.observe.metrics import occupancy, occupancy_at
 
     ev = events_frame(
-        [
-            Event("submit", 0, 0, 0.0),
-            Event("admit", 0, 0, 1.0),
-            Event("submit", 1, 0, 1.0),  # same time
-            Event("join", 0, 0, 2.0),
-            Event("submit", 2, 0, 0.5),  # a submit pinned earlier than the log order
-            Event("evict", 0, 3, 4.0),
-        ]
+        event_log(
+            """
+            submit 0 0 0.0
+            admit 0 0 1.0
+            submit 1 0 1.0  # same time
+            join 0 0 2.0
+            submit 2 0 0.5  # a submit pinned earlier than the log order
+            evict 0 3 4.0
+            """
+        )
     )
     occ = occupancy(ev)
     assert occ.values.tolist() == [
@@ -154,18 +159,20 @@ def test_occupancy_follows_preemption_and_aborts():
     from workbench.observe.metrics import occupancy
 
     ev = events_frame(
-        [
-            Event("submit", 0, 0, 0.0),
-            Event("submit", 1, 0, 0.0),
-            Event("admit", 0, 0, 1.0),
-            Event("join", 0, 0, 1.0),
-            Event("preempt", 0, 1, 2.0),
-            Event("finish", 1, 1, 3.0, finish_reason="abort"),
-            Event("admit", 0, 2, 4.0),
-            Event("join", 0, 2, 4.0),
-            Event("finish", 0, 3, 5.0, finish_reason="length"),
-            Event("evict", 0, 3, 5.0),
-        ]
+        event_log(
+            """
+            submit 0 0 0.0
+            submit 1 0 0.0
+            admit 0 0 1.0
+            join 0 0 1.0
+            preempt 0 1 2.0
+            finish 1 1 3.0 finish_reason=abort
+            admit 0 2 4.0
+            join 0 2 4.0
+            finish 0 3 5.0 finish_reason=length
+            evict 0 3 5.0
+            """
+        )
     )
     assert occupancy(ev).values.tolist() == [
         [0.0, 2, 0, 0],
@@ -187,21 +194,25 @@ def test_padding_waste_overall_weights_every_slot_of_every_step():
 def test_batch_size_per_step_drops_at_a_preemption_and_rises_when_the_row_rejoins():
     from workbench.observe.metrics import occupancy, step_metrics
 
-    ev = [
-        Event("submit", 0, 0, 0.0),
-        Event("submit", 1, 0, 0.0),
-        Event("admit", 0, 0, 0.1),
-        Event("admit", 1, 0, 0.1),
-        Event("join", 0, 0, 0.2),
-        Event("join", 1, 0, 0.2),
-    ]
+    ev = event_log(
+        """
+        submit 0 0 0.0
+        submit 1 0 0.0
+        admit 0 0 0.1
+        admit 1 0 0.1
+        join 0 0 0.2
+        join 1 0 0.2
+        """
+    )
     ev += [Event("token", u, s, 1.0 + s, token=5) for s in range(4) for u in (0, 1)]
-    ev += [
-        Event("preempt", 0, 4, 4.5),
-        Event("token", 1, 4, 5.0, token=5),
-        Event("admit", 0, 5, 5.2),
-        Event("join", 0, 5, 5.3),
-    ]
+    ev += event_log(
+        """
+        preempt 0 4 4.5
+        token 1 4 5.0 token=5
+        admit 0 5 5.2
+        join 0 5 5.3
+        """
+    )
     ev += [Event("token", u, s, 1.0 + s, token=5) for s in (5, 6) for u in (0, 1)]
     frame = events_frame(ev)
     assert step_metrics(frame).batch_size.tolist() == [2, 2, 2, 2, 1, 2, 2]
@@ -215,23 +226,25 @@ def test_prefill_chunks_are_timed_from_the_event_before_them_and_leave_the_decod
     from workbench.observe.metrics import prefill_chunks, prefill_tok_per_s, step_metrics
 
     ev = events_frame(
-        [
-            Event("submit", 0, 0, 0.0),
-            Event("submit", 1, 0, 0.0),
-            Event("admit", 0, 0, 1.0),
-            Event("admit", 1, 0, 1.0),
-            Event("prefill", 0, 0, 3.0, n_tokens=8),
-            Event("prefill", 1, 0, 3.0, n_tokens=4),  # one batched chunk: 2 s
-            Event("join", 0, 0, 3.5),
-            Event("join", 1, 0, 3.5),
-            Event("token", 0, 0, 4.0, token=1),
-            Event("token", 1, 0, 4.0, token=1),
-            Event("submit", 2, 1, 4.2),
-            Event("admit", 2, 1, 4.5),
-            Event("prefill", 2, 1, 5.5, n_tokens=10),  # 1 s
-            Event("token", 0, 1, 6.0, token=1),
-            Event("token", 1, 1, 6.0, token=1),
-        ]
+        event_log(
+            """
+            submit 0 0 0.0
+            submit 1 0 0.0
+            admit 0 0 1.0
+            admit 1 0 1.0
+            prefill 0 0 3.0 n_tokens=8
+            prefill 1 0 3.0 n_tokens=4  # one batched chunk: 2 s
+            join 0 0 3.5
+            join 1 0 3.5
+            token 0 0 4.0 token=1
+            token 1 0 4.0 token=1
+            submit 2 1 4.2
+            admit 2 1 4.5
+            prefill 2 1 5.5 n_tokens=10  # 1 s
+            token 0 1 6.0 token=1
+            token 1 1 6.0 token=1
+            """
+        )
     )
     chunks = prefill_chunks(ev)
     assert chunks[["rows", "tokens", "chunk_s"]].values.tolist() == [[2, 12, 2.0], [1, 10, 1.0]]

@@ -8,38 +8,38 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
-from workbench.observe.events import Event
+from tests.cost_models import SIM_COST as COST
+from tests.observe.event_logs import event_log
 from workbench.observe.metrics import SLO
 from workbench.runtime.modelref import ModelRef
 from workbench.sim.compare import COMPARE_COLUMNS, comparison_text, replay_many, summarize, summary_row
-from workbench.sim.costmodel import CostModel
 from workbench.views.replay import latency_cdf_text, occupancy_text, render_latency_cdfs, render_occupancy
 from workbench.workloads.workload import Workload
 
 from .replays import hand_replay
 
-COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
-
 
 def _hand_run(name="hand"):
     # uid 0: submit 0, admit 0, join 0, tokens at 1, 2, 3 s; uid 1: submit 1, admit 2, tokens at 3, 4 s
-    ev = [
-        Event("submit", 0, 0, 0.0, n_tokens=4),
-        Event("admit", 0, 0, 0.0),
-        Event("join", 0, 0, 0.0),
-        Event("submit", 1, 0, 1.0, n_tokens=2),
-        Event("token", 0, 0, 1.0, token=1),
-        Event("admit", 1, 1, 2.0),
-        Event("join", 1, 1, 2.0),
-        Event("token", 0, 1, 2.0, token=1),
-        Event("token", 0, 2, 3.0, token=1),
-        Event("finish", 0, 2, 3.0, finish_reason="length"),
-        Event("token", 1, 2, 3.0, token=1),
-        Event("evict", 0, 3, 3.0),
-        Event("token", 1, 3, 4.0, token=1),
-        Event("finish", 1, 3, 4.0, finish_reason="length"),
-        Event("evict", 1, 4, 4.0),
-    ]
+    ev = event_log(
+        """
+        submit 0 0 0.0 n_tokens=4
+        admit 0 0 0.0
+        join 0 0 0.0
+        submit 1 0 1.0 n_tokens=2
+        token 0 0 1.0 token=1
+        admit 1 1 2.0
+        join 1 1 2.0
+        token 0 1 2.0 token=1
+        token 0 2 3.0 token=1
+        finish 0 2 3.0 finish_reason=length
+        token 1 2 3.0 token=1
+        evict 0 3 3.0
+        token 1 3 4.0 token=1
+        finish 1 3 4.0 finish_reason=length
+        evict 1 4 4.0
+        """
+    )
     samples = [
         (0.0, 0, 1, 1, 0, 100, 4, 4, 0),
         (2.0, 1, 2, 0, 0, 300, 6, 12, 3),

@@ -8,14 +8,12 @@ import pandas as pd
 import pytest
 
 import workbench as wb
+from tests.cost_models import SIM_COST as COST
 from workbench.observe.events import Event
 from workbench.observe.paged import layout_columns
 from workbench.sim.compare import COMPARE_COLUMNS, summary_row
-from workbench.sim.costmodel import CostModel
 
 from .replays import hand_replay
-
-COST = CostModel(prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01)
 
 
 def test_a_summary_row_takes_the_paged_peak_and_the_padding_tax_from_the_layouts():

@@ -5,12 +5,12 @@ import pandas as pd
 import pytest
 
 import workbench as wb
+from tests.sim.replays import small_workload
 from workbench.runtime.modelref import ModelRef
 from workbench.sim.clocks import VirtualClock, WallClock
 from workbench.sim.costmodel import CostModel
 from workbench.sim.replay import SAMPLE_COLUMNS, check_config, replay, scheduler_options
-from workbench.workloads.distributions import Uniform
-from workbench.workloads.workload import Workload, synthetic
+from workbench.workloads.workload import Workload
 
 COST = CostModel(
     prefill_s_per_chunk=0.01, prefill_s_per_token=0.001, decode_s_per_step=0.1, decode_s_per_row=0.01
@@ -20,12 +20,6 @@ COST = CostModel(
 @pytest.fixture(scope="module")
 def standin():
     return ModelRef(standin=True).load()
-
-
-def _small(tokenizer, n=10, seed=4):
-    return synthetic(
-        tokenizer, n, rate_per_s=8.0, seed=seed, prompt_tokens=Uniform(2, 40), output_tokens=Uniform(1, 9)
-    )
 
 
 def test_the_virtual_clock_moves_only_when_told_and_pins_reads():
@@ -62,7 +56,7 @@ def test_one_request_on_the_cost_clock_has_exactly_the_modelled_latencies(standi
 
 
 def test_a_cost_clock_replay_gives_identical_tables_every_run(standin):
-    work = _small(standin[1])
+    work = small_workload(standin[1])
     a = replay(work, *standin, {"max_batch": 3, "prefill_step_size": 8}, cost_model=COST)
     b = replay(work, *standin, {"max_batch": 3, "prefill_step_size": 8}, cost_model=COST)
     pd.testing.assert_frame_equal(a.report.events, b.report.events)
@@ -71,14 +65,14 @@ def test_a_cost_clock_replay_gives_identical_tables_every_run(standin):
 
 
 def test_the_stand_in_gives_the_same_table_as_the_bundled_model_on_the_cost_clock(bundled, standin):
-    work = _small(standin[1], n=6)
+    work = small_workload(standin[1], n=6)
     real = replay(work, *bundled, {"max_batch": 2}, cost_model=COST).report.requests.drop(columns="text")
     sim = replay(work, *standin, {"max_batch": 2}, cost_model=COST).report.requests.drop(columns="text")
     pd.testing.assert_frame_equal(real, sim)
 
 
 def test_submits_carry_arrival_times_even_when_the_engine_was_busy(standin):
-    work = _small(standin[1])
+    work = small_workload(standin[1])
     run = replay(work, *standin, {"max_batch": 1}, cost_model=COST)
     sub = run.report.events[run.report.events.kind == "submit"]
     assert sub.time_s.tolist() == [t for t, _ in work]

@@ -5,32 +5,16 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.sim.costmodel import CostModel
+from tests.cost_models import SIM_COST as COST
+from tests.sim.replays import small_workload
 from workbench.sim.sweep import grid, local_processes, sweep
-from workbench.workloads.distributions import Uniform
 
-COST = CostModel(
-    prefill_s_per_chunk=1e-3,
-    prefill_s_per_token=1e-3,
-    decode_s_per_step=6e-3,
-    decode_s_per_row=1e-3,
-    decode_s_per_kv_token=1e-6,
-)
 STANDIN = wb.ModelRef(standin=True)
 
 
 @pytest.fixture(scope="module")
 def setup():
-    work = wb.synthetic(
-        STANDIN.load()[1],
-        12,
-        rate_per_s=10.0,
-        seed=9,
-        arrivals="gamma",
-        cv=2.0,
-        prompt_tokens=Uniform(2, 60),
-        output_tokens=Uniform(1, 8),
-    )
+    work = small_workload(STANDIN.load()[1], 12, seed=9)
     configs = grid({"prefill_step_size": 16}, policy=["fcfs", "shortest-prompt-first"], max_batch=[2])
     expected = wb.compare(work, configs, STANDIN, cost_model=COST, slo=wb.SLO(ttft_s=0.2))
     return work, configs, expected

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from tests.real_model import NAME, chat_ids, real_model_folder
+from tests.real_model import chat_ids, dense_real_model
 from workbench.verify import oracle
 from workbench.verify.constrained import constrained_reference, satisfies
 
@@ -29,8 +29,7 @@ CITY = {
 
 @pytest.fixture(scope="module")
 def smollm2():
-    real_model_folder()
-    return wb.load(NAME)
+    return dense_real_model()
 
 
 def test_constrained_chat_rows_beside_free_ones_equal_their_solo_runs(smollm2):

@@ -6,16 +6,17 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from tests.real_model import NAME, chat_ids, real_model_folder
+from tests.real_model import NAME, chat_ids, quantized_real_model
 from workbench.verify import oracle
 
-pytestmark = pytest.mark.realmodel
+# solo_references_once: the packed test's rows are the joining test's requests on the same
+# model, so their mlx-lm solo runs are reused (tests/references.py).
+pytestmark = [pytest.mark.realmodel, pytest.mark.usefixtures("solo_references_once")]
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    real_model_folder()
-    return wb.load(NAME, dequantize=False)  # 4-bit, as converted (the CPU default would dequantize)
+    return quantized_real_model()  # 4-bit, as converted (the CPU default would dequantize)
 
 
 def test_the_converted_model_answers_the_capital_of_france_through_its_chat_template(smollm2):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from tests.real_model import NAME, chat_ids, real_model_folder
+from tests.real_model import chat_ids, quantized_real_model
 from workbench.verify import oracle
 
 pytestmark = [
@@ -18,8 +18,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    real_model_folder()
-    return wb.load(NAME, dequantize=False)  # 4-bit weights, as converted
+    return quantized_real_model()  # 4-bit weights, as converted
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from workbench.observe.events import Event
+from tests.observe.event_logs import event_log
 from workbench.observe.report import Report
 from workbench.sim.replay import Replay
 from workbench.views.replay import render_latency_cdfs, render_occupancy
@@ -25,16 +25,18 @@ def _run(name: str, scale: float) -> Replay:
             "e2e_s": rng.uniform(0.15, 5.5, n) * scale,
         }
     )
-    events = [
-        Event("submit", 0, 0, 0.0),
-        Event("submit", 1, 0, 0.2),
-        Event("admit", 0, 0, 0.5),
-        Event("join", 0, 0, 0.5),
-        Event("admit", 1, 1, 1.0),
-        Event("join", 1, 1, 1.0),
-        Event("evict", 0, 2, 3.0 * scale),
-        Event("evict", 1, 3, 7.5 * scale),
-    ]
+    events = event_log(
+        f"""
+        submit 0 0 0.0
+        submit 1 0 0.2
+        admit 0 0 0.5
+        join 0 0 0.5
+        admit 1 1 1.0
+        join 1 1 1.0
+        evict 0 2 {3.0 * scale}
+        evict 1 3 {7.5 * scale}
+        """
+    )
     return Replay(name=name, config={}, mode="cost", report=Report(events, requests=requests), samples=None)
 
 

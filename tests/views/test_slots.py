@@ -6,28 +6,26 @@ import pytest
 from matplotlib.figure import Figure
 
 import workbench as wb
-from workbench.observe.events import Event
+from tests.observe.event_logs import event_log
 from workbench.views.slots import IDLE, render_slots, slot_grid, slots_text, utilisation
 from workbench.workloads.static_batching import run_static
 from workbench.workloads.workload import prompt_maker
 
 
-def ev(kind, uid, step):
-    return Event(kind, uid, step=step, time_s=0.0)
-
-
 def test_a_joiner_takes_the_slot_an_evicted_request_freed():
-    log = [
-        ev("join", 0, 0),
-        ev("join", 1, 0),
-        ev("token", 0, 0),
-        ev("token", 1, 0),
-        ev("token", 1, 1),
-        ev("evict", 0, 1),
-        ev("join", 2, 2),
-        ev("token", 2, 2),
-        ev("token", 1, 2),
-    ]
+    log = event_log(
+        """
+        join 0 0
+        join 1 0
+        token 0 0
+        token 1 0
+        token 1 1
+        evict 0 1
+        join 2 2
+        token 2 2
+        token 1 2
+        """
+    )
     grid = slot_grid(log, 2)
     assert grid.tolist() == [[0, IDLE, 2], [1, 1, 1]]
     assert (
@@ -39,7 +37,7 @@ def test_a_joiner_takes_the_slot_an_evicted_request_freed():
 
 def test_more_holders_than_slots_is_refused():
     with pytest.raises(ValueError, match="all 1 slots are held"):
-        slot_grid([ev("join", 0, 0), ev("join", 1, 0)], 1)
+        slot_grid(event_log("join 0 0\njoin 1 0"), 1)
 
 
 def test_render_slots_draws_one_strip_per_run():

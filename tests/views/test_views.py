@@ -376,13 +376,20 @@ def test_run_n_steps_snapshots_every_step_and_the_slider_scrubs_history(panel):
     assert panel.status.value.startswith("step 3 ")  # the label always shows the engine now
 
 
-def test_restore_returns_the_engine_to_the_snapshot_the_slider_shows(make_sched, prompt):
-    sched = make_sched(max_batch=3, history_size=8, history_checkpoints=8)
+def _panel_after_steps(make_sched, prompt, steps, history_checkpoints):
+    """A Panel over one admitted 5-token request (``max_tokens=12``, 8 snapshots kept,
+    ``history_checkpoints`` of them restorable) after clicking Run N steps with ``steps``."""
+    sched = make_sched(max_batch=3, history_size=8, history_checkpoints=history_checkpoints)
     sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
     sched.admit()
     panel = views.Panel(sched)
-    panel.run_steps.value = 4
+    panel.run_steps.value = steps
     panel.buttons["Run N steps"].click()
+    return sched, panel
+
+
+def test_restore_returns_the_engine_to_the_snapshot_the_slider_shows(make_sched, prompt):
+    sched, panel = _panel_after_steps(make_sched, prompt, steps=4, history_checkpoints=8)
     tokens_at_4 = sched.tokens(0)
     panel.slider.value = panel.slider.max - 2  # step 2
     assert not panel.buttons["Restore"].disabled
@@ -397,12 +404,7 @@ def test_restore_returns_the_engine_to_the_snapshot_the_slider_shows(make_sched,
 def test_restore_on_a_snapshot_older_than_the_kept_checkpoints_says_from_which_one_it_works(
     make_sched, prompt
 ):
-    sched = make_sched(max_batch=3, history_size=8, history_checkpoints=3)
-    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
-    sched.admit()
-    panel = views.Panel(sched)
-    panel.run_steps.value = 5
-    panel.buttons["Run N steps"].click()
+    sched, panel = _panel_after_steps(make_sched, prompt, steps=5, history_checkpoints=3)
     panel.slider.value = 0
     first = len(sched.history) - 3 + 1  # the oldest of the 3 latest, counted from 1
     assert panel.buttons["Restore"].disabled

@@ -33,6 +33,18 @@ from .scenarios import _filled_rows, _timed
 Setting = tuple[int | None, int]
 
 
+# The columns of step_cost's and admission_under_budget's frames, one row per setting
+STEP_COLUMNS = ("setting", "rows", "context_tokens", "kv_bytes", "step_s", "vs_float")
+ADMISSION_COLUMNS = (
+    "setting",
+    "kv_budget_bytes",
+    "request_bytes",
+    "max_rows",
+    "decode_steps",
+    "tokens_per_step",
+)
+
+
 def label(setting: Setting) -> str:
     """``float`` or ``q<bits>/g<group>``, e.g. ``q4/g64``."""
     bits, group = setting
@@ -104,7 +116,7 @@ def step_cost(
             (label(s), rows, context_tokens, kv.kv_bytes(caches[s]), statistics.median(times[s]))
             for s in settings
         ],
-        columns=["setting", "rows", "context_tokens", "kv_bytes", "step_s"],
+        columns=list(STEP_COLUMNS[:-1]),  # vs_float follows from step_s
     )
     base_s = frame.loc[frame.setting == "float", "step_s"]
     frame["vs_float"] = frame.step_s / (base_s.iloc[0] if len(base_s) else frame.step_s.iloc[0])
@@ -159,12 +171,5 @@ def admission_under_budget(
         )
     return pd.DataFrame(
         out,
-        columns=[
-            "setting",
-            "kv_budget_bytes",
-            "request_bytes",
-            "max_rows",
-            "decode_steps",
-            "tokens_per_step",
-        ],
+        columns=list(ADMISSION_COLUMNS),
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -104,11 +104,11 @@ FULL_CONFIG = BenchConfig(
     real_decode_tokens=8,
     real_pairs=2,
 )
-QUICK_CONFIG = BenchConfig(
-    "quick",
-    QUICK,
+QUICK_CONFIG = replace(  # the same scenarios, smaller: only the sizes that differ from full
+    FULL_CONFIG,
+    name="quick",
+    shape=QUICK,
     batch_sizes=(1, 8),
-    prompt_tokens=16,
     decode_tokens=16,
     pairs=3,
     prefill_step_size=128,
@@ -118,16 +118,13 @@ QUICK_CONFIG = BenchConfig(
     latency_rounds=1,
     latency_loaded_arrival_steps=2,
     pacing_targets=(DEFAULT_TARGET,),  # the paced rows read the default target's runs
-    pacing_max_wait_steps=30,
     join_rows=8,
     join_context_tokens=256,
-    join_repeats=3,
     hol_rows=2,
     hol_prompt_tokens=512,
     hol_chunk_tokens=64,
     session_steps=600,
     real_batch_sizes=(1, 4),
-    real_prompt_tokens=8,
     real_decode_tokens=6,
     real_pairs=1,
 )

@@ -53,7 +53,7 @@ class SchedulerConfig:
         prompt_concurrency (default ``None``): most requests prefilled together
         interleave_prefill (default ``True``): at most one prefill chunk per admit()
         pipeline (default ``True``): launch each decode forward before reading the previous
-            tokens
+            tokens (packed: build a decode-only forward from them, started after the read)
         policy (default ``"fcfs"``): admission order: a name in admission.POLICIES, or a Policy
         kv_budget_bytes (default ``None``): projected KV bytes admission may hold
         reuse_slots (default ``True``): evicted rows' cache rows stay free slots (False:

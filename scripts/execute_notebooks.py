@@ -4,7 +4,8 @@ Usage: ``python scripts/execute_notebooks.py notebooks/01_tour.ipynb [...]``
 Run it after editing a notebook, review the output diff, commit. Kernels run with
 ``WORKBENCH_BLAS=off`` like the test suite, except a notebook whose metadata asks for the
 users' BLAS (``"workbench": {"blas": "optimized"}``; ``notebooks/conftest.py`` gives nbval
-the same rule). Widget state is not stored, so a static HTML export of a notebook loads no
+the same rule), and every kernel gets ``OPENBLAS_NUM_THREADS=1`` unless it is set (as under
+nbval: one BLAS thread per kernel). Widget state is not stored, so a static HTML export of a notebook loads no
 widget script from a CDN.
 """
 
@@ -17,6 +18,7 @@ from nbclient import NotebookClient
 
 # the same numerics as the test suite (tests/conftest.py): MLX's own BLAS, bit-exact oracles
 os.environ.setdefault("WORKBENCH_BLAS", "off")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one BLAS thread per kernel, as under nbval
 
 for name in sys.argv[1:]:
     path = Path(name)

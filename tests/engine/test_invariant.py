@@ -241,6 +241,29 @@ def test_with_openblas_the_mode_is_bit_exact_where_the_default_path_is_not(monke
     print("OpenBLAS, rows bit-equal to alone:", out.stdout.strip().replace("\n", "; "))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
+def test_the_optimized_blas_lesson_runs_in_its_own_process_while_this_one_runs_its_own(monkeypatch):
+    with monkeypatch.context() as m:
+        m.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
+        library = find_blas()
+    if library is None:
+        pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
+    args = {"long_prompt": list(range(40, 60)), "batch_sizes": (1, 2), "max_tokens": 2}
+    started = invariance.start_lesson_with_optimized_blas(DIVERGENCE_PROMPTS[:2], **args)
+    assert started.running  # returned at once: the other process is still loading
+    here = invariance.lesson(DIVERGENCE_PROMPTS[:2], **args)
+    users = started.result()
+    assert (users.library, here.library) == (library, None)
+    assert [(g.mode, g.batch_size, g.equal.shape) for g in users.grids] == [
+        (g.mode, g.batch_size, g.equal.shape) for g in here.grids
+    ]
+    failing = invariance.start_lesson_with_optimized_blas(
+        DIVERGENCE_PROMPTS[:2], **{**args, "batch_sizes": (8,)}
+    )
+    with pytest.raises(RuntimeError, match="(?s)process failed: .*prompts: 2 given"):
+        failing.result()
+
+
 def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules():
     model, tok = variant("llama-trained")
     prompts = [[5 + i, 9, 11 + 2 * i][: 1 + i % 3] for i in range(4)]

@@ -109,3 +109,20 @@ def test_the_views_prefill_masks_equal_what_the_layers_receive(
         assert seen and prefill_mismatches(mine, seen) == []
         forwards += len(mine)
     assert forwards == len(prefill_forwards(sched.events)) >= 1
+
+
+@pytest.mark.parametrize("rows,prompt_tokens", [(1, 24), (3, 40), (2, 120)])
+def test_the_panels_prefill_grid_labels_never_overlap(rows, prompt_tokens):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tests.views.test_replay import _overlapping_tick_labels
+    from workbench.views.panel import IMAGE_WIDTH_IN
+
+    log = [Event("prefill", uid, 0, 0.0, n_tokens=prompt_tokens) for uid in range(rows)]
+    fig = render_attention(prefill_forwards(log), columns=rows, width_in=IMAGE_WIDTH_IN)
+    FigureCanvasAgg(fig).draw()
+    grids = [a for a in fig.axes if a.get_visible() and a.axison]
+    assert len(grids) == rows
+    for ax in grids:
+        assert len([t for t in ax.get_xticklabels() if t.get_text()]) >= 2
+        assert _overlapping_tick_labels(ax) == []

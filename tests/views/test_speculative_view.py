@@ -26,6 +26,16 @@ def test_the_figure_has_a_lane_per_drafting_row_and_its_acceptance_rate():
     assert heights == [0.8, 0.4, 0.2, 0.0]
 
 
+def test_the_figure_fits_a_jupyterlab_output_area_at_100_percent():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = render_drafts(hand_events(), title="drafts")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    # the inline backend saves the tight box at 100 dpi; wider than the 968 px output area, it is scaled down
+    assert fig.get_tightbbox(canvas.get_renderer()).width * 100 <= 968
+
+
 def test_the_latest_steps_window_shows_the_last_steps_with_their_step_numbers():
     assert drafts_text(hand_events(), last_steps=2).splitlines() == [
         "4 steps (steps 2-3 shown), 8/15 draft tokens accepted (53%), 4.50 tokens per forward over the batch",

@@ -519,16 +519,79 @@ def lesson(
 def lesson_with_optimized_blas(prompts: Sequence[Any], timeout_s: float = 300, **kwargs: Any) -> Lesson:
     """:func:`lesson` in a fresh Python process that loads the optimized BLAS users run
     with (``WORKBENCH_BLAS`` unset there: OpenBLAS or MKL, :mod:`workbench.runtime.blas`),
-    for a process that runs MLX's reference BLAS itself (the test suite, nbval).
+    for a process that runs MLX's reference BLAS itself (the test suite, nbval): waits for
+    :func:`start_lesson_with_optimized_blas`'s process.
 
     Raises:
         RuntimeError: no optimized BLAS is installed (``blas.find_blas()`` is ``None``
             without ``WORKBENCH_BLAS``), or the process failed (its stderr's tail).
     """
+    return start_lesson_with_optimized_blas(prompts, timeout_s, **kwargs).result()
+
+
+class OptimizedBlasLesson:
+    """A :func:`lesson` running in a process of its own with the optimized BLAS (started by
+    :func:`start_lesson_with_optimized_blas`); :meth:`result` waits for it. Meanwhile this
+    process is free, e.g. for the same lesson on its own BLAS:
+
+    >>> users = start_lesson_with_optimized_blas(prompts, long_prompt=p)  # doctest: +SKIP
+    >>> here = lesson(prompts, p)  # while the other process runs       # doctest: +SKIP
+    >>> users = users.result()                                            # doctest: +SKIP
+    """
+
+    def __init__(self, process: Any, out: Any, err: Any, timeout_s: float):
+        self.process, self.timeout_s = process, timeout_s
+        self._out, self._err = out, err  # temporary files: the process never blocks on a full pipe
+
+    @staticmethod
+    def _read(file: Any) -> bytes:
+        file.seek(0)
+        with file:
+            return file.read()
+
+    @property
+    def running(self) -> bool:
+        """Whether the process has not finished yet."""
+        return self.process.poll() is None
+
+    def result(self) -> Lesson:
+        """The process's :class:`Lesson` (waits up to ``timeout_s`` seconds from now).
+
+        Raises:
+            RuntimeError: the process failed (its stderr's tail) or ran past ``timeout_s``
+                (it is then killed).
+        """
+        import pickle
+        import subprocess
+
+        try:
+            self.process.wait(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            self.process.kill()
+            self.process.wait()
+            raise RuntimeError(f"the optimized-BLAS process ran past {self.timeout_s} s") from exc
+        out, err = (self._read(f) for f in (self._out, self._err))
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the optimized-BLAS process failed: {err.decode()[-2000:]}")
+        return pickle.loads(out)
+
+
+def start_lesson_with_optimized_blas(
+    prompts: Sequence[Any], timeout_s: float = 300, **kwargs: Any
+) -> OptimizedBlasLesson:
+    """Start :func:`lesson` (``prompts`` and ``kwargs``, e.g. ``long_prompt=``) in a fresh
+    Python process without ``WORKBENCH_BLAS``, which loads the optimized BLAS, and return
+    at once; ``.result()`` waits for its :class:`Lesson` (at most ``timeout_s`` seconds).
+
+    Raises:
+        RuntimeError: no optimized BLAS is installed (``blas.find_blas()`` is ``None``
+            without ``WORKBENCH_BLAS``).
+    """
     import os
     import pickle
     import subprocess
     import sys
+    import tempfile
 
     from ..runtime.blas import INSTALL_HINT, find_blas
 
@@ -545,13 +608,10 @@ def lesson_with_optimized_blas(prompts: Sequence[Any], timeout_s: float = 300, *
         "import pickle, sys\nfrom workbench.verify import invariance\n"
         "sys.stdout.buffer.write(pickle.dumps(invariance.lesson(**pickle.loads(sys.stdin.buffer.read()))))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        input=pickle.dumps({"prompts": list(prompts), **kwargs}),
-        capture_output=True,
-        env=env,
-        timeout=timeout_s,
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=out, stderr=err, env=env
     )
-    if out.returncode != 0:
-        raise RuntimeError(f"the optimized-BLAS process failed: {out.stderr.decode()[-2000:]}")
-    return pickle.loads(out.stdout)
+    process.stdin.write(pickle.dumps({"prompts": list(prompts), **kwargs}))
+    process.stdin.close()  # the process reads its arguments to the end, then runs
+    return OptimizedBlasLesson(process, out, err, timeout_s)

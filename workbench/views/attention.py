@@ -40,6 +40,7 @@ LEGEND = [
 ]
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions
 NARROW_GRID_IN = 1.3  # under 6 inches wide (the panel), the tallest grid is at most this high
+TICK_LABEL_IN = 0.3  # room for one whole-number tick label and its gap (inches, at least)
 
 
 def attention_cells(fm: ForwardMask) -> np.ndarray:
@@ -85,18 +86,26 @@ def attention_text(fm: ForwardMask) -> str:
 
 
 def _draw(
-    ax, cells: np.ndarray, first_query: int | None, row_labels: list[str] | None, max_labels: int = 16
+    ax,
+    cells: np.ndarray,
+    first_query: int | None,
+    row_labels: list[str] | None,
+    max_labels: int = 16,
+    cell_in: float | None = None,
 ) -> None:
-    """One heatmap of ``[rows, S]`` cells with whole-number ticks and cell borders."""
+    """One heatmap of ``[rows, S]`` cells with whole-number ticks and cell borders; with
+    ``cell_in`` (a cell's size, inches), at most one label per ``TICK_LABEL_IN`` of the grid."""
     rows, S = cells.shape
     ax.imshow(cells, cmap=CMAP, vmin=0, vmax=len(SYMBOLS) - 1, aspect="equal", interpolation="nearest")
     if S <= GRID_MAX_KEYS:
         style.cell_borders(ax, S, rows)
-    style.integer_ticks(ax.xaxis, 0, S - 1, max_labels)
+    x_labels = max_labels if cell_in is None else min(max_labels, max(2, int(cell_in * S / TICK_LABEL_IN)))
+    style.integer_ticks(ax.xaxis, 0, S - 1, x_labels)
     if row_labels is not None:
         ax.set_yticks(range(rows), row_labels)
     else:
-        every_q = max(1, int(np.ceil(rows / min(12, max_labels))))
+        y_labels = 12 if cell_in is None else max(2, int(cell_in * rows / TICK_LABEL_IN))
+        every_q = max(1, int(np.ceil(rows / min(12, max_labels, y_labels))))
         ax.set_yticks(np.arange(0, rows, every_q), [str(first_query + i) for i in range(0, rows, every_q)])
     ax.set_xlabel("key position")
 
@@ -184,7 +193,7 @@ def render_attention(
     axes = fig.subplots(n_rows, columns, squeeze=False, height_ratios=heights).ravel()
     max_labels = max(4, int(3 * width_in / columns))  # whole-number labels that never touch
     for ax, (name, cells, first_query, labels) in zip(axes, panels):
-        _draw(ax, cells, first_query, labels, max_labels)
+        _draw(ax, cells, first_query, labels, max_labels, cell_in)
         ax.set_title(name, fontsize="small", loc="left")
         if labels is None:
             ax.set_ylabel("query position")

@@ -86,7 +86,7 @@ def drafts_text(
 def render_drafts(
     events: Sequence[Event] | pd.DataFrame,
     title: str | None = None,
-    width_in: float = 10.0,
+    width_in: float = 9.2,
     height_in: float | None = None,
     last_steps: int | None = None,
 ) -> Figure:
@@ -95,7 +95,8 @@ def render_drafts(
     rate and tokens per verify forward.
 
     Args:
-        width_in, height_in: the figure's size in inches (height default: 0.5 per uid + 1.8).
+        width_in, height_in: the figure's size in inches (height default: 0.5 per uid + 1.8);
+            the default width fits a JupyterLab output area (968 px) at 100 dpi, unscaled.
         last_steps: draw only the latest ``last_steps`` decode steps (default: all).
 
     Raises:
@@ -125,7 +126,7 @@ def render_drafts(
     lanes.set_yticks(range(U), [f"uid {u}" for u in uids])
     lanes.set_ylim(U - 0.5, -0.5) if U else None
     lanes.set_xlabel("decode step (one verify forward over the batch)")
-    lanes.set_title(f"draft tokens per step (bar height: of {k})", fontsize="small", loc="left")
+    lanes.set_title(f"draft tokens per step (a full bar: {k} drafts)", fontsize="small", loc="left")
     rate = [table.loc[u].acceptance_rate for u in uids]
     rates.barh(range(U), rate, color=ACCEPTED)
     for i, u in enumerate(uids):

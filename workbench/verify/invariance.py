@@ -46,10 +46,12 @@ class BitReport:
 
     @property
     def n_equal(self) -> int:
+        """Rows bit-equal to their run alone."""
         return sum(r.equal for r in self.rows)
 
     @property
     def ok(self) -> bool:
+        """Whether every row is bit-equal to its run alone."""
         return self.n_equal == len(self.rows)
 
     def text(self) -> str:
@@ -253,6 +255,7 @@ class Audit:
     end_to_end: dict
 
     def text(self) -> str:
+        """The findings as a table: one line per operation, then the end-to-end rows."""
         lines = [
             f"batch invariance on {self.device}",
             "operation | rows tried | max |diff| default | in the mode | mode's choice",

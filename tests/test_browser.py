@@ -76,6 +76,11 @@ def lab_server(tmp_path):
         stop_lab(proc)
 
 
+def _settled(text: str, before: str) -> str:
+    """The status label once the panel is done: ``before`` while it still says " — ... …" (busy)."""
+    return before if " — " in text else text
+
+
 def _wait_for_change(read, old, timeout_s: float):
     deadline = time.monotonic() + timeout_s
     while (new := read()) == old and time.monotonic() < deadline:
@@ -109,7 +114,7 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
                 page.screenshot(path=str(OUT_DIR / "before_step.png"))
 
                 step.click()
-                new_label = _wait_for_change(status.inner_text, label, 60)
+                new_label = _wait_for_change(lambda: _settled(status.inner_text(), label), label, 60)
                 new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
                 page.screenshot(path=str(OUT_DIR / "after_step.png"))
                 status.locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))

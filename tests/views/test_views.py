@@ -638,3 +638,16 @@ def test_the_panel_prefill_image_of_a_long_prompt_stays_short():
     )
     fig = panel_module.prefill_figure(fm)
     assert fig.get_figheight() * panel_module.IMAGE_DPI <= 340
+
+
+def test_the_status_line_says_the_panel_is_busy_while_the_engine_runs_and_while_it_draws(panel, monkeypatch):
+    seen = []
+    step = panel.sched.step
+    monkeypatch.setattr(
+        panel.sched, "step", lambda *a, **k: (seen.append(panel.status.value), step(*a, **k))[1]
+    )
+    figures = panel.figures
+    monkeypatch.setattr(panel, "figures", lambda *a: (seen.append(panel.status.value), figures(*a))[1])
+    panel.buttons["Step"].click()
+    assert seen[0].endswith(" — step running …") and seen[1].endswith(" — drawing step 1 …"), seen
+    assert " — " not in panel.status.value and panel.status.value.startswith("step 1 ")

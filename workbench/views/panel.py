@@ -343,6 +343,10 @@ class Panel:
         self.notice.value = ""
         self.render()
 
+    def busy(self, what: str) -> None:
+        """Mark the status line busy with ``what`` until the next render sets it (` — what …`)."""
+        self.status.value = f"{self.status.value.split(' — ')[0]} — {what} …"
+
     def _act(self, call: Callable[[Scheduler], Any], idle_call: str | None = None) -> None:
         """Run ``call(sched)``; show its error, if any, in the error label (cleared on
         success), a ``KeyboardInterrupt`` ("Kernel → Interrupt") included; when
@@ -352,6 +356,7 @@ class Panel:
         interrupted call left the engine as before it (Run N steps keeps the steps it
         finished)."""
         self.notice.value = ""
+        self.busy(f"{idle_call or 'the engine'} running")
         try:
             events = call(self.sched)
             self.error.value = ""
@@ -386,8 +391,10 @@ class Panel:
         return history[min(self.slider.value, len(history) - 1)]
 
     def render(self) -> None:
-        """Re-render the status, the images and the ASCII masks from the shown snapshot."""
+        """Re-render the status, the images and the ASCII masks from the shown snapshot. While
+        it draws, the status line says so (the images change one by one; the status is set last)."""
         snap, history = self.shown, list(self.sched.history)
+        self.busy(f"drawing step {snap.step}")
         for image, fig in self.figures(snap, history).items():
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         text = mask_text(snap) if snap.packed is None else packed_text(snap)

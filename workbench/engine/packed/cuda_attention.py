@@ -386,7 +386,9 @@ def paged_decode_attention(
     read from the pools at ``page_table[r, p // page_size] * page_size + p % page_size``;
     query head ``h`` uses KV head ``h // (H / n_kv_heads)``. Equals
     :func:`paged_decode_reference` within float rounding (float32 accumulation, online
-    softmax; tested on the GPU).
+    softmax; tested on the GPU). It stands in for mlx-lm's ``scaled_dot_product_attention``
+    (``mlx_lm.models.base``) over a gathered, length-masked block, as vLLM's
+    ``paged_attention_v1`` / ``v2`` do for a paged cache.
 
     Args:
         queries: ``[1, H, R, D]`` the decode tokens' queries (RoPE applied).
@@ -477,7 +479,8 @@ def packed_attention(
     """Attention of a packed forward's queries ``[1, H, T, D]``: the first ``R`` (decode rows)
     by :func:`paged_decode_attention`, the others by groups
     (:func:`~workbench.engine.packed.grouped.grouped_attention` with ``rest``, the groups of the
-    chunks after the decode rows, their first tokens counted from ``R``). Returns ``[1, H, T, D]``."""
+    chunks after the decode rows, their first tokens counted from ``R``). Returns ``[1, H, T, D]``.
+    Called where mlx-lm's attention layer calls ``scaled_dot_product_attention``."""
     R = pages.n_rows
     out = paged_decode_attention(queries[:, :, :R], k_pool, v_pool, pages, scale)
     if not rest.chunks:

@@ -175,7 +175,7 @@ class PackedBatch:
         known and decodes it, unless it is its last (``max_tokens``: it finishes on the read)."""
         self._promote()
         return [
-            Want(r.uid, h, len(r.inputs) + (r.uid in unread), r.status is Status.RUNNING or r.uid in unread)
+            Want(r.uid, h, r.n_inputs + (r.uid in unread), r.status is Status.RUNNING or r.uid in unread)
             for r, h in zip(self.rows, self.held, strict=True)
             if not r.finished
             and r.uid not in self.follows
@@ -216,9 +216,10 @@ class PackedBatch:
             self._tokens(chunks, after),
             decode_kernel=self.decode_kernel,
         )
+        indexing = self.table.index is not None  # prefix caching: index the pages filled
         for c in chunks:
             self.held[by_uid[c.uid]] = c.end
-            if c.end <= len(self.rows[by_uid[c.uid]].inputs):
+            if indexing and c.end <= self.rows[by_uid[c.uid]].n_inputs:
                 self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
         return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
 
@@ -226,13 +227,14 @@ class PackedBatch:
         """The chunks' tokens ``[T]`` uint32: their rows' inputs, and where a chunk ends
         past them, the token ``after`` sampled for that row (unread, lazy)."""
         rows = {r.uid: r for r in self.rows}
+        unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
         tokens, at, src = [], [], []
         for c in chunks:
-            known = rows[c.uid].inputs[c.start : c.end]
+            known = rows[c.uid].inputs_slice(c.start, c.end)
             tokens += known
             if len(known) < c.n_tokens:  # a decode chunk of the row's unread token
                 at.append(len(tokens))
-                src.append(after.uids.index(c.uid))
+                src.append(unread[c.uid])
                 tokens.append(0)
         out = mx.array(tokens, dtype=mx.uint32)
         if at:
@@ -243,21 +245,27 @@ class PackedBatch:
         """Once a forward's tokens are read: a row's held tokens are at most its known ones
         (a token fed ahead that the row did not keep: an error, an abort), and the pages of
         ``launched``'s deferred chunks are indexed where their rows kept that token."""
-        for b, r in enumerate(self.rows):
-            self.held[b] = min(self.held[b], len(r.inputs))
+        self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
         rows = {r.uid: r for r in self.rows}
-        for c in () if launched is None else launched.deferred:
+        for c in () if launched is None or self.table.index is None else launched.deferred:
             r = rows.get(c.uid)
-            if r is not None and not r.finished and len(r.inputs) >= c.end:
+            if r is not None and not r.finished and r.n_inputs >= c.end:
                 self.table.register(c.uid, r.inputs, c.start, c.end)
 
     def _fan_out(self, logits: mx.array, sampling: list[int]) -> mx.array:
         """Each sampling row's followers take its pages and its logits row; sets
         :attr:`sampled`. Returns ``logits`` ``[R, V]`` with a row repeated per follower."""
+        if not self.follows:  # no sample waits for a leader: nothing to fan out
+            self.sampled = list(sampling)
+            return logits
+        followers: dict[int, list[int]] = {}  # leader uid -> its followers' row indices, row order
+        for f, r in enumerate(self.rows):
+            if r.uid in self.follows:
+                followers.setdefault(self.follows[r.uid], []).append(f)
         self.sampled, take = [], []
         for i, b in enumerate(sampling):
             lead = self.rows[b].uid
-            joined = [f for f, r in enumerate(self.rows) if self.follows.get(r.uid) == lead]
+            joined = followers.get(lead, [])
             for f in joined:
                 self.table.fork(lead, self.rows[f].uid)
                 self.held[f] = self.held[b]
@@ -277,7 +285,7 @@ class PackedBatch:
         and its sampling, ``sample(logits [R, V], row indices)`` -> a lazy
         :class:`~workbench.engine.decode.Pending`. Returns the :class:`Launched`, not
         started (``mx.async_eval(*launched.outputs)`` starts it)."""
-        known = {r.uid: len(r.inputs) for r in self.rows}
+        known = {r.uid: r.n_inputs for r in self.rows}
         logits = self.forward(model, chunks, after)
         rows = list(self.sampled)
         pending = sample(logits, rows) if rows else None

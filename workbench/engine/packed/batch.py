@@ -156,6 +156,8 @@ class PackedBatch:
     def _promote(self, leaving: Sequence[int] = ()) -> None:
         """A follower whose leader finished or is ``leaving`` (uids) takes its leader's
         pages and progress and leads the others; a finished follower stops following."""
+        if not self.follows:
+            return
         alive = {r.uid for r in self.rows if not r.finished and r.uid not in set(leaving)}
         held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         for b, f in [(b, r.uid) for b, r in enumerate(self.rows) if r.uid in self.follows]:
@@ -196,10 +198,7 @@ class PackedBatch:
         Returns the logits ``[R, V]`` of the rows that sample (:attr:`sampled`: each
         sampling chunk's row, then its followers)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
-        copies = []
-        for c in chunks:
-            copies += self.table.copy_on_write(c.uid, c.start, c.end)
-            self.table.reserve(c.uid, c.end)
+        copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
         have = self.pools.slots // self.page_size
         if self.table.capacity > have:
             grown = max(self.table.capacity, have + math.ceil(have / GROWTH))
@@ -230,7 +229,8 @@ class PackedBatch:
         unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
         tokens, at, src = [], [], []
         for c in chunks:
-            known = rows[c.uid].inputs_slice(c.start, c.end)
+            r = rows[c.uid]
+            known = r.inputs_slice(c.start, c.end) if c.start < r.n_inputs else []
             tokens += known
             if len(known) < c.n_tokens:  # a decode chunk of the row's unread token
                 at.append(len(tokens))

@@ -121,7 +121,7 @@ def grouped_attention(
     outs = []
     R = groups.n_decode
     if R:
-        q = mx.swapaxes(queries[0, :, :R], 0, 1)[:, :, None]  # [R, H, 1, D]
+        q = (queries if queries.shape[2] == R else queries[:, :, :R]).transpose(2, 1, 0, 3)  # [R, H, 1, D]
         k, v = (
             _gather(keys_pool, groups.decode_slots, groups),
             _gather(values_pool, groups.decode_slots, groups),
@@ -129,7 +129,7 @@ def grouped_attention(
         o = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=groups.decode_mask
         )  # [R, H, 1, D]
-        outs.append(mx.swapaxes(o[:, :, 0], 0, 1)[None])  # [1, H, R, D]
+        outs.append(o.transpose(2, 1, 0, 3))  # [1, H, R, D]: one view each way, no copy
     for first, n, slots in groups.chunks:
         k, v = (
             _gather(keys_pool, slots, groups)[None],

@@ -1,7 +1,8 @@
 """The packed forward's index arrays built by numpy in one pass (``packed/indices.py``) equal
 the ones built position by position from the page table (``PageTable.slots``), on page
 tables shaped by reserves, frees (pages reused out of order), forks (shared pages) and
-copy-on-write, and the request state's ``n_inputs`` / ``inputs_slice`` equal ``inputs``."""
+copy-on-write; ``PageTable.prepare`` equals copy-on-write then reserve span by span; and
+the request state's ``n_inputs`` / ``inputs_slice`` equal ``inputs``."""
 
 import numpy as np
 import pytest
@@ -94,3 +95,23 @@ def test_n_inputs_and_inputs_slice_equal_the_inputs_list():
     for a in range(6):
         for b in range(a, 6):
             assert s.inputs_slice(a, b) == s.inputs[a:b]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(), st.integers(1, 6))
+def test_prepare_equals_copy_on_write_then_reserve_span_by_span(case, grow):
+    t, chunks = case
+    spans = [(c.uid, c.start, c.end + grow * (c.kind == "decode")) for c in chunks]
+    loop = t.clone()
+    expected = []
+    for uid, start, end in spans:
+        expected += loop.copy_on_write(uid, start, end)
+        loop.reserve(uid, end)
+    assert t.prepare(spans) == expected
+    assert (t.pages, t.refs, t.free_list, t.capacity) == (
+        loop.pages,
+        loop.refs,
+        loop.free_list,
+        loop.capacity,
+    )
+    assert t.problems() == []

@@ -9,6 +9,7 @@ import math
 import pytest
 
 import workbench as wb
+from tests.engine.test_packed import staggered as packed_staggered
 from workbench.engine.levers.cost import CostModel
 from workbench.engine.levers.pacing import Pacing
 from workbench.engine.levers.packed_pacing import PacedForward, PackedPacer, packed_features
@@ -39,19 +40,10 @@ def on_cost_clock(model, tok, pacing, charged=COST, **settings):
 
 
 def staggered(sched, costed, tok, specs=SPECS, every=2):
-    """One request every ``every`` steps; each iteration charged on the cost clock."""
-    uids, pending = [], list(enumerate(specs))
-    while pending or not sched.idle:
-        if pending and sched.step_index >= every * len(uids):
-            i, (n, m) = pending.pop(0)
-            uids.append(
-                sched.submit(wb.Request(prompt=prompt_of_length(tok, n, 13 * i), max_tokens=m, stop_ids=[]))
-            )
-        sched.admit()
-        with costed.charging():
-            sched.step()
-        sched.filter()
-    return uids
+    """One request every ``every`` steps (``tests/engine/test_packed.py``'s driver, the books
+    checked after each call), every forward charged on the cost clock."""
+    with costed.charging():
+        return packed_staggered(sched, tok, specs, every)
 
 
 def paced_rows(sched):

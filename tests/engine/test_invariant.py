@@ -346,3 +346,14 @@ def test_default_row_divergence_is_none_where_every_row_agrees():
         pytest.skip("the default path is batch-invariant only on the CPU's reference BLAS")
     model, tok = variant("llama-trained")
     assert invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, 3, 4, CHUNK) is None
+
+
+def test_audit_shows_step_grids_settings_as_its_own_parameters():
+    """Shift-Tab in Jupyter reads inspect.signature: audit's settings are step_grids' own."""
+    import inspect
+
+    from workbench.verify.invariance import audit, step_grids
+
+    params = inspect.signature(audit).parameters
+    assert list(params) == list(inspect.signature(step_grids).parameters)
+    assert params["batch_sizes"].default == (8,) and params["max_tokens"].default == 16

@@ -17,6 +17,7 @@ Axis letters: ``B`` rows, ``K`` input features, ``S`` cached positions.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -480,6 +481,10 @@ def audit(model: Any, tokenizer: Any, prompts: Sequence[Any], **grid_settings: A
     ops += rowwise_findings(dtype=dtype)
     grids = step_grids(model, tokenizer, prompts, **grid_settings)
     return Audit(device_report().text(), ops, end_to_end(grids))
+
+
+# Shift-Tab / help() show step_grids' settings as audit's own parameters (its real signature).
+audit.__signature__ = inspect.signature(step_grids).replace(return_annotation=Audit)  # type: ignore[attr-defined]
 
 
 # -- the lesson of notebooks/15_batch_invariance.ipynb -----------------------------------

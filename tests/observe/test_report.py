@@ -34,3 +34,15 @@ def test_to_parquet_keeps_the_frames_and_their_column_types(report, tmp_path):
     assert {p.name for p in paths.values()} == {"events.parquet", "requests.parquet"}
     pd.testing.assert_frame_equal(pd.read_parquet(paths["events"]), report.events)
     pd.testing.assert_frame_equal(pd.read_parquet(paths["requests"]), report.requests)
+
+
+def test_to_parquet_without_pyarrow_names_the_parquet_extra(report, tmp_path, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"\.\[parquet\]"):
+        report.to_parquet(tmp_path / "none")
+    assert not (tmp_path / "none").exists()  # nothing written before the error

@@ -6,6 +6,7 @@ Knows: events and metrics. Must not know: MLX, caches, the scheduler's internals
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -99,7 +100,14 @@ class Report:
     def to_parquet(self, folder: str | Path) -> dict[str, Path]:
         """Write ``events.parquet`` and ``requests.parquet`` (pandas' ``to_parquet`` through
         pyarrow, column types kept) into ``folder`` (created if missing). Returns
-        ``{"events": path, "requests": path}``. Raises: OSError when it cannot be written."""
+        ``{"events": path, "requests": path}``. Raises: ImportError naming the ``parquet`` extra
+        when pyarrow is not installed (the base install leaves it out); OSError when it cannot be
+        written."""
+        if importlib.util.find_spec("pyarrow") is None:
+            raise ImportError(
+                'Report.to_parquet needs pyarrow: pip install -e ".[parquet]" (or pip install pyarrow); '
+                "Report.to_csv needs nothing more"
+            )
         return self._write(Path(folder), "parquet", lambda frame, path: frame.to_parquet(path, index=False))
 
     def _write(

@@ -376,6 +376,23 @@ def test_run_n_steps_snapshots_every_step_and_the_slider_scrubs_history(panel):
     assert panel.status.value.startswith("step 3 ")  # the label always shows the engine now
 
 
+def test_a_panel_opens_at_the_snapshot_it_is_given_drawing_its_images_once(make_sched, prompt, monkeypatch):
+    sched = make_sched(max_batch=3, history_size=8)
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
+    sched.admit()
+    sched.step()
+    sched.step()
+    first = [i for i, s in enumerate(sched.history) if s.step == 0][-1]
+    drawn = []
+    monkeypatch.setattr(views.Panel, "render", lambda self, draw=views.Panel.render: drawn.append(draw(self)))
+    panel = views.Panel(sched, shown=first)
+    assert panel.shown.step == 0 and panel.slider.value == first and len(drawn) == 1
+    assert panel.slider.max == len(sched.history) - 1 and panel.status.value.startswith("step 2 ")
+    for bad in (-1, len(sched.history)):
+        with pytest.raises(ValueError, match=f"shown={bad} is not an index of sched.history"):
+            views.Panel(sched, shown=bad)
+
+
 def _panel_after_steps(make_sched, prompt, steps, history_checkpoints):
     """A Panel over one admitted 5-token request (``max_tokens=12``, 8 snapshots kept,
     ``history_checkpoints`` of them restorable) after clicking Run N steps with ``steps``."""

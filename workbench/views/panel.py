@@ -200,6 +200,11 @@ class Panel:
         run_steps: initial value of the "steps N" box.
         reset: ``reset(old_sched) -> new_sched`` used by Reset (default
             :func:`reset_scheduler`).
+        shown: index into ``sched.history`` of the snapshot to show first (the slider's
+            value; drawn once); default: the newest, the one the panel records on opening.
+
+    Raises:
+        ValueError: when ``shown`` is not an index of ``sched.history``.
     """
 
     def __init__(
@@ -208,7 +213,12 @@ class Panel:
         max_tokens: int = 16,
         run_steps: int = 8,
         reset: Callable[[Scheduler], Scheduler] = reset_scheduler,
+        shown: int | None = None,
     ):
+        if shown is not None and not 0 <= shown < len(sched.history):
+            raise ValueError(
+                f"Panel: shown={shown} is not an index of sched.history (0 to {len(sched.history) - 1})"
+            )
         self.sched = sched
         self._reset = reset
         self.prompt = W.Text(value="def add(a, b):", description="prompt")
@@ -285,7 +295,7 @@ class Panel:
             )
             label.layout.display = "none"
         self.sched.snapshot(record=True)  # the engine as it is now, whatever was called since the last one
-        self._follow_history()
+        self._follow_history(shown)
 
     # -- actions: call the engine, then snapshot and re-render ------------------------
     def on_submit(self) -> None:
@@ -373,13 +383,13 @@ class Panel:
         self._follow_history()
 
     # -- rendering ---------------------------------------------------------------------
-    def _follow_history(self) -> None:
-        """Point the slider at the newest snapshot and re-render."""
+    def _follow_history(self, index: int | None = None) -> None:
+        """Point the slider at snapshot ``index`` of the history (default: the newest) and re-render."""
         last = len(self.sched.history) - 1
         self._quiet = True
         try:
             self.slider.max = last
-            self.slider.value = last
+            self.slider.value = last if index is None else index
         finally:
             self._quiet = False
         self.render()

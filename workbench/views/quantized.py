@@ -3,7 +3,14 @@ cache, from the tables of :mod:`workbench.bench.quantized`.
 
 Knows: those tables' columns, matplotlib. Must not know: the engine.
 
-Text form: :func:`quantized_text` (the three tables, aligned). Rich form:
+What quantizing does, first (:func:`render_quantized_effect`, text form
+:func:`quantized_tokens_text`): the KV bytes per token beside each row's generated tokens
+compared position by position with the float cache's run of the same requests::
+
+    q4/g32  uid 0 | = = x x x x x x x x x x   2/12 equal
+    q4/g32  uid 1 | = = = = = = = = =         9/9 equal
+
+Text form of the tables: :func:`quantized_text` (the three tables, aligned). Rich form:
 :func:`render_quantized`, three panels with one bar per setting (float first):
 
 1. KV bytes per token (all layers, keys + values), with each bar's ratio to float;
@@ -20,12 +27,24 @@ smallest text (the legend, 8.3 pt) stays 11.6 px.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 import pandas as pd
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 from . import style
 
-__all__ = ["quantized_text", "render_quantized"]
+__all__ = [
+    "quantized_text",
+    "quantized_tokens_text",
+    "render_quantized",
+    "render_quantized_effect",
+    "token_agreement",
+]
+
+Tokens = Mapping[str, Mapping[int, Sequence[int]]]  # setting -> uid -> generated token ids
 
 WIDTH_IN = 9.4  # at 100 dpi narrower than a JupyterLab output area: shown unscaled
 
@@ -120,4 +139,82 @@ def render_quantized(
     style.legend(
         fig, [(name if name == "float" else f"{name[1:]}-bit", c) for name, c in BITS_COLOURS.items()]
     )
+    return fig
+
+
+def token_agreement(tokens: Tokens, reference: str = "float") -> dict[str, dict[int, list[bool]]]:
+    """Per setting of ``tokens`` other than ``reference``, per uid of the reference: one
+    bool per position of the reference row's tokens, True where the setting's token at
+    that position is the same (a shorter row counts as different past its end).
+
+    >>> token_agreement({"float": {0: [5, 6, 7]}, "q4/g32": {0: [5, 9]}})
+    {'q4/g32': {0: [True, False, False]}}
+
+    Raises:
+        KeyError: when ``reference`` or one of its uids is missing from a setting.
+    """
+    base = tokens[reference]
+    return {
+        name: {
+            uid: [t < len(run[uid]) and run[uid][t] == tok for t, tok in enumerate(ref)]
+            for uid, ref in base.items()
+        }
+        for name, run in tokens.items()
+        if name != reference
+    }
+
+
+def quantized_tokens_text(tokens: Tokens, reference: str = "float") -> str:
+    """One line per setting and uid: ``=`` a token equal to the ``reference`` run's at that
+    position, ``x`` one that differs, then the count (the module docstring shows it)."""
+    lines = []
+    for name, rows in token_agreement(tokens, reference).items():
+        for uid, same in rows.items():
+            marks = " ".join("=" if s else "x" for s in same)
+            lines.append(
+                f"{name:<7} uid {uid:>2} | {marks:<{2 * max(map(len, rows.values()))}} {sum(same)}/{len(same)} equal"
+            )
+    return "\n".join(lines)
+
+
+def render_quantized_effect(
+    bytes_table: pd.DataFrame, tokens: Tokens, model_name: str = "", reference: str = "float"
+) -> Figure:
+    """What quantizing the KV cache does: KV bytes per token per setting (bars, ratio to
+    float above each) beside a grid of every row's generated tokens, one line per setting
+    and uid, one cell per position: equal to the ``reference`` run's token there
+    (``style.GOOD``) or not (``style.BAD``); white past the row's end.
+
+    Args:
+        bytes_table: :func:`workbench.bench.quantized.bytes_per_token`'s table.
+        tokens: setting -> uid -> generated ids of the same requests (e.g.
+            ``{"float": {0: sched.tokens(0), ...}, "q8/g32": {...}}``), ``reference`` among them.
+
+    Raises:
+        KeyError: as :func:`token_agreement`.
+    """
+    agree = token_agreement(tokens, reference)
+    labels = [f"{name} uid {uid}" for name, rows in agree.items() for uid in rows]
+    same = [row for rows in agree.values() for row in rows.values()]
+    width = max(map(len, same), default=1)
+    grid = np.full((len(same), width), np.nan)  # [setting x uid, position]: 1 equal, 0 differs
+    for i, row in enumerate(same):
+        grid[i, : len(row)] = row
+    fig = Figure(figsize=(WIDTH_IN, max(3.2, 0.9 + 0.24 * len(same))), layout="constrained")
+    ax_bytes, ax_tok = fig.subplots(1, 2, width_ratios=[1, 2.2])
+    _bars(ax_bytes, bytes_table, "bytes_per_token", [f"x{r:.3g}" for r in bytes_table.vs_float])
+    ax_bytes.set_ylabel("KV bytes per token (all layers)")
+    ax_bytes.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
+    cmap = ListedColormap([style.BAD, style.GOOD]).with_extremes(bad=style.LATER)
+    ax_tok.imshow(
+        np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest"
+    )
+    style.cell_borders(ax_tok, width, len(same))
+    for edge in np.cumsum([len(rows) for rows in agree.values()])[:-1]:  # between two settings
+        ax_tok.axhline(edge - 0.5, color=style.EDGE, linewidth=2.5)
+    ax_tok.set_yticks(range(len(same)), labels, fontsize="small")
+    style.integer_ticks(ax_tok.xaxis, 0, width - 1)
+    ax_tok.set_xlabel("generated token position")
+    ax_tok.set_title(f"each row's tokens against the {reference} cache's", fontsize="medium")
+    style.legend(fig, [(f"same token as {reference}", style.GOOD), ("different token", style.BAD)])
     return fig

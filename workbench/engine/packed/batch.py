@@ -58,6 +58,8 @@ class Launched:
         outputs: the arrays whose evaluation runs it (``pending``'s, or the pools).
         deferred: chunks ending at a token unread when it was built; their full pages are
             indexed once that token is read (:meth:`PackedBatch.after_read`).
+        paced: with pacing, the pacer's decision on it (its token cap, predicted and
+            budgeted seconds: ``workbench.engine.levers.packed_pacing.PacedForward``, frozen).
     """
 
     chunks: tuple[Chunk, ...]
@@ -65,11 +67,12 @@ class Launched:
     pending: Pending | None
     outputs: list[mx.array]
     deferred: tuple[Chunk, ...] = ()
+    paced: Any = None
 
     def clone(self) -> "Launched":
         """A copy sharing the arrays (nothing writes them in place)."""
         pending = None if self.pending is None else self.pending.clone()
-        return Launched(self.chunks, self.uids, pending, list(self.outputs), self.deferred)
+        return Launched(self.chunks, self.uids, pending, list(self.outputs), self.deferred, self.paced)
 
 
 class PackedBatch:
@@ -89,6 +92,7 @@ class PackedBatch:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
         table: the :class:`PageTable`. pools: the :class:`Pools`.
         last_chunks: the chunks of the latest packed forward whose tokens were read.
+        last_paced: with pacing, the pacer's decision on that forward (``None``: off).
         follows: follower uid -> its leader's uid (samples waiting for one prefill).
         sampled: row indices the latest forward's logits are for, in order.
         launched: the forward launched before the previous one's tokens were read
@@ -117,6 +121,7 @@ class PackedBatch:
         self.table = PageTable(page_size, max_pages, cache_pages)
         self.pools = Pools(n_layers)
         self.last_chunks: tuple[Chunk, ...] = ()
+        self.last_paced: Any = None
         self.follows: dict[int, int] = {}
         self.sampled: list[int] = []
         self.launched: Launched | None = None
@@ -325,14 +330,16 @@ class PackedBatch:
             self.pools.clone(share_appended),
             self.last_chunks,
         )
-        out.follows, out.sampled = dict(self.follows), list(self.sampled)
+        out.follows, out.sampled, out.last_paced = dict(self.follows), list(self.sampled), self.last_paced
         out.launched = None if self.launched is None else self.launched.clone()
         return out
 
     def state(self, token_budget: int) -> PackedState:
-        """The frozen :class:`PackedState` now."""
+        """The frozen :class:`PackedState` now (with pacing, the latest forward's token cap
+        and its predicted and budgeted seconds from :attr:`last_paced`)."""
         held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         pages = tuple((r.uid, tuple(self.table.pages[r.uid])) for r in self.rows if r.uid in self.table.pages)
+        paced = self.last_paced
         return PackedState(
             self.page_size,
             self.page_bytes,
@@ -343,6 +350,7 @@ class PackedBatch:
             self.last_chunks,
             token_budget,
             None if self.table.index is None else tuple(self.table.cached),
+            *((None, None, None) if paced is None else (paced.token_cap, paced.predicted_s, paced.budget_s)),
         )
 
     def problems(self) -> list[str]:

@@ -17,13 +17,19 @@ def test_ring_cells_put_the_write_slot_at_the_write_index_once_wrapped_else_last
     assert ring_cells(np.array([False, True, True]), None, False) == ["masked", "attended", "write"]
 
 
-def test_rings_of_a_live_window_group_follow_the_snapshots_write_index():
+def two_window_rows() -> wb.Scheduler:
+    """tiny-gemma3 (a window of 8) after admitting a 3-token and an 11-token prompt."""
     model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-gemma3")
     prompt = prompt_maker(tokenizer)
     sched = wb.Scheduler(model, tokenizer, max_batch=2)
     sched.submit(wb.Request(prompt=prompt(3), max_tokens=4))
     sched.submit(wb.Request(prompt=prompt(11, 60), max_tokens=4))
     sched.admit()
+    return sched
+
+
+def test_rings_of_a_live_window_group_follow_the_snapshots_write_index():
+    sched = two_window_rows()
     snaps = [sched.snapshot()]
     sched.step()
     snaps.append(sched.snapshot())
@@ -37,13 +43,7 @@ def test_rings_of_a_live_window_group_follow_the_snapshots_write_index():
 
 
 def test_each_slot_is_labelled_with_the_token_position_it_holds_and_a_steps_rings_sit_in_one_line():
-    model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-gemma3")
-    prompt = prompt_maker(tokenizer)
-    sched = wb.Scheduler(model, tokenizer, max_batch=2)
-    sched.submit(wb.Request(prompt=prompt(3), max_tokens=4))
-    sched.submit(wb.Request(prompt=prompt(11, 60), max_tokens=4))
-    sched.admit()
-    snap = sched.snapshot()
+    snap = two_window_rows().snapshot()
     g = snap.group("window8")
     short, long = (slot_positions(m, g.write_index, g.wrapped, o) for m, o in zip(g.mask, snap.offset))
     # the 3-token row: its tokens 0, 1, 2 in slots 6, 7, 0, position 3 written to slot 1 next
@@ -57,7 +57,7 @@ def test_each_slot_is_labelled_with_the_token_position_it_holds_and_a_steps_ring
     rings = [ax for ax in fig.axes if ax.patches]
     assert len(rings) == 2 and len({round(ax.get_position().y0, 3) for ax in rings}) == 1  # one line
     assert rings[1].get_title().endswith("writes 11 over 3")
-    assert rings[0].get_title().endswith("writes 3 (slot held padding)")
+    assert rings[0].get_title().endswith("writes 3 over padding")
     assert "11" in [t.get_text() for t in rings[1].texts]
 
 

@@ -130,7 +130,8 @@ def _legend(
         if wide
         else [("masked", style.PADDING), ("attended", style.ATTENDED)]
     ) + [(FED_LABEL if wide else "fed token", style.FED)]
-    style.legend(fig, entries + ([(hatch_label, "white", "//")] if not_held else []))
+    entries += [(hatch_label, "white", "//")] if not_held else []
+    style.legend(fig, entries, ncol=3 if len(entries) > 3 else None)  # fits 9 inches
 
 
 FED_LABEL = "fed token (the query: its own key)"
@@ -187,7 +188,7 @@ def render_mask_steps(
     titles = list(titles) if titles is not None else [f"step {s.step}" for s in snaps]
     widths = [temporal_mask(s.group(group)).shape[1] if s.uids else 1 for s in snaps]
     rows = max(max(s.batch_size for s in snaps), 1)
-    fig = Figure(figsize=(min(4.6 * len(snaps), 11.0), rows * 0.32 + 1.9), layout="constrained")
+    fig = Figure(figsize=(min(4.5 * len(snaps), 9.0), rows * 0.32 + 1.9), layout="constrained")
     fig.suptitle(title or f"the next step's {group} mask", fontsize="medium")
     axes = fig.subplots(1, len(snaps), sharex=True, squeeze=False)[0]
     for ax, snap, name in zip(axes, snaps, titles):

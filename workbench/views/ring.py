@@ -59,11 +59,11 @@ def slot_positions(mask: np.ndarray, write_index: int | None, wrapped: bool | No
 
 def write_note(positions: list, cells: list[str], offset: int) -> str:
     """What the write slot does at the next step: ``writes 11 over 3`` once the ring is
-    full (the oldest token leaves the window), ``writes 3 (slot held padding)`` before."""
+    full (the oldest token leaves the window), ``writes 3 over padding`` before."""
     W = len(cells)
     old = int(offset) - W
     full = all(c != "masked" for c in cells) and old >= 0
-    return f"writes {int(offset)} over {old}" if full else f"writes {int(offset)} (slot held padding)"
+    return f"writes {int(offset)} over {old}" if full else f"writes {int(offset)} over padding"
 
 
 def _label(ax, angle: float, r: float, text: str, **kw) -> None:
@@ -126,7 +126,7 @@ def render_ring(snapshots: Sequence[Snapshot], group: str, captions: Sequence[st
     per_line = max(1, 6 // max(len(uids), 1))
     n_lines = -(-len(snapshots) // per_line)
     n_cols = len(uids) * min(per_line, len(snapshots))
-    fig = Figure(figsize=(max(1.55 * n_cols + 0.3, 5.6), 2.1 * n_lines + 1.1), layout="constrained")
+    fig = Figure(figsize=(max(1.48 * n_cols + 0.3, 5.6), 2.1 * n_lines + 1.1), layout="constrained")
     fig.suptitle(
         f"{group}: a ring of {W} slots per row (arrow: the slot written next)\n"
         f"inside: the token position a slot holds · outside: the slot · thick line: slot {W - 1} wraps to 0",

@@ -38,7 +38,7 @@ LEGEND = [
     ("cached key (earlier forward)", style.ATTENDED),
     ("the query's own key (the token fed)", style.FED),
 ]
-KEY_AXIS = "key slot in the batch cache (0 = its first slot)"  # the decode masks: relative
+KEY_AXIS = "key slot (0 = cache start)"  # absolute; the decode masks count back from the fed token
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions
 NARROW_GRID_IN = 1.3  # under 6 inches wide (the panel), the tallest grid is at most this high
 TICK_LABEL_IN = 0.3  # room for one whole-number tick label and its gap (inches, at least)

@@ -21,6 +21,7 @@ def frames():
             "B": [1, 4, 4],
             "bytes_per_step": [101 * MIB, 104 * MIB, 999 * MIB],
             "context_tokens": [8, 8, 99],
+            "memory_tok_per_s": [12.0, 40.0, 5.0],
         }
     )
     return runs, roofline
@@ -34,11 +35,12 @@ def test_the_table_splits_bytes_into_weights_and_kv_and_takes_medians():
     assert table.weights_mib.tolist() == pytest.approx([100.0, 100.0])
     assert table.kv_mib.tolist() == pytest.approx([1.0, 4.0])
     assert table.step_vs_B1.tolist() == pytest.approx([1.0, 1.2])
-    assert (
-        step_cost_text(table).splitlines()[2]
-        == "  4    120.0       30.0    33.0     104.0       4.0       1.20"
-    )
-    assert render_step_cost(table).axes
+    assert table.bound_tok_per_s.tolist() == pytest.approx([12.0, 40.0])  # the decode rows' bound
+    lines = step_cost_text(table).splitlines()
+    assert lines[0] == "B  step (ms)  per row (ms)  tok/s  bound tok/s  read (MiB)  KV (MiB)  step / B=1"
+    assert lines[2] == "4      120.0          30.0   33.0         40.0       104.0       4.0        1.20"
+    step, rate, read = render_step_cost(table).axes[:3]
+    assert rate.get_ylabel() == "tokens / s" and list(rate.get_lines()[0].get_ydata()) == [12.0, 40.0]
 
 
 def test_an_engine_without_runs_is_refused():

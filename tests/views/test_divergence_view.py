@@ -42,10 +42,15 @@ def test_the_figure_colours_over_tolerance_markers_and_names_the_first_layer():
     fig = render_divergence(table(), title="uid 0")
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
-    dots, squares = ax.collections[:2]
+    dots, crosses, squares, hollow_crosses = ax.collections[:4]
     to_hex = lambda rgba: "#" + "".join(f"{round(c * 255):02x}" for c in rgba[:3])
-    assert [to_hex(c) for c in dots.get_facecolors()] == [WITHIN, OVER, WITHIN]
-    assert [to_hex(c) for c in squares.get_edgecolors()] == [WITHIN, OVER, WITHIN]
+    assert {to_hex(c) for c in dots.get_facecolors()} == {WITHIN}
+    assert {to_hex(c) for c in crosses.get_facecolors()} == {OVER}
+    assert {to_hex(c) for c in squares.get_edgecolors()} == {WITHIN}
+    assert {to_hex(c) for c in hollow_crosses.get_edgecolors()} == {OVER}
+    assert dots.get_offsets()[:, 0].tolist() == [0, 2] and crosses.get_offsets()[:, 0].tolist() == [1]
+    # the verdict is in the shape too, not only the colour (a cross, not a circle)
+    assert len(crosses.get_paths()[0].vertices) != len(dots.get_paths()[0].vertices)
     notes = [t.get_text() for t in ax.texts]
     assert notes == ["first over tolerance: layer 1\npositions 1-2"]
     assert ax.get_yscale() == "log" and ax.get_title(loc="left") == "uid 0"

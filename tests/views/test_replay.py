@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
 
 from tests.observe.event_logs import event_log
 from workbench.observe.report import Report
 from workbench.sim.replay import Replay
+from workbench.views import style
 from workbench.views.replay import render_latency_cdfs, render_occupancy
 
 
@@ -70,3 +72,10 @@ def test_the_occupancy_legend_sits_outside_both_panels():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == list(runs)
     for ax in fig.axes:
         assert ax.get_legend() is None and not legend.overlaps(ax.get_window_extent())
+
+
+def test_the_policies_lines_take_series_colours_never_the_fed_tokens_orange():
+    runs = {name: _run(name, 1.0) for name in ("fcfs", "shortest-first", "prefill-first")}
+    for fig in (render_latency_cdfs(runs), render_occupancy(runs)):
+        colours = {to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()}
+        assert colours and colours <= set(style.SERIES), colours

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 import workbench as wb
 from tests.views.test_views import full_snapshot
 from workbench.runtime.loading import DATA_DIR
-from workbench.views.ring import render_ring, ring_cells
+from workbench.views.ring import render_ring, ring_cells, slot_positions
 from workbench.views.state import group_bytes, render_state, state_text
 from workbench.workloads.workload import prompt_maker, prompt_of_length
 
@@ -17,22 +17,48 @@ def test_ring_cells_put_the_write_slot_at_the_write_index_once_wrapped_else_last
     assert ring_cells(np.array([False, True, True]), None, False) == ["masked", "attended", "write"]
 
 
-def test_rings_of_a_live_window_group_follow_the_snapshots_write_index():
+def two_window_rows() -> wb.Scheduler:
+    """tiny-gemma3 (a window of 8) after admitting a 3-token and an 11-token prompt."""
     model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-gemma3")
     prompt = prompt_maker(tokenizer)
     sched = wb.Scheduler(model, tokenizer, max_batch=2)
     sched.submit(wb.Request(prompt=prompt(3), max_tokens=4))
     sched.submit(wb.Request(prompt=prompt(11, 60), max_tokens=4))
     sched.admit()
+    return sched
+
+
+def test_rings_of_a_live_window_group_follow_the_snapshots_write_index():
+    sched = two_window_rows()
     snaps = [sched.snapshot()]
     sched.step()
     snaps.append(sched.snapshot())
     for snap in snaps:
         g = snap.group("window8")
         assert [ring_cells(m, g.write_index, g.wrapped).index("write") for m in g.mask] == [g.write_index] * 2
-    assert isinstance(render_ring(snaps, "window8"), Figure)
+    fig = render_ring(snaps, "window8")
+    assert isinstance(fig, Figure)
     with pytest.raises(ValueError, match="not a sliding window"):
         render_ring(snaps, "full")
+
+
+def test_each_slot_is_labelled_with_the_token_position_it_holds_and_a_steps_rings_sit_in_one_line():
+    snap = two_window_rows().snapshot()
+    g = snap.group("window8")
+    short, long = (slot_positions(m, g.write_index, g.wrapped, o) for m, o in zip(g.mask, snap.offset))
+    # the 3-token row: its tokens 0, 1, 2 in slots 6, 7, 0, position 3 written to slot 1 next
+    assert short == [2, 3, None, None, None, None, 0, 1] and g.write_index == 1
+    # the 11-token row has wrapped: slot 1 is written with 11, over the oldest token (3)
+    assert long == [10, 11, 4, 5, 6, 7, 8, 9]
+    for m, t, o in zip(g.mask, g.mask_temporal, snap.offset):  # agrees with the temporal mask
+        held = sorted(p for p in slot_positions(m, g.write_index, g.wrapped, o) if p is not None)
+        assert held == list(range(int(o) - int(t.sum()) + 1, int(o) + 1))
+    fig = render_ring([snap], "window8")
+    rings = [ax for ax in fig.axes if ax.patches]
+    assert len(rings) == 2 and len({round(ax.get_position().y0, 3) for ax in rings}) == 1  # one line
+    assert rings[1].get_title().endswith("writes 11 over 3")
+    assert rings[0].get_title().endswith("writes 3 over padding")
+    assert "11" in [t.get_text() for t in rings[1].texts]
 
 
 def test_state_bytes_stay_flat_while_the_kv_cache_grows():

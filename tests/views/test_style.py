@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib import image
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_hex
+from matplotlib.colors import to_hex, to_rgb
 from matplotlib.figure import Figure
 
 from workbench.bench import figures as bench_figures
@@ -61,6 +61,38 @@ def test_the_benchmark_figures_agree_with_the_palette_and_orange_means_no_engine
         style.BAD,
     }
     assert not set(engines.values()) & cache_meanings, engines
+
+
+def lightness(colour: str) -> float:
+    """CIE L* (0 black .. 100 white) of an sRGB colour."""
+    rgb = np.array(to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    y = float(linear @ [0.2126, 0.7152, 0.0722])
+    return 116 * y ** (1 / 3) - 16 if y > 0.008856 else 903.3 * y
+
+
+def lab(colour: str) -> np.ndarray:
+    """CIE L*a*b* (D65) of an sRGB colour."""
+    rgb = np.array(to_rgb(colour))
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    f = np.cbrt(xyz / [0.95047, 1.0, 1.08883])
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_the_verdict_pair_reads_without_hue_and_is_not_red_against_green():
+    # red/green (the old #2ca02c/#d62728) differ by 11 L*: a deuteranope sees two browns
+    assert abs(lightness(style.GOOD) - lightness(style.BAD)) >= 20
+    assert style.BAD_HATCH and style.BAD_MARKER
+
+
+def test_prefill_and_the_fed_token_are_clearly_different_colours():
+    # the old amber #f2a541 was 37 CIE76 units from the fed orange: two oranges side by side
+    assert np.linalg.norm(lab(style.PREFILL) - lab(style.FED)) >= 45
+
+
+def test_brown_means_mlx_lm_only():
+    assert bench_figures.ENGINE_COLOURS["mlx-lm"] == style.MLX_LM and style.MLX_LM not in style.SERIES
 
 
 def test_integer_ticks_label_whole_positions_only():

@@ -280,6 +280,14 @@ def test_render_timeline_over_steps_draws_spans_and_join_evict_marks(two_request
     assert all(float(t).is_integer() for t in ax.get_xticks())  # whole decode steps, never 2.5
 
 
+def test_a_join_mark_at_zero_sits_inside_the_axes_not_on_its_edge(two_request_events):
+    ax = views.render_timeline(two_request_events, x="step").axes[0]
+    left, right = ax.get_xlim()
+    joins = [line for line in ax.get_lines() if line.get_marker() == ">"]
+    assert joins and min(line.get_xdata()[0] for line in joins) == 0 and left < 0 < right
+    assert all(not line.get_clip_on() for line in joins)
+
+
 def test_render_timelines_draws_one_panel_per_run_on_shared_axes(two_request_events):
     later = two_request_events.assign(step=two_request_events.step + 2)
     fig = views.render_timelines({"fcfs": two_request_events, "spf": later})
@@ -668,3 +676,19 @@ def test_the_status_line_says_the_panel_is_busy_while_the_engine_runs_and_while_
     panel.buttons["Step"].click()
     assert seen[0].endswith(" — step running …") and seen[1].endswith(" — drawing step 1 …"), seen
     assert " — " not in panel.status.value and panel.status.value.startswith("step 1 ")
+
+
+def test_render_mask_steps_draws_before_and_after_on_one_axis_so_compaction_shows_as_width():
+    from workbench.views.mask import render_mask_steps
+
+    before = full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3)
+    after = full_snapshot(uids=(9,), left_padding=(0,), width=1)
+    fig = render_mask_steps([before, after], ["before filter()", "after filter()"])
+    left, right = fig.axes[:2]
+    assert left.get_title(loc="left") == "before filter()\nKV width 3 + fed column"
+    assert right.get_title(loc="left") == "after filter()\nKV width 1 + fed column"
+    assert left.get_xlim() == right.get_xlim() == (-3.5, 0.5)  # shared: the after panel is narrower
+    assert right.images[0].get_array().tolist() == [[1, 2]]
+    assert [t.get_text() for t in right.get_yticklabels()] == ["uid 9"]
+    with pytest.raises(ValueError, match="at least one snapshot"):
+        render_mask_steps([])

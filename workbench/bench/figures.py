@@ -27,12 +27,13 @@ from matplotlib.figure import Figure
 from .axes import plain_log_axis
 
 # The views' palette (workbench.views.style): the workbench is its decode blue, a prefill
-# chunk its prefill amber; the other engines take colours the palette gives no cache meaning
+# chunk its prefill yellow, mlx-lm its one brown (style.MLX_LM); the other engines take
+# colours the palette gives no cache meaning
 # (its series colours), so orange is never both mlx-lm and a prefill or a fed token.
 # tests/bench/test_figures.py checks they agree: the benchmark sits below the views in the
 # import order, so it cannot import them.
 WORKBENCH_COLOUR = "#3b7dd8"
-PREFILL_COLOUR = "#f2a541"
+PREFILL_COLOUR = "#e6c229"
 MLX_LM_COLOUR = "#8c564b"
 PACED_COLOUR = "#9467bd"
 OTHER_COLOUR = "#4d4d4d"
@@ -151,7 +152,7 @@ def render_join(join: pd.DataFrame, rows: int, context_tokens: int) -> Figure:
 
 def render_head_of_line(hol: pd.DataFrame) -> Figure:
     """Per engine, the tokens of running rows (dots, one line per row) over time since
-    the joiner's submit, the joiner's prefill chunks (amber ticks) and its first token
+    the joiner's submit, the joiner's prefill chunks (yellow ticks) and its first token
     (dashed line): the widest white gap is the head-of-line stall.
 
     Args:
@@ -175,7 +176,7 @@ def render_head_of_line(hol: pd.DataFrame) -> Figure:
         ax.set_ylabel("row uid")
         ax.set_title(engine, fontsize=9, loc="left")
     axes[-1].set_xlabel(
-        "seconds since the long prompt arrived (amber: its prefill chunks; dashed: its first token)"
+        "seconds since the long prompt arrived (yellow: its prefill chunks; dashed: its first token)"
     )
     fig.tight_layout()
     return fig

@@ -32,12 +32,13 @@ LATER, PAD, NEW, CACHED, OWN = 0, 1, 2, 3, 4  # cell codes of :func:`attention_c
 SYMBOLS = ".p#c@"
 CMAP = ListedColormap([style.LATER, style.PADDING, style.NEW_KEY, style.ATTENDED, style.FED])
 LEGEND = [
-    ("masked: a later position", style.LATER),
-    ("padding", style.PADDING),
+    ("a later position (causal: masked)", style.LATER),
+    ("padding (masked)", style.PADDING),
     ("key of this forward", style.NEW_KEY),
     ("cached key (earlier forward)", style.ATTENDED),
-    ("the query's own key", style.FED),
+    ("the query's own key (the token fed)", style.FED),
 ]
+KEY_AXIS = "key slot (0 = cache start)"  # absolute; the decode masks count back from the fed token
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions
 NARROW_GRID_IN = 1.3  # under 6 inches wide (the panel), the tallest grid is at most this high
 TICK_LABEL_IN = 0.3  # room for one whole-number tick label and its gap (inches, at least)
@@ -107,7 +108,7 @@ def _draw(
         y_labels = 12 if cell_in is None else max(2, int(cell_in * rows / TICK_LABEL_IN))
         every_q = max(1, int(np.ceil(rows / min(12, max_labels, y_labels))))
         ax.set_yticks(np.arange(0, rows, every_q), [str(first_query + i) for i in range(0, rows, every_q)])
-    ax.set_xlabel("key position")
+    ax.set_xlabel(KEY_AXIS)
 
 
 def stacked_cells(forwards: list[ForwardMask]) -> tuple[np.ndarray, list[int]]:

@@ -53,20 +53,25 @@ def _deltas(
     ax, layers, deltas, over, tolerance, label: str, short: str, line: dict, hollow: bool = False
 ) -> None:
     """One marker per layer at its ``deltas`` (coloured :data:`OVER` where ``over``, else
-    :data:`WITHIN`; circles, or hollow squares when ``hollow``) and ``tolerance`` as a step
+    :data:`WITHIN`; circles, or hollow squares when ``hollow``; an over-tolerance layer a
+    cross, so the verdict does not rest on colour) and ``tolerance`` as a step
     line drawn with ``line`` (matplotlib's ``ls`` and ``color``)."""
-    colours = [OVER if o else WITHIN for o in over]
-    if hollow:
-        marks = dict(edgecolors=colours, facecolors="none", linewidths=1.5, s=45, marker="s", zorder=2)
-    else:
-        marks = dict(c=colours, s=60, marker="o", zorder=3)
-    ax.scatter(layers, deltas, label=label, **marks)
+    over = np.asarray(over, bool)
+    layers, deltas = np.asarray(layers), np.asarray(deltas)
+    within = ~over
+    labelled = within if within.any() else over
+    for part, colour, marker in ((within, WITHIN, "s" if hollow else "o"), (over, OVER, style.BAD_MARKER)):
+        if hollow:
+            marks = dict(edgecolors=colour, facecolors="none", linewidths=1.5, s=45, marker=marker, zorder=2)
+        else:
+            marks = dict(c=colour, s=60, marker=marker, zorder=3)
+        ax.scatter(layers[part], deltas[part], label=label if part is labelled else None, **marks)
     ax.step(layers, tolerance, where="mid", lw=1, label=f"tolerance ({short})", **line)
 
 
 def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     """The figure of the module docstring: ``max |Δ|`` and tolerance per layer (log scale),
-    over-tolerance layers in red, the first one annotated with its positions.
+    over-tolerance layers as crosses, the first one annotated with its positions.
 
     Args:
         table: :func:`workbench.verify.layers.layer_table` (``LayerDivergence.table``).
@@ -140,7 +145,10 @@ def _legend(fig: Figure, has_kv: bool) -> None:
             ),
             Line2D([], [], ls=":", color="#888888", lw=1, label="tolerance (KV)"),
         ]
-    entries += [Patch(color=WITHIN, label="within tolerance"), Patch(color=OVER, label="over tolerance")]
+    entries += [
+        Patch(color=WITHIN, label="within tolerance"),
+        Line2D([], [], ls="", marker=style.BAD_MARKER, color=OVER, markersize=8, label="over tolerance"),
+    ]
     fig.legend(handles=entries, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
 
 

@@ -61,6 +61,8 @@ def render_grids(grids: Sequence, title: str = "") -> Figure:
             interpolation="nearest",
             origin="lower",
         )
+        rows, tokens = np.nonzero(np.asarray(g.equal) == 0)  # a cross on each differing cell
+        ax.scatter(tokens, rows, marker="x", s=10, c="white", linewidths=0.7)
         ax.set_title(f"{g.mode}, B = {g.batch_size}\n{g.n_equal_rows}/{g.batch_size} rows equal", fontsize=10)
         ax.set_xlabel("generated token")
     axes[0].set_ylabel("row (request)")
@@ -70,9 +72,9 @@ def render_grids(grids: Sequence, title: str = "") -> Figure:
         fig,
         [
             ("bit-equal to alone", EQUAL_COLOR),
-            ("differs (token or log-prob)", DIFFERS_COLOR),
-            ("no token", NONE_COLOR),
-        ],
+            ("differs (token or log-prob)", DIFFERS_COLOR, style.BAD_HATCH),
+        ]
+        + ([("no token", NONE_COLOR)] if any((np.asarray(g.equal) < 0).any() for g in grids) else []),
     )
     return fig
 

@@ -22,6 +22,8 @@ window group is drawn from ``mask_temporal`` (the ring rolled to oldest-first or
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
@@ -95,7 +97,45 @@ def _group_title(g: LayerGroup) -> str:
     if g.window_tokens is not None:
         ring = f"ring wrapped, write slot {g.write_index}" if g.wrapped else "ring not wrapped yet"
         return f"{layers} · window {g.window_tokens} tokens, {ring} (temporal order)"
-    return f"{layers} · KV width {g.kv_width_tokens} tokens"
+    return f"{layers} · KV width {g.kv_width_tokens} cached tokens + the fed token's column"
+
+
+def _draw_group(ax, g: LayerGroup, snap: Snapshot, s_max: int) -> None:
+    """One group's mask on ``ax``: rows by uid, columns right-aligned at the fed token (0),
+    ``s_max`` positions wide; positions the group does not hold hatched."""
+    cells = mask_cells(temporal_mask(g))
+    B, S = cells.shape
+    ax.imshow(
+        cells,
+        cmap=CMAP,
+        vmin=0,
+        vmax=2,
+        aspect="auto",
+        interpolation="nearest",
+        extent=(-S + 0.5, 0.5, B - 0.5, -0.5),
+    )
+    if s_max <= GRID_MAX_COLUMNS:
+        style.cell_borders(ax, S, B, x0=-S + 0.5, color="white", linewidth=1.0)
+    ax.set_yticks(range(B), row_labels(snap))
+    ax.set_xlim(-s_max + 0.5, 0.5)
+    if S < s_max:  # positions this group's cache does not hold (outside its window)
+        ax.axvspan(-s_max + 0.5, -S + 0.5, facecolor="white", edgecolor=OUTSIDE_EDGE, hatch="//")
+
+
+def _legend(
+    fig: Figure, wide: bool, not_held: bool, hatch_label: str = "not held (outside the window)"
+) -> None:
+    entries = (
+        [("padding / expired (masked)", style.PADDING), ("attended cached token", style.ATTENDED)]
+        if wide
+        else [("masked", style.PADDING), ("attended", style.ATTENDED)]
+    ) + [(FED_LABEL if wide else "fed token", style.FED)]
+    entries += [(hatch_label, "white", "//")] if not_held else []
+    style.legend(fig, entries, ncol=3 if len(entries) > 3 else None)  # fits 9 inches
+
+
+FED_LABEL = "fed token (the query: its own key)"
+X_LABEL = "key position relative to the fed token (0 = fed token)"
 
 
 def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0) -> Figure:
@@ -117,40 +157,48 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
         style.empty(fig.add_subplot(), "no rows in the batch: submit a prompt, then Admit")
         return fig
     axes = fig.subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
-    s_max = max(temporal_mask(g).shape[1] for g in groups)
+    widths = [temporal_mask(g).shape[1] for g in groups]
     for ax, g in zip(axes, groups):
-        cells = mask_cells(temporal_mask(g))
-        S = cells.shape[1]
-        ax.imshow(
-            cells,
-            cmap=CMAP,
-            vmin=0,
-            vmax=2,
-            aspect="auto",
-            interpolation="nearest",
-            extent=(-S + 0.5, 0.5, B - 0.5, -0.5),
-        )
-        if s_max <= GRID_MAX_COLUMNS:
-            style.cell_borders(ax, S, B, x0=-S + 0.5, color="white", linewidth=1.0)
-        ax.set_yticks(range(B), row_labels(snap))
+        _draw_group(ax, g, snap, max(widths))
         ax.set_title(_group_title(g), fontsize="small", loc="left")
-        ax.set_xlim(-s_max + 0.5, 0.5)
-        if S < s_max:  # positions this group's cache does not hold (outside its window)
-            ax.axvspan(-s_max + 0.5, -S + 0.5, facecolor="white", edgecolor=OUTSIDE_EDGE, hatch="//")
-    style.integer_ticks(axes[-1].xaxis, -s_max + 1, 0, max_labels=16 if width_in >= 6 else 8)
-    axes[-1].set_xlabel("key position relative to the fed token (0 = fed token)")
-    entries = (
-        [("masked (padding / expired)", style.PADDING), ("attended cached token", style.ATTENDED)]
-        if width_in >= 6
-        else [("masked", style.PADDING), ("attended", style.ATTENDED)]
-    ) + [("fed token", style.FED)]
-    style.legend(
-        fig,
-        entries
-        + (
-            [("not held (outside the window)", "white", "//")]
-            if s_max > min(temporal_mask(g).shape[1] for g in groups)
-            else []
-        ),
-    )
+    style.integer_ticks(axes[-1].xaxis, -max(widths) + 1, 0, max_labels=16 if width_in >= 6 else 8)
+    axes[-1].set_xlabel(X_LABEL)
+    _legend(fig, width_in >= 6, max(widths) > min(widths))
+    return fig
+
+
+def render_mask_steps(
+    snaps: Sequence[Snapshot],
+    titles: Sequence[str] | None = None,
+    title: str | None = None,
+    group: str = "full",
+) -> Figure:
+    """The ``group`` mask of several snapshots side by side (before | after an engine call),
+    on one shared x axis, ``key position relative to the fed token``: a wider cache reaches
+    further left, so a step's growth and ``filter``'s compaction read as a change of width.
+
+    Each panel is titled by ``titles`` (default ``step N``) and the group's KV width; rows by
+    uid (:func:`row_labels`). Raises ``ValueError`` for no snapshots, ``KeyError`` when a
+    snapshot with rows has no ``group``.
+
+    >>> fig = render_mask_steps([before, after], ["before filter()", "after filter()"])  # doctest: +SKIP
+    """
+    if not snaps:
+        raise ValueError("render_mask_steps needs at least one snapshot")
+    titles = list(titles) if titles is not None else [f"step {s.step}" for s in snaps]
+    widths = [temporal_mask(s.group(group)).shape[1] if s.uids else 1 for s in snaps]
+    rows = max(max(s.batch_size for s in snaps), 1)
+    fig = Figure(figsize=(min(4.5 * len(snaps), 9.0), rows * 0.32 + 1.9), layout="constrained")
+    fig.suptitle(title or f"the next step's {group} mask", fontsize="medium")
+    axes = fig.subplots(1, len(snaps), sharex=True, squeeze=False)[0]
+    for ax, snap, name in zip(axes, snaps, titles):
+        if not snap.uids:
+            style.empty(ax, f"{name}: no rows in the batch")
+            continue
+        g = snap.group(group)
+        _draw_group(ax, g, snap, max(widths))
+        ax.set_title(f"{name}\nKV width {g.kv_width_tokens} + fed column", fontsize="small", loc="left")
+        style.integer_ticks(ax.xaxis, -max(widths) + 1, 0, max_labels=12)
+        ax.set_xlabel("key position (0 = fed token)", fontsize="small")
+    _legend(fig, True, max(widths) > min(widths), "no column (the cache is narrower here)")
     return fig

@@ -54,12 +54,12 @@ def render_latency_cdfs(
     axes = fig.subplots(1, len(columns), squeeze=False)[0]
     for ax, col in zip(axes, columns):
         drawn = []
-        for name, run in runs.items():
+        for (name, run), colour in zip(runs.items(), run_colours(len(runs))):
             v = np.sort(run.report.requests[col].to_numpy(float))
             v = v[np.isfinite(v)]
             drawn.append(v * 1e3)
             if v.size:
-                ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=name)
+                ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=name, color=colour)
         style.plain_log_axis(ax.xaxis, drawn)
         ax.set_xlabel(f"{LATENCY_LABELS.get(col, col)} (ms)")
         ax.set_ylim(0, 1.02)
@@ -69,6 +69,12 @@ def render_latency_cdfs(
     if title:
         fig.suptitle(title)
     return fig
+
+
+def run_colours(n: int) -> list[str]:
+    """One colour per compared run (policy), from the palette's series colours (no cache
+    meaning: never the fed token's orange or the decode blue), repeating after five."""
+    return [style.SERIES[i % len(style.SERIES)] for i in range(n)]
 
 
 def _t0(run: Replay) -> float:
@@ -99,11 +105,11 @@ def render_occupancy(runs: Mapping[str, Replay], title: str = "") -> Figure:
     covers no line."""
     fig = Figure(figsize=(9, 5), layout="constrained")
     ax_run, ax_q = fig.subplots(2, 1, sharex=True)
-    for name, run in runs.items():
+    for (name, run), colour in zip(runs.items(), run_colours(len(runs))):
         occ = occupancy(run.report.events)
         t = occ.time_s - _t0(run)
-        ax_run.step(t, occ.running, where="post", label=name)
-        ax_q.step(t, occ.queued, where="post", label=name)
+        ax_run.step(t, occ.running, where="post", label=name, color=colour)
+        ax_q.step(t, occ.queued, where="post", label=name, color=colour)
     ax_run.set_ylabel("batch size (rows)")
     ax_q.set_ylabel("queued requests")
     ax_q.set_xlabel("time since first submit (s)")

@@ -130,9 +130,9 @@ def render_slots(runs: Sequence[tuple[str, np.ndarray]], title: str | None = Non
     style.legend(
         fig,
         [
-            ("slot produced a token (number: the request's uid where its turn starts)", style.ATTENDED),
+            ("a token (number: the uid; black line: a new request takes the slot)", style.ATTENDED),
             ("slot idle", style.LATER),
-            ("run over", "white", "//"),
+            ("this run already finished", "white", "//"),
         ],
     )
     return fig

@@ -122,6 +122,8 @@ def render_drafts(
             bottom=base + accepted[i] / k * 0.8,
             width=0.8,
             color=REJECTED,
+            hatch=style.BAD_HATCH,
+            edgecolor="white",
         )
     lanes.set_yticks(range(U), [f"uid {u}" for u in uids])
     lanes.set_ylim(U - 0.5, -0.5) if U else None
@@ -133,5 +135,7 @@ def render_drafts(
         rates.text(0.02, i, f"{table.loc[u].tokens_per_forward:.2f} tok/fwd", va="center", fontsize="small")
     rates.set_xlim(0, 1)
     rates.set_xlabel("acceptance rate")
-    style.legend(fig, [("accepted draft token", ACCEPTED), ("rejected draft token", REJECTED)])
+    style.legend(
+        fig, [("accepted draft token", ACCEPTED), ("rejected draft token", REJECTED, style.BAD_HATCH)]
+    )
     return fig

@@ -21,9 +21,11 @@ from ..bench.axes import log_tick_subs, plain_log_axis  # noqa: F401  (the views
 # no colour has two names, that every view draws its cells and spans from these names, and
 # that the benchmark's figures, below the views in the import order, agree with them).
 PADDING = "#d9d9d9"  # padding: a masked slot (left padding, a pad query, outside a sliding window)
-PREFILL = "#f2a541"  # prompt tokens being prefilled: timeline spans, prefill chunks
+PREFILL = "#e6c229"  # prompt tokens being prefilled: timeline spans, prefill chunks (yellow: far
+#   from the fed token's orange)
 ATTENDED = "#3b7dd8"  # decode: a cached token a row attends, generated tokens, decode spans, live KV
-FED = "#e8590c"  # the token fed at the next step: a query's own key, the ring's write slot
+FED = "#e8590c"  # the token fed at the next step = the query: its own key (decode masks, 2-D
+#   masks' diagonal), the ring's write slot. The one orange of the views.
 NEW_KEY = "#9ec5f0"  # a key written by the same prefill forward as the query (2-D masks)
 STATE = "#1b9e9e"  # a recurrent (ssm) group's fixed-size state
 LATER = "#ffffff"  # free / idle: a later position (masked by causality), an idle slot, a free block
@@ -31,10 +33,16 @@ UNUSED = "#f4f4f4"  # allocated capacity not in use yet (growth room of a batch 
 EXPIRED = "#9e9e9e"  # evicted from the window: a ring-buffer slot holding a token outside it
 QUEUED = "#c7c7c7"  # a request waiting in the queue
 WAITING = "#b39ddb"  # finished, still in the batch until filter()
-GOOD = "#2ca02c"  # a verdict: equal / within tolerance
-BAD = "#d62728"  # a verdict: differs / over tolerance (also error text)
+# A verdict pair safe for colour-blind readers (no red/green): Okabe-Ito's bluish green against
+# a dark wine, far apart in lightness too, and the views draw BAD with BAD_HATCH or a cross
+# marker as well, so the verdict never rests on hue alone.
+GOOD = "#009e73"  # a verdict: equal / within tolerance
+BAD = "#882255"  # a verdict: differs / over tolerance (also error text)
+BAD_HATCH = "xx"
+BAD_MARKER = "X"
+MLX_LM = "#8c564b"  # mlx-lm, the reference engine, in the benchmark's figures (brown means only that)
 # categorical series that carry no cache meaning (settings compared side by side)
-SERIES = ("#4d4d4d", "#8c564b", "#bcbd22", "#9467bd", "#17becf")
+SERIES = ("#4d4d4d", "#e377c2", "#bcbd22", "#9467bd", "#17becf")
 BORDER = "#8c8c8c"  # cell borders of heatmaps
 EDGE = "#666666"  # outlines of bars and legend patches
 
@@ -42,7 +50,7 @@ PALETTE = {
     "padding": PADDING,
     "prefill": PREFILL,
     "decode / attended": ATTENDED,
-    "fed token": FED,
+    "fed token (the query's own key)": FED,
     "key of this forward": NEW_KEY,
     "recurrent state": STATE,
     "free / idle / later": LATER,
@@ -52,6 +60,7 @@ PALETTE = {
     "finished, not filtered": WAITING,
     "good": GOOD,
     "bad": BAD,
+    "mlx-lm": MLX_LM,
     **{f"series {i}": c for i, c in enumerate(SERIES)},
 }
 

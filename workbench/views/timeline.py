@@ -215,6 +215,9 @@ def visible_spans(b: pd.DataFrame, min_share: float = MIN_VISIBLE_SHARE) -> pd.D
     return out
 
 
+MARGIN = 0.015  # share of the x range left of 0, so a join mark at 0 is not cut by the axis
+
+
 def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
     """One timeline on ``ax`` (see :func:`render_timeline`); returns the span kinds drawn
     with a visible width (:func:`visible_spans`), the ones a legend lists."""
@@ -227,10 +230,11 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
         ax.barh(span.y, span.width, left=span.left, color=colors[span.kind])
     for y, (_, r) in enumerate(b.iterrows()):
         if pd.notna(r.join):
-            ax.plot(r.join, y, marker=">", color="black", markersize=4)
+            ax.plot(r.join, y, marker=">", color="black", markersize=4, clip_on=False, zorder=3)
         if pd.notna(r.evict):
-            ax.plot(r.evict, y, marker="<", color="black", markersize=4)
-    ax.set_xlim(0, max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3))  # room for the last evict mark
+            ax.plot(r.evict, y, marker="<", color="black", markersize=4, clip_on=False, zorder=3)
+    right = max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3)  # room for the last evict mark
+    ax.set_xlim(-MARGIN * right, right)  # and for a join mark at 0, clear of the axis
     if x == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers
     ax.set_yticks(range(len(b)), [f"uid {u}" for u in b.index])

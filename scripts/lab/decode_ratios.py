@@ -25,11 +25,11 @@ from workbench.bench.scenarios import (
 model = make_model(cfg.shape)
 _, tok = wb.load()
 pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-for B in cfg.batch_sizes:
+for B in cfg.decode.batch_sizes:
     runs = decode_runs(
         engine_factories(model, tok, B, cfg.prefill_step_size, (WORKBENCH, FAST_OFF, MLX_LM)),
-        equal_prompts(tok, B, cfg.prompt_tokens),
-        cfg.decode_tokens,
+        equal_prompts(tok, B, cfg.decode.prompt_tokens),
+        cfg.decode.max_tokens,
         pairs,
         lambda s: None,
     )

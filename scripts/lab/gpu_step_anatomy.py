@@ -9,8 +9,12 @@ Six readings, each printed as JSON lines (``"part"`` names the reading):
   decode iteration splits into ``launch_ms`` (inside ``mx.async_eval``: MLX turning the
   step's graph into GPU kernels, host work), ``wait_ms`` (inside ``mx.eval``: blocked on the
   GPU for the previous step's tokens) and ``python_ms`` (the rest: building the graph in
-  Python, the engine's bookkeeping). mlx-lm reads its tokens with ``tolist``, so its wait
-  counts as python there. Medians over the full-batch iterations.
+  Python, the engine's bookkeeping; ``python_cpu_ms``: the same as the main thread's CPU
+  time, which other processes' load does not inflate). mlx-lm reads its tokens with
+  ``tolist``, so its wait counts as python there. Medians over the full-batch iterations.
+- ``packed_profile``: where the packed step's host time goes: cProfile (on the main
+  thread's CPU clock) over full-batch decode iterations of the packed layout at the largest
+  B, the functions with the most time of their own (MLX's C++ calls count in their callers').
 - ``kernels`` (CUDA; PyTorch's profiler on the GPU machine's image): every GPU kernel of
   ten full-batch decode iterations of each engine, timed by CUPTI: the GPU's busy time per
   step against the step's wall time, kernels per step, the costliest kernels.
@@ -88,16 +92,18 @@ def emit(part: str, **fields) -> None:
 @contextlib.contextmanager
 def timed_mlx_calls(totals: dict[str, float]):
     """Within the block, ``mx.async_eval`` and ``mx.eval`` add their seconds to
-    ``totals["launch"]`` / ``totals["wait"]``."""
+    ``totals["launch"]`` / ``totals["wait"]``, and the calling thread's CPU seconds in them
+    to ``totals["mlx_cpu"]``."""
     real = {"launch": mx.async_eval, "wait": mx.eval}
 
     def wrap(key):
         def call(*args, **kwargs):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return real[key](*args, **kwargs)
             finally:
                 totals[key] += time.perf_counter() - start
+                totals["mlx_cpu"] += time.thread_time() - cpu
 
         return call
 
@@ -118,17 +124,19 @@ def arrivals_for(cfg, tokenizer, rows: int, decode_tokens: int) -> list[Arrival]
 
 def anatomy_run(engine, arrivals: list[Arrival]) -> dict[str, float]:
     """Submit every arrival, iterate until idle; medians (ms) of the full-batch decode
-    iterations' total, launch, wait and python time."""
+    iterations' total, launch, wait and python time, and ``python_cpu_ms``: the calling
+    thread's CPU time outside MLX's evaluations (the host's Python work, which other
+    processes' load does not inflate as it does wall time)."""
     for a in arrivals:
         engine.submit(a.prompt, a.max_tokens)
     rows, B = [], len(arrivals)
     while not engine.idle:
         totals = collections.defaultdict(float)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         with timed_mlx_calls(totals):
             made = engine.iterate()
-        total = time.perf_counter() - start
-        rows.append((made, total, totals["launch"], totals["wait"]))
+        total, cpu = time.perf_counter() - start, time.thread_time() - cpu - totals["mlx_cpu"]
+        rows.append((made, total, totals["launch"], totals["wait"], cpu))
     full = [r for prev, r in zip(rows, rows[1:]) if r[0] == B and prev[0] == B]
     if not full:  # a warm-up too short for two full-batch iterations
         return {"steps": 0}
@@ -139,6 +147,7 @@ def anatomy_run(engine, arrivals: list[Arrival]) -> dict[str, float]:
         "launch_ms": med(2),
         "wait_ms": med(3),
         "python_ms": 1e3 * statistics.median(r[1] - r[2] - r[3] for r in full),
+        "python_cpu_ms": med(4),
     }
 
 
@@ -170,6 +179,32 @@ def anatomy(model, tokenizer, cfg, sizes, rounds: int = 2, packed: bool = False)
                 e = engines[name](B)
                 emit("anatomy", engine=name, B=B, round=r, **anatomy_run(e, arrivals))
                 e.close()
+
+
+def packed_profile(model, tokenizer, cfg, B: int, steps: int = 20, top: int = 25) -> None:
+    """The ``packed_profile`` reading (module docstring): one JSON line per function, its
+    own and cumulative main-thread CPU ms per step."""
+    import cProfile
+    import pstats
+
+    engine = warmed(
+        engine_makers(model, tokenizer, cfg, True)["packed"](B), arrivals_for(cfg, tokenizer, B, 99)
+    )
+    prof = cProfile.Profile(time.thread_time)
+    prof.runcall(lambda: [engine.iterate() for _ in range(steps)])
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, _, own s, cumulative s, _)
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (path, line, name), (_, calls, own, cum, _) in rows:
+        where = f"{Path(path).name}:{line}({name})"
+        emit(
+            "packed_profile",
+            B=B,
+            function=where,
+            calls_per_step=calls / steps,
+            own_ms=1e3 * own / steps,
+            cumulative_ms=1e3 * cum / steps,
+        )
+    engine.close()
 
 
 def warmed(engine, arrivals: list[Arrival], full_steps: int = 3):
@@ -487,6 +522,7 @@ def main() -> None:
         "kernels": lambda: kernels(model, tokenizer, cfg, sizes),
         "packed_kernels": lambda: kernels(model, tokenizer, cfg, [max(sizes)], packed=True),
         "packed_anatomy": lambda: anatomy(model, tokenizer, cfg, [max(sizes)], packed=True),
+        "packed_profile": lambda: packed_profile(model, tokenizer, cfg, max(sizes)),
         "fused": lambda: fused(model, sizes),
         "quantized_kv": lambda: quantized_kv(model, [s for s in sizes if s > 1] or sizes),
         "packed": lambda: packed(model, tokenizer, cfg, [max(sizes)]),

@@ -1,6 +1,6 @@
 """The real-model section of `workbench bench` alone: decode tok/s of the workbench and
 mlx-lm's BatchGenerator on SmolLM2-135M (4-bit), alternating, with the full run's sizes
-(``FULL_CONFIG.real_*``) or the quick run's, through the same functions the benchmark uses
+(``FULL_CONFIG.real``) or the quick run's, through the same functions the benchmark uses
 (:func:`workbench.bench.realmodel.real_decode_runs`, :func:`workbench.bench.report.real_table`).
 
 Usage: ``python scripts/lab/real_model_decode.py [--quick] [--out FOLDER]``; prints the rows as
@@ -25,10 +25,10 @@ args = parser.parse_args()
 cfg = QUICK_CONFIG if args.quick else FULL_CONFIG
 started_s, load_before = time.perf_counter(), os.getloadavg()[0]
 runs, meta = real_decode_runs(
-    cfg.real_batch_sizes,
-    cfg.real_prompt_tokens,
-    cfg.real_decode_tokens,
-    cfg.real_pairs,
+    cfg.real.batch_sizes,
+    cfg.real.prompt_tokens,
+    cfg.real.max_tokens,
+    cfg.real.pairs,
     cfg.prefill_step_size,
     echo=lambda line: print(line, flush=True),
 )

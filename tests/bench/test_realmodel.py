@@ -53,7 +53,7 @@ def test_without_the_real_model_the_section_is_skipped_and_says_why(tmp_path, mo
 def test_the_table_lists_real_model_rows_last_and_only_when_they_ran():
     assert row_ids((1, 8)) == row_ids((1, 8), ())
     assert row_ids((1, 8), (1, 4))[-2:] == ["real_decode_B1", "real_decode_B4"]
-    assert FULL_CONFIG.real_batch_sizes == (1, 8, 32) and QUICK_CONFIG.real_batch_sizes
+    assert FULL_CONFIG.real.batch_sizes == (1, 8, 32) and QUICK_CONFIG.real.batch_sizes
 
 
 def test_a_float_models_parameter_count_is_its_arrays_sizes():

@@ -72,8 +72,8 @@ def test_quick_bench_prints_a_table_with_every_row(quick_run):
 def test_quick_bench_table_has_finite_positive_numbers_and_goals(quick_run):
     _, out = quick_run
     table = pd.read_csv(out / "benchmarks" / "table.csv", keep_default_na=False)
-    real = () if "real_model_skipped" in read_meta(out / "benchmarks") else QUICK_CONFIG.real_batch_sizes
-    assert table.row.tolist() == row_ids(QUICK_CONFIG.batch_sizes, real)
+    real = () if "real_model_skipped" in read_meta(out / "benchmarks") else QUICK_CONFIG.real.batch_sizes
+    assert table.row.tolist() == row_ids(QUICK_CONFIG.decode.batch_sizes, real)
     for col in ("measured", "reference", "value"):
         values = table[col].astype(float)
         assert all(math.isfinite(v) and v > 0 for v in values), (col, values.tolist())
@@ -90,6 +90,16 @@ def test_quick_bench_writes_every_file_and_keeps_hand_written_notes(quick_run):
     assert md.startswith("# Benchmarks") and "old text" not in md
     assert md.endswith(f"{NOTES_MARKER}\n\nhand-written diagnosis\n")
     assert "## Goals" in md and "mlx-lm" in md and "load average" in md
+
+
+def test_the_sizes_flatten_into_meta_keys_one_prefix_a_scenario():
+    sizes = QUICK_CONFIG.sizes()
+    assert (sizes["join_rows"], sizes["join_context_tokens"]) == (8, 256)  # what the join figure reads
+    assert (
+        sizes["latency_requests"] == 6 and sizes["hol_chunk_tokens"] == 64 and sizes["real_max_tokens"] == 6
+    )
+    assert sizes["decode_batch_sizes"] == (1, 8) and sizes["prefill_step_size"] == 128
+    assert "name" not in sizes and "shape" not in sizes and len(sizes) == 2 + 4 + 5 + 2 + 3 + 3 + 4
 
 
 def test_goal_text_names_issue_6_bounds():

@@ -206,6 +206,17 @@ def test_the_audit_names_the_varying_operations_and_the_mode_removes_them():
     assert "lm_head" in text and "attention" in text and "invariant B =   4: 4/4" in text
 
 
+def test_the_audit_takes_every_setting_of_step_grids_and_refuses_others():
+    model, tok = variant("llama-trained")
+    prompts = [[5 + i, 9, 11 + 2 * i] for i in range(2)]
+    audit = invariance.audit(
+        model, tok, prompts, batch_sizes=(2,), max_tokens=2, prefill_step_size=2, modes=(True,)
+    )
+    assert audit.end_to_end == {("invariant", 2): (2, 2)}
+    with pytest.raises(TypeError, match="batch_size"):
+        invariance.audit(model, tok, prompts, batch_size=2)
+
+
 OPENBLAS_SCRIPT = textwrap.dedent("""
     import workbench as wb
     from workbench.runtime import blas
@@ -333,6 +344,18 @@ def test_default_row_divergence_localizes_a_row_that_differs(monkeypatch):
     assert d is not None and d.token_index == 1 and len(d.table) == 5
 
 
+def test_default_row_divergence_runs_every_prompt_at_once_by_default(monkeypatch):
+    model, tok = variant("llama-trained")
+    real_scheduler, max_batches = invariance.Scheduler, []
+    monkeypatch.setattr(
+        invariance,
+        "Scheduler",
+        lambda *a, **k: max_batches.append(k.get("max_batch")) or real_scheduler(*a, **k),
+    )
+    invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, max_tokens=2, prefill_step_size=CHUNK)
+    assert max_batches[0] == len(DIVERGENCE_PROMPTS)  # the batch: all 3 prompts (it was max_batch=8)
+
+
 def test_default_row_divergence_is_none_where_every_row_agrees():
     from workbench.runtime.device import backend
 
@@ -342,3 +365,14 @@ def test_default_row_divergence_is_none_where_every_row_agrees():
         pytest.skip("the default path is batch-invariant only on the CPU's reference BLAS")
     model, tok = variant("llama-trained")
     assert invariance.default_row_divergence(model, tok, DIVERGENCE_PROMPTS, 3, 4, CHUNK) is None
+
+
+def test_audit_shows_step_grids_settings_as_its_own_parameters():
+    """Shift-Tab in Jupyter reads inspect.signature: audit's settings are step_grids' own."""
+    import inspect
+
+    from workbench.verify.invariance import audit, step_grids
+
+    params = inspect.signature(audit).parameters
+    assert list(params) == list(inspect.signature(step_grids).parameters)
+    assert params["batch_sizes"].default == (8,) and params["max_tokens"].default == 16

@@ -23,6 +23,13 @@ def test_a_table_row_is_kind_uid_step_time_then_named_fields():
     ]
 
 
+def test_a_row_list_is_the_same_event_for_each_row_in_order():
+    assert event_log("token 2,0 3 1.5 token=7") == [
+        Event("token", 2, 3, 1.5, token=7),
+        Event("token", 0, 3, 1.5, token=7),
+    ]
+
+
 def test_an_unknown_field_is_refused():
     with pytest.raises(TypeError, match="n_tokes"):
         event_log("admit 0 n_tokes=3")

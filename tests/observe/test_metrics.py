@@ -228,21 +228,16 @@ def test_prefill_chunks_are_timed_from_the_event_before_them_and_leave_the_decod
     ev = events_frame(
         event_log(
             """
-            submit 0 0 0.0
-            submit 1 0 0.0
-            admit 0 0 1.0
-            admit 1 0 1.0
+            submit 0,1 0 0.0
+            admit 0,1 0 1.0
             prefill 0 0 3.0 n_tokens=8
             prefill 1 0 3.0 n_tokens=4  # one batched chunk: 2 s
-            join 0 0 3.5
-            join 1 0 3.5
-            token 0 0 4.0 token=1
-            token 1 0 4.0 token=1
+            join 0,1 0 3.5
+            token 0,1 0 4.0 token=1
             submit 2 1 4.2
             admit 2 1 4.5
             prefill 2 1 5.5 n_tokens=10  # 1 s
-            token 0 1 6.0 token=1
-            token 1 1 6.0 token=1
+            token 0,1 1 6.0 token=1
             """
         )
     )

@@ -179,6 +179,8 @@ def make_machine(family: str):
                 if family not in PACKED
                 else dict(layout="packed", page_size=page_size, max_num_batched_tokens=max(chunk, max_batch))
             )
+            if layout and max_batch % 2 == 0:  # paced packed forwards (from a draw already made: the
+                layout["pacing"] = True  # examples stay those of the unpaced runs), the clock interrupted
             # what the longest request (300 + 12 tokens) may hold alone: as mlx-lm allocates it, or in pages
             self.unit = (
                 wb.Scheduler(self.model, self.tok, max_batch=max_batch, **layout).ledger.alone_bytes(300, 12)

@@ -43,17 +43,15 @@ def make_machine(folder: str):
         )
         def setup(self, max_batch, chunk, prompt_cache, pacing):
             self.model, self.tok = model_of(folder)
-            self.chunk = chunk
-            self.sched = wb.Scheduler(
-                self.model,
-                self.tok,
+            self.chunk = chunk  # every row's run alone prefills in the same chunks
+            mode = wb.SchedulerConfig(
                 max_batch=max_batch,
                 prefill_step_size=chunk,
                 batch_invariant=True,
-                prompt_cache=prompt_cache,
                 pacing=pacing,
                 history_size=0,
             )
+            self.sched = wb.Scheduler(self.model, self.tok, mode, prompt_cache=prompt_cache)
             self.saved = None
             self.checked: set = set()
 

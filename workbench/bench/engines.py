@@ -40,29 +40,18 @@ class WorkbenchEngine:
 
     Args:
         model, tokenizer: the model under test and any tokenizer (prompts are token ids).
-        max_batch, prefill_step_size, clock: the Scheduler's.
-        **scheduler_kwargs: any other Scheduler keyword (``history_size``,
+        max_batch, prefill_step_size: the Scheduler's.
+        **scheduler_kwargs: any other Scheduler keyword (``clock``, ``history_size``,
             ``interleave_prefill``, ``pipeline``, ...).
     """
 
     name = "workbench"
 
     def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        max_batch: int,
-        prefill_step_size: int,
-        clock: Callable[[], float] = time.perf_counter,
-        **scheduler_kwargs: Any,
+        self, model: Any, tokenizer: Any, max_batch: int, prefill_step_size: int, **scheduler_kwargs: Any
     ):
         self.sched = Scheduler(
-            model,
-            tokenizer,
-            max_batch=max_batch,
-            prefill_step_size=prefill_step_size,
-            clock=clock,
-            **scheduler_kwargs,
+            model, tokenizer, max_batch=max_batch, prefill_step_size=prefill_step_size, **scheduler_kwargs
         )
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:

@@ -62,16 +62,8 @@ from .scenarios import (
 )
 
 # Llama-3.2-1B's shape (tied embeddings): 1.24B parameters, 2.47 GB in bf16.
-LLAMA_1B = ModelShape(
-    "llama-1b",
-    hidden_size=2048,
-    num_hidden_layers=16,
-    intermediate_size=8192,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=64,
-    vocab_size=128256,
-    tie_word_embeddings=True,
+LLAMA_1B = ModelShape.from_proportions(
+    "llama-1b", 2048, 16, 32, 128256, mlp_ratio=4, tie_word_embeddings=True
 )
 ENGINES = (WORKBENCH, FAST_OFF, MLX_LM)  # FAST_OFF: the same engine before the decode fast paths
 

@@ -35,6 +35,48 @@ class ModelShape:
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = False
 
+    @classmethod
+    def from_proportions(
+        cls,
+        name: str,
+        hidden_size: int,
+        num_hidden_layers: int,
+        num_attention_heads: int,
+        vocab_size: int,
+        mlp_ratio: float = 2.75,
+        gqa: int = 4,
+        tie_word_embeddings: bool = False,
+    ) -> ModelShape:
+        """The shape of this width, depth, query heads and vocabulary, the rest in
+        proportion (TinyLlama's and Llama-3's): ``intermediate_size = mlp_ratio *
+        hidden_size``, ``num_key_value_heads = num_attention_heads / gqa`` (query heads per
+        KV head), ``head_dim = hidden_size / num_attention_heads``.
+
+        Raises:
+            ValueError: a size that does not divide (heads into ``hidden_size``, ``gqa``
+                into heads) or an ``intermediate_size`` that is not whole.
+
+        >>> ModelShape.from_proportions("tiny", 256, 4, 8, 4096).intermediate_size
+        704
+        """
+        mlp = mlp_ratio * hidden_size
+        if hidden_size % num_attention_heads or num_attention_heads % gqa or mlp != int(mlp):
+            raise ValueError(
+                f"{name}: num_attention_heads={num_attention_heads} must divide hidden_size={hidden_size}, "
+                f"gqa={gqa} must divide num_attention_heads, mlp_ratio={mlp_ratio} x hidden_size must be whole"
+            )
+        return cls(
+            name,
+            hidden_size,
+            num_hidden_layers,
+            int(mlp),
+            num_attention_heads,
+            num_attention_heads // gqa,
+            hidden_size // num_attention_heads,
+            vocab_size,
+            tie_word_embeddings=tie_word_embeddings,
+        )
+
     def config(self) -> dict[str, Any]:
         """The mlx-lm config dict (``model_type: llama``)."""
         fields = {k: v for k, v in asdict(self).items() if k != "name"}
@@ -51,27 +93,10 @@ class ModelShape:
 
 
 # TinyLlama-1.1B's proportions (GQA 4:1, SwiGLU MLP 2.75x, 32k vocab, untied head) at
-# half its width and about a third of its depth: ~155M parameters.
-FULL = ModelShape(
-    "llama-155m",
-    hidden_size=1024,
-    num_hidden_layers=8,
-    intermediate_size=2816,
-    num_attention_heads=16,
-    num_key_value_heads=4,
-    head_dim=64,
-    vocab_size=32000,
-)
-QUICK = ModelShape(
-    "llama-tiny",
-    hidden_size=256,
-    num_hidden_layers=4,
-    intermediate_size=704,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=32,
-    vocab_size=4096,
-)
+# half its width and about a third of its depth: ~155M parameters. Each: name, hidden size,
+# layers, query heads, vocabulary.
+FULL = ModelShape.from_proportions("llama-155m", 1024, 8, 16, 32000)
+QUICK = ModelShape.from_proportions("llama-tiny", 256, 4, 8, 4096)
 
 
 def make_model(shape: ModelShape, seed: int = 0, dtype: mx.Dtype = mx.float32) -> Any:

@@ -3,7 +3,11 @@ packed layout under each schedule and token budget, every forward priced by the 
 tiny-llama cost model, beside the padded layout and mlx-lm on the same clock.
 
 ``python -m workbench.bench.packed_cost [budget ...]`` prints one markdown table (TTFT and
-ITL p50 / p95 / p99, tokens per second), the same on every run and machine.
+ITL p50 / p95 / p99, tokens per second), the same on every run and machine. Beside each
+budget's three schedules, the hybrid one paced (``pacing=Pacing(itl_target_steps=t,
+cost_model=...)`` at each of :data:`PACED_STEPS`, the charging cost model its prior): each
+forward's prefill tokens capped so its predicted time stays within ``t`` x its decode rows'
+forward (:mod:`workbench.engine.levers.packed_pacing`).
 
 Knows: :mod:`workbench.bench.packed` (the Azure arrivals, the latency rows), the virtual
 clock and cost model of :mod:`workbench.sim`, the cost-clock driver of
@@ -25,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..engine.levers.pacing import Pacing
 from ..observe.events import events_frame
 from ..runtime.loading import DATA_DIR, load
 from ..sim.clocks import VirtualClock
@@ -37,17 +42,24 @@ from .scenarios import MLX_LM
 
 BUDGETS = (32, 64, 512)  # tokens per packed forward
 SCHEDULES = ("hybrid", "prefill-first", "decode-first")
+PACED_STEPS = (2.0, 4.0)  # paced hybrid: the time budget in decode-only forwards
 COST_MODEL = DATA_DIR / "costmodels" / "tiny-llama-linux-x86_64.json"
 
 Build = Callable[[], tuple[Any, VirtualClock, CostedModel]]  # a fresh engine on its own clock
 
 
 def cost_factories(
-    model: Any, tokenizer: Any, cost: CostModel, budgets: Sequence[int] = BUDGETS
+    model: Any,
+    tokenizer: Any,
+    cost: CostModel,
+    budgets: Sequence[int] = BUDGETS,
+    paced_steps: Sequence[float] = PACED_STEPS,
 ) -> dict[str, Build]:
     """Builders of fresh engines on a fresh virtual clock: the packed layout under each of
-    :data:`SCHEDULES` at each budget (``"hybrid, 64"``), then the padded layout and mlx-lm
-    (chunks of :data:`CHUNK_TOKENS`); ``MAX_BATCH`` rows, pages of ``PAGE_TOKENS``."""
+    :data:`SCHEDULES` at each budget (``"hybrid, 64"``) and the hybrid one paced at each of
+    ``paced_steps`` (``"hybrid, 64, paced 2x"``: ``Pacing(itl_target_steps=t,
+    cost_model=cost)``), then the padded layout and mlx-lm (chunks of :data:`CHUNK_TOKENS`);
+    ``MAX_BATCH`` rows, pages of ``PAGE_TOKENS``."""
 
     def build(make: Callable[[CostedModel, VirtualClock], Any]) -> Build:
         def fresh() -> tuple[Any, VirtualClock, CostedModel]:
@@ -57,8 +69,8 @@ def cost_factories(
 
         return fresh
 
-    def packed(schedule: str, budget: int) -> Build:
-        settings = dict(layout="packed", page_size=PAGE_TOKENS, max_num_batched_tokens=budget)
+    def packed(schedule: str, budget: int, pacing: Pacing | None = None) -> Build:
+        settings = dict(layout="packed", page_size=PAGE_TOKENS, max_num_batched_tokens=budget, pacing=pacing)
         return build(
             lambda m, c: TrackedWorkbench(
                 m,
@@ -73,7 +85,13 @@ def cost_factories(
             )
         )
 
-    out = {f"{s}, {b}": packed(s, b) for b in budgets for s in SCHEDULES}
+    out = {}
+    for b in budgets:
+        out |= {f"{s}, {b}": packed(s, b) for s in SCHEDULES}
+        out |= {
+            f"hybrid, {b}, paced {t:g}x": packed("hybrid", b, Pacing(itl_target_steps=t, cost_model=cost))
+            for t in paced_steps
+        }
     out[PADDED] = build(
         lambda m, c: TrackedWorkbench(m, tokenizer, MAX_BATCH, CHUNK_TOKENS, clock=c, history_size=0)
     )

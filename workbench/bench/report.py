@@ -233,7 +233,7 @@ def build_table(result: BenchResult) -> pd.DataFrame:
     add = _adder(rows)
 
     for pair_rows in (DECODE_ROWS, OVERHEAD_ROWS, PACED_DECODE_ROWS):
-        _pair_rows(add, runs, cfg.batch_sizes, pair_rows)
+        _pair_rows(add, runs, cfg.decode.batch_sizes, pair_rows)
     for name, frame, col in (("ttft", result.requests, "ttft_s"), ("itl", result.gaps, "gap_s")):
         ours = percentiles(frame[frame.engine == WORKBENCH][col])
         theirs = percentiles(frame[frame.engine == MLX_LM][col])
@@ -254,11 +254,11 @@ def build_table(result: BenchResult) -> pd.DataFrame:
         result.loaded_requests,
         result.loaded_gaps,
         "_loaded",
-        f"loaded (one arrival every {cfg.latency_loaded_arrival_steps:g} steps)",
+        f"loaded (one arrival every {cfg.latency.loaded_arrival_steps:g} steps)",
     )
     sec = result.join.groupby("method").seconds
     step_s = sec.median()["step"]
-    where = f"1 row into B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
+    where = f"1 row into B={cfg.join.rows} x {cfg.join.context_tokens} tokens"
     for row, method, how in (
         ("join_slot", "free slot", "into a free slot"),
         ("join_extend", "extend", "by extend"),
@@ -287,7 +287,7 @@ def build_table(result: BenchResult) -> pd.DataFrame:
         bound = ref["chunk_s"] + n["step_s"]
         add(
             row,
-            f"head-of-line, {engine}: {cfg.hol_prompt_tokens}-token join, chunk {cfg.hol_chunk_tokens}",
+            f"head-of-line, {engine}: {cfg.hol.prompt_tokens}-token join, chunk {cfg.hol.chunk_tokens}",
             "s",
             n["max_gap_s"],
             bound,
@@ -296,7 +296,7 @@ def build_table(result: BenchResult) -> pd.DataFrame:
             "max gap / (chunk + step)",
         )
     cp = result.checkpoint.set_index("measure").value
-    where = f"B={cfg.join_rows} x {cfg.join_context_tokens} tokens"
+    where = f"B={cfg.join.rows} x {cfg.join.context_tokens} tokens"
     add(
         "checkpoint_take",
         f"checkpoint, taking it, {where}",
@@ -597,8 +597,8 @@ def real_model_line(cfg: Any, meta: dict[str, Any]) -> str:
         f"- second shape, the real model: {meta['real_model']}; {int(meta['real_parameters']) / 1e6:.1f}M "
         f"parameters, the converted weights of `workbench models fetch {REAL_MODEL}`; decode "
         f"runs (the `real_decode` rows, no goal of their own) of the workbench and mlx-lm only at B = "
-        f"{', '.join(map(str, cfg.real_batch_sizes))}: prompts of {cfg.real_prompt_tokens} tokens (its own "
-        f"tokenizer), max_tokens {cfg.real_decode_tokens}, measured runs per engine: {cfg.real_pairs}, after a "
+        f"{', '.join(map(str, cfg.real.batch_sizes))}: prompts of {cfg.real.prompt_tokens} tokens (its own "
+        f"tokenizer), max_tokens {cfg.real.max_tokens}, measured runs per engine: {cfg.real.pairs}, after a "
         f"warm-up, alternating; mlx-lm's tokens equal the workbench's in {meta['real_same_tokens_runs']} runs"
     )
 
@@ -633,19 +633,20 @@ def markdown(result: BenchResult, table: pd.DataFrame, meta: dict[str, Any], not
         "built in memory: speed depends on shapes only; float32 because float16 and bfloat16 decode steps "
         "measured 3-8x slower than float32 at B = 8 and 32 on this CPU: MLX's half-precision CPU matmuls do not "
         "reach the float32 BLAS)",
-        f"- decode runs: B equal requests, prompts of {cfg.prompt_tokens} tokens, max_tokens {cfg.decode_tokens}, "
-        f"greedy, no stop ids, prefill_step_size {cfg.prefill_step_size}, {cfg.pairs} measured runs per engine "
+        f"- decode runs: B equal requests, prompts of {cfg.decode.prompt_tokens} tokens, "
+        f"max_tokens {cfg.decode.max_tokens}, greedy, no stop ids, prefill_step_size {cfg.prefill_step_size}, "
+        f"{cfg.decode.pairs} measured runs per engine "
         f"after a warm-up, alternating (A B C, C B A, ...); mlx-lm's tokens and those of the workbench with "
         f"recording off equal the workbench's of the same round in {meta['same_tokens_runs']} runs",
-        f"- latency: {cfg.latency_requests} requests, prompts {min(result.requests.prompt_tokens)}-"
+        f"- latency: {cfg.latency.requests} requests, prompts {min(result.requests.prompt_tokens)}-"
         f"{max(result.requests.prompt_tokens)} tokens, "
         f"one arrival every {meta['latency_arrival_interval_s'] * 1e3:.0f} ms "
-        f"({cfg.latency_arrival_steps:g} decode steps at B={cfg.latency_max_batch}), "
-        f"max_batch {cfg.latency_max_batch}, "
-        f"{cfg.latency_rounds} round(s) per engine; the workbench also paced (`pacing=Pacing(itl_target_steps=t)`, "
-        f"shortest prompt first with a {cfg.pacing_max_wait_steps:g}-step age bound) at t = "
-        f"{', '.join(f'{t:g}' for t in cfg.pacing_targets)}; the loaded variant: one arrival every "
-        f"{cfg.latency_loaded_arrival_steps:g} steps, paced at the default t = {DEFAULT_TARGET:g}",
+        f"({cfg.latency.arrival_steps:g} decode steps at B={cfg.latency.max_batch}), "
+        f"max_batch {cfg.latency.max_batch}, "
+        f"{cfg.latency.rounds} round(s) per engine; the workbench also paced (`pacing=Pacing(itl_target_steps=t)`, "
+        f"shortest prompt first with a {cfg.pacing.max_wait_steps:g}-step age bound) at t = "
+        f"{', '.join(f'{t:g}' for t in cfg.pacing.targets)}; the loaded variant: one arrival every "
+        f"{cfg.latency.loaded_arrival_steps:g} steps, paced at the default t = {DEFAULT_TARGET:g}",
         real_model_line(cfg, meta),
         "",
         "## Results",

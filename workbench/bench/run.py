@@ -47,86 +47,116 @@ NO_REAL_MODEL = "--no-real-model was given"
 
 
 @dataclass(frozen=True)
+class DecodeSizes:
+    """The decode runs' sizes: at each ``B`` of ``batch_sizes``, ``B`` equal requests of
+    ``prompt_tokens`` prompt tokens and ``max_tokens`` new tokens, ``pairs`` measured runs
+    per engine variant."""
+
+    batch_sizes: tuple[int, ...]
+    prompt_tokens: int
+    max_tokens: int
+    pairs: int
+
+
+@dataclass(frozen=True)
+class LatencySizes:
+    """The staggered-arrival scenario: ``requests`` arrivals into ``max_batch`` rows, one
+    every ``arrival_steps`` decode steps (the loaded variant: every ``loaded_arrival_steps``),
+    ``rounds`` rounds per engine."""
+
+    requests: int
+    max_batch: int
+    arrival_steps: float
+    rounds: int
+    loaded_arrival_steps: float
+
+
+@dataclass(frozen=True)
+class PacingSizes:
+    """The pacing frontier: paced runs at ``targets`` (multiples of the decode step), with a
+    shortest-first age bound of ``max_wait_steps`` decode steps."""
+
+    targets: tuple[float, ...]
+    max_wait_steps: float
+
+
+@dataclass(frozen=True)
+class JoinSizes:
+    """The join (and checkpoint) scenario: one row into a batch of ``rows`` rows of
+    ``context_tokens`` tokens each, ``repeats`` timed repeats."""
+
+    rows: int
+    context_tokens: int
+    repeats: int
+
+
+@dataclass(frozen=True)
+class HolSizes:
+    """The head-of-line scenario: ``rows`` decoding rows while one ``prompt_tokens``-token
+    request joins in chunks of ``chunk_tokens``."""
+
+    rows: int
+    prompt_tokens: int
+    chunk_tokens: int
+
+
+@dataclass(frozen=True)
 class BenchConfig:
-    """Sizes of every scenario: rows, tokens, repeats."""
+    """Sizes of every scenario, one group a scenario (rows, tokens, repeats): ``decode`` on
+    the random-weight ``shape``, ``real`` the same runs on the fetched real model
+    (:mod:`workbench.bench.realmodel`), ``prefill_step_size`` for the decode and latency
+    runs of both engines, ``session_steps`` decode steps of the long session (its first and
+    last 200 compared). :meth:`sizes` flattens them into ``meta.csv``'s keys."""
 
     name: str
     shape: ModelShape
-    batch_sizes: tuple[int, ...]
-    prompt_tokens: int  # decode runs: prompt length of every row
-    decode_tokens: int  # decode runs: max_tokens of every row
-    pairs: int  # decode runs: measured runs per engine variant
-    prefill_step_size: int  # decode and latency runs, both engines
-    latency_requests: int
-    latency_max_batch: int
-    latency_arrival_steps: float  # one arrival every this many decode steps
-    latency_rounds: int
-    latency_loaded_arrival_steps: float  # the loaded variant: one arrival every this many steps
-    pacing_targets: tuple[float, ...]  # the frontier: paced runs at these multiples of the step
-    pacing_max_wait_steps: float  # paced runs' shortest-first age bound, in decode steps
-    join_rows: int
-    join_context_tokens: int
-    join_repeats: int
-    hol_rows: int
-    hol_prompt_tokens: int
-    hol_chunk_tokens: int
-    session_steps: int  # the long-session scenario's decode steps (first and last 200 compared)
-    real_batch_sizes: tuple[int, ...]  # the real model's decode runs (:mod:`workbench.bench.realmodel`)
-    real_prompt_tokens: int
-    real_decode_tokens: int
-    real_pairs: int
+    decode: DecodeSizes
+    prefill_step_size: int
+    latency: LatencySizes
+    pacing: PacingSizes
+    join: JoinSizes
+    hol: HolSizes
+    session_steps: int
+    real: DecodeSizes
+
+    def sizes(self) -> dict[str, Any]:
+        """Every size under one flat key, ``<scenario>_<field>`` (``name`` and ``shape`` left out).
+
+        >>> FULL_CONFIG.sizes()["join_rows"], QUICK_CONFIG.sizes()["real_batch_sizes"]
+        (32, (1, 4))
+        """
+        flat = {}
+        for key, value in asdict(self).items():
+            if key in ("name", "shape"):
+                continue
+            flat |= {f"{key}_{k}": v for k, v in value.items()} if isinstance(value, dict) else {key: value}
+        return flat
 
 
 FULL_CONFIG = BenchConfig(
     "full",
     FULL,
-    batch_sizes=(1, 8, 32),
-    prompt_tokens=16,
-    decode_tokens=24,
-    pairs=8,
+    decode=DecodeSizes(batch_sizes=(1, 8, 32), prompt_tokens=16, max_tokens=24, pairs=8),
     prefill_step_size=512,
-    latency_requests=16,
-    latency_max_batch=8,
-    latency_arrival_steps=8,
-    latency_rounds=2,
-    latency_loaded_arrival_steps=3,
-    pacing_targets=(2, 4, 8),
-    pacing_max_wait_steps=30,
-    join_rows=32,
-    join_context_tokens=1024,
-    join_repeats=3,
-    hol_rows=4,
-    hol_prompt_tokens=4096,
-    hol_chunk_tokens=512,
+    latency=LatencySizes(requests=16, max_batch=8, arrival_steps=8, rounds=2, loaded_arrival_steps=3),
+    pacing=PacingSizes(targets=(2, 4, 8), max_wait_steps=30),
+    join=JoinSizes(rows=32, context_tokens=1024, repeats=3),
+    hol=HolSizes(rows=4, prompt_tokens=4096, chunk_tokens=512),
     session_steps=30_000,
-    real_batch_sizes=(1, 8, 32),
-    real_prompt_tokens=8,
-    real_decode_tokens=8,
-    real_pairs=2,
+    real=DecodeSizes(batch_sizes=(1, 8, 32), prompt_tokens=8, max_tokens=8, pairs=2),
 )
 QUICK_CONFIG = replace(  # the same scenarios, smaller: only the sizes that differ from full
     FULL_CONFIG,
     name="quick",
     shape=QUICK,
-    batch_sizes=(1, 8),
-    decode_tokens=16,
-    pairs=3,
+    decode=replace(FULL_CONFIG.decode, batch_sizes=(1, 8), max_tokens=16, pairs=3),
     prefill_step_size=128,
-    latency_requests=6,
-    latency_max_batch=4,
-    latency_arrival_steps=4,
-    latency_rounds=1,
-    latency_loaded_arrival_steps=2,
-    pacing_targets=(DEFAULT_TARGET,),  # the paced rows read the default target's runs
-    join_rows=8,
-    join_context_tokens=256,
-    hol_rows=2,
-    hol_prompt_tokens=512,
-    hol_chunk_tokens=64,
+    latency=LatencySizes(requests=6, max_batch=4, arrival_steps=4, rounds=1, loaded_arrival_steps=2),
+    pacing=replace(FULL_CONFIG.pacing, targets=(DEFAULT_TARGET,)),  # the paced rows read the default's runs
+    join=replace(FULL_CONFIG.join, rows=8, context_tokens=256),
+    hol=HolSizes(rows=2, prompt_tokens=512, chunk_tokens=64),
     session_steps=600,
-    real_batch_sizes=(1, 4),
-    real_decode_tokens=6,
-    real_pairs=1,
+    real=replace(FULL_CONFIG.real, batch_sizes=(1, 4), max_tokens=6, pairs=1),
 )
 
 
@@ -139,7 +169,7 @@ class BenchResult:
     runs: pd.DataFrame  # decode runs: engine, B, pair, tok_per_s, window_s, tokens, step_s, same_tokens
     requests: pd.DataFrame  # latency (staggered): engine, round, uid, prompt_tokens, ttft_s, tpot_s, ...
     gaps: pd.DataFrame  # latency (staggered): engine, round, uid, gap_s
-    loaded_requests: pd.DataFrame  # the same, arrivals latency_loaded_arrival_steps apart
+    loaded_requests: pd.DataFrame  # the same, arrivals latency.loaded_arrival_steps apart
     loaded_gaps: pd.DataFrame
     join: pd.DataFrame  # method, seconds
     hol: pd.DataFrame  # engine, kind, uid, time_s, role
@@ -168,8 +198,8 @@ def roofline_frame(
     cost = decode_cost(model)
     med = runs.groupby(["engine", "B"]).tok_per_s.median()
     rows = []
-    for B in cfg.batch_sizes:
-        context = cfg.prompt_tokens + cfg.decode_tokens / 2
+    for B in cfg.decode.batch_sizes:
+        context = cfg.decode.prompt_tokens + cfg.decode.max_tokens / 2
         rows.append(
             {
                 "case": f"decode B={B}",
@@ -183,13 +213,13 @@ def roofline_frame(
     step_s = join[join.method == "step"].seconds.median()
     rows.append(
         {
-            "case": f"bare forward B={cfg.join_rows}",
-            "B": cfg.join_rows,
-            "context_tokens": cfg.join_context_tokens,
+            "case": f"bare forward B={cfg.join.rows}",
+            "B": cfg.join.rows,
+            "context_tokens": cfg.join.context_tokens,
             **bounds_tok_per_s(
-                cost, cfg.join_rows, cfg.join_context_tokens, bandwidth_bytes_per_s, flops_per_s
+                cost, cfg.join.rows, cfg.join.context_tokens, bandwidth_bytes_per_s, flops_per_s
             ),
-            "workbench_tok_per_s": cfg.join_rows / step_s,
+            "workbench_tok_per_s": cfg.join.rows / step_s,
             "mlx_lm_tok_per_s": float("nan"),
         }
     )
@@ -229,64 +259,64 @@ def run_bench(
         [
             decode_runs(
                 engine_factories(model, tokenizer, B, cfg.prefill_step_size, names),
-                equal_prompts(tokenizer, B, cfg.prompt_tokens),
-                cfg.decode_tokens,
-                cfg.pairs,
+                equal_prompts(tokenizer, B, cfg.decode.prompt_tokens),
+                cfg.decode.max_tokens,
+                cfg.decode.pairs,
                 echo,
             )
-            for B in cfg.batch_sizes
+            for B in cfg.decode.batch_sizes
         ],
         ignore_index=True,
     )
 
-    near = min(cfg.batch_sizes, key=lambda b: abs(b - cfg.latency_max_batch))
+    near = min(cfg.decode.batch_sizes, key=lambda b: abs(b - cfg.latency.max_batch))
     step_s = runs[runs.B == near].step_s.median()
-    interval_s = cfg.latency_arrival_steps * step_s
+    interval_s = cfg.latency.arrival_steps * step_s
     frontier = lambda interval, targets: frontier_runs(  # noqa: E731
         model,
         tokenizer,
-        staggered_arrivals(tokenizer, cfg.latency_requests, interval),
-        cfg.latency_max_batch,
+        staggered_arrivals(tokenizer, cfg.latency.requests, interval),
+        cfg.latency.max_batch,
         cfg.prefill_step_size,
         targets,
-        cfg.latency_rounds,
-        max_wait_s=cfg.pacing_max_wait_steps * step_s,
+        cfg.latency.rounds,
+        max_wait_s=cfg.pacing.max_wait_steps * step_s,
         echo=echo,
     )
     section("staggered-arrival latency and the pacing frontier")
-    requests, gaps = frontier(interval_s, cfg.pacing_targets)
+    requests, gaps = frontier(interval_s, cfg.pacing.targets)
     section("loaded staggered arrivals")
-    loaded_requests, loaded_gaps = frontier(cfg.latency_loaded_arrival_steps * step_s, (DEFAULT_TARGET,))
+    loaded_requests, loaded_gaps = frontier(cfg.latency.loaded_arrival_steps * step_s, (DEFAULT_TARGET,))
 
     section("join cost")
-    join = join_cost(model, cfg.join_rows, cfg.join_context_tokens, cfg.join_repeats)
+    join = join_cost(model, cfg.join.rows, cfg.join.context_tokens, cfg.join.repeats)
 
     section("head-of-line")
     hol = head_of_line(
         engine_factories(
-            model, tokenizer, cfg.hol_rows + 1, cfg.hol_chunk_tokens, (WORKBENCH, MLX_LM, PREFILL_FIRST)
+            model, tokenizer, cfg.hol.rows + 1, cfg.hol.chunk_tokens, (WORKBENCH, MLX_LM, PREFILL_FIRST)
         ),
         tokenizer,
-        cfg.hol_rows,
-        cfg.hol_prompt_tokens,
-        cfg.hol_chunk_tokens,
+        cfg.hol.rows,
+        cfg.hol.prompt_tokens,
+        cfg.hol.chunk_tokens,
         echo=echo,
     )
 
     section("checkpoint")
-    checkpoint = checkpoint_cost(model, cfg.join_rows, cfg.join_context_tokens, cfg.join_repeats)
+    checkpoint = checkpoint_cost(model, cfg.join.rows, cfg.join.context_tokens, cfg.join.repeats)
 
     section(f"long session ({cfg.session_steps:,} steps, bundled model)")
     session = session_cost(*load(), cfg.session_steps)
 
     section(
-        f"real model: decode throughput (alternating runs), B = {', '.join(map(str, cfg.real_batch_sizes))}"
+        f"real model: decode throughput (alternating runs), B = {', '.join(map(str, cfg.real.batch_sizes))}"
     )
     real_runs, real_meta = real_decode_runs(
-        cfg.real_batch_sizes,
-        cfg.real_prompt_tokens,
-        cfg.real_decode_tokens,
-        cfg.real_pairs,
+        cfg.real.batch_sizes,
+        cfg.real.prompt_tokens,
+        cfg.real.max_tokens,
+        cfg.real.pairs,
         cfg.prefill_step_size,
         echo,
         skip=None if real_model else NO_REAL_MODEL,
@@ -299,10 +329,9 @@ def run_bench(
     loads.append(load_1min())
     bar.update(1)
     bar.close()
-    sizes = {k: v for k, v in asdict(cfg).items() if k not in ("name", "shape")}
     meta = {
         "mode": cfg.name,
-        **sizes,
+        **cfg.sizes(),
         "model": cfg.shape.describe(),
         "parameters": parameter_count(model),
         "dtype": "float32",

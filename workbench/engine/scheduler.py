@@ -40,6 +40,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -64,6 +65,7 @@ from .kv.ledger import KVLedger, measured_memory
 from .kv.promptcache import PromptCache
 from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
 from .levers.pacing import Pacer, pacing_from
+from .levers.packed_pacing import PackedPacer
 from .packed import families as packed_families
 from .packed.batch import PackedBatch
 from .packed.ledger import PageLedger
@@ -181,7 +183,7 @@ class Scheduler:
         self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)
         self.pacing = pacing_from(cfg.pacing)
-        self.pacer = None if self.pacing is None else Pacer(self.pacing, cfg.prefill_step_size)
+        self.pacer = self._pacer()
         self.ledger = KVLedger(
             self.recipe.profile(),
             cfg,
@@ -193,6 +195,16 @@ class Scheduler:
         if self.packed:
             self._use_pages()
         self._in_call = False
+
+    def _pacer(self) -> Pacer | None:
+        """The pacing's running estimates: a :class:`PackedPacer` (per-forward token caps)
+        in the packed layout, a :class:`Pacer` (prefill chunks per ``admit()``) in the
+        padded one; ``None`` with pacing off."""
+        if self.pacing is None:
+            return None
+        if self.packed:
+            return PackedPacer(self.pacing, self.config.token_budget)
+        return Pacer(self.pacing, self.config.prefill_step_size)
 
     def _speculation(self, quant: Any) -> Any:
         """The speculation settings checked against the model and the other levers
@@ -597,12 +609,17 @@ class Scheduler:
             mx.async_eval(*current.outputs)
         nxt = self._launch_packed(current) if cfg.pipeline and current.uids else None
         read = current.pending.read() if current.pending is not None else mx.eval(*current.outputs)
+        if self.pacer is not None:  # the forward's measured time; the next one's starts now
+            read_s = self.clock()
+            self.pacer.observe(current.paced, read_s)
+            if nxt is not None:
+                nxt.paced = self.pacer.started(nxt.paced, read_s)
         if nxt is not None:
             mx.async_eval(*nxt.outputs)  # after the read: the pools are written in place then
         batch.launched = nxt
         out, finished = self._read_packed(current, read)
         batch.after_read(nxt)
-        batch.last_chunks = current.chunks
+        batch.last_chunks, batch.last_paced = current.chunks, current.paced
         for row, held in zip(batch.rows, batch.held):
             row.fed = max(0, held - len(row.valid.prompt_ids))
         st.step_index += 1
@@ -621,6 +638,11 @@ class Scheduler:
         chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
         if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
             return None
+        paced = None
+        if self.pacer is not None:  # prefill tokens capped to the time budget
+            plan = partial(batch.plan, schedule=cfg.packed_schedule, unread=unread)
+            paced = self.pacer.choose(plan, chunks, self.clock())
+            chunks = paced.chunks
 
         def sample(logits: mx.array, sampled: list[int]) -> Pending:
             rows = [batch.rows[b] for b in sampled]
@@ -631,7 +653,9 @@ class Scheduler:
             index = [len(r.tokens) + (r.uid in unread) for r in rows]
             return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
-        return batch.launch(self.model, chunks, sample, after)
+        launched = batch.launch(self.model, chunks, sample, after)
+        launched.paced = paced
+        return launched
 
     def _read_packed(self, current: Any, read: tuple | None) -> tuple[list[Event], list[Event]]:
         """The events of a read packed forward: ``prefill`` per prefill chunk, then per

@@ -111,6 +111,18 @@ class RequestState:
         preempted request (it resumes where it stopped)."""
         return list(self.valid.prompt_ids) + self.tokens
 
+    @property
+    def n_inputs(self) -> int:
+        """``len(inputs)`` (prompt plus generated tokens), without building the list."""
+        return len(self.valid.prompt_ids) + len(self.tokens)
+
+    def inputs_slice(self, start: int, end: int) -> list[int]:
+        """``inputs[start:end]`` (``0 <= start <= end``), without building the whole list."""
+        n = len(self.valid.prompt_ids)
+        if start >= n:
+            return self.tokens[start - n : end - n]
+        return list(self.valid.prompt_ids[start:end]) + self.tokens[: max(end - n, 0)]
+
     def finish(self, reason: str, message: str = "") -> None:
         """Mark it FINISHED with ``reason`` (one of ``workbench.engine.request.FINISH_REASONS``)."""
         self.status, self.finish_reason, self.message = Status.FINISHED, reason, message

@@ -74,6 +74,10 @@ class PackedState:
         token_budget: most tokens one packed forward carries (``max_num_batched_tokens``).
         cached_pages: with prefix caching, the pages no request holds that keep a cached
             prefix, least recently used first (``None``: prefix caching off).
+        paced_tokens: with pacing (``Scheduler(pacing=...)``), most tokens the time budget
+            let the latest forward carry (``<= token_budget``; ``None``: pacing off).
+        predicted_s: with pacing, that forward's predicted seconds (``None``: unknown/off).
+        time_budget_s: with pacing, its time budget in seconds (``inf``: no running row).
     """
 
     page_size: int
@@ -85,6 +89,9 @@ class PackedState:
     last_chunks: tuple[Chunk, ...] = ()
     token_budget: int = 0
     cached_pages: tuple[int, ...] | None = None
+    paced_tokens: int | None = None
+    predicted_s: float | None = None
+    time_budget_s: float | None = None
 
     @property
     def used_pages(self) -> int:
@@ -113,8 +120,12 @@ class PackedState:
         return sum(n for _, n in self.held_tokens) * self.page_bytes // self.page_size
 
     def text(self) -> str:
-        """ASCII form: the page table and the latest forward's chunks."""
-        return page_table_text(self) + "\n" + chunks_text(self.last_chunks, self.token_budget)
+        """ASCII form: the page table, the latest forward's chunks (and with pacing, its
+        time budget: :func:`pacing_text`)."""
+        paced = pacing_text(self)
+        return "\n".join(
+            [page_table_text(self), chunks_text(self.last_chunks, self.token_budget)] + [paced] * bool(paced)
+        )
 
 
 def packed_layout(chunks: Sequence[Chunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -203,6 +214,20 @@ def chunks_text(chunks: Sequence[Chunk], token_budget: int = 0) -> str:
     return "\n".join(lines)
 
 
+def pacing_text(state: PackedState) -> str:
+    """With pacing, one line on the latest forward's time budget, e.g. ``paced: at most 40
+    tokens, predicted 9.1 ms of a 12.0 ms budget``; ``""`` with pacing off."""
+    if state.paced_tokens is None:
+        return ""
+    ms = lambda s: "unknown" if s is None else f"{s * 1e3:.1f} ms"  # noqa: E731
+    budget = (
+        "no time budget (no running row)"
+        if state.time_budget_s == float("inf")
+        else f"a {ms(state.time_budget_s)} budget"
+    )
+    return f"paced: at most {state.paced_tokens} tokens, predicted {ms(state.predicted_s)} of {budget}"
+
+
 def budget_split(chunks: Sequence[Chunk]) -> dict[str, int]:
     """``{"decode_tokens", "prefill_tokens", "tokens"}`` of one forward's chunks."""
     d = sum(c.n_tokens for c in chunks if c.kind == DECODE)
@@ -213,12 +238,16 @@ def budget_split(chunks: Sequence[Chunk]) -> dict[str, int]:
 @dataclass(frozen=True)
 class BudgetRow:
     """One packed forward's budget use: ``step`` (decode steps completed after it),
-    ``decode_tokens``, ``prefill_tokens``, ``budget_tokens``."""
+    ``decode_tokens``, ``prefill_tokens``, ``budget_tokens``; with pacing ``paced_tokens``
+    (the cap its time budget set), ``predicted_s`` and ``time_budget_s`` (seconds), else ``None``."""
 
     step: int
     decode_tokens: int
     prefill_tokens: int
     budget_tokens: int = field(default=0)
+    paced_tokens: int | None = None
+    predicted_s: float | None = None
+    time_budget_s: float | None = None
 
 
 def budget_rows(snapshots: Sequence) -> list[BudgetRow]:
@@ -232,5 +261,15 @@ def budget_rows(snapshots: Sequence) -> list[BudgetRow]:
             continue
         seen = (snap.step, packed.last_chunks)
         split = budget_split(packed.last_chunks)
-        out.append(BudgetRow(snap.step, split["decode_tokens"], split["prefill_tokens"], packed.token_budget))
+        out.append(
+            BudgetRow(
+                snap.step,
+                split["decode_tokens"],
+                split["prefill_tokens"],
+                packed.token_budget,
+                packed.paced_tokens,
+                packed.predicted_s,
+                packed.time_budget_s,
+            )
+        )
     return out

@@ -17,6 +17,7 @@ Axis letters: ``B`` rows, ``K`` input features, ``S`` cached positions.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -414,15 +415,16 @@ def default_row_divergence(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[Any],
-    batch_size: int = 8,
+    batch_size: int | None = None,
     max_tokens: int = 8,
     prefill_step_size: int = 64,
 ) -> Any:
     """Where batching changes a row on the default path: the first ``batch_size`` of
-    ``prompts`` run at once (default mode, every step's checkpoint kept), the first row
-    whose log-probs differ from its run alone (:func:`alone`) at a decode token (index
-    ``>= 1``), and that token's forward re-run batched and alone with every layer recorded
-    (:func:`workbench.verify.layers.localize`: ``.table`` has ``max_abs_delta`` per layer).
+    ``prompts`` (default: all of them) run at once (default mode, every step's checkpoint
+    kept), the first row whose log-probs differ from its run alone (:func:`alone`) at a
+    decode token (index ``>= 1``), and that token's forward re-run batched and alone with
+    every layer recorded (:func:`workbench.verify.layers.localize`: ``.table`` has
+    ``max_abs_delta`` per layer).
     ``None`` when every row's decode tokens are bit-equal to alone."""
     from .layers import localize
 
@@ -430,7 +432,7 @@ def default_row_divergence(
     sched = Scheduler(
         model,
         tokenizer,
-        max_batch=batch_size,
+        max_batch=max(len(reqs), 1),
         prefill_step_size=prefill_step_size,
         history_checkpoints=max_tokens + 2,
     )
@@ -454,16 +456,21 @@ def _request(p: Any, max_tokens: int) -> Request:
     return Request(prompt=p, max_tokens=max_tokens)
 
 
-def audit(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[Any],
-    batch_sizes: Sequence[int] = (8,),
-    max_tokens: int = 16,
-) -> Audit:
+def audit(model: Any, tokenizer: Any, prompts: Sequence[Any], **grid_settings: Any) -> Audit:
     """The variance audit of ``model`` on this device: :func:`projection_findings`,
     :func:`attention_findings` (at the model's head shape and dtype),
-    :func:`rowwise_findings` and :func:`end_to_end` of :func:`step_grids`."""
+    :func:`rowwise_findings` and :func:`end_to_end` of
+    ``step_grids(model, tokenizer, prompts, **grid_settings)`` (:func:`step_grids`' settings:
+    ``batch_sizes`` (default ``(8,)``), ``max_tokens`` (16), ``prefill_step_size`` (64),
+    ``modes``).
+
+    Raises:
+        ValueError: fewer ``prompts`` than the largest batch size (:func:`step_grids`).
+        TypeError: a keyword :func:`step_grids` does not take.
+
+    >>> audit(model, tokenizer, prompts, batch_sizes=(4,)).end_to_end[("invariant", 4)]  # doctest: +SKIP
+    (4, 4)
+    """
     from ..runtime.device import device_report
 
     args = getattr(model, "args", None)
@@ -480,8 +487,12 @@ def audit(
     )
     ops = projection_findings(model) + attention_findings(heads, kv_heads, head_dim, dtype=dtype)
     ops += rowwise_findings(dtype=dtype)
-    grids = step_grids(model, tokenizer, prompts, batch_sizes, max_tokens)
+    grids = step_grids(model, tokenizer, prompts, **grid_settings)
     return Audit(device_report().text(), ops, end_to_end(grids))
+
+
+# Shift-Tab / help() show step_grids' settings as audit's own parameters (its real signature).
+audit.__signature__ = inspect.signature(step_grids).replace(return_annotation=Audit)  # type: ignore[attr-defined]
 
 
 # -- the lesson of notebooks/15_batch_invariance.ipynb -----------------------------------

@@ -25,6 +25,7 @@ from ..observe.packed import (
     budget_rows,
     chunks_text,
     mask_text,
+    pacing_text,
     packed_layout,
     packed_mask,
     page_table_text,
@@ -45,12 +46,15 @@ def _packed(snap) -> PackedState:
 
 
 def packed_text(snap) -> str:
-    """The snapshot's page table, its latest forward's chunks and their packed mask."""
+    """The snapshot's page table, its latest forward's chunks (with pacing, its time
+    budget) and their packed mask."""
     state = _packed(snap)
+    paced = pacing_text(state)
     return "\n".join(
         [
             page_table_text(state),
             chunks_text(state.last_chunks, state.token_budget),
+            *([paced] if paced else []),
             mask_text(state.last_chunks),
         ]
     )
@@ -150,16 +154,38 @@ def render_page_table(snap, width_in: float = 9.0) -> Figure:
 
 
 def budget_text(history: Sequence) -> str:
-    """One line per packed forward of ``history``: step, decode and prefill tokens, budget."""
+    """One line per packed forward of ``history``: step, decode and prefill tokens, budget;
+    with pacing also the token cap its time budget set (``paced``) and its predicted and
+    budgeted milliseconds."""
     rows = budget_rows(history)
-    lines = ["step  decode  prefill  budget"]
-    lines += [f"{r.step:>4}  {r.decode_tokens:>6}  {r.prefill_tokens:>7}  {r.budget_tokens:>6}" for r in rows]
+    paced = any(r.paced_tokens is not None for r in rows)
+    lines = ["step  decode  prefill  budget" + ("  paced  predicted_ms  budget_ms" if paced else "")]
+    for r in rows:
+        line = f"{r.step:>4}  {r.decode_tokens:>6}  {r.prefill_tokens:>7}  {r.budget_tokens:>6}"
+        if paced:
+            line += f"  {_or_dash(r.paced_tokens):>5}  {_ms(r.predicted_s):>12}  {_ms(r.time_budget_s):>9}"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return (
+        "-"
+        if seconds is None or np.isnan(seconds)
+        else "inf"
+        if np.isinf(seconds)
+        else f"{seconds * 1e3:.2f}"
+    )
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def render_token_budget(history: Sequence, width_in: float = 9.0) -> Figure:
     """Stacked bars per packed forward of ``history``: decode tokens and prefill tokens,
-    with the token budget as a line."""
+    with the token budget as a line and, with pacing, each forward's cap from its time
+    budget (a tick, where below the token budget)."""
     rows = budget_rows(history)
     fig = Figure(figsize=(width_in, 3.0), layout="constrained")
     ax = fig.add_subplot()
@@ -172,6 +198,13 @@ def render_token_budget(history: Sequence, width_in: float = 9.0) -> Figure:
         ax.axhline(
             rows[-1].budget_tokens, color=style.EDGE, linestyle="--", linewidth=1, label="token budget"
         )
+    capped = [
+        (r.step, r.paced_tokens)
+        for r in rows
+        if r.paced_tokens is not None and r.paced_tokens < r.budget_tokens
+    ]
+    if capped:  # pacing: the cap each forward's time budget set, where it was below the token budget
+        ax.scatter(*zip(*capped), marker="_", s=120, color=style.EDGE, label="time budget's cap")
     ax.set_xlabel("step (after the forward)")
     ax.set_ylabel("tokens in the forward")
     ax.set_title("token budget per iteration: decode + prefill", fontsize="medium", loc="left")

@@ -54,7 +54,9 @@ class Pacing:
             8: an iteration carries at most about seven steps' worth of prefill and
             joins; the frontier across targets: ``docs/pacing.md``).
         min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
-            an iteration that has run nothing yet runs at least this much.
+            an iteration that has run nothing yet runs at least this much. In the packed
+            layout (:mod:`workbench.engine.levers.packed_pacing`) a forward with prefill
+            waiting carries at least this many prefill tokens, over its budget if it must.
         cost_model: a prior :class:`~workbench.engine.levers.cost.CostModel` for this model and
             machine (``workbench.CostModel.load(path)``), corrected by measurements; or
             ``None`` to learn the costs from this engine's own forwards.

@@ -46,6 +46,7 @@ from ...observe.packed import Chunk, packed_mask
 from . import cuda_attention
 from .cuda_attention import DecodePages
 from .grouped import Groups, grouped_attention, groups_of, paged_sdpa
+from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 
 
@@ -218,17 +219,18 @@ def lm_logits(model: Any, h: mx.array) -> mx.array:
     return model.lm_head(h)
 
 
-def layer_inputs(table: PageTable, chunks: Sequence[Chunk]) -> dict[str, np.ndarray]:
+def layer_inputs(
+    table: PageTable, chunks: Sequence[Chunk], index: ForwardIndex | None = None
+) -> dict[str, np.ndarray]:
     """The index arrays of one packed forward: ``write`` ``[T]``, ``positions`` ``[T]``
-    and ``sampled`` ``[R]`` (packed index of each sampling chunk's last token)."""
-    positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
-    write = [s for c in chunks for s in table.slots(c.uid, c.start, c.end)]
-    ends = np.cumsum([c.n_tokens for c in chunks]) - 1
-    return dict(
-        write=np.array(write, np.int32),
-        positions=positions.astype(np.int32),
-        sampled=np.array([e for c, e in zip(chunks, ends, strict=True) if c.samples], np.int32),
-    )
+    and ``sampled`` ``[R]`` (packed index of each sampling chunk's last token), from
+    ``index`` (:func:`~workbench.engine.packed.indices.forward_index`, made when ``None``).
+
+    Raises:
+        ValueError: a chunk beyond its request's pages."""
+    index = forward_index(table, chunks) if index is None else index
+    index.check(chunks)
+    return dict(write=index.write(), positions=index.positions(), sampled=index.sampled())
 
 
 def paged_layers(
@@ -239,14 +241,18 @@ def paged_layers(
     arrays: dict,
     masked: bool = False,
     decode_kernel: bool = False,
+    index: ForwardIndex | None = None,
 ) -> list[PagedLayer]:
     """One :class:`PagedLayer` per layer: by groups (default; with ``decode_kernel`` the
     leading decode rows by :mod:`~workbench.engine.packed.cuda_attention`), or ``masked``
-    (every request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is)."""
+    (every request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is);
+    ``index``: the forward's :class:`~workbench.engine.packed.indices.ForwardIndex` (made
+    when ``None``)."""
     write, positions = mx.array(arrays["write"]), mx.array(arrays["positions"])
     if not masked:
-        decode = cuda_attention.decode_pages(table, chunks) if decode_kernel else None
-        groups = groups_of(table, chunks[decode.n_rows :] if decode else chunks)
+        index = forward_index(table, chunks) if index is None else index
+        decode = cuda_attention.decode_pages(table, chunks, index) if decode_kernel else None
+        groups = groups_of(table, chunks, index, decode.n_rows if decode else 0)
         return [PagedLayer(pools, i, write, positions, groups=groups, decode=decode) for i in range(n_layers)]
     gather = mx.array(np.array(table.gather_slots([(c.uid, c.end) for c in chunks]), np.int32))
     mask = mx.array(packed_mask(chunks))
@@ -275,13 +281,14 @@ def packed_forward(
     Raises:
         ValueError: a chunk beyond its request's pages.
     """
-    arrays = layer_inputs(table, chunks)
+    index = forward_index(table, chunks)
+    arrays = layer_inputs(table, chunks, index)
     pools.slots = max(pools.slots, table.capacity * table.page_size)
     inner = model.model
     kernel = not masked and cuda_attention.selected(
         decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0]
     )
-    caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked, kernel)
+    caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked, kernel, index)
     with per_token_rope(inner), paged_sdpa(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed

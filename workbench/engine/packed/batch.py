@@ -58,6 +58,8 @@ class Launched:
         outputs: the arrays whose evaluation runs it (``pending``'s, or the pools).
         deferred: chunks ending at a token unread when it was built; their full pages are
             indexed once that token is read (:meth:`PackedBatch.after_read`).
+        paced: with pacing, the pacer's decision on it (its token cap, predicted and
+            budgeted seconds: ``workbench.engine.levers.packed_pacing.PacedForward``, frozen).
     """
 
     chunks: tuple[Chunk, ...]
@@ -65,11 +67,12 @@ class Launched:
     pending: Pending | None
     outputs: list[mx.array]
     deferred: tuple[Chunk, ...] = ()
+    paced: Any = None
 
     def clone(self) -> "Launched":
         """A copy sharing the arrays (nothing writes them in place)."""
         pending = None if self.pending is None else self.pending.clone()
-        return Launched(self.chunks, self.uids, pending, list(self.outputs), self.deferred)
+        return Launched(self.chunks, self.uids, pending, list(self.outputs), self.deferred, self.paced)
 
 
 class PackedBatch:
@@ -89,6 +92,7 @@ class PackedBatch:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
         table: the :class:`PageTable`. pools: the :class:`Pools`.
         last_chunks: the chunks of the latest packed forward whose tokens were read.
+        last_paced: with pacing, the pacer's decision on that forward (``None``: off).
         follows: follower uid -> its leader's uid (samples waiting for one prefill).
         sampled: row indices the latest forward's logits are for, in order.
         launched: the forward launched before the previous one's tokens were read
@@ -117,6 +121,7 @@ class PackedBatch:
         self.table = PageTable(page_size, max_pages, cache_pages)
         self.pools = Pools(n_layers)
         self.last_chunks: tuple[Chunk, ...] = ()
+        self.last_paced: Any = None
         self.follows: dict[int, int] = {}
         self.sampled: list[int] = []
         self.launched: Launched | None = None
@@ -156,6 +161,8 @@ class PackedBatch:
     def _promote(self, leaving: Sequence[int] = ()) -> None:
         """A follower whose leader finished or is ``leaving`` (uids) takes its leader's
         pages and progress and leads the others; a finished follower stops following."""
+        if not self.follows:
+            return
         alive = {r.uid for r in self.rows if not r.finished and r.uid not in set(leaving)}
         held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         for b, f in [(b, r.uid) for b, r in enumerate(self.rows) if r.uid in self.follows]:
@@ -175,7 +182,7 @@ class PackedBatch:
         known and decodes it, unless it is its last (``max_tokens``: it finishes on the read)."""
         self._promote()
         return [
-            Want(r.uid, h, len(r.inputs) + (r.uid in unread), r.status is Status.RUNNING or r.uid in unread)
+            Want(r.uid, h, r.n_inputs + (r.uid in unread), r.status is Status.RUNNING or r.uid in unread)
             for r, h in zip(self.rows, self.held, strict=True)
             if not r.finished
             and r.uid not in self.follows
@@ -196,10 +203,7 @@ class PackedBatch:
         Returns the logits ``[R, V]`` of the rows that sample (:attr:`sampled`: each
         sampling chunk's row, then its followers)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
-        copies = []
-        for c in chunks:
-            copies += self.table.copy_on_write(c.uid, c.start, c.end)
-            self.table.reserve(c.uid, c.end)
+        copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
         have = self.pools.slots // self.page_size
         if self.table.capacity > have:
             grown = max(self.table.capacity, have + math.ceil(have / GROWTH))
@@ -216,9 +220,10 @@ class PackedBatch:
             self._tokens(chunks, after),
             decode_kernel=self.decode_kernel,
         )
+        indexing = self.table.index is not None  # prefix caching: index the pages filled
         for c in chunks:
             self.held[by_uid[c.uid]] = c.end
-            if c.end <= len(self.rows[by_uid[c.uid]].inputs):
+            if indexing and c.end <= self.rows[by_uid[c.uid]].n_inputs:
                 self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
         return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
 
@@ -226,13 +231,15 @@ class PackedBatch:
         """The chunks' tokens ``[T]`` uint32: their rows' inputs, and where a chunk ends
         past them, the token ``after`` sampled for that row (unread, lazy)."""
         rows = {r.uid: r for r in self.rows}
+        unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
         tokens, at, src = [], [], []
         for c in chunks:
-            known = rows[c.uid].inputs[c.start : c.end]
+            r = rows[c.uid]
+            known = r.inputs_slice(c.start, c.end) if c.start < r.n_inputs else []
             tokens += known
             if len(known) < c.n_tokens:  # a decode chunk of the row's unread token
                 at.append(len(tokens))
-                src.append(after.uids.index(c.uid))
+                src.append(unread[c.uid])
                 tokens.append(0)
         out = mx.array(tokens, dtype=mx.uint32)
         if at:
@@ -243,21 +250,27 @@ class PackedBatch:
         """Once a forward's tokens are read: a row's held tokens are at most its known ones
         (a token fed ahead that the row did not keep: an error, an abort), and the pages of
         ``launched``'s deferred chunks are indexed where their rows kept that token."""
-        for b, r in enumerate(self.rows):
-            self.held[b] = min(self.held[b], len(r.inputs))
+        self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
         rows = {r.uid: r for r in self.rows}
-        for c in () if launched is None else launched.deferred:
+        for c in () if launched is None or self.table.index is None else launched.deferred:
             r = rows.get(c.uid)
-            if r is not None and not r.finished and len(r.inputs) >= c.end:
+            if r is not None and not r.finished and r.n_inputs >= c.end:
                 self.table.register(c.uid, r.inputs, c.start, c.end)
 
     def _fan_out(self, logits: mx.array, sampling: list[int]) -> mx.array:
         """Each sampling row's followers take its pages and its logits row; sets
         :attr:`sampled`. Returns ``logits`` ``[R, V]`` with a row repeated per follower."""
+        if not self.follows:  # no sample waits for a leader: nothing to fan out
+            self.sampled = list(sampling)
+            return logits
+        followers: dict[int, list[int]] = {}  # leader uid -> its followers' row indices, row order
+        for f, r in enumerate(self.rows):
+            if r.uid in self.follows:
+                followers.setdefault(self.follows[r.uid], []).append(f)
         self.sampled, take = [], []
         for i, b in enumerate(sampling):
             lead = self.rows[b].uid
-            joined = [f for f, r in enumerate(self.rows) if self.follows.get(r.uid) == lead]
+            joined = followers.get(lead, [])
             for f in joined:
                 self.table.fork(lead, self.rows[f].uid)
                 self.held[f] = self.held[b]
@@ -277,7 +290,7 @@ class PackedBatch:
         and its sampling, ``sample(logits [R, V], row indices)`` -> a lazy
         :class:`~workbench.engine.decode.Pending`. Returns the :class:`Launched`, not
         started (``mx.async_eval(*launched.outputs)`` starts it)."""
-        known = {r.uid: len(r.inputs) for r in self.rows}
+        known = {r.uid: r.n_inputs for r in self.rows}
         logits = self.forward(model, chunks, after)
         rows = list(self.sampled)
         pending = sample(logits, rows) if rows else None
@@ -325,14 +338,16 @@ class PackedBatch:
             self.pools.clone(share_appended),
             self.last_chunks,
         )
-        out.follows, out.sampled = dict(self.follows), list(self.sampled)
+        out.follows, out.sampled, out.last_paced = dict(self.follows), list(self.sampled), self.last_paced
         out.launched = None if self.launched is None else self.launched.clone()
         return out
 
     def state(self, token_budget: int) -> PackedState:
-        """The frozen :class:`PackedState` now."""
+        """The frozen :class:`PackedState` now (with pacing, the latest forward's token cap
+        and its predicted and budgeted seconds from :attr:`last_paced`)."""
         held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         pages = tuple((r.uid, tuple(self.table.pages[r.uid])) for r in self.rows if r.uid in self.table.pages)
+        paced = self.last_paced
         return PackedState(
             self.page_size,
             self.page_bytes,
@@ -343,6 +358,7 @@ class PackedBatch:
             self.last_chunks,
             token_budget,
             None if self.table.index is None else tuple(self.table.cached),
+            *((None, None, None) if paced is None else (paced.token_cap, paced.predicted_s, paced.budget_s)),
         )
 
     def problems(self) -> list[str]:

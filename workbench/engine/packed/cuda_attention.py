@@ -44,6 +44,7 @@ import numpy as np
 
 from ...observe.packed import DECODE, Chunk
 from .grouped import Groups, grouped_attention
+from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 
 HEAD_DIMS = (32, 64, 128)  # head dims served: head_dim / VEC lanes per token must divide 32
@@ -280,26 +281,27 @@ def leading_decodes(chunks: Sequence[Chunk]) -> int:
     return next((i for i, c in enumerate(chunks) if c.kind != DECODE or c.n_tokens != 1), len(chunks))
 
 
-def decode_pages(table: PageTable, chunks: Sequence[Chunk]) -> DecodePages | None:
-    """The :class:`DecodePages` of ``chunks``' leading decode rows over ``table``; ``None``
-    when the forward has none.
+def decode_pages(
+    table: PageTable, chunks: Sequence[Chunk], index: ForwardIndex | None = None
+) -> DecodePages | None:
+    """The :class:`DecodePages` of ``chunks``' leading decode rows over ``table``, from
+    ``index`` (the :class:`~workbench.engine.packed.indices.ForwardIndex` of ``chunks``; made
+    when ``None``); ``None`` when the forward has none.
 
     Raises:
         ValueError: a row whose length runs beyond its pages.
     """
-    rows = chunks[: leading_decodes(chunks)]
-    if not rows:
+    R = leading_decodes(chunks)
+    if not R:
         return None
-    P = table.page_size
-    pages = [table.pages.get(c.uid, [])[: table.pages_for(c.end)] for c in rows]
-    for c, have in zip(rows, pages, strict=True):
-        if len(have) * P < c.end:
-            raise ValueError(f"uid {c.uid}: {c.end} keys but only {len(have)} page(s) of {P}")
-    grid = np.zeros((len(rows), max(len(p) for p in pages)), np.int32)
-    for r, have in enumerate(pages):
-        grid[r, : len(have)] = have
-    lengths = [c.end for c in rows]
-    return DecodePages(len(rows), mx.array(grid), mx.array(np.array(lengths, np.int32)), P, max(lengths))
+    index = forward_index(table, chunks[:R]) if index is None else index
+    P, ends = table.page_size, index.ends[:R]
+    bad = np.flatnonzero(index.held[:R] * P < ends)
+    if bad.size:
+        c = chunks[bad[0]]
+        raise ValueError(f"uid {c.uid}: {c.end} keys but only {index.held[bad[0]]} page(s) of {P}")
+    grid = index.page_grid(0, R)
+    return DecodePages(R, mx.array(grid), mx.array(ends.astype(np.int32)), P, int(ends.max()))
 
 
 def serves(n_heads: int, pool: mx.array | None) -> bool:

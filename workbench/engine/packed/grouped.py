@@ -38,6 +38,7 @@ import mlx.core as mx
 import numpy as np
 
 from ...observe.packed import DECODE, Chunk
+from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 
 
@@ -62,25 +63,30 @@ class Groups:
     flat: dict = field(default_factory=dict, compare=False, repr=False)
 
 
-def groups_of(table: PageTable, chunks: Sequence[Chunk]) -> Groups:
-    """The :class:`Groups` of ``chunks`` over ``table``'s pages."""
+def groups_of(
+    table: PageTable, chunks: Sequence[Chunk], index: ForwardIndex | None = None, skip: int = 0
+) -> Groups:
+    """The :class:`Groups` of ``chunks[skip:]`` over ``table``'s pages (their first tokens
+    counted from ``chunks[skip]``'s), from ``index`` (the
+    :class:`~workbench.engine.packed.indices.ForwardIndex` of all ``chunks``; made when ``None``).
+
+    Raises:
+        ValueError: a chunk beyond its request's pages."""
+    index = forward_index(table, chunks) if index is None else index
+    index.check(chunks)
     n = 0
-    while n < len(chunks) and chunks[n].kind == DECODE and chunks[n].n_tokens == 1:
+    while skip + n < len(chunks) and chunks[skip + n].kind == DECODE and chunks[skip + n].n_tokens == 1:
         n += 1
     slots, mask = None, None
     if n:
-        ends = [c.end for c in chunks[:n]]
-        L = max(ends)
-        grid = np.zeros((n, L), np.int32)
-        for r, c in enumerate(chunks[:n]):
-            grid[r, : c.end] = table.slots(c.uid, 0, c.end)
-        slots = mx.array(grid)
-        if min(ends) < L:
-            mask = mx.array(np.arange(L)[None, :] < np.array(ends)[:, None])[:, None, None, :]
+        ends = index.ends[skip : skip + n]
+        slots = mx.array(index.slot_grid(skip, skip + n))
+        if ends.min() < ends.max():
+            mask = mx.array(np.arange(int(ends.max()))[None, :] < ends[:, None])[:, None, None, :]
     rest, at = [], n
-    for c in chunks[n:]:
-        rest.append((at, c.n_tokens, mx.array(np.array(table.slots(c.uid, 0, c.end), np.int32))))
-        at += c.n_tokens
+    for i in range(skip + n, len(chunks)):
+        rest.append((at, chunks[i].n_tokens, mx.array(index.slot_grid(i, i + 1)[0])))
+        at += chunks[i].n_tokens
     return Groups(n, slots, mask, tuple(rest))
 
 
@@ -115,7 +121,7 @@ def grouped_attention(
     outs = []
     R = groups.n_decode
     if R:
-        q = mx.swapaxes(queries[0, :, :R], 0, 1)[:, :, None]  # [R, H, 1, D]
+        q = (queries if queries.shape[2] == R else queries[:, :, :R]).transpose(2, 1, 0, 3)  # [R, H, 1, D]
         k, v = (
             _gather(keys_pool, groups.decode_slots, groups),
             _gather(values_pool, groups.decode_slots, groups),
@@ -123,7 +129,7 @@ def grouped_attention(
         o = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=groups.decode_mask
         )  # [R, H, 1, D]
-        outs.append(mx.swapaxes(o[:, :, 0], 0, 1)[None])  # [1, H, R, D]
+        outs.append(o.transpose(2, 1, 0, 3))  # [1, H, R, D]: one view each way, no copy
     for first, n, slots in groups.chunks:
         k, v = (
             _gather(keys_pool, slots, groups)[None],

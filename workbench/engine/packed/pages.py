@@ -142,6 +142,21 @@ class PageTable:
                 pages[i] = copy
         return out
 
+    def prepare(self, spans: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
+        """Before a forward writes each ``(uid, start, end)`` span: :meth:`copy_on_write`
+        then :meth:`reserve` for each, in order (a span within one page its request holds
+        alone, a decode token's usual case, costs one look-up). Returns the ``(source,
+        copy)`` pairs of every span."""
+        P, out = self.page_size, []
+        for uid, start, end in spans:
+            pages = self.pages.get(uid, ())
+            first, last = start // P, min(-(-end // P), len(pages))
+            if last - first > 1 or (last > first and self.refs[pages[first]] > 1):
+                out += self.copy_on_write(uid, start, end)
+            if len(pages) * P < end:
+                self.reserve(uid, end)
+        return out
+
     def register(self, uid: int, tokens: Sequence[int], start: int, end: int) -> None:
         """Index ``uid``'s pages filled by writing positions ``start .. end - 1`` (its
         ``tokens`` are its known tokens); a page whose parent is not indexed, or whose key

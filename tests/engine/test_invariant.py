@@ -252,6 +252,9 @@ def test_with_openblas_the_mode_is_bit_exact_where_the_default_path_is_not(monke
     print("OpenBLAS, rows bit-equal to alone:", out.stdout.strip().replace("\n", "; "))
 
 
+TINY_LESSON = {"long_prompt": list(range(40, 60)), "batch_sizes": (1, 2), "max_tokens": 2}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
 def test_the_optimized_blas_lesson_runs_in_its_own_process_while_this_one_runs_its_own(monkeypatch):
     with monkeypatch.context() as m:
@@ -259,7 +262,7 @@ def test_the_optimized_blas_lesson_runs_in_its_own_process_while_this_one_runs_i
         library = find_blas()
     if library is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
-    args = {"long_prompt": list(range(40, 60)), "batch_sizes": (1, 2), "max_tokens": 2}
+    args = TINY_LESSON
     started = invariance.start_lesson_with_optimized_blas(DIVERGENCE_PROMPTS[:2], **args)
     assert started.running  # returned at once: the other process is still loading
     here = invariance.lesson(DIVERGENCE_PROMPTS[:2], **args)
@@ -273,6 +276,20 @@ def test_the_optimized_blas_lesson_runs_in_its_own_process_while_this_one_runs_i
     )
     with pytest.raises(RuntimeError, match="(?s)process failed: .*prompts: 2 given"):
         failing.result()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
+def test_each_blas_runs_the_lesson_once_the_one_this_process_lacks_in_a_fresh_process(monkeypatch):
+    with monkeypatch.context() as m:
+        m.delenv("WORKBENCH_BLAS", raising=False)
+        library = find_blas()
+        # a kernel on the optimized BLAS (no WORKBENCH_BLAS) starts the reference one
+        started = invariance.start_lesson_with_reference_blas(DIVERGENCE_PROMPTS[:2], **TINY_LESSON)
+    if library is None:
+        pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
+    assert started.result().library is None
+    reference, optimized, note = invariance.lessons_on_both_blas(DIVERGENCE_PROMPTS[:2], **TINY_LESSON)
+    assert (reference.library, optimized.library, note) == (None, library, None)
 
 
 def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules():
@@ -289,12 +306,14 @@ def test_step_grids_mark_each_token_and_chunk_findings_compare_chunk_schedules()
     ]
     mode = grids[-1]
     assert mode.equal.shape == (4, 5) and mode.n_equal_rows == 4 and mode.first_differences() == [None] * 4
+    # same token, other log-prob (0) is told apart from another token or a missing one (2)
     assert invariance.compare_steps(([1, 2, 3], [-0.5, -0.1, -0.2]), ([1, 2], [-0.5, -0.3]), 4).tolist() == [
         1,
         0,
-        0,
+        2,
         -1,
     ]
+    assert invariance.compare_steps(([1, 7], [-0.5, -0.1]), ([1, 2], [-0.5, -0.1]), 2).tolist() == [1, 2]
     assert invariance.end_to_end(invariance.step_grids(model, tok, prompts, (4,), 5, CHUNK))[
         ("invariant", 4)
     ] == (4, 4)

@@ -25,6 +25,18 @@ def test_render_grids_draws_one_panel_per_grid():
     assert len(fig.axes) == 2 and "1/3 rows equal" in fig.axes[0].get_title()
 
 
+def test_render_grids_tells_a_changed_token_from_a_last_bit_log_prob_and_lists_only_what_it_draws():
+    grids = [StepGrid("default", 2, np.array([[1, 0, 2], [0, 0, 1]], dtype=np.int8))]
+    fig = view.render_grids(grids, "t")
+    ax = fig.axes[0]
+    pixels = ax.images[0].get_array()
+    assert tuple(pixels[0, 1]) != tuple(pixels[0, 2]) != tuple(pixels[0, 0])  # three colours
+    hatched = [(p.get_x(), p.get_y()) for p in ax.patches if p.get_hatch()]
+    assert hatched == [(1.5, -0.5)]  # only the changed token (row 0, token 2)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["bit-equal to alone", "same token, log-prob differs (last bits)", "another token"]
+
+
 def test_ops_and_chunks_text_give_verdicts_and_magnitudes_only_when_asked():
     ops = [
         OpFinding(

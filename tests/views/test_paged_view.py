@@ -50,6 +50,7 @@ def test_the_legend_sits_below_the_panels_and_covers_no_data():
     assert all(not legend.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
     assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 9
     assert fig.get_figwidth() * 100 <= 968  # fits a JupyterLab output area at the inline 100 dpi, unscaled
+    assert fig.get_figheight() * 100 <= 700  # and its height, legend included, a 1400 x 900 window's
     assert smallest_text_px(fig, 100) >= 12.5  # 9 pt and more
 
 

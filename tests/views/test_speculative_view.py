@@ -26,6 +26,17 @@ def test_the_figure_has_a_lane_per_drafting_row_and_its_acceptance_rate():
     assert heights == [0.8, 0.4, 0.2, 0.0]
 
 
+def test_a_full_bar_is_num_draft_tokens_and_tokens_per_forward_sit_after_the_rate_bar():
+    fig = render_drafts(hand_events(), num_draft_tokens=8)
+    lanes, rates = fig.axes
+    assert "a full bar: 8 drafts" in lanes.get_title(loc="left")
+    assert round(lanes.patches[0].get_height(), 3) == round(4 / 8 * 0.8, 3)  # uid 0 accepted 4 at step 0
+    labels = {t.get_text(): t.get_position()[0] for t in rates.texts}
+    assert labels == {"2.75 tok/fwd": pytest.approx(7 / 11 + 0.04), "1.25 tok/fwd": pytest.approx(0.29)}
+    assert all(x > p.get_width() for x, p in zip(labels.values(), rates.patches))  # outside the 0-1 bar
+    assert not rates.yaxis.get_major_ticks()[0].tick1line.get_visible()  # no tick before a label
+
+
 def test_the_figure_fits_a_jupyterlab_output_area_at_100_percent():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

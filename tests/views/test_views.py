@@ -300,6 +300,15 @@ def test_render_timelines_draws_one_panel_per_run_on_shared_axes(two_request_eve
         views.render_timelines({})
 
 
+def test_runs_side_by_side_fit_a_jupyterlab_output_area_unscaled(two_request_events):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = views.render_timelines({"a": two_request_events, "b": two_request_events})
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    assert fig.get_tightbbox(canvas.get_renderer()).width * 100 <= 968  # 1111 px before
+
+
 def test_render_timeline_refuses_an_unknown_axis(two_request_events):
     with pytest.raises(ValueError, match="x must be one of"):
         views.render_timeline(two_request_events, x="tokens")

@@ -5,10 +5,14 @@ import numpy as np
 import pytest
 
 from workbench.workloads.traces import (
+    CONV_LIMITS,
     TRACE_DIR_ENV,
+    TRACE_FILES,
+    conv_window_or_standin,
     fit_lengths,
     read_azure_trace,
     trace_dir,
+    trace_missing,
     trace_path,
     trace_workload,
     window,
@@ -83,6 +87,30 @@ def test_the_trace_folder_follows_the_environment_variable(monkeypatch, tmp_path
         trace_path("conv")
     with pytest.raises(ValueError, match="conv"):
         trace_path("chat")
+
+
+def test_without_the_trace_the_conv_window_falls_back_to_a_labelled_synthetic_stand_in(
+    monkeypatch, tmp_path, bundled
+):
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
+    missing = trace_missing("conv")
+    assert TRACE_DIR_ENV in missing and str(tmp_path) in missing and "\n" not in missing
+    w = conv_window_or_standin(bundled[1])
+    assert w.name == "synthetic stand-in for conv 10:00+12 s" and len(w) == 59
+    f = w.frame()
+    assert f.prompt_tokens.max() <= CONV_LIMITS["max_prompt_tokens"]
+    assert f.max_tokens.max() <= CONV_LIMITS["max_output_tokens"]
+    assert 100 < f.prompt_tokens.median() < 500 and 15 < f.max_tokens.median() < 90
+    assert w == conv_window_or_standin(bundled[1])  # seeded
+
+
+def test_with_the_trace_the_conv_window_is_the_real_one(monkeypatch, tmp_path, small_trace, bundled):
+    (tmp_path / TRACE_FILES["conv"]).write_text(small_trace.read_text())
+    monkeypatch.setenv(TRACE_DIR_ENV, str(tmp_path))
+    assert trace_missing("conv") is None
+    w = conv_window_or_standin(bundled[1], name="real")
+    assert w.name == "real"  # the hand-made trace has nothing at minute 10: an empty window
+    assert len(w) == 0
 
 
 def _real(name):

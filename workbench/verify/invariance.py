@@ -272,7 +272,7 @@ class Audit:
         return "\n".join(lines)
 
 
-EQUAL, DIFFERS, NO_TOKEN = 1, 0, -1  # the values of StepGrid.equal
+EQUAL, DIFFERS, NO_TOKEN, TOKEN_DIFFERS = 1, 0, -1, 2  # the values of StepGrid.equal
 
 
 @dataclass(frozen=True)
@@ -282,9 +282,10 @@ class StepGrid:
     Attributes:
         mode: ``"default"`` or ``"invariant"``. batch_size: ``B``.
         equal: ``[B, T]`` int8 (``T = max_tokens``): :data:`EQUAL` where the row's token
-            ``t`` and its log-prob are bit-equal to alone, :data:`DIFFERS` where either
-            differs (or only one side has a token ``t``), :data:`NO_TOKEN` where neither
-            has one (both stopped earlier).
+            ``t`` and its log-prob are bit-equal to alone, :data:`DIFFERS` where the token
+            is the same and only its log-prob differs (last bits), :data:`TOKEN_DIFFERS`
+            where the token itself differs (or only one side has a token ``t``),
+            :data:`NO_TOKEN` where neither has one (both stopped earlier).
     """
 
     mode: str
@@ -294,28 +295,35 @@ class StepGrid:
     @property
     def n_equal_rows(self) -> int:
         """Rows equal to alone at every token."""
-        return int((self.equal != DIFFERS).all(axis=1).sum())
+        return int(((self.equal == EQUAL) | (self.equal == NO_TOKEN)).all(axis=1).sum())
 
     def first_differences(self) -> list[int | None]:
         """Per row, the first token index that differs (``None``: equal throughout)."""
-        return [int((r == DIFFERS).argmax()) if (r == DIFFERS).any() else None for r in self.equal]
+        differs = (self.equal == DIFFERS) | (self.equal == TOKEN_DIFFERS)
+        return [int(r.argmax()) if r.any() else None for r in differs]
 
 
 def compare_steps(
     got: tuple[Sequence[int], Sequence[float]], ref: tuple[Sequence[int], Sequence[float]], max_tokens: int
 ) -> Any:
-    """``[max_tokens]`` int8 of :data:`EQUAL` / :data:`DIFFERS` / :data:`NO_TOKEN` for one
-    row's ``(tokens, log-probs)`` against its reference's.
+    """``[max_tokens]`` int8 of :data:`EQUAL` / :data:`DIFFERS` (same token, other log-prob)
+    / :data:`TOKEN_DIFFERS` / :data:`NO_TOKEN` for one row's ``(tokens, log-probs)`` against
+    its reference's.
 
     >>> compare_steps(([1, 2, 3], [-.5, -.1, -.2]), ([1, 2], [-.5, -.3]), 4).tolist()
-    [1, 0, 0, -1]
+    [1, 0, 2, -1]
+    >>> compare_steps(([1, 7], [-.5, -.1]), ([1, 2], [-.5, -.1]), 2).tolist()
+    [1, 2]
     """
     import numpy as np
 
     out = np.full(max_tokens, NO_TOKEN, dtype=np.int8)
     a, b = list(zip(*got)), list(zip(*ref))
     for t in range(min(max_tokens, max(len(a), len(b)))):
-        out[t] = EQUAL if t < len(a) and t < len(b) and a[t] == b[t] else DIFFERS
+        if t >= len(a) or t >= len(b) or a[t][0] != b[t][0]:
+            out[t] = TOKEN_DIFFERS
+        else:
+            out[t] = EQUAL if a[t][1] == b[t][1] else DIFFERS
     return out
 
 
@@ -436,7 +444,7 @@ def default_row_divergence(
             alone(model, tokenizer, r, prefill_step_size, batch_invariant=False),
             max_tokens,
         )
-        later = [t for t in range(1, len(sched.tokens(u))) if diffs[t] == DIFFERS]
+        later = [t for t in range(1, len(sched.tokens(u))) if diffs[t] in (DIFFERS, TOKEN_DIFFERS)]
         if later:
             return localize(sched, u, token=later[0])
     return None
@@ -602,10 +610,6 @@ def start_lesson_with_optimized_blas(
             without ``WORKBENCH_BLAS``).
     """
     import os
-    import pickle
-    import subprocess
-    import sys
-    import tempfile
 
     from ..runtime.blas import INSTALL_HINT, find_blas
 
@@ -618,6 +622,27 @@ def start_lesson_with_optimized_blas(
             os.environ["WORKBENCH_BLAS"] = saved
     if found is None:
         raise RuntimeError(f"no optimized BLAS installed to compare with ({INSTALL_HINT})")
+    return _start_lesson(env, prompts, timeout_s, kwargs)
+
+
+def start_lesson_with_reference_blas(
+    prompts: Sequence[Any], timeout_s: float = 300, **kwargs: Any
+) -> OptimizedBlasLesson:
+    """:func:`start_lesson_with_optimized_blas`'s twin for a process that runs the optimized
+    BLAS itself (a JupyterLab kernel): the fresh process runs with ``WORKBENCH_BLAS=off``,
+    MLX's bundled reference BLAS. Returns at once; ``.result()`` waits for its :class:`Lesson`."""
+    import os
+
+    return _start_lesson({**os.environ, "WORKBENCH_BLAS": "off"}, prompts, timeout_s, kwargs)
+
+
+def _start_lesson(env: dict, prompts: Sequence[Any], timeout_s: float, kwargs: dict) -> OptimizedBlasLesson:
+    """:func:`lesson` in a fresh Python process with environment ``env``."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
     code = (
         "import pickle, sys\nfrom workbench.verify import invariance\n"
         "sys.stdout.buffer.write(pickle.dumps(invariance.lesson(**pickle.loads(sys.stdin.buffer.read()))))"
@@ -629,3 +654,32 @@ def start_lesson_with_optimized_blas(
     process.stdin.write(pickle.dumps({"prompts": list(prompts), **kwargs}))
     process.stdin.close()  # the process reads its arguments to the end, then runs
     return OptimizedBlasLesson(process, out, err, timeout_s)
+
+
+def lessons_on_both_blas(
+    prompts: Sequence[Any], timeout_s: float = 300, **kwargs: Any
+) -> tuple[Lesson, Lesson | None, str | None]:
+    """:func:`lesson` on MLX's reference BLAS and on the optimized BLAS, each run once: the
+    one this process has (``blas.STATUS``) here, the other at the same time in a fresh
+    process (:func:`start_lesson_with_reference_blas` or
+    :func:`start_lesson_with_optimized_blas`).
+
+    Returns:
+        ``(reference, optimized, note)``: ``optimized`` is ``None`` when no optimized BLAS
+        is installed, and ``note`` then says so (the install hint); else ``note`` is ``None``.
+
+    Raises:
+        RuntimeError: the other process failed (its stderr's tail) or ran past ``timeout_s``.
+    """
+    from ..runtime import blas
+
+    if blas.STATUS.library is not None:  # this process is on the optimized BLAS
+        started = start_lesson_with_reference_blas(prompts, timeout_s, **kwargs)
+        optimized = lesson(prompts, **kwargs)
+        return started.result(), optimized, None
+    try:
+        started = start_lesson_with_optimized_blas(prompts, timeout_s, **kwargs)
+    except RuntimeError as exc:
+        return lesson(prompts, **kwargs), None, str(exc)
+    reference = lesson(prompts, **kwargs)
+    return reference, started.result(), None

@@ -1,8 +1,8 @@
 """Batch invariance: rows of a batched run against their runs alone, token by token, and
 the operations that change a row's bits (:mod:`workbench.verify.invariance`).
 
-Knows: :class:`~workbench.verify.invariance.StepGrid`, ``OpFinding``, ``ChunkFinding``,
-matplotlib. Must not know: the engine, models; every form is a pure function of them.
+Knows: :class:`~workbench.verify.invariance.StepGrid` (and its cell values), ``OpFinding``,
+``ChunkFinding``, matplotlib. Must not know: the engine, models; every form is a pure function of them.
 
 Text forms (what nbval compares: counts and verdicts, no float noise)::
 
@@ -12,9 +12,11 @@ Text forms (what nbval compares: counts and verdicts, no float noise)::
     operation                          default     in the mode  mode's choice
     lm_head Linear 128->4096 float32   bit-equal   bit-equal    blocks of 1 rows (padded to 1)
 
-Rich form: one panel per grid, rows (up) by generated tokens (across), a cell green where
-the row's token and log-prob are bit-equal to alone, red where they differ, white where
-neither run has that token.
+Rich form: one panel per grid, rows (up) by generated tokens (across), a cell in the
+verdict's "equal" colour where the row's token and log-prob are bit-equal to alone, a light
+"differs" colour where the token is the same and only its log-prob differs (last bits), the
+full "differs" colour hatched where the token itself changed, blank where neither run has
+that token.
 """
 
 from __future__ import annotations
@@ -22,12 +24,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
+from ..verify.invariance import DIFFERS, EQUAL, NO_TOKEN, TOKEN_DIFFERS
 from . import style
 
-EQUAL_COLOR, DIFFERS_COLOR, NONE_COLOR = style.GOOD, style.BAD, style.LATER
+# (StepGrid value, legend label, colour, hatch): a changed token is the verdict's colour, hatched;
+# a same token whose log-prob differs in its last bits is the same colour, lighter
+CATEGORIES = (
+    (EQUAL, "bit-equal to alone", style.GOOD, None),
+    (DIFFERS, "same token, log-prob differs (last bits)", to_rgba(style.BAD, 0.35), None),
+    (TOKEN_DIFFERS, "another token", style.BAD, style.BAD_HATCH),
+    (NO_TOKEN, "no token (both stopped)", style.LATER, None),
+)
 
 
 def grids_text(grids: Sequence) -> str:
@@ -45,36 +57,38 @@ def grids_text(grids: Sequence) -> str:
     return "\n".join(lines)
 
 
+def _cell_colours(equal: np.ndarray) -> np.ndarray:
+    """``[B, T, 4]`` RGBA of a grid's cells (see :data:`CATEGORIES`)."""
+    out = np.zeros((*equal.shape, 4))
+    for value, _, colour, _ in CATEGORIES:
+        out[equal == value] = to_rgba(colour)
+    return out
+
+
 def render_grids(grids: Sequence, title: str = "") -> Figure:
     """Rows x tokens panels, one per grid (see the module docstring), at most 9.4 in wide
-    (shown unscaled in a JupyterLab output area)."""
+    (shown unscaled in a JupyterLab output area). A changed token (hatched) and a token whose
+    log-prob alone differs in its last bits (light) are told apart; the legend lists only the
+    categories drawn."""
     fig = Figure(figsize=(min(9.4, 3.2 * len(grids)), 4.2), layout="constrained")  # unscaled at 100 dpi
-    cmap = ListedColormap([NONE_COLOR, DIFFERS_COLOR, EQUAL_COLOR])  # -1, 0, 1
     axes = fig.subplots(1, len(grids), squeeze=False)[0]
     for ax, g in zip(axes, grids):
-        ax.imshow(
-            np.asarray(g.equal) + 1,
-            cmap=cmap,
-            vmin=0,
-            vmax=2,
-            aspect="auto",
-            interpolation="nearest",
-            origin="lower",
-        )
-        rows, tokens = np.nonzero(np.asarray(g.equal) == 0)  # a cross on each differing cell
-        ax.scatter(tokens, rows, marker="x", s=10, c="white", linewidths=0.7)
+        equal = np.asarray(g.equal)
+        ax.imshow(_cell_colours(equal), aspect="auto", interpolation="nearest", origin="lower")
+        for row, t in zip(*np.nonzero(equal == TOKEN_DIFFERS)):
+            ax.add_patch(
+                Rectangle((t - 0.5, row - 0.5), 1, 1, fill=False, hatch=style.BAD_HATCH, linewidth=0)
+            )
         ax.set_title(f"{g.mode}, B = {g.batch_size}\n{g.n_equal_rows}/{g.batch_size} rows equal", fontsize=10)
         ax.set_xlabel("generated token")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].set_ylabel("row (request)")
     if title:
         fig.suptitle(title, fontsize=11)
+    drawn = set(np.unique(np.concatenate([np.asarray(g.equal).ravel() for g in grids]))) if grids else set()
     style.legend(
-        fig,
-        [
-            ("bit-equal to alone", EQUAL_COLOR),
-            ("differs (token or log-prob)", DIFFERS_COLOR, style.BAD_HATCH),
-        ]
-        + ([("no token", NONE_COLOR)] if any((np.asarray(g.equal) < 0).any() for g in grids) else []),
+        fig, [(label, colour, hatch) for value, label, colour, hatch in CATEGORIES if value in drawn]
     )
     return fig
 

@@ -83,21 +83,28 @@ def drafts_text(
     return "\n".join(lines)
 
 
+RATE_XLIM = 1.9  # the rate axis runs past 1 to hold each bar's "tokens per forward" label
+
+
 def render_drafts(
     events: Sequence[Event] | pd.DataFrame,
     title: str | None = None,
     width_in: float = 9.2,
     height_in: float | None = None,
     last_steps: int | None = None,
+    num_draft_tokens: int | None = None,
 ) -> Figure:
-    """Rich form: one lane per uid over the decode steps, a green bar of the accepted and
-    a red bar of the rejected draft tokens at each step; beside it, each uid's acceptance
-    rate and tokens per verify forward.
+    """Rich form: one lane per uid over the decode steps, a bar of the accepted and a bar
+    of the rejected draft tokens at each step (a full bar: ``num_draft_tokens``); beside it,
+    each uid's acceptance rate (a 0-1 bar) with its tokens per verify forward written after
+    the bar, outside it.
 
     Args:
         width_in, height_in: the figure's size in inches (height default: 0.5 per uid + 1.8);
             the default width fits a JupyterLab output area (968 px) at 100 dpi, unscaled.
         last_steps: draw only the latest ``last_steps`` decode steps (default: all).
+        num_draft_tokens: the scheduler's drafts per step, the height of a full bar
+            (default: the most drafts any step fed).
 
     Raises:
         ValueError: ``last_steps < 1``.
@@ -109,8 +116,8 @@ def render_drafts(
     fig = Figure(figsize=(width_in, height_in or 0.5 * max(U, 1) + 1.8), layout="constrained")
     if title:
         fig.suptitle(title)
-    lanes, rates = fig.subplots(1, 2, width_ratios=[4, 1], sharey=True)
-    k = max(1, int(drafted.max()) if drafted.size else 1)
+    lanes, rates = fig.subplots(1, 2, width_ratios=[3.4, 1.6], sharey=True)
+    k = num_draft_tokens or max(1, int(drafted.max()) if drafted.size else 1)
     steps = np.arange(T)[cols]
     drafted, accepted = drafted[:, cols], accepted[:, cols]
     for i in range(U):
@@ -131,10 +138,13 @@ def render_drafts(
     lanes.set_title(f"draft tokens per step (a full bar: {k} drafts)", fontsize="small", loc="left")
     rate = [table.loc[u].acceptance_rate for u in uids]
     rates.barh(range(U), rate, color=ACCEPTED)
-    for i, u in enumerate(uids):
-        rates.text(0.02, i, f"{table.loc[u].tokens_per_forward:.2f} tok/fwd", va="center", fontsize="small")
-    rates.set_xlim(0, 1)
-    rates.set_xlabel("acceptance rate")
+    for i, u in enumerate(uids):  # after the bar, not inside it: another unit than the bar's
+        tpf = table.loc[u].tokens_per_forward
+        rates.text(rate[i] + 0.04, i, f"{tpf:.2f} tok/fwd", va="center", fontsize="small")
+    rates.set_xlim(0, RATE_XLIM)
+    rates.set_xticks([0, 0.5, 1])
+    rates.tick_params(left=False)  # no tick mark before the label (it read as a minus sign)
+    rates.set_xlabel("acceptance rate (0-1)")
     style.legend(
         fig, [("accepted draft token", ACCEPTED), ("rejected draft token", REJECTED, style.BAD_HATCH)]
     )

@@ -165,6 +165,11 @@ def render_timeline(
     return fig
 
 
+# runs side by side fit a JupyterLab output area (968 px at a 1400 px window) at the inline 100 dpi:
+# two panels at 5.5 in each were 1111 px, shown shrunk to 87%
+TIMELINES_WIDTH_IN = 9.4
+
+
 def render_timelines(runs: dict[str, pd.DataFrame], x: str = "step") -> Figure:
     """Timelines of several runs side by side, one panel per run on shared axes (e.g. two
     forks of one scheduler that made different admission choices).
@@ -179,7 +184,8 @@ def render_timelines(runs: dict[str, pd.DataFrame], x: str = "step") -> Figure:
     if not runs:
         raise ValueError("render_timelines needs at least one run (title -> events)")
     rows = max(ev.uid.nunique() for ev in runs.values())
-    fig = Figure(figsize=(5.5 * len(runs), 0.35 * max(4, rows) + 1.4), layout="constrained")
+    width_in = min(TIMELINES_WIDTH_IN, 5.5 * len(runs))  # 5.5 in a panel, at most an output area's width
+    fig = Figure(figsize=(width_in, 0.35 * max(4, rows) + 1.4), layout="constrained")
     axes = fig.subplots(1, len(runs), sharex=True, sharey=True, squeeze=False)[0]
     shown = set().union(*(_draw(ax, events, title, x) for ax, (title, events) in zip(axes, runs.items())))
     _legend(axes[-1], shown)

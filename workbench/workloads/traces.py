@@ -34,7 +34,8 @@ import pandas as pd
 
 from ..engine.request import Request
 from ..runtime.loading import DATA_DIR
-from .workload import Workload, synthesize_prompts
+from .distributions import LogNormal
+from .workload import Workload, synthesize_prompts, synthetic
 
 TRACE_DIR_ENV = "WORKBENCH_TRACE_DIR"
 DEFAULT_TRACE_DIR = DATA_DIR.parent.parent / "shared" / "data" / "azure-llm-inference-2023"
@@ -68,6 +69,24 @@ def trace_path(name: str = "conv") -> Path:
             "(from github.com/Azure/AzurePublicDataset)"
         )
     return path
+
+
+def trace_missing(name: str = "conv") -> str | None:
+    """One line saying that the ``conv`` or ``code`` trace is absent, where it was looked for
+    and how to point at it (``$WORKBENCH_TRACE_DIR``); ``None`` when :func:`trace_path` finds it.
+
+    Raises:
+        ValueError: for another name.
+    """
+    try:
+        trace_path(name)
+    except FileNotFoundError:
+        return (
+            f"No Azure {name} trace in {trace_dir()}: set ${TRACE_DIR_ENV} to a folder holding "
+            f"{TRACE_FILES[name]} (github.com/Azure/AzurePublicDataset, AzureLLMInferenceDataset2023) "
+            "to replay the real trace."
+        )
+    return None
 
 
 def read_azure_trace(path: str | Path) -> pd.DataFrame:
@@ -205,3 +224,27 @@ def conv_window(tokenizer: Any, name: str | None = None) -> Workload:
     return trace_workload(
         read_azure_trace(trace_path("conv")), tokenizer, seed=0, name=name, **CONV_WINDOW, **CONV_LIMITS
     )
+
+
+# a synthetic stand-in for CONV_WINDOW, fitted to it (request count, rate, length medians and
+# log-spreads, caps): what notebooks 06 and 12 replay where the trace is absent.
+CONV_STANDIN = dict(
+    n_requests=59,
+    rate_per_s=16.4,
+    prompt_tokens=LogNormal(260, 0.9, high=CONV_LIMITS["max_prompt_tokens"]),
+    output_tokens=LogNormal(42, 0.8, high=CONV_LIMITS["max_output_tokens"]),
+)
+
+
+def conv_window_or_standin(tokenizer: Any, name: str = "conv 10:00+12 s") -> Workload:
+    """:func:`conv_window` named ``name`` when the conversation trace is there, else the
+    seeded synthetic stand-in :data:`CONV_STANDIN` (Poisson arrivals, log-normal lengths
+    fitted to the window), named ``"synthetic stand-in for <name>"`` so every table and
+    figure title says which one ran. :func:`trace_missing` says why the trace is absent.
+
+    Example: ``conv_window_or_standin(tokenizer).name`` is ``"conv 10:00+12 s"`` with the
+    trace and ``"synthetic stand-in for conv 10:00+12 s"`` without.
+    """
+    if trace_missing("conv") is None:
+        return conv_window(tokenizer, name=name)
+    return synthetic(tokenizer, seed=0, name=f"synthetic stand-in for {name}", **CONV_STANDIN)

@@ -42,6 +42,15 @@ MASK_SHA256_JS = """async () => {
   return Array.from(new Uint8Array(digest)).map(b => b.toString(16).padStart(2, '0')).join('');
 }"""
 
+# from the top of the Submit row to the bottom of the rows' text (below the images), in CSS px
+PANEL_SPAN_JS = """() => {
+  const top = document.querySelector('.wb-status').closest('.widget-vbox').getBoundingClientRect().top;
+  const bottom = Math.max(...Array.from(document.querySelectorAll('.wb-kv-image, .wb-timeline-image, .wb-rows'))
+    .map(img => img.getBoundingClientRect().bottom));
+  return bottom - top;
+}"""
+NOTEBOOK_AREA_PX = 770  # JupyterLab's notebook area in a 1400 x 900 window (its bars take the rest)
+
 pytestmark = pytest.mark.browser
 
 
@@ -111,6 +120,12 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
                 # panel's figures at IMAGE_DPI); shrunk to half a row it was about 6 px
                 scales = page.evaluate(IMAGE_SCALES_JS)
                 assert len(scales) == 4 and all(scale >= 0.99 for _, scale in scales), scales
+                span = page.evaluate(
+                    PANEL_SPAN_JS
+                )  # buttons, both rows of images and the rows fit a 900 px window
+                assert span <= NOTEBOOK_AREA_PX, (
+                    f"panel from its buttons to its rows text: {span:.0f} px tall"
+                )
                 page.screenshot(path=str(OUT_DIR / "before_step.png"))
 
                 step.click()

@@ -32,11 +32,11 @@ LATER, PAD, NEW, CACHED, OWN = 0, 1, 2, 3, 4  # cell codes of :func:`attention_c
 SYMBOLS = ".p#c@"
 CMAP = ListedColormap([style.LATER, style.PADDING, style.NEW_KEY, style.ATTENDED, style.FED])
 LEGEND = [
-    ("a later position (causal: masked)", style.LATER),
+    ("later (causal: masked)", style.LATER),
     ("padding (masked)", style.PADDING),
     ("key of this forward", style.NEW_KEY),
     ("cached key (earlier forward)", style.ATTENDED),
-    ("the query's own key (the token fed)", style.FED),
+    ("own key (the fed token)", style.FED),
 ]
 KEY_AXIS = "key slot (0 = cache start)"  # absolute; the decode masks count back from the fed token
 GRID_MAX_KEYS = 64  # draw cell borders up to this many key positions

@@ -97,7 +97,7 @@ def _group_title(g: LayerGroup) -> str:
     if g.window_tokens is not None:
         ring = f"ring wrapped, write slot {g.write_index}" if g.wrapped else "ring not wrapped yet"
         return f"{layers} · window {g.window_tokens} tokens, {ring} (temporal order)"
-    return f"{layers} · KV width {g.kv_width_tokens} cached tokens + the fed token's column"
+    return f"{layers} · KV width {g.kv_width_tokens} + fed column"
 
 
 def _draw_group(ax, g: LayerGroup, snap: Snapshot, s_max: int) -> None:

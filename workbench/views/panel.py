@@ -81,6 +81,9 @@ from .timeline import render_timeline
 from .top_logprobs import top_logprobs_text
 
 IMAGE_DPI = 100  # with IMAGE_WIDTH_IN: images of 470 px whose smallest text is 11.6 px
+# images at most 260 px tall: the buttons, the status and both rows of images (2 x 260 px) fit the
+# ~770 px notebook area of a 1400 x 900 JupyterLab window; a taller figure is drawn shorter
+IMAGE_MAX_HEIGHT_IN = 2.6
 IMAGE_WIDTH_IN = 4.7  # two images side by side (940 px and their margins) in a 968 px output area
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
@@ -430,24 +433,30 @@ class Panel:
         """The figure each image shows for ``snap`` (decode masks, the 2-D mask of the
         last prefill forward up to its step, KV geometry with ``history``, the timeline of
         :meth:`recent_events`; while the scheduler speculates, the draft tokens of ``snap``'s
-        rows, :func:`drafts_figure`), each ``IMAGE_WIDTH_IN`` wide."""
+        rows, :func:`drafts_figure`), each ``IMAGE_WIDTH_IN`` wide and at most
+        ``IMAGE_MAX_HEIGHT_IN`` tall."""
         events = self.recent_events(snap.step)
         timeline = render_timeline(events, x="step", width_in=IMAGE_WIDTH_IN)
         drafts = {self.drafts_image: drafts_figure(events, snap)} if self.speculating else {}
         if snap.packed is not None:  # the packed layout: its latest forward's mask and its page table
-            return {
+            figures = {
                 self.mask_image: render_packed_mask(snap, width_in=IMAGE_WIDTH_IN),
                 self.attention_image: prefill_figure(None),
                 self.kv_image: render_page_table(snap, width_in=IMAGE_WIDTH_IN),
                 self.timeline_image: timeline,
             }
-        return {
-            self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
-            self.attention_image: prefill_figure(self.last_prefill(snap.step)),
-            self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
-            self.timeline_image: timeline,
-            **drafts,
-        }
+        else:
+            figures = {
+                self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
+                self.attention_image: prefill_figure(self.last_prefill(snap.step)),
+                self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
+                self.timeline_image: timeline,
+                **drafts,
+            }
+        for fig in figures.values():  # constrained layout packs the axes into the shorter figure
+            if fig.get_figheight() > IMAGE_MAX_HEIGHT_IN:
+                fig.set_size_inches(fig.get_figwidth(), IMAGE_MAX_HEIGHT_IN)
+        return figures
 
     @property
     def speculating(self) -> bool:

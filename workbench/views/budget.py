@@ -5,7 +5,8 @@ computed bytes, one point per engine call.
 Knows: snapshots' byte fields (``kv_bytes``, ``prefill_kv_bytes``, ``prompt_cache_bytes``,
 ``kv_projected_bytes``), matplotlib. Must not know: the engine, MLX.
 
-Bytes are drawn in MiB. Legends sit below the axes, off the data (``style.legend``).
+Bytes are drawn in MiB. Legends sit below the axes, off the data (``style.legend``). No
+mlx-lm counterpart (mlx-lm draws nothing); the bytes are the engine's own readings.
 """
 
 from __future__ import annotations

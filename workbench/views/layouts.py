@@ -6,7 +6,8 @@ Knows: snapshots (``kv_bytes``, ``prefill_kv_bytes``, ``step``, a packed snapsho
 ``packed.held_tokens``), events (``uid``, ``kind``, ``time_s``), matplotlib. Must not know:
 the engine.
 
-One colour per layout, in the order given (``style.SERIES``); legends below the axes.
+One colour per layout, in the order given (``style.SERIES``); legends below the axes. No
+mlx-lm counterpart (mlx-lm draws nothing and has only the padded layout).
 """
 
 from __future__ import annotations

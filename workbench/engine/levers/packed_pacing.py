@@ -82,7 +82,9 @@ class PacedForward:
 class PackedPacer(Pacer):
     """A :class:`Pacing`'s estimates for the packed layout: predicts packed forwards, learns
     from measured ones, and caps each forward's tokens (:meth:`choose`). Times are seconds of
-    the scheduler's clock.
+    the scheduler's clock. mlx-lm has no counterpart (its ``BatchGenerator`` prefills a fixed
+    ``prefill_step_size``); it plays the part of Sarathi-Serve's token budget derived from a
+    latency target, chosen per forward, beside vLLM's ``max_num_batched_tokens``.
 
     Args:
         pacing: the options. token_budget: the scheduler's ``max_num_batched_tokens``

@@ -109,7 +109,9 @@ class ForwardIndex:
 
 def forward_index(table: PageTable, chunks: Sequence[Chunk]) -> ForwardIndex:
     """The :class:`ForwardIndex` of ``chunks`` over ``table``'s pages (a chunk beyond its
-    pages is not raised here: :meth:`ForwardIndex.check`)."""
+    pages is not raised here: :meth:`ForwardIndex.check`). mlx-lm has no paged cache; this
+    is what vLLM's attention metadata builders make per step (``slot_mapping`` [T] and
+    ``block_tables`` [R, W]), here in numpy over the whole batch."""
     C, P = len(chunks), table.page_size
     lists = [table.pages.get(c.uid, ()) for c in chunks]
     starts = np.fromiter((c.start for c in chunks), np.int64, C)

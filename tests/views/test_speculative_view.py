@@ -89,7 +89,7 @@ def test_the_panel_shows_each_rows_drafts_while_speculating_and_follows_the_step
     from workbench.views import panel as panel_module
     from workbench.views.style import smallest_text_px
 
-    sched = make_sched(max_batch=2, history_size=32, speculative="prompt-lookup", num_draft_tokens=3)
+    sched = make_sched(max_batch=2, history_size=32, speculative="prompt-lookup", num_draft_tokens=16)
     greedy = sched.submit(wb.Request(prompt=CODE * 2, max_tokens=12))
     no_drafts = sched.submit(wb.Request(prompt=CODE * 2, max_tokens=12, top_logprobs=2))  # takes none
     panel = views.Panel(sched)
@@ -106,6 +106,7 @@ def test_the_panel_shows_each_rows_drafts_while_speculating_and_follows_the_step
     figures = panel.figures(panel.shown, list(sched.history))
     drafts = figures[panel.drafts_image]
     assert [t.get_text() for t in drafts.axes[0].get_yticklabels()] == [f"uid {greedy}"]
+    assert "a full bar: 16 drafts" in drafts.axes[0].get_title(loc="left")  # the scheduler's num_draft_tokens
     assert drafts.get_figwidth() * panel_module.IMAGE_DPI <= 470
     assert drafts.get_figheight() * panel_module.IMAGE_DPI <= 340
     assert smallest_text_px(drafts, panel_module.IMAGE_DPI) >= 9

@@ -194,6 +194,19 @@ def test_render_kv_draws_row_bars_and_waste_and_bytes_per_step():
     assert widths == [0, 2, 3, 1, 0, 0, 5, 5]
 
 
+def test_render_kv_history_keeps_two_snapshots_of_one_step_apart_and_ticks_steps():
+    # before and after a join at step 4: two snapshots of one step are two points, not a
+    # vertical scatter at one x; the ticks name steps, the shown snapshot is marked
+    history = [full_snapshot(step=3), full_snapshot(step=4), full_snapshot(step=4), full_snapshot(step=5)]
+    fig = views.render_kv(history[1], history)
+    waste_ax, bytes_ax = fig.axes[-2:]
+    xs = waste_ax.lines[0].get_xdata()
+    assert list(xs) == [0, 1, 2, 3]
+    assert [t.get_text() for t in bytes_ax.get_xticklabels()] == ["3", "4", "5"]
+    assert list(bytes_ax.get_xticks()) == [0, 1, 3]
+    assert waste_ax.lines[-1].get_xdata()[0] == 1  # the shown snapshot, by identity
+
+
 def test_kv_view_of_a_live_hybrid_model_lists_the_ssm_state():
     text = views.kv_text(window_run("tiny-qwen3-next", steps=2).snapshot())
     assert "[full] layers 1,3: KV width" in text

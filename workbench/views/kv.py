@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from ..observe.snapshot import LayerGroup, Snapshot
 from . import style
@@ -128,12 +127,26 @@ def bytes_unit(n_bytes: float) -> tuple[int, str]:
     return (2**20, "MiB") if n_bytes >= 2**20 else (2**10, "KiB")
 
 
+def step_ticks(steps: Sequence[int], max_ticks: int = 10) -> tuple[list[int], list[str]]:
+    """Tick positions and labels for a history drawn one point per snapshot: a tick at the
+    first snapshot of each decode step, thinned to at most ``max_ticks`` (every k-th step).
+
+    >>> step_ticks([0, 0, 1, 2, 2, 3])
+    ([0, 2, 3, 5], ['0', '1', '2', '3'])
+    """
+    firsts = [i for i, st in enumerate(steps) if i == 0 or st != steps[i - 1]]
+    every = -(-len(firsts) // max_ticks) if firsts else 1
+    kept = firsts[::every]
+    return kept, [str(steps[i]) for i in kept]
+
+
 def render_kv(snap: Snapshot, history: Sequence[Snapshot] = (), width_in: float = 9.4) -> Figure:
     """KV geometry figure, ``width_in`` inches wide (9.4: 940 px at the notebooks' 100 dpi,
     unscaled in a JupyterLab output area of a 1400 px window): per attention group a bar per row
     (padding, valid, expired, unused; x in tokens), and, when ``history`` is given,
-    padding waste (%) and KV bytes (KiB or MiB, :func:`bytes_unit`) per step, with
-    ``snap``'s step marked. A history of one snapshot, or with no KV bytes yet, says so
+    padding waste (%) and KV bytes (KiB or MiB, :func:`bytes_unit`) per snapshot, ticked by
+    step (two snapshots of one step, before and after a join, stay two points), with
+    ``snap`` marked. A history of one snapshot, or with no KV bytes yet, says so
     instead of drawing empty axes; bytes and waste never go below 0."""
     groups = attention_groups(snap)
     narrow = width_in < 6
@@ -176,19 +189,24 @@ def _draw_history(fig, snap: Snapshot, history: Sequence[Snapshot], narrow: bool
     if len(history) < 2 or not any(s.kv_bytes for s in history):
         style.empty(fig.add_subplot(), "history: drawn from\nthe first step on")
         return
-    steps = [s.step for s in history]
+    x = np.arange(len(history))  # one position per snapshot: a join's before and after stay apart
     unit, unit_name = bytes_unit(max(s.kv_bytes for s in history))
     waste_ax, bytes_ax = fig.subplots(2, 1, sharex=True)
     waste_ax.plot(
-        steps, [100 * s.padding_waste for s in history], "o-", color=style.PADDING, markeredgecolor=style.EDGE
+        x, [100 * s.padding_waste for s in history], "o-", color=style.PADDING, markeredgecolor=style.EDGE
     )
     waste_ax.set_ylabel("padding %" if narrow else "padding waste (%)")
     waste_ax.set_ylim(0, max(5.0, 1.1 * max(100 * s.padding_waste for s in history)))
-    bytes_ax.plot(steps, [s.kv_bytes / unit for s in history], "o-", color=style.ATTENDED)
+    bytes_ax.plot(x, [s.kv_bytes / unit for s in history], "o-", color=style.ATTENDED)
     bytes_ax.set_ylabel(unit_name if narrow else f"KV bytes ({unit_name})")
     bytes_ax.set_ylim(0, 1.1 * max(s.kv_bytes for s in history) / unit)
-    bytes_ax.set_xlabel("step" if narrow else "step (history)")
-    bytes_ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
+    ticks, labels = step_ticks([s.step for s in history], 6 if narrow else 10)
+    bytes_ax.set_xticks(ticks, labels)
+    bytes_ax.set_xlabel("step" if narrow else "step (one point per snapshot: admit, step, filter)")
+    bytes_ax.set_xlim(-0.5, len(history) - 0.5)
+    shown = next((i for i, s in enumerate(history) if s is snap), None)
+    if shown is None:
+        shown = max((i for i, s in enumerate(history) if s.step == snap.step), default=len(history) - 1)
     for ax in (waste_ax, bytes_ax):
-        ax.axvline(snap.step, color="black", linewidth=1)  # the shown step
+        ax.axvline(shown, color="black", linewidth=1)  # the shown snapshot
         ax.grid(alpha=0.3)

@@ -166,11 +166,11 @@ def draft_events(events: pd.DataFrame, snap: Snapshot) -> pd.DataFrame:
     return events[(events.step < snap.step) & events.uid.isin(list(snap.uids))]
 
 
-def drafts_figure(events: pd.DataFrame, snap: Snapshot) -> Figure:
+def drafts_figure(events: pd.DataFrame, snap: Snapshot, num_draft_tokens: int | None = None) -> Figure:
     """The panel's draft image for ``snap``: accepted / rejected draft tokens of its rows
     over the latest ``DRAFT_STEPS`` decode steps (:func:`render_drafts` of
-    :func:`draft_events`), ``IMAGE_WIDTH_IN`` wide, or an empty state that says what
-    makes drafts."""
+    :func:`draft_events`; a full bar is ``num_draft_tokens``, the scheduler's setting),
+    ``IMAGE_WIDTH_IN`` wide, or an empty state that says what makes drafts."""
     ev = draft_events(events, snap)
     drafting = ev[ev.kind == "draft"].uid.nunique()
     if not drafting:
@@ -184,6 +184,7 @@ def drafts_figure(events: pd.DataFrame, snap: Snapshot) -> Figure:
         width_in=IMAGE_WIDTH_IN,
         height_in=min(3.4, 1.9 + 0.3 * drafting),
         last_steps=DRAFT_STEPS,
+        num_draft_tokens=num_draft_tokens,
     )
 
 
@@ -437,7 +438,11 @@ class Panel:
         ``IMAGE_MAX_HEIGHT_IN`` tall."""
         events = self.recent_events(snap.step)
         timeline = render_timeline(events, x="step", width_in=IMAGE_WIDTH_IN)
-        drafts = {self.drafts_image: drafts_figure(events, snap)} if self.speculating else {}
+        drafts = (
+            {self.drafts_image: drafts_figure(events, snap, self.sched.config.num_draft_tokens)}
+            if self.speculating
+            else {}
+        )
         if snap.packed is not None:  # the packed layout: its latest forward's mask and its page table
             figures = {
                 self.mask_image: render_packed_mask(snap, width_in=IMAGE_WIDTH_IN),

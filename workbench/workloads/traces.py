@@ -72,8 +72,10 @@ def trace_path(name: str = "conv") -> Path:
 
 
 def trace_missing(name: str = "conv") -> str | None:
-    """One line saying that the ``conv`` or ``code`` trace is absent, where it was looked for
-    and how to point at it (``$WORKBENCH_TRACE_DIR``); ``None`` when :func:`trace_path` finds it.
+    """A message saying that the ``conv`` or ``code`` trace is absent, where it was looked
+    for and how to point at it (``$WORKBENCH_TRACE_DIR``), in lines that fit a notebook's
+    output area (at most 100 characters beside the folder's path); ``None`` when
+    :func:`trace_path` finds it.
 
     Raises:
         ValueError: for another name.
@@ -82,9 +84,9 @@ def trace_missing(name: str = "conv") -> str | None:
         trace_path(name)
     except FileNotFoundError:
         return (
-            f"No Azure {name} trace in {trace_dir()}: set ${TRACE_DIR_ENV} to a folder holding "
-            f"{TRACE_FILES[name]} (github.com/Azure/AzurePublicDataset, AzureLLMInferenceDataset2023) "
-            "to replay the real trace."
+            f"No Azure {name} trace in {trace_dir()}.\n"
+            f"To replay the real trace, set ${TRACE_DIR_ENV} to a folder holding\n"
+            f"{TRACE_FILES[name]} (github.com/Azure/AzurePublicDataset, AzureLLMInferenceDataset2023)."
         )
     return None
 

@@ -83,6 +83,19 @@ def test_render_attention_draws_one_axes_per_prefill_row_and_refuses_nothing():
         render_attention([])
 
 
+def test_a_last_panel_alone_on_its_figure_row_moves_up_into_the_first_row():
+    """03's picture: three prefill rows and the decode step in one row of four, not the decode
+    step alone on a second row beside an empty band."""
+    log = [Event("prefill", u, 0, 0.0, n_tokens=n) for u, n in enumerate((5, 1, 3))]
+    fig = render_attention(
+        prefill_forwards(log)
+        + [decode_forward(full_snapshot(uids=(0, 1, 2), left_padding=(0, 4, 2), width=6))]
+    )
+    assert [a.get_subplotspec().get_geometry()[:2] for a in fig.axes] == [(1, 4)] * 4
+    five = prefill_forwards([Event("prefill", u, 0, 0.0, n_tokens=2) for u in range(5)])
+    assert len(render_attention(five).axes) == 6  # 3 + 2: a row of two stays
+
+
 @pytest.mark.parametrize("chunked_padding", [False, True], ids=["cpu default", "gpu default: batched chunks"])
 @pytest.mark.parametrize(
     "prefill_step_size,lengths", [(2048, (6, 2, 4)), (4, (11,)), (4, (11, 5)), (3, (4, 4))]

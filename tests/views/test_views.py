@@ -120,8 +120,27 @@ def test_render_masks_of_a_hand_built_snapshot_labels_rows_by_uid_and_marks_fini
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["uid 7", "uid 9 (finished)"]
     assert ax.get_xlabel() == "key position relative to the fed token (0 = fed token)"
-    assert ax.images[0].get_array().tolist() == [[1, 1, 1, 2], [0, 0, 1, 2]]
+    assert ax.images[0].get_array().tolist() == [[1, 1, 1, 2], [0, 0, 3, 3]]  # 3: finished, not filtered
     assert len(views.figure_png(fig)) > 5_000
+
+
+def test_a_finished_row_is_drawn_in_the_waiting_colour_with_its_legend_entry_only_when_present():
+    from matplotlib.colors import to_rgb
+
+    from workbench.views import style
+    from workbench.views.mask import CMAP, FINISHED, render_mask_steps
+
+    assert CMAP(FINISHED / (CMAP.N - 1))[:3] == pytest.approx(to_rgb(style.WAITING))
+    finished, compacted = (
+        full_snapshot(finished=[True, False]),
+        full_snapshot(uids=(9,), left_padding=(0,), width=1),
+    )
+    fig = render_mask_steps([finished, compacted], ["before filter()", "after filter()"])
+    assert fig.axes[0].images[0].get_array().tolist() == [[3, 3, 3, 3], [0, 0, 1, 2]]  # padding stays grey
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "finished, waiting for filter()" in labels
+    for running in (views.render_masks(full_snapshot()), render_mask_steps([compacted])):
+        assert "finished, waiting for filter()" not in [t.get_text() for t in running.legends[0].get_texts()]
 
 
 def test_render_masks_of_a_sliding_window_model_draws_each_group_on_shared_positions():

@@ -145,7 +145,8 @@ def render_attention(
         forwards: the forwards to draw, in order (e.g. ``prefill_forwards(sched.events)``
             and ``decode_forward(snap)``).
         title: the figure's title (default: none).
-        columns: axes per figure row.
+        columns: axes per figure row (one more when only one panel would be left for the
+            last figure row).
         stack: draw the forwards as the chunks of one prefill.
         width_in: the figure's width (inches).
 
@@ -177,7 +178,7 @@ def render_attention(
             ]
     if one:
         title = f"{title}\n{forwards[0].label}" if title else forwards[0].label
-    columns = min(columns, len(panels))
+    columns = min(columns, len(panels)) + (len(panels) == columns + 1)  # never one panel alone on a row
     n_rows = -(-len(panels) // columns)
     s_max = max(p[1].shape[1] for p in panels)
     rows_max = max(p[1].shape[0] for p in panels)

@@ -32,7 +32,9 @@ from ..observe.snapshot import LayerGroup, Snapshot
 from . import style
 
 MASKED, ATTENDED, FED = 0, 1, 2  # cell codes of :func:`mask_cells`
-CMAP = ListedColormap([style.PADDING, style.ATTENDED, style.FED])
+FINISHED = 3  # drawn for a finished row's unmasked cells: it waits for filter()
+CMAP = ListedColormap([style.PADDING, style.ATTENDED, style.FED, style.WAITING])
+FINISHED_LABEL = "finished, waiting for filter()"
 OUTSIDE_EDGE = style.EXPIRED  # hatch of positions a window group does not hold
 GRID_MAX_COLUMNS = 64  # draw cell borders up to this many key positions
 
@@ -102,14 +104,16 @@ def _group_title(g: LayerGroup) -> str:
 
 def _draw_group(ax, g: LayerGroup, snap: Snapshot, s_max: int) -> None:
     """One group's mask on ``ax``: rows by uid, columns right-aligned at the fed token (0),
-    ``s_max`` positions wide; positions the group does not hold hatched."""
+    ``s_max`` positions wide; positions the group does not hold hatched; a finished row's
+    unmasked cells in ``style.WAITING`` (``FINISHED``)."""
     cells = mask_cells(temporal_mask(g))
+    cells[np.asarray(snap.finished, bool)[:, None] & (cells != MASKED)] = FINISHED
     B, S = cells.shape
     ax.imshow(
         cells,
         cmap=CMAP,
         vmin=0,
-        vmax=2,
+        vmax=FINISHED,
         aspect="auto",
         interpolation="nearest",
         extent=(-S + 0.5, 0.5, B - 0.5, -0.5),
@@ -123,13 +127,18 @@ def _draw_group(ax, g: LayerGroup, snap: Snapshot, s_max: int) -> None:
 
 
 def _legend(
-    fig: Figure, wide: bool, not_held: bool, hatch_label: str = "not held (outside the window)"
+    fig: Figure,
+    wide: bool,
+    not_held: bool,
+    hatch_label: str = "not held (outside the window)",
+    finished: bool = False,
 ) -> None:
     entries = (
         [("padding / expired (masked)", style.PADDING), ("attended cached token", style.ATTENDED)]
         if wide
         else [("masked", style.PADDING), ("attended", style.ATTENDED)]
     ) + [(FED_LABEL if wide else "fed token", style.FED)]
+    entries += [(FINISHED_LABEL, style.WAITING)] if finished else []
     entries += [(hatch_label, "white", "//")] if not_held else []
     style.legend(fig, entries, ncol=3 if len(entries) > 3 else None)  # fits 9 inches
 
@@ -163,7 +172,7 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
         ax.set_title(_group_title(g), fontsize="small", loc="left")
     style.integer_ticks(axes[-1].xaxis, -max(widths) + 1, 0, max_labels=16 if width_in >= 6 else 8)
     axes[-1].set_xlabel(X_LABEL)
-    _legend(fig, width_in >= 6, max(widths) > min(widths))
+    _legend(fig, width_in >= 6, max(widths) > min(widths), finished=any(snap.finished))
     return fig
 
 
@@ -178,7 +187,8 @@ def render_mask_steps(
     further left, so a step's growth and ``filter``'s compaction read as a change of width.
 
     Each panel is titled by ``titles`` (default ``step N``) and the group's KV width; rows by
-    uid (:func:`row_labels`). Raises ``ValueError`` for no snapshots, ``KeyError`` when a
+    uid (:func:`row_labels`), a finished row's cells in ``style.WAITING`` (why ``filter``
+    acts). Raises ``ValueError`` for no snapshots, ``KeyError`` when a
     snapshot with rows has no ``group``.
 
     >>> fig = render_mask_steps([before, after], ["before filter()", "after filter()"])  # doctest: +SKIP
@@ -200,5 +210,6 @@ def render_mask_steps(
         ax.set_title(f"{name}\nKV width {g.kv_width_tokens} + fed column", fontsize="small", loc="left")
         style.integer_ticks(ax.xaxis, -max(widths) + 1, 0, max_labels=12)
         ax.set_xlabel("key position (0 = fed token)", fontsize="small")
-    _legend(fig, True, max(widths) > min(widths), "no column (the cache is narrower here)")
+    finished = any(f for s in snaps for f in s.finished)
+    _legend(fig, True, max(widths) > min(widths), "no column (the cache is narrower here)", finished)
     return fig

@@ -1,4 +1,5 @@
-"""Report.to_csv / to_parquet: the events and per-request frames written and read back."""
+"""Report.to_csv / to_parquet: the events and per-request frames written and read back; the
+summary line."""
 
 from __future__ import annotations
 
@@ -46,3 +47,12 @@ def test_to_parquet_without_pyarrow_names_the_parquet_extra(report, tmp_path, mo
     with pytest.raises(ImportError, match=r"\.\[parquet\]"):
         report.to_parquet(tmp_path / "none")
     assert not (tmp_path / "none").exists()  # nothing written before the error
+
+
+def test_summary_writes_every_latency_in_ms_with_one_decimal_like_the_latency_tables(report):
+    import re
+
+    text = report.summary()
+    latencies = re.findall(r"(?:p50|p95) ([0-9.]+) ms", text)
+    assert len(latencies) == 4, text  # TTFT and TPOT, p50 and p95
+    assert all(re.fullmatch(r"[0-9]+\.[0-9]", v) for v in latencies), text

@@ -120,14 +120,15 @@ class Report:
         return paths
 
     def summary(self) -> str:
-        """One line: requests, generated tokens, throughput, TTFT and TPOT p50/p95."""
+        """One line: requests, generated tokens, throughput (tok/s), TTFT and TPOT p50/p95 (ms,
+        one decimal)."""
         r = self.requests
         ttft, tpot = percentiles(r.ttft_s), percentiles(r.tpot_s)
         return (
             f"{len(r)} requests, {int(r.generated_tokens.sum())} generated tokens, "
             f"throughput {self.throughput_tok_per_s:.1f} tok/s, "
             f"TTFT p50 {ttft['p50'] * 1e3:.1f} ms p95 {ttft['p95'] * 1e3:.1f} ms, "
-            f"TPOT p50 {tpot['p50'] * 1e3:.2f} ms p95 {tpot['p95'] * 1e3:.2f} ms"
+            f"TPOT p50 {tpot['p50'] * 1e3:.1f} ms p95 {tpot['p95'] * 1e3:.1f} ms"
         )
 
 

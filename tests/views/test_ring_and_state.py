@@ -61,6 +61,18 @@ def test_each_slot_is_labelled_with_the_token_position_it_holds_and_a_steps_ring
     assert "11" in [t.get_text() for t in rings[1].texts]
 
 
+def test_the_slot_numbers_read_at_100_percent_and_the_title_says_the_orange_slot_shows_the_new_token():
+    from matplotlib.font_manager import FontProperties
+
+    fig = render_ring([two_window_rows().snapshot()], "window8")
+    ring = next(ax for ax in fig.axes if ax.patches)
+    slots = [t for t in ring.texts if not t.get_fontweight() == "bold"]  # outside: the slot numbers
+    assert sorted(t.get_text() for t in slots) == [str(j) for j in range(8)]
+    small_px = FontProperties(size="small").get_size_in_points() * 100 / 72  # JupyterLab shows 100 dpi
+    assert all(t.get_fontsize() * 100 / 72 >= small_px and t.get_color() == "black" for t in slots)
+    assert "orange: the token written next" in fig.get_suptitle()
+
+
 def test_state_bytes_stay_flat_while_the_kv_cache_grows():
     model, tokenizer = wb.load(DATA_DIR / "models" / "tiny-qwen3-next")
     sched = wb.Scheduler(model, tokenizer, max_batch=2, history_size=64)

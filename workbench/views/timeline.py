@@ -109,6 +109,18 @@ def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
     return "\n".join(lines)
 
 
+def _axis(events: pd.DataFrame, x: str) -> tuple[str, float]:
+    """The events' column for axis ``x`` and its origin (the first submit's time, or step 0).
+
+    Raises:
+        ValueError: for an ``x`` other than ``time`` or ``step``.
+    """
+    if x not in AXES:
+        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
+    col = AXES[x][0]
+    return col, events[events.kind == "submit"][col].min() if x == "time" else 0
+
+
 def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     """Per uid (index, submit order) the span boundaries on axis ``x`` (``time`` in seconds
     since the first submit, or ``step``): columns ``submit``, ``admit``, ``join``,
@@ -120,10 +132,7 @@ def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     Raises:
         ValueError: for an ``x`` other than ``time`` or ``step``.
     """
-    if x not in AXES:
-        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
-    col = AXES[x][0]
-    t0 = events[events.kind == "submit"][col].min() if x == "time" else 0
+    col, t0 = _axis(events, x)
     out = pd.DataFrame({"submit": _per_uid(events, "submit", col)})
     for name, kind in (
         ("admit", "admit"),
@@ -151,10 +160,7 @@ def preemptions(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     Raises:
         ValueError: for an ``x`` other than ``time`` or ``step``.
     """
-    if x not in AXES:
-        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
-    col = AXES[x][0]
-    t0 = events[events.kind == "submit"][col].min() if x == "time" else 0
+    col, t0 = _axis(events, x)
     rows = []
     for i, e in events[events.kind == "preempt"].iterrows():
         later = events[(events.index > i) & (events.uid == e.uid)]
@@ -302,8 +308,7 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
     colors = dict(SPANS)
     for span in spans.itertuples():
         ax.barh(span.y, span.width, left=span.left, color=colors[span.kind])
-    col = AXES[x][0]
-    t0 = events[events.kind == "submit"][col].min() if x == "time" else 0
+    col, t0 = _axis(events, x)
     for kind, marker in MARKS.items():
         for e in events[events.kind == kind].itertuples():
             y = b.index.get_loc(e.uid)

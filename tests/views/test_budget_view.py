@@ -48,7 +48,7 @@ def test_the_prompt_cache_is_no_second_yellow_and_the_budget_is_a_dashed_limit_n
 
     (ax,) = render_budget_bytes(HISTORY, 4 * MIB).axes
     prefill, prompt_cache = (to_hex(c.get_facecolor()[0], keep_alpha=False) for c in ax.collections[1:3])
-    assert prefill == style.PREFILL  # SERIES[2] (#bcbd22) was 20 CIE76 units from it: two yellows
+    assert prefill == style.PREFILL  # SERIES[2] (#bcbd22) was 17 CIE76 units from it: two yellows
     assert np.linalg.norm(lab(prompt_cache) - lab(style.PREFILL)) >= 45 and ax.collections[2].get_hatch()
     (budget,) = [line for line in ax.lines if tuple(line.get_ydata()) == (4.0, 4.0)]
     assert budget.get_linestyle() == "--" and to_hex(budget.get_color()) == "#000000"

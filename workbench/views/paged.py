@@ -38,8 +38,8 @@ PART_LABELS = {
     "free": "padded: free slots",
 }
 PAGED_STYLES = ("-", "--", ":", "-.")
-PAGED_COLOUR = "#222222"
-PADDED_COLOUR = style.SERIES[1]  # the padded cache as shipped (a series colour: no cache meaning)
+PAGED_COLOUR = style.PAGED_LAYOUT
+PADDED_COLOUR = style.PADDED_LAYOUT  # the padded cache as shipped (17's padded layout too)
 # three panels + title and legend: 6.6 in, about 660 px at 100 dpi, so the whole figure and its
 # legend fit a JupyterLab output area of a 1400 x 900 window (2.3 in a panel was 819 px)
 PANEL_HEIGHT_IN = 1.8

@@ -62,3 +62,10 @@ def test_layout_latency_draws_one_bar_per_request_and_layout_in_two_panels():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["padded", "packed"]
     with pytest.raises(ValueError, match="different numbers of requests"):
         render_layout_latency({"padded": [(1.0, 1.0)], "packed": []})
+
+
+def test_layout_latency_names_the_requests_by_uid_when_given():
+    fig = render_layout_latency({"padded": [(10.0, 4.0), (20.0, 5.0)]}, uids=[3, 7])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["uid 3", "uid 7"]
+    with pytest.raises(ValueError, match="different numbers of requests"):
+        render_layout_latency({"padded": [(1.0, 1.0)]}, uids=[0, 1])

@@ -130,5 +130,7 @@ def test_the_panels_prefill_grid_labels_never_overlap(rows, prompt_tokens):
 
 def test_a_decode_step_drawn_alone_names_itself_once():
     fig = render_attention([decode_forward(full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3))])
-    titles = [ax.get_title(loc="left") for ax in fig.axes] + [fig._suptitle.get_text() if fig._suptitle else ""]
+    titles = [ax.get_title(loc="left") for ax in fig.axes] + [
+        fig._suptitle.get_text() if fig._suptitle else ""
+    ]
     assert [t for t in titles if t] == [decode_forward(full_snapshot(uids=(7, 9))).label]

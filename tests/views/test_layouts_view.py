@@ -78,3 +78,10 @@ def test_the_layouts_share_the_padded_and_paged_colours_with_the_paged_view():
         style.PAGED_LAYOUT,
         style.SERIES[2],  # a name with no layout colour: the series colour of its place
     ]
+
+
+def test_layout_latency_names_the_requests_by_uid_when_given():
+    fig = render_layout_latency({"padded": [(10.0, 4.0), (20.0, 5.0)]}, uids=[3, 7])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["uid 3", "uid 7"]
+    with pytest.raises(ValueError, match="different numbers of requests"):
+        render_layout_latency({"padded": [(1.0, 1.0)]}, uids=[0, 1])

@@ -90,15 +90,18 @@ def request_latency_ms(events: Sequence[Any], uids: Sequence[int]) -> list[tuple
     return out
 
 
-def render_layout_latency(latency: Mapping[str, Sequence[tuple[float, float]]]) -> Figure:
+def render_layout_latency(
+    latency: Mapping[str, Sequence[tuple[float, float]]], uids: Sequence[int] | None = None
+) -> Figure:
     """Two panels of bars, one bar per request and layout: TTFT (ms) and the largest
     inter-token gap (ms); ``latency`` maps a layout's name to :func:`request_latency_ms`'s
-    list (the same requests, in the same order, for every layout).
+    list (the same requests, in the same order, for every layout). ``uids`` names the
+    requests on the x axis (``uid 3``; default ``request 0``, ``request 1``, ... in order).
 
     Raises:
-        ValueError: when the layouts hold different numbers of requests.
+        ValueError: when the layouts (or ``uids``) hold different numbers of requests.
     """
-    counts = {len(v) for v in latency.values()}
+    counts = {len(v) for v in latency.values()} | ({len(uids)} if uids else set())
     if len(counts) != 1:
         raise ValueError(
             f"render_layout_latency: the layouts hold different numbers of requests {sorted(counts)}"
@@ -113,7 +116,9 @@ def render_layout_latency(latency: Mapping[str, Sequence[tuple[float, float]]]) 
             offset = (k - (len(latency) - 1) / 2) * width
             ax.bar(x + offset, [r[j] for r in rows], width=width, color=colour, edgecolor=style.EDGE)
     for ax, label in zip(axes, ("TTFT (ms)", "largest ITL (ms)")):
-        ax.set_xticks(x, [f"request {i}" for i in x], fontsize="small")
+        ax.set_xticks(
+            x, [f"uid {u}" for u in uids] if uids else [f"request {i}" for i in x], fontsize="small"
+        )
         ax.set_ylabel(label)
     style.legend(fig, list(zip(latency, colours)))
     return fig

@@ -17,8 +17,7 @@ from matplotlib.figure import Figure
 from .figures import OTHER_COLOUR, WORKBENCH_COLOUR
 
 MIB = 2**20
-KV_COLOUR = WORKBENCH_COLOUR  # the views' live-KV blue (style.ATTENDED), as in every KV figure
-BOUND_MARKER_PT = 28  # width of the memory bound's black tick (points)
+KV_COLOUR = WORKBENCH_COLOUR  # the views' live-KV blue (style.ATTENDED), as in every render_kv
 
 
 def step_cost_table(runs: pd.DataFrame, roofline: pd.DataFrame, engine: str = "workbench") -> pd.DataFrame:
@@ -87,9 +86,9 @@ def _step_panel(ax, table: pd.DataFrame, x: np.ndarray, labels: list[str]) -> No
     ax.bar(x, table.step_ms, 0.6, color=WORKBENCH_COLOUR, label="one step (all rows)")
     ax.plot(x, table.step_ms_per_row, "--o", color=OTHER_COLOUR, label="per row")
     for i, r in enumerate(table.itertuples()):
-        ax.annotate(  # mid-bar: clear of the per-row marker, which sits at the top when B = 1
+        ax.annotate(
             f"{r.step_ms:.0f}",
-            (i, r.step_ms / 2),
+            (i, r.step_ms / 2),  # mid-bar: the B=1 bar's top is its per-row marker
             ha="center",
             va="center",
             fontsize="small",
@@ -112,31 +111,22 @@ def _step_panel(ax, table: pd.DataFrame, x: np.ndarray, labels: list[str]) -> No
 
 def _rate_panel(ax, table: pd.DataFrame, x: np.ndarray, labels: list[str]) -> None:
     ax.bar(x, table.tok_per_s, 0.6, color=WORKBENCH_COLOUR, label="measured")
-    ax.plot(
-        x,
-        table.bound_tok_per_s,
-        "_",
-        color="black",
-        markersize=BOUND_MARKER_PT,
-        mew=2.5,
-        label="memory bound",
-    )
-    top = np.nanmax(np.r_[table.tok_per_s.to_numpy(float), table.bound_tok_per_s.to_numpy(float)])
+    ax.plot(x, table.bound_tok_per_s, "_", color="black", markersize=28, mew=2.5, label="memory bound")
     for i, r in enumerate(table.itertuples()):
-        near = (
-            r.bound_tok_per_s - r.tok_per_s < 0.12 * top
-        )  # the label (about 0.1 of the axis) meets the tick
+        # beside the bar, right of the bound's tick, so the tick never crosses the number
         ax.annotate(
             f"{r.tok_per_s:.0f}",
-            (i, max(r.tok_per_s, r.bound_tok_per_s) if near else r.tok_per_s),
-            (0, 3),
+            (i + 0.3, r.tok_per_s),
+            (8, 0),
             textcoords="offset points",
-            ha="center",
-            va="bottom",
+            ha="left",
+            va="center",
             fontsize="small",
         )
     ax.set_xticks(x, labels)
+    ax.set_xlim(-0.5, len(x) - 0.1)  # room right of the last bar for its number
     ax.set_ylabel("tokens / s")
+    top = np.nanmax(np.r_[table.tok_per_s.to_numpy(float), table.bound_tok_per_s.to_numpy(float)])
     ax.set_ylim(0, top * 1.15)
     ax.set_title("tok/s beside the memory bound", fontsize="small", loc="left")
 
@@ -170,7 +160,6 @@ def render_step_cost(table: pd.DataFrame, title: str | None = None) -> Figure:
             bbox_to_anchor=(0.5, -0.12),
             ncol=1,
             frameon=False,
-            markerscale=0.6,  # the bound's tick fits its handle, clear of the label
-            handlelength=2.5,
+            handlelength=3.6,  # room for the bound's 28 pt tick before its words
         )
     return fig

@@ -62,6 +62,19 @@ def test_the_figure_fits_a_jupyterlab_output_area_at_100_percent():
     assert fig.get_tightbbox(canvas.get_renderer()).width * 100 <= 968
 
 
+def test_at_the_panels_width_every_label_and_legend_entry_stays_inside_the_image():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = render_drafts(hand_events(), width_in=4.7, height_in=2.5, last_steps=4, num_draft_tokens=16)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [a.xaxis.label for a in fig.axes] + list(fig.legends[0].get_texts())
+    assert all(
+        0 <= t.get_window_extent(renderer).x0 and t.get_window_extent(renderer).x1 <= 470 for t in texts
+    ), [(t.get_text(), t.get_window_extent(renderer).x0, t.get_window_extent(renderer).x1) for t in texts]
+
+
 def test_the_latest_steps_window_shows_the_last_steps_with_their_step_numbers():
     assert drafts_text(hand_events(), last_steps=2).splitlines() == [
         "4 steps (steps 2-3 shown), 8/15 draft tokens accepted (53%), 4.50 tokens per forward over the batch",

@@ -171,13 +171,15 @@ def render_drafts(
     lanes.set_ylim(U - 0.5, -0.5) if U else None
     if len(steps):
         style.integer_ticks(lanes.xaxis, int(steps[0]), int(steps[-1]))
-    lanes.set_xlabel("decode step (one verify forward over the batch)")
+    narrow = width_in < 6  # the live Panel's image: short labels, the legend in two columns
+    lanes.set_xlabel("decode step" if narrow else "decode step (one verify forward over the batch)")
     lanes.set_title(
         f"draft tokens per step (a box holds {k} drafts, filled from its bottom)",
         fontsize="small",
         loc="left",
     )
     _rates(rates, uids, table)
+    rates.set_xlabel("acceptance rate" if width_in < 6 else "acceptance rate (0-1)")
     style.legend(
         fig,
         [
@@ -185,5 +187,6 @@ def render_drafts(
             ("rejected draft token", REJECTED, style.BAD_HATCH),
             (f"no draft fed (of {k} per step)", style.LATER),
         ],
+        ncol=2 if narrow else 3,
     )
     return fig

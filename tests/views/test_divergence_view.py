@@ -99,3 +99,15 @@ def _real_shape():
             }
         )
     return pd.DataFrame(rows)
+
+
+def _legend_labels(fig) -> list[str]:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_the_legend_lists_only_the_verdicts_drawn():
+    assert {"within tolerance", "over tolerance"} <= set(_legend_labels(render_divergence(table())))
+    t = table()
+    t["tolerance"], t["kv_tolerance"], t["over"] = 1e9, 1e9, False  # every layer far within
+    labels = _legend_labels(render_divergence(t))
+    assert "within tolerance" in labels and "over tolerance" not in labels

@@ -7,7 +7,6 @@ slot is the same grey in the mask heatmap, the KV geometry bars and the legend.
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -16,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 
 from ..bench.axes import log_tick_subs, plain_log_axis  # noqa: F401  (the views' log axes)
+from ..observe.numbers import scientific  # noqa: F401  (numbers without e-notation)
 
 # One meaning per colour, in every figure of the views (tests/views/test_style.py checks that
 # no colour has two names, that every view draws its cells and spans from these names, and
@@ -41,6 +41,12 @@ BAD = "#882255"  # a verdict: differs / over tolerance (also error text)
 BAD_HATCH = "xx"
 BAD_MARKER = "X"
 MLX_LM = "#8c564b"  # mlx-lm, the reference engine, in the benchmark's figures (brown means only that)
+# Two batch layouts compared side by side (12's paged KV, 17's packed forward): the left-padded
+# rectangle of mlx-lm's batch cache against a layout that holds only the tokens (paged blocks
+# or packed pages), the same pair in every figure that compares them.
+PADDED_LAYOUT = "#c51b7d"  # the left-padded rectangle layout (magenta-pink)
+PAGED_LAYOUT = "#222222"  # the paged / packed layout (near black)
+LAYOUT_COLOURS = {"padded": PADDED_LAYOUT, "paged": PAGED_LAYOUT, "packed": PAGED_LAYOUT}
 # categorical series that carry no cache meaning (settings compared side by side)
 SERIES = ("#4d4d4d", "#e377c2", "#bcbd22", "#9467bd", "#17becf")
 BORDER = "#8c8c8c"  # cell borders of heatmaps
@@ -61,25 +67,10 @@ PALETTE = {
     "good": GOOD,
     "bad": BAD,
     "mlx-lm": MLX_LM,
+    "padded layout": PADDED_LAYOUT,
+    "paged / packed layout": PAGED_LAYOUT,
     **{f"series {i}": c for i, c in enumerate(SERIES)},
 }
-
-
-SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def scientific(x: float, digits: int = 2) -> str:
-    """``x`` with ``digits`` significant digits as ``m×10ⁿ``, for magnitudes far from 1 (a
-    log-prob difference of a few ulps) without e-notation; ``0`` and non-finite values as
-    ``:g`` writes them.
-
-    >>> scientific(2.9e-06), scientific(-1.25e-7, 3), scientific(0.0)
-    ('2.9×10⁻⁶', '-1.25×10⁻⁷', '0')
-    """
-    if x == 0 or not math.isfinite(x):
-        return f"{x:g}"
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}×10{str(int(exponent)).translate(SUPERSCRIPT)}"
 
 
 LAYERS_LISTED = 8  # up to this many layers are listed one by one; more are written as ranges

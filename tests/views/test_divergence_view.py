@@ -66,6 +66,41 @@ def test_a_table_within_tolerance_says_so_and_an_empty_one_is_refused():
         render_divergence(pd.DataFrame(columns=t.columns))
 
 
+def test_no_tolerance_line_crosses_the_first_over_label():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    for t in (table(), _real_shape()):
+        fig = render_divergence(t)
+        FigureCanvasAgg(fig).draw()
+        ax = fig.axes[0]
+        (label,) = ax.texts
+        box = Text.get_window_extent(label).transformed(ax.transData.inverted())  # the text, not its arrow
+        tolerances = t[["tolerance", "kv_tolerance"]].to_numpy(float)
+        assert box.y0 > np.nanmax(tolerances), (box, np.nanmax(tolerances))  # the label sits above every line
+        assert box.y1 < ax.get_ylim()[1]  # and inside the axes
+
+
+def _real_shape():
+    """Notebook 11's shape: deltas of 2e-6 up to layer 2, 1.7 from layer 3, tolerances near 1e-3."""
+    t = table()
+    rows = []
+    for layer, delta in enumerate([2e-6, 2e-6, 2.5e-6, 1.7, 1.7]):
+        rows.append(
+            {
+                **t.iloc[0].to_dict(),
+                "layer": layer,
+                "max_abs_delta": delta,
+                "tolerance": 8e-4,
+                "kv_max_abs_delta": delta,
+                "kv_tolerance": 2e-3,
+                "over": delta > 1e-3,
+                "positions": [13] if delta > 1e-3 else [],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def _legend_labels(fig) -> list[str]:
     return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
 

@@ -29,12 +29,27 @@ def test_the_figure_has_a_lane_per_drafting_row_and_its_acceptance_rate():
 def test_a_full_bar_is_num_draft_tokens_and_tokens_per_forward_sit_after_the_rate_bar():
     fig = render_drafts(hand_events(), num_draft_tokens=8)
     lanes, rates = fig.axes
-    assert "a full bar: 8 drafts" in lanes.get_title(loc="left")
+    assert "a box holds 8 drafts" in lanes.get_title(loc="left")
     assert round(lanes.patches[0].get_height(), 3) == round(4 / 8 * 0.8, 3)  # uid 0 accepted 4 at step 0
     labels = {t.get_text(): t.get_position()[0] for t in rates.texts}
     assert labels == {"2.75 tok/fwd": pytest.approx(7 / 11 + 0.04), "1.25 tok/fwd": pytest.approx(0.29)}
     assert all(x > p.get_width() for x, p in zip(labels.values(), rates.patches))  # outside the 0-1 bar
     assert not rates.yaxis.get_major_ticks()[0].tick1line.get_visible()  # no tick before a label
+
+
+def test_each_step_draws_its_capacity_as_an_outlined_box_filled_from_its_bottom():
+    fig = render_drafts(hand_events(), num_draft_tokens=4)
+    lanes = fig.axes[0]
+    boxes = [p for p in lanes.patches if not p.get_fill()]
+    assert len(boxes) == 2 * 4  # every step of both uids, the steps that drafted nothing too
+    assert {round(p.get_height(), 3) for p in boxes} == {0.8}  # the full bar height: 4 drafts
+    uid0 = sorted((p for p in boxes if p.get_y() < 0.5), key=lambda p: p.get_x())
+    accepted = lanes.patches[:4]  # uid 0's accepted bars: 4, 2, 1, 0 of 4
+    for box, bar in zip(uid0, accepted):  # the fill starts at the box's bottom (y grows downward)
+        assert round(bar.get_y() + bar.get_height(), 3) == round(box.get_y() + box.get_height(), 3)
+    assert [round(p.get_height() / 0.8, 3) for p in accepted] == [1.0, 0.5, 0.25, 0.0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[-1] == "no draft fed (of 4 per step)"
 
 
 def test_the_figure_fits_a_jupyterlab_output_area_at_100_percent():
@@ -45,6 +60,19 @@ def test_the_figure_fits_a_jupyterlab_output_area_at_100_percent():
     canvas.draw()
     # the inline backend saves the tight box at 100 dpi; wider than the 968 px output area, it is scaled down
     assert fig.get_tightbbox(canvas.get_renderer()).width * 100 <= 968
+
+
+def test_at_the_panels_width_every_label_and_legend_entry_stays_inside_the_image():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = render_drafts(hand_events(), width_in=4.7, height_in=2.5, last_steps=4, num_draft_tokens=16)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = [a.xaxis.label for a in fig.axes] + list(fig.legends[0].get_texts())
+    assert all(
+        0 <= t.get_window_extent(renderer).x0 and t.get_window_extent(renderer).x1 <= 470 for t in texts
+    ), [(t.get_text(), t.get_window_extent(renderer).x0, t.get_window_extent(renderer).x1) for t in texts]
 
 
 def test_the_latest_steps_window_shows_the_last_steps_with_their_step_numbers():
@@ -106,7 +134,7 @@ def test_the_panel_shows_each_rows_drafts_while_speculating_and_follows_the_step
     figures = panel.figures(panel.shown, list(sched.history))
     drafts = figures[panel.drafts_image]
     assert [t.get_text() for t in drafts.axes[0].get_yticklabels()] == [f"uid {greedy}"]
-    assert "a full bar: 16 drafts" in drafts.axes[0].get_title(loc="left")  # the scheduler's num_draft_tokens
+    assert "a box holds 16 drafts" in drafts.axes[0].get_title(loc="left")  # the scheduler's num_draft_tokens
     assert drafts.get_figwidth() * panel_module.IMAGE_DPI <= 470
     assert drafts.get_figheight() * panel_module.IMAGE_DPI <= 340
     assert smallest_text_px(drafts, panel_module.IMAGE_DPI) >= 9

@@ -23,11 +23,13 @@ packed layout (snap)   ``packed_text``,            ``render_packed_mask``,
                        ``budget_text(history)``    ``render_page_table``,
                                                    ``render_token_budget(history)``
 drafts (events)        ``drafts_text``             ``render_drafts``
+LoRA slots (snap)      ``adapters_text``           ``render_adapters``,
+                                                   ``render_adapter_slots`` (events)
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
 The six rows after the divergence view live in their modules (``views.attention``,
-``views.slots``, ``views.ring``, ``views.state``, ``views.gaps``, ``views.packed``); the panel shows the
+``views.slots``, ``views.ring``, ``views.state``, ``views.gaps``, ``views.packed``; the LoRA row in ``views.adapters``); the panel shows the
 packed views for a ``Scheduler(layout="packed")``. ``Panel`` is imported lazily: importing
 this package does not import ipywidgets.
 """

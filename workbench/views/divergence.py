@@ -110,8 +110,8 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
             kv_line,
             hollow=True,
         )
-    _mark_first(ax, table, out)
     ax.set_yscale("log")
+    _mark_first(ax, table, out)
     zero = (table[["max_abs_delta", "kv_max_abs_delta"]].to_numpy(float) == 0).any()
     ax.set_xlabel("layer" + ("   (|Δ| = 0 is drawn on the bottom line)" if zero else ""), fontsize=11)
     ax.set_ylabel("max |Δ| batched vs alone", fontsize=11)
@@ -165,8 +165,14 @@ def _floor(table: pd.DataFrame) -> float:
     return float(positive.min()) / 10 if positive.size else 1e-12
 
 
+LABEL_BAND = 0.3  # the empty band over every point and line that holds the label, in decades per decade shown
+
+
 def _mark_first(ax, table: pd.DataFrame, out: np.ndarray) -> None:
-    """Annotate the first over-tolerance layer with its positions (or say none is)."""
+    """Annotate the first over-tolerance layer with its positions (or say none is): the
+    label over that layer (ending there in the right half, starting there in the left),
+    in a band the y axis grows to hold over every point and tolerance line
+    (:data:`LABEL_BAND`), so none crosses it. Call after ``set_yscale("log")``."""
     from ..verify.layers import ranges
 
     over = table.index[table["over"]]
@@ -177,12 +183,18 @@ def _mark_first(ax, table: pd.DataFrame, out: np.ndarray) -> None:
     where = list(table.loc[i, "positions"])
     positions = f"position{'s' if len(where) > 1 else ''} {ranges(where)}"
     right_half = table.loc[i, "layer"] > table["layer"].max() / 2
+    bottom, top = ax.get_ylim()
+    values = np.r_[table[["tolerance", "kv_tolerance"]].to_numpy(float).ravel(), out, top]
+    high = float(values[np.isfinite(values) & (values > 0)].max())
+    ax.set_ylim(bottom, high * (high / bottom) ** LABEL_BAND)
+    band_centre = 1 - LABEL_BAND / (1 + LABEL_BAND) / 2  # axes fraction
     ax.annotate(
         f"first over tolerance: layer {int(table.loc[i, 'layer'])}\n{positions}",
         xy=(table.loc[i, "layer"], out[i]),
-        xytext=(0.45 if right_half else 0.55, 0.5),
-        textcoords="axes fraction",
+        xytext=(table.loc[i, "layer"], band_centre),  # over its layer: the arrow drops clear of the others
+        textcoords=("data", "axes fraction"),
         ha="right" if right_half else "left",
+        va="center",
         fontsize=10,
         color=OVER,
         arrowprops={"arrowstyle": "->", "color": OVER},

@@ -84,6 +84,50 @@ def drafts_text(
 
 
 RATE_XLIM = 1.9  # the rate axis runs past 1 to hold each bar's "tokens per forward" label
+LANE = 0.8  # a lane's bar height: a step's full capacity of ``num_draft_tokens`` drafts
+
+
+def _lane(ax, i: int, steps: np.ndarray, drafted: np.ndarray, accepted: np.ndarray, k: int) -> None:
+    """Lane ``i`` (y grows downward): per step an outlined empty box of the full bar height
+    (``k`` draft slots, divided by thin lines up to 8 slots), filled from its bottom by the
+    accepted, then the rejected draft tokens, so a partly filled box reads as a fraction."""
+    floor = i + LANE / 2
+    acc, rej = accepted / k * LANE, (drafted - accepted) / k * LANE
+    ax.bar(steps, acc, bottom=floor - acc, width=LANE, color=ACCEPTED)
+    ax.bar(
+        steps,
+        rej,
+        bottom=floor - acc - rej,
+        width=LANE,
+        color=REJECTED,
+        hatch=style.BAD_HATCH,
+        edgecolor="white",
+    )
+    ax.bar(steps, LANE, bottom=floor - LANE, width=LANE, fill=False, edgecolor=style.EDGE, linewidth=1)
+    if 1 < k <= 8:
+        y = floor - LANE * np.arange(1, k)[:, None] / k
+        x = np.asarray(steps, float)
+        ax.hlines(
+            np.broadcast_to(y, (k - 1, len(x))).ravel(),
+            np.tile(x - LANE / 2, k - 1),
+            np.tile(x + LANE / 2, k - 1),
+            colors=style.BORDER,
+            linewidth=0.5,
+        )
+
+
+def _rates(ax, uids: list[int], table: pd.DataFrame) -> None:
+    """Each uid's acceptance rate as a 0-1 bar, its tokens per verify forward written after
+    the bar (``table``: :func:`acceptance` indexed by uid)."""
+    rate = [table.loc[u].acceptance_rate for u in uids]
+    ax.barh(range(len(uids)), rate, color=ACCEPTED)
+    for i, u in enumerate(uids):  # after the bar, not inside it: another unit than the bar's
+        tpf = table.loc[u].tokens_per_forward
+        ax.text(rate[i] + 0.04, i, f"{tpf:.2f} tok/fwd", va="center", fontsize="small")
+    ax.set_xlim(0, RATE_XLIM)
+    ax.set_xticks([0, 0.5, 1])
+    ax.tick_params(left=False)  # no tick mark before the label (it read as a minus sign)
+    ax.set_xlabel("acceptance rate (0-1)")
 
 
 def render_drafts(
@@ -94,8 +138,9 @@ def render_drafts(
     last_steps: int | None = None,
     num_draft_tokens: int | None = None,
 ) -> Figure:
-    """Rich form: one lane per uid over the decode steps, a bar of the accepted and a bar
-    of the rejected draft tokens at each step (a full bar: ``num_draft_tokens``); beside it,
+    """Rich form: one lane per uid over the decode steps; at each step an outlined box of
+    ``num_draft_tokens`` draft slots, filled from its bottom by the accepted, then the
+    rejected draft tokens (an empty box: the row drafted nothing); beside it,
     each uid's acceptance rate (a 0-1 bar) with its tokens per verify forward written after
     the bar, outside it.
 
@@ -103,7 +148,7 @@ def render_drafts(
         width_in, height_in: the figure's size in inches (height default: 0.5 per uid + 1.8);
             the default width fits a JupyterLab output area (968 px) at 100 dpi, unscaled.
         last_steps: draw only the latest ``last_steps`` decode steps (default: all).
-        num_draft_tokens: the scheduler's drafts per step, the height of a full bar
+        num_draft_tokens: the scheduler's drafts per step, the height of a box
             (default: the most drafts any step fed).
 
     Raises:
@@ -121,31 +166,27 @@ def render_drafts(
     steps = np.arange(T)[cols]
     drafted, accepted = drafted[:, cols], accepted[:, cols]
     for i in range(U):
-        base = i - 0.4
-        lanes.bar(steps, accepted[i] / k * 0.8, bottom=base, width=0.8, color=ACCEPTED)
-        lanes.bar(
-            steps,
-            (drafted[i] - accepted[i]) / k * 0.8,
-            bottom=base + accepted[i] / k * 0.8,
-            width=0.8,
-            color=REJECTED,
-            hatch=style.BAD_HATCH,
-            edgecolor="white",
-        )
+        _lane(lanes, i, steps, drafted[i], accepted[i], k)
     lanes.set_yticks(range(U), [f"uid {u}" for u in uids])
     lanes.set_ylim(U - 0.5, -0.5) if U else None
-    lanes.set_xlabel("decode step (one verify forward over the batch)")
-    lanes.set_title(f"draft tokens per step (a full bar: {k} drafts)", fontsize="small", loc="left")
-    rate = [table.loc[u].acceptance_rate for u in uids]
-    rates.barh(range(U), rate, color=ACCEPTED)
-    for i, u in enumerate(uids):  # after the bar, not inside it: another unit than the bar's
-        tpf = table.loc[u].tokens_per_forward
-        rates.text(rate[i] + 0.04, i, f"{tpf:.2f} tok/fwd", va="center", fontsize="small")
-    rates.set_xlim(0, RATE_XLIM)
-    rates.set_xticks([0, 0.5, 1])
-    rates.tick_params(left=False)  # no tick mark before the label (it read as a minus sign)
-    rates.set_xlabel("acceptance rate (0-1)")
+    if len(steps):
+        style.integer_ticks(lanes.xaxis, int(steps[0]), int(steps[-1]))
+    narrow = width_in < 6  # the live Panel's image: short labels, the legend in two columns
+    lanes.set_xlabel("decode step" if narrow else "decode step (one verify forward over the batch)")
+    lanes.set_title(
+        f"draft tokens per step (a box holds {k} drafts, filled from its bottom)",
+        fontsize="small",
+        loc="left",
+    )
+    _rates(rates, uids, table)
+    rates.set_xlabel("acceptance rate" if width_in < 6 else "acceptance rate (0-1)")
     style.legend(
-        fig, [("accepted draft token", ACCEPTED), ("rejected draft token", REJECTED, style.BAD_HATCH)]
+        fig,
+        [
+            ("accepted draft token", ACCEPTED),
+            ("rejected draft token", REJECTED, style.BAD_HATCH),
+            (f"no draft fed (of {k} per step)", style.LATER),
+        ],
+        ncol=2 if narrow else 3,
     )
     return fig

@@ -28,10 +28,10 @@ LoRA slots (snap)      ``adapters_text``           ``render_adapters``,
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
-The six rows after the divergence view live in their modules (``views.attention``,
-``views.slots``, ``views.ring``, ``views.state``, ``views.gaps``, ``views.packed``; the LoRA row in ``views.adapters``); the panel shows the
-packed views for a ``Scheduler(layout="packed")``. ``Panel`` is imported lazily: importing
-this package does not import ipywidgets.
+The rows after the divergence view live in their modules (``views.attention``,
+``views.slots``, ``views.ring``, ``views.state``, ``views.gaps``, ``views.packed``,
+``views.adapters``); the panel shows the packed views for a ``Scheduler(layout="packed")``.
+``Panel`` is imported lazily: importing this package does not import ipywidgets.
 """
 
 from .divergence import divergence_text, render_divergence

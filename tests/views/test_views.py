@@ -332,6 +332,13 @@ def test_render_timelines_draws_one_panel_per_run_on_shared_axes(two_request_eve
         views.render_timelines({})
 
 
+def test_render_timelines_puts_the_first_uid_on_top_for_any_number_of_runs(two_request_events):
+    # the panels share one y axis: inverting it once per panel flipped it back for 2 runs
+    for n in (1, 2, 3):
+        fig = views.render_timelines({f"run {i}": two_request_events for i in range(n)})
+        assert all(ax.yaxis_inverted() for ax in fig.axes[:n]), n
+
+
 def test_runs_side_by_side_fit_a_jupyterlab_output_area_unscaled(two_request_events):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

@@ -169,7 +169,7 @@ def draft_events(events: pd.DataFrame, snap: Snapshot) -> pd.DataFrame:
 def drafts_figure(events: pd.DataFrame, snap: Snapshot, num_draft_tokens: int | None = None) -> Figure:
     """The panel's draft image for ``snap``: accepted / rejected draft tokens of its rows
     over the latest ``DRAFT_STEPS`` decode steps (:func:`render_drafts` of
-    :func:`draft_events`; a full bar is ``num_draft_tokens``, the scheduler's setting),
+    :func:`draft_events`; a box holds ``num_draft_tokens``, the scheduler's setting),
     ``IMAGE_WIDTH_IN`` wide, or an empty state that says what makes drafts."""
     ev = draft_events(events, snap)
     drafting = ev[ev.kind == "draft"].uid.nunique()

@@ -327,7 +327,8 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
     if x == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers
     ax.set_yticks(range(len(b)), [f"uid {u}" for u in b.index])
-    ax.invert_yaxis()
+    if not ax.yaxis_inverted():  # once: panels of render_timelines share one y axis
+        ax.invert_yaxis()
     ax.set_xlabel(AXES[x][1])
     marks = "▶ join, ◀ evict" + (", ▼ preempt" if len(again) else "")
     ax.set_title(f"{title}  ({marks})")

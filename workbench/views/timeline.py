@@ -239,7 +239,11 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
             ax.plot(r.join, y, marker=">", color="black", markersize=4, clip_on=False, zorder=3)
         if pd.notna(r.evict):
             ax.plot(r.evict, y, marker="<", color="black", markersize=4, clip_on=False, zorder=3)
+    waiting = (
+        x == "step" and (b["join"].notna() & b["first_token"].isna()).any()
+    )  # joined, first token next step
     right = max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3)  # room for the last evict mark
+    right = b.now.max() + 1 if waiting else right  # and for the step a just-joined row decodes next
     ax.set_xlim(-MARGIN * right, right)  # and for a join mark at 0, clear of the axis
     if x == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers

@@ -785,9 +785,17 @@ def test_a_chat_requests_row_shows_its_last_user_message_not_the_chat_templates_
     assert shown_prompt(Valid(prompt=[5, 6]), lambda ids: f"decoded {ids}") == "decoded [5, 6]"
 
 
-def test_the_panel_takes_its_prompt_boxs_initial_text(make_sched):
-    panel = views.Panel(make_sched(max_batch=2), prompt="What is the capital of France?")
-    assert panel.prompt.value == "What is the capital of France?"
+def test_the_panel_takes_its_prompt_boxs_initial_text_and_submits_it_as_a_user_message_when_chat(
+    make_sched, monkeypatch
+):
+    panel = views.Panel(make_sched(max_batch=2), prompt="What color is the sky?", chat=True)
+    assert panel.prompt.value == "What color is the sky?"
+    sent = []
+    monkeypatch.setattr(panel.sched, "submit", lambda request: sent.append(request))
+    panel.buttons["Submit"].click()
+    assert (
+        sent[0].messages == [{"role": "user", "content": "What color is the sky?"}] and sent[0].prompt is None
+    )
 
 
 def _two_rows(make_sched, prompt, lengths=(5, 2)):

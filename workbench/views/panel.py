@@ -235,7 +235,10 @@ class Panel:
             :func:`reset_scheduler`).
         shown: index into ``sched.history`` of the snapshot to show first (the slider's
             value; drawn once); default: the newest, the one the panel records on opening.
-        prompt: initial text of the prompt box (Submit sends it as a plain-text prompt).
+        prompt: initial text of the prompt box.
+        chat: Submit sends the prompt box's text as a chat request, one user message
+            (``Request(messages=[{"role": "user", "content": text}])``, encoded with the
+            tokenizer's chat template: for an instruct model); default: a plain-text prompt.
 
     Raises:
         ValueError: when ``shown`` is not an index of ``sched.history``.
@@ -249,6 +252,7 @@ class Panel:
         reset: Callable[[Scheduler], Scheduler] = reset_scheduler,
         shown: int | None = None,
         prompt: str = "def add(a, b):",
+        chat: bool = False,
     ):
         if shown is not None and not 0 <= shown < len(sched.history):
             raise ValueError(
@@ -256,6 +260,7 @@ class Panel:
             )
         self.sched = sched
         self._reset = reset
+        self.chat = chat
         self.prompt = W.Text(value=prompt, description="prompt")
         self.max_tokens = W.IntText(value=max_tokens, description="max tokens")
         self.run_steps = W.IntText(value=run_steps, description="steps N")
@@ -334,8 +339,10 @@ class Panel:
 
     # -- actions: call the engine, then snapshot and re-render ------------------------
     def on_submit(self) -> None:
-        """Submit the prompt box's text with the max-tokens box's value."""
-        self._act(lambda s: s.submit(Request(prompt=self.prompt.value, max_tokens=self.max_tokens.value)))
+        """Submit the prompt box's text (a user message when ``chat``) with the max-tokens box's value."""
+        text = self.prompt.value
+        asked = {"messages": [{"role": "user", "content": text}]} if self.chat else {"prompt": text}
+        self._act(lambda s: s.submit(Request(**asked, max_tokens=self.max_tokens.value)))
 
     def on_admit(self) -> None:
         """``sched.admit()``; with nothing to admit, the notice says so (:func:`nothing_to_do`)."""

@@ -17,6 +17,13 @@ def test_equal_traces_match_with_zero_noise():
     assert row.match and row.cause == oracle.MATCH and row.noise == 0.0
 
 
+def test_a_match_writes_its_log_prob_difference_without_e_notation():
+    exact = compare_row(3, TokenTrace([1, 2, 3], [-0.1, -0.2, -0.3]), REF)
+    assert exact.describe() == "uid 3: match (3 tokens, max |dlogprob| 0)"
+    near = compare_row(3, TokenTrace([1, 2, 3], [-0.1, -0.2 + 2.5e-6, -0.3]), REF, atol=1e-4)
+    assert near.match and near.describe().endswith("max |dlogprob| 2.5×10⁻⁶)")
+
+
 def test_equal_tokens_with_tf32_sized_logprob_differences_are_log_prob_noise():
     row = compare_row(0, TokenTrace([1, 2, 3], [-0.1, -0.2008, -0.3]), REF)
     assert not row.match and row.cause == oracle.LOGPROB_NOISE and abs(row.noise - 8e-4) < 1e-9

@@ -33,11 +33,25 @@ def test_the_held_bytes_stack_in_mib_under_the_projection_and_the_budget_with_th
         "batch caches",
         "prefilling group",
         "prompt cache",
-        "projected (admission)",
+        "projected by admission (rows only)",
         "kv_budget_bytes",
         "per-request sum",
     ]
     assert ax.get_ylabel() == "MiB"
+
+
+def test_the_prompt_cache_is_no_second_yellow_and_the_budget_is_a_dashed_limit_not_a_verdict():
+    from matplotlib.colors import to_hex
+
+    from tests.views.test_style import lab
+    from workbench.views import style
+
+    (ax,) = render_budget_bytes(HISTORY, 4 * MIB).axes
+    prefill, prompt_cache = (to_hex(c.get_facecolor()[0], keep_alpha=False) for c in ax.collections[1:3])
+    assert prefill == style.PREFILL  # SERIES[2] (#bcbd22) was 17 CIE76 units from it: two yellows
+    assert np.linalg.norm(lab(prompt_cache) - lab(style.PREFILL)) >= 45 and ax.collections[2].get_hatch()
+    (budget,) = [line for line in ax.lines if tuple(line.get_ydata()) == (4.0, 4.0)]
+    assert budget.get_linestyle() == "--" and to_hex(budget.get_color()) == "#000000"
 
 
 def test_the_budget_view_refuses_no_history_and_a_per_request_sum_of_another_length():

@@ -93,3 +93,33 @@ def test_a_pure_recurrent_snapshot_says_it_has_no_kv_cache():
     sched.admit()
     head = sched.snapshot().text().splitlines()[0]
     assert "no KV cache (recurrent state only)" in head and "KV width" not in head and "state bytes" in head
+
+
+def hybrid_snapshot(context: int, state_bytes: int = 2200, token_bytes: int = 100):
+    """A one-row stand-in of a hybrid snapshot: an ``ssm`` state and a ``full`` KV cache of
+    ``context`` positions."""
+    from types import SimpleNamespace
+
+    groups = (
+        SimpleNamespace(name="ssm", kv_bytes=state_bytes, token_bytes=0, kv_width_tokens=0),
+        SimpleNamespace(name="full", kv_bytes=0, token_bytes=token_bytes, kv_width_tokens=context),
+    )
+    return SimpleNamespace(
+        batch_size=1,
+        context_tokens=(context,),
+        groups=groups,
+        group=lambda name: next(g for g in groups if g.name == name),
+    )
+
+
+def test_the_crossing_is_where_the_kv_cache_first_holds_more_than_the_state_and_is_drawn():
+    from workbench.views.state import crossing_tokens
+
+    history = [hybrid_snapshot(c) for c in range(18, 30)]
+    assert crossing_tokens(history) == 23  # 22 x 100 bytes equals the 2200-byte state: not more
+    assert crossing_tokens(history[:5]) is None
+    ax = render_state(history).axes[0]
+    (line,) = [ln for ln in ax.lines if ln.get_linestyle() == ":"]
+    assert list(line.get_xdata()) == [23, 23]
+    assert ax.texts[0].get_text().startswith("from 23 tokens on, the KV cache")
+    assert not [ln for ln in render_state(history[:5]).axes[0].lines if ln.get_linestyle() == ":"]

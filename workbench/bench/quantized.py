@@ -14,6 +14,7 @@ machine (the docs state which); row counts under a budget are deterministic.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,7 +35,17 @@ Setting = tuple[int | None, int]
 
 
 # The columns of step_cost's and admission_under_budget's frames, one row per setting
-STEP_COLUMNS = ("setting", "rows", "context_tokens", "kv_bytes", "step_s", "vs_float")
+STEP_COLUMNS = (
+    "setting",
+    "rows",
+    "context_tokens",
+    "kv_bytes",
+    "step_s",
+    "step_s_p25",
+    "step_s_p75",
+    "load_1min",
+    "vs_float",
+)
 ADMISSION_COLUMNS = (
     "setting",
     "kv_budget_bytes",
@@ -69,6 +80,14 @@ def bytes_per_token(model: Any, settings: Sequence[Setting]) -> pd.DataFrame:
     return frame
 
 
+def _quartiles(times: Sequence[float]) -> tuple[float, float, float]:
+    """Median, 25th and 75th percentile of ``times`` (one value: that value three times)."""
+    if len(times) == 1:
+        return times[0], times[0], times[0]
+    p25, p50, p75 = statistics.quantiles(times, n=4, method="inclusive")
+    return p50, p25, p75
+
+
 def step_cost(
     model: Any,
     rows: int,
@@ -82,7 +101,11 @@ def step_cost(
     :func:`quantize_batch`, as the engine converts it), and the cache's bytes. Settings
     are measured in turn within each repeat (so drift hits all alike); medians over
     ``repeats``. Columns ``setting``, ``rows``, ``context_tokens``, ``kv_bytes``,
-    ``step_s``, ``vs_float`` (step time ratio to the float setting). Quantized settings
+    ``step_s`` (median), ``step_s_p25`` / ``step_s_p75`` (the quartiles of the repeats: the
+    middle half of them lies between),
+    ``load_1min`` (the machine's 1-minute load average when the timed repeats began; NaN
+    where the OS has none), ``vs_float`` (median step time ratio to the float setting).
+    Quantized settings
     attend as a scheduler with them would (:func:`~workbench.engine.levers.quantized_kv.check_model`:
     ``quantized_matmul``, or dequantizing where the device lacks it)."""
     base = kv.merge_rows(_filled_rows(model, rows, context_tokens))
@@ -108,13 +131,23 @@ def step_cost(
         for _ in range(warm_steps):
             _timed(step(s))
     times: dict[Setting, list[float]] = {s: [] for s in settings}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     for _ in range(repeats):
         for s in settings:
             times[s].append(_timed(step(s)))
     frame = pd.DataFrame(
         [
-            (label(s), rows, context_tokens, kv.kv_bytes(caches[s]), statistics.median(times[s]))
-            for s in settings
+            (
+                label(s),
+                rows,
+                context_tokens,
+                kv.kv_bytes(caches[s]),
+                statistics.median(t),
+                min(t),
+                max(t),
+                load,
+            )
+            for s, t in times.items()
         ],
         columns=list(STEP_COLUMNS[:-1]),  # vs_float follows from step_s
     )

@@ -23,6 +23,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
 
 from ..engine.kv.caches import single_cache
 from ..engine.text import RowText
+from ..observe.numbers import scientific
 
 DEFAULT_ATOL = 1e-4
 
@@ -206,7 +207,8 @@ class RowResult:
         reference's top-2 margin there and the measured log-prob noise."""
         if self.first_divergence_step is None:
             verdict = "match" if self.match else f"MISMATCH ({self.cause})"
-            return f"uid {self.uid}: {verdict} ({self.n_tokens} tokens, max |dlogprob| {self.max_logprob_diff:.2e})"
+            diff = scientific(self.max_logprob_diff)
+            return f"uid {self.uid}: {verdict} ({self.n_tokens} tokens, max |dlogprob| {diff})"
         verdict = "near-tie accepted" if self.tie_accepted else f"MISMATCH ({self.cause})"
         return (
             f"uid {self.uid}: {verdict} at step {self.first_divergence_step}: ours {self.ours} vs reference "

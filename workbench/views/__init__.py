@@ -18,6 +18,7 @@ divergence by layer    ``divergence_text(table)``  ``render_divergence(table)``
 slots x steps (events) ``slots_text``              ``render_slots``
 ring buffer (snaps)    ``LayerGroup.text``         ``render_ring``
 state vs KV (history)  ``state_text``              ``render_state``
+mistake vs engine      ``gaps_text``               ``render_gaps`` (Δ log-prob, tolerance)
 packed layout (snap)   ``packed_text``,            ``render_packed_mask``,
                        ``budget_text(history)``    ``render_page_table``,
                                                    ``render_token_budget(history)``
@@ -25,8 +26,8 @@ drafts (events)        ``drafts_text``             ``render_drafts``
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
 =====================  ==========================  ==============================
 
-The five rows after the divergence view live in their modules (``views.attention``,
-``views.slots``, ``views.ring``, ``views.state``, ``views.packed``); the panel shows the
+The six rows after the divergence view live in their modules (``views.attention``,
+``views.slots``, ``views.ring``, ``views.state``, ``views.gaps``, ``views.packed``); the panel shows the
 packed views for a ``Scheduler(layout="packed")``. ``Panel`` is imported lazily: importing
 this package does not import ipywidgets.
 """

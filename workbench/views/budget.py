@@ -21,20 +21,23 @@ from ..observe.snapshot import Snapshot
 from . import style
 
 MIB = 2**20
-HELD = (  # (snapshot field, label, colour): the stacked owners of held bytes
-    ("kv_bytes", "batch caches", style.ATTENDED),
-    ("prefill_kv_bytes", "prefilling group", style.PREFILL),
-    ("prompt_cache_bytes", "prompt cache", style.SERIES[2]),
+HELD = (  # (snapshot field, label, colour, hatch): the stacked owners of held bytes
+    ("kv_bytes", "batch caches", style.ATTENDED, None),
+    ("prefill_kv_bytes", "prefilling group", style.PREFILL, None),
+    ("prompt_cache_bytes", "prompt cache", style.SERIES[3], "//"),  # purple, hatched: no second yellow
 )
+PROJECTED = "projected by admission (rows only)"  # the prompt cache is trimmed to the budget separately
+LIMIT = {"color": "black", "ls": "--", "lw": 1.5}  # a limit, not a verdict: no verdict colour
 
 
 def render_budget_bytes(
     history: Sequence[Snapshot], budget_bytes: int, per_request_bytes: Sequence[int] | None = None
 ) -> Figure:
     """KV bytes held per snapshot (MiB), stacked: batch caches, the prefilling group, the
-    prompt cache; over them the bytes admission projected (``kv_projected_bytes``), the
-    budget ``budget_bytes`` and, when given, ``per_request_bytes`` (one value per snapshot:
-    a per-request sum to compare with, dashed).
+    prompt cache; over them the bytes admission projected for the batch and prefilling
+    rows (``kv_projected_bytes``: the prompt cache is not in it, it is trimmed to the
+    budget separately), the budget ``budget_bytes`` (black, dashed) and, when given,
+    ``per_request_bytes`` (one value per snapshot: a per-request sum to compare with, dotted).
 
     Raises:
         ValueError: for an empty ``history``, or ``per_request_bytes`` of another length.
@@ -48,24 +51,28 @@ def render_budget_bytes(
     fig = Figure(figsize=(9.4, 3.8), layout="constrained")
     ax = fig.subplots()
     x = range(len(history))
-    ax.stackplot(
+    layers = ax.stackplot(
         x,
-        *[[getattr(s, field) / MIB for s in history] for field, _, _ in HELD],
-        colors=[c for _, _, c in HELD],
+        *[[getattr(s, field) / MIB for s in history] for field, *_ in HELD],
+        colors=[c for _, _, c, _ in HELD],
         alpha=0.85,
     )
+    for layer, (*_, hatch) in zip(layers, HELD):
+        layer.set_hatch(hatch)
+        layer.set_edgecolor("white")  # the hatch's lines
     ax.plot(x, [s.kv_projected_bytes / MIB for s in history], color="black", lw=1)
-    lines = [("projected (admission)", "black", "-"), ("kv_budget_bytes", style.BAD, "-")]
+    lines = [(PROJECTED, {"color": "black", "ls": "-", "lw": 1}), ("kv_budget_bytes", LIMIT)]
     if per_request_bytes is not None:
-        ax.plot(x, [b / MIB for b in per_request_bytes], color=style.EDGE, ls="--", lw=1)
-        lines.append(("per-request sum", style.EDGE, "--"))
-    ax.axhline(budget_bytes / MIB, color=style.BAD, lw=1.5)
+        dotted = {"color": style.EDGE, "ls": ":", "lw": 1.2}
+        ax.plot(x, [b / MIB for b in per_request_bytes], **dotted)
+        lines.append(("per-request sum", dotted))
+    ax.axhline(budget_bytes / MIB, **LIMIT)
     ax.set_xlabel("snapshot (one per engine call that changed the batch)")
     ax.set_ylabel("MiB")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # the budget line below the frame, not on it
     ax.set_title("KV bytes held against the budget", fontsize="medium", loc="left")
-    handles = [Patch(facecolor=c, edgecolor=style.EDGE, label=label) for _, label, c in HELD]
-    handles += [Line2D([], [], color=c, ls=ls, label=label) for label, c, ls in lines]
+    handles = [Patch(facecolor=c, edgecolor=style.EDGE, hatch=h, label=label) for _, label, c, h in HELD]
+    handles += [Line2D([], [], label=label, **kw) for label, kw in lines]
     fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize="small", frameon=False)
     return fig
 

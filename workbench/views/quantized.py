@@ -11,14 +11,17 @@ compared position by position with the float cache's run of the same requests::
     q4/g32  uid 1 | = = = = = = = = =         9/9 equal
 
 Text form of the tables: :func:`quantized_text` (the three tables, aligned). Rich form:
-:func:`render_quantized`, three panels with one bar per setting (float first):
+:func:`render_quantized`, one bar per setting (float first), one colour per bits, a legend
+naming each setting drawn with its group size:
 
-1. KV bytes per token (all layers, keys + values), with each bar's ratio to float;
-2. decode step time (ms) at ``B`` rows x ``S`` tokens of context, one group per context,
-   each quantized bar labelled (vertically, so neighbouring bars' labels never overlap)
-   with its ratio to the float bar;
-3. the most rows running at once under the same byte budget, and generated tokens per
-   decode step.
+1. (when given the bytes table) KV bytes per token (all layers, keys + values), with each
+   bar's ratio to float;
+2. decode step time (ms, the median) at ``B`` rows x ``S`` tokens of context, one group per
+   context, whiskers over the middle half of the repeats, each quantized bar labelled
+   (vertically, so neighbouring bars' labels never overlap) with its ratio to the float
+   bar, the measurement's load average in the title;
+3. the most rows running at once under the same byte budget (MiB), each bar labelled with
+   its mean generated tokens per decode step.
 
 The figure is ``WIDTH_IN`` (9.4 in) wide: 940 px at the inline backend's 100 dpi, so a
 JupyterLab output area (about 968 px at a 1400 px window) shows it at its own size and its
@@ -100,45 +103,97 @@ def _bars(ax, table: pd.DataFrame, column: str, notes: list[str]) -> None:
     ax.margins(y=0.18)
 
 
-def render_quantized(
-    bytes_table: pd.DataFrame,
-    steps: pd.DataFrame,
-    admission: pd.DataFrame,
-    model_name: str = "",
-    step_model_name: str = "",
-) -> Figure:
-    """Three panels (see the module docstring) of the tables of
-    :mod:`workbench.bench.quantized`; ``steps`` may hold several context lengths.
-    ``model_name`` / ``step_model_name`` label the model of the bytes and budget panels /
-    of the step-time panel."""
-    fig = Figure(figsize=(WIDTH_IN, 4.2), layout="constrained")
-    ax_bytes, ax_step, ax_rows = fig.subplots(1, 3, width_ratios=[1, 1.45, 1])
-    _bars(ax_bytes, bytes_table, "bytes_per_token", [f"x{r:.3g}" for r in bytes_table.vs_float])
-    ax_bytes.set_ylabel("KV bytes per token (all layers)")
-    ax_bytes.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
+def _bytes_panel(ax, bytes_table: pd.DataFrame, model_name: str) -> None:
+    """KV bytes per token per setting, each bar's ratio to float above it."""
+    _bars(ax, bytes_table, "bytes_per_token", [f"x{r:.3g}" for r in bytes_table.vs_float])
+    ax.set_ylabel("KV bytes per token (all layers)")
+    ax.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
+
+
+def _load_range(steps: pd.DataFrame) -> str:
+    """``1-min load average 1.5-2.1`` (the range of ``steps``' ``load_1min``), or ``""``
+    when unknown."""
+    if "load_1min" not in steps or steps.load_1min.isna().all():
+        return ""
+    lo, hi = steps.load_1min.min(), steps.load_1min.max()
+    span = f"{lo:.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}-{hi:.1f}"
+    return f"1-min load average {span}"
+
+
+def _step_panel(ax, steps: pd.DataFrame, step_model_name: str) -> None:
+    """Median decode step time per setting, one group of bars per context, whiskers over
+    the middle half of the repeats (when ``steps`` has their quartiles), ratios to float
+    above the whiskers."""
     contexts = sorted(steps.context_tokens.unique())
     step_settings = list(dict.fromkeys(steps.setting))
     width = 0.8 / max(len(step_settings), 1)
+    spread = {"step_s_p25", "step_s_p75"} <= set(steps.columns)
     for i, s in enumerate(step_settings):
         rows = steps[steps.setting == s].set_index("context_tokens").reindex(contexts)
         xs = [k + (i - (len(step_settings) - 1) / 2) * width for k in range(len(contexts))]
-        ax_step.bar(xs, rows.step_s * 1e3, width=width, color=_colour(s), edgecolor=style.EDGE, label=s)
-        for x, v, r in zip(xs, rows.step_s * 1e3, rows.vs_float):
+        ms = rows.step_s * 1e3
+        ax.bar(xs, ms, width=width, color=_colour(s), edgecolor=style.EDGE)
+        top = rows.step_s_p75 * 1e3 if spread else ms
+        if spread:
+            low, high = ms - rows.step_s_p25 * 1e3, top - ms
+            ax.errorbar(xs, ms, yerr=[low, high], fmt="none", ecolor="black", elinewidth=1, capsize=2.5)
+        for x, v, r in zip(xs, top, rows.vs_float):
             if s != "float":  # the float bar is x1 by definition
-                _note(ax_step, f"x{r:.2f}", (x, v), rotation=90)
-    ax_step.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
-    ax_step.set_ylabel("decode step (ms)")
-    on = f" ({step_model_name})" if step_model_name else ""
-    ax_step.set_title(f"step time{on}, B = {int(steps.rows.iloc[0])} rows", fontsize="medium")
-    ax_step.margins(y=0.3)
-    _bars(ax_rows, admission, "max_rows", [f"{t:.3g} tok/step" for t in admission.tokens_per_step])
-    ax_rows.set_ylabel("most rows running at once")
-    ax_rows.set_title(
-        f"rows under a budget of\n{int(admission.kv_budget_bytes.iloc[0]):,} B", fontsize="medium"
-    )
-    style.legend(
-        fig, [(name if name == "float" else f"{name[1:]}-bit", c) for name, c in BITS_COLOURS.items()]
-    )
+                _note(ax, f"x{r:.2f}", (x, v), rotation=90)
+    ax.set_xticks(range(len(contexts)), [f"S = {c}" for c in contexts])
+    ax.set_xlabel("tokens of context per row")
+    ax.set_ylabel("decode step (ms)")
+    on = f", {step_model_name}" if step_model_name else ""
+    spread_note = "median, whiskers: middle half of the repeats" if spread else ""
+    how = "\n".join(p for p in [spread_note, _load_range(steps)] if p)
+    ax.set_title(f"decode step{on}, B = {int(steps.rows.iloc[0])} rows\n{how}".rstrip(), fontsize="medium")
+    ax.margins(y=0.3)
+
+
+def _rows_panel(ax, admission: pd.DataFrame, model_name: str) -> None:
+    """The most rows running at once under one byte budget (MiB in the title), each
+    bar's mean generated tokens per decode step above it."""
+    _bars(ax, admission, "max_rows", [f"mean {t:.3g} tok/step" for t in admission.tokens_per_step])
+    ax.set_ylabel("most rows running at once")
+    budget_mib = admission.kv_budget_bytes.iloc[0] / 2**20
+    on = f" ({model_name})" if model_name else ""
+    ax.set_title(f"rows under a KV budget\nof {budget_mib:.3g} MiB{on}", fontsize="medium")
+
+
+def _setting_name(setting: str) -> str:
+    """A legend entry: ``q8/g32 = 8-bit, group 32``; ``float`` as it is."""
+    if "/" not in setting:
+        return setting
+    bits, group = setting.split("/")
+    return f"{setting} = {bits[1:]}-bit, group {group[1:]}"
+
+
+def render_quantized(
+    steps: pd.DataFrame,
+    admission: pd.DataFrame,
+    *,
+    bytes_table: pd.DataFrame | None = None,
+    model_name: str = "",
+    step_model_name: str = "",
+) -> Figure:
+    """What a quantized cache buys and costs (see the module docstring): the decode step
+    time of ``steps`` (:func:`workbench.bench.quantized.step_cost`'s frames, several
+    context lengths allowed; whiskers where it has ``step_s_p25`` / ``step_s_p75``, its
+    load average in the title where it has ``load_1min``) beside the rows under one
+    budget of ``admission``; ``bytes_table`` given, the bytes per token first.
+    ``model_name`` / ``step_model_name`` label the model of the bytes and budget panels /
+    of the step-time panel. The legend names every setting drawn (``q8/g32 = 8-bit,
+    group 32``), so panels of different group sizes say so."""
+    panels = 2 if bytes_table is None else 3
+    fig = Figure(figsize=(WIDTH_IN, 4.4), layout="constrained")
+    axes = list(fig.subplots(1, panels, width_ratios=[0.85, 1.45, 1.1][-panels:]))
+    if bytes_table is not None:
+        _bytes_panel(axes.pop(0), bytes_table, model_name)
+    _step_panel(axes[0], steps, step_model_name)
+    _rows_panel(axes[1], admission, model_name)
+    tables = [t for t in (bytes_table, steps, admission) if t is not None]
+    names = dict.fromkeys(s for t in tables for s in t.setting)
+    style.legend(fig, [(_setting_name(s), _colour(s)) for s in names])
     return fig
 
 
@@ -202,9 +257,7 @@ def render_quantized_effect(
         grid[i, : len(row)] = row
     fig = Figure(figsize=(WIDTH_IN, max(3.2, 0.9 + 0.24 * len(same))), layout="constrained")
     ax_bytes, ax_tok = fig.subplots(1, 2, width_ratios=[1, 2.2])
-    _bars(ax_bytes, bytes_table, "bytes_per_token", [f"x{r:.3g}" for r in bytes_table.vs_float])
-    ax_bytes.set_ylabel("KV bytes per token (all layers)")
-    ax_bytes.set_title(f"bytes{f' ({model_name})' if model_name else ''}", fontsize="medium")
+    _bytes_panel(ax_bytes, bytes_table, model_name)
     cmap = ListedColormap([style.BAD, style.GOOD]).with_extremes(bad=style.LATER)
     ax_tok.imshow(
         np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest"

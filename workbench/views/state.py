@@ -28,6 +28,19 @@ def group_bytes(snap: Snapshot, g: LayerGroup) -> int:
     return g.kv_bytes if g.name == "ssm" else g.token_bytes * g.kv_width_tokens * snap.batch_size
 
 
+def crossing_tokens(history: Sequence[Snapshot]) -> int | None:
+    """The longest row's context (tokens) at the first snapshot with rows where an
+    attention group holds more bytes than the ``ssm`` group's state (:func:`group_bytes`);
+    ``None`` when that never happens or there is no ``ssm`` group."""
+    for s in history:
+        names = {g.name for g in s.groups}
+        if s.batch_size and "ssm" in names:
+            state = group_bytes(s, s.group("ssm"))
+            if any(group_bytes(s, g) > state for g in s.groups if g.name != "ssm"):
+                return int(max(s.context_tokens))
+    return None
+
+
 def state_text(history: Sequence[Snapshot]) -> str:
     """One line per snapshot with rows: step, rows, the longest context and each group's bytes."""
     names = [g.name for g in history[0].groups] if history else []
@@ -43,7 +56,9 @@ def state_text(history: Sequence[Snapshot]) -> str:
 
 def render_state(history: Sequence[Snapshot], title: str | None = None) -> Figure:
     """Bytes per layer group (KiB) against the longest row's context (tokens), one line
-    per group: flat for recurrent state, rising for an attention group's KV cache.
+    per group: flat for recurrent state, rising for an attention group's KV cache; a
+    dotted vertical line, labelled, where the KV cache first holds more than the state
+    (:func:`crossing_tokens`).
 
     Raises:
         ValueError: when no snapshot of ``history`` has rows.
@@ -62,6 +77,17 @@ def render_state(history: Sequence[Snapshot], title: str | None = None) -> Figur
     ax.set_xlabel("longest row's context (tokens)")
     ax.set_ylabel("KiB held by the group")
     ax.set_ylim(bottom=0)
+    cross = crossing_tokens(shown)
+    if cross is not None:
+        ax.axvline(cross, color="black", ls=":", lw=1.2)
+        ax.annotate(
+            f"from {cross} tokens on, the KV cache\nholds more than the state",
+            (cross, 0.04),
+            xycoords=("data", "axes fraction"),
+            xytext=(6, 0),
+            textcoords="offset points",
+            fontsize="small",
+        )
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize="small")

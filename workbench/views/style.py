@@ -7,7 +7,6 @@ slot is the same grey in the mask heatmap, the KV geometry bars and the legend.
 from __future__ import annotations
 
 import io
-import math
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -16,6 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 
 from ..bench.axes import log_tick_subs, plain_log_axis  # noqa: F401  (the views' log axes)
+from ..observe.numbers import scientific  # noqa: F401  (numbers without e-notation)
 
 # One meaning per colour, in every figure of the views (tests/views/test_style.py checks that
 # no colour has two names, that every view draws its cells and spans from these names, and
@@ -63,23 +63,6 @@ PALETTE = {
     "mlx-lm": MLX_LM,
     **{f"series {i}": c for i, c in enumerate(SERIES)},
 }
-
-
-SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def scientific(x: float, digits: int = 2) -> str:
-    """``x`` with ``digits`` significant digits as ``m×10ⁿ``, for magnitudes far from 1 (a
-    log-prob difference of a few ulps) without e-notation; ``0`` and non-finite values as
-    ``:g`` writes them.
-
-    >>> scientific(2.9e-06), scientific(-1.25e-7, 3), scientific(0.0)
-    ('2.9×10⁻⁶', '-1.25×10⁻⁷', '0')
-    """
-    if x == 0 or not math.isfinite(x):
-        return f"{x:g}"
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}×10{str(int(exponent)).translate(SUPERSCRIPT)}"
 
 
 LAYERS_LISTED = 8  # up to this many layers are listed one by one; more are written as ranges

@@ -12,18 +12,20 @@ Text form (one column per decode step ``s``, one line per uid; deterministic)::
     #  a token generated at step s (a row joins at the step of its first token)
     f  finished, still in the batch (fed, output discarded) until filter() evicts it
     x  evicted before step s (filter after step s-1)
+    p  preempted before step s (its cache dropped, back in the queue: q until re-admitted)
 
 A run longer than ``max_columns`` steps (default 100, so a line fits a notebook's output
 area at 100% zoom without wrapping) is drawn ``k = ceil(steps / max_columns)`` steps per
 column, under a header line saying so; a column shows the strongest of its steps' marks,
-``x`` > ``#`` > ``f`` > ``q`` > blank::
+``x`` > ``p`` > ``#`` > ``f`` > ``q`` > blank::
 
     (one column = 2 decode steps)
     uid 0 | ##x
     uid 1 | qq###x
 
 Rich form: a matplotlib Figure over wall-clock time (``x="time"``) or over decode steps
-(``x="step"``), with join (▶) and evict (◀) marks. Over steps an event logged with step
+(``x="step"``), with join (▶), evict (◀) and preempt (▼) marks; a preempted row is queued
+again from its preemption to its re-admission. Over steps an event logged with step
 index ``s`` sits at ``s`` (before step ``s``'s forward) and a token of step ``s`` fills
 ``[s, s + 1)``, so prefill (admit → first token) has no width; over time it has.
 """
@@ -43,6 +45,7 @@ SPANS = (
     ("decode", style.ATTENDED),
     ("finished, not filtered", style.WAITING),
 )
+MARKS = {"join": ">", "evict": "<", "preempt": "v"}  # event kind -> its marker on a row
 MIN_VISIBLE_SHARE = 0.002  # a span narrower than this share of the axis is under a pixel wide
 AXES = {"time": ("time_s", "time since first submit (s)"), "step": ("step", "decode step")}
 
@@ -52,7 +55,14 @@ def _per_uid(events: pd.DataFrame, kind: str, col: str, how: str = "min") -> pd.
 
 
 TEXT_COLUMNS = 100  # step columns of the text form: "uid NN | " + 100 < a JupyterLab output line at 100% zoom
-MARK_RANK = {" ": 0, "q": 1, "f": 2, "#": 3, "x": 4}  # the mark a merged column shows: the highest rank
+MARK_RANK = {
+    " ": 0,
+    "q": 1,
+    "f": 2,
+    "#": 3,
+    "p": 4,
+    "x": 5,
+}  # the mark a merged column shows: the highest rank
 
 
 def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
@@ -73,6 +83,7 @@ def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
     fin = _per_uid(events, "finish", "step")
     evi = _per_uid(events, "evict", "step")
     tok_steps = events[events.kind == "token"].groupby("uid").step.apply(set)
+    again = preemptions(events, "step")
     width = max(len(str(u)) for u in sub.index)
     per_column = -(-n_steps // max_columns)
     lines = [f"(one column = {per_column} decode steps)"] if per_column > 1 else []
@@ -85,7 +96,9 @@ def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
                 cells.append("x" if s == evi[uid] else " ")
             elif uid in fin.index and s > fin[uid]:
                 cells.append("f")
-            elif sub[uid] <= s and (uid not in adm.index or adm[uid] > s):
+            elif ((again.uid == uid) & (again.preempt == s)).any():
+                cells.append("p")
+            elif (sub[uid] <= s and (uid not in adm.index or adm[uid] > s)) or _requeued(again, uid, s):
                 cells.append("q")
             else:
                 cells.append(" ")
@@ -94,6 +107,18 @@ def timeline_text(events: pd.DataFrame, max_columns: int = TEXT_COLUMNS) -> str:
         ]
         lines.append(f"uid {uid:>{width}} | " + "".join(merged).rstrip())
     return "\n".join(lines)
+
+
+def _axis(events: pd.DataFrame, x: str) -> tuple[str, float]:
+    """The events' column for axis ``x`` and its origin (the first submit's time, or step 0).
+
+    Raises:
+        ValueError: for an ``x`` other than ``time`` or ``step``.
+    """
+    if x not in AXES:
+        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
+    col = AXES[x][0]
+    return col, events[events.kind == "submit"][col].min() if x == "time" else 0
 
 
 def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
@@ -107,10 +132,7 @@ def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     Raises:
         ValueError: for an ``x`` other than ``time`` or ``step``.
     """
-    if x not in AXES:
-        raise ValueError(f"x must be one of {sorted(AXES)}, got {x!r}")
-    col = AXES[x][0]
-    t0 = events[events.kind == "submit"][col].min() if x == "time" else 0
+    col, t0 = _axis(events, x)
     out = pd.DataFrame({"submit": _per_uid(events, "submit", col)})
     for name, kind in (
         ("admit", "admit"),
@@ -127,6 +149,33 @@ def span_bounds(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
     else:
         out["now"] = events.time_s.max()
     return out - t0
+
+
+def preemptions(events: pd.DataFrame, x: str = "time") -> pd.DataFrame:
+    """One row per ``preempt`` event, in log order: ``uid``, and on axis ``x`` (as
+    :func:`span_bounds`: seconds since the first submit, or step) the ``preempt``, the
+    request's next ``admit`` after it and its next ``token`` after that admit
+    (``first_token``); NaN where that has not happened yet.
+
+    Raises:
+        ValueError: for an ``x`` other than ``time`` or ``step``.
+    """
+    col, t0 = _axis(events, x)
+    rows = []
+    for i, e in events[events.kind == "preempt"].iterrows():
+        later = events[(events.index > i) & (events.uid == e.uid)]
+        admit = later[later.kind == "admit"]
+        token = later[(later.kind == "token") & (later.index > admit.index[0])] if len(admit) else admit
+        at = [float(f[col].iloc[0]) - t0 if len(f) else float("nan") for f in (admit, token)]
+        rows.append((e.uid, float(e[col]) - t0, *at))
+    return pd.DataFrame(rows, columns=["uid", "preempt", "admit", "first_token"])
+
+
+def _requeued(again: pd.DataFrame, uid: int, s: int) -> bool:
+    """Whether ``uid`` waits in the queue again at step ``s`` (after a preemption in
+    ``again``, :func:`preemptions` over steps, and before its re-admission)."""
+    mine = again[again.uid == uid]
+    return bool(((mine.preempt < s) & ~(mine.admit <= s)).any())
 
 
 def render_timeline(
@@ -192,12 +241,16 @@ def render_timelines(runs: dict[str, pd.DataFrame], x: str = "step") -> Figure:
     return fig
 
 
-def visible_spans(b: pd.DataFrame, min_share: float = MIN_VISIBLE_SHARE) -> pd.DataFrame:
+def visible_spans(
+    b: pd.DataFrame, min_share: float = MIN_VISIBLE_SHARE, preempted: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The spans :func:`render_timeline` draws, from :func:`span_bounds` ``b``: one row per
     (uid, kind) with ``y`` (row position), ``kind`` (a name of ``SPANS``), ``left`` and
     ``width`` (axis units). A span still open runs to ``now``; zero-width spans are left
     out. ``visible`` is True when the width is at least ``min_share`` of the axis (about
-    a pixel), so a legend lists only kinds one can see.
+    a pixel), so a legend lists only kinds one can see. ``preempted`` (:func:`preemptions`
+    on the same axis) cuts a row's span at each preemption: queued up to its re-admission,
+    prefill up to its next token, then decode again up to where the cut span ended.
 
     >>> b = pd.DataFrame({"submit": [0.0], "admit": [0.0], "first_token": [1.0], "finish": [9.0],
     ...                   "evict": [9.0078125], "now": [10.0]})
@@ -215,10 +268,30 @@ def visible_spans(b: pd.DataFrame, min_share: float = MIN_VISIBLE_SHARE) -> pd.D
                 hi = r.now
             if pd.notna(lo) and hi > lo:
                 rows.append((y, name, lo, hi - lo))
+    for cut in preempted.itertuples() if preempted is not None else ():
+        rows = _cut_at_preemption(rows, b.index.get_loc(cut.uid), cut, float(b.now.max()))
     out = pd.DataFrame(rows, columns=["y", "kind", "left", "width"])
     extent = float(b.now.max()) if len(b) else 0.0
     out["visible"] = out.width >= min_share * extent
     return out
+
+
+def _cut_at_preemption(rows: list[tuple], y: int, cut, now: float) -> list[tuple]:
+    """``rows`` (``(y, kind, left, width)``) with row ``y``'s span over ``cut.preempt``
+    split there: queued to ``cut.admit``, prefill to ``cut.first_token``, decode to the
+    span's old end (each up to ``now`` while still open; zero widths left out)."""
+    out = []
+    for r in rows:
+        ry, kind, left, width = r
+        if ry != y or not left <= cut.preempt < left + width:
+            out.append(r)
+            continue
+        end = left + width
+        admit, first = (v if pd.notna(v) else now for v in (cut.admit, cut.first_token))
+        pieces = [(kind, left, cut.preempt), ("queued", cut.preempt, admit), ("prefill", admit, first)]
+        for name, lo, hi in [*pieces, ("decode", first, end)]:
+            out.append((y, name, lo, min(hi, end) - lo))
+    return [r for r in out if r[3] > 0]
 
 
 MARGIN = 0.015  # share of the x range left of 0, so a join mark at 0 is not cut by the axis
@@ -230,27 +303,36 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
     if events.empty:
         return set()
     b = span_bounds(events, x)
-    spans = visible_spans(b)
+    again = preemptions(events, x)
+    spans = visible_spans(b, preempted=again)
     colors = dict(SPANS)
     for span in spans.itertuples():
         ax.barh(span.y, span.width, left=span.left, color=colors[span.kind])
-    for y, (_, r) in enumerate(b.iterrows()):
-        if pd.notna(r.join):
-            ax.plot(r.join, y, marker=">", color="black", markersize=4, clip_on=False, zorder=3)
-        if pd.notna(r.evict):
-            ax.plot(r.evict, y, marker="<", color="black", markersize=4, clip_on=False, zorder=3)
-    waiting = (
-        x == "step" and (b["join"].notna() & b["first_token"].isna()).any()
-    )  # joined, first token next step
+    col, t0 = _axis(events, x)
+    for kind, marker in MARKS.items():
+        for e in events[events.kind == kind].itertuples():
+            y = b.index.get_loc(e.uid)
+            size = 7 if kind == "preempt" else 4  # the rare mark, drawn larger
+            ax.plot(
+                getattr(e, col) - t0,
+                y,
+                marker=marker,
+                color="black",
+                markersize=size,
+                clip_on=False,
+                zorder=3,
+            )
     right = max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3)  # room for the last evict mark
-    right = b.now.max() + 1 if waiting else right  # and for the step a just-joined row decodes next
+    if x == "step" and (b["join"].notna() & b["first_token"].isna()).any():
+        right = b.now.max() + 1  # a row joined, its first token next step: keep that step in view
     ax.set_xlim(-MARGIN * right, right)  # and for a join mark at 0, clear of the axis
     if x == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers
     ax.set_yticks(range(len(b)), [f"uid {u}" for u in b.index])
     ax.invert_yaxis()
     ax.set_xlabel(AXES[x][1])
-    ax.set_title(f"{title}  (▶ join, ◀ evict)")
+    marks = "▶ join, ◀ evict" + (", ▼ preempt" if len(again) else "")
+    ax.set_title(f"{title}  ({marks})")
     return set(spans.kind[spans.visible])
 
 

@@ -127,12 +127,13 @@ def nothing_to_do(call: str, snap: Snapshot) -> str:
 NO_CHECKPOINTS = "Scheduler(history_checkpoints=N) keeps checkpoints to restore"
 
 
-def restore_note(history, index: int, kept: int, owner: str | None = None) -> str | None:
+def restore_note(history, index: int, kept: int, owner: str | None = None, short: bool = False) -> str | None:
     """Why ``history[index]`` cannot be restored, in words (``None``: it can): no
     checkpoints kept (``kept == 0``); the snapshot is the latest, which the panel records
     after every action, so the engine is there already; or no checkpoint of ``owner``
     (the scheduler's id; ``None``: any) is kept with it: only the ``kept`` latest snapshots
     since the scheduler began keeping them (for a fork, from the state it forked) have one.
+    ``short``: the few words the slider's label has room for (the tooltip gives the rest).
 
     >>> from workbench.observe.recorder import History
     >>> restore_note(History([1, 2, 3]), 0, 0) == NO_CHECKPOINTS
@@ -141,7 +142,7 @@ def restore_note(history, index: int, kept: int, owner: str | None = None) -> st
     if not kept:
         return NO_CHECKPOINTS
     if index == len(history) - 1:
-        return "the engine is at this snapshot: nothing to restore"
+        return "the engine now" if short else "the engine is at this snapshot: nothing to restore"
     cp = history.checkpoint(index)
     if cp is not None and (owner is None or cp.scheduler_id == owner):
         return None
@@ -152,9 +153,12 @@ def restore_note(history, index: int, kept: int, owner: str | None = None) -> st
         and (owner is None or history.checkpoint(i).scheduler_id == owner)
     ]
     if not have:
-        return "Restore works on the snapshots of your actions from now on"
-    now = ", the engine now: act, then come back" if have[0] == len(history) - 1 else ""
-    return f"no checkpoint kept this far back; Restore works from snapshot {have[0] + 1} on{now}"
+        return "Restore works from your next action on"
+    works = f"Restore works from snapshot {have[0] + 1} on"
+    if short:
+        return works
+    now = " (the engine now: act, then come back)" if have[0] == len(history) - 1 else ""
+    return f"no checkpoint kept this far back; {works}{now}"
 
 
 def prefill_figure(fm: ForwardMask | None) -> Figure:
@@ -465,12 +469,11 @@ class Panel:
             f"<pre>{html.escape(self.drafts_text(snap))}</pre>" if self.speculating else ""
         )
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
-        why = restore_note(
-            self.sched.history, self.slider.value, self.sched.config.history_checkpoints, self.sched.id
-        )
+        note = (self.sched.history, self.slider.value, self.sched.config.history_checkpoints, self.sched.id)
+        why, brief = restore_note(*note), restore_note(*note, short=True)
         self.slider_label.value = (
             f"showing: snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
-            + (f" · {why}" if why and self.sched.config.history_checkpoints else "")
+            + (f" · {brief}" if why and self.sched.config.history_checkpoints else "")
         )
         self.buttons["Restore"].disabled = why is not None
         self.buttons["Restore"].tooltip = why or "restore the engine to this snapshot"

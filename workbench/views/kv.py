@@ -160,7 +160,7 @@ def bytes_text(n_bytes: int) -> str:
 def step_ticks(steps: Sequence[int], max_ticks: int = 10) -> tuple[list[int], list[str]]:
     """Tick positions and labels for a history drawn one point per snapshot: a tick at the
     first snapshot of each decode step, thinned to at most ``max_ticks`` (every k-th step),
-    and none closer than ``len(steps) / (1.5 max_ticks)`` positions to the one before (where
+    and none closer than ``len(steps) / max_ticks`` positions to the one before (where
     a step has many snapshots, two labels would overlap).
 
     >>> step_ticks([0, 0, 1, 2, 2, 3])
@@ -170,7 +170,7 @@ def step_ticks(steps: Sequence[int], max_ticks: int = 10) -> tuple[list[int], li
     """
     firsts = [i for i, st in enumerate(steps) if i == 0 or st != steps[i - 1]]
     every = -(-len(firsts) // max_ticks) if firsts else 1
-    gap = len(steps) / (1.5 * max_ticks)
+    gap = len(steps) / max_ticks
     kept: list[int] = []
     for i in firsts[::every]:
         if not kept or i - kept[-1] >= gap:

@@ -7,6 +7,7 @@ from workbench.bench.figures import (
     ENGINE_COLOURS,
     PREFILL_COLOUR,
     WORKBENCH_COLOUR,
+    render_frontier,
     render_head_of_line,
     render_join,
     render_throughput,
@@ -76,3 +77,34 @@ def test_head_of_line_draws_one_panel_per_engine():
     hol = pd.DataFrame(rows, columns=["engine", "role", "kind", "uid", "time_s"])
     axes = render_head_of_line(hol).axes
     assert [ax.get_title(loc="left") for ax in axes] == ["workbench", "mlx-lm"]
+
+
+def _frontier_frames():
+    engines = {
+        "mlx-lm": (1.0, 0.2),
+        "workbench": (0.9, 0.27),
+        "workbench, paced 2x step": (1.43, 0.222),
+        "workbench, paced 4x step": (1.40, 0.226),  # 4 ms right of t = 2: two markers touch
+    }
+    requests = pd.DataFrame([{"engine": e, "ttft_s": t} for e, (t, _) in engines.items()])
+    gaps = pd.DataFrame([{"engine": e, "gap_s": g} for e, (_, g) in engines.items()])
+    return requests, gaps
+
+
+def test_the_frontier_labels_each_paced_point_at_its_own_marker_and_outlines_the_goal():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = render_frontier({"staggered": _frontier_frames()})
+    (ax,) = fig.axes
+    labels = {t.get_text(): t for t in ax.texts if t.get_text().startswith("t = ")}
+    assert set(labels) == {"t = 2", "t = 4"}
+    assert labels["t = 2"].xy == (222.0, 1430.0) and labels["t = 4"].xy == (226.0, 1400.0)
+    FigureCanvasAgg(fig).draw()
+    a, b = (labels[k].get_window_extent() for k in ("t = 2", "t = 4"))
+    assert not a.overlaps(b)  # one label per marker, not both on one side
+    assert any(t.get_text() == "goal" for t in ax.texts)
+    # the goal box is outlined: a dashed line along ITL = mlx-lm's, TTFT = 0.6 x mlx-lm's
+    outline = [line for line in ax.lines if line.get_linestyle() == "--"]
+    assert len(outline) == 1 and list(outline[0].get_xdata()) == [0, 200.0, 200.0]
+    assert list(outline[0].get_ydata()) == [600.0, 600.0, 0]
+    assert "gap target in decode steps" in ax.get_legend().get_texts()[0].get_text()

@@ -41,6 +41,8 @@ def test_the_table_splits_bytes_into_weights_and_kv_and_takes_medians():
     assert lines[2] == "4      120.0          30.0   33.0         40.0       104.0       4.0        1.20"
     step, rate, read = render_step_cost(table).axes[:3]
     assert rate.get_ylabel() == "tokens / s" and list(rate.get_lines()[0].get_ydata()) == [12.0, 40.0]
+    # each tok/s number sits right of its bar, clear of the bound's tick above the bar
+    assert [t.xy[0] for t in rate.texts] == pytest.approx([0.3, 1.3]) and rate.get_xlim()[1] > 1.5
 
 
 def test_an_engine_without_runs_is_refused():

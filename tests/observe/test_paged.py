@@ -170,7 +170,9 @@ def test_padding_tax_and_summary_over_steps():
     assert summary["padded_peak_bytes"] == 512 * TB and summary["paged_peak_bytes_b16"] == 64 * TB
     assert summary["padding_tax_b16"] == pytest.approx(1 - paged / padded)
     text = paged_text(table)
-    assert "paged b=16" in text and f"{512 * TB:,}" in text and text == paged_text(table.copy())
+    assert "paged b=16" in text and text == paged_text(table.copy())
+    # KiB like the figures beside it, never raw bytes
+    assert f"{512 * TB / 1024:,.1f} KiB  waste" in text and f"{512 * TB:,}" not in text
     data = (42 + 6) / padded  # tokens over padded positions, summed over both steps
     assert f"tokens {data:.1%}" in text and "free slots 0.0%" in text
 

@@ -109,7 +109,7 @@ def test_the_occupancy_text_gives_queue_and_batch_size_at_even_times():
 def test_the_figures_have_one_panel_per_latency_and_two_for_occupancy():
     runs = {"a": _hand_run()}
     assert isinstance(render_latency_cdfs(runs), Figure) and len(render_latency_cdfs(runs).axes) == 3
-    assert len(render_occupancy(runs, title="t").axes) == 2
+    assert len(render_occupancy(runs, title="t").axes) == 2  # one batch-size lane per run, the queue
 
 
 def test_an_empty_run_summarizes_to_nans_not_errors():

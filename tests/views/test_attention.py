@@ -126,3 +126,11 @@ def test_the_panels_prefill_grid_labels_never_overlap(rows, prompt_tokens):
     for ax in grids:
         assert len([t for t in ax.get_xticklabels() if t.get_text()]) >= 2
         assert _overlapping_tick_labels(ax) == []
+
+
+def test_a_decode_step_drawn_alone_names_itself_once():
+    fig = render_attention([decode_forward(full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3))])
+    titles = [ax.get_title(loc="left") for ax in fig.axes] + [
+        fig._suptitle.get_text() if fig._suptitle else ""
+    ]
+    assert [t for t in titles if t] == [decode_forward(full_snapshot(uids=(7, 9))).label]

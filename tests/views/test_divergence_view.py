@@ -64,3 +64,15 @@ def test_a_table_within_tolerance_says_so_and_an_empty_one_is_refused():
     assert [x.get_text() for x in render_divergence(t).axes[0].texts] == ["every layer within tolerance"]
     with pytest.raises(ValueError, match="empty"):
         render_divergence(pd.DataFrame(columns=t.columns))
+
+
+def _legend_labels(fig) -> list[str]:
+    return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_the_legend_lists_only_the_verdicts_drawn():
+    assert {"within tolerance", "over tolerance"} <= set(_legend_labels(render_divergence(table())))
+    t = table()
+    t["tolerance"], t["kv_tolerance"], t["over"] = 1e9, 1e9, False  # every layer far within
+    labels = _legend_labels(render_divergence(t))
+    assert "within tolerance" in labels and "over tolerance" not in labels

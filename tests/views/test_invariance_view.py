@@ -15,9 +15,16 @@ def _grids():
 def test_grids_text_counts_equal_rows_and_where_the_others_first_differ():
     assert view.grids_text(_grids()).splitlines() == [
         "default   B =  3: 1/3 rows bit-equal to alone at every token;",
-        "                  the others first differ at token 0: 1, token 1: 1",  # a second line: no wrap
+        "                  first differing token: token 0 for 1 row, token 1 for 1",  # a second line: no wrap
         "invariant B =  3: 3/3 rows bit-equal to alone at every token",
     ]
+
+
+def test_grids_text_counts_rows_per_first_differing_token_in_words():
+    grid = StepGrid("default", 8, np.array([[0, 1]] * 4 + [[1, 0]] * 3 + [[1, 1]], dtype=np.int8))
+    assert view.grids_text([grid]).splitlines()[1].strip() == (
+        "first differing token: token 0 for 4 rows, token 1 for 3"
+    )
 
 
 def test_render_grids_draws_one_panel_per_grid():

@@ -27,7 +27,8 @@ def test_layout_bytes_draw_each_layout_in_kib_and_a_packed_layouts_token_bytes_d
     fig = render_layout_bytes({"padded": padded, "packed": packed}, token_bytes=KIB)
     (ax,) = fig.axes
     assert [list(line.get_ydata()) for line in ax.lines] == [[320, 512], [8, 12], [5, 7]]
-    assert [line.get_color() for line in ax.lines[:2]] == list(style.SERIES[:2])
+    # the padded / packed pair of style.py, the same two colours as 12's padded / paged
+    assert [line.get_color() for line in ax.lines[:2]] == [style.PADDED_LAYOUT, style.PAGED_LAYOUT]
     assert ax.lines[2].get_linestyle() == "--" and not ax.get_legend()
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [
         "padded: KV bytes held",
@@ -62,3 +63,25 @@ def test_layout_latency_draws_one_bar_per_request_and_layout_in_two_panels():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["padded", "packed"]
     with pytest.raises(ValueError, match="different numbers of requests"):
         render_layout_latency({"padded": [(1.0, 1.0)], "packed": []})
+
+
+def test_the_layouts_share_the_padded_and_paged_colours_with_the_paged_view():
+    from matplotlib.colors import to_hex
+
+    from workbench.views import paged
+
+    assert (paged.PADDED_COLOUR, paged.PAGED_COLOUR) == (style.PADDED_LAYOUT, style.PAGED_LAYOUT)
+    fig = render_layout_latency({"padded": [(10.0, 4.0)], "packed": [(8.0, 3.0)], "other": [(1.0, 1.0)]})
+    ttft = fig.axes[0]
+    assert [to_hex(p.get_facecolor()) for p in ttft.patches] == [
+        style.PADDED_LAYOUT,
+        style.PAGED_LAYOUT,
+        style.SERIES[2],  # a name with no layout colour: the series colour of its place
+    ]
+
+
+def test_layout_latency_names_the_requests_by_uid_when_given():
+    fig = render_layout_latency({"padded": [(10.0, 4.0), (20.0, 5.0)]}, uids=[3, 7])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["uid 3", "uid 7"]
+    with pytest.raises(ValueError, match="different numbers of requests"):
+        render_layout_latency({"padded": [(1.0, 1.0)]}, uids=[0, 1])

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
 
 from tests.observe.test_paged import TB, full_group, snapshot
 from workbench.observe.paged import paged_table
@@ -66,3 +67,30 @@ def test_the_figure_is_a_pure_function_of_the_table():
     first = figure_png(render_paged(table, title="t"))
     pd.testing.assert_frame_equal(table, before)  # the table is not changed
     assert figure_png(render_paged(table.copy(), title="t")) == first
+
+
+def test_one_steps_layouts_are_bars_of_kib_with_only_the_parts_present_in_the_legend():
+    from workbench.observe.paged import step_layout
+    from workbench.views import style
+    from workbench.views.paged import render_step_layout
+
+    layout = step_layout(snapshot([full_group([5, 37], width=37, capacity=256)], 2), blocks=(1, 16))
+    fig = render_step_layout(layout, title="two rows")
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["padded (mlx-lm)", "paged, b=1", "paged, b=16"]
+    # each bar ends in its total in KiB: 2 rows x 256 positions; 42 tokens; (1 + 3) blocks of 16
+    assert [t.get_text() for t in ax.texts] == ["1,024 KiB", "84 KiB", "128 KiB"]
+    outlines = [p for p in ax.patches if not p.get_fill()]
+    assert [p.get_width() for p in outlines] == pytest.approx(
+        [512 * TB / 1024, 42 * TB / 1024, 64 * TB / 1024]
+    )
+    assert [to_hex(p.get_edgecolor()) for p in outlines] == [style.PADDED_LAYOUT] + [style.PAGED_LAYOUT] * 2
+    # no free slot in this step: no "free slots" entry; b=16 wastes 11 + 11 positions: hatched entry
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "tokens",
+        "padded: left padding",
+        "padded: growth step",
+        "paged: last block's unused part",
+    ]
+    with pytest.raises(KeyError, match="padded_bytes and paged_bytes"):
+        render_step_layout({"step": 0})

@@ -79,3 +79,14 @@ def test_the_policies_lines_take_series_colours_never_the_fed_tokens_orange():
     for fig in (render_latency_cdfs(runs), render_occupancy(runs)):
         colours = {to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()}
         assert colours and colours <= set(style.SERIES), colours
+
+
+def test_the_batch_size_is_drawn_as_one_lane_per_run_above_one_queue_panel():
+    runs = {name: _run(name, 1.0) for name in ("fcfs", "shortest-first", "prefill-first")}
+    fig = render_occupancy(runs)
+    *lanes, queue = fig.axes
+    assert len(lanes) == len(runs) and queue.get_ylabel() == "queued requests"
+    for lane, name in zip(lanes, runs):
+        assert len(lane.get_lines()) == 1 and [t.get_text() for t in lane.texts] == [name]
+        assert lane.get_ylim() == lanes[0].get_ylim()  # one scale: the lanes compare by height
+    assert len(queue.get_lines()) == len(runs)

@@ -123,3 +123,18 @@ def test_the_crossing_is_where_the_kv_cache_first_holds_more_than_the_state_and_
     assert list(line.get_xdata()) == [23, 23]
     assert ax.texts[0].get_text().startswith("from 23 tokens on, the KV cache")
     assert not [ln for ln in render_state(history[:5]).axes[0].lines if ln.get_linestyle() == ":"]
+
+
+def test_the_ring_says_its_orange_slot_shows_the_fed_token_not_what_the_slot_holds():
+    fig = render_ring([two_window_rows().snapshot()], "window8")
+    # the orange slot of uid 1's ring is labelled 11 (the fed token) while it still holds 3:
+    # the subtitle and the legend must say what orange shows
+    subtitle = fig._suptitle.get_text()
+    assert "in orange, the fed token about to be written there" in subtitle
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[0] == "the slot the fed token is written to (shows the fed token)"
+    ring = next(ax for ax in fig.axes if ax.patches)
+    slot_numbers = [
+        t for t in ring.texts if t.get_text() in {str(j) for j in range(8)} and t.get_fontsize() == 8
+    ]
+    assert len(slot_numbers) >= 8  # the slot numbers outside: 8 pt, not x-small

@@ -141,3 +141,10 @@ def test_png_grid_lays_images_out_in_rows_top_aligned():
 def test_scientific_writes_tiny_and_huge_magnitudes_without_e_notation():
     assert style.scientific(3.8e-6) == "3.8×10⁻⁶" and style.scientific(-1.25e-7, 3) == "-1.25×10⁻⁷"
     assert style.scientific(1.5e12) == "1.5×10¹²" and style.scientific(0.0) == "0"
+
+
+def test_the_step_cost_figure_draws_the_kv_cache_in_the_views_live_kv_blue():
+    from workbench.bench import step_cost
+
+    # it was magenta (#c44e9b) in 00 while every render_kv draws live KV blue
+    assert step_cost.KV_COLOUR == style.ATTENDED

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from .figures import OTHER_COLOUR, WORKBENCH_COLOUR
 
 MIB = 2**20
-KV_COLOUR = "#c44e9b"  # not a colour the views use for something else
+KV_COLOUR = WORKBENCH_COLOUR  # the views' live-KV blue (style.ATTENDED), as in every render_kv
 
 
 def step_cost_table(runs: pd.DataFrame, roofline: pd.DataFrame, engine: str = "workbench") -> pd.DataFrame:
@@ -88,11 +88,9 @@ def _step_panel(ax, table: pd.DataFrame, x: np.ndarray, labels: list[str]) -> No
     for i, r in enumerate(table.itertuples()):
         ax.annotate(
             f"{r.step_ms:.0f}",
-            (i, r.step_ms),
-            (0, -3),
-            textcoords="offset points",
+            (i, r.step_ms / 2),  # mid-bar: the B=1 bar's top is its per-row marker
             ha="center",
-            va="top",
+            va="center",
             fontsize="small",
             color="white",
             fontweight="bold",
@@ -115,8 +113,18 @@ def _rate_panel(ax, table: pd.DataFrame, x: np.ndarray, labels: list[str]) -> No
     ax.bar(x, table.tok_per_s, 0.6, color=WORKBENCH_COLOUR, label="measured")
     ax.plot(x, table.bound_tok_per_s, "_", color="black", markersize=28, mew=2.5, label="memory bound")
     for i, r in enumerate(table.itertuples()):
-        ax.annotate(f"{r.tok_per_s:.0f}", (i, r.tok_per_s), ha="center", va="bottom", fontsize="small")
+        # beside the bar, right of the bound's tick, so the tick never crosses the number
+        ax.annotate(
+            f"{r.tok_per_s:.0f}",
+            (i + 0.3, r.tok_per_s),
+            (8, 0),
+            textcoords="offset points",
+            ha="left",
+            va="center",
+            fontsize="small",
+        )
     ax.set_xticks(x, labels)
+    ax.set_xlim(-0.5, len(x) - 0.1)  # room right of the last bar for its number
     ax.set_ylabel("tokens / s")
     top = np.nanmax(np.r_[table.tok_per_s.to_numpy(float), table.bound_tok_per_s.to_numpy(float)])
     ax.set_ylim(0, top * 1.15)
@@ -146,5 +154,12 @@ def render_step_cost(table: pd.DataFrame, title: str | None = None) -> Figure:
     labels = [f"B={b}" for b in table.B]
     for ax, panel in zip(axes, (_step_panel, _rate_panel, _bytes_panel)):
         panel(ax, table, x, labels)
-        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, frameon=False)
+        ax.legend(
+            fontsize="small",
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12),
+            ncol=1,
+            frameon=False,
+            handlelength=3.6,  # room for the bound's 28 pt tick before its words
+        )
     return fig

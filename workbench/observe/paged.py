@@ -280,7 +280,7 @@ def paged_summary(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def paged_text(table: pd.DataFrame) -> str:
-    """Deterministic text: one line per layout (peak bytes, share of its bytes summed over
+    """Deterministic text: one line per layout (peak KiB, share of its bytes summed over
     steps not holding tokens, and with budget columns the mean largest batch), and the
     padded bytes' parts (tokens, left padding, growth step, free slots) as shares."""
     if not len(table):
@@ -288,13 +288,13 @@ def paged_text(table: pd.DataFrame) -> str:
     data = float(table.padded_data_bytes.sum())
     lines = [
         f"paged vs padded over {len(table)} step(s), peak {int(table.rows.max())} row(s)"
-        + (f", budget {int(table.budget_bytes.iloc[0]):,} bytes" if "budget_bytes" in table else "")
+        + (f", budget {int(table.budget_bytes.iloc[0]) / 1024:,.1f} KiB" if "budget_bytes" in table else "")
     ]
 
     def line(name: str, col: str, batch_col: str) -> str:
         total = float(table[col].sum())
         waste = 1 - data / total if total else 0.0
-        text = f"  {name:<12} peak {int(table[col].max()):>13,} B  waste {waste:6.1%}"
+        text = f"  {name:<12} peak {int(table[col].max()) / 1024:>10,.1f} KiB  waste {waste:6.1%}"
         if batch_col in table:
             text += f"  mean max batch {table[batch_col].mean():7.1f}"
         return text

@@ -160,7 +160,9 @@ def render_attention(
         panels.append(
             (f"uid {forwards[0].uids[0]}: {len(forwards)} prefill chunks", cells, forwards[0].n_cached, None)
         )
-    one = not stack and len(forwards) == 1 and forwards[0].shape[0] > 1  # its label: the figure's title
+    one = (  # one prefill forward of several rows: its label is the figure's title (a decode keeps its own)
+        not stack and len(forwards) == 1 and forwards[0].shape[0] > 1 and forwards[0].shape[1] > 1
+    )
     for fm in [] if stack else forwards:
         cells = attention_cells(fm)
         if fm.shape[1] == 1:

@@ -117,15 +117,19 @@ def render_divergence(table: pd.DataFrame, title: str = "") -> Figure:
     ax.set_ylabel("max |Δ| batched vs alone", fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.tick_params(labelsize=10)
-    _legend(fig, has_kv=bool(np.isfinite(kv).any()))
+    verdicts = {bool(v) for v in out_over} | (
+        {bool(v) for v in kv_over[np.isfinite(kv)]} if len(kv) else set()
+    )
+    _legend(fig, has_kv=bool(np.isfinite(kv).any()), verdicts=verdicts)
     if title:
         ax.set_title(title, fontsize=10, loc="left")
     return fig
 
 
-def _legend(fig: Figure, has_kv: bool) -> None:
+def _legend(fig: Figure, has_kv: bool, verdicts: set[bool] = frozenset({False, True})) -> None:
     """Below the axes: the marker shapes (grey: their colour is the verdict), the
-    tolerance lines, and the two verdict colours."""
+    tolerance lines, and the verdicts drawn (``verdicts``: ``True`` for over tolerance,
+    ``False`` for within)."""
     grey = "#555555"
     entries = [
         Line2D([], [], ls="", marker="o", color=grey, markersize=7, label="output at the fed position"),
@@ -145,10 +149,12 @@ def _legend(fig: Figure, has_kv: bool) -> None:
             ),
             Line2D([], [], ls=":", color="#888888", lw=1, label="tolerance (KV)"),
         ]
-    entries += [
-        Patch(color=WITHIN, label="within tolerance"),
-        Line2D([], [], ls="", marker=style.BAD_MARKER, color=OVER, markersize=8, label="over tolerance"),
-    ]
+    if False in verdicts:
+        entries.append(Patch(color=WITHIN, label="within tolerance"))
+    if True in verdicts:
+        entries.append(
+            Line2D([], [], ls="", marker=style.BAD_MARKER, color=OVER, markersize=8, label="over tolerance")
+        )
     fig.legend(handles=entries, loc="outside lower center", ncol=3, fontsize=9, frameon=False)
 
 

@@ -44,15 +44,20 @@ CATEGORIES = (
 
 def grids_text(grids: Sequence) -> str:
     """One line per grid: rows bit-equal to alone at every token, and, on an indented
-    second line, where the others first differ (``token t: n`` rows)."""
+    second line, where the others first differ (``first differing token: token 0 for 4
+    rows, token 1 for 3``)."""
     lines = []
     for g in grids:
         firsts = [t for t in g.first_differences() if t is not None]
         line = f"{g.mode:9s} B = {g.batch_size:2d}: {g.n_equal_rows}/{g.batch_size} rows bit-equal to alone"
         line += " at every token"
         if firsts:
-            where = ", ".join(f"token {t}: {firsts.count(t)}" for t in sorted(set(firsts)))
-            line += ";\n" + " " * len("default   B = 32: ") + f"the others first differ at {where}"
+            counts = [(t, firsts.count(t)) for t in sorted(set(firsts))]
+            where = ", ".join(
+                f"token {t} for {n}" + (f" row{'s' if n > 1 else ''}" if i == 0 else "")
+                for i, (t, n) in enumerate(counts)
+            )
+            line += ";\n" + " " * len("default   B = 32: ") + f"first differing token: {where}"
         lines.append(line)
     return "\n".join(lines)
 

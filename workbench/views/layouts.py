@@ -6,7 +6,9 @@ Knows: snapshots (``kv_bytes``, ``prefill_kv_bytes``, ``step``, a packed snapsho
 ``packed.held_tokens``), events (``uid``, ``kind``, ``time_s``), matplotlib. Must not know:
 the engine.
 
-One colour per layout, in the order given (``style.SERIES``); legends below the axes. No
+One colour per layout: ``style.LAYOUT_COLOURS`` for "padded" / "paged" / "packed" (the pair
+12's paged view uses too), ``style.SERIES`` in the order given for any other name; legends
+below the axes. No
 mlx-lm counterpart (mlx-lm draws nothing and has only the padded layout).
 """
 
@@ -23,6 +25,12 @@ from ..observe.snapshot import Snapshot
 from . import style
 
 KIB = 1024
+
+
+def layout_colours(names) -> list[str]:
+    """One colour per layout name: ``style.LAYOUT_COLOURS[name]`` for a known layout, else
+    the ``k``-th of ``style.SERIES``."""
+    return [style.LAYOUT_COLOURS.get(n, style.SERIES[k % len(style.SERIES)]) for k, n in enumerate(names)]
 
 
 def cache_bytes(snap: Snapshot) -> int:
@@ -43,7 +51,7 @@ def render_layout_bytes(histories: Mapping[str, Sequence[Snapshot]], token_bytes
     fig = Figure(figsize=(9.4, 3.4), layout="constrained")
     ax = fig.subplots()
     handles = []
-    for (name, history), colour in zip(histories.items(), style.SERIES):
+    for (name, history), colour in zip(histories.items(), layout_colours(histories)):
         steps = [s.step for s in history]
         ax.plot(steps, [cache_bytes(s) / KIB for s in history], color=colour)
         handles.append(Line2D([], [], color=colour, label=f"{name}: KV bytes held"))
@@ -82,15 +90,18 @@ def request_latency_ms(events: Sequence[Any], uids: Sequence[int]) -> list[tuple
     return out
 
 
-def render_layout_latency(latency: Mapping[str, Sequence[tuple[float, float]]]) -> Figure:
+def render_layout_latency(
+    latency: Mapping[str, Sequence[tuple[float, float]]], uids: Sequence[int] | None = None
+) -> Figure:
     """Two panels of bars, one bar per request and layout: TTFT (ms) and the largest
     inter-token gap (ms); ``latency`` maps a layout's name to :func:`request_latency_ms`'s
-    list (the same requests, in the same order, for every layout).
+    list (the same requests, in the same order, for every layout). ``uids`` names the
+    requests on the x axis (``uid 3``; default ``request 0``, ``request 1``, ... in order).
 
     Raises:
-        ValueError: when the layouts hold different numbers of requests.
+        ValueError: when the layouts (or ``uids``) hold different numbers of requests.
     """
-    counts = {len(v) for v in latency.values()}
+    counts = {len(v) for v in latency.values()} | ({len(uids)} if uids else set())
     if len(counts) != 1:
         raise ValueError(
             f"render_layout_latency: the layouts hold different numbers of requests {sorted(counts)}"
@@ -99,12 +110,15 @@ def render_layout_latency(latency: Mapping[str, Sequence[tuple[float, float]]]) 
     axes = fig.subplots(1, 2)
     x = np.arange(counts.pop())
     width = 0.8 / len(latency)
-    for k, (rows, colour) in enumerate(zip(latency.values(), style.SERIES)):
+    colours = layout_colours(latency)
+    for k, (rows, colour) in enumerate(zip(latency.values(), colours)):
         for j, ax in enumerate(axes):
             offset = (k - (len(latency) - 1) / 2) * width
             ax.bar(x + offset, [r[j] for r in rows], width=width, color=colour, edgecolor=style.EDGE)
     for ax, label in zip(axes, ("TTFT (ms)", "largest ITL (ms)")):
-        ax.set_xticks(x, [f"request {i}" for i in x], fontsize="small")
+        ax.set_xticks(
+            x, [f"uid {u}" for u in uids] if uids else [f"request {i}" for i in x], fontsize="small"
+        )
         ax.set_ylabel(label)
-    style.legend(fig, [(name, colour) for name, colour in zip(latency, style.SERIES)])
+    style.legend(fig, list(zip(latency, colours)))
     return fig

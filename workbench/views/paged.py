@@ -14,6 +14,9 @@ has it and ``x="time_s"``):
 2. waste (% of each layout's bytes not holding a token): padded, and paged per block size;
 3. the largest batch each layout admits under the table's byte budget (rows like the
    current ones), beside the rows really running.
+
+One step's layouts (:func:`workbench.observe.paged.step_layout`'s dict): :func:`render_step_layout`,
+one bar per layout, the padded batch's parts and each block size's tokens + last-block waste.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from matplotlib.patches import Patch
 from ..observe.paged import PADDED_PARTS, block_sizes, paged_text
 from . import style
 
-__all__ = ["PART_COLOURS", "paged_text", "render_paged"]
+__all__ = ["PART_COLOURS", "paged_text", "render_paged", "render_step_layout"]
 
 MIB = 1024 * 1024
+KIB = 1024
 PART_COLOURS = {"data": style.ATTENDED, "padding": style.PADDING, "growth": style.UNUSED, "free": style.LATER}
 PART_LABELS = {
     "data": "padded: tokens",
@@ -37,9 +41,14 @@ PART_LABELS = {
     "growth": "padded: growth step (unused)",
     "free": "padded: free slots",
 }
+STEP_LABELS = {
+    "padding": "padded: left padding",
+    "growth": "padded: growth step",
+    "free": "padded: free slots",
+}
 PAGED_STYLES = ("-", "--", ":", "-.")
-PAGED_COLOUR = "#222222"
-PADDED_COLOUR = style.SERIES[1]  # the padded cache as shipped (a series colour: no cache meaning)
+PAGED_COLOUR = style.PAGED_LAYOUT
+PADDED_COLOUR = style.PADDED_LAYOUT  # the padded cache as shipped (17's padded layout too)
 # three panels + title and legend: 6.6 in, about 660 px at 100 dpi, so the whole figure and its
 # legend fit a JupyterLab output area of a 1400 x 900 window (2.3 in a panel was 819 px)
 PANEL_HEIGHT_IN = 1.8
@@ -154,6 +163,66 @@ def render_paged(table: pd.DataFrame, title: str = "", x: str = "step", width_in
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("decode step" if x == "step" else ("virtual time (s)" if x == "time_s" else x))
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=9.5, frameon=False)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def render_step_layout(layout: dict, title: str = "") -> Figure:
+    """One step's bytes in both layouts (KiB), one horizontal bar per layout: the padded
+    batch stacked as tokens, left padding, growth step and free slots (the cache arrays'
+    ``nbytes``), then one bar per block size ``b``: the same tokens and the unused part of
+    each row's last block (hatched). Each bar is outlined in its layout's colour
+    (``style.PADDED_LAYOUT`` / ``style.PAGED_LAYOUT``) and ends in its total.
+
+    Args:
+        layout: :func:`~workbench.observe.paged.step_layout`'s dict (``padded_*_bytes``,
+            ``paged_bytes_b<b>``, ``paged_waste_bytes_b<b>``).
+
+    Raises:
+        KeyError: when ``layout`` has no ``padded_bytes`` or no ``paged_bytes_b<b>``.
+    """
+    blocks = sorted(int(k.rsplit("_b", 1)[1]) for k in layout if k.startswith("paged_bytes_b"))
+    if "padded_bytes" not in layout or not blocks:
+        raise KeyError(f"a step_layout dict needs padded_bytes and paged_bytes_b<b>; got {sorted(layout)}")
+    names = ["padded (mlx-lm)"] + [f"paged, b={b}" for b in blocks]
+    data = layout["padded_data_bytes"] / KIB
+    segments = [[(layout[f"padded_{p}_bytes"] / KIB, PART_COLOURS[p], None) for p in PADDED_PARTS]]
+    segments += [
+        [(data, style.ATTENDED, None), (layout[f"paged_waste_bytes_b{b}"] / KIB, style.UNUSED, "//")]
+        for b in blocks
+    ]
+    fig = Figure(figsize=(9.4, 0.45 * len(names) + 1.5), layout="constrained")
+    ax = fig.subplots()
+    for y, parts in enumerate(segments):
+        left = 0.0
+        for width, colour, hatch in parts:
+            ax.barh(
+                y,
+                width,
+                left=left,
+                height=0.6,
+                color=colour,
+                hatch=hatch,
+                edgecolor=style.EDGE,
+                linewidth=0.5,
+            )
+            left += width
+        outline = PADDED_COLOUR if y == 0 else PAGED_COLOUR
+        ax.barh(y, left, height=0.6, fill=False, edgecolor=outline, linewidth=1.8)
+        ax.annotate(f"{left:,.0f} KiB", (left, y), (4, 0), textcoords="offset points", va="center")
+    ax.set_yticks(range(len(names)), names)
+    for label, colour in zip(ax.get_yticklabels(), [PADDED_COLOUR] + [PAGED_COLOUR] * len(blocks)):
+        label.set_color(colour)
+    ax.invert_yaxis()
+    ax.set_xlim(0, layout["padded_bytes"] / KIB * 1.12)
+    ax.set_xlabel("KV bytes (KiB)")
+    entries = [("tokens", style.ATTENDED)] + [
+        (STEP_LABELS[p], PART_COLOURS[p]) for p in PADDED_PARTS[1:] if layout[f"padded_{p}_bytes"] > 0
+    ]
+    if any(layout[f"paged_waste_bytes_b{b}"] > 0 for b in blocks):
+        entries.append(("paged: last block's unused part", style.UNUSED, "//"))
+    style.legend(fig, entries, ncol=len(entries))
     if title:
         fig.suptitle(title)
     return fig

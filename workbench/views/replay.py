@@ -100,22 +100,35 @@ def occupancy_text(runs: Mapping[str, Replay], n_times: int = 8) -> str:
 
 
 def render_occupancy(runs: Mapping[str, Replay], title: str = "") -> Figure:
-    """Two stacked panels over time since first submit: running rows (batch size) and
-    queued requests, one step line per run; the runs' legend right of the panels, where it
-    covers no line."""
-    fig = Figure(figsize=(9, 5), layout="constrained")
-    ax_run, ax_q = fig.subplots(2, 1, sharex=True)
-    for (name, run), colour in zip(runs.items(), run_colours(len(runs))):
+    """Batch size over time since first submit as small multiples, one lane per run (a
+    step line, filled below, the run's name in the lane), then one panel of queued
+    requests with every run's step line; the runs' legend right of the panels, where it
+    covers no line. 9 inches wide (unscaled in a JupyterLab output area)."""
+    n = max(len(runs), 1)
+    fig = Figure(figsize=(9, 1.9 + 0.85 * n + 2.2), layout="constrained")
+    axes = fig.subplots(n + 1, 1, sharex=True, height_ratios=[0.85] * n + [2.2])
+    lanes, ax_q = axes[:-1], axes[-1]
+    top = max(
+        (int(occupancy(r.report.events).running.max()) for r in runs.values() if len(r.report.events)),
+        default=1,
+    )
+    for ax, (name, run), colour in zip(lanes, runs.items(), run_colours(len(runs))):
         occ = occupancy(run.report.events)
         t = occ.time_s - _t0(run)
-        ax_run.step(t, occ.running, where="post", label=name, color=colour)
+        ax.step(t, occ.running, where="post", label=name, color=colour, linewidth=1)
+        ax.fill_between(t, occ.running, step="post", color=colour, alpha=0.25, linewidth=0)
+        ax.set_ylim(0, max(top, 1) * 1.15)
+        ax.set_yticks([0, top])
+        ax.text(
+            0.005, 0.92, name, transform=ax.transAxes, ha="left", va="top", fontsize="small", color=colour
+        )
+        ax.grid(alpha=0.3)
         ax_q.step(t, occ.queued, where="post", label=name, color=colour)
-    ax_run.set_ylabel("batch size (rows)")
+    lanes[len(lanes) // 2].set_ylabel("batch size (rows)")
     ax_q.set_ylabel("queued requests")
     ax_q.set_xlabel("time since first submit (s)")
-    for ax in (ax_run, ax_q):
-        ax.grid(alpha=0.3)
-    fig.legend(*ax_run.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
+    ax_q.grid(alpha=0.3)
+    fig.legend(*ax_q.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     if title:
         fig.suptitle(title)
     return fig

@@ -2,7 +2,8 @@
 per row and snapshot: ``W`` slots around a circle (storage slot 0 at the top, clockwise,
 the slot numbers outside, a thick line where slot ``W-1`` wraps round to slot 0), each slot
 labelled inside with the token position it holds; the slot the next token is written to
-(overwriting the oldest token once the ring is full) in orange with an arrow, the slots the
+(overwriting the oldest token once the ring is full) in orange with an arrow, labelled with
+that fed token (the title names the one it overwrites), the slots the
 row attends in blue, masked slots (padding, or not written yet) grey. Each ring's title says
 which position is written over which.
 
@@ -81,7 +82,7 @@ def _draw_ring(ax, cells: list[str], positions: list, title: str) -> None:
         if positions[j] is not None:
             colour = "white" if cell != "masked" else "black"
             _label(ax, angle, 0.775, str(positions[j]), fontsize="small", color=colour, weight="bold")
-        _label(ax, angle, 1.13, str(j), fontsize="x-small", color=style.EDGE)
+        _label(ax, angle, 1.14, str(j), fontsize=8, color=style.EDGE)  # 8 pt: readable at 100 %
         if cell == "write":
             ax.add_patch(
                 FancyArrow(
@@ -129,7 +130,8 @@ def render_ring(snapshots: Sequence[Snapshot], group: str, captions: Sequence[st
     fig = Figure(figsize=(max(1.48 * n_cols + 0.3, 5.6), 2.1 * n_lines + 1.1), layout="constrained")
     fig.suptitle(
         f"{group}: a ring of {W} slots per row (arrow: the slot written next)\n"
-        f"inside: the token position a slot holds · outside: the slot · thick line: slot {W - 1} wraps to 0",
+        "inside: the token position a slot holds; in orange, the fed token about to be written there\n"
+        f"(over the token the ring's title names) · outside: the slot · thick line: slot {W - 1} wraps to 0",
         fontsize="small",
     )
     axes = fig.subplots(n_lines, n_cols, squeeze=False)
@@ -151,7 +153,7 @@ def render_ring(snapshots: Sequence[Snapshot], group: str, captions: Sequence[st
     style.legend(
         fig,
         [
-            ("the slot written next (the fed token)", style.FED),
+            ("the slot the fed token is written to (shows the fed token)", style.FED),
             ("attended", style.ATTENDED),
             ("masked (padding)", style.PADDING),
         ],

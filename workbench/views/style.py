@@ -41,6 +41,12 @@ BAD = "#882255"  # a verdict: differs / over tolerance (also error text)
 BAD_HATCH = "xx"
 BAD_MARKER = "X"
 MLX_LM = "#8c564b"  # mlx-lm, the reference engine, in the benchmark's figures (brown means only that)
+# Two batch layouts compared side by side (12's paged KV, 17's packed forward): the left-padded
+# rectangle of mlx-lm's batch cache against a layout that holds only the tokens (paged blocks
+# or packed pages), the same pair in every figure that compares them.
+PADDED_LAYOUT = "#c51b7d"  # the left-padded rectangle layout (magenta-pink)
+PAGED_LAYOUT = "#222222"  # the paged / packed layout (near black)
+LAYOUT_COLOURS = {"padded": PADDED_LAYOUT, "paged": PAGED_LAYOUT, "packed": PAGED_LAYOUT}
 # categorical series that carry no cache meaning (settings compared side by side)
 SERIES = ("#4d4d4d", "#e377c2", "#bcbd22", "#9467bd", "#17becf")
 BORDER = "#8c8c8c"  # cell borders of heatmaps
@@ -61,6 +67,8 @@ PALETTE = {
     "good": GOOD,
     "bad": BAD,
     "mlx-lm": MLX_LM,
+    "padded layout": PADDED_LAYOUT,
+    "paged / packed layout": PAGED_LAYOUT,
     **{f"series {i}": c for i, c in enumerate(SERIES)},
 }
 

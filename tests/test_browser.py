@@ -115,7 +115,7 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
                 status = page.locator(".wb-status")
                 status.scroll_into_view_if_needed()
                 label, mask = status.inner_text(), page.evaluate(MASK_SHA256_JS)
-                assert label.startswith("step "), label
+                assert label.startswith("engine now: step "), label
                 # shown at their own size, the images' smallest text is >= 9 px (tests/views: the
                 # panel's figures at IMAGE_DPI); shrunk to half a row it was about 6 px
                 scales = page.evaluate(IMAGE_SCALES_JS)
@@ -138,6 +138,6 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
                 raise
         finally:
             browser.close()
-    step_before, step_after = int(label.split()[1]), int(new_label.split()[1])
+    step_before, step_after = int(label.split()[3]), int(new_label.split()[3])  # "engine now: step N · ..."
     assert step_after == step_before + 1, (label, new_label)
     assert new_mask != mask, "the mask image did not change after Step"

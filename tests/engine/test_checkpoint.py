@@ -146,3 +146,22 @@ def test_a_fork_may_change_the_admission_policy_only(make_sched, prompt):
     assert [e.uid for e in spf.admit() if e.kind == "join"] == [1]
     with pytest.raises(ValueError, match="cannot change.*max_kv_size"):
         sched.fork(max_kv_size=8)
+
+
+def test_a_fork_that_keeps_checkpoints_keeps_one_of_the_state_it_starts_from(make_sched, prompt):
+    sched = make_sched(max_batch=2, history_size=16)  # keeps no checkpoint itself
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=8, stop_ids=[]))
+    sched.admit()
+    sched.step()
+    sched.step()
+    assert sched.history.checkpoint(-1) is None and sched.fork().history.checkpoint(-1) is None
+    fork = sched.fork(history_checkpoints=4)
+    start = fork.history.checkpoint(-1)  # with the inherited latest snapshot: the state it forked
+    assert start is not None and start.scheduler_id == fork.id and fork.history[-1].step == 2
+    assert all(fork.history.checkpoint(i) is None for i in range(len(fork.history) - 1))
+    tokens, n_history = fork.tokens(0), len(fork.history)
+    fork.step()
+    fork.step()
+    fork.restore(start)
+    assert fork.step_index == 2 and fork.tokens(0) == tokens and len(fork.history) == n_history
+    assert sched.step_index == 2  # the original is untouched

@@ -395,10 +395,10 @@ def panel(make_sched, prompt):
 
 def test_step_button_steps_the_engine_and_changes_label_and_mask_image(panel):
     label, image = panel.status.value, panel.mask_image.value
-    assert label == "step 0 · 2 row(s) · 1,310,720 KV bytes · queue []"
+    assert label == "engine now: step 0 · 2 row(s) · KV 1.25 MiB · queue []"  # 1,310,720 bytes
     panel.buttons["Step"].click()
     assert panel.sched.step_index == 1
-    assert panel.status.value == "step 1 · 2 row(s) · 1,310,720 KV bytes · queue []"
+    assert panel.status.value == "engine now: step 1 · 2 row(s) · KV 1.25 MiB · queue []"
     assert bytes(panel.mask_image.value) != bytes(image) and bytes(panel.mask_image.value).startswith(
         b"\x89PNG"
     )
@@ -428,8 +428,11 @@ def test_run_n_steps_snapshots_every_step_and_the_slider_scrubs_history(panel):
     latest = bytes(panel.mask_image.value)
     panel.slider.value = panel.slider.max - 3
     assert panel.shown.step == 0 and bytes(panel.mask_image.value) != latest
-    assert panel.slider_label.value.endswith("(step 0)")
-    assert panel.status.value.startswith("step 3 ")  # the label always shows the engine now
+    assert (
+        panel.slider_label.value
+        == f"showing: snapshot {panel.slider.value + 1} of {panel.slider.max + 1} (step 0)"
+    )
+    assert panel.status.value.startswith("engine now: step 3 ")  # the status always shows the engine now
 
 
 def test_a_panel_opens_at_the_snapshot_it_is_given_drawing_its_images_once(make_sched, prompt, monkeypatch):
@@ -443,7 +446,7 @@ def test_a_panel_opens_at_the_snapshot_it_is_given_drawing_its_images_once(make_
     monkeypatch.setattr(views.Panel, "render", lambda self, draw=views.Panel.render: drawn.append(draw(self)))
     panel = views.Panel(sched, shown=first)
     assert panel.shown.step == 0 and panel.slider.value == first and len(drawn) == 1
-    assert panel.slider.max == len(sched.history) - 1 and panel.status.value.startswith("step 2 ")
+    assert panel.slider.max == len(sched.history) - 1 and panel.status.value.startswith("engine now: step 2 ")
     for bad in (-1, len(sched.history)):
         with pytest.raises(ValueError, match=f"shown={bad} is not an index of sched.history"):
             views.Panel(sched, shown=bad)
@@ -468,7 +471,8 @@ def test_restore_returns_the_engine_to_the_snapshot_the_slider_shows(make_sched,
     assert not panel.buttons["Restore"].disabled
     panel.buttons["Restore"].click()
     assert panel.error.value == "" and sched.step_index == 2 and sched.tokens(0) == tokens_at_4[:2]
-    assert panel.status.value.startswith("step 2 ") and panel.shown.step == 2
+    assert panel.notice.value == "Restore: restored step 2; 2 later snapshot(s) dropped."
+    assert panel.status.value.startswith("engine now: step 2 ") and panel.shown.step == 2
     panel.run_steps.value = 2
     panel.buttons["Run N steps"].click()
     assert sched.tokens(0) == tokens_at_4  # the same continuation
@@ -482,8 +486,12 @@ def test_restore_on_a_snapshot_older_than_the_kept_checkpoints_says_from_which_o
     first = len(sched.history) - 3 + 1  # the oldest of the 3 latest, counted from 1
     assert panel.buttons["Restore"].disabled
     assert f"Restore works from snapshot {first}" in panel.buttons["Restore"].tooltip
-    assert "history_checkpoints=3" in panel.slider_label.value
-    panel.slider.value = panel.slider.max
+    assert panel.slider_label.value.endswith(
+        f" · Restore works from snapshot {first} on"
+    )  # short: fits the row
+    assert panel.buttons["Restore"].tooltip.startswith("no checkpoint kept this far back; ")
+    assert "history_checkpoints" not in panel.slider_label.value  # words, not a parameter name
+    panel.slider.value = panel.slider.max - 1
     assert not panel.buttons["Restore"].disabled and "·" not in panel.slider_label.value
 
 
@@ -522,7 +530,7 @@ def test_an_interrupt_during_run_n_steps_is_shown_and_the_status_shows_the_true_
     panel.buttons["Run N steps"].click()
     assert "interrupted: KeyboardInterrupt" in panel.error.value
     assert panel.sched.step_index == 2 and panel.sched.check().ok
-    assert panel.status.value.startswith("step 2 · 2 row(s)")
+    assert panel.status.value.startswith("engine now: step 2 · 2 row(s)")
 
 
 def test_the_panel_timeline_draws_only_the_latest_uids_so_a_long_session_renders_as_fast(make_sched, prompt):
@@ -542,7 +550,7 @@ def test_reset_replaces_the_scheduler_with_a_fresh_one_of_the_same_configuration
     assert new is not old and new.idle and new.step_index == 0 and len(new.history) == 1
     assert (new.model, new.max_batch, new.history.maxlen) == (old.model, 3, 8)
     assert old.snapshot().batch_size == 2  # the old scheduler is left as it was
-    assert panel.status.value == "step 0 · 0 row(s) · 0 KV bytes · queue []"
+    assert panel.status.value == "engine now: step 0 · 0 row(s) · KV 0 bytes · queue []"
 
 
 def test_the_panel_images_fit_two_side_by_side_unscaled_with_text_of_at_least_9_px(panel):
@@ -579,7 +587,7 @@ def test_a_stored_panel_shows_a_png_of_its_images_and_text_instead_of_the_widget
     assert "application/vnd.jupyter.widget-view+json" in data  # JupyterLab with the kernel: the live widget
     png = base64.b64decode(data["image/png"])
     assert png.startswith(b"\x89PNG")
-    assert "VBox" not in data["text/plain"] and data["text/plain"].startswith("step 0 · 2 row(s)")
+    assert "VBox" not in data["text/plain"] and data["text/plain"].startswith("engine now: step 0 · 2 row(s)")
     assert "uid 1 | . . . # # @" in data["text/plain"]
 
 
@@ -723,7 +731,7 @@ def test_the_status_line_says_the_panel_is_busy_while_the_engine_runs_and_while_
     monkeypatch.setattr(panel, "figures", lambda *a: (seen.append(panel.status.value), figures(*a))[1])
     panel.buttons["Step"].click()
     assert seen[0].endswith(" — step running …") and seen[1].endswith(" — drawing step 1 …"), seen
-    assert " — " not in panel.status.value and panel.status.value.startswith("step 1 ")
+    assert " — " not in panel.status.value and panel.status.value.startswith("engine now: step 1 ")
 
 
 def test_render_mask_steps_draws_before_and_after_on_one_axis_so_compaction_shows_as_width():
@@ -751,3 +759,111 @@ def test_a_tall_view_is_drawn_at_most_image_max_height_in_the_panel(panel, monke
     figures = panel.figures(panel.shown, list(panel.sched.history))
     assert figures[panel.kv_image].get_figheight() == panel_module.IMAGE_MAX_HEIGHT_IN
     assert all(f.get_figheight() <= panel_module.IMAGE_MAX_HEIGHT_IN for f in figures.values())
+
+
+def test_a_panel_on_a_fork_that_keeps_checkpoints_can_restore_where_it_forked_and_not_its_latest_snapshot(
+    make_sched, prompt
+):
+    sched = make_sched(max_batch=3, history_size=16)  # keeps no checkpoint itself
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
+    sched.admit()
+    sched.step()
+    live = sched.fork(history_checkpoints=4)
+    panel = views.Panel(live, shown=0)
+    assert panel.buttons["Restore"].disabled  # older than the fork: no checkpoint
+    assert f"Restore works from snapshot {len(live.history)} on" in panel.slider_label.value
+    panel.slider.value = panel.slider.max  # the engine now: nothing to restore
+    assert panel.buttons["Restore"].disabled and panel.slider_label.value.endswith(" · the engine now")
+    assert panel.buttons["Restore"].tooltip == "the engine is at this snapshot: nothing to restore"
+    start, tokens = len(live.history) - 1, live.tokens(0)
+    panel.run_steps.value = 3
+    panel.buttons["Run N steps"].click()
+    panel.slider.value = start  # where the fork started
+    assert not panel.buttons["Restore"].disabled
+    panel.buttons["Restore"].click()
+    assert live.step_index == 1 and live.tokens(0) == tokens and panel.error.value == ""
+    assert panel.notice.value.startswith("Restore: restored step 1; ") and len(live.history) == start + 1
+
+
+def test_after_reset_restore_is_disabled_as_there_is_nothing_to_restore(make_sched, prompt):
+    sched = make_sched(max_batch=3, history_size=8, history_checkpoints=4)
+    sched.submit(wb.Request(prompt=prompt(5), max_tokens=12))
+    panel = views.Panel(sched)
+    panel.buttons["Reset"].click()
+    assert len(panel.sched.history) == 1 and panel.buttons["Restore"].disabled
+    assert panel.slider_label.value.startswith("showing: snapshot 1 of 1 (step 0) · ")
+
+
+def test_a_chat_requests_row_shows_its_last_user_message_not_the_chat_templates_tail():
+    from workbench.views.panel import shown_prompt
+
+    class Valid:  # what the panel reads of a validated request
+        def __init__(self, **request):
+            self.request = wb.Request(max_tokens=2, **request)
+            self.prompt_ids = (5, 6)
+
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Italy?"},
+    ]
+    assert shown_prompt(Valid(messages=chat), lambda ids: "<|im_start|>assistant") == "And of Italy?"
+    assert shown_prompt(Valid(prompt=[5, 6]), lambda ids: f"decoded {ids}") == "decoded [5, 6]"
+
+
+def test_the_panel_takes_its_prompt_boxs_initial_text_and_submits_it_as_a_user_message_when_chat(
+    make_sched, monkeypatch
+):
+    panel = views.Panel(make_sched(max_batch=2), prompt="What color is the sky?", chat=True)
+    assert panel.prompt.value == "What color is the sky?"
+    sent = []
+    monkeypatch.setattr(panel.sched, "submit", lambda request: sent.append(request))
+    panel.buttons["Submit"].click()
+    assert (
+        sent[0].messages == [{"role": "user", "content": "What color is the sky?"}] and sent[0].prompt is None
+    )
+
+
+def _two_rows(make_sched, prompt, lengths=(5, 2)):
+    """A scheduler with one admitted row per prompt length (left padding: their difference)."""
+    sched = make_sched(max_batch=3, history_size=8)
+    for i, n in enumerate(lengths):
+        sched.submit(wb.Request(prompt=prompt(n, 40 * i), max_tokens=12))
+    sched.admit()
+    return sched
+
+
+def _legend_texts(fig):
+    return [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_the_mask_legends_list_only_the_kinds_of_cell_drawn_and_name_them_alike_at_both_widths(
+    make_sched, prompt
+):
+    padded = _two_rows(make_sched, prompt).snapshot()
+    assert _legend_texts(views.render_masks(padded))[0] == "masked (padding)"  # no window: no "expired"
+    assert _legend_texts(views.render_masks(padded, width_in=4.7))[0] == "masked (padding)"  # the Panel's
+    alone = _two_rows(make_sched, prompt, (5,)).snapshot()  # one row: nothing masked
+    assert not any(t.startswith("masked") for t in _legend_texts(views.render_masks(alone)))
+
+
+def test_the_kv_legend_lists_only_the_segments_present_and_a_cut_axis_is_marked(make_sched, prompt):
+    sched = _two_rows(make_sched, prompt)
+    fig = views.render_kv(sched.snapshot(), list(sched.history))
+    assert _legend_texts(fig) == ["padding", "valid", "unused"]  # full attention: no expired slot
+    bars = fig.axes[0]
+    assert bars.get_xlabel() == "tokens per row (stacked: padding, valid, unused)"
+    cut = int(bars.get_xlim()[1])
+    assert bars.get_title(loc="left").endswith(f"(axis cut at {cut})") and cut < 256
+    assert [t.get_text() for t in bars.texts].count("//") == 2  # a break mark on each row's bar
+
+
+def test_a_just_joined_row_has_a_step_of_room_right_of_its_join_mark(make_sched, prompt):
+    sched = _two_rows(make_sched, prompt)
+    sched.step()
+    sched.step()
+    sched.submit(wb.Request(prompt=prompt(3, 90), max_tokens=4))
+    sched.admit()  # joins at step 2; its first token comes with step 2's forward
+    ax = views.render_timeline(sched.report().events, x="step", width_in=4.7).axes[0]
+    assert ax.get_xlim()[1] >= 3

@@ -913,6 +913,13 @@ class Scheduler:
         a copy): a what-if branch. ``changes`` replace decision settings of the fork only
         (:meth:`SchedulerConfig.fork_fields`, and ``clock``), e.g. ``policy="priority"``.
 
+        A fork that keeps checkpoints (``history_checkpoints``) keeps one of the state it
+        starts from, with the inherited latest snapshot when that snapshot shows this state
+        (else with the snapshot it records on its first ``snapshot(record=True)``), so
+        :meth:`restore` can return to where it forked. The original's checkpoints stay in
+        the fork's history (``workbench.verify.layers.localize`` reads them); ``restore``
+        takes only the fork's own.
+
         Raises:
             ValueError: for a setting a fork may not change, or an invalid value.
         """
@@ -923,6 +930,8 @@ class Scheduler:
         other = self.fresh(**changes)
         other.state = self.state.clone()
         other.recorder = self.recorder.clone(other.clock, other.history.maxlen)
+        if other.config.history_checkpoints and not other.recorder.stale:
+            other.recorder.keep_checkpoint(other.checkpoint(), other.config.history_checkpoints)
         return other
 
     def fresh(self, **changes: Any) -> "Scheduler":

@@ -33,6 +33,7 @@ from ..observe.snapshot import LayerGroup, Snapshot
 from . import style
 from .mask import row_labels
 
+BREAK_BOX = dict(facecolor="white", edgecolor="none", pad=1.0)  # behind the "//" break mark: a gap in the bar
 SEGMENTS = (
     ("padding", style.PADDING),
     ("valid", style.ATTENDED),
@@ -98,7 +99,17 @@ def kv_history_text(history: Sequence[Snapshot]) -> str:
     return "\n".join(lines)
 
 
-def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
+def segments_present(snap: Snapshot) -> list[str]:
+    """The names of ``SEGMENTS`` some row of ``snap`` has (a non-zero count in an attention
+    group): what the legend and the axis label list."""
+    geos = [row_geometry(g) for g in attention_groups(snap)]
+    return [n for n, _ in SEGMENTS if any(geo[n].any() for geo in geos)]
+
+
+def _draw_rows(ax, snap: Snapshot, g: LayerGroup, narrow: bool = False) -> None:
+    """One group's stacked bars per row; an axis shorter than the capacity ends in a
+    break mark (``//``) on each bar, beside the row's count of unused tokens, and the
+    title says where the axis is cut."""
     geo = row_geometry(g)
     B = snap.batch_size
     left = np.zeros(B)
@@ -107,13 +118,20 @@ def _draw_rows(ax, snap: Snapshot, g: LayerGroup) -> None:
         left = left + geo[name]
     shown = min(g.capacity_tokens, max(2 * g.kv_width_tokens, g.kv_width_tokens + 16))
     ax.set_xlim(0, max(shown, 1))
-    for r in range(B):
-        if geo["unused"][r] and g.capacity_tokens > shown:
-            ax.text(shown, r, f"+{int(geo['unused'][r])} unused ", ha="right", va="center", fontsize="small")
+    cut = g.capacity_tokens > shown
+    for r in range(B) if cut else ():  # the axis is cut: a break mark on each bar's end, the rest in words
+        ax.text(shown, r, "//", ha="center", va="center", fontweight="bold", clip_on=False, bbox=BREAK_BOX)
+        ax.text(
+            shown * 0.97, r, f"+{int(geo['unused'][r])} unused", ha="right", va="center", fontsize="small"
+        )
     ax.set_yticks(range(B), row_labels(snap))
     ax.invert_yaxis()
+    cut_note = (f" · cut at {shown}" if narrow else f" (axis cut at {shown})") if cut else ""
+    tokens = "" if narrow else " tokens"
     ax.set_title(
-        f"{g.name} · KV width {g.kv_width_tokens} of {g.capacity_tokens} tokens", fontsize="small", loc="left"
+        f"{g.name} · KV width {g.kv_width_tokens} of {g.capacity_tokens}{tokens}{cut_note}",
+        fontsize="small",
+        loc="left",
     )
 
 
@@ -127,16 +145,36 @@ def bytes_unit(n_bytes: float) -> tuple[int, str]:
     return (2**20, "MiB") if n_bytes >= 2**20 else (2**10, "KiB")
 
 
+def bytes_text(n_bytes: int) -> str:
+    """``n_bytes`` in the unit of :func:`bytes_unit`, two decimals; ``0 bytes`` for none.
+
+    >>> bytes_text(11_796_480), bytes_text(65_536), bytes_text(0)
+    ('11.25 MiB', '64.00 KiB', '0 bytes')
+    """
+    if not n_bytes:
+        return "0 bytes"
+    unit, name = bytes_unit(n_bytes)
+    return f"{n_bytes / unit:,.2f} {name}"
+
+
 def step_ticks(steps: Sequence[int], max_ticks: int = 10) -> tuple[list[int], list[str]]:
     """Tick positions and labels for a history drawn one point per snapshot: a tick at the
-    first snapshot of each decode step, thinned to at most ``max_ticks`` (every k-th step).
+    first snapshot of each decode step, thinned to at most ``max_ticks`` (every k-th step),
+    and none closer than ``len(steps) / max_ticks`` positions to the one before (where
+    a step has many snapshots, two labels would overlap).
 
     >>> step_ticks([0, 0, 1, 2, 2, 3])
     ([0, 2, 3, 5], ['0', '1', '2', '3'])
+    >>> step_ticks([0] + [1] * 11 + [2], max_ticks=3)  # step 1's tick would touch step 0's
+    ([0, 12], ['0', '2'])
     """
     firsts = [i for i, st in enumerate(steps) if i == 0 or st != steps[i - 1]]
     every = -(-len(firsts) // max_ticks) if firsts else 1
-    kept = firsts[::every]
+    gap = len(steps) / max_ticks
+    kept: list[int] = []
+    for i in firsts[::every]:
+        if not kept or i - kept[-1] >= gap:
+            kept.append(i)
     return kept, [str(steps[i]) for i in kept]
 
 
@@ -157,8 +195,7 @@ def render_kv(snap: Snapshot, history: Sequence[Snapshot] = (), width_in: float 
         ),
         layout="constrained",
     )
-    unit, unit_name = bytes_unit(snap.kv_bytes)
-    held = f"{snap.kv_bytes / unit:,.2f} {unit_name}" if snap.kv_bytes else "no KV bytes"
+    held = bytes_text(snap.kv_bytes) if snap.kv_bytes else "no KV bytes"
     fig.suptitle(
         f"KV cache, step {snap.step}: {held}, padding {snap.padding_waste:.0%}"
         if narrow
@@ -170,16 +207,15 @@ def render_kv(snap: Snapshot, history: Sequence[Snapshot] = (), width_in: float 
     if groups:
         axes = left.subplots(len(groups), 1, squeeze=False)[:, 0]
         for ax, g in zip(axes, groups):
-            _draw_rows(ax, snap, g)
-        axes[-1].set_xlabel(
-            "tokens per row" if narrow else "tokens per row (stacked: padding, valid, expired, unused)"
-        )
+            _draw_rows(ax, snap, g, narrow)
+        present = segments_present(snap)
+        axes[-1].set_xlabel("tokens per row" if narrow else f"tokens per row (stacked: {', '.join(present)})")
     else:
         style.empty(left.add_subplot(), "no attention cache" if snap.uids else "no rows in the batch")
     if right is not None:
         _draw_history(right, snap, history, narrow)
     if groups:
-        style.legend(fig, [(n, c) for n, c in SEGMENTS])
+        style.legend(fig, [(n, c) for n, c in SEGMENTS if n in present])
     return fig
 
 
@@ -202,7 +238,7 @@ def _draw_history(fig, snap: Snapshot, history: Sequence[Snapshot], narrow: bool
     bytes_ax.set_ylim(0, 1.1 * max(s.kv_bytes for s in history) / unit)
     ticks, labels = step_ticks([s.step for s in history], 6 if narrow else 10)
     bytes_ax.set_xticks(ticks, labels)
-    bytes_ax.set_xlabel("step" if narrow else "step (one point per snapshot: admit, step, filter)")
+    bytes_ax.set_xlabel("step" if narrow else "step (a point per snapshot)")
     bytes_ax.set_xlim(-0.5, len(history) - 0.5)
     shown = next((i for i, s in enumerate(history) if s is snap), None)
     if shown is None:

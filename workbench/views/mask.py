@@ -126,18 +126,35 @@ def _draw_group(ax, g: LayerGroup, snap: Snapshot, s_max: int) -> None:
         ax.axvspan(-s_max + 0.5, -S + 0.5, facecolor="white", edgecolor=OUTSIDE_EDGE, hatch="//")
 
 
+def masked_label(groups: Sequence[LayerGroup]) -> str | None:
+    """The legend's name for the masked cells of ``groups``' masks: ``masked (padding)``,
+    or ``masked (padding / expired)`` when a sliding-window group masks a cell (its
+    expired slots); ``None`` when no cell is masked (the legend then lists no such kind)."""
+    masked = [g for g in groups if (mask_cells(temporal_mask(g)) == MASKED).any()]
+    if not masked:
+        return None
+    return (
+        "masked (padding / expired)"
+        if any(g.window_tokens is not None for g in masked)
+        else "masked (padding)"
+    )
+
+
 def _legend(
     fig: Figure,
+    groups: Sequence[LayerGroup],
     wide: bool,
     not_held: bool,
     hatch_label: str = "not held (outside the window)",
     finished: bool = False,
 ) -> None:
-    entries = (
-        [("padding / expired (masked)", style.PADDING), ("attended cached token", style.ATTENDED)]
-        if wide
-        else [("masked", style.PADDING), ("attended", style.ATTENDED)]
-    ) + [(FED_LABEL if wide else "fed token", style.FED)]
+    """The masks' legend below the axes: only the kinds of cell ``groups`` show (masked,
+    :func:`masked_label`; attended; the fed token; a finished row when ``finished``), and
+    the hatch when ``not_held``."""
+    masked = masked_label(groups)
+    entries = [(masked, style.PADDING)] if masked else []
+    entries += [("attended cached token" if wide else "attended", style.ATTENDED)]
+    entries += [(FED_LABEL if wide else "fed token", style.FED)]
     entries += [(FINISHED_LABEL, style.WAITING)] if finished else []
     entries += [(hatch_label, "white", "//")] if not_held else []
     style.legend(fig, entries, ncol=3 if len(entries) > 3 else None)  # fits 9 inches
@@ -172,7 +189,7 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
         ax.set_title(_group_title(g), fontsize="small", loc="left")
     style.integer_ticks(axes[-1].xaxis, -max(widths) + 1, 0, max_labels=16 if width_in >= 6 else 8)
     axes[-1].set_xlabel(X_LABEL)
-    _legend(fig, width_in >= 6, max(widths) > min(widths), finished=any(snap.finished))
+    _legend(fig, groups, width_in >= 6, max(widths) > min(widths), finished=any(snap.finished))
     return fig
 
 
@@ -211,5 +228,6 @@ def render_mask_steps(
         style.integer_ticks(ax.xaxis, -max(widths) + 1, 0, max_labels=12)
         ax.set_xlabel("key position (0 = fed token)", fontsize="small")
     finished = any(f for s in snaps for f in s.finished)
-    _legend(fig, True, max(widths) > min(widths), "no column (the cache is narrower here)", finished)
+    shown = [s.group(group) for s in snaps if s.uids]
+    _legend(fig, shown, True, max(widths) > min(widths), "no column (the cache is narrower here)", finished)
     return fig

@@ -13,12 +13,12 @@ Widgets (``panel.widget`` is the whole box)::
 
     [prompt ..........] [max tokens] [Submit]
     [Admit] [Step] [Filter] [steps N] [Run N steps] [Reset]
-    step 3 · 2 rows · 1,048,576 KV bytes · queue []          <- status (class wb-status)
+    engine now: step 3 · 2 row(s) · KV 1.00 MiB · queue []   <- status (class wb-status)
     Step: no running row to decode (...)                      <- notice (class wb-notice): an
                                                                  Admit/Step/Filter that did nothing
     error: ...                                                <- error  (class wb-error)
-    history [----o---] snapshot 5 of 9 (step 3) [Restore]     <- scrubs sched.history; Restore
-                                                                 returns the engine there
+    history [----o---] showing: snapshot 5 of 9 (step 3) [Restore]  <- scrubs sched.history;
+                                                                 Restore returns the engine there
     [decode masks (wb-mask-image)] [2-D mask of the last prefill (wb-attention-image)]
     [KV geometry (wb-kv-image)]    [row timeline (wb-timeline-image)]
     uid 0 (5 tokens)  "def add(a, b):" → "⏎    return a + b"   <- each row's text (wb-rows)
@@ -38,7 +38,9 @@ screen together. Where the output area is narrower, the images wrap one under an
 
 *Restore* returns the engine to the snapshot the slider shows (``sched.restore`` of the
 checkpoint kept with it): enabled when the scheduler keeps checkpoints with its history
-(``Scheduler(history_checkpoints=N)``); the later snapshots then leave the history.
+(``Scheduler(history_checkpoints=N)``, or ``sched.fork(history_checkpoints=N)``, which keeps
+one of the state it forks) and the slider is not at the latest snapshot (the engine now); the
+later snapshots then leave the history, and the notice says how many.
 
 *Reset* replaces ``panel.sched`` by a fresh scheduler with the same model, tokenizer and
 configuration (``reset_scheduler``, or the ``reset`` callable given to the panel); the old
@@ -72,7 +74,7 @@ from ..observe.forward_masks import ForwardMask, prefill_forwards
 from ..observe.snapshot import Snapshot
 from . import style
 from .attention import render_attention
-from .kv import render_kv
+from .kv import bytes_text, render_kv
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .rows import rows_text
@@ -122,26 +124,41 @@ def nothing_to_do(call: str, snap: Snapshot) -> str:
     raise ValueError(f"call must be 'admit', 'step' or 'filter', got {call!r}")
 
 
-def restore_note(history, index: int, kept: int) -> str | None:
-    """Why ``history[index]`` cannot be restored (``None``: it can): no checkpoints kept
-    (``kept == 0``), or the snapshot is older than the ``kept`` latest, which are the only
-    ones with a checkpoint (a ring of ``Scheduler(history_checkpoints=kept)``).
+NO_CHECKPOINTS = "Scheduler(history_checkpoints=N) keeps checkpoints to restore"
+
+
+def restore_note(history, index: int, kept: int, owner: str | None = None, short: bool = False) -> str | None:
+    """Why ``history[index]`` cannot be restored, in words (``None``: it can): no
+    checkpoints kept (``kept == 0``); the snapshot is the latest, which the panel records
+    after every action, so the engine is there already; or no checkpoint of ``owner``
+    (the scheduler's id; ``None``: any) is kept with it: only the ``kept`` latest snapshots
+    since the scheduler began keeping them (for a fork, from the state it forked) have one.
+    ``short``: the few words the slider's label has room for (the tooltip gives the rest).
 
     >>> from workbench.observe.recorder import History
-    >>> restore_note(History([1, 2, 3]), 0, 0)
-    'Scheduler(history_checkpoints=N) keeps checkpoints to restore'
+    >>> restore_note(History([1, 2, 3]), 0, 0) == NO_CHECKPOINTS
+    True
     """
     if not kept:
-        return "Scheduler(history_checkpoints=N) keeps checkpoints to restore"
-    if history.checkpoint(index) is not None:
+        return NO_CHECKPOINTS
+    if index == len(history) - 1:
+        return "the engine now" if short else "the engine is at this snapshot: nothing to restore"
+    cp = history.checkpoint(index)
+    if cp is not None and (owner is None or cp.scheduler_id == owner):
         return None
-    have = [i for i in range(len(history)) if history.checkpoint(i) is not None]
+    have = [
+        i
+        for i in range(len(history))
+        if history.checkpoint(i) is not None
+        and (owner is None or history.checkpoint(i).scheduler_id == owner)
+    ]
     if not have:
-        return f"no checkpoint kept yet (history_checkpoints={kept})"
-    return (
-        f"no checkpoint kept with this snapshot (history_checkpoints={kept}: one with each of the latest "
-        f"{kept} taken since it was set); Restore works from snapshot {have[0] + 1}"
-    )
+        return "Restore works from your next action on"
+    works = f"Restore works from snapshot {have[0] + 1} on"
+    if short:
+        return works
+    now = " (the engine now: act, then come back)" if have[0] == len(history) - 1 else ""
+    return f"no checkpoint kept this far back; {works}{now}"
 
 
 def prefill_figure(fm: ForwardMask | None) -> Figure:
@@ -189,10 +206,26 @@ def drafts_figure(events: pd.DataFrame, snap: Snapshot, num_draft_tokens: int | 
 
 
 def status_text(snap: Snapshot) -> str:
-    """The status line: step, rows, KV bytes and the queue of a snapshot."""
+    """The status line of the engine now (its latest snapshot ``snap``): step, rows, KV
+    bytes (KiB / MiB, :func:`~workbench.views.kv.bytes_text`) and the queue.
+
+    >>> status_text(Snapshot(3, (), (), (), (), (), (), 0, 0, 0))
+    'engine now: step 3 · 0 row(s) · KV 0 bytes · queue []'
+    """
     return (
-        f"step {snap.step} · {snap.batch_size} row(s) · {snap.kv_bytes:,} KV bytes · queue {list(snap.queue)}"
+        f"engine now: step {snap.step} · {snap.batch_size} row(s) · KV {bytes_text(snap.kv_bytes)} "
+        f"· queue {list(snap.queue)}"
     )
+
+
+def shown_prompt(valid: Any, decode: Callable[[list[int]], str]) -> str:
+    """What the rows' text shows of a request's prompt: the last user message of a chat
+    request (``messages``), not its chat template's tail; else the prompt ids ``decode`` d."""
+    messages = valid.request.messages
+    if messages:
+        users = [m["content"] for m in messages if m.get("role") == "user"]
+        return users[-1] if users else messages[-1]["content"]
+    return decode(list(valid.prompt_ids))
 
 
 class Panel:
@@ -206,6 +239,10 @@ class Panel:
             :func:`reset_scheduler`).
         shown: index into ``sched.history`` of the snapshot to show first (the slider's
             value; drawn once); default: the newest, the one the panel records on opening.
+        prompt: initial text of the prompt box.
+        chat: Submit sends the prompt box's text as a chat request, one user message
+            (``Request(messages=[{"role": "user", "content": text}])``, encoded with the
+            tokenizer's chat template: for an instruct model); default: a plain-text prompt.
 
     Raises:
         ValueError: when ``shown`` is not an index of ``sched.history``.
@@ -218,6 +255,8 @@ class Panel:
         run_steps: int = 8,
         reset: Callable[[Scheduler], Scheduler] = reset_scheduler,
         shown: int | None = None,
+        prompt: str = "def add(a, b):",
+        chat: bool = False,
     ):
         if shown is not None and not 0 <= shown < len(sched.history):
             raise ValueError(
@@ -225,7 +264,8 @@ class Panel:
             )
         self.sched = sched
         self._reset = reset
-        self.prompt = W.Text(value="def add(a, b):", description="prompt")
+        self.chat = chat
+        self.prompt = W.Text(value=prompt, description="prompt")
         self.max_tokens = W.IntText(value=max_tokens, description="max tokens")
         self.run_steps = W.IntText(value=run_steps, description="steps N")
         self.buttons = {
@@ -303,8 +343,10 @@ class Panel:
 
     # -- actions: call the engine, then snapshot and re-render ------------------------
     def on_submit(self) -> None:
-        """Submit the prompt box's text with the max-tokens box's value."""
-        self._act(lambda s: s.submit(Request(prompt=self.prompt.value, max_tokens=self.max_tokens.value)))
+        """Submit the prompt box's text (a user message when ``chat``) with the max-tokens box's value."""
+        text = self.prompt.value
+        asked = {"messages": [{"role": "user", "content": text}]} if self.chat else {"prompt": text}
+        self._act(lambda s: s.submit(Request(**asked, max_tokens=self.max_tokens.value)))
 
     def on_admit(self) -> None:
         """``sched.admit()``; with nothing to admit, the notice says so (:func:`nothing_to_do`)."""
@@ -339,7 +381,8 @@ class Panel:
         self._act(reset)
 
     def on_restore(self) -> None:
-        """Restore the engine to the snapshot the slider shows (its kept checkpoint)."""
+        """Restore the engine to the snapshot the slider shows (its kept checkpoint); the
+        notice says which step and how many later snapshots left the history."""
 
         def restore(s: Scheduler) -> None:
             checkpoint = s.history.checkpoint(self.slider.value)
@@ -348,7 +391,11 @@ class Panel:
                     "no checkpoint was kept with this snapshot; create the scheduler with "
                     "history_checkpoints=N to restore the latest N snapshots"
                 )
+            before = len(s.history)
             s.restore(checkpoint)
+            self.notice.value = (
+                f"Restore: restored step {s.step_index}; {before - len(s.history)} later snapshot(s) dropped."
+            )
 
         self._act(restore)
 
@@ -422,9 +469,11 @@ class Panel:
             f"<pre>{html.escape(self.drafts_text(snap))}</pre>" if self.speculating else ""
         )
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
-        why = restore_note(self.sched.history, self.slider.value, self.sched.history_checkpoints)
-        self.slider_label.value = f"snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})" + (
-            f" · {why}" if why and self.sched.history_checkpoints else ""
+        note = (self.sched.history, self.slider.value, self.sched.config.history_checkpoints, self.sched.id)
+        why, brief = restore_note(*note), restore_note(*note, short=True)
+        self.slider_label.value = (
+            f"showing: snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
+            + (f" · {brief}" if why and self.sched.config.history_checkpoints else "")
         )
         self.buttons["Restore"].disabled = why is not None
         self.buttons["Restore"].tooltip = why or "restore the engine to this snapshot"
@@ -482,7 +531,8 @@ class Panel:
         return forwards[-1] if forwards else None
 
     def rows_text(self, snap: Snapshot) -> str:
-        """Each row of ``snap``: its prompt and its text generated up to ``snap``
+        """Each row of ``snap``: its prompt (a chat request's last user message,
+        :func:`shown_prompt`) and its text generated up to ``snap``
         (:func:`~workbench.views.rows.rows_text`), decoded with the scheduler's tokenizer."""
         decode = self.sched.tokenizer.decode
         prompts, generated = {}, {}
@@ -491,7 +541,7 @@ class Panel:
                 valid = self.sched.request_of(uid)
             except KeyError:  # a restore dropped it from the engine
                 continue
-            prompts[uid] = decode(list(valid.prompt_ids))
+            prompts[uid] = shown_prompt(valid, decode)
             generated[uid] = decode(self.sched.tokens(uid)[:n])
         return rows_text(snap, prompts, generated)
 

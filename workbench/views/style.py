@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 
 from ..bench.axes import log_tick_subs, plain_log_axis  # noqa: F401  (the views' log axes)
-from ..observe.numbers import scientific  # noqa: F401  (numbers without e-notation)
+from ..observe.numbers import SUPERSCRIPT, scientific  # noqa: F401  (numbers without e-notation)
 
 # One meaning per colour, in every figure of the views (tests/views/test_style.py checks that
 # no colour has two names, that every view draws its cells and spans from these names, and

@@ -323,6 +323,8 @@ def _draw(ax, events: pd.DataFrame, title: str, x: str) -> set[str]:
                 zorder=3,
             )
     right = max(b.now.max() * 1.02, 1.0 if x == "step" else 1e-3)  # room for the last evict mark
+    if x == "step" and (b["join"].notna() & b["first_token"].isna()).any():
+        right = b.now.max() + 1  # a row joined, its first token next step: keep that step in view
     ax.set_xlim(-MARGIN * right, right)  # and for a join mark at 0, clear of the axis
     if x == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # decode steps are whole numbers

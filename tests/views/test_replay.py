@@ -66,12 +66,16 @@ def test_latency_cdf_tick_labels_are_plain_numbers_that_never_overlap():
 
 def test_the_occupancy_legend_sits_outside_both_panels():
     runs = {name: _run(name, 1.0) for name in ("fcfs", "shortest-first", "prefill-first")}
-    fig = render_occupancy(runs)
-    FigureCanvasAgg(fig).draw()
+    fig = render_occupancy(
+        runs, title="synthetic stand-in for conv 10:00+12 s: batch size and queue over virtual time"
+    )
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
     legend = fig.legends[0].get_window_extent()
     assert [t.get_text() for t in fig.legends[0].get_texts()] == list(runs)
     for ax in fig.axes:
         assert ax.get_legend() is None and not legend.overlaps(ax.get_window_extent())
+    assert not legend.overlaps(fig._suptitle.get_window_extent(canvas.get_renderer()))  # it covered the title
 
 
 def test_the_policies_lines_take_series_colours_never_the_fed_tokens_orange():

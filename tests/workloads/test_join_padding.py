@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import workbench as wb
 from workbench.views.join import render_join_padding
@@ -45,5 +46,8 @@ def test_the_figure_draws_a_line_per_batch_size_through_the_measured_points(tabl
     assert [line.get_label() for line in lines] == ["B = 2 rows", "B = 5 rows"]
     for line, dot in zip(lines, dots):
         np.testing.assert_array_equal(line.get_ydata(), dot.get_ydata())  # measured == formula
+    label = next(t for t in ax.texts if "KV width w = 14" in t.get_text())
+    FigureCanvasAgg(fig).draw()
+    assert label.get_window_extent().y1 <= ax.get_window_extent().y1 - 3  # clear of the frame (it touched it)
     with pytest.raises(ValueError, match="at least one"):
         render_join_padding(table.iloc[:0])

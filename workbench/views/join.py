@@ -41,10 +41,19 @@ def render_join_padding(table: pd.DataFrame, title: str | None = None, width_in:
         )
     width = int(table.kv_width_tokens.iloc[0])
     ax.axvline(width, color="black", linestyle="--", linewidth=1)
-    ax.text(width, ax.get_ylim()[1], f" running rows' KV width w = {width}", va="top", fontsize="small")
+    ax.set_ylim(
+        0, 1.15 * max(int(table.added_padding.max()), int(table.formula.max()), 1)
+    )  # room for the label
+    ax.text(
+        width,
+        0.97,
+        f" running rows' KV width w = {width}",
+        transform=ax.get_xaxis_transform(),
+        va="top",
+        fontsize="small",
+    )
     ax.set_xlabel("joiner's prompt tokens n")
     ax.set_ylabel("padded positions added")
-    ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(
         fontsize="small",

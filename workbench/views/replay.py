@@ -128,7 +128,9 @@ def render_occupancy(runs: Mapping[str, Replay], title: str = "") -> Figure:
     ax_q.set_ylabel("queued requests")
     ax_q.set_xlabel("time since first submit (s)")
     ax_q.grid(alpha=0.3)
-    fig.legend(*ax_q.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
+    fig.legend(
+        *ax_q.get_legend_handles_labels(), loc="outside right lower", fontsize="small"
+    )  # by the queue panel, clear of the title
     if title:
         fig.suptitle(title)
     return fig

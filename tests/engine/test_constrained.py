@@ -188,6 +188,40 @@ def test_a_complete_grammar_finishes_the_row_stop_without_an_eos_token(make_sche
     assert not set(sched.tokens(uid)) & set(tok.eos_token_ids)
 
 
+@pytest.mark.parametrize("custom", [False, True], ids=["no stop ids", "custom stop ids"])
+def test_a_constrained_row_ends_at_eos_and_never_shows_its_text_whatever_its_stop_ids(
+    make_sched, bundled, prompt, custom
+):
+    _, tok = bundled
+    eos = set(tok.eos_token_ids)
+    eos_text = tok.decode(sorted(eos))
+    # "@" is a token no constraint here allows: a stop id the rows never meet
+    stop_ids = tok.encode("@", add_special_tokens=False) if custom else []
+    # (ab)* accepts the empty output: the model's first choice is EOS
+    constraints = [*CONSTRAINTS, dict(regex=r"(ab)*"), dict(regex=r"[0-9]+")]
+    reqs = [
+        wb.Request(prompt=prompt(5 + 3 * i, 40 * i), max_tokens=30, stop_ids=stop_ids, **c)
+        for i, c in enumerate(constraints)
+    ]
+    sched = make_sched(max_batch=len(reqs))
+    uids = [sched.submit(r) for r in reqs]
+    streamed = {u: "" for u in uids}
+    for uid, piece in sched.stream_all():
+        streamed[uid] += piece
+    ended_at_eos = 0
+    for uid, req in zip(uids, reqs, strict=True):
+        text = sched.text(uid)
+        assert eos_text not in text and satisfies(req, text), (req, text, sched.tokens(uid))
+        assert streamed[uid] == text
+        assert not eos & set(sched.tokens(uid)[:-1])  # EOS only ever ends a row
+        if sched.tokens(uid)[-1] in eos:
+            assert sched.finish_reason(uid) == "stop"
+            ended_at_eos += 1
+    assert ended_at_eos >= 1  # (ab)* at least: the case this test is about
+    texts = dict(zip(sched.report().requests["uid"], sched.report().requests["text"], strict=True))
+    assert all(texts[u] == sched.text(u) for u in uids)
+
+
 def constrained_run(sched, prompt, steps_before=None, between=None):
     """Submit the four constrained requests and one free one; run ``steps_before``
     iterations, call ``between(sched, uids)``, then run to idle. Returns tokens per uid."""

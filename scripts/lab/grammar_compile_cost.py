@@ -24,14 +24,14 @@ model, tokenizer = wb.load(args.model) if args.model else wb.load()
 sched = wb.Scheduler(model, tokenizer)
 llg = constrained._llguidance().LLMatcher
 ll_tok = constrained.ll_tokenizer(tokenizer, sched.vocab_size)
-PERSON = {
+CITY = {  # the schema of docs/structured-output.md's example
     "type": "object",
-    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
-    "required": ["ok", "n"],
+    "properties": {"city": {"type": "string", "maxLength": 20}, "population_millions": {"type": "integer"}},
+    "required": ["city", "population_millions"],
     "additionalProperties": False,
 }
 CASES = {
-    "json_schema (2 fields)": dict(json_schema=PERSON),
+    "json_schema (2 fields)": dict(json_schema=CITY),
     "json_schema {type: string}": dict(json_schema={"type": "string"}),
     r"regex [a-z]{2,6}\(\d\)": dict(regex=r"[a-z]{2,6}\(\d\)"),
     "regex .*": dict(regex=".*"),

@@ -173,7 +173,7 @@ def constraint_of(request: Any, tokenizer: Any, vocab_size: int) -> Constraint |
 # Compiled grammars kept (least recently used dropped first): (id of the LLTokenizer, grammar)
 # -> (that LLTokenizer, its matcher at the start with its first mask computed, or the message
 # refusing it: a refused grammar costs its compile time once).
-MAX_COMPILED = 64
+MAX_COMPILED = 16  # each holds its lexer (its size: docs/structured-output.md)
 _COMPILED: "OrderedDict[tuple[int, str], tuple[Any, Any]]" = OrderedDict()
 
 

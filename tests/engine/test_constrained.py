@@ -147,6 +147,67 @@ def test_a_bad_constraint_is_refused_at_submit_naming_the_field_and_nothing_chan
     assert not sched.requests and not sched.events
 
 
+@pytest.mark.parametrize("regex", ["a{1000000}", "b|a{1000000}"])
+def test_a_constraint_beyond_llguidances_limits_is_refused_at_submit_and_its_neighbours_run_on(
+    make_sched, prompt, regex
+):
+    good = wb.Request(prompt=prompt(5), max_tokens=12, regex=r"[a-z]{2,6}\(\d\)")
+    free = wb.Request(prompt=prompt(9, 50), max_tokens=8)
+    sched = make_sched(max_batch=3)
+    uids = [sched.submit(good), sched.submit(free)]
+    sched.admit(), sched.step()
+    before = engine_state(sched)
+    limit = r"regex: llguidance cannot compile it within its limits \(its lexer fuel ran out\): .*"
+    limit += "initial_lexer_fuel=1,000,000"
+    for _ in range(2):  # the second time from the cache of compiled grammars, the same refusal
+        with pytest.raises(ValueError, match=limit):
+            sched.submit(wb.Request(prompt=prompt(5), max_tokens=8, regex=regex))
+        assert engine_state(sched) == before
+    sched.run()
+    alone = make_sched(max_batch=3)
+    alone_uids = [alone.submit(good), alone.submit(free)]
+    alone.run()
+    assert [sched.tokens(u) for u in uids] == [alone.tokens(u) for u in alone_uids]
+    assert sched.finish_reason(uids[0]) == "stop" and satisfies(good, sched.text(uids[0]))
+
+
+def test_a_grammar_is_compiled_once_and_each_row_starts_from_a_copy(make_sched, prompt, monkeypatch):
+    compiles = []
+    compile_ = constrained._compile
+    monkeypatch.setattr(constrained, "_compile", lambda *a: compiles.append(a[0]) or compile_(*a))
+    monkeypatch.setattr(constrained, "_COMPILED", type(constrained._COMPILED)())
+    sched = make_sched(max_batch=4)
+    reqs = [
+        wb.Request(prompt=prompt(5 + i, 30 * i), max_tokens=20, regex=r"[a-z]{2,6}\(\d\)") for i in range(4)
+    ]
+    uids = [sched.submit(r) for r in reqs]
+    sched.run()
+    assert len(compiles) == 1
+    for uid, req in zip(uids, reqs, strict=True):
+        assert sched.finish_reason(uid) == "stop" and satisfies(req, sched.text(uid))
+
+
+def test_a_limit_llguidance_hits_on_a_token_is_named_as_a_limit_not_blamed_on_the_token(bundled, monkeypatch):
+    _, tok = bundled
+    llg = constrained._llguidance()
+    grammar = llg.LLMatcher.grammar_from_regex("a{100000}")
+    ll_tok = constrained.ll_tokenizer(tok, 4096)
+    # a matcher whose first mask spends its lexer fuel (a tenth of the default: quick), as
+    # a row's did before grammars were compiled at submit
+    raw = llg.LLMatcher(ll_tok, grammar, log_level=0, limits=llg.LLParserLimits(initial_lexer_fuel=100_000))
+    raw.compute_bitmask()
+    monkeypatch.setattr(constrained, "compiled", lambda *a: raw)
+    row = constrained.RowGrammar(constrained.Constraint("regex", "a{100000}", grammar), ll_tok, 1)
+    with pytest.raises(constrained.GrammarError) as caught:
+        row.sync(tok.encode("a", add_special_tokens=False))
+    message = str(caught.value)
+    assert message.startswith(
+        "regex: llguidance cannot compile it within its limits (its lexer fuel ran out)"
+    )
+    assert "initial_lexer_fuel=" in message and message.endswith("(at generated token 0)")
+    assert "refuses" not in message
+
+
 def test_without_llguidance_a_constrained_request_names_the_extra_to_install(make_sched, monkeypatch):
     sched = make_sched()
     monkeypatch.setitem(sys.modules, "llguidance", None)  # import llguidance now raises ImportError
@@ -186,6 +247,40 @@ def test_a_complete_grammar_finishes_the_row_stop_without_an_eos_token(make_sche
     sched.run()
     assert sched.finish_reason(uid) == "stop" and sched.text(uid) == "maybe so"
     assert not set(sched.tokens(uid)) & set(tok.eos_token_ids)
+
+
+@pytest.mark.parametrize("custom", [False, True], ids=["no stop ids", "custom stop ids"])
+def test_a_constrained_row_ends_at_eos_and_never_shows_its_text_whatever_its_stop_ids(
+    make_sched, bundled, prompt, custom
+):
+    _, tok = bundled
+    eos = set(tok.eos_token_ids)
+    eos_text = tok.decode(sorted(eos))
+    # "@" is a token no constraint here allows: a stop id the rows never meet
+    stop_ids = tok.encode("@", add_special_tokens=False) if custom else []
+    # (ab)* accepts the empty output: the model's first choice is EOS
+    constraints = [*CONSTRAINTS, dict(regex=r"(ab)*"), dict(regex=r"[0-9]+")]
+    reqs = [
+        wb.Request(prompt=prompt(5 + 3 * i, 40 * i), max_tokens=30, stop_ids=stop_ids, **c)
+        for i, c in enumerate(constraints)
+    ]
+    sched = make_sched(max_batch=len(reqs))
+    uids = [sched.submit(r) for r in reqs]
+    streamed = {u: "" for u in uids}
+    for uid, piece in sched.stream_all():
+        streamed[uid] += piece
+    ended_at_eos = 0
+    for uid, req in zip(uids, reqs, strict=True):
+        text = sched.text(uid)
+        assert eos_text not in text and satisfies(req, text), (req, text, sched.tokens(uid))
+        assert streamed[uid] == text
+        assert not eos & set(sched.tokens(uid)[:-1])  # EOS only ever ends a row
+        if sched.tokens(uid)[-1] in eos:
+            assert sched.finish_reason(uid) == "stop"
+            ended_at_eos += 1
+    assert ended_at_eos >= 1  # (ab)* at least: the case this test is about
+    texts = dict(zip(sched.report().requests["uid"], sched.report().requests["text"], strict=True))
+    assert all(texts[u] == sched.text(u) for u in uids)
 
 
 def constrained_run(sched, prompt, steps_before=None, between=None):

@@ -32,12 +32,21 @@ def test_top_arrays_keep_the_k_best_of_the_rows_that_asked_best_first_ties_by_id
     )
 
 
-@pytest.mark.parametrize("value", [-1, MAX_TOP_LOGPROBS + 1, 2.0, True, "5", None])
+@pytest.mark.parametrize("value", [-1, MAX_TOP_LOGPROBS + 1, 2.0, True, "5"])
 def test_a_top_logprobs_outside_0_to_20_is_refused_naming_the_field_and_the_limit(make_sched, value):
     sched = make_sched()
     with pytest.raises(ValueError, match=r"top_logprobs must be an int in \[0, 20\] \(MAX_TOP_LOGPROBS\)"):
         sched.submit(wb.Request(prompt=[1, 2, 3], top_logprobs=value))
     assert not sched.requests and sched.idle
+
+
+def test_top_logprobs_none_means_none_as_openai_and_vllm_take_null(make_sched):
+    assert wb.Request(prompt=[1, 2, 3], top_logprobs=None) == wb.Request(prompt=[1, 2, 3], top_logprobs=0)
+    assert wb.Request.from_dict({"prompt": [1, 2, 3], "top_logprobs": None}).top_logprobs == 0
+    sched = make_sched()
+    uid = sched.submit(wb.Request(prompt=[1, 2, 3], max_tokens=3, stop_ids=[], top_logprobs=None))
+    sched.run()
+    assert sched.tokens(uid) and sched.top_logprobs(uid) == [()] * len(sched.tokens(uid))
 
 
 # (prompt tokens, max_tokens, top_logprobs, temperature, arrival step): plain rows among them

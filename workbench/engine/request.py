@@ -54,7 +54,10 @@ class Request:
         top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
         min_p: keep tokens with probability ``>= min_p`` times the top one's, ``[0, 1)``.
         stop_ids: token ids that end the row (finish reason ``stop``); ``None`` means the
-            tokenizer's EOS ids. Duplicates are harmless (a set).
+            tokenizer's EOS ids. Duplicates are harmless (a set). A constrained row
+            (``json_schema`` / ``regex`` / ``choices``) always stops at the EOS ids too, whatever
+            ``stop_ids`` says: its grammar allows EOS only where the output is complete, so EOS
+            is the grammar's end, never text (as vLLM, whose ``stop_token_ids`` add to EOS).
         priority: larger is more urgent; used by the ``priority`` admission policy and
             by preemption (the lowest priority is preempted first).
         seed: PRNG seed of a sampled row (``>= 0``); the row's tokens then do not depend
@@ -82,7 +85,9 @@ class Request:
             also record the ``k`` most likely tokens and their log-probs (natural log,
             float32), best first, from the same log-probs as the token's own (after logits
             processors, before temperature; ``Scheduler.top_logprobs(uid)``,
-            ``workbench.engine.top_logprobs``); ``0`` (default) records none.
+            ``workbench.engine.top_logprobs``); ``0`` (default) records none, and so does
+            ``None`` (OpenAI's and vLLM's ``null``), which becomes ``0``:
+            ``Request(top_logprobs=None) == Request(top_logprobs=0)``.
         json_schema, regex, choices: structured output (at most one of them;
             ``workbench.engine.levers.constrained``, through llguidance): a JSON schema (a
             dict or its JSON text), a regex the whole output must match, or a non-empty
@@ -118,10 +123,14 @@ class Request:
     messages: Sequence[Mapping[str, str]] | None = None
     stop: str | Sequence[str] | None = None
     adapter: str | None = None
-    top_logprobs: int = 0
+    top_logprobs: int | None = 0
     json_schema: Mapping[str, Any] | str | None = None
     regex: str | None = None
     choices: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.top_logprobs is None:  # OpenAI's and vLLM's null: none, the same request as 0
+            object.__setattr__(self, "top_logprobs", 0)
 
     @property
     def constrained(self) -> bool:
@@ -362,11 +371,13 @@ def _check_sampling(r: Request) -> None:
 
 
 def _check_top_logprobs(r: Request, vocab_size: int) -> None:
-    """top_logprobs an int in ``[0, min(MAX_TOP_LOGPROBS, vocab_size)]``."""
+    """top_logprobs an int in ``[0, min(MAX_TOP_LOGPROBS, vocab_size)]`` (``None`` is already 0)."""
     most = min(MAX_TOP_LOGPROBS, vocab_size)
     if not _is_int(r.top_logprobs) or not 0 <= r.top_logprobs <= most:
         limit = "MAX_TOP_LOGPROBS" if most == MAX_TOP_LOGPROBS else "the vocabulary size"
-        raise ValueError(f"top_logprobs must be an int in [0, {most}] ({limit}), got {r.top_logprobs!r}")
+        raise ValueError(
+            f"top_logprobs must be an int in [0, {most}] ({limit}) or None (none), got {r.top_logprobs!r}"
+        )
 
 
 def _check_processors(r: Request, vocab_size: int) -> None:
@@ -395,11 +406,14 @@ def _check_processors(r: Request, vocab_size: int) -> None:
 
 
 def _stop_ids(r: Request, tokenizer: Any, vocab_size: int) -> frozenset[int]:
-    """The stop ids as a set (``None``: the tokenizer's EOS ids)."""
+    """The stop ids as a set (``None``: the tokenizer's EOS ids); a constrained request's
+    always include the EOS ids, its grammar's end (see :class:`Request`'s ``stop_ids``)."""
+    eos = frozenset(tokenizer.eos_token_ids)
     if r.stop_ids is None:
-        return frozenset(tokenizer.eos_token_ids)
+        return eos
     if isinstance(r.stop_ids, (list, tuple, set, frozenset)):
-        return frozenset(_check_ids("stop_ids", list(r.stop_ids), vocab_size))
+        ids = frozenset(_check_ids("stop_ids", list(r.stop_ids), vocab_size))
+        return ids | eos if r.constrained else ids
     raise ValueError(f"stop_ids must be a list of int token ids or None, got {type(r.stop_ids).__name__}")
 
 

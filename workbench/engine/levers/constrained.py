@@ -9,8 +9,10 @@ How a row is constrained (``docs/structured-output.md`` says why llguidance):
 
 - At ``submit`` :func:`constraint_of` checks the fields (at most one of them; a dict or
   JSON-text object schema, a non-empty regex, a non-empty list of non-empty choices) and
-  compiles the grammar against the tokenizer, so a bad one is refused before any state
-  changes (``ValueError`` naming the field and llguidance's message).
+  compiles the grammar against the tokenizer (:func:`compiled`: llguidance's validation,
+  its first mask and first token, within llguidance's limits), so a bad one is refused
+  before any state changes (``ValueError`` naming the field and llguidance's message or
+  limits). Compiled grammars are cached: each row starts from a copy.
 - The row's :class:`RowGrammar` is its last logits processor (``RowSampler``): for the
   token at index ``t`` it brings its matcher to the row's generated tokens ``[0, t)`` (read
   from the context the engine hands every processor: prompt, then generated tokens),
@@ -22,9 +24,11 @@ How a row is constrained (``docs/structured-output.md`` says why llguidance):
   (a rolled-back or interrupted call, ``restore``, ``fork``, preemption and recompute, a
   prompt-cache hit) can advance it twice or leave it behind.
 - A row whose grammar is complete (llguidance ``is_stopped``: only EOS may follow) finishes
-  with ``stop`` (:meth:`RowGrammar.done`); a token the grammar refuses (a custom sampler
-  ignoring the mask) or a grammar with no continuation raises :class:`GrammarError`, which
-  ends that row only (``error``).
+  with ``stop`` (:meth:`RowGrammar.done`); where the grammar may end, EOS is allowed and
+  ends the row as a stop id (a constrained request's stop ids always hold the EOS ids:
+  ``workbench.engine.request``), so EOS is never text. A token the grammar refuses (a
+  custom sampler ignoring the mask), a grammar with no continuation or a limit llguidance
+  hits later raises :class:`GrammarError`, which ends that row only (``error``).
 
 Axis letters: ``V`` vocabulary, ``T`` context tokens (prompt + generated).
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +54,9 @@ JSON_DEFAULTS = {"whitespace_flexible": False}
 EXTRA = "structured"  # pip install -e ".[structured]"
 # Rust regex-syntax's meta characters (its ``escape``): a choice is matched literally.
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+# Words of llguidance's messages for a resource limit (lexer fuel, states, grammar size), as
+# against a token the grammar refuses ("... doesn't satisfy the grammar", "parser stopped").
+_LIMIT_WORDS = ("too many", "fuel", "limit", "lexer error")
 
 
 class GrammarError(BadOutput):
@@ -146,8 +154,9 @@ def constraint_of(request: Any, tokenizer: Any, vocab_size: int) -> Constraint |
 
     Raises:
         ValueError: more than one of ``json_schema`` / ``regex`` / ``choices``; a field of
-            the wrong type or empty; a schema or regex llguidance refuses (its message);
-            a tokenizer llguidance cannot map (not a fast tokenizer).
+            the wrong type or empty; a schema or regex llguidance refuses (its message) or
+            cannot compile within its limits (:func:`compiled`); a tokenizer llguidance
+            cannot map (not a fast tokenizer).
         ImportError: llguidance is not installed (naming the ``structured`` extra).
     """
     fields = requested(request)
@@ -157,10 +166,104 @@ def constraint_of(request: Any, tokenizer: Any, vocab_size: int) -> Constraint |
         raise ValueError(f"Request: give at most one of json_schema, regex, choices; got {fields}")
     field = fields[0]
     source, grammar = _source(field, getattr(request, field))
-    error = _llguidance().LLMatcher.validate_grammar(grammar, ll_tokenizer(tokenizer, vocab_size))
-    if error:
-        raise ValueError(f"{field}: llguidance refuses it: {error.strip()}")
+    compiled(grammar, ll_tokenizer(tokenizer, vocab_size), field)
     return Constraint(field, source, grammar)
+
+
+# Compiled grammars kept (least recently used dropped first): (id of the LLTokenizer, grammar)
+# -> (that LLTokenizer, its matcher at the start with its first mask computed, or the message
+# refusing it: a refused grammar costs its compile time once).
+MAX_COMPILED = 16  # each holds its lexer (its size: docs/structured-output.md)
+_COMPILED: "OrderedDict[tuple[int, str], tuple[Any, Any]]" = OrderedDict()
+
+
+def limits_text() -> str:
+    """llguidance's parser limits (``LLParserLimits()``, its defaults, which the engine
+    keeps), for error messages: ``"initial_lexer_fuel=1,000,000, ..."``."""
+    limits = _llguidance().LLParserLimits()
+    names = ("initial_lexer_fuel", "step_lexer_fuel", "max_lexer_states", "max_grammar_size")
+    return ", ".join(f"{n}={getattr(limits, n):,}" for n in names)
+
+
+def _limit_error(error: str) -> str:
+    """The message (without the field) for llguidance's ``error`` that is a resource limit,
+    not a refusal: llguidance's first line and its limits."""
+    first = error.strip().splitlines()[0] if error.strip() else "unknown error"
+    fuel = " (its lexer fuel ran out)" if "too many expressions" in first else ""
+    return f"llguidance cannot compile it within its limits{fuel}: {first}; limits: {limits_text()}"
+
+
+def compiled(grammar: str, tokenizer: Any, field: str = "constraint") -> Any:
+    """llguidance's matcher for ``grammar`` on ``tokenizer`` (an ``LLTokenizer``) at the
+    start, its first mask computed: a template that :class:`RowGrammar` copies
+    (``LLMatcher.deep_copy``) for each row, built once per grammar and tokenizer (the
+    :data:`MAX_COMPILED` latest kept).
+
+    Compiling is llguidance's ``validate_grammar``, then what llguidance does lazily on a
+    row's first tokens: build the matcher, compute the first mask, then, on a copy, consume
+    the first allowed token (and compute the next mask) and each allowed one-byte token (so
+    every first byte's path is taken once). A grammar beyond llguidance's limits (lexer
+    fuel, lexer states, grammar size: :func:`limits_text`) is refused here, at ``submit``,
+    rather than on its row's first token: ``regex="a{1000000}"`` spends the lexer's fuel
+    while the first mask is built, and its first token then fails. A refusal is cached too.
+
+    Raises:
+        ValueError: naming ``field`` and llguidance's message (a grammar it refuses), or
+            its limits (a grammar beyond them), or that no token can start the grammar.
+    """
+    key = (id(tokenizer), grammar)
+    hit = _COMPILED.get(key)
+    if hit is None or hit[0] is not tokenizer:  # (an id reused by another tokenizer: compile anew)
+        hit = (tokenizer, _compile(grammar, tokenizer))
+        _COMPILED[key] = hit
+        while len(_COMPILED) > MAX_COMPILED:
+            _COMPILED.popitem(last=False)
+    _COMPILED.move_to_end(key)
+    if isinstance(hit[1], str):
+        raise ValueError(f"{field}: {hit[1]}")
+    return hit[1]
+
+
+def _compile(grammar: str, tokenizer: Any) -> Any:
+    """:func:`compiled` without the cache: the template matcher, or the message refusing
+    the grammar (a str, without the field)."""
+    llg = _llguidance().LLMatcher
+    error = llg.validate_grammar(grammar, tokenizer)
+    if error:
+        return f"llguidance refuses it: {error.strip()}"
+    matcher = llg(tokenizer, grammar, log_level=0)
+    mask = _unpacked(matcher.compute_bitmask(), tokenizer.vocab_size)
+    if matcher.is_error():
+        return _limit_error(matcher.get_error())
+    if not mask.any():
+        return "no token of the vocabulary can start the grammar"
+    probe = matcher.deep_copy()  # the template itself stays at the start
+    allowed = np.flatnonzero(mask)
+    byte_tokens = [t for t in _single_byte_tokens(tokenizer) if mask[t]]
+    for i, t in enumerate(dict.fromkeys([int(allowed[0]), *byte_tokens])):  # every first byte's path
+        if probe.is_stopped():
+            break
+        if probe.consume_token(t) and i == 0:
+            probe.compute_bitmask()  # the step after a first token
+        if probe.is_error():
+            error = probe.get_error()
+            if any(w in error.lower() for w in _LIMIT_WORDS):
+                return _limit_error(error)
+            return f"llguidance fails on its first token {t}: {error.strip().splitlines()[0]}"
+        if not probe.rollback(1):
+            probe = matcher.deep_copy()
+    return matcher
+
+
+def _single_byte_tokens(tokenizer: Any) -> list[int]:
+    """The ids of the tokens that are one byte each (at most 256), of an ``LLTokenizer``."""
+    ids = (tokenizer.tokenize_bytes(bytes([b])) for b in range(256))
+    return [t[0] for t in ids if len(t) == 1 and 0 <= t[0] < tokenizer.vocab_size]
+
+
+def _unpacked(bitmask: bytes, vocab_size: int) -> np.ndarray:
+    """llguidance's bitmask (one bit per token, little-endian) as ``[V]`` bool."""
+    return np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:vocab_size].astype(bool)
 
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyDictionary()
@@ -217,7 +320,7 @@ class RowGrammar:
         return () if self._state is None else self._state[1]
 
     def _fresh(self) -> Any:
-        return _llguidance().LLMatcher(self.tokenizer, self.constraint.grammar, log_level=0)
+        return compiled(self.constraint.grammar, self.tokenizer, self.constraint.field).deep_copy()
 
     def sync(self, tokens: Sequence[int]) -> Any:
         """Bring the matcher to exactly ``tokens`` (the row's generated ids): roll back to
@@ -237,9 +340,13 @@ class RowGrammar:
         for i, t in enumerate(tokens[common:], start=common):
             if not matcher.consume_token(t):
                 piece = self.tokenizer.decode_str([t]) if 0 <= t < self.tokenizer.vocab_size else ""
+                error = matcher.get_error()
+                if any(w in error.lower() for w in _LIMIT_WORDS):  # a limit, not the token's fault
+                    field = self.constraint.field
+                    raise GrammarError(f"{field}: {_limit_error(error)} (at generated token {i})")
                 raise GrammarError(
                     f"{self.constraint.field}: the grammar refuses token {t} ({piece!r}) after "
-                    f"{i} generated token(s): {matcher.get_error()}"
+                    f"{i} generated token(s): {error}"
                 )
         self._state = (matcher, tuple(tokens))
         return matcher
@@ -248,9 +355,8 @@ class RowGrammar:
         """The tokens that may follow ``tokens``: ``[V]`` bool (llguidance's bitmask,
         unpacked). Raises: :class:`GrammarError` (a refused token, or nothing allowed)."""
         matcher = self.sync(tokens)
-        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        mask = _unpacked(matcher.compute_bitmask(), vocab_size)
         self.mask_calls += 1
-        mask = np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
         if not mask.any():
             raise GrammarError(
                 f"{self.constraint.field}: no token of the vocabulary can continue the grammar "

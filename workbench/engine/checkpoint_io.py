@@ -380,3 +380,10 @@ def _check_safetensors(path: Path) -> None:
             raise ValueError(
                 f"{path} is not a workbench checkpoint (safetensors entry {name!r}: {short(entry)})"
             )
+    spans = sorted(tuple(e["data_offsets"]) for k, e in header.items() if k != "__metadata__")
+    ends = [0] + [end for _, end in spans]
+    if any(start != ends[i] for i, (start, _) in enumerate(spans)) or ends[-1] != data:
+        raise ValueError(
+            f"{path} is not a workbench checkpoint (its safetensors arrays do not cover its {data} data bytes "
+            "exactly, without gaps or overlaps)"
+        )

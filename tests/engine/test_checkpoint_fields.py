@@ -227,7 +227,9 @@ else:
 def test_a_pending_token_outside_the_vocabulary_never_kills_the_process(base, tmp_path):
     """Before the fields were checked this file loaded and the next step's embedding
     lookup read outside the table: SIGSEGV (exit -11)."""
-    path = edited(base, tmp_path / "bad.safetensors", document=FIELD_EDITS["pending token outside the vocabulary"][0])
+    path = edited(
+        base, tmp_path / "bad.safetensors", document=FIELD_EDITS["pending token outside the vocabulary"][0]
+    )
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     )

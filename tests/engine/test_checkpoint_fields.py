@@ -133,13 +133,17 @@ FIELD_EDITS = {  # edit of the JSON document -> what the refusal names
 }
 
 
+def assert_refused(bundled, base: Path, out: Path, message: str, **change) -> None:
+    """``base`` edited by ``change`` (see ``edited``) is refused with ``message``."""
+    path = edited(base, out, **change)
+    with pytest.raises(ValueError, match=message):
+        wb.Checkpoint.load(path, wb.Scheduler(*bundled, **SETTINGS))
+
+
 @pytest.mark.parametrize("edit", FIELD_EDITS)
 def test_each_bad_field_is_refused_with_a_value_error_naming_it(bundled, base, tmp_path, edit):
     change, message = FIELD_EDITS[edit]
-    path = edited(base, tmp_path / "bad.safetensors", document=change)
-    sched = wb.Scheduler(*bundled, **SETTINGS)
-    with pytest.raises(ValueError, match=message):
-        wb.Checkpoint.load(path, sched)
+    assert_refused(bundled, base, tmp_path / "bad.safetensors", message, document=change)
 
 
 def _layer(i: int, j: int, change) -> callable:
@@ -184,10 +188,7 @@ ARRAY_EDITS = {  # edit of the cache arrays -> what the refusal names
 @pytest.mark.parametrize("edit", ARRAY_EDITS)
 def test_cache_arrays_that_do_not_fit_the_model_or_the_batch_are_refused(bundled, base, tmp_path, edit):
     change, message = ARRAY_EDITS[edit]
-    path = edited(base, tmp_path / "bad.safetensors", arrays=change)
-    sched = wb.Scheduler(*bundled, **SETTINGS)
-    with pytest.raises(ValueError, match=message):
-        wb.Checkpoint.load(path, sched)
+    assert_refused(bundled, base, tmp_path / "bad.safetensors", message, arrays=change)
 
 
 def test_a_refused_load_changes_nothing_and_the_run_continues_as_if_it_never_happened(
@@ -307,3 +308,28 @@ def test_adapter_sets_with_other_weights_are_told_apart(tmp_path):
     other = wb.Scheduler(model, tok, **SETTINGS, adapters={"a": ADAPTERS["numbers"]})
     with pytest.raises(ValueError, match=r"model\.adapters_blake2b: .* saved, .* here"):
         wb.Checkpoint.load(path, other)
+
+
+# -- the import circle -------------------------------------------------------------------------
+def test_no_import_circle_runs_through_the_checkpoint_modules():
+    """``checkpoint.py`` imports ``checkpoint_io`` (which imports ``checkpoint_fields``) and
+    ``integrity``; none of them imports ``checkpoint.py`` back, not even inside a function."""
+    from tests.architecture.test_layers import ENGINE, engine_imports
+
+    graph = {
+        p.relative_to(ENGINE).with_suffix("").as_posix(): engine_imports(p) for p in ENGINE.rglob("*.py")
+    }
+
+    def reaches(start: str, goal: str) -> list[str] | None:
+        stack, seen = [[start]], {start}
+        while stack:
+            path = stack.pop()
+            for nxt in sorted(graph.get(path[-1], ())):
+                if nxt == goal:
+                    return path + [nxt]
+                if nxt not in seen:
+                    seen.add(nxt), stack.append(path + [nxt])
+        return None
+
+    for module in ("checkpoint", "checkpoint_io", "checkpoint_fields", "integrity"):
+        assert reaches(module, module) is None, f"import circle: {' -> '.join(reaches(module, module))}"

@@ -7,7 +7,7 @@ scheduler as it was.
 Run by ``tests/engine/test_checkpoint_fuzz.py`` (bounded, in a subprocess, so a segfault
 fails the test naming the edit); longer by the command::
 
-    python -m tests.engine.checkpoint_fuzz --family tiny-llama,tiny-mamba2 --examples 5000 --seed 7
+    python -m tests.engine.checkpoint_fuzz --family tiny-llama,tiny-mamba2+budget --examples 5000 --seed 7
 
 (``--family`` bundled model folders under ``data/models``; every edit is printed before it
 is tried, so the last line names the one that killed or hung the process; the same
@@ -87,10 +87,18 @@ def scenario(sched: wb.Scheduler, tok: Any) -> None:
     sched.submit(wb.Request(prompt=prompt_of_length(tok, 5, 130), max_tokens=3, stop_ids=[]))
 
 
-def saved_checkpoint(model: Any, tok: Any, folder: Path, steps: int = 7) -> Path:
+def budget_settings(model: Any, tok: Any) -> dict:
+    """:data:`SETTINGS` with a KV budget of two of :func:`scenario`'s requests alone (so
+    admission waits on it)."""
+    alone = wb.Scheduler(model, tok, **SETTINGS).ledger.alone_bytes(30, 14)
+    return dict(SETTINGS, kv_budget_bytes=2 * alone)
+
+
+def saved_checkpoint(model: Any, tok: Any, folder: Path, steps: int = 7, settings: dict = SETTINGS) -> Path:
     """A checkpoint file of :func:`scenario` after ``steps`` engine iterations (rows running,
-    some finished, some queued, free slots), saved under ``folder``."""
-    sched = wb.Scheduler(model, tok, **SETTINGS)
+    some finished, some queued, free slots) of a scheduler with ``settings``, saved under
+    ``folder``."""
+    sched = wb.Scheduler(model, tok, **settings)
     scenario(sched, tok)
     for _ in range(steps):
         sched.admit(), sched.step(), sched.filter()
@@ -294,15 +302,17 @@ def try_load(path: Path, sched: wb.Scheduler) -> str:
 
 def fuzz(family: str, examples: int, seed: int, seconds: float | None = None) -> dict:
     """Run ``examples`` random edits (or until ``seconds`` pass) on a checkpoint of the
-    bundled model ``family``; prints each edit before it is tried (flushed) and its outcome.
-    Returns counts by outcome."""
+    bundled model ``family`` (``"tiny-gemma3+budget"``: under :func:`budget_settings`);
+    prints each edit before it is tried (flushed) and its outcome. Returns counts by outcome."""
+    family, _, variant = family.partition("+")
     model, tok = wb.load(DATA_DIR / "models" / family)
+    settings = budget_settings(model, tok) if variant == "budget" else SETTINGS
     rng = random.Random(seed)
     counts = {"refused": 0, "loaded and ran": 0}
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as folder:
-        base = saved_checkpoint(model, tok, Path(folder))
-        sched = wb.Scheduler(model, tok, **SETTINGS)
+        base = saved_checkpoint(model, tok, Path(folder), settings=settings)
+        sched = wb.Scheduler(model, tok, **settings)
         vocab = sched.vocab_size
         assert try_load(base, sched) == "loaded and ran", "the unedited file loads"
         for i in range(examples):
@@ -322,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring); prints ``RESULT <json counts>`` last."""
     faulthandler.enable()  # a segfault prints the Python stack of the edit that caused it
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--family", default="tiny-llama", help="bundled model folder(s), comma-separated")
+    p.add_argument(
+        "--family",
+        default="tiny-llama",
+        help="bundled model folder(s), comma-separated; NAME+budget: with a KV budget",
+    )
     p.add_argument("--examples", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -1,9 +1,10 @@
 """The checkpoint-file fuzzer (``tests/engine/checkpoint_fuzz.py``) on real checkpoints of
-four cache families (full attention, sliding window, hybrid linear attention, SSM): random
-byte and field edits may only be refused with a ValueError or load and run to completion
-with ``check()`` ok. It runs in a subprocess with ``faulthandler``, so a segfault or a hang
-fails this test naming the edit. Bounded here (slow tier, about 35 s); ``--long`` runs 2,000
-edits per family, and the module runs alone as a command (its docstring)."""
+four cache families (full attention, sliding window, hybrid linear attention, SSM; two under
+a KV budget): random byte and field edits may only be refused with a ValueError or load and
+run to completion with ``check()`` ok. It runs in a subprocess with ``faulthandler``, so a
+segfault or a hang fails this test naming the edit. Bounded here (slow tier, about 35 s);
+``--long`` runs 2,000 edits per family, and the module runs alone as a command (its
+docstring)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ import pytest
 
 pytestmark = pytest.mark.model  # slow: tests/slow_tests.txt
 ROOT = Path(__file__).resolve().parents[2]
-FAMILIES = ("tiny-llama", "tiny-gemma3", "tiny-qwen3-next", "tiny-mamba2")
+FAMILIES = (
+    "tiny-llama",
+    "tiny-gemma3+budget",
+    "tiny-qwen3-next",
+    "tiny-mamba2+budget",
+)  # +budget: a KV budget
 
 
 def test_random_edits_to_checkpoint_files_are_refused_by_name_or_load_and_run(request):
     long = request.config.getoption("--long")
-    limits = ["--examples", "2000"] if long else ["--examples", "80", "--seconds", "5"]
+    limits = ["--examples", "2000"] if long else ["--examples", "80", "--seconds", "4"]
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     )

@@ -217,6 +217,9 @@ class FieldReader:
                 sched.adapters.check(request.adapter)
             elif request.adapter is not None:
                 raise ValueError(f"adapter {request.adapter!r}: this scheduler loads no adapters")
+            refusal = sched.ledger.refusal(len(valid.prompt_ids), request.max_tokens)
+            if refusal:  # as submit refuses it: under this KV budget it would wait forever
+                raise ValueError(refusal)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint field {where}.request: {exc}") from None
         return request, valid
@@ -258,7 +261,7 @@ class FieldReader:
             valid,
             seed,
             RowSampler(request, seed, self.vocab),
-            projected_bytes=_int(record["projected_bytes"], f"{where}.projected_bytes", 0),
+            projected_bytes=self.projected(record["projected_bytes"], f"{where}.projected_bytes", valid),
             submitted_s=self.finite(record["submitted_s"], f"{where}.submitted_s"),
             status=status,
             finish_reason=reason,
@@ -282,6 +285,13 @@ class FieldReader:
             logprobs=[_logprob(v, f"{where}.logprobs[{j}]") for j, v in enumerate(logprobs)],
             top_logprobs=[self.top(p, f"{where}.top_logprobs[{j}]", top_k) for j, p in enumerate(tops)],
         )
+
+    def projected(self, value: Any, where: str, valid: Any) -> int:
+        """A request's ``projected_bytes``: what this scheduler's ledger projects for it
+        (``KVLedger.alone_bytes``, as ``submit`` sets it)."""
+        alone = self.sched.ledger.alone_bytes(len(valid.prompt_ids), valid.request.max_tokens)
+        need(_int(value, where, 0) == alone, where, f"{value}, this scheduler projects {alone} bytes")
+        return alone
 
     @staticmethod
     def finite(value: Any, where: str) -> float:

@@ -19,8 +19,9 @@ padded-layout checkpoints: a packed scheduler's checkpoints restore in memory on
 The edits (``EDITS``): bytes flipped, inserted, deleted, the file truncated or extended;
 a JSON field of the document replaced by a value of another type or an extreme value (ids
 at and past the vocabulary, negative, huge, NaN, inf), removed, or a list entry duplicated;
-a cache array sliced, widened, cast to another dtype, its integers shifted, removed or
-duplicated under another key; a layer's class name changed.
+a cache array sliced, widened, cast to another dtype, its values shifted, one entry (a ring's
+counter or flag) set, the array removed or duplicated under another key; a layer's class
+or a scalar's type changed.
 """
 
 from __future__ import annotations
@@ -182,8 +183,17 @@ def edit_array(rng: random.Random, arrays: dict, metadata: dict) -> str:
     """Change one cache array (shape, dtype, values, presence) or a layer's class name."""
     key = rng.choice(sorted(arrays))
     a = arrays[key]
-    action = rng.choice(["slice", "widen", "dtype", "shift", "remove", "duplicate", "class", "scalar"])
-    if action == "slice" and a.ndim:
+    action = rng.choice(["slice", "widen", "dtype", "shift", "set", "remove", "duplicate", "class", "scalar"])
+    if action == "set":  # a counter or flag (a 0-d array: _idx, _offset, rotated, max_size) or one entry
+        if a.dtype == mx.bool_:
+            arrays[key] = mx.logical_not(a)
+        else:
+            flat = a.reshape(-1)
+            if flat.size:
+                i = rng.randrange(flat.size)
+                flat[i] = rng.choice([0, 1, -1, 2, 255, 10**6])
+                arrays[key] = flat.reshape(a.shape)
+    elif action == "slice" and a.ndim:
         axis = rng.randrange(a.ndim)
         arrays[key] = mx.take(a, mx.arange(max(0, a.shape[axis] - rng.choice([1, a.shape[axis]]))), axis=axis)
     elif action == "widen" and a.ndim:

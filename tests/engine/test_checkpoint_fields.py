@@ -17,6 +17,7 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
+from workbench.runtime.loading import DATA_DIR
 
 from .checkpoint_fuzz import SETTINGS, edited, read_parts, saved_checkpoint, scenario
 
@@ -191,6 +192,24 @@ def test_cache_arrays_that_do_not_fit_the_model_or_the_batch_are_refused(bundled
     assert_refused(bundled, base, tmp_path / "bad.safetensors", message, arrays=change)
 
 
+def test_a_ring_whose_counters_are_out_of_step_is_refused_not_restored_to_raise_at_every_step(tmp_path):
+    """tiny-gemma3's sliding-window layers (``BatchRotatingKVCache``): a rotated ring's
+    ``_offset`` below its window used to load with ``check()`` ok, then every step raised."""
+    model, tok = wb.load(DATA_DIR / "models" / "tiny-gemma3")
+    base = saved_checkpoint(model, tok, tmp_path)
+    _, _, doc = read_parts(base)
+    ring = _layer(
+        0, 5, lambda a: mx.zeros_like(a)
+    )  # layer 0 is a ring: keys, values, offset, lp, max_size, _offset
+    assert_refused(
+        (model, tok),
+        base,
+        tmp_path / "bad.safetensors",
+        r"caches\[0\]\._offset: 0 in a rotated ring",
+        arrays=ring,
+    )
+
+
 def test_a_refused_load_changes_nothing_and_the_run_continues_as_if_it_never_happened(
     bundled, base, tmp_path
 ):
@@ -212,6 +231,7 @@ def test_a_refused_load_changes_nothing_and_the_run_continues_as_if_it_never_hap
 KILLER = """
 import sys
 import workbench as wb
+from workbench.runtime.loading import DATA_DIR
 from tests.engine.checkpoint_fuzz import SETTINGS
 model, tok = wb.load()
 sched = wb.Scheduler(model, tok, **SETTINGS)

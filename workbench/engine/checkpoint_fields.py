@@ -447,8 +447,9 @@ class FieldReader:
     def attention(self, got: Any, ref: Any, where: str, P: int, live: list[int], held: np.ndarray) -> None:
         """A ``BatchKVCache`` / ``BatchRotatingKVCache`` layer: keys and values ``[P,
         n_kv_heads, capacity, head_dim]`` in this model's dtype, ``offset`` / ``left_padding``
-        ``[P]`` int32, write index within the capacity; each row's offset equals its token
-        count and (full attention) left padding + offset = KV width."""
+        ``[P]`` int32, write index within the capacity (a ring's counters as :func:`_ring`);
+        each row's offset equals its token count and (full attention) left padding + offset
+        = KV width."""
         rotating = isinstance(ref, BatchRotatingKVCache)
         state = got.state
         keys, values, offset, left_padding = state[:4]
@@ -469,7 +470,7 @@ class FieldReader:
         _array(values, f"{where}.values", (P, rv.shape[1], capacity, rv.shape[3]), rv.dtype)
         _int(idx, f"{where}._idx", 0, capacity)
         if rotating:
-            need(capacity <= max_size, f"{where}.keys", f"capacity {capacity} above the window {max_size}")
+            _ring(where, capacity, max_size, offset_total, idx, rotated)
         for name, a in (("offset", offset), ("left_padding", left_padding)):
             _array(a, f"{where}.{name}", (P,), mx.int32)
         rows = np.array(offset)[live]
@@ -507,6 +508,25 @@ class FieldReader:
             return Event(**record)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint field {where}: {exc}") from None
+
+
+def _ring(where: str, capacity: int, window: int, written: int, idx: int, rotated: bool) -> None:
+    """A ``BatchRotatingKVCache``'s counters as mlx-lm's ``update_and_fetch`` leaves them
+    between steps (else the next step's mask and keys differ in width, and every step
+    raises): once ``rotated``, the capacity is the window, ``0 < _idx <= window`` and
+    ``_offset >= window``; before, ``_idx = min(_offset, capacity)``."""
+    if rotated:
+        need(capacity == window, f"{where}.keys", f"capacity {capacity} in a rotated ring of window {window}")
+        need(0 < idx <= window, f"{where}._idx", f"{idx} in a rotated ring, (0, {window}] expected")
+        need(
+            written >= window, f"{where}._offset", f"{written} in a rotated ring, at least {window} expected"
+        )
+    else:
+        need(
+            idx == min(written, capacity),
+            f"{where}._idx",
+            f"{idx}, min(_offset {written}, capacity {capacity}) expected before the ring rotates",
+        )
 
 
 def _array(a: Any, where: str, shape: tuple, dtype: Any) -> None:

@@ -67,13 +67,14 @@ _COUNTERS = ("step_index", "next_uid", "joins")
 
 
 def short(value: Any) -> str:
+    """``value`` as JSON for an error message, cut to 80 characters."""
     text = json.dumps(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
 class Loaded:
-    """A checkpoint file's parts, every field checked (:func:`read`), for
+    """A checkpoint file's parts, every field checked (:meth:`FieldReader.read`), for
     ``Checkpoint.load`` to assemble.
 
     Attributes:
@@ -92,6 +93,7 @@ class Loaded:
 
 
 def is_int(x: Any) -> bool:
+    """True for an int that is not a bool (JSON's ``true`` is not a count)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -141,14 +143,16 @@ def _logprob(value: Any, where: str) -> float:
 
 
 class FieldReader:
-    """Checks a checkpoint document field by field against one scheduler and builds its
-    parts (:func:`read`); every refusal a ``ValueError`` naming the field."""
+    """Checks a checkpoint document field by field against one scheduler ``sched`` (its
+    vocabulary, tokenizer, ledger, adapters, model and cache recipe; only read) and builds
+    its parts (:meth:`read`); every refusal a ``ValueError`` naming the field."""
 
     def __init__(self, sched: Any):
         self.sched = sched
         self.vocab = int(sched.vocab_size)
 
     def token(self, value: Any, where: str) -> int:
+        """A token id in ``[0, vocab_size)``."""
         need(is_int(value), where, f"{short(value)} is not a token id")
         need(0 <= value < self.vocab, where, f"{value} outside the vocabulary [0, {self.vocab})")
         return value
@@ -164,6 +168,12 @@ class FieldReader:
         return tuple(out)
 
     def read(self, document: dict, caches: list) -> Loaded:
+        """The parts of ``document`` (its fields already named by ``DOCUMENT_FIELDS``, its
+        identity equal to the scheduler's) with ``caches`` (mlx-lm's ``load_prompt_cache``).
+
+        Raises:
+            ValueError: the first field out of its range or inconsistent with another.
+        """
         counters = _object(document["counters"], "counters", frozenset(_COUNTERS))
         for name in _COUNTERS:
             _int(counters[name], f"counters.{name}", 0)
@@ -295,10 +305,12 @@ class FieldReader:
 
     @staticmethod
     def finite(value: Any, where: str) -> float:
+        """A finite number (a time in seconds)."""
         need(_is_number(value) and math.isfinite(value), where, f"{short(value)} is not a finite number")
         return float(value)
 
     def queue(self, value: Any, requests: dict[int, RequestState]) -> list[RequestState]:
+        """The queue: distinct uids of waiting (queued or preempted) requests."""
         uids = _list(value, "queue")
         for i, u in enumerate(uids):
             need(is_int(u) and u in requests, f"queue[{i}]", f"{short(u)} is no request's uid")
@@ -308,6 +320,8 @@ class FieldReader:
 
     # -- batch
     def batch(self, record: dict, requests: dict[int, RequestState], queue: list) -> Batch:
+        """The batch without its caches: distinct rows of running (or finished, not evicted)
+        requests, free slots inside the cache rows, the pending next tokens (:meth:`pending`)."""
         for name in ("reuse_slots", "has_caches"):
             need(isinstance(record[name], bool), f"batch.{name}", f"{short(record[name])} is not a bool")
         need(isinstance(record["fast_path"], str), "batch.fast_path", "not a str")
@@ -419,6 +433,9 @@ class FieldReader:
         return loaded
 
     def layer(self, got: Any, ref: Any, where: str, P: int, live: list[int], held: np.ndarray) -> None:
+        """One loaded layer ``got`` against this model's ``ref`` (``CacheList`` members in
+        turn; ``ArraysCache``: each state array ``[P, ...]`` as the model's; attention:
+        :meth:`attention`)."""
         need(type(got) is type(ref), where, f"a {type(got).__name__}, this model's is a {type(ref).__name__}")
         if isinstance(ref, CacheList):
             subs = getattr(got, "caches", None)
@@ -487,6 +504,7 @@ class FieldReader:
 
     # -- events
     def event(self, record: Any, where: str) -> Event:
+        """An :class:`~workbench.observe.events.Event` from its record, each field of its type."""
         record = dict(_object(record, where))
         types = {f.name: getattr(f.type, "__name__", f.type) for f in dataclasses.fields(Event)}
         need(set(record) <= set(types), where, f"fields {fields_differ(record, frozenset(types))}")

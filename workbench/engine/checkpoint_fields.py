@@ -346,6 +346,12 @@ class FieldReader:
         need(len(set(free)) == len(free), "batch.free", "a slot appears twice")
         need(B > 0 or not free, "batch.free", "free slots without rows")
         need(record["reuse_slots"] or not free, "batch.free", "free slots with reuse_slots off")
+        here = self.sched.config.reuse_slots
+        need(
+            record["reuse_slots"] == here,
+            "batch.reuse_slots",
+            f"{record['reuse_slots']}, this scheduler's is {here}",
+        )
         batch = Batch(record["reuse_slots"])
         batch.rows = [requests[u] for u in rows]
         batch.free, batch.fast_path = list(free), record["fast_path"]

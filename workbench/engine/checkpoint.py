@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 
 from ..observe.recorder import Recorder
+from . import checkpoint_io
 from .batch import Batch
+from .integrity import check_state
 from .kv.promptcache import PromptCache
 from .runner import Prefilling
 from .shared_prompts import HeldPrompt
@@ -147,7 +149,8 @@ class Checkpoint:
     ``Scheduler.restore`` of the same scheduler to return there, any number of times.
 
     ``cp.save(path)`` writes it to a file and ``Checkpoint.load(path, sched)`` reads it back
-    for ``sched.restore`` in another process (:mod:`workbench.engine.checkpoint_io`).
+    (every field checked) for ``sched.restore`` in another process
+    (:mod:`workbench.engine.checkpoint_io`).
 
     Attributes:
         scheduler_id: the scheduler that took it. model_id: ``id()`` of its model.
@@ -167,31 +170,61 @@ class Checkpoint:
     def save(self, path: str | Path) -> Path:
         """Write this checkpoint to ``path`` (one ``.safetensors`` file: the batch caches
         through mlx-lm's ``save_prompt_cache``, the rest as JSON metadata with a format
-        version). Returns the path. Example: ``sched.checkpoint().save("batch.safetensors")``.
+        version; ``.safetensors`` is appended to a name without it). Returns the path
+        written, which :meth:`load` accepts. Example:
+        ``Checkpoint.load(sched.checkpoint().save("run1/batch"), other)`` (the file is
+        ``run1/batch.safetensors``).
 
         Raises:
             ValueError: a running request with a callable field (naming the uid and the
-                field), or a quantized KV cache (:func:`workbench.engine.checkpoint_io.save`).
+                field), a quantized KV cache or the packed layout, or a ``path`` that is a
+                folder (:func:`workbench.engine.checkpoint_io.save`).
         """
-        from .checkpoint_io import save  # the file format is its own module
-
-        return save(self, path)
+        return checkpoint_io.save(self, path)
 
     @classmethod
     def load(cls, path: str | Path, sched: Any) -> "Checkpoint":
-        """The checkpoint saved at ``path``, owned by ``sched`` (a scheduler with the same
-        model, tokenizer and settings, in any process): ``sched.restore(Checkpoint.load(path,
-        sched))`` continues with the tokens the saving run would have produced. ``sched``
-        is not changed by loading.
+        """The checkpoint saved at ``path`` (what :meth:`save` returned, or the path given
+        to it), owned by ``sched`` (a scheduler with the same model, tokenizer and settings,
+        in any process): ``sched.restore(Checkpoint.load(path, sched))`` continues with the
+        tokens the saving run would have produced. ``sched`` is not changed by loading,
+        refused or not.
+
+        Every field of the file is checked before anything is built
+        (:mod:`workbench.engine.checkpoint_fields`), then the state as a whole
+        (:func:`workbench.engine.integrity.check_state`).
 
         Raises:
-            FileNotFoundError: no file there. ValueError: not a workbench checkpoint,
-                another format version, or a model / tokenizer / setting that differs (each
-                named) (:func:`workbench.engine.checkpoint_io.load`).
+            FileNotFoundError: no file there. ValueError: not a workbench checkpoint (or a
+                damaged one), another format version, a model / tokenizer / setting that
+                differs (each named), or a field out of range or inconsistent with the
+                model, the batch or another field (named: ``checkpoint field <where>:
+                <what>``) (:func:`workbench.engine.checkpoint_io.read`).
         """
-        from .checkpoint_io import load
-
-        return load(path, sched)
+        parts = checkpoint_io.read(path, sched)
+        state = EngineState(
+            parts.batch,
+            np.random.default_rng(),
+            prompt_cache=sched.state.prompt_cache,
+            requests=parts.requests,
+            queue=parts.queue,
+            **parts.counters,
+        )
+        state.rng.bit_generator.state = parts.rng_state
+        integrity = check_state(state, sched.tokenizer)
+        if not integrity.ok:
+            raise ValueError(f"checkpoint {path} is inconsistent: " + "; ".join(integrity.problems))
+        recorder = Recorder(sched.clock, sched.config.history_size)
+        recorder.events = parts.events
+        return cls(
+            sched.id,
+            id(sched.model),
+            state.step_index,
+            len(recorder.events),
+            state,
+            recorder,
+            sched._identity,
+        )
 
     def __repr__(self) -> str:
         s = self.state

@@ -2,11 +2,13 @@
 batch saved in one process resumes in another with the same tokens (llama.cpp's slot
 save / restore, for a whole batch).
 
-Knows: a :class:`~workbench.engine.checkpoint.Checkpoint`'s parts (request states, queue,
-batch with its pending next tokens, events, counters, the seed generator) and mlx-lm's
-``save_prompt_cache`` / ``load_prompt_cache`` (``mlx_lm.models.cache``: every layer's
-``state`` into one ``.safetensors`` file through ``mx.save_safetensors``, classes rebuilt by
-``from_state``). Must not know: the scheduler's loop, admission, views.
+Knows: a checkpoint's parts (request states, queue, batch with its pending next tokens,
+events, counters, the seed generator) and mlx-lm's ``save_prompt_cache`` /
+``load_prompt_cache`` (``mlx_lm.models.cache``: every layer's ``state`` into one
+``.safetensors`` file through ``mx.save_safetensors``, classes rebuilt by ``from_state``).
+Must not know: the scheduler's loop, admission, views; nor the
+:class:`~workbench.engine.checkpoint.Checkpoint` class (it calls :func:`save` and
+:func:`read`; only ``checkpoint.py`` imports this module).
 
 The file is one ``.safetensors``: the batch caches' arrays (free slots included) as mlx-lm
 writes a prompt cache, and in its metadata (key ``"workbench"``) one JSON document::
@@ -15,6 +17,11 @@ writes a prompt cache, and in its metadata (key ``"workbench"``) one JSON docume
      "identity": {"model": {...}, "tokenizer": {...}, "settings": {...}},
      "counters": {...}, "rng": {...}, "requests": [...], "queue": [uids],
      "batch": {"rows": [uids], "free": [...], "pending": {...}, ...}, "events": [...]}
+
+Its name ends in ``.safetensors`` (:func:`file_of` adds it, as ``mx.save_safetensors``
+does): ``cp.save("run1/batch")`` writes and returns ``run1/batch.safetensors``, and
+``Checkpoint.load("run1/batch", sched)`` reads the same file. A path that is a folder is
+refused.
 
 What is not saved: the prompt cache's entries (the loading scheduler keeps its own), the
 snapshot history and the checkpoints kept with it, and a prefilling group's partial
@@ -26,10 +33,20 @@ state is not saved); a finished one is saved without them. A quantized KV cache
 (``kv_bits``) is refused: mlx-lm's loader does not know its class; so is the packed layout's
 (its pages are not in the file format yet: its checkpoints restore in memory).
 
-Loading refuses (``ValueError`` naming what differs) a file of another format or version,
-or one saved by a scheduler whose model (class, config, a digest of every weight's bytes),
-tokenizer (vocabulary size, EOS ids) or settings (every :class:`SchedulerConfig` field,
-the loaded adapters) differ from the loading scheduler's.
+Loading trusts nothing in the file. It refuses (``ValueError`` naming what differs) a file of
+another format or version, or one saved by a scheduler whose model (class, config, a digest
+of every base weight's bytes under its unwrapped name, and of the loaded adapters' weights),
+tokenizer (vocabulary size, EOS ids) or settings (every :class:`SchedulerConfig` field, the
+loaded adapters) differ from the loading scheduler's. Then every field is checked before
+anything is built (``ValueError`` naming the field and the limit, e.g. ``checkpoint field
+batch.pending.tokens[2]: 50000 outside the vocabulary [0, 4096)``): token ids (prompts,
+generated, top-k, pending) against the vocabulary; counts, offsets and lengths against each
+other; uids unique and ``0 .. next_uid - 1``; statuses and finish reasons among the known ones;
+numbers finite or non-negative where the engine needs it; every cache layer's class and every
+array's shape and dtype against this model's own caches (a one-token probe: ``n_kv_heads``,
+``head_dim``, dtype, window, recurrent state shapes) and the batch (``B`` rows plus free slots,
+each row's offset equal to its token count, left padding + offset = KV width). The loading
+scheduler is never changed.
 """
 
 from __future__ import annotations
@@ -38,51 +55,59 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
+import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import (
+    load_prompt_cache,
+    save_prompt_cache,
+)
 
-from ..observe.events import Event
-from ..observe.recorder import Recorder
 from .batch import Batch
-from .checkpoint import Checkpoint, EngineState
-from .decode import Pending
-from .kv.cache_internals import complete_loaded_cache
-from .request import Request, validate
-from .sampling import RowSampler
+from .checkpoint_fields import (
+    CALLABLE_FIELDS,
+    DOCUMENT_FIELDS,
+    STATE_FIELDS,
+    FieldReader,
+    Loaded,
+    fields_differ,
+    is_int,
+    need,
+    short,
+)
 from .state import RequestState, Status
 
 FORMAT, VERSION = "workbench-checkpoint", 1
-CALLABLE_FIELDS = ("logits_processors", "sampler", "on_token")
-_STATE_FIELDS = (
-    "uid",
-    "seed",
-    "projected_bytes",
-    "submitted_s",
-    "finish_reason",
-    "message",
-    "tokens",
-    "logprobs",
-    "fed",
-    "cached_tokens",
-    "join_order",
-    "evicted",
-    "sample_group",
-)
+SUFFIX = ".safetensors"
+MAX_HEADER_BYTES = 100_000_000  # the safetensors reference reader's limit on the JSON header
 
 
-def identity_of(sched: Any) -> dict:
+def identity_of(
+    sched: Any, parameters: Iterable[tuple[str, mx.array]] | None = None, adapters_digest: str | None = None
+) -> dict:
     """What a checkpoint on disk records of the scheduler that saved it, and loading
     compares: the model (class, ``model.args``, a BLAKE2b digest of every parameter's
-    bytes), the tokenizer (vocabulary size, EOS ids), the settings (every
-    ``SchedulerConfig`` field, ``repr`` where not JSON) and the loaded adapters' names."""
+    name, dtype, shape and bytes, and ``adapters_digest``), the tokenizer (vocabulary size,
+    EOS ids), the settings (every ``SchedulerConfig`` field, ``repr`` where not JSON) and the
+    loaded adapters' names.
+
+    Args:
+        parameters: ``(name, array)`` of every base weight under its unwrapped name
+            (:func:`workbench.engine.levers.lora.base_parameters`: a layer wrapped for
+            adapters keeps its name, so wrapping by any scheduler changes nothing here);
+            ``None``: ``tree_flatten(model.parameters())``.
+        adapters_digest: a digest of the loaded adapters' weights
+            (:func:`workbench.engine.levers.lora.weights_digest`), ``None`` without adapters.
+    """
     model, tokenizer = sched.model, sched.tokenizer
     digest = hashlib.blake2b(digest_size=16)
-    for name, p in tree_flatten(model.parameters()):
+    for name, p in tree_flatten(model.parameters()) if parameters is None else parameters:
         mx.eval(p)
         digest.update(f"{name}:{p.dtype}:{tuple(p.shape)}".encode())
         digest.update(memoryview(np.array(p if p.dtype == mx.uint8 else mx.view(p, mx.uint8))))
@@ -95,6 +120,7 @@ def identity_of(sched: Any) -> dict:
             "class": f"{type(model).__module__}.{type(model).__name__}",
             "args": args,
             "weights_blake2b": digest.hexdigest(),
+            "adapters_blake2b": adapters_digest,
         },
         "tokenizer": {"vocab_size": int(sched.vocab_size), "eos_token_ids": sorted(tokenizer.eos_token_ids)},
         "settings": settings,
@@ -118,32 +144,43 @@ def differences(saved: dict, here: dict, where: str = "") -> list[str]:
     """Where two :func:`identity_of` documents differ: ``"settings.max_batch: 4 saved, 2
     here"`` per differing leaf (dicts walked)."""
     out = []
-    for key in sorted(set(saved) | set(here)):
+    for key in sorted(set(saved) | set(here), key=str):
         a, b, name = saved.get(key), here.get(key), f"{where}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
             out += differences(a, b, name + ".")
         elif a != b:
-            out.append(f"{name}: {_short(a)} saved, {_short(b)} here")
+            out.append(f"{name}: {short(a)} saved, {short(b)} here")
     return out
 
 
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+def file_of(path: str | Path) -> Path:
+    """The file a checkpoint at ``path`` lives in: ``path`` itself when its name ends in
+    ``.safetensors``, else ``path`` with ``.safetensors`` appended (as ``mx.save_safetensors``
+    names what it writes): ``file_of("run1/batch") == Path("run1/batch.safetensors")``."""
+    path = Path(path)
+    return path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
 
 
 # -- saving ---------------------------------------------------------------------------
-def save(checkpoint: Checkpoint, path: str | Path) -> Path:
-    """Write ``checkpoint`` to ``path`` (a ``.safetensors`` file; parent folders created).
-    Returns the path.
+def save(checkpoint: Any, path: str | Path) -> Path:
+    """Write ``checkpoint`` (a :class:`~workbench.engine.checkpoint.Checkpoint`) to the file
+    :func:`file_of` ``(path)`` (parent folders created; written to a temporary file in the
+    same folder, then renamed, so a failed save leaves no partial file). Returns the path
+    written, which :func:`read` accepts.
 
     Raises:
         ValueError: a running request with a callable field (naming the uid and the
-            field), a quantized KV cache, the packed layout, or a checkpoint without its
-            scheduler's identity.
+            field), a quantized KV cache, the packed layout, a checkpoint without its
+            scheduler's identity, or a ``path`` (or the file it names) that is a folder.
     """
     if checkpoint.identity is None:
         raise ValueError("this checkpoint does not know its scheduler (take it with Scheduler.checkpoint())")
+    target = file_of(path)
+    for p in dict.fromkeys((Path(path), target)):
+        if p.is_dir():
+            raise ValueError(
+                f"Checkpoint.save: {p} is a folder; give a file name, e.g. {p / ('checkpoint' + SUFFIX)}"
+            )
     identity = checkpoint.identity()
     if identity["settings"].get("kv_bits") is not None:
         raise ValueError(
@@ -155,6 +192,21 @@ def save(checkpoint: Checkpoint, path: str | Path) -> Path:
             "Checkpoint.save: layout='packed' keeps its KV in pages, which the file format does not hold yet; "
             "its checkpoints restore in memory (Scheduler.restore(cp)), or save from layout='padded'"
         )
+    document = _document(checkpoint, identity)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.partial{SUFFIX}")
+    try:
+        caches = checkpoint.state.batch.caches or []
+        save_prompt_cache(str(temporary), caches, {"workbench": json.dumps(document)})
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+    return target
+
+
+def _document(checkpoint: Any, identity: dict) -> dict:
+    """The checkpoint's JSON document (see the module docstring); a prefilling group's
+    members saved as queued (or preempted)."""
     st = checkpoint.state
     live = {s.uid for s in st.live}
     document = {
@@ -179,10 +231,7 @@ def save(checkpoint: Checkpoint, path: str | Path) -> Path:
                 else record["status"]
             )
             record["evicted"] = record["evicted"] or record["status"] == Status.FINISHED.value
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_prompt_cache(str(path), st.batch.caches or [], {"workbench": json.dumps(document)})
-    return path
+    return document
 
 
 def _request_record(s: RequestState, live: bool) -> dict:
@@ -205,7 +254,7 @@ def _request_record(s: RequestState, live: bool) -> dict:
     fields["logit_bias"] = (
         None if r.logit_bias is None else [[int(t), float(b)] for t, b in r.logit_bias.items()]
     )
-    record = {name: _plain(getattr(s, name)) for name in _STATE_FIELDS}
+    record = {name: _plain(getattr(s, name)) for name in STATE_FIELDS}
     record.update(
         request=fields,
         prompt_ids=list(s.valid.prompt_ids),
@@ -239,32 +288,40 @@ def _batch_record(batch: Batch) -> dict:
 
 
 # -- loading --------------------------------------------------------------------------
-def load(path: str | Path, sched: Any) -> Checkpoint:
-    """Read a checkpoint written by :func:`save` for ``sched`` (give it to
-    ``sched.restore``). The scheduler is not changed.
+def read(path: str | Path, sched: Any) -> Loaded:
+    """Read and check a checkpoint written by :func:`save` for ``sched`` (the path it
+    returned, or the path given to it). Reads ``sched``'s model, tokenizer and settings
+    (and runs one probe forward on fresh caches of its own); changes nothing of ``sched``.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: not a workbench checkpoint, another format version, or a model,
-            tokenizer or setting that differs from ``sched``'s (each difference named), or
-            a prompt that tokenizes differently here.
+        FileNotFoundError: no file at :func:`file_of` ``(path)``.
+        ValueError: a folder; not a workbench checkpoint (including a damaged file),
+            another format version, a model, tokenizer or setting that differs from
+            ``sched``'s (each difference named), a layout whose checkpoints are not saved
+            to files, a prompt that tokenizes differently here, or any field out of its
+            range or inconsistent with another (named: ``checkpoint field <where>: <what>``).
     """
-    path = Path(path)
+    path = file_of(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder, not a checkpoint file")
+    _check_safetensors(path)
     try:
         caches, metadata = load_prompt_cache(str(path), return_metadata=True)
         document = json.loads(metadata.get("workbench", "null") or "null")
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+    except Exception as exc:  # a damaged file can fail anywhere in mlx-lm's loader or json  # noqa: BLE001
         raise ValueError(
-            f"{path} is not a workbench checkpoint (mlx-lm's load_prompt_cache: {exc})"
+            f"{path} is not a workbench checkpoint (mlx-lm's load_prompt_cache: {type(exc).__name__}: {exc})"
         ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"{path} is not a workbench checkpoint (no '{FORMAT}' metadata)")
     if document.get("version") != VERSION:
         raise ValueError(
-            f"{path} is format version {document.get('version')}; this workbench reads version {VERSION}"
+            f"{path} is format version {short(document.get('version'))}; this workbench reads version {VERSION}"
         )
+    need(set(document) == DOCUMENT_FIELDS, "(document)", f"fields {fields_differ(document, DOCUMENT_FIELDS)}")
+    need(isinstance(document["identity"], dict), "identity", "not an object")
     differ = differences(document["identity"], sched._identity())
     if differ:
         raise ValueError(
@@ -272,77 +329,61 @@ def load(path: str | Path, sched: Any) -> Checkpoint:
             + "; ".join(differ)
             + ". Load it into a scheduler with the same model, tokenizer and settings."
         )
-    requests = {r["uid"]: _request_state(r, sched) for r in document["requests"]}
-    for c in caches:
-        complete_loaded_cache(c)
-    state = EngineState(
-        _batch_of(document["batch"], caches, requests),
-        np.random.default_rng(),
-        prompt_cache=sched.state.prompt_cache,
-        requests=requests,
-        queue=[requests[u] for u in document["queue"]],
-        **document["counters"],
-    )
-    state.rng.bit_generator.state = document["rng"]
-    recorder = Recorder(sched.clock, sched.config.history_size)
-    recorder.events = [_event(e) for e in document["events"]]
-    return Checkpoint(
-        sched.id, id(sched.model), state.step_index, len(recorder.events), state, recorder, sched._identity
-    )
-
-
-def _request_state(record: dict, sched: Any) -> RequestState:
-    """A request state from its JSON record, validated again by ``sched``'s tokenizer."""
-    fields = dict(record["request"])
-    if fields["logit_bias"] is not None:
-        fields["logit_bias"] = {int(t): b for t, b in fields["logit_bias"]}
-    request = Request(**fields)
-    valid = validate(request, sched.tokenizer, sched.vocab_size, sched.context_tokens, sched.context_field)
-    if list(valid.prompt_ids) != record["prompt_ids"]:
-        raise ValueError(f"uid {record['uid']}'s prompt tokenizes differently here than where it was saved")
-    state = RequestState(
-        record["uid"],
-        valid,
-        record["seed"],
-        RowSampler(request, record["seed"], sched.vocab_size),
-        record["projected_bytes"],
-        record["submitted_s"],
-        Status(record["status"]),
-    )
-    for name in _STATE_FIELDS[4:]:
-        setattr(state, name, record[name])
-    state.top_logprobs = [tuple(tuple(p) for p in pairs) for pairs in record["top_logprobs"]]
-    return state
-
-
-def _batch_of(record: dict, caches: list[Any], requests: dict[int, RequestState]) -> Batch:
-    """The batch of a JSON record, its caches those loaded by mlx-lm."""
-    batch = Batch(record["reuse_slots"])
-    batch.rows = [requests[u] for u in record["rows"]]
-    batch.caches = caches if record["has_caches"] else None
-    batch.free, batch.fast_path = list(record["free"]), record["fast_path"]
-    p = record["pending"]
-    if p is not None:
-        top = {
-            int(b): (
-                mx.array([t for t, _ in pairs], dtype=mx.int32),
-                mx.array([v for _, v in pairs], dtype=mx.float32),
-            )
-            for b, pairs in p["top"].items()
-        }
-        batch.pending = Pending(
-            mx.array(p["tokens"], dtype=mx.uint32),
-            mx.array(p["logprobs"], dtype=mx.float32),
-            mx.array(p["finite"], dtype=mx.bool_),
-            {int(b): m for b, m in p["errors"].items()},
-            top,
+    settings = document["identity"]["settings"]
+    if settings.get("layout") == "packed" or settings.get("kv_bits") is not None:
+        raise ValueError(
+            f"checkpoint {path}: a scheduler with layout='packed' or kv_bits does not load checkpoint "
+            "files (Checkpoint.save refuses them); its checkpoints restore in memory"
         )
-    return batch
+    return FieldReader(sched).read(document, caches)
 
 
-def _event(record: dict) -> Event:
-    """An event from its JSON record (``top_logprobs`` back to tuples)."""
-    record = dict(record, top_logprobs=tuple(tuple(p) for p in record.get("top_logprobs", ())))
-    if record["logprob"] is None or (isinstance(record["logprob"], float) and math.isnan(record["logprob"])):
-        record["logprob"] = float("nan")
-    return Event(**record)
+def _check_safetensors(path: Path) -> None:
+    """Refuse a file whose safetensors header does not describe its bytes (the format's
+    8-byte little-endian header length, a JSON header of ``{name: {dtype, shape,
+    data_offsets}}``, offsets inside the data and equal to each shape's bytes), before MLX
+    reads it."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < n <= min(MAX_HEADER_BYTES, size - 8):
+            raise ValueError(f"{path} is not a workbench checkpoint (no safetensors header: {size} bytes)")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError):
+            header = None
+    if not isinstance(header, dict):
+        raise ValueError(
+            f"{path} is not a workbench checkpoint (its safetensors header is not a JSON object)"
+        )
+    data = size - 8 - n
+    widths = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1}
+    widths.update({"I8": 1, "U8": 1, "I16": 2, "U16": 2, "F64": 8})
+    for name, entry in header.items():
+        if name == "__metadata__":
+            ok = isinstance(entry, dict) and all(isinstance(v, str) for v in entry.values())
+        else:
+            ok = (
+                isinstance(entry, dict)
+                and entry.get("dtype") in widths
+                and isinstance(entry.get("shape"), list)
+                and all(is_int(d) and d >= 0 for d in entry["shape"])
+                and isinstance(entry.get("data_offsets"), list)
+                and len(entry["data_offsets"]) == 2
+                and all(is_int(o) for o in entry["data_offsets"])
+                and 0 <= entry["data_offsets"][0] <= entry["data_offsets"][1] <= data
+                and entry["data_offsets"][1] - entry["data_offsets"][0]
+                == math.prod(entry["shape"]) * widths[entry["dtype"]]
+            )
+        if not ok:
+            raise ValueError(
+                f"{path} is not a workbench checkpoint (safetensors entry {name!r}: {short(entry)})"
+            )
+    spans = sorted(tuple(e["data_offsets"]) for k, e in header.items() if k != "__metadata__")
+    ends = [0] + [end for _, end in spans]
+    if any(start != ends[i] for i, (start, _) in enumerate(spans)) or ends[-1] != data:
+        raise ValueError(
+            f"{path} is not a workbench checkpoint (its safetensors arrays do not cover its {data} data bytes "
+            "exactly, without gaps or overlaps)"
+        )

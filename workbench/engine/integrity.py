@@ -1,8 +1,9 @@
 """The engine's integrity check: the request states, the queue, the prefilling group, the
 batch and every layer's cache agree with each other.
 
-Knows: :class:`workbench.engine.checkpoint.EngineState`, mlx-lm's cache geometry through
-:mod:`workbench.engine.kv.caches`, a row's text cache (:mod:`workbench.engine.text`). Must not
+Knows: an engine state (:class:`workbench.engine.checkpoint.EngineState`, read by its
+fields: ``checkpoint.py`` imports this module, not the other way), mlx-lm's cache geometry
+through :mod:`workbench.engine.kv.caches`, a row's text cache (:mod:`workbench.engine.text`). Must not
 know: how the engine changes the state. Reads only (it evaluates the caches' small offset
 arrays, waiting for a forward in flight).
 
@@ -25,10 +26,10 @@ Checked (``Scheduler.check()``; the tests and the fuzzer call it after every ope
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .checkpoint import EngineState
 from .kv import caches as kv
 from .state import Status
 from .text import RowText, sync, text_tokens
@@ -66,7 +67,7 @@ class Integrity:
         )
 
 
-def _places(state: EngineState) -> list[str]:
+def _places(state: Any) -> list[str]:
     problems, seen = [], {}
     members = {
         "queue": state.queue,
@@ -101,7 +102,7 @@ def _places(state: EngineState) -> list[str]:
     return problems
 
 
-def _texts(state: EngineState, tokenizer) -> list[str]:
+def _texts(state: Any, tokenizer) -> list[str]:
     """Each text cache against a rebuild from the tokens it claims (a cache that is behind
     the tokens is fine: the next read feeds it the rest)."""
     problems = []
@@ -125,7 +126,7 @@ def _texts(state: EngineState, tokenizer) -> list[str]:
     return problems
 
 
-def _batch(state: EngineState) -> tuple[list[str], int]:
+def _batch(state: Any) -> tuple[list[str], int]:
     batch, problems = state.batch, []
     if hasattr(batch, "problems"):  # the packed layout checks its own pages (PackedBatch.problems)
         return batch.problems(), 0
@@ -176,7 +177,7 @@ def _layer(name: str, label: str, cache, held: np.ndarray, B: int) -> list[str]:
     return out
 
 
-def check_state(state: EngineState, tokenizer=None) -> Integrity:
+def check_state(state: Any, tokenizer=None) -> Integrity:
     """Check ``state`` (see the module docstring; the text caches only with the requests'
     ``tokenizer``). Never raises for a bad state: the problems are the result."""
     problems = _places(state) + ([] if tokenizer is None else _texts(state, tokenizer))

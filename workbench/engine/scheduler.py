@@ -887,7 +887,9 @@ class Scheduler:
         """The model, tokenizer and settings a checkpoint on disk records and loading
         compares (:func:`workbench.engine.checkpoint_io.identity_of`), computed once."""
         if "_identity_cache" not in self.__dict__:
-            self._identity_cache = identity_of(self)
+            self._identity_cache = identity_of(
+                self, lora.base_parameters(self.model), lora.weights_digest(self.adapters)
+            )
         return self._identity_cache
 
     def restore(self, checkpoint: Checkpoint) -> None:

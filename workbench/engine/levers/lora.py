@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_unflatten
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
 
 FILES = ("adapter_config.json", "adapters.safetensors")
 
@@ -403,6 +405,41 @@ def selected(bank: AdapterBank | None, names: Sequence[str | None]) -> Iterator[
         yield
     finally:
         sel.bank, sel.rows, sel.scale = None, None, None
+
+
+def base_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
+    """Every parameter of ``model`` as ``(name, array)`` under its name in the unwrapped model:
+    a :class:`RowLoRALinear` at ``p`` holds its layer at ``p.linear``, named ``p`` here
+    (``model.layers.0.self_attn.q_proj.linear.weight`` -> ``...q_proj.weight``). The same
+    list whether or not any scheduler wrapped the model (a checkpoint's model identity,
+    :func:`workbench.engine.checkpoint_io.identity_of`)."""
+    wrapped = {path + ".linear." for path, m in model.named_modules() if isinstance(m, RowLoRALinear)}
+    out = []
+    for name, p in tree_flatten(model.parameters()):
+        for prefix in wrapped:
+            if name.startswith(prefix):
+                name = prefix[: -len("linear.")] + name[len(prefix) :]
+                break
+        out.append((name, p))
+    return out
+
+
+def weights_digest(bank: AdapterBank | None) -> str | None:
+    """A BLAKE2b digest of the loaded adapters' weights: per adapter (by name) its scale and
+    its slot of every target layer's stacks (``A``, ``B``, bytes and shapes); ``None``
+    without adapters. Equal for the same adapters loaded in any order."""
+    if bank is None:
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    for name in sorted(bank.names):
+        slot = bank.index(name)
+        digest.update(f"{name}:{bank.scales[slot]!r}".encode())
+        for path in sorted(bank.layers):
+            for x in bank.layers[path]:
+                row = x[slot]
+                digest.update(f"{path}:{row.dtype}:{tuple(row.shape)}".encode())
+                digest.update(memoryview(np.array(mx.view(row, mx.uint8))))
+    return digest.hexdigest()
 
 
 def snapshot_fields(bank: AdapterBank | None) -> dict[str, Any]:

@@ -287,3 +287,16 @@ def test_a_row_preempted_and_admitted_again_while_its_forward_is_in_flight_equal
     assert len(done) == len(uids) - script.count("abort")
     check = oracle.solo_check(model, sched, done, atol=1e-4)
     assert check.ok, check.text()
+
+
+def test_the_integrity_check_names_a_running_row_whose_pages_miss_its_context(bundled):
+    model, tok = bundled
+    sched, uids = packed(model, tok, max_batch=2)
+    for _ in range(6):
+        sched.admit()
+        sched.step()
+    assert sched.check().ok and sched.status(uids[1]) is wb.Status.RUNNING
+    sched.batch.held[1] = 1  # what a stale token credited to a new admission left: no context
+    report = sched.check()
+    assert not report.ok
+    assert f"uid {uids[1]} runs with 1 of its" in str(report), str(report)

@@ -237,7 +237,15 @@ STALE_FORWARD_SCRIPTS = {
     "preempt, admit, abort the other": ["preempt 1", "admit", "abort 0", "filter", "run"],
     "preempt, admit, abort it": ["preempt 1", "admit", "abort 1", "run"],
     "preempt both, admit one, run": ["preempt 1", "admit", "preempt 0", "run"],
-    "preempt, admit, restore, preempt, run": ["cp", "preempt 1", "admit", "step", "restore", "preempt 1", "run"],
+    "preempt, admit, restore, preempt, run": [
+        "cp",
+        "preempt 1",
+        "admit",
+        "step",
+        "restore",
+        "preempt 1",
+        "run",
+    ],
     "fork, preempt, run": ["fork", "preempt 1", "run"],
 }
 

@@ -83,7 +83,13 @@ class Launched:
         """A copy sharing the arrays (nothing writes them in place)."""
         pending = None if self.pending is None else self.pending.clone()
         return Launched(
-            self.chunks, self.uids, pending, list(self.outputs), self.deferred, self.paced, dict(self.admitted)
+            self.chunks,
+            self.uids,
+            pending,
+            list(self.outputs),
+            self.deferred,
+            self.paced,
+            dict(self.admitted),
         )
 
 
@@ -187,11 +193,7 @@ class PackedBatch:
         if launched is None:
             return {}
         now = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
-        return {
-            u: i
-            for i, u in enumerate(launched.uids)
-            if u in now and launched.admitted.get(u) == now[u]
-        }
+        return {u: i for i, u in enumerate(launched.uids) if u in now and launched.admitted.get(u) == now[u]}
 
     def _promote(self, leaving: Sequence[int] = ()) -> None:
         """A follower whose leader finished or is ``leaving`` (uids) takes its leader's

@@ -84,6 +84,8 @@ def test_the_page_plan_reserves_prompt_plus_max_tokens_in_whole_pages():
     [
         (dict(layout="ragged"), "layout must be one of"),
         (dict(page_size=0), "page_size must be an int >= 1"),
+        (dict(page_size=129), r"page_size must be an int in \[1, 128\].*got 129"),
+        (dict(layout="packed", page_size=1_000_000), r"page_size must be an int in \[1, 128\]"),
         (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be an int >= 1"),
         (
             dict(layout="packed", max_batch=8, max_num_batched_tokens=4),
@@ -101,3 +103,8 @@ def test_the_padded_layout_stays_the_default_and_the_budget_defaults_to_the_pref
     cfg = wb.SchedulerConfig(prefill_step_size=64)
     assert cfg.layout == "padded" and cfg.page_size == 16 and cfg.token_budget == 64
     assert wb.SchedulerConfig(max_num_batched_tokens=32).token_budget == 32
+
+
+@pytest.mark.parametrize("page_size", [1, 128])
+def test_the_page_size_limits_are_accepted(page_size):
+    assert wb.SchedulerConfig(layout="packed", page_size=page_size).page_size == page_size

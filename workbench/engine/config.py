@@ -27,6 +27,9 @@ LAYOUTS = ("padded", "packed")
 _FORK = {"fork": True}  # field metadata: a fork (``Scheduler.fork``) may change it
 SPECULATIVE_METHODS = ("prompt-lookup",)  # speculative= names (else a draft model object)
 MAX_DRAFT_TOKENS = 16  # num_draft_tokens' upper limit
+# page_size's upper limit: vLLM's largest block size. A row's last page is partly empty and
+# the pools grow by whole pages, so a larger page only holds more unused positions per row.
+MAX_PAGE_SIZE = 128
 
 
 def _setting(default: Any, fork: bool = False) -> Any:
@@ -40,7 +43,7 @@ class SchedulerConfig:
     ``prompt_concurrency=None`` means ``max_batch``; ``history_size`` and
     ``history_checkpoints`` are ``>= 0``; ``kv_budget_bytes`` and ``max_kv_size`` ``>= 1``
     or ``None`` (no limit). ``layout="packed"`` (:mod:`workbench.engine.packed`) takes
-    ``page_size`` and ``max_num_batched_tokens`` (``>= max_batch``) and ``packed_schedule``
+    ``page_size`` (in ``[1, 128]``) and ``max_num_batched_tokens`` (``>= max_batch``) and ``packed_schedule``
     (:data:`workbench.engine.packed.plan.SCHEDULES`). ``speculative`` is ``None``,
     ``"prompt-lookup"`` or a draft mlx-lm model sharing the tokenizer, with
     ``num_draft_tokens`` in ``[1, 16]`` (:mod:`workbench.engine.levers.speculative`; what
@@ -76,7 +79,9 @@ class SchedulerConfig:
         seed (default ``0``): draws the PRNG seed of sampled requests submitted without one
         layout (default ``"padded"``): "padded" (mlx-lm's left-padded batch caches) or "packed"
             (engine/packed/)
-        page_size (default ``16``): packed layout: token positions per KV page, >= 1
+        page_size (default ``16``): packed layout: token positions per KV page, 1..128
+            (128: vLLM's largest block; each row's last page is partly empty, so a larger
+            page only wastes memory; docs/packed.md)
         max_num_batched_tokens (default ``None``): packed: most tokens per forward (vLLM's);
             None: prefill_step_size
         packed_schedule (default ``"hybrid"``): packed: "hybrid", "prefill-first" or
@@ -110,7 +115,7 @@ class SchedulerConfig:
     history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots
     seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
     layout: str = "padded"  # "padded" (mlx-lm's left-padded batch caches) or "packed" (engine/packed/)
-    page_size: int = 16  # packed layout: token positions per KV page, >= 1
+    page_size: int = 16  # packed layout: token positions per KV page, 1..128
     max_num_batched_tokens: int | None = None  # packed: most tokens per forward (vLLM's)
     packed_schedule: str = _setting("hybrid", fork=True)  # packed: hybrid, prefill-first, decode-first
     speculative: Any = None  # None, "prompt-lookup" or a draft mlx-lm model (levers/speculative.py)
@@ -146,6 +151,12 @@ class SchedulerConfig:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         _check_int("page_size", self.page_size, 1)
+        if self.page_size > MAX_PAGE_SIZE:
+            raise ValueError(
+                f"page_size must be an int in [1, {MAX_PAGE_SIZE}] (token positions per KV page; "
+                f"{MAX_PAGE_SIZE} is vLLM's largest block: a row's last page is partly empty, so a "
+                f"larger page only wastes memory), got {self.page_size!r}"
+            )
         if self.max_num_batched_tokens is not None:
             _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.packed_schedule not in SCHEDULES:

@@ -634,7 +634,7 @@ class Scheduler:
         next one counts them as known and feeds them, and is built only when it carries
         decode tokens alone (a joiner admitted meanwhile waits one forward)."""
         batch, cfg = self.state.batch, self.config
-        unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
+        unread = batch.carried(after)  # rows that left since ``after`` was built take none of its tokens
         chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
         if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
             return None
@@ -660,7 +660,8 @@ class Scheduler:
     def _read_packed(self, current: Any, read: tuple | None) -> tuple[list[Event], list[Event]]:
         """The events of a read packed forward: ``prefill`` per prefill chunk, then per
         sampling row (``join`` for a joiner) its token, or its error. Rows that left the
-        batch or finished since it was launched are skipped."""
+        batch or finished since it was launched are skipped, and so is a uid admitted
+        again since (preempted, then re-queued and admitted: :meth:`PackedBatch.carried`)."""
         st, batch = self.state, self.state.batch
         for c in current.chunks:
             if c.kind != "decode":
@@ -671,9 +672,10 @@ class Scheduler:
         toks, lps, finite = read
         tops = current.pending.read_top()
         rows = {r.uid: b for b, r in enumerate(batch.rows)}
+        carried = batch.carried(current)
         for i, uid in enumerate(current.uids):
             b = rows.get(uid)
-            if b is None or batch.rows[b].finished:
+            if uid not in carried or batch.rows[b].finished:
                 continue
             row = batch.rows[b]
             if row.status is Status.PREFILLING:

@@ -22,6 +22,13 @@ token from the same logits; their first writes copy the shared last page
 (:meth:`PageTable.copy_on_write`). A leader that leaves first (abort, preemption) hands
 its pages and progress to its next follower.
 
+A launched forward (pipelining) records the *admission* of each row it carries: a row
+that left the batch (preempted, aborted and evicted) and was admitted again under the same
+uid is another admission, so the forward's token is never read for it, nor fed to it, nor
+are its pages indexed as holding that token (:meth:`PackedBatch.carried`). Like vLLM's
+async scheduling, which must drop a stale in-flight output of a request rescheduled
+after preemption.
+
 Axis letters: ``B`` requests in the batch (row order = arrival in the batch).
 """
 
@@ -29,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -60,6 +67,8 @@ class Launched:
             indexed once that token is read (:meth:`PackedBatch.after_read`).
         paced: with pacing, the pacer's decision on it (its token cap, predicted and
             budgeted seconds: ``workbench.engine.levers.packed_pacing.PacedForward``, frozen).
+        admitted: uid -> the admission (:attr:`PackedBatch.admitted`) of each row in the
+            batch when it was built: its tokens belong to those admissions only.
     """
 
     chunks: tuple[Chunk, ...]
@@ -68,11 +77,20 @@ class Launched:
     outputs: list[mx.array]
     deferred: tuple[Chunk, ...] = ()
     paced: Any = None
+    admitted: dict[int, int] = field(default_factory=dict)
 
     def clone(self) -> "Launched":
         """A copy sharing the arrays (nothing writes them in place)."""
         pending = None if self.pending is None else self.pending.clone()
-        return Launched(self.chunks, self.uids, pending, list(self.outputs), self.deferred, self.paced)
+        return Launched(
+            self.chunks,
+            self.uids,
+            pending,
+            list(self.outputs),
+            self.deferred,
+            self.paced,
+            dict(self.admitted),
+        )
 
 
 class PackedBatch:
@@ -90,6 +108,8 @@ class PackedBatch:
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
+        admitted: ``[B]`` each row's admission: a number the batch gives every row it
+            adds (0, 1, 2, ...; a uid preempted and admitted again gets a new one).
         table: the :class:`PageTable`. pools: the :class:`Pools`.
         last_chunks: the chunks of the latest packed forward whose tokens were read.
         last_paced: with pacing, the pacer's decision on that forward (``None``: off).
@@ -118,6 +138,8 @@ class PackedBatch:
         self.max_pages, self.cache_pages, self.decode_kernel = max_pages, cache_pages, decode_kernel
         self.rows: list[RequestState] = []
         self.held: list[int] = []
+        self.admitted: list[int] = []
+        self.admissions = 0  # the next admission's number
         self.table = PageTable(page_size, max_pages, cache_pages)
         self.pools = Pools(n_layers)
         self.last_chunks: tuple[Chunk, ...] = ()
@@ -157,6 +179,21 @@ class PackedBatch:
             s.cached_tokens = len(hit) * self.page_size
             self.rows.append(s)
             self.held.append(s.cached_tokens)
+            self.admitted.append(self.admissions)
+            self.admissions += 1
+
+    def carried(self, launched: Launched | None) -> dict[int, int]:
+        """uid -> its index in ``launched.uids`` (and ``launched.pending``'s rows) of each
+        row ``launched`` samples that is still in the batch as the admission it was built
+        for: the rows its tokens may be read for and fed to. A row that left since (and
+        may have been admitted again under its uid) is not carried. ``{}`` for ``None``.
+
+        Example: ``launched.uids == (3, 5)``, uid 5 preempted and admitted again since
+        -> ``{3: 0}``."""
+        if launched is None:
+            return {}
+        now = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
+        return {u: i for i, u in enumerate(launched.uids) if u in now and launched.admitted.get(u) == now[u]}
 
     def _promote(self, leaving: Sequence[int] = ()) -> None:
         """A follower whose leader finished or is ``leaving`` (uids) takes its leader's
@@ -231,7 +268,7 @@ class PackedBatch:
         """The chunks' tokens ``[T]`` uint32: their rows' inputs, and where a chunk ends
         past them, the token ``after`` sampled for that row (unread, lazy)."""
         rows = {r.uid: r for r in self.rows}
-        unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
+        unread = self.carried(after)
         tokens, at, src = [], [], []
         for c in chunks:
             r = rows[c.uid]
@@ -252,9 +289,10 @@ class PackedBatch:
         ``launched``'s deferred chunks are indexed where their rows kept that token."""
         self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
         rows = {r.uid: r for r in self.rows}
+        carried = self.carried(launched)
         for c in () if launched is None or self.table.index is None else launched.deferred:
             r = rows.get(c.uid)
-            if r is not None and not r.finished and r.n_inputs >= c.end:
+            if c.uid in carried and not r.finished and r.n_inputs >= c.end:
                 self.table.register(c.uid, r.inputs, c.start, c.end)
 
     def _fan_out(self, logits: mx.array, sampling: list[int]) -> mx.array:
@@ -297,7 +335,9 @@ class PackedBatch:
         pools = [a for a in self.pools.keys + self.pools.values if a is not None]
         outputs = pending.arrays() if pending is not None else pools  # a prefill forward: its writes
         deferred = tuple(c for c in chunks if c.end > known[c.uid])
-        return Launched(tuple(chunks), tuple(self.rows[b].uid for b in rows), pending, outputs, deferred)
+        admitted = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
+        uids = tuple(self.rows[b].uid for b in rows)
+        return Launched(tuple(chunks), uids, pending, outputs, deferred, admitted=admitted)
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
         """Keep only rows ``keep`` (sorted row indices); the others' pages go back at
@@ -311,7 +351,8 @@ class PackedBatch:
                 self.follows.pop(r.uid, None)
         self.rows = [r for b, r in enumerate(self.rows) if b in keep]
         self.held = [h for b, h in enumerate(self.held) if b in keep]
-        if self.launched is not None and not {r.uid for r in self.rows} & set(self.launched.uids):
+        self.admitted = [a for b, a in enumerate(self.admitted) if b in keep]
+        if self.launched is not None and not self.carried(self.launched):
             self.launched = None  # in flight for rows that all left: its tokens are never read
 
     def compact(self) -> bool:
@@ -333,6 +374,7 @@ class PackedBatch:
             self.decode_kernel,
         )
         out.rows, out.held = [state_of(r) for r in self.rows], list(self.held)
+        out.admitted, out.admissions = list(self.admitted), self.admissions
         out.table, out.pools, out.last_chunks = (
             self.table.clone(share_handouts=share_appended),
             self.pools.clone(share_appended),
@@ -362,7 +404,8 @@ class PackedBatch:
         )
 
     def problems(self) -> list[str]:
-        """What disagrees in the books: a row's pages against its held tokens, the page
+        """What disagrees in the books: a row's pages against its held tokens, a running
+        row with more than its latest token unheld (it would decode without its context), the page
         table's own books (:meth:`PageTable.problems`), a follower holding pages or
         following a uid not in the batch, pools smaller than the pages handed out."""
         out, uids = self.table.problems(), {r.uid for r in self.rows}
@@ -372,6 +415,8 @@ class PackedBatch:
                 out.append(
                     f"uid {r.uid}: {h} tokens held, {len(r.inputs)} known, in {n} page(s) of {self.page_size}"
                 )
+            if r.status is Status.RUNNING and h < r.n_inputs - 1:  # only its latest token may be unfed
+                out.append(f"uid {r.uid} runs with {h} of its {r.n_inputs} known tokens in its pages")
             if r.uid in self.follows and (n or h or self.follows[r.uid] not in uids):
                 out.append(f"uid {r.uid} follows uid {self.follows[r.uid]} but holds {n} page(s)")
         if set(self.table.pages) - uids:

@@ -48,6 +48,8 @@ _PUBLIC = {
     "synthetic": "workloads.workload",
     "SchedulerConfig": "engine.config",
     "RequestView": "engine.view",
+    "serve": "serve.server",
+    "Server": "serve.server",
 }
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "SLO",
     "Scheduler",
     "SchedulerConfig",
+    "Server",
     "ShortestPromptFirst",
     "Snapshot",
     "Status",
@@ -72,6 +75,7 @@ __all__ = [
     "grid",
     "load",
     "replay",
+    "serve",
     "sweep",
     "synthetic",
     "trace_workload",

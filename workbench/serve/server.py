@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..engine.scheduler import Scheduler
@@ -139,3 +140,24 @@ def serve(
         engine.stop()
         raise OSError(f"the server did not start on {host}:{port}" + (f": {failed[0]!r}" if failed else ""))
     return Server(sched, engine, http, thread, model_id)
+
+
+def serve_command(model: str | None, host: str, port: int, settings: dict[str, Any], **options: Any) -> int:
+    """``workbench serve``: load ``model`` (``None``: the bundled one), build a
+    :class:`Scheduler` with ``settings`` (:class:`~workbench.engine.config.SchedulerConfig`
+    fields), serve it until Ctrl-C (which raises ``KeyboardInterrupt`` after stopping the
+    server: the CLI's one line and exit code 130). ``options`` go to :func:`serve`.
+    Returns 0 when the server ends by itself."""
+    from ..runtime.loading import BUNDLED_MODEL, load
+
+    name = model or BUNDLED_MODEL.name
+    print(f"serve: loading {name} ...", flush=True)
+    loaded, tokenizer = load(model) if model else load()
+    sched = Scheduler(loaded, tokenizer, **settings)
+    server = serve(sched, host, port, model_id=Path(name).name, **options)
+    print(f"serve: {Path(name).name} on {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.wait()
+    finally:
+        server.stop()
+    return 0

@@ -25,11 +25,12 @@ import os
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
 
+from ..engine.request import Request, validate
 from ..engine.scheduler import Scheduler
 from .metrics import EngineMetrics
 from .translate import Prepared
@@ -192,7 +193,7 @@ class EngineThread:
                     f"the queue holds {len(self.sched.queue)} requests and max_queued is {self.max_queued}; "
                     "retry later"
                 )
-            uids = self.sched.submit_n(prepared.request, prepared.n)
+            uids = self.sched.submit_n(self._capped(prepared), prepared.n)
         except Exception as exc:  # the refusal goes to the handler: ValueError, ImportError, Busy
             command.uids.set_exception(exc)
             return
@@ -203,6 +204,19 @@ class EngineThread:
         for i, uid in enumerate(uids):
             self.rows[uid] = _Row(i, command)
         command.uids.set_result(uids)
+
+    def _capped(self, prepared: Prepared) -> Request:
+        """The request, its default ``max_tokens`` capped at the context the prompt leaves
+        (tokenizing the prompt once more; a bad prompt is left to ``submit``'s refusal)."""
+        sched, request = self.sched, prepared.request
+        if not prepared.default_max_tokens or sched.context_tokens is None:
+            return request
+        try:
+            valid = validate(replace(request, max_tokens=1), sched.tokenizer, sched.vocab_size)
+        except ValueError:  # refused whatever max_tokens is: submit raises the same error
+            return replace(request, max_tokens=1)
+        room = sched.context_tokens - len(valid.prompt_ids)
+        return replace(request, max_tokens=max(1, min(request.max_tokens, room)))
 
     def _publish(self) -> None:
         """Hand each live row's new text and tokens to its outbox; a finished row's

@@ -21,7 +21,8 @@ Fields mapped (OpenAI -> ``Request``): ``prompt`` / ``messages``, ``max_tokens``
 ``{"type": "object"}``), ``ignore_eos: true`` -> ``stop_ids=[]`` (only ``max_tokens`` and
 ``stop`` end the row), ``min_tokens`` -> a logits processor that bars the EOS ids until that
 many tokens were generated. ``n`` is ``Scheduler.submit_n``'s. Defaults follow
-``mlx_lm.server``: ``temperature`` 0 (greedy), ``max_tokens`` the server's default.
+``mlx_lm.server``: ``temperature`` 0 (greedy), ``max_tokens`` the server's default (capped
+at the model's context left after the prompt).
 """
 
 from __future__ import annotations
@@ -72,8 +73,10 @@ class BadField(ValueError):
 class Prepared:
     """A translated body: the ``request`` to submit ``n`` times (``Scheduler.submit_n``),
     whether to ``stream`` and to send ``usage`` in the last chunk (``include_usage``),
-    whether to return log-probs (``logprobs``) and ``min_tokens`` (0: none; the processor
-    in ``request.logits_processors`` needs the prompt length: :meth:`MinTokens.bind`)."""
+    whether to return log-probs (``logprobs``), ``min_tokens`` (the processor in
+    ``request.logits_processors``; it needs the prompt length: :meth:`MinTokens.bind`), and
+    whether ``max_tokens`` is the server's default (``default_max_tokens``: the engine thread
+    then caps it at the context left after the prompt, as OpenAI's default is)."""
 
     request: Request
     n: int = 1
@@ -81,6 +84,7 @@ class Prepared:
     include_usage: bool = False
     logprobs: bool = False
     min_tokens: MinTokens | None = None
+    default_max_tokens: bool = False
 
 
 class MinTokens:
@@ -142,6 +146,8 @@ def _chat_messages(messages: Any) -> list[dict]:
             if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
                 raise BadField(f"messages[{i}].content", "only text content parts are served")
             content = "".join(texts)
+        if not isinstance(content, str):
+            raise BadField(f"messages[{i}].content", f"messages[{i}].content must be a str, got {content!r}")
         out.append({"role": m.get("role"), "content": content})
     return out
 
@@ -275,4 +281,4 @@ def translate(
         request = Request(**fields)
     except ValueError as exc:
         raise BadField("body", str(exc)) from None
-    return Prepared(request, n, stream, include_usage, logprobs, min_tokens)
+    return Prepared(request, n, stream, include_usage, logprobs, min_tokens, max_tokens is None)

@@ -2,7 +2,7 @@
 
 Knows: the fields of OpenAI's ``/v1/chat/completions`` and ``/v1/completions`` bodies, the
 extras benchmark clients send (vLLM's ``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``,
-``repetition_penalty``), and which :class:`Request` field each one becomes. Must not know:
+``repetition_penalty``, ``priority``), and which :class:`Request` field each one becomes. Must not know:
 the scheduler, HTTP, threads.
 
 Only the shape of a field is checked here (a bool where a bool belongs, a dict where a dict
@@ -54,6 +54,7 @@ COMMON = frozenset(
         "response_format",
         "ignore_eos",
         "min_tokens",
+        "priority",
     }
 )
 CHAT = COMMON | {"messages", "top_logprobs", "max_completion_tokens"}
@@ -260,7 +261,7 @@ def translate(
         fields["top_logprobs"] = 0 if not logprobs else _int(body, "logprobs", 0, 0)
         max_tokens = body.get("max_tokens")
     fields["max_tokens"] = default_max_tokens if max_tokens is None else max_tokens
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty"):
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty", "priority"):
         if body.get(name) is not None:
             fields[name] = body[name]
     for name in ("presence_penalty", "frequency_penalty"):

@@ -48,8 +48,8 @@ _PUBLIC = {
     "synthetic": "workloads.workload",
     "SchedulerConfig": "engine.config",
     "RequestView": "engine.view",
-    "serve": "serve.server",
-    "Server": "serve.server",
+    "serve": "serving.server",
+    "Server": "serving.server",
 }
 
 __all__ = [
@@ -84,7 +84,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-_SUBPACKAGES = ("bench", "engine", "observe", "runtime", "sim", "verify", "views", "workloads")
+_SUBPACKAGES = ("bench", "engine", "observe", "runtime", "serving", "sim", "verify", "views", "workloads")
 
 
 def __getattr__(name: str):

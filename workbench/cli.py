@@ -213,7 +213,7 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .serve.server import serve_command
+    from .serving.server import serve_command
 
     settings = {
         "max_batch": args.max_batch,

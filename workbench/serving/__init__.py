@@ -4,6 +4,9 @@ Knows: HTTP (Starlette + uvicorn), OpenAI's request and response shapes, Prometh
 engine only through the Scheduler's public calls, from one thread. Must not know: views.
 Needs the ``serve`` extra (``pip install -e ".[serve]"``); docs/serve.md.
 
+The package is ``serving``, not ``serve``: importing a subpackage sets it as an attribute of
+its parent, which would hide the function ``wb.serve``.
+
 Modules: :mod:`.server` (``serve`` and :class:`Server`), :mod:`.engine` (the engine thread
 and its queues), :mod:`.translate` (OpenAI fields -> ``Request``), :mod:`.responses`
 (OpenAI's JSON and SSE chunks), :mod:`.app` (routes, status codes, disconnects),

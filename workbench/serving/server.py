@@ -1,8 +1,8 @@
 """``wb.serve(sched)``: a Scheduler behind an OpenAI-compatible HTTP endpoint.
 
 Knows: uvicorn (the ASGI server, in a background thread), the :class:`EngineThread` and the
-app. Must not know: OpenAI's shapes (:mod:`workbench.serve.responses`), the request fields
-(:mod:`workbench.serve.translate`).
+app. Must not know: OpenAI's shapes (:mod:`workbench.serving.responses`), the request fields
+(:mod:`workbench.serving.translate`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 
-openai = pytest.importorskip("openai", reason="the dev extra installs openai (tests/serve)")
+openai = pytest.importorskip("openai", reason="the dev extra installs openai (tests/serving)")
 
 
 @pytest.fixture(scope="module")

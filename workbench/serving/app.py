@@ -8,7 +8,7 @@ the scheduler's internals (it only hands :class:`Submit` / abort commands to the
 ``POST /v1/completions``       a text or token-id prompt
 ``GET /v1/models``             the served model
 ``GET /health``                ``{"status": "ok"}`` (and ``last_fault``: an engine call's error)
-``GET /metrics``               Prometheus text (:mod:`workbench.serve.metrics`)
+``GET /metrics``               Prometheus text (:mod:`workbench.serving.metrics`)
 ======================  ==========================================================
 
 Status codes: 400 a bad field (OpenAI's error body; ``param`` names the field, the message

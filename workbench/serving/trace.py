@@ -70,6 +70,21 @@ def mooncake_lines(workload: Any, model_id: str, mode: str = "payload") -> list[
     return out
 
 
+def window_workload(model: Any, tokenizer: Any, trace: str = "conv", **window: Any) -> Any:
+    """The Azure ``trace`` window as a :class:`~workbench.workloads.workload.Workload` for
+    ``model``: :func:`trace_workload` with :data:`CONV_WINDOW` and :data:`CONV_LIMITS` (``window``
+    overrides them, or adds ``max_requests``), lengths fitted to the model's context, seed 0.
+    The served replay (this module's JSONL) and the virtual-clock replay of the same window
+    submit these very requests.
+
+    Raises:
+        FileNotFoundError: the trace is absent (:func:`trace_path`).
+    """
+    settings = {**CONV_WINDOW, **CONV_LIMITS, **window}
+    frame = read_azure_trace(trace_path(trace))
+    return trace_workload(frame, tokenizer, context_tokens=context_limit(model)[0], seed=0, **settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m workbench.serving.trace``: write a window of the Azure conversation trace as
     AIPerf ``mooncake_trace`` JSONL; prints the file and its request count."""
@@ -87,19 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..runtime.loading import BUNDLED_MODEL, load
 
     model, tokenizer = load(args.model) if args.model else load()
-    work = trace_workload(
-        read_azure_trace(trace_path(args.trace)),
-        tokenizer,
-        start_s=args.start_s,
-        duration_s=args.duration_s,
-        time_scale=args.time_scale,
-        length_scale=args.length_scale,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        context_tokens=context_limit(model)[0],
-        max_requests=args.max_requests,
-        seed=0,
-    )
+    window = {k: getattr(args, k) for k in (*CONV_WINDOW, *CONV_LIMITS)}
+    work = window_workload(model, tokenizer, args.trace, max_requests=args.max_requests, **window)
     lines = mooncake_lines(work, Path(args.model or BUNDLED_MODEL.name).name, args.mode)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -132,7 +132,10 @@ def test_200_concurrent_streams_each_equal_the_request_alone(server, client):
 
     async def all_at_once():
         c = openai.AsyncOpenAI(base_url=server.url, api_key="-", max_retries=0, timeout=120)
-        return await asyncio.wait_for(asyncio.gather(*(one(c, PROMPTS[i % 20]) for i in range(200))), 180)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(c, PROMPTS[i % 20]) for i in range(200))), 180)
+        finally:
+            await c.close()
 
     before = len(server.sched.requests)
     t0 = time.monotonic()
@@ -140,6 +143,7 @@ def test_200_concurrent_streams_each_equal_the_request_alone(server, client):
     assert len(results) == 200
     assert [text for p, text in results] == [solo[p] for p, _ in results]
     assert len(server.sched.requests) - before == 200 and server.sched.idle
+    wait_until(lambda: server.connections == 0, 30, "every connection to close")  # none left hanging
     assert time.monotonic() - t0 < 180
 
 

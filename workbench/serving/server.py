@@ -48,6 +48,11 @@ class Server:
         self.url = f"http://{self.host}:{self.port}/v1"
 
     @property
+    def connections(self) -> int:
+        """HTTP connections open now (uvicorn's count; a client's kept-alive ones included)."""
+        return len(self._uvicorn.server_state.connections)
+
+    @property
     def running(self) -> bool:
         """Whether the HTTP thread is alive."""
         return self._thread.is_alive()

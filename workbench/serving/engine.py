@@ -35,6 +35,9 @@ from ..engine.scheduler import Scheduler
 from .metrics import EngineMetrics
 from .translate import Prepared
 
+_COMPILE_LOCK = threading.Lock()
+_SERVING = 0  # engine threads started and not stopped: MLX's compile stays off while any serves
+
 
 class Busy(Exception):
     """The queue holds ``max_queued`` requests already: HTTP 429 with this message."""
@@ -110,16 +113,25 @@ class EngineThread:
         compiled function (mlx-lm compiles some activations) run on a second thread can abort
         the interpreter at exit ("terminate called without an active exception");
         docs/serve.md."""
-        mx.disable_compile()
+        global _SERVING
+        with _COMPILE_LOCK:
+            _SERVING += 1
+            mx.disable_compile()
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Abort every live row, end the thread and wait for it (at most ``timeout_s``), then
-        turn ``compile`` back on (unless ``MLX_DISABLE_COMPILE`` is set)."""
+        """Abort every live row, end the thread and wait for it (at most ``timeout_s``), then,
+        once no engine thread serves any more, turn ``compile`` back on (unless
+        ``MLX_DISABLE_COMPILE`` is set). Idempotent."""
+        global _SERVING
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join(timeout_s)
-        if not os.environ.get("MLX_DISABLE_COMPILE"):
-            mx.enable_compile()
+        with _COMPILE_LOCK:
+            _SERVING -= 1
+            if not _SERVING and not os.environ.get("MLX_DISABLE_COMPILE"):
+                mx.enable_compile()
 
     def submit(self, command: Submit) -> None:
         """Hand a :class:`Submit` to the engine (any thread)."""

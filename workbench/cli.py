@@ -455,10 +455,24 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "--max-batch", type=positive_int, default=8, help="most rows decoding at once (default 8)"
     )
-    se.add_argument("--prefill-step-size", type=positive_int, default=2048, help="prefill chunk in tokens")
-    se.add_argument("--layout", choices=("padded", "packed"), default="padded", help="the batch layout")
-    se.add_argument("--kv-budget-bytes", type=positive_int, default=None, help="KV budget of admission")
-    se.add_argument("--max-tokens", type=positive_int, default=512, help="max_tokens a request sets none")
+    se.add_argument(
+        "--prefill-step-size", type=positive_int, default=2048, help="prefill chunk in tokens (default 2048)"
+    )
+    se.add_argument(
+        "--layout", choices=("padded", "packed"), default="padded", help="the batch layout (default padded)"
+    )
+    se.add_argument(
+        "--kv-budget-bytes",
+        type=positive_int,
+        default=None,
+        help="KV budget of admission in bytes (default none)",
+    )
+    se.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=512,
+        help="max_tokens of a request that sets none (default 512, capped at the context left)",
+    )
     se.add_argument("--max-queued", type=positive_int, default=4096, help="queued requests before HTTP 429")
     _command(
         sub,

@@ -78,6 +78,7 @@ SUBCOMMANDS = (
     "families",
     "calibrate",
     "blas",
+    "serve",
     "invariance",
     "info",
 )

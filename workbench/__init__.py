@@ -48,6 +48,8 @@ _PUBLIC = {
     "synthetic": "workloads.workload",
     "SchedulerConfig": "engine.config",
     "RequestView": "engine.view",
+    "serve": "serving.server",
+    "Server": "serving.server",
 }
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     "SLO",
     "Scheduler",
     "SchedulerConfig",
+    "Server",
     "ShortestPromptFirst",
     "Snapshot",
     "Status",
@@ -72,6 +75,7 @@ __all__ = [
     "grid",
     "load",
     "replay",
+    "serve",
     "sweep",
     "synthetic",
     "trace_workload",
@@ -80,7 +84,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-_SUBPACKAGES = ("bench", "engine", "observe", "runtime", "sim", "verify", "views", "workloads")
+_SUBPACKAGES = ("bench", "engine", "observe", "runtime", "serving", "sim", "verify", "views", "workloads")
 
 
 def __getattr__(name: str):

@@ -212,6 +212,20 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serving.server import serve_command
+
+    settings = {
+        "max_batch": args.max_batch,
+        "prefill_step_size": args.prefill_step_size,
+        "layout": args.layout,
+    }
+    if args.kv_budget_bytes is not None:
+        settings["kv_budget_bytes"] = args.kv_budget_bytes
+    options = {"default_max_tokens": args.max_tokens, "max_queued": args.max_queued}
+    return serve_command(args.model, args.host, args.port, settings, **options)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an int >= 1."""
     try:
@@ -426,6 +440,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-sizes", type=positive_int, nargs="+", default=[8, 32], help="batch sizes B (default 8 32)"
     )
     iv.add_argument("--max-tokens", type=positive_int, default=12, help="tokens per row (default 12)")
+    se = _command(
+        sub,
+        "serve",
+        "serve a model over an OpenAI-compatible HTTP endpoint (/v1/chat/completions, /v1/completions)",
+        "Needs the serve extra (pip install -e '.[serve]'); /metrics in Prometheus text; docs/serve.md.",
+        func=_serve,
+    )
+    se.add_argument(
+        "model", nargs="?", default=None, help="as --model of the other commands (default: bundled)"
+    )
+    se.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    se.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
+    se.add_argument(
+        "--max-batch", type=positive_int, default=8, help="most rows decoding at once (default 8)"
+    )
+    se.add_argument(
+        "--prefill-step-size", type=positive_int, default=2048, help="prefill chunk in tokens (default 2048)"
+    )
+    se.add_argument(
+        "--layout", choices=("padded", "packed"), default="padded", help="the batch layout (default padded)"
+    )
+    se.add_argument(
+        "--kv-budget-bytes",
+        type=positive_int,
+        default=None,
+        help="KV budget of admission in bytes (default none)",
+    )
+    se.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=512,
+        help="max_tokens of a request that sets none (default 512, capped at the context left)",
+    )
+    se.add_argument("--max-queued", type=positive_int, default=4096, help="queued requests before HTTP 429")
     _command(
         sub,
         "info",

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "workbench"
 ENGINE = PACKAGE / "engine"
-LAYERS = ["runtime", "observe", "engine", "workloads", "verify", "sim", "bench", "views"]
+LAYERS = ["runtime", "observe", "engine", "workloads", "verify", "sim", "bench", "views", "serving"]
 PRIVATE_CACHE_FIELDS = {"_idx", "rotated", "_trie", "_lru", "_offset"}
 SCREEN_LINES = 50
 

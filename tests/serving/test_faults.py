@@ -1,0 +1,164 @@
+"""Attacks on the served engine: bad fields (400 naming the field and its limit), requests over
+the budget (413) or the queue (429), clients that disconnect (their row aborted, its KV freed,
+the others untouched), 200 concurrent streams (each greedy answer equal to the request alone)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+import workbench as wb
+
+from .conftest import wait_until
+
+PROMPT = "def add(a, b):"
+
+
+@pytest.mark.parametrize(
+    "body, field, words",
+    [
+        ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens", ">= 1"),
+        ({"prompt": PROMPT, "temperature": -1}, "temperature", ">= 0"),
+        ({"prompt": PROMPT, "temperature": 1, "top_p": 1.5}, "top_p", "(0, 1]"),
+        ({"prompt": PROMPT, "logprobs": 21}, "top_logprobs", "[0, 20]"),
+        ({"prompt": PROMPT, "stop": [""]}, "stop", "non-empty"),
+        ({"prompt": PROMPT, "seed": -3}, "seed", ">= 0"),
+        ({"prompt": PROMPT, "n": 0}, "n", ">= 1"),
+        ({"prompt": PROMPT, "stream": "yes"}, "stream", "bool"),
+        ({"prompt": [10**9]}, "prompt", "outside the vocabulary [0, 4096)"),
+        ({"prompt": PROMPT, "logit_bias": {"x": 1}}, "logit_bias", "token id"),
+        ({"prompt": PROMPT, "frobnicate": 1}, "frobnicate", "unknown field"),
+        ({"prompt": PROMPT, "echo": True}, "echo", "not served"),
+        ({"max_tokens": 3}, "prompt", "required"),
+        ({"prompt": PROMPT, "response_format": {"type": "xml"}}, "response_format", "json_schema"),
+    ],
+)
+def test_a_bad_field_is_400_naming_the_field_and_its_limit(server, body, field, words):
+    r = httpx.post(f"{server.url}/completions", json={"model": "m", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and words in error["message"], error
+    assert server.sched.idle  # refused before it touched the engine
+
+
+def test_bad_json_and_a_bad_chat_message_are_400(server):
+    r = httpx.post(f"{server.url}/chat/completions", content=b"{not json", timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+    r = httpx.post(f"{server.url}/chat/completions", json={"messages": [{"role": "user", "content": 3}]})
+    assert r.status_code == 400 and "messages[0]" in r.json()["error"]["message"]
+
+
+def test_over_the_kv_budget_or_the_context_is_413_and_a_full_queue_429(bundled):
+    sched = wb.Scheduler(*bundled, kv_budget_bytes=1_000_000)  # 256 tokens of KV: 655,360 bytes
+    with wb.serve(sched, port=0, max_queued=2) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0, timeout=60)
+        with pytest.raises(openai.APIStatusError) as big:
+            client.completions.create(model="m", prompt=PROMPT, max_tokens=400)
+        assert big.value.status_code == 413 and "kv_budget_bytes" in big.value.message
+        with pytest.raises(openai.APIStatusError) as long:
+            client.completions.create(model="m", prompt=PROMPT, max_tokens=600)
+        assert long.value.status_code == 413 and "context of 512 tokens" in long.value.message
+        with pytest.raises(openai.RateLimitError) as busy:
+            client.completions.create(model="m", prompt=PROMPT, max_tokens=4, n=3)
+        assert "max_queued is 2" in busy.value.message
+        ok = client.completions.create(model="m", prompt=PROMPT, max_tokens=4, n=2)
+        assert len(ok.choices) == 2  # the server goes on
+
+
+def _stream_then_hang_up(url: str, body: dict, chunks: int) -> None:
+    with httpx.Client(timeout=30) as h, h.stream("POST", url, json=body) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen >= chunks:
+                return  # closes the connection mid-stream
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_disconnects_aborts_only_its_row_and_frees_its_kv(server, client, stream):
+    sched = server.sched
+    known = set(sched.requests)
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": 480, "stream": stream}
+    other = asyncio.run(_other_beside(server, body, stream, known))
+    gone = [u for u in set(sched.requests) - known if sched.requests[u].finish_reason == "abort"]
+    assert len(gone) == 1, {u: sched.requests[u].finish_reason for u in set(sched.requests) - known}
+    assert 0 < len(sched.tokens(gone[0])) < 480
+    assert other.usage.completion_tokens == 20 and other.choices[0].finish_reason == "length"
+    wait_until(lambda: sched.idle and sched.batch_cache is None, what="the aborted row's eviction")
+    assert not sched.requests[gone[0]].finished or sched.requests[gone[0]].evicted
+
+
+async def _other_beside(server, body, stream, known):
+    """Start a request beside one whose client hangs up (mid-stream, or while waiting for its
+    whole body); returns the other's completion."""
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="-", max_retries=0, timeout=60)
+    other = asyncio.create_task(client.completions.create(model="m", prompt="import os", max_tokens=20))
+    if stream:
+        await asyncio.to_thread(_stream_then_hang_up, f"{server.url}/completions", body, 3)
+    else:
+        async with httpx.AsyncClient(timeout=30) as h:  # leaving it closes the connection
+            task = asyncio.create_task(h.post(f"{server.url}/completions", json=body))
+            sched = server.sched
+
+            def started() -> bool:  # the hanging-up request is decoding
+                new = [sched.requests[u] for u in list(sched.requests) if u not in known]
+                return any(s.valid.request.max_tokens == 480 and len(s.tokens) > 2 for s in new)
+
+            await asyncio.to_thread(wait_until, started)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    await asyncio.to_thread(wait_until, lambda: server.sched.idle, 60, "the engine to go idle")
+    return await other
+
+
+PROMPTS = [f"def f{i}(x):\n    return x + {i}" for i in range(20)]
+
+
+@pytest.mark.slow
+def test_200_concurrent_streams_each_equal_the_request_alone(server, client):
+    solo = {p: client.completions.create(model="m", prompt=p, max_tokens=8).choices[0].text for p in PROMPTS}
+
+    async def one(c, p):
+        stream = await c.completions.create(model="m", prompt=p, max_tokens=8, stream=True)
+        return p, "".join([ch.choices[0].text async for ch in stream if ch.choices])
+
+    async def all_at_once():
+        c = openai.AsyncOpenAI(base_url=server.url, api_key="-", max_retries=0, timeout=120)
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(c, PROMPTS[i % 20]) for i in range(200))), 180)
+        finally:
+            await c.close()
+
+    before = len(server.sched.requests)
+    t0 = time.monotonic()
+    results = asyncio.run(all_at_once())
+    assert len(results) == 200
+    assert [text for p, text in results] == [solo[p] for p, _ in results]
+    assert len(server.sched.requests) - before == 200 and server.sched.idle
+    wait_until(lambda: server.connections == 0, 30, "every connection to close")  # none left hanging
+    assert time.monotonic() - t0 < 180
+
+
+def test_ctrl_c_stops_workbench_serve_in_one_line_exit_130():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.cli", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as tests/test_cli.py says why
+    )
+    line = proc.stdout.readline().decode() + proc.stdout.readline().decode()
+    assert "(Ctrl-C stops)" in line, line + proc.stderr.read().decode()
+    url = line.split(" on ")[-1].split()[0]
+    assert httpx.get(url.removesuffix("/v1") + "/health", timeout=30).json()["status"] == "ok"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert err.decode().strip().splitlines() == ["workbench serve: interrupted (Ctrl-C)"]

@@ -30,12 +30,11 @@ driven by hand it includes the pause between two clicks (Run N steps times the e
 
 Text form (:func:`live_latency_text`, deterministic under a fake clock)::
 
-    TTFT (ms) = queued + prefill + first token
-      uid 0:  2000.0 =  1500.0 +   300.0 +   200.0
-      uid 1:  1000.0 =   500.0 +   300.0 +   200.0
-      waiting: uid 2
-    ITL (ms) per row: uid 0 p50 1000.0 max 1000.0 (2 gaps) | uid 1 p50 1000.0 max 1000.0 (1 gap)
-    step 1: 2 decode + 0 prefill tokens in 1000.0 ms: 2.0 + 0.0 tok/s
+    uid   TTFT ms = queued + prefill + 1st tok | ITL ms p50     max gaps
+      0    2000.0 = 1500.0 +   300.0 +   200.0 |     1000.0  1000.0    2
+      1    1000.0 =  500.0 +   300.0 +   200.0 |     1000.0  1000.0    1
+    waiting: uid 2
+    step 2: 1 decode + 0 prefill tokens in 1000.0 ms: 1.0 + 0.0 tok/s
 """
 
 from __future__ import annotations
@@ -152,26 +151,26 @@ def _ms(seconds: float) -> str:
 
 
 def live_latency_text(events: pd.DataFrame) -> str:
-    """The three views as text (module docstring): each row's TTFT and its parts, each
-    row's ITL p50 and max, and the latest step's tokens, wall time and rates."""
+    """The three views as text (module docstring): per row that has its first token, its
+    TTFT and parts and its ITL p50 and max over its gaps; the requests still waiting; the
+    latest step's tokens, wall time and rates."""
     parts = ttft_parts(events)
-    lines = ["TTFT (ms) = queued + prefill + first token"]
+    gaps = token_gaps(events).groupby("uid").gap_s
+    p50, top, n = gaps.median(), gaps.max(), gaps.size()
+    lines = [
+        f"{'uid':>3} {'TTFT ms':>9} = {'queued':>6} + {'prefill':>7} + {'1st tok':>7} | ITL ms p50     max gaps"
+    ]
     for r in parts.itertuples():
+        itl = f"{_ms(p50[r.uid]):>7} {_ms(top[r.uid]):>7} {n[r.uid]:>4}" if r.uid in n.index else "      -"
         lines.append(
-            f"  uid {r.uid}: {_ms(r.ttft_s):>7} = {_ms(r.queued_s):>7} + {_ms(r.prefill_s):>7} + "
-            f"{_ms(r.first_token_s):>7}"
+            f"{r.uid:>3} {_ms(r.ttft_s):>9} = {_ms(r.queued_s):>6} + {_ms(r.prefill_s):>7} + "
+            f"{_ms(r.first_token_s):>7} |    {itl}"
         )
     waiting = waiting_uids(events)
     if waiting:
-        lines.append("  waiting: " + ", ".join(f"uid {u}" for u in waiting))
+        lines.append("waiting: uid " + ", ".join(map(str, waiting)))
     if parts.empty and not waiting:
-        lines.append("  (no request yet)")
-    gaps = token_gaps(events).groupby("uid").gap_s
-    itl = [
-        f"uid {u} p50 {_ms(g.median())} max {_ms(g.max())} ({len(g)} gap{'s' * (len(g) > 1)})"
-        for u, g in gaps
-    ]
-    lines.append("ITL (ms) per row: " + (" | ".join(itl) if itl else "(no row has two tokens yet)"))
+        lines.append("(no request yet)")
     rates = step_rates(events)
     if len(rates):
         r = rates.iloc[-1]

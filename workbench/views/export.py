@@ -244,8 +244,8 @@ play.addEventListener("click", () => {
   if (+slider.value === FRAMES.length - 1) slider.value = 0;
   play.textContent = "\\u275A\\u275A pause";
   timer = setInterval(() => {
-    if (+slider.value >= FRAMES.length - 1) return stop();
     slider.value = +slider.value + 1; show(+slider.value);
+    if (+slider.value >= FRAMES.length - 1) stop();
   }, FRAME_MS);
 });
 slider.addEventListener("input", () => show(+slider.value));

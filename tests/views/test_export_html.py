@@ -75,7 +75,7 @@ def test_a_frames_ttft_image_changes_only_when_a_first_token_lands_or_a_request_
     drawn = [(len(ttft_parts(e)), tuple(waiting_uids(e))) for e in seen]
     for i in range(1, len(frames)):
         assert (frames[i]["ttft"] == frames[i - 1]["ttft"]) == (drawn[i] == drawn[i - 1]), i
-    assert len({f["ttft"] for f in frames}) == len(set(drawn)) < len(frames) / 2
+    assert len({f["ttft"] for f in frames}) == len(set(drawn)) < len(frames)
     assert frames[-1]["text"].startswith("uid   TTFT ms")
 
 

@@ -59,6 +59,7 @@ WIDTH_IN = 4.7  # the panel's image width: two side by side in a 1000 px page
 MAX_HEIGHT_IN = 2.8
 DPI = 90  # 423 px wide images, their smallest text (8.3 pt) 10.4 px: notebook 01's run fits 3 MB
 COLOURS = 32  # palette size of the embedded PNGs (the views use a few dozen colours)
+WIDE_COLOURS = 256  # the whole-run figures, drawn once: small markers keep their colours
 FRAME_MS = 400  # the play button's pace: one snapshot every FRAME_MS milliseconds
 
 
@@ -164,11 +165,11 @@ def export_html(
     snaps, ev = _run_parts(run, events)
     images: dict[bytes, int] = {}
 
-    def image(fig: Figure) -> int:
-        return images.setdefault(quantized_png(_short(fig), dpi, colours), len(images))
+    def image(fig: Figure, palette: int = colours) -> int:
+        return images.setdefault(quantized_png(_short(fig), dpi, palette), len(images))
 
-    last = int(ev.step.max()) if len(ev) else 0
-    steps = (0, last)
+    tokens = ev[ev.kind == "token"]
+    steps = (0, int(tokens.step.max()) if len(tokens) else 0)  # the timeline's steps: to the last token
     wide = {
         "timeline": (render_timeline(ev, title="row timeline", x="step", width_in=WIDTH_IN), 1),
         "rates": (render_step_rates(ev, width_in=WIDTH_IN, steps=steps), 2),
@@ -177,7 +178,7 @@ def export_html(
     veils = {}
     for name, (fig, n_axes) in wide.items():
         veil = step_veil(_short(fig), fig.axes[:n_axes], dpi) if fig.axes[0].axison else None
-        veils[name] = {"image": image(fig), "veil": veil}
+        veils[name] = {"image": image(fig, WIDE_COLOURS), "veil": veil}
     frames, ttft = [], {}  # TTFT figures by what they draw: one per first token landing
     for i, snap in enumerate(snaps):
         seen = events_before(ev, snap.step)

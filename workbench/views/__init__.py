@@ -40,8 +40,8 @@ The rows after the divergence view live in their modules (``views.attention``,
 """
 
 from .divergence import divergence_text, render_divergence
-from .kv import kv_history_text, kv_text, render_kv
 from .export import export_html
+from .kv import kv_history_text, kv_text, render_kv
 from .latency import latency_text, render_latency
 from .live import live_latency_text, render_live_latency
 from .mask import mask_text, render_masks

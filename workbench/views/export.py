@@ -57,6 +57,7 @@ from .timeline import render_timeline
 
 WIDTH_IN = 4.7  # the panel's image width: two side by side in a 1000 px page
 MAX_HEIGHT_IN = 2.8
+WIDE_MAX_HEIGHT_IN = 3.6  # the whole-run figures: a timeline of 14 rows keeps its labels apart
 DPI = 90  # 423 px wide images, their smallest text (8.3 pt) 10.4 px: notebook 01's run fits 3 MB
 COLOURS = 32  # palette size of the embedded PNGs (the views use a few dozen colours)
 WIDE_COLOURS = 256  # the whole-run figures, drawn once: small markers keep their colours
@@ -94,9 +95,9 @@ def step_veil(fig: Figure, axes: Sequence[Any], dpi: int = DPI) -> dict[str, flo
     }
 
 
-def _short(fig: Figure) -> Figure:
-    if fig.get_figheight() > MAX_HEIGHT_IN:
-        fig.set_size_inches(fig.get_figwidth(), MAX_HEIGHT_IN)
+def _short(fig: Figure, max_height_in: float = MAX_HEIGHT_IN) -> Figure:
+    if fig.get_figheight() > max_height_in:
+        fig.set_size_inches(fig.get_figwidth(), max_height_in)
     return fig
 
 
@@ -166,7 +167,7 @@ def export_html(
     images: dict[bytes, int] = {}
 
     def image(fig: Figure, palette: int = colours) -> int:
-        return images.setdefault(quantized_png(_short(fig), dpi, palette), len(images))
+        return images.setdefault(quantized_png(fig, dpi, palette), len(images))
 
     tokens = ev[ev.kind == "token"]
     steps = (0, int(tokens.step.max()) if len(tokens) else 0)  # the timeline's steps: to the last token
@@ -177,14 +178,15 @@ def export_html(
     }
     veils = {}
     for name, (fig, n_axes) in wide.items():
-        veil = step_veil(_short(fig), fig.axes[:n_axes], dpi) if fig.axes[0].axison else None
+        _short(fig, WIDE_MAX_HEIGHT_IN)  # before the veil: it is measured on the figure as drawn
+        veil = step_veil(fig, fig.axes[:n_axes], dpi) if fig.axes[0].axison else None
         veils[name] = {"image": image(fig, WIDE_COLOURS), "veil": veil}
     frames, ttft = [], {}  # TTFT figures by what they draw: one per first token landing
     for i, snap in enumerate(snaps):
         seen = events_before(ev, snap.step)
         drawn = (tuple(ttft_parts(seen).itertuples(index=False)), tuple(waiting_uids(seen)))
         if drawn not in ttft:
-            ttft[drawn] = image(render_ttft(seen, width_in=WIDTH_IN))
+            ttft[drawn] = image(_short(render_ttft(seen, width_in=WIDTH_IN)))
         packed = snap.packed is not None
         mask = (
             render_packed_mask(snap, width_in=WIDTH_IN) if packed else render_masks(snap, width_in=WIDTH_IN)
@@ -198,8 +200,8 @@ def export_html(
             {
                 "step": snap.step,
                 "status": frame_status(i, len(snaps), snap),
-                "mask": image(mask),
-                "kv": image(kv),
+                "mask": image(_short(mask)),
+                "kv": image(_short(kv)),
                 "ttft": ttft[drawn],
                 "text": live_latency_text(seen),
             }

@@ -333,7 +333,11 @@ class Panel:
         self.rates_image = W.Image(format="png", layout=natural()).add_class("wb-rates-image")
         self.itl_image = W.Image(format="png", layout=natural()).add_class("wb-itl-image")
         self.latency_ascii = W.HTML(
-            layout=W.Layout(max_height=f"{IMAGE_MAX_HEIGHT_IN * IMAGE_DPI:.0f}px", overflow="auto")
+            layout=W.Layout(
+                max_height=f"{IMAGE_MAX_HEIGHT_IN * IMAGE_DPI:.0f}px",
+                max_width=f"{IMAGE_WIDTH_IN * IMAGE_DPI:.0f}px",
+                overflow="auto",
+            )
         ).add_class("wb-latency-text")
         self.view = W.ToggleButtons(options=VIEWS, value=VIEWS[0], tooltips=VIEW_TOOLTIPS)
         self.view.style.button_width = "auto"
@@ -512,7 +516,7 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         if latency:
             text = live_latency_text(self.latency_events(snap))
-            self.latency_ascii.value = f"<pre style='font-size:small'>{html.escape(text)}</pre>"
+            self.latency_ascii.value = f"<pre style='font-size:11px'>{html.escape(text)}</pre>"
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
         top = top_logprobs_text(

@@ -49,6 +49,13 @@ PANEL_SPAN_JS = """() => {
     .map(img => img.getBoundingClientRect().bottom));
   return bottom - top;
 }"""
+# the same with the latency view toggled on: its images and text replace the four
+LATENCY_SPAN_JS = PANEL_SPAN_JS.replace(".wb-kv-image, .wb-timeline-image", ".wb-itl-image, .wb-latency-text")
+LATENCY_SCALES_JS = IMAGE_SCALES_JS.replace(
+    ".wb-mask-image, .wb-attention-image, .wb-timeline-image, .wb-kv-image",
+    ".wb-ttft-image, .wb-rates-image, .wb-itl-image",
+)
+RATES_SHA256_JS = MASK_SHA256_JS.replace(".wb-mask-image", ".wb-rates-image")
 NOTEBOOK_AREA_PX = 770  # JupyterLab's notebook area in a 1400 x 900 window (its bars take the rest)
 
 pytestmark = pytest.mark.browser
@@ -133,6 +140,22 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
                 new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
                 page.screenshot(path=str(OUT_DIR / "after_step.png"))
                 status.locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))
+
+                page.locator(".wb-view button:text-is('latency')").click()  # the latency view, live
+                page.wait_for_function(
+                    "() => document.querySelector('.wb-itl-image').naturalWidth > 0 && "
+                    "document.querySelector('.wb-mask-image').offsetParent === null",
+                    timeout=60_000,
+                )
+                latency_span, latency_scales = (
+                    page.evaluate(LATENCY_SPAN_JS),
+                    page.evaluate(LATENCY_SCALES_JS),
+                )
+                rates = page.evaluate(RATES_SHA256_JS)
+                page.screenshot(path=str(OUT_DIR / "latency_view.png"))
+                step.click()
+                new_rates = _wait_for_change(lambda: page.evaluate(RATES_SHA256_JS), rates, 60)
+                page.screenshot(path=str(OUT_DIR / "latency_after_step.png"))
             except Exception:
                 page.screenshot(path=str(OUT_DIR / "failure.png"))
                 raise
@@ -141,3 +164,6 @@ def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask
     step_before, step_after = int(label.split()[3]), int(new_label.split()[3])  # "engine now: step N · ..."
     assert step_after == step_before + 1, (label, new_label)
     assert new_mask != mask, "the mask image did not change after Step"
+    assert latency_span <= NOTEBOOK_AREA_PX, f"the latency view: {latency_span:.0f} px tall"
+    assert len(latency_scales) == 3 and all(scale >= 0.99 for _, scale in latency_scales), latency_scales
+    assert new_rates != rates, "the tok/s image did not change after Step in the latency view"

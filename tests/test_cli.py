@@ -61,7 +61,14 @@ def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp
     assert main(["gallery", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "views.md").read_text()
     pngs = sorted(p.name for p in (tmp_path / "views").glob("*.png"))
-    assert pngs == ["kv.png", "latency.png", "masks.png", "timeline_steps.png", "timeline_time.png"]
+    assert pngs == [
+        "kv.png",
+        "latency.png",
+        "live_latency.png",
+        "masks.png",
+        "timeline_steps.png",
+        "timeline_time.png",
+    ]
     for name in pngs:
         assert f"](views/{name})" in md
         assert (tmp_path / "views" / name).stat().st_size > 10_000
@@ -80,6 +87,7 @@ SUBCOMMANDS = (
     "blas",
     "serve",
     "invariance",
+    "replay-html",
     "info",
 )
 

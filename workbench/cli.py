@@ -96,6 +96,22 @@ def _margins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_html(args: argparse.Namespace) -> int:
+    from .engine.scheduler import Scheduler
+    from .runtime.loading import load
+    from .views.export import export_html
+    from .workloads.workload import demo_workload
+
+    model, tokenizer = load(args.model) if args.model else load()
+    sched = Scheduler(model, tokenizer, max_batch=args.max_batch, layout=args.layout, history_size=100_000)
+    sched.run(demo_workload(tokenizer))
+    path = export_html(
+        sched, Path(args.out) / f"replay-{args.layout}.html", title=f"tour workload, {args.layout}"
+    )
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB, {len(sched.history)} snapshots)")
+    return 0
+
+
 def _families(args: argparse.Namespace) -> int:
     import mlx_lm
     from tqdm import tqdm
@@ -474,6 +490,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="max_tokens of a request that sets none (default 512, capped at the context left)",
     )
     se.add_argument("--max-queued", type=positive_int, default=4096, help="queued requests before HTTP 429")
+    rh = _command(
+        sub,
+        "replay-html",
+        "run notebook 01's tour workload and write it as one HTML file that plays in any browser",
+        "A slider and a play button over every snapshot: masks, KV geometry (pages with --layout packed), "
+        "TTFT per row, the timeline, tok/s and ITL; no kernel or server (wb.views.export.export_html).",
+        func=_replay_html,
+        out="replay-<layout>.html",
+    )
+    _model(rh)
+    rh.add_argument(
+        "--max-batch", type=positive_int, default=4, help="most rows decoding at once (default 4)"
+    )
+    rh.add_argument("--layout", choices=("padded", "packed"), default="padded", help="the batch layout")
     _command(
         sub,
         "info",

@@ -26,6 +26,7 @@ from .engine.request import Request
 from .engine.scheduler import Scheduler
 from .observe.snapshot import Snapshot
 from .runtime.loading import DATA_DIR, load
+from .views import live
 from .workloads.workload import demo_workload, prompt_of_length
 
 WINDOW_MODEL = DATA_DIR / "models" / "tiny-gemma3"
@@ -107,6 +108,16 @@ def gallery_entries(window_model: tuple | None = None, demo_model: tuple | None 
             "tok/s per step, batch size per step (measured on the machine that ran the command).",
             views.render_latency(report, "demo workload"),
             views.latency_text(report),
+        ),
+        Entry(
+            "live_latency",
+            "Latency and throughput, live",
+            "What the panel's latency view (the batch | latency toggle) and the HTML replay draw as the "
+            "engine steps, from the events of the completed steps: each row's TTFT split into queued, "
+            "prefill and first token; the ITL per row and step (a dark column: a step stalled by a "
+            "prefill); tokens per second per step, decode and prefill apart, with the step's wall time.",
+            live.render_live_latency(report.events, "demo workload"),
+            live.live_latency_text(report.events),
         ),
     ]
 

@@ -12,6 +12,9 @@ KV geometry            ``kv_text``,                ``render_kv(snap, history)``
                        ``kv_history_text``
 row timeline (events)  ``timeline_text``           ``render_timeline(x=time|step)``
 latency (report)       ``latency_text``            ``render_latency``
+live latency (events)  ``live_latency_text``       ``render_live_latency``, and
+                                                   ``render_ttft``, ``render_itl``,
+                                                   ``render_step_rates`` (``views.live``)
 paged vs padded KV     ``paged_text``              ``render_paged(table)``
 divergence by layer    ``divergence_text(table)``  ``render_divergence(table)``
 2-D masks (forwards)   ``attention_text``          ``render_attention``
@@ -26,6 +29,8 @@ drafts (events)        ``drafts_text``             ``render_drafts``
 LoRA slots (snap)      ``adapters_text``           ``render_adapters``,
                                                    ``render_adapter_slots`` (events)
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)
+a run, replayable      (per frame, in the page)    ``export_html(sched, path)``: one
+                                                   HTML file, slider and play button
 =====================  ==========================  ==============================
 
 The rows after the divergence view live in their modules (``views.attention``,
@@ -35,8 +40,10 @@ The rows after the divergence view live in their modules (``views.attention``,
 """
 
 from .divergence import divergence_text, render_divergence
+from .export import export_html
 from .kv import kv_history_text, kv_text, render_kv
 from .latency import latency_text, render_latency
+from .live import live_latency_text, render_live_latency
 from .mask import mask_text, render_masks
 from .paged import paged_text, render_paged
 from .speculative import drafts_text, render_drafts
@@ -47,15 +54,18 @@ __all__ = [
     "Panel",
     "divergence_text",
     "drafts_text",
+    "export_html",
     "figure_png",
     "kv_history_text",
     "kv_text",
     "latency_text",
+    "live_latency_text",
     "mask_text",
     "paged_text",
     "render_divergence",
     "render_kv",
     "render_latency",
+    "render_live_latency",
     "render_masks",
     "render_drafts",
     "render_paged",

@@ -12,7 +12,7 @@ fails validation, which changes nothing) is shown in the panel's error label.
 Widgets (``panel.widget`` is the whole box)::
 
     [prompt ..........] [max tokens] [Submit]
-    [Admit] [Step] [Filter] [steps N] [Run N steps] [Reset]
+    [Admit] [Step] [Filter] [steps N] [Run N steps] [Reset] [batch|latency]  <- which images show
     engine now: step 3 · 2 row(s) · KV 1.00 MiB · queue []   <- status (class wb-status)
     Step: no running row to decode (...)                      <- notice (class wb-notice): an
                                                                  Admit/Step/Filter that did nothing
@@ -21,6 +21,9 @@ Widgets (``panel.widget`` is the whole box)::
                                                                  Restore returns the engine there
     [decode masks (wb-mask-image)] [2-D mask of the last prefill (wb-attention-image)]
     [KV geometry (wb-kv-image)]    [row timeline (wb-timeline-image)]
+    or, with "latency" toggled (views.live, drawn only while shown, the same size):
+    [TTFT per row: queued, prefill, first token (wb-ttft-image)] [tok/s per step, wall time (wb-rates-image)]
+    [ITL per row and step (wb-itl-image)]   [the same numbers as text (wb-latency-text)]
     uid 0 (5 tokens)  "def add(a, b):" → "⏎    return a + b"   <- each row's text (wb-rows)
     row 1 uid 1  ' x'  -0.40 | ' y'  -2.00                    <- top log-probs (wb-top-logprobs) of
                                                                    rows that asked top_logprobs
@@ -29,6 +32,10 @@ Widgets (``panel.widget`` is the whole box)::
                                                                    of the shown snapshot's rows, the
                                                                    latest DRAFT_STEPS steps (wb-drafts)
     > text masks (ASCII)                                       <- folded: the nbval-style text form
+
+The latency view reads the events of the decode steps the shown snapshot had completed
+(:func:`~workbench.views.live.events_before`), so it follows the engine as it steps and the
+slider as it moves back: a row's TTFT bar appears with its first token.
 
 The images are PNGs at ``IMAGE_DPI``, ``IMAGE_WIDTH_IN`` inches wide: 470 pixels, two side
 by side in a JupyterLab output area of a 1400 px window (968 px), each shown at its own
@@ -75,6 +82,7 @@ from ..observe.snapshot import Snapshot
 from . import style
 from .attention import render_attention
 from .kv import bytes_text, render_kv
+from .live import events_before, live_latency_text, render_itl, render_step_rates, render_ttft
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .rows import rows_text
@@ -90,6 +98,23 @@ IMAGE_WIDTH_IN = 4.7  # two images side by side (940 px and their margins) in a 
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
 DRAFT_STEPS = 16  # the draft view shows the latest decode steps: it moves as the user steps
+
+
+VIEWS = ("batch", "latency")  # what the panel's images show: the toggle in its second row of buttons
+VIEW_TOOLTIPS = (
+    "masks, the last prefill, KV geometry and the row timeline",
+    "each row's TTFT (queued, prefill, first token), tokens per second per step with its wall "
+    "time, ITL per row and step",
+)
+
+
+def capped(figures: dict) -> dict:
+    """``figures`` with every figure taller than ``IMAGE_MAX_HEIGHT_IN`` drawn that tall
+    (constrained layout packs the axes into the shorter figure; the text keeps its size)."""
+    for fig in figures.values():
+        if fig.get_figheight() > IMAGE_MAX_HEIGHT_IN:
+            fig.set_size_inches(fig.get_figwidth(), IMAGE_MAX_HEIGHT_IN)
+    return figures
 
 
 def reset_scheduler(sched: Scheduler) -> Scheduler:
@@ -304,6 +329,20 @@ class Panel:
         self.drafts_image = W.Image(format="png", layout=natural()).add_class("wb-drafts-image")
         self.drafts_ascii = W.HTML().add_class("wb-drafts")
         self.drafts_box = W.VBox([self.drafts_image, self.drafts_ascii])  # shown while speculating
+        self.ttft_image = W.Image(format="png", layout=natural()).add_class("wb-ttft-image")
+        self.rates_image = W.Image(format="png", layout=natural()).add_class("wb-rates-image")
+        self.itl_image = W.Image(format="png", layout=natural()).add_class("wb-itl-image")
+        self.latency_ascii = W.HTML(
+            layout=W.Layout(
+                max_height=f"{IMAGE_MAX_HEIGHT_IN * IMAGE_DPI:.0f}px",
+                max_width=f"{IMAGE_WIDTH_IN * IMAGE_DPI:.0f}px",
+                overflow="auto",
+            )
+        ).add_class("wb-latency-text")
+        self.view = W.ToggleButtons(options=VIEWS, value=VIEWS[0], tooltips=VIEW_TOOLTIPS)
+        self.view.style.button_width = "auto"
+        self.view.add_class("wb-view")
+        self.view.observe(lambda _change: self.render(), names="value")
         ascii_box = W.Accordion([self.mask_ascii], titles=("text masks (ASCII)",))
         compact = W.Layout(width="auto")
         for w in (self.prompt, self.max_tokens, self.run_steps):
@@ -313,19 +352,31 @@ class Panel:
         for b in self.buttons.values():
             b.layout = compact
         images = W.Layout(flex_flow="row wrap", align_items="flex-start")
+        self.batch_box = W.VBox(
+            [
+                W.HBox([self.mask_image, self.attention_image], layout=images),
+                W.HBox([self.kv_image, self.timeline_image], layout=images),
+            ]
+        )
+        self.latency_box = W.VBox(
+            [
+                W.HBox([self.ttft_image, self.rates_image], layout=images),
+                W.HBox([self.itl_image, self.latency_ascii], layout=images),
+            ]
+        )
         self.widget = W.VBox(
             [
                 W.HBox([self.prompt, self.max_tokens, self.buttons["Submit"]]),
                 W.HBox(
                     [self.buttons[n] for n in ("Admit", "Step", "Filter")]
-                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"]]
+                    + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"], self.view]
                 ),
                 self.status,
                 self.notice,
                 self.error,
                 W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
-                W.HBox([self.mask_image, self.attention_image], layout=images),
-                W.HBox([self.kv_image, self.timeline_image], layout=images),
+                self.batch_box,
+                self.latency_box,
                 self.rows,
                 self.top_ascii,
                 self.drafts_box,
@@ -456,8 +507,16 @@ class Panel:
         it draws, the status line says so (the images change one by one; the status is set last)."""
         snap, history = self.shown, list(self.sched.history)
         self.busy(f"drawing step {snap.step}")
-        for image, fig in self.figures(snap, history).items():
+        latency = self.view.value == VIEWS[1]
+        self.batch_box.layout.display, self.latency_box.layout.display = (
+            ("none", "") if latency else ("", "none")
+        )
+        figures = self.latency_figures(snap) if latency else self.figures(snap, history)
+        for image, fig in figures.items():
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
+        if latency:
+            text = live_latency_text(self.latency_events(snap))
+            self.latency_ascii.value = f"<pre style='font-size:11px'>{html.escape(text)}</pre>"
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
         top = top_logprobs_text(
@@ -507,10 +566,29 @@ class Panel:
                 self.timeline_image: timeline,
                 **drafts,
             }
-        for fig in figures.values():  # constrained layout packs the axes into the shorter figure
-            if fig.get_figheight() > IMAGE_MAX_HEIGHT_IN:
-                fig.set_size_inches(fig.get_figwidth(), IMAGE_MAX_HEIGHT_IN)
-        return figures
+        return capped(figures)
+
+    def latency_figures(self, snap: Snapshot) -> dict[W.Image, Figure]:
+        """The latency view's figures for ``snap`` (:mod:`workbench.views.live`), from
+        :meth:`latency_events`: each row's TTFT and its parts, tokens per second per step
+        with the step's wall time, and the ITL per row and step, the last two on the steps
+        up to ``snap``'s; each ``IMAGE_WIDTH_IN`` wide, at most ``IMAGE_MAX_HEIGHT_IN`` tall."""
+        ev = self.latency_events(snap)
+        steps = (int(ev.step.min()), snap.step - 1) if len(ev) else None
+        return capped(
+            {
+                self.ttft_image: render_ttft(ev, width_in=IMAGE_WIDTH_IN),
+                self.rates_image: render_step_rates(ev, width_in=IMAGE_WIDTH_IN, steps=steps),
+                self.itl_image: render_itl(ev, width_in=IMAGE_WIDTH_IN, steps=steps),
+            }
+        )
+
+    def latency_events(self, snap: Snapshot) -> pd.DataFrame:
+        """The events the latency view of ``snap`` reads: those of the decode steps ``snap``
+        had completed (:func:`~workbench.views.live.events_before`) of the latest
+        ``TIMELINE_UIDS`` uids, from the last ``TIMELINE_EVENTS`` events."""
+        ev = events_before(events_frame(self.sched.events[-TIMELINE_EVENTS:]), snap.step)
+        return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 
     @property
     def speculating(self) -> bool:
@@ -569,7 +647,10 @@ class Panel:
         return bundle
 
     def _images(self) -> list[W.Image]:
-        """The images shown now: the four, then the draft image while speculating."""
+        """The images shown now: the four of the batch view, then the draft image while
+        speculating; in the latency view its three."""
+        if self.view.value == VIEWS[1]:
+            return [self.ttft_image, self.rates_image, self.itl_image]
         four = [self.mask_image, self.attention_image, self.kv_image, self.timeline_image]
         return four + ([self.drafts_image] if self.speculating else [])
 

@@ -1,0 +1,121 @@
+"""No notebook's compared output depends on the environment (issue 42): every stored output that
+nbval compares is checked for what changes with the machine rather than the engine.
+
+What nbval compares is decided by nbval itself (:func:`nbval.plugin.find_comment_markers`,
+:func:`nbval.plugin.find_metadata_tags`): a code cell is compared unless tagged
+``nbval-ignore-output`` or ``nbval-skip`` (or carrying the ``# NBVAL_IGNORE_OUTPUT`` /
+``# NBVAL_SKIP`` comment); of its outputs, the streams (stdout and stderr), an error's name and
+value, and every MIME type of a result except images and widget ids. The project sets no
+sanitize patterns (``pyproject.toml``), so what is stored is what must come back.
+
+Volatile in a compared output: a matplotlib figure's repr (``<Figure size 900x300 ...>``: its
+pixel size follows ``figure.dpi``, which a user's matplotlibrc or the inline backend sets), any
+object repr with a memory address, IPython's timings (``%time``, ``%timeit``), a Python warning
+(which shows once per process and depends on versions and the BLAS), and a path of this machine.
+A compared cell that reads a clock or the load average prints a measurement: it belongs in a cell
+tagged ``nbval-ignore-output`` (``docs/notebooks``' habit: figures and timings in their own
+ignored cells, their deterministic text form in a compared one).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbval.plugin import find_comment_markers, find_metadata_tags
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOT_COMPARED_MIME = {"image/png", "image/jpeg", "application/vnd.jupyter.widget-view+json"}  # nbval's skips
+
+VOLATILE_OUTPUT = {
+    "a figure repr (its pixel size follows figure.dpi)": r"<Figure size [\d.]+x[\d.]+",
+    "a matplotlib object repr": r"<matplotlib\.|<Axes: ",
+    "a memory address": r"\bat 0x[0-9a-fA-F]{6,}|\b0x[0-9a-fA-F]{8,}\b",
+    "an IPython timing": r"\bWall time: |\bCPU times: |per loop \(mean",
+    "a Python warning": r"\b\w*Warning: ",
+    "a path of this machine": "|".join(
+        re.escape(p) for p in {str(ROOT), str(Path.home()), tempfile.gettempdir() + "/", "/Users/"}
+    ),
+}
+CLOCK_IN_SOURCE = r"perf_counter|\btime\.time\(|\bmonotonic\(|getloadavg|^\s*%%?time(it)?\b"
+
+
+def compared(cell) -> bool:
+    """True when nbval compares this code cell's outputs (no ignore-output or skip marker)."""
+    options = dict(find_comment_markers(cell.source))
+    options.update(dict(find_metadata_tags(cell.metadata)))
+    return options.get("check", True) and not options.get("skip", False)
+
+
+def compared_texts(output) -> list[str]:
+    """The strings of one stored output that nbval compares."""
+    if output.output_type == "stream":
+        return [output.text]
+    if output.output_type == "error":
+        return [output.ename, output.evalue]
+    data = output.get("data", {})
+    return [v if isinstance(v, str) else "".join(v) for k, v in data.items() if k not in NOT_COMPARED_MIME]
+
+
+def volatile_outputs(nb) -> list[str]:
+    """``cell N: what (excerpt)`` for every volatile value in a compared output of ``nb``
+    (cells numbered from 0 over all cells, as JupyterLab's cell index)."""
+    found = []
+    for n, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not compared(cell):
+            continue
+        if cell.outputs and re.search(CLOCK_IN_SOURCE, cell.source, re.M):
+            found.append(f"cell {n}: reads a clock or the load and its output is compared")
+        for output in cell.outputs:
+            for text in compared_texts(output):
+                for what, pattern in VOLATILE_OUTPUT.items():
+                    hit = re.search(pattern, text)
+                    if hit:
+                        excerpt = text[max(hit.start() - 20, 0) : hit.end() + 20].replace("\n", " ")
+                        found.append(f"cell {n}: {what} ({excerpt!r})")
+    return found
+
+
+def code_cell(source: str, *outputs, tags=()):
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": list(tags)} if tags else {})
+    cell.outputs = list(outputs)
+    return cell
+
+
+def test_the_check_finds_each_kind_of_volatile_output_and_honours_nbvals_markers():
+    figure = nbformat.v4.new_output("execute_result", {"text/plain": "<Figure size 900x300 with 1 Axes>"})
+    table = nbformat.v4.new_output("stream", name="stdout", text="tokens equal: 5 of 5 requests\n")
+    warned = nbformat.v4.new_output("stream", name="stderr", text="x.py:3: RuntimeWarning: slow BLAS\n")
+    address = nbformat.v4.new_output("execute_result", {"text/plain": "<Foo object at 0x7f6b17a2ec30>"})
+    timed = nbformat.v4.new_output("stream", name="stdout", text="Wall time: 1.2 s\n")
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            code_cell("render(snap)", figure),
+            code_cell("print(ok)", table),
+            code_cell("run()", warned),
+            code_cell("obj", address),
+            code_cell("%time run()", timed),
+            code_cell("t0 = time.perf_counter()\nprint(t)", table),
+            code_cell("render(snap)", figure, tags=["nbval-ignore-output"]),
+            code_cell("# NBVAL_IGNORE_OUTPUT\nrender(snap)", figure),
+            code_cell("render(snap)", figure, tags=["nbval-skip"]),
+        ]
+    )
+    found = volatile_outputs(nb)
+    assert [f.split(":")[0] for f in found] == ["cell 0", "cell 2", "cell 3", "cell 4", "cell 4", "cell 5"]
+    assert "figure repr" in found[0] and "Python warning" in found[1] and "memory address" in found[2]
+    assert "IPython timing" in found[4] and "reads a clock" in found[5]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_compared_output_of_a_notebook_depends_on_the_environment(path):
+    assert len(NOTEBOOKS) >= 18
+    found = volatile_outputs(nbformat.read(path, as_version=4))
+    assert not found, (
+        f"{path.name}: compared outputs that change with the machine; move the figure or measurement into a "
+        f"cell tagged nbval-ignore-output and compare its text form instead: {found}"
+    )

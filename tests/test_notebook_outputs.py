@@ -119,3 +119,44 @@ def test_no_compared_output_of_a_notebook_depends_on_the_environment(path):
         f"{path.name}: compared outputs that change with the machine; move the figure or measurement into a "
         f"cell tagged nbval-ignore-output and compare its text form instead: {found}"
     )
+
+
+# A sentence quoting the size of a measurement ("about 10⁻⁷", "a few 10⁻⁶", "~1e-5") states a
+# fact of the run that stored the outputs, which a fresh run on another BLAS or load contradicts
+# (issue 43: notebook 15's "about 10⁻⁷" read 1.5×10⁻⁸ in a fresh run). Prose states a bound
+# ("below the 1e-4 the check allows") or points at a number a cell prints.
+APPROXIMATE_MAGNITUDE = (
+    r"(?:\b(?:about|around|roughly|approximately|a few|some)\s+|~\s*)"
+    r"(?:[\d.]+\s*[×x]\s*)?(?:10[⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+|\d+(?:\.\d+)?e-\d+)"
+)
+
+
+def approximate_magnitudes(nb) -> list[str]:
+    """``cell N: 'excerpt'`` for every approximate magnitude in ``nb``'s markdown."""
+    return [
+        f"cell {n}: {hit.group(0)!r}"
+        for n, cell in enumerate(nb.cells)
+        if cell.cell_type == "markdown"
+        for hit in re.finditer(APPROXIMATE_MAGNITUDE, cell.source, re.I)
+    ]
+
+
+def test_the_prose_check_finds_quoted_magnitudes_and_lets_bounds_pass():
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("attention differs, less (about 10⁻⁷ above)"),
+            nbformat.v4.new_markdown_cell("the log-probs differ by a few 10⁻⁶ nats, or ~1e-5"),
+            nbformat.v4.new_markdown_cell(
+                "within the oracle's tolerance, 10⁻⁴ nats; below the 1e-4 it allows"
+            ),
+        ]
+    )
+    assert approximate_magnitudes(nb) == ["cell 0: 'about 10⁻⁷'", "cell 1: 'a few 10⁻⁶'", "cell 1: '~1e-5'"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_notebook_prose_quotes_the_size_of_one_runs_measurement(path):
+    found = approximate_magnitudes(nbformat.read(path, as_version=4))
+    assert not found, (
+        f"{path.name}: print the number in a cell, or state a bound that holds on any BLAS: {found}"
+    )

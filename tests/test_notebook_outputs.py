@@ -13,13 +13,16 @@ pixel size follows ``figure.dpi``, which a user's matplotlibrc or the inline bac
 object repr with a memory address, IPython's timings (``%time``, ``%timeit``), a Python warning
 (which shows once per process and depends on versions and the BLAS), and a path of this machine.
 A compared cell that reads a clock or the load average prints a measurement: it belongs in a cell
-tagged ``nbval-ignore-output`` (``docs/notebooks``' habit: figures and timings in their own
+tagged ``nbval-ignore-output`` (CONTRIBUTING.md's notebook rule: figures and timings in their own
 ignored cells, their deterministic text form in a compared one).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -160,3 +163,22 @@ def test_no_notebook_prose_quotes_the_size_of_one_runs_measurement(path):
     assert not found, (
         f"{path.name}: print the number in a cell, or state a bound that holds on any BLAS: {found}"
     )
+
+
+# nbval runs the notebooks on MLX's reference BLAS (notebooks/conftest.py), so a compared output that
+# only holds there (01 printed a log-prob difference of 0.0 that OpenBLAS makes 3.3×10⁻⁶) is never
+# seen failing. The tour, every engine feature in one notebook, runs here on the users' BLAS too.
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
+@pytest.mark.parametrize("name", ["01_tour.ipynb"])
+def test_a_notebooks_compared_outputs_hold_on_the_optimized_blas(monkeypatch, name):
+    from workbench.runtime.blas import find_blas
+
+    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
+    library = find_blas()
+    if library is None:
+        pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:randomly", "-q", f"notebooks/{name}"]
+    env = {**os.environ, "WORKBENCH_BLAS": library}  # the kernel's `import workbench` loads it
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout

@@ -235,9 +235,8 @@ def test_the_kv_history_marks_the_snapshot_the_title_describes_when_it_is_a_copy
     filtered = full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3, step=5)
     refilled = full_snapshot(uids=(7, 9, 12), left_padding=(2, 4, 0), width=5, step=5)
     history = [full_snapshot(step=4), running, filtered, refilled]
-    copy = replace(
-        filtered, active_memory_bytes=123
-    )  # a later sched.snapshot(): a new object, new memory reading
+    # a later sched.snapshot() of the recorded state: a new object, with a new memory reading
+    copy = replace(filtered, active_memory_bytes=123)
     fig = views.render_kv(copy, history)
     waste_ax, bytes_ax = fig.axes[-2:]
     marked = waste_ax.lines[-1].get_xdata()[0]

@@ -20,10 +20,12 @@ import argparse
 import platform
 from pathlib import Path
 
+import workbench  # noqa: F401  first: it loads an optimized BLAS before mlx (workbench/runtime/blas.py)
+from model_folder import stdlib_dir, train_bpe, write_model_folder
+
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text, llama, mamba2, qwen3, qwen3_next
-from model_folder import stdlib_dir, train_bpe, write_model_folder
 from tokenizers import Tokenizer
 
 SEED = 0

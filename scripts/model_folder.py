@@ -14,6 +14,8 @@ import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
+import workbench  # noqa: F401  first: it loads an optimized BLAS before mlx (workbench/runtime/blas.py)
+
 import mlx.core as mx
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -16,10 +16,11 @@ schedule still anneals, and the run ends in time after fewer steps (the README s
 which); (5) held-out perplexity on whole blocks of the held-out files; (6) the model
 folder with a README of measured numbers, and the loss curve PNG.
 
-Run with an optimized BLAS: MLX's Linux CPU wheel links a slow reference BLAS, so::
+Run with an optimized BLAS: MLX's Linux CPU wheel links a slow reference BLAS, and the
+script's first import, ``workbench``, loads OpenBLAS before mlx where it is installed::
 
     apt-get install -y libopenblas0-pthread
-    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 python scripts/train_tiny.py
+    python scripts/train_tiny.py
 
 Axis letters: ``B`` windows in a batch, ``S`` window length (tokens), ``V`` vocabulary.
 """
@@ -37,14 +38,16 @@ from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 
+import workbench  # noqa: F401  first: it loads an optimized BLAS before mlx (workbench/runtime/blas.py)
+from model_folder import EOS, train_bpe, write_model_folder
+from stdlib_corpus import HELD_OUT_EVERY, Corpus, stdlib_corpus
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
-from model_folder import EOS, train_bpe, write_model_folder
-from stdlib_corpus import HELD_OUT_EVERY, Corpus, stdlib_corpus
 from tokenizers import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent

@@ -32,9 +32,9 @@ import statistics
 import time
 from importlib.metadata import version
 
-import mlx_lm
-
 import workbench as wb
+
+import mlx_lm
 
 MODEL = str(wb.BUNDLED_MODEL)
 ADAPTERS = {"prose": "data/adapters/prose", "numbers": "data/adapters/numbers"}

@@ -23,10 +23,10 @@ import time
 if "WORKBENCH_BLAS" not in os.environ:  # the start-up hook reads it at interpreter start: restart with it
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "WORKBENCH_BLAS": "off"})
 
+import workbench as wb  # noqa: E402
+
 import mlx.core as mx  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-
-import workbench as wb  # noqa: E402
 
 REPS = 3
 PROMPT_TOKENS = 37  # notebook 10's chat prompts: 35 to 37 tokens with the template

@@ -8,13 +8,13 @@ Usage: ``python scripts/lab/fast_decode_cpu.py``
 
 import time
 
-import mlx.core as mx
-import numpy as np
-from mlx_lm.models.cache import BatchKVCache
-
 from workbench.bench.model import make_model
 from workbench.bench.run import FULL_CONFIG as cfg
 from workbench.engine.levers import fastpath
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache
 
 model = make_model(cfg.shape)
 mx.eval(model.parameters())

@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import mlx.core as mx  # noqa: E402
-
 from workbench.bench.engines import Arrival  # noqa: E402
 from workbench.bench.gpu import GPU_CONFIG, GPU_QUICK_CONFIG, gpu_runs, prompt_lengths  # noqa: E402
 from workbench.bench.model import make_model  # noqa: E402
 from workbench.bench.scenarios import FAST_OFF, MLX_LM, WORKBENCH, engine_factories  # noqa: E402
 from workbench.runtime.loading import load  # noqa: E402
 from workbench.workloads.workload import prompt_of_length  # noqa: E402
+
+import mlx.core as mx  # noqa: E402
 
 KERNEL, NO_KERNEL = "kernel", "no kernel"
 

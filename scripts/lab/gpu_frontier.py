@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import mlx.core as mx
-
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.bench.figures import render_frontier
 from workbench.bench.gpu import LLAMA_1B
@@ -27,6 +25,8 @@ from workbench.runtime import precision
 from workbench.runtime.device import device_report
 from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
+
+import mlx.core as mx
 
 out = Path(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -26,13 +26,13 @@ import argparse
 import os
 import time
 
-import mlx.core as mx
-import numpy as np
-from mlx_lm.models.cache import BatchKVCache
-
 import workbench  # noqa: F401  first: sets MLX_ENABLE_TF32=0 unless the caller set it
 from workbench.bench.gpu import LLAMA_1B
 from workbench.bench.model import QUICK, decode_weight_bytes, make_model
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import BatchKVCache
 
 CONTEXT, STEPS, WARM = 350, 30, 5
 

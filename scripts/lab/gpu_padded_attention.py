@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import mlx.core as mx  # noqa: E402
-
 from workbench.engine.levers.padded_attention import padded_decode_attention  # noqa: E402
+
+import mlx.core as mx  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_step_profile import emit_jsonl  # noqa: E402

@@ -50,10 +50,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import mlx.core as mx
-import mlx.nn as nn
-import numpy as np
-
 import workbench  # noqa: F401  first: sets MLX_ENABLE_TF32=0 unless the caller set it
 from workbench.bench.engines import Arrival, MlxLmEngine, WorkbenchEngine
 from workbench.bench.gpu import (
@@ -66,6 +62,10 @@ from workbench.bench.gpu import (
 from workbench.bench.model import QUICK, make_model
 from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
 
 DECODE_TOKENS = 48
 PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)

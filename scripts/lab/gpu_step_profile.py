@@ -31,11 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import mlx.core as mx  # noqa: E402
-from mlx_lm.models.cache import BatchKVCache  # noqa: E402
-
 from workbench.bench.gpu import LLAMA_1B  # noqa: E402
 from workbench.bench.model import QUICK, make_model  # noqa: E402
+
+import mlx.core as mx  # noqa: E402
+from mlx_lm.models.cache import BatchKVCache  # noqa: E402
 
 
 def prefilled(model, B: int, context: int, seed: int = 0):

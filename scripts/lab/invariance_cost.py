@@ -37,11 +37,11 @@ def main() -> None:
     ap.add_argument("--out", default="workbench-out/invariance_cost.jsonl", help="JSON lines file")
     args = ap.parse_args()
 
-    import mlx.core as mx
-
     import workbench as wb
     from workbench.bench import model as bench_model
     from workbench.bench.engines import MlxLmEngine
+
+    import mlx.core as mx
 
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     dtype = getattr(mx, args.dtype)

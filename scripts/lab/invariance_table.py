@@ -77,9 +77,9 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    import mlx.core as mx
-
     import workbench as wb
+
+    import mlx.core as mx
 
     mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     if args.skip_probe:

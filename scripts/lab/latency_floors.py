@@ -25,9 +25,6 @@ import os
 import time
 from pathlib import Path
 
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
-
 from workbench.bench.engines import Arrival, WorkbenchEngine, drive
 from workbench.bench.model import FULL, make_model
 from workbench.bench.pacing import floor_verdicts, frontier_runs, frontier_summary, versus
@@ -35,6 +32,9 @@ from workbench.bench.scenarios import MLX_LM, staggered_arrivals
 from workbench.observe.metrics import SLO
 from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("out", nargs="?", type=Path, help="folder for the CSV files (default: none written)")

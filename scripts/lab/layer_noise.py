@@ -16,13 +16,13 @@ import contextlib
 import os
 import sys
 
-import mlx.core as mx
-
 import workbench as wb
 from workbench.runtime import blas, device, precision
 from workbench.verify import faults
 from workbench.verify.layers import DEFAULT_RTOL, localize, ranges
 from workbench.workloads.workload import prompt_maker
+
+import mlx.core as mx
 
 MODELS = ("tiny-code", "tiny-llama", "tiny-gemma3", "tiny-qwen3", "tiny-mamba2", "tiny-qwen3-next")
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 6

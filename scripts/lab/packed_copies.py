@@ -15,13 +15,13 @@ Usage: ``python scripts/lab/packed_copies.py`` (seconds on a CPU). Two readings:
    one gathered block (the keys, or the values), and whether the outputs are equal.
 """
 
-import mlx.core as mx
-
 import workbench as wb
 from workbench.bench.memory import peak_growth
 from workbench.engine.packed.grouped import flat_indices
 from workbench.runtime.loading import DATA_DIR
 from workbench.workloads.workload import prompt_of_length
+
+import mlx.core as mx
 
 
 def steps(pipeline: bool, hold_views: bool) -> list[float]:

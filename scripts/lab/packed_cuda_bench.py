@@ -27,15 +27,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
-from gpu_padded_attention import timed  # noqa: E402
-from gpu_step_profile import emit_jsonl  # noqa: E402
-
 from workbench.engine.packed import cuda_attention as ca  # noqa: E402
 from workbench.engine.packed.grouped import grouped_attention, groups_of  # noqa: E402
 from workbench.engine.packed.pages import PageTable  # noqa: E402
 from workbench.observe.packed import Chunk  # noqa: E402
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from gpu_padded_attention import timed  # noqa: E402
+from gpu_step_profile import emit_jsonl  # noqa: E402
 
 N_HEADS, N_KV, HEAD_DIM = 32, 8, 64  # workbench.bench.gpu.LLAMA_1B's attention
 

@@ -17,10 +17,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import workbench as wb  # noqa: E402
-from tests.engine.cuda_emulation import available, emulated  # noqa: E402
-from tests.engine.test_packed import SPECS, packed, staggered  # noqa: E402
 from workbench.engine.packed import cuda_attention as ca  # noqa: E402
 from workbench.verify import oracle  # noqa: E402
+
+from tests.engine.cuda_emulation import available, emulated  # noqa: E402
+from tests.engine.test_packed import SPECS, packed, staggered  # noqa: E402
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gpu_step_anatomy  # noqa: E402
-
 from workbench.engine.packed import cuda_attention  # noqa: E402
+
+import gpu_step_anatomy  # noqa: E402
 
 
 def main() -> None:

@@ -15,12 +15,12 @@ when that is above 0.6), the ITL floor against each engine's ITL p95, and the lo
 import os
 import sys
 
-import pandas as pd
-
 from workbench.bench.floors import measure_floors
 from workbench.bench.packed import PACKED, PADDED, _run, azure_arrivals, factories, latency
 from workbench.bench.scenarios import MLX_LM, decode_runs, equal_prompts, staggered_arrivals
 from workbench.runtime.loading import load
+
+import pandas as pd
 
 repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 scenarios = sys.argv[2:] or ["staggered", "loaded", "azure"]

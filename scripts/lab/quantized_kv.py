@@ -19,14 +19,14 @@ import os
 import platform
 from pathlib import Path
 
-import mlx.core as mx
-import pandas as pd
-
 import workbench as wb
 from workbench.bench.model import FULL, make_model
 from workbench.bench.quantized import admission_under_budget, bytes_per_token, step_cost
 from workbench.views.quantized import quantized_text, render_quantized
 from workbench.views.style import figure_png
+
+import mlx.core as mx
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
 

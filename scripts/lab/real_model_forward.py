@@ -14,11 +14,11 @@ import time
 
 def main() -> None:
     t = time.perf_counter()
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
     import workbench as wb
     from workbench.runtime import blas
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
 
     model, tokenizer = wb.load("smollm2-135m")
     print(f"BLAS: {blas.STATUS.library or 'MLX reference'}; load {time.perf_counter() - t:.2f} s")

@@ -18,13 +18,13 @@ import argparse
 import os
 import time
 
+import workbench as wb
+from workbench.observe.speculation import acceptance
+
 import mlx.core as mx
 import pandas as pd
 from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import make_prompt_cache
-
-import workbench as wb
-from workbench.observe.speculation import acceptance
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--tokens", type=int, default=64, help="tokens generated per request")

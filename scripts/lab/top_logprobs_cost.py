@@ -19,12 +19,12 @@ import json
 import statistics
 import time
 
-import mlx.core as mx
-
 import workbench as wb
 from workbench.engine.top_logprobs import arrays_of, top_arrays
 from workbench.observe.metrics import step_metrics
 from workbench.workloads.workload import prompt_of_length
+
+import mlx.core as mx
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="smollm2-135m", help="a bundled model folder or a fetched model name")

@@ -34,3 +34,19 @@ def test_an_unknown_or_missing_file_is_an_error(tmp_path):
 def test_the_documented_run_has_every_file():
     assert all((DOCS_BENCHMARKS / name).is_file() for name in CSV_FILES)
     assert int(read_meta()["join_rows"]) > 0
+
+
+def test_every_documented_value_is_what_its_label_says_the_ratio_of_the_columns_or_a_median_of_pairs():
+    # notebook 07 and docs/benchmarks.md print `value` under its `value_is`: a label "workbench / mlx-lm"
+    # over a median of per-pair ratios read 1.008 beside 62.7 against 65.84 tok/s (issue 43)
+    table = read_frame("table.csv")
+    ratio_of_columns = table.measured / table.reference
+    pairs = table.value_is.str.startswith("median of pairs: ")
+    plain = table[~pairs]
+    assert len(plain) >= 10 and pairs.sum() >= 9
+    wrong = plain[(plain.value - ratio_of_columns[~pairs]).abs() > 1e-9 * plain.value.abs().clip(lower=1)]
+    assert wrong.empty, wrong[["row", "measured", "reference", "value", "value_is"]].to_string()
+    timed = table[
+        pairs & table.value_is.str.contains("time ")
+    ]  # tok/s columns, a time ratio: reference / measured
+    assert (timed.unit == "tok/s").all() and len(timed) == 3

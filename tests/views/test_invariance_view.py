@@ -75,3 +75,24 @@ def test_ops_and_chunks_text_give_verdicts_and_magnitudes_only_when_asked():
         "prefill_step_size    16 vs 2048: tokens DIFFER, log-probs bit-equal",
     ]
     assert "9.5×10⁻⁷ nats" in view.chunks_text(chunks, magnitudes=True)
+
+
+def test_the_ops_summary_counts_what_the_table_shows_so_prose_needs_no_stored_number():
+    ops = [
+        OpFinding(
+            "lm_head Linear 8->16 mlx.core.float32", (2, 8), 0.0, 0.0, "blocks of 8 rows (padded to 8)"
+        ),
+        OpFinding("up_proj Linear 8->12 mlx.core.float32", (2, 8), 1.1e-6, 0.0, "one row per call"),
+        OpFinding("down_proj Linear 12->8 mlx.core.float32", (2, 8), 2.9e-6, 0.0, "one row per call"),
+        OpFinding(
+            "attention, one query over 300 keys, float32", (2,), 1.5e-8, 0.0, "each row on its own keys"
+        ),
+        OpFinding("rms_norm 8 mlx.core.float32", (2,), 0.0, None, "unchanged"),
+    ]
+    assert view.ops_summary(ops).splitlines() == [
+        "projections: 2 of 3 differ among others (largest |diff| 2.9×10⁻⁶)",
+        "attention behind left padding: 1.5×10⁻⁸",
+        "row-wise operations: 1 of 1 bit-equal",
+        "the mode's choice: blocks of 8 rows (padded to 8) for 1 projection(s), one row per call for 2 projection(s)",
+    ]
+    assert view.ops_summary(ops[:1]).splitlines()[0] == "projections: 0 of 1 differ among others"

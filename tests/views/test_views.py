@@ -226,6 +226,48 @@ def test_render_kv_history_keeps_two_snapshots_of_one_step_apart_and_ticks_steps
     assert waste_ax.lines[-1].get_xdata()[0] == 1  # the shown snapshot, by identity
 
 
+def test_the_kv_history_marks_the_snapshot_the_title_describes_when_it_is_a_copy_of_a_recorded_one():
+    # notebook 02: three snapshots of step 5 (3 rows, 2 rows after filter(), 3 rows after a free-slot
+    # join); render_kv(sched.snapshot() taken after filter(), history) marked the last one of step 5
+    from dataclasses import replace
+
+    running = full_snapshot(uids=(7, 9, 11), left_padding=(0, 2, 1), width=4, step=5)
+    filtered = full_snapshot(uids=(7, 9), left_padding=(0, 2), width=3, step=5)
+    refilled = full_snapshot(uids=(7, 9, 12), left_padding=(2, 4, 0), width=5, step=5)
+    history = [full_snapshot(step=4), running, filtered, refilled]
+    # a later sched.snapshot() of the recorded state: a new object, with a new memory reading
+    copy = replace(filtered, active_memory_bytes=123)
+    fig = views.render_kv(copy, history)
+    waste_ax, bytes_ax = fig.axes[-2:]
+    marked = waste_ax.lines[-1].get_xdata()[0]
+    assert marked == 2 and bytes_ax.lines[-1].get_xdata()[0] == 2
+    assert waste_ax.lines[0].get_ydata()[marked] == pytest.approx(100 * copy.padding_waste)
+    assert f"padding waste {copy.padding_waste:.1%}" in fig.get_suptitle()
+    unseen = views.render_kv(replace(filtered, step=9), history)  # in no snapshot of the history: no marker
+    assert [len(ax.lines) for ax in unseen.axes[-2:]] == [1, 1]
+
+
+def test_the_kv_history_of_a_live_run_marks_a_fresh_snapshot_after_filter_at_its_own_point(
+    make_sched, prompt
+):
+    sched = make_sched(max_batch=3)
+    for n, m in ((6, 8), (3, 8), (12, 2)):
+        sched.submit(wb.Request(prompt=prompt(n), max_tokens=m))
+    sched.admit()
+    while not any(sched.snapshot().finished):
+        sched.step()
+    sched.filter()
+    compacted = sched.snapshot()
+    sched.submit(wb.Request(prompt=prompt(4), max_tokens=3))
+    sched.admit()  # joins into the free slot: a later snapshot of the same step
+    history = list(sched.history)
+    assert history[-1].step == compacted.step and history[-1].batch_size != compacted.batch_size
+    fig = views.render_kv(compacted, history)
+    marked = fig.axes[-2].lines[-1].get_xdata()[0]
+    assert history[marked].uids == compacted.uids and marked < len(history) - 1
+    assert fig.axes[-2].lines[0].get_ydata()[marked] == pytest.approx(100 * compacted.padding_waste)
+
+
 def test_kv_view_of_a_live_hybrid_model_lists_the_ssm_state():
     text = views.kv_text(window_run("tiny-qwen3-next", steps=2).snapshot())
     assert "[full] layers 1,3: KV width" in text

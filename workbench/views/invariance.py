@@ -21,6 +21,7 @@ that token.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -117,6 +118,35 @@ def ops_text(ops: Sequence, magnitudes: bool = False) -> str:
             f"{name:{w}s}  {_verdict(o.max_abs_diff, magnitudes):10s}  "
             f"{_verdict(o.mode_diff, magnitudes):11s}  {o.mode_choice}"
         )
+    return "\n".join(lines)
+
+
+def ops_summary(ops: Sequence) -> str:
+    """What :func:`ops_text`'s table says, counted, for prose that must hold on any BLAS:
+    how many projections (``Linear`` / ``Embedding`` findings) give a row other bits among
+    others (and the largest |diff|), attention behind left padding, the row-wise operations,
+    and the mode's choices with how many projections took each. Example::
+
+        projections: 6 of 6 differ among others (largest |diff| 2.9×10⁻⁶)
+        attention behind left padding: 1.5×10⁻⁷
+        row-wise operations: 3 of 3 bit-equal
+        the mode's choice: one row per call for 6 projection(s)
+    """
+    projections = [o for o in ops if o.mode_diff is not None and not o.op.startswith("attention")]
+    differ = [o.max_abs_diff for o in projections if o.max_abs_diff > 0]
+    rowwise = [o for o in ops if o.mode_diff is None]
+    largest = f" (largest |diff| {style.scientific(max(differ))})" if differ else ""
+    lines = [f"projections: {len(differ)} of {len(projections)} differ among others{largest}"]
+    lines += [
+        f"attention behind left padding: {_verdict(o.max_abs_diff, True)}"
+        for o in ops
+        if o.op.startswith("attention")
+    ]
+    lines.append(
+        f"row-wise operations: {sum(o.max_abs_diff == 0 for o in rowwise)} of {len(rowwise)} bit-equal"
+    )
+    choices = Counter(o.mode_choice for o in projections)
+    lines.append("the mode's choice: " + ", ".join(f"{c} for {n} projection(s)" for c, n in choices.items()))
     return "\n".join(lines)
 
 

@@ -240,9 +240,45 @@ def _draw_history(fig, snap: Snapshot, history: Sequence[Snapshot], narrow: bool
     bytes_ax.set_xticks(ticks, labels)
     bytes_ax.set_xlabel("step" if narrow else "step (a point per snapshot)")
     bytes_ax.set_xlim(-0.5, len(history) - 0.5)
-    shown = next((i for i, s in enumerate(history) if s is snap), None)
-    if shown is None:
-        shown = max((i for i, s in enumerate(history) if s.step == snap.step), default=len(history) - 1)
+    shown = shown_index(snap, history)
     for ax in (waste_ax, bytes_ax):
-        ax.axvline(shown, color="black", linewidth=1)  # the shown snapshot
+        if shown is not None:
+            ax.axvline(shown, color="black", linewidth=1)  # the shown snapshot
         ax.grid(alpha=0.3)
+
+
+def batch_state(snap: Snapshot) -> tuple:
+    """What a snapshot says about the batch (step, rows, per-row geometry, KV width and bytes,
+    queue, prefill, free slots), without MLX's memory readings: two snapshots of one state, such as
+    the engine's recorded one and a later ``sched.snapshot()`` of the same moment, have equal keys."""
+    return (
+        snap.step,
+        snap.uids,
+        snap.finished,
+        snap.generated_tokens,
+        snap.context_tokens,
+        tuple(np.asarray(snap.left_padding).tolist()),
+        tuple(np.asarray(snap.offset).tolist()),
+        snap.kv_width_tokens,
+        snap.capacity_tokens,
+        snap.kv_bytes,
+        snap.queue,
+        snap.prefilling,
+        snap.free_slots,
+    )
+
+
+def shown_index(snap: Snapshot, history: Sequence[Snapshot]) -> int | None:
+    """The index in ``history`` of the snapshot ``snap`` shows: ``snap`` itself, else the latest
+    snapshot of the same :func:`batch_state` (``sched.snapshot()`` returns a new object equal to the
+    one the engine recorded); ``None`` when ``history`` holds no such snapshot (then nothing is
+    marked: the last snapshot of the same step may be another batch, before or after a join).
+    Example: notebook 02's history holds three snapshots of step 5 (3 rows, then 2 rows after
+    ``filter()``, then 3 rows after a joiner takes the free slot); ``sched.snapshot()`` taken right
+    after ``filter()`` is the middle one, index -2, not the last of step 5.
+    """
+    for i in range(len(history) - 1, -1, -1):
+        if history[i] is snap:
+            return i
+    key = batch_state(snap)
+    return next((i for i in range(len(history) - 1, -1, -1) if batch_state(history[i]) == key), None)

@@ -1,8 +1,10 @@
 """The package's shape: subpackages import only lower ones, ``observe`` never imports
 MLX, one module touches mlx-lm's private cache fields, no engine function is longer than
 one screen; inside the engine, ``kv/`` never imports the core or the levers, only the
-runner and the scheduler import ``levers/``, and ``packed/`` (the packed layout) imports
-no lever, runner or padded batch and is imported only by the scheduler and the config; no
+runner and the scheduler import ``levers/`` from the core, only the scheduler imports
+``layouts/`` and a layout never imports the scheduler or the other layout, and ``packed/``
+(the packed layout's parts) imports no lever, runner or padded batch and is imported only by
+``layouts/packed.py`` and the config; no
 import circle anywhere (imports inside functions count)."""
 
 from __future__ import annotations
@@ -117,9 +119,9 @@ def test_only_the_runner_and_the_scheduler_import_the_levers():
     assert core_importers("levers") == {"runner.py", "scheduler.py"}
 
 
-def test_engine_modules_live_in_the_core_kv_levers_or_packed():
+def test_engine_modules_live_in_the_core_kv_levers_layouts_or_packed():
     folders = {p.parent.relative_to(ENGINE).as_posix() for p in ENGINE.rglob("*.py")}
-    assert folders == {".", "kv", "levers", "packed"}
+    assert folders == {".", "kv", "levers", "layouts", "packed"}
 
 
 @pytest.mark.parametrize("path", sorted((ENGINE / "packed").glob("*.py")), ids=lambda p: p.name)
@@ -134,8 +136,34 @@ def test_packed_never_imports_the_levers_the_runner_or_the_scheduler(path):
     )
 
 
-def test_only_the_scheduler_and_the_config_import_the_packed_layout():
-    assert core_importers("packed") == {"scheduler.py", "config.py"}
+def engine_importers(folder: str) -> set[str]:
+    """The engine modules outside subpackage ``folder`` that import it (the package or any
+    module in it), relative to ``engine/``."""
+    return {
+        p.relative_to(ENGINE).as_posix()
+        for p in ENGINE.rglob("*.py")
+        if p.parent != ENGINE / folder
+        and any(m == folder or m.startswith(folder + "/") for m in engine_imports(p))
+    }
+
+
+def test_only_the_packed_layout_and_the_config_import_packed():
+    assert engine_importers("packed") == {"layouts/packed.py", "config.py"}
+
+
+def test_only_the_scheduler_imports_the_layouts():
+    assert engine_importers("layouts") == {"scheduler.py"}
+
+
+@pytest.mark.parametrize("path", sorted((ENGINE / "layouts").glob("*.py")), ids=lambda p: p.name)
+def test_a_layout_never_imports_the_scheduler_or_the_other_layout(path):
+    bad = {
+        m
+        for m in engine_imports(path)
+        if m == "scheduler"
+        or (m.startswith("layouts/") and m not in ("layouts/layout", f"layouts/{path.stem}"))
+    }
+    assert not bad, f"layouts/{path.name} imports {sorted(bad)}: a layout never calls back into the scheduler"
 
 
 def body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

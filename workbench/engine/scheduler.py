@@ -40,7 +40,6 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
-from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -53,25 +52,18 @@ from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import shared_prompts
 from .admission import Admission, Decision, policy_from
-from .batch import Batch
 from .capture import capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
 from .checkpoint_io import identity_of
 from .config import SchedulerConfig
-from .decode import Pending, sample_pending
 from .integrity import Integrity, check_state
 from .kv import caches as kv
-from .kv.ledger import KVLedger, measured_memory
-from .kv.promptcache import PromptCache
-from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
-from .levers.pacing import Pacer, pacing_from
-from .levers.packed_pacing import PackedPacer
-from .packed import families as packed_families
-from .packed.batch import PackedBatch
-from .packed.ledger import PageLedger
-from .probe import probe
+from .kv.ledger import measured_memory
+from .layouts.layout import Read
+from .layouts.packed import PackedLayout
+from .layouts.padded import PaddedLayout
+from .levers import constrained, invariant, lora, quantized_kv
 from .request import Request, ValidRequest, context_limit, validate
-from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
 from .siblings import check_samples
 from .state import RequestState, Status
@@ -164,12 +156,9 @@ class Scheduler:
         )  # forks share the bank
         self.recipe = kv.CacheRecipe(model, asked.max_kv_size, quant)
         self.packed = asked.layout == "packed"
-        if self.packed:
-            packed_families.check_model(model)
-            packed_families.check_settings(asked, prompt_cache, adapters)
-        self.serial_reason = (
-            probe(model, asked.max_kv_size) if asked.max_batch > 1 and not self.packed else ""
-        )
+        Layout = PackedLayout if self.packed else PaddedLayout  # the one choice of layout
+        Layout.check(model, asked, prompt_cache, adapters)
+        self.serial_reason = Layout.serial_reason(model, asked)
         cfg = self.config = replace(asked, max_batch=1, prompt_concurrency=1) if self.serial_reason else asked
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens, self.context_field = context_limit(model)
@@ -178,80 +167,17 @@ class Scheduler:
         self.batch_invariant = invariant.configure(
             model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes
         )
-        self.speculation = self._speculation(quant)
-        fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
-        self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)
-        self.pacing = pacing_from(cfg.pacing)
-        self.pacer = self._pacer()
-        self.ledger = KVLedger(
-            self.recipe.profile(),
-            cfg,
-            self.pacing is None and prompt_cache is None and quant is None,
-            chunked_padding=self.runner.chunks_padding(),
+        self.layout = Layout(
+            model, cfg, self.recipe, self.adapters, self.batch_invariant, quant, prompt_cache, self.vocab_size
         )
-        cache = None if prompt_cache is None or self.packed else self._prompt_cache(prompt_cache, quant)
-        self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
-        if self.packed:
-            self._use_pages()
+        self.ledger, self.pacer, self.pacing = self.layout.ledger, self.layout.pacer, self.layout.pacing
+        self.speculation = self.layout.speculation
+        rng = np.random.default_rng(cfg.seed)
+        self.state = EngineState(self.layout.new_batch(), rng, prompt_cache=self.layout.prompt_cache())
         self._in_call = False
 
-    def _pacer(self) -> Pacer | None:
-        """The pacing's running estimates: a :class:`PackedPacer` (per-forward token caps)
-        in the packed layout, a :class:`Pacer` (prefill chunks per ``admit()``) in the
-        padded one; ``None`` with pacing off."""
-        if self.pacing is None:
-            return None
-        if self.packed:
-            return PackedPacer(self.pacing, self.config.token_budget)
-        return Pacer(self.pacing, self.config.prefill_step_size)
-
-    def _speculation(self, quant: Any) -> Any:
-        """The speculation settings checked against the model and the other levers
-        (:func:`workbench.engine.levers.speculative.configure`); ``None``: off."""
-        cfg = self.config
-        return speculative.configure(
-            self.model,
-            cfg.speculative,
-            cfg.num_draft_tokens,
-            batch_invariant=cfg.batch_invariant,
-            kv_quant=quant,
-            adapters=self.adapters,
-            vocab_size=self.vocab_size,
-            prefill_step_size=cfg.prefill_step_size,
-            max_kv_size=cfg.max_kv_size,
-        )
-
-    def _prompt_cache(self, prompt_cache: Any, quant: Any) -> PromptCache:
-        """The engine's view of the user's mlx-lm prompt cache, keyed by all that shapes a
-        cache (model, window, KV quantization, adapters, fast paths, the invariant mode)."""
-        aligned = self.config.prefill_step_size if self.batch_invariant else None
-        return PromptCache(
-            self.model,
-            prompt_cache,
-            self._asked.max_kv_size,
-            aligned,
-            kv_quant=quant,
-            adapters=self.adapters,
-            fast_decode=self.runner.fast_decode,
-        )
-
-    def _use_pages(self) -> None:
-        """The packed layout's batch and books (:mod:`workbench.engine.packed`): pages of
-        ``page_size`` positions, ``page_size * full_token_bytes`` bytes each; an int
-        ``prompt_cache`` turns on prefix caching (at most that many unreferenced pages kept)."""
-        cfg = self.config
-        page_bytes = cfg.page_size * self.ledger.base.full_token_bytes
-        max_pages = None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // page_bytes
-        self.ledger = PageLedger(cfg.page_size, page_bytes, cfg)
-        self.state.batch = PackedBatch(
-            cfg.page_size,
-            page_bytes,
-            len(self.model.model.layers),
-            max_pages,
-            self._extras["prompt_cache"],
-            decode_kernel=False if cfg.fast_decode is False else None,  # fast_decode=False: MLX ops only
-        )
+    runner = property(lambda self: self.layout.runner, doc="The padded layout's :class:`ModelRunner`.")
 
     @contextlib.contextmanager
     def _transaction(self, prompt_cache: bool = False):
@@ -393,78 +319,13 @@ class Scheduler:
         chunk budget allows.
         """
         start = len(self.events)
-        if self.packed:
-            self._start_group()  # joiners enter the batch; their prefill runs in step()
-        elif self.pacer is None:
-            self._admit_fixed()
-        else:
-            self._admit_paced()
+        for limit in self.layout.admit(self.state, self.recorder):  # the layout asks for a group
+            self._start_group(limit)
         dropped = self.state.batch.compact()  # free slots no joiner took
         if len(self.events) > start or dropped:
             self._record()
-        if self.pacer is not None:
-            self.pacer.end_iteration(self.clock())
+        self.layout.end_iteration(self.clock)
         return self.events[start:]
-
-    def _admit_fixed(self) -> None:
-        """Chunks of ``prefill_step_size``: one per call with ``interleave_prefill``, else
-        until the queue is prefilled (or the batch is full)."""
-        chunks = 0
-        while self.state.prefilling is not None or self._start_group():
-            group = self.state.prefilling
-            if group.prefill.done:
-                self._join(group)
-                continue
-            if self.config.interleave_prefill and chunks >= 1:
-                break
-            self._run_chunk(group)
-            chunks += 1
-
-    def _admit_paced(self) -> None:
-        """Prefill chunks, joins and new groups while they fit this iteration's time
-        budget (:class:`~workbench.engine.levers.pacing.Pacer`); at least one chunk."""
-        st, pacer = self.state, self.pacer
-        now_s, rows = self.clock(), len(st.batch.rows)
-        width = max((r.context_tokens for r in st.batch.rows), default=0)  # the widest context (tokens)
-        pacer.begin_iteration(now_s, st.step_index, rows, width)
-        budget_s, ran = pacer.prefill_budget_s(rows, width), False
-        while st.prefilling is not None or self._start_group(self._group_limit(budget_s, ran)):
-            group = st.prefilling
-            if group.prefill.done:
-                join_s = pacer.decode_s(len(group.states), width)
-                if ran and join_s > budget_s:
-                    break
-                self._join(group)
-                budget_s, ran = budget_s - join_s, True
-                continue
-            b, pos, remaining = group.prefill.next_chunk()
-            k = pacer.chunk_tokens(budget_s, b, pos, remaining, first=not ran)
-            if k == 0:
-                break
-            t0 = self.clock()
-            real = self._run_chunk(group, k)
-            elapsed = self.clock() - t0
-            pacer.observe_prefill(b, max(real), pos, elapsed)
-            budget_s, ran = budget_s - elapsed, True
-
-    def _group_limit(self, budget_s: float, ran: bool) -> int | None:
-        """Most padded prefill tokens (rows x longest input) a new group may bring, so
-        that it fits what is left of the budget; ``0`` when not even a first chunk fits
-        (start no group now), ``None`` for no limit."""
-        if budget_s == float("inf"):
-            return None
-        return self.pacer.chunk_tokens(budget_s, 1, 0, self.config.prefill_step_size, first=not ran)
-
-    def _run_chunk(self, group: Prefilling, tokens: int | None = None) -> list[int]:
-        """One prefill chunk of ``group`` (``tokens`` long, default ``prefill_step_size``)
-        and its ``prefill`` events (a batched group's member with no real token in the
-        chunk still rides in its forward: ``n_tokens=0``); returns the real tokens per member."""
-        real = self.runner.run_chunk(group, tokens)
-        batched = not group.prefill.per_row
-        for s, k in zip(group.prefilled, real):  # one prefill row per distinct prompt of a submit_n group
-            if k or batched:
-                self._log("prefill", s.uid, n_tokens=k)
-        return real
 
     def _start_group(self, prefill_limit: int | None = None) -> bool:
         """Apply admission's decision: preempt, then start prefilling the chosen requests
@@ -489,11 +350,7 @@ class Scheduler:
         for s in chosen:
             s.status = Status.PREFILLING
         self.ledger.make_room(st, chosen)  # the prompt cache yields the bytes the group will take
-        if self.packed:
-            st.batch.add(chosen)
-        else:
-            st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache, st.shared_prompts)
-            st.shared_prompts = shared_prompts.prune(st.shared_prompts, st.queue)  # what no sample waits for
+        self.layout.start(st, chosen)
         for s in chosen:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
@@ -512,25 +369,6 @@ class Scheduler:
             st.prompt_cache.trim_to(0)
             decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
         return decision
-
-    def _join(self, group: Prefilling) -> None:
-        """The join forward (each member's last input token), then the members enter the
-        batch (free slots or ``extend``); one ``join`` event each, with its mode."""
-        st = self.state
-        self.runner.hold_prompts(group, st.queue, st.shared_prompts, self.ledger.room_bytes(st))
-        group.expand()  # a submit_n group's prefilled row copied into each sample's row
-        for s in group.states:
-            s.fed = len(s.tokens)  # a resumed row's generated tokens are in its cache again
-            s.join_order, st.joins = st.joins, st.joins + 1
-            if not s.finished:  # aborted while prefilling: joins finished, evicted at filter
-                s.status = Status.RUNNING
-        contexts = [self._context(s, None, b) for b, s in enumerate(group.states)]
-        pending = self.runner.join_forward(group, contexts)
-        placed = st.batch.place(group.prefill.caches, group.states, pending)
-        kv.settle(st.batch.caches)  # the group's caches are freed now, not at the next forward
-        st.prefilling = None
-        for s, (row, mode) in zip(group.states, placed):
-            self._log("join", s.uid, row=row, n_tokens=len(s.valid.prompt_ids), join_mode=mode)
 
     @transactional()
     def step(self) -> list[Event]:
@@ -555,35 +393,19 @@ class Scheduler:
             self.config.kv_budget_bytes is not None and all(r.finished for r in batch.rows)
         ):
             return []
-        if self.packed:
-            return self._step_packed()
-        batch.compact()
-        if self.speculation is not None:
-            return self._step_speculative()
-        current = batch.pending
-        contexts = [self._context(r, current, b) for b, r in enumerate(batch.rows)]
-        if self.config.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
-            batch.pending = self.runner.decode(batch, current.tokens, contexts, True)
-        toks, lps, finite = current.read()
-        tops = current.read_top()
-        if not self.config.pipeline:
-            batch.pending = self.runner.decode(batch, current.tokens, contexts, False)
-        for row in batch.rows:
-            row.fed += 1
-        out, finished = self._read_pending(current, toks, lps, finite, tops)
-        return self._end_step(out, finished)
-
-    def _read_pending(
-        self, current: Pending, toks: list[int], lps: list[float], finite: list[bool], tops: dict[int, tuple]
-    ) -> tuple[list[Event], list[Event]]:
-        """Read each unfinished row's token of ``current`` with its top-k log-probs ``tops``
-        (:meth:`_read_token`). Returns the token events and the finish events."""
         out, finished = [], []
-        for b, row in enumerate(self.state.batch.rows):
-            if not row.finished:
-                message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
-                self._read_token(row, b, toks[b], lps[b], message, out, finished, tops.get(b, ()))
-        return out, finished
+        steps = self.layout.step(st, self.recorder)
+        while True:  # the layout yields each token it read (and the events the step returns)
+            try:
+                item = next(steps)
+            except StopIteration as done:
+                ran = done.value
+                break
+            if isinstance(item, Event):
+                out.append(item)
+            else:
+                self._read_token(item, out, finished)
+        return self._end_step(out, finished) if ran else out + finished
 
     def _end_step(self, out: list[Event], finished: list[Event]) -> list[Event]:
         """Count the step, clear MLX's cache every ``clear_cache_every`` steps, record."""
@@ -594,134 +416,11 @@ class Scheduler:
         self._record()
         return out + finished
 
-    def _step_packed(self) -> list[Event]:
-        """One packed forward's tokens: every running row's next token, then prefill chunks
-        of joining rows up to ``config.token_budget``; a joining row whose chunk ends its
-        inputs joins (``join`` event, mode ``"packed"``) with its first token. With
-        ``pipeline``, the next forward is built from this one's unread tokens and started
-        as soon as they are read, before the events (:meth:`_launch_packed`)."""
-        st, batch, cfg = self.state, self.state.batch, self.config
-        current = batch.launched
-        if current is None:
-            current = self._launch_packed()
-            if current is None:
-                return []
-            mx.async_eval(*current.outputs)
-        nxt = self._launch_packed(current) if cfg.pipeline and current.uids else None
-        read = current.pending.read() if current.pending is not None else mx.eval(*current.outputs)
-        if self.pacer is not None:  # the forward's measured time; the next one's starts now
-            read_s = self.clock()
-            self.pacer.observe(current.paced, read_s)
-            if nxt is not None:
-                nxt.paced = self.pacer.started(nxt.paced, read_s)
-        if nxt is not None:
-            mx.async_eval(*nxt.outputs)  # after the read: the pools are written in place then
-        batch.launched = nxt
-        out, finished = self._read_packed(current, read)
-        batch.after_read(nxt)
-        batch.last_chunks, batch.last_paced = current.chunks, current.paced
-        for row, held in zip(batch.rows, batch.held):
-            row.fed = max(0, held - len(row.valid.prompt_ids))
-        st.step_index += 1
-        if st.step_index % cfg.clear_cache_every == 0:
-            mx.clear_cache()
-        self._record()
-        return out + finished
-
-    def _launch_packed(self, after: Any = None) -> Any:
-        """Build the next packed forward and its sampling (lazy: not started), or ``None``
-        when nothing is planned. ``after``: a launched forward whose tokens are unread; the
-        next one counts them as known and feeds them, and is built only when it carries
-        decode tokens alone (a joiner admitted meanwhile waits one forward)."""
-        batch, cfg = self.state.batch, self.config
-        unread = {} if after is None else {u: i for i, u in enumerate(after.uids)}
-        chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
-        if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
-            return None
-        paced = None
-        if self.pacer is not None:  # prefill tokens capped to the time budget
-            plan = partial(batch.plan, schedule=cfg.packed_schedule, unread=unread)
-            paced = self.pacer.choose(plan, chunks, self.clock())
-            chunks = paced.chunks
-
-        def sample(logits: mx.array, sampled: list[int]) -> Pending:
-            rows = [batch.rows[b] for b in sampled]
-            contexts = [
-                self._context(r, after.pending if r.uid in unread else None, unread.get(r.uid, 0))
-                for r in rows
-            ]
-            index = [len(r.tokens) + (r.uid in unread) for r in rows]
-            return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
-
-        launched = batch.launch(self.model, chunks, sample, after)
-        launched.paced = paced
-        return launched
-
-    def _read_packed(self, current: Any, read: tuple | None) -> tuple[list[Event], list[Event]]:
-        """The events of a read packed forward: ``prefill`` per prefill chunk, then per
-        sampling row (``join`` for a joiner) its token, or its error. Rows that left the
-        batch or finished since it was launched are skipped."""
-        st, batch = self.state, self.state.batch
-        for c in current.chunks:
-            if c.kind != "decode":
-                self._log("prefill", c.uid, n_tokens=c.n_tokens)
-        out, finished = [], []
-        if read is None:
-            return out, finished
-        toks, lps, finite = read
-        tops = current.pending.read_top()
-        rows = {r.uid: b for b, r in enumerate(batch.rows)}
-        for i, uid in enumerate(current.uids):
-            b = rows.get(uid)
-            if b is None or batch.rows[b].finished:
-                continue
-            row = batch.rows[b]
-            if row.status is Status.PREFILLING:
-                row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
-                self._log("join", row.uid, row=b, n_tokens=len(row.valid.prompt_ids), join_mode="packed")
-            message = current.pending.errors.get(i) or ("" if finite[i] else "non-finite logits (NaN or inf)")
-            self._read_token(row, b, toks[i], lps[i], message, out, finished, tops.get(i, ()))
-        return out, finished
-
-    def _step_speculative(self) -> list[Event]:
-        """``step()`` with speculation (:mod:`workbench.engine.levers.speculative`): read
-        each row's pending token, then one verify forward of it and the row's drafts; the
-        drafts each row accepted are its next tokens (a ``draft`` event per drafting row,
-        before their token events), up to where it finishes. Not pipelined: drafting reads the tokens."""
-        batch = self.state.batch
-        current = batch.pending
-        toks, lps, finite = current.read()
-        out, finished = self._read_pending(current, toks, lps, finite, current.read_top())
-        contexts = [self._context(r, None, b) for b, r in enumerate(batch.rows)]
-        verified = self.runner.speculate(batch, self.speculation, toks, contexts)
-        for b, row in enumerate(batch.rows):
-            row.fed += 1 + verified.accepted[b]
-            if verified.drafted[b]:
-                out.append(
-                    self._log(
-                        "draft", row.uid, row=b, n_tokens=verified.drafted[b], n_accepted=verified.accepted[b]
-                    )
-                )
-            for token, logprob in zip(verified.tokens[b], verified.logprobs[b]):
-                if not row.finished:
-                    self._read_token(row, b, token, logprob, "", out, finished)
-        batch.pending = verified.pending
-        return self._end_step(out, finished)
-
-    def _read_token(
-        self,
-        row: RequestState,
-        b: int,
-        token: int,
-        logprob: float,
-        message: str,
-        out: list[Event],
-        finished: list[Event],
-        top: tuple = (),
-    ) -> None:
+    def _read_token(self, read: Read, out: list[Event], finished: list[Event]) -> None:
         """Record row ``b``'s token and its ``top`` log-probs (unless ``message`` says its
         step failed), call its ``on_token``, and finish it on an error (its grammar refusing
         the token included), a stop id, a stop string, a complete grammar or ``max_tokens``."""
+        row, b, token, logprob, message, top = read
         if not message:
             row.tokens.append(token)
             row.logprobs.append(logprob)
@@ -747,17 +446,6 @@ class Scheduler:
             )
 
     @staticmethod
-    def _context(row: RequestState, pending: Pending | None, b: int) -> Callable[[], mx.array]:
-        """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one in
-        ``pending``) for its logits processors: built only when asked."""
-
-        def build() -> mx.array:
-            known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
-            return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
-
-        return build
-
-    @staticmethod
     def _call_on_token(row: RequestState, token: int) -> str:
         """Run the request's ``on_token`` callback; its exception becomes the row's error."""
         callback = row.valid.request.on_token
@@ -781,7 +469,7 @@ class Scheduler:
         if st.prompt_cache is not None:
             for b in gone:
                 if batch.rows[b].finish_reason in ("stop", "length"):
-                    self.runner.store(st.prompt_cache, batch, b)
+                    self.layout.store(st, b)
         events = []
         for b in gone:
             batch.rows[b].evicted = True
@@ -831,7 +519,7 @@ class Scheduler:
                 "preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
                 "decoded tokens: other sums than the decode steps that made them)"
             )
-        if s.status is not Status.RUNNING and not (self.packed and s.status is Status.PREFILLING):
+        if not self.layout.preemptable(s.status):
             raise ValueError(
                 f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted"
             )
@@ -1110,7 +798,7 @@ class Scheduler:
             serial_reason=self.serial_reason,
             kv_projected_bytes=self.kv_projected_bytes,
             prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
-            **({"packed": st.batch.state(self.config.token_budget)} if self.packed else {}),
+            **self.layout.snapshot_fields(st),
             **lora.snapshot_fields(self.adapters),
             **self._memory_fields(),
         )

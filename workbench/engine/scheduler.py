@@ -1,26 +1,25 @@
 """The step-at-a-time continuous-batching scheduler.
 
-Knows: the queue, the joining (prefilling) group, the running rows, the admission
-policy, the event log. Uses: :mod:`workbench.engine.kv.caches` for mlx-lm's batch caches,
-:mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`. Must not know: views, Jupyter.
+Knows: the life of requests: the queue, their statuses, the admission policy, reading each
+token (stop ids, stop strings, grammars, ``max_tokens``), the event log, transactions and
+checkpoints. Uses: a layout (:mod:`workbench.engine.layouts`, chosen once at construction)
+that owns the batch's caches and the forward. Must not know: how rows sit in the batch,
+views, Jupyter.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
 
     submit ─▶ queue ─admit()─▶ prefilling group ─admit()…─▶ running rows ─step()─▶ tokens ─filter()─▶ evicted
              [insert] {add_request}     (chunked prefill)        [next] {schedule}       [remove] {update_from_output}
 
-- ``admit()`` forms a prefilling group from the queue (:mod:`workbench.engine.admission`),
-  runs prefill chunks of ``prefill_step_size`` tokens (one per call with
-  ``interleave_prefill``), and when the group's prompts are cached *joins* it: one
-  ``[n, 1]`` forward computes each joiner's first-token distribution (as mlx-lm's
-  ``GenerationBatch``), then each joiner takes a free slot or joins by ``extend``.
-- ``step()`` reads one token per running row and feeds it: one ``[B, 1]`` forward,
-  launched before the read with ``pipeline`` (mlx-lm's ``GenerationBatch._step``). So a
-  joiner's first token is computed in ``admit()`` and read, and timed, in the next
-  ``step()``: TTFT runs from ``submit`` to that ``token`` event.
-- ``filter()`` evicts finished rows; with ``reuse_slots`` their cache rows stay free
-  slots for the next join, and free slots nobody fills are dropped with ``filter`` before
-  any forward runs over them.
+- ``admit()`` forms groups from the queue (:mod:`workbench.engine.admission`) and hands
+  them to the layout, which prefills and joins them (padded: chunks of
+  ``prefill_step_size``, then one ``[n, 1]`` join forward as mlx-lm's ``GenerationBatch``;
+  packed: the rows enter the batch and prefill inside ``step()``'s forwards).
+- ``step()`` has the layout run one forward (padded ``[B, 1]``, launched before the read
+  with ``pipeline``; packed ``[1, T]``) and reads the tokens it yields. A joiner's first
+  token is read, and timed, in a ``step()``: TTFT runs from ``submit`` to that ``token``.
+- ``filter()`` evicts finished rows (padded, with ``reuse_slots``: their cache rows stay
+  free slots for the next join).
 
 Invariant between calls: every running row's latest token is in the cache, and the
 distribution of its next token is pending. So a snapshot's masks are those of the next
@@ -52,13 +51,12 @@ from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import shared_prompts
 from .admission import Admission, Decision, policy_from
-from .capture import capture
+from .capture import engine_capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
 from .checkpoint_io import identity_of
 from .config import SchedulerConfig
 from .integrity import Integrity, check_state
 from .kv import caches as kv
-from .kv.ledger import measured_memory
 from .layouts.layout import Read
 from .layouts.packed import PackedLayout
 from .layouts.padded import PaddedLayout
@@ -67,8 +65,8 @@ from .request import Request, ValidRequest, context_limit, validate
 from .sampling import RowSampler
 from .siblings import check_samples
 from .state import RequestState, Status
-from .text import visible_text
-from .view import RequestView, StreamChunk
+from .text import report_text
+from .view import RequestView, StreamChunk, stream_pieces
 
 _IDS = itertools.count()
 
@@ -109,28 +107,18 @@ def config_of(
 class Scheduler:
     """A continuous-batching engine over an mlx-lm model, driven one call at a time.
 
-    ``Scheduler(model, tokenizer, config=None, *, clock=time.perf_counter,
-    prompt_cache=None, adapters=None, **settings)``: ``model`` an mlx-lm model
-    (``mlx_lm.load``) whose every layer's cache batches, ``tokenizer`` its
-    ``TokenizerWrapper``; the settings (:class:`SchedulerConfig`, ``help(wb.SchedulerConfig)``)
-    as a config, as keywords, or both (keywords win: ``dataclasses.replace``), held in
-    :attr:`config`; ``clock`` ``() -> seconds`` (inject a fake one for deterministic
-    metrics); ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size`` (with
-    ``layout="packed"`` an int: prefix caching, at most that many unreferenced pages kept); ``adapters``
-    LoRA adapters ``{name: folder}`` (:mod:`workbench.engine.levers.lora`).
-
-    Every call that changes the engine (``submit``, ``admit``, ``step``, ``filter``,
-    ``abort``, ``preempt``; ``run`` loops over them) is a transaction: an exception escaping
-    it, ``KeyboardInterrupt`` included, leaves the engine as before the call. A model that
-    cannot batch rows of different lengths (:func:`workbench.engine.probe.probe`) runs in a
-    serial lane: ``config.max_batch`` is 1 and :attr:`serial_reason` says why.
+    ``Scheduler(model, tokenizer, config=None, *, clock=time.perf_counter, prompt_cache=None,
+    adapters=None, **settings)``: the settings (``help(wb.SchedulerConfig)``) as a config,
+    keywords, or both (keywords win), held in :attr:`config`; ``clock`` ``() -> seconds``;
+    ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size`` (``layout="packed"``: the
+    most unreferenced pages kept); ``adapters`` LoRA adapters ``{name: folder}``. Every call
+    that changes the engine is a transaction: an exception escaping it, ``KeyboardInterrupt``
+    included, leaves the engine as before. A model that cannot batch rows of different lengths
+    runs in a serial lane (``max_batch`` 1; :attr:`serial_reason` says why).
 
     Raises:
-        ValueError: a setting outside its limits (naming it); ``max_kv_size`` on a model with
-            its own ``make_cache``; a cache type that cannot batch (naming the layer);
-            ``kv_bits`` / ``kv_group_size`` / ``fast_decode`` / ``pacing`` / ``adapters`` not
-            valid for the model, or ``kv_bits`` or ``adapters`` with ``prompt_cache``.
-        TypeError: an unknown setting.
+        ValueError: a setting outside its limits or not valid for the model, layout or the
+            other settings, naming it. TypeError: an unknown setting.
     """
 
     def __init__(
@@ -281,19 +269,13 @@ class Scheduler:
 
     @transactional()
     def submit_n(self, request: Request | dict, n: int) -> list[int]:
-        """Queue ``n`` samples of ``request``: sample ``i`` is ``request`` with seed
-        ``seed + i`` (``seed`` the request's own, else one drawn from the scheduler's
-        seed), so it draws exactly the tokens ``Request(seed=seed + i)`` draws alone. Samples
-        admitted together share one prefill: the prompt runs once and its cache row is
-        copied into every sample's row (:mod:`workbench.engine.siblings`); samples admitted
-        later start from a copy of that prefilled row, held while they wait
-        (:mod:`workbench.engine.shared_prompts`). Returns their
-        uids, consecutive; each is an ordinary request afterwards (``abort``, ``preempt``,
-        ``tokens`` one by one). Like vLLM's ``SamplingParams(n=...)``.
+        """Queue ``n`` samples of ``request``, sample ``i`` with seed ``seed + i`` (the
+        request's own, else one drawn), so it draws the tokens ``Request(seed=seed + i)`` draws
+        alone; samples share one prefill (:mod:`~workbench.engine.siblings`,
+        :mod:`~workbench.engine.shared_prompts`). Returns their uids, consecutive. vLLM's ``n``.
 
         Raises:
-            ValueError: ``n`` not an int in ``[1, MAX_SAMPLES]`` (1024), or what
-                :meth:`submit` raises for the request (nothing is queued then).
+            ValueError: ``n`` not an int in ``[1, 1024]``, or what :meth:`submit` raises.
         """
         check_samples(n)
         if isinstance(request, dict):
@@ -309,14 +291,9 @@ class Scheduler:
     # -- the engine calls -------------------------------------------------------------
     @transactional(prompt_cache=True, idle="admit")
     def admit(self) -> list[Event]:
-        """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
-        ``join``, and ``preempt`` for rows preempted to make room).
-
-        Forms a prefilling group from the queue when none is in progress
-        (:class:`Admission`), runs its prefill chunks (at most one per call with
-        ``interleave_prefill``), and joins it to the running batch once its prompts are
-        cached. After a join it forms and starts the next group in the same call if the
-        chunk budget allows.
+        """Admission and prefill: the layout prefills and joins groups the admission
+        chose (:mod:`workbench.engine.layouts`). Returns this call's events (``admit``,
+        ``prefill``, ``join``, and ``preempt`` for rows preempted to make room).
         """
         start = len(self.events)
         for limit in self.layout.admit(self.state, self.recorder):  # the layout asks for a group
@@ -372,13 +349,9 @@ class Scheduler:
 
     @transactional()
     def step(self) -> list[Event]:
-        """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
-
-        Returns the token events, then any finish events. With no running rows it is a
-        no-op that returns ``[]`` and does not advance ``step_index`` (warning, with a
-        ``UserWarning`` naming ``admit()``, when requests wait in the queue and none is
-        prefilling); so it is under a KV budget when every row has finished (feeding them
-        would only grow the caches past what admission projected; ``filter()`` evicts them).
+        """One decode forward: read one token per unfinished row and feed it. Returns the
+        token events, then any finish events. With no running row (or, under a KV budget, only
+        finished ones) a no-op returning ``[]``, warning when requests wait unadmitted.
         """
         st, batch = self.state, self.state.batch
         if not batch.rows and st.queue and st.prefilling is None:
@@ -481,12 +454,8 @@ class Scheduler:
 
     @transactional()
     def abort(self, uid: int) -> list[Event]:
-        """End ``uid`` with finish reason ``abort``, wherever it is.
-
-        A queued (or preempted) request leaves the queue; a prefilling one finishes and
-        its row is evicted by the first ``filter()`` after its group joins; a running row
-        finishes and is evicted by the next ``filter()``. Aborting a finished uid is a
-        documented no-op (returns ``[]``).
+        """End ``uid`` with finish reason ``abort`` wherever it is (queued: it leaves the
+        queue; prefilling or running: evicted by a later ``filter()``); a finished uid: ``[]``.
 
         Raises:
             KeyError: for a uid that was never submitted.
@@ -503,9 +472,9 @@ class Scheduler:
 
     @transactional()
     def preempt(self, uid: int) -> list[Event]:
-        """Preempt running row ``uid``: drop its cache row now and re-queue it (original
-        arrival order) to resume from its prompt plus the tokens generated so far; its
-        greedy output equals an uninterrupted run. Returns the ``preempt`` event.
+        """Drop running row ``uid``'s cache row and re-queue it (arrival order) to resume
+        from its prompt plus its tokens; greedy output equals an uninterrupted run. Returns the
+        ``preempt`` event.
 
         Raises:
             KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
@@ -532,13 +501,9 @@ class Scheduler:
         return [event]
 
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
-        """Drive ``admit(); step(); filter()`` until idle and return the :class:`Report`.
-
-        Args:
-            arrivals: ``(step, request)`` pairs submitted once ``step_index`` reaches
-                ``step`` (or at once when the engine would otherwise be idle).
-            max_steps: stop after this many decode steps (``None``: until idle).
-        """
+        """Drive ``admit(); step(); filter()`` until idle (or ``max_steps`` decode steps),
+        submitting ``arrivals`` ``(step, request)`` once ``step_index`` reaches ``step`` (at
+        once when the engine would otherwise be idle); returns the :class:`Report`."""
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
         while max_steps is None or self.step_index - start < max_steps:
@@ -579,12 +544,8 @@ class Scheduler:
         return self._identity_cache
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        """Return to ``checkpoint`` exactly; it stays valid for another restore.
-        Continuing gives the same tokens and events (times aside) as after it was taken.
-
-        Raises:
-            ValueError: for a checkpoint of another scheduler or model (nothing changes).
-        """
+        """Return to ``checkpoint`` exactly (it stays valid): continuing gives the same
+        tokens and events (times aside). Raises: ValueError for another scheduler's or model's."""
         check_owner(checkpoint, self.id, self.model)
         self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
         if (
@@ -592,21 +553,11 @@ class Scheduler:
         ):  # taken with the latest snapshot: keep it there
             self.recorder.keep_checkpoint(checkpoint, self.config.history_checkpoints)
 
-    def history_checkpoint(self, index: int) -> Checkpoint | None:
-        """Deprecated: ``history.checkpoint(index)``."""
-        return self.history.checkpoint(index)
-
     def fork(self, **changes: Any) -> "Scheduler":
-        """An independent scheduler in this one's state, sharing the model weights (never
-        a copy): a what-if branch. ``changes`` replace decision settings of the fork only
-        (:meth:`SchedulerConfig.fork_fields`, and ``clock``), e.g. ``policy="priority"``.
-
-        A fork that keeps checkpoints (``history_checkpoints``) keeps one of the state it
-        starts from, with the inherited latest snapshot when that snapshot shows this state
-        (else with the snapshot it records on its first ``snapshot(record=True)``), so
-        :meth:`restore` can return to where it forked. The original's checkpoints stay in
-        the fork's history (``workbench.verify.layers.localize`` reads them); ``restore``
-        takes only the fork's own.
+        """An independent scheduler in this one's state, sharing the model weights: a
+        what-if branch. ``changes`` replace the fork's decision settings
+        (:meth:`SchedulerConfig.fork_fields`, and ``clock``). With ``history_checkpoints`` it keeps a
+        checkpoint of the state it starts from, so :meth:`restore` can return to where it forked.
 
         Raises:
             ValueError: for a setting a fork may not change, or an invalid value.
@@ -629,11 +580,8 @@ class Scheduler:
         return Scheduler(self.model, self.tokenizer, self._asked, **{**self._extras, **changes})
 
     def check(self) -> Integrity:
-        """Check the engine's integrity: every request in the place its status says, no
-        uid lost, each layer's cache offsets and widths equal to the scheduler's token
-        counts, each row's text equal to what its tokens decode to
-        (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
-        (``.ok``, ``.problems``; ``print`` it). Raises nothing; changes nothing."""
+        """The engine's :class:`Integrity` (:mod:`workbench.engine.integrity`: places, uids,
+        cache offsets and texts agree; ``.ok``, ``.problems``). Raises nothing; changes nothing."""
         return check_state(self.state, self.tokenizer)
 
     # -- reading a request ------------------------------------------------------------
@@ -648,12 +596,8 @@ class Scheduler:
             raise KeyError(f"uid {uid!r} is unknown ({known})") from None
 
     def request(self, uid: int) -> RequestView:
-        """A frozen :class:`RequestView` of ``uid`` now: status, prompt ids, tokens,
-        log-probs, finish reason, error, text. The readers below are its thin aliases.
-
-        Raises:
-            KeyError: for an unknown uid. ValueError: for a uid that is not an int.
-        """
+        """A frozen :class:`RequestView` of ``uid`` now (the readers below are its aliases).
+        Raises: KeyError for an unknown uid, ValueError for a uid that is not an int."""
         return RequestView.of(self._state_of(uid), self.tokenizer)
 
     def status(self, uid: int) -> Status:
@@ -694,18 +638,12 @@ class Scheduler:
 
     def stream(self, uid: int, logprobs: bool = False) -> Iterator[str] | Iterator[StreamChunk]:
         """Text pieces of ``uid`` as they settle, driving ``admit(); step(); filter()``
-        until it finishes (other rows advance too). Pieces never end in half a multi-byte
-        character nor in a tail that may become a stop string; joined, they equal
-        :meth:`text` (what the row already had comes first). Mirrors mlx-lm's
-        ``stream_generate`` text segments.
+        until it finishes; never half a character or a tail that may become a stop string; joined,
+        :meth:`text` (mlx-lm's ``stream_generate`` segments). ``logprobs=True``: each piece as a
+        :class:`~workbench.engine.view.StreamChunk` with its tokens and log-probs.
 
-        With ``logprobs=True`` it yields :class:`~workbench.engine.view.StreamChunk` s
-        instead: each new text piece with the tokens read since the previous chunk, their
-        log-probs and top-k log-probs (a chunk whenever either grows; joined, the texts are
-        :meth:`text` and the tokens :meth:`tokens`).
-
-        Raises: KeyError for an unknown uid; whatever an engine call raises (the engine
-        is then as before that call)."""
+        Raises: KeyError for an unknown uid; whatever an engine call raises.
+        """
         for _, piece in self._stream([self._state_of(uid).uid], logprobs):
             yield piece
 
@@ -718,102 +656,35 @@ class Scheduler:
         return self._stream(None, logprobs)
 
     def _stream(self, uids: list[int] | None, chunks: bool = False) -> Iterator[tuple[int, Any]]:
-        sent: dict[int, int] = {}  # characters handed out per uid
-        read: dict[int, int] = {}  # tokens handed out per uid (chunks)
-        done: set[int] = set()  # uids finished and fully handed out: never read again
-
-        def pieces() -> Iterator[tuple[int, Any]]:
-            for u in uids if uids is not None else list(self.state.requests):
-                state = self.state.requests[u]
-                if u in done:
-                    continue
-                ready = state.text(self.tokenizer).ready
-                text, t0, t1 = ready[sent.get(u, 0) :], read.get(u, 0), len(state.tokens)
-                sent[u], read[u] = len(ready), t1
-                if chunks and (text or t1 > t0):
-                    yield u, StreamChunk.of(state, text, t0, t1)
-                elif text and not chunks:
-                    yield u, text
-                if state.finished:
-                    done.add(u)
-
-        yield from pieces()
-        while not (self.idle if uids is None else all(self.state.requests[u].finished for u in uids)):
-            self._iterate()
-            yield from pieces()
-
-    def finished_greedy_uids(self) -> list[int]:
-        """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
-        return [
-            u
-            for u, s in self.state.requests.items()
-            if s.valid.request.greedy and s.finish_reason in ("stop", "length")
-        ]
+        return stream_pieces(
+            lambda: self.state.requests, self.tokenizer, uids, chunks, self._iterate, lambda: self.idle
+        )
 
     # -- observing --------------------------------------------------------------------
     def snapshot(self, record: bool = False) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it. Waits for an
-        in-flight forward when the batch's arrays are still being computed.
-
-        Pure by default: it changes nothing (the engine records :attr:`history` itself).
-        With ``record=True`` it is also appended to :attr:`history`, unless nothing happened
-        (no event) since the last one there: for views that show the engine after calls
-        that do not change the batch (e.g. ``submit``)."""
+        """Frozen numpy view of the batch as the next ``step()`` will see it (waits for a
+        forward in flight). Pure by default; ``record=True`` also appends it to :attr:`history`
+        unless no event happened since the last one there.
+        """
         if not record or not self.history.maxlen:
             return self._capture()()
         if self.recorder.stale:
             self._record()
         return self.history[-1]
 
-    def record(self) -> Snapshot:
-        """Deprecated: ``snapshot(record=True)``."""
-        return self.snapshot(record=True)
-
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics), built
         when first read: calling it costs the same however long the session."""
 
-        def text(tokens: list[int], uid: int) -> str:  # from the report's own token events
-            state = self.state.requests.get(uid)  # absent after a restore to before its submit
-            if state is None:
-                return self.tokenizer.decode(tokens)
-            done = len(tokens) == len(state.tokens) and state.finished  # else the report ends mid-row
-            return visible_text(
-                self.tokenizer,
-                tokens,
-                state.finish_reason if done else None,
-                state.valid.stop_ids,
-                state.valid.stop,
-            )  # finalized: all its tokens shown
-
-        return build_report(self.events, text)
+        return build_report(self.events, report_text(lambda: self.state.requests, self.tokenizer))
 
     def _capture(self) -> Callable[[], Snapshot]:
         st = self.state
-        return capture(
-            st.batch,
-            st.step_index,
-            queue=self.queue,
-            kv_budget_bytes=self.config.kv_budget_bytes,
-            serial_reason=self.serial_reason,
-            kv_projected_bytes=self.kv_projected_bytes,
-            prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
-            **self.layout.snapshot_fields(st),
-            **lora.snapshot_fields(self.adapters),
-            **self._memory_fields(),
+        fields = dict(
+            queue=self.queue, serial_reason=self.serial_reason, **lora.snapshot_fields(self.adapters)
         )
-
-    def _memory_fields(self) -> dict[str, int]:
-        """The snapshot's byte readings beside ``kv_bytes``: the prefilling group's and the
-        prompt cache's bytes, and MLX's measured active and peak memory."""
-        held = self.ledger.held(self.state)
-        active, peak = measured_memory()
-        return dict(
-            prefill_kv_bytes=held.prefill_bytes,
-            prompt_cache_bytes=held.prompt_cache_bytes,
-            shared_prompt_bytes=held.shared_prompt_bytes,
-            active_memory_bytes=active,
-            peak_memory_bytes=peak,
+        return engine_capture(
+            st, self.ledger, self.config.kv_budget_bytes, self.layout.snapshot_fields(st), fields
         )
 
     def _record(self) -> None:
@@ -834,6 +705,34 @@ def _deprecated_alias(name: str, read: Callable[[Scheduler], Any]) -> property:
 for _name in ("max_batch", "prefill_step_size", "max_kv_size", "kv_budget_bytes", "history_checkpoints"):
     setattr(Scheduler, _name, _deprecated_alias(_name, lambda self, _n=_name: getattr(self.config, _n)))
 Scheduler.kv_quant = _deprecated_alias("kv_quant", lambda self: self.recipe.kv_quant)
+
+
+def _history_checkpoint(self: Scheduler, index: int) -> Checkpoint | None:
+    """Deprecated: ``history.checkpoint(index)``."""
+    return self.history.checkpoint(index)
+
+
+def _record_snapshot(self: Scheduler) -> Snapshot:
+    """Deprecated: ``snapshot(record=True)``."""
+    return self.snapshot(record=True)
+
+
+def _finished_greedy_uids(self: Scheduler) -> list[int]:
+    """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
+    return [
+        u
+        for u, s in self.state.requests.items()
+        if s.valid.request.greedy and s.finish_reason in ("stop", "length")
+    ]
+
+
+for _name, _method in (
+    ("history_checkpoint", _history_checkpoint),
+    ("record", _record_snapshot),
+    ("finished_greedy_uids", _finished_greedy_uids),
+):  # deprecated methods, kept out of the class body
+    _method.__name__, _method.__qualname__ = _name, f"Scheduler.{_name}"
+    setattr(Scheduler, _name, _method)
 
 
 def _signature() -> inspect.Signature:

@@ -196,3 +196,29 @@ def test_two_schedulers_on_two_models_in_two_threads_give_the_bits_of_each_alone
     b.run()  # what B has left after A finished
     assert _bits(a, a_uids) == want_a
     assert _bits(b, b_uids) == want_b
+
+
+def test_hooks_reach_this_models_layers_only_and_compute_mlxs_call_with_no_hook_set():
+    """Hooked per instance: another instance of the same class keeps MLX's class; a
+    subclass overriding its call is left alone; with no hook set a hooked projection gives
+    MLX's bits, and with one set only this model's projection runs it."""
+    import mlx.core as mx
+
+    from workbench.engine.model_hooks import hooks_of
+
+    class Own(nn.Linear):
+        def __call__(self, x):
+            return x
+
+    model, other = nn.Sequential(nn.Linear(4, 3), Own(4, 4)), nn.Sequential(nn.Linear(4, 3))
+    other.layers[0].update(model.layers[0].parameters())
+    x = mx.random.normal((2, 4), key=mx.random.key(1))
+    want = other.layers[0](x)
+    hooks = hooks_of(model, projections=True)
+    lin, own = model.layers
+    assert type(lin) is not nn.Linear and hooked_class_of(lin) is nn.Linear and type(own) is Own
+    assert type(other.layers[0]) is nn.Linear
+    assert mx.array_equal(lin(x), want).item()
+    with hooks.using(projections=lambda module, plain, x: plain(module, x) * 0):
+        assert not lin(x).any().item() and mx.array_equal(other.layers[0](x), want).item()
+    assert mx.array_equal(lin(x), want).item()

@@ -156,6 +156,15 @@ def _hooked_projection_class(cls: type) -> type:
     return _HOOKED_PROJECTIONS[cls]
 
 
+def _plain_projection(module: Any) -> bool:
+    """Whether ``module`` projects with MLX's own method (``nn.Linear.__call__``, ...): a
+    subclass that overrides it is left as it is."""
+    for base, name in _PROJECTION_METHODS:
+        if isinstance(module, base):
+            return getattr(type(module), name) is base.__dict__[name]
+    return False
+
+
 def hooked_class_of(module: Any) -> type:
     """The MLX or mlx-lm class ``module`` is an instance of, hooked or not."""
     cls = type(module)
@@ -183,7 +192,7 @@ def hooks_of(model: Any, projections: bool = False) -> ModelHooks:
         object.__setattr__(model, HOOKS, hooks)
     if projections and not hooks.projections_hooked:
         for _, m in model.named_modules():
-            if isinstance(m, tuple(base for base, _ in _PROJECTION_METHODS)) and HOOKS not in m.__dict__:
+            if _plain_projection(m) and HOOKS not in m.__dict__:
                 m.__class__ = _hooked_projection_class(type(m))
                 object.__setattr__(m, HOOKS, hooks)
         hooks.projections_hooked = True

@@ -300,7 +300,7 @@ def test_a_device_without_the_quantized_kernel_attends_by_dequantizing(make_sche
     sched, uids = _run(make_sched, prompt, bits, max_batch=3)
     assert sched.recipe.kv_quant.attention == "dequantize"
     assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
-    with attention_path("dequantize"):
+    with attention_path(sched.model, "dequantize"):
         report = oracle.solo_check(sched.model, sched)
     _assert_rows_match(report)
 

@@ -14,7 +14,8 @@ from mlx_lm.models.cache import BatchKVCache
 
 import workbench as wb
 from tests.engine import drafting
-from workbench.engine.levers.speculative import accepted_counts, lookup_drafts, trim_rows
+from workbench.engine.kv.trim import trim_rows
+from workbench.engine.levers.speculative import accepted_counts, lookup_drafts
 from workbench.runtime.loading import DATA_DIR
 from workbench.verify import oracle
 

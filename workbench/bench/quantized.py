@@ -122,7 +122,7 @@ def step_cost(
 
     def step(s: Setting) -> Callable[[], mx.array]:
         def forward() -> mx.array:
-            with attention_path(paths[s]):  # the path a scheduler with this setting takes
+            with attention_path(model, paths[s]):  # the path a scheduler with this setting takes
                 return mx.argmax(model(token, cache=caches[s])[:, -1, :], axis=-1)
 
         return forward

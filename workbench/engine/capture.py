@@ -16,6 +16,7 @@ import numpy as np
 from ..observe.snapshot import LayerGroup, Snapshot, frozen
 from .batch import Batch
 from .kv import caches as kv
+from .kv.ledger import measured_memory
 
 
 def _group_geometries(batch: Batch) -> list[tuple[str, tuple[str, ...], int, kv.Geometry]]:
@@ -95,3 +96,28 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
         )
 
     return build
+
+
+def engine_capture(
+    st: Any, ledger: Any, kv_budget_bytes: int | None, layout_fields: dict, fields: dict
+) -> Callable[[], Snapshot]:
+    """:func:`capture` of the engine state ``st``: its batch and step, the prefilling
+    group's progress, ``ledger``'s byte readings (projected, prefill, prompt cache, shared
+    prompts) and MLX's measured active and peak memory, with ``layout_fields`` (the layout's
+    own, e.g. ``packed``) and ``fields`` (``queue``, ``serial_reason``, adapters)."""
+    held = ledger.held(st)
+    active, peak = measured_memory()
+    return capture(
+        st.batch,
+        st.step_index,
+        kv_budget_bytes=kv_budget_bytes,
+        kv_projected_bytes=ledger.projected_bytes(st),
+        prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
+        prefill_kv_bytes=held.prefill_bytes,
+        prompt_cache_bytes=held.prompt_cache_bytes,
+        shared_prompt_bytes=held.shared_prompt_bytes,
+        active_memory_bytes=active,
+        peak_memory_bytes=peak,
+        **layout_fields,
+        **fields,
+    )

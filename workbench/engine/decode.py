@@ -14,7 +14,7 @@ Axis letters: ``B`` rows, ``V`` vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,3 +140,14 @@ def sample_pending(
     if asynchronous is not None:
         (mx.async_eval if asynchronous else mx.eval)(*pending.arrays())
     return pending
+
+
+def row_context(row: Any, pending: Pending | None, b: int) -> Callable[[], mx.array]:
+    """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one at row ``b`` of
+    ``pending``) for its logits processors: built only when asked."""
+
+    def build() -> mx.array:
+        known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
+        return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
+
+    return build

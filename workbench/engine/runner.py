@@ -184,7 +184,10 @@ class ModelRunner:
         distribution of its next (first new) token, launched asynchronously when
         pipelining."""
         last = mx.array(group.last_tokens, dtype=mx.uint32)
-        with selected(self.adapters, names_of(group.states)), attention_path(self._quantized_attention):
+        with (
+            selected(self.adapters, names_of(group.states)),
+            attention_path(self.model, self._quantized_attention),
+        ):
             return self._join_forward(group, last, contexts)
 
     def _join_forward(
@@ -229,7 +232,7 @@ class ModelRunner:
         with (
             selected(self.adapters, names_of(batch.rows)),
             invariant_forward(self.model, self.invariant, held),
-            attention_path(self._quantized_attention),
+            attention_path(self.model, self._quantized_attention),
             decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path,
         ):
             batch.fast_path = path or "none"
@@ -281,7 +284,7 @@ class ModelRunner:
             ]
         with (
             selected(self.adapters, names_of([group.prefilled[b] for b in rows])),
-            attention_path(self._quantized_attention),
+            attention_path(self.model, self._quantized_attention),
         ):
             return prefill.run_chunk(*args)
 

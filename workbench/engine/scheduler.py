@@ -1,26 +1,25 @@
 """The step-at-a-time continuous-batching scheduler.
 
-Knows: the queue, the joining (prefilling) group, the running rows, the admission
-policy, the event log. Uses: :mod:`workbench.engine.kv.caches` for mlx-lm's batch caches,
-:mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`. Must not know: views, Jupyter.
+Knows: the life of requests: the queue, their statuses, the admission policy, reading each
+token (stop ids, stop strings, grammars, ``max_tokens``), the event log, transactions and
+checkpoints. Uses: a layout (:mod:`workbench.engine.layouts`, chosen once at construction)
+that owns the batch's caches and the forward. Must not know: how rows sit in the batch,
+views, Jupyter.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
 
     submit ─▶ queue ─admit()─▶ prefilling group ─admit()…─▶ running rows ─step()─▶ tokens ─filter()─▶ evicted
              [insert] {add_request}     (chunked prefill)        [next] {schedule}       [remove] {update_from_output}
 
-- ``admit()`` forms a prefilling group from the queue (:mod:`workbench.engine.admission`),
-  runs prefill chunks of ``prefill_step_size`` tokens (one per call with
-  ``interleave_prefill``), and when the group's prompts are cached *joins* it: one
-  ``[n, 1]`` forward computes each joiner's first-token distribution (as mlx-lm's
-  ``GenerationBatch``), then each joiner takes a free slot or joins by ``extend``.
-- ``step()`` reads one token per running row and feeds it: one ``[B, 1]`` forward,
-  launched before the read with ``pipeline`` (mlx-lm's ``GenerationBatch._step``). So a
-  joiner's first token is computed in ``admit()`` and read, and timed, in the next
-  ``step()``: TTFT runs from ``submit`` to that ``token`` event.
-- ``filter()`` evicts finished rows; with ``reuse_slots`` their cache rows stay free
-  slots for the next join, and free slots nobody fills are dropped with ``filter`` before
-  any forward runs over them.
+- ``admit()`` forms groups from the queue (:mod:`workbench.engine.admission`) and hands
+  them to the layout, which prefills and joins them (padded: chunks of
+  ``prefill_step_size``, then one ``[n, 1]`` join forward as mlx-lm's ``GenerationBatch``;
+  packed: the rows enter the batch and prefill inside ``step()``'s forwards).
+- ``step()`` has the layout run one forward (padded ``[B, 1]``, launched before the read
+  with ``pipeline``; packed ``[1, T]``) and reads the tokens it yields. A joiner's first
+  token is read, and timed, in a ``step()``: TTFT runs from ``submit`` to that ``token``.
+- ``filter()`` evicts finished rows (padded, with ``reuse_slots``: their cache rows stay
+  free slots for the next join).
 
 Invariant between calls: every running row's latest token is in the cache, and the
 distribution of its next token is pending. So a snapshot's masks are those of the next
@@ -40,7 +39,6 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields, replace
-from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -53,30 +51,22 @@ from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import shared_prompts
 from .admission import Admission, Decision, policy_from
-from .batch import Batch
-from .capture import capture
+from .capture import engine_capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
 from .checkpoint_io import identity_of
 from .config import SchedulerConfig
-from .decode import Pending, sample_pending
 from .integrity import Integrity, check_state
 from .kv import caches as kv
-from .kv.ledger import KVLedger, measured_memory
-from .kv.promptcache import PromptCache
-from .levers import constrained, fastpath, invariant, lora, quantized_kv, speculative
-from .levers.pacing import Pacer, pacing_from
-from .levers.packed_pacing import PackedPacer
-from .packed import families as packed_families
-from .packed.batch import PackedBatch
-from .packed.ledger import PageLedger
-from .probe import probe
+from .layouts.layout import Read
+from .layouts.packed import PackedLayout
+from .layouts.padded import PaddedLayout
+from .levers import constrained, invariant, lora, quantized_kv
 from .request import Request, ValidRequest, context_limit, validate
-from .runner import ModelRunner, Prefilling
 from .sampling import RowSampler
 from .siblings import check_samples
 from .state import RequestState, Status
-from .text import visible_text
-from .view import RequestView, StreamChunk
+from .text import report_text
+from .view import RequestView, StreamChunk, stream_pieces
 
 _IDS = itertools.count()
 
@@ -117,28 +107,18 @@ def config_of(
 class Scheduler:
     """A continuous-batching engine over an mlx-lm model, driven one call at a time.
 
-    ``Scheduler(model, tokenizer, config=None, *, clock=time.perf_counter,
-    prompt_cache=None, adapters=None, **settings)``: ``model`` an mlx-lm model
-    (``mlx_lm.load``) whose every layer's cache batches, ``tokenizer`` its
-    ``TokenizerWrapper``; the settings (:class:`SchedulerConfig`, ``help(wb.SchedulerConfig)``)
-    as a config, as keywords, or both (keywords win: ``dataclasses.replace``), held in
-    :attr:`config`; ``clock`` ``() -> seconds`` (inject a fake one for deterministic
-    metrics); ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size`` (with
-    ``layout="packed"`` an int: prefix caching, at most that many unreferenced pages kept); ``adapters``
-    LoRA adapters ``{name: folder}`` (:mod:`workbench.engine.levers.lora`).
-
-    Every call that changes the engine (``submit``, ``admit``, ``step``, ``filter``,
-    ``abort``, ``preempt``; ``run`` loops over them) is a transaction: an exception escaping
-    it, ``KeyboardInterrupt`` included, leaves the engine as before the call. A model that
-    cannot batch rows of different lengths (:func:`workbench.engine.probe.probe`) runs in a
-    serial lane: ``config.max_batch`` is 1 and :attr:`serial_reason` says why.
+    ``Scheduler(model, tokenizer, config=None, *, clock=time.perf_counter, prompt_cache=None,
+    adapters=None, **settings)``: the settings (``help(wb.SchedulerConfig)``) as a config,
+    keywords, or both (keywords win), held in :attr:`config`; ``clock`` ``() -> seconds``;
+    ``prompt_cache`` an mlx-lm ``LRUPromptCache`` or its ``max_size`` (``layout="packed"``: the
+    most unreferenced pages kept); ``adapters`` LoRA adapters ``{name: folder}``. Every call
+    that changes the engine is a transaction: an exception escaping it, ``KeyboardInterrupt``
+    included, leaves the engine as before. A model that cannot batch rows of different lengths
+    runs in a serial lane (``max_batch`` 1; :attr:`serial_reason` says why).
 
     Raises:
-        ValueError: a setting outside its limits (naming it); ``max_kv_size`` on a model with
-            its own ``make_cache``; a cache type that cannot batch (naming the layer);
-            ``kv_bits`` / ``kv_group_size`` / ``fast_decode`` / ``pacing`` / ``adapters`` not
-            valid for the model, or ``kv_bits`` or ``adapters`` with ``prompt_cache``.
-        TypeError: an unknown setting.
+        ValueError: a setting outside its limits or not valid for the model, layout or the
+            other settings, naming it. TypeError: an unknown setting.
     """
 
     def __init__(
@@ -164,12 +144,9 @@ class Scheduler:
         )  # forks share the bank
         self.recipe = kv.CacheRecipe(model, asked.max_kv_size, quant)
         self.packed = asked.layout == "packed"
-        if self.packed:
-            packed_families.check_model(model)
-            packed_families.check_settings(asked, prompt_cache, adapters)
-        self.serial_reason = (
-            probe(model, asked.max_kv_size) if asked.max_batch > 1 and not self.packed else ""
-        )
+        Layout = PackedLayout if self.packed else PaddedLayout  # the one choice of layout
+        Layout.check(model, asked, prompt_cache, adapters)
+        self.serial_reason = Layout.serial_reason(model, asked)
         cfg = self.config = replace(asked, max_batch=1, prompt_concurrency=1) if self.serial_reason else asked
         self.vocab_size = vocab_size(model, tokenizer)
         self.context_tokens, self.context_field = context_limit(model)
@@ -178,80 +155,17 @@ class Scheduler:
         self.batch_invariant = invariant.configure(
             model, cfg.batch_invariant, cfg.max_kv_size, quant, cfg.kv_budget_bytes
         )
-        self.speculation = self._speculation(quant)
-        fast = fastpath.FastDecode.of(False if self.batch_invariant else cfg.fast_decode, self.adapters)
-        self.runner = ModelRunner(self.recipe, cfg, self.adapters, fast, self.batch_invariant)
         self.recorder = Recorder(clock, cfg.history_size)
-        self.pacing = pacing_from(cfg.pacing)
-        self.pacer = self._pacer()
-        self.ledger = KVLedger(
-            self.recipe.profile(),
-            cfg,
-            self.pacing is None and prompt_cache is None and quant is None,
-            chunked_padding=self.runner.chunks_padding(),
+        self.layout = Layout(
+            model, cfg, self.recipe, self.adapters, self.batch_invariant, quant, prompt_cache, self.vocab_size
         )
-        cache = None if prompt_cache is None or self.packed else self._prompt_cache(prompt_cache, quant)
-        self.state = EngineState(Batch(cfg.reuse_slots), np.random.default_rng(cfg.seed), prompt_cache=cache)
-        if self.packed:
-            self._use_pages()
+        self.ledger, self.pacer, self.pacing = self.layout.ledger, self.layout.pacer, self.layout.pacing
+        self.speculation = self.layout.speculation
+        rng = np.random.default_rng(cfg.seed)
+        self.state = EngineState(self.layout.new_batch(), rng, prompt_cache=self.layout.prompt_cache())
         self._in_call = False
 
-    def _pacer(self) -> Pacer | None:
-        """The pacing's running estimates: a :class:`PackedPacer` (per-forward token caps)
-        in the packed layout, a :class:`Pacer` (prefill chunks per ``admit()``) in the
-        padded one; ``None`` with pacing off."""
-        if self.pacing is None:
-            return None
-        if self.packed:
-            return PackedPacer(self.pacing, self.config.token_budget)
-        return Pacer(self.pacing, self.config.prefill_step_size)
-
-    def _speculation(self, quant: Any) -> Any:
-        """The speculation settings checked against the model and the other levers
-        (:func:`workbench.engine.levers.speculative.configure`); ``None``: off."""
-        cfg = self.config
-        return speculative.configure(
-            self.model,
-            cfg.speculative,
-            cfg.num_draft_tokens,
-            batch_invariant=cfg.batch_invariant,
-            kv_quant=quant,
-            adapters=self.adapters,
-            vocab_size=self.vocab_size,
-            prefill_step_size=cfg.prefill_step_size,
-            max_kv_size=cfg.max_kv_size,
-        )
-
-    def _prompt_cache(self, prompt_cache: Any, quant: Any) -> PromptCache:
-        """The engine's view of the user's mlx-lm prompt cache, keyed by all that shapes a
-        cache (model, window, KV quantization, adapters, fast paths, the invariant mode)."""
-        aligned = self.config.prefill_step_size if self.batch_invariant else None
-        return PromptCache(
-            self.model,
-            prompt_cache,
-            self._asked.max_kv_size,
-            aligned,
-            kv_quant=quant,
-            adapters=self.adapters,
-            fast_decode=self.runner.fast_decode,
-        )
-
-    def _use_pages(self) -> None:
-        """The packed layout's batch and books (:mod:`workbench.engine.packed`): pages of
-        ``page_size`` positions, ``page_size * full_token_bytes`` bytes each; an int
-        ``prompt_cache`` turns on prefix caching (at most that many unreferenced pages kept)."""
-        cfg = self.config
-        page_bytes = cfg.page_size * self.ledger.base.full_token_bytes
-        max_pages = None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // page_bytes
-        self.ledger = PageLedger(cfg.page_size, page_bytes, cfg)
-        self.state.batch = PackedBatch(
-            cfg.page_size,
-            page_bytes,
-            len(self.model.model.layers),
-            max_pages,
-            self._extras["prompt_cache"],
-            decode_kernel=False if cfg.fast_decode is False else None,  # fast_decode=False: MLX ops only
-        )
+    runner = property(lambda self: self.layout.runner, doc="The padded layout's :class:`ModelRunner`.")
 
     @contextlib.contextmanager
     def _transaction(self, prompt_cache: bool = False):
@@ -355,19 +269,13 @@ class Scheduler:
 
     @transactional()
     def submit_n(self, request: Request | dict, n: int) -> list[int]:
-        """Queue ``n`` samples of ``request``: sample ``i`` is ``request`` with seed
-        ``seed + i`` (``seed`` the request's own, else one drawn from the scheduler's
-        seed), so it draws exactly the tokens ``Request(seed=seed + i)`` draws alone. Samples
-        admitted together share one prefill: the prompt runs once and its cache row is
-        copied into every sample's row (:mod:`workbench.engine.siblings`); samples admitted
-        later start from a copy of that prefilled row, held while they wait
-        (:mod:`workbench.engine.shared_prompts`). Returns their
-        uids, consecutive; each is an ordinary request afterwards (``abort``, ``preempt``,
-        ``tokens`` one by one). Like vLLM's ``SamplingParams(n=...)``.
+        """Queue ``n`` samples of ``request``, sample ``i`` with seed ``seed + i`` (the
+        request's own, else one drawn), so it draws the tokens ``Request(seed=seed + i)`` draws
+        alone; samples share one prefill (:mod:`~workbench.engine.siblings`,
+        :mod:`~workbench.engine.shared_prompts`). Returns their uids, consecutive. vLLM's ``n``.
 
         Raises:
-            ValueError: ``n`` not an int in ``[1, MAX_SAMPLES]`` (1024), or what
-                :meth:`submit` raises for the request (nothing is queued then).
+            ValueError: ``n`` not an int in ``[1, 1024]``, or what :meth:`submit` raises.
         """
         check_samples(n)
         if isinstance(request, dict):
@@ -383,88 +291,18 @@ class Scheduler:
     # -- the engine calls -------------------------------------------------------------
     @transactional(prompt_cache=True, idle="admit")
     def admit(self) -> list[Event]:
-        """Admission and prefill. Returns the events of this call (``admit``, ``prefill``,
-        ``join``, and ``preempt`` for rows preempted to make room).
-
-        Forms a prefilling group from the queue when none is in progress
-        (:class:`Admission`), runs its prefill chunks (at most one per call with
-        ``interleave_prefill``), and joins it to the running batch once its prompts are
-        cached. After a join it forms and starts the next group in the same call if the
-        chunk budget allows.
+        """Admission and prefill: the layout prefills and joins groups the admission
+        chose (:mod:`workbench.engine.layouts`). Returns this call's events (``admit``,
+        ``prefill``, ``join``, and ``preempt`` for rows preempted to make room).
         """
         start = len(self.events)
-        if self.packed:
-            self._start_group()  # joiners enter the batch; their prefill runs in step()
-        elif self.pacer is None:
-            self._admit_fixed()
-        else:
-            self._admit_paced()
+        for limit in self.layout.admit(self.state, self.recorder):  # the layout asks for a group
+            self._start_group(limit)
         dropped = self.state.batch.compact()  # free slots no joiner took
         if len(self.events) > start or dropped:
             self._record()
-        if self.pacer is not None:
-            self.pacer.end_iteration(self.clock())
+        self.layout.end_iteration(self.clock)
         return self.events[start:]
-
-    def _admit_fixed(self) -> None:
-        """Chunks of ``prefill_step_size``: one per call with ``interleave_prefill``, else
-        until the queue is prefilled (or the batch is full)."""
-        chunks = 0
-        while self.state.prefilling is not None or self._start_group():
-            group = self.state.prefilling
-            if group.prefill.done:
-                self._join(group)
-                continue
-            if self.config.interleave_prefill and chunks >= 1:
-                break
-            self._run_chunk(group)
-            chunks += 1
-
-    def _admit_paced(self) -> None:
-        """Prefill chunks, joins and new groups while they fit this iteration's time
-        budget (:class:`~workbench.engine.levers.pacing.Pacer`); at least one chunk."""
-        st, pacer = self.state, self.pacer
-        now_s, rows = self.clock(), len(st.batch.rows)
-        width = max((r.context_tokens for r in st.batch.rows), default=0)  # the widest context (tokens)
-        pacer.begin_iteration(now_s, st.step_index, rows, width)
-        budget_s, ran = pacer.prefill_budget_s(rows, width), False
-        while st.prefilling is not None or self._start_group(self._group_limit(budget_s, ran)):
-            group = st.prefilling
-            if group.prefill.done:
-                join_s = pacer.decode_s(len(group.states), width)
-                if ran and join_s > budget_s:
-                    break
-                self._join(group)
-                budget_s, ran = budget_s - join_s, True
-                continue
-            b, pos, remaining = group.prefill.next_chunk()
-            k = pacer.chunk_tokens(budget_s, b, pos, remaining, first=not ran)
-            if k == 0:
-                break
-            t0 = self.clock()
-            real = self._run_chunk(group, k)
-            elapsed = self.clock() - t0
-            pacer.observe_prefill(b, max(real), pos, elapsed)
-            budget_s, ran = budget_s - elapsed, True
-
-    def _group_limit(self, budget_s: float, ran: bool) -> int | None:
-        """Most padded prefill tokens (rows x longest input) a new group may bring, so
-        that it fits what is left of the budget; ``0`` when not even a first chunk fits
-        (start no group now), ``None`` for no limit."""
-        if budget_s == float("inf"):
-            return None
-        return self.pacer.chunk_tokens(budget_s, 1, 0, self.config.prefill_step_size, first=not ran)
-
-    def _run_chunk(self, group: Prefilling, tokens: int | None = None) -> list[int]:
-        """One prefill chunk of ``group`` (``tokens`` long, default ``prefill_step_size``)
-        and its ``prefill`` events (a batched group's member with no real token in the
-        chunk still rides in its forward: ``n_tokens=0``); returns the real tokens per member."""
-        real = self.runner.run_chunk(group, tokens)
-        batched = not group.prefill.per_row
-        for s, k in zip(group.prefilled, real):  # one prefill row per distinct prompt of a submit_n group
-            if k or batched:
-                self._log("prefill", s.uid, n_tokens=k)
-        return real
 
     def _start_group(self, prefill_limit: int | None = None) -> bool:
         """Apply admission's decision: preempt, then start prefilling the chosen requests
@@ -489,11 +327,7 @@ class Scheduler:
         for s in chosen:
             s.status = Status.PREFILLING
         self.ledger.make_room(st, chosen)  # the prompt cache yields the bytes the group will take
-        if self.packed:
-            st.batch.add(chosen)
-        else:
-            st.prefilling = self.runner.start_prefill(chosen, st.prompt_cache, st.shared_prompts)
-            st.shared_prompts = shared_prompts.prune(st.shared_prompts, st.queue)  # what no sample waits for
+        self.layout.start(st, chosen)
         for s in chosen:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
@@ -513,34 +347,11 @@ class Scheduler:
             decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
         return decision
 
-    def _join(self, group: Prefilling) -> None:
-        """The join forward (each member's last input token), then the members enter the
-        batch (free slots or ``extend``); one ``join`` event each, with its mode."""
-        st = self.state
-        self.runner.hold_prompts(group, st.queue, st.shared_prompts, self.ledger.room_bytes(st))
-        group.expand()  # a submit_n group's prefilled row copied into each sample's row
-        for s in group.states:
-            s.fed = len(s.tokens)  # a resumed row's generated tokens are in its cache again
-            s.join_order, st.joins = st.joins, st.joins + 1
-            if not s.finished:  # aborted while prefilling: joins finished, evicted at filter
-                s.status = Status.RUNNING
-        contexts = [self._context(s, None, b) for b, s in enumerate(group.states)]
-        pending = self.runner.join_forward(group, contexts)
-        placed = st.batch.place(group.prefill.caches, group.states, pending)
-        kv.settle(st.batch.caches)  # the group's caches are freed now, not at the next forward
-        st.prefilling = None
-        for s, (row, mode) in zip(group.states, placed):
-            self._log("join", s.uid, row=row, n_tokens=len(s.valid.prompt_ids), join_mode=mode)
-
     @transactional()
     def step(self) -> list[Event]:
-        """One decode step: read one token per unfinished row, feed it (``[B, 1]``).
-
-        Returns the token events, then any finish events. With no running rows it is a
-        no-op that returns ``[]`` and does not advance ``step_index`` (warning, with a
-        ``UserWarning`` naming ``admit()``, when requests wait in the queue and none is
-        prefilling); so it is under a KV budget when every row has finished (feeding them
-        would only grow the caches past what admission projected; ``filter()`` evicts them).
+        """One decode forward: read one token per unfinished row and feed it. Returns the
+        token events, then any finish events. With no running row (or, under a KV budget, only
+        finished ones) a no-op returning ``[]``, warning when requests wait unadmitted.
         """
         st, batch = self.state, self.state.batch
         if not batch.rows and st.queue and st.prefilling is None:
@@ -555,35 +366,19 @@ class Scheduler:
             self.config.kv_budget_bytes is not None and all(r.finished for r in batch.rows)
         ):
             return []
-        if self.packed:
-            return self._step_packed()
-        batch.compact()
-        if self.speculation is not None:
-            return self._step_speculative()
-        current = batch.pending
-        contexts = [self._context(r, current, b) for b, r in enumerate(batch.rows)]
-        if self.config.pipeline:  # launch step n+1 from step n's unread tokens, then read step n
-            batch.pending = self.runner.decode(batch, current.tokens, contexts, True)
-        toks, lps, finite = current.read()
-        tops = current.read_top()
-        if not self.config.pipeline:
-            batch.pending = self.runner.decode(batch, current.tokens, contexts, False)
-        for row in batch.rows:
-            row.fed += 1
-        out, finished = self._read_pending(current, toks, lps, finite, tops)
-        return self._end_step(out, finished)
-
-    def _read_pending(
-        self, current: Pending, toks: list[int], lps: list[float], finite: list[bool], tops: dict[int, tuple]
-    ) -> tuple[list[Event], list[Event]]:
-        """Read each unfinished row's token of ``current`` with its top-k log-probs ``tops``
-        (:meth:`_read_token`). Returns the token events and the finish events."""
         out, finished = [], []
-        for b, row in enumerate(self.state.batch.rows):
-            if not row.finished:
-                message = current.errors.get(b) or ("" if finite[b] else "non-finite logits (NaN or inf)")
-                self._read_token(row, b, toks[b], lps[b], message, out, finished, tops.get(b, ()))
-        return out, finished
+        steps = self.layout.step(st, self.recorder)
+        while True:  # the layout yields each token it read (and the events the step returns)
+            try:
+                item = next(steps)
+            except StopIteration as done:
+                ran = done.value
+                break
+            if isinstance(item, Event):
+                out.append(item)
+            else:
+                self._read_token(item, out, finished)
+        return self._end_step(out, finished) if ran else out + finished
 
     def _end_step(self, out: list[Event], finished: list[Event]) -> list[Event]:
         """Count the step, clear MLX's cache every ``clear_cache_every`` steps, record."""
@@ -594,136 +389,11 @@ class Scheduler:
         self._record()
         return out + finished
 
-    def _step_packed(self) -> list[Event]:
-        """One packed forward's tokens: every running row's next token, then prefill chunks
-        of joining rows up to ``config.token_budget``; a joining row whose chunk ends its
-        inputs joins (``join`` event, mode ``"packed"``) with its first token. With
-        ``pipeline``, the next forward is built from this one's unread tokens and started
-        as soon as they are read, before the events (:meth:`_launch_packed`)."""
-        st, batch, cfg = self.state, self.state.batch, self.config
-        current = batch.launched
-        if current is None:
-            current = self._launch_packed()
-            if current is None:
-                return []
-            mx.async_eval(*current.outputs)
-        nxt = self._launch_packed(current) if cfg.pipeline and current.uids else None
-        read = current.pending.read() if current.pending is not None else mx.eval(*current.outputs)
-        if self.pacer is not None:  # the forward's measured time; the next one's starts now
-            read_s = self.clock()
-            self.pacer.observe(current.paced, read_s)
-            if nxt is not None:
-                nxt.paced = self.pacer.started(nxt.paced, read_s)
-        if nxt is not None:
-            mx.async_eval(*nxt.outputs)  # after the read: the pools are written in place then
-        batch.launched = nxt
-        out, finished = self._read_packed(current, read)
-        batch.after_read(nxt)
-        batch.last_chunks, batch.last_paced = current.chunks, current.paced
-        for row, held in zip(batch.rows, batch.held):
-            row.fed = max(0, held - len(row.valid.prompt_ids))
-        st.step_index += 1
-        if st.step_index % cfg.clear_cache_every == 0:
-            mx.clear_cache()
-        self._record()
-        return out + finished
-
-    def _launch_packed(self, after: Any = None) -> Any:
-        """Build the next packed forward and its sampling (lazy: not started), or ``None``
-        when nothing is planned. ``after``: a launched forward whose tokens are unread; the
-        next one counts them as known and feeds them, and is built only when it carries
-        decode tokens alone (a joiner admitted meanwhile waits one forward)."""
-        batch, cfg = self.state.batch, self.config
-        unread = batch.carried(after)  # rows that left since ``after`` was built take none of its tokens
-        chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
-        if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
-            return None
-        paced = None
-        if self.pacer is not None:  # prefill tokens capped to the time budget
-            plan = partial(batch.plan, schedule=cfg.packed_schedule, unread=unread)
-            paced = self.pacer.choose(plan, chunks, self.clock())
-            chunks = paced.chunks
-
-        def sample(logits: mx.array, sampled: list[int]) -> Pending:
-            rows = [batch.rows[b] for b in sampled]
-            contexts = [
-                self._context(r, after.pending if r.uid in unread else None, unread.get(r.uid, 0))
-                for r in rows
-            ]
-            index = [len(r.tokens) + (r.uid in unread) for r in rows]
-            return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
-
-        launched = batch.launch(self.model, chunks, sample, after)
-        launched.paced = paced
-        return launched
-
-    def _read_packed(self, current: Any, read: tuple | None) -> tuple[list[Event], list[Event]]:
-        """The events of a read packed forward: ``prefill`` per prefill chunk, then per
-        sampling row (``join`` for a joiner) its token, or its error. Rows that left the
-        batch or finished since it was launched are skipped, and so is a uid admitted
-        again since (preempted, then re-queued and admitted: :meth:`PackedBatch.carried`)."""
-        st, batch = self.state, self.state.batch
-        for c in current.chunks:
-            if c.kind != "decode":
-                self._log("prefill", c.uid, n_tokens=c.n_tokens)
-        out, finished = [], []
-        if read is None:
-            return out, finished
-        toks, lps, finite = read
-        tops = current.pending.read_top()
-        rows = {r.uid: b for b, r in enumerate(batch.rows)}
-        carried = batch.carried(current)
-        for i, uid in enumerate(current.uids):
-            b = rows.get(uid)
-            if uid not in carried or batch.rows[b].finished:
-                continue
-            row = batch.rows[b]
-            if row.status is Status.PREFILLING:
-                row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
-                self._log("join", row.uid, row=b, n_tokens=len(row.valid.prompt_ids), join_mode="packed")
-            message = current.pending.errors.get(i) or ("" if finite[i] else "non-finite logits (NaN or inf)")
-            self._read_token(row, b, toks[i], lps[i], message, out, finished, tops.get(i, ()))
-        return out, finished
-
-    def _step_speculative(self) -> list[Event]:
-        """``step()`` with speculation (:mod:`workbench.engine.levers.speculative`): read
-        each row's pending token, then one verify forward of it and the row's drafts; the
-        drafts each row accepted are its next tokens (a ``draft`` event per drafting row,
-        before their token events), up to where it finishes. Not pipelined: drafting reads the tokens."""
-        batch = self.state.batch
-        current = batch.pending
-        toks, lps, finite = current.read()
-        out, finished = self._read_pending(current, toks, lps, finite, current.read_top())
-        contexts = [self._context(r, None, b) for b, r in enumerate(batch.rows)]
-        verified = self.runner.speculate(batch, self.speculation, toks, contexts)
-        for b, row in enumerate(batch.rows):
-            row.fed += 1 + verified.accepted[b]
-            if verified.drafted[b]:
-                out.append(
-                    self._log(
-                        "draft", row.uid, row=b, n_tokens=verified.drafted[b], n_accepted=verified.accepted[b]
-                    )
-                )
-            for token, logprob in zip(verified.tokens[b], verified.logprobs[b]):
-                if not row.finished:
-                    self._read_token(row, b, token, logprob, "", out, finished)
-        batch.pending = verified.pending
-        return self._end_step(out, finished)
-
-    def _read_token(
-        self,
-        row: RequestState,
-        b: int,
-        token: int,
-        logprob: float,
-        message: str,
-        out: list[Event],
-        finished: list[Event],
-        top: tuple = (),
-    ) -> None:
+    def _read_token(self, read: Read, out: list[Event], finished: list[Event]) -> None:
         """Record row ``b``'s token and its ``top`` log-probs (unless ``message`` says its
         step failed), call its ``on_token``, and finish it on an error (its grammar refusing
         the token included), a stop id, a stop string, a complete grammar or ``max_tokens``."""
+        row, b, token, logprob, message, top = read
         if not message:
             row.tokens.append(token)
             row.logprobs.append(logprob)
@@ -749,17 +419,6 @@ class Scheduler:
             )
 
     @staticmethod
-    def _context(row: RequestState, pending: Pending | None, b: int) -> Callable[[], mx.array]:
-        """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one in
-        ``pending``) for its logits processors: built only when asked."""
-
-        def build() -> mx.array:
-            known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
-            return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
-
-        return build
-
-    @staticmethod
     def _call_on_token(row: RequestState, token: int) -> str:
         """Run the request's ``on_token`` callback; its exception becomes the row's error."""
         callback = row.valid.request.on_token
@@ -783,7 +442,7 @@ class Scheduler:
         if st.prompt_cache is not None:
             for b in gone:
                 if batch.rows[b].finish_reason in ("stop", "length"):
-                    self.runner.store(st.prompt_cache, batch, b)
+                    self.layout.store(st, b)
         events = []
         for b in gone:
             batch.rows[b].evicted = True
@@ -795,12 +454,8 @@ class Scheduler:
 
     @transactional()
     def abort(self, uid: int) -> list[Event]:
-        """End ``uid`` with finish reason ``abort``, wherever it is.
-
-        A queued (or preempted) request leaves the queue; a prefilling one finishes and
-        its row is evicted by the first ``filter()`` after its group joins; a running row
-        finishes and is evicted by the next ``filter()``. Aborting a finished uid is a
-        documented no-op (returns ``[]``).
+        """End ``uid`` with finish reason ``abort`` wherever it is (queued: it leaves the
+        queue; prefilling or running: evicted by a later ``filter()``); a finished uid: ``[]``.
 
         Raises:
             KeyError: for a uid that was never submitted.
@@ -817,9 +472,9 @@ class Scheduler:
 
     @transactional()
     def preempt(self, uid: int) -> list[Event]:
-        """Preempt running row ``uid``: drop its cache row now and re-queue it (original
-        arrival order) to resume from its prompt plus the tokens generated so far; its
-        greedy output equals an uninterrupted run. Returns the ``preempt`` event.
+        """Drop running row ``uid``'s cache row and re-queue it (arrival order) to resume
+        from its prompt plus its tokens; greedy output equals an uninterrupted run. Returns the
+        ``preempt`` event.
 
         Raises:
             KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
@@ -833,7 +488,7 @@ class Scheduler:
                 "preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
                 "decoded tokens: other sums than the decode steps that made them)"
             )
-        if s.status is not Status.RUNNING and not (self.packed and s.status is Status.PREFILLING):
+        if not self.layout.preemptable(s.status):
             raise ValueError(
                 f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted"
             )
@@ -846,13 +501,9 @@ class Scheduler:
         return [event]
 
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
-        """Drive ``admit(); step(); filter()`` until idle and return the :class:`Report`.
-
-        Args:
-            arrivals: ``(step, request)`` pairs submitted once ``step_index`` reaches
-                ``step`` (or at once when the engine would otherwise be idle).
-            max_steps: stop after this many decode steps (``None``: until idle).
-        """
+        """Drive ``admit(); step(); filter()`` until idle (or ``max_steps`` decode steps),
+        submitting ``arrivals`` ``(step, request)`` once ``step_index`` reaches ``step`` (at
+        once when the engine would otherwise be idle); returns the :class:`Report`."""
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
         while max_steps is None or self.step_index - start < max_steps:
@@ -895,12 +546,8 @@ class Scheduler:
         return self._identity_cache
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        """Return to ``checkpoint`` exactly; it stays valid for another restore.
-        Continuing gives the same tokens and events (times aside) as after it was taken.
-
-        Raises:
-            ValueError: for a checkpoint of another scheduler or model (nothing changes).
-        """
+        """Return to ``checkpoint`` exactly (it stays valid): continuing gives the same
+        tokens and events (times aside). Raises: ValueError for another scheduler's or model's."""
         check_owner(checkpoint, self.id, self.model)
         self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
         if (
@@ -908,21 +555,11 @@ class Scheduler:
         ):  # taken with the latest snapshot: keep it there
             self.recorder.keep_checkpoint(checkpoint, self.config.history_checkpoints)
 
-    def history_checkpoint(self, index: int) -> Checkpoint | None:
-        """Deprecated: ``history.checkpoint(index)``."""
-        return self.history.checkpoint(index)
-
     def fork(self, **changes: Any) -> "Scheduler":
-        """An independent scheduler in this one's state, sharing the model weights (never
-        a copy): a what-if branch. ``changes`` replace decision settings of the fork only
-        (:meth:`SchedulerConfig.fork_fields`, and ``clock``), e.g. ``policy="priority"``.
-
-        A fork that keeps checkpoints (``history_checkpoints``) keeps one of the state it
-        starts from, with the inherited latest snapshot when that snapshot shows this state
-        (else with the snapshot it records on its first ``snapshot(record=True)``), so
-        :meth:`restore` can return to where it forked. The original's checkpoints stay in
-        the fork's history (``workbench.verify.layers.localize`` reads them); ``restore``
-        takes only the fork's own.
+        """An independent scheduler in this one's state, sharing the model weights: a
+        what-if branch. ``changes`` replace the fork's decision settings
+        (:meth:`SchedulerConfig.fork_fields`, and ``clock``). With ``history_checkpoints`` it keeps a
+        checkpoint of the state it starts from, so :meth:`restore` can return to where it forked.
 
         Raises:
             ValueError: for a setting a fork may not change, or an invalid value.
@@ -945,11 +582,8 @@ class Scheduler:
         return Scheduler(self.model, self.tokenizer, self._asked, **{**self._extras, **changes})
 
     def check(self) -> Integrity:
-        """Check the engine's integrity: every request in the place its status says, no
-        uid lost, each layer's cache offsets and widths equal to the scheduler's token
-        counts, each row's text equal to what its tokens decode to
-        (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
-        (``.ok``, ``.problems``; ``print`` it). Raises nothing; changes nothing."""
+        """The engine's :class:`Integrity` (:mod:`workbench.engine.integrity`: places, uids,
+        cache offsets and texts agree; ``.ok``, ``.problems``). Raises nothing; changes nothing."""
         return check_state(self.state, self.tokenizer)
 
     # -- reading a request ------------------------------------------------------------
@@ -964,12 +598,8 @@ class Scheduler:
             raise KeyError(f"uid {uid!r} is unknown ({known})") from None
 
     def request(self, uid: int) -> RequestView:
-        """A frozen :class:`RequestView` of ``uid`` now: status, prompt ids, tokens,
-        log-probs, finish reason, error, text. The readers below are its thin aliases.
-
-        Raises:
-            KeyError: for an unknown uid. ValueError: for a uid that is not an int.
-        """
+        """A frozen :class:`RequestView` of ``uid`` now (the readers below are its aliases).
+        Raises: KeyError for an unknown uid, ValueError for a uid that is not an int."""
         return RequestView.of(self._state_of(uid), self.tokenizer)
 
     def status(self, uid: int) -> Status:
@@ -1010,18 +640,12 @@ class Scheduler:
 
     def stream(self, uid: int, logprobs: bool = False) -> Iterator[str] | Iterator[StreamChunk]:
         """Text pieces of ``uid`` as they settle, driving ``admit(); step(); filter()``
-        until it finishes (other rows advance too). Pieces never end in half a multi-byte
-        character nor in a tail that may become a stop string; joined, they equal
-        :meth:`text` (what the row already had comes first). Mirrors mlx-lm's
-        ``stream_generate`` text segments.
+        until it finishes; never half a character or a tail that may become a stop string; joined,
+        :meth:`text` (mlx-lm's ``stream_generate`` segments). ``logprobs=True``: each piece as a
+        :class:`~workbench.engine.view.StreamChunk` with its tokens and log-probs.
 
-        With ``logprobs=True`` it yields :class:`~workbench.engine.view.StreamChunk` s
-        instead: each new text piece with the tokens read since the previous chunk, their
-        log-probs and top-k log-probs (a chunk whenever either grows; joined, the texts are
-        :meth:`text` and the tokens :meth:`tokens`).
-
-        Raises: KeyError for an unknown uid; whatever an engine call raises (the engine
-        is then as before that call)."""
+        Raises: KeyError for an unknown uid; whatever an engine call raises.
+        """
         for _, piece in self._stream([self._state_of(uid).uid], logprobs):
             yield piece
 
@@ -1034,102 +658,35 @@ class Scheduler:
         return self._stream(None, logprobs)
 
     def _stream(self, uids: list[int] | None, chunks: bool = False) -> Iterator[tuple[int, Any]]:
-        sent: dict[int, int] = {}  # characters handed out per uid
-        read: dict[int, int] = {}  # tokens handed out per uid (chunks)
-        done: set[int] = set()  # uids finished and fully handed out: never read again
-
-        def pieces() -> Iterator[tuple[int, Any]]:
-            for u in uids if uids is not None else list(self.state.requests):
-                state = self.state.requests[u]
-                if u in done:
-                    continue
-                ready = state.text(self.tokenizer).ready
-                text, t0, t1 = ready[sent.get(u, 0) :], read.get(u, 0), len(state.tokens)
-                sent[u], read[u] = len(ready), t1
-                if chunks and (text or t1 > t0):
-                    yield u, StreamChunk.of(state, text, t0, t1)
-                elif text and not chunks:
-                    yield u, text
-                if state.finished:
-                    done.add(u)
-
-        yield from pieces()
-        while not (self.idle if uids is None else all(self.state.requests[u].finished for u in uids)):
-            self._iterate()
-            yield from pieces()
-
-    def finished_greedy_uids(self) -> list[int]:
-        """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
-        return [
-            u
-            for u, s in self.state.requests.items()
-            if s.valid.request.greedy and s.finish_reason in ("stop", "length")
-        ]
+        return stream_pieces(
+            lambda: self.state.requests, self.tokenizer, uids, chunks, self._iterate, lambda: self.idle
+        )
 
     # -- observing --------------------------------------------------------------------
     def snapshot(self, record: bool = False) -> Snapshot:
-        """Frozen numpy view of the batch as the next ``step()`` will see it. Waits for an
-        in-flight forward when the batch's arrays are still being computed.
-
-        Pure by default: it changes nothing (the engine records :attr:`history` itself).
-        With ``record=True`` it is also appended to :attr:`history`, unless nothing happened
-        (no event) since the last one there: for views that show the engine after calls
-        that do not change the batch (e.g. ``submit``)."""
+        """Frozen numpy view of the batch as the next ``step()`` will see it (waits for a
+        forward in flight). Pure by default; ``record=True`` also appends it to :attr:`history`
+        unless no event happened since the last one there.
+        """
         if not record or not self.history.maxlen:
             return self._capture()()
         if self.recorder.stale:
             self._record()
         return self.history[-1]
 
-    def record(self) -> Snapshot:
-        """Deprecated: ``snapshot(record=True)``."""
-        return self.snapshot(record=True)
-
     def report(self) -> Report:
         """The :class:`Report` of everything so far (events and per-request metrics), built
         when first read: calling it costs the same however long the session."""
 
-        def text(tokens: list[int], uid: int) -> str:  # from the report's own token events
-            state = self.state.requests.get(uid)  # absent after a restore to before its submit
-            if state is None:
-                return self.tokenizer.decode(tokens)
-            done = len(tokens) == len(state.tokens) and state.finished  # else the report ends mid-row
-            return visible_text(
-                self.tokenizer,
-                tokens,
-                state.finish_reason if done else None,
-                state.valid.stop_ids,
-                state.valid.stop,
-            )  # finalized: all its tokens shown
-
-        return build_report(self.events, text)
+        return build_report(self.events, report_text(lambda: self.state.requests, self.tokenizer))
 
     def _capture(self) -> Callable[[], Snapshot]:
         st = self.state
-        return capture(
-            st.batch,
-            st.step_index,
-            queue=self.queue,
-            kv_budget_bytes=self.config.kv_budget_bytes,
-            serial_reason=self.serial_reason,
-            kv_projected_bytes=self.kv_projected_bytes,
-            prefilling=tuple(st.prefilling.progress()) if st.prefilling else (),
-            **({"packed": st.batch.state(self.config.token_budget)} if self.packed else {}),
-            **lora.snapshot_fields(self.adapters),
-            **self._memory_fields(),
+        fields = dict(
+            queue=self.queue, serial_reason=self.serial_reason, **lora.snapshot_fields(self.adapters)
         )
-
-    def _memory_fields(self) -> dict[str, int]:
-        """The snapshot's byte readings beside ``kv_bytes``: the prefilling group's and the
-        prompt cache's bytes, and MLX's measured active and peak memory."""
-        held = self.ledger.held(self.state)
-        active, peak = measured_memory()
-        return dict(
-            prefill_kv_bytes=held.prefill_bytes,
-            prompt_cache_bytes=held.prompt_cache_bytes,
-            shared_prompt_bytes=held.shared_prompt_bytes,
-            active_memory_bytes=active,
-            peak_memory_bytes=peak,
+        return engine_capture(
+            st, self.ledger, self.config.kv_budget_bytes, self.layout.snapshot_fields(st), fields
         )
 
     def _record(self) -> None:
@@ -1150,6 +707,34 @@ def _deprecated_alias(name: str, read: Callable[[Scheduler], Any]) -> property:
 for _name in ("max_batch", "prefill_step_size", "max_kv_size", "kv_budget_bytes", "history_checkpoints"):
     setattr(Scheduler, _name, _deprecated_alias(_name, lambda self, _n=_name: getattr(self.config, _n)))
 Scheduler.kv_quant = _deprecated_alias("kv_quant", lambda self: self.recipe.kv_quant)
+
+
+def _history_checkpoint(self: Scheduler, index: int) -> Checkpoint | None:
+    """Deprecated: ``history.checkpoint(index)``."""
+    return self.history.checkpoint(index)
+
+
+def _record_snapshot(self: Scheduler) -> Snapshot:
+    """Deprecated: ``snapshot(record=True)``."""
+    return self.snapshot(record=True)
+
+
+def _finished_greedy_uids(self: Scheduler) -> list[int]:
+    """Deprecated: ``workbench.verify.oracle.checkable_uids(sched)``."""
+    return [
+        u
+        for u, s in self.state.requests.items()
+        if s.valid.request.greedy and s.finish_reason in ("stop", "length")
+    ]
+
+
+for _name, _method in (
+    ("history_checkpoint", _history_checkpoint),
+    ("record", _record_snapshot),
+    ("finished_greedy_uids", _finished_greedy_uids),
+):  # deprecated methods, kept out of the class body
+    _method.__name__, _method.__qualname__ = _name, f"Scheduler.{_name}"
+    setattr(Scheduler, _name, _method)
 
 
 def _signature() -> inspect.Signature:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -231,3 +231,25 @@ def visible_text(
     of a finished row."""
     text = RowText(tokenizer, stops)
     return sync(text, text_tokens(tokens, finish_reason, stop_ids), closed).text
+
+
+def report_text(requests: Callable[[], Mapping[int, Any]], tokenizer: Any) -> Callable[[list[int], int], str]:
+    """The report's ``text(tokens, uid)``: from the report's own token events, finalized
+    when they are all of a finished row's tokens (else the report ends mid-row); a uid no
+    longer in ``requests()`` (read when called: after a restore to before its submit)
+    decodes plainly."""
+
+    def text(tokens: list[int], uid: int) -> str:
+        state = requests().get(uid)
+        if state is None:
+            return tokenizer.decode(tokens)
+        done = len(tokens) == len(state.tokens) and state.finished
+        return visible_text(
+            tokenizer,
+            tokens,
+            state.finish_reason if done else None,
+            state.valid.stop_ids,
+            state.valid.stop,
+        )  # finalized: all its tokens shown
+
+    return text

@@ -6,6 +6,7 @@ visible text). Must not know: the scheduler's loop, caches, MLX.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,3 +90,40 @@ class StreamChunk:
             tuple(state.logprobs[start:stop]),
             tuple(state.top_logprobs[start:stop]),
         )
+
+
+def stream_pieces(
+    requests: Callable[[], Mapping[int, RequestState]],
+    tokenizer: Any,
+    uids: list[int] | None,
+    chunks: bool,
+    iterate: Callable[[], None],
+    idle: Callable[[], bool],
+) -> Iterator[tuple[int, Any]]:
+    """``(uid, piece)`` of ``Scheduler.stream`` / ``stream_all``: each uid's new settled text
+    (with ``chunks`` a :class:`StreamChunk` whenever its text or tokens grow), calling
+    ``iterate()`` (one ``admit(); step(); filter()``) until ``uids`` finish (``None``: every
+    request, until ``idle()``). ``requests()``: the uid -> state map, read after each call."""
+    sent: dict[int, int] = {}  # characters handed out per uid
+    read: dict[int, int] = {}  # tokens handed out per uid (chunks)
+    done: set[int] = set()  # uids finished and fully handed out: never read again
+
+    def pieces() -> Iterator[tuple[int, Any]]:
+        for u in uids if uids is not None else list(requests()):
+            state = requests()[u]
+            if u in done:
+                continue
+            ready = state.text(tokenizer).ready
+            text, t0, t1 = ready[sent.get(u, 0) :], read.get(u, 0), len(state.tokens)
+            sent[u], read[u] = len(ready), t1
+            if chunks and (text or t1 > t0):
+                yield u, StreamChunk.of(state, text, t0, t1)
+            elif text and not chunks:
+                yield u, text
+            if state.finished:
+                done.add(u)
+
+    yield from pieces()
+    while not (idle() if uids is None else all(requests()[u].finished for u in uids)):
+        iterate()
+        yield from pieces()

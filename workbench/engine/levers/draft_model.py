@@ -29,7 +29,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..kv.cache_internals import clone_caches
-from .speculative import check_cache, trim_rows
+from ..kv.trim import check_cache, trim_rows
 
 
 @dataclass

@@ -18,9 +18,10 @@ attribute of mlx-lm's transformer blocks. Must not know: requests, the queue, ev
 
 What each bought, measured: ``docs/architecture.md`` ("Measurements behind the defaults").
 
-The swaps are made only while the engine builds its own forward's graph (a ``with``
-block) and undone after it, so an oracle or a user calling the same model meanwhile runs
-mlx-lm's forward untouched.
+The swaps are made on this scheduler's model instance only (its caches, its blocks' ``mlp``,
+its attention layers' hooks: :mod:`workbench.engine.model_hooks`), only while the engine
+builds its own forward's graph (a ``with`` block), and undone after it, so another model, or
+an oracle or a user calling the same model meanwhile, runs mlx-lm's forward untouched.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from ..kv.cache_internals import LayerCaches, write_index
+from ..model_hooks import hooks_of
 
 PADDED_KERNEL_MIN_ROWS = 1  # rows from which the padded-rows kernel beats masked attention in a step
 # (scripts/lab/gpu_crossover.py measures it; docs/gpu.md)
@@ -193,57 +195,41 @@ def kernel_serves(caches: LayerCaches) -> bool:
     return all(c.keys.shape[-1] in kernel.HEAD_DIMS and c.keys.dtype in kernel.DTYPES for c in caches)
 
 
-def _attention_modules(model: Any) -> list[Any]:
-    """The Python modules whose ``scaled_dot_product_attention`` the model's attention
-    layers call (mlx-lm's model files import it from ``models.base``)."""
-    import sys
-
-    names = {type(getattr(b, "self_attn", None)).__module__ for b in _blocks(model)}
-    mods = [sys.modules.get(n) for n in names]
-    return [m for m in mods if m is not None and hasattr(m, "scaled_dot_product_attention")]
-
-
-def _with_padded_kernel(original: Callable[..., Any]) -> Callable[..., Any]:
+def _padded_kernel(original, queries, keys, values, cache, scale, mask, sinks=None):
+    """The ``attention`` hook running :func:`workbench.engine.levers.padded_attention.padded_decode_attention`
+    over a float ``BatchKVCache`` with a padding mask, and ``original`` for every other call."""
     from .padded_attention import padded_decode_attention, supported
 
-    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
-        if (
-            sinks is None
-            and isinstance(mask, mx.array)
-            and plain_batch_caches([cache])
-            and supported(queries, keys)
-        ):
-            return padded_decode_attention(
-                queries, cache.keys, cache.values, cache.left_padding, write_index(cache), scale
-            )
-        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-
-    sdpa.original = original
-    return sdpa
+    if (
+        sinks is None
+        and isinstance(mask, mx.array)
+        and plain_batch_caches([cache])
+        and supported(queries, keys)
+    ):
+        return padded_decode_attention(
+            queries, cache.keys, cache.values, cache.left_padding, write_index(cache), scale
+        )
+    return original(queries, keys, values, cache, scale, mask, sinks)
 
 
 @contextlib.contextmanager
 def padded_attention(model: Any) -> Iterator[bool]:
-    """Within the block, the model's one-query attention over a float ``BatchKVCache`` with
-    a padding mask runs :func:`workbench.engine.levers.padded_attention.padded_decode_attention`
-    (CUDA only: MLX's fused kernel there takes no mask array); every other call goes to
-    mlx-lm's ``scaled_dot_product_attention`` unchanged. Restored after.
+    """Within the block, ``model``'s one-query attention (this instance only) over a float
+    ``BatchKVCache`` with a padding mask runs
+    :func:`workbench.engine.levers.padded_attention.padded_decode_attention` (CUDA only: MLX's
+    fused kernel there takes no mask array); every other call runs mlx-lm's
+    ``scaled_dot_product_attention`` unchanged. Restored after.
 
     Yields:
-        True when the model's attention layers call a patchable
-        ``scaled_dot_product_attention`` (mlx-lm's model files), False (nothing patched)
-        otherwise.
+        True when the model's attention layers could be hooked (mlx-lm's model files), False
+        (nothing changed) otherwise.
     """
-    mods = _attention_modules(model)
-    try:
-        for m in mods:
-            m.scaled_dot_product_attention = _with_padded_kernel(m.scaled_dot_product_attention)
-        yield bool(mods)
-    finally:
-        for m in mods:
-            m.scaled_dot_product_attention = getattr(
-                m.scaled_dot_product_attention, "original", m.scaled_dot_product_attention
-            )
+    hooks = hooks_of(model)
+    if not hooks.attention_hooked:
+        yield False
+        return
+    with hooks.using(attention=_padded_kernel):
+        yield True
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ Axis letters: ``B`` rows, ``K`` input features, ``N`` output features, ``H`` que
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache
+
+from ..model_hooks import hooks_of
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,6 @@ def _plain_call(module: Any) -> Callable[[mx.array], mx.array]:
     for cls in type(module).__mro__:
         if cls in _METHOD:
             method = cls.__dict__[_METHOD[cls]]
-            method = getattr(method, "original", method)
             return lambda x: method(module, x)
     raise TypeError(f"{type(module).__name__} is not a projection")
 
@@ -280,38 +280,17 @@ def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:
     return apart
 
 
-def _wrap(original: Callable[..., mx.array], inv: Invariance) -> Callable[..., mx.array]:
-    def call(self: Any, x: mx.array) -> mx.array:
-        blocks, apart = inv.plan_for(self)
-        return blocked(lambda b: original(self, b), x, blocks, apart)
+def _blocked_projection(
+    inv: Invariance,
+) -> Callable[[Any, Callable[[Any, mx.array], mx.array], mx.array], mx.array]:
+    """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) running
+    each projection ``plain(module, x)`` in :func:`blocked` row blocks."""
 
-    call.original = original
-    return call
+    def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:
+        blocks, apart = inv.plan_for(module)
+        return blocked(lambda b: plain(module, b), x, blocks, apart)
 
-
-@contextlib.contextmanager
-def blocked_projections(inv: Invariance) -> Iterator[None]:
-    """Within the block, every ``nn.Linear`` / ``nn.QuantizedLinear`` call and every tied
-    embedding read-out (``as_linear``) runs in :func:`blocked` row blocks. Restored after."""
-    saved = []
-    try:
-        for cls, name in _METHOD.items():
-            original = cls.__dict__[name]
-            saved.append((cls, name, original))
-            setattr(cls, name, _wrap(original, inv))
-        yield
-    finally:
-        for cls, name, original in saved:
-            setattr(cls, name, original)
-
-
-def _attention_modules(model: Any) -> list[Any]:
-    """The Python modules whose ``scaled_dot_product_attention`` the model's attention
-    layers call (mlx-lm's model files import it from ``models.base``)."""
-    layers = getattr(model, "layers", None) or []
-    names = {type(m).__module__ for b in layers for m in (getattr(b, "self_attn", None),) if m is not None}
-    mods = [sys.modules.get(n) for n in names]
-    return [m for m in mods if m is not None and hasattr(m, "scaled_dot_product_attention")]
+    return project
 
 
 def row_attention(
@@ -347,14 +326,16 @@ def row_attention(
     return (acc[..., :D] / acc[..., D:]).reshape(B, H, 1, D).astype(queries.dtype)
 
 
-def _per_row(original: Callable[..., mx.array], held: Sequence[int]) -> Callable[..., mx.array]:
+def _per_row(held: Sequence[int]) -> Callable[..., mx.array]:
+    """The ``attention`` hook computing each row from its own keys alone (``held``: ``[B]``
+    tokens each row's cache held before this one-token forward)."""
     from ...runtime.device import backend
     from ..kv.cache_internals import write_index
     from .padded_attention import padded_decode_attention, supported
 
     cuda = backend() == "cuda"
 
-    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+    def sdpa(original, queries, keys, values, cache, scale, mask, sinks=None):
         B, H, L, D = queries.shape  # [B, H, 1, D]
         if L != 1 or not isinstance(cache, BatchKVCache) or len(held) != B or sinks is not None:
             raise RuntimeError("batch-invariant attention runs one-token steps over BatchKVCache rows only")
@@ -369,48 +350,27 @@ def _per_row(original: Callable[..., mx.array], held: Sequence[int]) -> Callable
         if not cuda:
             return row_attention(queries, keys, values, mx.array(starts, dtype=mx.int32), scale)
         outs = [
-            original(
-                queries[b : b + 1],
-                keys[b : b + 1, :, s:],
-                values[b : b + 1, :, s:],
-                cache=cache,
-                scale=scale,
-                mask=None,
-            )
+            original(queries[b : b + 1], keys[b : b + 1, :, s:], values[b : b + 1, :, s:], cache, scale, None)
             for b, s in enumerate(starts)
         ]  # each row alone
         return outs[0] if B == 1 else mx.concatenate(outs)
 
-    sdpa.original = original
     return sdpa
 
 
 @contextlib.contextmanager
-def per_row_attention(model: Any, held: Sequence[int]) -> Iterator[None]:
-    """Within the block, the model's attention computes each row from its own keys alone
-    (:func:`row_attention` on the CPU, the padded-rows kernel on CUDA where it serves,
-    else one call per row), no mask (``held``: ``[B]`` tokens each row's cache held before this one-token forward).
-    Restored after."""
-    mods = _attention_modules(model)
-    try:
-        for m in mods:
-            m.scaled_dot_product_attention = _per_row(m.scaled_dot_product_attention, held)
-        yield
-    finally:
-        for m in mods:
-            m.scaled_dot_product_attention = getattr(
-                m.scaled_dot_product_attention, "original", m.scaled_dot_product_attention
-            )
-
-
-@contextlib.contextmanager
 def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -> Iterator[None]:
-    """Within the block, a one-token-per-row forward is batch-invariant
-    (:func:`blocked_projections` + :func:`per_row_attention`); ``inv=None``: unchanged."""
+    """Within the block, a one-token-per-row forward of ``model`` (this instance only) is
+    batch-invariant: every projection in :func:`blocked` row blocks, and attention computing
+    each row from its own keys alone (:func:`row_attention` on the CPU, the padded-rows kernel
+    on CUDA where it serves, else one call per row), no mask (``held``: ``[B]`` tokens each
+    row's cache held before the forward). ``inv=None``: unchanged."""
     if inv is None:
         yield
         return
-    with blocked_projections(inv), per_row_attention(model, held):
+    with hooks_of(model, projections=True).using(
+        projections=_blocked_projection(inv), attention=_per_row(held)
+    ):
         yield
 
 
@@ -458,4 +418,5 @@ def configure(
                 + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
                 + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers"
             )
+    hooks_of(model, projections=True)  # this model's projections and attention, hooked once
     return Invariance.calibrate(model)

@@ -30,6 +30,8 @@ from typing import Any
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 
+from ..model_hooks import hooks_of
+
 PROBE_SHAPES = ((1, 1, 1), (1, 1, 60), (3, 1, 33), (1, 8, 60), (3, 8, 33))  # (GQA repeats, queries, keys)
 ATTENTION_PATHS = ("quantized_matmul", "dequantize")
 
@@ -115,17 +117,14 @@ def choose_attention(n_kv: int, dim: int, dtype: Any, group_size: int, bits: int
 
 
 @contextlib.contextmanager
-def attention_path(path: str | None) -> Iterator[None]:
-    """Within the block, mlx-lm's attention over a quantized cache takes ``path``: for
-    ``"dequantize"``, ``mlx_lm.models.base.quantized_scaled_dot_product_attention`` is
-    :func:`dequantized_attention` (restored after, also on an exception); ``None`` or
-    ``"quantized_matmul"``: nothing changes. Enter it only around building a forward's graph."""
+def attention_path(model: Any, path: str | None) -> Iterator[None]:
+    """Within the block, ``model``'s attention over a quantized cache (this instance only)
+    takes ``path``: for ``"dequantize"``, :func:`dequantized_attention` stands in for mlx-lm's
+    ``models.base.quantized_scaled_dot_product_attention`` (restored after, also on an
+    exception); ``None`` or ``"quantized_matmul"``: nothing changes. Enter it only around
+    building a forward's graph."""
     if path != "dequantize":
         yield
         return
-    original = mlx_base.quantized_scaled_dot_product_attention
-    mlx_base.quantized_scaled_dot_product_attention = dequantized_attention
-    try:
+    with hooks_of(model).using(quantized=dequantized_attention):
         yield
-    finally:
-        mlx_base.quantized_scaled_dot_product_attention = original

@@ -56,11 +56,12 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from ..decode import Pending
+from ..kv.trim import check_cache, trim_rows
 from ..sampling import RowSampler, sample_rows
 from ..top_logprobs import top_arrays
+from .draft_model import DraftModel
 
 PROMPT_LOOKUP = "prompt-lookup"
 
@@ -135,8 +136,6 @@ def configure(
     check_cache(model, "the model's", max_kv_size)
     if isinstance(speculative, str):
         return Speculation(num_draft_tokens)
-    from .draft_model import DraftModel
-
     return Speculation(num_draft_tokens, DraftModel.of(speculative, vocab_size, prefill_step_size))
 
 
@@ -244,43 +243,6 @@ def accepted_counts(drafts: Sequence[Sequence[int]], choices: Sequence[Sequence[
             a += 1
         out.append(a)
     return out
-
-
-def trim_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
-    """Drop the last ``rejected[b]`` positions of row ``b`` from every layer's
-    ``BatchKVCache``, in place (see the module docstring's worked example): ``trim(m)``
-    for the ``m`` all rows reject, then each row rolled right by the rest (mlx-lm's
-    ``prepare(right_padding=)`` + ``finalize()``), its offset (RoPE position) and left
-    padding moved with it.
-
-    Args:
-        caches: per-layer ``BatchKVCache`` over ``B`` rows (no free slots).
-        rejected: ``[B]`` positions to drop per row (each ``<=`` what it just appended).
-    """
-    m = min(rejected, default=0)
-    extra = [r - m for r in rejected]
-    for c in caches:
-        if m:
-            c.trim(m)
-        if any(extra):
-            c.prepare(right_padding=extra)
-            c.finalize()
-
-
-def check_cache(model: Any, who: str, max_kv_size: int | None = None) -> None:
-    """Refuse a model whose per-layer caches cannot be trimmed per row.
-
-    Raises:
-        ValueError: naming the first layer whose cache is not mlx-lm's ``KVCache``
-            (rotating windows overwrite old positions, ``ArraysCache`` states cannot step
-            back, ``CacheList`` mixes them).
-    """
-    for i, c in enumerate(make_prompt_cache(model, max_kv_size)):
-        if type(c) is not KVCache:
-            raise ValueError(
-                f"speculative: {who} layer {i} has a {type(c).__name__}, which cannot be trimmed per "
-                "row (only full-attention KVCache layers can drop rejected draft tokens)"
-            )
 
 
 @dataclass

@@ -16,7 +16,7 @@ What runs, per layer, with the model's ``Attention`` unchanged:
 2. :meth:`PagedLayer.update_and_fetch` writes the ``T`` new keys and values into the
    layer's pool at each token's page slot;
 3. the attention, by groups (the default): mlx-lm's ``scaled_dot_product_attention`` is
-   wrapped for the forward (:class:`~workbench.engine.packed.grouped.PagedSDPA`) and hands
+   hooked on this model instance (:mod:`workbench.engine.model_hooks`) and hands
    the call to :meth:`PagedLayer.attend`: the decode tokens as one batched one-query
    attention over their pages, each prefill chunk as mlx-lm's causal attention over its
    request's pages (:mod:`workbench.engine.packed.grouped`); or ``masked``:
@@ -43,9 +43,10 @@ import mlx.core as mx
 import numpy as np
 
 from ...observe.packed import Chunk, packed_mask
+from ..model_hooks import hooks_of
 from . import cuda_attention
 from .cuda_attention import DecodePages
-from .grouped import Groups, grouped_attention, groups_of, paged_sdpa
+from .grouped import Groups, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 
@@ -117,7 +118,7 @@ class Pools:
 class PagedLayer:
     """The cache one layer's ``Attention`` gets in a packed forward (mlx-lm's cache
     protocol: ``offset``, ``update_and_fetch``, ``make_mask``; and ``attend``, which
-    :class:`~workbench.engine.packed.grouped.PagedSDPA` calls instead of the masked
+    :mod:`workbench.engine.model_hooks` calls instead of the masked
     attention when ``groups`` are given).
 
     Args:
@@ -289,7 +290,8 @@ def packed_forward(
         decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0]
     )
     caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked, kernel, index)
-    with per_token_rope(inner), paged_sdpa(inner):
+    hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
+    with per_token_rope(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]

@@ -2,9 +2,9 @@
 one-query attention, each prefill chunk as its own causal attention, so no token pays
 for other requests' keys.
 
-Knows: the page table, MLX's ``mx.fast.scaled_dot_product_attention``, the name under
-which mlx-lm's model files call it (``scaled_dot_product_attention``, imported from
-``mlx_lm.models.base``). Must not know: requests, the queue.
+Knows: the page table, MLX's ``mx.fast.scaled_dot_product_attention``. Must not know:
+requests, the queue, how a layer's attention reaches it
+(:mod:`workbench.engine.model_hooks` hands a paged layer's call to ``cache.attend``).
 
 Why: one masked attention over every request's keys (the block-diagonal mask of
 :func:`workbench.observe.packed.packed_mask`) costs ``T x S``: with a 500-token prefill
@@ -28,11 +28,8 @@ Axis letters: ``T`` packed tokens, ``R`` decode rows, ``L`` keys per row, ``H`` 
 
 from __future__ import annotations
 
-import contextlib
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -142,44 +139,3 @@ def grouped_attention(
             )
         )
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-
-
-class PagedSDPA:
-    """mlx-lm's ``scaled_dot_product_attention`` that hands a paged layer's call to the
-    layer (``cache.attend``) and every other call to mlx-lm's function unchanged, so a
-    wrapper left in place changes no other forward."""
-
-    def __init__(self, original: Any):
-        self.original = original
-
-    def __call__(
-        self,
-        queries: mx.array,
-        keys: mx.array,
-        values: mx.array,
-        cache: Any,
-        scale: float,
-        mask: Any,
-        sinks: Any = None,
-    ) -> mx.array:
-        attend = getattr(cache, "attend", None)
-        if attend is not None and sinks is None:
-            return attend(queries, scale)
-        return self.original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-
-
-@contextlib.contextmanager
-def paged_sdpa(inner: Any) -> Iterator[None]:
-    """Within the block, the ``scaled_dot_product_attention`` of the modules defining the
-    model's attention layers is a :class:`PagedSDPA`. Restored after."""
-    names = {type(layer.self_attn).__module__ for layer in inner.layers}
-    mods = [sys.modules[n] for n in names if hasattr(sys.modules.get(n), "scaled_dot_product_attention")]
-    try:
-        for m in mods:
-            current = m.scaled_dot_product_attention
-            m.scaled_dot_product_attention = PagedSDPA(getattr(current, "original", current))
-        yield
-    finally:
-        for m in mods:
-            current = m.scaled_dot_product_attention
-            m.scaled_dot_product_attention = getattr(current, "original", current)

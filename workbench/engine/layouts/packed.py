@@ -1,0 +1,193 @@
+"""The packed layout: every in-flight token of an iteration in one ``[1, T]`` forward, KV in
+pages (:mod:`workbench.engine.packed`).
+
+Knows: the :class:`~workbench.engine.packed.batch.PackedBatch` (pages, pools, the launched
+forward), the :class:`~workbench.engine.packed.ledger.PageLedger`, the packed pacer. Must not
+know: the queue's order, admission's policy, how a read token ends a row.
+
+One request's path: the scheduler :meth:`~PackedLayout.start` s it (it enters the batch at
+once, ``PREFILLING``, with its pages) -> each :meth:`~PackedLayout.step` plans one forward
+(:meth:`PackedBatch.plan`: every running row's next token, then prefill chunks of joining
+rows up to ``token_budget``) and launches it; a joining row whose chunk ends its inputs
+joins (``join`` event, mode ``"packed"``) with its first token. With ``pipeline``, the next
+forward is built from this one's unread tokens and started as soon as they are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+
+from ...observe.recorder import Recorder
+from ..config import SchedulerConfig
+from ..decode import Pending, row_context, sample_pending
+from ..kv import caches as kv
+from ..kv.ledger import KVLedger
+from ..levers.pacing import pacing_from
+from ..levers.packed_pacing import PackedPacer
+from ..packed import families
+from ..packed.batch import PackedBatch
+from ..packed.ledger import PageLedger
+from ..state import RequestState, Status
+from .layout import NON_FINITE, Layout, Read
+
+
+class PackedLayout(Layout):
+    """The packed layout of one scheduler (see the module docstring).
+
+    Args:
+        model: the mlx-lm model (a llama-family one: :func:`check`). config: the settings.
+        recipe: the :class:`~workbench.engine.kv.caches.CacheRecipe` (bytes per token).
+        prompt_cache: an int: prefix caching, at most that many unreferenced pages kept.
+        adapters, invariance, quant, vocab_size: as the padded layout's; :meth:`check` refuses
+        the first three, the last is not needed.
+
+    Raises:
+        ValueError: what :func:`~workbench.engine.levers.pacing.pacing_from` raises.
+    """
+
+    packed = True
+
+    def __init__(
+        self,
+        model: Any,
+        config: SchedulerConfig,
+        recipe: kv.CacheRecipe,
+        adapters: Any = None,
+        invariance: Any = None,
+        quant: Any = None,
+        prompt_cache: Any = None,
+        vocab_size: int = 0,
+    ):
+        cfg = self.config = config
+        self.model, self.speculation = model, None
+        self.pacing = pacing_from(cfg.pacing)
+        self.pacer = None if self.pacing is None else PackedPacer(self.pacing, cfg.token_budget)
+        self.page_bytes = cfg.page_size * KVLedger(recipe.profile(), cfg).base.full_token_bytes
+        self.ledger = PageLedger(cfg.page_size, self.page_bytes, cfg)
+        self._cached_pages = prompt_cache
+
+    @staticmethod
+    def check(model: Any, config: SchedulerConfig, prompt_cache: Any, adapters: Any) -> None:
+        """Refuse a model or settings the packed layout cannot run, by name
+        (:mod:`workbench.engine.packed.families`)."""
+        families.check_model(model)
+        families.check_settings(config, prompt_cache, adapters)
+
+    def new_batch(self) -> PackedBatch:
+        """An empty :class:`PackedBatch`: pages of ``page_size`` positions,
+        ``page_size * full_token_bytes`` bytes each, at most ``kv_budget_bytes`` of them."""
+        cfg = self.config
+        return PackedBatch(
+            cfg.page_size,
+            self.page_bytes,
+            len(self.model.model.layers),
+            None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // self.page_bytes,
+            self._cached_pages,
+            decode_kernel=False if cfg.fast_decode is False else None,  # fast_decode=False: MLX ops only
+        )
+
+    def prompt_cache(self) -> None:
+        """None: the packed layout's prompt cache is pages of its batch."""
+        return None
+
+    def start(self, st: Any, chosen: Sequence[RequestState]) -> None:
+        """The chosen rows enter the batch (their prefill runs in :meth:`step`)."""
+        st.batch.add(chosen)
+
+    def admit(self, st: Any, recorder: Recorder) -> Iterator[int | None]:
+        """Asks for one group; joiners enter the batch and prefill in ``step()``."""
+        yield None
+
+    def preemptable(self, status: Status) -> bool:
+        """Running rows and rows still prefilling (they hold pages)."""
+        return status in (Status.RUNNING, Status.PREFILLING)
+
+    def snapshot_fields(self, st: Any) -> dict[str, Any]:
+        """``packed``: the batch's pages and last forward."""
+        return {"packed": st.batch.state(self.config.token_budget)}
+
+    def step(self, st: Any, recorder: Recorder) -> Generator[Read, None, bool]:
+        """One packed forward's tokens (see the module docstring); returns False when
+        nothing was planned."""
+        batch, cfg = st.batch, self.config
+        current = batch.launched
+        if current is None:
+            current = self._launch(st, recorder)
+            if current is None:
+                return False
+            mx.async_eval(*current.outputs)
+        nxt = self._launch(st, recorder, current) if cfg.pipeline and current.uids else None
+        read = current.pending.read() if current.pending is not None else mx.eval(*current.outputs)
+        if self.pacer is not None:  # the forward's measured time; the next one's starts now
+            read_s = recorder.clock()
+            self.pacer.observe(current.paced, read_s)
+            if nxt is not None:
+                nxt.paced = self.pacer.started(nxt.paced, read_s)
+        if nxt is not None:
+            mx.async_eval(*nxt.outputs)  # after the read: the pools are written in place then
+        batch.launched = nxt
+        yield from self._read(st, current, read, recorder)
+        batch.after_read(nxt)
+        batch.last_chunks, batch.last_paced = current.chunks, current.paced
+        for row, held in zip(batch.rows, batch.held):
+            row.fed = max(0, held - len(row.valid.prompt_ids))
+        return True
+
+    def _launch(self, st: Any, recorder: Recorder, after: Any = None) -> Any:
+        """Build the next packed forward and its sampling (lazy: not started), or ``None``
+        when nothing is planned. ``after``: a launched forward whose tokens are unread; the
+        next one counts them as known and feeds them, and is built only when it carries
+        decode tokens alone (a joiner admitted meanwhile waits one forward)."""
+        batch, cfg = st.batch, self.config
+        unread = batch.carried(after)  # rows that left since ``after`` was built take none of its tokens
+        chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
+        if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
+            return None
+        paced = None
+        if self.pacer is not None:  # prefill tokens capped to the time budget
+            plan = partial(batch.plan, schedule=cfg.packed_schedule, unread=unread)
+            paced = self.pacer.choose(plan, chunks, recorder.clock())
+            chunks = paced.chunks
+
+        def sample(logits: mx.array, sampled: list[int]) -> Pending:
+            rows = [batch.rows[b] for b in sampled]
+            contexts = [
+                row_context(r, after.pending if r.uid in unread else None, unread.get(r.uid, 0)) for r in rows
+            ]
+            index = [len(r.tokens) + (r.uid in unread) for r in rows]
+            return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
+
+        launched = batch.launch(self.model, chunks, sample, after)
+        launched.paced = paced
+        return launched
+
+    def _read(self, st: Any, current: Any, read: tuple | None, recorder: Recorder) -> Iterator[Read]:
+        """The reads of a read packed forward: ``prefill`` per prefill chunk (logged), then
+        per sampling row (``join`` logged for a joiner) its token, or its error. Rows that
+        left the batch or finished since it was launched are skipped, and so is a uid admitted
+        again since (preempted, then re-queued and admitted: :meth:`PackedBatch.carried`)."""
+        batch = st.batch
+        for c in current.chunks:
+            if c.kind != "decode":
+                recorder.log("prefill", c.uid, st.step_index, n_tokens=c.n_tokens)
+        if read is None:
+            return
+        toks, lps, finite = read
+        tops = current.pending.read_top()
+        rows = {r.uid: b for b, r in enumerate(batch.rows)}
+        carried = batch.carried(current)
+        for i, uid in enumerate(current.uids):
+            b = rows.get(uid)
+            if uid not in carried or batch.rows[b].finished:
+                continue
+            row = batch.rows[b]
+            if row.status is Status.PREFILLING:
+                row.status, row.join_order, st.joins = Status.RUNNING, st.joins, st.joins + 1
+                n = len(row.valid.prompt_ids)
+                recorder.log("join", row.uid, st.step_index, row=b, n_tokens=n, join_mode="packed")
+            message = current.pending.errors.get(i) or ("" if finite[i] else NON_FINITE)
+            yield Read(row, b, toks[i], lps[i], message, tops.get(i, ()))

@@ -17,8 +17,13 @@ Rules (the scheduler applies the :class:`Decision`):
   first, the latest joined among equals) if that makes it fit; never when it would not.
 
 No starvation: the first request waits only while running rows hold bytes, and one alone
-on an empty engine always fits (``submit`` refuses one that would not). A policy is any
-object with ``name`` and ``order(queue: [Queued]) -> [uid]``.
+on an empty engine always fits (``submit`` refuses one that would not). What the engine
+holds for later may not keep it out: the scheduler decides again without it before a
+request waits (the prompts held for queued ``submit_n`` samples, which bound the projection
+of every joiner while held; on an idle engine, the prompt-cache entries), and
+:meth:`Admission.wedge` names an idle engine whose queue admission would still admit none
+of (``Scheduler.check()`` reports it, ``run()`` raises). A policy is any object with
+``name`` and ``order(queue: [Queued]) -> [uid]``.
 """
 
 from __future__ import annotations
@@ -170,13 +175,9 @@ class Admission:
         if slots <= 0 or not queue:
             return Decision()
         by_uid = {s.uid: s for s in queue}
-        seen = [
-            Queued(s.uid, len(s.valid.prompt_ids), s.valid.request.priority, i, now_s - s.submitted_s)
-            for i, s in enumerate(queue)
-        ]
         chosen: list[RowTokens] = []
         preempt: list[int] = []
-        for uid in self.policy.order(seen)[:slots]:
+        for uid in self.policy.order(_seen(queue, now_s))[:slots]:
             group = chosen + [joiner_tokens(by_uid[uid])]
             if not self._fits(plan, group, preempt):
                 if chosen:
@@ -186,6 +187,32 @@ class Admission:
                     break
             chosen = group
         return Decision([j.uid for j in chosen], preempt)
+
+    def wedge(self, queue: Sequence[RequestState], plan: KVPlan | None) -> str:
+        """Why admission would admit none of ``queue`` on an idle engine (no running row,
+        no prefilling group) whose ``plan`` is the batch once what may yield has yielded
+        (``""`` when it admits someone, or nothing waits). One request alone always fits an
+        idle engine (``submit`` refuses one that would not), so a non-empty answer is a
+        wedge: ``admit()`` would change nothing, for ever. Reads no clock (a request's
+        ``waited_s`` counts to the latest submission)."""
+        if not queue:
+            return ""
+        latest = max(s.submitted_s for s in queue)
+        if self.decide(queue, (), plan, latest).admit:
+            return ""
+        first = self.policy.order(_seen(queue, latest))[:1]
+        need = ""
+        if first and plan is not None and self.config.kv_budget_bytes is not None:
+            head = next(s for s in queue if s.uid == first[0])
+            need = (
+                f"; its first choice, uid {head.uid}, projects "
+                f"{plan.projected_bytes([joiner_tokens(head)]):,} KV bytes alone "
+                f"(kv_budget_bytes {self.config.kv_budget_bytes:,})"
+            )
+        return (
+            f"the engine is idle with {len(queue)} queued request(s) (uids {[s.uid for s in queue][:8]}) "
+            f"and policy {self.policy.name!r} admits none of them{need}: admission is wedged"
+        )
 
     def _fits(self, plan: KVPlan | None, joiners: list[RowTokens], dropped: list[int]) -> bool:
         budget = self.config.kv_budget_bytes
@@ -209,3 +236,11 @@ class Admission:
                 break
             victims.append(s.uid)
         return victims if self._fits(plan, group, victims) else []
+
+
+def _seen(queue: Sequence[RequestState], now_s: float) -> list[Queued]:
+    """What the policy sees of ``queue`` (arrival order) at ``now_s`` seconds."""
+    return [
+        Queued(s.uid, len(s.valid.prompt_ids), s.valid.request.priority, i, now_s - s.submitted_s)
+        for i, s in enumerate(queue)
+    ]

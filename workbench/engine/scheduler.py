@@ -499,10 +499,15 @@ class Scheduler:
         return True
 
     def _decide(self) -> Decision:
-        """Admission's decision on the batch as allocated now. On an idle engine whose
-        prompt-cache entries alone keep the first request out, they are dropped first."""
+        """Admission's decision on the batch as allocated now. What may yield does so before
+        a request waits: on an idle engine, prompt-cache entries that keep the first request
+        out are dropped; then the prompts held for queued ``submit_n`` samples
+        (:mod:`workbench.engine.shared_prompts`) when admission without them admits someone."""
         st = self.state
-        decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
+        decide = lambda **held: self.admission.decide(  # noqa: E731
+            st.queue, st.batch.rows, self.ledger.plan(st, **held), self.clock()
+        )
+        decision = decide()
         if (
             not decision.admit
             and not st.batch.rows
@@ -510,7 +515,11 @@ class Scheduler:
             and st.prompt_cache.nbytes
         ):
             st.prompt_cache.trim_to(0)
-            decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
+            decision = decide()
+        if not decision.admit and st.shared_prompts:
+            unheld = decide(held_prompts=False)
+            if unheld.admit:
+                st.shared_prompts, decision = {}, unheld
         return decision
 
     def _join(self, group: Prefilling) -> None:
@@ -850,6 +859,9 @@ class Scheduler:
             arrivals: ``(step, request)`` pairs submitted once ``step_index`` reaches
                 ``step`` (or at once when the engine would otherwise be idle).
             max_steps: stop after this many decode steps (``None``: until idle).
+
+        Raises:
+            RuntimeError: admission is wedged (:meth:`_iterate`), instead of looping for ever.
         """
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
@@ -862,10 +874,19 @@ class Scheduler:
         return self.report()
 
     def _iterate(self) -> None:
-        """One ``admit(); step(); filter()``; ``step()`` only when a row runs (else it is a no-op)."""
+        """One ``admit(); step(); filter()``; ``step()`` only when a row runs (else it is a no-op).
+
+        Raises:
+            RuntimeError: ``admit()`` left a queue on an idle engine (admission is wedged:
+                every later iteration would repeat it, never returning).
+        """
         self.admit()
-        if self.state.batch.rows:
+        st = self.state
+        if st.batch.rows:
             self.step()
+        elif st.queue and st.prefilling is None:
+            why = "; ".join(self.check().problems) or f"{len(st.queue)} request(s) wait"
+            raise RuntimeError(f"run(): admit() admitted nothing on an idle engine: {why}")
         self.filter()
 
     # -- checkpoint, restore, fork ----------------------------------------------------
@@ -944,9 +965,13 @@ class Scheduler:
         """Check the engine's integrity: every request in the place its status says, no
         uid lost, each layer's cache offsets and widths equal to the scheduler's token
         counts, each row's text equal to what its tokens decode to
-        (:mod:`workbench.engine.integrity`). Returns an :class:`Integrity` report
+        (:mod:`workbench.engine.integrity`), and an idle engine with a queue admission
+        would admit none of (a wedge). Returns an :class:`Integrity` report
         (``.ok``, ``.problems``; ``print`` it). Raises nothing; changes nothing."""
-        return check_state(self.state, self.tokenizer)
+        st = self.state
+        idle = st.queue and st.prefilling is None and not st.batch.rows  # admit() must take someone
+        plan = self.ledger.plan(st, held_prompts=False, prompt_cache=False) if idle else None
+        return check_state(st, self.tokenizer, self.admission.wedge(st.queue, plan) if idle else "")
 
     # -- reading a request ------------------------------------------------------------
     def _state_of(self, uid: int) -> RequestState:

@@ -133,8 +133,11 @@ class PageLedger:
 
         return joining
 
-    def plan(self, st: Any) -> PagePlan:
-        """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now."""
+    def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> PagePlan:
+        """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now
+        (``held_prompts`` and ``prompt_cache`` are accepted for
+        :class:`~workbench.engine.kv.ledger.KVLedger`'s signature: the packed layout holds
+        no shared prompt, and cached pages no row holds are evicted as pages are taken)."""
         batch = st.batch
         held = tuple((r.uid, tuple(batch.table.pages.get(r.uid, ()))) for r in batch.rows)
         rows = tuple(

@@ -1,0 +1,200 @@
+"""Admission never idles with a queue it could serve: a prompt held for the waiting samples
+of a ``submit_n`` (:mod:`workbench.engine.shared_prompts`) yields before a request waits for
+it, under every policy and budget, in both layouts, pipelined or not. Each run is driven
+by a bounded number of ``admit(); step(); filter()`` iterations, so a wedge fails the test
+instead of hanging it; a request that could never fit is refused at ``submit``."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import workbench as wb
+from workbench.engine.admission import POLICIES
+from workbench.workloads.workload import prompt_of_length
+
+pytestmark = pytest.mark.model
+
+
+def drive(sched, iterations: int) -> int:
+    """``admit(); step(); filter()`` until the engine is idle, at most ``iterations``
+    times (``run()`` loops until ``max_steps`` decode steps, forever when none runs).
+    Returns the iterations it took; every one leaves ``check()`` ok."""
+    for i in range(iterations):
+        if sched.idle:
+            return i
+        sched.admit()
+        if sched.batch.rows:
+            sched.step()
+        sched.filter()
+        assert sched.check().ok, sched.check()
+    return iterations
+
+
+def assert_drained(sched, uids, iterations):
+    waiting = {u: sched.status(u).value for u in uids if sched.status(u) is not wb.Status.FINISHED}
+    assert sched.idle and not waiting, (
+        f"after {iterations} iterations the engine still holds {waiting} "
+        f"(queue {sched.queue}, running {[r.uid for r in sched.batch.rows]}, "
+        f"held prompts {sorted(sched.state.shared_prompts)})"
+    )
+
+
+def test_a_held_prompt_yields_to_a_request_that_fits_alone(bundled):
+    """The wedge of issue 42: the samples' held prompt makes the urgent long request's
+    projection exceed a budget it fits alone; it must be dropped, not waited for."""
+    model, tok = bundled
+    long = wb.Request(prompt=prompt_of_length(tok, 200, 2), max_tokens=10, priority=1)
+    probe = wb.Scheduler(model, tok)
+    budget = probe.ledger.alone_bytes(200, 10) + 64 * probe.ledger.base.full_token_bytes
+    sched = wb.Scheduler(model, tok, kv_budget_bytes=budget, policy="priority")
+    sample = wb.Request(prompt=prompt_of_length(tok, 20, 1), max_tokens=5, temperature=0.9, seed=1)
+    uids = sched.submit_n(sample, 3)
+    sched.admit()  # one sample runs (two do not fit), its prompt is held for the other two
+    assert set(sched.state.shared_prompts) == {uids[0]}
+    sched.step()
+    urgent = sched.submit(long)
+    iterations = drive(sched, 60)
+    assert_drained(sched, [*uids, urgent], iterations)
+    assert sched.tokens(urgent) == oracle_tokens(model, tok, long)
+
+
+def oracle_tokens(model, tok, request):
+    """The request's tokens run alone on a fresh engine."""
+    alone = wb.Scheduler(model, tok)
+    uid = alone.submit(request)
+    alone.run()
+    return alone.tokens(uid)
+
+
+class Nobody:
+    """A policy that admits no one (a broken custom policy): a wedge by construction."""
+
+    name = "nobody"
+
+    def order(self, queue):
+        return []
+
+
+def test_an_idle_engine_with_a_queue_admission_takes_none_of_is_a_problem_and_run_raises(make_sched, prompt):
+    sched = make_sched(policy=Nobody())
+    uid = sched.submit(wb.Request(prompt=prompt(5), max_tokens=3))
+    for _ in range(2):  # before admit() (it would change nothing) and after it
+        report = sched.check()
+        assert not report.ok and "policy 'nobody' admits none of them" in str(report), report
+        assert f"uids [{uid}]" in str(report) and "admission is wedged" in str(report)
+        sched.admit()
+    fine = make_sched()
+    fine.submit(wb.Request(prompt=prompt(5), max_tokens=3))
+    assert fine.check().ok  # a queue admit() will take is no problem before admit()
+    admits = 0
+    admit = sched.admit
+
+    def counted():  # run() on a wedge would loop for ever: fail instead
+        nonlocal admits
+        admits += 1
+        assert admits < 50, "run() kept calling admit() on a wedged engine"
+        return admit()
+
+    sched.admit = counted
+    with pytest.raises(
+        RuntimeError, match=r"run\(\): admit\(\) admitted nothing on an idle engine: .*admission is wedged"
+    ):
+        sched.run()
+    assert admits == 1 and sched.queue == (uid,)
+
+
+# -- progress under every policy, budget, layout and pipelining ---------------------------
+
+WORK = st.lists(
+    st.fixed_dictionaries(
+        dict(
+            n=st.sampled_from([1, 1, 2, 3, 4]),  # 1: a plain request, else a submit_n group
+            prompt=st.integers(1, 200),
+            max_tokens=st.integers(1, 10),
+            priority=st.integers(0, 2),
+            sampled=st.booleans(),
+            arrival=st.integers(0, 8),  # the iteration it is submitted at
+        )
+    ),
+    min_size=1,
+    max_size=5,
+)
+
+
+def run_bounded(sched, work, bound):
+    """Submit ``work`` at its arrival iterations and drive the engine (:func:`drive`'s
+    iteration) at most ``bound`` times; returns ``{uid: max_tokens}`` of every request."""
+    uids, pending = {}, sorted(enumerate(work), key=lambda a: a[1]["arrival"])
+    for i in range(bound):
+        while pending and (pending[0][1]["arrival"] <= i or sched.idle):
+            k, w = pending.pop(0)
+            request = wb.Request(
+                prompt=prompt_of_length(sched.tokenizer, w["prompt"], 17 * k),
+                max_tokens=w["max_tokens"],
+                priority=w["priority"],
+                temperature=0.9 if w["sampled"] else 0.0,
+                seed=k,
+                stop_ids=[],
+            )
+            new = sched.submit_n(request, w["n"]) if w["n"] > 1 else [sched.submit(request)]
+            uids.update(dict.fromkeys(new, w["max_tokens"]))
+        if sched.idle:
+            break
+        sched.admit()
+        if sched.batch.rows:
+            sched.step()
+        sched.filter()
+        assert sched.check().ok, sched.check()
+    return uids
+
+
+def progress_settings(request):
+    long = request.config.getoption("--long")
+    return settings(
+        max_examples=60 if long else 4,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=not long,
+    )
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "serial"])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_request_finishes_under_every_policy_and_budget(bundled, policy, layout, pipeline, request):
+    """Budgets from the least that admits the largest request alone upward: within a bounded
+    number of iterations every request (plain or a ``submit_n`` sample) finishes with its
+    ``max_tokens``, or, when it could never fit, was refused at ``submit``."""
+    model, tok = bundled
+    position_bytes = wb.Scheduler(model, tok).ledger.base.full_token_bytes  # one position, every layer
+
+    @progress_settings(request)
+    @given(
+        work=WORK,
+        extra_tokens=st.sampled_from([0, 0, 8, 40, 64, 200, 600]),
+        max_batch=st.integers(1, 6),
+        chunk=st.sampled_from([16, 64, 2048]),
+    )
+    def check(work, extra_tokens, max_batch, chunk):
+        options = dict(layout=layout, pipeline=pipeline, policy=policy, max_batch=max_batch)
+        options |= dict(prefill_step_size=chunk) if layout == "padded" else dict(max_num_batched_tokens=chunk)
+        ledger = wb.Scheduler(model, tok, **options).ledger
+        largest = max(ledger.alone_bytes(w["prompt"], w["max_tokens"]) for w in work)
+        budget = largest + extra_tokens * position_bytes
+        sched = wb.Scheduler(model, tok, kv_budget_bytes=budget, **options)
+        too_long = wb.Request(prompt=prompt_of_length(tok, 300, 3), max_tokens=200)
+        if sched.ledger.alone_bytes(300, 200) > budget:  # never fits: refused, nothing queued
+            with pytest.raises(ValueError, match="kv_budget_bytes"):
+                sched.submit(too_long)
+        bound = 3 * sum(w["n"] * (w["max_tokens"] + w["prompt"] // 16 + 3) for w in work) + 20
+        uids = run_bounded(sched, work, bound)
+        short = {u: len(sched.tokens(u)) for u, m in uids.items() if len(sched.tokens(u)) != m}
+        assert sched.idle and not short, (
+            f"after {bound} iterations: queue {sched.queue}, running {[r.uid for r in sched.batch.rows]}, "
+            f"held prompts {sorted(sched.state.shared_prompts)}, short rows {short}"
+        )
+        assert all(s.held_bytes <= budget for s in sched.history)
+
+    check()

@@ -7,7 +7,7 @@ instead of hanging it; a request that could never fit is refused at ``submit``."
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import workbench as wb
@@ -125,7 +125,9 @@ WORK = st.lists(
 
 def run_bounded(sched, work, bound):
     """Submit ``work`` at its arrival iterations and drive the engine (:func:`drive`'s
-    iteration) at most ``bound`` times; returns ``{uid: max_tokens}`` of every request."""
+    iteration) at most ``bound`` times, failing at once when ``admit()`` leaves a queue on
+    an idle engine (a wedge: every later iteration would repeat it); returns
+    ``{uid: max_tokens}`` of every request."""
     uids, pending = {}, sorted(enumerate(work), key=lambda a: a[1]["arrival"])
     for i in range(bound):
         while pending and (pending[0][1]["arrival"] <= i or sched.idle):
@@ -143,6 +145,10 @@ def run_bounded(sched, work, bound):
         if sched.idle:
             break
         sched.admit()
+        assert sched.batch.rows or sched.state.prefilling or not sched.queue, (
+            f"admit() took none of the queue {sched.queue} on an idle engine "
+            f"(held prompts {sorted(sched.state.shared_prompts)})"
+        )
         if sched.batch.rows:
             sched.step()
         sched.filter()
@@ -153,7 +159,7 @@ def run_bounded(sched, work, bound):
 def progress_settings(request):
     long = request.config.getoption("--long")
     return settings(
-        max_examples=60 if long else 4,
+        max_examples=60 if long else 3,
         deadline=None,
         suppress_health_check=list(HealthCheck),
         derandomize=not long,
@@ -171,6 +177,21 @@ def test_every_request_finishes_under_every_policy_and_budget(bundled, policy, l
     position_bytes = wb.Scheduler(model, tok).ledger.base.full_token_bytes  # one position, every layer
 
     @progress_settings(request)
+    @example(  # the samples' held prompt bounds the next sample over a budget it fits alone
+        work=[dict(n=3, prompt=199, max_tokens=3, priority=0, sampled=False, arrival=0)],
+        extra_tokens=200,
+        max_batch=1,
+        chunk=16,
+    )
+    @example(  # ... and a longer, more urgent request that arrives while they wait
+        work=[
+            dict(n=3, prompt=20, max_tokens=5, priority=0, sampled=True, arrival=0),
+            dict(n=1, prompt=200, max_tokens=10, priority=1, sampled=False, arrival=1),
+        ],
+        extra_tokens=64,
+        max_batch=6,
+        chunk=2048,
+    )
     @given(
         work=WORK,
         extra_tokens=st.sampled_from([0, 0, 8, 40, 64, 200, 600]),

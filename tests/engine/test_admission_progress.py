@@ -60,6 +60,41 @@ def test_a_held_prompt_yields_to_a_request_that_fits_alone(bundled):
     assert sched.tokens(urgent) == oracle_tokens(model, tok, long)
 
 
+def test_a_row_is_not_preempted_when_its_resumed_inputs_could_never_fit_again(bundled):
+    """With a prompt cache the projection of a group is a bound over cached prefixes, which
+    grows with the input: a 250-token prompt that fits a budget alone does not once it
+    resumes with 8 tokens more. The urgent request waits for it instead of preempting it
+    into a queue it could never leave."""
+    from mlx_lm.models.cache import LRUPromptCache
+
+    model, tok = bundled
+    probe = wb.Scheduler(model, tok, prompt_cache=LRUPromptCache(max_size=4))
+    budget = probe.ledger.alone_bytes(250, 10)
+    sched = wb.Scheduler(
+        model, tok, kv_budget_bytes=budget, policy="priority", prompt_cache=LRUPromptCache(max_size=4)
+    )
+    low = wb.Request(prompt=prompt_of_length(tok, 250, 1), max_tokens=10, stop_ids=[])
+    resumed = low.prompt + [0] * 8  # its prompt and 8 tokens: more than the budget alone
+    assert sched.ledger.alone_bytes(len(resumed), 2) > budget
+    uids = [sched.submit(low)]
+    drive_steps(sched, 8)
+    uids.append(sched.submit(wb.Request(prompt=prompt_of_length(tok, 5, 9), max_tokens=5, priority=5)))
+    iterations = drive(sched, 40)
+    assert_drained(sched, uids, iterations)
+    assert not [e for e in sched.events if e.kind == "preempt"]
+    assert sched.tokens(uids[0]) == oracle_tokens(model, tok, low)
+
+
+def drive_steps(sched, steps):
+    """Iterate until ``steps`` decode steps have run (at most ``2 * steps + 4`` iterations)."""
+    start = sched.step_index
+    for _ in range(2 * steps + 4):
+        if sched.step_index - start >= steps:
+            return
+        drive(sched, 1)
+    raise AssertionError(f"{steps} decode steps did not run")
+
+
 def oracle_tokens(model, tok, request):
     """The request's tokens run alone on a fresh engine."""
     alone = wb.Scheduler(model, tok)

@@ -14,7 +14,8 @@ Rules (the scheduler applies the :class:`Decision`):
   (:class:`workbench.engine.kv.allocation.KVPlan`) stay within it; the first that does not
   fit stops the choice, so the policy's order holds;
 - when not even the first fits, running rows of *lower* priority are preempted (lowest
-  first, the latest joined among equals) if that makes it fit; never when it would not.
+  first, the latest joined among equals) if that makes it fit; never when it would not,
+  and never a row that could not resume alone on an idle engine.
 
 No starvation: the first request waits only while running rows hold bytes, and one alone
 on an empty engine always fits (``submit`` refuses one that would not). What the engine
@@ -227,9 +228,16 @@ class Admission:
     ) -> list[int]:
         """Running unfinished rows of lower priority than ``joiner`` to preempt so that
         ``group`` (the joiner alone) fits, lowest priority (then latest joined) first;
-        ``[]`` if even all of them would not make room."""
+        ``[]`` if even all of them would not make room. A row whose resumed inputs (prompt
+        and tokens so far) would not fit alone on an idle engine is never a victim: it could
+        never come back (the projection of a longer input may exceed what its prompt did)."""
         want = joiner.valid.request.priority
-        lower = [s for s in running if not s.finished and s.valid.request.priority < want]
+        idle = plan.idle() if plan is not None else None
+        lower = [
+            s
+            for s in running
+            if not s.finished and s.valid.request.priority < want and self._fits(idle, [joiner_tokens(s)], [])
+        ]
         victims: list[int] = []
         for s in sorted(lower, key=lambda s: (s.valid.request.priority, -s.join_order)):
             if self._fits(plan, group, victims):

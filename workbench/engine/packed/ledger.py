@@ -24,6 +24,7 @@ the budget evicts the least recently used of them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ class PagePlan:
     rows: tuple[tuple[int, int], ...] = ()
     held: tuple[tuple[int, tuple[int, ...]], ...] = ()
     joining: Callable[[Sequence[RowTokens]], tuple[set[int], int]] | None = field(default=None, compare=False)
+
+    def idle(self) -> "PagePlan":
+        """This plan with no row in the batch (:meth:`KVPlan.idle`'s counterpart)."""
+        return dataclasses.replace(self, rows=(), held=())
 
     def pages(self, tokens: int) -> int:
         """Pages for ``tokens`` positions."""

@@ -85,6 +85,27 @@ def test_a_row_is_not_preempted_when_its_resumed_inputs_could_never_fit_again(bu
     assert sched.tokens(uids[0]) == oracle_tokens(model, tok, low)
 
 
+def test_preempting_a_row_that_could_never_resume_is_refused_naming_the_budget(bundled):
+    from mlx_lm.models.cache import LRUPromptCache
+
+    model, tok = bundled
+    probe = wb.Scheduler(model, tok, prompt_cache=LRUPromptCache(max_size=4))
+    budget = probe.ledger.alone_bytes(250, 10)
+    sched = wb.Scheduler(model, tok, kv_budget_bytes=budget, prompt_cache=LRUPromptCache(max_size=4))
+    uid = sched.submit(wb.Request(prompt=prompt_of_length(tok, 250, 1), max_tokens=10, stop_ids=[]))
+    drive_steps(sched, 2)
+    sched.preempt(uid)  # 2 tokens more still fit: it resumes
+    drive_steps(sched, 6)
+    assert len(sched.tokens(uid)) == 8
+    with pytest.raises(
+        ValueError, match=rf"preempt: uid {uid} could never resume: .*kv_budget_bytes is {budget:,}"
+    ):
+        sched.preempt(uid)
+    assert sched.status(uid) is wb.Status.RUNNING
+    iterations = drive(sched, 10)
+    assert_drained(sched, [uid], iterations)
+
+
 def drive_steps(sched, steps):
     """Iterate until ``steps`` decode steps have run (at most ``2 * steps + 4`` iterations)."""
     start = sched.step_index

@@ -829,8 +829,19 @@ class Scheduler:
         greedy output equals an uninterrupted run. Returns the ``preempt`` event.
 
         Raises:
-            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
+            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row, or
+                its prompt and tokens so far would not fit ``kv_budget_bytes`` alone (it
+                could never resume: with a prompt cache or pacing the projection grows with
+                the input).
         """
+        s, budget = self._state_of(uid), self.config.kv_budget_bytes
+        final = len(s.valid.prompt_ids) + s.valid.request.max_tokens
+        need = self.ledger.alone_bytes(s.n_inputs, final - s.n_inputs) if budget is not None else 0
+        if budget is not None and need > budget and s.status is Status.RUNNING:
+            raise ValueError(
+                f"preempt: uid {uid} could never resume: its prompt and {len(s.tokens)} tokens project "
+                f"{need:,} KV bytes alone but kv_budget_bytes is {budget:,}"
+            )
         return self._preempt(uid)
 
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:

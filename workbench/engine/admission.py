@@ -14,11 +14,17 @@ Rules (the scheduler applies the :class:`Decision`):
   (:class:`workbench.engine.kv.allocation.KVPlan`) stay within it; the first that does not
   fit stops the choice, so the policy's order holds;
 - when not even the first fits, running rows of *lower* priority are preempted (lowest
-  first, the latest joined among equals) if that makes it fit; never when it would not.
+  first, the latest joined among equals) if that makes it fit; never when it would not,
+  and never a row that could not resume alone on an idle engine.
 
 No starvation: the first request waits only while running rows hold bytes, and one alone
-on an empty engine always fits (``submit`` refuses one that would not). A policy is any
-object with ``name`` and ``order(queue: [Queued]) -> [uid]``.
+on an empty engine always fits (``submit`` refuses one that would not). What the engine
+holds for later may not keep it out: the scheduler decides again without it before a
+request waits (the prompts held for queued ``submit_n`` samples, which bound the projection
+of every joiner while held; on an idle engine, the prompt-cache entries), and
+:meth:`Admission.wedge` names an idle engine whose queue admission would still admit none
+of (``Scheduler.check()`` reports it, ``run()`` raises). A policy is any object with
+``name`` and ``order(queue: [Queued]) -> [uid]``.
 """
 
 from __future__ import annotations
@@ -170,13 +176,9 @@ class Admission:
         if slots <= 0 or not queue:
             return Decision()
         by_uid = {s.uid: s for s in queue}
-        seen = [
-            Queued(s.uid, len(s.valid.prompt_ids), s.valid.request.priority, i, now_s - s.submitted_s)
-            for i, s in enumerate(queue)
-        ]
         chosen: list[RowTokens] = []
         preempt: list[int] = []
-        for uid in self.policy.order(seen)[:slots]:
+        for uid in self.policy.order(_seen(queue, now_s))[:slots]:
             group = chosen + [joiner_tokens(by_uid[uid])]
             if not self._fits(plan, group, preempt):
                 if chosen:
@@ -186,6 +188,32 @@ class Admission:
                     break
             chosen = group
         return Decision([j.uid for j in chosen], preempt)
+
+    def wedge(self, queue: Sequence[RequestState], plan: KVPlan | None) -> str:
+        """Why admission would admit none of ``queue`` on an idle engine (no running row,
+        no prefilling group) whose ``plan`` is the batch once what may yield has yielded
+        (``""`` when it admits someone, or nothing waits). One request alone always fits an
+        idle engine (``submit`` refuses one that would not), so a non-empty answer is a
+        wedge: ``admit()`` would change nothing, for ever. Reads no clock (a request's
+        ``waited_s`` counts to the latest submission)."""
+        if not queue:
+            return ""
+        latest = max(s.submitted_s for s in queue)
+        if self.decide(queue, (), plan, latest).admit:
+            return ""
+        first = self.policy.order(_seen(queue, latest))[:1]
+        need = ""
+        if first and plan is not None and self.config.kv_budget_bytes is not None:
+            head = next(s for s in queue if s.uid == first[0])
+            need = (
+                f"; its first choice, uid {head.uid}, projects "
+                f"{plan.projected_bytes([joiner_tokens(head)]):,} KV bytes alone "
+                f"(kv_budget_bytes {self.config.kv_budget_bytes:,})"
+            )
+        return (
+            f"the engine is idle with {len(queue)} queued request(s) (uids {[s.uid for s in queue][:8]}) "
+            f"and policy {self.policy.name!r} admits none of them{need}: admission is wedged"
+        )
 
     def _fits(self, plan: KVPlan | None, joiners: list[RowTokens], dropped: list[int]) -> bool:
         budget = self.config.kv_budget_bytes
@@ -200,12 +228,27 @@ class Admission:
     ) -> list[int]:
         """Running unfinished rows of lower priority than ``joiner`` to preempt so that
         ``group`` (the joiner alone) fits, lowest priority (then latest joined) first;
-        ``[]`` if even all of them would not make room."""
+        ``[]`` if even all of them would not make room. A row whose resumed inputs (prompt
+        and tokens so far) would not fit alone on an idle engine is never a victim: it could
+        never come back (the projection of a longer input may exceed what its prompt did)."""
         want = joiner.valid.request.priority
-        lower = [s for s in running if not s.finished and s.valid.request.priority < want]
+        idle = plan.idle() if plan is not None else None
+        lower = [
+            s
+            for s in running
+            if not s.finished and s.valid.request.priority < want and self._fits(idle, [joiner_tokens(s)], [])
+        ]
         victims: list[int] = []
         for s in sorted(lower, key=lambda s: (s.valid.request.priority, -s.join_order)):
             if self._fits(plan, group, victims):
                 break
             victims.append(s.uid)
         return victims if self._fits(plan, group, victims) else []
+
+
+def _seen(queue: Sequence[RequestState], now_s: float) -> list[Queued]:
+    """What the policy sees of ``queue`` (arrival order) at ``now_s`` seconds."""
+    return [
+        Queued(s.uid, len(s.valid.prompt_ids), s.valid.request.priority, i, now_s - s.submitted_s)
+        for i, s in enumerate(queue)
+    ]

@@ -18,6 +18,9 @@ Checked (``Scheduler.check()``; the tests and the fuzzer call it after every ope
   inside its cache rows;
 - every request's text cache (given the tokenizer) holds at most its text tokens, and its
   visible text and stop position equal a fresh detokenizer's over the tokens it counts;
+- an idle engine (no running row, no prefilling group) with a queue admits someone of it
+  once what may yield has (``Scheduler.check()`` asks admission: a queue it would admit
+  none of is a wedge);
 - every attention layer's ``offset[b]`` equals the scheduler's count of tokens in row
   ``b``'s cache (prompt + fed tokens) and full-attention layers have
   ``left_padding + offset = KV width``; every layer holds ``B`` + free-slot rows.
@@ -177,10 +180,13 @@ def _layer(name: str, label: str, cache, held: np.ndarray, B: int) -> list[str]:
     return out
 
 
-def check_state(state: Any, tokenizer=None) -> Integrity:
+def check_state(state: Any, tokenizer=None, wedge: str = "") -> Integrity:
     """Check ``state`` (see the module docstring; the text caches only with the requests'
-    ``tokenizer``). Never raises for a bad state: the problems are the result."""
+    ``tokenizer``); ``wedge``, when not empty, is admission's sentence on an idle engine
+    whose queue it would admit none of (:meth:`workbench.engine.admission.Admission.wedge`),
+    reported as a problem. Never raises for a bad state: the problems are the result."""
     problems = _places(state) + ([] if tokenizer is None else _texts(state, tokenizer))
+    problems += [wedge] if wedge else []
     batch_problems, n_layers = _batch(state)
     summary = (
         f"{len(state.batch)} row(s), {len(state.queue)} queued, "

@@ -333,10 +333,15 @@ class Scheduler:
         return True
 
     def _decide(self) -> Decision:
-        """Admission's decision on the batch as allocated now. On an idle engine whose
-        prompt-cache entries alone keep the first request out, they are dropped first."""
+        """Admission's decision on the batch as allocated now. What may yield does so before
+        a request waits: on an idle engine, prompt-cache entries that keep the first request
+        out are dropped; then the prompts held for queued ``submit_n`` samples
+        (:mod:`workbench.engine.shared_prompts`) when admission without them admits someone."""
         st = self.state
-        decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
+        decide = lambda **held: self.admission.decide(  # noqa: E731
+            st.queue, st.batch.rows, self.ledger.plan(st, **held), self.clock()
+        )
+        decision = decide()
         if (
             not decision.admit
             and not st.batch.rows
@@ -344,7 +349,11 @@ class Scheduler:
             and st.prompt_cache.nbytes
         ):
             st.prompt_cache.trim_to(0)
-            decision = self.admission.decide(st.queue, st.batch.rows, self.ledger.plan(st), self.clock())
+            decision = decide()
+        if not decision.admit and st.shared_prompts:
+            unheld = decide(held_prompts=False)
+            if unheld.admit:
+                st.shared_prompts, decision = {}, unheld
         return decision
 
     @transactional()
@@ -477,8 +486,19 @@ class Scheduler:
         ``preempt`` event.
 
         Raises:
-            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row.
+            KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row, or
+                its prompt and tokens so far would not fit ``kv_budget_bytes`` alone (it
+                could never resume: with a prompt cache or pacing the projection grows with
+                the input).
         """
+        s, budget = self._state_of(uid), self.config.kv_budget_bytes
+        final = len(s.valid.prompt_ids) + s.valid.request.max_tokens
+        need = self.ledger.alone_bytes(s.n_inputs, final - s.n_inputs) if budget is not None else 0
+        if budget is not None and need > budget and s.status is Status.RUNNING:
+            raise ValueError(
+                f"preempt: uid {uid} could never resume: its prompt and {len(s.tokens)} tokens project "
+                f"{need:,} KV bytes alone but kv_budget_bytes is {budget:,}"
+            )
         return self._preempt(uid)
 
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
@@ -503,7 +523,8 @@ class Scheduler:
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
         """Drive ``admit(); step(); filter()`` until idle (or ``max_steps`` decode steps),
         submitting ``arrivals`` ``(step, request)`` once ``step_index`` reaches ``step`` (at
-        once when the engine would otherwise be idle); returns the :class:`Report`."""
+        once when the engine would otherwise be idle); returns the :class:`Report`. Raises
+        RuntimeError when admission is wedged (:meth:`_iterate`) instead of looping for ever."""
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
         while max_steps is None or self.step_index - start < max_steps:
@@ -515,10 +536,19 @@ class Scheduler:
         return self.report()
 
     def _iterate(self) -> None:
-        """One ``admit(); step(); filter()``; ``step()`` only when a row runs (else it is a no-op)."""
+        """One ``admit(); step(); filter()``; ``step()`` only when a row runs (else it is a no-op).
+
+        Raises:
+            RuntimeError: ``admit()`` left a queue on an idle engine (admission is wedged:
+                every later iteration would repeat it, never returning).
+        """
         self.admit()
-        if self.state.batch.rows:
+        st = self.state
+        if st.batch.rows:
             self.step()
+        elif st.queue and st.prefilling is None:
+            why = "; ".join(self.check().problems) or f"{len(st.queue)} request(s) wait"
+            raise RuntimeError(f"run(): admit() admitted nothing on an idle engine: {why}")
         self.filter()
 
     # -- checkpoint, restore, fork ----------------------------------------------------
@@ -583,8 +613,12 @@ class Scheduler:
 
     def check(self) -> Integrity:
         """The engine's :class:`Integrity` (:mod:`workbench.engine.integrity`: places, uids,
-        cache offsets and texts agree; ``.ok``, ``.problems``). Raises nothing; changes nothing."""
-        return check_state(self.state, self.tokenizer)
+        cache offsets and texts agree, and no idle engine with a queue admission would admit
+        none of: a wedge; ``.ok``, ``.problems``). Raises nothing; changes nothing."""
+        st = self.state
+        idle = st.queue and st.prefilling is None and not st.batch.rows  # admit() must take someone
+        plan = self.ledger.plan(st, held_prompts=False, prompt_cache=False) if idle else None
+        return check_state(st, self.tokenizer, self.admission.wedge(st.queue, plan) if idle else "")
 
     # -- reading a request ------------------------------------------------------------
     def _state_of(self, uid: int) -> RequestState:

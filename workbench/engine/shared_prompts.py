@@ -13,8 +13,11 @@ waits. Such a sample is admitted with a copy of it as its cached prefix, as a fu
 prompt-cache hit is: no prefill forward runs for it, and the join forward feeds its last
 input token. A held prompt is never written (every use clones it); it counts against
 ``kv_budget_bytes`` (the ledger keeps none that does not fit and drops them when a group
-needs the room: :class:`~workbench.engine.kv.ledger.KVLedger`), and it goes as soon as no
-sample that could use it waits. Example, ``submit_n(request, 4)`` with ``max_batch=2``::
+needs the room: :class:`~workbench.engine.kv.ledger.KVLedger`), it yields before a request
+waits (while one is held every group is projected as a bound, so the scheduler decides
+again without the held prompts when the first request does not fit, and drops them when
+that admits someone), and it goes as soon as no sample that could use it waits. Example,
+``submit_n(request, 4)`` with ``max_batch=2``::
 
     admit()   uids 0 1 prefilled once, joined    held {0: prompt[:-1]}   (2 and 3 wait)
     filter()  0 1 evicted

@@ -37,6 +37,7 @@ sum ``4 x 28 x 2,048 = 229,376`` is 9.1x too small).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -174,6 +175,11 @@ class KVPlan:
     now: Allocation = Allocation()
     chunked_padding: bool = False
     rows: tuple[RowTokens, ...] = field(default_factory=tuple)
+
+    def idle(self) -> "KVPlan":
+        """This plan on an idle engine: nothing allocated, no row, no prompt-cache prefix
+        (what one request alone is projected against, as a preempted row resumes)."""
+        return dataclasses.replace(self, now=Allocation(), rows=(), stored_tokens=0)
 
     def row_bytes(self, full_capacity_tokens: int, ring_tokens: Sequence[int] | None = None) -> int:
         """Bytes of one cache row with ``full_capacity_tokens`` full-attention positions and

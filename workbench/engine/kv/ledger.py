@@ -96,18 +96,20 @@ class KVLedger:
         )
         self.config = config
 
-    def plan(self, st: Any) -> KVPlan:
+    def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> KVPlan:
         """The :class:`KVPlan` of engine state ``st`` now (its batch's allocation and rows;
         with a prompt cache, its entries bound the cached prefixes a joiner may copy; while
         a shared prompt is held or a prefilling member starts from one, groups are bounded
-        as cached prefixes are, not computed exactly)."""
+        as cached prefixes are, not computed exactly). ``held_prompts=False`` /
+        ``prompt_cache=False``: as if the shared prompts / the prompt-cache entries had
+        been dropped (what admission decides on once they yield)."""
         stored = 0
-        if st.prompt_cache is not None and self.base.full_token_bytes:
+        if prompt_cache and st.prompt_cache is not None and self.base.full_token_bytes:
             stored = st.prompt_cache.nbytes // self.base.full_token_bytes
         starts = st.prefilling is not None and any(s.cached_tokens for s in st.prefilling.states)
         return dataclasses.replace(
             self.base,
-            exact_chunks=self.base.exact_chunks and not (st.shared_prompts or starts),
+            exact_chunks=self.base.exact_chunks and not ((held_prompts and st.shared_prompts) or starts),
             now=read_allocation(st.batch.caches),
             stored_tokens=stored,
             rows=tuple(row_tokens(r) for r in st.batch.rows),

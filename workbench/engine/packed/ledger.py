@@ -24,6 +24,7 @@ the budget evicts the least recently used of them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,10 @@ class PagePlan:
     rows: tuple[tuple[int, int], ...] = ()
     held: tuple[tuple[int, tuple[int, ...]], ...] = ()
     joining: Callable[[Sequence[RowTokens]], tuple[set[int], int]] | None = field(default=None, compare=False)
+
+    def idle(self) -> "PagePlan":
+        """This plan with no row in the batch (:meth:`KVPlan.idle`'s counterpart)."""
+        return dataclasses.replace(self, rows=(), held=())
 
     def pages(self, tokens: int) -> int:
         """Pages for ``tokens`` positions."""
@@ -133,8 +138,11 @@ class PageLedger:
 
         return joining
 
-    def plan(self, st: Any) -> PagePlan:
-        """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now."""
+    def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> PagePlan:
+        """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now
+        (``held_prompts`` and ``prompt_cache`` are accepted for
+        :class:`~workbench.engine.kv.ledger.KVLedger`'s signature: the packed layout holds
+        no shared prompt, and cached pages no row holds are evicted as pages are taken)."""
         batch = st.batch
         held = tuple((r.uid, tuple(batch.table.pages.get(r.uid, ()))) for r in batch.rows)
         rows = tuple(

@@ -266,3 +266,15 @@ def test_no_import_circle():
     graph = {p.relative_to(PACKAGE).with_suffix("").as_posix(): module_imports(p) for p in modules()}
     circles = [c for c in import_circles(graph) if c not in ALLOWED_CIRCLES]
     assert not circles, f"import circles (imports inside functions count): {[sorted(c) for c in circles]}"
+
+
+SCHEDULER_CLASS_LINES = 600  # issue 38: the Scheduler keeps the life of requests, the layouts the rest
+
+
+def test_the_scheduler_class_stays_within_its_size():
+    """The ``Scheduler`` class (docstrings included) is at most ``SCHEDULER_CLASS_LINES``
+    lines: what is not the life of requests lives in a layout, a lever or a helper module."""
+    tree = ast.parse((ENGINE / "scheduler.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler"]
+    n = cls.end_lineno - cls.lineno + 1
+    assert n <= SCHEDULER_CLASS_LINES, f"Scheduler class is {n} lines (at most {SCHEDULER_CLASS_LINES})"

@@ -98,7 +98,7 @@ def test_preempting_a_row_that_could_never_resume_is_refused_naming_the_budget(b
     drive_steps(sched, 6)
     assert len(sched.tokens(uid)) == 8
     with pytest.raises(
-        ValueError, match=rf"preempt: uid {uid} could never resume: .*kv_budget_bytes is {budget:,}"
+        ValueError, match=rf"preempt: uid {uid} could never resume with .*kv_budget_bytes is {budget:,}"
     ):
         sched.preempt(uid)
     assert sched.status(uid) is wb.Status.RUNNING

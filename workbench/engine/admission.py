@@ -29,7 +29,7 @@ of (``Scheduler.check()`` reports it, ``run()`` raises). A policy is any object 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -189,15 +189,40 @@ class Admission:
             chosen = group
         return Decision([j.uid for j in chosen], preempt)
 
-    def wedge(self, queue: Sequence[RequestState], plan: KVPlan | None) -> str:
-        """Why admission would admit none of ``queue`` on an idle engine (no running row,
-        no prefilling group) whose ``plan`` is the batch once what may yield has yielded
-        (``""`` when it admits someone, or nothing waits). One request alone always fits an
-        idle engine (``submit`` refuses one that would not), so a non-empty answer is a
-        wedge: ``admit()`` would change nothing, for ever. Reads no clock (a request's
-        ``waited_s`` counts to the latest submission)."""
-        if not queue:
+    def decide_now(self, st: Any, ledger: Any, clock: Callable[[], float]) -> Decision:
+        """The decision on engine state ``st`` as ``ledger`` plans its batch now, at
+        ``clock()``. What may yield does so before a request waits: on an idle engine,
+        prompt-cache entries that keep the first request out are dropped
+        (``st.prompt_cache.trim_to(0)``); then the prompts held for queued ``submit_n``
+        samples (``st.shared_prompts``, :mod:`workbench.engine.shared_prompts`) when the
+        decision without them admits someone. Changes ``st`` only so."""
+
+        def decide(**held: bool) -> Decision:
+            return self.decide(st.queue, st.batch.rows, ledger.plan(st, **held), clock())
+
+        decision = decide()
+        cache = st.prompt_cache
+        if not decision.admit and not st.batch.rows and cache is not None and cache.nbytes:
+            cache.trim_to(0)
+            decision = decide()
+        if not decision.admit and st.shared_prompts:
+            unheld = decide(held_prompts=False)
+            if unheld.admit:
+                st.shared_prompts, decision = {}, unheld
+        return decision
+
+    def wedge(self, st: Any, ledger: Any) -> str:
+        """Why admission would admit none of ``st.queue`` when the engine is idle (no running
+        row, no prefilling group), planned by ``ledger`` once what may yield (held prompts,
+        prompt-cache entries) has yielded; ``""`` when it admits someone, nothing waits or
+        the engine is not idle. One request alone always fits an idle engine (``submit``
+        refuses one that would not), so a non-empty answer is a wedge: ``admit()`` would
+        change nothing, for ever. Reads no clock (a request's ``waited_s`` counts to the
+        latest submission)."""
+        queue = st.queue
+        if not queue or st.prefilling is not None or st.batch.rows:
             return ""
+        plan = ledger.plan(st, held_prompts=False, prompt_cache=False)
         latest = max(s.submitted_s for s in queue)
         if self.decide(queue, (), plan, latest).admit:
             return ""

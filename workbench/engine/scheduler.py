@@ -50,7 +50,7 @@ from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
 from . import shared_prompts
-from .admission import Admission, Decision, policy_from
+from .admission import Admission, policy_from
 from .capture import engine_capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
 from .checkpoint_io import identity_of
@@ -311,7 +311,7 @@ class Scheduler:
         st = self.state
         if prefill_limit == 0:
             return False
-        decision = self._decide()
+        decision = self.admission.decide_now(st, self.ledger, self.clock)
         for uid in decision.preempt:  # compacted, not left as free slots: this call may still fill
             self._preempt(uid, reuse_slots=False)  # a free slot in place, which a rollback could not undo
         if not decision.admit:
@@ -331,30 +331,6 @@ class Scheduler:
         for s in chosen:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
-
-    def _decide(self) -> Decision:
-        """Admission's decision on the batch as allocated now. What may yield does so before
-        a request waits: on an idle engine, prompt-cache entries that keep the first request
-        out are dropped; then the prompts held for queued ``submit_n`` samples
-        (:mod:`workbench.engine.shared_prompts`) when admission without them admits someone."""
-        st = self.state
-        decide = lambda **held: self.admission.decide(  # noqa: E731
-            st.queue, st.batch.rows, self.ledger.plan(st, **held), self.clock()
-        )
-        decision = decide()
-        if (
-            not decision.admit
-            and not st.batch.rows
-            and st.prompt_cache is not None
-            and st.prompt_cache.nbytes
-        ):
-            st.prompt_cache.trim_to(0)
-            decision = decide()
-        if not decision.admit and st.shared_prompts:
-            unheld = decide(held_prompts=False)
-            if unheld.admit:
-                st.shared_prompts, decision = {}, unheld
-        return decision
 
     @transactional()
     def step(self) -> list[Event]:
@@ -487,18 +463,13 @@ class Scheduler:
 
         Raises:
             KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row, or
-                its prompt and tokens so far would not fit ``kv_budget_bytes`` alone (it
-                could never resume: with a prompt cache or pacing the projection grows with
-                the input).
+                its prompt and tokens so far would not fit ``kv_budget_bytes`` alone.
         """
-        s, budget = self._state_of(uid), self.config.kv_budget_bytes
-        final = len(s.valid.prompt_ids) + s.valid.request.max_tokens
-        need = self.ledger.alone_bytes(s.n_inputs, final - s.n_inputs) if budget is not None else 0
-        if budget is not None and need > budget and s.status is Status.RUNNING:
-            raise ValueError(
-                f"preempt: uid {uid} could never resume: its prompt and {len(s.tokens)} tokens project "
-                f"{need:,} KV bytes alone but kv_budget_bytes is {budget:,}"
-            )
+        s = self._state_of(uid)
+        left = len(s.valid.prompt_ids) + s.valid.request.max_tokens - s.n_inputs
+        why = self.ledger.refusal(s.n_inputs, left) if s.status is Status.RUNNING else ""
+        if why:
+            raise ValueError(f"preempt: uid {uid} could never resume with {len(s.tokens)} tokens: {why}")
         return self._preempt(uid)
 
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
@@ -615,10 +586,7 @@ class Scheduler:
         """The engine's :class:`Integrity` (:mod:`workbench.engine.integrity`: places, uids,
         cache offsets and texts agree, and no idle engine with a queue admission would admit
         none of: a wedge; ``.ok``, ``.problems``). Raises nothing; changes nothing."""
-        st = self.state
-        idle = st.queue and st.prefilling is None and not st.batch.rows  # admit() must take someone
-        plan = self.ledger.plan(st, held_prompts=False, prompt_cache=False) if idle else None
-        return check_state(st, self.tokenizer, self.admission.wedge(st.queue, plan) if idle else "")
+        return check_state(self.state, self.tokenizer, self.admission.wedge(self.state, self.ledger))
 
     # -- reading a request ------------------------------------------------------------
     def _state_of(self, uid: int) -> RequestState:

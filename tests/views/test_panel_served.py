@@ -90,6 +90,7 @@ def test_the_panel_follows_a_served_engine_and_gets_it_back_when_the_server_stop
         server.stop()
 
     wait_until(lambda: not panel.following, 10, "the follower to end after server.stop()")
+    assert panel.follow_error is None and panel.error.value == ""
     assert panel.source is sched and panel.follow_note.value == ""
     assert not any(panel.buttons[n].disabled for n in ("Admit", "Step", "Filter"))
     last = len(sched.history) - 1

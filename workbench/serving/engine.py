@@ -194,6 +194,9 @@ class EngineThread:
             self._call(lambda u=uid: sched.abort(u))
         self._call(sched.filter)
         self._publish()
+        list(
+            sched.history
+        )  # snapshots are built on first read from this thread's MLX arrays: build them here
         while True:  # readers that asked while it stopped: the scheduler is theirs again
             try:
                 command = self.inbox.get_nowait()

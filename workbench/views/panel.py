@@ -280,7 +280,7 @@ class Panel:
             redraws when the engine changed; it never reads the scheduler while it steps.
             Submit / Admit / Step / Filter / Run / Reset are off (refused with a notice) and
             Restore waits for ``server.stop()``; the slider scrubs the copy. After
-            ``server.stop()`` the panel records one snapshot and drives the scheduler as usual.
+            ``server.stop()`` the panel drives the scheduler as usual.
         max_tokens: initial value of the max-tokens box.
         run_steps: initial value of the "steps N" box.
         reset: ``reset(old_sched) -> new_sched`` used by Reset (default
@@ -316,6 +316,7 @@ class Panel:
         self._lock = threading.RLock()  # one render at a time: the follower's thread or a widget callback
         self._unfollow = threading.Event()
         self.follower: threading.Thread | None = None
+        self.follow_error: Exception | None = None  # what ended the follower thread, if it raised
         if shown is not None and not 0 <= shown < len(sched.history):
             raise ValueError(
                 f"Panel: shown={shown} is not an index of sched.history (0 to {len(sched.history) - 1})"
@@ -458,7 +459,19 @@ class Panel:
         between two of its calls (``server.between(engine_copy)``); a redraw only when the
         engine changed and the slider is at the latest snapshot (a user who scrubbed back
         keeps the copy they scrub, until they move to its end). When the server stops, the
-        scheduler is the caller's again: one last snapshot of it, the buttons back on."""
+        scheduler is the caller's again: the panel draws it (its last snapshot is the engine thread's
+        final ``filter``), the buttons back on. No engine call runs on this thread: MLX's
+        streams are per thread."""
+        try:
+            self._follow_loop()
+        except Exception as exc:  # shown in the panel, never lost in a thread's stderr
+            self.follow_error = exc
+            self.error.value = (
+                f"<span style='color:#c0392b'>following stopped: {html.escape(type(exc).__name__)}: "
+                f"{html.escape(str(exc))}</span>"
+            )
+
+    def _follow_loop(self) -> None:
         while not self._unfollow.wait(self.follow_s):
             if not self.server.serving:
                 break
@@ -478,10 +491,9 @@ class Panel:
                 self._copy = copy
                 self._follow_history()
         with self._lock:
-            if not self.server.serving:
+            if not self.server.serving:  # the engine thread built every snapshot on its way out
                 self._copy = None
                 self._serving(False)
-                self.sched.snapshot(record=True)
                 self._follow_history()
 
     def _serving(self, served: bool) -> None:

@@ -17,7 +17,7 @@ import time
 import nbformat
 import pytest
 
-from tests.browser_lab import CHROMIUM_ARGS, local_only, open_notebook, run_all_cells, start_lab, stop_lab
+from tests.browser_lab import notebook_page, start_lab, stop_lab
 from tests.test_browser import OUT_DIR, chromium  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.browser
@@ -64,40 +64,26 @@ def served_lab(tmp_path):
 
 
 def test_the_panel_follows_a_served_engine_in_jupyterlab_while_a_client_sends_requests(chromium, served_lab):  # noqa: F811
-    from playwright.sync_api import sync_playwright
-
     steps: list[int] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.route("**/*", local_only)
-            try:
-                open_notebook(page, served_lab, "served.ipynb", ".jp-Notebook .jp-Cell")
-                run_all_cells(page, ".jp-Notebook .jp-Cell")
-                follow = page.locator(".wb-follow")
-                follow.wait_for(timeout=120_000)
-                step = page.locator(".jupyter-widgets button:text-is('Step')")
-                served_disabled = step.is_disabled()
-                follow_text = follow.inner_text()
-                status = page.locator(".wb-status")
-                deadline = time.monotonic() + 90
-                shot = False
-                while time.monotonic() < deadline and step.is_disabled():  # until server.stop()
-                    found = re.match(r"engine now: step (\d+)", status.inner_text())
-                    if found:
-                        steps.append(int(found.group(1)))
-                    if not shot and len(set(steps)) >= 3:
-                        page.screenshot(path=str(OUT_DIR / "panel_served.png"))
-                        shot = True
-                    time.sleep(0.2)
-                step_enabled_after = step.is_enabled()
-                page.screenshot(path=str(OUT_DIR / "panel_served_stopped.png"))
-            except Exception:
-                page.screenshot(path=str(OUT_DIR / "served_failure.png"))
-                raise
-        finally:
-            browser.close()
+    with notebook_page(chromium, served_lab, "served.ipynb", OUT_DIR / "served_failure.png") as page:
+        follow = page.locator(".wb-follow")
+        follow.wait_for(timeout=120_000)
+        step = page.locator(".jupyter-widgets button:text-is('Step')")
+        served_disabled = step.is_disabled()
+        follow_text = follow.inner_text()
+        status = page.locator(".wb-status")
+        deadline = time.monotonic() + 90
+        shot = False
+        while time.monotonic() < deadline and step.is_disabled():  # until server.stop()
+            found = re.match(r"engine now: step (\d+)", status.inner_text())
+            if found:
+                steps.append(int(found.group(1)))
+            if not shot and len(set(steps)) >= 3:
+                page.screenshot(path=str(OUT_DIR / "panel_served.png"))
+                shot = True
+            time.sleep(0.2)
+        step_enabled_after = step.is_enabled()
+        page.screenshot(path=str(OUT_DIR / "panel_served_stopped.png"))
     assert served_disabled and "following http://127.0.0.1:" in follow_text, follow_text
     distinct = sorted(set(steps))
     assert len(distinct) >= 3 and steps == sorted(steps), f"the status line's step did not advance: {steps}"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -133,3 +134,28 @@ def run_all_cells(page, cell_selector: str) -> None:
     page.locator(cell_selector).first.click()
     page.locator(".lm-MenuBar-itemLabel:text-is('Run')").click()
     page.locator(".lm-Menu-item:not(.lm-mod-disabled) .lm-Menu-itemLabel:text-is('Run All Cells')").click()
+
+
+@contextmanager
+def notebook_page(
+    chromium: Path, base: str, name: str, failure_png: Path, cell_selector: str = ".jp-Notebook .jp-Cell"
+):
+    """A Chromium page (1400 x 1000, :func:`local_only`) on notebook ``name`` of the server at
+    ``base``, its cells run (:func:`open_notebook`, :func:`run_all_cells`); a failure inside the
+    block saves a screenshot to ``failure_png``; the browser is closed afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.route("**/*", local_only)
+            try:
+                open_notebook(page, base, name, cell_selector)
+                run_all_cells(page, cell_selector)
+                yield page
+            except Exception:
+                page.screenshot(path=str(failure_png))
+                raise
+        finally:
+            browser.close()

@@ -18,16 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_lab import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    KERNEL_IDLE_JS,
-    local_only,
-    open_notebook,
-    run_all_cells,
-    start_lab,
-    stop_lab,
-)
+from tests.browser_lab import CHROMIUM, KERNEL_IDLE_JS, notebook_page, start_lab, stop_lab
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "02_join_evict.ipynb"
@@ -105,62 +96,44 @@ def _wait_for_change(read, old, timeout_s: float):
 
 
 def test_clicking_step_in_the_notebook_panel_changes_the_step_label_and_the_mask_image(chromium, lab_server):
-    from playwright.sync_api import sync_playwright
-
     base, _ = lab_server
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.route("**/*", local_only)
-            try:
-                open_notebook(page, base, NOTEBOOK.name, ".jp-Notebook .jp-Cell")
-                run_all_cells(page, ".jp-Notebook .jp-Cell")
-                step = page.locator(".jupyter-widgets button:text-is('Step')")
-                step.wait_for(timeout=120_000)
-                page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)
-                status = page.locator(".wb-status")
-                status.scroll_into_view_if_needed()
-                label, mask = status.inner_text(), page.evaluate(MASK_SHA256_JS)
-                assert label.startswith("engine now: step "), label
-                # shown at their own size, the images' smallest text is >= 9 px (tests/views: the
-                # panel's figures at IMAGE_DPI); shrunk to half a row it was about 6 px
-                scales = page.evaluate(IMAGE_SCALES_JS)
-                assert len(scales) == 4 and all(scale >= 0.99 for _, scale in scales), scales
-                span = page.evaluate(
-                    PANEL_SPAN_JS
-                )  # buttons, both rows of images and the rows fit a 900 px window
-                assert span <= NOTEBOOK_AREA_PX, (
-                    f"panel from its buttons to its rows text: {span:.0f} px tall"
-                )
-                page.screenshot(path=str(OUT_DIR / "before_step.png"))
+    with notebook_page(chromium, base, NOTEBOOK.name, OUT_DIR / "failure.png") as page:
+        step = page.locator(".jupyter-widgets button:text-is('Step')")
+        step.wait_for(timeout=120_000)
+        page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)
+        status = page.locator(".wb-status")
+        status.scroll_into_view_if_needed()
+        label, mask = status.inner_text(), page.evaluate(MASK_SHA256_JS)
+        assert label.startswith("engine now: step "), label
+        # shown at their own size, the images' smallest text is >= 9 px (tests/views: the
+        # panel's figures at IMAGE_DPI); shrunk to half a row it was about 6 px
+        scales = page.evaluate(IMAGE_SCALES_JS)
+        assert len(scales) == 4 and all(scale >= 0.99 for _, scale in scales), scales
+        span = page.evaluate(PANEL_SPAN_JS)  # buttons, both rows of images and the rows fit a 900 px window
+        assert span <= NOTEBOOK_AREA_PX, f"panel from its buttons to its rows text: {span:.0f} px tall"
+        page.screenshot(path=str(OUT_DIR / "before_step.png"))
 
-                step.click()
-                new_label = _wait_for_change(lambda: _settled(status.inner_text(), label), label, 60)
-                new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
-                page.screenshot(path=str(OUT_DIR / "after_step.png"))
-                status.locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))
+        step.click()
+        new_label = _wait_for_change(lambda: _settled(status.inner_text(), label), label, 60)
+        new_mask = _wait_for_change(lambda: page.evaluate(MASK_SHA256_JS), mask, 30)
+        page.screenshot(path=str(OUT_DIR / "after_step.png"))
+        status.locator("xpath=..").screenshot(path=str(OUT_DIR / "panel.png"))
 
-                page.locator(".wb-view button:text-is('latency')").click()  # the latency view, live
-                page.wait_for_function(
-                    "() => document.querySelector('.wb-itl-image').naturalWidth > 0 && "
-                    "document.querySelector('.wb-mask-image').offsetParent === null",
-                    timeout=60_000,
-                )
-                latency_span, latency_scales = (
-                    page.evaluate(LATENCY_SPAN_JS),
-                    page.evaluate(LATENCY_SCALES_JS),
-                )
-                rates = page.evaluate(RATES_SHA256_JS)
-                page.screenshot(path=str(OUT_DIR / "latency_view.png"))
-                step.click()
-                new_rates = _wait_for_change(lambda: page.evaluate(RATES_SHA256_JS), rates, 60)
-                page.screenshot(path=str(OUT_DIR / "latency_after_step.png"))
-            except Exception:
-                page.screenshot(path=str(OUT_DIR / "failure.png"))
-                raise
-        finally:
-            browser.close()
+        page.locator(".wb-view button:text-is('latency')").click()  # the latency view, live
+        page.wait_for_function(
+            "() => document.querySelector('.wb-itl-image').naturalWidth > 0 && "
+            "document.querySelector('.wb-mask-image').offsetParent === null",
+            timeout=60_000,
+        )
+        latency_span, latency_scales = (
+            page.evaluate(LATENCY_SPAN_JS),
+            page.evaluate(LATENCY_SCALES_JS),
+        )
+        rates = page.evaluate(RATES_SHA256_JS)
+        page.screenshot(path=str(OUT_DIR / "latency_view.png"))
+        step.click()
+        new_rates = _wait_for_change(lambda: page.evaluate(RATES_SHA256_JS), rates, 60)
+        page.screenshot(path=str(OUT_DIR / "latency_after_step.png"))
     step_before, step_after = int(label.split()[3]), int(new_label.split()[3])  # "engine now: step N · ..."
     assert step_after == step_before + 1, (label, new_label)
     assert new_mask != mask, "the mask image did not change after Step"

@@ -10,6 +10,7 @@ One loop, one thread::
                                                                │ submit_n / abort
                                                                │ admit(); step(); filter()
     handler's outbox (asyncio.Queue) ◀──Piece / Done── publish ┘ (loop.call_soon_threadsafe)
+    a reader (the Panel) ──Between(fn)──▶ inbox ──▶ fn(sched) between two engine calls ──▶ its Future
 
 Every engine call stays one of the scheduler's transactions: the thread makes whole calls
 only, and nothing else touches the scheduler while it is served. A handler learns its uids
@@ -80,6 +81,16 @@ class Submit:
 
 
 @dataclass
+class Between:
+    """A command: run ``fn(sched)`` on the engine thread between two engine calls (never
+    during one); ``result`` resolves to its return value or its exception."""
+
+    fn: Any
+    result: Future = field(default_factory=Future)
+    claimed: threading.Lock = field(default_factory=threading.Lock)  # it runs once, on one thread
+
+
+@dataclass
 class _Row:
     index: int
     submit: Submit
@@ -137,6 +148,36 @@ class EngineThread:
         """Hand a :class:`Submit` to the engine (any thread)."""
         self.inbox.put(command)
 
+    def between(self, fn: Any) -> Future:
+        """Run ``fn(sched)`` on the engine thread between two of its engine calls (after a
+        step's ``filter`` and publish, before the next ``admit``) and return a
+        ``concurrent.futures.Future`` of its result: how another thread reads the served
+        scheduler safely (a Panel's snapshot copy) or, rarely, changes it (a restore while
+        idle). Once the thread has stopped (or before it starts), ``fn`` runs at once on the
+        caller's thread. Any thread."""
+        command = Between(fn)
+        if self._thread.is_alive() and not self._stop.is_set():
+            self.inbox.put(command)
+            if self._thread.is_alive():
+                return command.result
+        self._run_between(
+            command
+        )  # the loop has ended (it drains its inbox's Between commands on its way out)
+        return command.result
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (the scheduler is then its own, not the caller's)."""
+        return self._thread.is_alive()
+
+    def _run_between(self, command: Between) -> None:
+        if not command.claimed.acquire(blocking=False):
+            return
+        try:
+            command.result.set_result(command.fn(self.sched))
+        except BaseException as exc:  # handed to the caller, whose Future raises it
+            command.result.set_exception(exc)
+
     def abort(self, uids: list[int]) -> None:
         """Abort ``uids`` (a client went away); their rows finish ``abort`` and their KV is
         freed by the engine's next ``filter()``. Any thread."""
@@ -153,6 +194,16 @@ class EngineThread:
             self._call(lambda u=uid: sched.abort(u))
         self._call(sched.filter)
         self._publish()
+        list(
+            sched.history
+        )  # snapshots are built on first read from this thread's MLX arrays: build them here
+        while True:  # readers that asked while it stopped: the scheduler is theirs again
+            try:
+                command = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, Between):
+                self._run_between(command)
 
     def _iterate(self) -> None:
         self.sched.admit()
@@ -188,6 +239,8 @@ class EngineThread:
         while True:
             if isinstance(command, Submit):
                 self._submit(command)
+            elif isinstance(command, Between):
+                self._run_between(command)
             else:
                 for uid in command[1]:
                     if uid in self.rows:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,18 @@ class Server:
     def running(self) -> bool:
         """Whether the HTTP thread is alive."""
         return self._thread.is_alive()
+
+    @property
+    def serving(self) -> bool:
+        """Whether the engine thread owns ``sched`` (from ``serve`` until ``stop``)."""
+        return self.engine.alive
+
+    def between(self, fn: Callable[[Scheduler], Any]) -> Future:
+        """Run ``fn(sched)`` on the engine thread between two of its engine calls and return a
+        ``concurrent.futures.Future`` of the result (:meth:`EngineThread.between`): how
+        another thread reads the served scheduler safely. ``wb.views.Panel(server)`` takes its
+        snapshot copies this way. After :meth:`stop`, ``fn`` runs at once on the caller's thread."""
+        return self.engine.between(fn)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop listening, abort the rows still live (their KV freed), end both threads.

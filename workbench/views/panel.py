@@ -49,6 +49,11 @@ checkpoint kept with it): enabled when the scheduler keeps checkpoints with its 
 one of the state it forks) and the slider is not at the latest snapshot (the engine now); the
 later snapshots then leave the history, and the notice says how many.
 
+``Panel(server)`` follows a served engine (``wb.serve``, docs/serve.md): a follower thread
+takes a copy every ``FOLLOW_S`` seconds through ``server.between`` (on the engine thread,
+between two engine calls) and redraws from it; the buttons that call the engine are off
+(a label, class wb-follow, says which server it follows) until ``server.stop()``.
+
 *Reset* replaces ``panel.sched`` by a fresh scheduler with the same model, tokenizer and
 configuration (``reset_scheduler``, or the ``reset`` callable given to the panel); the old
 scheduler is left untouched. In a headless run (nbclient, nbval, static HTML) the widget
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import base64
 import html
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +92,7 @@ from .live import events_before, live_latency_text, render_itl, render_step_rate
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .rows import rows_text
+from .served import EngineCopy, engine_copy
 from .speculative import drafts_text, render_drafts
 from .timeline import render_timeline
 from .top_logprobs import top_logprobs_text
@@ -98,6 +105,8 @@ IMAGE_WIDTH_IN = 4.7  # two images side by side (940 px and their margins) in a 
 TIMELINE_EVENTS = 4000  # the timeline image draws the latest events only: its cost stays flat over a session
 TIMELINE_UIDS = 24
 DRAFT_STEPS = 16  # the draft view shows the latest decode steps: it moves as the user steps
+FOLLOW_S = 0.5  # Panel(server): seconds between two copies of the served engine (a redraw at most that often)
+COPY_TIMEOUT_S = 30.0  # how long the panel waits for the engine thread to hand over a copy
 
 
 VIEWS = ("batch", "latency")  # what the panel's images show: the toggle in its second row of buttons
@@ -253,11 +262,25 @@ def shown_prompt(valid: Any, decode: Callable[[list[int]], str]) -> str:
     return decode(list(valid.prompt_ids))
 
 
+def recorded_copy(sched: Scheduler) -> EngineCopy:
+    """Record a snapshot of ``sched`` as it is now, then :func:`engine_copy` it: what a Panel
+    opened on a served engine asks its engine thread for first."""
+    sched.snapshot(record=True)
+    return engine_copy(sched)
+
+
 class Panel:
     """Buttons, a history slider and live mask, KV and timeline images for ``sched``.
 
     Args:
-        sched: the scheduler to drive (``panel.sched``; replaced by Reset).
+        sched: the scheduler to drive (``panel.sched``; replaced by Reset), or a running
+            server (``wb.serve(sched)``): the panel then *follows* the served engine. Every
+            ``follow_s`` seconds its follower thread asks the engine thread for a copy taken
+            between two engine calls (``server.between``, :mod:`workbench.views.served`) and
+            redraws when the engine changed; it never reads the scheduler while it steps.
+            Submit / Admit / Step / Filter / Run / Reset are off (refused with a notice) and
+            Restore waits for ``server.stop()``; the slider scrubs the copy. After
+            ``server.stop()`` the panel drives the scheduler as usual.
         max_tokens: initial value of the max-tokens box.
         run_steps: initial value of the "steps N" box.
         reset: ``reset(old_sched) -> new_sched`` used by Reset (default
@@ -268,6 +291,8 @@ class Panel:
         chat: Submit sends the prompt box's text as a chat request, one user message
             (``Request(messages=[{"role": "user", "content": text}])``, encoded with the
             tokenizer's chat template: for an instruct model); default: a plain-text prompt.
+        follow_s: with a server: seconds between two copies (a redraw at most that often,
+            whatever the token rate).
 
     Raises:
         ValueError: when ``shown`` is not an index of ``sched.history``.
@@ -275,14 +300,23 @@ class Panel:
 
     def __init__(
         self,
-        sched: Scheduler,
+        sched: Scheduler | Any,
         max_tokens: int = 16,
         run_steps: int = 8,
         reset: Callable[[Scheduler], Scheduler] = reset_scheduler,
         shown: int | None = None,
         prompt: str = "def add(a, b):",
         chat: bool = False,
+        follow_s: float = FOLLOW_S,
     ):
+        self.server = sched if not isinstance(sched, Scheduler) and hasattr(sched, "between") else None
+        sched = self.server.sched if self.server is not None else sched
+        self.follow_s = follow_s
+        self._copy: EngineCopy | None = None  # while served: the engine thread's latest copy, what is drawn
+        self._lock = threading.RLock()  # one render at a time: the follower's thread or a widget callback
+        self._unfollow = threading.Event()
+        self.follower: threading.Thread | None = None
+        self.follow_error: Exception | None = None  # what ended the follower thread, if it raised
         if shown is not None and not 0 <= shown < len(sched.history):
             raise ValueError(
                 f"Panel: shown={shown} is not an index of sched.history (0 to {len(sched.history) - 1})"
@@ -311,6 +345,7 @@ class Panel:
         self.status = W.Label().add_class("wb-status")
         self.error = W.HTML().add_class("wb-error")
         self.notice = W.Label().add_class("wb-notice")  # an action that had nothing to do says so
+        self.follow_note = W.Label().add_class("wb-follow")  # while served: whose engine it follows
         self.slider = W.IntSlider(description="history", min=0, max=0, continuous_update=False, readout=False)
         self.slider_label = W.Label()
         self._quiet = False  # True while the panel itself moves the slider
@@ -372,6 +407,7 @@ class Panel:
                     + [self.run_steps, self.buttons["Run N steps"], self.buttons["Reset"], self.view]
                 ),
                 self.status,
+                self.follow_note,
                 self.notice,
                 self.error,
                 W.HBox([self.slider, self.slider_label, self.buttons["Restore"]]),
@@ -383,14 +419,95 @@ class Panel:
                 ascii_box,
             ]
         )
-        for label in (self.notice, self.error):  # take no room while empty
+        for label in (self.notice, self.error, self.follow_note):  # take no room while empty
             label.observe(
                 lambda change: setattr(change.owner.layout, "display", "" if change.new else "none"),
                 names="value",
             )
             label.layout.display = "none"
+        if self.server is not None and self.server.serving:
+            self._copy = self.server.between(recorded_copy).result(COPY_TIMEOUT_S)
+            self._serving(True)
+            self._follow_history(shown)
+            self.follower = threading.Thread(target=self._follow, name="workbench-panel-follow", daemon=True)
+            self.follower.start()
+            return
         self.sched.snapshot(record=True)  # the engine as it is now, whatever was called since the last one
         self._follow_history(shown)
+
+    # -- following a served engine (Panel(server)) -------------------------------------
+    @property
+    def source(self) -> Scheduler | EngineCopy:
+        """What the panel draws: while it follows a served engine, the engine thread's latest
+        :class:`~workbench.views.served.EngineCopy`; else the scheduler itself."""
+        return self._copy if self._copy is not None else self.sched
+
+    @property
+    def following(self) -> bool:
+        """Whether the panel follows a served engine now (its follower thread runs)."""
+        return self.follower is not None and self.follower.is_alive()
+
+    def unfollow(self, timeout_s: float = 10.0) -> None:
+        """Stop following the served engine (the panel keeps the last copy it drew until the
+        server stops; ``server.stop()`` ends the following by itself). Idempotent."""
+        self._unfollow.set()
+        if self.follower is not None and self.follower is not threading.current_thread():
+            self.follower.join(timeout_s)
+
+    def _follow(self) -> None:
+        """The follower thread: every ``follow_s`` seconds, a copy taken by the engine thread
+        between two of its calls (``server.between(engine_copy)``); a redraw only when the
+        engine changed and the slider is at the latest snapshot (a user who scrubbed back
+        keeps the copy they scrub, until they move to its end). When the server stops, the
+        scheduler is the caller's again: the panel draws it (its last snapshot is the engine thread's
+        final ``filter``), the buttons back on. No engine call runs on this thread: MLX's
+        streams are per thread."""
+        try:
+            self._follow_loop()
+        except Exception as exc:  # shown in the panel, never lost in a thread's stderr
+            self.follow_error = exc
+            self.error.value = (
+                f"<span style='color:#c0392b'>following stopped: {html.escape(type(exc).__name__)}: "
+                f"{html.escape(str(exc))}</span>"
+            )
+
+    def _follow_loop(self) -> None:
+        while not self._unfollow.wait(self.follow_s):
+            if not self.server.serving:
+                break
+            try:
+                copy = self.server.between(engine_copy).result(COPY_TIMEOUT_S)
+            except TimeoutError:  # the engine thread is in a long call, or has just stopped
+                continue
+            with self._lock:
+                if self._copy is not None and copy.key == self._copy.key:
+                    continue
+                if self.slider.value < self.slider.max:  # scrubbed back: hold the copy being scrubbed
+                    self.follow_note.value = (
+                        f"following {self.server.url}: the engine is at step {copy.step_index}; "
+                        "move the slider to its end to follow it"
+                    )
+                    continue
+                self._copy = copy
+                self._follow_history()
+        with self._lock:
+            if not self.server.serving:  # the engine thread built every snapshot on its way out
+                self._copy = None
+                self._serving(False)
+                self._follow_history()
+
+    def _serving(self, served: bool) -> None:
+        """Disable the buttons that call the engine while it is served (the engine thread
+        owns stepping) and say why; turn them back on when it is not."""
+        why = f"served at {self.server.url}: its engine thread steps it; server.stop() gives it back"
+        for name in ("Submit", "Admit", "Step", "Filter", "Run N steps", "Reset"):
+            self.buttons[name].disabled = served
+            self.buttons[name].tooltip = why if served else ""
+        self.follow_note.value = (
+            f"following {self.server.url} every {self.follow_s:g} s (read only: the engine thread steps it)"
+            if served
+            else ""
+        )
 
     # -- actions: call the engine, then snapshot and re-render ------------------------
     def on_submit(self) -> None:
@@ -452,8 +569,11 @@ class Panel:
 
     def on_scrub(self) -> None:
         """The user moved the slider: the last action's notice no longer applies; re-render."""
-        self.notice.value = ""
-        self.render()
+        with self._lock:
+            self.notice.value = ""
+            if self.following and self.slider.value == self.slider.max:
+                self._serving(True)  # back at the end: following again
+            self.render()
 
     def busy(self, what: str) -> None:
         """Mark the status line busy with ``what`` until the next render sets it (` — what …`)."""
@@ -468,6 +588,9 @@ class Panel:
         interrupted call left the engine as before it (Run N steps keeps the steps it
         finished)."""
         self.notice.value = ""
+        if self._copy is not None:  # served: the engine thread owns the scheduler (the buttons are off)
+            self.notice.value = f"{idle_call or 'that'}: refused: {self.buttons['Step'].tooltip}"
+            return
         self.busy(f"{idle_call or 'the engine'} running")
         try:
             events = call(self.sched)
@@ -487,7 +610,7 @@ class Panel:
     # -- rendering ---------------------------------------------------------------------
     def _follow_history(self, index: int | None = None) -> None:
         """Point the slider at snapshot ``index`` of the history (default: the newest) and re-render."""
-        last = len(self.sched.history) - 1
+        last = len(self.source.history) - 1
         self._quiet = True
         try:
             self.slider.max = last
@@ -499,13 +622,17 @@ class Panel:
     @property
     def shown(self) -> Snapshot:
         """The snapshot the slider points at."""
-        history = self.sched.history
+        history = self.source.history
         return history[min(self.slider.value, len(history) - 1)]
 
     def render(self) -> None:
         """Re-render the status, the images and the ASCII masks from the shown snapshot. While
         it draws, the status line says so (the images change one by one; the status is set last)."""
-        snap, history = self.shown, list(self.sched.history)
+        with self._lock:
+            self._render()
+
+    def _render(self) -> None:
+        snap, history = self.shown, list(self.source.history)
         self.busy(f"drawing step {snap.step}")
         latency = self.view.value == VIEWS[1]
         self.batch_box.layout.display, self.latency_box.layout.display = (
@@ -520,7 +647,7 @@ class Panel:
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
         top = top_logprobs_text(
-            snap, self.recent_events(snap.step), lambda t: repr(self.sched.tokenizer.decode([t]))
+            snap, self.recent_events(snap.step), lambda t: repr(self.source.tokenizer.decode([t]))
         )
         self.top_ascii.value = f"<pre>{html.escape(top)}</pre>" if top else ""
         self.drafts_box.layout.display = "" if self.speculating else "none"
@@ -528,12 +655,19 @@ class Panel:
             f"<pre>{html.escape(self.drafts_text(snap))}</pre>" if self.speculating else ""
         )
         self.rows.value = f"<pre>{html.escape(self.rows_text(snap))}</pre>"
-        note = (self.sched.history, self.slider.value, self.sched.config.history_checkpoints, self.sched.id)
+        note = (
+            self.source.history,
+            self.slider.value,
+            self.source.config.history_checkpoints,
+            self.source.id,
+        )
         why, brief = restore_note(*note), restore_note(*note, short=True)
         self.slider_label.value = (
             f"showing: snapshot {self.slider.value + 1} of {len(history)} (step {snap.step})"
-            + (f" · {brief}" if why and self.sched.config.history_checkpoints else "")
+            + (f" · {brief}" if why and self.source.config.history_checkpoints else "")
         )
+        if self._copy is not None:  # served: a restore would rewrite the log the server's /metrics counts
+            why = "served: Restore works after server.stop()"
         self.buttons["Restore"].disabled = why is not None
         self.buttons["Restore"].tooltip = why or "restore the engine to this snapshot"
         self.status.value = status_text(history[-1])  # last: when it changes, the images have too
@@ -547,7 +681,7 @@ class Panel:
         events = self.recent_events(snap.step)
         timeline = render_timeline(events, x="step", width_in=IMAGE_WIDTH_IN)
         drafts = (
-            {self.drafts_image: drafts_figure(events, snap, self.sched.config.num_draft_tokens)}
+            {self.drafts_image: drafts_figure(events, snap, self.source.config.num_draft_tokens)}
             if self.speculating
             else {}
         )
@@ -587,14 +721,14 @@ class Panel:
         """The events the latency view of ``snap`` reads: those of the decode steps ``snap``
         had completed (:func:`~workbench.views.live.events_before`) of the latest
         ``TIMELINE_UIDS`` uids, from the last ``TIMELINE_EVENTS`` events."""
-        ev = events_before(events_frame(self.sched.events[-TIMELINE_EVENTS:]), snap.step)
+        ev = events_before(events_frame(self.source.events[-TIMELINE_EVENTS:]), snap.step)
         return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 
     @property
     def speculating(self) -> bool:
         """Whether the scheduler speculates (``Scheduler(speculative=...)``): the panel
         then shows the draft view."""
-        return self.sched.config.speculative is not None
+        return self.source.config.speculative is not None
 
     def drafts_text(self, snap: Snapshot) -> str:
         """The draft view's text form for ``snap``: its rows' accepted (+) / rejected (-)
@@ -605,29 +739,29 @@ class Panel:
     def last_prefill(self, step: int) -> ForwardMask | None:
         """The last prefill forward run at or before decode step ``step``, read from the
         last ``TIMELINE_EVENTS`` events (``None``: none there)."""
-        forwards = prefill_forwards([e for e in self.sched.events[-TIMELINE_EVENTS:] if e.step <= step])
+        forwards = prefill_forwards([e for e in self.source.events[-TIMELINE_EVENTS:] if e.step <= step])
         return forwards[-1] if forwards else None
 
     def rows_text(self, snap: Snapshot) -> str:
         """Each row of ``snap``: its prompt (a chat request's last user message,
         :func:`shown_prompt`) and its text generated up to ``snap``
         (:func:`~workbench.views.rows.rows_text`), decoded with the scheduler's tokenizer."""
-        decode = self.sched.tokenizer.decode
+        decode = self.source.tokenizer.decode
         prompts, generated = {}, {}
         for uid, n in zip(snap.uids, snap.generated_tokens):
             try:
-                valid = self.sched.request_of(uid)
+                valid = self.source.request_of(uid)
             except KeyError:  # a restore dropped it from the engine
                 continue
             prompts[uid] = shown_prompt(valid, decode)
-            generated[uid] = decode(self.sched.tokens(uid)[:n])
+            generated[uid] = decode(self.source.tokens(uid)[:n])
         return rows_text(snap, prompts, generated)
 
     def recent_events(self, step: int) -> pd.DataFrame:
         """Events up to decode step ``step`` of the latest ``TIMELINE_UIDS`` uids, read from
         the last ``TIMELINE_EVENTS`` events (so rendering costs the same however long the
         session)."""
-        ev = events_frame(self.sched.events[-TIMELINE_EVENTS:])
+        ev = events_frame(self.source.events[-TIMELINE_EVENTS:])
         ev = ev[ev.step <= step]
         return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 

@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
-
 import workbench as wb
 from workbench.observe.metrics import token_gaps
 from workbench.serving.trace import mooncake_lines, window_workload
+
+import httpx
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -133,6 +133,7 @@ class Scheduler:
         **settings: Any,
     ):
         asked = config_of(config, settings)
+        asked.refuse_unhonoured(adapters=adapters is not None)
         self.model, self.tokenizer, self._asked = model, tokenizer, asked
         kv.check_batchable(model, asked.max_kv_size)
         quant = quantized_kv.configure(

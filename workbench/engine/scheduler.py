@@ -139,7 +139,7 @@ class Scheduler:
         quant = quantized_kv.configure(
             model, asked.kv_bits, asked.kv_group_size, asked.max_kv_size, prompt_cache
         )
-        self.adapters = lora.configure(model, adapters, prompt_cache)
+        self.adapters = lora.configure(model, adapters)
         self._extras = dict(
             clock=clock, prompt_cache=prompt_cache, adapters=self.adapters
         )  # forks share the bank

@@ -72,8 +72,9 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
 
 
 def workload(adapters: bool) -> list[tuple[str, Request, int]]:
-    """The mixed rows: ``(kind, request, n)`` (``n > 1``: ``submit_n``); with ``adapters``
-    the rows select an adapter in turn (``None``, prose, numbers)."""
+    """The mixed rows: ``(kind, request, n)`` (``n > 1``: ``submit_n``); the last repeats the
+    first's prompt (admitted after it finished: a prompt-cache hit where there is one); with
+    ``adapters`` the rows select an adapter in turn (``None``, prose, numbers)."""
     names = [None, "prose", "numbers"] if adapters else [None]
     rows = [
         ("greedy", dict(prompt="def add(a, b):", max_tokens=10, top_logprobs=2)),
@@ -82,6 +83,7 @@ def workload(adapters: bool) -> list[tuple[str, Request, int]]:
         ("top-k", dict(prompt="class Stack:", max_tokens=8, temperature=1.0, top_k=5, seed=3, priority=2)),
         ("json-schema", dict(prompt="data = ", max_tokens=12, json_schema=SCHEMA)),
         ("submit_n", dict(prompt="def fib(n):", max_tokens=7, temperature=0.9, seed=11, priority=1)),
+        ("repeat", dict(prompt="def add(a, b):", max_tokens=10, top_logprobs=2)),  # a prompt-cache hit
     ]
     return [
         (kind, Request(adapter=names[i % len(names)], **fields), 2 if kind == "submit_n" else 1)
@@ -284,8 +286,9 @@ def compose_markdown(results: Sequence[PairResult], where: str) -> str:
         "Written by `workbench compose --out docs` (`workbench/verify/compose.py`) from the engine's",
         "own checks: for each pair of the twelve features below, the Scheduler is built with both;",
         "a refusal at construction is its `ValueError` (R*n*, listed below); else a mixed workload",
-        "(greedy with top-2 log-probs, seeded, stop-string, top-k, JSON-schema, `submit_n` of 2;",
-        "with adapters the rows select none, `prose` or `numbers` in turn) runs in one batch of 4",
+        "(greedy with top-2 log-probs, seeded, stop-string, top-k, JSON-schema, `submit_n` of 2, the",
+        "greedy prompt again, admitted after it finished; with adapters the rows select none, `prose`",
+        "or `numbers` in turn) runs in one batch of 4",
         "and every row is compared with the same request alone in the same settings (tokens,",
         "log-probs, top-k log-probs, finish reason). ✓: runs, every row equal alone; ✗: a wrong row.",
         f"Ran on {where}.",

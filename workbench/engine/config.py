@@ -174,10 +174,14 @@ class SchedulerConfig:
         """Refuse a setting the other settings leave without effect (:data:`UNHONOURED`).
 
         The rule: a setting at its default asks for nothing (the packed layout takes the
-        default ``reuse_slots=True``, speculative decoding the default ``pipeline=True``:
-        its verify steps read the tokens they draft from, so only its join forwards are
-        launched ahead); a value other than the default asks for what it says, so where the
-        configuration would not do it the scheduler is not built. Called by the
+        default ``reuse_slots=True``, speculative decoding the default ``pipeline=True``: its
+        verify steps read the tokens they draft from, so only its join forwards are launched
+        ahead); a value other than the default asks for what it says, so where the
+        configuration would not do it the scheduler is not built. A lever's own parameter
+        (``kv_group_size`` of ``kv_bits``, ``num_draft_tokens`` of ``speculative``) is not
+        refused with its lever off, as mlx-lm's ``generate_step`` takes them: a scheduler
+        made from another by turning the lever off (``sched.fresh(kv_bits=None)``) carries it.
+        Called by the
         :class:`~workbench.engine.scheduler.Scheduler` (a config alone may be a template).
 
         Args:
@@ -255,8 +259,6 @@ UNHONOURED: tuple[tuple[str, str, Any, str], ...] = (
         lambda c, a: c.pacing is not None and c.pacing is not False,
         "paced admits run the chunks that fit each iteration's time budget",
     ),
-    ("num_draft_tokens", "speculative", lambda c, a: c.speculative is None, "nothing is drafted"),
-    ("kv_group_size", "kv_bits", lambda c, a: c.kv_bits is None, "the KV cache is float, not quantized"),
     (
         "fast_decode",
         "batch_invariant",

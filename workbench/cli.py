@@ -136,6 +136,36 @@ def _families(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compose(args: argparse.Namespace) -> int:
+    import mlx.core as mx
+    import mlx_lm
+
+    from .runtime.blas import STATUS
+    from .runtime.device import device_report
+    from .runtime.loading import load
+    from .verify.compose import check_pairs, compose_markdown, counts
+
+    if (
+        STATUS.library is not None
+    ):  # an optimized BLAS's [B, ...] and [1, ...] kernels differ in the last bits
+        print(f"workbench compose compares rows bit for bit: run it with WORKBENCH_BLAS=off ({STATUS.note})")
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, dev = *load(), device_report()
+    results = check_pairs(model, tokenizer, progress=lambda pair: print(" × ".join(pair), flush=True))
+    (out / "compose.md").write_text(
+        compose_markdown(
+            results,
+            f"the bundled tiny-code model, {dev.kind} ({dev.backend}), "
+            f"mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}",
+        )
+    )
+    print(counts(results))
+    print(f"wrote {out / 'compose.md'}")
+    return 0 if counts(results)["wrong"] == 0 else 1
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     import os
     import platform
@@ -417,6 +447,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Deterministic (seeded weights), at most 256 MiB of weights per architecture; writes families.md.",
         func=_families,
         out="families.md",
+    )
+    _command(
+        sub,
+        "compose",
+        "build the engine with every pair of twelve features: refused at construction (why), "
+        "or every row of a mixed workload equal to its run alone",
+        "Needs WORKBENCH_BLAS=off (rows are compared bit for bit); writes compose.md; exit 1 on a wrong row.",
+        func=_compose,
+        out="compose.md",
     )
     ca = _command(
         sub,

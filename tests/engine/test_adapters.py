@@ -239,12 +239,10 @@ def test_a_bad_adapter_folder_is_refused_at_construction_naming_the_field(tmp_pa
     assert not any(isinstance(m, lora.RowLoRALinear) for _, m in model.named_modules())
 
 
-def test_missing_files_and_a_prompt_cache_are_refused(loaded, tmp_path):
+def test_missing_files_are_refused(loaded, tmp_path):
     model, tok = loaded
     with pytest.raises(ValueError, match=r"missing \['adapter_config.json', 'adapters.safetensors'\]"):
         wb.Scheduler(model, tok, adapters={"none": str(tmp_path)})
-    with pytest.raises(ValueError, match="adapters and prompt_cache"):
-        wb.Scheduler(model, tok, adapters=ADAPTERS, prompt_cache=4)
     with pytest.raises(ValueError, match="adapters must be a mapping"):
         wb.Scheduler(model, tok, adapters=["prose"])
 
@@ -384,3 +382,35 @@ def test_the_bundled_adapters_are_what_scripts_make_adapters_configures():
             for line in (Path(ADAPTERS[name]) / "train/train.jsonl").read_text().splitlines()
         ]
         assert lines == script.ADAPTERS[name][0](400, script.random.Random(f"{script.SEED}-{name}"))[:-16]
+
+
+def test_the_prompt_cache_is_keyed_by_adapter_and_every_row_equals_alone(loaded):
+    """A prefix cached under one adapter is fetched only by rows of that adapter: the same
+    prompt under another adapter (or none) prefills from scratch, under the same one it hits;
+    every row equals the same request alone (a scheduler without a prompt cache)."""
+    model, tok = loaded
+    sched = wb.Scheduler(model, tok, max_batch=2, adapters=ADAPTERS, prompt_cache=8)
+    prompt = "def add(a, b):\n    return a + b\n\ndef mul(a, b):"
+    out = {}
+    for name in ("prose", "numbers", None, "prose", "numbers"):
+        uid = sched.submit(wb.Request(prompt=prompt, max_tokens=6, adapter=name, top_logprobs=2))
+        sched.run()
+        out.setdefault(name, []).append(uid)
+    cached = {name: [sched.requests[u].cached_tokens for u in uids] for name, uids in out.items()}
+    assert (
+        cached["prose"][0] == cached["numbers"][0] == cached[None][0] == 0
+    )  # another adapter's prefix: a miss
+    assert cached["prose"][1] > 0 and cached["numbers"][1] > 0  # its own adapter's prefix: a hit
+    for name, uids in out.items():
+        alone = wb.Scheduler(model, tok, adapters=ADAPTERS)
+        solo = alone.submit(wb.Request(prompt=prompt, max_tokens=6, adapter=name, top_logprobs=2))
+        alone.run()
+        expected = alone.request(solo)
+        for uid in uids:
+            got = sched.request(uid)
+            assert (got.tokens, got.logprobs, got.top_logprobs) == (
+                expected.tokens,
+                expected.logprobs,
+                expected.top_logprobs,
+            ), (name, uid)
+    assert sched.tokens(out["prose"][0]) != sched.tokens(out["numbers"][0])  # the adapters differ here

@@ -157,16 +157,16 @@ CONFIGS = {
         dict(pipeline=False, reuse_slots=False, interleave_prefill=False, history_checkpoints=2),
     ),
     "budget": (BUDGET_SCRIPT, dict(budget_requests=2)),
-    "packed": (SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None)),
+    "packed": (SCRIPT, dict(layout="packed", page_size=4, prefill_step_size=8, prompt_cache=None)),
     "packed-budget": (
         BUDGET_SCRIPT,
-        dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=None, budget_requests=2),
+        dict(layout="packed", page_size=4, prefill_step_size=8, prompt_cache=None, budget_requests=2),
     ),
     # prefix caching: a repeat prompt and a preempted row resume from cached pages, samples share one prefill
-    "packed-cache": (SCRIPT, dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=8)),
+    "packed-cache": (SCRIPT, dict(layout="packed", page_size=4, prefill_step_size=8, prompt_cache=8)),
     "packed-samples": (
         SAMPLES_SCRIPT,
-        dict(layout="packed", page_size=4, max_num_batched_tokens=8, prompt_cache=8),
+        dict(layout="packed", page_size=4, prefill_step_size=8, prompt_cache=8),
     ),
     "samples": (SAMPLES_SCRIPT, {}),
     "speculative": (SPEC_SCRIPT, dict(speculative="prompt-lookup", num_draft_tokens=3)),

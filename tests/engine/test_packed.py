@@ -259,7 +259,7 @@ def test_structured_output_rows_give_the_same_tokens_in_both_layouts(bundled):
     model, tok = bundled
     out = {}
     for layout in ("padded", "packed"):
-        sched = wb.Scheduler(model, tok, max_batch=3, layout=layout, max_num_batched_tokens=16)
+        sched = wb.Scheduler(model, tok, max_batch=3, layout=layout, prefill_step_size=16)
         uids = [
             sched.submit(wb.Request(prompt="answer:", max_tokens=8, choices=["yes", "no"])),
             sched.submit(wb.Request(prompt="def f(x):", max_tokens=8)),

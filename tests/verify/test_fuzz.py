@@ -177,7 +177,12 @@ def make_machine(family: str):
             layout = (
                 {}
                 if family not in PACKED
-                else dict(layout="packed", page_size=page_size, max_num_batched_tokens=max(chunk, max_batch))
+                else dict(
+                    layout="packed",
+                    page_size=page_size,
+                    prefill_step_size=max(chunk, max_batch),  # = the token budget (one setting, said twice)
+                    max_num_batched_tokens=max(chunk, max_batch),
+                )
             )
             if layout and max_batch % 2 == 0:  # paced packed forwards (from a draw already made: the
                 layout["pacing"] = True  # examples stay those of the unpaced runs), the clock interrupted
@@ -193,7 +198,7 @@ def make_machine(family: str):
                 prefill_step_size=chunk,
                 max_kv_size=max_kv_size,
                 kv_bits=kv_bits,
-                kv_group_size=32,
+                kv_group_size=32 if kv_bits else 64,  # a float cache takes no group size
                 history_size=0,
             )
             self.sched = wb.Scheduler(
@@ -207,8 +212,7 @@ def make_machine(family: str):
                 else (PACKED_CACHE_PAGES if layout else prompt_cache),
                 seed=max_batch,
                 clock=self.clock,
-                **self.settings,
-                **layout,
+                **{**self.settings, **layout},
                 # page_size is drawn for every family: the speculating ones read it as num_draft_tokens
                 **speculation_of(family, folder, {1: 1, 4: 3, 16: 5}[page_size]),
             )

@@ -76,7 +76,7 @@ def cost_factories(
                 m,
                 tokenizer,
                 MAX_BATCH,
-                CHUNK_TOKENS,
+                budget,  # prefill_step_size: a packed forward's tokens are its budget
                 clock=c,
                 history_size=0,
                 pipeline=False,

@@ -37,7 +37,7 @@ def sweep_factories(model: Any, tokenizer: Any, budgets: Sequence[int]) -> dict[
             model,
             tokenizer,
             MAX_BATCH,
-            CHUNK_TOKENS,
+            budget,  # prefill_step_size: a packed forward's tokens are its budget
             history_size=64,
             layout="packed",
             page_size=PAGE_TOKENS,

@@ -176,7 +176,10 @@ def admission_under_budget(
     """
 
     def sched_of(s: Setting, **kw: Any) -> Scheduler:
-        return Scheduler(model, tokenizer, kv_bits=s[0], kv_group_size=s[1], history_size=0, **kw)
+        quant = (
+            dict(kv_bits=s[0], kv_group_size=s[1]) if s[0] is not None else {}
+        )  # a float cache has no groups
+        return Scheduler(model, tokenizer, history_size=0, **quant, **kw)
 
     def one_request(s: Setting) -> int:
         sched = sched_of(s)

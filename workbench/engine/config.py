@@ -47,7 +47,10 @@ class SchedulerConfig:
     (:data:`workbench.engine.packed.plan.SCHEDULES`). ``speculative`` is ``None``,
     ``"prompt-lookup"`` or a draft mlx-lm model sharing the tokenizer, with
     ``num_draft_tokens`` in ``[1, 16]`` (:mod:`workbench.engine.levers.speculative`; what
-    cannot speculate is refused when the scheduler is built).
+    cannot speculate is refused when the scheduler is built). A setting other than its default
+    that the other settings leave without effect (``reuse_slots=False`` with the packed
+    layout, ``page_size`` with the padded one, ...: :data:`UNHONOURED`) is refused when the
+    scheduler is built (:meth:`refuse_unhonoured`), never ignored.
 
     Attributes (each the :class:`~workbench.engine.scheduler.Scheduler` keyword of that name):
         max_batch (default ``4``): most rows in the running batch, >= 1
@@ -167,6 +170,35 @@ class SchedulerConfig:
                 f"(every running row's next token goes into each forward), got {self.token_budget}"
             )
 
+    def refuse_unhonoured(self, adapters: bool = False) -> None:
+        """Refuse a setting the other settings leave without effect (:data:`UNHONOURED`).
+
+        The rule: a setting at its default asks for nothing (the packed layout takes the
+        default ``reuse_slots=True``, speculative decoding the default ``pipeline=True``: its
+        verify steps read the tokens they draft from, so only its join forwards are launched
+        ahead); a value other than the default asks for what it says, so where the
+        configuration would not do it the scheduler is not built. A lever's own parameter
+        (``kv_group_size`` of ``kv_bits``, ``num_draft_tokens`` of ``speculative``) is not
+        refused with its lever off, as mlx-lm's ``generate_step`` takes them: a scheduler
+        made from another by turning the lever off (``sched.fresh(kv_bits=None)``) carries it.
+        Called by the
+        :class:`~workbench.engine.scheduler.Scheduler` (a config alone may be a template).
+
+        Args:
+            adapters: whether the scheduler loads LoRA adapters.
+
+        Raises:
+            ValueError: naming the setting, its value, the setting that leaves it without
+                effect and why (``reuse_slots=False has no effect with layout='packed': ...``).
+        """
+        for name, other, ignored, why in UNHONOURED:
+            if getattr(self, name) != _DEFAULTS[name] and ignored(self, adapters):
+                value = "adapters" if other == "adapters" else f"{other}={getattr(self, other)!r}"
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} has no effect with {value}: {why}; "
+                    f"leave {name} at its default ({_DEFAULTS[name]!r})"
+                )
+
     @property
     def token_budget(self) -> int:
         """Most tokens one packed forward carries: ``max_num_batched_tokens``, else
@@ -182,6 +214,70 @@ class SchedulerConfig:
     def names(cls) -> tuple[str, ...]:
         """Every setting's name, in declaration order."""
         return tuple(f.name for f in dataclasses.fields(cls))
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
+_PACKED = "the packed layout's setting (layout='packed' reads it)"
+# (setting, the other setting, whether the other leaves a non-default value of it without effect, why)
+UNHONOURED: tuple[tuple[str, str, Any, str], ...] = (
+    ("page_size", "layout", lambda c, a: c.layout == "padded", "KV pages are " + _PACKED),
+    (
+        "max_num_batched_tokens",
+        "layout",
+        lambda c, a: c.layout == "padded",
+        "tokens per forward is " + _PACKED,
+    ),
+    ("packed_schedule", "layout", lambda c, a: c.layout == "padded", "the forward's plan is " + _PACKED),
+    (
+        "interleave_prefill",
+        "layout",
+        lambda c, a: c.layout == "packed",
+        "the packed layout prefills inside step()'s forwards, admit() runs no chunk "
+        "(packed_schedule='prefill-first' puts prefill first)",
+    ),
+    (
+        "reuse_slots",
+        "layout",
+        lambda c, a: c.layout == "packed",
+        "the packed layout holds pages, not cache rows: an evicted row's pages are freed at once",
+    ),
+    (
+        "fast_decode",
+        "layout",
+        lambda c, a: c.layout == "packed" and c.fast_decode is True,
+        "the compiled MLPs are built for the padded decode step only",
+    ),
+    (
+        "prefill_step_size",
+        "max_num_batched_tokens",
+        lambda c, a: c.layout == "packed" and c.max_num_batched_tokens not in (None, c.prefill_step_size),
+        "a packed forward's tokens, prefill chunks included, are max_num_batched_tokens",
+    ),
+    (
+        "interleave_prefill",
+        "pacing",
+        lambda c, a: c.pacing is not None and c.pacing is not False,
+        "paced admits run the chunks that fit each iteration's time budget",
+    ),
+    (
+        "fast_decode",
+        "batch_invariant",
+        lambda c, a: c.batch_invariant is True and c.fast_decode is True,
+        "the mode runs its own row-blocked forward, no fast path",
+    ),
+    (
+        "fast_decode",
+        "adapters",
+        lambda c, a: a and c.fast_decode is True,
+        "a compiled MLP would not see each row's adapter selection",
+    ),
+    (
+        "history_checkpoints",
+        "history_size",
+        lambda c, a: c.history_size == 0,
+        "no snapshot is kept to hold one",
+    ),
+)
 
 
 def _check_int(name: str, value: Any, least: int) -> None:

@@ -140,7 +140,8 @@ class ModelRunner:
         starts = [shared_prompts.take(shared, s) if shared else None for s in prefilled]
         if prompt_cache is not None or any(c is not None for c in starts):
             fetched = [
-                (c, []) if c is not None else self._fetch(prompt_cache, t) for c, t in zip(starts, tails)
+                (c, []) if c is not None else self._fetch(prompt_cache, t, s.valid.request.adapter)
+                for c, t, s in zip(starts, tails, prefilled)
             ]
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
         for s, b in zip(states, rows_of):
@@ -149,11 +150,13 @@ class ModelRunner:
         group = self._prefill_group(prefilled, tails, caches)
         return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
 
-    def _fetch(self, prompt_cache: PromptCache | None, tokens: list[int]) -> tuple[list[Any], list[int]]:
+    def _fetch(
+        self, prompt_cache: PromptCache | None, tokens: list[int], adapter: str | None = None
+    ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
-        hit for ``tokens``, or fresh caches and all of them."""
+        hit for ``tokens`` computed with LoRA ``adapter``, or fresh caches and all of them."""
         if prompt_cache is not None:
-            return prompt_cache.fetch(tokens)
+            return prompt_cache.fetch(tokens, adapter)
         return self.recipe.single(), list(tokens)
 
     def hold_prompts(
@@ -303,4 +306,5 @@ class ModelRunner:
             batch.extract(b),
             row.fed - len(row.tokens),
             prefilled_tokens=len(row.valid.prompt_ids) - 1,
+            adapter=row.valid.request.adapter,
         )

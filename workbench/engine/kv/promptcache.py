@@ -86,10 +86,17 @@ class PromptCache:
             self.lru.trim_to(n_bytes=max(0, int(n_bytes)))
         return before - self.nbytes
 
-    def fetch(self, tokens: Sequence[int]) -> tuple[list[Any], list[int]]:
-        """``(single-sequence caches, tokens still to prefill)`` for ``tokens``; a miss
-        gives fresh caches and all of ``tokens``. The caches are copies."""
-        cache, rest = self.lru.fetch_nearest_cache(self.key, list(tokens))
+    def key_of(self, adapter: str | None = None) -> str:
+        """The trie's key of entries computed with LoRA ``adapter`` (``None``: the base
+        model): a cached prefix holds the keys and values of the adapter it ran with, so a
+        row only fetches what its own adapter computed."""
+        return self.key if adapter is None else f"{self.key} adapter={adapter!r}"
+
+    def fetch(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[list[Any], list[int]]:
+        """``(single-sequence caches, tokens still to prefill)`` for ``tokens`` computed with
+        ``adapter`` (:meth:`key_of`); a miss gives fresh caches and all of ``tokens``. The
+        caches are copies."""
+        cache, rest = self.lru.fetch_nearest_cache(self.key_of(adapter), list(tokens))
         if cache is None:
             return single_cache(self.model, self.max_kv_size), list(tokens)
         if self.aligned:
@@ -103,10 +110,16 @@ class PromptCache:
         return cache, list(rest)
 
     def store(
-        self, tokens: Sequence[int], caches: list[Any], extra_tokens: int, prefilled_tokens: int | None = None
+        self,
+        tokens: Sequence[int],
+        caches: list[Any],
+        extra_tokens: int,
+        prefilled_tokens: int | None = None,
+        adapter: str | None = None,
     ) -> bool:
         """Store single-sequence ``caches`` holding ``tokens`` plus ``extra_tokens`` fed
-        after them (trimmed away first). Returns False when they cannot be trimmed (or,
+        after them (trimmed away first), computed with ``adapter`` (:meth:`key_of`).
+        Returns False when they cannot be trimmed (or,
         :attr:`aligned`, when the first ``prefilled_tokens`` hold no whole chunk)."""
         if self.aligned:
             keep = (
@@ -120,5 +133,5 @@ class PromptCache:
             if not can_trim_prompt_cache(caches):
                 return False
             trim_prompt_cache(caches, extra_tokens)
-        self.lru.insert_cache(self.key, list(tokens), caches)
+        self.lru.insert_cache(self.key_of(adapter), list(tokens), caches)
         return True

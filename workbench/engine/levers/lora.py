@@ -349,22 +349,15 @@ def load_adapters(
 
 
 def configure(
-    model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None, prompt_cache: Any = None
+    model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None
 ) -> AdapterBank | None:
-    """The scheduler's adapters: :func:`load_adapters`, refused with a prompt cache.
+    """The scheduler's adapters: :func:`load_adapters` (with a prompt cache, each entry is
+    keyed by the adapter its row ran with: :meth:`workbench.engine.kv.promptcache.PromptCache.key_of`).
 
     Raises:
-        ValueError: as :func:`load_adapters`; ``adapters`` with ``prompt_cache`` (a cached
-            prefix holds the keys and values of the adapter it ran with, and the prompt
-            cache is keyed by tokens only).
+        ValueError: as :func:`load_adapters`.
     """
-    bank = load_adapters(model, adapters)
-    if bank is not None and prompt_cache is not None:
-        raise ValueError(
-            "adapters and prompt_cache cannot be combined: a cached prefix holds the keys and values "
-            "of the adapter it ran with, and the prompt cache is keyed by tokens only"
-        )
-    return bank
+    return load_adapters(model, adapters)
 
 
 def check_request(bank: AdapterBank | None, name: str | None) -> None:

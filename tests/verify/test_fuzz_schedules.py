@@ -53,14 +53,15 @@ import workbench as wb
 from tests.engine.alone import run_alone
 from tests.verify.test_fuzz import CONSTRAINTS, model_of
 from workbench.engine.checkpoint import Checkpoint
-from workbench.engine.kv.ledger import alone_bytes
 from workbench.verify import oracle
 from workbench.verify.constrained import constrained_reference
 from workbench.workloads.workload import prompt_of_length
 
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings(r"ignore:step\(\). no row is running")]
 
-CI_EXAMPLES = 10  # seeds in CI (on c4d6c41, seeds 8 and 9 find issue 42's stale packed token)
+CI_EXAMPLES = (
+    12  # seeds in CI: four of each regime (which of them found issue 42's findings: docs/concepts.md)
+)
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", CI_EXAMPLES))
 FIRST_SEED = int(os.environ.get("WORKBENCH_FUZZ_SEED", 0))
 OPERATIONS = 40  # operations per schedule, before the drain
@@ -77,6 +78,7 @@ WEIGHTS = {
     "submit_sampled": 1,
     "submit_structured": 1,
     "submit_n": 1,
+    "submit_urgent": 1,
     "iterate": 8,
     "admit": 1,
     "step": 1,
@@ -88,6 +90,22 @@ WEIGHTS = {
     "fork": 0.4,
     "save_load": 0.4,
 }
+# seed % 3 picks the regime: its settings (draw_settings) and the weights it changes
+REGIMES = ("broad", "packed-pipelined", "held-prompts")
+REGIME_WEIGHTS = {
+    "broad": {},
+    "packed-pipelined": {"preempt": 5, "iterate": 10},  # preempt while another row's forward is in flight
+    "held-prompts": {  # a short queue: samples wait beside one row, urgent long ones arrive
+        "submit": 0.5,
+        "submit_sampled": 0.5,
+        "submit_structured": 0.5,
+        "submit_n": 2,
+        "submit_urgent": 1.5,
+        "iterate": 14,
+        "preempt": 1,
+    },
+}
+URGENT_WHILE_HELD = 8  # held-prompts: an urgent arrival this much likelier while a prompt is held
 _REFS: dict = {}  # a reference run per request and settings, shared by the examples of a process
 
 
@@ -95,19 +113,21 @@ class ScheduleFailure(AssertionError):
     """A schedule broke a rule; the message names the seed, the scheduler and the operations."""
 
 
-def draw_settings(rng: random.Random) -> dict[str, Any]:
-    """A scheduler's settings drawn from ``rng`` (the module docstring lists the ranges);
-    ``budget`` is the KV budget in units of the largest request's bytes (``None``: none)."""
-    packed = rng.random() < 0.5
+def draw_settings(rng: random.Random, regime: str = "broad") -> dict[str, Any]:
+    """A scheduler's settings drawn from ``rng`` within ``regime`` (one of :data:`REGIMES`;
+    the module docstring lists the ranges); ``budget`` is the KV budget in units of the
+    largest request's projected bytes (``None``: none)."""
+    packed = {"broad": rng.random() < 0.5, "packed-pipelined": True, "held-prompts": False}[regime]
     chunk = rng.choice([4, 16, 64])
-    max_batch = rng.choice([1, 2, 2, 3, 3, 4])
+    max_batch = rng.choice([1, 2, 3] if regime == "held-prompts" else [1, 2, 2, 3, 3, 4])
+    tight = regime == "held-prompts"  # more than one request's bytes, less than two
     settings = dict(
         max_batch=max_batch,
         prefill_step_size=chunk,
-        pipeline=rng.random() < 0.7,
+        pipeline=regime == "packed-pipelined" or rng.random() < 0.7,
         history_size=0,
-        budget=rng.choice([None, None, 1, 2, 3]),
-        policy=rng.choice(["fcfs", "fcfs", "priority"]),
+        budget=rng.choice([1.25, 1.5] if tight else [None, None, 1, 1.25, 1.5, 2, 3]),
+        policy="priority" if tight else rng.choice(["fcfs", "priority", "priority", "shortest-prompt-first"]),
     )
     if packed:
         settings |= dict(
@@ -117,7 +137,7 @@ def draw_settings(rng: random.Random) -> dict[str, Any]:
             prompt_cache=rng.choice([None, 16]),
         )
     else:
-        settings["prompt_cache"] = rng.choice([None, 4])
+        settings["prompt_cache"] = None if tight else rng.choice([None, 4])  # a cache bounds groups anyway
         draft = rng.choice([0, 0, 1, 3])
         if draft:
             settings |= dict(speculative="prompt-lookup", num_draft_tokens=draft)
@@ -137,38 +157,40 @@ class Schedule:
 
     def __post_init__(self):
         self.rng = random.Random(self.seed)
-        self.settings = draw_settings(self.rng)
+        self.regime = REGIMES[self.seed % len(REGIMES)]
+        self.settings = draw_settings(self.rng, self.regime)
+        self.weights = WEIGHTS | REGIME_WEIGHTS[self.regime]
         self.sched = self.build()
         self.saved: list[Checkpoint] = []  # checkpoints of self.sched, for restore
         self.others: list[wb.Scheduler] = []  # schedulers left behind by a fork, drained at the end
         self.files = 0
 
     def build(self) -> wb.Scheduler:
-        """The scheduler of :attr:`settings` (its budget in bytes of the largest request)."""
+        """The scheduler of :attr:`settings`, its budget in units of the largest request's
+        projected bytes (``LONGEST_PROMPT`` + ``MOST_TOKENS``) as its own ledger projects
+        them, which is what ``submit`` refuses against: 1 admits the largest request alone."""
         settings = {k: v for k, v in self.settings.items() if k != "budget"}
+        sched = wb.Scheduler(self.model, self.tok, **settings)
         units = self.settings["budget"]
         if units is None:
-            return wb.Scheduler(self.model, self.tok, **settings)
-        if settings.get("layout") == "packed":
-            unit = wb.Scheduler(self.model, self.tok, **settings).ledger.alone_bytes(
-                LONGEST_PROMPT, MOST_TOKENS
-            )
-        else:
-            chunk = settings["prefill_step_size"]
-            unit = alone_bytes(self.model, LONGEST_PROMPT, MOST_TOKENS, chunk, None, exact_chunks=False)
-        return wb.Scheduler(self.model, self.tok, kv_budget_bytes=units * unit, **settings)
+            return sched
+        unit = sched.ledger.alone_bytes(LONGEST_PROMPT, MOST_TOKENS)
+        return wb.Scheduler(self.model, self.tok, kv_budget_bytes=int(units * unit), **settings)
 
     def fail(self, problem: str) -> None:
         """Raise :class:`ScheduleFailure` with what replays it."""
         raise ScheduleFailure(
             f"seed {self.seed} (replay: WORKBENCH_FUZZ_SEED={self.seed} WORKBENCH_FUZZ_EXAMPLES=1 "
             f"pytest -n 0 tests/verify/test_fuzz_schedules.py): {problem}\n"
-            f"settings: {self.settings}\noperations: {'; '.join(self.log)}"
+            f"regime: {self.regime}; settings: {self.settings}\noperations: {'; '.join(self.log)}"
         )
 
     # -- the operations -------------------------------------------------------------
-    def request(self, max_tokens: int | None = None, **fields: Any) -> wb.Request:
-        long = self.rng.random() < LONG_PROMPTS
+    def request(self, max_tokens: int | None = None, long: bool | None = None, **fields: Any) -> wb.Request:
+        """A request drawn from :attr:`rng`: a prompt of 1 to ``SHORT_PROMPT`` tokens (with
+        ``long``, or one time in ten when ``None``, of ``SHORT_PROMPT + 1`` to ``LONGEST_PROMPT``),
+        ``max_tokens`` 1 to 12 unless given, priority 0 to 2 unless given."""
+        long = self.rng.random() < LONG_PROMPTS if long is None else long
         n = self.rng.randint(SHORT_PROMPT + 1, LONGEST_PROMPT) if long else self.rng.randint(1, SHORT_PROMPT)
         prompt = prompt_of_length(self.tok, n, self.rng.choice(STARTS))
         fields.setdefault("stop_ids", [])
@@ -190,7 +212,17 @@ class Schedule:
     def op_submit_n(self) -> str:
         sampled = self.rng.random() < 0.5
         req = self.request(temperature=0.8 if sampled else 0.0, seed=self.rng.randint(0, 99))
-        return f"submit_n {'sampled' if sampled else 'greedy'} -> {self.sched.submit_n(req, self.rng.randint(2, 3))}"
+        uids = self.sched.submit_n(req, self.rng.randint(2, 4))
+        return f"submit_n {'sampled' if sampled else 'greedy'} priority {req.priority} -> {uids}"
+
+    def op_submit_urgent(self) -> str:
+        """A long prompt more urgent than every request so far: it arrives while others (a
+        ``submit_n``'s waiting samples, held prompts) wait or run, and admission preempts for it."""
+        top = max((s.valid.request.priority for s in self.sched.requests.values()), default=0)
+        req = self.request(self.rng.randint(1, MOST_TOKENS), long=True, priority=top + 1)
+        return (
+            f"submit urgent ({len(req.prompt)} tokens, priority {req.priority}) -> {self.sched.submit(req)}"
+        )
 
     def op_iterate(self) -> str:  # run()'s iteration
         self.admit()
@@ -200,10 +232,20 @@ class Schedule:
         return "admit, step, filter"
 
     def admit(self) -> None:
+        """``admit()``, failing at once when it leaves a queue on an engine with nothing
+        running or prefilling: admission is wedged (every later iteration repeats it, and
+        ``run()`` would never return)."""
         self.sched.admit()
         st = self.sched.state
         if st.queue and not st.batch.rows and st.prefilling is None:
-            self.fail(f"wedged: uids {self.sched.queue} queued, nothing running or prefilling after admit()")
+            queued = {s.uid: (len(s.inputs), s.valid.request.priority) for s in st.queue}
+            held = {g: len(h.tokens) for g, h in st.shared_prompts.items()}
+            self.fail(
+                f"admission is wedged (run() would never return): after admit(), nothing runs or "
+                f"prefills and uids {{uid: (input tokens, priority)}} {queued} stay queued; prompts held "
+                f"for submit_n samples {{group: tokens}} {held}; kv_budget_bytes "
+                f"{self.sched.config.kv_budget_bytes}, policy {self.settings['policy']!r}"
+            )
 
     def op_admit(self) -> str:
         self.admit()
@@ -231,7 +273,12 @@ class Schedule:
         if not uids:
             return f"{verb} (no candidate)"
         uid = self.rng.choice(uids)
-        getattr(self.sched, verb)(uid)
+        try:
+            getattr(self.sched, verb)(uid)
+        except ValueError as e:  # a row that could never resume under the budget is not preempted
+            if verb != "preempt" or "kv_budget_bytes" not in str(e):
+                raise
+            return f"{verb} {uid} refused ({e})"
         return f"{verb} {uid}"
 
     def op_checkpoint(self) -> str:
@@ -267,9 +314,12 @@ class Schedule:
     def play(self, operations: int = OPERATIONS) -> None:
         """Draw and apply ``operations`` operations, checking the engine after each, then
         drain every scheduler and check its rows."""
-        names, weights = list(WEIGHTS), list(WEIGHTS.values())
+        names = list(self.weights)
         for _ in range(operations):
-            name = self.rng.choices(names, weights)[0]
+            weights = dict(self.weights)
+            if self.regime == "held-prompts" and self.sched.state.shared_prompts:
+                weights["submit_urgent"] *= URGENT_WHILE_HELD  # arrives while samples wait
+            name = self.rng.choices(names, [weights[n] for n in names])[0]
             self.log.append(name)
             self.log[-1] = getattr(self, f"op_{name}")()
             self.check_engine(self.log[-1])

@@ -1,17 +1,33 @@
 """The schedule fuzzer: random schedules of every engine verb, in both layouts, pipelined
 and not, each row checked against its run alone.
 
-Each example is one seed of a seeded generator (``random.Random(seed)``): it draws a
-scheduler (``layout`` padded or packed; ``pipeline`` on or off; ``max_batch`` 1..4; prefill
-chunk / token budget 4, 16 or 64; pages of 1, 4 or 16 positions; a KV budget of 1 to 3
-times the largest request's bytes, or none; a prompt cache, or none; in the padded layout
-prompt-lookup speculation with 1 or 3 draft tokens, or none; the ``fcfs`` or ``priority``
-admission policy), then 40 operations:
+Each example is one seed of a seeded generator (``random.Random(seed)``), and ``seed % 3``
+picks its regime (:data:`REGIMES`), so that any three consecutive seeds cover all three:
+
+- ``broad``: ``layout`` padded or packed; ``pipeline`` on or off; ``max_batch`` 1..4; prefill
+  chunk / token budget 4, 16 or 64; pages of 1, 4 or 16 positions; a KV budget of 1, 1.25,
+  1.5, 2 or 3 units, or none (a unit: the largest request's projected bytes, 200 + 16
+  tokens, as the scheduler's own ledger projects them, which is what ``submit`` refuses
+  against: 1 admits it alone); a prompt cache, or none; in the padded layout prompt-lookup
+  speculation with 1 or 3 draft tokens, or none; the ``fcfs``, ``priority`` or
+  ``shortest-prompt-first`` admission policy;
+- ``packed-pipelined``: the same draws in the packed layout, pipelined, with ``preempt``
+  and ``run()``'s iteration drawn more often (a row preempted and admitted again while
+  another row's forward is in flight: issue 42's finding 1);
+- ``held-prompts``: the padded layout without a prompt cache, the ``priority`` policy,
+  ``max_batch`` 1..3 and a budget of 1.25 or 1.5 units (a sample's held prompt fits beside
+  one row, a second row does not), fewer plain submissions, ``submit_n`` and urgent
+  arrivals more often, and an urgent arrival eight times likelier while a prompt is held
+  (samples wait, a more urgent long request comes: issue 42's finding 2);
+
+then 40 operations:
 ``submit`` (greedy, seeded sampled, constrained by a regex or a JSON schema; priority 0 to 2;
-prompts of 1 to 48 tokens, one in ten of 49 to 200), ``submit_n``
-(2 or 3 samples, greedy or sampled: held prompts while samples wait), ``admit``, ``step``,
-``filter``, ``run()``'s own ``admit(); step(); filter()``, ``preempt`` (a running row, or
-a joining one in the packed layout), ``abort``, ``checkpoint`` and ``restore`` (in memory,
+prompts of 1 to 48 tokens, one in ten of 49 to 200), ``submit_n`` (2 to 4 samples, greedy
+or sampled: held prompts while samples wait), an urgent ``submit`` (49 to 200 prompt tokens,
+a priority above every request's so far: admission preempts for it under a budget),
+``admit``, ``step``, ``filter``, ``run()``'s own ``admit(); step(); filter()``, ``preempt``
+(a running row, or a joining one in the packed layout; refused, naming ``kv_budget_bytes``,
+for a row that could never resume), ``abort``, ``checkpoint`` and ``restore`` (in memory,
 to any checkpoint kept), ``fork`` (the schedule goes on in the fork; the original is drained
 and checked too) and, in the padded layout, a checkpoint file round trip (``save``,
 ``Checkpoint.load`` into a fresh scheduler, which takes over). Prompts are cut at four
@@ -21,7 +37,8 @@ What must hold:
 
 - after every operation ``sched.check()`` is ok;
 - admission never idles: after an ``admit()`` on an engine with no row running and none
-  prefilling, the queue is empty (else the engine is *wedged*: ``run()`` would loop for ever);
+  prefilling, the queue is empty (else the engine is *wedged*: ``run()`` would loop for ever;
+  the example fails at that ``admit()``, naming the queue, the held prompts and the budget);
 - the drain (at most :data:`DRAIN_ITERATIONS` iterations of ``admit(); step(); filter()``)
   ends idle, every request finished once;
 - every row that finished ``stop`` or ``length`` equals its run alone: a greedy row its
@@ -32,11 +49,13 @@ What must hold:
   engine (``tests/engine/alone.py``: tokens and finish reason equal, log-probs within 1e-4);
   no row ends ``error``.
 
-CI runs :data:`CI_EXAMPLES` seeds (each a test case, ``[seed-N]``). The long mode is a command:
-``WORKBENCH_FUZZ_EXAMPLES=500 pytest -n 0 tests/verify/test_fuzz_schedules.py`` (seeds
+CI runs :data:`CI_EXAMPLES` seeds (each a test case, ``[seed-N]``; which of them find issue
+42's findings 1 and 2 on the code before their fixes: docs/concepts.md, Oracles). The long
+mode is a command:
+``WORKBENCH_FUZZ_EXAMPLES=200 pytest -n 0 tests/verify/test_fuzz_schedules.py`` (seeds
 ``WORKBENCH_FUZZ_SEED``, default 0, on); a failure names its seed, its scheduler and the
 operations, and ``WORKBENCH_FUZZ_SEED=N WORKBENCH_FUZZ_EXAMPLES=1`` replays it
-(docs/concepts.md, Oracles).
+(docs/concepts.md).
 """
 
 from __future__ import annotations
@@ -59,9 +78,7 @@ from workbench.workloads.workload import prompt_of_length
 
 pytestmark = [pytest.mark.model, pytest.mark.filterwarnings(r"ignore:step\(\). no row is running")]
 
-CI_EXAMPLES = (
-    12  # seeds in CI: four of each regime (which of them found issue 42's findings: docs/concepts.md)
-)
+CI_EXAMPLES = 12  # seeds in CI: four of each regime (those that find issue 42's findings: docs/concepts.md)
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", CI_EXAMPLES))
 FIRST_SEED = int(os.environ.get("WORKBENCH_FUZZ_SEED", 0))
 OPERATIONS = 40  # operations per schedule, before the drain
@@ -90,11 +107,42 @@ WEIGHTS = {
     "fork": 0.4,
     "save_load": 0.4,
 }
-# seed % 3 picks the regime: its settings (draw_settings) and the weights it changes
+# seed % 3 picks the regime: the settings it draws from (draw_settings) and the weights it changes
 REGIMES = ("broad", "packed-pipelined", "held-prompts")
+POLICIES = ["fcfs", "priority", "priority", "shortest-prompt-first"]
+REGIME_SETTINGS = {  # packed, pipeline: probabilities; the rest: lists drawn from
+    "broad": dict(
+        packed=0.5,
+        pipeline=0.7,
+        max_batch=[1, 2, 2, 3, 3, 4],
+        budget=[None, None, 1, 1.25, 1.5, 2, 3],
+        policy=POLICIES,
+        prompt_cache=[None, 4],
+    ),
+    # a preempted row joins again at once (first come, first served; room) while another
+    # row's forward is in flight
+    "packed-pipelined": dict(
+        packed=1.0,
+        pipeline=1.0,
+        max_batch=[2, 2, 3],
+        budget=[None, None, 2, 3],
+        policy=["fcfs"],
+        prompt_cache=[],
+    ),
+    # a sample's held prompt fits beside one row, a second row does not; without a prompt
+    # cache, whose prefixes bound every group as a held prompt does
+    "held-prompts": dict(
+        packed=0.0,
+        pipeline=0.7,
+        max_batch=[1, 2, 3],
+        budget=[1.25, 1.5],
+        policy=["priority"],
+        prompt_cache=[None],
+    ),
+}
 REGIME_WEIGHTS = {
     "broad": {},
-    "packed-pipelined": {"preempt": 5, "iterate": 10},  # preempt while another row's forward is in flight
+    "packed-pipelined": {"submit_urgent": 0},
     "held-prompts": {  # a short queue: samples wait beside one row, urgent long ones arrive
         "submit": 0.5,
         "submit_sampled": 0.5,
@@ -117,17 +165,17 @@ def draw_settings(rng: random.Random, regime: str = "broad") -> dict[str, Any]:
     """A scheduler's settings drawn from ``rng`` within ``regime`` (one of :data:`REGIMES`;
     the module docstring lists the ranges); ``budget`` is the KV budget in units of the
     largest request's projected bytes (``None``: none)."""
-    packed = {"broad": rng.random() < 0.5, "packed-pipelined": True, "held-prompts": False}[regime]
+    choices = REGIME_SETTINGS[regime]
+    packed = rng.random() < choices["packed"]
     chunk = rng.choice([4, 16, 64])
-    max_batch = rng.choice([1, 2, 3] if regime == "held-prompts" else [1, 2, 2, 3, 3, 4])
-    tight = regime == "held-prompts"  # more than one request's bytes, less than two
+    max_batch = rng.choice(choices["max_batch"])
     settings = dict(
         max_batch=max_batch,
         prefill_step_size=chunk,
-        pipeline=regime == "packed-pipelined" or rng.random() < 0.7,
+        pipeline=rng.random() < choices["pipeline"],
         history_size=0,
-        budget=rng.choice([1.25, 1.5] if tight else [None, None, 1, 1.25, 1.5, 2, 3]),
-        policy="priority" if tight else rng.choice(["fcfs", "priority", "priority", "shortest-prompt-first"]),
+        budget=rng.choice(choices["budget"]),
+        policy=rng.choice(choices["policy"]),
     )
     if packed:
         settings |= dict(
@@ -137,7 +185,7 @@ def draw_settings(rng: random.Random, regime: str = "broad") -> dict[str, Any]:
             prompt_cache=rng.choice([None, 16]),
         )
     else:
-        settings["prompt_cache"] = None if tight else rng.choice([None, 4])  # a cache bounds groups anyway
+        settings["prompt_cache"] = rng.choice(choices["prompt_cache"])
         draft = rng.choice([0, 0, 1, 3])
         if draft:
             settings |= dict(speculative="prompt-lookup", num_draft_tokens=draft)

@@ -39,8 +39,9 @@ What must hold:
 - admission never idles: after an ``admit()`` on an engine with no row running and none
   prefilling, the queue is empty (else the engine is *wedged*: ``run()`` would loop for ever;
   the example fails at that ``admit()``, naming the queue, the held prompts and the budget);
-- the drain (at most :data:`DRAIN_ITERATIONS` iterations of ``admit(); step(); filter()``)
-  ends idle, every request finished once;
+- the drain (at most :meth:`Schedule.drain_bound` iterations of ``admit(); step(); filter()``:
+  twice the unfinished requests' prefill chunks and tokens left, one at a time, or
+  :data:`DRAIN_ITERATIONS`) ends idle, every request finished once;
 - every row that finished ``stop`` or ``length`` equals its run alone: a greedy row its
   mlx-lm solo run (:func:`workbench.verify.oracle.solo_reference`, tokens equal but for
   near ties, log-probs within 1e-4), a constrained greedy row its constrained solo run
@@ -82,7 +83,7 @@ CI_EXAMPLES = 12  # seeds in CI: four of each regime (those that find issue 42's
 EXAMPLES = int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", CI_EXAMPLES))
 FIRST_SEED = int(os.environ.get("WORKBENCH_FUZZ_SEED", 0))
 OPERATIONS = 40  # operations per schedule, before the drain
-DRAIN_ITERATIONS = 400  # admit(); step(); filter() iterations the drain may take
+DRAIN_ITERATIONS = 400  # admit(); step(); filter() iterations the drain may take, at least (drain_bound)
 LONGEST_PROMPT, MOST_TOKENS = 200, 16  # prompt tokens, max_tokens of the largest request
 SHORT_PROMPT, LONG_PROMPTS = 48, 0.1  # most rows' longest prompt; the share of longer ones
 STARTS = (0, 40, 80, 120)  # prompts cut at these starts of the prompt set share prefixes
@@ -395,14 +396,27 @@ class Schedule:
                     f"after {after}: uid {uid} runs with {held.get(uid, 0)} of {known} tokens in its pages"
                 )
 
+    def drain_bound(self) -> int:
+        """Iterations the drain may take: twice what the unfinished requests need one at a
+        time (a prefill iteration per chunk of their inputs, one per token left, two more
+        each), at least :data:`DRAIN_ITERATIONS`; admission's preemptions restart prefills."""
+        chunk = self.settings.get("max_num_batched_tokens", self.settings["prefill_step_size"])
+        need = sum(
+            -(-len(s.inputs) // chunk) + s.valid.request.max_tokens - len(s.tokens) + 2
+            for s in self.sched.requests.values()
+            if not s.finished
+        )
+        return max(DRAIN_ITERATIONS, 2 * need)
+
     def drain(self) -> None:
-        for i in range(DRAIN_ITERATIONS):
+        bound = self.drain_bound()
+        for i in range(bound):
             if self.sched.idle:
                 break
             self.op_iterate()
             self.check_engine(f"drain iteration {i}")
         else:
-            self.fail(f"not idle after {DRAIN_ITERATIONS} iterations: queue {self.sched.queue}")
+            self.fail(f"not idle after {bound} drain iterations: queue {self.sched.queue}")
         unfinished = [u for u, s in self.sched.requests.items() if not s.finished]
         if unfinished:
             self.fail(f"idle with unfinished uids {unfinished}")

@@ -11,9 +11,9 @@ picks its regime (:data:`REGIMES`), so that any three consecutive seeds cover al
   against: 1 admits it alone); a prompt cache, or none; in the padded layout prompt-lookup
   speculation with 1 or 3 draft tokens, or none; the ``fcfs``, ``priority`` or
   ``shortest-prompt-first`` admission policy;
-- ``packed-pipelined``: the same draws in the packed layout, pipelined, with ``preempt``
-  and ``run()``'s iteration drawn more often (a row preempted and admitted again while
-  another row's forward is in flight: issue 42's finding 1);
+- ``packed-pipelined``: the packed layout, pipelined, ``fcfs``, ``max_batch`` 2 or 3, a
+  budget of 2 or 3 units or none, no urgent arrivals (a preempted row is admitted again at
+  once while another row's forward is in flight: issue 42's finding 1);
 - ``held-prompts``: the padded layout without a prompt cache, the ``priority`` policy,
   ``max_batch`` 1..3 and a budget of 1.25 or 1.5 units (a sample's held prompt fits beside
   one row, a second row does not), fewer plain submissions, ``submit_n`` and urgent
@@ -111,7 +111,7 @@ WEIGHTS = {
 # seed % 3 picks the regime: the settings it draws from (draw_settings) and the weights it changes
 REGIMES = ("broad", "packed-pipelined", "held-prompts")
 POLICIES = ["fcfs", "priority", "priority", "shortest-prompt-first"]
-REGIME_SETTINGS = {  # packed, pipeline: probabilities; the rest: lists drawn from
+REGIME_SETTINGS = {  # packed, pipeline: probabilities; the rest (prompt_cache: padded's): lists drawn from
     "broad": dict(
         packed=0.5,
         pipeline=0.7,
@@ -128,7 +128,7 @@ REGIME_SETTINGS = {  # packed, pipeline: probabilities; the rest: lists drawn fr
         max_batch=[2, 2, 3],
         budget=[None, None, 2, 3],
         policy=["fcfs"],
-        prompt_cache=[],
+        prompt_cache=[None],
     ),
     # a sample's held prompt fits beside one row, a second row does not; without a prompt
     # cache, whose prefixes bound every group as a held prompt does

@@ -30,8 +30,13 @@ def error_body(message: str, field: str | None, kind: str = "invalid_request_err
 
 
 def sse(payload: dict | str) -> str:
-    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is)."""
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is).
+
+    Raises:
+        ValueError: a non-finite float in ``payload`` (strict JSON, as Starlette's
+            ``JSONResponse`` renders the non-streamed body: ``NaN`` / ``Infinity`` are no JSON).
+    """
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, allow_nan=False)}\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

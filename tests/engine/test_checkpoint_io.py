@@ -248,3 +248,23 @@ def test_a_real_chat_batch_saved_mid_run_resumes_in_a_new_process_with_the_same_
         for u, (t, lp, top, reason) in ((str(u), row_record(sched, u)) for u in sched.requests)
     }
     assert resume_in_a_new_process(path, NAME, settings) == json.loads(json.dumps(expected))
+
+
+def test_save_paths_name_a_file_or_are_refused_naming_the_path(bundled, tmp_path, monkeypatch):
+    """Attack a2: "newdir/" wrote newdir.safetensors, "afile/x" raised FileExistsError, a
+    240-character name overflowed through the temporary name, "~" was not expanded."""
+    cp = wb.Scheduler(*bundled).checkpoint()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    for path in ("newdir/", "", ".", "sub/.."):
+        with pytest.raises(ValueError, match=r"checkpoint path .* names no file"):
+            cp.save(path)
+    assert not (tmp_path / "newdir.safetensors").exists() and not (tmp_path / "newdir").exists()
+    with pytest.raises(ValueError, match=r"cannot write .*afile/x\.safetensors: .*afile is a file"):
+        cp.save("afile/x")
+    long = "n" * 240
+    assert cp.save(long).resolve() == (tmp_path / (long + ".safetensors")).resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", long + ".safetensors"], "no temporary left"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cp.save("~/x") == tmp_path / "home" / "x.safetensors"
+    assert wb.Checkpoint.load("~/x", wb.Scheduler(*bundled)) is not None

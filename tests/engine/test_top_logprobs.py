@@ -32,6 +32,32 @@ def test_top_arrays_keep_the_k_best_of_the_rows_that_asked_best_first_ties_by_id
     )
 
 
+def test_top_logprobs_leave_out_the_tokens_a_row_forbids_never_a_non_finite_log_prob(make_sched, prompt):
+    """A processor that sets all but 3 logits to -inf (a grammar's mask does so) leaves 3 pairs of
+    the 5 asked: -inf is no log-prob a JSON answer can carry (issue 41, attack s5)."""
+    allowed = mx.array([5, 9, 77])
+
+    def only_three(tokens, logits):
+        keep = mx.zeros((logits.shape[-1],), dtype=mx.bool_)
+        keep[allowed] = True
+        return mx.where(keep, logits, mx.array(-float("inf"), dtype=logits.dtype))
+
+    sched = make_sched()
+    uid = sched.submit(
+        wb.Request(
+            prompt=prompt(6), max_tokens=3, top_logprobs=5, logits_processors=[only_three], stop_ids=[]
+        )
+    )
+    sched.run()
+    tops = sched.top_logprobs(uid)
+    assert len(tops) == 3
+    for pairs in tops:
+        assert sorted(t for t, _ in pairs) == [5, 9, 77]
+        assert all(np.isfinite(v) for _, v in pairs)
+    masked = mx.array([[-0.1, -float("inf"), -2.0, -float("inf")]])
+    assert read_top(top_arrays(masked, [4])) == {0: ((0, pytest.approx(-0.1)), (2, pytest.approx(-2.0)))}
+
+
 @pytest.mark.parametrize("value", [-1, MAX_TOP_LOGPROBS + 1, 2.0, True, "5"])
 def test_a_top_logprobs_outside_0_to_20_is_refused_naming_the_field_and_the_limit(make_sched, value):
     sched = make_sched()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 
+import httpx
 import pytest
 
 import workbench as wb
@@ -32,3 +34,23 @@ def wait_until(condition, timeout_s: float = 30.0, what: str = "") -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         time.sleep(0.02)
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text: str):
+    """``text`` parsed as strict JSON: ``NaN`` / ``Infinity`` / ``-Infinity`` raise ``ValueError``
+    (Python's ``json`` accepts them; OpenAI's clients in other languages do not)."""
+    return json.loads(text, parse_constant=_not_json)
+
+
+def strict_stream(url: str, body: dict) -> list[dict]:
+    """POST ``body`` with ``stream: true`` to ``url``; every ``data:`` chunk before ``[DONE]``
+    parsed by :func:`strict_json` (fails on a chunk that is not strict JSON)."""
+    with httpx.Client(timeout=60) as h, h.stream("POST", url, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines and lines[-1] == "[DONE]", lines[-1:]
+    return [strict_json(line) for line in lines[:-1]]

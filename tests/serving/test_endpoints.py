@@ -8,6 +8,8 @@ import pytest
 
 import workbench as wb
 
+from .conftest import strict_json, strict_stream
+
 PROMPT = "def add(a, b):"
 
 
@@ -124,6 +126,32 @@ def test_response_format_json_schema_gives_valid_json(client):
         response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
     )
     assert isinstance(json.loads(out.choices[0].message.content)["a"], int)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_constrained_answer_with_logprobs_is_strict_json_without_forbidden_tokens(server, chat):
+    """The grammar sets forbidden tokens to -inf: they are left out of top_logprobs, so the
+    body and every streamed chunk are strict JSON (issue 41, attack s5: HTTP 500, -Infinity)."""
+    pytest.importorskip("llguidance", reason="the structured extra")
+    body: dict = {"max_tokens": 12, "response_format": {"type": "json_object"}}
+    if chat:
+        url = f"{server.url}/chat/completions"
+        body |= {"messages": [{"role": "user", "content": "JSON"}], "logprobs": True, "top_logprobs": 5}
+    else:
+        url = f"{server.url}/completions"
+        body |= {"prompt": "Give JSON: ", "logprobs": 5}
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    logprobs = strict_json(r.text)["choices"][0]["logprobs"]
+    tops = (
+        [[e["logprob"] for e in c["top_logprobs"]] for c in logprobs["content"]]
+        if chat
+        else [list(t.values()) for t in logprobs["top_logprobs"]]
+    )
+    assert tops and all(len(t) <= 5 for t in tops)
+    assert any(len(t) < 5 for t in tops), "the grammar allows fewer than 5 tokens somewhere"
+    chunks = strict_stream(url, body)
+    assert len(chunks) > 1
 
 
 def test_models_and_health(server, client):

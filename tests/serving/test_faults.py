@@ -15,6 +15,8 @@ import openai
 import pytest
 
 import workbench as wb
+from workbench.serving.engine import Done
+from workbench.serving.responses import Shaper
 
 from .conftest import wait_until
 
@@ -27,10 +29,19 @@ PROMPT = "def add(a, b):"
         ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens", ">= 1"),
         ({"prompt": PROMPT, "temperature": -1}, "temperature", ">= 0"),
         ({"prompt": PROMPT, "temperature": 1, "top_p": 1.5}, "top_p", "(0, 1]"),
-        ({"prompt": PROMPT, "logprobs": 21}, "top_logprobs", "[0, 20]"),
+        ({"prompt": PROMPT, "logprobs": 21}, "logprobs", "[0, 20]"),
+        ({"prompt": PROMPT, "n": 5000}, "n", "[1, 1024]"),
+        ({"prompt": PROMPT, "frequency_penalty": -1e300}, "frequency_penalty", "[-2, 2]"),
+        ({"prompt": PROMPT, "presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
+        (
+            {"prompt": PROMPT, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+            "not served",
+        ),
+        ({"prompt": PROMPT, "priority": 5}, "priority", "policy 'fcfs'"),
         ({"prompt": PROMPT, "stop": [""]}, "stop", "non-empty"),
         ({"prompt": PROMPT, "seed": -3}, "seed", ">= 0"),
-        ({"prompt": PROMPT, "n": 0}, "n", ">= 1"),
+        ({"prompt": PROMPT, "n": 0}, "n", "[1, 1024]"),
         ({"prompt": PROMPT, "stream": "yes"}, "stream", "bool"),
         ({"prompt": [10**9]}, "prompt", "outside the vocabulary [0, 4096)"),
         ({"prompt": PROMPT, "logit_bias": {"x": 1}}, "logit_bias", "token id"),
@@ -46,6 +57,37 @@ def test_a_bad_field_is_400_naming_the_field_and_its_limit(server, body, field, 
     error = r.json()["error"]
     assert error["param"] == field and words in error["message"], error
     assert server.sched.idle  # refused before it touched the engine
+
+
+@pytest.mark.parametrize(
+    "body, field, words",
+    [
+        ({"max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
+        ({"top_logprobs": 50, "logprobs": True}, "top_logprobs", "[0, 20]"),
+        ({"messages": [{"role": 5, "content": "hi"}]}, "messages[0].role", "non-empty str"),
+        ({"messages": [{"content": "hi"}]}, "messages[0].role", "non-empty str"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "at least one text part"),
+    ],
+)
+def test_a_bad_chat_field_is_400_naming_the_field_the_client_sent(server, body, field, words):
+    body = {"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, **body}
+    r = httpx.post(f"{server.url}/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and words in error["message"], error
+    assert server.sched.idle
+
+
+def test_a_row_that_ended_in_error_carries_its_message_streamed_or_not():
+    shaper = Shaper(chat=False, model="m", decode=lambda ids: "")
+    done = [Done(0, "length", "", 3, 2), Done(1, "error", "non-finite logits at step 4", 3, 4)]
+    body = shaper.body({0: [], 1: []}, done)
+    ok, bad = body["choices"]
+    assert "error" not in ok and ok["finish_reason"] == "length"
+    assert bad["finish_reason"] == "error"
+    assert bad["error"]["message"] == "non-finite logits at step 4" and bad["error"]["type"] == "server_error"
+    chunk = shaper.chunk(done[1], first=False, include_usage=False)
+    assert chunk["choices"][0]["error"]["message"] == "non-finite logits at step 4"
 
 
 def test_bad_json_and_a_bad_chat_message_are_400(server):

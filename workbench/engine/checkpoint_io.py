@@ -56,6 +56,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -156,8 +157,21 @@ def differences(saved: dict, here: dict, where: str = "") -> list[str]:
 def file_of(path: str | Path) -> Path:
     """The file a checkpoint at ``path`` lives in: ``path`` itself when its name ends in
     ``.safetensors``, else ``path`` with ``.safetensors`` appended (as ``mx.save_safetensors``
-    names what it writes): ``file_of("run1/batch") == Path("run1/batch.safetensors")``."""
-    path = Path(path)
+    names what it writes), ``~`` expanded (``Path.expanduser``):
+    ``file_of("run1/batch") == Path("run1/batch.safetensors")``.
+
+    Raises:
+        ValueError: a ``path`` that names no file: empty, ending in a path separator
+            (``"newdir/"``: a folder), or whose last part is ``.`` or ``..``.
+    """
+    text = os.fspath(path)
+    name = Path(text).expanduser().name
+    if not text or text.endswith(tuple(filter(None, (os.sep, os.altsep)))) or name in ("", ".", ".."):
+        raise ValueError(
+            f"checkpoint path {text!r} names no file (empty, a folder ending in a separator, '.' or '..'); "
+            f"give a file name, e.g. {os.path.join(text or '.', 'checkpoint' + SUFFIX)!r}"
+        )
+    path = Path(text).expanduser()
     return path if path.name.endswith(SUFFIX) else path.with_name(path.name + SUFFIX)
 
 
@@ -171,16 +185,22 @@ def save(checkpoint: Any, path: str | Path) -> Path:
     Raises:
         ValueError: a running request with a callable field (naming the uid and the
             field), a quantized KV cache, the packed layout, a checkpoint without its
-            scheduler's identity, or a ``path`` (or the file it names) that is a folder.
+            scheduler's identity, a ``path`` (or the file it names) that is a folder, a
+            ``path`` that names no file (:func:`file_of`), or one under a file (``afile/x``).
     """
     if checkpoint.identity is None:
         raise ValueError("this checkpoint does not know its scheduler (take it with Scheduler.checkpoint())")
     target = file_of(path)
-    for p in dict.fromkeys((Path(path), target)):
+    for p in dict.fromkeys((Path(os.fspath(path)).expanduser(), target)):
         if p.is_dir():
             raise ValueError(
                 f"Checkpoint.save: {p} is a folder; give a file name, e.g. {p / ('checkpoint' + SUFFIX)}"
             )
+    for parent in target.parents:  # the nearest that exists must be a folder to write into
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"Checkpoint.save: cannot write {target}: {parent} is a file, not a folder")
+            break
     identity = checkpoint.identity()
     if identity["settings"].get("kv_bits") is not None:
         raise ValueError(
@@ -194,7 +214,9 @@ def save(checkpoint: Any, path: str | Path) -> Path:
         )
     document = _document(checkpoint, identity)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.partial{SUFFIX}")
+    temporary = target.with_name(
+        f".{secrets.token_hex(6)}.partial{SUFFIX}"
+    )  # short: any legal target name fits
     try:
         caches = checkpoint.state.batch.caches or []
         save_prompt_cache(str(temporary), caches, {"workbench": json.dumps(document)})

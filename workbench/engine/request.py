@@ -33,6 +33,9 @@ MIN_TEMPERATURE = 1e-37
 MAX_STOP_STRINGS, MAX_STOP_LENGTH = 64, 256
 # Most (token id, log-prob) pairs a request may ask per generated token (OpenAI's limit too).
 MAX_TOP_LOGPROBS = 20
+# presence_penalty and frequency_penalty lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's and
+# vLLM's range): beyond it a penalty times a token count can overflow the logits (-1e300 did).
+MAX_PENALTY = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class Request:
         seed: PRNG seed of a sampled row (``>= 0``); the row's tokens then do not depend
             on its neighbours. ``None`` draws one from the scheduler's seed.
         repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
-            ``make_logits_processors`` options (context = the row's own prompt and
+            ``make_logits_processors`` options (``repetition_penalty > 0``; presence and
+            frequency penalties in ``[-2, 2]``, ``MAX_PENALTY``, as OpenAI and vLLM) (context = the row's own prompt and
             generated tokens, never padding).
         logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables
             (an ``mx.array`` of a floating dtype).
@@ -385,8 +389,11 @@ def _check_processors(r: Request, vocab_size: int) -> None:
     if r.repetition_penalty is not None and (not _is_real(r.repetition_penalty) or r.repetition_penalty <= 0):
         raise ValueError(f"repetition_penalty must be a number > 0 or None, got {r.repetition_penalty!r}")
     for name in ("presence_penalty", "frequency_penalty"):
-        if not _is_real(getattr(r, name)):
-            raise ValueError(f"{name} must be a finite number, got {getattr(r, name)!r}")
+        value = getattr(r, name)
+        if not _is_real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+            raise ValueError(
+                f"{name} must be a finite number in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}] (MAX_PENALTY), got {value!r}"
+            )
     if r.logit_bias is not None:
         if not isinstance(r.logit_bias, Mapping):
             raise ValueError(

@@ -11,7 +11,10 @@ the same quantity), so a row's top-k depends only on its own log-probs, and a ro
 bit-equal to its run alone has bit-equal top-k. Only the rows that asked are gathered
 (``logprobs[rows]`` ``[n, V]``), then one ``mx.argpartition`` over the batch finds the ``K``
 best (``K`` the most any row asked), sorted by ``mx.argsort``; nothing is evaluated here.
-Ties are broken by the smaller token id when the values are read (:func:`read_top`).
+Ties are broken by the smaller token id when the values are read (:func:`read_top`), and
+tokens whose log-prob is ``-inf`` (ones the row's logits processors forbid: a grammar's
+mask, ``min_tokens``' barred EOS) are left out then, as they can never be sampled: a
+constrained row may get fewer than ``k`` pairs, never a non-finite log-prob.
 
 Example, ``V = 5`` and one row asking ``k = 2``::
 
@@ -22,6 +25,7 @@ Axis letters: ``B`` rows, ``n`` rows that asked, ``V`` vocabulary, ``K`` the mos
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
@@ -68,10 +72,12 @@ def arrays_of(top: Mapping[int, tuple[mx.array, mx.array]]) -> list[mx.array]:
 
 def read_top(top: Mapping[int, tuple[mx.array, mx.array]]) -> dict[int, TopPairs]:
     """``top`` evaluated: row -> ``((id, log-prob), ...)`` best first, equal values ordered
-    by id (the order does not depend on the sort's tie handling)."""
+    by id (the order does not depend on the sort's tie handling); pairs whose log-prob is not
+    finite (``-inf``: a token the row's processors forbid) are left out, so a row gets at most
+    ``k`` pairs, as many as it has allowed tokens."""
     mx.eval(arrays_of(top))
     out = {}
     for b, (ids, values) in top.items():
-        pairs = zip(ids.tolist(), values.tolist())
+        pairs = [(i, v) for i, v in zip(ids.tolist(), values.tolist()) if math.isfinite(v)]
         out[b] = tuple(sorted(pairs, key=lambda p: (-p[1], p[0])))
     return out

@@ -34,7 +34,7 @@ import mlx.core as mx
 from ..engine.request import Request, validate
 from ..engine.scheduler import Scheduler
 from .metrics import EngineMetrics
-from .translate import Prepared
+from .translate import BadField, Prepared
 
 _COMPILE_LOCK = threading.Lock()
 _SERVING = 0  # engine threads started and not stopped: MLX's compile stays off while any serves
@@ -253,6 +253,13 @@ class EngineThread:
     def _submit(self, command: Submit) -> None:
         prepared = command.prepared
         try:
+            cfg = self.sched.config
+            if prepared.request.priority and cfg.policy == "fcfs" and cfg.kv_budget_bytes is None:
+                raise BadField(
+                    "priority",
+                    "priority changes nothing on this server (policy 'fcfs' and no kv_budget_bytes: "
+                    "no preemption); serve with policy='priority' or leave priority out",
+                )
             if len(self.sched.queue) + prepared.n > self.max_queued:
                 raise Busy(
                     f"the queue holds {len(self.sched.queue)} requests and max_queued is {self.max_queued}; "

@@ -30,8 +30,13 @@ def error_body(message: str, field: str | None, kind: str = "invalid_request_err
 
 
 def sse(payload: dict | str) -> str:
-    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is)."""
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+    """One server-sent event: ``data: <json>`` and a blank line (``[DONE]`` as is).
+
+    Raises:
+        ValueError: a non-finite float in ``payload`` (strict JSON, as Starlette's
+            ``JSONResponse`` renders the non-streamed body: ``NaN`` / ``Infinity`` are no JSON).
+    """
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, allow_nan=False)}\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -128,6 +133,8 @@ class Shaper:
             choice["text"] = text
         choice["logprobs"] = self.logprobs_of(pieces, offset) if pieces else None
         choice["finish_reason"] = finish
+        if finish == "error":
+            choice["error"] = error_body(item.message, None, "server_error")["error"]
         out = {**self._head(True), "choices": [choice]}
         if include_usage:
             out["usage"] = None
@@ -144,7 +151,9 @@ class Shaper:
         return usage(prompt, sum(d.completion_tokens for d in done))
 
     def body(self, pieces: dict[int, list[Piece]], done: list[Done]) -> dict:
-        """The whole (non-streamed) response: one choice per row, in index order."""
+        """The whole (non-streamed) response: one choice per row, in index order; a row that
+        ended in ``error`` carries ``"error": {"message", "type": "server_error", ...}`` beside
+        its ``finish_reason`` (so do streamed rows' last chunks), the other rows are as ever."""
         choices = []
         for d in sorted(done, key=lambda d: d.index):
             rows = pieces.get(d.index, [])
@@ -156,5 +165,7 @@ class Shaper:
                 choice["text"] = text
             choice["logprobs"] = self.logprobs_of(rows)
             choice["finish_reason"] = d.finish_reason
+            if d.finish_reason == "error":
+                choice["error"] = error_body(d.message, None, "server_error")["error"]
             choices.append(choice)
         return {**self._head(False), "choices": choices, "usage": self.usage_of(done)}

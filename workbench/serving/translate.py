@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.request import Request
+from ..engine.request import MAX_TOP_LOGPROBS, Request
+from ..engine.siblings import MAX_SAMPLES
 
 # Fields accepted and not used (they change nothing in the engine's output).
 IGNORED = frozenset({"model", "user", "metadata", "store", "service_tier", "parallel_tool_calls"})
@@ -141,7 +142,15 @@ def _chat_messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise BadField("messages", f"messages[{i}] must be an object with role and content, got {m!r}")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise BadField(
+                f"messages[{i}].role", f"messages[{i}].role must be a non-empty str, got {m.get('role')!r}"
+            )
         content = m.get("content")
+        if isinstance(content, list) and not content:
+            raise BadField(
+                f"messages[{i}].content", f"messages[{i}].content must hold at least one text part"
+            )
         if isinstance(content, list):
             texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
             if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
@@ -225,11 +234,16 @@ def translate(
     unknown = sorted(set(body) - allowed - IGNORED)
     if unknown:
         raise BadField(unknown[0], f"unknown field {unknown[0]!r}; served fields: {sorted(allowed)}")
-    stream, n = _bool(body, "stream"), _int(body, "n", 1, 1)
+    stream, n = _bool(body, "stream"), _int(body, "n", 1, 1, MAX_SAMPLES)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise BadField("stream_options", f"stream_options must be {{'include_usage': bool}}, got {options!r}")
     include_usage = _bool(options, "include_usage")
+    if _bool(options, "continuous_usage_stats"):
+        raise BadField(
+            "stream_options.continuous_usage_stats",
+            "stream_options.continuous_usage_stats is not served (usage comes in the last chunk: include_usage)",
+        )
     fields: dict[str, Any] = {}
     if chat:
         if "messages" not in body:
@@ -242,11 +256,13 @@ def translate(
 
             fields["prompt"] = convert_chat(messages)
         logprobs = _bool(body, "logprobs")
-        top = _int(body, "top_logprobs", 0, 0)
+        top = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
         if top and not logprobs:
             raise BadField("top_logprobs", "top_logprobs needs logprobs: true")
         fields["top_logprobs"] = top
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if body.get("max_completion_tokens") is not None:
+            _int(body, "max_completion_tokens", 1, 1)  # the field the client sent, named
     else:
         if "prompt" not in body:
             raise BadField("prompt", "prompt is required (a str or a list of token ids)")
@@ -258,7 +274,7 @@ def translate(
             raise BadField("best_of", f"best_of must equal n ({n}) or be left out, got {body['best_of']!r}")
         k = body.get("logprobs")
         logprobs = k is not None and k is not False
-        fields["top_logprobs"] = 0 if not logprobs else _int(body, "logprobs", 0, 0)
+        fields["top_logprobs"] = 0 if not logprobs else _int(body, "logprobs", 0, 0, MAX_TOP_LOGPROBS)
         max_tokens = body.get("max_tokens")
     fields["max_tokens"] = default_max_tokens if max_tokens is None else max_tokens
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty", "priority"):

@@ -38,11 +38,15 @@ BAD = [
     (dict(prompt=[1], seed=-2), "seed must be an int >= 0"),
     (dict(prompt=[1], min_p=0.1), "min_p needs temperature > 0"),
     (dict(prompt=[1], temperature=0.5, min_p=1.5), r"min_p must be a number in \[0, 1\)"),
-    (dict(prompt=[1], repetition_penalty=0.0), "repetition_penalty must be a number > 0"),
+    (dict(prompt=[1], repetition_penalty=0.0), r"repetition_penalty must be a number in \[0.01, 100\]"),
     (dict(prompt=[1], presence_penalty=math.inf), "presence_penalty must be a finite number"),
     (
         dict(prompt=[1], frequency_penalty=-1e300),
         r"frequency_penalty must be a finite number in \[-2, 2\] \(MAX_PENALTY\)",
+    ),
+    (
+        dict(prompt=[1], repetition_penalty=1e-300),
+        r"repetition_penalty must be a number in \[0.01, 100\] \(MAX_REPETITION_PENALTY\)",
     ),
     (dict(prompt=[1], presence_penalty=2.5), r"presence_penalty must be a finite number in \[-2, 2\]"),
     (dict(prompt=[1], logits_processors=[3]), "logits_processors must be a list of callables"),

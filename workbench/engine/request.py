@@ -36,6 +36,10 @@ MAX_TOP_LOGPROBS = 20
 # presence_penalty and frequency_penalty lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's and
 # vLLM's range): beyond it a penalty times a token count can overflow the logits (-1e300 did).
 MAX_PENALTY = 2.0
+# repetition_penalty lies in [1/MAX_REPETITION_PENALTY, MAX_REPETITION_PENALTY]: mlx-lm divides a
+# positive logit by it (multiplies a negative one), so a tiny or huge value overflows the logits to
+# inf and the row could only end in error; the usual values are 1.0-2.0.
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Request:
         seed: PRNG seed of a sampled row (``>= 0``); the row's tokens then do not depend
             on its neighbours. ``None`` draws one from the scheduler's seed.
         repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
-            ``make_logits_processors`` options (``repetition_penalty > 0``; presence and
+            ``make_logits_processors`` options (``repetition_penalty`` in ``[0.01, 100]``; presence and
             frequency penalties in ``[-2, 2]``, ``MAX_PENALTY``, as OpenAI and vLLM) (context = the row's own prompt and
             generated tokens, never padding).
         logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables
@@ -386,8 +390,12 @@ def _check_top_logprobs(r: Request, vocab_size: int) -> None:
 
 def _check_processors(r: Request, vocab_size: int) -> None:
     """Penalties, logit bias, processors, sampler and on_token of the right kinds."""
-    if r.repetition_penalty is not None and (not _is_real(r.repetition_penalty) or r.repetition_penalty <= 0):
-        raise ValueError(f"repetition_penalty must be a number > 0 or None, got {r.repetition_penalty!r}")
+    rp, most = r.repetition_penalty, MAX_REPETITION_PENALTY
+    if rp is not None and (not _is_real(rp) or not 1 / most <= rp <= most):
+        raise ValueError(
+            f"repetition_penalty must be a number in [{1 / most:g}, {most:g}] (MAX_REPETITION_PENALTY) "
+            f"or None, got {rp!r}"
+        )
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(r, name)
         if not _is_real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:

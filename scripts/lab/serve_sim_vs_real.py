@@ -132,7 +132,14 @@ def main() -> None:
     if args.cost:
         cost = CostModel.load(args.cost)
     else:
-        cost = calibrate(model, tokenizer, label="tiny-code, calibrated by serve_sim_vs_real.py")
+        # KV widths and prefill context inside tiny-code's 512-token context (calibrate's defaults reach 520)
+        cost = calibrate(
+            model,
+            tokenizer,
+            label="tiny-code, calibrated by serve_sim_vs_real.py",
+            kv_widths_tokens=(32, 128, 448),
+            prefill_context_tokens=448,
+        )
         cost.save(tmp / "cost.json")
     print(f"cost model: {cost.label}; window: {len(lines)} requests; logs in {tmp}", file=sys.stderr)
     print(

@@ -91,8 +91,8 @@ def served(cmd: list[str], lines: list[dict], port: int, log: Path) -> dict:
             except subprocess.TimeoutExpired:
                 server.kill()
     ok = [r for r in records if not r["error"]]
-    ttft = np.array([r["ttft_s"] for r in ok if r["ttft_s"] is not None]) * 1000
-    itl = np.array([g for r in ok for g in r["itl_s"]]) * 1000
+    ttft = np.array([r["ttft_s"] for r in ok if r["ttft_s"] is not None] or [np.nan]) * 1000
+    itl = np.array([g for r in ok for g in r["itl_s"]] or [np.nan]) * 1000
     done = sum(r["completion_tokens"] for r in ok)
     asked = sum(line["payload"]["max_tokens"] for line in lines)
     return {
@@ -107,10 +107,11 @@ def served(cmd: list[str], lines: list[dict], port: int, log: Path) -> dict:
 
 
 def as_text(lines: list[dict], tokenizer) -> list[dict]:
-    """The same lines with each prompt decoded to text and no ``ignore_eos`` (what mlx_lm.server takes)."""
+    """The same lines with each prompt decoded to text, no ``ignore_eos`` and no ``model`` (what
+    mlx_lm.server takes: a ``model`` other than its ``--model`` is loaded by that name, a 404 here)."""
     out = []
     for line in lines:
-        payload = {k: v for k, v in line["payload"].items() if k != "ignore_eos"}
+        payload = {k: v for k, v in line["payload"].items() if k not in ("ignore_eos", "model")}
         payload["prompt"] = tokenizer.decode(payload["prompt"])
         out.append({**line, "payload": payload})
     return out

@@ -142,7 +142,7 @@ def main() -> None:
             prefill_context_tokens=448,
         )
         cost.save(tmp / "cost.json")
-    print(f"cost model: {cost.label}; window: {len(lines)} requests; logs in {tmp}", file=sys.stderr)
+    print(f"{cost.text()}\nwindow: {len(lines)} requests; cost model and logs in {tmp}", file=sys.stderr)
     print(
         "| layout | source | requests | tokens out / asked | TTFT p50 / p95 / p99 ms "
         "| ITL p50 / p95 / p99 ms | output tok/s |"

@@ -27,14 +27,16 @@ import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 from ..engine.request import Request, validate
 from ..engine.scheduler import Scheduler
-from .metrics import EngineMetrics
 from .translate import BadField, Prepared
+
+if TYPE_CHECKING:  # prometheus-client is the serve extra's: imported where a server starts
+    from .metrics import EngineMetrics
 
 _COMPILE_LOCK = threading.Lock()
 _SERVING = 0  # engine threads started and not stopped: MLX's compile stays off while any serves

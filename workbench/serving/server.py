@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.scheduler import Scheduler
-from .app import build_app
 from .engine import EngineThread
-from .metrics import EngineMetrics
 
 DEFAULT_MAX_TOKENS = 512  # mlx_lm.server's --max-tokens default
 DEFAULT_MAX_QUEUED = 4096
@@ -131,8 +129,11 @@ def serve(
             model="workbench", prompt="def add(a, b):", max_tokens=16)
         server.stop()
     """
-    try:
+    try:  # the serve extra (Starlette, uvicorn, prometheus-client): imported here, named if missing
         import uvicorn
+
+        from .app import build_app
+        from .metrics import EngineMetrics
     except ImportError as exc:
         raise ImportError(f"wb.serve needs the serve extra: pip install -e '.[serve]' ({exc})") from None
     metrics = EngineMetrics()

@@ -21,7 +21,7 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 PY=${PYTHON:-python3}
-EXTRAS=(ipywidgets nbformat nbconvert nbval)  # what tests import beyond the image (KINDS.md's package list)
+EXTRAS=(ipywidgets nbformat nbconvert nbval llguidance)  # what tests import beyond the image (KINDS.md's package list)
 # their requirements the image already holds (KINDS.md): not carried, so nothing shadows its versions
 IMAGE_HAS="pytest pluggy iniconfig attrs jinja2 markupsafe packaging psutil pygments python_dateutil typing_extensions six pyyaml numpy"
 

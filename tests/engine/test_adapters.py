@@ -20,7 +20,9 @@ from mlx_lm.tuner.lora import LoRALinear
 
 import workbench as wb
 from workbench.engine.levers import lora
+from workbench.runtime.device import on_gpu
 from workbench.verify.adapter_oracle import adapter_check
+from workbench.verify.oracle import DEFAULT_ATOL
 
 MODEL = str(wb.BUNDLED_MODEL)
 ROOT = Path(__file__).resolve().parents[2]
@@ -408,6 +410,10 @@ def test_the_prompt_cache_is_keyed_by_adapter_and_every_row_equals_alone(loaded)
         expected = alone.request(solo)
         for uid in uids:
             got = sched.request(uid)
+            if on_gpu():  # a hit prefills the suffix alone: CUDA's matmuls round by shape (docs/gpu.md)
+                assert got.tokens == expected.tokens, (name, uid)
+                np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=DEFAULT_ATOL)
+                continue
             assert (got.tokens, got.logprobs, got.top_logprobs) == (
                 expected.tokens,
                 expected.logprobs,

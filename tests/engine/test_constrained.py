@@ -24,6 +24,8 @@ from workbench.verify.constrained import constrained_reference, satisfies
 
 from .interrupts import Injector, engine_state, patched_eval
 
+pytest.importorskip("llguidance", reason="structured output needs the `structured` extra (llguidance)")
+
 pytestmark = pytest.mark.model
 
 PERSON = {

@@ -33,12 +33,16 @@ SCHEDULES = ("hybrid", "prefill-first", "decode-first")
 @dataclass(frozen=True)
 class Want:
     """A request's work before a step: ``held`` tokens in pages of ``known`` known
-    (prompt + generated); ``decoding`` for a running row (``known - held == 1``)."""
+    (prompt + generated); ``decoding`` for a running row (``known - held == 1``);
+    ``first``: with nothing held, the exact tokens of its first chunk, run whole in a
+    forward with room for it or not at all (quantized pages: a row's first forward is on
+    float keys, :mod:`workbench.engine.packed.quantized_pages`); ``0``: any chunk."""
 
     uid: int
     held: int
     known: int
     decoding: bool
+    first: int = 0
 
 
 def plan_chunks(wants: Sequence[Want], budget: int, schedule: str = "hybrid") -> tuple[Chunk, ...]:
@@ -68,6 +72,10 @@ def plan_chunks(wants: Sequence[Want], budget: int, schedule: str = "hybrid") ->
         if left <= 0:
             break
         n = min(w.known - w.held, left)
+        if w.first and not w.held:  # its first forward whole, or it waits
+            if w.first > left:
+                continue
+            n = w.first
         chunks.append(Chunk(w.uid, w.held, n, PREFILL, samples=w.held + n == w.known))
         left -= n
     return tuple(chunks)

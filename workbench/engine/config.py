@@ -250,8 +250,12 @@ UNHONOURED: tuple[tuple[str, str, Any, str], ...] = (
     (
         "prefill_step_size",
         "max_num_batched_tokens",
-        lambda c, a: c.layout == "packed" and c.max_num_batched_tokens not in (None, c.prefill_step_size),
-        "a packed forward's tokens, prefill chunks included, are max_num_batched_tokens",
+        lambda c, a: (
+            c.layout == "packed"
+            and c.kv_bits is None  # with kv_bits it sizes a row's first forward (on float keys)
+            and c.max_num_batched_tokens not in (None, c.prefill_step_size)
+        ),
+        "a packed forward's tokens, prefill chunks included, are max_num_batched_tokens (without kv_bits)",
     ),
     (
         "interleave_prefill",

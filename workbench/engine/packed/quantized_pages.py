@@ -45,7 +45,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
-import numpy as np
 
 from ..levers.quantized_attention import dequantized_attention
 from ..levers.quantized_kv import KVQuant
@@ -97,29 +96,24 @@ class QuantizedPools(Pools):
             n = 0 if have is None else have[0].shape[0]
             if n < self.slots:
                 grow = tuple(mx.zeros((self.slots - n, *p.shape[1:]), dtype=p.dtype) for p in like)
-                pool[layer] = grow if have is None else tuple(mx.concatenate([h, g]) for h, g in zip(have, grow))
+                pool[layer] = (
+                    grow if have is None else tuple(mx.concatenate([h, g]) for h, g in zip(have, grow))
+                )
 
     def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
-        """:meth:`Pools.copy_pages` over each part (read before written: in place)."""
+        """:meth:`Pools.copy_pages` over each part in turn (each read before it is written:
+        in place), the parts grown to ``slots`` first."""
         if not pairs:
             return
-        src, dst = (
-            mx.array(np.concatenate([np.arange(p * page_size, (p + 1) * page_size) for p in pages]).astype(np.int32))
-            for pages in zip(*pairs, strict=True)
-        )
-        layers = [layer for layer, have in enumerate(self.keys) if have is not None]
-        for layer in layers:
-            self.fit(layer, self.keys[layer])
-        moved = {
-            (id(pool), layer): [part[src] for part in pool[layer]]
-            for layer in layers
-            for pool in (self.keys, self.values)
-        }
-        mx.eval(list(moved.values()))
-        for layer in layers:
-            for pool in (self.keys, self.values):
-                for part, new in zip(pool[layer], moved[id(pool), layer]):
-                    part[dst] = new
+        for layer, have in enumerate(self.keys):
+            if have is not None:
+                self.fit(layer, have)
+        for i in range(3):  # packed, scales, biases: float-pool copies of the same page slots
+            part = Pools(len(self.keys))
+            part.slots = self.slots
+            part.keys = [None if p is None else p[i] for p in self.keys]
+            part.values = [None if p is None else p[i] for p in self.values]
+            Pools.copy_pages(part, pairs, page_size)  # writes the arrays these parts hold
 
     def clone(self, share: bool = False) -> "QuantizedPools":
         """As :meth:`Pools.clone`, part by part."""
@@ -187,7 +181,9 @@ class QuantizedPagedLayer(PagedLayer):
         outs = []
         R = groups.n_decode
         if R:
-            q = (queries if queries.shape[2] == R else queries[:, :, :R]).transpose(2, 1, 0, 3)  # [R, H, 1, D]
+            q = (queries if queries.shape[2] == R else queries[:, :, :R]).transpose(
+                2, 1, 0, 3
+            )  # [R, H, 1, D]
             outs.append(quantized(q, groups.decode_slots, groups.decode_mask, True).transpose(2, 1, 0, 3))
         keys, values = self.fresh
         for first, n, slots in groups.chunks:

@@ -199,3 +199,22 @@ def test_quantized_pools_copy_and_clone_every_part():
 def test_settings_packed_kv_bits_does_not_take_are_refused_naming_them(make_sched, settings, name):
     with pytest.raises(ValueError, match=name):
         make_sched(layout="packed", kv_group_size=G, **settings)
+
+
+def test_a_device_without_the_quantized_kernel_attends_to_the_pages_by_dequantizing(
+    make_sched, prompt, monkeypatch
+):
+    """Where MLX has no quantized_matmul for the shape, the packed layout takes the padded one's
+    dequantizing path (chosen at construction), and every row equals generate_step(kv_bits=4)
+    with the same path."""
+    from tests.engine.test_quantized_kv import _without_quantized_matmul
+    from workbench.engine.levers.quantized_attention import attention_path, dequantized_attention
+
+    _without_quantized_matmul(monkeypatch)
+    sched = _packed(make_sched, 4, max_batch=3, prefill_step_size=8)
+    assert sched.batch.pools.attention is dequantized_attention
+    _submit(sched, prompt)
+    sched.run()
+    with attention_path(sched.model, "dequantize"):
+        report = oracle.solo_check(sched.model, sched)
+    assert report.n_match == len(SPECS), report.text()

@@ -28,6 +28,7 @@ from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..levers.pacing import pacing_from
 from ..levers.packed_pacing import PackedPacer
+from ..levers.quantized_attention import dequantized_attention
 from ..packed import families
 from ..packed.adapters import check_bank, selected_tokens
 from ..packed.batch import PackedBatch
@@ -96,7 +97,12 @@ class PackedLayout(Layout):
             self._cached_pages,
         )
         if self.quant is not None:  # pages held quantized
-            return QuantizedPackedBatch(*args, quant=self.quant, prefill_step_size=cfg.prefill_step_size)
+            attention = (
+                dequantized_attention if self.quant.attention == "dequantize" else None
+            )  # None: mlx-lm's
+            return QuantizedPackedBatch(
+                *args, quant=self.quant, prefill_step_size=cfg.prefill_step_size, attention=attention
+            )
         return PackedBatch(
             *args, decode_kernel=False if cfg.fast_decode is False else None
         )  # fast_decode=False: MLX ops only

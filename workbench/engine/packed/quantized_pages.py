@@ -2,10 +2,11 @@
 stores them, attended with the padded quantized cache's semantics.
 
 Knows: the pools and paged layers of :mod:`workbench.engine.packed.attention`, the groups of
-:mod:`workbench.engine.packed.grouped`, a :class:`~workbench.engine.levers.quantized_kv.KVQuant`
-and its attention path (mlx-lm's ``quantized_scaled_dot_product_attention`` or
-:func:`~workbench.engine.levers.quantized_attention.dequantized_attention`). Must not know:
-the queue, events, admission.
+:mod:`workbench.engine.packed.grouped`, a quantization (``bits``, ``group_size``: a
+:class:`~workbench.engine.levers.quantized_kv.KVQuant`) and an attention over quantized keys
+with the signature of mlx-lm's ``quantized_scaled_dot_product_attention`` (the layout passes
+mlx-lm's or :func:`~workbench.engine.levers.quantized_attention.dequantized_attention`). Must
+not know: the queue, events, admission, the levers.
 
 Storage: each layer's keys (and values) are three pools, ``(packed [N, n_kv_heads, D_p]
 uint32, scales [N, n_kv_heads, G], biases [N, n_kv_heads, G])``, what ``mx.quantize``
@@ -46,8 +47,6 @@ from typing import Any
 import mlx.core as mx
 import mlx_lm.models.base as mlx_base
 
-from ..levers.quantized_attention import dequantized_attention
-from ..levers.quantized_kv import KVQuant
 from .attention import PagedLayer, Pools
 from .batch import PackedBatch
 from .grouped import _gather
@@ -70,14 +69,18 @@ class QuantizedPools(Pools):
     ``slots``.
 
     Args:
-        n_layers: the model's layers. quant: the quantization (bits, group size, attention path).
+        n_layers: the model's layers. quant: the quantization (``bits``, ``group_size``).
+        attention: ``(queries, q_keys, q_values, scale=, mask=, group_size=, bits=)`` ->
+            ``[B, H, L, D]``, attention over quantized parts (default mlx-lm's
+            ``quantized_scaled_dot_product_attention``).
     """
 
     layer_class: type  # set below: the paged layer that reads these pools
 
-    def __init__(self, n_layers: int, quant: KVQuant):
+    def __init__(self, n_layers: int, quant: Any, attention: Any = None):
         super().__init__(n_layers)
         self.quant = quant
+        self.attention = attention or mlx_base.quantized_scaled_dot_product_attention
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +120,7 @@ class QuantizedPools(Pools):
 
     def clone(self, share: bool = False) -> "QuantizedPools":
         """As :meth:`Pools.clone`, part by part."""
-        out = QuantizedPools(len(self.keys), self.quant)
+        out = QuantizedPools(len(self.keys), self.quant, self.attention)
 
         def handle(parts):
             if parts is None or share:
@@ -163,12 +166,7 @@ class QuantizedPagedLayer(PagedLayer):
         attention, or dequantized where the device lacks it), a chunk starting at 0 (a
         row's first forward) over its own float keys, causal. Returns ``[1, H, T, D]``."""
         pools, groups = self.pools, self.groups
-        quant = pools.quant
-        attention = (
-            dequantized_attention
-            if quant.attention == "dequantize"
-            else mlx_base.quantized_scaled_dot_product_attention
-        )
+        quant, attention = pools.quant, pools.attention
         kq, vq = pools.keys[self.layer], pools.values[self.layer]
 
         def quantized(q: mx.array, slots: mx.array, mask: Any, batch: bool) -> mx.array:
@@ -204,15 +202,15 @@ class QuantizedPackedBatch(PackedBatch):
     exactly :func:`first_forward` tokens (the plan runs such a chunk whole or not at all).
 
     Args:
-        quant: the quantization. prefill_step_size: the scheduler's (decides the first
-            forward). The others as :class:`PackedBatch` (no CUDA decode kernel: it reads
-            float pools).
+        quant, attention: as :class:`QuantizedPools`. prefill_step_size: the scheduler's
+            (decides the first forward). The others as :class:`PackedBatch` (no CUDA decode
+            kernel: it reads float pools).
     """
 
-    def __init__(self, *args: Any, quant: KVQuant, prefill_step_size: int, **kw: Any):
+    def __init__(self, *args: Any, quant: Any, prefill_step_size: int, attention: Any = None, **kw: Any):
         super().__init__(*args, **{**kw, "decode_kernel": False})
         self.quant, self.prefill_step_size = quant, prefill_step_size
-        self.pools = QuantizedPools(self.n_layers, quant)
+        self.pools = QuantizedPools(self.n_layers, quant, attention)
 
     def wants(self, unread: Collection[int] = ()) -> list[Want]:
         """:meth:`PackedBatch.wants`, a row with nothing in pages asking for its first

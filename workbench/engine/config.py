@@ -55,7 +55,7 @@ class SchedulerConfig:
     Attributes (each the :class:`~workbench.engine.scheduler.Scheduler` keyword of that name):
         max_batch (default ``4``): most rows in the running batch, >= 1
         prefill_step_size (default ``2048``): prefill chunk, tokens, >= 1 (mlx-lm's
-            --prefill-step-size)
+            --prefill-step-size; packed with ``kv_bits``: a row's first forward, on float keys)
         prompt_concurrency (default ``None``): most requests prefilled together
         interleave_prefill (default ``True``): at most one prefill chunk per admit()
         pipeline (default ``True``): launch each decode forward before reading the previous

@@ -62,20 +62,23 @@ def test_every_packed_row_equals_generate_step_with_kv_bits(make_sched, prompt, 
 
 
 def test_a_rows_first_forward_is_its_reference_first_chunk_whole(make_sched, prompt):
-    """While rows decode, a joiner's first chunk (on float keys) waits for a forward with room
-    for all of its min(prefill_step_size, prompt - 1) tokens, never split by the budget; later
-    chunks take what is left."""
+    """While rows decode, a joiner's first chunk (on float keys) is all of its
+    min(prefill_step_size, prompt - 1) tokens, never split by the budget: with no room beside
+    the decode tokens it runs without them (they wait that one forward, not until the batch
+    drains); later chunks share forwards with the decode tokens and take what is left."""
     sched = _packed(make_sched, 4, max_batch=3, prefill_step_size=8, max_num_batched_tokens=9)
     _submit(sched, prompt, ((3, 20), (2, 20)))
     for _ in range(3):
         sched.admit(), sched.step(), sched.filter()
     late = sched.submit(wb.Request(prompt=prompt(30, 5), max_tokens=4))
-    chunks = []
+    forwards = []
     while not sched.idle:
         sched.admit(), sched.step(), sched.filter()
-        chunks += [c for c in sched.snapshot().packed.last_chunks if c.uid == late and c.kind == "prefill"]
-    assert chunks[0].start == 0 and chunks[0].n_tokens == first_forward(30, 8) == 8
-    assert any(c.n_tokens < 8 for c in chunks[1:])  # later chunks are cut by the budget
+        forwards.append(sched.snapshot().packed.last_chunks)
+    mine = [(f, c) for f in forwards for c in f if c.uid == late and c.kind == "prefill"]
+    (first, chunk), rest = mine[0], [c for _, c in mine[1:]]
+    assert chunk.start == 0 and chunk.n_tokens == first_forward(30, 8) == 8 and len(first) == 1
+    assert rest[0].n_tokens == 7 and any(c.kind == "decode" for c in forwards[forwards.index(mine[1][0])])
     assert oracle.solo_check(sched.model, sched).n_match == 3
 
 
@@ -83,6 +86,9 @@ def test_the_plan_runs_a_first_chunk_whole_or_not_at_all():
     wants = [Want(0, 5, 6, True), Want(1, 0, 30, False, first=8), Want(2, 0, 4, False)]
     assert [(c.uid, c.n_tokens) for c in plan_chunks(wants, 8)] == [(0, 1), (2, 4)]  # uid 1 waits
     assert [(c.uid, c.n_tokens) for c in plan_chunks(wants, 9)] == [(0, 1), (1, 8)]
+    # nothing else fits beside the decode token: the first chunk runs alone, the decode waits once
+    assert [(c.uid, c.n_tokens) for c in plan_chunks(wants[:2], 8)] == [(1, 8)]
+    assert [(c.uid, c.n_tokens) for c in plan_chunks(wants[:2], 7)] == [(0, 1)]  # never fits: decodes go on
     one = plan_chunks([Want(3, 0, 1, False, first=1)], 4)
     assert [(c.n_tokens, c.samples) for c in one] == [(1, True)]  # a one-token prompt samples at once
     assert [c.n_tokens for c in plan_chunks([Want(4, 8, 30, False, first=8)], 4)] == [4]  # held: any chunk

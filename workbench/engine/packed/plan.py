@@ -36,7 +36,10 @@ class Want:
     (prompt + generated); ``decoding`` for a running row (``known - held == 1``);
     ``first``: with nothing held, the exact tokens of its first chunk, run whole in a
     forward with room for it or not at all (quantized pages: a row's first forward is on
-    float keys, :mod:`workbench.engine.packed.quantized_pages`); ``0``: any chunk."""
+    float keys, :mod:`workbench.engine.packed.quantized_pages`); ``0``: any chunk. A forward
+    where no prefill fits beside the decode tokens, while such a first chunk would fit the
+    budget alone, carries prefill only (the decode tokens wait one forward, as with
+    ``"prefill-first"``), so a long prompt's first chunk never waits for the batch to drain."""
 
     uid: int
     held: int
@@ -78,4 +81,7 @@ def plan_chunks(wants: Sequence[Want], budget: int, schedule: str = "hybrid") ->
             n = w.first
         chunks.append(Chunk(w.uid, w.held, n, PREFILL, samples=w.held + n == w.known))
         left -= n
+    if decoding and joining and len(chunks) == len(decoding):  # no prefill moved: a first chunk
+        if any(w.first and not w.held and w.first <= budget for w in joining):  # fits without them
+            return plan_chunks([w for w in wants if not w.decoding], budget, schedule)  # decodes wait once
     return tuple(chunks)

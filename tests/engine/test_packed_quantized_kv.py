@@ -19,9 +19,14 @@ import workbench as wb
 from workbench.engine.levers.quantized_kv import KVQuant
 from workbench.engine.packed.plan import Want, plan_chunks
 from workbench.engine.packed.quantized_pages import QuantizedPools, first_forward
+from workbench.runtime.device import on_gpu
 from workbench.verify import oracle
 
+from .test_quantized_kv import _assert_rows_match  # tokens only on CUDA (quantization steps)
+
 G = 32  # the bundled model's head dim: one group per position
+# bit-equal on the CPU; on CUDA float noise can move a key across a quantization step (docs/gpu.md)
+ALONE_ATOL, TWIN_ATOL = (1e-3, 1e-3) if on_gpu() else (0.0, 1e-4)
 SPECS = ((3, 12), (60, 9), (17, 14), (1, 5), (33, 10), (1, 8))  # (prompt tokens, max_tokens)
 
 
@@ -55,7 +60,7 @@ def test_every_packed_row_equals_generate_step_with_kv_bits(make_sched, prompt, 
         mixed += kinds == {"decode", "prefill"}
     assert sched.check().ok
     report = oracle.solo_check(sched.model, sched)
-    assert report.n_match == len(SPECS), report.text()
+    _assert_rows_match(report)
     assert (
         mixed or options.get("packed_schedule") == "prefill-first"
     )  # decode and prefill tokens shared forwards
@@ -79,7 +84,7 @@ def test_a_rows_first_forward_is_its_reference_first_chunk_whole(make_sched, pro
     (first, chunk), rest = mine[0], [c for _, c in mine[1:]]
     assert chunk.start == 0 and chunk.n_tokens == first_forward(30, 8) == 8 and len(first) == 1
     assert rest[0].n_tokens == 7 and any(c.kind == "decode" for c in forwards[forwards.index(mine[1][0])])
-    assert oracle.solo_check(sched.model, sched).n_match == 3
+    _assert_rows_match(oracle.solo_check(sched.model, sched))
 
 
 def test_the_plan_runs_a_first_chunk_whole_or_not_at_all():
@@ -106,8 +111,8 @@ def test_each_row_equals_its_run_alone_and_the_padded_layout_with_kv_bits(make_s
         solo = alone.submit(wb.Request(prompt=prompt(specs[i][0], 7 * i), max_tokens=specs[i][1]))
         alone.run()
         assert sched.tokens(uid) == alone.tokens(solo) == twin.tokens(other)
-        assert sched.logprobs(uid) == alone.logprobs(solo)  # bit-equal on the CPU
-        np.testing.assert_allclose(sched.logprobs(uid), twin.logprobs(other), atol=1e-4)
+        np.testing.assert_allclose(sched.logprobs(uid), alone.logprobs(solo), rtol=0, atol=ALONE_ATOL)
+        np.testing.assert_allclose(sched.logprobs(uid), twin.logprobs(other), atol=TWIN_ATOL)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +137,7 @@ def test_preempted_and_aborted_rows_resume_with_their_reference_first_forward(ma
     assert preempted and sched.check().ok
     kept = [u for u in uids if u != uids[2]]
     report = oracle.solo_check(sched.model, sched, kept)
-    assert report.n_match == len(kept), report.text()
+    _assert_rows_match(report)
 
 
 def test_checkpoint_restore_and_submit_n_repeat_the_quantized_run(make_sched, prompt):
@@ -148,7 +153,8 @@ def test_checkpoint_restore_and_submit_n_repeat_the_quantized_run(make_sched, pr
             assert sched.check().ok
         sched.run()
         runs.append({u: sched.tokens(u) for u in uids})
-    assert runs[0] == runs[1] and oracle.solo_check(sched.model, sched, uids[:2]).n_match == 2
+    assert runs[0] == runs[1]
+    _assert_rows_match(oracle.solo_check(sched.model, sched, uids[:2]))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -216,8 +222,9 @@ def test_a_device_without_the_quantized_kernel_attends_to_the_pages_by_dequantiz
     """Where MLX has no quantized_matmul for the shape, the packed layout takes the padded one's
     dequantizing path (chosen at construction), and every row equals generate_step(kv_bits=4)
     with the same path."""
-    from tests.engine.test_quantized_kv import _without_quantized_matmul
     from workbench.engine.levers.quantized_attention import attention_path, dequantized_attention
+
+    from .test_quantized_kv import _without_quantized_matmul
 
     _without_quantized_matmul(monkeypatch)
     sched = _packed(make_sched, 4, max_batch=3, prefill_step_size=8)
@@ -226,4 +233,4 @@ def test_a_device_without_the_quantized_kernel_attends_to_the_pages_by_dequantiz
     sched.run()
     with attention_path(sched.model, "dequantize"):
         report = oracle.solo_check(sched.model, sched)
-    assert report.n_match == len(SPECS), report.text()
+    _assert_rows_match(report)

@@ -228,7 +228,11 @@ def test_other_families_are_refused_at_construction_naming_why(folder):
 @pytest.mark.parametrize(
     "settings, name",
     [
-        (dict(kv_bits=4, kv_group_size=32), "kv_bits"),
+        (
+            dict(kv_bits=4, kv_group_size=32, prefill_step_size=64, max_num_batched_tokens=32),
+            "kv_bits with max_num_batched_tokens=32",
+        ),
+        (dict(adapters={"prose": "data/adapters/prose"}, prompt_cache=8), "adapters with prefix caching"),
         (dict(prompt_cache=LRUPromptCache(4)), "prompt_cache: its prompt cache is pages"),
         (dict(prompt_cache=-1), "prompt_cache"),
         (dict(batch_invariant=True), "batch_invariant"),

@@ -55,7 +55,7 @@ class SchedulerConfig:
     Attributes (each the :class:`~workbench.engine.scheduler.Scheduler` keyword of that name):
         max_batch (default ``4``): most rows in the running batch, >= 1
         prefill_step_size (default ``2048``): prefill chunk, tokens, >= 1 (mlx-lm's
-            --prefill-step-size)
+            --prefill-step-size; packed with ``kv_bits``: a row's first forward, on float keys)
         prompt_concurrency (default ``None``): most requests prefilled together
         interleave_prefill (default ``True``): at most one prefill chunk per admit()
         pipeline (default ``True``): launch each decode forward before reading the previous
@@ -250,8 +250,12 @@ UNHONOURED: tuple[tuple[str, str, Any, str], ...] = (
     (
         "prefill_step_size",
         "max_num_batched_tokens",
-        lambda c, a: c.layout == "packed" and c.max_num_batched_tokens not in (None, c.prefill_step_size),
-        "a packed forward's tokens, prefill chunks included, are max_num_batched_tokens",
+        lambda c, a: (
+            c.layout == "packed"
+            and c.kv_bits is None  # with kv_bits it sizes a row's first forward (on float keys)
+            and c.max_num_batched_tokens not in (None, c.prefill_step_size)
+        ),
+        "a packed forward's tokens, prefill chunks included, are max_num_batched_tokens (without kv_bits)",
     ),
     (
         "interleave_prefill",

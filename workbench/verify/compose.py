@@ -15,7 +15,7 @@ naming its field) must be refused alone too. ``workbench compose --out docs`` wr
 
     pair                        result
     packed × pacing             runs, 7 rows equal alone
-    packed × kv_bits            refused: layout='packed' does not take kv_bits: ...
+    packed × no_reuse_slots     refused: reuse_slots=False has no effect with layout='packed': ...
 """
 
 from __future__ import annotations

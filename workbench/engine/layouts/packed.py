@@ -28,9 +28,12 @@ from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..levers.pacing import pacing_from
 from ..levers.packed_pacing import PackedPacer
+from ..levers.quantized_attention import dequantized_attention
 from ..packed import families
+from ..packed.adapters import check_bank, selected_tokens
 from ..packed.batch import PackedBatch
 from ..packed.ledger import PageLedger
+from ..packed.quantized_pages import QuantizedPackedBatch
 from ..state import RequestState, Status
 from .layout import NON_FINITE, Layout, Read
 
@@ -42,8 +45,11 @@ class PackedLayout(Layout):
         model: the mlx-lm model (a llama-family one: :func:`check`). config: the settings.
         recipe: the :class:`~workbench.engine.kv.caches.CacheRecipe` (bytes per token).
         prompt_cache: an int: prefix caching, at most that many unreferenced pages kept.
-        adapters, invariance, quant, vocab_size: as the padded layout's; :meth:`check` refuses
-        the first three, the last is not needed.
+        adapters: the :class:`~workbench.engine.levers.lora.AdapterBank` (each token runs its
+        request's adapter: :mod:`workbench.engine.packed.adapters`). quant: the
+        :class:`~workbench.engine.levers.quantized_kv.KVQuant` (quantized pages:
+        :mod:`workbench.engine.packed.quantized_pages`). invariance, vocab_size: as the padded
+        layout's; :meth:`check` refuses the first, the last is not needed.
 
     Raises:
         ValueError: what :func:`~workbench.engine.levers.pacing.pacing_from` raises.
@@ -64,6 +70,8 @@ class PackedLayout(Layout):
     ):
         cfg = self.config = config
         self.model, self.speculation = model, None
+        check_bank(adapters)  # adapters on the decoder layers only
+        self.adapters, self.quant = adapters, quant
         self.pacing = pacing_from(cfg.pacing)
         self.pacer = None if self.pacing is None else PackedPacer(self.pacing, cfg.token_budget)
         self.page_bytes = cfg.page_size * KVLedger(recipe.profile(), cfg).base.full_token_bytes
@@ -81,14 +89,23 @@ class PackedLayout(Layout):
         """An empty :class:`PackedBatch`: pages of ``page_size`` positions,
         ``page_size * full_token_bytes`` bytes each, at most ``kv_budget_bytes`` of them."""
         cfg = self.config
-        return PackedBatch(
+        args = (
             cfg.page_size,
             self.page_bytes,
             len(self.model.model.layers),
             None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // self.page_bytes,
             self._cached_pages,
-            decode_kernel=False if cfg.fast_decode is False else None,  # fast_decode=False: MLX ops only
         )
+        if self.quant is not None:  # pages held quantized
+            attention = (
+                dequantized_attention if self.quant.attention == "dequantize" else None
+            )  # None: mlx-lm's
+            return QuantizedPackedBatch(
+                *args, quant=self.quant, prefill_step_size=cfg.prefill_step_size, attention=attention
+            )
+        return PackedBatch(
+            *args, decode_kernel=False if cfg.fast_decode is False else None
+        )  # fast_decode=False: MLX ops only
 
     def prompt_cache(self) -> None:
         """None: the packed layout's prompt cache is pages of its batch."""
@@ -161,7 +178,9 @@ class PackedLayout(Layout):
             index = [len(r.tokens) + (r.uid in unread) for r in rows]
             return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
-        launched = batch.launch(self.model, chunks, sample, after)
+        adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
+        with selected_tokens(self.adapters, chunks, adapter_of):  # each token its request's adapter
+            launched = batch.launch(self.model, chunks, sample, after)
         launched.paced = paced
         return launched
 

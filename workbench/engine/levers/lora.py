@@ -52,12 +52,15 @@ class Selection:
     by all its :class:`RowLoRALinear` wrappers. Set only while :func:`selected` is active:
     ``bank``, ``rows`` (``[B]`` int32 slots in the bank's stacks) and ``scale``
     (``[B, 1, 1]`` float32, each row's adapter's ``scale``; built once per forward, not per
-    layer: a layer an adapter does not target has zero ``A`` and ``B`` there)."""
+    layer: a layer an adapter does not target has zero ``A`` and ``B`` there). ``per_token``:
+    the packed layout's ``[1, T, I]`` forward, ``rows`` ``[T]`` one slot per token
+    (:mod:`workbench.engine.packed.adapters`)."""
 
     def __init__(self) -> None:
         self.bank: AdapterBank | None = None
         self.rows: mx.array | None = None
         self.scale: mx.array | None = None
+        self.per_token = False
 
 
 class RowLoRALinear(nn.Module):
@@ -90,16 +93,16 @@ class RowLoRALinear(nn.Module):
         if stacks is None:
             return y
         a, b = stacks  # [N+1, I, R], [N+1, R, O]
-        rows = sel.rows  # [B]
-        if rows.shape[0] != x.shape[0]:
+        rows = sel.rows  # [B] (per token: [T], each token a row of one: xs [T, 1, I])
+        xs = x.reshape(-1, 1, x.shape[-1]) if sel.per_token else x.reshape(x.shape[0], -1, x.shape[-1])
+        if rows.shape[0] != xs.shape[0]:
             raise RuntimeError(
-                f"{self.path}: adapter selection has {rows.shape[0]} rows, the forward {x.shape[0]}"
+                f"{self.path}: adapter selection has {rows.shape[0]} rows, the forward {xs.shape[0]}"
             )
-        xs = x if x.ndim == 3 else x.reshape(x.shape[0], -1, x.shape[-1])  # [B, L, I]
         delta = sel.scale * ((xs @ a[rows]) @ b[rows])  # [B, L, R] -> [B, L, O]
         if delta.dtype != x.dtype:
             delta = delta.astype(x.dtype)
-        return y + (delta if x.ndim == 3 else delta.reshape(y.shape))
+        return y + (delta if x.ndim == 3 and not sel.per_token else delta.reshape(y.shape))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ Modules (each one concept):
   (``update_and_fetch`` / ``make_mask``) and per-token RoPE positions;
 - :mod:`.batch` the running requests, their pages and the pools, with
   ``filter`` / ``clone`` like :class:`workbench.engine.batch.Batch`;
-- :mod:`.ledger` the KV books in pages; :mod:`.families` which models it admits.
+- :mod:`.ledger` the KV books in pages; :mod:`.families` which models it admits;
+- :mod:`.adapters` LoRA adapters per packed token; :mod:`.quantized_pages` pools of
+  quantized keys and values (``kv_bits``), a row's first forward on float keys.
 
 Knows: mlx-lm's llama-family modules (``self_attn.rope``, ``model.norm``), the core's
 request state, sampling and decode. Must not know: the queue, admission, events.

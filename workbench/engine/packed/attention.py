@@ -254,10 +254,12 @@ def paged_layers(
         index = forward_index(table, chunks) if index is None else index
         decode = cuda_attention.decode_pages(table, chunks, index) if decode_kernel else None
         groups = groups_of(table, chunks, index, decode.n_rows if decode else 0)
-        return [PagedLayer(pools, i, write, positions, groups=groups, decode=decode) for i in range(n_layers)]
+        Layer = getattr(pools, "layer_class", PagedLayer)  # quantized pools: their own layer
+        return [Layer(pools, i, write, positions, groups=groups, decode=decode) for i in range(n_layers)]
     gather = mx.array(np.array(table.gather_slots([(c.uid, c.end) for c in chunks]), np.int32))
     mask = mx.array(packed_mask(chunks))
-    return [PagedLayer(pools, i, write, positions, gather, mask) for i in range(n_layers)]
+    Layer = getattr(pools, "layer_class", PagedLayer)  # quantized pools refuse the masked path
+    return [Layer(pools, i, write, positions, gather=gather, mask=mask) for i in range(n_layers)]
 
 
 def packed_forward(

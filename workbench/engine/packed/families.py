@@ -12,11 +12,12 @@ ends in ``model.norm`` before its LM head, which the packed forward relies on.
 The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a family
 joins once the solo oracle passes on it); refused now: every other family (not checked
 under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
-(a state per request, not pages), and these settings: ``kv_bits`` (quantized pages are
-not built), ``max_kv_size``, ``batch_invariant``, ``speculative``, LoRA ``adapters``, and a
-``prompt_cache`` other than an int (the packed layout caches pages: ``prompt_cache=N`` turns
-on prefix caching, keeping at most ``N`` unreferenced pages; an mlx-lm ``LRUPromptCache``
-holds whole mlx-lm caches, not pages).
+(a state per request, not pages), and these settings: ``max_kv_size``, ``batch_invariant``,
+``speculative``, and a ``prompt_cache`` other than an int (the packed layout caches pages:
+``prompt_cache=N`` turns on prefix caching, keeping at most ``N`` unreferenced pages; an
+mlx-lm ``LRUPromptCache`` holds whole mlx-lm caches, not pages); prefix caching with
+``kv_bits`` or LoRA ``adapters``; ``kv_bits`` with ``max_num_batched_tokens`` below
+``prefill_step_size`` (a row's first forward, on float keys, is not split).
 """
 
 from __future__ import annotations
@@ -57,11 +58,29 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     Raises:
         ValueError: naming the first such setting and why.
     """
+    caching = prompt_cache is not None and _pages(prompt_cache)  # prefix caching
+    quantized = config.kv_bits is not None
     refused = [
-        ("kv_bits", config.kv_bits is not None, "quantized pages are not built"),
+        (
+            "kv_bits with prefix caching",
+            quantized and caching,
+            "a cached prefix changes which forward runs on float keys, as the padded layout's "
+            "kv_bits with prompt_cache",
+        ),
+        (
+            f"kv_bits with max_num_batched_tokens={config.token_budget}",
+            quantized and config.token_budget < config.prefill_step_size,
+            f"a row's first forward runs on float keys over min(prefill_step_size, prompt - 1) tokens "
+            f"(mlx-lm's generate_step) and is not split: max_num_batched_tokens must be >= "
+            f"prefill_step_size ({config.prefill_step_size})",
+        ),
         ("max_kv_size", config.max_kv_size is not None, "a rotating window is not paged"),
         ("batch_invariant", config.batch_invariant, "the mode runs the padded layout's per-row attention"),
-        ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
+        (
+            "adapters with prefix caching",
+            adapters is not None and caching,
+            "cached pages are keyed by tokens alone, and a page's KV depends on the adapter that wrote it",
+        ),
         (
             "prompt_cache",
             prompt_cache is not None and not _pages(prompt_cache),

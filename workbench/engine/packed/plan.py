@@ -33,12 +33,19 @@ SCHEDULES = ("hybrid", "prefill-first", "decode-first")
 @dataclass(frozen=True)
 class Want:
     """A request's work before a step: ``held`` tokens in pages of ``known`` known
-    (prompt + generated); ``decoding`` for a running row (``known - held == 1``)."""
+    (prompt + generated); ``decoding`` for a running row (``known - held == 1``);
+    ``first``: with nothing held, the exact tokens of its first chunk, run whole in a
+    forward with room for it or not at all (quantized pages: a row's first forward is on
+    float keys, :mod:`workbench.engine.packed.quantized_pages`); ``0``: any chunk. A forward
+    where no prefill fits beside the decode tokens, while such a first chunk would fit the
+    budget alone, carries prefill only (the decode tokens wait one forward, as with
+    ``"prefill-first"``), so a long prompt's first chunk never waits for the batch to drain."""
 
     uid: int
     held: int
     known: int
     decoding: bool
+    first: int = 0
 
 
 def plan_chunks(wants: Sequence[Want], budget: int, schedule: str = "hybrid") -> tuple[Chunk, ...]:
@@ -68,6 +75,13 @@ def plan_chunks(wants: Sequence[Want], budget: int, schedule: str = "hybrid") ->
         if left <= 0:
             break
         n = min(w.known - w.held, left)
+        if w.first and not w.held:  # its first forward whole, or it waits
+            if w.first > left:
+                continue
+            n = w.first
         chunks.append(Chunk(w.uid, w.held, n, PREFILL, samples=w.held + n == w.known))
         left -= n
+    if decoding and joining and len(chunks) == len(decoding):  # no prefill moved: a first chunk
+        if any(w.first and not w.held and w.first <= budget for w in joining):  # fits without them
+            return plan_chunks([w for w in wants if not w.decoding], budget, schedule)  # decodes wait once
     return tuple(chunks)

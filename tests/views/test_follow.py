@@ -13,7 +13,7 @@ def drive(sched, prompt, calls: int = 40) -> list[tuple[int, object]]:
     logged so far, that snapshot)."""
     seen = []
     arrivals = {0: [(3, 4), (17, 3)], 2: [(40, 5)], 5: [(9, 2), (25, 6)]}
-    for i in range(calls):
+    for _ in range(calls):
         for n, m in arrivals.pop(sched.step_index, []):
             sched.submit(wb.Request(prompt=prompt(n, 7 * n), max_tokens=m, stop_ids=[]))
         for call in (sched.admit, sched.step, sched.filter):

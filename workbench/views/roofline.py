@@ -85,12 +85,15 @@ class RooflineModel:
         self.measured = decode[["B", "context_tokens", "workbench_tok_per_s"]].sort_values("B")
 
     def bytes_per_step(self, B, C):
+        """Bytes one decode step of ``B`` rows at ``C`` context tokens reads (array-like ``B``)."""
         return self.weight_bytes + np.asarray(B, float) * C * self.kv_bytes_per_token
 
     def memory_tok_per_s(self, B, C):
+        """The memory roof (tok/s): ``B`` tokens per read of :meth:`bytes_per_step` at the bandwidth."""
         return np.asarray(B, float) * self.bandwidth / self.bytes_per_step(B, C)
 
     def compute_tok_per_s(self, B, C):
+        """The compute roof (tok/s), the same for every ``B`` (shaped like ``B``)."""
         return np.broadcast_to(
             self.flops_per_s / (self.flops_per_row + C * self.attention_flops), np.shape(B)
         )
@@ -148,8 +151,8 @@ def roofline_text(model: RooflineModel) -> str:
         f"{model.kv_bytes_per_token / 1024:,.0f} KiB of KV per context token per row: the KV reads",
         f"overtake the weights once B x context > {cross:,.0f} tokens (B = {hi_b} rows of "
         f"{cross / hi_b:,.0f} tokens).",
-        f"The measured points reach {lo.share_of_roof:.0%} (B = {lo_b}) to {hi.share_of_roof:.0%} "
-        f"(B = {hi_b}) of the attainable roof. The roof lets a step",
+        f"The measured points reach {lo.share_of_roof:.0%} of the attainable roof at B = {lo_b} and "
+        f"{hi.share_of_roof:.0%} at B = {hi_b}. The roof lets a step",
         "take only the larger of its read and its compute (both at full speed, overlapped);",
         f"at B = {hi_b} the read takes {hi.memory_ms:.1f} ms and the compute {hi.compute_ms:.1f} ms at the "
         "measured matmul rate,",

@@ -527,11 +527,11 @@ def test_restore_on_a_snapshot_older_than_the_kept_checkpoints_says_from_which_o
     panel.slider.value = 0
     first = len(sched.history) - 3 + 1  # the oldest of the 3 latest, counted from 1
     assert panel.buttons["Restore"].disabled
-    assert f"Restore works from snapshot {first}" in panel.buttons["Restore"].tooltip
+    assert f"move the slider to snapshot {first} or later to restore" in panel.buttons["Restore"].tooltip
     assert panel.slider_label.value.endswith(
-        f" · Restore works from snapshot {first} on"
-    )  # short: fits the row
-    assert panel.buttons["Restore"].tooltip.startswith("no checkpoint kept this far back; ")
+        f" · Restore greyed here: checkpoints from snapshot {first} on"
+    )  # short: fits the row, and says the button is off here, not that it works
+    assert panel.buttons["Restore"].tooltip.startswith("no checkpoint kept this far back: ")
     assert "history_checkpoints" not in panel.slider_label.value  # words, not a parameter name
     panel.slider.value = panel.slider.max - 1
     assert not panel.buttons["Restore"].disabled and "·" not in panel.slider_label.value
@@ -813,9 +813,12 @@ def test_a_panel_on_a_fork_that_keeps_checkpoints_can_restore_where_it_forked_an
     live = sched.fork(history_checkpoints=4)
     panel = views.Panel(live, shown=0)
     assert panel.buttons["Restore"].disabled  # older than the fork: no checkpoint
-    assert f"Restore works from snapshot {len(live.history)} on" in panel.slider_label.value
+    # its only checkpoint is the engine now's: the label says to act first, not "works from snapshot N"
+    assert panel.slider_label.value.endswith(" · Restore greyed: no older checkpoint; act, then come back")
+    assert "after your next action" in panel.buttons["Restore"].tooltip
     panel.slider.value = panel.slider.max  # the engine now: nothing to restore
-    assert panel.buttons["Restore"].disabled and panel.slider_label.value.endswith(" · the engine now")
+    assert panel.buttons["Restore"].disabled
+    assert panel.slider_label.value.endswith(" · the engine now: nothing to restore")
     assert panel.buttons["Restore"].tooltip == "the engine is at this snapshot: nothing to restore"
     start, tokens = len(live.history) - 1, live.tokens(0)
     panel.run_steps.value = 3

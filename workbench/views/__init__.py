@@ -11,6 +11,9 @@ masks (snapshot)       ``mask_text``               ``render_masks``
 KV geometry            ``kv_text``,                ``render_kv(snap, history)``
                        ``kv_history_text``
 row timeline (events)  ``timeline_text``           ``render_timeline(x=time|step)``
+step phases (events)   ``stalls_text``             ``render_phases`` (prefill width in
+                                                   tokens and seconds, stalls)
+roofline (bench CSVs)  ``roofline_text``           ``render_roofline`` (both roofs, KV)
 latency (report)       ``latency_text``            ``render_latency``
 live latency (events)  ``live_latency_text``       ``render_live_latency``, and
                                                    ``render_ttft``, ``render_itl``,
@@ -33,7 +36,8 @@ a run, replayable      (per frame, in the page)    ``export_html(sched, path)``:
                                                    HTML file, slider and play button
 =====================  ==========================  ==============================
 
-The rows after the divergence view live in their modules (``views.attention``,
+The phases and roofline rows, and the rows after the divergence view, live in their
+modules (``views.phases``, ``views.roofline``, ``views.attention``,
 ``views.slots``, ``views.ring``, ``views.state``, ``views.gaps``, ``views.packed``,
 ``views.adapters``); the panel shows the packed views for a ``Scheduler(layout="packed")``.
 ``Panel`` is imported lazily: importing this package does not import ipywidgets.

@@ -87,6 +87,7 @@ from ..observe.forward_masks import ForwardMask, prefill_forwards
 from ..observe.snapshot import Snapshot
 from . import style
 from .attention import render_attention
+from .follow import seen_by
 from .kv import bytes_text, render_kv
 from .live import events_before, live_latency_text, render_itl, render_step_rates, render_ttft
 from .mask import mask_text, render_masks
@@ -176,7 +177,11 @@ def restore_note(history, index: int, kept: int, owner: str | None = None, short
     if not kept:
         return NO_CHECKPOINTS
     if index == len(history) - 1:
-        return "the engine now" if short else "the engine is at this snapshot: nothing to restore"
+        return (
+            "the engine now: nothing to restore"
+            if short
+            else "the engine is at this snapshot: nothing to restore"
+        )
     cp = history.checkpoint(index)
     if cp is not None and (owner is None or cp.scheduler_id == owner):
         return None
@@ -186,13 +191,15 @@ def restore_note(history, index: int, kept: int, owner: str | None = None, short
         if history.checkpoint(i) is not None
         and (owner is None or history.checkpoint(i).scheduler_id == owner)
     ]
-    if not have:
-        return "Restore works from your next action on"
-    works = f"Restore works from snapshot {have[0] + 1} on"
+    if not have or have[0] == len(history) - 1:  # none, or only the engine now's: nothing older to go back to
+        return (
+            "Restore greyed: no older checkpoint; act, then come back"
+            if short
+            else "no checkpoint kept before the engine now: after your next action, its snapshot can be restored"
+        )
     if short:
-        return works
-    now = " (the engine now: act, then come back)" if have[0] == len(history) - 1 else ""
-    return f"no checkpoint kept this far back; {works}{now}"
+        return f"Restore greyed here: checkpoints from snapshot {have[0] + 1} on"
+    return f"no checkpoint kept this far back: move the slider to snapshot {have[0] + 1} or later to restore"
 
 
 def prefill_figure(fm: ForwardMask | None) -> Figure:
@@ -678,7 +685,7 @@ class Panel:
         :meth:`recent_events`; while the scheduler speculates, the draft tokens of ``snap``'s
         rows, :func:`drafts_figure`), each ``IMAGE_WIDTH_IN`` wide and at most
         ``IMAGE_MAX_HEIGHT_IN`` tall."""
-        events = self.recent_events(snap.step)
+        events = self.recent_events(snap)
         timeline = render_timeline(events, x="step", width_in=IMAGE_WIDTH_IN)
         drafts = (
             {self.drafts_image: drafts_figure(events, snap, self.source.config.num_draft_tokens)}
@@ -695,7 +702,7 @@ class Panel:
         else:
             figures = {
                 self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
-                self.attention_image: prefill_figure(self.last_prefill(snap.step)),
+                self.attention_image: prefill_figure(self.last_prefill(snap)),
                 self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
                 self.timeline_image: timeline,
                 **drafts,
@@ -734,12 +741,17 @@ class Panel:
         """The draft view's text form for ``snap``: its rows' accepted (+) / rejected (-)
         draft tokens over the latest ``DRAFT_STEPS`` decode steps
         (:func:`~workbench.views.speculative.drafts_text` of :func:`draft_events`)."""
-        return drafts_text(draft_events(self.recent_events(snap.step), snap), last_steps=DRAFT_STEPS)
+        return drafts_text(draft_events(self.recent_events(snap), snap), last_steps=DRAFT_STEPS)
 
-    def last_prefill(self, step: int) -> ForwardMask | None:
-        """The last prefill forward run at or before decode step ``step``, read from the
-        last ``TIMELINE_EVENTS`` events (``None``: none there)."""
-        forwards = prefill_forwards([e for e in self.source.events[-TIMELINE_EVENTS:] if e.step <= step])
+    def last_prefill(self, at: int | Snapshot) -> ForwardMask | None:
+        """The last prefill forward run by snapshot ``at`` (the events it had seen,
+        :func:`~workbench.views.follow.seen_by`), or a decode step index: at or before that
+        step; read from the last ``TIMELINE_EVENTS`` events (``None``: none there)."""
+        events = self.source.events[-TIMELINE_EVENTS:]
+        if isinstance(at, Snapshot):
+            keep = seen_by(events_frame(events), at)
+            events = [e for e, k in zip(events, keep) if k]
+        forwards = prefill_forwards([e for e in events if isinstance(at, Snapshot) or e.step <= at])
         return forwards[-1] if forwards else None
 
     def rows_text(self, snap: Snapshot) -> str:
@@ -757,12 +769,13 @@ class Panel:
             generated[uid] = decode(self.source.tokens(uid)[:n])
         return rows_text(snap, prompts, generated)
 
-    def recent_events(self, step: int) -> pd.DataFrame:
-        """Events up to decode step ``step`` of the latest ``TIMELINE_UIDS`` uids, read from
-        the last ``TIMELINE_EVENTS`` events (so rendering costs the same however long the
-        session)."""
+    def recent_events(self, at: int | Snapshot) -> pd.DataFrame:
+        """Events of the latest ``TIMELINE_UIDS`` uids read from the last ``TIMELINE_EVENTS``
+        events (so rendering costs the same however long the session): those snapshot ``at``
+        had seen (:func:`~workbench.views.follow.seen_by`: the slider's snapshot, call by
+        call), or up to decode step ``at``."""
         ev = events_frame(self.source.events[-TIMELINE_EVENTS:])
-        ev = ev[ev.step <= step]
+        ev = ev[seen_by(ev, at)] if isinstance(at, Snapshot) else ev[ev.step <= at]
         return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 
     # -- display -----------------------------------------------------------------------

@@ -140,7 +140,7 @@ class ModelRunner:
         starts = [shared_prompts.take(shared, s) if shared else None for s in prefilled]
         if prompt_cache is not None or any(c is not None for c in starts):
             fetched = [
-                (c, []) if c is not None else self._fetch(prompt_cache, t, s.valid.request.adapter)
+                (c, []) if c is not None else self._fetch(prompt_cache, t, s)
                 for c, t, s in zip(starts, tails, prefilled)
             ]
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
@@ -151,13 +151,16 @@ class ModelRunner:
         return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
 
     def _fetch(
-        self, prompt_cache: PromptCache | None, tokens: list[int], adapter: str | None = None
+        self, prompt_cache: PromptCache | None, tokens: list[int], state: RequestState
     ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
-        hit for ``tokens`` computed with LoRA ``adapter``, or fresh caches and all of them."""
-        if prompt_cache is not None:
-            return prompt_cache.fetch(tokens, adapter)
-        return self.recipe.single(), list(tokens)
+        hit for ``tokens`` (``state``'s inputs but the last) computed with its LoRA adapter,
+        or fresh caches and all of them. A quantized cache's hit may cover all of ``tokens``
+        (:meth:`PromptCache.fetch` with ``next_token``)."""
+        if prompt_cache is None:
+            return self.recipe.single(), list(tokens)
+        following = state.inputs[-1] if self.recipe.kv_quant is not None else None
+        return prompt_cache.fetch(tokens, state.valid.request.adapter, following)
 
     def hold_prompts(
         self, group: Prefilling, queue: Sequence[RequestState], shared: dict, room_bytes: int | None
@@ -266,9 +269,13 @@ class ModelRunner:
             pending = self.decode(batch, mx.array(tokens, dtype=mx.uint32), contexts, False, index)
             return speculative.Verified.without_drafts(pending)
         batch.fast_path = "verify"
-        verified = speculative.verify(
-            self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
-        )
+        with (  # each row's adapter over all 1 + K positions; the quantized cache's attention path
+            selected(self.adapters, names_of(batch.rows)),
+            attention_path(self.model, self._quantized_attention),
+        ):
+            verified = speculative.verify(
+                self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
+            )
         speculative.settle(spec, batch, verified)
         return verified
 

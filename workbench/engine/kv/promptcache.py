@@ -92,10 +92,28 @@ class PromptCache:
         row only fetches what its own adapter computed."""
         return self.key if adapter is None else f"{self.key} adapter={adapter!r}"
 
-    def fetch(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[list[Any], list[int]]:
+    def fetch(
+        self, tokens: Sequence[int], adapter: str | None = None, next_token: int | None = None
+    ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens still to prefill)`` for ``tokens`` computed with
         ``adapter`` (:meth:`key_of`); a miss gives fresh caches and all of ``tokens``. The
-        caches are copies."""
+        caches are copies.
+
+        ``next_token``: the token fed after ``tokens`` (the join forward's). mlx-lm's
+        ``fetch_nearest_cache`` leaves at least one token of what it is asked for uncached;
+        asked for ``tokens + [next_token]``, a longer entry's prefix can cover all of
+        ``tokens`` (an entry of exactly those tokens is trimmed back by one). A quantized
+        cache needs it: a repeated prompt then resumes the very prefix its first run
+        computed (:mod:`workbench.engine.levers.quantized_prefill`)."""
+        if next_token is not None:
+            asked = [*tokens, int(next_token)]
+            cache, rest = self.lru.fetch_nearest_cache(self.key_of(adapter), asked)
+            if cache is not None and len(rest) < len(asked) and not self.aligned:
+                if rest:
+                    return cache, list(rest[:-1])
+                if can_trim_prompt_cache(cache):
+                    trim_prompt_cache(cache, 1)
+                    return cache, []
         cache, rest = self.lru.fetch_nearest_cache(self.key_of(adapter), list(tokens))
         if cache is None:
             return single_cache(self.model, self.max_kv_size), list(tokens)

@@ -124,15 +124,6 @@ def configure(
             "speculative cannot run with batch_invariant=True: the verify forward runs 1 + "
             "num_draft_tokens query positions per row, the mode makes one-token forwards invariant"
         )
-    if kv_quant is not None:
-        raise ValueError(
-            "speculative cannot run with kv_bits: the quantized batch cache is not trimmed per row"
-        )
-    if adapters is not None:
-        raise ValueError(
-            "speculative cannot run with LoRA adapters: their per-row selection over the "
-            "verify forward's positions is not verified"
-        )
     check_cache(model, "the model's", max_kv_size)
     if isinstance(speculative, str):
         return Speculation(num_draft_tokens)

@@ -395,6 +395,27 @@ def test_a_device_without_the_quantized_kernel_attends_by_dequantizing(make_sche
     _assert_rows_match(report)
 
 
+def test_speculations_verify_forward_takes_the_dequantizing_path_too(make_sched, monkeypatch):
+    """Where MLX lacks quantized_matmul, the verify forward of speculative decoding (1 + K
+    positions per row) attends by dequantizing like every other forward: rows draft, accept
+    and finish without error, each equal to generate_step(kv_bits=) on that path."""
+    from workbench.engine.levers.quantized_attention import attention_path
+
+    _without_quantized_matmul(monkeypatch)
+    sched = make_sched(
+        kv_bits=4, kv_group_size=G, max_batch=3, speculative="prompt-lookup", num_draft_tokens=3
+    )
+    assert sched.recipe.kv_quant.attention == "dequantize"
+    code = ["def add(a, b):\n    return a + b\n\n", "import os\nimport sys\n", "x = 1\ny = 2\n"]
+    uids = [sched.submit(wb.Request(prompt=p * 2, max_tokens=12)) for p in code]
+    sched.run()
+    assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
+    assert sum(e.n_accepted for e in sched.events if e.kind == "draft") > 0
+    with attention_path(sched.model, "dequantize"):
+        report = oracle.solo_check(sched.model, sched)
+    _assert_rows_match(report)
+
+
 def _assert_rows_match(report):
     """Every row equals its solo reference. On CUDA, tokens only: float noise of batched vs
     solo attention (~1e-6) can move a key across an 8-bit quantization step, so log-probs

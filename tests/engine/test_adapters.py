@@ -311,7 +311,10 @@ def test_one_verify_forward_runs_each_rows_adapter_over_all_its_positions(loaded
     report = adapter_check(MODEL, sched, uids, models=references)
     assert report.ok and report.n_match == 3, report.text()
     exact = 0.0 if mx.default_device() == mx.cpu else 1e-4
-    for settings, atol in ((spec, exact), (dict(max_batch=3, adapters=ADAPTERS), 1e-4)):  # alone; unspeculated
+    for settings, atol in (
+        (spec, exact),
+        (dict(max_batch=3, adapters=ADAPTERS), 1e-4),
+    ):  # alone; unspeculated
         for uid, (p, a) in zip(uids, prompts):
             alone = wb.Scheduler(model, tok, **settings)
             (solo,) = _submit_all(alone, [(p, a)], max_tokens=16)

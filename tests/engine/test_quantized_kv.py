@@ -11,8 +11,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
 import workbench as wb
 from workbench.engine.kv import cache_internals as internals
-from workbench.engine.kv.trim import trim_rows
 from workbench.engine.kv.profile import kv_profile, projected_bytes
+from workbench.engine.kv.trim import trim_rows
 from workbench.engine.levers.quantized_kv import BatchQuantizedKVCache, KVQuant, quantize_batch
 from workbench.verify import oracle
 
@@ -268,7 +268,9 @@ def test_a_prompt_cache_hit_resumes_its_quantized_prefix_as_generate_step_does(b
 
     kw = dict(kv_bits=bits, kv_group_size=G, quantized_kv_start=0, prefill_step_size=step)
     prefix = make_prompt_cache(model)
-    assert [int(t) for t, _ in generate_step(mx.array(first), model, prompt_cache=prefix, max_tokens=8, **kw)] == answer
+    assert [
+        int(t) for t, _ in generate_step(mx.array(first), model, prompt_cache=prefix, max_tokens=8, **kw)
+    ] == answer
     assert all(type(c) is QuantizedKVCache for c in prefix)
     hit = len(first) + len(answer)
     trim_prompt_cache(prefix, prefix[0].offset - hit)

@@ -353,7 +353,9 @@ def _rows_alone(model, tok, sched, rows, **settings):
         alone = wb.Scheduler(model, tok, **settings)
         solo = alone.submit(request)
         alone.run()
-        assert alone.tokens(solo) == sched.tokens(u) and alone.finish_reason(solo) == sched.finish_reason(u), u
+        assert alone.tokens(solo) == sched.tokens(u) and alone.finish_reason(solo) == sched.finish_reason(
+            u
+        ), u
         atol = 0.0 if mx.default_device() == mx.cpu else 1e-4
         np.testing.assert_allclose(alone.logprobs(solo), sched.logprobs(u), rtol=0, atol=atol)
 
@@ -390,7 +392,9 @@ def test_speculation_on_a_quantized_cache_equals_each_row_alone_and_generate_ste
     by_step = {}
     for e in events:
         by_step.setdefault(e.step, []).append(e.n_tokens - e.n_accepted)
-    assert any(len(set(r)) > 1 for r in by_step.values()), "one verify forward trimmed rows by different counts"
+    assert any(len(set(r)) > 1 for r in by_step.values()), (
+        "one verify forward trimmed rows by different counts"
+    )
     kept = [(u, r) for u, r in zip(uids, requests) if u != uids[1]]
     assert_solo(model, sched, [u for u, _ in kept])
     _rows_alone(model, tok, sched, kept, **settings)

@@ -327,10 +327,9 @@ def verify(
     Args:
         caches: per-layer ``BatchKVCache`` (or the quantized
             :class:`~workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`, ``kv_bits``)
-            over ``B`` rows, each holding its context up to (not including) its pending token.
-            The caller enters the rows' LoRA selection and the quantized attention path
-            (:meth:`workbench.engine.runner.ModelRunner.speculate`): a row's adapter applies at
-            all of its ``1 + K`` positions.
+            over ``B`` rows, each holding its context up to (not including) its pending token;
+            the caller enters the rows' LoRA selection (all ``1 + K`` positions of a row) and
+            the attention path (:meth:`workbench.engine.runner.ModelRunner.speculate`).
         pending_tokens: ``[B]`` each row's latest read token (fed first).
         drafts: per row up to ``K`` draft tokens (rows with none feed padding only).
         samplers, contexts, token_index: per row, as :func:`sample_rows` takes them.

@@ -155,12 +155,15 @@ class ModelRunner:
     ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
         hit for ``tokens`` (``state``'s inputs but the last) computed with its LoRA adapter,
-        or fresh caches and all of them. A quantized cache's hit may cover all of ``tokens``
-        (:meth:`PromptCache.fetch` with ``next_token``)."""
+        or fresh caches and all of them. Quantized: only a hit that holds the row's own first
+        forward on float keys (:meth:`PromptCache.fetch` with ``first_forward``)."""
         if prompt_cache is None:
             return self.recipe.single(), list(tokens)
-        following = state.inputs[-1] if self.recipe.kv_quant is not None else None
-        return prompt_cache.fetch(tokens, state.valid.request.adapter, following)
+        adapter = state.valid.request.adapter
+        if self.recipe.kv_quant is None:
+            return prompt_cache.fetch(tokens, adapter)
+        first = first_forward_tokens([state], self.config.prefill_step_size)[0]
+        return prompt_cache.fetch(tokens, adapter, state.inputs[-1], first)
 
     def hold_prompts(
         self, group: Prefilling, queue: Sequence[RequestState], shared: dict, room_bytes: int | None
@@ -303,15 +306,17 @@ class ModelRunner:
         """The quantized cache's attention path (``None``: a float cache)."""
         return None if self.recipe.kv_quant is None else self.recipe.kv_quant.attention
 
-    @staticmethod
-    def store(prompt_cache: PromptCache, batch: Batch, b: int) -> None:
+    def store(self, prompt_cache: PromptCache, batch: Batch, b: int) -> None:
         """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens
-        (the token fed after the last one read is trimmed away)."""
+        (the token fed after the last one read is trimmed away); quantized, keyed by its
+        first forward's float tokens too (:meth:`PromptCache.key_of`)."""
         row = batch.rows[b]
+        quantized = self.recipe.kv_quant is not None
         prompt_cache.store(
             list(row.valid.prompt_ids) + row.tokens,
             batch.extract(b),
             row.fed - len(row.tokens),
             prefilled_tokens=len(row.valid.prompt_ids) - 1,
             adapter=row.valid.request.adapter,
+            first_forward=first_forward_tokens([row], self.config.prefill_step_size)[0] if quantized else None,
         )

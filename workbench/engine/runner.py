@@ -318,5 +318,7 @@ class ModelRunner:
             row.fed - len(row.tokens),
             prefilled_tokens=len(row.valid.prompt_ids) - 1,
             adapter=row.valid.request.adapter,
-            first_forward=first_forward_tokens([row], self.config.prefill_step_size)[0] if quantized else None,
+            first_forward=first_forward_tokens([row], self.config.prefill_step_size)[0]
+            if quantized
+            else None,
         )

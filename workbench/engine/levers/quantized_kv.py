@@ -19,9 +19,9 @@ position is quantized on its own (padding, rolling and slicing commute with it).
 
 The engine matches mlx-lm's ``generate_step(..., quantized_kv_start=0)``: a row's first
 forward runs on float keys, every later one on quantized keys; a row resuming a quantized
-prompt-cache prefix runs every forward on quantized keys, as ``generate_step`` does with a
-``prompt_cache`` of ``QuantizedKVCache`` (``docs/quantized-kv.md`` says why other starts
-are not offered).
+prompt-cache prefix (one that holds its own first forward) runs every forward on quantized
+keys, as ``generate_step`` does with a ``prompt_cache`` of ``QuantizedKVCache``
+(``docs/quantized-kv.md`` says which prefixes, and why other starts are not offered).
 
 Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``), after
 ``merge`` of a 3-token and a 1-token solo cache::

@@ -288,6 +288,43 @@ def test_adapters_with_a_quantized_kv_cache_match_mlx_lm_at_the_same_bits(loaded
     assert report.ok and report.n_match == 4, report.text()
 
 
+def test_one_verify_forward_runs_each_rows_adapter_over_all_its_positions(loaded, references):
+    """Speculative decoding with adapters: a verify forward feeds each row its pending token and
+    drafts (``[B, 1 + K]``), and each row's LoRA delta applies at all of its positions. Rows of
+    two adapters (and none) draft in the same verify forwards; every row equals mlx-lm alone
+    with its adapter, its run alone with the same settings, and its run without speculation."""
+    model, tok = loaded
+    prompts = [
+        ("def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return", "prose"),
+        ("import os\nimport sys\nimport os\nimport", "numbers"),
+        ("x = 1\ny = 2\nx = 1\ny =", None),
+    ]
+    spec = dict(max_batch=3, adapters=ADAPTERS, speculative="prompt-lookup", num_draft_tokens=3)
+    sched = wb.Scheduler(model, tok, **spec)
+    uids = _submit_all(sched, prompts, max_tokens=16)
+    sched.run()
+    adapter_of = {u: a for u, (_, a) in zip(uids, prompts)}
+    drafted = {}
+    for e in sched.events:
+        if e.kind == "draft" and e.n_tokens:
+            drafted.setdefault(e.step, set()).add(adapter_of[e.uid])
+    assert any({"prose", "numbers"} <= names for names in drafted.values()), drafted
+    assert sum(e.n_accepted for e in sched.events if e.kind == "draft") > 0
+    report = adapter_check(MODEL, sched, uids, models=references)
+    assert report.ok and report.n_match == 3, report.text()
+    exact = 0.0 if mx.default_device() == mx.cpu else 1e-4
+    for settings, atol in (
+        (spec, exact),
+        (dict(max_batch=3, adapters=ADAPTERS), 1e-4),
+    ):  # alone; unspeculated
+        for uid, (p, a) in zip(uids, prompts):
+            alone = wb.Scheduler(model, tok, **settings)
+            (solo,) = _submit_all(alone, [(p, a)], max_tokens=16)
+            alone.run()
+            assert alone.tokens(solo) == sched.tokens(uid), (settings, a)
+            np.testing.assert_allclose(alone.logprobs(solo), sched.logprobs(uid), rtol=0, atol=atol)
+
+
 def test_adapter_bytes_are_what_loading_adds_to_mlx_active_memory():
     import gc
 

@@ -12,6 +12,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 import workbench as wb
 from workbench.engine.kv import cache_internals as internals
 from workbench.engine.kv.profile import kv_profile, projected_bytes
+from workbench.engine.kv.trim import trim_rows
 from workbench.engine.levers.quantized_kv import BatchQuantizedKVCache, KVQuant, quantize_batch
 from workbench.verify import oracle
 
@@ -110,6 +111,31 @@ def test_prepare_finalize_roll_right_padding_to_the_left_like_the_float_cache():
     _assert_matches_float(q, f, bits)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_trimming_rows_by_different_counts_follows_the_float_cache(bits):
+    """Speculative decoding's per-row trim (``trim_rows``) on the quantized batch cache: after
+    a verify forward of 3 positions per row, the rows drop 2, 3 and 0 of them; offsets, left
+    padding, the mask and every kept position equal the float cache trimmed alike, and the
+    next step writes each row's next position right after its kept ones."""
+    lengths = [5, 2, 4]
+    q = BatchQuantizedKVCache.merge(_solo(_rows(lengths), True, bits))
+    f = BatchKVCache.merge(_solo(_rows(lengths), False, bits))
+    verify = mx.concatenate(_rows([3, 3, 3], seed=4))  # [3, H, 3, D]: pending token + 2 drafts per row
+    for c in (q, f):
+        c.update_and_fetch(verify, 2 * verify + 1)
+        trim_rows([c], [2, 3, 0])
+    assert np.array(q.offset).tolist() == [6, 2, 7] and np.array(q.left_padding).tolist() == [2, 6, 1]
+    _assert_matches_float(q, f, bits)
+    assert mx.array_equal(q.make_mask(1), f.make_mask(1)).item()
+    step = mx.concatenate(_rows([1, 1, 1], seed=5))
+    for c in (q, f):
+        c.update_and_fetch(step, 2 * step + 1)
+    _assert_matches_float(q, f, bits)
+    solo = q.extract(1)  # the row that rejected everything: its 2 tokens and the new one
+    want = mx.quantize(mx.concatenate([_rows(lengths)[1], step[1:2]], axis=2), group_size=G, bits=bits)
+    assert solo.offset == 3 and all(mx.array_equal(a, b).item() for a, b in zip(solo.keys, want))
+
+
 def test_extend_refuses_another_quantization():
     q4 = BatchQuantizedKVCache.merge(_solo(_rows([2]), True, 4))
     q8 = BatchQuantizedKVCache.merge(_solo(_rows([2]), True, 8))
@@ -205,6 +231,73 @@ def test_checkpoint_restore_repeats_the_quantized_run(make_sched, prompt):
     assert oracle.solo_check(sched.model, sched).n_match == len(SPECS)
 
 
+@pytest.mark.parametrize("bits,step", [(4, 2048), (4, 5), (8, 8)])
+def test_a_prompt_cache_hit_resumes_its_quantized_prefix_as_generate_step_does(bundled, bits, step):
+    """With ``prompt_cache``, a row resuming a cached prefix runs every forward on it quantized,
+    as mlx-lm's ``generate_step(rest, prompt_cache=<QuantizedKVCache prefix>, kv_bits=)`` does
+    (the prefix itself from ``generate_step(kv_bits=)`` over the first prompt, as
+    ``mlx_lm.cache_prompt`` makes it). A row takes only a prefix that holds its own first
+    forward on float keys, so every row also equals its run without a cache. One batch holds a
+    multi-turn prompt (the first prompt and its answer cached, more tokens after), a repeated
+    prompt (a whole-tail hit) and a one-token miss. In 2048-token chunks the multi-turn prompt's
+    own first forward covers all of it, the cached prefix does not hold that: a miss (mlx-lm
+    resuming the prefix gives other numbers, more than 1e-3 away); in chunks of 5 or 8, a hit
+    equal to the mlx-lm reference."""
+    from mlx_lm.models.cache import LRUPromptCache, make_prompt_cache, trim_prompt_cache
+
+    from workbench.engine.kv.cache_internals import clone_prompt_cache
+
+    model, tok = bundled
+    settings = dict(kv_bits=bits, kv_group_size=G, prefill_step_size=step)
+    lru = LRUPromptCache(max_size=8)
+    sched = wb.Scheduler(model, tok, max_batch=3, prompt_cache=lru, **settings)
+    first = tok.encode("def add(a, b):\n    return a + b\n")
+    a = sched.submit(wb.Request(prompt=first, max_tokens=8))
+    sched.run()
+    answer = sched.tokens(a)
+    turn = first + answer + tok.encode("\ndef mul(a, b):")
+    before = clone_prompt_cache(lru)
+    requests = [
+        wb.Request(prompt=turn, max_tokens=10),
+        wb.Request(prompt=first, max_tokens=8),
+        wb.Request(prompt=[first[0]], max_tokens=6),
+    ]
+    uids = [sched.submit(r) for r in requests]
+    sched.run()
+    hit = len(first) + len(answer)
+    resumed = step < len(first)  # both first forwards ran `step` tokens on float keys
+    assert [sched.requests[u].cached_tokens for u in uids] == [hit if resumed else 0, len(first) - 1, 0]
+    assert len({e.step for e in sched.events if e.kind == "join" and e.uid in uids}) == 1  # one group
+    assert sched.check().ok
+
+    kw = dict(kv_bits=bits, kv_group_size=G, quantized_kv_start=0, prefill_step_size=step)
+    prefix = make_prompt_cache(model)
+    assert [
+        int(t) for t, _ in generate_step(mx.array(first), model, prompt_cache=prefix, max_tokens=8, **kw)
+    ] == answer
+    assert all(type(c) is QuantizedKVCache for c in prefix)
+    trim_prompt_cache(prefix, prefix[0].offset - hit)
+    tokens, from_prefix = _trace(model, turn[hit:], 10, bits, prompt_cache=prefix, **kw)
+    uncached_tokens, uncached = _trace(model, turn, 10, bits, **kw)
+    gap = np.abs(np.array(uncached) - np.array(from_prefix)).max()
+    if resumed:
+        assert sched.tokens(uids[0]) == tokens and gap < 1e-4
+        np.testing.assert_allclose(sched.logprobs(uids[0]), from_prefix, rtol=0, atol=1e-4)
+    else:
+        assert gap > 1e-3, "resuming the prefix would change the numbers"
+        assert sched.tokens(uids[0]) == uncached_tokens
+        np.testing.assert_allclose(sched.logprobs(uids[0]), uncached, rtol=0, atol=1e-4)
+
+    rec = lambda s, u: (s.tokens(u), s.logprobs(u), s.finish_reason(u))  # noqa: E731
+    assert rec(sched, uids[1]) == rec(sched, a)  # the repeated prompt: its first run again
+    for uid, request in zip(uids, requests):
+        for cache in (clone_prompt_cache(before), None):  # alone with the same entries; without a cache
+            alone = wb.Scheduler(model, tok, prompt_cache=cache, **settings)
+            solo = alone.submit(request)
+            alone.run()
+            assert rec(alone, solo) == rec(sched, uid), (uid, cache)
+
+
 @pytest.mark.parametrize("bits,ratio", [(4, 24), (8, 40)])
 def test_the_cache_holds_the_quantized_bytes(make_sched, prompt, bits, ratio):
     """head dim 32 in float32 is 128 bytes; quantized it is 32 * bits / 8 packed bytes plus
@@ -262,7 +355,6 @@ def test_the_budget_projects_quantized_bytes_and_admits_more_rows(bundled, make_
             dict(kv_bits=4, kv_group_size=64),
             r"kv_group_size=64 does not divide layer 0's head dim \[32\]; allowed for this model: \[32\]",
         ),
-        (dict(kv_bits=8, prompt_cache=4), r"kv_bits with prompt_cache is not offered"),
     ],
 )
 def test_bad_kv_settings_are_refused_naming_the_field(make_sched, options, match):
@@ -300,6 +392,27 @@ def test_a_device_without_the_quantized_kernel_attends_by_dequantizing(make_sche
     sched, uids = _run(make_sched, prompt, bits, max_batch=3)
     assert sched.recipe.kv_quant.attention == "dequantize"
     assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
+    with attention_path(sched.model, "dequantize"):
+        report = oracle.solo_check(sched.model, sched)
+    _assert_rows_match(report)
+
+
+def test_speculations_verify_forward_takes_the_dequantizing_path_too(make_sched, monkeypatch):
+    """Where MLX lacks quantized_matmul, the verify forward of speculative decoding (1 + K
+    positions per row) attends by dequantizing like every other forward: rows draft, accept
+    and finish without error, each equal to generate_step(kv_bits=) on that path."""
+    from workbench.engine.levers.quantized_attention import attention_path
+
+    _without_quantized_matmul(monkeypatch)
+    sched = make_sched(
+        kv_bits=4, kv_group_size=G, max_batch=3, speculative="prompt-lookup", num_draft_tokens=3
+    )
+    assert sched.recipe.kv_quant.attention == "dequantize"
+    code = ["def add(a, b):\n    return a + b\n\n", "import os\nimport sys\n", "x = 1\ny = 2\n"]
+    uids = [sched.submit(wb.Request(prompt=p * 2, max_tokens=12)) for p in code]
+    sched.run()
+    assert all(sched.request(u).status == wb.Status.FINISHED and not sched.request(u).error for u in uids)
+    assert sum(e.n_accepted for e in sched.events if e.kind == "draft") > 0
     with attention_path(sched.model, "dequantize"):
         report = oracle.solo_check(sched.model, sched)
     _assert_rows_match(report)

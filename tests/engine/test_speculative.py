@@ -344,6 +344,62 @@ def test_a_prompt_cache_entry_stored_after_speculation_serves_the_next_request(b
     assert_solo(model, sched, [a, b])
 
 
+# -- with a quantized KV cache (kv_bits) ---------------------------------------------
+def _rows_alone(model, tok, sched, rows, **settings):
+    """Each ``(uid, request)`` of ``rows`` run alone on a fresh scheduler of ``settings``:
+    ``(tokens, log-probs, finish reason)`` equal to the batch's (bit for bit on the CPU,
+    log-probs within 1e-4 on a GPU)."""
+    for u, request in rows:
+        alone = wb.Scheduler(model, tok, **settings)
+        solo = alone.submit(request)
+        alone.run()
+        assert alone.tokens(solo) == sched.tokens(u) and alone.finish_reason(solo) == sched.finish_reason(
+            u
+        ), u
+        atol = 0.0 if mx.default_device() == mx.cpu else 1e-4
+        np.testing.assert_allclose(alone.logprobs(solo), sched.logprobs(u), rtol=0, atol=atol)
+
+
+@pytest.mark.quantized_kv
+@pytest.mark.parametrize("method, bits", [("prompt-lookup", 4), ("noisy draft", 8)])
+def test_speculation_on_a_quantized_cache_equals_each_row_alone_and_generate_step(
+    bundled, noisy_draft, method, bits
+):
+    """The verify forward writes 1 + K positions per row into the quantized batch cache and
+    each row drops what it rejected (``trim_rows``: the quantized rows rolled like float
+    ones): staggered joins, mixed draft counts, a preemption and an abort mid-run; every
+    greedy row equals mlx-lm's ``generate_step(kv_bits=)`` alone and every row its run alone
+    with the same settings."""
+    model, tok = bundled
+    speculative = "prompt-lookup" if method == "prompt-lookup" else noisy_draft
+    settings = dict(max_batch=3, speculative=speculative, num_draft_tokens=4, kv_bits=bits, kv_group_size=32)
+    sched = wb.Scheduler(model, tok, **settings)
+    requests = [wb.Request(prompt=CODE[i % 4] * (1 + i % 2), max_tokens=24 + 5 * (i % 3)) for i in range(6)]
+    uids = []
+    for i, request in enumerate(requests):  # one arrival per step
+        uids.append(sched.submit(request))
+        sched.admit(), sched.step()
+        assert sched.check().ok
+        sched.filter()
+        if i == 2:
+            sched.preempt(uids[0])
+            sched.abort(uids[1])
+    sched.run()
+    assert sched.check().ok and sched.finish_reason(uids[1]) == "abort"
+    assert any(e.kind == "preempt" for e in sched.events)
+    events = drafts_of(sched)
+    assert sum(e.n_accepted for e in events) > 10, "drafts were accepted"
+    by_step = {}
+    for e in events:
+        by_step.setdefault(e.step, []).append(e.n_tokens - e.n_accepted)
+    assert any(len(set(r)) > 1 for r in by_step.values()), (
+        "one verify forward trimmed rows by different counts"
+    )
+    kept = [(u, r) for u, r in zip(uids, requests) if u != uids[1]]
+    assert_solo(model, sched, [u for u, _ in kept])
+    _rows_alone(model, tok, sched, kept, **settings)
+
+
 # -- refusals -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kwargs, message",
@@ -355,7 +411,6 @@ def test_a_prompt_cache_entry_stored_after_speculation_serves_the_next_request(b
             r"num_draft_tokens must be an int in \[1, 16\]",
         ),
         (dict(speculative="prompt-lookup", batch_invariant=True), "cannot run with batch_invariant"),
-        (dict(speculative="prompt-lookup", kv_bits=8, kv_group_size=32), "cannot run with kv_bits"),
         (dict(speculative=object()), "a draft mlx-lm model"),
     ],
 )

@@ -140,7 +140,7 @@ class ModelRunner:
         starts = [shared_prompts.take(shared, s) if shared else None for s in prefilled]
         if prompt_cache is not None or any(c is not None for c in starts):
             fetched = [
-                (c, []) if c is not None else self._fetch(prompt_cache, t, s.valid.request.adapter)
+                (c, []) if c is not None else self._fetch(prompt_cache, t, s)
                 for c, t, s in zip(starts, tails, prefilled)
             ]
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
@@ -151,13 +151,19 @@ class ModelRunner:
         return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
 
     def _fetch(
-        self, prompt_cache: PromptCache | None, tokens: list[int], adapter: str | None = None
+        self, prompt_cache: PromptCache | None, tokens: list[int], state: RequestState
     ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
-        hit for ``tokens`` computed with LoRA ``adapter``, or fresh caches and all of them."""
-        if prompt_cache is not None:
+        hit for ``tokens`` (``state``'s inputs but the last) computed with its LoRA adapter,
+        or fresh caches and all of them. Quantized: only a hit that holds the row's own first
+        forward on float keys (:meth:`PromptCache.fetch` with ``first_forward``)."""
+        if prompt_cache is None:
+            return self.recipe.single(), list(tokens)
+        adapter = state.valid.request.adapter
+        if self.recipe.kv_quant is None:
             return prompt_cache.fetch(tokens, adapter)
-        return self.recipe.single(), list(tokens)
+        first = first_forward_tokens([state], self.config.prefill_step_size)[0]
+        return prompt_cache.fetch(tokens, adapter, state.inputs[-1], first)
 
     def hold_prompts(
         self, group: Prefilling, queue: Sequence[RequestState], shared: dict, room_bytes: int | None
@@ -266,9 +272,13 @@ class ModelRunner:
             pending = self.decode(batch, mx.array(tokens, dtype=mx.uint32), contexts, False, index)
             return speculative.Verified.without_drafts(pending)
         batch.fast_path = "verify"
-        verified = speculative.verify(
-            self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
-        )
+        with (  # each row's adapter over all 1 + K positions; the quantized cache's attention path
+            selected(self.adapters, names_of(batch.rows)),
+            attention_path(self.model, self._quantized_attention),
+        ):
+            verified = speculative.verify(
+                self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
+            )
         speculative.settle(spec, batch, verified)
         return verified
 
@@ -296,15 +306,19 @@ class ModelRunner:
         """The quantized cache's attention path (``None``: a float cache)."""
         return None if self.recipe.kv_quant is None else self.recipe.kv_quant.attention
 
-    @staticmethod
-    def store(prompt_cache: PromptCache, batch: Batch, b: int) -> None:
+    def store(self, prompt_cache: PromptCache, batch: Batch, b: int) -> None:
         """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens
-        (the token fed after the last one read is trimmed away)."""
+        (the token fed after the last one read is trimmed away); quantized, keyed by its
+        first forward's float tokens too (:meth:`PromptCache.key_of`)."""
         row = batch.rows[b]
+        quantized = self.recipe.kv_quant is not None
         prompt_cache.store(
             list(row.valid.prompt_ids) + row.tokens,
             batch.extract(b),
             row.fed - len(row.tokens),
             prefilled_tokens=len(row.valid.prompt_ids) - 1,
             adapter=row.valid.request.adapter,
+            first_forward=first_forward_tokens([row], self.config.prefill_step_size)[0]
+            if quantized
+            else None,
         )

@@ -136,9 +136,7 @@ class Scheduler:
         asked.refuse_unhonoured(adapters=adapters is not None)
         self.model, self.tokenizer, self._asked = model, tokenizer, asked
         kv.check_batchable(model, asked.max_kv_size)
-        quant = quantized_kv.configure(
-            model, asked.kv_bits, asked.kv_group_size, asked.max_kv_size, prompt_cache
-        )
+        quant = quantized_kv.configure(model, asked.kv_bits, asked.kv_group_size, asked.max_kv_size)
         self.adapters = lora.configure(model, adapters)
         self._extras = dict(
             clock=clock, prompt_cache=prompt_cache, adapters=self.adapters

@@ -86,21 +86,40 @@ class PromptCache:
             self.lru.trim_to(n_bytes=max(0, int(n_bytes)))
         return before - self.nbytes
 
-    def key_of(self, adapter: str | None = None) -> str:
+    def key_of(self, adapter: str | None = None, first_forward: int | None = None) -> str:
         """The trie's key of entries computed with LoRA ``adapter`` (``None``: the base
         model): a cached prefix holds the keys and values of the adapter it ran with, so a
-        row only fetches what its own adapter computed."""
-        return self.key if adapter is None else f"{self.key} adapter={adapter!r}"
+        row only fetches what its own adapter computed. ``first_forward``: with a quantized
+        cache, the tokens its row's first forward ran on float keys (``None``: a float
+        cache), so a row only fetches a prefix whose float forward was its own."""
+        key = self.key if adapter is None else f"{self.key} adapter={adapter!r}"
+        return key if first_forward is None else f"{key} first_forward={first_forward}"
 
-    def fetch(self, tokens: Sequence[int], adapter: str | None = None) -> tuple[list[Any], list[int]]:
+    def fetch(
+        self,
+        tokens: Sequence[int],
+        adapter: str | None = None,
+        next_token: int | None = None,
+        first_forward: int | None = None,
+    ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens still to prefill)`` for ``tokens`` computed with
         ``adapter`` (:meth:`key_of`); a miss gives fresh caches and all of ``tokens``. The
-        caches are copies."""
-        cache, rest = self.lru.fetch_nearest_cache(self.key_of(adapter), list(tokens))
-        if cache is None:
+        caches are copies.
+
+        A quantized cache's row passes ``first_forward`` (the tokens its first forward runs
+        on float keys, :func:`workbench.engine.levers.quantized_prefill.first_forward_tokens`)
+        and ``next_token`` (the token its join forward feeds after ``tokens``): it fetches only
+        entries whose first forward covered as many tokens, and only a hit of at least that
+        many (else a miss), so the prefix holds what its own prefill would compute; and mlx-lm's
+        ``fetch_nearest_cache``, which leaves one token of what it is asked for uncached, is
+        asked for ``tokens + [next_token]``, so a longer entry can cover all of ``tokens`` (an
+        entry of exactly those tokens is trimmed back by one)."""
+        key = self.key_of(adapter, first_forward)
+        cache, rest = self._nearest(key, list(tokens), next_token)
+        hit = len(tokens) - len(rest)
+        if cache is None or hit < (first_forward or 0):
             return single_cache(self.model, self.max_kv_size), list(tokens)
         if self.aligned:
-            hit = len(tokens) - len(rest)
             cut = hit % self.aligned
             if hit - cut == 0 or (cut and not can_trim_prompt_cache(cache)):
                 return single_cache(self.model, self.max_kv_size), list(tokens)
@@ -109,6 +128,21 @@ class PromptCache:
             rest = list(tokens)[hit - cut :]
         return cache, list(rest)
 
+    def _nearest(self, key: str, tokens: list[int], next_token: int | None) -> tuple[Any, list[int]]:
+        """mlx-lm's ``fetch_nearest_cache(key, tokens)`` (a copy, or ``None``; the tokens it
+        leaves), asked for ``tokens + [next_token]`` first when ``next_token`` is given (see
+        :meth:`fetch`)."""
+        if next_token is not None and not self.aligned:
+            asked = [*tokens, int(next_token)]
+            cache, rest = self.lru.fetch_nearest_cache(key, asked)
+            if cache is not None and len(rest) < len(asked):
+                if rest:
+                    return cache, list(rest[:-1])
+                if can_trim_prompt_cache(cache):
+                    trim_prompt_cache(cache, 1)
+                    return cache, []
+        return self.lru.fetch_nearest_cache(key, tokens)
+
     def store(
         self,
         tokens: Sequence[int],
@@ -116,9 +150,11 @@ class PromptCache:
         extra_tokens: int,
         prefilled_tokens: int | None = None,
         adapter: str | None = None,
+        first_forward: int | None = None,
     ) -> bool:
         """Store single-sequence ``caches`` holding ``tokens`` plus ``extra_tokens`` fed
-        after them (trimmed away first), computed with ``adapter`` (:meth:`key_of`).
+        after them (trimmed away first), computed with ``adapter`` and, quantized, a first
+        forward of ``first_forward`` tokens on float keys (:meth:`key_of`).
         Returns False when they cannot be trimmed (or,
         :attr:`aligned`, when the first ``prefilled_tokens`` hold no whole chunk)."""
         if self.aligned:
@@ -133,5 +169,5 @@ class PromptCache:
             if not can_trim_prompt_cache(caches):
                 return False
             trim_prompt_cache(caches, extra_tokens)
-        self.lru.insert_cache(self.key_of(adapter), list(tokens), caches)
+        self.lru.insert_cache(self.key_of(adapter, first_forward), list(tokens), caches)
         return True

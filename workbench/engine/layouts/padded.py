@@ -66,10 +66,14 @@ class PaddedLayout(Layout):
     ):
         cfg = self.config = config
         self.model, self.invariance, self._user_cache, self._quant = model, invariance, prompt_cache, quant
-        levers = dict(batch_invariant=cfg.batch_invariant, kv_quant=quant, adapters=adapters)
         limits = dict(prefill_step_size=cfg.prefill_step_size, max_kv_size=cfg.max_kv_size)
         self.speculation = speculative.configure(
-            model, cfg.speculative, cfg.num_draft_tokens, vocab_size=vocab_size, **levers, **limits
+            model,
+            cfg.speculative,
+            cfg.num_draft_tokens,
+            batch_invariant=cfg.batch_invariant,
+            vocab_size=vocab_size,
+            **limits,
         )
         fast = fastpath.FastDecode.of(False if invariance else cfg.fast_decode, adapters)
         self.runner = ModelRunner(recipe, cfg, adapters, fast, invariance)

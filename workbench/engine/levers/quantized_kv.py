@@ -18,8 +18,10 @@ biases [B, H, S, G])``, scales and biases in the model's activation dtype, exact
 position is quantized on its own (padding, rolling and slicing commute with it).
 
 The engine matches mlx-lm's ``generate_step(..., quantized_kv_start=0)``: a row's first
-forward runs on float keys, every later one on quantized keys (``docs/quantized-kv.md``
-says why other starts are not offered).
+forward runs on float keys, every later one on quantized keys; a row resuming a quantized
+prompt-cache prefix (one that holds its own first forward) runs every forward on quantized
+keys, as ``generate_step`` does with a ``prompt_cache`` of ``QuantizedKVCache``
+(``docs/quantized-kv.md`` says which prefixes, and why other starts are not offered).
 
 Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``), after
 ``merge`` of a 3-token and a 1-token solo cache::
@@ -416,23 +418,15 @@ def merge_rows(solo: list[list[Any]], quant: KVQuant) -> list[Any]:
     return out
 
 
-def configure(
-    model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None, prompt_cache: Any = None
-) -> KVQuant | None:
+def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None) -> KVQuant | None:
     """The scheduler's ``kv_bits`` / ``kv_group_size`` checked against the model
     (:func:`kv_quant_from`, :func:`check_model`); ``None`` for a float cache.
 
     Raises:
-        ValueError: a bad value (naming the field and the allowed values), a model mlx-lm
-            cannot quantize, or a ``prompt_cache`` with ``kv_bits`` (a cached prefix would
-            change which forward runs on float keys, so no mlx-lm reference matches it).
+        ValueError: a bad value (naming the field and the allowed values), or a model mlx-lm
+            cannot quantize.
     """
     quant = kv_quant_from(kv_bits, kv_group_size)
     if quant is None:
         return None
-    if prompt_cache is not None:
-        raise ValueError(
-            "kv_bits with prompt_cache is not offered: a cached prefix changes which forward "
-            "runs on float keys, so no mlx-lm generate_step reference would match; pass one of them"
-        )
     return check_model(model, quant, max_kv_size)

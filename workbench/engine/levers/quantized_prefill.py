@@ -40,11 +40,21 @@ class QuantizedPrefillGroup(PrefillGroup):
     whatever chunk the caller asks for; later chunks run as asked. A group whose rows
     cannot share that first chunk runs per row.
 
+    A row starting from a prompt-cache hit (``caches[b]`` holding a prefix, mlx-lm's
+    ``QuantizedKVCache`` per full-attention layer) has no float forward: its tail runs on
+    the quantized prefix in chunks of ``min(prefill_step_size, tail)`` tokens, its join
+    forward too, as ``generate_step(tail + [last], prompt_cache=<the prefix>, kv_bits=)``
+    runs them. A group with a hit runs per row (the rows' caches differ in kind).
+
     Args:
         recipe: the model, its ``max_kv_size`` and the quantization (``recipe.kv_quant``, a
             :class:`KVQuant`). first_tokens: per row, tokens of its first forward (default
-            ``min(prefill_step_size, tail)``). The others as :class:`PrefillGroup` (no
-            prompt-cache ``caches``: the scheduler refuses a prompt cache with ``kv_bits``).
+            ``min(prefill_step_size, tail)``; a hit row's is always that). caches: per row
+            its single-sequence caches (a prompt-cache hit's quantized prefix, or fresh
+            float caches), or ``None``. The others as :class:`PrefillGroup`.
+
+    Attributes:
+        prefix_tokens: per row, the tokens its ``caches`` held at the start (0: fresh).
     """
 
     def __init__(
@@ -57,12 +67,19 @@ class QuantizedPrefillGroup(PrefillGroup):
     ):
         self.quant: KVQuant = recipe.kv_quant
         tails = [len(p) for p in prompts]
-        first = first_tokens if first_tokens is not None else [prefill_step_size] * len(tails)
+        self.prefix_tokens = [prefix_tokens(c) for c in caches] if caches else [0] * len(tails)
+        first = list(first_tokens) if first_tokens is not None else [prefill_step_size] * len(tails)
+        first = [prefill_step_size if held else f for f, held in zip(first, self.prefix_tokens)]
         self.first_tokens = [min(f, n) for f, n in zip(first, tails)]
-        super().__init__(recipe.model, prompts, prefill_step_size, recipe.max_kv_size, caches)
-        if not self.per_row and not self._shared_first_chunk(tails):  # run the rows one by one
+        hits = any(self.prefix_tokens)
+        super().__init__(
+            recipe.model, prompts, prefill_step_size, recipe.max_kv_size, None if hits else caches
+        )
+        if hits or (not self.per_row and not self._shared_first_chunk(tails)):  # run the rows one by one
             self.per_row, self.caches = True, []
-            self._solo = [recipe.single() for _ in prompts]
+            self._solo = list(caches) if hits else [recipe.single() for _ in prompts]
+            if self.length == 0:  # every row a whole-prefix hit: nothing to run
+                self._finish()
 
     @staticmethod
     def _pads_safely(model: Any, max_kv_size: int | None) -> bool:
@@ -109,10 +126,17 @@ class QuantizedPrefillGroup(PrefillGroup):
         self._done = True
 
 
+def prefix_tokens(caches: Sequence[Any]) -> int:
+    """Tokens a row's single-sequence caches hold (the first layer with an ``offset``;
+    0 for fresh caches)."""
+    return next((int(c.offset) for c in caches if isinstance(getattr(c, "offset", None), int)), 0)
+
+
 def fresh_rows(group: PrefillGroup) -> list[int]:
     """Rows of a done group whose caches hold none of their tokens yet (empty prompt
-    tail): the join forward is their first forward."""
-    return [b for b, n in enumerate(group.lengths) if n == 0]
+    tail, no prompt-cache prefix): the join forward is their first forward."""
+    held = getattr(group, "prefix_tokens", None) or [0] * len(group.lengths)
+    return [b for b, (n, h) in enumerate(zip(group.lengths, held)) if n == 0 and h == 0]
 
 
 def join_forward(

@@ -1,7 +1,8 @@
 """Speculative decoding inside the batch: draft tokens per row, one batched verify
 forward, per-row acceptance, each row's cache trimmed to what it accepted.
 
-Knows: mlx-lm's ``BatchKVCache`` through its public ``trim`` / ``prepare`` / ``finalize``,
+Knows: mlx-lm's ``BatchKVCache`` (and the quantized batch cache, ``kv_bits``, which rolls
+its packed values, scales and biases alike) through its public ``trim`` / ``prepare`` / ``finalize``,
 the model's forward over ``[B, 1 + K]`` tokens, each row's acceptance of what it would have
 chosen. Must not know: the queue, events, admission.
 
@@ -94,8 +95,6 @@ def configure(
     num_draft_tokens: int,
     *,
     batch_invariant: bool = False,
-    kv_quant: Any = None,
-    adapters: Any = None,
     vocab_size: int | None = None,
     prefill_step_size: int = 2048,
     max_kv_size: int | None = None,
@@ -111,9 +110,7 @@ def configure(
     Raises:
         ValueError: naming why the combination cannot speculate: ``batch_invariant`` (the
             verify forward has ``1 + k`` query positions, not the one-token forward the mode
-            makes invariant), ``kv_bits`` (the quantized cache is not trimmed per row),
-            LoRA ``adapters`` (their per-row selection is not verified over several
-            positions), a layer cache other than ``KVCache`` in the target (with
+            makes invariant), a layer cache other than ``KVCache`` in the target (with
             ``max_kv_size``: rotating) or the draft model (:func:`check_cache`), a draft model
             of another vocabulary size.
     """
@@ -123,15 +120,6 @@ def configure(
         raise ValueError(
             "speculative cannot run with batch_invariant=True: the verify forward runs 1 + "
             "num_draft_tokens query positions per row, the mode makes one-token forwards invariant"
-        )
-    if kv_quant is not None:
-        raise ValueError(
-            "speculative cannot run with kv_bits: the quantized batch cache is not trimmed per row"
-        )
-    if adapters is not None:
-        raise ValueError(
-            "speculative cannot run with LoRA adapters: their per-row selection over the "
-            "verify forward's positions is not verified"
         )
     check_cache(model, "the model's", max_kv_size)
     if isinstance(speculative, str):
@@ -337,8 +325,11 @@ def verify(
     own seeded draw (:func:`_sampled_choices`); only drafted rows read them.
 
     Args:
-        caches: per-layer ``BatchKVCache`` over ``B`` rows, each holding its context up to
-            (not including) its pending token.
+        caches: per-layer ``BatchKVCache`` (or the quantized
+            :class:`~workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`, ``kv_bits``)
+            over ``B`` rows, each holding its context up to (not including) its pending token;
+            the caller enters the rows' LoRA selection (all ``1 + K`` positions of a row) and
+            the attention path (:meth:`workbench.engine.runner.ModelRunner.speculate`).
         pending_tokens: ``[B]`` each row's latest read token (fed first).
         drafts: per row up to ``K`` draft tokens (rows with none feed padding only).
         samplers, contexts, token_index: per row, as :func:`sample_rows` takes them.

@@ -124,6 +124,7 @@ class PackedBatch:
     view = None
     pending = None
     free: tuple[int, ...] = ()  # no free slots: a freed page returns to the free list at once
+    draft: Any = None  # speculating with a draft model: its caches (levers/draft_model.py), by uid
 
     def __init__(
         self,
@@ -231,14 +232,21 @@ class PackedBatch:
         over :meth:`wants` with ``unread``."""
         return plan_chunks(self.wants(unread), budget, schedule)
 
-    def forward(self, model: Any, chunks: Sequence[Chunk], after: Launched | None = None) -> mx.array:
+    def forward(
+        self,
+        model: Any,
+        chunks: Sequence[Chunk],
+        after: Launched | None = None,
+        tokens: mx.array | None = None,
+    ) -> mx.array:
         """Copy the shared pages the chunks write into, reserve the chunks' pages (growing
         the pools by at least 1/8 when the free list runs out), build the packed forward
         (lazy), count the chunks' tokens as held and index the pages they filled; a
         leader's followers take its pages at its sampling chunk. A chunk of a row that
         ``after`` (a launched forward, not read yet) samples feeds that unread token.
-        Returns the logits ``[R, V]`` of the rows that sample (:attr:`sampled`: each
-        sampling chunk's row, then its followers)."""
+        ``tokens``: the chunks' tokens ``[T]`` where they are not all known (a verify
+        forward's drafts, :mod:`~workbench.engine.packed.verify`). Returns the logits ``[R, V]``
+        of the rows that sample (:attr:`sampled`: each sampling chunk's row, then its followers)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
         copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
         have = self.pools.slots // self.page_size
@@ -254,7 +262,7 @@ class PackedBatch:
             self.pools,
             self.table,
             chunks,
-            self._tokens(chunks, after),
+            self._tokens(chunks, after) if tokens is None else tokens,
             decode_kernel=self.decode_kernel,
         )
         indexing = self.table.index is not None  # prefix caching: index the pages filled
@@ -382,6 +390,7 @@ class PackedBatch:
         )
         out.follows, out.sampled, out.last_paced = dict(self.follows), list(self.sampled), self.last_paced
         out.launched = None if self.launched is None else self.launched.clone()
+        out.draft = None if self.draft is None else self.draft.clone(share_appended)
         return out
 
     def state(self, token_budget: int) -> PackedState:

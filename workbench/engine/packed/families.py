@@ -13,7 +13,7 @@ The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a
 joins once the solo oracle passes on it); refused now: every other family (not checked
 under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
 (a state per request, not pages), and these settings: ``kv_bits`` (quantized pages are
-not built), ``max_kv_size``, ``batch_invariant``, ``speculative``, LoRA ``adapters``, and a
+not built), ``max_kv_size``, ``batch_invariant``, LoRA ``adapters``, and a
 ``prompt_cache`` other than an int (the packed layout caches pages: ``prompt_cache=N`` turns
 on prefix caching, keeping at most ``N`` unreferenced pages; an mlx-lm ``LRUPromptCache``
 holds whole mlx-lm caches, not pages).
@@ -69,7 +69,6 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
             f"cached), not {type(prompt_cache).__name__} {prompt_cache!r} (an mlx-lm LRUPromptCache holds "
             "mlx-lm caches, not pages)",
         ),
-        ("speculative", config.speculative is not None, "a verify forward of draft tokens is not packed yet"),
     ]
     for name, bad, why in refused:
         if bad:

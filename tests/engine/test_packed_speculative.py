@@ -14,6 +14,7 @@ import pytest
 
 import workbench as wb
 from tests.engine import drafting
+from tests.engine.test_speculative import CODE
 from workbench.engine.packed.pages import PageTable
 from workbench.engine.packed.verify import cap_drafts, sampling_groups, verify_chunks
 from workbench.observe.packed import Chunk
@@ -22,18 +23,10 @@ from workbench.verify.compose import check_pair
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("solo_references_once")]
 
-# prompts that repeat themselves (prompt lookup finds drafts) and ones that do not
-CODE = [
-    "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
-    "import os\nimport sys\n",
-    "x = 1",
-]
-
 
 @pytest.fixture(scope="module")
 def noisy_draft():
-    """The bundled model with its last layer's MLP zeroed: drafts accepted only in part."""
+    """A draft model whose drafts the bundled model accepts in part (:mod:`tests.engine.drafting`)."""
     return drafting.noisy_draft()
 
 
@@ -59,12 +52,12 @@ def books(sched):
     assert sum(c.n_tokens for c in state.last_chunks) <= sched.config.token_budget
 
 
-def drive(sched, arrivals, every=2, each=None):
+def drive(sched, arrivals, every=2, each=None, stop=None):
     """Submit ``arrivals`` one every ``every`` steps (or when idle), ``admit(); step();
-    filter()`` until idle, :func:`books` after each call; returns the uids and the chunks of
-    every forward."""
+    filter()`` until idle (or ``stop`` steps), :func:`books` after each call; returns the uids
+    and the chunks of every forward."""
     uids, pending, forwards = [], list(arrivals), []
-    while pending or not sched.idle:
+    while (pending or not sched.idle) and (stop is None or sched.step_index < stop):
         while pending and (sched.step_index >= every * len(uids) or sched.idle):
             uids.append(sched.submit(pending.pop(0)))
         for call in (sched.admit, sched.step, sched.filter):
@@ -280,34 +273,27 @@ def test_a_cached_prefix_and_an_aborted_leader_with_speculation_stay_equal_alone
 
 
 def test_sampled_rows_draw_the_tokens_they_draw_without_speculation(bundled):
+    """A sampled row (with mlx-lm's repetition penalty or not) accepts a draft where its own
+    seeded draw equals it: the tokens of its run without speculation."""
     model, tok = bundled
-
-    def run(**kwargs):
-        sched = wb.Scheduler(model, tok, layout="packed", max_batch=4, page_size=4, **kwargs)
-        uids = [
-            sched.submit(
-                wb.Request(
-                    prompt=p * 2,
-                    max_tokens=20,
-                    temperature=0.8 if i in (1, 2) else 0.0,
-                    seed=7 + i,
-                    repetition_penalty=1.1 if i == 2 else None,
-                )
-            )
-            for i, p in enumerate(CODE)
-        ]
+    sampled = dict(temperature=0.8, seed=8)
+    requests = [
+        wb.Request(prompt=CODE[0] * 2, max_tokens=20),
+        wb.Request(prompt=CODE[1] * 2, max_tokens=20, **sampled),
+        wb.Request(prompt=CODE[2] * 2, max_tokens=20, repetition_penalty=1.1, **sampled),
+        wb.Request(prompt=CODE[3] * 2, max_tokens=20),
+    ]
+    runs = {}
+    for name, settings in {"plain": dict(speculative=None, pipeline=False), "spec": {}}.items():
+        sched = packed_spec(model, tok, max_batch=4, num_draft_tokens=3, **settings)
+        uids = [sched.submit(r) for r in requests]
         sched.run()
-        return [(sched.tokens(u), sched.logprobs(u)) for u in uids], sched
-
-    plain, _ = run(pipeline=False)
-    spec, sched = run(speculative="prompt-lookup", num_draft_tokens=3)
-    assert [t for t, _ in spec] == [t for t, _ in plain]
-    for (_, a), (_, b) in zip(spec, plain):
-        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
-    accepted = {
-        u: sum(e.n_accepted for e in sched.events if e.kind == "draft" and e.uid == u) for u in range(4)
-    }
-    assert accepted[1] > 0 and accepted[2] > 0, f"sampled rows took and accepted drafts: {accepted}"
+        runs[name] = (records(sched, uids), sched)
+    for (tokens, logprobs, _), (plain_tokens, plain_logprobs, _) in zip(runs["spec"][0], runs["plain"][0]):
+        assert tokens == plain_tokens
+        assert max(abs(x - y) for x, y in zip(logprobs, plain_logprobs)) < 1e-4
+    events = [e for e in runs["spec"][1].events if e.kind == "draft" and e.n_accepted]
+    assert {1, 2} <= {e.uid for e in events}, "the sampled rows took and accepted drafts"
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 5, 6])
@@ -328,12 +314,11 @@ def test_restoring_a_checkpoint_repeats_the_same_tokens_and_draft_events_and_a_f
 ):
     model, tok = bundled
     sched = packed_spec(model, tok, speculative=method_of(method, model, noisy_draft), num_draft_tokens=3)
-    for i, p in enumerate(CODE):
-        sched.submit(wb.Request(prompt=p * 2, max_tokens=16 + 3 * i))
-    for _ in range(4):
-        sched.admit(), sched.step(), sched.filter()
-    cp = sched.checkpoint()
-    fork = sched.fork()
+    drive(
+        sched, [wb.Request(prompt=p * 2, max_tokens=16 + 3 * i) for i, p in enumerate(CODE)], every=0, stop=5
+    )
+    cp, fork = sched.checkpoint(), sched.fork()
+    assert any(e.kind == "draft" for e in sched.events), "checkpointed after speculating"
 
     def outcome(s):
         drafts = [(e.uid, e.step, e.n_tokens, e.n_accepted) for e in s.events if e.kind == "draft"]

@@ -209,33 +209,15 @@ class PackedLayout(Layout):
             yield Read(row, b, toks[i], lps[i], message, tops.get(i, ()))
 
     def _step_speculative(self, st: Any, recorder: Recorder) -> Generator[Read | Event, None, bool]:
-        """``step()`` with speculation: each running row drafts
-        (:func:`~workbench.engine.levers.speculative.propose`, cut to the token budget:
-        :func:`~workbench.engine.packed.verify.cap_drafts`); one ``[1, T]`` forward carries
-        every running row's latest token and its drafts as one-token decode chunks
-        (:func:`~workbench.engine.packed.verify.verify_chunks`) beside the prefill chunks that
+        """``step()`` with speculation: one ``[1, T]`` forward carries every running row's
+        latest token and its drafts (:meth:`_plan_speculative`) beside the prefill chunks that
         fit; :func:`~workbench.engine.levers.speculative.decide` chooses each sampling row's
         tokens (a joiner's first one as without speculation); per row a ``draft`` event, its
         accepted drafts and its next token are read, then its pages keep its latest token and
-        the drafts it accepted (:func:`~workbench.engine.packed.verify.truncate`). Not
-        pipelined: drafting reads the tokens. Returns False when nothing was planned."""
-        batch, cfg, spec = st.batch, self.config, self.speculation
-        running = [r for r in batch.rows if r.status is Status.RUNNING and not r.finished]
-        drafting = SimpleNamespace(rows=running, draft=batch.draft)  # the draft model follows these rows
-        proposed = verify.cap_drafts(speculative.propose(spec, drafting), cfg.token_budget - len(running))
-        batch.draft = drafting.draft
-        drafts = {r.uid: d for r, d in zip(running, proposed)}
-        extra = sum(map(len, proposed))
-
-        def plan(budget: int) -> tuple:
-            return verify.verify_chunks(batch.plan(budget - extra, cfg.packed_schedule), drafts)
-
-        chunks, paced = plan(cfg.token_budget), None
-        if self.pacer is not None and chunks:
-            paced = self.pacer.choose(plan, chunks, recorder.clock())
-            chunks = paced.chunks
-        fed = {c.uid for c in chunks if c.kind == DECODE}
-        drafts = {u: d if u in fed else [] for u, d in drafts.items()}  # a stalled row verifies nothing
+        the drafts it accepted (:func:`_keep_accepted`). Not pipelined: drafting reads the
+        tokens. Returns False when nothing was planned."""
+        batch, spec = st.batch, self.speculation
+        running, drafting, drafts, chunks, paced = self._plan_speculative(st, recorder)
         held = dict(zip((r.uid for r in batch.rows), batch.held))
         verified, groups = None, []
         if chunks:
@@ -265,18 +247,55 @@ class PackedLayout(Layout):
                 recorder.log("prefill", c.uid, st.step_index, n_tokens=c.n_tokens)
         if verified is not None:
             yield from _verified_reads(st, batch, groups, verified, recorder)
-        for g, (b, n) in enumerate(groups):
-            row = batch.rows[b]
-            if n > 1:  # its rejected drafts leave its pages; its accepted ones are indexed
-                keep = min(held[row.uid] + 1 + verified.accepted[g], row.n_inputs)
-                verify.truncate(batch, b, keep)
-                if batch.table.index is not None:
-                    batch.table.register(row.uid, row.inputs, held[row.uid], keep)
+            _keep_accepted(batch, groups, verified, held)
         batch.after_read(None)
         batch.last_chunks, batch.last_paced = chunks, paced
         for row, h in zip(batch.rows, batch.held):
             row.fed = max(0, h - len(row.valid.prompt_ids))
         return True
+
+    def _plan_speculative(self, st: Any, recorder: Recorder) -> tuple:
+        """``(running rows, their drafting view, uid -> drafts, chunks, paced)`` of a
+        speculative step: each running row drafts
+        (:func:`~workbench.engine.levers.speculative.propose`; a draft model's caches follow
+        these rows in ``PackedBatch.draft``), the drafts cut to the token budget
+        (:func:`~workbench.engine.packed.verify.cap_drafts`), each a one-token decode chunk
+        after its row's (:func:`~workbench.engine.packed.verify.verify_chunks`); with pacing
+        the pacer's cap; a row the schedule stalls keeps no drafts."""
+        batch, cfg = st.batch, self.config
+        running = [r for r in batch.rows if r.status is Status.RUNNING and not r.finished]
+        drafting = SimpleNamespace(rows=running, draft=batch.draft)
+        proposed = verify.cap_drafts(
+            speculative.propose(self.speculation, drafting), cfg.token_budget - len(running)
+        )
+        batch.draft = drafting.draft
+        drafts = {r.uid: d for r, d in zip(running, proposed)}
+        extra = sum(map(len, proposed))
+
+        def plan(budget: int) -> tuple:
+            return verify.verify_chunks(batch.plan(budget - extra, cfg.packed_schedule), drafts)
+
+        chunks, paced = plan(cfg.token_budget), None
+        if self.pacer is not None and chunks:
+            paced = self.pacer.choose(plan, chunks, recorder.clock())
+            chunks = paced.chunks
+        fed = {c.uid for c in chunks if c.kind == DECODE}
+        return running, drafting, {u: d if u in fed else [] for u, d in drafts.items()}, chunks, paced
+
+
+def _keep_accepted(batch: Any, groups: Sequence[tuple[int, int]], verified: Any, held: dict) -> None:
+    """After the reads: each verifying row of ``groups`` keeps in its pages its latest token
+    and the drafts it accepted (at most its known tokens: a row that finished inside them),
+    the pages of rejected drafts freed (:func:`~workbench.engine.packed.verify.truncate`);
+    with prefix caching its full pages of accepted tokens are indexed. ``held``: uid -> its
+    tokens in pages before the forward."""
+    for g, (b, n) in enumerate(groups):
+        row = batch.rows[b]
+        if n > 1:
+            keep = min(held[row.uid] + 1 + verified.accepted[g], row.n_inputs)
+            verify.truncate(batch, b, keep)
+            if batch.table.index is not None:
+                batch.table.register(row.uid, row.inputs, held[row.uid], keep)
 
 
 def _verified_reads(

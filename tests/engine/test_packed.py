@@ -231,7 +231,6 @@ def test_other_families_are_refused_at_construction_naming_why(folder):
         (dict(kv_bits=4, kv_group_size=32), "kv_bits"),
         (dict(prompt_cache=LRUPromptCache(4)), "prompt_cache: its prompt cache is pages"),
         (dict(prompt_cache=-1), "prompt_cache"),
-        (dict(batch_invariant=True), "batch_invariant"),
     ],
 )
 def test_settings_the_packed_layout_does_not_take_are_refused(bundled, settings, name):

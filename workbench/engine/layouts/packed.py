@@ -32,6 +32,7 @@ from ..decode import Pending, row_context, sample_pending
 from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..levers import speculative
+from ..levers.invariant_packed import packed_invariant_forward, paged_row_attention
 from ..levers.pacing import pacing_from
 from ..levers.packed_pacing import PackedPacer
 from ..packed import families, verify
@@ -49,7 +50,9 @@ class PackedLayout(Layout):
         recipe: the :class:`~workbench.engine.kv.caches.CacheRecipe` (bytes per token).
         prompt_cache: an int: prefix caching, at most that many unreferenced pages kept.
         adapters, invariance, quant, vocab_size: as the padded layout's; :meth:`check` refuses
-        the first three; a draft model must have ``vocab_size`` outputs.
+        ``adapters`` and ``quant``; with ``invariance`` (the batch-invariant mode) every token
+        runs the mode's per-row path (:mod:`workbench.engine.levers.invariant_packed`); a draft
+        model must have ``vocab_size`` outputs.
 
     Raises:
         ValueError: what :func:`~workbench.engine.levers.pacing.pacing_from` and
@@ -70,7 +73,7 @@ class PackedLayout(Layout):
         vocab_size: int = 0,
     ):
         cfg = self.config = config
-        self.model = model
+        self.model, self.invariance = model, invariance
         levers = dict(batch_invariant=cfg.batch_invariant, kv_quant=quant, adapters=adapters)
         self.speculation = speculative.configure(
             model,
@@ -104,7 +107,8 @@ class PackedLayout(Layout):
             len(self.model.model.layers),
             None if cfg.kv_budget_bytes is None else cfg.kv_budget_bytes // self.page_bytes,
             self._cached_pages,
-            decode_kernel=False if cfg.fast_decode is False else None,  # fast_decode=False: MLX ops only
+            decode_kernel=False if cfg.fast_decode is False or self.invariance else None,  # False: MLX ops
+            token_attention=None if self.invariance is None else paged_row_attention,  # each token alone
         )
 
     def prompt_cache(self) -> None:
@@ -180,7 +184,8 @@ class PackedLayout(Layout):
             index = [len(r.tokens) + (r.uid in unread) for r in rows]
             return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
-        launched = batch.launch(self.model, chunks, sample, after)
+        with packed_invariant_forward(self.model, self.invariance):
+            launched = batch.launch(self.model, chunks, sample, after)
         launched.paced = paced
         return launched
 
@@ -222,7 +227,8 @@ class PackedLayout(Layout):
         verified, groups = None, []
         if chunks:
             rows = {r.uid: r for r in batch.rows}
-            logits = batch.forward(self.model, chunks, tokens=verify.forward_tokens(rows, chunks, drafts))
+            with packed_invariant_forward(self.model, self.invariance):
+                logits = batch.forward(self.model, chunks, tokens=verify.forward_tokens(rows, chunks, drafts))
             groups = verify.sampling_groups(batch.sampled)
             sampling = [batch.rows[b] for b, _ in groups]
             if groups:

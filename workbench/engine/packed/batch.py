@@ -105,6 +105,8 @@ class PackedBatch:
         decode_kernel: the decode rows' attention by the CUDA paged-attention kernel
             (``None``: on CUDA where it serves the model; ``False``: never;
             :func:`~workbench.engine.packed.attention.packed_forward`).
+        token_attention: every token attended on its own by it (the batch-invariant mode,
+            :func:`~workbench.engine.packed.attention.packed_forward`), or ``None``.
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
@@ -134,8 +136,10 @@ class PackedBatch:
         max_pages: int | None = None,
         cache_pages: int | None = None,
         decode_kernel: bool | None = None,
+        token_attention: Any = None,
     ):
         self.page_size, self.page_bytes, self.n_layers = page_size, page_bytes, n_layers
+        self.token_attention = token_attention
         self.max_pages, self.cache_pages, self.decode_kernel = max_pages, cache_pages, decode_kernel
         self.rows: list[RequestState] = []
         self.held: list[int] = []
@@ -264,6 +268,7 @@ class PackedBatch:
             chunks,
             self._tokens(chunks, after) if tokens is None else tokens,
             decode_kernel=self.decode_kernel,
+            token_attention=self.token_attention,
         )
         indexing = self.table.index is not None  # prefix caching: index the pages filled
         for c in chunks:
@@ -380,6 +385,7 @@ class PackedBatch:
             self.max_pages,
             self.cache_pages,
             self.decode_kernel,
+            self.token_attention,
         )
         out.rows, out.held = [state_of(r) for r in self.rows], list(self.held)
         out.admitted, out.admissions = list(self.admitted), self.admissions

@@ -13,7 +13,7 @@ The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a
 joins once the solo oracle passes on it); refused now: every other family (not checked
 under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
 (a state per request, not pages), and these settings: ``kv_bits`` (quantized pages are
-not built), ``max_kv_size``, ``batch_invariant``, LoRA ``adapters``, and a
+not built), ``max_kv_size``, LoRA ``adapters``, and a
 ``prompt_cache`` other than an int (the packed layout caches pages: ``prompt_cache=N`` turns
 on prefix caching, keeping at most ``N`` unreferenced pages; an mlx-lm ``LRUPromptCache``
 holds whole mlx-lm caches, not pages).
@@ -60,7 +60,6 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     refused = [
         ("kv_bits", config.kv_bits is not None, "quantized pages are not built"),
         ("max_kv_size", config.max_kv_size is not None, "a rotating window is not paged"),
-        ("batch_invariant", config.batch_invariant, "the mode runs the padded layout's per-row attention"),
         ("adapters", adapters is not None, "per-row LoRA selection is not wired to packed tokens"),
         (
             "prompt_cache",

@@ -340,3 +340,17 @@ def test_the_compose_pair_runs_with_every_row_equal_alone(bundled):
     model, tok = bundled
     result = check_pair(model, tok, ("packed", "speculative"))
     assert result.result == "runs" and result.rows == 8 == result.equal, result
+
+
+@pytest.mark.parametrize("other", [dict(kv_bits=8, kv_group_size=32), dict(adapters="prose")])
+def test_speculating_with_kv_bits_or_adapters_in_the_packed_layout_is_refused_naming_them(bundled, other):
+    """Each pair composes; the packed verify path does not run quantized pages or per-token
+    adapters (three settings at once): refused, naming the setting."""
+    from workbench.verify.compose import ADAPTERS
+
+    model, tok = bundled
+    settings = dict(layout="packed", speculative="prompt-lookup") | other
+    if "adapters" in other:
+        settings["adapters"] = ADAPTERS
+    with pytest.raises(ValueError, match="layout='packed'.*(kv_bits|adapters)"):
+        wb.Scheduler(model, tok, **settings)

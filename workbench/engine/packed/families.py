@@ -72,6 +72,13 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")
+    levers = (("speculative", config.speculative is not None), ("batch_invariant", config.batch_invariant))
+    others = (("kv_bits", config.kv_bits is not None), ("adapters", adapters is not None))
+    for lever, other in [(lv, o) for lv, on in levers for o, there in others if on and there]:
+        raise ValueError(  # each pair composes in the packed layout; these three-way runs are not verified
+            f"layout='packed' with {lever} does not take {other} yet: the packed {lever} path does not "
+            f"run {other}'s pages or per-token selection (use layout='padded', or drop one)"
+        )
 
 
 def _pages(prompt_cache: Any) -> bool:

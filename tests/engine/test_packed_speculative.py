@@ -16,8 +16,8 @@ import workbench as wb
 from tests.engine import drafting
 from tests.engine.test_speculative import CODE
 from workbench.engine.packed.pages import PageTable
-from workbench.engine.packed.verify import cap_drafts, sampling_groups, verify_chunks
-from workbench.observe.packed import Chunk
+from workbench.engine.packed.verify import cap_drafts, observed_chunks, sampling_groups, verify_chunks
+from workbench.observe.packed import Chunk, mask_text
 from workbench.verify import oracle
 from workbench.verify.compose import check_pair
 
@@ -86,6 +86,7 @@ def arrivals_of(n=7):
 
 # -- pure functions -------------------------------------------------------------------
 def test_drafts_are_cut_to_the_budget_in_row_order_and_each_draft_is_a_one_token_decode_chunk():
+    """And the snapshot shows a row's token and drafts as one decode chunk (the views draw it)."""
     assert cap_drafts([[1, 2, 3], [4, 5], [6]], 4) == [[1, 2, 3], [4], []]
     assert cap_drafts([[1, 2]], 0) == [[]]
     chunks = verify_chunks(
@@ -100,6 +101,17 @@ def test_drafts_are_cut_to_the_budget_in_row_order_and_each_draft_is_a_one_token
         Chunk(2, 0, 6, "prefill", samples=False),
     )
     assert sampling_groups([0, 0, 0, 1, 3, 2, 2]) == [(0, 3), (1, 1), (3, 1), (2, 2)]
+    shown = observed_chunks(chunks)
+    assert shown == (
+        Chunk(0, 5, 3, "decode"),
+        Chunk(1, 2, 1, "decode"),
+        Chunk(2, 0, 6, "prefill", samples=False),
+    )
+    assert mask_text(shown).splitlines()[1:4] == [  # the verify tokens: causal over the row's keys
+        "       0@5 ######..|...|......",
+        "       0@6 #######.|...|......",
+        "       0@7 ########|...|......",
+    ]
 
 
 def test_freeing_all_but_the_first_pages_keeps_a_shared_page_and_frees_the_rows_own():
@@ -138,11 +150,10 @@ def test_every_row_equals_its_run_alone_and_the_padded_and_plain_greedy_tokens_w
     assert sum(e.n_accepted for e in events) > 20, "drafts were accepted"
     if method == "noisy draft":
         assert sum(e.n_accepted for e in events) < sum(e.n_tokens for e in events), "some were rejected"
-    verify = [
-        f
-        for f in forwards
-        if len({c.uid for c in f if c.kind == "decode"}) < sum(c.kind == "decode" for c in f)
-    ]
+    verify = [f for f in forwards if any(c.kind == "decode" and c.n_tokens > 1 for c in f)]  # a row's 1 + n
+    assert all(len({c.uid for c in f}) == len(f) for f in forwards), (
+        "the snapshot shows one chunk per request"
+    )
     assert any(any(c.kind == "prefill" for c in f) for f in verify), (
         "a forward mixed verify and prefill chunks"
     )
@@ -166,8 +177,8 @@ def test_a_budget_too_small_for_every_draft_cuts_them_and_rows_stay_equal_alone(
     prompts = ["import os\nimport sys\n" * 2, "x = 1\n" * 3, "a = b\n" * 3, "y = 2\n" * 3]
     uids, forwards = drive(sched, [wb.Request(prompt=p, max_tokens=30) for p in prompts], every=0)
     assert all(sum(c.n_tokens for c in f) <= 6 for f in forwards)
-    rows = [len({c.uid for c in f if c.kind == "decode"}) for f in forwards]
-    drafts = [sum(c.kind == "decode" for c in f) - n for f, n in zip(forwards, rows)]
+    rows = [sum(c.kind == "decode" for c in f) for f in forwards]
+    drafts = [sum(c.n_tokens for c in f if c.kind == "decode") - n for f, n in zip(forwards, rows)]
     assert any(n >= 2 and d == 6 - n for n, d in zip(rows, drafts)), "two rows' drafts filled the budget"
     assert any(d and any(c.kind == "prefill" for c in f) for d, f in zip(drafts, forwards))
     check = oracle.solo_check(model, sched, uids)
@@ -354,3 +365,19 @@ def test_speculating_with_kv_bits_or_adapters_in_the_packed_layout_is_refused_na
         settings["adapters"] = ADAPTERS
     with pytest.raises(ValueError, match="layout='packed'.*(kv_bits|adapters)"):
         wb.Scheduler(model, tok, **settings)
+
+
+def test_the_packed_views_show_a_rows_token_and_drafts_as_one_causal_decode_chunk(bundled):
+    from workbench.views.packed import packed_text, render_packed_mask, render_token_budget
+
+    model, tok = bundled
+    sched = packed_spec(model, tok, speculative=model, num_draft_tokens=3)  # drafting for itself
+    sched.submit(wb.Request(prompt=CODE[0], max_tokens=12))
+    sched.run()
+    shown = [
+        s for s in sched.history if any(c.n_tokens == 4 and c.kind == "decode" for c in s.packed.last_chunks)
+    ]
+    assert shown, "a forward verified three drafts"
+    assert "decode positions" in packed_text(shown[0]) and "T=4 tokens" in packed_text(shown[0])
+    render_packed_mask(shown[0])
+    render_token_budget(sched.history)

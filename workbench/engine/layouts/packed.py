@@ -255,7 +255,7 @@ class PackedLayout(Layout):
             yield from _verified_reads(st, batch, groups, verified, recorder)
             _keep_accepted(batch, groups, verified, held)
         batch.after_read(None)
-        batch.last_chunks, batch.last_paced = chunks, paced
+        batch.last_chunks, batch.last_paced = verify.observed_chunks(chunks), paced
         for row, h in zip(batch.rows, batch.held):
             row.fed = max(0, h - len(row.valid.prompt_ids))
         return True

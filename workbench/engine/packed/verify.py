@@ -71,6 +71,24 @@ def verify_chunks(chunks: Sequence[Chunk], drafts: Mapping[int, Sequence[int]]) 
     return (*decode, *rest)
 
 
+def observed_chunks(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
+    """:func:`verify_chunks`' chunks as the snapshot shows them: one chunk per request, a
+    row's token and drafts as one decode chunk of ``1 + n`` tokens (causal within it, as a
+    prefill chunk; what :func:`~workbench.observe.packed.packed_mask` draws).
+
+    >>> [(c.uid, c.start, c.n_tokens) for c in observed_chunks(
+    ...     [Chunk(0, 5, 1, "decode"), Chunk(0, 6, 1, "decode"), Chunk(1, 2, 1, "decode")])]
+    [(0, 5, 2), (1, 2, 1)]
+    """
+    out: list[Chunk] = []
+    for c in chunks:
+        if out and out[-1].uid == c.uid and c.kind == DECODE and out[-1].end == c.start:
+            out[-1] = Chunk(c.uid, out[-1].start, out[-1].n_tokens + c.n_tokens, DECODE)
+        else:
+            out.append(c)
+    return tuple(out)
+
+
 def forward_tokens(
     rows: Mapping[int, Any], chunks: Sequence[Chunk], drafts: Mapping[int, Sequence[int]]
 ) -> mx.array:

@@ -174,6 +174,23 @@ CONFIGS = {
         SPEC_SCRIPT,
         dict(speculative="the model itself", num_draft_tokens=2),
     ),  # drafts with its own weights
+    # a verify forward as more tokens of each row in the packed [1, T] forward, rejected drafts trimmed from pages
+    "packed-speculative": (
+        SPEC_SCRIPT,
+        dict(
+            layout="packed", page_size=4, prefill_step_size=8, speculative="prompt-lookup", num_draft_tokens=3
+        ),
+    ),
+    "packed-draft": (
+        SPEC_SCRIPT,
+        dict(
+            layout="packed",
+            page_size=4,
+            prefill_step_size=8,
+            speculative="the model itself",
+            num_draft_tokens=2,
+        ),
+    ),
 }
 
 
@@ -388,7 +405,7 @@ def test_the_scripts_cover_every_kind_of_call_join_and_abort():
     assert {e.join_mode for e in sched.events if e.kind == "join"} == {"new batch", "extend", "free slot"}
     assert sorted(sched.finish_reason(u) for u in sched.requests) == ["abort"] * 3 + ["length"] * 3
     assert any(e.n_cached for e in sched.events if e.kind == "admit"), "a prompt-cache hit"
-    for name in ("speculative", "draft"):
+    for name in ("speculative", "draft", "packed-speculative", "packed-draft"):
         _, sched = reference_of("llama", name)
         drafts = [e for e in sched.events if e.kind == "draft"]
         assert sum(e.n_accepted for e in drafts) > 0, f"{name}: drafts accepted"
@@ -435,6 +452,8 @@ CASES += [(family, "samples", kind) for family in ("llama", "qwen3next") for kin
 CASES += [("gemma3", "samples", "line")]
 CASES += [("llama", "speculative", kind) for kind in ("on_token", "layer", "eval", "clock", "line")]
 CASES += [("llama", "draft", kind) for kind in ("layer", "eval", "line")]
+CASES += [("llama", "packed-speculative", kind) for kind in ("on_token", "layer", "eval", "clock", "line")]
+CASES += [("llama", "packed-draft", kind) for kind in ("layer", "eval")]
 
 
 @pytest.mark.parametrize("family, config_name, kind", CASES)

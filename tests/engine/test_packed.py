@@ -235,8 +235,6 @@ def test_other_families_are_refused_at_construction_naming_why(folder):
         (dict(adapters={"prose": "data/adapters/prose"}, prompt_cache=8), "adapters with prefix caching"),
         (dict(prompt_cache=LRUPromptCache(4)), "prompt_cache: its prompt cache is pages"),
         (dict(prompt_cache=-1), "prompt_cache"),
-        (dict(batch_invariant=True), "batch_invariant"),
-        (dict(speculative="prompt-lookup"), "speculative"),
     ],
 )
 def test_settings_the_packed_layout_does_not_take_are_refused(bundled, settings, name):

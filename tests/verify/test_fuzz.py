@@ -21,10 +21,11 @@ its message, and every good row still equals its solo reference. Constrained row
 are accepted by a fresh grammar, one finished ``stop`` satisfies its constraint (parses and
 validates, matches, is a choice), and a greedy one equals its constrained solo run (mlx-lm's
 ``generate_step`` with the same mask), while every free row still equals its unconstrained solo
-run: no mask reaches another row. Two families speculate on the bundled model (``code-lookup``:
+run: no mask reaches another row. Three families speculate on the bundled model (``code-lookup``:
 ``speculative="prompt-lookup"``; ``code-draft``: a draft model, the bundled model with its last
-MLP zeroed), 1, 3 or 5 draft tokens: every greedy row still equals its solo run without
-speculation, every sampled row (drafting too: it accepts a draft where its own seeded
+MLP zeroed; ``code-packed-draft``: that draft model in the packed layout, the drafts verified as
+more tokens of each row in its ``[1, T]`` forward), 1, 3 or 5 draft tokens: every greedy row
+still equals its solo run without speculation, every sampled row (drafting too: it accepts a draft where its own seeded
 draw equals it) equals its seeded run alone without speculation, and over the examples drafts
 were both accepted and rejected.
 
@@ -64,18 +65,24 @@ FAMILIES = {
     "code-packed": ("tiny-code", None),
     "code-lookup": ("tiny-code", None),
     "code-draft": ("tiny-code", None),
+    "code-packed-draft": ("tiny-code", None),
 }
 KV_BITS = {"llama-kv4": 4}  # Scheduler(kv_bits=4, kv_group_size=32): a quantized KV cache (no prompt cache)
 PACKED = {
     "llama-packed",
     "code-packed",
+    "code-packed-draft",
 }  # Scheduler(layout="packed"): pages of 1, 4 or 16, prefix caching on or off
 PACKED_CACHE_PAGES = (
     64  # the packed prompt cache (prompt_cache=4 drawn): at most 64 unreferenced pages cached
 )
 PACKED_STARTS = 40  # packed rows cut their prompts at 0, 40, 80 or 120: many share whole pages of a prefix
 # Scheduler(speculative=...): prompt lookup, or a draft model (the bundled model with its last MLP zeroed)
-SPECULATIVE = {"code-lookup": "prompt-lookup", "code-draft": "draft model"}
+SPECULATIVE = {
+    "code-lookup": "prompt-lookup",
+    "code-draft": "draft model",
+    "code-packed-draft": "draft model",
+}
 _MODELS: dict = {}
 _REFS: dict = {}
 STATS = {

@@ -342,13 +342,29 @@ def verify(
         [[t, *d, *([t] * (K - len(d)))] for t, d in zip(pending_tokens, drafts)], dtype=mx.uint32
     )
     logits = model(inputs, cache=list(caches))  # [B, 1 + K, V]
+    verified = decide(logits, drafts, samplers, contexts, token_index)
+    trim_rows(caches, [K - a for a in verified.accepted])
+    return verified
+
+
+def decide(
+    logits: mx.array,
+    drafts: Sequence[Sequence[int]],
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+) -> Verified:
+    """What a verify forward's ``logits`` ``[B, 1 + K, V]`` decide, whichever layout ran it
+    (:func:`verify`: the padded ``[B, 1 + K]`` forward; the packed layout: each row's ``1 +
+    n_b`` positions of its ``[1, T]`` forward, padded to ``1 + K``): position 0 sampled as a
+    decode step samples it, a draft accepted while the row chose it (:func:`verify`'s rules).
+    Positions past a row's drafts are never read. Returns the evaluated :class:`Verified`."""
     first, first_lp, errors = sample_rows(logits[:, 0, :], samplers, contexts, token_index)  # [B], [B, V]
     c, p, f = _choices(logits, first, first_lp)
     _sampled_choices(logits, drafts, samplers, contexts, token_index, c, p, f)
     acc = [
         min(a, f[b].index(False) if False in f[b] else a) for b, a in enumerate(accepted_counts(drafts, c))
     ]
-    trim_rows(caches, [K - a for a in acc])
     rows = range(len(drafts))
     top = top_arrays(first_lp, [s.top_logprobs for s in samplers])  # top-k rows never draft: position 0
     pending = Pending(

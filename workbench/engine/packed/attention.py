@@ -49,6 +49,7 @@ from .cuda_attention import DecodePages
 from .grouped import Groups, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
+from .per_token import token_blocks
 
 
 class Pools:
@@ -129,6 +130,9 @@ class PagedLayer:
         decode: the decode rows for the CUDA kernel
         (:class:`~workbench.engine.packed.cuda_attention.DecodePages`; ``groups`` then hold
         the chunks after them), or ``None``.
+        per_token: ``(attention, blocks)``: every token attended on its own by ``attention(queries,
+        keys_pool, values_pool, blocks, scale)`` over its left-padded keys
+        (:func:`~workbench.engine.packed.per_token.token_blocks`: the batch-invariant mode), or ``None``.
     """
 
     def __init__(
@@ -141,10 +145,12 @@ class PagedLayer:
         mask: mx.array | None = None,
         groups: Groups | None = None,
         decode: DecodePages | None = None,
+        per_token: tuple | None = None,
     ):
         self.pools, self.layer, self.write, self.gather = pools, layer, write, gather
         self.mask, self.offset, self.groups, self.decode = mask, positions, groups, decode
-        if groups is None:
+        self.per_token = per_token
+        if groups is None and per_token is None:
             self.attend = None  # the masked path: mlx-lm's attention over the gathered keys
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -156,7 +162,7 @@ class PagedLayer:
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
         vp[self.write] = v
-        if self.groups is not None:  # attend() reads the pools by groups
+        if self.groups is not None or self.per_token is not None:  # attend() reads the pools
             return keys, values
         return kp[self.gather].transpose(1, 0, 2)[None], vp[self.gather].transpose(1, 0, 2)[None]
 
@@ -165,6 +171,9 @@ class PagedLayer:
         (:func:`~workbench.engine.packed.grouped.grouped_attention`), the decode rows by the
         CUDA kernel when ``decode`` is set (:func:`~workbench.engine.packed.cuda_attention.packed_attention`)."""
         k, v = self.pools.keys[self.layer], self.pools.values[self.layer]
+        if self.per_token is not None:
+            attention, blocks = self.per_token
+            return attention(queries, k, v, blocks, scale)
         if self.decode is not None:
             return cuda_attention.packed_attention(queries, k, v, self.decode, self.groups, scale)
         return grouped_attention(queries, k, v, self.groups, scale)
@@ -243,13 +252,17 @@ def paged_layers(
     masked: bool = False,
     decode_kernel: bool = False,
     index: ForwardIndex | None = None,
+    token_attention: Any = None,
 ) -> list[PagedLayer]:
     """One :class:`PagedLayer` per layer: by groups (default; with ``decode_kernel`` the
     leading decode rows by :mod:`~workbench.engine.packed.cuda_attention`), or ``masked``
     (every request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is);
     ``index``: the forward's :class:`~workbench.engine.packed.indices.ForwardIndex` (made
-    when ``None``)."""
+    when ``None``); ``token_attention``: every token on its own (:class:`PagedLayer`'s ``per_token``)."""
     write, positions = mx.array(arrays["write"]), mx.array(arrays["positions"])
+    if token_attention is not None:
+        per_token = (token_attention, token_blocks(forward_index(table, chunks) if index is None else index))
+        return [PagedLayer(pools, i, write, positions, per_token=per_token) for i in range(n_layers)]
     if not masked:
         index = forward_index(table, chunks) if index is None else index
         decode = cuda_attention.decode_pages(table, chunks, index) if decode_kernel else None
@@ -270,6 +283,7 @@ def packed_forward(
     tokens: Sequence[int] | mx.array,
     masked: bool = False,
     decode_kernel: bool | None = None,
+    token_attention: Any = None,
 ) -> mx.array:
     """Run ``tokens`` ``[T]`` (the chunks' tokens, in order; ids or a uint32 array, maybe
     lazy) through ``model`` as one
@@ -280,6 +294,8 @@ def packed_forward(
     ``decode_kernel``: the decode rows' attention by the CUDA paged-attention kernel
     (:func:`workbench.engine.packed.cuda_attention.selected`: ``None`` on CUDA where it
     serves the model's heads and pools, ``False`` never: MLX ops as on the CPU).
+    ``token_attention``: every token attended on its own by it (the batch-invariant mode;
+    :class:`PagedLayer`'s ``per_token``).
 
     Raises:
         ValueError: a chunk beyond its request's pages.
@@ -291,7 +307,9 @@ def packed_forward(
     kernel = not masked and cuda_attention.selected(
         decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0]
     )
-    caches = paged_layers(pools, table, chunks, len(inner.layers), arrays, masked, kernel, index)
+    caches = paged_layers(
+        pools, table, chunks, len(inner.layers), arrays, masked, kernel, index, token_attention
+    )
     hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
     with per_token_rope(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)

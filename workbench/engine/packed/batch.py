@@ -105,6 +105,8 @@ class PackedBatch:
         decode_kernel: the decode rows' attention by the CUDA paged-attention kernel
             (``None``: on CUDA where it serves the model; ``False``: never;
             :func:`~workbench.engine.packed.attention.packed_forward`).
+        token_attention: every token attended on its own by it (the batch-invariant mode,
+            :func:`~workbench.engine.packed.attention.packed_forward`), or ``None``.
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
@@ -124,6 +126,7 @@ class PackedBatch:
     view = None
     pending = None
     free: tuple[int, ...] = ()  # no free slots: a freed page returns to the free list at once
+    draft: Any = None  # speculating with a draft model: its caches (levers/draft_model.py), by uid
 
     def __init__(
         self,
@@ -133,8 +136,10 @@ class PackedBatch:
         max_pages: int | None = None,
         cache_pages: int | None = None,
         decode_kernel: bool | None = None,
+        token_attention: Any = None,
     ):
         self.page_size, self.page_bytes, self.n_layers = page_size, page_bytes, n_layers
+        self.token_attention = token_attention
         self.max_pages, self.cache_pages, self.decode_kernel = max_pages, cache_pages, decode_kernel
         self.rows: list[RequestState] = []
         self.held: list[int] = []
@@ -231,14 +236,21 @@ class PackedBatch:
         over :meth:`wants` with ``unread``."""
         return plan_chunks(self.wants(unread), budget, schedule)
 
-    def forward(self, model: Any, chunks: Sequence[Chunk], after: Launched | None = None) -> mx.array:
+    def forward(
+        self,
+        model: Any,
+        chunks: Sequence[Chunk],
+        after: Launched | None = None,
+        tokens: mx.array | None = None,
+    ) -> mx.array:
         """Copy the shared pages the chunks write into, reserve the chunks' pages (growing
         the pools by at least 1/8 when the free list runs out), build the packed forward
         (lazy), count the chunks' tokens as held and index the pages they filled; a
         leader's followers take its pages at its sampling chunk. A chunk of a row that
         ``after`` (a launched forward, not read yet) samples feeds that unread token.
-        Returns the logits ``[R, V]`` of the rows that sample (:attr:`sampled`: each
-        sampling chunk's row, then its followers)."""
+        ``tokens``: the chunks' tokens ``[T]`` where they are not all known (a verify
+        forward's drafts, :mod:`~workbench.engine.packed.verify`). Returns the logits ``[R, V]``
+        of the rows that sample (:attr:`sampled`: each sampling chunk's row, then its followers)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
         copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
         have = self.pools.slots // self.page_size
@@ -254,8 +266,9 @@ class PackedBatch:
             self.pools,
             self.table,
             chunks,
-            self._tokens(chunks, after),
+            self._tokens(chunks, after) if tokens is None else tokens,
             decode_kernel=self.decode_kernel,
+            token_attention=self.token_attention,
         )
         indexing = self.table.index is not None  # prefix caching: index the pages filled
         for c in chunks:
@@ -372,6 +385,7 @@ class PackedBatch:
             self.max_pages,
             self.cache_pages,
             self.decode_kernel,
+            self.token_attention,
         )
         out.rows, out.held = [state_of(r) for r in self.rows], list(self.held)
         out.admitted, out.admissions = list(self.admitted), self.admissions
@@ -382,6 +396,7 @@ class PackedBatch:
         )
         out.follows, out.sampled, out.last_paced = dict(self.follows), list(self.sampled), self.last_paced
         out.launched = None if self.launched is None else self.launched.clone()
+        out.draft = None if self.draft is None else self.draft.clone(share_appended)
         return out
 
     def state(self, token_budget: int) -> PackedState:

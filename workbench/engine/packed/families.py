@@ -12,12 +12,13 @@ ends in ``model.norm`` before its LM head, which the packed forward relies on.
 The design admits more (the same call pattern in qwen2, qwen3, mistral, gemma: a family
 joins once the solo oracle passes on it); refused now: every other family (not checked
 under per-token positions), sliding-window layers (a ring, not pages), recurrent layers
-(a state per request, not pages), and these settings: ``max_kv_size``, ``batch_invariant``,
-``speculative``, and a ``prompt_cache`` other than an int (the packed layout caches pages:
-``prompt_cache=N`` turns on prefix caching, keeping at most ``N`` unreferenced pages; an
-mlx-lm ``LRUPromptCache`` holds whole mlx-lm caches, not pages); prefix caching with
-``kv_bits`` or LoRA ``adapters``; ``kv_bits`` with ``max_num_batched_tokens`` below
-``prefill_step_size`` (a row's first forward, on float keys, is not split).
+(a state per request, not pages), and these settings: ``max_kv_size``, and a ``prompt_cache``
+other than an int (the packed layout caches pages: ``prompt_cache=N`` turns on prefix caching,
+keeping at most ``N`` unreferenced pages; an mlx-lm ``LRUPromptCache`` holds whole mlx-lm caches,
+not pages); prefix caching with ``kv_bits`` or LoRA ``adapters``; ``kv_bits`` with
+``max_num_batched_tokens`` below ``prefill_step_size`` (a row's first forward, on float keys, is
+not split); and three-way runs not verified yet: ``speculative`` or ``batch_invariant`` with
+``kv_bits`` or ``adapters``, and ``speculative`` with ``batch_invariant``.
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
             f"prefill_step_size ({config.prefill_step_size})",
         ),
         ("max_kv_size", config.max_kv_size is not None, "a rotating window is not paged"),
-        ("batch_invariant", config.batch_invariant, "the mode runs the padded layout's per-row attention"),
         (
             "adapters with prefix caching",
             adapters is not None and caching,
             "cached pages are keyed by tokens alone, and a page's KV depends on the adapter that wrote it",
+        ),
+        (
+            "speculative with batch_invariant",
+            config.speculative is not None and config.batch_invariant,
+            "each pair runs, but the packed verify forward is not run under the mode's per-token path",
         ),
         (
             "prompt_cache",
@@ -88,11 +93,17 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
             f"cached), not {type(prompt_cache).__name__} {prompt_cache!r} (an mlx-lm LRUPromptCache holds "
             "mlx-lm caches, not pages)",
         ),
-        ("speculative", config.speculative is not None, "a verify forward of draft tokens is not packed yet"),
     ]
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")
+    levers = (("speculative", config.speculative is not None), ("batch_invariant", config.batch_invariant))
+    others = (("kv_bits", config.kv_bits is not None), ("adapters", adapters is not None))
+    for lever, other in [(lv, o) for lv, on in levers for o, there in others if on and there]:
+        raise ValueError(  # each pair composes in the packed layout; these three-way runs are not verified
+            f"layout='packed' with {lever} does not take {other} yet: the packed {lever} path does not "
+            f"run {other}'s pages or per-token selection (use layout='padded', or drop one)"
+        )
 
 
 def _pages(prompt_cache: Any) -> bool:

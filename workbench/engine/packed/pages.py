@@ -168,13 +168,19 @@ class PageTable:
             parent = pages[i - 1] if i else -1
             self.index.add(pages[i], parent, tokens[i * P : (i + 1) * P], self.handouts.get(pages[i], 0))
 
-    def free(self, uid: int) -> list[int]:
-        """``uid`` gives its pages back: each count down by one; at 0 an indexed page goes
+    def free(self, uid: int, keep: int = 0) -> list[int]:
+        """``uid`` gives its pages back (all but its first ``keep``: a speculative row's
+        pages of rejected drafts): each count down by one; at 0 an indexed page goes
         to the end of the cached pages (its last page first, so a prefix outlives its
         tails), another to the front of the free list (in its page order). Returns the
         pages whose count reached 0; a uid holding none frees nothing."""
-        gone = []
-        for page in self.pages.pop(uid, []):
+        gone, held = [], self.pages.get(uid, [])
+        back = held[keep:]
+        if keep:
+            del held[keep:]
+        else:
+            self.pages.pop(uid, None)
+        for page in back:
             self.refs[page] -= 1
             if not self.refs[page]:
                 del self.refs[page]

@@ -6,7 +6,8 @@ prompt cache. Must not know: the queue, admission, events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,7 +180,9 @@ class ModelRunner:
                 recipe.model, tails, step, recipe.max_kv_size, caches, fixed_chunks=self.invariant is not None
             )
         else:
-            group = QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
+            group = QuantizedPrefillGroup(
+                recipe, tails, step, caches, first_forward_tokens(states, step), self.invariant is not None
+            )
         return group
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
@@ -203,18 +206,29 @@ class ModelRunner:
             [len(s.tokens) for s in group.states],
             self.config.pipeline,
         )
-        if (
-            self.recipe.kv_quant is not None
-        ):  # quantizes the caches after it, a fresh row's first forward in float
-            return quantized_join_forward(
-                self.model,
-                group.prefill,
-                self.recipe.kv_quant,
-                *args,
-                select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])),
-            )
-        with invariant_forward(self.model, self.invariant, [len(s.inputs) - 1 for s in group.states]):
+        held = [len(s.inputs) - 1 for s in group.states]
+        with invariant_forward(self.model, self.invariant, held):
+            if (
+                self.recipe.kv_quant is not None
+            ):  # quantizes the caches after it, a fresh row's first forward in float
+                return quantized_join_forward(
+                    self.model,
+                    group.prefill,
+                    self.recipe.kv_quant,
+                    *args,
+                    select=lambda rows: self._rows_forward(group, rows, held),
+                )
             return launch(self.model, group.prefill.caches, *args)
+
+    @contextlib.contextmanager
+    def _rows_forward(self, group: Prefilling, rows: Sequence[int], held: Sequence[int]) -> Iterator[None]:
+        """Around a forward of some of ``group``'s rows alone: their adapters, and the
+        batch-invariant mode's hooks over their ``held`` tokens."""
+        with (
+            selected(self.adapters, names_of([group.states[b] for b in rows])),
+            invariant_forward(self.model, self.invariant, [held[b] for b in rows]),
+        ):
+            yield
 
     def decode(
         self,

@@ -44,7 +44,8 @@ class QuantizedPrefillGroup(PrefillGroup):
         recipe: the model, its ``max_kv_size`` and the quantization (``recipe.kv_quant``, a
             :class:`KVQuant`). first_tokens: per row, tokens of its first forward (default
             ``min(prefill_step_size, tail)``). The others as :class:`PrefillGroup` (no
-            prompt-cache ``caches``: the scheduler refuses a prompt cache with ``kv_bits``).
+            prompt-cache ``caches``: the scheduler refuses a prompt cache with ``kv_bits``;
+            ``fixed_chunks``: the batch-invariant mode's chunks, every row alone).
     """
 
     def __init__(
@@ -54,12 +55,15 @@ class QuantizedPrefillGroup(PrefillGroup):
         prefill_step_size: int,
         caches: list[list[Any]] | None = None,
         first_tokens: Sequence[int] | None = None,
+        fixed_chunks: bool = False,
     ):
         self.quant: KVQuant = recipe.kv_quant
         tails = [len(p) for p in prompts]
         first = first_tokens if first_tokens is not None else [prefill_step_size] * len(tails)
         self.first_tokens = [min(f, n) for f, n in zip(first, tails)]
-        super().__init__(recipe.model, prompts, prefill_step_size, recipe.max_kv_size, caches)
+        super().__init__(
+            recipe.model, prompts, prefill_step_size, recipe.max_kv_size, caches, fixed_chunks=fixed_chunks
+        )
         if not self.per_row and not self._shared_first_chunk(tails):  # run the rows one by one
             self.per_row, self.caches = True, []
             self._solo = [recipe.single() for _ in prompts]

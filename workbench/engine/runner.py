@@ -280,9 +280,10 @@ class ModelRunner:
             pending = self.decode(batch, mx.array(tokens, dtype=mx.uint32), contexts, False, index)
             return speculative.Verified.without_drafts(pending)
         batch.fast_path = "verify"
-        verified = speculative.verify(
-            self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
-        )
+        with invariant_forward(self.model, self.invariant, [r.context_tokens for r in batch.rows]):
+            verified = speculative.verify(
+                self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
+            )
         speculative.settle(spec, batch, verified)
         return verified
 

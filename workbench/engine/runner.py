@@ -21,6 +21,7 @@ from .kv.promptcache import PromptCache
 from .levers import speculative
 from .levers.fastpath import FastDecode, decode_fast_path
 from .levers.invariant import Invariance, invariant_forward
+from .levers.invariant_preempt import ReplayPrefillGroup
 from .levers.lora import AdapterBank, names_of, selected
 from .levers.quantized_attention import attention_path
 from .levers.quantized_prefill import (
@@ -141,7 +142,7 @@ class ModelRunner:
         starts = [shared_prompts.take(shared, s) if shared else None for s in prefilled]
         if prompt_cache is not None or any(c is not None for c in starts):
             fetched = [
-                (c, []) if c is not None else self._fetch(prompt_cache, t, s.valid.request.adapter)
+                (c, []) if c is not None else self._fetch(prompt_cache, t, s.valid.request.adapter, s)
                 for c, t, s in zip(starts, tails, prefilled)
             ]
             caches, tails = [c for c, _ in fetched], [rest for _, rest in fetched]
@@ -152,12 +153,20 @@ class ModelRunner:
         return Prefilling(list(states), group, [s.inputs[-1] for s in states], rows)
 
     def _fetch(
-        self, prompt_cache: PromptCache | None, tokens: list[int], adapter: str | None = None
+        self,
+        prompt_cache: PromptCache | None,
+        tokens: list[int],
+        adapter: str | None = None,
+        state: RequestState | None = None,
     ) -> tuple[list[Any], list[int]]:
         """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
-        hit for ``tokens`` computed with LoRA ``adapter``, or fresh caches and all of them."""
+        hit for ``tokens`` computed with LoRA ``adapter``, or fresh caches and all of them.
+        In the batch-invariant mode a resumed ``state``'s hit covers its prompt only (its
+        generated tokens replay their decode steps: :mod:`workbench.engine.levers.invariant_preempt`)."""
+        replay = len(state.tokens) if state is not None and self.invariant is not None else 0
         if prompt_cache is not None:
-            return prompt_cache.fetch(tokens, adapter)
+            cache, rest = prompt_cache.fetch(tokens[: len(tokens) - replay], adapter)
+            return cache, rest + list(tokens[len(tokens) - replay :])
         return self.recipe.single(), list(tokens)
 
     def hold_prompts(
@@ -175,10 +184,14 @@ class ModelRunner:
         """The prefill group running ``tails`` (of ``states``) from ``caches`` (cached
         prefixes, or ``None``)."""
         recipe, step = self.recipe, self.config.prefill_step_size
-        if recipe.kv_quant is None:
-            group = PrefillGroup(
-                recipe.model, tails, step, recipe.max_kv_size, caches, fixed_chunks=self.invariant is not None
+        if recipe.kv_quant is None and self.invariant is not None:  # resumed rows replay their decode steps
+            held = [len(s.inputs) - 1 - len(t) for s, t in zip(states, tails)]
+            replay = [len(s.tokens) for s in states]
+            group = ReplayPrefillGroup(
+                recipe.model, tails, step, recipe.max_kv_size, caches, replay, held, self.invariant
             )
+        elif recipe.kv_quant is None:
+            group = PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches)
         else:
             group = QuantizedPrefillGroup(
                 recipe, tails, step, caches, first_forward_tokens(states, step), self.invariant is not None

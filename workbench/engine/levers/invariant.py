@@ -359,6 +359,13 @@ def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -
         yield
 
 
+PREEMPT_QUANTIZED = (
+    "a preempted row resumes bit-exactly by replaying its decode steps (levers/invariant_preempt.py), "
+    "built for float caches only; a quantized cache's prefill would recompute its generated tokens "
+    "as prefill chunks, other sums than the decode steps that made them"
+)
+
+
 def configure(
     model: Any,
     batch_invariant: bool,
@@ -371,9 +378,8 @@ def configure(
 
     Raises:
         ValueError: ``batch_invariant`` is not a bool; or it is True with what the mode
-            cannot keep invariant, named: a KV budget
-            (``kv_budget_bytes``: preemption recomputes decoded tokens as prefill, which
-            are other sums), or a layer cache other than full attention
+            cannot keep invariant, named: a KV budget (``kv_budget_bytes``) with ``kv_bits``
+            (:data:`PREEMPT_QUANTIZED`), or a layer cache other than full attention
             (``BatchKVCache``) or recurrent state (``ArraysCache``) — sliding-window
             (``BatchRotatingKVCache``, also ``max_kv_size``) caches.
     """
@@ -385,10 +391,9 @@ def configure(
         raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
     if not batch_invariant:
         return None
-    if kv_budget_bytes is not None:
+    if kv_budget_bytes is not None and kv_quant is not None:
         raise ValueError(
-            "batch_invariant=True cannot take kv_budget_bytes: preemption recomputes a row's decoded "
-            "tokens as prefill, whose sums differ from the decode steps that made them"
+            "batch_invariant=True cannot take kv_budget_bytes with kv_bits: " + PREEMPT_QUANTIZED
         )
 
     def leaves(c: Any) -> list[Any]:

@@ -354,7 +354,6 @@ def test_a_prompt_cache_entry_stored_after_speculation_serves_the_next_request(b
             dict(speculative="prompt-lookup", num_draft_tokens=17),
             r"num_draft_tokens must be an int in \[1, 16\]",
         ),
-        (dict(speculative="prompt-lookup", batch_invariant=True), "cannot run with batch_invariant"),
         (dict(speculative="prompt-lookup", kv_bits=8, kv_group_size=32), "cannot run with kv_bits"),
         (dict(speculative=object()), "a draft mlx-lm model"),
     ],

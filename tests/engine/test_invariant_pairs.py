@@ -124,16 +124,27 @@ def test_a_resumed_rows_cache_hit_stops_at_its_prompt():
     assert (sched.tokens(v), sched.logprobs(v)) == (made, _alone(model, tok, [first])[0][1])
 
 
-def test_what_the_mode_still_refuses_about_preemption_is_named():
+def test_with_kv_bits_a_preempted_row_replays_its_quantized_decode_steps():
+    """A quantized cache under a KV budget and a preempt() mid-run (one row of a one-token
+    prompt, whose first forward is on float keys): every row bit-equal to alone."""
     model, tok = variant("llama-trained")
-    with pytest.raises(ValueError, match="kv_budget_bytes with kv_bits: .*replaying its decode steps"):
-        _sched(model, tok, 2, kv_bits=8, kv_group_size=32, kv_budget_bytes=10**7)
-    sched = _sched(model, tok, 2, kv_bits=8, kv_group_size=32)
-    uid = sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=4))
-    sched.admit()
-    with pytest.raises(ValueError, match="float caches only"):
-        sched.preempt(uid)
-    assert sched.check().ok
+    quant = dict(kv_bits=8, kv_group_size=32)
+    reqs = _priority_requests(tok)[:6] + [wb.Request(prompt=[307], max_tokens=12, priority=6)]
+    solo = _alone(model, tok, reqs, **quant)
+    one = _sched(model, tok, 1, **quant).ledger.alone_bytes(30, 16)
+    sched = _sched(model, tok, 3, kv_budget_bytes=2 * one, policy="priority", **quant)
+    sched.run(arrivals=[(3 * i, r) for i, r in enumerate(reqs)], max_steps=20)
+    one_token = max(sched.requests)
+    while len(sched.tokens(one_token)) < 3:  # the one-token prompt's row, 3 tokens in
+        sched.admit()
+        sched.step()
+        sched.filter()
+    sched.preempt(one_token)
+    sched.run()
+    preempted = {e.uid for e in sched.events if e.kind == "preempt"}
+    assert one_token in preempted and len(preempted) >= 3
+    assert _differ(_records(sched, sorted(sched.requests)), solo) == []
+    assert invariance.bit_check(sched).ok
 
 
 # -- R7: a quantized KV cache (kv_bits) ---------------------------------------------------

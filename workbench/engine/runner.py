@@ -21,7 +21,7 @@ from .kv.promptcache import PromptCache
 from .levers import speculative
 from .levers.fastpath import FastDecode, decode_fast_path
 from .levers.invariant import Invariance, invariant_forward
-from .levers.invariant_preempt import ReplayPrefillGroup
+from .levers.invariant_preempt import QuantizedReplayPrefillGroup, ReplayPrefillGroup
 from .levers.lora import AdapterBank, names_of, selected
 from .levers.quantized_attention import attention_path
 from .levers.quantized_prefill import (
@@ -184,19 +184,18 @@ class ModelRunner:
         """The prefill group running ``tails`` (of ``states``) from ``caches`` (cached
         prefixes, or ``None``)."""
         recipe, step = self.recipe, self.config.prefill_step_size
-        if recipe.kv_quant is None and self.invariant is not None:  # resumed rows replay their decode steps
+        if self.invariant is not None:  # fixed chunks; resumed rows replay their decode steps
             held = [len(s.inputs) - 1 - len(t) for s, t in zip(states, tails)]
             replay = [len(s.tokens) for s in states]
-            group = ReplayPrefillGroup(
+            if recipe.kv_quant is not None:
+                first = first_forward_tokens(states, step)
+                return QuantizedReplayPrefillGroup(recipe, tails, step, first, replay, held, self.invariant)
+            return ReplayPrefillGroup(
                 recipe.model, tails, step, recipe.max_kv_size, caches, replay, held, self.invariant
             )
-        elif recipe.kv_quant is None:
-            group = PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches)
-        else:
-            group = QuantizedPrefillGroup(
-                recipe, tails, step, caches, first_forward_tokens(states, step), self.invariant is not None
-            )
-        return group
+        if recipe.kv_quant is None:
+            return PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches)
+        return QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
         """Feed each member's last input token ``[n, 1]`` into the group's caches: the

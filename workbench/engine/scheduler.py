@@ -475,8 +475,6 @@ class Scheduler:
 
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
         s, st = self._state_of(uid), self.state
-        if self.batch_invariant is not None and self.recipe.kv_quant is not None:
-            raise ValueError(invariant.PREEMPT_QUANTIZED)
         if not self.layout.preemptable(s.status):
             raise ValueError(
                 f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted"

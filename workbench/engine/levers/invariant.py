@@ -359,13 +359,6 @@ def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -
         yield
 
 
-PREEMPT_QUANTIZED = (
-    "a preempted row resumes bit-exactly by replaying its decode steps (levers/invariant_preempt.py), "
-    "built for float caches only; a quantized cache's prefill would recompute its generated tokens "
-    "as prefill chunks, other sums than the decode steps that made them"
-)
-
-
 def configure(
     model: Any,
     batch_invariant: bool,
@@ -374,12 +367,13 @@ def configure(
     kv_budget_bytes: int | None = None,
 ) -> Invariance | None:
     """``Scheduler(batch_invariant=)``: the mode's :class:`Invariance` on this device, or
-    ``None`` when off.
+    ``None`` when off. ``kv_quant`` and ``kv_budget_bytes`` compose with it (per-row attention
+    over a quantized cache: :mod:`workbench.engine.levers.invariant_attention`; preemption
+    replays a row's decode steps: :mod:`workbench.engine.levers.invariant_preempt`).
 
     Raises:
         ValueError: ``batch_invariant`` is not a bool; or it is True with what the mode
-            cannot keep invariant, named: a KV budget (``kv_budget_bytes``) with ``kv_bits``
-            (:data:`PREEMPT_QUANTIZED`), or a layer cache other than full attention
+            cannot keep invariant, named: a layer cache other than full attention
             (``BatchKVCache``) or recurrent state (``ArraysCache``) — sliding-window
             (``BatchRotatingKVCache``, also ``max_kv_size``) caches.
     """
@@ -391,10 +385,6 @@ def configure(
         raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
     if not batch_invariant:
         return None
-    if kv_budget_bytes is not None and kv_quant is not None:
-        raise ValueError(
-            "batch_invariant=True cannot take kv_budget_bytes with kv_bits: " + PREEMPT_QUANTIZED
-        )
 
     def leaves(c: Any) -> list[Any]:
         return [x for sub in c.caches for x in leaves(sub)] if isinstance(c, CacheList) else [c]

@@ -36,9 +36,59 @@ import mlx.core as mx
 from ..kv import caches as kv
 from ..prefill import PrefillGroup
 from .invariant import Invariance, invariant_forward
+from .quantized_kv import merge_rows, quantize_batch
+from .quantized_prefill import QuantizedPrefillGroup
 
 
-class ReplayPrefillGroup(PrefillGroup):
+class _Replays:
+    """The replay of a row's last ``replay[b]`` tail tokens, one per forward (mixed into a
+    prefill group class; see :class:`ReplayPrefillGroup`)."""
+
+    def _set_replay(
+        self,
+        prompts: Sequence[Sequence[int]],
+        replay: Sequence[int],
+        held: Sequence[int],
+        invariance: Invariance,
+    ) -> None:
+        bad = [(r, len(p)) for r, p in zip(replay, prompts) if not 0 <= r <= len(p)]
+        if bad or len(replay) != len(prompts):
+            raise ValueError(f"replay: per row 0..its tail's tokens, got {list(replay)} for tails {bad}")
+        self.replay, self.held, self.invariance = list(replay), list(held), invariance
+
+    def _one_row(self, solo: list[Any]) -> list[Any]:
+        """Row ``solo``'s single-sequence caches as one-row batch caches (no padding)."""
+        return kv.merge_rows([solo])
+
+    def _settle(self, caches: list[Any]) -> list[Any]:
+        """The one-row caches after a replayed forward (a quantized group quantizes them)."""
+        return caches
+
+    def _run_row_chunk(self, size: int) -> list[int]:
+        while self._row_pos >= self.lengths[self._row]:
+            self._row, self._row_pos = self._row + 1, 0
+        b, start = self._row, self._row_pos
+        chunked = self.lengths[b] - self.replay[b]
+        if start < chunked:  # the prompt's chunks, the last one ending where the replay starts
+            return super()._run_row_chunk(min(size, chunked - start))
+        tokens = self.prompts[b][start : start + size]
+        caches = self._one_row(self._solo[b])  # the decode step's cache, this row alone
+        for i, t in enumerate(tokens):
+            with invariant_forward(self.model, self.invariance, [self.held[b] + start + i]):
+                self.model(mx.array([[t]], dtype=mx.uint32), cache=caches)  # [1, 1]; logits unused
+            caches = self._settle(caches)
+            mx.eval([c.state for c in caches])
+        self._solo[b] = [c.extract(0) for c in caches]
+        self._row_pos += len(tokens)
+        self.position += len(tokens)
+        if self.position >= sum(self.lengths):
+            self._finish()
+        real = [0] * len(self.prompts)
+        real[b] = len(tokens)
+        return real
+
+
+class ReplayPrefillGroup(_Replays, PrefillGroup):
     """The mode's prefill group (:class:`PrefillGroup` with ``fixed_chunks``): each row's
     tail in chunks of exactly ``prefill_step_size``, except its last ``replay[b]`` tokens
     (a resumed row's, see the module docstring), which run one per forward as the mode's
@@ -66,30 +116,39 @@ class ReplayPrefillGroup(PrefillGroup):
         held: Sequence[int],
         invariance: Invariance,
     ):
-        bad = [(r, len(p)) for r, p in zip(replay, prompts) if not 0 <= r <= len(p)]
-        if bad or len(replay) != len(prompts):
-            raise ValueError(f"replay: per row 0..its tail's tokens, got {list(replay)} for tails {bad}")
-        self.replay, self.held, self.invariance = list(replay), list(held), invariance
-        super().__init__(model, prompts, prefill_step_size, max_kv_size, caches, fixed_chunks=True)
+        self._set_replay(prompts, replay, held, invariance)
+        PrefillGroup.__init__(self, model, prompts, prefill_step_size, max_kv_size, caches, fixed_chunks=True)
 
-    def _run_row_chunk(self, size: int) -> list[int]:
-        while self._row_pos >= self.lengths[self._row]:
-            self._row, self._row_pos = self._row + 1, 0
-        b, start = self._row, self._row_pos
-        chunked = self.lengths[b] - self.replay[b]
-        if start < chunked:  # the prompt's chunks, the last one ending where the replay starts
-            return super()._run_row_chunk(min(size, chunked - start))
-        tokens = self.prompts[b][start : start + size]
-        caches = kv.merge_rows([self._solo[b]])  # one row, no padding: the decode step's cache
-        for i, t in enumerate(tokens):
-            with invariant_forward(self.model, self.invariance, [self.held[b] + start + i]):
-                self.model(mx.array([[t]], dtype=mx.uint32), cache=caches)  # [1, 1]; logits unused
-            mx.eval([c.state for c in caches])
-        self._solo[b] = [c.extract(0) for c in caches]
-        self._row_pos += len(tokens)
-        self.position += len(tokens)
-        if self.position >= sum(self.lengths):
-            self._finish()
-        real = [0] * len(self.prompts)
-        real[b] = len(tokens)
-        return real
+
+class QuantizedReplayPrefillGroup(_Replays, QuantizedPrefillGroup):
+    """:class:`ReplayPrefillGroup` for a quantized KV cache (``kv_bits``): the prompt's chunks
+    as :class:`QuantizedPrefillGroup` runs them (the first on float keys, each quantized
+    after), the replayed tokens on the row's quantized batch cache, quantized after each
+    forward as the decode step's cache is (a one-token prompt's first forward on float keys,
+    as its join forward is).
+
+    Args:
+        recipe, prompts, prefill_step_size, first_tokens: as :class:`QuantizedPrefillGroup`.
+        replay, held, invariance: as :class:`ReplayPrefillGroup`.
+    """
+
+    def __init__(
+        self,
+        recipe: kv.CacheRecipe,
+        prompts: Sequence[Sequence[int]],
+        prefill_step_size: int,
+        first_tokens: Sequence[int],
+        replay: Sequence[int],
+        held: Sequence[int],
+        invariance: Invariance,
+    ):
+        self._set_replay(prompts, replay, held, invariance)
+        QuantizedPrefillGroup.__init__(
+            self, recipe, prompts, prefill_step_size, None, first_tokens, fixed_chunks=True
+        )
+
+    def _one_row(self, solo: list[Any]) -> list[Any]:
+        return merge_rows([solo], self.quant)
+
+    def _settle(self, caches: list[Any]) -> list[Any]:
+        return quantize_batch(caches, self.quant)

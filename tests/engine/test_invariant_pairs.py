@@ -9,7 +9,6 @@ import pytest
 import workbench as wb
 from tests.engine import drafting
 from tests.engine.test_invariant import CHUNK, _requests, variant
-from workbench.engine.levers import invariant
 from workbench.engine.levers.invariant_attention import per_row_attention
 from workbench.engine.levers.quantized_kv import is_quantized
 from workbench.verify import invariance
@@ -240,4 +239,3 @@ def test_per_row_attention_gives_each_query_position_the_bits_of_a_one_token_ste
                 assert mx.array_equal(many[b : b + 1, :, j : j + 1], one).item(), (type(cache).__name__, b, j)
     with pytest.raises(RuntimeError, match="tokens in a cache 12 wide"):
         per_row_attention(None, q, keys, values, cache, 0.3, [10, 2], cuda=False)
-    assert invariant.PREEMPT_QUANTIZED

@@ -79,13 +79,11 @@ class _Replays:
             caches = self._settle(caches)
             mx.eval([c.state for c in caches])
         self._solo[b] = [c.extract(0) for c in caches]
-        self._row_pos += len(tokens)
-        self.position += len(tokens)
-        if self.position >= sum(self.lengths):
+        n = len(tokens)
+        self._row_pos, self.position = self._row_pos + n, self.position + n
+        if self.position >= sum(self.lengths):  # every row's tail in its cache
             self._finish()
-        real = [0] * len(self.prompts)
-        real[b] = len(tokens)
-        return real
+        return [n if r == b else 0 for r in range(len(self.prompts))]
 
 
 class ReplayPrefillGroup(_Replays, PrefillGroup):

@@ -93,7 +93,9 @@ def per_row_attention(
         kbuf, vbuf = (keys, values) if quantized else (cache.keys, cache.values)
         end = S if quantized else write_index(cache)
         outs = [
-            padded_decode_attention(queries[:, :, j : j + 1], kbuf, vbuf, first, end - L + 1 + j, scale)
+            padded_decode_attention(
+                mx.contiguous(queries[:, :, j : j + 1]), kbuf, vbuf, first, end - L + 1 + j, scale
+            )  # the kernel reads the queries row-contiguous
             for j in range(L)
         ]
     elif not cuda:

@@ -8,7 +8,7 @@ import pytest
 
 import workbench as wb
 from tests.engine import drafting
-from tests.engine.test_invariant import CHUNK, _requests, variant
+from tests.engine.test_invariant import CHUNK, _model, _requests, variant
 from workbench.engine.levers.invariant_attention import per_row_attention
 from workbench.engine.levers.quantized_kv import is_quantized
 from workbench.verify import invariance
@@ -71,11 +71,12 @@ def test_a_kv_budget_preempts_rows_that_resume_bit_equal_to_their_run_alone():
     assert invariance.bit_check(sched).ok
 
 
-@pytest.mark.parametrize("family", ["llama", "mamba2", "qwen3next"])
+@pytest.mark.parametrize("family", ["llama", "mamba2", "qwen3next", "gemma3"])
 def test_preempt_mid_run_replays_the_rows_decode_steps_on_every_cache_family(family):
-    """Attention (KV), recurrent (state) and hybrid layers: rows preempted after 1, 5 and 9
-    tokens (one of them seeded, one beside a prompt-cache hit) resume bit-equal to alone."""
-    model, tok = variant(family)
+    """Attention (KV), recurrent (state), hybrid and sliding-window layers: rows preempted
+    after 1, 5 and 9 tokens (one of them seeded, one beside a prompt-cache hit) resume
+    bit-equal to alone."""
+    model, tok = sliding("gemma3") if family == "gemma3" else variant(family)
     shared = prompt_of_length(tok, 20, 3)
     reqs = _requests(tok, sampled=1, max_tokens=12)[:5] + [
         wb.Request(prompt=shared + [70 + i] * (i + 2), max_tokens=12) for i in range(2)
@@ -144,6 +145,38 @@ def test_with_kv_bits_a_preempted_row_replays_its_quantized_decode_steps():
     assert one_token in preempted and len(preempted) >= 3
     assert _differ(_records(sched, sorted(sched.requests)), solo) == []
     assert invariance.bit_check(sched).ok
+
+
+# -- sliding-window layers (BatchRotatingKVCache) ----------------------------------------
+
+_SLIDING: dict = {}
+
+
+def sliding(name):
+    """tiny-gemma3 (sliding layers of an 8-token window beside global ones) or tiny-qwen3 with
+    ``max_kv_size=16`` (every layer a 16-token ring): ``(model, tokenizer)``."""
+    if name not in _SLIDING:
+        _SLIDING[name] = _model("tiny-gemma3" if name == "gemma3" else "tiny-qwen3")
+    return _SLIDING[name]
+
+
+@pytest.mark.parametrize("family, window", [("gemma3", {}), ("qwen3", dict(max_kv_size=16))])
+def test_sliding_window_rows_are_bit_equal_to_alone_past_the_rings_turn(family, window):
+    """Prompts of 1-40 tokens and 14 new ones through 8- and 16-token rings: every row's keys
+    attended oldest first whatever the batch's ring rotation (``temporal_order``)."""
+    model, tok = sliding(family)
+    reqs = _requests(tok, max_tokens=14)
+    solo = _alone(model, tok, reqs, **window)
+    for max_batch, arrivals in ((14, None), (5, [i // 2 * 3 for i in range(len(reqs))])):
+        sched = _sched(model, tok, max_batch, **window)
+        assert sched.config.max_batch == max_batch  # batched, not sent to the serial lane
+        if arrivals is None:
+            uids = [sched.submit(r) for r in reqs]
+            sched.run()
+        else:
+            sched.run(arrivals=list(zip(arrivals, reqs)))
+            uids = sorted(sched.requests)
+        assert _differ(_records(sched, uids), solo) == [], (family, max_batch)
 
 
 # -- R7: a quantized KV cache (kv_bits) ---------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from ..model_hooks import hooks_of
 
@@ -336,7 +336,7 @@ def _per_row(held: Sequence[int]) -> Callable[..., mx.array]:
     cuda = backend() == "cuda"
 
     def sdpa(original, queries, keys, values, cache, scale, mask, sinks=None):
-        if not isinstance(cache, BatchKVCache) or sinks is not None:
+        if not isinstance(cache, (BatchKVCache, BatchRotatingKVCache)) or sinks is not None:
             raise RuntimeError("batch-invariant attention runs over BatchKVCache rows only")
         return per_row_attention(original, queries, keys, values, cache, scale, held, cuda)
 
@@ -374,8 +374,8 @@ def configure(
     Raises:
         ValueError: ``batch_invariant`` is not a bool; or it is True with what the mode
             cannot keep invariant, named: a layer cache other than full attention
-            (``BatchKVCache``) or recurrent state (``ArraysCache``) — sliding-window
-            (``BatchRotatingKVCache``, also ``max_kv_size``) caches.
+            (``BatchKVCache``), a sliding window (``BatchRotatingKVCache``, also
+            ``max_kv_size``) or recurrent state (``ArraysCache``).
     """
     from mlx_lm.models.cache import ArraysCache, CacheList
 
@@ -390,11 +390,12 @@ def configure(
         return [x for sub in c.caches for x in leaves(sub)] if isinstance(c, CacheList) else [c]
 
     for i, c in enumerate(x for layer in new_batch_cache(model, 1, max_kv_size) for x in leaves(layer)):
-        if not (type(c) is BatchKVCache or isinstance(c, ArraysCache)):
+        if not (type(c) in (BatchKVCache, BatchRotatingKVCache) or isinstance(c, ArraysCache)):
             raise ValueError(
                 f"batch_invariant=True cannot batch layer {i}'s {type(c).__name__}"
                 + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
-                + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers"
+                + ": only full-attention (BatchKVCache), sliding-window (BatchRotatingKVCache) "
+                "and recurrent (ArraysCache) layers"
             )
     hooks_of(model, projections=True)  # this model's projections and attention, hooked once
     return Invariance.calibrate(model)

@@ -32,6 +32,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchRotatingKVCache
+
+from ..kv import cache_internals as internals
 
 
 def dequantized_parts(keys: Any, values: Any, cache: Any, dtype: Any) -> tuple[mx.array, mx.array]:
@@ -44,6 +47,16 @@ def dequantized_parts(keys: Any, values: Any, cache: Any, dtype: Any) -> tuple[m
         mx.dequantize(*p, group_size=cache.group_size, bits=cache.bits).astype(dtype) for p in (keys, values)
     )
     return tuple(out)
+
+
+def temporal_order(x: mx.array, cache: BatchRotatingKVCache) -> mx.array:
+    """A rotating cache's fetched keys or values ``[B, n_kv_heads, S, D]`` oldest first (its
+    ring rolled so the position written last is last; mirrors mlx-lm's
+    ``BatchRotatingKVCache._temporal_order``, without changing the cache): the same order
+    for a row in any batch, where the ring's rotation is the batch's."""
+    if not cache.rotated:
+        return x
+    return mx.contiguous(mx.roll(x, -internals.write_index(cache), axis=2))
 
 
 def per_row_attention(
@@ -84,14 +97,18 @@ def per_row_attention(
         raise RuntimeError(f"batch-invariant attention got {len(held)} held counts for {B} rows")
     quantized = hasattr(cache, "bits")
     keys, values = dequantized_parts(keys, values, cache, queries.dtype)
+    ring = isinstance(cache, BatchRotatingKVCache)
+    if ring:  # a sliding window: keys in temporal order, each row's last `max_size` tokens
+        keys, values = temporal_order(keys, cache), temporal_order(values, cache)
+        held = [min(n, cache.max_size - L) for n in held]
     S = keys.shape[-2]
     starts = [S - n - L for n in held]  # each row's own tokens are its last held[b] + L
     if min(starts) < 0:
         raise RuntimeError(f"rows claim {[n + L for n in held]} tokens in a cache {S} wide")
     first = mx.array(starts, dtype=mx.int32)
     if cuda and supported(queries, keys):  # the kernel reads whole buffers up to `columns`
-        kbuf, vbuf = (keys, values) if quantized else (cache.keys, cache.values)
-        end = S if quantized else write_index(cache)
+        kbuf, vbuf = (keys, values) if quantized or ring else (cache.keys, cache.values)
+        end = S if quantized or ring else write_index(cache)
         outs = [
             padded_decode_attention(
                 mx.contiguous(queries[:, :, j : j + 1]), kbuf, vbuf, first, end - L + 1 + j, scale
@@ -120,7 +137,7 @@ def per_row_attention(
                     values[b : b + 1, :, s:end],
                     scale=scale,
                 )
-                if quantized
+                if quantized or ring
                 else original(
                     queries[b : b + 1, :, j : j + 1],
                     keys[b : b + 1, :, s:end],

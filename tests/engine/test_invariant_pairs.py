@@ -177,6 +177,7 @@ def test_sliding_window_rows_are_bit_equal_to_alone_past_the_rings_turn(family, 
             sched.run(arrivals=list(zip(arrivals, reqs)))
             uids = sorted(sched.requests)
         assert _differ(_records(sched, uids), solo) == [], (family, max_batch)
+    assert invariance.bit_check(sched).ok  # alone with the same window
 
 
 # -- R7: a quantized KV cache (kv_bits) ---------------------------------------------------

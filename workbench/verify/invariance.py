@@ -98,8 +98,8 @@ def alone(
 
 def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
     """Each finished row of ``sched`` (default: every finished request) against the same
-    request run alone in the mode (:func:`alone`, with ``sched``'s KV quantization), bit for
-    bit. Speculation and preemption need no alone run of their own: in the mode they leave
+    request run alone in the mode (:func:`alone`, with ``sched``'s KV quantization and
+    ``max_kv_size``), bit for bit. Speculation and preemption need no alone run of their own: in the mode they leave
     every row the bits it has without them.
 
     Raises:
@@ -114,6 +114,8 @@ def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
         uids = [u for u, s in sched.requests.items() if s.finished]
     quant = sched.recipe.kv_quant
     settings = {} if quant is None else dict(kv_bits=quant.bits, kv_group_size=quant.group_size)
+    if sched.recipe.max_kv_size is not None:  # a sliding window of the scheduler's own
+        settings["max_kv_size"] = sched.recipe.max_kv_size
     rows = []
     for u in uids:
         tokens, logprobs = alone(

@@ -9,6 +9,7 @@ import pytest
 import workbench as wb
 from tests.engine import drafting
 from tests.engine.test_invariant import CHUNK, _model, _requests, variant
+from workbench.engine.levers.invariant import row_attention
 from workbench.engine.levers.invariant_attention import per_row_attention
 from workbench.engine.levers.quantized_kv import is_quantized
 from workbench.verify import invariance
@@ -259,7 +260,7 @@ def test_per_row_attention_gives_each_query_position_the_bits_of_a_one_token_ste
     held = [6, 2]  # row 0: columns 3..11 are its own, row 1: 7..11
     for cache in (BatchKVCache([3, 7]), BatchQuantizedKVCache([3, 7], 32, 8)):
         keys, values = cache.update_and_fetch(k, v)
-        many = per_row_attention(None, q, keys, values, cache, 0.3, held, cuda=False)
+        many = per_row_attention(None, row_attention, q, keys, values, cache, 0.3, held, cuda=False)
         for b, n in enumerate(held):
             for j in range(3):
                 kk, vv = (
@@ -268,8 +269,8 @@ def test_per_row_attention_gives_each_query_position_the_bits_of_a_one_token_ste
                     else (keys[b : b + 1, :, : S - 2 + j], values[b : b + 1, :, : S - 2 + j])
                 )
                 one = per_row_attention(
-                    None, q[b : b + 1, :, j : j + 1], kk, vv, cache, 0.3, [n + j], cuda=False
+                    None, row_attention, q[b : b + 1, :, j : j + 1], kk, vv, cache, 0.3, [n + j], cuda=False
                 )
                 assert mx.array_equal(many[b : b + 1, :, j : j + 1], one).item(), (type(cache).__name__, b, j)
     with pytest.raises(RuntimeError, match="tokens in a cache 12 wide"):
-        per_row_attention(None, q, keys, values, cache, 0.3, [10, 2], cuda=False)
+        per_row_attention(None, row_attention, q, keys, values, cache, 0.3, [10, 2], cuda=False)

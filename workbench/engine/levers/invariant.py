@@ -338,7 +338,7 @@ def _per_row(held: Sequence[int]) -> Callable[..., mx.array]:
     def sdpa(original, queries, keys, values, cache, scale, mask, sinks=None):
         if not isinstance(cache, (BatchKVCache, BatchRotatingKVCache)) or sinks is not None:
             raise RuntimeError("batch-invariant attention runs over BatchKVCache rows only")
-        return per_row_attention(original, queries, keys, values, cache, scale, held, cuda)
+        return per_row_attention(original, row_attention, queries, keys, values, cache, scale, held, cuda)
 
     return sdpa
 

@@ -54,13 +54,13 @@ def temporal_order(x: mx.array, cache: BatchRotatingKVCache) -> mx.array:
     ring rolled so the position written last is last; mirrors mlx-lm's
     ``BatchRotatingKVCache._temporal_order``, without changing the cache): the same order
     for a row in any batch, where the ring's rotation is the batch's."""
-    if not cache.rotated:
-        return x
-    return mx.contiguous(mx.roll(x, -internals.write_index(cache), axis=2))
+    wrapped, slot = internals.ring_position(cache)
+    return mx.contiguous(mx.roll(x, -slot, axis=2)) if wrapped and slot else x
 
 
 def per_row_attention(
     original: Callable[..., mx.array],
+    one_query: Callable[..., mx.array],
     queries: mx.array,
     keys: Any,
     values: Any,
@@ -75,9 +75,12 @@ def per_row_attention(
     Args:
         original: the attention the model would run (``(queries, keys, values, cache, scale,
             mask)``), used on CUDA for head dims the padded-rows kernel does not serve.
+        one_query: the CPU's one-query per-row attention ``(queries [B, H, 1, D], keys,
+            values, starts [B], scale)`` (:func:`workbench.engine.levers.invariant.row_attention`).
         queries: ``[B, H, L, D]`` (RoPE applied). keys, values: ``[B, n_kv_heads, S, D]`` as
             the cache returned them (``(packed, scales, biases)`` tuples for a quantized one).
-        cache: the layer's ``BatchKVCache`` (or :class:`BatchQuantizedKVCache`), written.
+        cache: the layer's ``BatchKVCache`` (or :class:`BatchQuantizedKVCache`, or
+            ``BatchRotatingKVCache``), written.
         held: ``[B]`` tokens each row's cache held before this forward.
         cuda: run the CUDA padded-rows kernel where it serves.
 
@@ -88,65 +91,70 @@ def per_row_attention(
         RuntimeError: ``held`` does not have ``B`` rows, or a row claims more tokens than
             the cache is wide.
     """
-    from ..kv.cache_internals import write_index
-    from .invariant import row_attention
-    from .padded_attention import padded_decode_attention, supported
+    from .padded_attention import supported
 
     B, _, L, _ = queries.shape
     if len(held) != B:
         raise RuntimeError(f"batch-invariant attention got {len(held)} held counts for {B} rows")
-    quantized = hasattr(cache, "bits")
     keys, values = dequantized_parts(keys, values, cache, queries.dtype)
-    ring = isinstance(cache, BatchRotatingKVCache)
-    if ring:  # a sliding window: keys in temporal order, each row's last `max_size` tokens
+    if isinstance(cache, BatchRotatingKVCache):  # a sliding window: each row's last `max_size` tokens
         keys, values = temporal_order(keys, cache), temporal_order(values, cache)
         held = [min(n, cache.max_size - L) for n in held]
     S = keys.shape[-2]
     starts = [S - n - L for n in held]  # each row's own tokens are its last held[b] + L
     if min(starts) < 0:
         raise RuntimeError(f"rows claim {[n + L for n in held]} tokens in a cache {S} wide")
-    first = mx.array(starts, dtype=mx.int32)
-    if cuda and supported(queries, keys):  # the kernel reads whole buffers up to `columns`
-        kbuf, vbuf = (keys, values) if quantized or ring else (cache.keys, cache.values)
-        end = S if quantized or ring else write_index(cache)
-        outs = [
-            padded_decode_attention(
-                mx.contiguous(queries[:, :, j : j + 1]), kbuf, vbuf, first, end - L + 1 + j, scale
-            )  # the kernel reads the queries row-contiguous
-            for j in range(L)
-        ]
+    ends = [S - L + 1 + j for j in range(L)]  # query j attends columns starts[b] .. ends[j] - 1
+    if cuda and supported(queries, keys):
+        outs = _kernel_positions(queries, keys, values, cache, starts, ends, scale)
     elif not cuda:
+        first = mx.array(starts, dtype=mx.int32)
         outs = [
-            row_attention(
-                queries[:, :, j : j + 1],
-                keys[:, :, : S - L + 1 + j],
-                values[:, :, : S - L + 1 + j],
-                first,
-                scale,
-            )
-            for j in range(L)
+            one_query(queries[:, :, j : j + 1], keys[:, :, :end], values[:, :, :end], first, scale)
+            for j, end in enumerate(ends)
         ]
-    else:  # each row and position alone
-        outs = []
-        for j in range(L):
-            end = S - L + 1 + j
-            rows = [
-                mx.fast.scaled_dot_product_attention(
-                    queries[b : b + 1, :, j : j + 1],
-                    keys[b : b + 1, :, s:end],
-                    values[b : b + 1, :, s:end],
-                    scale=scale,
-                )
-                if quantized or ring
-                else original(
-                    queries[b : b + 1, :, j : j + 1],
-                    keys[b : b + 1, :, s:end],
-                    values[b : b + 1, :, s:end],
-                    cache,
-                    scale,
-                    None,
-                )
-                for b, s in enumerate(starts)
-            ]
-            outs.append(rows[0] if B == 1 else mx.concatenate(rows))
+    else:
+        outs = _alone_positions(original, queries, keys, values, cache, starts, ends, scale)
     return outs[0] if L == 1 else mx.concatenate(outs, axis=2)
+
+
+def _as_stored(cache: Any) -> bool:
+    """Whether the keys the attention reads are the cache's own buffers in its layout (a
+    float ``BatchKVCache``), not a dequantized or reordered copy."""
+    return not hasattr(cache, "bits") and not isinstance(cache, BatchRotatingKVCache)
+
+
+def _kernel_positions(queries, keys, values, cache, starts, ends, scale) -> list[mx.array]:
+    """Each query position through the CUDA padded-rows kernel, which reads whole buffers up
+    to a column count: the cache's own buffers, or the dequantized / reordered keys."""
+    from .padded_attention import padded_decode_attention
+
+    stored = _as_stored(cache)
+    kbuf, vbuf = (cache.keys, cache.values) if stored else (keys, values)
+    shift = internals.write_index(cache) - keys.shape[-2] if stored else 0
+    first = mx.array(starts, dtype=mx.int32)
+    return [
+        padded_decode_attention(
+            mx.contiguous(queries[:, :, j : j + 1]), kbuf, vbuf, first, end + shift, scale
+        )  # the kernel reads the queries row-contiguous
+        for j, end in enumerate(ends)
+    ]
+
+
+def _alone_positions(original, queries, keys, values, cache, starts, ends, scale) -> list[mx.array]:
+    """Each row and query position in an attention call of its own (CUDA, head dims the
+    kernel does not serve): the cache's own attention for a float cache, MLX's fused one on
+    dequantized or reordered keys."""
+    outs = []
+    for j, end in enumerate(ends):
+        rows = []
+        for b, s in enumerate(starts):
+            q, k, v = queries[b : b + 1, :, j : j + 1], keys[b : b + 1, :, s:end], values[b : b + 1, :, s:end]
+            stored = _as_stored(cache)
+            rows.append(
+                original(q, k, v, cache, scale, None)
+                if stored
+                else mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+            )
+        outs.append(rows[0] if len(rows) == 1 else mx.concatenate(rows))
+    return outs

@@ -145,26 +145,21 @@ def test_bit_check_reports_equal_rows_and_the_first_difference():
         invariance.bit_check(wb.Scheduler(model, tok))
 
 
-def test_what_the_mode_cannot_keep_invariant_is_refused_by_name():
+def test_what_the_mode_cannot_keep_invariant_is_refused_by_name(monkeypatch):
+    """(kv_bits, kv_budget_bytes, speculative and sliding windows compose with the mode:
+    tests/engine/test_invariant_pairs.py.)"""
+    from mlx_lm.models.cache import BatchKVCache, ChunkedKVCache
+
     model, tok = variant("llama-trained")
-    with pytest.raises(ValueError, match="kv_bits"):
-        wb.Scheduler(model, tok, batch_invariant=True, kv_bits=4, kv_group_size=32)
-    with pytest.raises(ValueError, match="kv_budget_bytes"):
-        wb.Scheduler(model, tok, batch_invariant=True, kv_budget_bytes=10**6)
     with pytest.raises(ValueError, match="batch_invariant must be True or False"):
         wb.Scheduler(model, tok, batch_invariant="yes")
-    gemma, gtok = _model("tiny-gemma3")
-    with pytest.raises(ValueError, match="BatchRotatingKVCache"):
-        wb.Scheduler(gemma, gtok, batch_invariant=True)
-    llama, ltok = variant("llama")
-    with pytest.raises(ValueError, match="max_kv_size=16"):
-        wb.Scheduler(llama, ltok, batch_invariant=True, max_kv_size=16)
-    sched = wb.Scheduler(model, tok, batch_invariant=True, max_batch=2)
-    uid = sched.submit(wb.Request(prompt=[5, 6, 7], max_tokens=4))
-    sched.admit()
-    with pytest.raises(ValueError, match="cannot preempt"):
-        sched.preempt(uid)
-    assert sched.check().ok
+    layers = [BatchKVCache([0]), ChunkedKVCache(8)]  # a layer cache the mode has no per-row attention for
+    monkeypatch.setattr("workbench.engine.kv.caches.new_batch_cache", lambda *a: layers)
+    with pytest.raises(
+        ValueError,
+        match="cannot batch layer 1.s ChunkedKVCache: only full-attention .BatchKVCache., sliding-window",
+    ):
+        invariant.configure(model, True)
 
 
 def test_row_blocks_plan_pads_every_call_to_its_fixed_size():

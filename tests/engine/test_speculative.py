@@ -410,7 +410,6 @@ def test_speculation_on_a_quantized_cache_equals_each_row_alone_and_generate_ste
             dict(speculative="prompt-lookup", num_draft_tokens=17),
             r"num_draft_tokens must be an int in \[1, 16\]",
         ),
-        (dict(speculative="prompt-lookup", batch_invariant=True), "cannot run with batch_invariant"),
         (dict(speculative=object()), "a draft mlx-lm model"),
     ],
 )

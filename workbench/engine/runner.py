@@ -6,7 +6,8 @@ prompt cache. Must not know: the queue, admission, events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from .kv.promptcache import PromptCache
 from .levers import speculative
 from .levers.fastpath import FastDecode, decode_fast_path
 from .levers.invariant import Invariance, invariant_forward
+from .levers.invariant_preempt import QuantizedReplayPrefillGroup, ReplayPrefillGroup
 from .levers.lora import AdapterBank, names_of, selected
 from .levers.quantized_attention import attention_path
 from .levers.quantized_prefill import (
@@ -156,14 +158,21 @@ class ModelRunner:
         """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
         hit for ``tokens`` (``state``'s inputs but the last) computed with its LoRA adapter,
         or fresh caches and all of them. Quantized: only a hit that holds the row's own first
-        forward on float keys (:meth:`PromptCache.fetch` with ``first_forward``)."""
+        forward on float keys (:meth:`PromptCache.fetch` with ``first_forward``). In the
+        batch-invariant mode a resumed ``state``'s hit covers its prompt only (its generated
+        tokens replay their decode steps: :mod:`workbench.engine.levers.invariant_preempt`)."""
         if prompt_cache is None:
             return self.recipe.single(), list(tokens)
         adapter = state.valid.request.adapter
+        replay = len(state.tokens) if self.invariant is not None else 0
+        head, tail = list(tokens[: len(tokens) - replay]), list(tokens[len(tokens) - replay :])
         if self.recipe.kv_quant is None:
-            return prompt_cache.fetch(tokens, adapter)
-        first = first_forward_tokens([state], self.config.prefill_step_size)[0]
-        return prompt_cache.fetch(tokens, adapter, state.inputs[-1], first)
+            cache, rest = prompt_cache.fetch(head, adapter)
+        else:
+            first = first_forward_tokens([state], self.config.prefill_step_size)[0]
+            following = tail[0] if tail else state.inputs[-1]
+            cache, rest = prompt_cache.fetch(head, adapter, following, first)
+        return cache, rest + tail
 
     def hold_prompts(
         self, group: Prefilling, queue: Sequence[RequestState], shared: dict, room_bytes: int | None
@@ -180,13 +189,18 @@ class ModelRunner:
         """The prefill group running ``tails`` (of ``states``) from ``caches`` (cached
         prefixes, or ``None``)."""
         recipe, step = self.recipe, self.config.prefill_step_size
-        if recipe.kv_quant is None:
-            group = PrefillGroup(
-                recipe.model, tails, step, recipe.max_kv_size, caches, fixed_chunks=self.invariant is not None
+        if self.invariant is not None:  # fixed chunks; resumed rows replay their decode steps
+            held = [len(s.inputs) - 1 - len(t) for s, t in zip(states, tails)]
+            replay = [len(s.tokens) for s in states]
+            if recipe.kv_quant is not None:
+                first = first_forward_tokens(states, step)
+                return QuantizedReplayPrefillGroup(recipe, tails, step, first, replay, held, self.invariant)
+            return ReplayPrefillGroup(
+                recipe.model, tails, step, recipe.max_kv_size, caches, replay, held, self.invariant
             )
-        else:
-            group = QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
-        return group
+        if recipe.kv_quant is None:
+            return PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches)
+        return QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
         """Feed each member's last input token ``[n, 1]`` into the group's caches: the
@@ -209,18 +223,29 @@ class ModelRunner:
             [len(s.tokens) for s in group.states],
             self.config.pipeline,
         )
-        if (
-            self.recipe.kv_quant is not None
-        ):  # quantizes the caches after it, a fresh row's first forward in float
-            return quantized_join_forward(
-                self.model,
-                group.prefill,
-                self.recipe.kv_quant,
-                *args,
-                select=lambda rows: selected(self.adapters, names_of([group.states[b] for b in rows])),
-            )
-        with invariant_forward(self.model, self.invariant, [len(s.inputs) - 1 for s in group.states]):
+        held = [len(s.inputs) - 1 for s in group.states]
+        with invariant_forward(self.model, self.invariant, held):
+            if (
+                self.recipe.kv_quant is not None
+            ):  # quantizes the caches after it, a fresh row's first forward in float
+                return quantized_join_forward(
+                    self.model,
+                    group.prefill,
+                    self.recipe.kv_quant,
+                    *args,
+                    select=lambda rows: self._rows_forward(group, rows, held),
+                )
             return launch(self.model, group.prefill.caches, *args)
+
+    @contextlib.contextmanager
+    def _rows_forward(self, group: Prefilling, rows: Sequence[int], held: Sequence[int]) -> Iterator[None]:
+        """Around a forward of some of ``group``'s rows alone: their adapters, and the
+        batch-invariant mode's hooks over their ``held`` tokens."""
+        with (
+            selected(self.adapters, names_of([group.states[b] for b in rows])),
+            invariant_forward(self.model, self.invariant, [held[b] for b in rows]),
+        ):
+            yield
 
     def decode(
         self,
@@ -274,6 +299,7 @@ class ModelRunner:
         batch.fast_path = "verify"
         with (  # each row's adapter over all 1 + K positions; the quantized cache's attention path
             selected(self.adapters, names_of(batch.rows)),
+            invariant_forward(self.model, self.invariant, [r.context_tokens for r in batch.rows]),
             attention_path(self.model, self._quantized_attention),
         ):
             verified = speculative.verify(

@@ -473,11 +473,6 @@ class Scheduler:
 
     def _preempt(self, uid: int, reuse_slots: bool | None = None) -> list[Event]:
         s, st = self._state_of(uid), self.state
-        if self.batch_invariant is not None:
-            raise ValueError(
-                "preempt: a batch_invariant scheduler cannot preempt (recompute would prefill "
-                "decoded tokens: other sums than the decode steps that made them)"
-            )
         if not self.layout.preemptable(s.status):
             raise ValueError(
                 f"uid {uid} is {s.status.value}, not a running, unfinished row; only those can be preempted"

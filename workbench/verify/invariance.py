@@ -74,12 +74,22 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
 
 
 def alone(
-    model: Any, tokenizer: Any, request: Request, prefill_step_size: int, batch_invariant: bool = True
+    model: Any,
+    tokenizer: Any,
+    request: Request,
+    prefill_step_size: int,
+    batch_invariant: bool = True,
+    **settings: Any,
 ) -> tuple[list[int], list[float]]:
     """``(tokens, log-probs)`` of ``request`` run alone: ``Scheduler(max_batch=1,
-    batch_invariant=..., prefill_step_size=...)``."""
+    batch_invariant=..., prefill_step_size=..., **settings)`` (e.g. ``kv_bits``)."""
     sched = Scheduler(
-        model, tokenizer, max_batch=1, prefill_step_size=prefill_step_size, batch_invariant=batch_invariant
+        model,
+        tokenizer,
+        max_batch=1,
+        prefill_step_size=prefill_step_size,
+        batch_invariant=batch_invariant,
+        **settings,
     )
     uid = sched.submit(dataclasses.replace(request, on_token=None))  # the batched run's callback stays there
     sched.run()
@@ -88,7 +98,9 @@ def alone(
 
 def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
     """Each finished row of ``sched`` (default: every finished request) against the same
-    request run alone in the mode (:func:`alone`), bit for bit.
+    request run alone in the mode (:func:`alone`, with ``sched``'s KV quantization and
+    ``max_kv_size``), bit for bit. Speculation and preemption need no alone run of their own: in the mode they leave
+    every row the bits it has without them.
 
     Raises:
         ValueError: ``sched`` is not in the batch-invariant mode.
@@ -100,10 +112,14 @@ def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
         )
     if uids is None:
         uids = [u for u, s in sched.requests.items() if s.finished]
+    quant = sched.recipe.kv_quant
+    settings = {} if quant is None else dict(kv_bits=quant.bits, kv_group_size=quant.group_size)
+    if sched.recipe.max_kv_size is not None:  # a sliding window of the scheduler's own
+        settings["max_kv_size"] = sched.recipe.max_kv_size
     rows = []
     for u in uids:
         tokens, logprobs = alone(
-            sched.model, sched.tokenizer, sched.request_of(u).request, sched.prefill_step_size
+            sched.model, sched.tokenizer, sched.request_of(u).request, sched.prefill_step_size, **settings
         )
         got_t, got_l = sched.tokens(u), sched.logprobs(u)
         d = first_difference(list(zip(got_t, got_l)), list(zip(tokens, logprobs)))

@@ -37,7 +37,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from ..model_hooks import hooks_of
 
@@ -328,32 +328,17 @@ def row_attention(
 
 def _per_row(held: Sequence[int]) -> Callable[..., mx.array]:
     """The ``attention`` hook computing each row from its own keys alone (``held``: ``[B]``
-    tokens each row's cache held before this one-token forward)."""
+    tokens each row's cache held before this forward; one or more query positions, a float
+    or quantized cache: :func:`workbench.engine.levers.invariant_attention.per_row_attention`)."""
     from ...runtime.device import backend
-    from ..kv.cache_internals import write_index
-    from .padded_attention import padded_decode_attention, supported
+    from .invariant_attention import per_row_attention
 
     cuda = backend() == "cuda"
 
     def sdpa(original, queries, keys, values, cache, scale, mask, sinks=None):
-        B, H, L, D = queries.shape  # [B, H, 1, D]
-        if L != 1 or not isinstance(cache, BatchKVCache) or len(held) != B or sinks is not None:
-            raise RuntimeError("batch-invariant attention runs one-token steps over BatchKVCache rows only")
-        S = keys.shape[-2]  # keys [B, n_kv_heads, S, D]: row b's own tokens are its last held[b] + 1
-        starts = [S - n - 1 for n in held]
-        if min(starts) < 0:
-            raise RuntimeError(f"rows claim {[n + 1 for n in held]} tokens in a cache {S} wide")
-        if cuda and supported(queries, keys):  # each row from its own start, a fixed reduction order
-            return padded_decode_attention(
-                queries, cache.keys, cache.values, mx.array(starts, dtype=mx.int32), write_index(cache), scale
-            )
-        if not cuda:
-            return row_attention(queries, keys, values, mx.array(starts, dtype=mx.int32), scale)
-        outs = [
-            original(queries[b : b + 1], keys[b : b + 1, :, s:], values[b : b + 1, :, s:], cache, scale, None)
-            for b, s in enumerate(starts)
-        ]  # each row alone
-        return outs[0] if B == 1 else mx.concatenate(outs)
+        if not isinstance(cache, (BatchKVCache, BatchRotatingKVCache)) or sinks is not None:
+            raise RuntimeError("batch-invariant attention runs over BatchKVCache rows only")
+        return per_row_attention(original, row_attention, queries, keys, values, cache, scale, held, cuda)
 
     return sdpa
 
@@ -382,15 +367,15 @@ def configure(
     kv_budget_bytes: int | None = None,
 ) -> Invariance | None:
     """``Scheduler(batch_invariant=)``: the mode's :class:`Invariance` on this device, or
-    ``None`` when off.
+    ``None`` when off. ``kv_quant`` and ``kv_budget_bytes`` compose with it (per-row attention
+    over a quantized cache: :mod:`workbench.engine.levers.invariant_attention`; preemption
+    replays a row's decode steps: :mod:`workbench.engine.levers.invariant_preempt`).
 
     Raises:
         ValueError: ``batch_invariant`` is not a bool; or it is True with what the mode
-            cannot keep invariant, named: a quantized KV cache (``kv_bits``), a KV budget
-            (``kv_budget_bytes``: preemption recomputes decoded tokens as prefill, which
-            are other sums), or a layer cache other than full attention
-            (``BatchKVCache``) or recurrent state (``ArraysCache``) — sliding-window
-            (``BatchRotatingKVCache``, also ``max_kv_size``) caches.
+            cannot keep invariant, named: a layer cache other than full attention
+            (``BatchKVCache``), a sliding window (``BatchRotatingKVCache``, also
+            ``max_kv_size``) or recurrent state (``ArraysCache``).
     """
     from mlx_lm.models.cache import ArraysCache, CacheList
 
@@ -400,23 +385,17 @@ def configure(
         raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
     if not batch_invariant:
         return None
-    if kv_quant is not None:
-        raise ValueError("batch_invariant=True cannot run a quantized KV cache (kv_bits): not supported")
-    if kv_budget_bytes is not None:
-        raise ValueError(
-            "batch_invariant=True cannot take kv_budget_bytes: preemption recomputes a row's decoded "
-            "tokens as prefill, whose sums differ from the decode steps that made them"
-        )
 
     def leaves(c: Any) -> list[Any]:
         return [x for sub in c.caches for x in leaves(sub)] if isinstance(c, CacheList) else [c]
 
     for i, c in enumerate(x for layer in new_batch_cache(model, 1, max_kv_size) for x in leaves(layer)):
-        if not (type(c) is BatchKVCache or isinstance(c, ArraysCache)):
+        if not (type(c) in (BatchKVCache, BatchRotatingKVCache) or isinstance(c, ArraysCache)):
             raise ValueError(
                 f"batch_invariant=True cannot batch layer {i}'s {type(c).__name__}"
                 + (f" (max_kv_size={max_kv_size})" if max_kv_size else "")
-                + ": only full-attention (BatchKVCache) and recurrent (ArraysCache) layers"
+                + ": only full-attention (BatchKVCache), sliding-window (BatchRotatingKVCache) "
+                "and recurrent (ArraysCache) layers"
             )
     hooks_of(model, projections=True)  # this model's projections and attention, hooked once
     return Invariance.calibrate(model)

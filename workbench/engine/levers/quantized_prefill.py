@@ -51,7 +51,8 @@ class QuantizedPrefillGroup(PrefillGroup):
             :class:`KVQuant`). first_tokens: per row, tokens of its first forward (default
             ``min(prefill_step_size, tail)``; a hit row's is always that). caches: per row
             its single-sequence caches (a prompt-cache hit's quantized prefix, or fresh
-            float caches), or ``None``. The others as :class:`PrefillGroup`.
+            float caches), or ``None``. ``fixed_chunks``: the batch-invariant mode's chunks,
+            every row alone. The others as :class:`PrefillGroup`.
 
     Attributes:
         prefix_tokens: per row, the tokens its ``caches`` held at the start (0: fresh).
@@ -64,6 +65,7 @@ class QuantizedPrefillGroup(PrefillGroup):
         prefill_step_size: int,
         caches: list[list[Any]] | None = None,
         first_tokens: Sequence[int] | None = None,
+        fixed_chunks: bool = False,
     ):
         self.quant: KVQuant = recipe.kv_quant
         tails = [len(p) for p in prompts]
@@ -73,7 +75,12 @@ class QuantizedPrefillGroup(PrefillGroup):
         self.first_tokens = [min(f, n) for f, n in zip(first, tails)]
         hits = any(self.prefix_tokens)
         super().__init__(
-            recipe.model, prompts, prefill_step_size, recipe.max_kv_size, None if hits else caches
+            recipe.model,
+            prompts,
+            prefill_step_size,
+            recipe.max_kv_size,
+            None if hits else caches,
+            fixed_chunks=fixed_chunks,
         )
         if hits or (not self.per_row and not self._shared_first_chunk(tails)):  # run the rows one by one
             self.per_row, self.caches = True, []

@@ -106,21 +106,17 @@ def configure(
         speculative: ``"prompt-lookup"`` or a draft mlx-lm model sharing the target's
             tokenizer (same vocabulary size).
         vocab_size: the target's ``V``, which a draft model must have too.
+        batch_invariant: accepted (the mode runs the verify forward's positions each as a
+            one-token step computes them: :mod:`workbench.engine.levers.invariant_attention`).
 
     Raises:
-        ValueError: naming why the combination cannot speculate: ``batch_invariant`` (the
-            verify forward has ``1 + k`` query positions, not the one-token forward the mode
-            makes invariant), a layer cache other than ``KVCache`` in the target (with
+        ValueError: naming why the combination cannot speculate: a layer cache other than
+            ``KVCache`` in the target (with
             ``max_kv_size``: rotating) or the draft model (:func:`check_cache`), a draft model
             of another vocabulary size.
     """
     if speculative is None:
         return None
-    if batch_invariant:
-        raise ValueError(
-            "speculative cannot run with batch_invariant=True: the verify forward runs 1 + "
-            "num_draft_tokens query positions per row, the mode makes one-token forwards invariant"
-        )
     check_cache(model, "the model's", max_kv_size)
     if isinstance(speculative, str):
         return Speculation(num_draft_tokens)

@@ -29,6 +29,10 @@ What runs, per layer, with the model's ``Attention`` unchanged:
 Only the sampled positions reach the LM head (:func:`lm_logits`); both swaps are
 undone after the forward.
 
+A forward of one-token decode chunks only (the steady state) runs as ``[R, 1]`` rows instead
+(:mod:`workbench.engine.packed.decode_rows`): the same values, RoPE at the rows' ``[R]``
+offsets without the wrapper, no per-token transposes, every row to the LM head.
+
 Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
 ``N`` pool slots (``capacity_pages * page_size``), ``H`` heads, ``D`` head dim, ``V`` vocabulary.
 """

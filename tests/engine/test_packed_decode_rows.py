@@ -135,3 +135,42 @@ def test_the_host_arrays_a_decode_forward_builds_do_not_grow_with_the_rows(bundl
         return len(made)
 
     assert arrays_built(1) == arrays_built(16) <= 4
+
+
+@pytest.mark.model
+def test_a_pipelined_decode_step_feeds_the_unread_tokens_without_building_an_array(bundled, monkeypatch):
+    """Every token of a pipelined decode forward is the launched forward's unread one: the
+    inputs are that forward's token array (reordered where the rows are), no host array and no
+    scatter into one."""
+    import workbench as wb
+
+    model, tok = bundled
+    sched = wb.Scheduler(model, tok, layout="packed", max_batch=4)
+    for n in (5, 9, 14):
+        sched.submit(wb.Request(prompt=list(range(3, 3 + n)), max_tokens=12))
+    for _ in range(4):
+        sched.admit()
+        sched.step()
+    batch = sched.state.batch
+    after = batch.launched
+    assert after is not None and after.pending is not None
+    unread = batch.carried(after)
+    chunks = batch.plan(sched.config.token_budget, sched.config.packed_schedule, unread)
+    assert decode_only(chunks) and all(c.uid in unread for c in chunks)
+    built = []
+    real = mx.array
+
+    class Counting(type):
+        def __instancecheck__(cls, x):
+            return isinstance(x, real)
+
+        def __call__(cls, *args, **kwargs):
+            built.append(1)
+            return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(mx, "array", Counting("array", (), {}))
+        tokens = batch._tokens(chunks, after)
+    assert built == []
+    want = [after.pending.tokens[unread[c.uid]].item() for c in chunks]
+    assert tokens.dtype == mx.uint32 and tokens.tolist() == want

@@ -222,3 +222,55 @@ def test_hooks_reach_this_models_layers_only_and_compute_mlxs_call_with_no_hook_
     with hooks.using(projections=lambda module, plain, x: plain(module, x) * 0):
         assert not lin(x).any().item() and mx.array_equal(other.layers[0](x), want).item()
     assert mx.array_equal(lin(x), want).item()
+
+
+def test_a_hooked_attention_reaches_a_paged_caches_attend_through_one_python_call_and_makes_no_function():
+    """The packed layout's hot path: each hooked layer's call of its file's attention enters
+    one Python function of ``model_hooks`` (``ModelHooks.sdpa``: no wrapper frame, no
+    closure made per call) before the paged cache's ``attend``."""
+    import sys
+
+    import mlx.core as mx
+
+    from workbench.engine import model_hooks
+    from workbench.engine.model_hooks import hooks_of
+
+    args = llama.ModelArgs.from_dict(
+        dict(
+            model_type="llama",
+            hidden_size=32,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=50,
+        )
+    )
+    model = llama.Model(args)
+    hooks_of(model)
+
+    class Paged:  # a paged layer: RoPE offset, writes nothing, attends by itself
+        offset = 0
+
+        def update_and_fetch(self, k, v):
+            return k, v
+
+        def make_mask(self, *a, **k):
+            return None
+
+        def attend(self, queries, scale):
+            return queries
+
+    entered = []
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == model_hooks.__file__:
+            entered.append(frame.f_code.co_name)
+
+    sys.setprofile(tracer)
+    try:
+        model(mx.array([[1, 2, 3]]), cache=[Paged(), Paged()])
+    finally:
+        sys.setprofile(None)
+    assert entered == ["sdpa", "sdpa"]

@@ -22,6 +22,7 @@ attends by itself: a hook left in place changes no other forward.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -92,28 +93,31 @@ class ModelHooks:
 
     def sdpa(self, module: types.ModuleType, queries, keys, values, cache, scale, mask, sinks=None):
         """The attention a hooked layer of model file ``module`` runs (the signature of
-        mlx-lm's ``models.base.scaled_dot_product_attention``)."""
+        mlx-lm's ``models.base.scaled_dot_product_attention``). A paged layer's call costs
+        one Python call more than mlx-lm's (this one); no function is made per call."""
         attend = getattr(cache, "attend", None)
         if attend is not None and sinks is None:  # a paged layer (packed layout) attends by itself
             return attend(queries, scale)
-
-        def original(queries, keys, values, cache, scale, mask, sinks=None):
-            if self.quantized is not None and hasattr(cache, "bits") and sinks is None:
-                return self.quantized(
-                    queries,
-                    keys,
-                    values,
-                    scale=scale,
-                    mask=mask,
-                    group_size=cache.group_size,
-                    bits=cache.bits,
-                )
-            plain = getattr(module, SDPA)  # read at call time: a recorder set on the module is seen
-            return plain(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-
         if self.attention is not None:
+            original = functools.partial(self._original, module)
             return self.attention(original, queries, keys, values, cache, scale, mask, sinks)
-        return original(queries, keys, values, cache, scale, mask, sinks)
+        return self._original(module, queries, keys, values, cache, scale, mask, sinks)
+
+    def _original(self, module: types.ModuleType, queries, keys, values, cache, scale, mask, sinks=None):
+        """What a hooked layer of ``module`` runs with no ``attention`` hook: the
+        ``quantized`` hook over a quantized cache, else the model file's own attention."""
+        if self.quantized is not None and hasattr(cache, "bits") and sinks is None:
+            return self.quantized(
+                queries,
+                keys,
+                values,
+                scale=scale,
+                mask=mask,
+                group_size=cache.group_size,
+                bits=cache.bits,
+            )
+        plain = getattr(module, SDPA)  # read at call time: a recorder set on the module is seen
+        return plain(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
 
 def _hooked_attention_class(cls: type, hooks: ModelHooks) -> type | None:
@@ -127,7 +131,7 @@ def _hooked_attention_class(cls: type, hooks: ModelHooks) -> type | None:
     if not hasattr(module, SDPA):
         return None
     scope = dict(call.__globals__)  # a copy: the model file's own globals stay as they are
-    scope[SDPA] = lambda *a, **k: hooks.sdpa(module, *a, **k)
+    scope[SDPA] = functools.partial(hooks.sdpa, module)  # no Python frame of its own
     hooked = types.FunctionType(call.__code__, scope, call.__name__, call.__defaults__, call.__closure__)
     hooked.__kwdefaults__ = call.__kwdefaults__
     return type(

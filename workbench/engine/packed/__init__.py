@@ -15,6 +15,7 @@ Modules (each one concept):
   (``update_and_fetch`` / ``make_mask``) and per-token RoPE positions;
 - :mod:`.batch` the running requests, their pages and the pools, with
   ``filter`` / ``clone`` like :class:`workbench.engine.batch.Batch`;
+- :mod:`.decode_rows` a forward of decode tokens only, run as ``[R, 1]`` rows (the steady state);
 - :mod:`.ledger` the KV books in pages; :mod:`.families` which models it admits;
 - :mod:`.adapters` LoRA adapters per packed token; :mod:`.quantized_pages` pools of
   quantized keys and values (``kv_bits``), a row's first forward on float keys.

@@ -29,6 +29,10 @@ What runs, per layer, with the model's ``Attention`` unchanged:
 Only the sampled positions reach the LM head (:func:`lm_logits`); both swaps are
 undone after the forward.
 
+A forward of one-token decode chunks only (the steady state) runs as ``[R, 1]`` rows instead
+(:mod:`workbench.engine.packed.decode_rows`): the same values, RoPE at the rows' ``[R]``
+offsets without the wrapper, no per-token transposes, every row to the LM head.
+
 Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
 ``N`` pool slots (``capacity_pages * page_size``), ``H`` heads, ``D`` head dim, ``V`` vocabulary.
 """
@@ -46,6 +50,7 @@ from ...observe.packed import Chunk, packed_mask
 from ..model_hooks import hooks_of
 from . import cuda_attention
 from .cuda_attention import DecodePages
+from .decode_rows import decode_index, decode_only
 from .grouped import Groups, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
@@ -154,10 +159,15 @@ class PagedLayer:
             self.attend = None  # the masked path: mlx-lm's attention over the gathered keys
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` at their slots and
-        return the gathered context ``[1, n_kv_heads, S, head_dim]`` of each."""
-        B, H, T, D = keys.shape  # [1, n_kv_heads, T, head_dim]
-        k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)  # [T, H, D]
+        """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` (or, in a decode-only
+        forward run as rows, ``[R, n_kv_heads, 1, head_dim]``) at their slots and return the
+        gathered context ``[1, n_kv_heads, S, head_dim]`` of each (the masked path), or
+        ``keys``, ``values`` as they are (by groups: :meth:`attend` reads the pools)."""
+        B, H, T, D = keys.shape  # [1, n_kv_heads, T, head_dim], or [R, n_kv_heads, 1, head_dim] (rows)
+        if T == 1:  # one token a row (decode rows, or T = 1): [B, H, D] with no transpose
+            k, v = keys.reshape(B, H, D), values.reshape(B, H, D)
+        else:
+            k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)  # [T, H, D]
         self.pools.fit(self.layer, k)
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
@@ -300,13 +310,16 @@ def packed_forward(
     Raises:
         ValueError: a chunk beyond its request's pages.
     """
-    index = forward_index(table, chunks)
-    arrays = layer_inputs(table, chunks, index)
     pools.slots = max(pools.slots, table.capacity * table.page_size)
     inner = model.model
     kernel = not masked and cuda_attention.selected(
         decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0]
     )
+    float_pools = getattr(pools, "layer_class", PagedLayer) is PagedLayer  # quantized pools: their own layer
+    if not masked and not kernel and token_attention is None and float_pools and decode_only(chunks):
+        return _decode_rows_forward(model, pools, table, chunks, tokens)
+    index = forward_index(table, chunks)
+    arrays = layer_inputs(table, chunks, index)
     caches = paged_layers(
         pools, table, chunks, len(inner.layers), arrays, masked, kernel, index, token_attention
     )
@@ -315,3 +328,22 @@ def packed_forward(
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]
+
+
+def _decode_rows_forward(
+    model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int] | mx.array
+) -> mx.array:
+    """:func:`packed_forward` of one-token decode chunks that all sample
+    (:func:`~workbench.engine.packed.decode_rows.decode_only`), run as ``[R, 1]`` rows
+    (:mod:`workbench.engine.packed.decode_rows`): the same values as the ``[1, T]`` forward,
+    fewer graph nodes and host calls. Returns the logits ``[R, V]``, row order."""
+    ix = decode_index(table, chunks)
+    mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]  # [R, 1, 1, L]
+    groups = Groups(len(chunks), mx.array(ix.slots), mask, ())
+    write, positions = mx.array(ix.write), mx.array(ix.positions)
+    inner = model.model
+    caches = [PagedLayer(pools, i, write, positions, groups=groups) for i in range(len(inner.layers))]
+    hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
+    ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+    h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets
+    return lm_logits(model, h)

@@ -291,6 +291,10 @@ class PackedBatch:
                 at.append(len(tokens))
                 src.append(unread[c.uid])
                 tokens.append(0)
+        if at and len(at) == len(tokens):  # every token unread (a pipelined decode step): no scatter
+            unread_tokens = after.pending.tokens
+            same = src == list(range(unread_tokens.shape[0]))
+            return (unread_tokens if same else unread_tokens[mx.array(src)]).astype(mx.uint32)
         out = mx.array(tokens, dtype=mx.uint32)
         if at:
             out[mx.array(at)] = after.pending.tokens[mx.array(src)].astype(mx.uint32)

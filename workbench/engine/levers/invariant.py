@@ -254,6 +254,12 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
     dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
     if first is None and backend() == "cpu":
         return None  # MLX's own CPU kernels (bf16/fp16, quantized): rows equal at every M, measured
+    if backend() == "cpu":  # the BLAS's sgemm: one kernel group's row counts, swept (invariant_blocks)
+        from .invariant_blocks import block_from, sweep
+
+        run = block_from(sweep(f, K, dtype))
+        if run is not None and rows_agree(f, K, dtype, RowBlocks(*run), counts=(1, run[1] + 1, 2 * run[1] + 3)):
+            return RowBlocks(*run)
     apart = rows_apart_linear(module)
     if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
         first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)

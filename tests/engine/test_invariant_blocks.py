@@ -15,7 +15,7 @@ import mlx.core as mx
 import pytest
 
 import workbench as wb
-from workbench.engine.levers import invariant, invariant_blocks
+from workbench.engine.levers import invariant, invariant_blocks, invariant_record
 from workbench.runtime.blas import find_blas
 
 pytestmark = pytest.mark.model
@@ -77,13 +77,13 @@ def test_the_mode_runs_a_batch_of_32_in_one_call_per_projection_where_the_blas_a
 
 def test_the_calibrated_blocks_are_the_recorded_ones_for_this_mlx_and_blas():
     model, _ = wb.load()
-    table, key = invariant_blocks.recorded(), invariant_blocks.record_key()
+    table, key = invariant_record.recorded(), invariant_record.record_key()
     assert key in table, (
         f"no recorded row blocks for {key}: a new mlx (or BLAS) may move a kernel boundary; run "
-        "`python -m workbench.engine.levers.invariant_blocks` with WORKBENCH_BLAS=off (and with OpenBLAS), "
-        "review the change in invariant_blocks.json and commit it"
+        "`python -m workbench.engine.levers.invariant_record` with WORKBENCH_BLAS=off (and with OpenBLAS), "
+        "review the change in invariant_blocks_record.py and commit it"
     )
-    found = {k: list(v) if v else None for k, v in invariant_blocks.calibrated_blocks(model).items()}
+    found = {k: list(v) if v else None for k, v in invariant_record.calibrated_blocks(model).items()}
     assert found == table[key], f"{key}: the kernel boundaries moved: recorded {table[key]}, now {found}"
 
 
@@ -105,7 +105,7 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
     import json
     import workbench as wb
     import mlx.core as mx
-    from workbench.engine.levers import invariant, invariant_blocks
+    from workbench.engine.levers import invariant, invariant_blocks, invariant_record
     from workbench.runtime.blas import STATUS
     from workbench.verify import invariance
     from workbench.workloads.workload import prompt_of_length
@@ -121,9 +121,9 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
             sweeps[sig] = {"leaks": [M for M, x in zip(s.rows, s.leak) if x],
                            "moved": [M for M, x in zip(s.rows, s.moved) if x],
                            "switches": s.switches(), "max_diff": max(s.max_diff)}
-    blocks = {k: list(v) if v else None for k, v in invariant_blocks.calibrated_blocks(model).items()}
-    table = invariant_blocks.recorded()
-    same_blas = [k for k in table if k.split(" | ", 1)[1] == invariant_blocks.blas_id()]
+    blocks = {k: list(v) if v else None for k, v in invariant_record.calibrated_blocks(model).items()}
+    table = invariant_record.recorded()
+    same_blas = [k for k in table if k.split(" | ", 1)[1] == invariant_record.blas_id()]
     reqs = [wb.Request(prompt=prompt_of_length(tok, 3 + 7 * i, 5 + i), max_tokens=6) for i in range(6)]
     runs = []
     for _ in range(2):
@@ -132,8 +132,8 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
         sched.run()
         runs.append([(sched.tokens(u), sched.logprobs(u)) for u in uids])
     alone = [invariance.alone(model, tok, r, 16) for r in reqs]
-    print(json.dumps({"key": invariant_blocks.record_key(), "sweeps": sweeps, "blocks": blocks,
-                      "recorded": table.get(invariant_blocks.record_key()), "same_blas": same_blas,
+    print(json.dumps({"key": invariant_record.record_key(), "sweeps": sweeps, "blocks": blocks,
+                      "recorded": table.get(invariant_record.record_key()), "same_blas": same_blas,
                       "twice_equal": runs[0] == runs[1], "alone_equal": sum(a == r for a, r in zip(alone, runs[0]))}))
 """)
 

@@ -258,7 +258,9 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
         from .invariant_blocks import block_from, sweep
 
         run = block_from(sweep(f, K, dtype))
-        if run is not None and rows_agree(f, K, dtype, RowBlocks(*run), counts=(1, run[1] + 1, 2 * run[1] + 3)):
+        if run is not None and rows_agree(
+            f, K, dtype, RowBlocks(*run), counts=(1, run[1] + 1, 2 * run[1] + 3)
+        ):
             return RowBlocks(*run)
     apart = rows_apart_linear(module)
     if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:

@@ -20,26 +20,22 @@ The sweep also tells the two things issue 39 asks to keep apart (:class:`Sweep`)
 nothing a fixed block can fix) and a *switch* (the probe's bits change with ``M`` only:
 joining a batch of another size costs rounding, measured by ``max_diff``).
 
-:data:`RECORD_PATH` (``invariant_blocks_record.py``) holds the calibrated blocks per (mlx version, BLAS) for the bundled
-model's projections; ``tests/engine/test_invariant_blocks.py`` re-sweeps them, so a version
-bump that moves a kernel boundary fails the suite rather than the mode silently.
+:mod:`workbench.engine.levers.invariant_record` records the calibrated blocks per (mlx
+version, BLAS) for the bundled model's projections; ``tests/engine/test_invariant_blocks.py``
+re-sweeps them, so a version bump that moves a kernel boundary fails the suite rather than
+the mode silently.
 """
 
 from __future__ import annotations
 
-import ast
-import ctypes
-import pprint
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 
 ROWS_SWEPT = 32  # row counts M = 1 .. ROWS_SWEPT are swept; larger batches run blocks of at most this
 CALL_ROWS = 4  # the cost of one call in rows, when choosing between runs (its dispatch, a weight read)
-RECORD_PATH = Path(__file__).with_name("invariant_blocks_record.py")
 
 
 @dataclass(frozen=True)
@@ -153,72 +149,3 @@ def block_from(result: Sweep) -> tuple[int, int] | None:
 
     runs = result.runs()
     return min(runs, key=lambda r: (cost(*r), -r[1])) if runs else None
-
-
-def blas_id() -> str:
-    """Which BLAS serves MLX's CPU float32 matmuls in this process: ``"reference"`` (MLX's
-    bundled one), ``"openblas <version> <core>"`` (OpenBLAS's own config and the kernel core
-    it chose for this CPU), or the loaded library's file name."""
-    from ...runtime.blas import STATUS
-
-    if STATUS.library is None:
-        return "reference"
-    try:
-        lib = ctypes.CDLL(STATUS.library)
-        lib.openblas_get_corename.restype = lib.openblas_get_config.restype = ctypes.c_char_p
-        version = lib.openblas_get_config().decode().split()[1]
-        return f"openblas {version} {lib.openblas_get_corename().decode()}"
-    except (AttributeError, IndexError, OSError):
-        return Path(STATUS.library).name
-
-
-def record_key() -> str:
-    """``"<mlx version> | <blas_id()>"``: what the recorded blocks depend on (CPU)."""
-    return f"mlx {mx.__version__} | {blas_id()}"
-
-
-def recorded() -> dict[str, dict[str, list[int]]]:
-    """:data:`RECORD_PATH`'s ``RECORDED`` table: record key -> projection signature ->
-    ``[lo, hi]`` (``None``: one row per call)."""
-    if not RECORD_PATH.exists():
-        return {}
-    return ast.literal_eval(RECORD_PATH.read_text().split("RECORDED = ", 1)[1])
-
-
-def calibrated_blocks(model: Any) -> dict[str, tuple[int, int] | None]:
-    """Sweep each distinct float projection of ``model`` on the CPU: ``str(signature)`` ->
-    :func:`block_from`'s ``(lo, hi)``. What :data:`RECORD_PATH` records per
-    :func:`record_key` (``python -m workbench.engine.levers.invariant_blocks`` writes it for
-    the bundled model)."""
-    from .invariant import PROJECTIONS, _in_features, _plain_call, signature
-
-    out: dict[str, tuple[int, int] | None] = {}
-    for _, m in model.named_modules():
-        if (
-            isinstance(m, PROJECTIONS)
-            and "weight" in m
-            and "scales" not in m
-            and str(signature(m)) not in out
-        ):
-            out[str(signature(m))] = block_from(sweep(_plain_call(m), _in_features(m), m["weight"].dtype))
-    return out
-
-
-def main() -> None:
-    """Record the bundled model's calibrated blocks under this process's :func:`record_key`."""
-    from ...runtime.loading import load
-
-    model, _ = load()
-    table = recorded()
-    table[record_key()] = {k: list(v) if v else None for k, v in calibrated_blocks(model).items()}
-    RECORD_PATH.write_text(
-        '"""Calibrated row blocks of the bundled model per (mlx version, BLAS): written by\n'
-        "`python -m workbench.engine.levers.invariant_blocks` (run it under each BLAS), checked by\n"
-        'tests/engine/test_invariant_blocks.py."""\n\n'
-        f"RECORDED = {pprint.pformat(table, width=110)}\n"
-    )
-    print(f"recorded {record_key()} in {RECORD_PATH}")
-
-
-if __name__ == "__main__":
-    main()

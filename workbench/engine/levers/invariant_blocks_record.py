@@ -1,5 +1,5 @@
 """Calibrated row blocks of the bundled model per (mlx version, BLAS): written by
-`python -m workbench.engine.levers.invariant_blocks` (run it under each BLAS), checked by
+`python -m workbench.engine.levers.invariant_record` (run it under each BLAS), checked by
 tests/engine/test_invariant_blocks.py."""
 
 RECORDED = {

@@ -245,6 +245,7 @@ class Invariance:
 
 
 _CALIBRATED: dict = {}  # (backend, signature) -> RowBlocks: shapes decide kernels, not weights
+_SWEPT: dict = {}  # CPU (weight shape, dtype, bias) -> the swept RowBlocks or None (no clean run)
 
 
 def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
@@ -257,11 +258,13 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
     if backend() == "cpu":  # the BLAS's sgemm: one kernel group's row counts, swept (invariant_blocks)
         from .invariant_blocks import block_from, sweep
 
-        run = block_from(sweep(f, K, dtype))
-        if run is not None and rows_agree(
-            f, K, dtype, RowBlocks(*run), counts=(1, run[1] + 1, 2 * run[1] + 3)
-        ):
-            return RowBlocks(*run)
+        sgemm = (tuple(module["weight"].shape), str(dtype), "bias" in module)  # Linear or as_linear alike
+        if sgemm not in _SWEPT:
+            run = block_from(sweep(f, K, dtype))
+            ok = run is not None and rows_agree(f, K, dtype, RowBlocks(*run), counts=(run[1] + 1,))
+            _SWEPT[sgemm] = RowBlocks(*run) if ok else None
+        if _SWEPT[sgemm] is not None:
+            return _SWEPT[sgemm]
     apart = rows_apart_linear(module)
     if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
         first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)

@@ -6,11 +6,9 @@ are bit-equal to their runs alone.
     python scripts/lab/invariance_cost.py                      # the bench's CPU shape (llama-155m, float32)
     python scripts/lab/invariance_cost.py --model tiny-code --batch-sizes 1 8 32
     python scripts/lab/invariance_cost.py --device gpu --dtype bfloat16 --shape 1b --batch-sizes 1 8 32 128
-    python scripts/lab/invariance_cost.py --no-mlx-lm --prefill-batch 4   # issue 39's table, CPU
 
-``--prefill-batch P`` (with ``--prefill-range LO HI``, default 160 512) also times, alternating,
-the time from submit to first token of P prompts of LO-HI tokens (issue 39's prefill) and prints
-its invariant / default ratio.
+``workbench invariance --cost`` times the mode against the default path alone, in alternating
+step pairs and with issue 39's prefill (``workbench/bench/invariance_cost.py``).
 
 Prints one line per (B, engine) with ms per decode step (median of rounds), the
 invariant / default and default / mlx-lm ratios, and writes JSON lines to ``--out``.
@@ -20,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -40,11 +37,6 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (tokens)")
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    ap.add_argument("--no-mlx-lm", action="store_true", help="time only the default path and the mode")
-    ap.add_argument("--prefill-batch", type=int, default=0, help="prompts P of the prefill timing (0: none)")
-    ap.add_argument(
-        "--prefill-range", type=int, nargs=2, default=[160, 512], help="prefill prompt lengths LO HI (tokens)"
-    )
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="MLX device")
     ap.add_argument("--out", default="workbench-out/invariance_cost.jsonl", help="JSON lines file")
     args = ap.parse_args()
@@ -79,45 +71,12 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
-    engines = (("default", {}), ("invariant", {"batch_invariant": True}), ("mlx-lm", None))
-    engines = engines[:2] if args.no_mlx_lm else engines
-    print(f"load average at start: {os.getloadavg()}", flush=True)
     for B in args.batch_sizes:
-        if args.no_mlx_lm:
-            _paired(model, tok, prompts[:B], args.steps, args.rounds, out)
-            continue
         for _ in range(args.rounds):
-            for name, kw in engines:
+            for name, kw in (("default", {}), ("invariant", {"batch_invariant": True}), ("mlx-lm", None)):
                 ms, prefill_s, toks = _run(model, tok, prompts[:B], args.steps, kw, MlxLmEngine)
                 results.setdefault((B, name), []).append((ms, prefill_s, toks))
-        _report(B, results, out, [name for name, _ in engines])
-    if args.prefill_batch:
-        lo, hi = args.prefill_range
-        long_prompts = [
-            [(11 * b + 5 * i) % (vocab - 1) + 1 for i in range(lo + (97 * b) % (hi - lo + 1))]
-            for b in range(args.prefill_batch)
-        ]
-        times: dict = {}
-        for r in range(args.rounds):
-            for name, kw in engines[:2] if r % 2 == 0 else engines[1::-1]:
-                times.setdefault(name, []).append(_run(model, tok, long_prompts, 0, kw, MlxLmEngine)[1])
-        ratios = [i / d for i, d in zip(times["invariant"], times["default"])]
-        line = {
-            "prefill_prompts": [len(p) for p in long_prompts],
-            "prefill_s": {k: statistics.median(v) for k, v in times.items()},
-            "invariant_over_default_prefill": statistics.median(ratios),
-            "prefill_ratios_per_round": ratios,
-        }
-        print(
-            f"prefill of {args.prefill_batch} prompts of {lo}-{hi} tokens: default "
-            f"{line['prefill_s']['default']:.2f} s, invariant {line['prefill_s']['invariant']:.2f} s; "
-            f"invariant/default {line['invariant_over_default_prefill']:.2f}x "
-            f"(rounds {', '.join(f'{x:.2f}' for x in ratios)})",
-            flush=True,
-        )
-        with out.open("a") as f:
-            f.write(json.dumps(line) + "\n")
-    print(f"load average at end: {os.getloadavg()}", flush=True)
+        _report(B, results, out)
 
 
 def _run(model, tok, prompts, steps, kw, MlxLmEngine):
@@ -148,56 +107,6 @@ def _run(model, tok, prompts, steps, kw, MlxLmEngine):
     return ms, prefill_s, [sched.logprobs(u) for u in uids]
 
 
-def _paired(model, tok, prompts, steps, rounds, out):
-    """Both engines side by side at ``B = len(prompts)``: prefilled one after the other,
-    then ``steps * rounds`` decode steps alternating one default step and one invariant step
-    (the order swapped each pair), each ended by ``mx.synchronize()``: a pair's ratio sees
-    the same machine load. Prints and appends the median step times and pair ratio."""
-    import workbench as wb
-
-    import mlx.core as mx
-
-    B, n = len(prompts), steps * rounds
-    scheds, uids = {}, {}
-    for name, kw in (("default", {}), ("invariant", {"batch_invariant": True})):
-        sched = scheds[name] = wb.Scheduler(model, tok, max_batch=B, prefill_step_size=2048, **kw)
-        uids[name] = [sched.submit(wb.Request(prompt=p, max_tokens=n + 3, stop_ids=[])) for p in prompts]
-        while sched.queue or sched.state.prefilling is not None:
-            sched.admit()
-        sched.step()
-        mx.synchronize()
-    times: dict = {"default": [], "invariant": []}
-    for i in range(n):
-        for name in ("default", "invariant") if i % 2 == 0 else ("invariant", "default"):
-            t0 = time.perf_counter()
-            scheds[name].step()
-            mx.synchronize()
-            times[name].append((time.perf_counter() - t0) * 1e3)
-    ratios = [a / b for a, b in zip(times["invariant"], times["default"])]
-    line = {
-        "B": B,
-        "step_ms": {k: statistics.median(v) for k, v in times.items()},
-        "invariant_over_default_step": statistics.median(ratios),
-        "pair_ratio_quartiles": statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios,
-        "load": os.getloadavg(),
-    }
-    print(
-        f"B = {B:3d}: step ms default {line['step_ms']['default']:.2f}, invariant "
-        f"{line['step_ms']['invariant']:.2f}; invariant/default step {line['invariant_over_default_step']:.2f}x "
-        f"(median of {n} alternating pairs; quartiles "
-        f"{', '.join(f'{x:.2f}' for x in line['pair_ratio_quartiles'])}); load {line['load'][0]:.1f}",
-        flush=True,
-    )
-    with out.open("a") as f:
-        f.write(json.dumps(line) + "\n")
-
-
-def _same_bits(rounds):
-    """Whether every round of the mode gave the same log-probs (run-to-run determinism)."""
-    first = rounds[0][2]
-    return all(r[2] == first for r in rounds[1:])
-
-
 def _timed(prefill, step, steps):
     """``(ms per step, prefill seconds)``: ``prefill()`` timed, then ``steps`` calls of
     ``step()``, each span ended by ``mx.synchronize()``."""
@@ -211,13 +120,18 @@ def _timed(prefill, step, steps):
     for _ in range(steps):
         step()
     mx.synchronize()
-    return (time.perf_counter() - t0) / max(steps, 1) * 1e3, prefill_s
+    return (time.perf_counter() - t0) / steps * 1e3, prefill_s
 
 
-def _report(B, results, out, names):
-    med = {name: statistics.median(x[0] for x in results[(B, name)]) for name in names}
-    pre = {name: statistics.median(x[1] for x in results[(B, name)]) for name in names}
-    med.setdefault("mlx-lm", float("nan"))
+def _report(B, results, out):
+    med = {
+        name: statistics.median(x[0] for x in results[(B, name)])
+        for name in ("default", "invariant", "mlx-lm")
+    }
+    pre = {
+        name: statistics.median(x[1] for x in results[(B, name)])
+        for name in ("default", "invariant", "mlx-lm")
+    }
     line = {
         "B": B,
         "step_ms": med,
@@ -225,7 +139,6 @@ def _report(B, results, out, names):
         "invariant_over_default_step": med["invariant"] / med["default"],
         "invariant_over_default_prefill": pre["invariant"] / pre["default"],
         "mlx_lm_over_default_step": med["mlx-lm"] / med["default"],
-        "bit_equal_rounds": _same_bits(results[(B, "invariant")]),
         "step_ratios_per_round": [
             i[0] / d[0] for i, d in zip(results[(B, "invariant")], results[(B, "default")])
         ],

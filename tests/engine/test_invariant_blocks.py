@@ -107,7 +107,6 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
     import mlx.core as mx
     from workbench.engine.levers import invariant, invariant_blocks, invariant_record
     from workbench.runtime.blas import STATUS
-    from workbench.verify import invariance
     from workbench.workloads.workload import prompt_of_length
 
     assert STATUS.library, STATUS.note
@@ -131,10 +130,9 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
         uids = [sched.submit(r) for r in reqs]
         sched.run()
         runs.append([(sched.tokens(u), sched.logprobs(u)) for u in uids])
-    alone = [invariance.alone(model, tok, r, 16) for r in reqs]
     print(json.dumps({"key": invariant_record.record_key(), "sweeps": sweeps, "blocks": blocks,
                       "recorded": table.get(invariant_record.record_key()), "same_blas": same_blas,
-                      "twice_equal": runs[0] == runs[1], "alone_equal": sum(a == r for a, r in zip(alone, runs[0]))}))
+                      "twice_equal": runs[0] == runs[1]}))
 """)
 
 
@@ -152,7 +150,7 @@ def test_with_openblas_switches_cost_rounding_only_no_neighbour_leaks_and_the_bl
     for sig, s in got["sweeps"].items():
         assert s["leaks"] == [] and s["moved"] == [], (sig, s)  # a neighbour never reaches a row's bits
         assert s["max_diff"] < 1e-3, (sig, s)  # a kernel switch costs rounding only
-    assert got["twice_equal"] and got["alone_equal"] == 6, got
+    assert got["twice_equal"], got  # run-to-run (each row against its run alone: test_invariant.py)
     if got["same_blas"]:  # this BLAS on this CPU was recorded: a new mlx must be recorded too
         assert got["recorded"] == got["blocks"], (
             f"{got['key']}: recorded {got['recorded']}, now {got['blocks']}"

@@ -35,6 +35,8 @@ class StepCost:
         ratio: median of the per-pair ``invariant / default`` ratios.
         quartiles: the pair ratios' quartiles. pairs: pairs timed.
         load: the 1-minute load average after the pairs.
+        cpu_ratio: the mode's process CPU seconds (all threads) over the default path's,
+            summed over the pairs: the work, less moved by other processes than the wall.
     """
 
     B: int
@@ -44,6 +46,7 @@ class StepCost:
     quartiles: tuple[float, ...]
     pairs: int
     load: float
+    cpu_ratio: float
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class PrefillCost:
         lengths: the prompts' tokens. default_s, invariant_s: median seconds.
         ratio: median of the per-round ratios. rounds: the per-round ratios.
         load: the 1-minute load average after the rounds.
+        cpu_ratio: the mode's process CPU seconds over the default path's, summed over rounds.
     """
 
     lengths: tuple[int, ...]
@@ -62,6 +66,7 @@ class PrefillCost:
     ratio: float
     rounds: tuple[float, ...]
     load: float
+    cpu_ratio: float
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class CostReport:
         lines = [
             f"B = {s.B:3d}: step ms default {s.default_ms:.2f}, invariant {s.invariant_ms:.2f}; "
             f"invariant/default {s.ratio:.2f}x (median of {s.pairs} alternating pairs, quartiles "
-            f"{', '.join(f'{q:.2f}' for q in s.quartiles)}; load {s.load:.1f})"
+            f"{', '.join(f'{q:.2f}' for q in s.quartiles)}; CPU time {s.cpu_ratio:.2f}x; load {s.load:.1f})"
             for s in self.steps
         ]
         if self.prefill is not None:
@@ -84,7 +89,7 @@ class CostReport:
             lines.append(
                 f"prefill of {len(p.lengths)} prompts of {min(p.lengths)}-{max(p.lengths)} tokens: default "
                 f"{p.default_s:.2f} s, invariant {p.invariant_s:.2f} s; invariant/default {p.ratio:.2f}x "
-                f"(rounds {', '.join(f'{r:.2f}' for r in p.rounds)}; load {p.load:.1f})"
+                f"(rounds {', '.join(f'{r:.2f}' for r in p.rounds)}; CPU time {p.cpu_ratio:.2f}x; load {p.load:.1f})"
             )
         return "\n".join(lines)
 
@@ -123,12 +128,14 @@ def step_cost(model: Any, tok: Any, prompts: Sequence[Sequence[int]], pairs: int
     for sched in scheds.values():
         _prefilled(sched, prompts, pairs + 3)
     ms: dict[str, list[float]] = {"default": [], "invariant": []}
+    cpu = {"default": 0.0, "invariant": 0.0}
     for i in range(pairs):
         for name in ("default", "invariant") if i % 2 == 0 else ("invariant", "default"):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             scheds[name].step()
             mx.synchronize()
             ms[name].append((time.perf_counter() - t0) * 1e3)
+            cpu[name] += time.process_time() - c0
     ratios = [a / b for a, b in zip(ms["invariant"], ms["default"])]
     return StepCost(
         B,
@@ -138,6 +145,7 @@ def step_cost(model: Any, tok: Any, prompts: Sequence[Sequence[int]], pairs: int
         tuple(statistics.quantiles(ratios, n=4)) if len(ratios) > 1 else tuple(ratios),
         pairs,
         os.getloadavg()[0],
+        cpu["invariant"] / max(cpu["default"], 1e-9),
     )
 
 
@@ -147,13 +155,15 @@ def prefill_cost(model: Any, tok: Any, prompts: Sequence[Sequence[int]], rounds:
     import mlx.core as mx
 
     s: dict[str, list[float]] = {"default": [], "invariant": []}
+    cpu = {"default": 0.0, "invariant": 0.0}
     for r in range(rounds):
         for name in ("default", "invariant") if r % 2 == 0 else ("invariant", "default"):
             sched = _scheduler(model, tok, len(prompts), name == "invariant")  # built (calibrated) untimed
             mx.synchronize()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             _prefilled(sched, prompts, 2)
             s[name].append(time.perf_counter() - t0)
+            cpu[name] += time.process_time() - c0
     ratios = [a / b for a, b in zip(s["invariant"], s["default"])]
     return PrefillCost(
         tuple(len(p) for p in prompts),
@@ -162,6 +172,7 @@ def prefill_cost(model: Any, tok: Any, prompts: Sequence[Sequence[int]], rounds:
         statistics.median(ratios),
         tuple(ratios),
         os.getloadavg()[0],
+        cpu["invariant"] / max(cpu["default"], 1e-9),
     )
 
 

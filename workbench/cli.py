@@ -60,15 +60,28 @@ def _invariance_cost(args: argparse.Namespace) -> int:
     import json
     from types import SimpleNamespace
 
+    import mlx.core as mx
+
     from .bench import model as bench_model
     from .bench.invariance_cost import measure
     from .runtime.loading import load
 
+    dtype = getattr(mx, args.dtype) if args.dtype else None
     if args.bench_shape:
-        shape = {"full": bench_model.FULL, "quick": bench_model.QUICK}[args.bench_shape]
-        model, tokenizer = bench_model.make_model(shape), SimpleNamespace(eos_token_ids=[])
+        from dataclasses import replace
+
+        from .bench.gpu import LLAMA_1B
+
+        one_b = replace(LLAMA_1B, tie_word_embeddings=False)  # its own LM head, as issue 39 measured
+        shape = {"full": bench_model.FULL, "quick": bench_model.QUICK, "1b": one_b}[args.bench_shape]
+        model, tokenizer = (
+            bench_model.make_model(shape, dtype=dtype or mx.float32),
+            SimpleNamespace(eos_token_ids=[]),
+        )
     else:
         model, tokenizer = load(args.model) if args.model else load()
+        if dtype is not None:
+            model.set_dtype(dtype)
     report = measure(
         model,
         tokenizer,
@@ -543,9 +556,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     iv.add_argument(
         "--bench-shape",
-        choices=("full", "quick"),
+        choices=("full", "quick", "1b"),
         default=None,
-        help="with --cost: the bench's random llama (full: llama-155m) instead of --model",
+        help="with --cost: the bench's random llama (full: llama-155m; 1b: the GPU bench's 1B shape) "
+        "instead of --model",
+    )
+    iv.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default=None,
+        help="with --cost: cast the weights (default: the model's own; float32 for --bench-shape)",
     )
     iv.add_argument(
         "--pairs", type=positive_int, default=24, help="with --cost: step pairs per B (default 24)"

@@ -564,7 +564,6 @@ def build_parser() -> argparse.ArgumentParser:
     iv.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
-        default=None,
         help="with --cost: cast the weights (default: the model's own; float32 for --bench-shape)",
     )
     iv.add_argument(

@@ -17,6 +17,7 @@ import pytest
 import workbench as wb
 from workbench.engine.levers import invariant, invariant_blocks, invariant_record
 from workbench.runtime.blas import find_blas
+from workbench.verify import run_to_run
 
 pytestmark = pytest.mark.model
 
@@ -81,72 +82,60 @@ def test_the_calibrated_blocks_are_the_recorded_ones_for_this_mlx_and_blas():
     assert key in table, (
         f"no recorded row blocks for {key}: a new mlx (or BLAS) may move a kernel boundary; run "
         "`python -m workbench.engine.levers.invariant_record` with WORKBENCH_BLAS=off (and with OpenBLAS), "
-        "review the change in invariant_blocks_record.py and commit it"
+        "review the change in invariant_blocks_record.json and commit it"
     )
     found = {k: list(v) if v else None for k, v in invariant_record.calibrated_blocks(model).items()}
     assert found == table[key], f"{key}: the kernel boundaries moved: recorded {table[key]}, now {found}"
 
 
-def test_the_same_batch_twice_gives_the_same_bits():
+def _requests(tok):
     from workbench.workloads.workload import prompt_of_length
 
+    return [wb.Request(prompt=prompt_of_length(tok, 3 + 7 * i, 5 + i), max_tokens=6) for i in range(6)]
+
+
+def test_the_same_batch_twice_gives_the_same_bits():
     model, tok = wb.load()
-    reqs = [wb.Request(prompt=prompt_of_length(tok, 3 + 7 * i, 5 + i), max_tokens=6) for i in range(6)]
-    runs = []
-    for _ in range(2):
-        sched = wb.Scheduler(model, tok, max_batch=6, prefill_step_size=16, batch_invariant=True)
-        uids = [sched.submit(r) for r in reqs]
-        sched.run()
-        runs.append([(sched.tokens(u), sched.logprobs(u)) for u in uids])
-    assert runs[0] == runs[1]
+    first, second = run_to_run.twice(model, tok, _requests(tok), max_batch=6)
+    assert len(first) == 6 and all(toks for toks, _ in first)
+    assert first == second
 
 
 OPENBLAS_SCRIPT = textwrap.dedent("""
     import json
     import workbench as wb
-    import mlx.core as mx
-    from workbench.engine.levers import invariant, invariant_blocks, invariant_record
+    from workbench.engine.levers import invariant_record as rec
     from workbench.runtime.blas import STATUS
+    from workbench.verify import run_to_run
     from workbench.workloads.workload import prompt_of_length
 
     assert STATUS.library, STATUS.note
     model, tok = wb.load()
-    sweeps = {}
-    for _, m in model.named_modules():
-        sig = str(invariant.signature(m)) if isinstance(m, invariant.PROJECTIONS) else None
-        if sig and sig not in sweeps:
-            f, K = invariant._plain_call(m), invariant._in_features(m)
-            s = invariant_blocks.sweep(f, K, mx.float32, neighbours=True)
-            sweeps[sig] = {"leaks": [M for M, x in zip(s.rows, s.leak) if x],
-                           "moved": [M for M, x in zip(s.rows, s.moved) if x],
-                           "switches": s.switches(), "max_diff": max(s.max_diff)}
-    blocks = {k: list(v) if v else None for k, v in invariant_record.calibrated_blocks(model).items()}
-    table = invariant_record.recorded()
-    same_blas = [k for k in table if k.split(" | ", 1)[1] == invariant_record.blas_id()]
     reqs = [wb.Request(prompt=prompt_of_length(tok, 3 + 7 * i, 5 + i), max_tokens=6) for i in range(6)]
-    runs = []
-    for _ in range(2):
-        sched = wb.Scheduler(model, tok, max_batch=6, prefill_step_size=16, batch_invariant=True)
-        uids = [sched.submit(r) for r in reqs]
-        sched.run()
-        runs.append([(sched.tokens(u), sched.logprobs(u)) for u in uids])
-    print(json.dumps({"key": invariant_record.record_key(), "sweeps": sweeps, "blocks": blocks,
-                      "recorded": table.get(invariant_record.record_key()), "same_blas": same_blas,
-                      "twice_equal": runs[0] == runs[1]}))
+    first, second = run_to_run.twice(model, tok, reqs, max_batch=6)
+    table, key = rec.recorded(), rec.record_key()
+    print(json.dumps({
+        "key": key, "sweeps": rec.sweeps(model), "recorded": table.get(key), "twice_equal": first == second,
+        "blocks": {k: list(v) if v else None for k, v in rec.calibrated_blocks(model).items()},
+        "same_blas": [k for k in table if k.split(" | ", 1)[1] == rec.blas_id()],
+    }))
 """)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
-def test_with_openblas_switches_cost_rounding_only_no_neighbour_leaks_and_the_blocks_hold(monkeypatch):
-    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
+def _in_a_process_with_openblas(code):
+    """``code``'s last printed line as JSON, run by a fresh interpreter that loads OpenBLAS."""
+    env = dict(os.environ)
+    env.pop("WORKBENCH_BLAS", None)  # the suite itself runs with it off
     if find_blas() is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
-    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
-    out = subprocess.run(
-        [sys.executable, "-c", OPENBLAS_SCRIPT], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
+def test_with_openblas_switches_cost_rounding_only_no_neighbour_leaks_and_the_blocks_hold():
+    got = _in_a_process_with_openblas(OPENBLAS_SCRIPT)
     for sig, s in got["sweeps"].items():
         assert s["leaks"] == [] and s["moved"] == [], (sig, s)  # a neighbour never reaches a row's bits
         assert s["max_diff"] < 1e-3, (sig, s)  # a kernel switch costs rounding only

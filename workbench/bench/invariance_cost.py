@@ -43,10 +43,10 @@ class StepCost:
     default_ms: float
     invariant_ms: float
     ratio: float
-    quartiles: tuple[float, ...]
-    pairs: int
-    load: float
-    cpu_ratio: float
+    quartiles: tuple[float, ...] = ()
+    pairs: int = 0
+    load: float = 0.0
+    cpu_ratio: float = 1.0
 
 
 @dataclass(frozen=True)

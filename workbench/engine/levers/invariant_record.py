@@ -12,9 +12,8 @@ Must not know: the scheduler.
 
 from __future__ import annotations
 
-import ast
 import ctypes
-import pprint
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import mlx.core as mx
 from .invariant import PROJECTIONS, _in_features, _plain_call, signature
 from .invariant_blocks import block_from, sweep
 
-RECORD_PATH = Path(__file__).with_name("invariant_blocks_record.py")
+RECORD_PATH = Path(__file__).with_name("invariant_blocks_record.json")
 
 
 def blas_id() -> str:
@@ -49,11 +48,9 @@ def record_key() -> str:
 
 
 def recorded() -> dict[str, dict[str, list[int]]]:
-    """:data:`RECORD_PATH`'s ``RECORDED`` table: record key -> projection signature ->
-    ``[lo, hi]`` (``None``: one row per call)."""
-    if not RECORD_PATH.exists():
-        return {}
-    return ast.literal_eval(RECORD_PATH.read_text().split("RECORDED = ", 1)[1])
+    """:data:`RECORD_PATH`'s table: record key -> projection signature -> ``[lo, hi]``
+    (``None``: one row per call); empty where the file is missing."""
+    return json.loads(RECORD_PATH.read_text()) if RECORD_PATH.exists() else {}
 
 
 def calibrated_blocks(model: Any) -> dict[str, tuple[int, int] | None]:
@@ -61,15 +58,35 @@ def calibrated_blocks(model: Any) -> dict[str, tuple[int, int] | None]:
     :func:`~.invariant_blocks.block_from`'s ``(lo, hi)``. What :data:`RECORD_PATH` records
     per :func:`record_key` (``python -m workbench.engine.levers.invariant_record`` writes it
     for the bundled model)."""
-    out: dict[str, tuple[int, int] | None] = {}
+    return {
+        sig: block_from(sweep(_plain_call(m), _in_features(m), m["weight"].dtype))
+        for sig, m in _float_projections(model).items()
+    }
+
+
+def sweeps(model: Any) -> dict[str, dict]:
+    """Per distinct float projection of ``model`` (``str(signature)``), the kernel-threshold
+    sweep with its neighbour and position checks (:func:`~.invariant_blocks.sweep`,
+    ``neighbours=True``): ``{"leaks", "moved", "switches"}`` (row counts) and ``"max_diff"``
+    (the largest difference from the row alone)."""
+    out: dict[str, dict] = {}
+    for sig, m in _float_projections(model).items():
+        s = sweep(_plain_call(m), _in_features(m), m["weight"].dtype, neighbours=True)
+        out[sig] = {
+            "leaks": [M for M, x in zip(s.rows, s.leak) if x],
+            "moved": [M for M, x in zip(s.rows, s.moved) if x],
+            "switches": s.switches(),
+            "max_diff": max(s.max_diff),
+        }
+    return out
+
+
+def _float_projections(model: Any) -> dict[str, Any]:
+    """``str(signature)`` -> the first float projection of ``model`` with it."""
+    out: dict[str, Any] = {}
     for _, m in model.named_modules():
-        if (
-            isinstance(m, PROJECTIONS)
-            and "weight" in m
-            and "scales" not in m
-            and str(signature(m)) not in out
-        ):
-            out[str(signature(m))] = block_from(sweep(_plain_call(m), _in_features(m), m["weight"].dtype))
+        if isinstance(m, PROJECTIONS) and "weight" in m and "scales" not in m:
+            out.setdefault(str(signature(m)), m)
     return out
 
 
@@ -80,12 +97,7 @@ def main() -> None:
     model, _ = load()
     table = recorded()
     table[record_key()] = {k: list(v) if v else None for k, v in calibrated_blocks(model).items()}
-    RECORD_PATH.write_text(
-        '"""Calibrated row blocks of the bundled model per (mlx version, BLAS): written by\n'
-        "`python -m workbench.engine.levers.invariant_record` (run it under each BLAS), checked by\n"
-        'tests/engine/test_invariant_blocks.py."""\n\n'
-        f"RECORDED = {pprint.pformat(table, width=110)}\n"
-    )
+    RECORD_PATH.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     print(f"recorded {record_key()} in {RECORD_PATH}")
 
 

@@ -122,10 +122,10 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _in_a_process_with_openblas(code):
+def _in_a_process_with_openblas(code, monkeypatch):
     """``code``'s last printed line as JSON, run by a fresh interpreter that loads OpenBLAS."""
+    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
     env = dict(os.environ)
-    env.pop("WORKBENCH_BLAS", None)  # the suite itself runs with it off
     if find_blas() is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
@@ -134,8 +134,8 @@ def _in_a_process_with_openblas(code):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
-def test_with_openblas_switches_cost_rounding_only_no_neighbour_leaks_and_the_blocks_hold():
-    got = _in_a_process_with_openblas(OPENBLAS_SCRIPT)
+def test_with_openblas_switches_cost_rounding_only_no_neighbour_leaks_and_the_blocks_hold(monkeypatch):
+    got = _in_a_process_with_openblas(OPENBLAS_SCRIPT, monkeypatch)
     for sig, s in got["sweeps"].items():
         assert s["leaks"] == [] and s["moved"] == [], (sig, s)  # a neighbour never reaches a row's bits
         assert s["max_diff"] < 1e-3, (sig, s)  # a kernel switch costs rounding only

@@ -41,12 +41,61 @@ def _invariance(args: argparse.Namespace) -> int:
     from .verify.invariance import audit
     from .workloads.workload import prompt_of_length
 
+    if args.device:
+        import mlx.core as mx
+
+        mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    if args.cost:
+        return _invariance_cost(args)
     model, tokenizer = load(args.model) if args.model else load()
-    B = max(args.batch_sizes)
+    batch_sizes = args.batch_sizes or [8, 32]
+    B = max(batch_sizes)
     prompts = [prompt_of_length(tokenizer, 3 + (17 * i) % 60, 11 * i + 1) for i in range(B)]
-    result = audit(model, tokenizer, prompts, batch_sizes=tuple(args.batch_sizes), max_tokens=args.max_tokens)
+    result = audit(model, tokenizer, prompts, batch_sizes=tuple(batch_sizes), max_tokens=args.max_tokens)
     print(result.text())
     return 0 if all(eq == n for (mode, _), (eq, n) in result.end_to_end.items() if mode == "invariant") else 1
+
+
+def _invariance_cost(args: argparse.Namespace) -> int:
+    import json
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from .bench import model as bench_model
+    from .bench.invariance_cost import measure
+    from .runtime.loading import load
+
+    dtype = getattr(mx, args.dtype) if args.dtype else None
+    if args.bench_shape:
+        from dataclasses import replace
+
+        from .bench.gpu import LLAMA_1B
+
+        one_b = replace(LLAMA_1B, tie_word_embeddings=False)  # its own LM head, as issue 39 measured
+        shape = {"full": bench_model.FULL, "quick": bench_model.QUICK, "1b": one_b}[args.bench_shape]
+        model, tokenizer = (
+            bench_model.make_model(shape, dtype=dtype or mx.float32),
+            SimpleNamespace(eos_token_ids=[]),
+        )
+    else:
+        model, tokenizer = load(args.model) if args.model else load()
+        if dtype is not None:
+            model.set_dtype(dtype)
+    report = measure(
+        model,
+        tokenizer,
+        batch_sizes=tuple(args.batch_sizes or [1, 8, 32]),
+        pairs=args.pairs,
+        prefill_batch=args.prefill_batch,
+        prefill_range=tuple(args.prefill_range),
+        progress=lambda line: print(line, flush=True),
+    )
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with Path(args.out).open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in report.records())
+    return 0
 
 
 def _goldens(args: argparse.Namespace) -> int:
@@ -492,9 +541,52 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model(iv)
     iv.add_argument(
-        "--batch-sizes", type=positive_int, nargs="+", default=[8, 32], help="batch sizes B (default 8 32)"
+        "--batch-sizes",
+        type=positive_int,
+        nargs="+",
+        default=None,
+        help="batch sizes B (default 8 32; with --cost 1 8 32)",
     )
     iv.add_argument("--max-tokens", type=positive_int, default=12, help="tokens per row (default 12)")
+    iv.add_argument(
+        "--cost",
+        action="store_true",
+        help="instead: time the mode against the default path in one run, alternating: the decode step "
+        "at each B and the prefill (submit to first token) of --prefill-batch prompts (issue 39)",
+    )
+    iv.add_argument(
+        "--bench-shape",
+        choices=("full", "quick", "1b"),
+        default=None,
+        help="with --cost: the bench's random llama (full: llama-155m; 1b: the GPU bench's 1B shape) "
+        "instead of --model",
+    )
+    iv.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="with --cost: cast the weights (default: the model's own; float32 for --bench-shape)",
+    )
+    iv.add_argument(
+        "--pairs", type=positive_int, default=24, help="with --cost: step pairs per B (default 24)"
+    )
+    iv.add_argument(
+        "--prefill-batch",
+        type=int,
+        default=4,
+        help="with --cost: prompts P of the prefill timing (default 4; 0: none)",
+    )
+    iv.add_argument(
+        "--prefill-range",
+        type=positive_int,
+        nargs=2,
+        default=[160, 512],
+        metavar=("LO", "HI"),
+        help="with --cost: the prefill prompts' tokens (default 160 512)",
+    )
+    iv.add_argument("--out", default=None, help="with --cost: append JSON lines to this file")
+    iv.add_argument(
+        "--device", choices=("cpu", "gpu"), default=None, help="MLX device (default: MLX's default)"
+    )
     se = _command(
         sub,
         "serve",

@@ -7,6 +7,9 @@ are bit-equal to their runs alone.
     python scripts/lab/invariance_cost.py --model tiny-code --batch-sizes 1 8 32
     python scripts/lab/invariance_cost.py --device gpu --dtype bfloat16 --shape 1b --batch-sizes 1 8 32 128
 
+``workbench invariance --cost`` times the mode against the default path alone, in alternating
+step pairs and with issue 39's prefill (``workbench/bench/invariance_cost.py``).
+
 Prints one line per (B, engine) with ms per decode step (median of rounds), the
 invariant / default and default / mlx-lm ratios, and writes JSON lines to ``--out``.
 """
@@ -18,6 +21,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 
 def main() -> None:
@@ -55,7 +59,8 @@ def main() -> None:
             from workbench.bench.gpu import LLAMA_1B
 
             shapes["1b"] = replace(LLAMA_1B, tie_word_embeddings=False)  # as measured: its own LM head
-        model, tok = bench_model.make_model(shapes[args.shape], dtype=dtype), None
+        model = bench_model.make_model(shapes[args.shape], dtype=dtype)
+        tok = SimpleNamespace(eos_token_ids=[])  # random weights, no vocabulary: nothing stops a row
     if args.dtype != "float32":
         model.set_dtype(dtype)
     vocab = model.args.vocab_size if hasattr(model, "args") else 4096

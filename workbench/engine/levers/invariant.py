@@ -245,6 +245,7 @@ class Invariance:
 
 
 _CALIBRATED: dict = {}  # (backend, signature) -> RowBlocks: shapes decide kernels, not weights
+_SWEPT: dict = {}  # CPU (weight shape, dtype, bias) -> the swept RowBlocks or None (no clean run)
 
 
 def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
@@ -254,6 +255,16 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
     dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
     if first is None and backend() == "cpu":
         return None  # MLX's own CPU kernels (bf16/fp16, quantized): rows equal at every M, measured
+    if backend() == "cpu":  # the BLAS's sgemm: one kernel group's row counts, swept (invariant_blocks)
+        from .invariant_blocks import block_from, sweep
+
+        sgemm = (tuple(module["weight"].shape), str(dtype), "bias" in module)  # Linear or as_linear alike
+        if sgemm not in _SWEPT:
+            run = block_from(sweep(f, K, dtype))
+            ok = run is not None and rows_agree(f, K, dtype, RowBlocks(*run), counts=(run[1] + 1,))
+            _SWEPT[sgemm] = RowBlocks(*run) if ok else None
+        if _SWEPT[sgemm] is not None:
+            return _SWEPT[sgemm]
     apart = rows_apart_linear(module)
     if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
         first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)

@@ -1,0 +1,63 @@
+"""``workbench invariance --cost``: the batch-invariant mode's decode step and prefill against
+the default path, alternating, in one run (issue 39's cost table)."""
+
+import json
+
+import pytest
+
+import workbench as wb
+from workbench.bench import invariance_cost
+from workbench.cli import main
+
+pytestmark = pytest.mark.model
+
+
+def test_measure_times_each_b_in_alternating_pairs_and_the_prefill():
+    model, tok = wb.load()
+    report = invariance_cost.measure(
+        model, tok, batch_sizes=(1, 3), pairs=3, prefill_batch=2, prefill_range=(20, 40)
+    )
+    assert [s.B for s in report.steps] == [1, 3]
+    for s in report.steps:
+        assert s.pairs == 3 and s.default_ms > 0 and s.invariant_ms > 0 and s.ratio > 0
+        assert len(s.quartiles) == 3 and s.quartiles[0] <= s.ratio <= s.quartiles[2]
+    assert len(report.prefill.lengths) == 2 and all(20 <= n <= 40 for n in report.prefill.lengths)
+    assert len(report.prefill.rounds) == 3 and report.prefill.ratio > 0
+    text = report.text().splitlines()
+    assert text[0].startswith("B =   1: step ms default") and "invariant/default" in text[1]
+    assert text[2].startswith("prefill of 2 prompts of ")
+    assert [r.get("B") for r in report.records()] == [1, 3, None]
+
+
+def test_measure_names_a_bad_setting():
+    model, tok = wb.load()
+    with pytest.raises(ValueError, match="pairs"):
+        invariance_cost.measure(model, tok, pairs=0)
+    with pytest.raises(ValueError, match="prefill_range"):
+        invariance_cost.measure(model, tok, batch_sizes=(1,), pairs=1, prefill_range=(50, 10))
+
+
+def test_the_command_prints_the_step_ratios_and_the_prefill_ratio(capsys, tmp_path):
+    out = tmp_path / "cost.jsonl"
+    args = ["invariance", "--cost", "--bench-shape", "quick", "--batch-sizes", "1", "2", "--pairs", "2"]
+    assert (
+        main(
+            [
+                *args,
+                "--prefill-batch",
+                "1",
+                "--prefill-range",
+                "8",
+                "16",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["B =   1", "B =   2", lines[2].split(":")[0]]
+    assert lines[2].startswith("prefill of 1 prompts of ") and "invariant/default" in lines[2]
+    assert [json.loads(x).get("B") for x in out.read_text().splitlines()] == [1, 2, None]

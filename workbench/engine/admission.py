@@ -211,10 +211,8 @@ class Admission:
         """Why admission would admit none of ``st.queue`` when the engine is idle (no running
         row, no prefilling group), planned by ``ledger`` once what may yield (held prompts,
         prompt-cache entries) has yielded; ``""`` when it admits someone, nothing waits or
-        the engine is not idle. One request alone always fits an idle engine (``submit``
-        refuses one that would not), so a non-empty answer is a wedge: ``admit()`` would
-        change nothing, for ever. Reads no clock (a request's ``waited_s`` counts to the
-        latest submission)."""
+        the engine is not idle; a non-empty answer is a wedge (``admit()`` would change
+        nothing, for ever). Reads no clock (``waited_s`` counts to the latest submission)."""
         queue = st.queue
         if not queue or st.prefilling is not None or st.batch.rows:
             return ""

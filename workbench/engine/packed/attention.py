@@ -281,13 +281,9 @@ def packed_forward(
     lazy) through ``model`` as one
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
-    chunk's last token (``R = 0``: an empty ``[0, V]``).
-
-    ``decode_kernel``: the decode rows' attention by the CUDA paged-attention kernel
-    (:func:`workbench.engine.packed.cuda_attention.selected`: ``None`` on CUDA where it
-    serves the model's heads and pools, ``False`` never: MLX ops as on the CPU).
-    ``token_attention``: every token attended on its own by it (the batch-invariant mode;
-    :class:`PagedLayer`'s ``per_token``).
+    chunk's last token (``R = 0``: an empty ``[0, V]``). ``decode_kernel``: the decode rows
+    by the CUDA kernel (:func:`workbench.engine.packed.cuda_attention.selected`: ``None``
+    where it serves the model, ``False`` never); ``token_attention``: as :func:`paged_layers`.
 
     Raises:
         ValueError: a chunk beyond its request's pages.

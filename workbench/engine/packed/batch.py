@@ -86,11 +86,8 @@ class PackedBatch:
         max_pages: most pages the pools may allocate (``kv_budget_bytes // page_bytes``;
             ``None``: no limit).
         cache_pages: prefix caching: most unreferenced pages kept cached (``None``: off).
-        decode_kernel: the decode rows' attention by the CUDA paged-attention kernel
-            (``None``: on CUDA where it serves the model; ``False``: never;
-            :func:`~workbench.engine.packed.attention.packed_forward`).
-        token_attention: every token attended on its own by it (the batch-invariant mode,
-            :func:`~workbench.engine.packed.attention.packed_forward`), or ``None``.
+        decode_kernel, token_attention: as
+            :func:`~workbench.engine.packed.attention.packed_forward`'s.
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.

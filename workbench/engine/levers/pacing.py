@@ -269,9 +269,8 @@ class Pacer:
         two, or all ``remaining_tokens``) — unless that is shorter than an *efficient*
         chunk (:meth:`efficient_tokens`, at least ``min_chunk_tokens``): then none, or,
         when ``first`` (nothing ran this iteration), the efficient chunk itself, over the
-        budget. With ``budget_s`` infinite
-        (no running row): ``remaining_tokens`` up to the cap; before any cost is known:
-        a ``min_chunk_tokens`` probe when ``first``, else none."""
+        budget. With ``budget_s`` infinite (no running row): ``remaining_tokens`` up to the
+        cap; before any cost is known: a ``min_chunk_tokens`` probe when ``first``, else none."""
         cap = min(remaining_tokens, self.prefill_step_size)
         if cap <= 0 or math.isinf(budget_s):
             return max(cap, 0)

@@ -17,14 +17,10 @@ Rules (the scheduler applies the :class:`Decision`):
   first, the latest joined among equals) if that makes it fit; never when it would not,
   and never a row that could not resume alone on an idle engine.
 
-No starvation: the first request waits only while running rows hold bytes, and one alone
-on an empty engine always fits (``submit`` refuses one that would not). What the engine
-holds for later may not keep it out: the scheduler decides again without it before a
-request waits (the prompts held for queued ``submit_n`` samples, which bound the projection
-of every joiner while held; on an idle engine, the prompt-cache entries), and
-:meth:`Admission.wedge` names an idle engine whose queue admission would still admit none
-of (``Scheduler.check()`` reports it, ``run()`` raises). A policy is any object with
-``name`` and ``order(queue: [Queued]) -> [uid]``.
+No starvation: one request alone on an empty engine always fits (``submit`` refuses one
+that would not); :meth:`Admission.wedge` names an idle engine that would still admit none
+(why this holds: ``docs/lab/engine-notes.md``). A policy is any object with ``name`` and
+``order(queue: [Queued]) -> [uid]``.
 """
 
 from __future__ import annotations
@@ -215,10 +211,8 @@ class Admission:
         """Why admission would admit none of ``st.queue`` when the engine is idle (no running
         row, no prefilling group), planned by ``ledger`` once what may yield (held prompts,
         prompt-cache entries) has yielded; ``""`` when it admits someone, nothing waits or
-        the engine is not idle. One request alone always fits an idle engine (``submit``
-        refuses one that would not), so a non-empty answer is a wedge: ``admit()`` would
-        change nothing, for ever. Reads no clock (a request's ``waited_s`` counts to the
-        latest submission)."""
+        the engine is not idle; a non-empty answer is a wedge (``admit()`` would change
+        nothing, for ever). Reads no clock (``waited_s`` counts to the latest submission)."""
         queue = st.queue
         if not queue or st.prefilling is not None or st.batch.rows:
             return ""
@@ -254,8 +248,7 @@ class Admission:
         """Running unfinished rows of lower priority than ``joiner`` to preempt so that
         ``group`` (the joiner alone) fits, lowest priority (then latest joined) first;
         ``[]`` if even all of them would not make room. A row whose resumed inputs (prompt
-        and tokens so far) would not fit alone on an idle engine is never a victim: it could
-        never come back (the projection of a longer input may exceed what its prompt did)."""
+        and tokens so far) would not fit alone on an idle engine is never a victim."""
         want = joiner.valid.request.priority
         idle = plan.idle() if plan is not None else None
         lower = [

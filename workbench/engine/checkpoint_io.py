@@ -23,30 +23,13 @@ does): ``cp.save("run1/batch")`` writes and returns ``run1/batch.safetensors``, 
 ``Checkpoint.load("run1/batch", sched)`` reads the same file. A path that is a folder is
 refused.
 
-What is not saved: the prompt cache's entries (the loading scheduler keeps its own), the
-snapshot history and the checkpoints kept with it, and a prefilling group's partial
-prefill: its members are saved as queued and prefill again after loading (their tokens
-are the same; the events then show a second ``admit``). A request with a callable
-(``logits_processors``, ``sampler``, ``on_token``) cannot be saved while it runs (refused,
-naming the uid and the field), nor one with a structured-output constraint (its grammar
-state is not saved); a finished one is saved without them. A quantized KV cache
-(``kv_bits``) is refused: mlx-lm's loader does not know its class; so is the packed layout's
-(its pages are not in the file format yet: its checkpoints restore in memory).
-
-Loading trusts nothing in the file. It refuses (``ValueError`` naming what differs) a file of
-another format or version, or one saved by a scheduler whose model (class, config, a digest
-of every base weight's bytes under its unwrapped name, and of the loaded adapters' weights),
-tokenizer (vocabulary size, EOS ids) or settings (every :class:`SchedulerConfig` field, the
-loaded adapters) differ from the loading scheduler's. Then every field is checked before
-anything is built (``ValueError`` naming the field and the limit, e.g. ``checkpoint field
-batch.pending.tokens[2]: 50000 outside the vocabulary [0, 4096)``): token ids (prompts,
-generated, top-k, pending) against the vocabulary; counts, offsets and lengths against each
-other; uids unique and ``0 .. next_uid - 1``; statuses and finish reasons among the known ones;
-numbers finite or non-negative where the engine needs it; every cache layer's class and every
-array's shape and dtype against this model's own caches (a one-token probe: ``n_kv_heads``,
-``head_dim``, dtype, window, recurrent state shapes) and the batch (``B`` rows plus free slots,
-each row's offset equal to its token count, left padding + offset = KV width). The loading
-scheduler is never changed.
+Not saved: the prompt cache's entries, the snapshot history, a prefilling group's partial
+prefill (its members load as queued). Refused at save (naming the uid and field): a running
+request with a callable or a structured-output constraint, a quantized KV cache, the packed
+layout. Loading trusts nothing in the file: a different format, version, model, tokenizer or
+settings, and every field out of its range (:mod:`workbench.engine.checkpoint_fields`), are
+refused with a ``ValueError`` naming what differs; the loading scheduler is never changed.
+Details and reasons: ``docs/lab/engine-notes.md``.
 """
 
 from __future__ import annotations

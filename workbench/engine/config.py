@@ -5,8 +5,8 @@ default and limits, and which of them a fork may change. Must not know: the mode
 the levers' own types (``pacing``, ``kv_bits`` / ``kv_group_size`` and ``fast_decode``
 are checked by their levers when the scheduler is built, as they depend on them).
 
-Like nano-vllm's ``Config``: validated once in ``__post_init__``; a change is a
-``dataclasses.replace`` (validated again)::
+Validated once in ``__post_init__``; a change is a ``dataclasses.replace`` (validated
+again)::
 
     cfg = SchedulerConfig(max_batch=8, prefill_step_size=512)
     sched = Scheduler(model, tokenizer, cfg, pipeline=False)   # = replace(cfg, pipeline=False)
@@ -83,8 +83,7 @@ class SchedulerConfig:
         layout (default ``"padded"``): "padded" (mlx-lm's left-padded batch caches) or "packed"
             (engine/packed/)
         page_size (default ``16``): packed layout: token positions per KV page, 1..128
-            (128: vLLM's largest block; each row's last page is partly empty, so a larger
-            page only wastes memory; docs/packed.md)
+            (docs/packed.md)
         max_num_batched_tokens (default ``None``): packed: most tokens per forward (vLLM's);
             None: prefill_step_size
         packed_schedule (default ``"hybrid"``): packed: "hybrid", "prefill-first" or
@@ -173,15 +172,9 @@ class SchedulerConfig:
     def refuse_unhonoured(self, adapters: bool = False) -> None:
         """Refuse a setting the other settings leave without effect (:data:`UNHONOURED`).
 
-        The rule: a setting at its default asks for nothing (the packed layout takes the
-        default ``reuse_slots=True``, speculative decoding the default ``pipeline=True``: its
-        verify steps read the tokens they draft from, so only its join forwards are launched
-        ahead); a value other than the default asks for what it says, so where the
-        configuration would not do it the scheduler is not built. A lever's own parameter
-        (``kv_group_size`` of ``kv_bits``, ``num_draft_tokens`` of ``speculative``) is not
-        refused with its lever off, as mlx-lm's ``generate_step`` takes them: a scheduler
-        made from another by turning the lever off (``sched.fresh(kv_bits=None)``) carries it.
-        Called by the
+        A setting at its default asks for nothing; a value other than the default asks for
+        what it says. A lever's own parameter (``kv_group_size``, ``num_draft_tokens``) is not
+        refused with its lever off (why: ``docs/lab/engine-notes.md``). Called by the
         :class:`~workbench.engine.scheduler.Scheduler` (a config alone may be a template).
 
         Args:

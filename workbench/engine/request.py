@@ -63,8 +63,7 @@ class Request:
         stop_ids: token ids that end the row (finish reason ``stop``); ``None`` means the
             tokenizer's EOS ids. Duplicates are harmless (a set). A constrained row
             (``json_schema`` / ``regex`` / ``choices``) always stops at the EOS ids too, whatever
-            ``stop_ids`` says: its grammar allows EOS only where the output is complete, so EOS
-            is the grammar's end, never text (as vLLM, whose ``stop_token_ids`` add to EOS).
+            ``stop_ids`` says (its grammar's end).
         priority: larger is more urgent; used by the ``priority`` admission policy and
             by preemption (the lowest priority is preempted first).
         seed: PRNG seed of a sampled row (``>= 0``); the row's tokens then do not depend

@@ -8,7 +8,7 @@ know: the scheduler, caches.
 Greedy rows without processors share one ``argmax`` over the batch (as mlx-lm's
 ``BatchGenerator``). Every other row is processed alone: its processors see only its own
 tokens (never padding), and its ``t``-th draw uses the key :func:`token_key` ``(seed, t)``,
-which nothing else changes (mlx-lm's one global PRNG state cannot batch seeded requests).
+which nothing else changes (why not mlx-lm's PRNG: ``docs/lab/engine-notes.md``).
 
 A processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a sampler one
 integer id in ``[0, V)`` (:func:`sampler_token`, checked lazily on the device by
@@ -33,9 +33,7 @@ from .request import Request
 
 def token_key(seed: int, t: int) -> mx.array:
     """The PRNG key of a row's ``t``-th sampled token (0-based): ``mx.random.key`` of a
-    64-bit hash (BLAKE2b) of ``(seed, t)``, so it depends on nothing else. (mlx-lm draws
-    every row from one global PRNG state; splitting one key into ``max_tokens + 1`` parts
-    would make token ``t`` depend on ``max_tokens``.)"""
+    64-bit hash (BLAKE2b) of ``(seed, t)``, so it depends on nothing else."""
     digest = hashlib.blake2b(f"{seed}:{t}".encode(), digest_size=8).digest()
     return mx.random.key(int.from_bytes(digest, "little"))
 

@@ -1,22 +1,10 @@
 """What mlx-lm's batch caches will really allocate: the projection the KV budget admits on.
 
-Knows: how mlx-lm 0.32's caches allocate (``mlx_lm/models/cache.py``), per cache row and
-layer, and the model's per-layer sizes (:class:`workbench.engine.kv.profile.LayerBytes`).
-Must not know: the queue, the policy, events. Pure integer arithmetic; the one function
-that reads caches (:func:`read_allocation`) reads only their public fields.
-
-mlx-lm's allocation rules (``T`` tokens, ``W`` a ring's window, ``STEP_TOKENS = 256``):
-
-- **full attention** (``KVCache``, ``BatchKVCache``, the quantized batch cache): a write of
-  ``S`` positions at write index ``i`` that does not fit the capacity allocates
-  ``256 * ceil(S / 256)`` more (``update_and_fetch``; unused capacity is cut first when
-  ``i`` is not a multiple of 256). All rows of a batch share one capacity, so every row is
-  left-padded to the widest (``merge`` allocates the widest row exactly, ``extend`` the
-  larger capacity, ``filter`` keeps the capacity and drops shared left padding).
-- **ring** (``RotatingKVCache`` / ``BatchRotatingKVCache``, window ``W``): a prefill chunk
-  of ``S`` tokens is concatenated to at most ``W - 1`` kept positions (``W - 1 + S``); a
-  one-token step grows by ``min(256, W - offset)`` up to ``W`` and trims to ``W``.
-- **SSM** (``ArraysCache``): a fixed state per row, whatever the tokens.
+Knows: how mlx-lm's caches allocate (``mlx_lm/models/cache.py``: full attention grows by
+``STEP_TOKENS`` positions shared by all rows, rings up to their window ``W``, SSM states are
+fixed; the rules in full: ``docs/lab/engine-notes.md``), and the model's per-layer sizes
+(:class:`workbench.engine.kv.profile.LayerBytes`). Must not know: the queue, the policy,
+events. Pure integer arithmetic; :func:`read_allocation` reads only caches' public fields.
 
 The projection bounds the bytes held between two engine calls until every row finishes
 (``filter()`` following the ``step()`` that finishes a row, as in ``run()``): for ``R``
@@ -31,8 +19,7 @@ position): four 20-token prompts, ``max_tokens=8``, prefilled together in one ch
     after the join   4 rows x 256 positions x 2,048 bytes = 2,097,152 bytes
     decode           widest row ends at 20 + 8 = 28 <= 256: no growth
 
-so the projection is 2,097,152 bytes: the bytes the batch really holds (the per-request
-sum ``4 x 28 x 2,048 = 229,376`` is 9.1x too small).
+so the projection is 2,097,152 bytes: the bytes the batch really holds.
 """
 
 from __future__ import annotations

@@ -7,21 +7,18 @@ Knows: the storage of mlx-lm's ``BatchKVCache`` (keys and values
 ``[B, n_kv_heads, S, head_dim]``, ``left_padding`` ``[B]``, ``offset`` ``[B]``, ``_idx``)
 and ``ArraysCache`` (states ``[B, ...]``). Must not know: requests, events, the policy.
 
-**Free slots**: mlx-lm's ``filter`` and ``extend`` copy every row (about a decode step's
-memory traffic each). A joiner can instead be *written into a finished row's slot*: one
+**Free slots**: a joiner *written into a finished row's slot* (one
 ``[1, n_kv_heads, S, head_dim]`` slice update per layer, older positions zeroed and masked
-by a new left padding. Slot 1 (uid 7 finished) reused by a 2-token joiner, ``_idx = 4``::
+by a new left padding) instead of ``filter`` + ``extend`` (why: ``docs/lab/engine-notes.md``).
+Slot 1 (uid 7 finished) reused by a 2-token joiner, ``_idx = 4``::
 
     before (uid 7 evicted)          after fill_slots
     row 0  uid 3  [a b c d]  lp 0    row 0  uid 3  [a b c d]  lp 0
     row 1  ----   [p q r s]  free    row 1  uid 9  [0 0 x y]  lp 2, offset 2
     row 2  uid 5  [0 e f g]  lp 1    row 2  uid 5  [0 e f g]  lp 1
 
-The result is the cache ``filter`` + ``extend`` would give, with rows in a different
-order and the shared left padding not trimmed; the mask each row gets (mlx-lm's
-``create_causal_mask`` from ``left_padding``) admits exactly the same keys. Layers of any
-other kind (``BatchRotatingKVCache`` rings) make :func:`can_fill` refuse, and the
-scheduler falls back to ``filter`` + ``extend``.
+Each row's mask (mlx-lm's ``create_causal_mask``) admits exactly the keys ``filter`` +
+``extend`` would give it. Other layer kinds (rings) make :func:`can_fill` refuse.
 """
 
 from __future__ import annotations
@@ -192,9 +189,6 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
     width, as the end of mlx-lm's ``BatchKVCache.filter`` does ("shift left to reduce
     padding"): ``keys[..., m:, :]``, ``_idx -= m``, ``left_padding -= m``.
 
-    Joins into free slots never run ``filter``: without this the width of the oldest row
-    would stay forever. A trim makes the next write copy the cache once, hence the threshold.
-
     Args:
         longest_row_tokens: the most tokens any row holds (the scheduler's count).
 
@@ -258,16 +252,10 @@ APPEND_ONLY = (
 def clone_cache(cache: Any, share_appended: bool = False) -> Any:
     """An independent copy of one mlx-lm cache object (any class, ``CacheList`` members
     included): a shallow copy whose MLX arrays are new handles on the same buffers (see
-    :func:`_handle`) and whose Python fields (``_idx``, offsets as ints) are its own.
-
-    Nothing is copied in memory: the first write to a shared buffer after cloning copies
-    that buffer once (MLX does not donate a buffer another array still holds).
-
-    With ``share_appended`` (the engine's per-call savepoints) the keys and values of
-    append-only caches (``KVCache``, ``BatchKVCache``) are the *same* array objects, so
-    the live cache keeps updating them in place (no copy); the copy stays right because
-    those caches write only at and after the write index it keeps (``_idx`` /
-    ``offset``), and nothing reads past it. Ring buffers and states get new handles."""
+    :func:`_handle`) and whose Python fields (``_idx``, offsets as ints) are its own;
+    nothing is copied until the next write. With ``share_appended`` (the engine's per-call
+    savepoints) append-only caches' keys and values are the *same* array objects (why this
+    is safe: ``docs/lab/engine-notes.md``); ring buffers and states get new handles."""
     out = object.__new__(type(cache))
     fields = dict(vars(cache))
     shared = ("keys", "values") if share_appended and isinstance(cache, APPEND_ONLY) else ()

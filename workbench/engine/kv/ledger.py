@@ -10,13 +10,9 @@ One ceiling for everything that holds KV bytes::
     batch caches (free slots included) + prefilling group's caches + prompt-cache entries
         + shared prompts <= kv_budget_bytes, between any two engine calls
 
-Admission keeps the first two under the budget through :meth:`KVLedger.plan`; the prompt
-cache (mlx-lm's ``LRUPromptCache``) is trimmed to ``budget - projected live bytes - shared
-prompts`` (its ``trim_to(n_bytes=)``) whenever a group is admitted or rows are stored in it,
-and the shared prompts of ``submit_n`` samples still queued
-(:mod:`workbench.engine.shared_prompts`) are dropped first when they alone do not fit; a
-prompt is held only within :meth:`KVLedger.room_bytes`. While one is held (or a prefilling
-member starts from one) the projection bounds groups as for cached prefixes (not exactly).
+Admission keeps the first two under it (:meth:`KVLedger.plan`); :meth:`KVLedger.make_room`
+drops shared prompts and trims the prompt cache (mlx-lm's ``LRUPromptCache.trim_to``) to the
+rest (when and in what order: ``docs/lab/engine-notes.md``).
 """
 
 from __future__ import annotations

@@ -5,30 +5,12 @@ Knows: the three constraint fields and their limits, llguidance (``LLMatcher``,
 ``LLTokenizer`` built from the Hugging Face tokenizer by ``llguidance.hf.from_tokenizer``),
 the model's vocabulary size. Must not know: the scheduler, caches, the batch's row order.
 
-How a row is constrained (``docs/structured-output.md`` says why llguidance):
-
-- At ``submit`` :func:`constraint_of` checks the fields (at most one of them; a dict or
-  JSON-text object schema, a non-empty regex, a non-empty list of non-empty choices) and
-  compiles the grammar against the tokenizer (:func:`compiled`: llguidance's validation,
-  its first mask and first token, within llguidance's limits), so a bad one is refused
-  before any state changes (``ValueError`` naming the field and llguidance's message or
-  limits). Compiled grammars are cached: each row starts from a copy.
-- The row's :class:`RowGrammar` is its last logits processor (``RowSampler``): for the
-  token at index ``t`` it brings its matcher to the row's generated tokens ``[0, t)`` (read
-  from the context the engine hands every processor: prompt, then generated tokens),
-  computes llguidance's bitmask and sets every refused token's logit to ``-inf`` in that
-  row only, ``[1, V]``; other rows' logits are never touched.
-- The grammar state is a function of the row's generated tokens; the matcher is only its
-  cache. :meth:`RowGrammar.sync` compares the tokens the matcher consumed with the ones
-  asked for, rolls back to their common prefix and consumes the rest, so no engine path
-  (a rolled-back or interrupted call, ``restore``, ``fork``, preemption and recompute, a
-  prompt-cache hit) can advance it twice or leave it behind.
-- A row whose grammar is complete (llguidance ``is_stopped``: only EOS may follow) finishes
-  with ``stop`` (:meth:`RowGrammar.done`); where the grammar may end, EOS is allowed and
-  ends the row as a stop id (a constrained request's stop ids always hold the EOS ids:
-  ``workbench.engine.request``), so EOS is never text. A token the grammar refuses (a
-  custom sampler ignoring the mask), a grammar with no continuation or a limit llguidance
-  hits later raises :class:`GrammarError`, which ends that row only (``error``).
+Contract: :func:`constraint_of` checks and compiles at ``submit`` (``ValueError`` naming the
+field, before any state changes); the row's :class:`RowGrammar`, its last logits processor,
+sets refused tokens' logits to ``-inf`` in that row only (``[1, V]``); its state is a function
+of the row's generated tokens (:meth:`RowGrammar.sync`); a complete grammar finishes the row
+with ``stop``; a refused token raises :class:`GrammarError`, ending that row only (``error``).
+Why llguidance: ``docs/structured-output.md``; how and why in detail: ``docs/lab/engine-notes.md``.
 
 Axis letters: ``V`` vocabulary, ``T`` context tokens (prompt + generated).
 """
@@ -197,15 +179,8 @@ def compiled(grammar: str, tokenizer: Any, field: str = "constraint") -> Any:
     """llguidance's matcher for ``grammar`` on ``tokenizer`` (an ``LLTokenizer``) at the
     start, its first mask computed: a template that :class:`RowGrammar` copies
     (``LLMatcher.deep_copy``) for each row, built once per grammar and tokenizer (the
-    :data:`MAX_COMPILED` latest kept).
-
-    Compiling is llguidance's ``validate_grammar``, then what llguidance does lazily on a
-    row's first tokens: build the matcher, compute the first mask, then, on a copy, consume
-    the first allowed token (and compute the next mask) and each allowed one-byte token (so
-    every first byte's path is taken once). A grammar beyond llguidance's limits (lexer
-    fuel, lexer states, grammar size: :func:`limits_text`) is refused here, at ``submit``,
-    rather than on its row's first token: ``regex="a{1000000}"`` spends the lexer's fuel
-    while the first mask is built, and its first token then fails. A refusal is cached too.
+    :data:`MAX_COMPILED` latest kept). A grammar beyond llguidance's limits
+    (:func:`limits_text`) is refused here, at ``submit``; a refusal is cached too.
 
     Raises:
         ValueError: naming ``field`` and llguidance's message (a grammar it refuses), or
@@ -272,7 +247,7 @@ _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyD
 def ll_tokenizer(tokenizer: Any, vocab_size: int) -> Any:
     """llguidance's ``LLTokenizer`` for mlx-lm's ``tokenizer`` and ``V`` = ``vocab_size``
     (``llguidance.hf.from_tokenizer``, its EOS = the tokenizer's ``eos_token_ids``), built
-    once per tokenizer object (about 0.9 s for a 49k vocabulary) and kept while it lives.
+    once per tokenizer object and kept while it lives.
 
     Raises:
         ValueError: the tokenizer is not a Hugging Face fast tokenizer (nothing to map).
@@ -303,10 +278,8 @@ class RowGrammar:
     Attributes:
         mask_calls: masks computed so far (for the cost benchmark).
 
-    Interrupt-safe: the matcher and the tokens it consumed are one attribute, detached
-    while the matcher changes, so an exception (``KeyboardInterrupt`` included) at any
-    point leaves either the pair as it was or none (the next call replays the tokens into
-    a fresh matcher), never a matcher that consumed a token its list does not show.
+    Interrupt-safe: an exception (``KeyboardInterrupt`` included) at any point leaves the
+    matcher and its consumed tokens as they were or drops both (the next call replays).
     """
 
     def __init__(self, constraint: Constraint, tokenizer: Any, prompt_tokens: int):

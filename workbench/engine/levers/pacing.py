@@ -5,21 +5,15 @@ Knows: the cost of the engine's forwards (:class:`workbench.engine.levers.cost.C
 what this engine measured), the shape of the next prefill chunk. Must not know: requests,
 the queue, events (the scheduler asks; :class:`Pacer` answers and learns).
 
-One *iteration* is ``admit(); step(); filter()``: a running row waits, between two
-tokens, for its decode step plus the prefill chunks and joins before it. vLLM bounds that
-by tokens (``max_num_batched_tokens``); here the budget is *time* (``docs/pacing.md``)::
+One *iteration* is ``admit(); step(); filter()``; its budget is *time*
+(``docs/pacing.md``; design notes: ``docs/lab/engine-notes.md``)::
 
     target     = itl_target_s, or itl_target_steps x the predicted decode step (default 8)
     prefill    = target - predicted decode step      (inf while no row is running)
     chunk k    = the most tokens with predicted prefill_s(rows, k, start) <= what is left
     join       = run when its predicted [n, 1] forward still fits (or nothing ran yet)
 
-Chunks are powers of two (or a prompt's last tokens), never shorter than an *efficient*
-chunk (per-token time at least its fixed time, at least ``min_chunk_tokens``): one that
-does not fit waits, unless nothing ran yet. Predictions are corrected by measurements: a
-prior ``cost_model`` scaled by the median measured / predicted ratio, else coefficients
-fitted online (:func:`workbench.engine.levers.cost.nonnegative_lstsq`). The scheduler
-reports each paced ``admit()``::
+The scheduler reports each paced ``admit()``::
 
     pacer.begin_iteration(now_s, step_index, rows, width_tokens)  # admit() starts
     pacer.observe_prefill(rows, tokens, start_tokens, seconds)    # each chunk it runs
@@ -50,9 +44,7 @@ class Pacing:
     Args:
         itl_target_s: the running rows' inter-token gap to stay under (seconds), or
             ``None`` for ``itl_target_steps`` x the predicted decode step.
-        itl_target_steps: the target as a multiple of the decode step (``> 1``; default
-            8: an iteration carries at most about seven steps' worth of prefill and
-            joins; the frontier across targets: ``docs/pacing.md``).
+        itl_target_steps: the target as a multiple of the decode step (``> 1``; default 8).
         min_chunk_tokens: the smallest prefill chunk worth running (tokens, ``>= 1``);
             an iteration that has run nothing yet runs at least this much. In the packed
             layout (:mod:`workbench.engine.levers.packed_pacing`) a forward with prefill
@@ -168,9 +160,7 @@ class Pacer:
         """A paced ``admit()`` starts at ``now_s`` (clock seconds) after ``step_index``
         decode steps, with ``rows`` running rows of at most ``width_tokens`` context.
         When exactly one step ran since the latest ``admit()`` returned, learns that
-        iteration's non-prefill time (:meth:`observe_decode`). Waits for nothing: the
-        decode forward the last step launched keeps overlapping this call, and a chunk's
-        measured time includes whatever of it was left (the two add up either way)."""
+        iteration's non-prefill time (:meth:`observe_decode`). Waits for nothing."""
         last = self.last_iteration
         if last is not None and step_index == self._step_index + 1:
             self.observe_decode(rows, width_tokens, last.decode_since_s(now_s))
@@ -279,10 +269,8 @@ class Pacer:
         two, or all ``remaining_tokens``) — unless that is shorter than an *efficient*
         chunk (:meth:`efficient_tokens`, at least ``min_chunk_tokens``): then none, or,
         when ``first`` (nothing ran this iteration), the efficient chunk itself, over the
-        budget (prefill must progress, and chunks that are mostly fixed cost would make
-        every iteration slower and the prompt slower still). With ``budget_s`` infinite
-        (no running row): ``remaining_tokens`` up to the cap; before any cost is known:
-        a ``min_chunk_tokens`` probe when ``first``, else none."""
+        budget. With ``budget_s`` infinite (no running row): ``remaining_tokens`` up to the
+        cap; before any cost is known: a ``min_chunk_tokens`` probe when ``first``, else none."""
         cap = min(remaining_tokens, self.prefill_step_size)
         if cap <= 0 or math.isinf(budget_s):
             return max(cap, 0)
@@ -306,8 +294,7 @@ class Pacer:
         """The shortest chunk (tokens per row) whose ``[rows, k]`` forward's per-token time
         is at least its fixed time (a forward's launch and weight read:
         ``prefill_s(rows, 0, start_tokens)``), up to the chunk cap; ``min_chunk_tokens``
-        before any cost is known. About 15 tokens for the bundled tiny-llama on this CPU;
-        the whole cap on a GPU, where a forward's fixed cost dwarfs its tokens."""
+        before any cost is known."""
         fixed = self.prefill_s(rows, 0, start_tokens)
         if fixed is None:
             return self.pacing.min_chunk_tokens
@@ -337,8 +324,7 @@ class Pacer:
 
     def _prior_ratio(self, kind: str) -> float:
         """The prior's correction for ``kind`` (``prefill`` / ``decode``): :meth:`_ratio`
-        over the latest ``RECENT`` samples, computed once per new sample (the planner asks
-        for predictions thousands of times an iteration)."""
+        over the latest ``RECENT`` samples, computed once per new sample."""
         ratio = self._ratios.get(kind)
         if ratio is None:
             prior = self.pacing.cost_model

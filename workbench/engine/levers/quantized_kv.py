@@ -17,11 +17,8 @@ biases [B, H, S, G])``, scales and biases in the model's activation dtype, exact
 ``quantized_scaled_dot_product_attention`` reads. Groups run along ``D`` only, so each
 position is quantized on its own (padding, rolling and slicing commute with it).
 
-The engine matches mlx-lm's ``generate_step(..., quantized_kv_start=0)``: a row's first
-forward runs on float keys, every later one on quantized keys; a row resuming a quantized
-prompt-cache prefix (one that holds its own first forward) runs every forward on quantized
-keys, as ``generate_step`` does with a ``prompt_cache`` of ``QuantizedKVCache``
-(``docs/quantized-kv.md`` says which prefixes, and why other starts are not offered).
+Mirrors ``generate_step(..., quantized_kv_start=0)``: a row's first forward on float keys,
+every later one on quantized keys (prompt-cache prefixes: ``docs/quantized-kv.md``).
 
 Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``), after
 ``merge`` of a 3-token and a 1-token solo cache::
@@ -98,8 +95,7 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> K
     ``NotImplementedError``), a model with no ``KVCache`` layer at all (nothing would
     change), or a head dim (keys ``[1, H, S, D]`` after a one-token probe
     forward) that ``group_size`` does not divide (``mx.quantize`` raises). Recurrent
-    ``ArraysCache`` layers (and ``CacheList`` members) stay float, as in
-    ``maybe_quantize_kv_cache``.
+    layers stay float, as in ``maybe_quantize_kv_cache``.
 
     Returns:
         ``quant`` with the attention path the device runs

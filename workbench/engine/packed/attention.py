@@ -7,31 +7,13 @@ from ``create_attention_mask`` -> ``cache.make_mask``, then
 ``scaled_dot_product_attention(queries, keys, values, cache=, scale=, mask=)``), and how
 ``llama.Model`` ends (``model.model`` then the LM head). Must not know: requests, the queue, events.
 
-What runs, per layer, with the model's ``Attention`` unchanged:
-
-1. RoPE at each token's own position: the layer's ``rope`` is wrapped for the forward
-   (:func:`per_token_rope`, :class:`PerTokenRoPE`) so that ``[1, H, T, D]`` is rotated
-   as ``[T, H, 1, D]`` with one offset per token (mlx-lm's RoPE takes an ``[B]`` offset
-   array), then turned back;
-2. :meth:`PagedLayer.update_and_fetch` writes the ``T`` new keys and values into the
-   layer's pool at each token's page slot;
-3. the attention, by groups (the default): mlx-lm's ``scaled_dot_product_attention`` is
-   hooked on this model instance (:mod:`workbench.engine.model_hooks`) and hands
-   the call to :meth:`PagedLayer.attend`: the decode tokens as one batched one-query
-   attention over their pages, each prefill chunk as mlx-lm's causal attention over its
-   request's pages (:mod:`workbench.engine.packed.grouped`); or ``masked``:
-   ``update_and_fetch`` returns, chunk by chunk, each request's whole context ``[1,
-   n_kv_heads, S, head_dim]`` and :meth:`PagedLayer.make_mask` the ``[T, S]``
-   block-diagonal causal mask (:func:`workbench.observe.packed.packed_mask`), and mlx-lm's
-   attention runs unchanged (``T x S`` scores: the reference the grouped path is tested
-   against).
-
-Only the sampled positions reach the LM head (:func:`lm_logits`); both swaps are
-undone after the forward.
-
-A forward of one-token decode chunks only (the steady state) runs as ``[R, 1]`` rows instead
-(:mod:`workbench.engine.packed.decode_rows`): the same values, RoPE at the rows' ``[R]``
-offsets without the wrapper, no per-token transposes, every row to the LM head.
+Per layer, with the model's ``Attention`` unchanged: RoPE at each token's own position
+(:class:`PerTokenRoPE`), the ``T`` new keys and values written into the pool
+(:meth:`PagedLayer.update_and_fetch`), then attention by groups (default,
+:meth:`PagedLayer.attend`) or ``masked`` (the ``[T, S]`` block-diagonal mask, mlx-lm's
+attention unchanged: the reference). Only the sampled positions reach the LM head
+(:func:`lm_logits`). A decode-only forward runs as ``[R, 1]`` rows
+(:mod:`workbench.engine.packed.decode_rows`). Step by step: ``docs/lab/engine-notes.md``.
 
 Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
 ``N`` pool slots (``capacity_pages * page_size``), ``H`` heads, ``D`` head dim, ``V`` vocabulary.
@@ -299,13 +281,9 @@ def packed_forward(
     lazy) through ``model`` as one
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
-    chunk's last token (``R = 0``: an empty ``[0, V]``).
-
-    ``decode_kernel``: the decode rows' attention by the CUDA paged-attention kernel
-    (:func:`workbench.engine.packed.cuda_attention.selected`: ``None`` on CUDA where it
-    serves the model's heads and pools, ``False`` never: MLX ops as on the CPU).
-    ``token_attention``: every token attended on its own by it (the batch-invariant mode;
-    :class:`PagedLayer`'s ``per_token``).
+    chunk's last token (``R = 0``: an empty ``[0, V]``). ``decode_kernel``: the decode rows
+    by the CUDA kernel (:func:`workbench.engine.packed.cuda_attention.selected`: ``None``
+    where it serves the model, ``False`` never); ``token_attention``: as :func:`paged_layers`.
 
     Raises:
         ValueError: a chunk beyond its request's pages.

@@ -6,28 +6,12 @@ the pools, the packed forward. Must not know: the queue, admission, events.
 
 Each request of the batch has *known* tokens (its inputs: prompt plus generated) of
 which ``held`` are in its pages. A joining row (PREFILLING) has many unheld tokens, a
-running row exactly one (its latest token, fed by the next forward). The read-only
-surface the scheduler and snapshots share with :class:`workbench.engine.batch.Batch`
-(``rows``, ``caches``, ``view``, ``pending``, ``free``, ``fast_path``, ``kv_bytes``,
-``filter``, ``compact``, ``clone``) keeps one scheduler loop for both layouts.
-
-With prefix caching a joiner takes the pages of its longest cached prefix at
-:meth:`PackedBatch.add` (those tokens count as held: its prefill starts after them), and
-every page a forward fills is indexed for later joiners
-(:mod:`workbench.engine.packed.prefix`). Samples of one ``submit_n`` admitted together
-(:func:`workbench.engine.siblings.shared_rows`) share one prefill: the first (the
-*leader*) prefills; the others (its *followers*) plan nothing until the leader's last
-prompt chunk, then take all its pages (:meth:`PageTable.fork`) and sample their first
-token from the same logits; their first writes copy the shared last page
-(:meth:`PageTable.copy_on_write`). A leader that leaves first (abort, preemption) hands
-its pages and progress to its next follower.
-
-A launched forward (pipelining) records the *admission* of each row it carries: a row
-that left the batch (preempted, aborted and evicted) and was admitted again under the same
-uid is another admission, so the forward's token is never read for it, nor fed to it, nor
-are its pages indexed as holding that token (:meth:`PackedBatch.carried`). Like vLLM's
-async scheduling, which must drop a stale in-flight output of a request rescheduled
-after preemption.
+running row exactly one (its latest token, fed by the next forward). It shares its
+read-only surface with :class:`workbench.engine.batch.Batch` (one scheduler loop for both
+layouts). With prefix caching a joiner starts from its longest cached prefix's pages
+(:mod:`workbench.engine.packed.prefix`); samples of one ``submit_n`` share one prefill, a
+*leader* and its *followers*; a launched forward records each row's *admission*
+(:meth:`PackedBatch.carried`). How and why: ``docs/lab/engine-notes.md``.
 
 Axis letters: ``B`` requests in the batch (row order = arrival in the batch).
 """
@@ -102,11 +86,8 @@ class PackedBatch:
         max_pages: most pages the pools may allocate (``kv_budget_bytes // page_bytes``;
             ``None``: no limit).
         cache_pages: prefix caching: most unreferenced pages kept cached (``None``: off).
-        decode_kernel: the decode rows' attention by the CUDA paged-attention kernel
-            (``None``: on CUDA where it serves the model; ``False``: never;
-            :func:`~workbench.engine.packed.attention.packed_forward`).
-        token_attention: every token attended on its own by it (the batch-invariant mode,
-            :func:`~workbench.engine.packed.attention.packed_forward`), or ``None``.
+        decode_kernel, token_attention: as
+            :func:`~workbench.engine.packed.attention.packed_forward`'s.
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.

@@ -9,16 +9,10 @@ front of the free list, so the next request that needs one reuses it at once (no
 padding, no growth step). Mirrors vLLM's ``BlockManager`` / nano-vllm's
 ``BlockManager.allocate / deallocate``.
 
-Prefix caching (``cache_pages`` not ``None``; nano-vllm's ``can_allocate`` / ``hash_blocks``,
-vLLM's automatic prefix caching): a full page is indexed by its tokens after its prefix
-(:class:`~workbench.engine.packed.prefix.PrefixIndex`) once written; a request admitted
-later :meth:`match` es the pages of its longest indexed prefix and :meth:`share` s them
-(``refs[page]`` counts the requests holding a page). A page comes back when its count
-reaches 0: to the free list, or, indexed, to the cached pages (:attr:`cached`, least
-recently used first, at most ``cache_pages``), from which a later request may take it
-again; a new page is taken from the free list, else made (up to ``max_pages``), else
-evicted from the cached pages (LRU). A write into a page another request holds too copies
-it first (:meth:`copy_on_write`, vLLM's copy-on-write of a shared block).
+Prefix caching (``cache_pages`` not ``None``; vLLM's automatic prefix caching): full
+pages are indexed (:class:`~workbench.engine.packed.prefix.PrefixIndex`), shared by
+reference count (``refs``), kept LRU in :attr:`cached` once unreferenced, and copied before
+a shared write (:meth:`copy_on_write`). The page life cycle: ``docs/lab/engine-notes.md``.
 
 Example (page_size 4)::
 

@@ -18,7 +18,7 @@ def test_dequantize_is_mlx_dequantize(bits, group_size):
     parts = mx.quantize(w, group_size=group_size, bits=bits)
     ours = dequantize(*(np.array(a) for a in parts), bits, group_size)
     assert np.abs(ours - np.array(mx.dequantize(*parts, group_size=group_size, bits=bits))).max() < 1e-6
-    rows = group_errors(np.array(w), *(np.array(a) for a in parts), bits, group_size)
+    rows = group_errors(np.array(w), [np.array(a) for a in parts], bits, group_size)
     assert len(rows) == 3 * 128 // group_size and all(r["within_step"] for r in rows)
 
 
@@ -43,17 +43,17 @@ def test_the_engines_quantized_key_against_the_float_cache(bundled):
         return sched
 
     q4, flt = admitted(kv_bits=4), admitted(kv_bits=None)
-    packed, scales, biases = (np.array(a[1, :, 11]) for a in q4.batch_cache[0].keys)
+    quantized = [np.array(a[1, :, 11]) for a in q4.batch_cache[0].keys]
     original = np.array(
         flt.batch_cache[0].keys[1, :, 11]
     )  # [2 heads, 32]: layer 0, uid 1's last prompt token
     expected = mx.quantize(mx.array(original), group_size=32, bits=4)
-    assert all(np.array_equal(np.array(e), a) for e, a in zip(expected, (packed, scales, biases)))
-    text = key_error_text(original, packed, scales, biases, 4, 32, ["head 0", "head 1"])
+    assert all(np.array_equal(np.array(e), a) for e, a in zip(expected, quantized))
+    text = key_error_text(original, quantized, 4, 32, ["head 0", "head 1"])
     assert text.startswith(
         "4-bit, groups of 32: 2 group(s) of key vector values\n  head 0 (values 0-31): scale "
     )
     assert text.count("<= |scale| ") == 2
-    errors = [r["max_error"] for r in group_errors(original, packed, scales, biases, 4, 32)]
+    errors = [r["max_error"] for r in group_errors(original, quantized, 4, 32)]
     assert all(e > 0 for e in errors)  # 4 bits lose something on a real key
-    assert isinstance(render_key_error(original, packed, scales, biases, 4, 32), Figure)
+    assert isinstance(render_key_error(original, quantized, 4, 32), Figure)

@@ -75,7 +75,9 @@ def dequantize(
     return s * q + b
 
 
-def group_errors(original: np.ndarray, packed, scales, biases, bits: int, group_size: int) -> list[dict]:
+def group_errors(
+    original: np.ndarray, quantized: Sequence[np.ndarray], bits: int, group_size: int
+) -> list[dict]:
     """Per group of the flattened vectors: ``scale``, ``bias``, ``max_error`` (largest
     ``|original - read back|``), ``within_step`` (``max_error <= |scale|``, with a relative
     float tolerance of 1e-5 of the group's range) and ``over_half_step`` (values off by more
@@ -83,7 +85,10 @@ def group_errors(original: np.ndarray, packed, scales, biases, bits: int, group_
 
     Args:
         original: ``[..., D]`` the float values before quantizing (the same shape unpacked).
+        quantized: ``(packed, scales, biases)`` as :func:`dequantize` takes them (a cache's
+            ``keys`` or ``mx.quantize``'s result, as numpy arrays).
     """
+    packed, scales, biases = quantized
     x = np.asarray(original, np.float64).reshape(-1, group_size)
     back = dequantize(packed, scales, biases, bits, group_size).reshape(-1, group_size)
     s = np.asarray(scales, np.float64).reshape(-1)
@@ -102,18 +107,10 @@ def group_errors(original: np.ndarray, packed, scales, biases, bits: int, group_
     ]
 
 
-def key_error_text(
-    original: np.ndarray,
-    packed,
-    scales,
-    biases,
-    bits: int,
-    group_size: int,
-    labels: Sequence[str] | None = None,
-) -> str:
-    """Text form (the module docstring's example); ``labels`` name the groups (default
-    ``group 0``, ``group 1``, ...)."""
-    rows = group_errors(original, packed, scales, biases, bits, group_size)
+def key_error_text(original: np.ndarray, quantized, bits: int, group_size: int, labels=None) -> str:
+    """Text form (the module docstring's example); ``quantized`` as :func:`group_errors`
+    takes it; ``labels`` name the groups (default ``group 0``, ``group 1``, ...)."""
+    rows = group_errors(original, quantized, bits, group_size)
     labels = labels or [f"group {g}" for g in range(len(rows))]
     lines = [f"{bits}-bit, groups of {group_size}: {len(rows)} group(s) of key vector values"]
     for g, (name, r) in enumerate(zip(labels, rows)):
@@ -128,9 +125,7 @@ def key_error_text(
 
 def render_key_error(
     original: np.ndarray,
-    packed,
-    scales,
-    biases,
+    quantized: Sequence[np.ndarray],
     bits: int,
     group_size: int,
     labels: Sequence[str] | None = None,
@@ -141,8 +136,8 @@ def render_key_error(
     (faint lines) and the level each reads back as (a bar from the level to the dot: the
     error); below, the error per value against ``± |scale| / 2`` (shaded) and ``± |scale|`` (dashed)."""
     x = np.asarray(original, np.float64).reshape(-1, group_size)
-    back = dequantize(packed, scales, biases, bits, group_size).reshape(-1, group_size)
-    rows = group_errors(original, packed, scales, biases, bits, group_size)
+    back = dequantize(*quantized, bits, group_size).reshape(-1, group_size)
+    rows = group_errors(original, quantized, bits, group_size)
     G = len(rows)
     labels = labels or [f"group {g}" for g in range(G)]
     fig = Figure(figsize=(width_in, 5.2), layout="constrained")

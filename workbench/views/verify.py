@@ -41,6 +41,7 @@ from matplotlib.figure import Figure
 from ..observe.events import Event
 from ..observe.snapshot import Snapshot
 from . import style
+from .attention import LEGEND as MASK_LEGEND
 
 __all__ = [
     "VerifyForward",
@@ -56,11 +57,8 @@ SYMBOLS = ".p#c@@@"
 CMAP = ListedColormap(
     [style.LATER, style.PADDING, style.NEW_KEY, style.ATTENDED, style.FED, style.GOOD, style.BAD]
 )
-LEGEND = [
-    ("cached key", style.ATTENDED),
-    ("key of this forward", style.NEW_KEY),
-    ("later (causal: masked)", style.LATER),
-    ("padding (masked)", style.PADDING),
+LEGEND = [  # by cell code: the 2-D mask view's entries, then the fed token's roles
+    *MASK_LEGEND[:4],
     ("pending token t0 (own key)", style.FED),
     ("accepted draft (own key)", style.GOOD),
     ("rejected draft (own key)", style.BAD),
@@ -298,6 +296,6 @@ def render_verify(
         ax.axvline(C - 0.5, color="black", linewidth=1.5)
     axes[-1].set_xlabel(f"key slot (left of the line: the last {C} of {vf.n_cached} cached keys)")
     present = {int(c) for c in np.unique(cells)}
-    codes = [CACHED, NEW, LATER, PAD, T0, ACCEPTED, REJECTED]
-    style.legend(fig, [e for code, e in zip(codes, LEGEND) if code in present], ncol=4)
+    order = [CACHED, NEW, LATER, PAD, T0, ACCEPTED, REJECTED]
+    style.legend(fig, [LEGEND[code] for code in order if code in present], ncol=4)
     return fig

@@ -15,12 +15,12 @@ is its own (``workbench.verify.invariance`` measures whether its results differ)
 Text form (:func:`reduction_text`)::
 
     K = 128 products, summed in float32 in 2 orders:
-      one running sum (block 128)  1 block(s)   sum 0.41740647 (bits 0x3ed5b5b8)
-      blocks of 32                 4 block(s)   sum 0.41740650 (bits 0x3ed5b5b9)  1 ulp from the first
+      one running sum (block 128)  1 block(s)   sum 0.41740647 (bits 3ed5b5b8)
+      blocks of 32                 4 block(s)   sum 0.41740650 (bits 3ed5b5b9)  1 ulp from the first
 
 Rich form (:func:`render_reduction`): per order a lane of the ``K`` products, its blocks
 shaded in turn, each block's partial sum written on it, the order's sum and its bits at the
-right.
+right (its bits in hex).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def ulps_apart(a: np.float32, b: np.float32) -> int:
 
 
 def _bits(v: np.float32) -> str:
-    return f"0x{int(np.array(v, np.float32).view(np.uint32)):08x}"
+    """The float32's 32 bits in hex, without ``0x`` (read as a memory address otherwise)."""
+    return f"{int(np.array(v, np.float32).view(np.uint32)):08x}"
 
 
 def _label(block: int, K: int) -> str:

@@ -29,6 +29,12 @@ packed layout (snap)   ``packed_text``,            ``render_packed_mask``,
                        ``budget_text(history)``    ``render_page_table``,
                                                    ``render_token_budget(history)``
 drafts (events)        ``drafts_text``             ``render_drafts``
+verify forward (snap   ``verify_text``             ``render_verify`` (``views.verify``)
+  + events)
+pages shared (snaps)   ``sharing_text``            ``render_sharing`` (``views.sharing``)
+quantized key (arrays) ``key_error_text``          ``render_key_error`` (``views.quant_error``)
+reduction order        ``reduction_text``          ``render_reduction`` (``views.reduction``)
+  (vectors)
 LoRA slots (snap)      ``adapters_text``           ``render_adapters``,
                                                    ``render_adapter_slots`` (events)
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)

@@ -59,11 +59,12 @@ def test_a_run_exports_one_frame_per_snapshot_with_embedded_pngs_and_nothing_out
         assert frame["step"] == snap.step
         assert frame["status"].startswith(f"snapshot {i + 1} of {len(history)} · step {snap.step} · ")
     assert all(uri.startswith("data:image/png;base64,") for uri in images)
-    for uri in images:
+    for i, uri in enumerate(images):
         png = Image.open(io.BytesIO(__import__("base64").b64decode(uri.split(",", 1)[1])))
-        assert png.format == "PNG" and png.mode == "P" and png.width == round(4.7 * 90)
+        wide_in = 2 * 4.7 if i == wide["timeline"]["image"] else 4.7  # the timeline: step and wall axes
+        assert png.format == "PNG" and png.mode == "P" and png.width == round(wide_in * 90)
     assert not re.search(r"(src|href)=\"(?!data:)", text) and "<link" not in text and "http" not in text
-    assert set(wide) == {"timeline", "rates", "itl"} and all(w["veil"] for w in wide.values())
+    assert {name: len(w["veils"]) for name, w in wide.items()} == {"timeline": 2, "rates": 1, "itl": 1}
     assert len(images) == len(set(images))  # every image once, however many frames show it
     assert text.count("<script>") == 1 and "<h2>three requests</h2>" in text
 
@@ -81,11 +82,42 @@ def test_a_frames_ttft_image_changes_only_when_a_first_token_lands_or_a_request_
 
 def test_the_veil_of_a_step_sits_on_that_step_of_the_whole_run_figures(exported):
     _, _, frames, wide = page_data(exported)
-    last = max(f["step"] for f in frames)
     for name, w in wide.items():
-        v = w["veil"]
-        assert 0 < v["x0"] < v["right"] <= 1 and 0 <= v["top"] < v["bottom"] <= 1, name
-        assert v["x0"] + last * v["dx"] < v["right"] + 1e-9, name  # the last step still inside the axes
+        for j, v in enumerate(w["veils"]):
+            last = max(f["at"][name][j] for f in frames)
+            assert 0 < v["x0"] < v["right"] <= 1 and 0 <= v["top"] < v["bottom"] <= 1, name
+            assert v["x0"] + last * v["dx"] < v["right"] + 1e-6, name  # the last frame still inside the axes
+    assert all(f["at"]["rates"] == f["at"]["itl"] == [f["step"]] for f in frames)
+    step_veil, time_veil = wide["timeline"]["veils"]  # side by side: the step axis, then the wall axis
+    assert step_veil["right"] < time_veil["x0"]
+
+
+def test_the_replay_timeline_unveils_each_phase_as_the_snapshot_that_saw_it(run, exported):
+    """The replay's timeline is the phases view (a prefill as wide as its tokens, issue 43);
+    its veil follows the snapshots call by call: a snapshot after an admit shows that step's
+    prefill phase, the one before it at the same step does not."""
+    from workbench.views.follow import seen_by
+    from workbench.views.phases import step_phases
+
+    _, _, frames, _ = page_data(exported)
+    ev = events_frame(run.events)
+    phases = step_phases(ev)
+    cuts = [f["at"]["timeline"] for f in frames]
+    assert cuts == sorted(cuts)  # the unveiled part only grows as the run plays
+    ends = phases.step_left + phases.step_width
+    assert cuts[-1] == [float(ends.max()), pytest.approx(float((phases.time_left + phases.time_width).max()))]
+    assert ends.max() > (ev.kind == "token").sum()  # the step axis counts prompt tokens, not only steps
+    grew_within_a_step = 0
+    for i in range(1, len(frames)):
+        snap, prev = run.history[i], run.history[i - 1]
+        seen = ev[seen_by(ev, snap)]
+        fed = (
+            phases[phases.step.isin(seen.step[seen.kind == "token"])].decode_tokens.sum()
+            + phases[phases.step.isin(seen.step[seen.kind.isin(["prefill", "join"])])].prefill_tokens.sum()
+        )
+        assert cuts[i][0] == fed, i  # the step axis unveiled: exactly the tokens the snapshot had seen fed
+        grew_within_a_step += int(snap.step == prev.step and cuts[i][0] > cuts[i - 1][0])
+    assert grew_within_a_step > 0  # an admit's prefill unveiled by the snapshot after it, at the same step
 
 
 def test_export_html_refuses_a_run_without_snapshots_or_events(make_sched, tmp_path, prompt):
@@ -135,7 +167,7 @@ def test_the_replay_plays_and_scrubs_in_chromium_from_a_file(run, exported, tmp_
             )
             page.goto(path.as_uri())
             label, mask = page.locator("#label"), page.locator("#mask")
-            veil = page.locator("#timeline-veil")
+            veil = page.locator("#timeline-veil-0")
             assert label.inner_text().startswith(f"snapshot 1 of {n} · step 0")
             first_src, first_veil = mask.get_attribute("src"), veil.evaluate("v => v.style.left")
             page.click("#play")
@@ -150,6 +182,10 @@ def test_the_replay_plays_and_scrubs_in_chromium_from_a_file(run, exported, tmp_
             assert last.startswith(f"snapshot {n} of {n} · step {run.history[-1].step}")
             assert mask.get_attribute("src") != first_src
             assert veil.evaluate("v => v.style.left") != first_veil
+            wall = page.locator("#timeline-veil-1").evaluate("v => parseFloat(v.style.width)")
+            assert wall < 1  # the last frame had seen every phase: the wall axis unveiled
+            width = page.locator("#timeline").evaluate("i => i.getBoundingClientRect().width")
+            assert width == pytest.approx(2 * 4.7 * 90, abs=1)  # both axes, shown at the PNG's own size
             page.screenshot(path=str(tmp_path / "replay_end.png"))
             page.locator("#slider").focus()
             page.keyboard.press("Home")

@@ -14,10 +14,16 @@ What a frame (one snapshot of the history) shows, as the panel does:
 - each row's TTFT and its parts (:func:`~workbench.views.live.render_ttft`) and the live
   latency text, from the events of the steps it had completed
   (:func:`~workbench.views.live.events_before`);
-- the row timeline (:func:`~workbench.views.timeline.render_timeline` over steps), tokens per
-  second per step with the wall time and the ITL per row and step: drawn once for the whole
-  run, with the steps after the frame's veiled (a white veil from the frame's step to the
-  axes' right edge, moved by the script), so they grow as it plays.
+- the row timeline with each step's prefill and decode phases
+  (:func:`~workbench.views.phases.render_phases`: a prefill as wide as its tokens on the step
+  axis and as its seconds on the wall axis, side by side; a decoding row waiting through
+  another request's prefill hatched), tokens per second per step with the wall time and the
+  ITL per row and step: drawn once for the whole run, with what the frame had not seen
+  veiled (a white veil from where the frame stands to the axes' right edge, moved by the
+  script), so they grow as it plays. On the timeline the veil starts where the last phase
+  the snapshot had seen ends (:func:`phases_seen`, by
+  :func:`~workbench.views.follow.seen_by`: the snapshot after an ``admit()`` shows that
+  step's prefill, the one before it does not); on the other two at the frame's step.
 
 Size: every image is a PNG quantized to ``COLOURS`` colours, stored once however many
 frames show it (a TTFT figure changes only when a first token lands) and embedded as
@@ -41,6 +47,7 @@ from matplotlib.figure import Figure
 
 from ..observe.events import events_frame
 from ..observe.snapshot import Snapshot
+from .follow import seen_by
 from .kv import bytes_text, render_kv
 from .live import (
     events_before,
@@ -53,11 +60,12 @@ from .live import (
 )
 from .mask import render_masks
 from .packed import render_packed_mask, render_page_table
-from .timeline import render_timeline
+from .phases import PREFILL_KINDS, render_phases, step_phases
 
 WIDTH_IN = 4.7  # the panel's image width: two side by side in a 1000 px page
 MAX_HEIGHT_IN = 2.8
 WIDE_MAX_HEIGHT_IN = 3.6  # the whole-run figures: a timeline of 14 rows keeps its labels apart
+TIMELINE_AXES = ("step", "time")  # the replay's timeline: both axes side by side, twice WIDTH_IN wide
 DPI = 90  # 423 px wide images, their smallest text (8.3 pt) 10.4 px: notebook 01's run fits 3 MB
 COLOURS = 32  # palette size of the embedded PNGs (the views use a few dozen colours)
 WIDE_COLOURS = 256  # the whole-run figures, drawn once: small markers keep their colours
@@ -78,9 +86,10 @@ def quantized_png(fig: Figure, dpi: int = DPI, colours: int = COLOURS) -> bytes:
 
 
 def step_veil(fig: Figure, axes: Sequence[Any], dpi: int = DPI) -> dict[str, float]:
-    """Where a step falls on ``fig`` drawn at ``dpi``, as shares of the image: the veil of
-    step ``s`` covers ``x0 + s * dx`` to ``right`` and ``top`` to ``bottom`` (the union of
-    ``axes``, which share the step axis, in image shares from the top left)."""
+    """Where an x value falls on ``fig`` drawn at ``dpi``, as shares of the image: the veil
+    at ``x`` (a step, or on the timeline's wall axis seconds) covers ``x0 + x * dx`` to
+    ``right`` and ``top`` to ``bottom`` (the union of ``axes``, which share their x axis, in
+    image shares from the top left)."""
     fig.set_dpi(dpi)
     FigureCanvasAgg(fig).draw()
     w, h = fig.bbox.width, fig.bbox.height
@@ -92,6 +101,27 @@ def step_veil(fig: Figure, axes: Sequence[Any], dpi: int = DPI) -> dict[str, flo
         "right": max(b.x1 for b in boxes) / w,
         "top": 1 - max(b.y1 for b in boxes) / h,
         "bottom": 1 - min(b.y0 for b in boxes) / h,
+    }
+
+
+def phases_seen(phases: pd.DataFrame, seen: pd.DataFrame) -> dict[str, float]:
+    """Where the phases of a run (:func:`~workbench.views.phases.step_phases`) that a
+    snapshot had seen end, on each axis of ``TIMELINE_AXES`` (tokens on the step axis,
+    seconds since the first submit on the wall axis; 0 before any): a step's prefill phase
+    once ``seen`` (the events the snapshot had seen) holds one of its prefill chunks or
+    joins, its decode phase once it holds one of its tokens.
+
+    >>> ph = pd.DataFrame({"step": [0, 0], "phase": ["prefill", "decode"], "step_left": [0, 5],
+    ...     "step_width": [5, 1], "time_left": [0.0, 0.5], "time_width": [0.5, 0.1]})
+    >>> seen = pd.DataFrame({"kind": ["submit", "join"], "step": [0, 0]})
+    >>> phases_seen(ph, seen)
+    {'step': 5.0, 'time': 0.5}
+    """
+    pre = set(seen.step[seen.kind.isin(PREFILL_KINDS)])
+    dec = set(seen.step[seen.kind == "token"])
+    done = phases[[s in (pre if p == "prefill" else dec) for s, p in zip(phases.step, phases.phase)]]
+    return {
+        x: float((done[f"{x}_left"] + done[f"{x}_width"]).max()) if len(done) else 0.0 for x in TIMELINE_AXES
     }
 
 
@@ -143,8 +173,9 @@ def export_html(
 ) -> Path:
     """Write ``run`` as one self-contained HTML file at ``path`` (module docstring): a
     slider over its snapshots, a play button, and per snapshot the masks, the KV geometry
-    (or the packed layout's mask and pages), the TTFT per row, and the timeline, tokens per
-    second and ITL of the whole run veiled after the snapshot's step.
+    (or the packed layout's mask and pages), the TTFT per row, and the phases timeline
+    (step and wall axes), tokens per second and ITL of the whole run veiled after what the
+    snapshot had seen.
 
     Args:
         run: a :class:`~workbench.engine.scheduler.Scheduler` (its ``history``: the latest
@@ -171,19 +202,24 @@ def export_html(
 
     tokens = ev[ev.kind == "token"]
     steps = (0, int(tokens.step.max()) if len(tokens) else 0)  # the timeline's steps: to the last token
-    wide = {
-        "timeline": (render_timeline(ev, title="row timeline", x="step", width_in=WIDTH_IN), 1),
-        "rates": (render_step_rates(ev, width_in=WIDTH_IN, steps=steps), 2),
-        "itl": (render_itl(ev, width_in=WIDTH_IN, steps=steps), 1),
+    timeline = render_phases(
+        ev, axes=TIMELINE_AXES, title="row timeline: prefill and decode phases", width_in=2 * WIDTH_IN
+    )
+    wide = {  # per figure: the axes of each veil (those of one veil share their x axis)
+        "timeline": (timeline, [[ax] for ax in timeline.axes[: len(TIMELINE_AXES)]]),
+        "rates": (rates := render_step_rates(ev, width_in=WIDTH_IN, steps=steps), [rates.axes[:2]]),
+        "itl": (itl := render_itl(ev, width_in=WIDTH_IN, steps=steps), [itl.axes[:1]]),
     }
     veils = {}
-    for name, (fig, n_axes) in wide.items():
+    for name, (fig, groups) in wide.items():
         _short(fig, WIDE_MAX_HEIGHT_IN)  # before the veil: it is measured on the figure as drawn
-        veil = step_veil(fig, fig.axes[:n_axes], dpi) if fig.axes[0].axison else None
-        veils[name] = {"image": image(fig, WIDE_COLOURS), "veil": veil}
+        drawn = [g for g in groups if g[0].axison]  # an empty run's axes are off: no veil
+        veils[name] = {"image": image(fig, WIDE_COLOURS), "veils": [step_veil(fig, g, dpi) for g in drawn]}
+    phases = step_phases(ev)
     frames, ttft = [], {}  # TTFT figures by what they draw: one per first token landing
     for i, snap in enumerate(snaps):
         seen = events_before(ev, snap.step)
+        cut = phases_seen(phases, ev[seen_by(ev, snap)])
         drawn = (tuple(ttft_parts(seen).itertuples(index=False)), tuple(waiting_uids(seen)))
         if drawn not in ttft:
             ttft[drawn] = image(_short(render_ttft(seen, width_in=WIDTH_IN)))
@@ -204,6 +240,10 @@ def export_html(
                 "kv": image(_short(kv)),
                 "ttft": ttft[drawn],
                 "text": live_latency_text(seen),
+                "at": {  # per wide figure, where each of its veils starts (x0 + at * dx)
+                    name: [cut[x] for x in TIMELINE_AXES] if name == "timeline" else [snap.step]
+                    for name in wide
+                },
             }
         )
     uris = [f"data:image/png;base64,{base64.b64encode(png).decode()}" for png in images]
@@ -233,13 +273,12 @@ function show(i) {
   for (const name of ["mask", "kv", "ttft"]) document.getElementById(name).src = IMAGES[f[name]];
   document.getElementById("label").textContent = f.status;
   document.getElementById("text").textContent = f.text;
-  for (const [name, w] of Object.entries(WIDE)) {
-    const veil = document.getElementById(name + "-veil");
-    if (!w.veil) { veil.style.display = "none"; continue; }
-    const left = Math.min(w.veil.right, w.veil.x0 + f.step * w.veil.dx);
-    Object.assign(veil.style, {left: 100 * left + "%", width: 100 * (w.veil.right - left) + "%",
-      top: 100 * w.veil.top + "%", height: 100 * (w.veil.bottom - w.veil.top) + "%"});
-  }
+  for (const [name, w] of Object.entries(WIDE)) w.veils.forEach((v, j) => {
+    const veil = document.getElementById(name + "-veil-" + j);
+    const left = Math.min(v.right, v.x0 + f.at[name][j] * v.dx);
+    Object.assign(veil.style, {left: 100 * left + "%", width: 100 * (v.right - left) + "%",
+      top: 100 * v.top + "%", height: 100 * (v.bottom - v.top) + "%"});
+  });
 }
 function stop() { clearInterval(timer); timer = null; play.textContent = "\\u25B6 play"; }
 play.addEventListener("click", () => {
@@ -259,11 +298,13 @@ show(0);
 def page(title: str, uris: list[str], frames: list[dict], wide: dict) -> str:
     """The HTML page: controls, the frame's images, the veiled whole-run figures, the
     latency text, and the data (``IMAGES``: data URIs; ``FRAMES``: per snapshot its step,
-    status line, image indices and text; ``WIDE``: per whole-run figure its image and
-    veil geometry, :func:`step_veil`) with :data:`PAGE_SCRIPT`."""
+    status line, image indices, text and ``at``: per whole-run figure where each veil starts;
+    ``WIDE``: per whole-run figure its image and ``veils``, each one's geometry,
+    :func:`step_veil`) with :data:`PAGE_SCRIPT`."""
     wide_html = "".join(
         f'<div class="veiled"><img id="{name}" src="{uris[w["image"]]}" alt="{name}">'
-        f'<div class="veil" id="{name}-veil"></div></div>'
+        + "".join(f'<div class="veil" id="{name}-veil-{j}"></div>' for j in range(len(w["veils"])))
+        + "</div>"
         for name, w in wide.items()
     )
     data = (

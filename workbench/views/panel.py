@@ -20,7 +20,9 @@ Widgets (``panel.widget`` is the whole box)::
     history [----o---] showing: snapshot 5 of 9 (step 3) [Restore]  <- scrubs sched.history;
                                                                  Restore returns the engine there
     [decode masks (wb-mask-image)] [2-D mask of the last prefill (wb-attention-image)]
-    [KV geometry (wb-kv-image)]    [row timeline (wb-timeline-image)]
+    [KV geometry (wb-kv-image)]    [row timeline (wb-timeline-image)]  <- each step's prefill and
+                                     decode phases (views.phases): a prefill as wide as its tokens,
+                                     a decoding row waiting through it hatched (stalled)
     or, with "latency" toggled (views.live, drawn only while shown, the same size):
     [TTFT per row: queued, prefill, first token (wb-ttft-image)] [tok/s per step, wall time (wb-rates-image)]
     [ITL per row and step (wb-itl-image)]   [the same numbers as text (wb-latency-text)]
@@ -92,10 +94,10 @@ from .kv import bytes_text, render_kv
 from .live import events_before, live_latency_text, render_itl, render_step_rates, render_ttft
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
+from .phases import render_phases
 from .rows import rows_text
 from .served import EngineCopy, engine_copy
 from .speculative import drafts_text, render_drafts
-from .timeline import render_timeline
 from .top_logprobs import top_logprobs_text
 
 IMAGE_DPI = 100  # with IMAGE_WIDTH_IN: images of 470 px whose smallest text is 11.6 px
@@ -681,12 +683,13 @@ class Panel:
 
     def figures(self, snap: Snapshot, history: list[Snapshot]) -> dict[W.Image, Figure]:
         """The figure each image shows for ``snap`` (decode masks, the 2-D mask of the
-        last prefill forward up to its step, KV geometry with ``history``, the timeline of
-        :meth:`recent_events`; while the scheduler speculates, the draft tokens of ``snap``'s
+        last prefill forward up to its step, KV geometry with ``history``, the row timeline of
+        :meth:`recent_events` split into prefill and decode phases on the step axis
+        (:func:`~workbench.views.phases.render_phases`); while the scheduler speculates, the draft tokens of ``snap``'s
         rows, :func:`drafts_figure`), each ``IMAGE_WIDTH_IN`` wide and at most
         ``IMAGE_MAX_HEIGHT_IN`` tall."""
         events = self.recent_events(snap)
-        timeline = render_timeline(events, x="step", width_in=IMAGE_WIDTH_IN)
+        timeline = render_phases(events, axes=("step",), width_in=IMAGE_WIDTH_IN)
         drafts = (
             {self.drafts_image: drafts_figure(events, snap, self.source.config.num_draft_tokens)}
             if self.speculating

@@ -36,6 +36,7 @@ finish to its eviction. The text form (:func:`stalls_text`, deterministic)::
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -233,18 +234,41 @@ def stalls_text(events: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def merged_bars(seg: pd.DataFrame, x: str) -> pd.DataFrame:
+    """One bar per run of a row's touching segments of one kind on axis ``x`` (``step`` or
+    ``time``): columns ``y``, ``kind``, ``left``, ``width``, in ``seg``'s order. A row that
+    decodes through a hundred steps is one bar, not a hundred, so a long session draws in
+    the time of a short one (the panel redraws its timeline on every slider move).
+
+    >>> seg = pd.DataFrame({"y": [0, 0, 0], "kind": ["decode", "decode", "stalled"],
+    ...     "step_left": [0, 1, 2], "step_width": [1, 1, 5]})
+    >>> merged_bars(seg, "step").values.tolist()
+    [[0, 'decode', 0, 2], [0, 'stalled', 2, 5]]
+    """
+    left, width = seg[f"{x}_left"].to_numpy(), seg[f"{x}_width"].to_numpy()
+    y, kind = seg.y.to_numpy(), seg.kind.to_numpy()
+    touching = np.isclose(left[1:], (left + width)[:-1], rtol=0, atol=1e-12)
+    starts = np.r_[True, (y[1:] != y[:-1]) | (kind[1:] != kind[:-1]) | ~touching]
+    run = np.cumsum(starts) - 1
+    ends = pd.Series(left + width).groupby(run).max().to_numpy()
+    first = np.flatnonzero(starts)
+    return pd.DataFrame(
+        {"y": y[first], "kind": kind[first], "left": left[first], "width": ends - left[first]}
+    )
+
+
 def _draw(ax, seg: pd.DataFrame, x: str, labels: dict[int, int]) -> set[str]:
-    """The segments on ``ax`` over ``x`` (``step`` or ``time``); returns the kinds drawn."""
-    for r in seg.itertuples():
-        left, width = getattr(r, f"{x}_left"), getattr(r, f"{x}_width")
-        if width <= 0:
-            continue
-        stalled = r.kind == "stalled"
+    """The segments on ``ax`` over ``x`` (``step`` or ``time``), a row's touching segments
+    of one kind as one bar (:func:`merged_bars`), one ``barh`` call per kind; returns the
+    kinds drawn."""
+    bars = merged_bars(seg, x)
+    for kind, b in bars[bars.width > 0].groupby("kind", sort=False):
+        stalled = kind == "stalled"
         ax.barh(
-            r.y,
-            width,
-            left=left,
-            color=COLOURS[r.kind],
+            b.y.to_numpy(),
+            b.width.to_numpy(),
+            left=b.left.to_numpy(),
+            color=COLOURS[kind],
             edgecolor=style.ATTENDED if stalled else "none",
             hatch=STALL_HATCH if stalled else None,
             linewidth=0,

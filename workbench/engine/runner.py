@@ -315,8 +315,9 @@ class ModelRunner:
                 )
             ]
         states = [group.prefilled[b] for b in rows]
-        held = [s.cached_tokens + prefill.rows_done_tokens[b] for s, b in zip(states, rows)]
-        left = [prefill.lengths[b] - prefill.rows_done_tokens[b] for b in rows]
+        so_far = prefill.rows_done_tokens
+        held = [s.cached_tokens + so_far[b] for s, b in zip(states, rows)]
+        left = [prefill.lengths[b] - so_far[b] for b in rows]
         with self.levers.applied(Forward.of_rows(PREFILL, states, held, left, samples=False)):
             return prefill.run_chunk(*args)
 

@@ -16,14 +16,15 @@ import mlx.core as mx
 from . import shared_prompts
 from .batch import Batch
 from .decode import Pending, launch
+from .forward import DECODE, JOIN, PREFILL, VERIFY, Forward
 from .kv.caches import CacheRecipe, repeat_rows
 from .kv.promptcache import PromptCache
 from .levers import speculative
-from .levers.fastpath import FastDecode, decode_fast_path
-from .levers.invariant import Invariance, invariant_forward
+from .levers.fastpath import FastDecode
+from .levers.forward import ForwardLevers
+from .levers.invariant import Invariance
 from .levers.invariant_preempt import QuantizedReplayPrefillGroup, ReplayPrefillGroup
-from .levers.lora import AdapterBank, names_of, selected
-from .levers.quantized_attention import attention_path
+from .levers.lora import AdapterBank
 from .levers.quantized_prefill import (
     QuantizedPrefillGroup,
     first_forward_tokens,
@@ -207,14 +208,16 @@ class ModelRunner:
         distribution of its next (first new) token, launched asynchronously when
         pipelining."""
         last = mx.array(group.last_tokens, dtype=mx.uint32)
-        with (
-            selected(self.adapters, names_of(group.states)),
-            attention_path(self.model, self._quantized_attention),
-        ):
-            return self._join_forward(group, last, contexts)
+        held = [len(s.inputs) - 1 for s in group.states]
+        with self.levers.applied(Forward.of_rows(JOIN, group.states, held)):
+            return self._join_forward(group, last, contexts, held)
 
     def _join_forward(
-        self, group: Prefilling, last: mx.array, contexts: Sequence[Callable[[], mx.array]]
+        self,
+        group: Prefilling,
+        last: mx.array,
+        contexts: Sequence[Callable[[], mx.array]],
+        held: Sequence[int],
     ) -> Pending:
         args = (
             last,
@@ -223,28 +226,24 @@ class ModelRunner:
             [len(s.tokens) for s in group.states],
             self.config.pipeline,
         )
-        held = [len(s.inputs) - 1 for s in group.states]
-        with invariant_forward(self.model, self.invariant, held):
-            if (
-                self.recipe.kv_quant is not None
-            ):  # quantizes the caches after it, a fresh row's first forward in float
-                return quantized_join_forward(
-                    self.model,
-                    group.prefill,
-                    self.recipe.kv_quant,
-                    *args,
-                    select=lambda rows: self._rows_forward(group, rows, held),
-                )
-            return launch(self.model, group.prefill.caches, *args)
+        if (
+            self.recipe.kv_quant is not None
+        ):  # quantizes the caches after; a fresh row's first forward in float
+            return quantized_join_forward(
+                self.model,
+                group.prefill,
+                self.recipe.kv_quant,
+                *args,
+                select=lambda rows: self._rows_forward(group, rows, held),
+            )
+        return launch(self.model, group.prefill.caches, *args)
 
     @contextlib.contextmanager
     def _rows_forward(self, group: Prefilling, rows: Sequence[int], held: Sequence[int]) -> Iterator[None]:
         """Around a forward of some of ``group``'s rows alone: their adapters, and the
         batch-invariant mode's hooks over their ``held`` tokens."""
-        with (
-            selected(self.adapters, names_of([group.states[b] for b in rows])),
-            invariant_forward(self.model, self.invariant, [held[b] for b in rows]),
-        ):
+        states = [group.states[b] for b in rows]
+        with self.levers.applied(Forward.of_rows(JOIN, states, [held[b] for b in rows])):
             yield
 
     def decode(
@@ -263,12 +262,7 @@ class ModelRunner:
         tokens, whose latest is still unread)."""
         index = [len(r.tokens) + 1 for r in batch.rows] if index is None else index
         held = [r.context_tokens for r in batch.rows]
-        with (
-            selected(self.adapters, names_of(batch.rows)),
-            invariant_forward(self.model, self.invariant, held),
-            attention_path(self.model, self._quantized_attention),
-            decode_fast_path(self.model, batch.caches, held, self.fast_decode) as path,
-        ):
+        with self.levers.applied(Forward.of_rows(DECODE, batch.rows, held), batch.caches) as path:
             batch.fast_path = path or "none"
             return launch(
                 self.model,
@@ -297,11 +291,10 @@ class ModelRunner:
             pending = self.decode(batch, mx.array(tokens, dtype=mx.uint32), contexts, False, index)
             return speculative.Verified.without_drafts(pending)
         batch.fast_path = "verify"
-        with (  # each row's adapter over all 1 + K positions; the quantized cache's attention path
-            selected(self.adapters, names_of(batch.rows)),
-            invariant_forward(self.model, self.invariant, [r.context_tokens for r in batch.rows]),
-            attention_path(self.model, self._quantized_attention),
-        ):
+        held = [r.context_tokens for r in batch.rows]
+        width = 1 + max(map(len, drafts))  # each row's adapter over all 1 + K positions
+        described = Forward.of_rows(VERIFY, batch.rows, held, width, verifies=[len(d) for d in drafts])
+        with self.levers.applied(described):
             verified = speculative.verify(
                 self.model, batch.caches, tokens, drafts, [r.sampler for r in batch.rows], contexts, index
             )
@@ -321,11 +314,19 @@ class ModelRunner:
                     if done < n
                 )
             ]
-        with (
-            selected(self.adapters, names_of([group.prefilled[b] for b in rows])),
-            attention_path(self.model, self._quantized_attention),
-        ):
+        states = [group.prefilled[b] for b in rows]
+        so_far = prefill.rows_done_tokens
+        held = [s.cached_tokens + so_far[b] for s, b in zip(states, rows)]
+        left = [prefill.lengths[b] - so_far[b] for b in rows]
+        with self.levers.applied(Forward.of_rows(PREFILL, states, held, left, samples=False)):
             return prefill.run_chunk(*args)
+
+    @property
+    def levers(self) -> ForwardLevers:
+        """Every lever this runner's forwards take (:meth:`ForwardLevers.applied`)."""
+        return ForwardLevers(
+            self.model, self.adapters, self.invariant, self._quantized_attention, self.fast_decode
+        )
 
     @property
     def _quantized_attention(self) -> str | None:

@@ -29,10 +29,12 @@ from ...observe.packed import DECODE
 from ...observe.recorder import Recorder
 from ..config import SchedulerConfig
 from ..decode import Pending, row_context, sample_pending
+from ..forward import Forward
 from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..levers import speculative
-from ..levers.invariant_packed import packed_invariant_forward, paged_row_attention
+from ..levers.forward import ForwardLevers
+from ..levers.invariant_packed import paged_row_attention
 from ..levers.pacing import pacing_from
 from ..levers.packed_pacing import PackedPacer
 from ..levers.quantized_attention import dequantized_attention
@@ -95,6 +97,13 @@ class PackedLayout(Layout):
         self.page_bytes = cfg.page_size * KVLedger(recipe.profile(), cfg).base.full_token_bytes
         self.ledger = PageLedger(cfg.page_size, self.page_bytes, cfg)
         self._cached_pages = prompt_cache
+
+    @property
+    def levers(self) -> ForwardLevers:
+        """Every lever this layout's forwards take (:meth:`ForwardLevers.applied`): each
+        token its request's adapter, the invariant mode's projections; the pages attend by
+        themselves (quantized, or each token alone, as :meth:`new_batch` made them)."""
+        return ForwardLevers(self.model, self.adapters, self.invariance, select_tokens=selected_tokens)
 
     @staticmethod
     def check(model: Any, config: SchedulerConfig, prompt_cache: Any, adapters: Any) -> None:
@@ -201,10 +210,7 @@ class PackedLayout(Layout):
             return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
         adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
-        with (
-            selected_tokens(self.adapters, chunks, adapter_of),  # each token its request's adapter
-            packed_invariant_forward(self.model, self.invariance),
-        ):
+        with self.levers.applied(Forward.of_chunks(chunks, adapter_of)):  # each token its request's adapter
             launched = batch.launch(self.model, chunks, sample, after)
         launched.paced = paced
         return launched
@@ -247,7 +253,8 @@ class PackedLayout(Layout):
         verified, groups = None, []
         if chunks:
             rows = {r.uid: r for r in batch.rows}
-            with packed_invariant_forward(self.model, self.invariance):
+            adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
+            with self.levers.applied(Forward.of_chunks(chunks, adapter_of, drafts)):
                 logits = batch.forward(self.model, chunks, tokens=verify.forward_tokens(rows, chunks, drafts))
             groups = verify.sampling_groups(batch.sampled)
             sampling = [batch.rows[b] for b, _ in groups]

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from ...observe.events import Event
 from ...observe.recorder import Recorder
 from ..config import SchedulerConfig
+from ..levers import speculative
 from ..state import RequestState, Status
 
 
@@ -34,6 +35,25 @@ class Read(NamedTuple):
 
 
 NON_FINITE = "non-finite logits (NaN or inf)"
+
+
+def speculation_of(model: Any, cfg: SchedulerConfig, vocab_size: int | None) -> Any:
+    """The layout's :class:`~workbench.engine.levers.speculative.Speculation` from the
+    settings (``None`` without ``speculative``): :func:`speculative.configure` with ``cfg``'s
+    fields, the same in both layouts.
+
+    Raises:
+        ValueError: what :func:`~workbench.engine.levers.speculative.configure` raises.
+    """
+    return speculative.configure(
+        model,
+        cfg.speculative,
+        cfg.num_draft_tokens,
+        batch_invariant=cfg.batch_invariant,
+        vocab_size=vocab_size,
+        prefill_step_size=cfg.prefill_step_size,
+        max_kv_size=cfg.max_kv_size,
+    )
 
 
 class Layout:

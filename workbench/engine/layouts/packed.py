@@ -44,7 +44,7 @@ from ..packed.batch import PackedBatch
 from ..packed.ledger import PageLedger
 from ..packed.quantized_pages import QuantizedPackedBatch
 from ..state import RequestState, Status
-from .layout import NON_FINITE, Layout, Read
+from .layout import NON_FINITE, Layout, Read, speculation_of
 
 
 class PackedLayout(Layout):
@@ -83,15 +83,7 @@ class PackedLayout(Layout):
         self.model, self.invariance = model, invariance
         check_bank(adapters)  # adapters on the decoder layers only
         self.adapters, self.quant = adapters, quant
-        self.speculation = speculative.configure(
-            model,
-            cfg.speculative,
-            cfg.num_draft_tokens,
-            batch_invariant=cfg.batch_invariant,
-            vocab_size=vocab_size,
-            prefill_step_size=cfg.prefill_step_size,
-            max_kv_size=cfg.max_kv_size,
-        )
+        self.speculation = speculation_of(model, cfg, vocab_size)
         self.pacing = pacing_from(cfg.pacing)
         self.pacer = None if self.pacing is None else PackedPacer(self.pacing, cfg.token_budget)
         self.page_bytes = cfg.page_size * KVLedger(recipe.profile(), cfg).base.full_token_bytes

@@ -29,12 +29,12 @@ from ..decode import row_context
 from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..kv.promptcache import PromptCache
-from ..levers import fastpath, speculative
+from ..levers import fastpath
 from ..levers.pacing import Pacer, pacing_from
 from ..probe import probe
 from ..runner import ModelRunner, Prefilling
 from ..state import RequestState, Status
-from .layout import Layout, Read, reads_of
+from .layout import Layout, Read, reads_of, speculation_of
 
 
 class PaddedLayout(Layout):
@@ -66,15 +66,7 @@ class PaddedLayout(Layout):
     ):
         cfg = self.config = config
         self.model, self.invariance, self._user_cache, self._quant = model, invariance, prompt_cache, quant
-        limits = dict(prefill_step_size=cfg.prefill_step_size, max_kv_size=cfg.max_kv_size)
-        self.speculation = speculative.configure(
-            model,
-            cfg.speculative,
-            cfg.num_draft_tokens,
-            batch_invariant=cfg.batch_invariant,
-            vocab_size=vocab_size,
-            **limits,
-        )
+        self.speculation = speculation_of(model, cfg, vocab_size)
         fast = fastpath.FastDecode.of(False if invariance else cfg.fast_decode, adapters)
         self.runner = ModelRunner(recipe, cfg, adapters, fast, invariance)
         self.pacing = pacing_from(cfg.pacing)

@@ -3,8 +3,8 @@ forward is more tokens of the same request in the ``[1, T]`` forward, the reject
 leave the row's pages. Every row equals the same request alone in the same settings (bit-equal
 on the CPU; on a GPU, where matmuls round by shape, the same tokens and log-probs within the
 oracle's 1e-4: :mod:`tests.engine.alone`), its greedy tokens equal the padded layout's with
-speculation and plain greedy decoding (speculation with greedy acceptance changes no token), and its log-probs equal its
-run alone through mlx-lm within the oracle's 1e-4; under staggered arrivals that mix verify
+speculation and plain greedy decoding (speculation with greedy acceptance changes no token),
+and its log-probs equal its run alone through mlx-lm within the oracle's 1e-4; under staggered arrivals that mix verify
 and prefill chunks in one forward, small token budgets, preemption and abort in the middle,
 ``submit_n`` samples sharing pages (copy-on-write before a trim), prefix caching,
 checkpoint / restore / fork, sampled rows and ``max_tokens`` inside accepted drafts."""

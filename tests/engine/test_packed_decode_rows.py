@@ -102,6 +102,10 @@ def test_the_rows_forward_gives_the_logits_of_the_packed_sequence_bit_for_bit(bu
 
 @pytest.mark.model
 def test_the_host_arrays_a_decode_forward_builds_do_not_grow_with_the_rows(bundled, monkeypatch):
+    """The ``[R, 1]`` rows path on every device: ``decode_kernel=False``, since on CUDA the
+    default sends decode rows to the paged-attention kernel (``packed/cuda_attention.py``),
+    another route whose per-shape cached arrays (``_dims``) make its count depend on the
+    shapes seen before."""
     model, _ = bundled
     made = []
     real = mx.array
@@ -130,6 +134,7 @@ def test_the_host_arrays_a_decode_forward_builds_do_not_grow_with_the_rows(bundl
                 table,
                 [Chunk(u, 5, 1, "decode") for u in range(R)],
                 real([9] * R, dtype=mx.uint32),
+                decode_kernel=False,
             )
         assert logits.shape[0] == R
         return len(made)

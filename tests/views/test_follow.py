@@ -2,7 +2,10 @@
 panes follow its history slider call by call (issue 43: three snapshots share a step index,
 and a cut by step showed the next admit's prefill on the two before it)."""
 
+import pytest
+
 import workbench as wb
+from workbench.engine import prefill
 from workbench.observe.events import events_frame
 from workbench.views.follow import events_seen_by, seen_by
 
@@ -26,7 +29,14 @@ def drive(sched, prompt, calls: int = 40) -> list[tuple[int, object]]:
     return seen
 
 
-def test_each_snapshot_sees_exactly_the_events_logged_before_it(make_sched, prompt):
+@pytest.mark.parametrize("chunked_padding", [False, True], ids=["cpu default", "gpu default: batched chunks"])
+def test_each_snapshot_sees_exactly_the_events_logged_before_it(
+    make_sched, prompt, chunked_padding, monkeypatch
+):
+    """On a GPU padded prompts prefill batched in chunks and a member whose prompt ended rides
+    the later chunks, logging ``prefill`` with ``n_tokens=0`` (docs/gpu.md): a snapshot between
+    two chunks has not seen the second one's."""
+    monkeypatch.setattr(prefill, "chunked_padding_default", lambda: chunked_padding)
     sched = make_sched(max_batch=2, prefill_step_size=8, history_size=1000)
     seen = drive(sched, prompt)
     events = events_frame(sched.events)
@@ -39,6 +49,7 @@ def test_each_snapshot_sees_exactly_the_events_logged_before_it(make_sched, prom
         assert len(events_seen_by(events, snap)) == n
     assert cut_by_step_was_wrong > 0  # the old cut (step <= s) showed later events on some snapshot
     assert (events.kind == "prefill").sum() > (events.kind == "admit").sum()  # chunked prefills ran
+    assert ((events.kind == "prefill") & (events.n_tokens == 0)).any() == chunked_padding  # a member rode
 
 
 def test_the_panels_prefill_and_timeline_panes_follow_the_slider_to_a_snapshot_before_a_join(

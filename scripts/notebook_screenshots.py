@@ -9,7 +9,8 @@ Usage::
 
 ``CELLS`` is a comma-separated list of cell indices (0-based, markdown cells counted),
 ``panel`` (the live Panel's box) and ``window`` (the whole window with the Panel scrolled to
-its top: does it fit the screen). A notebook is shown with its stored outputs, or with
+its top: does it fit the screen); ``<i>+`` shoots cell ``i`` whole, its input included (a
+collapsed solution cell, a markdown cell). A notebook is shown with its stored outputs, or with
 ``:run`` after Run All Cells (needed for widgets). For every cell it writes
 ``OUT/<notebook>-cell<i>.png`` and prints what decides readability: the output area's width,
 each image's own and shown width (px), and for text outputs the ``<pre>``'s width, scroll
@@ -91,6 +92,12 @@ def shoot(page, base: str, name: str, run: bool, cells: list[str], out: Path) ->
             box.scroll_into_view_if_needed()
             print(f"{name} panel images [class, own px, shown px]: {page.evaluate(PANEL_INFO_JS)}")
             box.screenshot(path=str(out / f"{stem}-panel.png"))
+            continue
+        if spec.endswith("+"):  # the whole cell: a collapsed input shows as its ellipsis
+            cell = page.locator(CELL).nth(int(spec[:-1]))
+            cell.scroll_into_view_if_needed()
+            time.sleep(0.5)
+            cell.screenshot(path=str(out / f"{stem}-cell{spec[:-1]}-whole.png"))
             continue
         cell = page.locator(CELL).nth(int(spec))
         cell.scroll_into_view_if_needed()

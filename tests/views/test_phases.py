@@ -90,6 +90,15 @@ def test_the_figure_draws_the_prefill_its_width_on_both_axes_and_the_stall_hatch
     assert len(one_axis.axes) == 2 and one_axis.axes[0].get_xlim() == one_axis.axes[1].get_xlim()
 
 
+def test_runs_on_one_shared_axis_all_fit_the_longest_first_or_last(joined_events):
+    """A shared x axis keeps only the last ``set_xlim``: a longer run drawn first (notebook
+    00's static run beside the continuous one) was cut at the shorter run's end."""
+    short = joined_events[joined_events.step < 2]  # ends at uid 0's step 1 token, t = 2.5 s
+    for runs in ({"long": joined_events, "short": short}, {"short": short, "long": joined_events}):
+        fig = render_phases(runs, axes=("time",))
+        assert [ax.get_xlim() for ax in fig.axes] == [(0.0, 8.5)] * 2
+
+
 def test_bad_axes_and_empty_runs_are_refused_or_said():
     with pytest.raises(ValueError, match="axes must be"):
         render_phases(events_frame([]), axes=("wall",))

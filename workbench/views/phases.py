@@ -330,11 +330,13 @@ def render_phases(
     share_x = len(axes) == 1
     grid = fig.subplots(1, len(panels), sharey=True, sharex=share_x, squeeze=False)[0]
     shown: set[str] = set()
+    extents = [1e-9]  # each panel's right end: a shared x axis keeps only the last set_xlim
     for ax, (name, ev, x) in zip(grid, panels):
         seg = row_segments(ev)
         if seg.empty:
             style.empty(ax, "no steps yet")
             continue
+        extents.append(float((seg[f"{x}_left"] + seg[f"{x}_width"]).max()))
         labels = {u: y for u, y in seg.groupby("uid").y.first().sort_values().items()}
         shown |= _draw(ax, seg, x, labels)
         if x == "step":
@@ -342,7 +344,7 @@ def render_phases(
         heading = {"step": "step axis: width = tokens", "time": "wall axis: width = seconds"}[x]
         ax.set_title(f"{name}: {heading}" if name else heading, fontsize="medium", loc="left")
     if share_x:  # one scale for every run: the longest run's extent
-        grid[0].set_xlim(0, max(ax.get_xlim()[1] for ax in grid))
+        grid[0].set_xlim(0, max(extents))
     if title:
         fig.suptitle(title)
     fig.legend(

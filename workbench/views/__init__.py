@@ -35,6 +35,8 @@ pages shared (snaps)   ``sharing_text``            ``render_sharing`` (``views.s
 quantized key (arrays) ``key_error_text``          ``render_key_error`` (``views.quant_error``)
 reduction order        ``reduction_text``          ``render_reduction`` (``views.reduction``)
   (vectors)
+a step's forwards      ``hybrid_text``             ``render_hybrid`` (``views.hybrid``)
+  (events + snap)
 LoRA slots (snap)      ``adapters_text``           ``render_adapters``,
                                                    ``render_adapter_slots`` (events)
 live panel             ``Panel.static()``          ``Panel(sched)`` (ipywidgets)

@@ -23,14 +23,14 @@ import argparse
 import json
 import sys
 
-import workbench  # noqa: F401  (before mlx: the project's precision and BLAS settings)
-import mlx.core as mx
-import mlx.nn as nn
-
+import workbench  # noqa: F401, I001  (before mlx: the project's precision and BLAS settings)
 from workbench.bench import model as bench_model
 from workbench.bench.gpu import LLAMA_1B
 from workbench.engine.levers.invariant import PROJECTIONS, _in_features, _plain_call, signature
 from workbench.engine.levers.invariant_blocks import sweep
+
+import mlx.core as mx
+import mlx.nn as nn
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -74,9 +74,21 @@ def attention_sweep(dtype, batch_sizes, lengths, heads=32, kv_heads=8, dim=64) -
             out = mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale)[:1]
             mx.eval(out)
             diff = mx.abs(out.astype(mx.float32) - alone.astype(mx.float32)).max().item()
-            rows.append({"L": L, "B": B, "equal_alone": bool(mx.array_equal(out, alone).item()),
-                         "max_diff": diff, "run_to_run_equal": bool(same_twice)})
+            rows.append(
+                {
+                    "L": L,
+                    "B": B,
+                    "equal_alone": bool(mx.array_equal(out, alone).item()),
+                    "max_diff": diff,
+                    "run_to_run_equal": bool(same_twice),
+                }
+            )
     return rows
+
+
+def probe_rows(M: int, m, dtype):
+    """``[M, in_features]`` random rows for projection ``m``."""
+    return mx.random.normal((M, _in_features(m))).astype(dtype)
 
 
 def run_to_run(f, x, times: int = 10) -> bool:
@@ -103,8 +115,16 @@ def main(argv=None) -> int:
     dtype = DTYPES[a.dtype]
     shape = {"quick": bench_model.QUICK, "full": bench_model.FULL, "1b": LLAMA_1B}[a.shape]
     out = open(a.out, "w") if a.out else None
-    emit(out, {"what": "setup", "mlx": mx.__version__, "device": str(mx.default_device()),
-               "dtype": a.dtype, "shape": shape.name})
+    emit(
+        out,
+        {
+            "what": "setup",
+            "mlx": mx.__version__,
+            "device": str(mx.default_device()),
+            "dtype": a.dtype,
+            "shape": shape.name,
+        },
+    )
     model = bench_model.make_model(shape, dtype=dtype)
     rows = tuple(range(1, a.rows + 1))
     worst = {"leaks": 0, "moved": 0}
@@ -112,26 +132,43 @@ def main(argv=None) -> int:
         r = sweep(_plain_call(m), _in_features(m), dtype, rows=rows, neighbours=True)
         worst["leaks"] += sum(r.leak)
         worst["moved"] += sum(r.moved)
-        emit(out, {"what": "projection", "name": name, "signature": str(sig), "switches": r.switches(),
-                   "leaks": [M for M, x in zip(r.rows, r.leak) if x],
-                   "moved": [M for M, x in zip(r.rows, r.moved) if x],
-                   "runs": r.runs()[:8], "max_diff": max(r.max_diff),
-                   "run_to_run_equal": run_to_run(_plain_call(m), mx.random.normal((min(a.rows, 300), _in_features(m))).astype(dtype))})
+        emit(
+            out,
+            {
+                "what": "projection",
+                "name": name,
+                "signature": str(sig),
+                "switches": r.switches(),
+                "leaks": [M for M, x in zip(r.rows, r.leak) if x],
+                "moved": [M for M, x in zip(r.rows, r.moved) if x],
+                "runs": r.runs()[:8],
+                "max_diff": max(r.max_diff),
+                "run_to_run_equal": run_to_run(_plain_call(m), probe_rows(min(a.rows, 300), m, dtype)),
+            },
+        )
     # 4-bit quantized matmul, run to run at M >= 8 (the reported shared-memory race)
-    q = nn.QuantizedLinear.from_linear(nn.Linear(shape.hidden_size, shape.intermediate_size, bias=False), 64, 4)
+    q = nn.QuantizedLinear.from_linear(
+        nn.Linear(shape.hidden_size, shape.intermediate_size, bias=False), 64, 4
+    )
     for M in (1, 8, 16, 64, 128, 256):
         x = mx.random.normal((M, shape.hidden_size)).astype(dtype)
-        emit(out, {"what": "quantized_matmul_run_to_run", "M": M, "bits": 4, "equal_10_runs": run_to_run(q, x)})
+        emit(
+            out, {"what": "quantized_matmul_run_to_run", "M": M, "bits": 4, "equal_10_runs": run_to_run(q, x)}
+        )
     att = attention_sweep(dtype, (1, 2, 8, 32, 128), (200, 255, 256, 257, 300, 512, 1024))
     for r in att:
         emit(out, {"what": "attention", **r})
-    summary = {"what": "summary", "projection_leaks": worst["leaks"], "projection_moved": worst["moved"],
-               "attention_not_equal_alone": [(r["B"], r["L"]) for r in att if not r["equal_alone"]],
-               "attention_run_to_run_unequal": sorted({r["L"] for r in att if not r["run_to_run_equal"]})}
+    summary = {
+        "what": "summary",
+        "projection_leaks": worst["leaks"],
+        "projection_moved": worst["moved"],
+        "attention_not_equal_alone": [(r["B"], r["L"]) for r in att if not r["equal_alone"]],
+        "attention_run_to_run_unequal": sorted({r["L"] for r in att if not r["run_to_run_equal"]}),
+    }
     if not a.skip_end_to_end:
         from workbench.engine.request import Request
-        from workbench.verify.run_to_run import twice
         from workbench.runtime.loading import load
+        from workbench.verify.run_to_run import twice
 
         emodel, tok = load()
         reqs = [Request(prompt=[11 + 7 * i + j for j in range(20 + 9 * i)], max_tokens=16) for i in range(8)]

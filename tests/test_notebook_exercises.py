@@ -7,18 +7,21 @@ its solution: a code cell whose source and output JupyterLab shows collapsed (ce
 checks its answer against the engine with ``assert`` (so nbval fails where the answer does not
 hold). nbval executes every code cell that is not marked ``nbval-skip`` (tag or ``# NBVAL_SKIP``);
 an ``nbval-ignore-output`` solution still runs its asserts. Its stored output holds no error.
+The docs index (``docs/README.md``, its "Exercises" section) lists every notebook's exercise.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbval.plugin import find_comment_markers, find_metadata_tags
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXERCISE = "**Exercise.**"
 
 
@@ -111,4 +114,13 @@ def test_every_notebook_has_an_exercise_with_a_collapsed_solution_that_nbval_che
         f"{path.name} has no exercise: a markdown cell opening with {EXERCISE!r} (the question), then its "
         "solution in a code cell with jupyter.source_hidden and outputs_hidden, opening with '# Solution', "
         "that asserts its answer"
+    )
+
+
+def test_the_docs_index_lists_every_notebooks_exercise():
+    index = (ROOT / "docs" / "README.md").read_text()
+    section = index.split("## Exercises", 1)[1].split("\n## ", 1)[0] if "## Exercises" in index else ""
+    listed = re.findall(r"\]\(\.\./notebooks/([\w.-]+\.ipynb)\) \| \S", section)
+    assert listed == [p.name for p in NOTEBOOKS], (
+        "docs/README.md's Exercises section: one row per notebook, in order"
     )

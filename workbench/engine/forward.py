@@ -230,7 +230,8 @@ class ForwardLevers:
                     spans = [_Span(u, n) for u, n in zip(forward.uids, forward.n_tokens)]
                     adapter_of = dict(zip(forward.uids, forward.adapters))
                     stack.enter_context(self.select_tokens(self.adapters, spans, adapter_of))
-                stack.enter_context(packed_invariant_forward(self.model, self.invariant))
+                if self.invariant is not None:
+                    stack.enter_context(packed_invariant_forward(self.model, self.invariant))
                 yield ""
                 return
             stack.enter_context(selected(self.adapters, forward.adapters))

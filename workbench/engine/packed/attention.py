@@ -185,6 +185,18 @@ class PagedLayer:
         return self.mask
 
 
+def paged_attention(original: Any, queries, keys, values, cache, scale, mask, sinks=None) -> mx.array:
+    """The attention each of ``model``'s hooked layers calls in a packed forward
+    (:meth:`~workbench.engine.model_hooks.ModelHooks.calling`, the signature of mlx-lm's
+    ``scaled_dot_product_attention`` after ``original``): a paged layer with ``attend``
+    attends by itself (:meth:`PagedLayer.attend`, over the pools); any other call (the masked
+    path, attention sinks) goes to ``original`` unchanged."""
+    attend = getattr(cache, "attend", None)
+    if attend is None or sinks is not None:
+        return original(queries, keys, values, cache, scale, mask, sinks)
+    return attend(queries, scale)
+
+
 class PerTokenRoPE:
     """A layer's RoPE that also takes one position per token: for ``x`` ``[1, H, T, D]``
     and an ``offset`` array of ``T`` positions, ``x`` is rotated as ``[T, H, 1, D]`` (mlx-lm's
@@ -320,8 +332,7 @@ def packed_forward(
     caches = paged_layers(
         pools, table, chunks, len(inner.layers), arrays, masked, kernel, index, token_attention
     )
-    hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
-    with per_token_rope(inner):
+    with hooks_of(model).calling(paged_attention), per_token_rope(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]
@@ -340,7 +351,7 @@ def _decode_rows_forward(
     write, positions = mx.array(ix.write), mx.array(ix.positions)
     inner = model.model
     caches = [PagedLayer(pools, i, write, positions, groups=groups) for i in range(len(inner.layers))]
-    hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
     ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-    h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets
+    with hooks_of(model).calling(paged_attention):
+        h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets
     return lm_logits(model, h)

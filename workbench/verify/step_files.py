@@ -5,9 +5,11 @@ which module does what (the trace finds out).
 
 The rule (issue 38: "one decode step of either layout can be read in at most five files"):
 
-1. Run a plain decode: the bundled model (:func:`workbench.load`), default settings but the
-   layout, two greedy rows admitted and :data:`WARM_STEPS` steps run; then trace one more
-   ``Scheduler.step()`` with :func:`sys.setprofile`.
+1. Run a plain decode on the CPU (the path every machine runs; on CUDA the default kernels,
+   the padded-rows one and the packed decode one, add their own files): the bundled model
+   (:func:`workbench.load`), default settings but the layout, two greedy rows admitted and
+   :data:`WARM_STEPS` steps run; then trace one more ``Scheduler.step()`` with
+   :func:`sys.setprofile`.
 2. The trace starts inside the body of ``Scheduler.step``: its decorator ``@transactional``
    (a savepoint before every engine call, a rollback on an exception) is named on the method.
 3. A call into one of :data:`INSTRUMENT` is not followed: the step calls it by its name
@@ -32,6 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import mlx.core as mx
+
+from ..engine.request import Request
+from ..engine.scheduler import Scheduler
+from ..runtime.loading import load
 
 PACKAGE = Path(__file__).resolve().parents[1]
 WARM_STEPS = 4
@@ -138,17 +146,19 @@ def step_files(layout: str) -> dict[str, list[str]]:
     Raises:
         ValueError: an unknown ``layout`` (from the Scheduler).
     """
-    import workbench
-    from workbench.engine.scheduler import Scheduler
-
-    model, tokenizer = workbench.load()
-    sched = Scheduler(model, tokenizer, layout=layout)
-    for prompt in PROMPTS:
-        sched.submit(workbench.Request(prompt=prompt, max_tokens=20))
-    sched.admit()
-    for _ in range(WARM_STEPS):
-        sched.step()
-    calls = trace_step(sched.step, lambda k: k == ("engine/scheduler.py", "Scheduler.step"))
+    device = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        model, tokenizer = load()
+        sched = Scheduler(model, tokenizer, layout=layout)
+        for prompt in PROMPTS:
+            sched.submit(Request(prompt=prompt, max_tokens=20))
+        sched.admit()
+        for _ in range(WARM_STEPS):
+            sched.step()
+        calls = trace_step(sched.step, lambda k: k == ("engine/scheduler.py", "Scheduler.step"))
+    finally:
+        mx.set_default_device(device)
     return orchestrating(calls)
 
 

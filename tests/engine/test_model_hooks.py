@@ -298,19 +298,7 @@ def test_a_hooked_attention_reaches_a_paged_caches_attend_through_one_python_cal
     from workbench.engine import model_hooks
     from workbench.engine.model_hooks import hooks_of
 
-    args = llama.ModelArgs.from_dict(
-        dict(
-            model_type="llama",
-            hidden_size=32,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-5,
-            vocab_size=50,
-        )
-    )
-    model = llama.Model(args)
+    model = _tiny_llama()
     hooks_of(model)
 
     class Paged:  # a paged layer: RoPE offset, writes nothing, attends by itself

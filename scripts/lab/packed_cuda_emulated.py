@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import workbench as wb  # noqa: E402
+from workbench.engine.packed import attention  # noqa: E402
 from workbench.engine.packed import cuda_attention as ca  # noqa: E402
 from workbench.verify import oracle  # noqa: E402
 
@@ -36,7 +37,7 @@ def main() -> None:
         return kernel(*args, **kwargs)
 
     ca.paged_decode_attention = counted
-    ca.selected = lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
+    attention.selected = lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
     start = time.perf_counter()
     with emulated(caches=(ca._kernel, ca._reduce_kernel)):
         sched = packed(model, tok)

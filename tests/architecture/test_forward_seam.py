@@ -1,5 +1,5 @@
 """Every forward of both layouts takes its levers in one place
-(:meth:`workbench.engine.levers.forward.ForwardLevers.applied`): no forward site stacks
+(:meth:`workbench.engine.forward.ForwardLevers.applied`): no forward site stacks
 the levers' context managers by hand, so a lever cannot reach one site and miss another."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import workbench
 
 ENGINE = Path(workbench.__file__).parent / "engine"
 SITES = [ENGINE / "runner.py", *sorted((ENGINE / "layouts").glob("*.py"))]
-# the levers' own context managers, entered only by levers/forward.py
+# the levers' own context managers, entered only by engine/forward.py
 LEVERS = {
     "selected",
     "selected_tokens",

@@ -1,7 +1,8 @@
 """The package's shape: subpackages import only lower ones, ``observe`` never imports
 MLX, one module touches mlx-lm's private cache fields, no engine function is longer than
 one screen; inside the engine, ``kv/`` never imports the core or the levers, only the
-runner and the scheduler import ``levers/`` from the core, only the scheduler imports
+runner, the scheduler and ``forward.py`` (which installs a forward's levers) import ``levers/``
+from the core, only the scheduler imports
 ``layouts/`` and a layout never imports the scheduler or the other layout, and ``packed/``
 (the packed layout's parts) imports no lever, runner or padded batch and is imported only by
 ``layouts/packed.py`` and the config; no
@@ -115,8 +116,8 @@ def core_importers(folder: str) -> set[str]:
     }
 
 
-def test_only_the_runner_and_the_scheduler_import_the_levers():
-    assert core_importers("levers") == {"runner.py", "scheduler.py"}
+def test_only_the_runner_the_scheduler_and_the_forward_import_the_levers():
+    assert core_importers("levers") == {"runner.py", "scheduler.py", "forward.py"}
 
 
 def test_engine_modules_live_in_the_core_kv_levers_layouts_or_packed():

@@ -1,5 +1,5 @@
 """One forward described once (:mod:`workbench.engine.forward`) and the one place its levers
-are installed (:class:`workbench.engine.levers.forward.ForwardLevers`)."""
+are installed (:class:`workbench.engine.forward.ForwardLevers`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import mlx.nn as nn
 import pytest
 
-from workbench.engine.forward import DECODE, PACKED, PREFILL, VERIFY, Forward
-from workbench.engine.levers.forward import ForwardLevers
+from workbench.engine.forward import DECODE, PACKED, PREFILL, VERIFY, Forward, ForwardLevers
 from workbench.engine.levers.invariant import Invariance
 from workbench.engine.levers.lora import AdapterBank, Selection
 from workbench.engine.model_hooks import hooks_of

@@ -224,17 +224,7 @@ def test_hooks_reach_this_models_layers_only_and_compute_mlxs_call_with_no_hook_
     assert mx.array_equal(lin(x), want).item()
 
 
-def test_a_hooked_attention_reaches_a_paged_caches_attend_through_one_python_call_and_makes_no_function():
-    """The packed layout's hot path: each hooked layer's call of its file's attention enters
-    one Python function of ``model_hooks`` (``ModelHooks.sdpa``: no wrapper frame, no
-    closure made per call) before the paged cache's ``attend``."""
-    import sys
-
-    import mlx.core as mx
-
-    from workbench.engine import model_hooks
-    from workbench.engine.model_hooks import hooks_of
-
+def _tiny_llama():
     args = llama.ModelArgs.from_dict(
         dict(
             model_type="llama",
@@ -247,7 +237,68 @@ def test_a_hooked_attention_reaches_a_paged_caches_attend_through_one_python_cal
             vocab_size=50,
         )
     )
-    model = llama.Model(args)
+    return llama.Model(args)
+
+
+def test_calling_hands_each_layers_attention_to_the_given_function_without_a_frame_of_model_hooks():
+    """``ModelHooks.calling(f)``: inside the block each hooked layer calls ``f(original, ...)``
+    itself (no frame of ``model_hooks`` in between; ``original`` computes mlx-lm's attention),
+    another model is untouched, and the layers call ``sdpa`` again after, also after an exception."""
+    import sys
+
+    import mlx.core as mx
+
+    from workbench.engine import model_hooks
+    from workbench.engine.model_hooks import hooks_of
+
+    model, other = _tiny_llama(), _tiny_llama()
+    x = mx.array([[1, 2, 3]])
+    plain = model(x)
+    seen, entered = [], []
+
+    def attention(original, queries, keys, values, cache, scale, mask, sinks=None):
+        seen.append(queries.shape)
+        return original(queries, keys, values, cache, scale, mask, sinks)
+
+    def own(original, queries, keys, values, cache, scale, mask, sinks=None):
+        return queries
+
+    def tracer(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == model_hooks.__file__:
+            entered.append(frame.f_code.co_name)
+
+    hooks = hooks_of(model)
+    hooks_of(other)
+    with hooks.calling(attention):
+        other(x)
+        assert not seen, "another model's layers keep their own attention"
+        assert mx.array_equal(model(x), plain) and len(seen) == 2
+    with hooks.calling(own):
+        sys.setprofile(tracer)
+        try:
+            model(x)
+        finally:
+            sys.setprofile(None)
+    assert entered == []
+    with pytest.raises(RuntimeError), hooks.calling(attention):
+        raise RuntimeError("interrupted")
+    seen.clear()
+    model(x)
+    assert not seen, "restored after the block"
+
+
+def test_a_hooked_attention_reaches_a_paged_caches_attend_through_one_python_call_and_makes_no_function():
+    """The packed layout's hot path: each hooked layer's call of its file's attention enters
+    one Python function of ``model_hooks`` (``ModelHooks.sdpa``: no wrapper frame, no
+    closure made per call) before the paged cache's ``attend``."""
+    import sys
+
+    import mlx.core as mx
+
+    from workbench.engine import model_hooks
+    from workbench.engine.model_hooks import hooks_of
+
+    model = _tiny_llama()
     hooks_of(model)
 
     class Paged:  # a paged layer: RoPE offset, writes nothing, attends by itself

@@ -12,6 +12,7 @@ import pytest
 
 import workbench as wb
 from tests.engine.test_packed import SPECS, packed, staggered
+from workbench.engine.packed import attention as pa
 from workbench.engine.packed import cuda_attention as ca
 from workbench.engine.packed.attention import Pools, packed_forward
 from workbench.engine.packed.grouped import grouped_attention, groups_of
@@ -121,17 +122,17 @@ def test_split_plan_fills_the_gpu_and_covers_every_page():
 def test_the_kernel_is_selected_on_cuda_only_for_the_shapes_it_serves(monkeypatch):
     pool = mx.zeros((8, 8, 64), mx.bfloat16)
     monkeypatch.setattr(device, "backend", lambda: "cpu")
-    assert not ca.selected(None, 32, pool)
-    assert ca.selected(True, 32, pool)  # forced: the CPU tests' stand-in
+    assert not pa.selected(None, 32, pool)
+    assert pa.selected(True, 32, pool)  # forced: the CPU tests' stand-in
     monkeypatch.setattr(device, "backend", lambda: "cuda")
-    assert ca.selected(None, 32, pool) and ca.selected(None, 8, pool)
-    assert not ca.selected(False, 32, pool)
-    assert not ca.selected(None, 32, None)  # no pool yet (no forward has written one)
-    assert not ca.selected(None, 128, pool)  # 16 query heads per KV head: more than MAX_GROUP
-    assert not ca.selected(None, 12, pool)  # not a multiple of the KV heads
-    assert not ca.selected(None, 0, pool)
-    assert not ca.selected(None, 32, mx.zeros((8, 8, 16), mx.float32))  # head dim 16
-    assert not ca.selected(None, 32, mx.zeros((8, 8, 64), mx.int32))
+    assert pa.selected(None, 32, pool) and pa.selected(None, 8, pool)
+    assert not pa.selected(False, 32, pool)
+    assert not pa.selected(None, 32, None)  # no pool yet (no forward has written one)
+    assert not pa.selected(None, 128, pool)  # 16 query heads per KV head: more than MAX_GROUP
+    assert not pa.selected(None, 12, pool)  # not a multiple of the KV heads
+    assert not pa.selected(None, 0, pool)
+    assert not pa.selected(None, 32, mx.zeros((8, 8, 16), mx.float32))  # head dim 16
+    assert not pa.selected(None, 32, mx.zeros((8, 8, 64), mx.int32))
 
 
 def test_the_kernel_refuses_what_it_does_not_serve_before_launching():
@@ -192,7 +193,7 @@ def test_fast_decode_false_keeps_a_packed_scheduler_off_the_kernel_through_fork_
     calls = []
     monkeypatch.setattr(ca, "paged_decode_attention", _stand_in(calls))
     monkeypatch.setattr(
-        ca, "selected", lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
+        pa, "selected", lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
     )
     off = packed(model, tok, fast_decode=False, history_checkpoints=2)
     staggered(off, tok, SPECS[:2])
@@ -225,7 +226,7 @@ def test_packed_rows_through_the_kernel_path_equal_their_runs_alone(bundled, mon
 
     monkeypatch.setattr(ca, "paged_decode_attention", _stand_in(calls))
     monkeypatch.setattr(
-        ca, "selected", lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
+        pa, "selected", lambda choice, n_heads, pool: choice is not False and ca.serves(n_heads, pool)
     )
     monkeypatch.setattr(attention, "grouped_attention", spy(by_groups))
     monkeypatch.setattr(ca, "grouped_attention", spy(beside))

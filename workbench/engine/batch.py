@@ -3,7 +3,7 @@ together by mlx-lm's verbs.
 
 Knows: mlx-lm's batch caches (through :mod:`workbench.engine.kv.caches` and, for free
 slots, :mod:`workbench.engine.kv.cache_internals`), the pending next-token results of the
-last forward (:class:`workbench.engine.decode.Pending`), the request state of each row.
+last forward (:class:`workbench.engine.forward.Pending`), the request state of each row.
 Must not know: the queue, events, admission.
 
 Mirrors mlx-lm's ``GenerationBatch``: ``extend`` appends joiners, ``filter`` keeps the
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from .decode import Pending
+from .forward import Pending
 from .kv import cache_internals as internals
 from .kv import caches as kv
 from .state import RequestState

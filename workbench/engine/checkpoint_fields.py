@@ -35,7 +35,7 @@ from mlx_lm.models.cache import ArraysCache, BatchRotatingKVCache, CacheList
 
 from ..observe.events import Event
 from .batch import Batch
-from .decode import Pending
+from .forward import Pending
 from .kv.cache_internals import complete_loaded_cache
 from .request import FINISH_REASONS, Request, validate
 from .sampling import RowSampler

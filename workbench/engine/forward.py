@@ -1,23 +1,62 @@
-"""One forward, described once and layout-neutral: what every lever of the forward reads.
+"""One forward of either layout: described once, run with its levers, its logits sampled lazily.
 
-Knows: nothing of the engine (plain data). Must not know: the model, the caches, the levers.
+Knows: the levers that act during a forward (LoRA adapters, the batch-invariant mode, the
+quantized cache's attention path, the decode fast paths), the model call with a batch cache,
+per-row sampling (:mod:`workbench.engine.sampling`). Must not know: requests' lives, the
+queue, events, which layout built the forward.
 
-A :class:`Forward` lists the forward's *segments* in the order of its tokens: a row of the
-padded layout's ``[B, L]`` batch, or a chunk of the packed layout's ``[1, T]`` forward. Per
-segment it holds the request (uid), its adapter, the tokens its cache held before (its first
-token's position), the tokens it feeds, whether it samples and how many drafted positions it
-verifies. :meth:`workbench.engine.levers.forward.ForwardLevers.applied` installs every lever
-a scheduler has configured from it; the forward itself then runs as the layout builds it::
+- :class:`Forward` lists the forward's *segments* in the order of its tokens: a row of the
+  padded layout's ``[B, L]`` batch, or a chunk of the packed layout's ``[1, T]`` forward. Per
+  segment it holds the request (uid), its adapter, the tokens its cache held before (its first
+  token's position), the tokens it feeds, whether it samples and how many drafted positions it
+  verifies.
+- :meth:`ForwardLevers.applied` installs every lever a scheduler has configured from that
+  description. Each runner site and the packed layout's launches enter it; no site stacks the
+  levers' context managers by hand, so a lever added here reaches every forward. Which lever
+  reads which field: adapters :attr:`Forward.adapters` per row
+  (:func:`~workbench.engine.levers.lora.selected`), or per token for a packed forward
+  (:attr:`ForwardLevers.select_tokens`, over :attr:`Forward.uids` and
+  :attr:`Forward.n_tokens`); the batch-invariant mode :attr:`Forward.held` for a padded join,
+  decode or verify (:func:`~workbench.engine.levers.invariant.invariant_forward`), a packed
+  forward's projections
+  (:func:`~workbench.engine.levers.invariant_packed.packed_invariant_forward`), a padded
+  prefill chunk never (its groups run the mode's fixed chunks themselves); the quantized
+  attention path every padded forward
+  (:func:`~workbench.engine.levers.quantized_attention.attention_path`; a packed forward's
+  pages attend by themselves); the decode fast paths a padded decode with its caches given,
+  over :attr:`Forward.held` (:func:`~workbench.engine.levers.fastpath.decode_fast_path`).
+- :func:`launch` runs a padded ``[B, 1]`` decode forward and :func:`sample_pending` samples
+  any forward's logits ``[B, V]`` into a lazy :class:`Pending`. Pipelining (mirrors mlx-lm's
+  ``GenerationBatch._step``): :func:`launch` builds the graph for the next step from the
+  *unread* tokens of the current one and its arrays are evaluated asynchronously
+  (``mx.async_eval``) while Python reads the current step's tokens. Numerics are unchanged:
+  the same ops run, only their evaluation overlaps Python work.
 
-    with levers.applied(Forward.of_rows(DECODE, batch.rows, held)):
+::
+
+    with levers.applied(Forward.of_rows(DECODE, batch.rows, held), batch.caches):
         pending = launch(model, caches, tokens, ...)
+    tokens, logprobs, finite = pending.read()
+
+Axis letters: ``B`` rows, ``V`` vocabulary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+
+from .levers.fastpath import FastDecode, decode_fast_path
+from .levers.invariant import Invariance, invariant_forward
+from .levers.invariant_packed import packed_invariant_forward
+from .levers.lora import AdapterBank, selected
+from .levers.quantized_attention import attention_path
+from .sampling import RowSampler, TokenCheck, sample_rows
+from .top_logprobs import TopArrays, TopPairs, arrays_of, read_top, top_arrays
 
 PREFILL, JOIN, DECODE, VERIFY, PACKED = "prefill", "join", "decode", "verify", "packed"
 KINDS = (PREFILL, JOIN, DECODE, VERIFY, PACKED)
@@ -130,3 +169,207 @@ class Forward:
     def sampling(self) -> list[int]:
         """The indices of the segments that sample, in order."""
         return [i for i, s in enumerate(self.samples) if s]
+
+
+class _Span(NamedTuple):
+    """A segment as the packed per-token adapter selection reads a chunk."""
+
+    uid: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class ForwardLevers:
+    """Every lever a scheduler configured for its forwards, installed by :meth:`applied`.
+
+    Args:
+        model: the mlx-lm model instance (hooks are set on it alone).
+        adapters: the LoRA bank (``None``: none loaded).
+        invariant: the batch-invariant mode (``None``: off).
+        quantized_attention: the quantized cache's attention path (``"dequantize"``,
+            ``"quantized_matmul"``; ``None``: a float cache, or pages that attend by
+            themselves).
+        fast_decode: the decode fast paths allowed (``None``: none).
+        select_tokens: the packed layout's per-token adapter selection,
+            ``(bank, chunks, adapter_of)`` -> a context manager
+            (:func:`workbench.engine.packed.adapters.selected_tokens`; handed in, as the
+            levers never import the packed layout); needed for a packed forward with adapters.
+    """
+
+    model: Any
+    adapters: AdapterBank | None = None
+    invariant: Invariance | None = None
+    quantized_attention: str | None = None
+    fast_decode: FastDecode | None = None
+    select_tokens: Callable[..., Any] | None = None
+
+    @contextlib.contextmanager
+    def applied(self, forward: Forward, caches: Any = None) -> Iterator[str]:
+        """Within the block, a forward built on :attr:`model` runs as ``forward`` describes
+        with every configured lever (see the module docstring); restored after, also on an
+        exception. Enter it only around building the forward's graph.
+
+        Args:
+            forward: the forward's description.
+            caches: a padded decode's batch caches, for the decode fast paths.
+
+        Yields:
+            The decode fast paths on (``""`` where none, or not a decode):
+            :func:`~workbench.engine.levers.fastpath.decode_fast_path`'s names.
+
+        Raises:
+            ValueError: a packed forward with adapters and no :attr:`select_tokens`.
+        """
+        with contextlib.ExitStack() as stack:
+            if forward.kind == PACKED:
+                if self.adapters is not None and self.select_tokens is None:
+                    raise ValueError(
+                        "select_tokens: a packed forward with adapters needs the per-token selection"
+                    )
+                if self.adapters is not None:
+                    spans = [_Span(u, n) for u, n in zip(forward.uids, forward.n_tokens)]
+                    adapter_of = dict(zip(forward.uids, forward.adapters))
+                    stack.enter_context(self.select_tokens(self.adapters, spans, adapter_of))
+                if self.invariant is not None:
+                    stack.enter_context(packed_invariant_forward(self.model, self.invariant))
+                yield ""
+                return
+            stack.enter_context(selected(self.adapters, forward.adapters))
+            if forward.kind != PREFILL:
+                stack.enter_context(invariant_forward(self.model, self.invariant, forward.held))
+            stack.enter_context(attention_path(self.model, self.quantized_attention))
+            path = ""
+            if forward.kind == DECODE and caches is not None and self.fast_decode is not None:
+                path = stack.enter_context(
+                    decode_fast_path(self.model, caches, forward.held, self.fast_decode)
+                )
+            yield path
+
+
+@dataclass
+class Pending:
+    """Lazy results of one decode forward, aligned with the rows it ran for.
+
+    Attributes:
+        tokens: ``[B]`` uint32, each row's sampled next token.
+        logprobs: ``[B]`` float32, the log-probability of that token.
+        finite: ``[B]`` bool, False where the row's processed logits held NaN or +inf
+            (or were all -inf).
+        errors: row -> message for rows whose processors or sampler raised or broke
+            their contract, or -> the :class:`~workbench.engine.sampling.TokenCheck` of a
+            custom sampler's id (resolved by :meth:`read` to a message, or dropped when good).
+        top: row -> its top-k ``(ids [k], log-probs [k])`` for rows whose request asked
+            (``Request(top_logprobs=k)``, :mod:`workbench.engine.top_logprobs`).
+    """
+
+    tokens: mx.array
+    logprobs: mx.array
+    finite: mx.array
+    errors: dict
+    top: TopArrays = field(default_factory=dict)
+
+    def take(self, rows: Sequence[int]) -> "Pending":
+        """Only rows ``rows`` (after a filter)."""
+        idx = mx.array(list(rows), dtype=mx.int32)
+        errors = {new: self.errors[old] for new, old in enumerate(rows) if old in self.errors}
+        top = {new: self.top[old] for new, old in enumerate(rows) if old in self.top}
+        return Pending(self.tokens[idx], self.logprobs[idx], self.finite[idx], errors, top)
+
+    @staticmethod
+    def concat(a: "Pending | None", b: "Pending") -> "Pending":
+        """Rows of ``a`` then rows of ``b`` (after a join)."""
+        if a is None:
+            return b
+        n = a.tokens.shape[0]
+        errors = {**a.errors, **{n + k: v for k, v in b.errors.items()}}
+        top = {**a.top, **{n + k: v for k, v in b.top.items()}}
+        return Pending(
+            mx.concatenate([a.tokens, b.tokens]),
+            mx.concatenate([a.logprobs, b.logprobs]),
+            mx.concatenate([a.finite, b.finite]),
+            errors,
+            top,
+        )
+
+    def clone(self) -> "Pending":
+        """A copy sharing the arrays (nothing writes them in place) with its own ``errors``
+        and ``top``."""
+        return Pending(self.tokens, self.logprobs, self.finite, dict(self.errors), dict(self.top))
+
+    def read(self) -> tuple[list[int], list[float], list[bool]]:
+        """Evaluate (waits for the forward) and return ``(tokens, logprobs, finite)`` as
+        lists; ``errors`` then holds messages only (custom samplers' ids checked)."""
+        checks = [c for c in self.errors.values() if isinstance(c, TokenCheck)]
+        mx.eval(self.tokens, self.logprobs, self.finite, *[c.ok for c in checks], *arrays_of(self.top))
+        resolved = {b: e if isinstance(e, str) else e.message() for b, e in self.errors.items()}
+        self.errors = {b: message for b, message in resolved.items() if message}
+        return self.tokens.tolist(), self.logprobs.tolist(), self.finite.tolist()
+
+    def arrays(self) -> list[mx.array]:
+        """The arrays a read evaluates: tokens, log-probs, finiteness, the top-k arrays."""
+        return [self.tokens, self.logprobs, self.finite, *arrays_of(self.top)]
+
+    def read_top(self) -> dict[int, TopPairs]:
+        """Row -> its top-k ``((id, log-prob), ...)`` best first, for the rows that asked
+        (:func:`workbench.engine.top_logprobs.read_top`; evaluates, after :meth:`read`
+        at no extra wait)."""
+        return read_top(self.top)
+
+
+def launch(
+    model: Any,
+    caches: list[Any],
+    inputs: mx.array,
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+    asynchronous: bool = True,
+) -> Pending:
+    """Feed ``inputs`` ``[B]`` (token ids, may be lazy) through the model with ``caches``
+    (updated in place) and sample each row's next token.
+
+    Args:
+        samplers, contexts, token_index: per row, see :func:`workbench.engine.sampling.sample_rows`.
+        asynchronous: start evaluation with ``mx.async_eval`` and return at once (the
+            pipelined path); ``False`` evaluates before returning.
+
+    Returns:
+        The :class:`Pending` next tokens, their log-probabilities, finiteness and errors,
+        and the top-k log-probs of rows whose sampler asked (``RowSampler.top_logprobs``).
+    """
+    logits = model(inputs.reshape(-1, 1), cache=caches)[:, -1, :]  # [B, V]
+    return sample_pending(logits, samplers, contexts, token_index, asynchronous)
+
+
+def sample_pending(
+    logits: mx.array,
+    samplers: Sequence[RowSampler],
+    contexts: Sequence[Any],
+    token_index: Sequence[int],
+    asynchronous: bool | None = True,
+) -> Pending:
+    """Sample each row's next token from ``logits`` ``[B, V]`` (the tail of
+    :func:`launch`, shared with the packed forward): the :class:`Pending` tokens,
+    log-probabilities, finiteness and errors, evaluated (``asynchronous=False``), started
+    (``True``) or left lazy (``None``: the caller starts them later, :meth:`Pending.arrays`)."""
+    sampled, logprobs, errors = sample_rows(logits, samplers, contexts, token_index)  # [B], [B, V]
+    # NaN or +inf in a row's (processed) logits, or all -inf, makes its log-softmax NaN;
+    # -inf entries alone (banned tokens) are fine.
+    finite = mx.logical_not(mx.isnan(logprobs).any(axis=-1))  # [B]
+    chosen = mx.take_along_axis(logprobs, sampled[:, None].astype(mx.int32), axis=-1)[:, 0]
+    top = top_arrays(logprobs, [s.top_logprobs for s in samplers])  # the same [B, V] as ``chosen``
+    pending = Pending(sampled, chosen.astype(mx.float32), finite, errors, top)
+    if asynchronous is not None:
+        (mx.async_eval if asynchronous else mx.eval)(*pending.arrays())
+    return pending
+
+
+def row_context(row: Any, pending: Pending | None, b: int) -> Callable[[], mx.array]:
+    """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one at row ``b`` of
+    ``pending``) for its logits processors: built only when asked."""
+
+    def build() -> mx.array:
+        known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)
+        return known if pending is None else mx.concatenate([known, pending.tokens[b : b + 1]])
+
+    return build

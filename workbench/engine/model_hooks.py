@@ -68,6 +68,7 @@ class ModelHooks:
         self.projections: Projection | None = None
         self.attention_hooked = False
         self.projections_hooked = False
+        self.scopes: list[dict[str, Any]] = []  # each hooked attention class's globals (our copies)
 
     @contextlib.contextmanager
     def using(self, **hooks: Any) -> Iterator[ModelHooks]:
@@ -90,6 +91,23 @@ class ModelHooks:
         finally:
             for name, value in saved.items():
                 setattr(self, name, value)
+
+    @contextlib.contextmanager
+    def calling(self, attention: Attention) -> Iterator[ModelHooks]:
+        """Within the block every hooked attention layer of the model calls ``attention(original,
+        queries, keys, values, cache, scale, mask, sinks)`` directly where its file's code calls
+        ``scaled_dot_product_attention`` (``original``: what it calls otherwise, :meth:`sdpa`):
+        a forward that owns its attention (the packed layout's paged layers) holds it in its
+        own module, with no call through this one. Only this model's hooked classes change
+        (their globals are our copies); restored after, also on an exception."""
+        saved = [scope[SDPA] for scope in self.scopes]
+        try:
+            for scope, original in zip(self.scopes, saved):
+                scope[SDPA] = functools.partial(attention, original)  # no Python frame of its own
+            yield self
+        finally:
+            for scope, original in zip(self.scopes, saved):
+                scope[SDPA] = original
 
     def sdpa(self, module: types.ModuleType, queries, keys, values, cache, scale, mask, sinks=None):
         """The attention a hooked layer of model file ``module`` runs (the signature of
@@ -132,6 +150,7 @@ def _hooked_attention_class(cls: type, hooks: ModelHooks) -> type | None:
         return None
     scope = dict(call.__globals__)  # a copy: the model file's own globals stay as they are
     scope[SDPA] = functools.partial(hooks.sdpa, module)  # no Python frame of its own
+    hooks.scopes.append(scope)
     hooked = types.FunctionType(call.__code__, scope, call.__name__, call.__defaults__, call.__closure__)
     hooked.__kwdefaults__ = call.__kwdefaults__
     return type(

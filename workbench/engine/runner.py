@@ -1,6 +1,6 @@
 """Running the model: prefill groups (chunked), the join forward and the decode forward.
 
-Knows: the model, :mod:`workbench.engine.prefill`, :mod:`workbench.engine.decode`, the
+Knows: the model, :mod:`workbench.engine.prefill`, :mod:`workbench.engine.forward`, the
 prompt cache. Must not know: the queue, admission, events.
 """
 
@@ -15,13 +15,11 @@ import mlx.core as mx
 
 from . import shared_prompts
 from .batch import Batch
-from .decode import Pending, launch
-from .forward import DECODE, JOIN, PREFILL, VERIFY, Forward
+from .forward import DECODE, JOIN, PREFILL, VERIFY, Forward, ForwardLevers, Pending, launch
 from .kv.caches import CacheRecipe, repeat_rows
 from .kv.promptcache import PromptCache
 from .levers import speculative
 from .levers.fastpath import FastDecode
-from .levers.forward import ForwardLevers
 from .levers.invariant import Invariance
 from .levers.invariant_preempt import QuantizedReplayPrefillGroup, ReplayPrefillGroup
 from .levers.lora import AdapterBank

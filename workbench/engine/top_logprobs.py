@@ -74,7 +74,9 @@ def read_top(top: Mapping[int, tuple[mx.array, mx.array]]) -> dict[int, TopPairs
     """``top`` evaluated: row -> ``((id, log-prob), ...)`` best first, equal values ordered
     by id (the order does not depend on the sort's tie handling); pairs whose log-prob is not
     finite (``-inf``: a token the row's processors forbid) are left out, so a row gets at most
-    ``k`` pairs, as many as it has allowed tokens."""
+    ``k`` pairs, as many as it has allowed tokens. ``{}`` when no row asked (nothing evaluated)."""
+    if not top:
+        return {}
     mx.eval(arrays_of(top))
     out = {}
     for b, (ids, values) in top.items():

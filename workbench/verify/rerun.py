@@ -104,7 +104,7 @@ def _recorded_forward(model: Any, tokens: mx.array, caches: Sequence[Any]) -> tu
 def batched_step(model: Any, checkpoint: Checkpoint, uid: int) -> BatchedStep:
     """Re-run the next decode forward of ``checkpoint``'s batch, recording every layer,
     and return row ``uid``'s part. Mirrors ``Scheduler.step`` (``Batch.compact`` then
-    ``workbench.engine.decode.launch``'s ``model(tokens[:, None], cache=...)``) on a clone
+    ``workbench.engine.forward.launch``'s ``model(tokens[:, None], cache=...)``) on a clone
     of the checkpoint's batch; the checkpoint is unchanged.
 
     Raises:

@@ -28,12 +28,10 @@ from ...observe.events import Event
 from ...observe.packed import DECODE
 from ...observe.recorder import Recorder
 from ..config import SchedulerConfig
-from ..decode import Pending, row_context, sample_pending
-from ..forward import Forward
+from ..forward import Forward, ForwardLevers, Pending, row_context, sample_pending
 from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..levers import speculative
-from ..levers.forward import ForwardLevers
 from ..levers.invariant_packed import paged_row_attention
 from ..levers.pacing import pacing_from
 from ..levers.packed_pacing import PackedPacer

@@ -25,7 +25,7 @@ from ...observe.recorder import Recorder
 from .. import shared_prompts
 from ..batch import Batch
 from ..config import SchedulerConfig
-from ..decode import row_context
+from ..forward import row_context
 from ..kv import caches as kv
 from ..kv.ledger import KVLedger
 from ..kv.promptcache import PromptCache

@@ -3,7 +3,7 @@ later one on quantized keys, as mlx-lm's ``generate_step(kv_bits=, quantized_kv_
 quantizes a single sequence (the rule and why: :mod:`workbench.engine.levers.quantized_kv`).
 
 Knows: :class:`workbench.engine.prefill.PrefillGroup` (subclassed: chunks, per-row mode),
-:func:`workbench.engine.decode.launch` (the join forward), the quantized batch cache and
+:func:`workbench.engine.forward.launch` (the join forward), the quantized batch cache and
 its conversions (:mod:`workbench.engine.levers.quantized_kv`), free slots
 (:func:`workbench.engine.kv.cache_internals.fill_slots`). Must not know: requests' queue,
 events, admission; LoRA adapters (the runner passes a ``select(rows)`` context).
@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..decode import Pending, launch
+from ..forward import Pending, launch
 from ..kv import cache_internals as internals
 from ..kv import caches as kv
 from ..prefill import PrefillGroup

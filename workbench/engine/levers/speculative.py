@@ -58,7 +58,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..decode import Pending
+from ..forward import Pending
 from ..kv.trim import check_cache, trim_rows
 from ..sampling import RowSampler, sample_rows
 from ..top_logprobs import top_arrays

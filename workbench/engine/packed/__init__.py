@@ -11,8 +11,10 @@ Modules (each one concept):
   full pages (prefix caching);
 - :mod:`.plan` one iteration's chunks under the token budget (decode first, then
   prefill chunks: Sarathi-Serve's stall-free batches);
-- :mod:`.attention` the paged cache object each layer's own ``Attention`` calls
-  (``update_and_fetch`` / ``make_mask``) and per-token RoPE positions;
+- :mod:`.attention` the packed forward: the paged cache object each layer's own ``Attention``
+  calls (``update_and_fetch`` / ``make_mask``), per-token RoPE positions, and each layer's
+  attention chosen (by groups, :mod:`.grouped`; decode rows alone; the CUDA kernel,
+  :mod:`.cuda_attention`);
 - :mod:`.batch` the running requests, their pages and the pools, with
   ``filter`` / ``clone`` like :class:`workbench.engine.batch.Batch`;
 - :mod:`.decode_rows` a forward of decode tokens only, run as ``[R, 1]`` rows (the steady state);
@@ -21,5 +23,5 @@ Modules (each one concept):
   quantized keys and values (``kv_bits``), a row's first forward on float keys.
 
 Knows: mlx-lm's llama-family modules (``self_attn.rope``, ``model.norm``), the core's
-request state, sampling and decode. Must not know: the queue, admission, events.
+request state and the forward's sampling (:mod:`workbench.engine.forward`). Must not know: the queue, admission, events.
 """

@@ -33,7 +33,7 @@ from ..model_hooks import hooks_of
 from . import cuda_attention
 from .cuda_attention import DecodePages
 from .decode_rows import decode_index, decode_only
-from .grouped import Groups, grouped_attention, groups_of
+from .grouped import Groups, _gather, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 from .per_token import token_blocks
@@ -161,19 +161,40 @@ class PagedLayer:
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         """Attention of ``queries`` ``[1, H, T, D]`` over this layer's pools by groups
         (:func:`~workbench.engine.packed.grouped.grouped_attention`), the decode rows by the
-        CUDA kernel when ``decode`` is set (:func:`~workbench.engine.packed.cuda_attention.packed_attention`)."""
+        CUDA kernel when ``decode`` is set (:func:`~workbench.engine.packed.cuda_attention.packed_attention`).
+        Decode rows alone with queries ``[R, H, 1, D]`` (a forward run as rows, or one row):
+        one batched one-query attention over each row's gathered keys, queries and output
+        ``[R, H, 1, D]`` as they are (mlx-lm's batched decode attention, without padding)."""
         k, v = self.pools.keys[self.layer], self.pools.values[self.layer]
         if self.per_token is not None:
             attention, blocks = self.per_token
             return attention(queries, k, v, blocks, scale)
         if self.decode is not None:
             return cuda_attention.packed_attention(queries, k, v, self.decode, self.groups, scale)
-        return grouped_attention(queries, k, v, self.groups, scale)
+        g = self.groups
+        if g.n_decode and not g.chunks and queries.shape[0] == g.n_decode and queries.shape[2] == 1:
+            keys, values = _gather(k, g.decode_slots, g), _gather(v, g.decode_slots, g)  # [R, n_kv, L, D]
+            return mx.fast.scaled_dot_product_attention(
+                queries, keys, values, scale=scale, mask=g.decode_mask
+            )
+        return grouped_attention(queries, k, v, g, scale)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """The ``[T, S]`` packed mask (``N == T``; no window: full attention only);
         ``None`` on the grouped path."""
         return self.mask
+
+
+def paged_attention(original: Any, queries, keys, values, cache, scale, mask, sinks=None) -> mx.array:
+    """The attention each of ``model``'s hooked layers calls in a packed forward
+    (:meth:`~workbench.engine.model_hooks.ModelHooks.calling`, the signature of mlx-lm's
+    ``scaled_dot_product_attention`` after ``original``): a paged layer with ``attend``
+    attends by itself (:meth:`PagedLayer.attend`, over the pools); any other call (the masked
+    path, attention sinks) goes to ``original`` unchanged."""
+    attend = getattr(cache, "attend", None)
+    if attend is None or sinks is not None:
+        return original(queries, keys, values, cache, scale, mask, sinks)
+    return attend(queries, scale)
 
 
 class PerTokenRoPE:
@@ -267,6 +288,18 @@ def paged_layers(
     return [Layer(pools, i, write, positions, gather=gather, mask=mask) for i in range(n_layers)]
 
 
+def selected(choice: bool | None, n_heads: int, pool: mx.array | None) -> bool:
+    """Whether a packed forward's decode rows go to the CUDA kernel
+    (:mod:`~workbench.engine.packed.cuda_attention`): ``choice`` ``False`` never, ``None``
+    (default) on CUDA where :func:`~workbench.engine.packed.cuda_attention.serves` holds,
+    ``True`` where it holds on any device (tests standing in for the kernel on the CPU)."""
+    from ...runtime.device import backend
+
+    if choice is False or not cuda_attention.serves(n_heads, pool):
+        return False
+    return bool(choice) or backend() == "cuda"
+
+
 def packed_forward(
     model: Any,
     pools: Pools,
@@ -282,7 +315,7 @@ def packed_forward(
     ``[1, T]`` forward over the pools (written in place), attention by groups (default)
     or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
     chunk's last token (``R = 0``: an empty ``[0, V]``). ``decode_kernel``: the decode rows
-    by the CUDA kernel (:func:`workbench.engine.packed.cuda_attention.selected`: ``None``
+    by the CUDA kernel (:func:`selected`: ``None``
     where it serves the model, ``False`` never); ``token_attention``: as :func:`paged_layers`.
 
     Raises:
@@ -290,9 +323,7 @@ def packed_forward(
     """
     pools.slots = max(pools.slots, table.capacity * table.page_size)
     inner = model.model
-    kernel = not masked and cuda_attention.selected(
-        decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0]
-    )
+    kernel = not masked and selected(decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0])
     float_pools = getattr(pools, "layer_class", PagedLayer) is PagedLayer  # quantized pools: their own layer
     if not masked and not kernel and token_attention is None and float_pools and decode_only(chunks):
         return _decode_rows_forward(model, pools, table, chunks, tokens)
@@ -301,8 +332,7 @@ def packed_forward(
     caches = paged_layers(
         pools, table, chunks, len(inner.layers), arrays, masked, kernel, index, token_attention
     )
-    hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
-    with per_token_rope(inner):
+    with hooks_of(model).calling(paged_attention), per_token_rope(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]
@@ -321,7 +351,7 @@ def _decode_rows_forward(
     write, positions = mx.array(ix.write), mx.array(ix.positions)
     inner = model.model
     caches = [PagedLayer(pools, i, write, positions, groups=groups) for i in range(len(inner.layers))]
-    hooks_of(model)  # this model's attention layers hand a paged layer's call to it (cache.attend)
     ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-    h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets
+    with hooks_of(model).calling(paged_attention):
+        h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets
     return lm_logits(model, h)

@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 
 from ...observe.packed import Chunk, PackedState
-from ..decode import Pending
+from ..forward import Pending
 from ..siblings import shared_rows
 from ..state import RequestState, Status
 from .attention import Pools, packed_forward
@@ -45,7 +45,7 @@ class Launched:
     Attributes:
         chunks: its chunks. uids: the uid of each row it samples, in the order of
             ``pending``'s rows (a leader's followers after it).
-        pending: the lazy :class:`~workbench.engine.decode.Pending` (``None``: no row samples).
+        pending: the lazy :class:`~workbench.engine.forward.Pending` (``None``: no row samples).
         outputs: the arrays whose evaluation runs it (``pending``'s, or the pools).
         deferred: chunks ending at a token unread when it was built; their full pages are
             indexed once that token is read (:meth:`PackedBatch.after_read`).
@@ -324,7 +324,7 @@ class PackedBatch:
     ) -> Launched:
         """Build the forward of ``chunks`` (:meth:`forward`, fed ``after``'s unread tokens)
         and its sampling, ``sample(logits [R, V], row indices)`` -> a lazy
-        :class:`~workbench.engine.decode.Pending`. Returns the :class:`Launched`, not
+        :class:`~workbench.engine.forward.Pending`. Returns the :class:`Launched`, not
         started (``mx.async_eval(*launched.outputs)`` starts it)."""
         known = {r.uid: r.n_inputs for r in self.rows}
         logits = self.forward(model, chunks, after)

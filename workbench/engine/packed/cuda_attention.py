@@ -316,17 +316,6 @@ def serves(n_heads: int, pool: mx.array | None) -> bool:
     )
 
 
-def selected(choice: bool | None, n_heads: int, pool: mx.array | None) -> bool:
-    """Whether a packed forward's decode rows go to the kernel: ``choice`` ``False`` never,
-    ``None`` (default) on CUDA where :func:`serves` holds, ``True`` where :func:`serves`
-    holds on any device (tests standing in for the kernel on the CPU)."""
-    from ...runtime.device import backend
-
-    if choice is False or not serves(n_heads, pool):
-        return False
-    return bool(choice) or backend() == "cuda"
-
-
 def _check(queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodePages) -> None:
     """Raise ``ValueError`` unless the shapes and dtypes are what :func:`paged_decode_attention` serves."""
     ok = (

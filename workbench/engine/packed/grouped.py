@@ -104,7 +104,7 @@ def _gather(pool: mx.array, slots: mx.array, groups: Groups | None = None) -> mx
     key = (id(slots), H)
     flat = None if groups is None else groups.flat.get(key)
     if flat is None:
-        flat = flat_indices(slots, H)
+        flat = slots[..., None, :] * H + mx.arange(H, dtype=mx.int32)[:, None]  # flat_indices(slots, H)
         if groups is not None:
             groups.flat[key] = flat
     return pool.reshape(N * H, D)[flat]
@@ -114,18 +114,13 @@ def grouped_attention(
     queries: mx.array, keys_pool: mx.array, values_pool: mx.array, groups: Groups, scale: float
 ) -> mx.array:
     """Attention of ``queries`` ``[1, H, T, D]`` (RoPE applied) over the pools ``[N,
-    n_kv_heads, D]`` by :class:`Groups`. Returns ``[1, H, T, D]``; for decode rows only
-    (``groups.chunks`` empty) queries ``[R, H, 1, D]`` (a forward run as rows:
-    :mod:`workbench.engine.packed.decode_rows`) give ``[R, H, 1, D]``."""
+    n_kv_heads, D]`` by :class:`Groups`. Returns ``[1, H, T, D]``. (Decode rows alone with
+    queries ``[R, H, 1, D]``, a forward run as rows, attend in
+    :meth:`workbench.engine.packed.attention.PagedLayer.attend`.)"""
     outs = []
     R = groups.n_decode
-    rows = R and not groups.chunks and queries.shape[0] == R and queries.shape[2] == 1  # [R, H, 1, D]
     if R:
-        q = (
-            queries
-            if rows
-            else (queries if queries.shape[2] == R else queries[:, :, :R]).transpose(2, 1, 0, 3)
-        )
+        q = (queries if queries.shape[2] == R else queries[:, :, :R]).transpose(2, 1, 0, 3)
         k, v = (
             _gather(keys_pool, groups.decode_slots, groups),
             _gather(values_pool, groups.decode_slots, groups),
@@ -133,8 +128,6 @@ def grouped_attention(
         o = mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask=groups.decode_mask
         )  # [R, H, 1, D]
-        if rows:  # a decode-only forward run as rows (or one row): queries and output as they are
-            return o
         outs.append(o.transpose(2, 1, 0, 3))  # [1, H, R, D]: one view each way, no copy
     for first, n, slots in groups.chunks:
         k, v = (

@@ -13,6 +13,19 @@ and its queues), :mod:`.translate` (OpenAI fields -> ``Request``), :mod:`.respon
 :mod:`.metrics` (``/metrics`` from the engine's events).
 """
 
-from .server import Server, serve
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["Server", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    """``Server`` and ``serve`` from :mod:`.server`, imported on first use: the load client
+    (``python -m workbench.serving.replay``) and the trace writer run in processes of their
+    own and need neither the engine nor MLX (importing them took seconds)."""
+    if name in __all__:
+        from . import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

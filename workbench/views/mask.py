@@ -164,9 +164,12 @@ FED_LABEL = "fed token (the query: its own key)"
 X_LABEL = "key position relative to the fed token (0 = fed token)"
 
 
-def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0) -> Figure:
+def render_masks(
+    snap: Snapshot, title: str | None = None, width_in: float = 9.0, empty: str = "no rows in the batch"
+) -> Figure:
     """Heatmap of every layer group's next-step mask, one axes per group, rows by uid,
-    ``width_in`` inches wide.
+    ``width_in`` inches wide; ``empty`` is the message of a batch with no rows (the Panel adds
+    what to press; a notebook's figure and the HTML replay have no buttons).
 
     The x axis is ``key position relative to the fed token`` (shared by all groups), labelled
     at whole positions only; every cell has a border up to ``GRID_MAX_COLUMNS`` positions.
@@ -180,7 +183,7 @@ def render_masks(snap: Snapshot, title: str | None = None, width_in: float = 9.0
         fontsize="medium" if width_in < 6 else "large",
     )
     if not groups:
-        style.empty(fig.add_subplot(), "no rows in the batch: submit a prompt, then Admit")
+        style.empty(fig.add_subplot(), empty)
         return fig
     axes = fig.subplots(len(groups), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
     widths = [temporal_mask(g).shape[1] for g in groups]

@@ -704,7 +704,9 @@ class Panel:
             }
         else:
             figures = {
-                self.mask_image: render_masks(snap, width_in=IMAGE_WIDTH_IN),
+                self.mask_image: render_masks(
+                    snap, width_in=IMAGE_WIDTH_IN, empty="no rows in the batch: submit a prompt, then Admit"
+                ),
                 self.attention_image: prefill_figure(self.last_prefill(snap)),
                 self.kv_image: render_kv(snap, history, width_in=IMAGE_WIDTH_IN),
                 self.timeline_image: timeline,

@@ -85,23 +85,29 @@ def step_phases(events: pd.DataFrame) -> pd.DataFrame:
     if events.empty:
         return pd.DataFrame(columns=PHASE_COLUMNS)
     t0 = events[events.kind == "submit"].time_s.min() if (events.kind == "submit").any() else 0.0
-    tok = events[events.kind == "token"]
-    pre = events[events.kind.isin(PREFILL_KINDS)]
-    joins = pre[(pre.kind == "join") & (pre.join_mode != "packed")]
-    steps = sorted(set(tok.step) | set(pre.step))
+    # one pass over the events (a boolean mask per step costs the frame's length, every step)
+    decoded, decode_end, prefilled, prefill_end = {}, {}, {}, {}
+    for kind, s, t, n, mode in zip(
+        events.kind, events.step, events.time_s, events.n_tokens, events.join_mode
+    ):
+        if kind == "token":
+            decoded[s] = decoded.get(s, 0) + 1
+            decode_end[s] = t if s not in decode_end else max(decode_end[s], t)
+        elif kind in PREFILL_KINDS:  # a prefill chunk's tokens; a join feeds the prompt's last one
+            fed = (0 if pd.isna(n) else int(n)) if kind == "prefill" else int(mode != "packed")
+            prefilled[s] = prefilled.get(s, 0) + fed
+            prefill_end[s] = t if s not in prefill_end else max(prefill_end[s], t)
     rows, step_at, prev_end = [], 0, None
-    for s in steps:
-        mine, my_pre = tok[tok.step == s], pre[pre.step == s]
+    for s in sorted(set(decoded) | set(prefilled)):
         start = prev_end if prev_end is not None else events[events.step == s].time_s.min()
-        prefill_tokens = int(my_pre[my_pre.kind == "prefill"].n_tokens.sum()) + int((joins.step == s).sum())
-        mid = my_pre.time_s.max() if len(my_pre) else start
-        end = mine.time_s.max() if len(mine) else mid
-        if len(my_pre):
-            rows.append((s, "prefill", prefill_tokens, 0, step_at, prefill_tokens, start - t0, mid - start))
-            step_at += prefill_tokens
-        if len(mine):
-            rows.append((s, "decode", 0, len(mine), step_at, len(mine), mid - t0, end - mid))
-            step_at += len(mine)
+        mid = prefill_end.get(s, start)
+        end = decode_end.get(s, mid)
+        if s in prefilled:
+            rows.append((s, "prefill", prefilled[s], 0, step_at, prefilled[s], start - t0, mid - start))
+            step_at += prefilled[s]
+        if s in decoded:
+            rows.append((s, "decode", 0, decoded[s], step_at, decoded[s], mid - t0, end - mid))
+            step_at += decoded[s]
         prev_end = end
     out = pd.DataFrame(rows, columns=PHASE_COLUMNS)
     return out.astype(
@@ -109,7 +115,7 @@ def step_phases(events: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _apply(status: dict[int, str], e) -> None:
+def _apply(status: dict[int, str], kind: str, uid) -> None:
     """Advance ``status`` (uid -> kind while it is in the engine) by one event."""
     after = {
         "submit": "queued",
@@ -119,10 +125,10 @@ def _apply(status: dict[int, str], e) -> None:
         "token": "decode",
         "finish": "finished, not filtered",
     }
-    if e.kind == "evict":
-        status.pop(e.uid, None)
-    elif e.kind in after:
-        status[e.uid] = after[e.kind]
+    if kind == "evict":
+        status.pop(uid, None)
+    elif kind in after:
+        status[uid] = after[kind]
 
 
 def row_segments(events: pd.DataFrame) -> pd.DataFrame:
@@ -136,23 +142,31 @@ def row_segments(events: pd.DataFrame) -> pd.DataFrame:
     if phases.empty:
         return pd.DataFrame(columns=SEGMENT_COLUMNS)
     order = {u: y for y, u in enumerate(events[events.kind == "submit"].uid.drop_duplicates())}
-    by_step = dict(iter(phases.groupby("step")))
+    by_step: dict = {}  # step -> its phases' (phase, position), in order
+    for ph in phases.itertuples():
+        by_step.setdefault(ph.step, []).append((ph.phase, _position(ph)))
+    at_step: dict = {}  # step -> its events' (kind, uid), in the log's order
+    for kind, uid, s in zip(events.kind, events.uid, events.step):
+        if not pd.isna(s):
+            at_step.setdefault(s, []).append((kind, uid))
     status: dict[int, str] = {}
     rows = []
-    for s, here in events.groupby("step", sort=True):
-        late = here.kind.isin(LATE_KINDS)
-        for e in here[~late].itertuples():  # evictions, submits, admits, prefills, joins
-            _apply(status, e)
-        taking = set(here.uid[here.kind.isin(PREFILL_KINDS)])
-        got = set(here.uid[here.kind == "token"])
-        for ph in by_step[s].itertuples() if s in by_step else ():
-            if ph.phase == "prefill":
+    for s in sorted(at_step):
+        here = at_step[s]
+        for kind, uid in here:  # evictions, submits, admits, prefills, joins
+            if kind not in LATE_KINDS:
+                _apply(status, kind, uid)
+        taking = {uid for kind, uid in here if kind in PREFILL_KINDS}
+        got = {uid for kind, uid in here if kind == "token"}
+        for phase, position in by_step.get(s, ()):
+            if phase == "prefill":
                 kinds = {u: "prefill" if u in taking else STALLED.get(k, k) for u, k in status.items()}
             else:
                 kinds = {u: "decode" if u in got else k for u, k in status.items()}
-            rows += [(u, order.get(u, len(order)), s, ph.phase, k, *_position(ph)) for u, k in kinds.items()]
-        for e in here[late].itertuples():  # tokens, finishes
-            _apply(status, e)
+            rows += [(u, order.get(u, len(order)), s, phase, k, *position) for u, k in kinds.items()]
+        for kind, uid in here:  # tokens, finishes
+            if kind in LATE_KINDS:
+                _apply(status, kind, uid)
     out = pd.DataFrame(rows, columns=SEGMENT_COLUMNS)
     return out.sort_values(["y", "step_left"], kind="stable").reset_index(drop=True)
 
@@ -171,7 +185,11 @@ def phase_totals(events: pd.DataFrame) -> dict[str, float]:
     decoding row spent waiting in another request's prefill), ``stalled_s`` (their wall
     seconds, summed over rows), ``decode_s`` and ``prefill_s`` (wall seconds of the decode
     and prefill phases; sum ``wall_s``)."""
-    ph, seg = step_phases(events), row_segments(events)
+    return _totals(step_phases(events), row_segments(events))
+
+
+def _totals(ph: pd.DataFrame, seg: pd.DataFrame) -> dict[str, float]:
+    """:func:`phase_totals` from a run's :func:`step_phases` and :func:`row_segments`."""
     dec, pre = ph[ph.phase == "decode"], ph[ph.phase == "prefill"]
     stalled = seg[seg.kind == "stalled"] if len(seg) else seg
     return {
@@ -225,7 +243,7 @@ def stalls_text(events: pd.DataFrame) -> str:
         if (g.phase == "decode").any():
             run.append((s, int(g.decode_tokens.sum())))
     flush()
-    t = phase_totals(events)
+    t = _totals(ph, seg)
     lines.append(
         f"prefill: {_tokens(t['prefill_tokens'])} in {t['prefill_phases']} phases; "
         f"decode: {_tokens(t['decode_tokens'])} in {t['decode_steps']} steps; "

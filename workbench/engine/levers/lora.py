@@ -17,6 +17,7 @@ runner sets each row's adapter per forward with :func:`selected`, and the wrappe
 Slot 0 of every stack is the base model (zeros: bit for bit the base model); ranks are
 zero-padded to ``R``. Axis letters: ``B`` rows, ``L`` tokens per row, ``I`` / ``O`` a Linear's
 input / output features, ``r`` one adapter's rank, ``R`` the largest, ``N`` loaded adapters.
+Notes: ``docs/lab/engine-notes.md``, "levers/lora.py".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Two modes, chosen per group by :func:`~workbench.engine.kv.allocation.prefill_mo
       [5, 6, 7]                     [5, 6, 7]   left_padding 0
       [9, 0, 0]                     [., ., 9]   left_padding 2
 
-- **per row**: each prompt runs alone, unpadded, in chunks; the caches are then ``merge``\ d.
+- **per row**: each prompt runs alone, unpadded, in chunks; the caches are then merged (``merge``).
 
 A padded group longer than a chunk runs batched in chunks (``chunked_padding``, a GPU
 default) only when every layer is a plain ``BatchKVCache`` (``docs/architecture.md``,

@@ -53,10 +53,8 @@ class Forward:
         uids: each segment's request.
         adapters: each segment's LoRA adapter name (``None``: the base model).
         held: tokens each segment's request held in its cache before this forward (its first
-            token's position; a prefill chunk: its prompt tokens cached or prefilled so far).
-        n_tokens: tokens each segment feeds (decode and join: 1; verify: ``1 + K``, the
-            padded width; prefill: the prompt tokens it has left, of which the group's chunk
-            length ``C`` runs at most; packed: the chunk's tokens).
+            token's position).
+        n_tokens: tokens each segment feeds (decode and join: 1; verify: ``1 + K``).
         samples: whether the logits at the segment's last token are sampled.
         verifies: drafted positions the segment verifies (speculative; else 0).
 
@@ -210,7 +208,7 @@ class ForwardLevers:
 
 @dataclass
 class Pending:
-    """Lazy results of one decode forward, aligned with the rows it ran for.
+    """Lazy results of one forward's sampling, aligned with the rows it ran for.
 
     Attributes:
         tokens: ``[B]`` uint32, each row's sampled next token.

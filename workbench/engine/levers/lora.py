@@ -333,11 +333,7 @@ def configure(
 
 
 def check_request(bank: AdapterBank | None, name: str | None) -> None:
-    """Refuse at ``submit`` a ``Request.adapter`` the scheduler has not loaded.
-
-    Raises:
-        ValueError: naming the field ``adapter``, the name, and the loaded adapters.
-    """
+    """Refuse at ``submit`` an unloaded ``Request.adapter`` (ValueError naming it and the loaded)."""
     if name is None:
         return
     if bank is None:

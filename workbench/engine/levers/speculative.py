@@ -187,8 +187,7 @@ class Verified:
 
     Attributes:
         drafted: ``[B]`` draft tokens each row fed. accepted: ``[B]`` drafts accepted.
-        tokens, logprobs: per row the accepted drafts
-            and their log-probabilities (natural log) under the target.
+        tokens, logprobs: per row the accepted drafts and their natural-log probabilities.
         pending: the next token per row (``choice[a_b]``), as the next step reads it.
     """
 

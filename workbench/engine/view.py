@@ -1,6 +1,4 @@
-"""What a user reads of one request: a frozen :class:`RequestView`.
-
-"""
+"""What a user reads of one request: a frozen :class:`RequestView`."""
 
 from __future__ import annotations
 

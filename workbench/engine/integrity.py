@@ -2,6 +2,7 @@
 batch and every layer's cache agree with each other.
 
 Reads only (it evaluates the caches' small offset arrays, waiting for a forward in flight).
+Notes: ``docs/lab/engine-notes.md``, "integrity.py".
 
 Checked (``Scheduler.check()``; the tests and the fuzzer call it after every operation):
 

@@ -10,6 +10,8 @@ for bit. Later groups: :mod:`workbench.engine.shared_prompts`. Example, a group 
 
     members        4  5  6  9        prefill rows   4  9
     shared_rows    0  0  0  3        rows (member -> prefill row)  0 0 0 1
+
+Notes: ``docs/lab/engine-notes.md``, "siblings.py".
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Admission: which queued requests join next, and which running rows to preempt for
 them. Decisions only: nothing here runs the model or changes state.
 
-Knows: request states (prompt length, priority, tokens held and reachable, join order),
-the KV projection (:class:`workbench.engine.kv.allocation.KVPlan`), the admission policies
-(below), the batch limits and the KV budget.
-Must not know: MLX, caches, events.
-
 Rules (the scheduler applies the :class:`Decision`):
 
 - at most ``min(max_batch - running rows, prompt_concurrency)`` requests join at once,
@@ -17,10 +12,9 @@ Rules (the scheduler applies the :class:`Decision`):
   first, the latest joined among equals) if that makes it fit; never when it would not,
   and never a row that could not resume alone on an idle engine.
 
-No starvation: one request alone on an empty engine always fits (``submit`` refuses one
-that would not); :meth:`Admission.wedge` names an idle engine that would still admit none
-(why this holds: ``docs/lab/engine-notes.md``). A policy is any object with ``name`` and
-``order(queue: [Queued]) -> [uid]``.
+No starvation: one request alone on an empty engine always fits; :meth:`Admission.wedge`
+names an idle engine that would still admit none (why: ``docs/lab/engine-notes.md``,
+"admission.py"). A policy is any object with ``name`` and ``order(queue: [Queued]) -> [uid]``.
 """
 
 from __future__ import annotations
@@ -71,14 +65,8 @@ class FCFS:
 
 
 class ShortestPromptFirst:
-    """Shortest prompt first (ties by arrival): the least prefill work first, which lowers
-    TTFT; alone it can starve long prompts, so ``max_wait_s`` bounds it: a request that has
-    waited that long goes before every younger one (oldest first). Mirrors SGLang's
-    ``--schedule-policy`` orderings with an age bound.
-
-    Args:
-        max_wait_s: seconds after which a request is served first-come-first-served
-            (``None``: no bound, pure shortest-first).
+    """Shortest prompt first (ties by arrival), lowering TTFT; a request waiting ``max_wait_s``
+    seconds goes before every younger one (``None``: no bound). SGLang's ``--schedule-policy``.
 
     Raises:
         ValueError: for ``max_wait_s <= 0``.
@@ -92,8 +80,7 @@ class ShortestPromptFirst:
         self.max_wait_s = max_wait_s
 
     def order(self, queue: Sequence[Queued]) -> list[int]:
-        """Uids: those waiting ``>= max_wait_s`` by arrival, then the rest by prompt
-        tokens, then arrival."""
+        """Uids: those waiting ``>= max_wait_s`` by arrival, then by prompt tokens."""
         late = lambda q: self.max_wait_s is not None and q.waited_s >= self.max_wait_s  # noqa: E731
         return [
             q.uid
@@ -145,11 +132,8 @@ class Admission:
     """The admission rules of one scheduler.
 
     Args:
-        policy: orders the queue. config: the scheduler's settings, of which admission reads
-        ``max_batch`` (most running rows), ``prompt_concurrency`` (most requests prefilled
-        together; ``None``: ``max_batch``) and ``kv_budget_bytes`` (bytes the caches may
-        hold, by the :class:`~workbench.engine.kv.allocation.KVPlan` projection; ``None``:
-        no budget).
+        policy: orders the queue. config: the scheduler's settings (``max_batch``,
+        ``prompt_concurrency``, ``kv_budget_bytes``: bytes by the ``KVPlan`` projection).
     """
 
     policy: Policy
@@ -162,11 +146,8 @@ class Admission:
         plan: KVPlan | None = None,
         now_s: float = 0.0,
     ) -> Decision:
-        """Choose from ``queue`` (arrival order) given the ``running`` rows (unfinished
-        ones count for preemption) and ``plan``, the batch's allocation now and the
-        projection admission checks against ``kv_budget_bytes`` (``None`` or no budget:
-        bytes are not checked); ``now_s`` (the scheduler's clock) gives each request's
-        ``waited_s``."""
+        """The :class:`Decision` for ``queue`` (arrival order) given the ``running`` rows, the
+        ``plan`` (``None``: bytes not checked) and the clock ``now_s`` (seconds)."""
         cfg = self.config
         slots = min(cfg.max_batch - len(running), cfg.prompt_concurrency or cfg.max_batch)
         if slots <= 0 or not queue:
@@ -186,12 +167,8 @@ class Admission:
         return Decision([j.uid for j in chosen], preempt)
 
     def decide_now(self, st: Any, ledger: Any, clock: Callable[[], float]) -> Decision:
-        """The decision on engine state ``st`` as ``ledger`` plans its batch now, at
-        ``clock()``. What may yield does so before a request waits: on an idle engine,
-        prompt-cache entries that keep the first request out are dropped
-        (``st.prompt_cache.trim_to(0)``); then the prompts held for queued ``submit_n``
-        samples (``st.shared_prompts``, :mod:`workbench.engine.shared_prompts`) when the
-        decision without them admits someone. Changes ``st`` only so."""
+        """The decision on engine state ``st`` now; on an idle engine, prompt-cache entries
+        and held ``submit_n`` prompts yield first (the only change to ``st``)."""
 
         def decide(**held: bool) -> Decision:
             return self.decide(st.queue, st.batch.rows, ledger.plan(st, **held), clock())
@@ -208,11 +185,7 @@ class Admission:
         return decision
 
     def wedge(self, st: Any, ledger: Any) -> str:
-        """Why admission would admit none of ``st.queue`` when the engine is idle (no running
-        row, no prefilling group), planned by ``ledger`` once what may yield (held prompts,
-        prompt-cache entries) has yielded; ``""`` when it admits someone, nothing waits or
-        the engine is not idle; a non-empty answer is a wedge (``admit()`` would change
-        nothing, for ever). Reads no clock (``waited_s`` counts to the latest submission)."""
+        """Why an idle engine would admit none of ``st.queue`` (a wedge), else ``""``."""
         queue = st.queue
         if not queue or st.prefilling is not None or st.batch.rows:
             return ""
@@ -245,10 +218,7 @@ class Admission:
         plan: KVPlan | None,
         group: list[RowTokens],
     ) -> list[int]:
-        """Running unfinished rows of lower priority than ``joiner`` to preempt so that
-        ``group`` (the joiner alone) fits, lowest priority (then latest joined) first;
-        ``[]`` if even all of them would not make room. A row whose resumed inputs (prompt
-        and tokens so far) would not fit alone on an idle engine is never a victim."""
+        """Rows to preempt so ``joiner`` fits (module rules); ``[]`` if none would make room."""
         want = joiner.valid.request.priority
         idle = plan.idle() if plan is not None else None
         lower = [

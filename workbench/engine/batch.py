@@ -1,11 +1,6 @@
 """The running batch: mlx-lm's per-layer batch caches and every per-row field, changed
 together by mlx-lm's verbs.
 
-Knows: mlx-lm's batch caches (through :mod:`workbench.engine.kv.caches` and, for free
-slots, :mod:`workbench.engine.kv.cache_internals`), the pending next-token results of the
-last forward (:class:`workbench.engine.forward.Pending`), the request state of each row.
-Must not know: the queue, events, admission.
-
 Mirrors mlx-lm's ``GenerationBatch``: ``extend`` appends joiners, ``filter`` keeps the
 listed rows, and every per-row field (cache row, pending token, request state) moves with
 its row. One addition: with ``reuse_slots`` a filtered row's cache row stays allocated as
@@ -43,13 +38,9 @@ class Batch:
             included), or ``None`` when no row runs.
         pending: next-token results ``[B]`` of the last forward, aligned with ``rows``.
         free: cache rows (``[0, P)``) of filtered rows kept for the next joiner.
-        fast_path: the decode fast paths the last decode step took
-            (:func:`workbench.engine.levers.fastpath.decode_fast_path`: ``"no mask"``, ``"padded
-            kernel"``, ``"compiled MLP"``, joined by ``" + "``; ``"none"``: mlx-lm's forward
-            as it is; ``"verify"``: a speculative verify forward); ``""`` before the first decode step.
-        draft: the draft model's own batch caches
-            (:class:`workbench.engine.levers.draft_model.DraftCaches`) when speculating with one,
-            else ``None``; it follows the rows by uid at each speculative step.
+        fast_path: the last decode step's fast paths (``decode_fast_path``'s names; ``"none"``,
+            ``"verify"``; ``""`` before the first decode step).
+        draft: the draft model's :class:`~workbench.engine.levers.draft_model.DraftCaches`, or ``None``.
     """
 
     def __init__(self, reuse_slots: bool = True):
@@ -72,8 +63,7 @@ class Batch:
 
     @property
     def view(self) -> kv.LayerCaches | None:
-        """The caches with row ``b`` = running row ``b`` (free slots left out by a lazy
-        view, as mlx-lm's ``filter`` would leave them); do not mutate."""
+        """The caches with row ``b`` = running row ``b`` (a lazy view; do not mutate)."""
         if not self.caches or not self.free:
             return self.caches
         return internals.view_rows(self.caches, self.live_slots)
@@ -86,11 +76,8 @@ class Batch:
     def place(
         self, joiners: kv.LayerCaches, states: Sequence[RequestState], pending: Pending
     ) -> list[tuple[int, str]]:
-        """Add joining rows: their caches ``joiners`` (``len(states)`` rows, each holding
-        its ``context_tokens``) and their pending first tokens. Each goes into a free slot
-        where it fits (:func:`cache_internals.fill_slots`), the rest by mlx-lm's
-        ``extend``. Returns per joiner ``(row, join mode)``, the mode one of
-        ``"new batch"``, ``"extend"``, ``"free slot"``."""
+        """Add joining rows (caches ``joiners``, pending first tokens), into free slots where they
+        fit, else by ``extend``. Returns per joiner ``(row, "new batch" | "extend" | "free slot")``."""
         n_live = len(self.rows)
         if self.caches is None:
             self.caches, self.rows, self.pending = joiners, list(states), pending
@@ -105,9 +92,7 @@ class Batch:
         return [where[i] for i in range(len(states))]
 
     def _put(self, joiners: kv.LayerCaches, lengths: list[int]) -> list[tuple[str, int]]:
-        """Write the joiners' cache rows into free slots, then ``extend`` the rest (after
-        the free slots left, which a later group may still fill). Returns the new cache
-        row order as ``("live", row)`` / ``(mode, joiner index)`` pairs."""
+        """Free slots first, then ``extend``; the new cache row order as ``(mode, index)`` pairs."""
         live = self.live_slots
         n_slots = len(live) + len(self.free)
         by_slot: dict[int, tuple[str, int]] = {p: ("live", b) for b, p in enumerate(live)}
@@ -128,9 +113,8 @@ class Batch:
         return [by_slot[p] for p in sorted(by_slot)]
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
-        """Keep only rows ``keep`` (sorted row indices), mlx-lm's ``filter``: the other
-        rows' pending tokens go, and their cache rows become free slots
-        (``reuse_slots``, default the batch's own) or are removed at once."""
+        """Keep only rows ``keep`` (sorted), mlx-lm's ``filter``; the others' cache rows become
+        free slots (``reuse_slots``, default the batch's) or go at once."""
         keep = list(keep)
         live = self.live_slots
         if not keep:
@@ -162,9 +146,7 @@ class Batch:
     def clone(
         self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False
     ) -> "Batch":
-        """An independent copy sharing the cache buffers (see
-        :func:`cache_internals.clone_caches`, and its ``share_appended``); ``state_of``
-        maps each row's request state to the copy's."""
+        """An independent copy sharing the cache buffers; ``state_of`` maps row states."""
         out = Batch(self.reuse_slots)
         out.rows = [state_of(r) for r in self.rows]
         out.caches = internals.clone_caches(self.caches, share_appended)

@@ -41,9 +41,8 @@ def _group_geometries(batch: Batch) -> list[tuple[str, tuple[str, ...], int, kv.
 
 
 def _with_allocation(geo: kv.Geometry, layers: list) -> kv.Geometry:
-    """``geo`` plus the group's allocation (free slots included): ``token_bytes`` (one
-    row's keys and values per position, summed over the layers: ``nbytes / (P * capacity)``
-    each, ``P`` cache rows), ``allocated_width_tokens`` and ``allocated_capacity_tokens``."""
+    """``geo`` plus the group's allocation (free slots included): ``token_bytes``,
+    ``allocated_width_tokens``, ``allocated_capacity_tokens``."""
     held = [c for c in layers if c.keys is not None]
     token_bytes = sum(int(c.nbytes) // (kv.keys_shape(c)[0] * kv.keys_shape(c)[2]) for c in held)
     width, capacity = (int(held[0].size()), kv.keys_shape(held[0])[2]) if held else (0, 0)
@@ -101,10 +100,8 @@ def capture(batch: Batch, step: int, **fields: Any) -> Callable[[], Snapshot]:
 def engine_capture(
     st: Any, ledger: Any, kv_budget_bytes: int | None, layout_fields: dict, fields: dict
 ) -> Callable[[], Snapshot]:
-    """:func:`capture` of the engine state ``st``: its batch and step, the prefilling
-    group's progress, ``ledger``'s byte readings (projected, prefill, prompt cache, shared
-    prompts) and MLX's measured active and peak memory, with ``layout_fields`` (the layout's
-    own, e.g. ``packed``) and ``fields`` (``queue``, ``serial_reason``, adapters)."""
+    """:func:`capture` of engine state ``st`` with ``ledger``'s byte readings, MLX's measured
+    memory, ``layout_fields`` and ``fields``."""
     held = ledger.held(st)
     active, peak = measured_memory()
     return capture(

@@ -1,16 +1,10 @@
 """The engine's whole mutable state in one object, and checkpoints of it.
 
-Knows: every piece of state a scheduler changes (request states, queue, prefilling group,
-batch, prompt cache, seed generator, counters) and how to copy each cheaply. Must not
-know: how the scheduler changes them.
-
 Engine calls are transactions: :func:`transactional` is the decorator the scheduler's
-public calls wear (savepoint, rollback on any exception), :func:`sigint_deferred` holds a
-second SIGINT while a rollback runs (Python's ``signal`` module).
-
-A checkpoint copies no tensor (new handles on the same immutable MLX buffers,
-:func:`workbench.engine.kv.cache_internals.clone_caches`); while it lives, the batch's
-first write into each shared buffer copies it once (``docs/benchmarks.md``, "checkpoint").
+public calls wear (savepoint, rollback on any exception). A checkpoint copies no tensor (new
+handles on the same immutable MLX buffers); while it lives, the batch's first write into each
+shared buffer copies it once (``docs/benchmarks.md``, "checkpoint"). Notes:
+``docs/lab/engine-notes.md``, "checkpoint.py".
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ class EngineState:
         rng: draws the seed of requests submitted without one.
         step_index: decode steps completed. next_uid: the uid ``submit`` gives next.
         joins: rows joined so far (the next row's ``join_order``).
-        shared_prompts: sample group -> its prefilled prompt, held for the samples still
-            queued (:mod:`workbench.engine.shared_prompts`); never written, shared by copies.
+        shared_prompts: sample group -> its prefilled prompt (:mod:`workbench.engine.shared_prompts`).
     """
 
     batch: Batch
@@ -71,9 +64,7 @@ class EngineState:
         return self.queue + (self.prefilling.states if self.prefilling else []) + self.batch.rows
 
     def clone(self) -> "EngineState":
-        """An independent copy sharing only immutable data (requests, samplers, MLX
-        buffers). Requests that left the batch for good are shared too: nothing changes
-        them again."""
+        """An independent copy sharing only immutable data (and finished requests)."""
         requests = dict(self.requests)
         requests.update({s.uid: s.copy() for s in self.live})
 
@@ -94,12 +85,7 @@ class EngineState:
         )
 
     def savepoint(self, prompt_cache: bool = False) -> "Savepoint":
-        """What one engine call may change, noted before it, for :meth:`rollback`: each
-        live request's mutable fields (a :meth:`RequestState.memo`), the queue, the
-        prefilling group and the batch (append-only cache buffers shared, see
-        ``clone_cache(share_appended=True)``, so the call still updates them in place),
-        the seed generator's state, the counters, and the prompt cache when
-        ``prompt_cache``. Costs O(live requests), not O(session)."""
+        """What one engine call may change, noted for :meth:`rollback`; O(live requests)."""
         same = lambda s: s  # noqa: E731  the request states stay the same objects; their memos undo them
         return Savepoint(
             memos=[(s, s.memo()) for s in self.live],
@@ -115,9 +101,7 @@ class EngineState:
         )
 
     def rollback(self, savepoint: "Savepoint") -> None:
-        """Return to ``savepoint`` (from :meth:`savepoint`, used once): requests submitted
-        since are forgotten, the live requests' fields restored, everything else swapped
-        back."""
+        """Return to ``savepoint`` (used once); requests submitted since are forgotten."""
         for uid in range(savepoint.counters[1], self.next_uid):
             self.requests.pop(uid, None)
         for state, memo in savepoint.memos:
@@ -145,18 +129,13 @@ class Savepoint:
 
 @dataclass(frozen=True, repr=False)
 class Checkpoint:
-    """A scheduler's whole state at one moment (``Scheduler.checkpoint()``); give it to
-    ``Scheduler.restore`` of the same scheduler to return there, any number of times.
-
-    ``cp.save(path)`` writes it to a file and ``Checkpoint.load(path, sched)`` reads it back
-    (every field checked) for ``sched.restore`` in another process
-    (:mod:`workbench.engine.checkpoint_io`).
+    """A scheduler's whole state at one moment (``Scheduler.checkpoint()``), for
+    ``Scheduler.restore`` any number of times; :meth:`save` / :meth:`load` across processes.
 
     Attributes:
         scheduler_id: the scheduler that took it. model_id: ``id()`` of its model.
         step: its decode step index. n_events: events logged before it.
-        identity: ``() -> dict``, the model, tokenizer and settings of the scheduler that
-            took it (:func:`workbench.engine.checkpoint_io.identity_of`), for :meth:`save`.
+        identity: ``() -> dict``, the model, tokenizer and settings, for :meth:`save`.
     """
 
     scheduler_id: str
@@ -168,38 +147,26 @@ class Checkpoint:
     identity: Callable[[], dict] | None = field(default=None, compare=False)
 
     def save(self, path: str | Path) -> Path:
-        """Write this checkpoint to ``path`` (one ``.safetensors`` file: the batch caches
-        through mlx-lm's ``save_prompt_cache``, the rest as JSON metadata with a format
-        version; ``.safetensors`` is appended to a name without it). Returns the path
-        written, which :meth:`load` accepts. Example:
-        ``Checkpoint.load(sched.checkpoint().save("run1/batch"), other)`` (the file is
-        ``run1/batch.safetensors``).
+        """Write this checkpoint to one ``.safetensors`` file (mlx-lm's ``save_prompt_cache``
+        plus JSON metadata); returns the path written. Example:
+        ``Checkpoint.load(sched.checkpoint().save("run1/batch"), other)``.
 
         Raises:
-            ValueError: a running request with a callable field (naming the uid and the
-                field), a quantized KV cache or the packed layout, or a ``path`` that is a
-                folder (:func:`workbench.engine.checkpoint_io.save`).
+            ValueError: a running request's callable field (naming uid and field), a
+                quantized KV cache, the packed layout, or a folder ``path``.
         """
         return checkpoint_io.save(self, path)
 
     @classmethod
     def load(cls, path: str | Path, sched: Any) -> "Checkpoint":
-        """The checkpoint saved at ``path`` (what :meth:`save` returned, or the path given
-        to it), owned by ``sched`` (a scheduler with the same model, tokenizer and settings,
-        in any process): ``sched.restore(Checkpoint.load(path, sched))`` continues with the
-        tokens the saving run would have produced. ``sched`` is not changed by loading,
-        refused or not.
-
-        Every field of the file is checked before anything is built
-        (:mod:`workbench.engine.checkpoint_fields`), then the state as a whole
-        (:func:`workbench.engine.integrity.check_state`).
+        """The checkpoint saved at ``path``, owned by ``sched`` (same model, tokenizer and
+        settings, any process; not changed by loading): ``sched.restore(...)`` continues with
+        the tokens the saving run would have produced. Every field is checked first.
 
         Raises:
-            FileNotFoundError: no file there. ValueError: not a workbench checkpoint (or a
-                damaged one), another format version, a model / tokenizer / setting that
-                differs (each named), or a field out of range or inconsistent with the
-                model, the batch or another field (named: ``checkpoint field <where>:
-                <what>``) (:func:`workbench.engine.checkpoint_io.read`).
+            FileNotFoundError: no file there. ValueError: not a (sound) workbench checkpoint,
+                another format version, a differing model / tokenizer / setting, or a field
+                out of range (``checkpoint field <where>: <what>``).
         """
         parts = checkpoint_io.read(path, sched)
         state = EngineState(
@@ -238,8 +205,7 @@ def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
     """Refuse a checkpoint this scheduler did not take.
 
     Raises:
-        ValueError: naming what differs (not a :class:`Checkpoint`, another model, or
-            another scheduler).
+        ValueError: naming what differs (not a :class:`Checkpoint`, model, scheduler).
     """
     if not isinstance(checkpoint, Checkpoint):
         raise ValueError(
@@ -261,9 +227,7 @@ def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
 
 @contextlib.contextmanager
 def sigint_deferred():
-    """Hold SIGINT ("Kernel → Interrupt") while the body runs and deliver it after (its
-    handler, e.g. ``KeyboardInterrupt``, then runs); on the main thread with a Python
-    SIGINT handler only (elsewhere Python runs no SIGINT handler)."""
+    """Hold SIGINT while the body runs and deliver it after (main thread only)."""
     previous = signal.getsignal(signal.SIGINT)
     if not callable(previous) or threading.current_thread() is not threading.main_thread():
         yield
@@ -279,10 +243,9 @@ def sigint_deferred():
 
 
 def transactional(prompt_cache: bool = False, idle: str | None = None) -> Callable:
-    """Decorate a public engine call: any exception escaping it, ``KeyboardInterrupt``
-    included, first returns the engine to its state before the call (see
-    :meth:`workbench.engine.scheduler.Scheduler._transaction`), then propagates. When
-    ``scheduler._nothing_to(idle)`` (e.g. ``idle="admit"``), it returns ``[]`` at once (no savepoint)."""
+    """Decorate a public engine call: any exception escaping it (``KeyboardInterrupt`` too)
+    first rolls the engine back to before the call; ``idle``: return ``[]`` at once when
+    ``scheduler._nothing_to(idle)``."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)

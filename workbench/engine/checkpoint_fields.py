@@ -2,10 +2,6 @@
 (:func:`workbench.engine.checkpoint_io.read` gives it the parsed document and mlx-lm's
 loaded caches; nothing in the file is trusted).
 
-Knows: the document's fields (see :mod:`workbench.engine.checkpoint_io`), request states,
-the padded batch, mlx-lm's batch cache classes (read through their public ``state``).
-Must not know: the file's bytes, the scheduler's loop.
-
 Each refusal is a ``ValueError`` naming the field, its value and the limit::
 
     checkpoint field batch.pending.tokens[2]: 50000 outside the vocabulary [0, 4096)
@@ -285,8 +281,7 @@ class FieldReader:
         )
 
     def generated(self, record: dict, where: str, top_k: int) -> dict:
-        """A record's ``tokens`` (in the vocabulary), ``logprobs`` and ``top_logprobs`` (one
-        per token, at most ``top_k`` pairs each)."""
+        """A record's ``tokens``, ``logprobs`` and ``top_logprobs``, checked."""
         tokens = [self.token(t, f"{where}.tokens[{j}]") for j, t in enumerate(record["tokens"])]
         logprobs = _list(record["logprobs"], f"{where}.logprobs", len(tokens))
         tops = _list(record["top_logprobs"], f"{where}.top_logprobs", len(tokens))
@@ -297,8 +292,7 @@ class FieldReader:
         )
 
     def projected(self, value: Any, where: str, valid: Any) -> int:
-        """A request's ``projected_bytes``: what this scheduler's ledger projects for it
-        (``KVLedger.alone_bytes``, as ``submit`` sets it)."""
+        """A request's ``projected_bytes``, as this scheduler's ledger projects it."""
         alone = self.sched.ledger.alone_bytes(len(valid.prompt_ids), valid.request.max_tokens)
         need(_int(value, where, 0) == alone, where, f"{value}, this scheduler projects {alone} bytes")
         return alone
@@ -535,10 +529,9 @@ class FieldReader:
 
 
 def _ring(where: str, capacity: int, window: int, written: int, idx: int, rotated: bool) -> None:
-    """A ``BatchRotatingKVCache``'s counters as mlx-lm's ``update_and_fetch`` leaves them
-    between steps (else the next step's mask and keys differ in width, and every step
-    raises): once ``rotated``, the capacity is the window, ``0 < _idx <= window`` and
-    ``_offset >= window``; before, ``_idx = min(_offset, capacity)``."""
+    """A ``BatchRotatingKVCache``'s counters as ``update_and_fetch`` leaves them between steps:
+    once ``rotated``, capacity = window, ``0 < _idx <= window <= _offset``; before,
+    ``_idx = min(_offset, capacity)``."""
     if rotated:
         need(capacity == window, f"{where}.keys", f"capacity {capacity} in a rotated ring of window {window}")
         need(0 < idx <= window, f"{where}._idx", f"{idx} in a rotated ring, (0, {window}] expected")

@@ -2,34 +2,18 @@
 batch saved in one process resumes in another with the same tokens (llama.cpp's slot
 save / restore, for a whole batch).
 
-Knows: a checkpoint's parts (request states, queue, batch with its pending next tokens,
-events, counters, the seed generator) and mlx-lm's ``save_prompt_cache`` /
-``load_prompt_cache`` (``mlx_lm.models.cache``: every layer's ``state`` into one
-``.safetensors`` file through ``mx.save_safetensors``, classes rebuilt by ``from_state``).
-Must not know: the scheduler's loop, admission, views; nor the
-:class:`~workbench.engine.checkpoint.Checkpoint` class (it calls :func:`save` and
-:func:`read`; only ``checkpoint.py`` imports this module).
-
-The file is one ``.safetensors``: the batch caches' arrays (free slots included) as mlx-lm
-writes a prompt cache, and in its metadata (key ``"workbench"``) one JSON document::
+The file is one ``.safetensors`` (:func:`file_of` appends the suffix): the batch caches'
+arrays (free slots included) as mlx-lm's ``save_prompt_cache`` writes a prompt cache, and in
+its metadata (key ``"workbench"``) one JSON document::
 
     {"format": "workbench-checkpoint", "version": 1,
      "identity": {"model": {...}, "tokenizer": {...}, "settings": {...}},
      "counters": {...}, "rng": {...}, "requests": [...], "queue": [uids],
      "batch": {"rows": [uids], "free": [...], "pending": {...}, ...}, "events": [...]}
 
-Its name ends in ``.safetensors`` (:func:`file_of` adds it, as ``mx.save_safetensors``
-does): ``cp.save("run1/batch")`` writes and returns ``run1/batch.safetensors``, and
-``Checkpoint.load("run1/batch", sched)`` reads the same file. A path that is a folder is
-refused.
-
-Not saved: the prompt cache's entries, the snapshot history, a prefilling group's partial
-prefill (its members load as queued). Refused at save (naming the uid and field): a running
-request with a callable or a structured-output constraint, a quantized KV cache, the packed
-layout. Loading trusts nothing in the file: a different format, version, model, tokenizer or
-settings, and every field out of its range (:mod:`workbench.engine.checkpoint_fields`), are
-refused with a ``ValueError`` naming what differs; the loading scheduler is never changed.
-Details and reasons: ``docs/lab/engine-notes.md``.
+Loading trusts nothing in the file (:mod:`workbench.engine.checkpoint_fields`) and never
+changes the loading scheduler. What is not saved, what is refused and why:
+``docs/lab/engine-notes.md``, "checkpoint_io.py".
 """
 
 from __future__ import annotations
@@ -75,19 +59,14 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors reference reader's limit on th
 def identity_of(
     sched: Any, parameters: Iterable[tuple[str, mx.array]] | None = None, adapters_digest: str | None = None
 ) -> dict:
-    """What a checkpoint on disk records of the scheduler that saved it, and loading
-    compares: the model (class, ``model.args``, a BLAKE2b digest of every parameter's
-    name, dtype, shape and bytes, and ``adapters_digest``), the tokenizer (vocabulary size,
-    EOS ids), the settings (every ``SchedulerConfig`` field, ``repr`` where not JSON) and the
-    loaded adapters' names.
+    """What a checkpoint on disk records of the scheduler that saved it, and loading compares:
+    the model (class, ``model.args``, a BLAKE2b digest of every weight), the tokenizer
+    (vocabulary size, EOS ids), the settings and the loaded adapters.
 
     Args:
-        parameters: ``(name, array)`` of every base weight under its unwrapped name
-            (:func:`workbench.engine.levers.lora.base_parameters`: a layer wrapped for
-            adapters keeps its name, so wrapping by any scheduler changes nothing here);
-            ``None``: ``tree_flatten(model.parameters())``.
-        adapters_digest: a digest of the loaded adapters' weights
-            (:func:`workbench.engine.levers.lora.weights_digest`), ``None`` without adapters.
+        parameters: ``(name, array)`` of every base weight
+            (:func:`workbench.engine.levers.lora.base_parameters`; ``None``: the model's own).
+        adapters_digest: :func:`workbench.engine.levers.lora.weights_digest`, ``None`` without.
     """
     model, tokenizer = sched.model, sched.tokenizer
     digest = hashlib.blake2b(digest_size=16)
@@ -138,10 +117,8 @@ def differences(saved: dict, here: dict, where: str = "") -> list[str]:
 
 
 def file_of(path: str | Path) -> Path:
-    """The file a checkpoint at ``path`` lives in: ``path`` itself when its name ends in
-    ``.safetensors``, else ``path`` with ``.safetensors`` appended (as ``mx.save_safetensors``
-    names what it writes), ``~`` expanded (``Path.expanduser``):
-    ``file_of("run1/batch") == Path("run1/batch.safetensors")``.
+    """The file a checkpoint at ``path`` lives in (``.safetensors`` appended where missing, ``~``
+    expanded): ``file_of("run1/batch") == Path("run1/batch.safetensors")``.
 
     Raises:
         ValueError: a ``path`` that names no file: empty, ending in a path separator
@@ -160,16 +137,12 @@ def file_of(path: str | Path) -> Path:
 
 # -- saving ---------------------------------------------------------------------------
 def save(checkpoint: Any, path: str | Path) -> Path:
-    """Write ``checkpoint`` (a :class:`~workbench.engine.checkpoint.Checkpoint`) to the file
-    :func:`file_of` ``(path)`` (parent folders created; written to a temporary file in the
-    same folder, then renamed, so a failed save leaves no partial file). Returns the path
-    written, which :func:`read` accepts.
+    """Write ``checkpoint`` to :func:`file_of` ``(path)`` atomically (temporary file, rename);
+    returns the path written.
 
     Raises:
-        ValueError: a running request with a callable field (naming the uid and the
-            field), a quantized KV cache, the packed layout, a checkpoint without its
-            scheduler's identity, a ``path`` (or the file it names) that is a folder, a
-            ``path`` that names no file (:func:`file_of`), or one under a file (``afile/x``).
+        ValueError: a running request's callable field (naming uid and field), a quantized KV
+            cache, the packed layout, no identity, or a ``path`` that is or is under no file.
     """
     if checkpoint.identity is None:
         raise ValueError("this checkpoint does not know its scheduler (take it with Scheduler.checkpoint())")
@@ -210,8 +183,7 @@ def save(checkpoint: Any, path: str | Path) -> Path:
 
 
 def _document(checkpoint: Any, identity: dict) -> dict:
-    """The checkpoint's JSON document (see the module docstring); a prefilling group's
-    members saved as queued (or preempted)."""
+    """The checkpoint's JSON document (see the module docstring)."""
     st = checkpoint.state
     live = {s.uid for s in st.live}
     document = {
@@ -294,17 +266,14 @@ def _batch_record(batch: Batch) -> dict:
 
 # -- loading --------------------------------------------------------------------------
 def read(path: str | Path, sched: Any) -> Loaded:
-    """Read and check a checkpoint written by :func:`save` for ``sched`` (the path it
-    returned, or the path given to it). Reads ``sched``'s model, tokenizer and settings
-    (and runs one probe forward on fresh caches of its own); changes nothing of ``sched``.
+    """Read and check a checkpoint written by :func:`save` for ``sched`` (one probe forward;
+    ``sched`` unchanged).
 
     Raises:
         FileNotFoundError: no file at :func:`file_of` ``(path)``.
-        ValueError: a folder; not a workbench checkpoint (including a damaged file),
-            another format version, a model, tokenizer or setting that differs from
-            ``sched``'s (each difference named), a layout whose checkpoints are not saved
-            to files, a prompt that tokenizes differently here, or any field out of its
-            range or inconsistent with another (named: ``checkpoint field <where>: <what>``).
+        ValueError: a folder, a damaged or foreign file, another version, a differing model /
+            tokenizer / setting (each named), or a field out of range
+            (``checkpoint field <where>: <what>``).
     """
     path = file_of(path)
     if not path.exists():
@@ -344,10 +313,7 @@ def read(path: str | Path, sched: Any) -> Loaded:
 
 
 def _check_safetensors(path: Path) -> None:
-    """Refuse a file whose safetensors header does not describe its bytes (the format's
-    8-byte little-endian header length, a JSON header of ``{name: {dtype, shape,
-    data_offsets}}``, offsets inside the data and equal to each shape's bytes), before MLX
-    reads it."""
+    """Refuse a file whose safetensors header does not describe its bytes, before MLX reads it."""
     size = path.stat().st_size
     with path.open("rb") as f:
         head = f.read(8)

@@ -1,36 +1,14 @@
 """One forward of either layout: described once, run with its levers, its logits sampled lazily.
 
-Knows: the levers that act during a forward (LoRA adapters, the batch-invariant mode, the
-quantized cache's attention path, the decode fast paths), the model call with a batch cache,
-per-row sampling (:mod:`workbench.engine.sampling`). Must not know: requests' lives, the
-queue, events, which layout built the forward.
-
-- :class:`Forward` lists the forward's *segments* in the order of its tokens: a row of the
-  padded layout's ``[B, L]`` batch, or a chunk of the packed layout's ``[1, T]`` forward. Per
-  segment it holds the request (uid), its adapter, the tokens its cache held before (its first
-  token's position), the tokens it feeds, whether it samples and how many drafted positions it
-  verifies.
-- :meth:`ForwardLevers.applied` installs every lever a scheduler has configured from that
-  description. Each runner site and the packed layout's launches enter it; no site stacks the
-  levers' context managers by hand, so a lever added here reaches every forward. Which lever
-  reads which field: adapters :attr:`Forward.adapters` per row
-  (:func:`~workbench.engine.levers.lora.selected`), or per token for a packed forward
-  (:attr:`ForwardLevers.select_tokens`, over :attr:`Forward.uids` and
-  :attr:`Forward.n_tokens`); the batch-invariant mode :attr:`Forward.held` for a padded join,
-  decode or verify (:func:`~workbench.engine.levers.invariant.invariant_forward`), a packed
-  forward's projections
-  (:func:`~workbench.engine.levers.invariant_packed.packed_invariant_forward`), a padded
-  prefill chunk never (its groups run the mode's fixed chunks themselves); the quantized
-  attention path every padded forward
-  (:func:`~workbench.engine.levers.quantized_attention.attention_path`; a packed forward's
-  pages attend by themselves); the decode fast paths a padded decode with its caches given,
-  over :attr:`Forward.held` (:func:`~workbench.engine.levers.fastpath.decode_fast_path`).
-- :func:`launch` runs a padded ``[B, 1]`` decode forward and :func:`sample_pending` samples
-  any forward's logits ``[B, V]`` into a lazy :class:`Pending`. Pipelining (mirrors mlx-lm's
-  ``GenerationBatch._step``): :func:`launch` builds the graph for the next step from the
-  *unread* tokens of the current one and its arrays are evaluated asynchronously
-  (``mx.async_eval``) while Python reads the current step's tokens. Numerics are unchanged:
-  the same ops run, only their evaluation overlaps Python work.
+- :class:`Forward` lists the forward's *segments* in token order (a row of the padded ``[B, L]``
+  batch, or a chunk of the packed ``[1, T]`` forward): request, adapter, position, tokens fed,
+  whether it samples, drafted positions verified.
+- :meth:`ForwardLevers.applied` installs every configured lever (LoRA, batch-invariant mode,
+  quantized attention path, decode fast paths) from that description; every forward site enters
+  it, none stacks the levers by hand.
+- :func:`launch` runs a padded ``[B, 1]`` decode forward and :func:`sample_pending` samples any
+  forward's logits ``[B, V]`` into a lazy :class:`Pending`, evaluated with ``mx.async_eval``
+  while Python reads the previous step (mirrors mlx-lm's ``GenerationBatch._step``).
 
 ::
 
@@ -38,7 +16,8 @@ queue, events, which layout built the forward.
         pending = launch(model, caches, tokens, ...)
     tokens, logprobs, finite = pending.read()
 
-Axis letters: ``B`` rows, ``V`` vocabulary.
+Axis letters: ``B`` rows, ``V`` vocabulary. Which lever reads which field:
+``docs/lab/engine-notes.md``, "forward.py".
 """
 
 from __future__ import annotations
@@ -74,10 +53,8 @@ class Forward:
         uids: each segment's request.
         adapters: each segment's LoRA adapter name (``None``: the base model).
         held: tokens each segment's request held in its cache before this forward (its first
-            token's position; a prefill chunk: its prompt tokens cached or prefilled so far).
-        n_tokens: tokens each segment feeds (decode and join: 1; verify: ``1 + K``, the
-            padded width; prefill: the prompt tokens it has left, of which the group's chunk
-            length ``C`` runs at most; packed: the chunk's tokens).
+            token's position).
+        n_tokens: tokens each segment feeds (decode and join: 1; verify: ``1 + K``).
         samples: whether the logits at the segment's last token are sampled.
         verifies: drafted positions the segment verifies (speculative; else 0).
 
@@ -112,9 +89,7 @@ class Forward:
         samples: bool = True,
         verifies: Sequence[int] | None = None,
     ) -> "Forward":
-        """A padded forward of ``states`` (request states or batch rows: ``uid`` and
-        ``valid.request.adapter``), one segment per row; ``held``: ``[B]`` tokens each row's
-        cache held before it; ``n_tokens``: per row or one for all."""
+        """A padded forward, one segment per row of ``states`` (``uid``, ``valid.request.adapter``)."""
         rows = len(states)
         width = [n_tokens] * rows if isinstance(n_tokens, int) else list(n_tokens)
         return cls(
@@ -134,10 +109,8 @@ class Forward:
         adapter_of: Mapping[int, str | None],
         drafts: Mapping[int, Sequence[int]] | None = None,
     ) -> "Forward":
-        """A packed ``[1, T]`` forward of ``chunks`` (:class:`workbench.observe.packed.Chunk`:
-        ``uid``, ``start``, ``n_tokens``, ``samples``); ``adapter_of``: uid -> adapter name;
-        ``drafts``: uid -> the drafts verified after its row's first decode chunk (each draft
-        a one-token chunk of its own, :func:`workbench.engine.packed.verify.verify_chunks`).
+        """A packed ``[1, T]`` forward of ``chunks`` (:class:`workbench.observe.packed.Chunk`);
+        ``adapter_of``: uid -> adapter; ``drafts``: uid -> drafts verified after its first chunk.
 
         Raises:
             KeyError: a chunk's uid missing from ``adapter_of``.
@@ -158,8 +131,7 @@ class Forward:
         )
 
     def token_adapters(self) -> list[str | None]:
-        """``[T]``: each token's adapter name, segments in order (a padded forward's rows
-        counted ``n_tokens`` each)."""
+        """``[T]``: each token's adapter name, segments in order."""
         return [a for a, n in zip(self.adapters, self.n_tokens) for _ in range(n)]
 
     def token_positions(self) -> list[int]:
@@ -186,14 +158,10 @@ class ForwardLevers:
         model: the mlx-lm model instance (hooks are set on it alone).
         adapters: the LoRA bank (``None``: none loaded).
         invariant: the batch-invariant mode (``None``: off).
-        quantized_attention: the quantized cache's attention path (``"dequantize"``,
-            ``"quantized_matmul"``; ``None``: a float cache, or pages that attend by
-            themselves).
+        quantized_attention: ``"dequantize"``, ``"quantized_matmul"`` or ``None`` (float cache, pages).
         fast_decode: the decode fast paths allowed (``None``: none).
-        select_tokens: the packed layout's per-token adapter selection,
-            ``(bank, chunks, adapter_of)`` -> a context manager
-            (:func:`workbench.engine.packed.adapters.selected_tokens`; handed in, as the
-            levers never import the packed layout); needed for a packed forward with adapters.
+        select_tokens: the packed layout's per-token adapter selection
+            (:func:`workbench.engine.packed.adapters.selected_tokens`), for packed forwards with adapters.
     """
 
     model: Any
@@ -205,17 +173,9 @@ class ForwardLevers:
 
     @contextlib.contextmanager
     def applied(self, forward: Forward, caches: Any = None) -> Iterator[str]:
-        """Within the block, a forward built on :attr:`model` runs as ``forward`` describes
-        with every configured lever (see the module docstring); restored after, also on an
-        exception. Enter it only around building the forward's graph.
-
-        Args:
-            forward: the forward's description.
-            caches: a padded decode's batch caches, for the decode fast paths.
-
-        Yields:
-            The decode fast paths on (``""`` where none, or not a decode):
-            :func:`~workbench.engine.levers.fastpath.decode_fast_path`'s names.
+        """Within the block, a forward built on :attr:`model` runs as ``forward`` describes with
+        every configured lever; restored after, also on an exception. ``caches``: a padded
+        decode's batch caches (for the fast paths). Yields the fast paths on (``""``: none).
 
         Raises:
             ValueError: a packed forward with adapters and no :attr:`select_tokens`.
@@ -248,18 +208,15 @@ class ForwardLevers:
 
 @dataclass
 class Pending:
-    """Lazy results of one decode forward, aligned with the rows it ran for.
+    """Lazy results of one forward's sampling, aligned with the rows it ran for.
 
     Attributes:
         tokens: ``[B]`` uint32, each row's sampled next token.
         logprobs: ``[B]`` float32, the log-probability of that token.
-        finite: ``[B]`` bool, False where the row's processed logits held NaN or +inf
-            (or were all -inf).
-        errors: row -> message for rows whose processors or sampler raised or broke
-            their contract, or -> the :class:`~workbench.engine.sampling.TokenCheck` of a
-            custom sampler's id (resolved by :meth:`read` to a message, or dropped when good).
-        top: row -> its top-k ``(ids [k], log-probs [k])`` for rows whose request asked
-            (``Request(top_logprobs=k)``, :mod:`workbench.engine.top_logprobs`).
+        finite: ``[B]`` bool, False where the processed logits held NaN, +inf or all -inf.
+        errors: row -> message (processors or sampler raised or broke their contract), or ->
+            a custom sampler's :class:`~workbench.engine.sampling.TokenCheck` until :meth:`read`.
+        top: row -> its top-k ``(ids [k], log-probs [k])`` where ``Request(top_logprobs=k)``.
     """
 
     tokens: mx.array
@@ -292,8 +249,7 @@ class Pending:
         )
 
     def clone(self) -> "Pending":
-        """A copy sharing the arrays (nothing writes them in place) with its own ``errors``
-        and ``top``."""
+        """A copy sharing the arrays, with its own ``errors`` and ``top``."""
         return Pending(self.tokens, self.logprobs, self.finite, dict(self.errors), dict(self.top))
 
     def read(self) -> tuple[list[int], list[float], list[bool]]:
@@ -310,9 +266,7 @@ class Pending:
         return [self.tokens, self.logprobs, self.finite, *arrays_of(self.top)]
 
     def read_top(self) -> dict[int, TopPairs]:
-        """Row -> its top-k ``((id, log-prob), ...)`` best first, for the rows that asked
-        (:func:`workbench.engine.top_logprobs.read_top`; evaluates, after :meth:`read`
-        at no extra wait)."""
+        """Row -> its top-k ``((id, log-prob), ...)`` best first (evaluates)."""
         return read_top(self.top)
 
 
@@ -334,8 +288,7 @@ def launch(
             pipelined path); ``False`` evaluates before returning.
 
     Returns:
-        The :class:`Pending` next tokens, their log-probabilities, finiteness and errors,
-        and the top-k log-probs of rows whose sampler asked (``RowSampler.top_logprobs``).
+        The :class:`Pending` next tokens.
     """
     logits = model(inputs.reshape(-1, 1), cache=caches)[:, -1, :]  # [B, V]
     return sample_pending(logits, samplers, contexts, token_index, asynchronous)
@@ -348,10 +301,8 @@ def sample_pending(
     token_index: Sequence[int],
     asynchronous: bool | None = True,
 ) -> Pending:
-    """Sample each row's next token from ``logits`` ``[B, V]`` (the tail of
-    :func:`launch`, shared with the packed forward): the :class:`Pending` tokens,
-    log-probabilities, finiteness and errors, evaluated (``asynchronous=False``), started
-    (``True``) or left lazy (``None``: the caller starts them later, :meth:`Pending.arrays`)."""
+    """The :class:`Pending` of ``logits`` ``[B, V]``: evaluated (``asynchronous=False``), started
+    (``True``) or lazy (``None``: the caller starts :meth:`Pending.arrays`)."""
     sampled, logprobs, errors = sample_rows(logits, samplers, contexts, token_index)  # [B], [B, V]
     # NaN or +inf in a row's (processed) logits, or all -inf, makes its log-softmax NaN;
     # -inf entries alone (banned tokens) are fine.
@@ -365,8 +316,7 @@ def sample_pending(
 
 
 def row_context(row: Any, pending: Pending | None, b: int) -> Callable[[], mx.array]:
-    """The row's own tokens ``[T]`` (prompt, read tokens, and the unread one at row ``b`` of
-    ``pending``) for its logits processors: built only when asked."""
+    """Builds the row's tokens ``[T]`` (prompt, read, unread at ``pending`` row ``b``) when asked."""
 
     def build() -> mx.array:
         known = mx.array(list(row.valid.prompt_ids) + row.tokens, dtype=mx.uint32)

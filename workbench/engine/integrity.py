@@ -1,11 +1,8 @@
 """The engine's integrity check: the request states, the queue, the prefilling group, the
 batch and every layer's cache agree with each other.
 
-Knows: an engine state (:class:`workbench.engine.checkpoint.EngineState`, read by its
-fields: ``checkpoint.py`` imports this module, not the other way), mlx-lm's cache geometry
-through :mod:`workbench.engine.kv.caches`, a row's text cache (:mod:`workbench.engine.text`). Must not
-know: how the engine changes the state. Reads only (it evaluates the caches' small offset
-arrays, waiting for a forward in flight).
+Reads only (it evaluates the caches' small offset arrays, waiting for a forward in flight).
+Notes: ``docs/lab/engine-notes.md``, "integrity.py".
 
 Checked (``Scheduler.check()``; the tests and the fuzzer call it after every operation):
 
@@ -106,8 +103,7 @@ def _places(state: Any) -> list[str]:
 
 
 def _texts(state: Any, tokenizer) -> list[str]:
-    """Each text cache against a rebuild from the tokens it claims (a cache that is behind
-    the tokens is fine: the next read feeds it the rest)."""
+    """Each text cache against a rebuild from the tokens it claims."""
     problems = []
     for uid, s in state.requests.items():
         t = s.text_state
@@ -181,10 +177,8 @@ def _layer(name: str, label: str, cache, held: np.ndarray, B: int) -> list[str]:
 
 
 def check_state(state: Any, tokenizer=None, wedge: str = "") -> Integrity:
-    """Check ``state`` (see the module docstring; the text caches only with the requests'
-    ``tokenizer``); ``wedge``, when not empty, is admission's sentence on an idle engine
-    whose queue it would admit none of (:meth:`workbench.engine.admission.Admission.wedge`),
-    reported as a problem. Never raises for a bad state: the problems are the result."""
+    """Check ``state`` (text caches only with ``tokenizer``); ``wedge``: admission's sentence
+    (:meth:`~workbench.engine.admission.Admission.wedge`), reported as a problem. Never raises."""
     problems = _places(state) + ([] if tokenizer is None else _texts(state, tokenizer))
     problems += [wedge] if wedge else []
     batch_problems, n_layers = _batch(state)

@@ -1,10 +1,5 @@
 """Per-model-instance seams through which the engine swaps a layer's behaviour for one forward.
 
-Knows: mlx-lm's attention layers (their ``__call__`` calls the module-level
-``scaled_dot_product_attention`` of their model file) and MLX's projection classes
-(``nn.Linear``, ``nn.QuantizedLinear``; ``nn.Embedding`` / ``nn.QuantizedEmbedding``'s
-``as_linear``). Must not know: requests, the queue, which lever sets a hook.
-
 Nothing here rebinds an MLX or mlx-lm class attribute or module function: each hooked layer
 *instance* gets a subclass of its own class (same name and module) whose call reads the
 :class:`ModelHooks` of its model, so another model, another scheduler's model or another
@@ -15,8 +10,7 @@ its class computes (the same call, the same bits)::
     with hooks.using(attention=per_row):           # this model's attention, this forward only
         logits = model(tokens, cache=caches)
 
-A paged cache (one with ``attend(queries, scale)``, the packed layout's layers) always
-attends by itself: a hook left in place changes no other forward.
+Notes: ``docs/lab/engine-notes.md``, "model_hooks.py".
 """
 
 from __future__ import annotations
@@ -58,8 +52,7 @@ class ModelHooks:
             quantized cache (same arguments), e.g. a dequantizing attention.
         projections: ``(module, plain, x)`` -> ``y``, replacing each hooked projection's
             call (``plain(module, x)`` is MLX's own).
-        attention_hooked: whether any attention layer of the model could be hooked (its
-            class's ``__call__`` calls its file's ``scaled_dot_product_attention``).
+        attention_hooked: whether any attention layer of the model could be hooked.
     """
 
     def __init__(self) -> None:
@@ -94,12 +87,8 @@ class ModelHooks:
 
     @contextlib.contextmanager
     def calling(self, attention: Attention) -> Iterator[ModelHooks]:
-        """Within the block every hooked attention layer of the model calls ``attention(original,
-        queries, keys, values, cache, scale, mask, sinks)`` directly where its file's code calls
-        ``scaled_dot_product_attention`` (``original``: what it calls otherwise, :meth:`sdpa`):
-        a forward that owns its attention (the packed layout's paged layers) holds it in its
-        own module, with no call through this one. Only this model's hooked classes change
-        (their globals are our copies); restored after, also on an exception."""
+        """Within the block this model's hooked attention layers call ``attention(original,
+        queries, keys, values, cache, scale, mask, sinks)`` directly; restored after."""
         saved = [scope[SDPA] for scope in self.scopes]
         try:
             for scope, original in zip(self.scopes, saved):
@@ -110,9 +99,8 @@ class ModelHooks:
                 scope[SDPA] = original
 
     def sdpa(self, module: types.ModuleType, queries, keys, values, cache, scale, mask, sinks=None):
-        """The attention a hooked layer of model file ``module`` runs (the signature of
-        mlx-lm's ``models.base.scaled_dot_product_attention``). A paged layer's call costs
-        one Python call more than mlx-lm's (this one); no function is made per call."""
+        """The attention a hooked layer of model file ``module`` runs (mlx-lm's
+        ``models.base.scaled_dot_product_attention`` signature)."""
         attend = getattr(cache, "attend", None)
         if attend is not None and sinks is None:  # a paged layer (packed layout) attends by itself
             return attend(queries, scale)
@@ -122,8 +110,7 @@ class ModelHooks:
         return self._original(module, queries, keys, values, cache, scale, mask, sinks)
 
     def _original(self, module: types.ModuleType, queries, keys, values, cache, scale, mask, sinks=None):
-        """What a hooked layer of ``module`` runs with no ``attention`` hook: the
-        ``quantized`` hook over a quantized cache, else the model file's own attention."""
+        """The ``quantized`` hook over a quantized cache, else the file's own attention."""
         if self.quantized is not None and hasattr(cache, "bits") and sinks is None:
             return self.quantized(
                 queries,
@@ -139,9 +126,7 @@ class ModelHooks:
 
 
 def _hooked_attention_class(cls: type, hooks: ModelHooks) -> type | None:
-    """A subclass of attention class ``cls`` whose ``__call__`` is ``cls``'s own code with
-    its file's ``scaled_dot_product_attention`` resolved to ``hooks`` (``None`` when its call
-    does not use that name)."""
+    """``cls`` with its file's ``scaled_dot_product_attention`` resolved to ``hooks`` (or ``None``)."""
     call = cls.__dict__.get("__call__")
     module = sys.modules.get(cls.__module__)
     if not isinstance(call, types.FunctionType) or module is None or SDPA not in call.__code__.co_names:
@@ -161,8 +146,7 @@ def _hooked_attention_class(cls: type, hooks: ModelHooks) -> type | None:
 
 
 def _hooked_projection_class(cls: type) -> type:
-    """A subclass of projection class ``cls`` whose projection (``__call__`` or
-    ``as_linear``) runs its instance's ``projections`` hook when one is set."""
+    """``cls`` whose projection runs its instance's ``projections`` hook when set."""
     if cls not in _HOOKED_PROJECTIONS:
         name = next(method for base, method in _PROJECTION_METHODS if issubclass(cls, base))
         plain = getattr(cls, name)
@@ -180,8 +164,7 @@ def _hooked_projection_class(cls: type) -> type:
 
 
 def _plain_projection(module: Any) -> bool:
-    """Whether ``module`` projects with MLX's own method (``nn.Linear.__call__``, ...): a
-    subclass that overrides it is left as it is."""
+    """Whether ``module`` projects with MLX's own method (not overridden)."""
     for base, name in _PROJECTION_METHODS:
         if isinstance(module, base):
             return getattr(type(module), name) is base.__dict__[name]
@@ -195,10 +178,8 @@ def hooked_class_of(module: Any) -> type:
 
 
 def hooks_of(model: Any, projections: bool = False) -> ModelHooks:
-    """The :class:`ModelHooks` of ``model``: on first call every attention layer of it is
-    hooked (with ``projections``, every projection too); later calls return the same
-    hooks, hooking projections the first time ``projections`` is True. Changes only these
-    instances' classes (to subclasses that compute the same with no hook set)."""
+    """The :class:`ModelHooks` of ``model``, hooking its attention layers (and, with
+    ``projections``, its projections) the first time; idempotent."""
     hooks = model.__dict__.get(HOOKS)
     if hooks is None:
         hooks = ModelHooks()

@@ -2,30 +2,22 @@
 batch caches, one chunk of ``prefill_step_size`` tokens at a time, so the scheduler can
 interleave the chunks with decode steps of the running rows (chunked prefill).
 
-Knows: mlx-lm's ``prepare(lengths=, right_padding=)`` / ``finalize()`` protocol and
-``merge``. Must not know: requests, events, scheduling policy.
+Two modes, chosen per group by :func:`~workbench.engine.kv.allocation.prefill_mode`:
 
-Two modes, chosen per group:
-
-- **batched** (mirrors mlx-lm's ``PromptProcessingBatch.prompt``): prompts are
-  right-padded to the group's longest one, the cache is told the right padding, the chunk
-  runs through the model, and ``finalize()`` rolls each row so the padding ends up on the
-  left (where ``BatchKVCache`` expects it). Example, prompts ``[5, 6, 7]`` and ``[9]``::
+- **batched** (mirrors mlx-lm's ``PromptProcessingBatch.prompt``): prompts right-padded to
+  the longest, the cache told the right padding (``prepare``), and ``finalize()`` rolls each
+  row so the padding ends up on the left. Example, prompts ``[5, 6, 7]`` and ``[9]``::
 
       model input (right-padded)    cache after finalize (left-padded)
       [5, 6, 7]                     [5, 6, 7]   left_padding 0
       [9, 0, 0]                     [., ., 9]   left_padding 2
 
-- **per row**: each prompt runs alone, unpadded, in chunks; the rows' caches are merged
-  (``merge``, left-padding the shorter) when all are done.
+- **per row**: each prompt runs alone, unpadded, in chunks; the caches are then merged (``merge``).
 
-The mode is :func:`~workbench.engine.kv.allocation.prefill_mode`: batched when the group
-needs no padding or its padded prompt fits one chunk of at least 2 columns; batched in
-chunks (``chunked_padding``, a GPU default) only when every layer is a plain
-``BatchKVCache``; otherwise per row, as mlx-lm's right-padding protocol is not safe across
-chunks for rings and SSM states (``docs/architecture.md``, "Prefill mode per device").
-
-Axis letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
+A padded group longer than a chunk runs batched in chunks (``chunked_padding``, a GPU
+default) only when every layer is a plain ``BatchKVCache`` (``docs/architecture.md``,
+"Prefill mode per device"; notes: ``docs/lab/engine-notes.md``, "prefill.py"). Axis
+letters: ``B`` rows of the group, ``L`` padded prompt length, ``C`` chunk length.
 """
 
 from __future__ import annotations
@@ -43,8 +35,7 @@ from .kv.cache_internals import clone_caches
 
 
 def chunked_padding_default() -> bool:
-    """Whether padded groups run batched in chunks by default: on a GPU (see the module
-    docstring)."""
+    """Whether padded groups run batched in chunks by default (on a GPU)."""
     return on_gpu()
 
 
@@ -55,25 +46,17 @@ class PrefillGroup:
         model: an mlx-lm model.
         prompts: ``B`` token-id lists to run into the cache (may be empty).
         prefill_step_size: chunk length ``C`` in tokens, ``>= 1``.
-        max_kv_size: passed to mlx-lm's ``make_prompt_cache`` (rotating caches keep no
-            sink tokens, like the batch's: :func:`workbench.engine.kv.caches.single_cache`).
-        caches: optional per-row single-sequence caches already holding a cached prefix
-            (from the prompt cache); ``prompts`` are then the uncached tails.
-        chunked_padding: let a right-padded group longer than a chunk run batched in
-            chunks where the caches allow it (see the module docstring); ``None``: on a
-            GPU only.
-        fixed_chunks: every row runs alone (per row, also a group of one) in chunks of
-            exactly ``prefill_step_size`` tokens from its first uncached token, whatever
-            ``run_chunk(tokens)`` asks: the chunks it runs alone (the batch-invariant mode,
-            :mod:`workbench.engine.levers.invariant`).
+        max_kv_size: passed to mlx-lm's ``make_prompt_cache`` (no sink tokens).
+        caches: per-row caches holding a cached prefix; ``prompts`` are then the tails.
+        chunked_padding: as the module docstring says (``None``: on a GPU only).
+        fixed_chunks: every row alone in chunks of exactly ``prefill_step_size`` tokens,
+            whatever ``run_chunk`` asks (the batch-invariant mode).
 
     Attributes:
-        caches: the group's per-layer batch caches once :attr:`done` (joined to the
-            running batch by the scheduler).
-        per_row: True when the group runs row by row (see the module docstring).
+        caches: the group's per-layer batch caches once :attr:`done`.
+        per_row: True when the group runs row by row.
         chunked_padding: True when a right-padded batched group runs in several chunks.
-        position: prompt columns processed so far (batched), or prompt tokens summed over
-            rows (per row); see :attr:`rows_done_tokens` for each row.
+        position: prompt columns processed (batched), or tokens summed over rows (per row).
         length: ``L``, the longest prompt (tokens).
     """
 
@@ -125,16 +108,13 @@ class PrefillGroup:
     def chunks_padding(
         cls, model: Any, max_kv_size: int | None = None, chunked_padding: bool | None = None
     ) -> bool:
-        """Whether this group class runs right-padded groups longer than a chunk batched in
-        chunks for ``model``: ``chunked_padding`` asked (``None``: on a GPU) and the caches
-        pad safely. The ``chunked_padding`` of :func:`~workbench.engine.kv.allocation.prefill_mode`."""
+        """Whether padded groups longer than a chunk run batched in chunks for ``model``."""
         asked = chunked_padding_default() if chunked_padding is None else bool(chunked_padding)
         return asked and cls._pads_safely(model, max_kv_size)
 
     @staticmethod
     def _pads_safely(model: Any, max_kv_size: int | None) -> bool:
-        """True when right-padded prompts may run in several chunks: every layer's batch
-        cache is exactly mlx-lm's ``BatchKVCache`` (see the module docstring)."""
+        """True when every layer's batch cache is exactly mlx-lm's ``BatchKVCache``."""
         return all(type(c) is kv.BatchKVCache for c in kv.new_batch_cache(model, 1, max_kv_size))
 
     @property
@@ -159,8 +139,7 @@ class PrefillGroup:
         return self._done
 
     def clone(self, share_appended: bool = False) -> "PrefillGroup":
-        """An independent copy (for checkpoints): caches cloned sharing their buffers
-        (:func:`workbench.engine.kv.cache_internals.clone_caches`), prompts shared."""
+        """An independent copy (caches cloned sharing buffers, prompts shared)."""
         out = copy.copy(self)
         out.caches = clone_caches(self.caches, share_appended)
         if self.per_row:
@@ -168,10 +147,8 @@ class PrefillGroup:
         return out
 
     def next_chunk(self) -> tuple[int, int, int]:
-        """The shape of the next chunk: ``(rows, start, remaining)`` — rows it runs
-        (``B`` batched, 1 per row), tokens its rows already hold, tokens left to run in
-        it. A padded batched group without :attr:`chunked_padding` runs in one chunk, so its
-        ``remaining`` is the whole prompt; ``(0, 0, 0)`` once :attr:`done`."""
+        """``(rows, start, remaining)`` of the next chunk: rows it runs, tokens they hold,
+        tokens left to run in it; ``(0, 0, 0)`` once :attr:`done`."""
         if self._done:
             return 0, 0, 0
         if not self.per_row:
@@ -186,8 +163,7 @@ class PrefillGroup:
         returning.
 
         Args:
-            tokens: chunk length ``C`` (default ``prefill_step_size``); a padded batched
-                group runs its whole prompt in one chunk unless :attr:`chunked_padding`.
+            tokens: chunk length ``C`` (default ``prefill_step_size``).
 
         Returns:
             Real (non-pad) tokens per row in this chunk.

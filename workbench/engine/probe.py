@@ -1,21 +1,12 @@
 """Does a model batch? A probe run when a Scheduler is built, so the engine never fails
 mid-step for a model it accepted.
 
-Knows: mlx-lm's single-sequence and batch caches (:mod:`workbench.engine.kv.caches`), the
-model's forward. Must not know: requests, the scheduler's loop.
-
 Some mlx-lm model code assumes one scalar cache offset for the whole batch (mlx-lm's
-``gpt_bigcode`` converts ``cache.offset`` with ``int()``): with two rows of different
-lengths its forward raises ``ValueError: [convert] Only length-1 arrays can be converted
-to Python scalars``, or could compute positions wrong without raising. The probe runs two
-prompts of 3 and 5 tokens alone and then batched (merged with left padding, as a join
-does) for one decode step, and compares each row's next-token log-probabilities with its
-solo run (reduced-precision weights: within :data:`LOW_PRECISION_TOLERANCE`), over the
-tokens the solo run finds likely (log-prob above :data:`LIKELY_LOGPROB`): in bf16 the
-log-probs of unlikely tokens (below -20, say) carry errors of several nats between any two
-kernels, batched or not, while wrong positions change the likely ones. A model that fails
-is served in a *serial lane*: ``max_batch = 1``, the same API and events, one row at a time
-(see ``Scheduler.serial_reason``).
+``gpt_bigcode`` converts ``cache.offset`` with ``int()``). The probe runs two prompts of 3 and
+5 tokens alone and then batched for one decode step, and compares each row's likely next-token
+log-probabilities (above :data:`LIKELY_LOGPROB`) with its solo run (reduced precision: within
+:data:`LOW_PRECISION_TOLERANCE`). A model that fails runs in a *serial lane* (``max_batch =
+1``; ``Scheduler.serial_reason``). Why these thresholds: ``docs/lab/engine-notes.md``, "probe.py".
 """
 
 from __future__ import annotations
@@ -37,9 +28,7 @@ LOW_PRECISION_TOLERANCE = 1.0  # for 16-bit or quantized weights: one step of bf
 
 
 def _prompts(model: Any) -> list[list[int]]:
-    """Ordinary token ids from the middle of the vocabulary (the first ids of real
-    vocabularies are special tokens, on which a reduced-precision model's log-probs swing
-    by several nats between any two kernels)."""
+    """Ordinary token ids from the middle of the vocabulary (not special tokens)."""
     vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 4096)
     third = max(vocab // 3, 1)
     return [[third + 97 * (n + 7 * i) % third for i in range(n)] for n in PROMPT_LENGTHS]

@@ -1,16 +1,9 @@
 """Requests: what a user asks the engine for, and the validation done at submit.
 
-Knows: the fields of a request and their limits, the tokenizer (to turn a str prompt
-into token ids) and the vocabulary size. Must not know: the scheduler, caches, MLX.
-
-Glossary: *prompt tokens* are the request's input ids (from ``prompt`` text or ids, or from
-chat ``messages`` through the tokenizer's chat template); *max_tokens* caps the number of
-generated tokens; *stop ids* end a row when sampled and *stop strings* when they appear in
-its decoded text (finish reason ``stop``); reaching ``max_tokens`` gives finish reason
-``length``.
-
-Validation happens in :func:`validate` before the scheduler changes any state, so a bad
-request never touches the running rows.
+:func:`validate` checks every field before the scheduler changes any state, so a bad request
+never touches the running rows. Finish reasons: ``stop`` (a stop id, a stop string in the
+decoded text, a complete grammar), ``length`` (``max_tokens`` generated), ``error``.
+Notes: ``docs/lab/engine-notes.md``, "request.py".
 """
 
 from __future__ import annotations
@@ -47,68 +40,41 @@ class Request:
     """One generation request.
 
     Args:
-        prompt: text, encoded as mlx-lm's ``generate`` / ``stream_generate`` encode it
-            (``tokenizer.encode(text, add_special_tokens=...)``: the tokenizer's BOS is added
-            unless the text already starts with it), or a non-empty list of token ids, each
-            in ``[0, vocab_size)``. Give ``prompt`` or ``messages``, not both.
+        prompt: text (encoded as mlx-lm's ``stream_generate`` does: :func:`encode_text`) or a
+            non-empty list of token ids in ``[0, vocab_size)``. Give ``prompt`` or ``messages``.
         max_tokens: maximum number of generated tokens, ``>= 1``.
-        temperature: ``0.0`` means greedy (argmax); ``>= MIN_TEMPERATURE`` (``1e-37``)
-            samples (mlx-lm's filters ``apply_top_p`` / ``apply_min_p`` / ``apply_top_k``,
-            then a categorical draw of the log-probabilities times ``1 / temperature`` with
-            the row's own PRNG key). A positive temperature below ``MIN_TEMPERATURE``, where
-            ``1 / temperature`` overflows float32, is refused.
+        temperature: ``0.0`` greedy (argmax); ``>= MIN_TEMPERATURE`` (``1e-37``, where
+            ``1 / temperature`` fits float32) samples as mlx-lm's ``make_sampler``, with the
+            row's own PRNG key.
         top_p: nucleus mass in ``(0, 1]``; ``1.0`` disables it. Needs ``temperature > 0``.
         top_k: keep the ``k`` most likely tokens, ``>= 0``; ``0`` disables it.
         min_p: keep tokens with probability ``>= min_p`` times the top one's, ``[0, 1)``.
-        stop_ids: token ids that end the row (finish reason ``stop``); ``None`` means the
-            tokenizer's EOS ids. Duplicates are harmless (a set). A constrained row
-            (``json_schema`` / ``regex`` / ``choices``) always stops at the EOS ids too, whatever
-            ``stop_ids`` says (its grammar's end).
-        priority: larger is more urgent; used by the ``priority`` admission policy and
-            by preemption (the lowest priority is preempted first).
-        seed: PRNG seed of a sampled row (``>= 0``); the row's tokens then do not depend
-            on its neighbours. ``None`` draws one from the scheduler's seed.
+        stop_ids: token ids that end the row (``None``: the tokenizer's EOS ids; a
+            constrained row always stops at EOS too).
+        priority: larger is more urgent (the ``priority`` policy; preemption takes the lowest).
+        seed: PRNG seed of a sampled row (``>= 0``; ``None``: drawn from the scheduler's).
         repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
-            ``make_logits_processors`` options (``repetition_penalty`` in ``[0.01, 100]``; presence and
-            frequency penalties in ``[-2, 2]``, ``MAX_PENALTY``, as OpenAI and vLLM) (context = the row's own prompt and
-            generated tokens, never padding).
+            ``make_logits_processors`` options (``repetition_penalty`` in ``[0.01, 100]``; presence
+            and frequency penalties in ``[-2, 2]``), over the row's own tokens.
         logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables
             (an ``mx.array`` of a floating dtype).
         sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling
             (one integer id in ``[0, V)``: an ``mx.array``, a Python or numpy int).
-        on_token: ``(uid, token) -> None``, called when a token is read (ids; the text
-            path is ``Scheduler.stream``).
-        messages: chat turns ``[{"role": str, "content": str}, ...]``, encoded with the
-            tokenizer's chat template and its generation prompt (mlx-lm's
+        on_token: ``(uid, token) -> None``, called when a token is read.
+        messages: chat turns ``[{"role": str, "content": str}, ...]`` (mlx-lm's
             ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``).
-        stop: stop strings (a str or a list of non-empty str; at most ``MAX_STOP_STRINGS``
-            (64) of at most ``MAX_STOP_LENGTH`` (256) characters each): the row finishes
-            (reason ``stop``) when one appears in its decoded text, across token boundaries;
-            the text ends before it (``workbench.engine.text``).
-        adapter: name of a LoRA adapter loaded by ``Scheduler(adapters={name: path})``
-            (``workbench.engine.levers.lora``), applied to this row only; ``None`` (default)
-            runs the base model. An unknown name is refused at ``submit``.
-        top_logprobs: ``k`` in ``[0, MAX_TOP_LOGPROBS]`` (20): for every generated token
-            also record the ``k`` most likely tokens and their log-probs (natural log,
-            float32), best first, from the same log-probs as the token's own (after logits
-            processors, before temperature; ``Scheduler.top_logprobs(uid)``,
-            ``workbench.engine.top_logprobs``); ``0`` (default) records none, and so does
-            ``None`` (OpenAI's and vLLM's ``null``), which becomes ``0``:
-            ``Request(top_logprobs=None) == Request(top_logprobs=0)``.
-        json_schema, regex, choices: structured output (at most one of them;
-            ``workbench.engine.levers.constrained``, through llguidance): a JSON schema (a
-            dict or its JSON text), a regex the whole output must match, or a non-empty
-            list of non-empty strings, one of which is the output. Applied as a logits mask
-            to this row only; the row finishes ``stop`` when the grammar is complete. A bad
-            one is refused at ``submit`` (``ValueError`` naming the field); without the
-            ``structured`` extra installed, ``ImportError`` naming it.
+        stop: stop strings (a str or a list; at most ``MAX_STOP_STRINGS`` (64) of at most
+            ``MAX_STOP_LENGTH`` (256) characters): the text ends before the first one found.
+        adapter: a LoRA adapter loaded by ``Scheduler(adapters=)``, this row only (``None``: base).
+        top_logprobs: ``k`` in ``[0, MAX_TOP_LOGPROBS]`` (20) most likely tokens and their
+            log-probs recorded per generated token (``None`` is ``0``: none).
+        json_schema, regex, choices: structured output through llguidance, at most one
+            (``workbench.engine.levers.constrained``); ``ImportError`` without the
+            ``structured`` extra.
 
-    An exception raised by a processor, sampler or ``on_token``, a processor's or sampler's
-    return value outside its contract (a token id outside ``[0, V)`` or not an integer, a
-    wrong shape or dtype), or non-finite logits, ends only that row (finish reason
-    ``error``, the message naming the callable, the value and the limit).
-
-    Raises nothing itself; the scheduler calls :func:`validate` at ``submit``.
+    A callable that raises or breaks its contract, or non-finite logits, ends only that row
+    (finish reason ``error``, naming the callable, the value and the limit). Raises nothing
+    itself; the scheduler calls :func:`validate` at ``submit``.
     """
 
     prompt: str | Sequence[int] | None = None
@@ -146,8 +112,7 @@ class Request:
 
     @property
     def greedy(self) -> bool:
-        """True when the row is decoded by plain argmax (temperature 0, no custom sampler,
-        no logits processors, no constraint): the rows the oracles can check."""
+        """True for plain argmax rows (temperature 0, no sampler, processors or constraint)."""
         return (
             self.temperature == 0.0
             and self.sampler is None
@@ -235,18 +200,10 @@ def validate(
         A :class:`ValidRequest`.
 
     Raises:
-        ValueError: naming the field and its allowed range, for a wrong type, an empty
-            prompt, a token id outside ``[0, vocab_size)``, ``max_tokens < 1``, a negative
-            or non-finite temperature or one in ``(0, MIN_TEMPERATURE)``, ``top_p`` outside
-            ``(0, 1]``, ``top_k < 0``, or
-            ``top_p``/``top_k`` with ``temperature == 0``, a prompt plus ``max_tokens``
-            longer than ``context_tokens``, both or neither of ``prompt`` and
-            ``messages``, ``messages`` for a tokenizer without a chat template, a stop
-            string that is not a non-empty str, more than ``MAX_STOP_STRINGS`` stop strings
-            or one longer than ``MAX_STOP_LENGTH`` characters, or an ``adapter`` that is not a
-            non-empty str or None (whether it is loaded is the scheduler's check), or a
-            ``top_logprobs`` that is not an int in ``[0, MAX_TOP_LOGPROBS]`` (nor above the
-            vocabulary size).
+        ValueError: naming the field and its allowed range (:class:`Request`'s limits), also for
+            ``top_p``/``top_k`` with ``temperature == 0``, ``prompt + max_tokens`` over
+            ``context_tokens``, both or neither of ``prompt`` and ``messages``, or
+            ``messages`` without a chat template.
     """
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
@@ -274,16 +231,13 @@ def validate(
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """``text`` as token ids, the way mlx-lm's ``stream_generate`` encodes a str prompt:
-    ``tokenizer.encode(text, add_special_tokens=True)`` (the tokenizer's BOS, if it adds
-    one), or ``False`` when the text already starts with the BOS token. Returns ``[T]`` ids."""
+    """``[T]`` ids of ``text`` as mlx-lm's ``stream_generate`` encodes it (BOS added unless present)."""
     bos = getattr(tokenizer, "bos_token", None)
     return list(tokenizer.encode(text, add_special_tokens=bos is None or not text.startswith(bos)))
 
 
 def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
-    """The prompt as token ids: ``messages`` through the chat template, a str through
-    :func:`encode_text`, ids checked against the vocabulary."""
+    """The prompt as token ids, checked against the vocabulary."""
     if r.messages is not None:
         if r.prompt is not None:
             raise ValueError(
@@ -308,8 +262,7 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
 
 
 def _chat_ids(messages: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
-    """Chat turns as token ids: mlx-lm's ``tokenizer.apply_chat_template(messages,
-    add_generation_prompt=True)`` (tokenized, no special tokens added beyond the template's)."""
+    """Chat turns as token ids through the tokenizer's chat template."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(
             f"messages must be a non-empty list of {{'role': str, 'content': str}} dicts, got {messages!r}"
@@ -420,8 +373,7 @@ def _check_processors(r: Request, vocab_size: int) -> None:
 
 
 def _stop_ids(r: Request, tokenizer: Any, vocab_size: int) -> frozenset[int]:
-    """The stop ids as a set (``None``: the tokenizer's EOS ids); a constrained request's
-    always include the EOS ids, its grammar's end (see :class:`Request`'s ``stop_ids``)."""
+    """The stop ids as a set (``None``: EOS ids; a constrained request's always include EOS)."""
     eos = frozenset(tokenizer.eos_token_ids)
     if r.stop_ids is None:
         return eos
@@ -445,10 +397,8 @@ CONTEXT_FIELDS = (
 
 
 def context_limit(model: Any) -> tuple[int | None, str]:
-    """The model's context length (tokens) and the config field it came from: the first of
-    ``CONTEXT_FIELDS`` that ``model.args`` (mlx-lm's ``ModelArgs``) sets to an int
-    (``(None, "")`` when none does). Learned absolute positions (gpt2's ``n_positions``)
-    cannot go past it; the scheduler refuses ``prompt + max_tokens`` beyond it."""
+    """The model's context length (tokens) and its field: the first of ``CONTEXT_FIELDS`` that
+    ``model.args`` sets to an int (``(None, "")`` when none does)."""
     args = getattr(model, "args", None)
     for name in CONTEXT_FIELDS:
         value = getattr(args, name, None)

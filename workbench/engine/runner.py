@@ -1,7 +1,8 @@
 """Running the model: prefill groups (chunked), the join forward and the decode forward.
 
 Knows: the model, :mod:`workbench.engine.prefill`, :mod:`workbench.engine.forward`, the
-prompt cache. Must not know: the queue, admission, events.
+prompt cache. Must not know: the queue, admission, events. Notes:
+``docs/lab/engine-notes.md``, "runner.py".
 """
 
 from __future__ import annotations
@@ -68,9 +69,7 @@ class Prefilling:
         return [(s.uid, g.rows_done_tokens[r], g.lengths[r]) for s, r in zip(self.states, rows)]
 
     def expand(self) -> None:
-        """Once :attr:`prefill` is done: copy each prefill row into the cache rows of the
-        members that share it (:func:`workbench.engine.kv.caches.repeat_rows`), so
-        ``prefill.caches`` has one row per member."""
+        """Once :attr:`prefill` is done: copy each prefill row to the members sharing it."""
         if self.rows is not None:
             repeat_rows(self.prefill.caches, self.rows)
             self.rows = None
@@ -92,17 +91,11 @@ class ModelRunner:
     """Runs the model for the scheduler.
 
     Args:
-        recipe: how the caches are made (:class:`~workbench.engine.kv.caches.CacheRecipe`:
-            the model, ``max_kv_size``, ``kv_quant``; quantized: :mod:`workbench.engine.levers.quantized_kv`).
-        config: the scheduler's settings; the runner reads ``prefill_step_size`` (tokens) and
-            ``pipeline`` (launch each decode forward before reading the previous step's
-            tokens, mlx-lm's ``GenerationBatch._step``).
-        adapters: the loaded LoRA adapters (:mod:`workbench.engine.levers.lora`); every
-            forward below runs each of its rows with that row's selected adapter.
+        recipe: how the caches are made (:class:`~workbench.engine.kv.caches.CacheRecipe`).
+        config: the scheduler's settings (``prefill_step_size``, ``pipeline``).
+        adapters: the loaded LoRA adapters, each row run with its own.
         fast_decode: which decode fast paths apply (:mod:`workbench.engine.levers.fastpath`).
-        invariant: the batch-invariant mode (:mod:`workbench.engine.levers.invariant`): every
-            prompt prefills alone in fixed chunks, every one-token forward runs row-blocked
-            projections and per-row attention; ``None``: off.
+        invariant: the batch-invariant mode (:mod:`workbench.engine.levers.invariant`), or ``None``.
     """
 
     recipe: CacheRecipe
@@ -114,8 +107,7 @@ class ModelRunner:
     model = property(lambda self: self.recipe.model, doc="The mlx-lm model (``recipe.model``).")
 
     def chunks_padding(self) -> bool:
-        """Whether this runner's prefill groups run right-padded prompts batched in chunks
-        (:meth:`PrefillGroup.chunks_padding`; never with a quantized cache)."""
+        """Whether prefill groups run right-padded prompts batched in chunks (never quantized)."""
         group = PrefillGroup if self.recipe.kv_quant is None else QuantizedPrefillGroup
         return group.chunks_padding(self.recipe.model, self.recipe.max_kv_size)
 
@@ -125,12 +117,8 @@ class ModelRunner:
         prompt_cache: PromptCache | None,
         shared: Mapping[int, HeldPrompt] | None = None,
     ) -> Prefilling:
-        """A prefill group for ``states`` (their :attr:`RequestState.inputs`), each
-        starting from its longest prompt-cache hit, or from the prompt held for its
-        ``submit_n`` group (``shared``, :mod:`workbench.engine.shared_prompts`: nothing left
-        to prefill); sets ``cached_tokens``. Members of one ``submit_n`` group with the same
-        inputs share one prefill row (float caches; :mod:`workbench.engine.siblings`). Runs
-        nothing."""
+        """A prefill group for ``states``, each from its longest prompt-cache hit or a held
+        ``shared`` prompt, ``submit_n`` members sharing a row; sets ``cached_tokens``. Runs nothing."""
         rows_of = shared_rows(states) if self.recipe.kv_quant is None else list(range(len(states)))
         firsts = sorted(set(rows_of))
         rows = None if len(firsts) == len(states) else [firsts.index(b) for b in rows_of]
@@ -154,12 +142,8 @@ class ModelRunner:
     def _fetch(
         self, prompt_cache: PromptCache | None, tokens: list[int], state: RequestState
     ) -> tuple[list[Any], list[int]]:
-        """``(single-sequence caches, tokens left to prefill)``: the prompt cache's longest
-        hit for ``tokens`` (``state``'s inputs but the last) computed with its LoRA adapter,
-        or fresh caches and all of them. Quantized: only a hit that holds the row's own first
-        forward on float keys (:meth:`PromptCache.fetch` with ``first_forward``). In the
-        batch-invariant mode a resumed ``state``'s hit covers its prompt only (its generated
-        tokens replay their decode steps: :mod:`workbench.engine.levers.invariant_preempt`)."""
+        """``(single-sequence caches, tokens left to prefill)`` from the prompt cache's longest
+        hit for ``tokens``, or fresh caches (:meth:`PromptCache.fetch`)."""
         if prompt_cache is None:
             return self.recipe.single(), list(tokens)
         adapter = state.valid.request.adapter
@@ -176,9 +160,7 @@ class ModelRunner:
     def hold_prompts(
         self, group: Prefilling, queue: Sequence[RequestState], shared: dict, room_bytes: int | None
     ) -> None:
-        """Before ``group``'s join forward: hold its prefilled rows for the ``submit_n``
-        samples still in ``queue`` (:func:`workbench.engine.shared_prompts.hold`; float caches
-        only: a quantized group's samples prefill separately)."""
+        """Before ``group``'s join forward: hold its prefilled rows for queued ``submit_n`` samples."""
         if self.recipe.kv_quant is None:
             shared_prompts.hold(shared, group.prefilled, group.prefill.caches, queue, room_bytes)
 
@@ -202,9 +184,7 @@ class ModelRunner:
         return QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
 
     def join_forward(self, group: Prefilling, contexts: Sequence[Callable[[], mx.array]]) -> Pending:
-        """Feed each member's last input token ``[n, 1]`` into the group's caches: the
-        distribution of its next (first new) token, launched asynchronously when
-        pipelining."""
+        """Feed each member's last input token ``[n, 1]``; the :class:`Pending` first tokens."""
         last = mx.array(group.last_tokens, dtype=mx.uint32)
         held = [len(s.inputs) - 1 for s in group.states]
         with self.levers.applied(Forward.of_rows(JOIN, group.states, held)):
@@ -252,12 +232,8 @@ class ModelRunner:
         asynchronous: bool,
         index: Sequence[int] | None = None,
     ) -> Pending:
-        """Feed ``tokens`` ``[B]`` (each row's latest, maybe unread) through the batch's
-        caches and sample each row's next token (``asynchronous``: evaluation started,
-        not awaited), on the fast paths that apply
-        (:func:`workbench.engine.levers.fastpath.decode_fast_path`), recorded in ``batch.fast_path``.
-        ``index``: per row the 0-based index of the token sampled (default: one past its
-        tokens, whose latest is still unread)."""
+        """Feed ``tokens`` ``[B]`` (maybe unread) and sample each row's next token on the fast
+        paths that apply (recorded in ``batch.fast_path``); ``index``: per row the token index."""
         index = [len(r.tokens) + 1 for r in batch.rows] if index is None else index
         held = [r.context_tokens for r in batch.rows]
         with self.levers.applied(Forward.of_rows(DECODE, batch.rows, held), batch.caches) as path:
@@ -279,10 +255,8 @@ class ModelRunner:
         tokens: list[int],
         contexts: Sequence[Callable[[], mx.array]],
     ) -> speculative.Verified:
-        """A speculative decode step (:mod:`workbench.engine.levers.speculative`): each row's
-        drafts, then one verify forward ``[B, 1 + K]`` of ``tokens`` ``[B]`` (each row's
-        latest token, read and appended) and the drafts, caches trimmed per row to what
-        each accepted; an ordinary decode step (``[B, 1]``, evaluated) when no row drafts."""
+        """A speculative decode step (:mod:`workbench.engine.levers.speculative`): drafts, one
+        verify forward ``[B, 1 + K]``; an ordinary ``[B, 1]`` step when no row drafts."""
         drafts = speculative.propose(spec, batch)
         index = [len(r.tokens) for r in batch.rows]
         if not any(drafts):
@@ -332,9 +306,7 @@ class ModelRunner:
         return None if self.recipe.kv_quant is None else self.recipe.kv_quant.attention
 
     def store(self, prompt_cache: PromptCache, batch: Batch, b: int) -> None:
-        """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens
-        (the token fed after the last one read is trimmed away); quantized, keyed by its
-        first forward's float tokens too (:meth:`PromptCache.key_of`)."""
+        """Store row ``b``'s cache in the prompt cache under its prompt + generated tokens."""
         row = batch.rows[b]
         quantized = self.recipe.kv_quant is not None
         prompt_cache.store(

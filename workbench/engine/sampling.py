@@ -1,20 +1,12 @@
 """Sampling per row: logits processors, filters and a seeded draw attached to each row,
-so a row samples the same tokens whatever its neighbours are.
-
-Knows: a request's sampling fields and mlx-lm's sampling pieces
-(``make_logits_processors``, ``apply_top_p``, ``apply_min_p``, ``apply_top_k``). Must not
-know: the scheduler, caches.
+so a row samples the same tokens whatever its neighbours are (mlx-lm's
+``make_logits_processors``, ``apply_top_p``, ``apply_min_p``, ``apply_top_k``).
 
 Greedy rows without processors share one ``argmax`` over the batch (as mlx-lm's
-``BatchGenerator``). Every other row is processed alone: its processors see only its own
-tokens (never padding), and its ``t``-th draw uses the key :func:`token_key` ``(seed, t)``,
-which nothing else changes (why not mlx-lm's PRNG: ``docs/lab/engine-notes.md``).
-
-A processor must return an ``mx.array`` ``[1, V]`` of a floating dtype, a sampler one
-integer id in ``[0, V)`` (:func:`sampler_token`, checked lazily on the device by
-:class:`TokenCheck`, so pipelining is kept); anything else ends only that row (finish
-reason ``error``, naming the callable, the value and the limit; token 0 is fed instead).
-
+``BatchGenerator``). Every other row is processed alone, on its own tokens, and its ``t``-th
+draw uses the key :func:`token_key` ``(seed, t)`` (why not mlx-lm's PRNG:
+``docs/lab/engine-notes.md``, "sampling.py"). A processor must return ``[1, V]`` floating, a
+sampler one integer id in ``[0, V)``; anything else ends only that row (``error``).
 Axis letters: ``B`` rows, ``V`` vocabulary, ``T`` context tokens.
 """
 
@@ -32,15 +24,13 @@ from .request import Request
 
 
 def token_key(seed: int, t: int) -> mx.array:
-    """The PRNG key of a row's ``t``-th sampled token (0-based): ``mx.random.key`` of a
-    64-bit hash (BLAKE2b) of ``(seed, t)``, so it depends on nothing else."""
+    """The PRNG key of a row's ``t``-th sampled token: ``mx.random.key`` of BLAKE2b ``(seed, t)``."""
     digest = hashlib.blake2b(f"{seed}:{t}".encode(), digest_size=8).digest()
     return mx.random.key(int.from_bytes(digest, "little"))
 
 
 class BadOutput(ValueError):
-    """What a logits processor or custom sampler returned breaks its contract; the message
-    is the row's error."""
+    """A logits processor's or custom sampler's output broke its contract (the row's error)."""
 
 
 def dtype_name(dtype: Any) -> str:
@@ -62,8 +52,7 @@ class TokenCheck:
     vocab_size: int
 
     def message(self) -> str:
-        """``""`` for a good id, else the row's error (evaluates; call it once the step's
-        tokens are read)."""
+        """``""`` for a good id, else the row's error (evaluates)."""
         if self.ok.item():
             return ""
         return (
@@ -73,18 +62,11 @@ class TokenCheck:
 
 
 def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
-    """A custom sampler's return value as ``([1] uint32 token, its check)``: the token is
-    the returned id where the check passes, else 0 (never an id outside the embedding).
-
-    Args:
-        value: what the sampler returned: an ``mx.array`` (or anything ``mx.array`` takes)
-            holding one integer id (any shape of size 1, e.g. ``[1]``).
-        vocab_size: ``V``.
+    """A custom sampler's return value (one id, any size-1 shape) as ``([1] uint32 token, its
+    check)``; the token is 0 where the check fails, which is read with the tokens.
 
     Raises:
-        BadOutput: for a value ``mx.array`` refuses, or one of size other than 1 (naming
-            its type or shape). A non-integer dtype (``3.7``, NaN) or an id outside
-            ``[0, V)`` is the :class:`TokenCheck`'s finding, read with the tokens.
+        BadOutput: a value ``mx.array`` refuses, or of size other than 1 (naming type or shape).
     """
     try:
         array = value if isinstance(value, mx.array) else mx.array(value)
@@ -108,12 +90,10 @@ def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
 
 
 def processed_logits(value: Any, index: int, vocab_size: int, dtype: Any) -> mx.array:
-    """A logits processor's return value checked: an ``mx.array`` ``[1, V]`` of a floating
-    dtype, returned as ``dtype`` (the model's logits dtype).
+    """A logits processor's return value checked (``[1, V]`` floating), returned as ``dtype``.
 
     Raises:
-        BadOutput: naming processor ``index`` (in the row's list, mlx-lm's processors first)
-            and what it returned (type, shape or dtype) against ``[1, V]`` floating.
+        BadOutput: naming processor ``index`` and what it returned against ``[1, V]`` floating.
     """
     want = f"logits must be an mx.array [1, {vocab_size}] of a floating dtype"
     if not isinstance(value, mx.array):
@@ -130,12 +110,9 @@ class RowSampler:
 
     Args:
         request: the row's request.
-        seed: the PRNG seed for a sampled row (the request's own, else one the scheduler
-            drew).
+        seed: the PRNG seed (the request's own, else drawn by the scheduler).
         vocab_size: ``V``.
-        constraint: the row's grammar mask, a logits processor applied after all others
-            (``workbench.engine.levers.constrained.RowGrammar``), or ``None``; kept as
-            :attr:`constraint`.
+        constraint: the row's ``RowGrammar``, applied after all other processors, or ``None``.
     """
 
     def __init__(self, request: Request, seed: int, vocab_size: int, constraint: Any = None):
@@ -161,17 +138,14 @@ class RowSampler:
         self.top_logprobs = r.top_logprobs  # k best (id, log-prob) per token, 0: none (engine.top_logprobs)
 
     def process(self, context: mx.array, logits: mx.array) -> mx.array:
-        """Apply the row's logits processors to ``logits`` ``[1, V]`` given its tokens
-        ``[T]``, each one's output checked (:func:`processed_logits`). Exceptions propagate
-        (the caller contains them; :class:`BadOutput` for a broken output)."""
+        """The row's processors over ``logits`` ``[1, V]`` and tokens ``[T]``, each output checked."""
         V = logits.shape[-1]
         for i, processor in enumerate(self.processors):
             logits = processed_logits(processor(context, logits), i, V, logits.dtype)
         return logits
 
     def custom_token(self, logprobs: mx.array) -> tuple[mx.array, TokenCheck]:
-        """The custom sampler's token from ``logprobs`` ``[1, V]``, as :func:`sampler_token`
-        gives it. Raises what the sampler raises, or :class:`BadOutput`."""
+        """:func:`sampler_token` of the custom sampler over ``logprobs`` ``[1, V]``."""
         return sampler_token(self.custom(logprobs), self.vocab_size)
 
     def choose(self, logprobs: mx.array, t: int) -> mx.array:
@@ -201,16 +175,12 @@ def sample_rows(
     Args:
         logits: ``[B, V]`` raw logits of the step.
         samplers: one :class:`RowSampler` per row.
-        contexts: per row a callable returning its tokens ``[T]`` (prompt and generated,
-            possibly lazy), used only by rows with processors.
+        contexts: per row a callable returning its tokens ``[T]`` (for processors).
         token_index: per row the 0-based index of the token being sampled.
 
     Returns:
-        ``(tokens [B] uint32, logprobs [B, V], errors)``; ``errors`` maps a row to the
-        message of the exception its processors or sampler raised, or of what they
-        returned against their contract (that row's token must then be discarded), or to
-        the :class:`TokenCheck` of its custom sampler's id (a message once evaluated, ``""``
-        for a good id).
+        ``(tokens [B] uint32, logprobs [B, V], errors)``; ``errors``: row -> message (its
+        token must be discarded) or its custom sampler's :class:`TokenCheck`.
     """
     errors: dict[int, str | TokenCheck] = {}
     if all(s.shared_argmax for s in samplers):
@@ -247,8 +217,7 @@ def sample_rows(
 
 
 def _contained(errors: dict, b: int, what: str, call: Any, fallback: Any) -> Any:
-    """``call()``; an exception from a user's callable ends only row ``b``: its message goes
-    into ``errors[b]`` (a :class:`BadOutput`'s as it is) and ``fallback`` is returned."""
+    """``call()``, or ``fallback`` with the exception's message in ``errors[b]``."""
     try:
         return call()
     except BadOutput as exc:

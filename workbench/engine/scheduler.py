@@ -1,10 +1,7 @@
 """The step-at-a-time continuous-batching scheduler.
 
-Knows: the life of requests: the queue, their statuses, the admission policy, reading each
-token (stop ids, stop strings, grammars, ``max_tokens``), the event log, transactions and
-checkpoints. Uses: a layout (:mod:`workbench.engine.layouts`, chosen once at construction)
-that owns the batch's caches and the forward. Must not know: how rows sit in the batch,
-views, Jupyter.
+Owns the life of requests (queue, statuses, admission, reading tokens, events, transactions,
+checkpoints); a layout (:mod:`workbench.engine.layouts`, chosen once) owns the batch and forward.
 
 Life of a request (mlx-lm's names in brackets, vLLM's in braces)::
 
@@ -72,8 +69,7 @@ _IDS = itertools.count()
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
-    """Rows of the model's output (``model.args.vocab_size``, mlx-lm's config field),
-    else the tokenizer's vocabulary size."""
+    """Rows of the model's output (``model.args.vocab_size``), else the tokenizer's size."""
     size = getattr(getattr(model, "args", None), "vocab_size", None)
     return int(size if size is not None else len(tokenizer.get_vocab()))
 
@@ -168,9 +164,7 @@ class Scheduler:
 
     @contextlib.contextmanager
     def _transaction(self, prompt_cache: bool = False):
-        """Run the body as one transaction: on any exception (``BaseException``) the state
-        and the books return to their values before it. Nested calls (``admit`` calling
-        ``preempt``) join the outer transaction."""
+        """Run the body as one transaction (rolled back on any ``BaseException``; nested calls join)."""
         if self._in_call:
             yield
             return
@@ -216,9 +210,8 @@ class Scheduler:
 
     @property
     def kv_projected_bytes(self) -> int:
-        """Most bytes the batch and prefilling caches may hold from now on, as mlx-lm will
-        allocate them (:meth:`workbench.engine.kv.ledger.KVLedger.projected_bytes`): what
-        admission keeps within ``kv_budget_bytes``."""
+        """Most bytes the batch and prefilling caches may hold from now on (what admission keeps
+        within ``kv_budget_bytes``)."""
         return self.ledger.projected_bytes(self.state)
 
     @property
@@ -227,8 +220,7 @@ class Scheduler:
         return self._nothing_to("run")
 
     def _nothing_to(self, call: str) -> bool:
-        """Whether ``call`` has nothing to do: ``"run"`` (:attr:`idle`), ``"admit"`` (no queue,
-        no prefilling group, no free slot to drop) or ``"filter"`` (no finished row)."""
+        """Whether ``call`` (``"run"``, ``"admit"``, ``"filter"``) has nothing to do."""
         st = self.state
         if call == "filter":
             return not any(r.finished for r in st.batch.rows)
@@ -268,10 +260,8 @@ class Scheduler:
 
     @transactional()
     def submit_n(self, request: Request | dict, n: int) -> list[int]:
-        """Queue ``n`` samples of ``request``, sample ``i`` with seed ``seed + i`` (the
-        request's own, else one drawn), so it draws the tokens ``Request(seed=seed + i)`` draws
-        alone; samples share one prefill (:mod:`~workbench.engine.siblings`,
-        :mod:`~workbench.engine.shared_prompts`). Returns their uids, consecutive. vLLM's ``n``.
+        """Queue ``n`` samples of ``request`` (vLLM's ``n``), sample ``i`` drawing what
+        ``Request(seed=seed + i)`` draws alone, sharing one prefill; returns their consecutive uids.
 
         Raises:
             ValueError: ``n`` not an int in ``[1, 1024]``, or what :meth:`submit` raises.
@@ -304,9 +294,7 @@ class Scheduler:
         return self.events[start:]
 
     def _start_group(self, prefill_limit: int | None = None) -> bool:
-        """Apply admission's decision: preempt, then start prefilling the chosen requests
-        (with ``prefill_limit``, only the first ones whose padded prefill tokens fit it,
-        at least one; none when it is ``0``). Returns False when nobody was chosen."""
+        """Apply admission's decision (within ``prefill_limit`` padded tokens); False if none chosen."""
         st = self.state
         if prefill_limit == 0:
             return False
@@ -374,9 +362,7 @@ class Scheduler:
         return out + finished
 
     def _read_token(self, read: Read, out: list[Event], finished: list[Event]) -> None:
-        """Record row ``b``'s token and its ``top`` log-probs (unless ``message`` says its
-        step failed), call its ``on_token``, and finish it on an error (its grammar refusing
-        the token included), a stop id, a stop string, a complete grammar or ``max_tokens``."""
+        """Record row ``b``'s token, call its ``on_token``, and finish it where it ends."""
         row, b, token, logprob, message, top = read
         if not message:
             row.tokens.append(token)
@@ -487,9 +473,8 @@ class Scheduler:
 
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
         """Drive ``admit(); step(); filter()`` until idle (or ``max_steps`` decode steps),
-        submitting ``arrivals`` ``(step, request)`` once ``step_index`` reaches ``step`` (at
-        once when the engine would otherwise be idle); returns the :class:`Report`. Raises
-        RuntimeError when admission is wedged (:meth:`_iterate`) instead of looping for ever."""
+        submitting ``arrivals`` ``(step, request)`` at their step; returns the :class:`Report`.
+        Raises RuntimeError when admission is wedged."""
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
         while max_steps is None or self.step_index - start < max_steps:
@@ -518,9 +503,7 @@ class Scheduler:
 
     # -- checkpoint, restore, fork ----------------------------------------------------
     def checkpoint(self) -> Checkpoint:
-        """The whole engine state now (queue, request states, batch caches, prefilling
-        group, prompt cache, seed generator, step index, events, history), for
-        :meth:`restore`. Copies no tensor (new handles on the same MLX buffers)."""
+        """The whole engine state now, for :meth:`restore`; copies no tensor."""
         return Checkpoint(
             self.id,
             id(self.model),
@@ -532,8 +515,7 @@ class Scheduler:
         )
 
     def _identity(self) -> dict:
-        """The model, tokenizer and settings a checkpoint on disk records and loading
-        compares (:func:`workbench.engine.checkpoint_io.identity_of`), computed once."""
+        """The model, tokenizer and settings a checkpoint on disk records (computed once)."""
         if "_identity_cache" not in self.__dict__:
             self._identity_cache = identity_of(
                 self, lora.base_parameters(self.model), lora.weights_digest(self.adapters)
@@ -577,9 +559,7 @@ class Scheduler:
         return Scheduler(self.model, self.tokenizer, self._asked, **{**self._extras, **changes})
 
     def check(self) -> Integrity:
-        """The engine's :class:`Integrity` (:mod:`workbench.engine.integrity`: places, uids,
-        cache offsets and texts agree, and no idle engine with a queue admission would admit
-        none of: a wedge; ``.ok``, ``.problems``). Raises nothing; changes nothing."""
+        """The engine's :class:`Integrity` (``.ok``, ``.problems``); raises and changes nothing."""
         return check_state(self.state, self.tokenizer, self.admission.wedge(self.state, self.ledger))
 
     # -- reading a request ------------------------------------------------------------
@@ -615,10 +595,8 @@ class Scheduler:
         return list(self._state_of(uid).logprobs)
 
     def top_logprobs(self, uid: int) -> list[tuple[tuple[int, float], ...]]:
-        """``request(uid).top_logprobs``, as a list: per generated token the request's
-        ``top_logprobs`` best ``(token id, log-prob)`` pairs, best first (``()`` per token
-        when it asked none). E.g. ``[((42, -0.11), (7, -2.6)), ...]`` for ``top_logprobs=2``.
-        Raises: KeyError for an unknown uid."""
+        """``request(uid).top_logprobs``, as a list, e.g. ``[((42, -0.11), (7, -2.6)), ...]``
+        for ``top_logprobs=2``. Raises: KeyError for an unknown uid."""
         return list(self._state_of(uid).top_logprobs)
 
     def finish_reason(self, uid: int) -> str | None:
@@ -648,9 +626,7 @@ class Scheduler:
     def stream_all(
         self, logprobs: bool = False
     ) -> Iterator[tuple[int, str]] | Iterator[tuple[int, StreamChunk]]:
-        """``(uid, piece)`` for every row, like :meth:`stream` (``logprobs``: pieces are
-        :class:`~workbench.engine.view.StreamChunk` s), driving the engine until idle
-        (requests submitted meanwhile are included); each uid's pieces join to its text."""
+        """``(uid, piece)`` for every row, like :meth:`stream`, driving the engine until idle."""
         return self._stream(None, logprobs)
 
     def _stream(self, uids: list[int] | None, chunks: bool = False) -> Iterator[tuple[int, Any]]:
@@ -734,8 +710,7 @@ for _name, _method in (
 
 
 def _signature() -> inspect.Signature:
-    """``Scheduler``'s signature with every setting of :class:`SchedulerConfig` spelled
-    out (keyword-only), so Jupyter's Shift-Tab and ``help`` list them."""
+    """``Scheduler``'s signature with every :class:`SchedulerConfig` setting keyword-only (for ``help``)."""
     P = inspect.Parameter
     own = list(inspect.signature(Scheduler.__init__).parameters.values())[1:]  # without self
     settings = [

@@ -1,31 +1,17 @@
 """Samples of one ``submit_n`` admitted in later groups start from the first's prompt KV.
 
-Knows: request states (``sample_group``, ``inputs``), a done prefilling group's batch caches
-and mlx-lm's ``extract`` of one of their rows, cache clones
-(:func:`workbench.engine.kv.cache_internals.clone_caches`). Must not know: events, the
-model, the admission policy.
-
-Samples admitted together share one prefill row (:mod:`workbench.engine.siblings`). When
-``max_batch`` or a KV budget leaves some samples of the group in the queue, the group's
-prefilled row (its inputs but the last token) is extracted before the join forward
-(mlx-lm's ``extract``) and held, under the group's first uid, while a sample that can use it
-waits. Such a sample is admitted with a copy of it as its cached prefix, as a full
-prompt-cache hit is: no prefill forward runs for it, and the join forward feeds its last
-input token. A held prompt is never written (every use clones it); it counts against
-``kv_budget_bytes`` (the ledger keeps none that does not fit and drops them when a group
-needs the room: :class:`~workbench.engine.kv.ledger.KVLedger`), it yields before a request
-waits (while one is held every group is projected as a bound, so the scheduler decides
-again without the held prompts when the first request does not fit, and drops them when
-that admits someone), and it goes as soon as no sample that could use it waits. Example,
-``submit_n(request, 4)`` with ``max_batch=2``::
+When ``max_batch`` or a KV budget leaves some samples of a group in the queue, the group's
+prefilled row (its inputs but the last token) is extracted before the join forward (mlx-lm's
+``extract``) and held under the group's first uid; a waiting sample is admitted with a copy of
+it as its cached prefix (no prefill forward). A held prompt is never written, counts against
+``kv_budget_bytes`` and yields before a request waits (``docs/lab/engine-notes.md``,
+"shared_prompts.py"). Example, ``submit_n(request, 4)`` with ``max_batch=2``::
 
     admit()   uids 0 1 prefilled once, joined    held {0: prompt[:-1]}   (2 and 3 wait)
     filter()  0 1 evicted
     admit()   2 3 start from copies of held[0]   held {}  (none waits): no prefill forward
 
-Any cache class works (``KVCache``, rings, ``ArraysCache`` states, ``CacheList``): the held
-row is what the prefill left, not a trimmed decode row. Not for a quantized KV cache (its
-samples prefill separately) or the packed layout (its prefill runs in ``step()``).
+Any cache class works; not for a quantized KV cache or the packed layout.
 """
 
 from __future__ import annotations
@@ -57,8 +43,7 @@ class HeldPrompt:
 
 
 def _waits_for(queue: Sequence[RequestState], group: int, tokens: tuple[int, ...]) -> bool:
-    """Whether a queued request of sample group ``group`` starts with ``tokens`` (its
-    inputs but the last)."""
+    """Whether a queued request of sample group ``group`` starts with ``tokens``."""
     return any(q.sample_group == group and tuple(q.inputs[:-1]) == tokens for q in queue)
 
 
@@ -69,10 +54,8 @@ def hold(
     queue: Sequence[RequestState],
     room_bytes: int | None,
 ) -> None:
-    """After a group's prefill (before its join forward): hold row ``r`` of ``caches``
-    (mlx-lm's ``extract``) for the sample group of ``prefilled[r]`` when a sample of it
-    with the same inputs waits in ``queue`` and none is held yet, while it fits
-    ``room_bytes`` (``None``: no budget). In place.
+    """After a group's prefill: hold row ``r`` of ``caches`` for its sample group where a sample
+    with the same inputs waits in ``queue``, within ``room_bytes`` (``None``: no budget). In place.
 
     Args:
         held: sample group (first uid) -> :class:`HeldPrompt`.
@@ -96,8 +79,7 @@ def hold(
 
 
 def take(held: Mapping[int, HeldPrompt], s: RequestState) -> list[Any] | None:
-    """A copy of the caches held for ``s``'s sample group when they hold its inputs but the
-    last (its cached prefix: nothing left to prefill), else ``None``."""
+    """A copy of the caches held for ``s``'s sample group when they fit its inputs, else ``None``."""
     h = held.get(s.sample_group)
     if h is None or tuple(s.inputs[:-1]) != h.tokens:
         return None

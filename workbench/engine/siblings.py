@@ -1,23 +1,17 @@
 """n samples of one prompt (``Scheduler.submit_n``): which members of a prefilling group
 share one prefill, and the seeds of the samples.
 
-Knows: request states (their ``sample_group`` and inputs). Must not know: caches, the
-model, events.
-
 ``submit_n(request, n)`` queues ``n`` requests, sample ``i`` with seed ``seed + i``, marked
-with the first one's uid (``RequestState.sample_group``). When members of one group are
-admitted together with the same inputs, only the first is prefilled; at the join its
-prefilled cache row is copied into the others' rows (:func:`workbench.engine.kv.caches.repeat_rows`,
-mlx-lm's ``filter`` with a repeated index), so the prompt runs through the model once and
-every sample's row holds the same KV, bit for bit. A sample admitted in a later group (a
-``max_batch`` or KV budget smaller than ``n``) starts from the first group's prefilled row,
-held for it (:mod:`workbench.engine.shared_prompts`); one resumed after preemption (its inputs
-then include its own tokens) is prefilled as any request is (through the prompt cache when
-the scheduler has one). Example, a group admitting uids ``[4, 5, 6, 9]`` where 4-6 are one
-``submit_n`` of 3 and 9 another request::
+with the first one's uid (``RequestState.sample_group``). Members admitted together with the
+same inputs are prefilled once and the row copied at the join
+(:func:`workbench.engine.kv.caches.repeat_rows`): every sample's row holds the same KV, bit
+for bit. Later groups: :mod:`workbench.engine.shared_prompts`. Example, a group admitting uids
+``[4, 5, 6, 9]`` where 4-6 are one ``submit_n`` of 3 and 9 another request::
 
     members        4  5  6  9        prefill rows   4  9
     shared_rows    0  0  0  3        rows (member -> prefill row)  0 0 0 1
+
+Notes: ``docs/lab/engine-notes.md``, "siblings.py".
 """
 
 from __future__ import annotations

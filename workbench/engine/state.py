@@ -1,8 +1,5 @@
 """Per-request state: one object per uid, with an explicit status.
 
-Knows: a validated request, its sampler and what it has generated. Must not know: MLX
-caches, the batch's row order, events.
-
 Status of a request (mirrors nano-vllm's ``SequenceStatus``, vLLM's ``RequestStatus``)::
 
     QUEUED ─admit()─▶ PREFILLING ─join─▶ RUNNING ─stop/length/error─▶ FINISHED ─filter()─▶ (evicted)
@@ -11,7 +8,7 @@ Status of a request (mirrors nano-vllm's ``SequenceStatus``, vLLM's ``RequestSta
 
 A FINISHED request may still hold a row of the batch until ``filter()`` evicts it
 (``evicted`` tells). A PREEMPTED request waits in the queue like a QUEUED one and resumes
-from its prompt plus the tokens it generated.
+from its prompt plus the tokens it generated. Notes: ``docs/lab/engine-notes.md``, "state.py".
 """
 
 from __future__ import annotations
@@ -43,25 +40,18 @@ class RequestState:
         uid: the request's id. valid: the validated request (prompt ids, stop ids).
         seed: PRNG seed of its sampler (its own ``Request.seed`` or one the scheduler drew).
         sampler: its :class:`workbench.engine.sampling.RowSampler`.
-        projected_bytes: bytes its caches may hold alone on an idle engine, as mlx-lm
-            allocates them (prompt + ``max_tokens``; ``KVLedger.alone_bytes``).
+        projected_bytes: bytes it may hold alone on an idle engine (``KVLedger.alone_bytes``).
         submitted_s: the scheduler's clock when it was submitted (seconds).
         status: its :class:`Status`. finish_reason: ``stop``, ``length``, ``error``,
             ``abort`` once FINISHED, else ``None``. message: the error text (else ``""``).
         tokens: generated token ids. logprobs: their log-probabilities (natural log).
-        top_logprobs: per generated token its ``Request.top_logprobs`` best
-            ``((id, log-prob), ...)``, best first (``()`` when the request asked none).
-        sample_group: the first uid of its ``Scheduler.submit_n`` group, whose members
-            share one prefill (``-1``: submitted alone).
-        fed: generated tokens already fed into its cache row (the latest is fed one
-            step after it is read).
+        top_logprobs: per generated token its best ``((id, log-prob), ...)`` (``()``: none asked).
+        sample_group: the first uid of its ``submit_n`` group (``-1``: submitted alone).
+        fed: generated tokens already fed into its cache row.
         cached_tokens: prompt tokens found in the prompt cache at its last admission.
-        join_order: order of joining the running batch (0, 1, ...; -1 before), which
-            preemption uses (free slots break row order).
+        join_order: order of joining the running batch (-1 before), for preemption.
         evicted: True once ``filter()`` removed its row (or it never had one).
-        text_state: its :class:`workbench.engine.text.RowText` (streaming detokenizer and
-            stop strings), a cache re-derivable from ``tokens``: :meth:`undo` and
-            :meth:`copy` drop it when it may differ, :meth:`text` rebuilds it.
+        text_state: its :class:`workbench.engine.text.RowText`, rebuilt from ``tokens`` by :meth:`text`.
     """
 
     uid: int
@@ -90,8 +80,7 @@ class RequestState:
 
     @property
     def constraint(self) -> str:
-        """Its output constraint as ``field=source`` (``Request(json_schema= / regex= /
-        choices=)``, cut for views), ``""`` for a free row."""
+        """Its output constraint as ``field=source`` (cut for views), ``""`` for a free row."""
         grammar = self.sampler.constraint
         return "" if grammar is None else grammar.constraint.label()
 
@@ -107,8 +96,7 @@ class RequestState:
 
     @property
     def inputs(self) -> list[int]:
-        """Tokens to prefill at admission: the prompt, plus the generated tokens of a
-        preempted request (it resumes where it stopped)."""
+        """Tokens to prefill at admission: the prompt, plus generated tokens when resuming."""
         return list(self.valid.prompt_ids) + self.tokens
 
     @property
@@ -128,13 +116,8 @@ class RequestState:
         self.status, self.finish_reason, self.message = Status.FINISHED, reason, message
 
     def text(self, tokenizer) -> RowText:
-        """Its :class:`RowText`, brought up to date with its tokens (built from them when
-        dropped); closed once it finished. Mirrors mlx-lm's per-request ``detokenizer``.
-
-        Interrupt-safe: the text cache is detached while it is fed, so an exception
-        (``KeyboardInterrupt`` included) at any point leaves either the cache as it was or
-        none (rebuilt from the tokens by the next read), never one that counts a token it
-        did not decode."""
+        """Its :class:`RowText` brought up to date with its tokens, closed once finished
+        (mlx-lm's per-request ``detokenizer``); interrupt-safe."""
         text, self.text_state = self.text_state, None
         if text is None:
             text = RowText(tokenizer, self.valid.stop)
@@ -143,8 +126,7 @@ class RequestState:
         return text
 
     def memo(self) -> tuple:
-        """Its mutable fields now, for :meth:`undo` (token lists by length: an engine call
-        only appends to them; the text cache by how far it was fed)."""
+        """Its mutable fields now, for :meth:`undo`."""
         t = self.text_state
         return (
             self.status,
@@ -184,8 +166,7 @@ class RequestState:
         )
 
     def copy(self) -> "RequestState":
-        """An independent copy (token lists copied; the immutable request and sampler shared;
-        the text cache left to be rebuilt from the tokens)."""
+        """An independent copy (token lists copied, request and sampler shared)."""
         out = copy.copy(self)
         out.tokens, out.logprobs, out.text_state = list(self.tokens), list(self.logprobs), None
         out.top_logprobs = list(self.top_logprobs)

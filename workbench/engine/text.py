@@ -1,23 +1,10 @@
 """A row's text: mlx-lm's streaming detokenizer over its tokens, and stop strings.
 
-Knows: the tokenizer's streaming detokenizer (``tokenizer.detokenizer``, one per row: mlx-lm's
-``BPEStreamingDetokenizer`` / ``SPMStreamingDetokenizer`` / ``NaiveStreamingDetokenizer``),
-a request's stop strings. Must not know: the scheduler, caches, MLX, events.
-
-Glossary:
-- *text tokens*: the generated tokens that are text: all of them, except a final stop id
-  (a row finished by a stop *id* does not show that token).
-- *settled text*: what the detokenizer has flushed: never half a multi-byte character (it
-  holds back bytes until the character is complete) nor a lone trailing space.
-- *visible text*: the settled text, cut before the first stop string; after the row
-  finished, the detokenizer is finalized (everything flushed).
-- *ready text*: the part of the visible text that a stream may hand out now: while the
-  row runs, a tail that could still become a stop string is held back.
-
-Stop strings are matched by one Aho-Corasick automaton per stop list (:class:`StopAutomaton`):
-one step per settled character, its state being the tail the ready text holds back. A
-:class:`RowText` is a cache re-derivable from the row's tokens (:func:`row_text`): a
-rollback, restore or fork drops it and the next read rebuilds it.
+*Visible text* is what the detokenizer has settled (never half a multi-byte character), cut
+before the first stop string; *ready text* is what a stream may hand out now (a tail that
+could still become a stop string held back). Stop strings are matched by one Aho-Corasick
+automaton per stop list (:class:`StopAutomaton`). A :class:`RowText` is re-derivable from the
+row's tokens (:func:`row_text`). Glossary and design: ``docs/lab/engine-notes.md``, "text.py".
 
 Example (stop ``["\\n\\n"]``; tokens decode to ``"x = 1"``, ``"\\n"``, ``"\\n"``)::
 
@@ -35,9 +22,8 @@ from typing import Any
 
 
 class StopAutomaton:
-    """An Aho-Corasick automaton over stop strings: feeding text one character at a time,
-    its state is the longest tail of the text that is a prefix of some stop string, and a
-    stop string ends wherever :attr:`match` of the state is non-zero.
+    """An Aho-Corasick automaton over stop strings: its state is the longest tail of the text
+    fed that is a prefix of some stop string.
 
     Args:
         stops: non-empty stop strings.
@@ -82,8 +68,7 @@ class StopAutomaton:
 
 @functools.lru_cache(maxsize=64)
 def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
-    """The (shared, never changed) automaton of a stop list: built once per list, not per
-    rebuild of a row's text."""
+    """The shared automaton of a stop list, built once per list."""
     return StopAutomaton(stops)
 
 
@@ -91,9 +76,8 @@ class RowText:
     """One row's streaming detokenizer (mlx-lm's ``tokenizer.detokenizer``) and stop strings.
 
     Args:
-        tokenizer: an mlx-lm ``TokenizerWrapper`` (``detokenizer`` gives a fresh copy) or any
-            object with ``decode(ids) -> str`` (then mlx-lm's ``NaiveStreamingDetokenizer``).
-        stops: stop strings (non-empty), matched on the settled text across token boundaries.
+        tokenizer: an mlx-lm ``TokenizerWrapper``, or any object with ``decode(ids) -> str``.
+        stops: non-empty stop strings, matched across token boundaries.
 
     Attributes:
         n_tokens: text tokens fed so far. closed: True once finalized (the row finished).
@@ -114,8 +98,7 @@ class RowText:
         self._tokens: list[int] = []
 
     def feed(self, token: int) -> bool:
-        """Add one text token (mlx-lm's ``detokenizer.add_token``). Returns True when the
-        visible text now ends at a stop string (found in this or an earlier call)."""
+        """Add one text token; True when the visible text ends at a stop string."""
         self.n_tokens += 1
         if self.stop_at is not None or self.closed:
             return self.stop_at is not None
@@ -124,8 +107,7 @@ class RowText:
         return self._search()
 
     def close(self) -> None:
-        """Flush what the detokenizer held back (mlx-lm's ``finalize``), search it for a stop
-        string too; the visible text is final after this."""
+        """Flush the detokenizer (``finalize``) and search the rest; the text is final after."""
         if not self.closed:
             self._detok.finalize()
             self._note_lead(None)
@@ -141,8 +123,7 @@ class RowText:
 
     @property
     def ready(self) -> str:
-        """The visible text minus a tail that may still grow into a stop string (nothing is
-        held back once the row is closed or stopped). Only ever grows while tokens are fed."""
+        """The visible text minus a tail that may still grow into a stop string (grows only)."""
         text = self.text
         if self.closed or self.stop_at is not None or not self.stops:
             return text
@@ -150,9 +131,7 @@ class RowText:
         return text[: len(text) - hold]
 
     def _note_lead(self, token: int | None) -> None:
-        """At the detokenizer's first flush, note the leading whitespace it trimmed (mlx-lm's
-        detokenizers drop a completion's leading space; ``tokenizer.decode`` keeps it, and so
-        does the workbench's text)."""
+        """Note the leading whitespace the detokenizer trims at its first flush (kept in text)."""
         if self._lead is not None:
             return
         if token is not None:
@@ -168,9 +147,7 @@ class RowText:
         return (self._lead or "") + self._detok.text
 
     def _scan(self, text: str) -> tuple[int, int | None]:
-        """The automaton's state after ``text`` and the start of the earliest stop string
-        ending in its unsearched part (``None``: none), from the state kept: one step per
-        new character. Changes nothing."""
+        """``(state after text, start of the earliest new stop string or None)``; changes nothing."""
         state, searched, first = self._state, self._searched, None
         if searched > len(text):  # the settled text shrank (never for mlx-lm's detokenizers): from the start
             state, searched = 0, 0
@@ -191,8 +168,7 @@ class RowText:
 
 
 def _detokenizer(tokenizer: Any) -> Any:
-    """A fresh streaming detokenizer: mlx-lm's ``tokenizer.detokenizer`` (a reset copy of the
-    wrapper's one), else mlx-lm's ``NaiveStreamingDetokenizer`` over ``tokenizer``."""
+    """A fresh streaming detokenizer (mlx-lm's, else ``NaiveStreamingDetokenizer``)."""
     detok = getattr(tokenizer, "detokenizer", None)
     if detok is not None:
         return detok
@@ -209,8 +185,7 @@ def text_tokens(tokens: Sequence[int], finish_reason: str | None, stop_ids: Any)
 
 
 def sync(text: RowText, tokens: Sequence[int], finished: bool) -> RowText:
-    """Feed ``text`` the text tokens it has not seen (``tokens[text.n_tokens:]``) and close it
-    once the row finished. Returns ``text``. Raises nothing."""
+    """Feed ``text`` the text tokens it has not seen, closed once ``finished``; returns it."""
     for token in tokens[text.n_tokens :]:
         text.feed(token)
     if finished:
@@ -226,18 +201,13 @@ def visible_text(
     stops: Sequence[str] = (),
     closed: bool = True,
 ) -> str:
-    """A row's visible text from its tokens alone (a fresh :class:`RowText`, finalized unless
-    ``closed`` is False): what the report's ``text`` column shows, and ``Scheduler.text``
-    of a finished row."""
+    """A row's visible text from its tokens alone (finalized unless ``closed`` is False)."""
     text = RowText(tokenizer, stops)
     return sync(text, text_tokens(tokens, finish_reason, stop_ids), closed).text
 
 
 def report_text(requests: Callable[[], Mapping[int, Any]], tokenizer: Any) -> Callable[[list[int], int], str]:
-    """The report's ``text(tokens, uid)``: from the report's own token events, finalized
-    when they are all of a finished row's tokens (else the report ends mid-row); a uid no
-    longer in ``requests()`` (read when called: after a restore to before its submit)
-    decodes plainly."""
+    """The report's ``text(tokens, uid)`` from its token events (unknown uids decode plainly)."""
 
     def text(tokens: list[int], uid: int) -> str:
         state = requests().get(uid)

@@ -1,20 +1,11 @@
 """Top-k log-probs per row: the ``k`` most likely next tokens and their log-probabilities,
 best first, for the rows whose request asked (``Request(top_logprobs=k)``).
 
-Knows: MLX, the ``[B, V]`` log-probs of one forward. Must not know: requests, the
-scheduler, events, caches.
-
-They are read from the same log-probs as the row's sampled token's own log-prob (after its
-logits processors, before temperature and filters: mlx-lm's ``BatchGenerator`` returns those
-``[V]`` log-probs per row as ``Response.logprobs``; OpenAI's and vLLM's ``top_logprobs`` are
-the same quantity), so a row's top-k depends only on its own log-probs, and a row that runs
-bit-equal to its run alone has bit-equal top-k. Only the rows that asked are gathered
-(``logprobs[rows]`` ``[n, V]``), then one ``mx.argpartition`` over the batch finds the ``K``
-best (``K`` the most any row asked), sorted by ``mx.argsort``; nothing is evaluated here.
-Ties are broken by the smaller token id when the values are read (:func:`read_top`), and
-tokens whose log-prob is ``-inf`` (ones the row's logits processors forbid: a grammar's
-mask, ``min_tokens``' barred EOS) are left out then, as they can never be sampled: a
-constrained row may get fewer than ``k`` pairs, never a non-finite log-prob.
+They are read from the same log-probs as the row's sampled token's own (after its logits
+processors, before temperature and filters: mlx-lm's ``Response.logprobs``, OpenAI's and
+vLLM's ``top_logprobs``), so a row's top-k depends only on its own log-probs. Ties go to the
+smaller id; ``-inf`` tokens (forbidden by a processor) are left out, so a constrained row may
+get fewer than ``k`` pairs. How it is computed: ``docs/lab/engine-notes.md``, "top_logprobs.py".
 
 Example, ``V = 5`` and one row asking ``k = 2``::
 
@@ -71,10 +62,8 @@ def arrays_of(top: Mapping[int, tuple[mx.array, mx.array]]) -> list[mx.array]:
 
 
 def read_top(top: Mapping[int, tuple[mx.array, mx.array]]) -> dict[int, TopPairs]:
-    """``top`` evaluated: row -> ``((id, log-prob), ...)`` best first, equal values ordered
-    by id (the order does not depend on the sort's tie handling); pairs whose log-prob is not
-    finite (``-inf``: a token the row's processors forbid) are left out, so a row gets at most
-    ``k`` pairs, as many as it has allowed tokens. ``{}`` when no row asked (nothing evaluated)."""
+    """``top`` evaluated: row -> ``((id, log-prob), ...)`` best first, ties by id, non-finite
+    pairs left out; ``{}`` when no row asked (nothing evaluated)."""
     if not top:
         return {}
     mx.eval(arrays_of(top))

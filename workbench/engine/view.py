@@ -1,8 +1,4 @@
-"""What a user reads of one request: a frozen :class:`RequestView`.
-
-Knows: a :class:`~workbench.engine.state.RequestState` and the tokenizer (for the
-visible text). Must not know: the scheduler's loop, caches, MLX.
-"""
+"""What a user reads of one request: a frozen :class:`RequestView`."""
 
 from __future__ import annotations
 
@@ -20,15 +16,12 @@ class RequestView:
 
     Attributes:
         uid: its id. status: its :class:`Status`. prompt_ids: the prompt's token ids.
-        tokens: generated token ids so far (a final stop id included). logprobs: the
-        log-probability (natural log, float32) of each. finish_reason: ``stop``,
-        ``length``, ``error``, ``abort``, or ``None`` while unfinished. error: the message
-        of a row finished with ``error`` (else ``""``). text: the visible completion
-        (mlx-lm's streaming detokenizer; a final stop id excluded, cut before a stop string).
-        top_logprobs: per token its ``Request.top_logprobs`` best ``((id, log-prob), ...)``,
-        best first (``()`` per token when the request asked none).
-        constraint: its structured-output constraint as ``field=source``
-        (``"regex=[0-9]+"``), ``""`` for a free row.
+        tokens: generated token ids so far (a final stop id included). logprobs: their
+        natural-log probabilities (float32). finish_reason: ``stop``, ``length``, ``error``,
+        ``abort``, or ``None``. error: the message of an ``error`` row (else ``""``).
+        text: the visible completion (:mod:`workbench.engine.text`).
+        top_logprobs: per token its best ``((id, log-prob), ...)`` (``()``: none asked).
+        constraint: ``field=source`` (``"regex=[0-9]+"``), ``""`` for a free row.
 
     Example: ``sched.request(uid).tokens`` after two steps of a running row is
     ``(tok_0, tok_1)``, ``status`` ``Status.RUNNING``, ``finish_reason`` ``None``.
@@ -69,9 +62,7 @@ class StreamChunk:
 
     Attributes:
         text: the new visible text piece (joined over chunks: the request's text).
-        tokens: token ids read since the previous chunk. logprobs: their log-probs
-        (natural log, float32). top_logprobs: per token its best ``((id, log-prob), ...)``
-        (``Request.top_logprobs``; ``()`` per token when it asked none).
+        tokens: token ids read since the previous chunk. logprobs, top_logprobs: theirs.
 
     Example: ``StreamChunk(text=" x", tokens=(87,), logprobs=(-0.2,), top_logprobs=(((87, -0.2),),))``.
     """
@@ -100,10 +91,8 @@ def stream_pieces(
     iterate: Callable[[], None],
     idle: Callable[[], bool],
 ) -> Iterator[tuple[int, Any]]:
-    """``(uid, piece)`` of ``Scheduler.stream`` / ``stream_all``: each uid's new settled text
-    (with ``chunks`` a :class:`StreamChunk` whenever its text or tokens grow), calling
-    ``iterate()`` (one ``admit(); step(); filter()``) until ``uids`` finish (``None``: every
-    request, until ``idle()``). ``requests()``: the uid -> state map, read after each call."""
+    """``(uid, piece)`` of ``Scheduler.stream`` / ``stream_all`` (``chunks``: :class:`StreamChunk`),
+    calling ``iterate()`` until ``uids`` finish (``None``: until ``idle()``)."""
     sent: dict[int, int] = {}  # characters handed out per uid
     read: dict[int, int] = {}  # tokens handed out per uid (chunks)
     done: set[int] = set()  # uids finished and fully handed out: never read again

@@ -1,25 +1,19 @@
 """What mlx-lm's batch caches will really allocate: the projection the KV budget admits on.
 
-Knows: how mlx-lm's caches allocate (``mlx_lm/models/cache.py``: full attention grows by
-``STEP_TOKENS`` positions shared by all rows, rings up to their window ``W``, SSM states are
-fixed; the rules in full: ``docs/lab/engine-notes.md``), and the model's per-layer sizes
-(:class:`workbench.engine.kv.profile.LayerBytes`). Must not know: the queue, the policy,
-events. Pure integer arithmetic; :func:`read_allocation` reads only caches' public fields.
+Pure integer arithmetic over mlx-lm's allocation rules (``mlx_lm/models/cache.py``: full
+attention grows by ``STEP_TOKENS`` positions shared by all rows, rings up to their window
+``W``, SSM states fixed; in full: ``docs/lab/engine-notes.md``, "kv/allocation.py") and the
+model's per-layer sizes (:class:`workbench.engine.kv.profile.LayerBytes`). For ``R`` cache rows
+the bytes held until every row finishes are
+``R * (full_token_bytes * C + sum_rings ring_token_bytes * W + fixed_bytes)``, ``C`` the
+full-attention capacity once the widest row holds its last token.
 
-The projection bounds the bytes held between two engine calls until every row finishes
-(``filter()`` following the ``step()`` that finishes a row, as in ``run()``): for ``R``
-cache rows, ``R * (full_token_bytes * C + sum_rings ring_token_bytes * W + fixed_bytes)``,
-``C`` the full-attention capacity once the widest row holds its last token. A joining
-group adds its own caches while it prefills, then joins (``R`` grows, ``C`` may grow).
-
-Worked example (tiny-llama: 4 full layers, 512 bytes per token each, 2,048 per row and
-position): four 20-token prompts, ``max_tokens=8``, prefilled together in one chunk::
+Worked example (tiny-llama: 2,048 bytes per row and position): four 20-token prompts,
+``max_tokens=8``, prefilled together in one chunk::
 
     group caches     19 prompt tokens -> capacity 256;  the join token fits (20 <= 256)
     after the join   4 rows x 256 positions x 2,048 bytes = 2,097,152 bytes
     decode           widest row ends at 20 + 8 = 28 <= 256: no growth
-
-so the projection is 2,097,152 bytes: the bytes the batch really holds.
 """
 
 from __future__ import annotations
@@ -54,9 +48,7 @@ class Allocation:
 
 @dataclass(frozen=True)
 class RowTokens:
-    """One row or request, in tokens: ``held_tokens`` in its cache now (0 before its
-    prefill) and ``final_tokens`` it may hold at the end (prompt + ``max_tokens``;
-    ``held_tokens`` once finished)."""
+    """One row in tokens: ``held_tokens`` cached now, ``final_tokens`` at most (prompt + ``max_tokens``)."""
 
     uid: int
     held_tokens: int
@@ -69,25 +61,18 @@ def round_up(n_tokens: int, step: int = STEP_TOKENS) -> int:
 
 
 def full_capacity_tokens(capacity_tokens: int, width_tokens: int) -> int:
-    """Capacity (positions) a full-attention batch cache of ``capacity_tokens`` reaches when
-    its width grows one token per step to ``width_tokens``: unchanged while the width fits;
-    else each time the width reaches the capacity, 256 positions are added after it
-    (``BatchKVCache.update_and_fetch`` with one token). Example: 256 -> 300 tokens: 512."""
+    """Capacity (positions) a full-attention batch cache reaches as its width grows one token a
+    step to ``width_tokens`` (``BatchKVCache.update_and_fetch``). Example: 256 -> 300 tokens: 512."""
     if width_tokens <= capacity_tokens:
         return capacity_tokens
     return capacity_tokens + round_up(width_tokens - capacity_tokens)
 
 
 def prefill_mode(lengths: Sequence[int], chunk_tokens: int, chunked_padding: bool) -> str:
-    """How a joining group whose rows prefill ``lengths`` tokens (each input but its last)
-    runs, by the workbench's rule over mlx-lm's prefill (:mod:`workbench.engine.prefill`):
-    ``"batched"`` (no padding, or the padded prompt fits one chunk of at least 2 columns),
-    ``"chunked"`` (right-padded, in several chunks: only with ``chunked_padding``, which
-    the caller gives where the caches allow it), else ``"per row"``.
-
-    Example: ``prefill_mode([3, 3], 8, False)`` and ``prefill_mode([5, 1], 8, False)`` are
-    ``"batched"``; ``prefill_mode([30, 5], 8, False)`` is ``"per row"``,
-    ``prefill_mode([30, 5], 8, True)`` ``"chunked"``.
+    """How a group prefilling ``lengths`` tokens per row runs (:mod:`workbench.engine.prefill`):
+    ``"batched"`` (no padding, or it fits one chunk), ``"chunked"`` (right-padded chunks, with
+    ``chunked_padding``), else ``"per row"``. ``([5, 1], 8, False)``: batched; ``([30, 5], 8,
+    False)``: per row; ``([30, 5], 8, True)``: chunked.
     """
     longest = max(lengths, default=0)
     if all(n == longest for n in lengths) or 2 <= longest <= chunk_tokens:
@@ -102,22 +87,13 @@ def group_capacity_tokens(
     after the join forward)``.
 
     Args:
-        input_tokens: the longest member's input (prompt, plus generated tokens for a
-            resumed row); all but its last token are prefilled, the last one is fed by
-            the join forward.
+        input_tokens: the longest member's input (tokens; the last one fed by the join).
         chunk_tokens: the longest prefill chunk (``prefill_step_size``).
-        exact: the group runs as mlx-lm's batched prefill in fresh caches with fixed
-            chunks (no prompt cache, no pacing); else a bound over chunk sizes up to
-            ``chunk_tokens``, per-row prefill and cached prefixes.
-        stored_tokens: the longest prompt-cache entry a member may start from (its copy's
-            buffer, which ``trim`` does not shrink).
-        per_row: the members prefill one at a time (unequal inputs longer than a chunk,
-            :mod:`workbench.engine.prefill`): each in its own cache, then ``merge``
-            allocates the longest exactly and the join token grows it by 256.
+        exact: fixed chunks in fresh caches (no prompt cache, no pacing); else a bound.
+        stored_tokens: the longest prompt-cache entry a member may start from.
+        per_row: the members prefill one at a time, then ``merge``.
 
-    Example: a 20-token input prefills 19 tokens in one chunk (capacity 256) and the join
-    token fits: ``(256, 256)``; a 257-token input: 256 tokens (256), the join token grows
-    it to 256 + 256: ``(256, 512)``.
+    Example: a 20-token input: ``(256, 256)``; a 257-token input: ``(256, 512)``.
     """
     T = max(input_tokens - 1, 0)
     if exact:
@@ -142,14 +118,9 @@ class KVPlan:
         full_token_bytes: bytes of one row and position over all full-attention layers.
         rings: ``(window W, bytes of one row and position)`` per ring layer.
         fixed_bytes: bytes of one row's fixed states (SSM layers) over all layers.
-        chunk_tokens: the longest prefill chunk. exact_chunks: fixed chunks, no prompt
-            cache (see :func:`group_capacity_tokens`).
-        reuse_slots: joiners may be written into free slots (:data:`FILL_SLACK`).
-        chunked_padding: right-padded groups longer than a chunk run batched in chunks
-            (:func:`prefill_mode`).
-        stored_tokens: the longest prompt-cache entry (tokens) a joiner may start from.
-        now: the batch caches now. rows: the batch's rows (free slots excluded), with
-            the tokens they hold and may reach.
+        chunk_tokens, exact_chunks, stored_tokens: as :func:`group_capacity_tokens`.
+        reuse_slots: joiners may fill free slots. chunked_padding: as :func:`prefill_mode`.
+        now: the :class:`Allocation` now. rows: the running rows' :class:`RowTokens`.
     """
 
     full_token_bytes: int
@@ -164,8 +135,7 @@ class KVPlan:
     rows: tuple[RowTokens, ...] = field(default_factory=tuple)
 
     def idle(self) -> "KVPlan":
-        """This plan on an idle engine: nothing allocated, no row, no prompt-cache prefix
-        (what one request alone is projected against, as a preempted row resumes)."""
+        """This plan on an idle engine (nothing allocated, no row, no cached prefix)."""
         return dataclasses.replace(self, now=Allocation(), rows=(), stored_tokens=0)
 
     def row_bytes(self, full_capacity_tokens: int, ring_tokens: Sequence[int] | None = None) -> int:
@@ -179,8 +149,7 @@ class KVPlan:
         )
 
     def group_bytes(self, joiners: Sequence[RowTokens]) -> tuple[int, int]:
-        """``(bytes the group's caches hold while prefilling, full capacity after its
-        join forward)`` for ``joiners`` (``held_tokens`` = their input tokens)."""
+        """``(bytes while prefilling, full capacity after the join)`` for ``joiners``."""
         if not joiners:
             return 0, 0
         longest = max(j.held_tokens for j in joiners)
@@ -200,16 +169,9 @@ class KVPlan:
     def projected_bytes(
         self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (), started: bool = False
     ) -> int:
-        """Most bytes the batch and the joining group hold from now on, with the rows of
-        uids ``dropped`` preempted and ``joiners`` (``held_tokens`` = input tokens,
-        ``final_tokens`` = prompt + ``max_tokens``) prefilled together and joined.
-
-        The maximum of: the cache rows held now (free slots included: ``admit()`` and
-        ``step()`` drop them before anything grows); the running rows as they will grow,
-        plus the group's caches while it prefills; the batch after the join (free slots
-        filled or dropped by then). With ``started`` (the group is already prefilling), also
-        the cache rows held now plus the group: ``filter()`` may leave free slots beside it
-        until the next ``admit()`` / ``step()``. Raises nothing; 0 for an empty engine."""
+        """Most bytes the batch and the joining group hold from now on, with uids ``dropped``
+        preempted and ``joiners`` prefilled together and joined (``started``: the group is
+        already prefilling); 0 for an empty engine. The terms maximized: engine notes."""
         gone = set(dropped)
         rows = [r for r in self.rows if r.uid not in gone]
         P = (
@@ -238,9 +200,7 @@ class KVPlan:
 
 
 def plan_of(profile: Sequence[Any], chunk_tokens: int, **fields: Any) -> KVPlan:
-    """A :class:`KVPlan` from a model's ``kv_profile`` (``LayerBytes`` per layer:
-    ``window_tokens`` None for full attention, a window for rings, ``fixed_bytes`` for SSM
-    states); ``fields`` as :class:`KVPlan`'s."""
+    """A :class:`KVPlan` from a model's ``kv_profile`` (``LayerBytes`` per layer) and ``fields``."""
     full = sum(lb.per_token_bytes for lb in profile if lb.window_tokens is None)
     rings = tuple((lb.window_tokens, lb.per_token_bytes) for lb in profile if lb.window_tokens)
     fixed = sum(lb.fixed_bytes for lb in profile)
@@ -248,10 +208,7 @@ def plan_of(profile: Sequence[Any], chunk_tokens: int, **fields: Any) -> KVPlan:
 
 
 def read_allocation(caches: Sequence[Any] | None) -> Allocation:
-    """The :class:`Allocation` of per-layer batch caches (``None``: nothing allocated),
-    from their public fields: rows from the first array's leading axis, width from the
-    first full-attention layer's ``size()``, capacity from its keys' ``shape[2]``, bytes
-    from every layer's ``nbytes``."""
+    """The :class:`Allocation` of per-layer batch caches (``None``: nothing), from public fields."""
     if not caches:
         return Allocation()
     flat = [sub for c in caches for sub in (getattr(c, "caches", None) or (c,))]

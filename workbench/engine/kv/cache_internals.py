@@ -1,24 +1,16 @@
 """The one module that touches mlx-lm's cache internals (the write index ``_idx``, a
 ring's ``rotated``, an ``LRUPromptCache``'s trie), behind named functions: free slots,
-ring positions, cloning caches for checkpoints. Everything else uses the caches' public
-methods, so a change in mlx-lm breaks one file.
-
-Knows: the storage of mlx-lm's ``BatchKVCache`` (keys and values
-``[B, n_kv_heads, S, head_dim]``, ``left_padding`` ``[B]``, ``offset`` ``[B]``, ``_idx``)
-and ``ArraysCache`` (states ``[B, ...]``). Must not know: requests, events, the policy.
+ring positions, cloning caches for checkpoints, so a change in mlx-lm breaks one file.
 
 **Free slots**: a joiner *written into a finished row's slot* (one
 ``[1, n_kv_heads, S, head_dim]`` slice update per layer, older positions zeroed and masked
-by a new left padding) instead of ``filter`` + ``extend`` (why: ``docs/lab/engine-notes.md``).
-Slot 1 (uid 7 finished) reused by a 2-token joiner, ``_idx = 4``::
+by a new left padding) instead of ``filter`` + ``extend`` (why: ``docs/lab/engine-notes.md``,
+"kv/cache_internals.py"). Slot 1 (uid 7 finished) reused by a 2-token joiner, ``_idx = 4``::
 
     before (uid 7 evicted)          after fill_slots
     row 0  uid 3  [a b c d]  lp 0    row 0  uid 3  [a b c d]  lp 0
     row 1  ----   [p q r s]  free    row 1  uid 9  [0 0 x y]  lp 2, offset 2
     row 2  uid 5  [0 e f g]  lp 1    row 2  uid 5  [0 e f g]  lp 1
-
-Each row's mask (mlx-lm's ``create_causal_mask``) admits exactly the keys ``filter`` +
-``extend`` would give it. Other layer kinds (rings) make :func:`can_fill` refuse.
 """
 
 from __future__ import annotations
@@ -49,14 +41,8 @@ def _flat(caches: LayerCaches) -> list[Any]:
 
 
 def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int]) -> bool:
-    """True when every layer can take joiner rows into slots: all are non-empty
-    ``BatchKVCache`` with ``_idx >= max(lengths)`` (the joiners fit left of the write
-    index, no row moves) or ``ArraysCache`` holding states, the same kind in ``running``
-    and ``joiners``.
-
-    Args:
-        lengths: tokens in each joiner row's cache (its prompt, fed entirely).
-    """
+    """True when every layer can take joiner rows of ``lengths`` tokens into slots: non-empty
+    ``BatchKVCache`` with ``_idx >= max(lengths)`` or ``ArraysCache``, alike on both sides."""
     need = max(lengths, default=0)
     for r, q in zip(_flat(running), _flat(joiners), strict=True):
         if type(r) is not type(q):
@@ -75,8 +61,7 @@ def can_fill(running: LayerCaches, joiners: LayerCaches, lengths: Sequence[int])
 def _put_rows(
     a: mx.array | None, slots: Sequence[int], src: mx.array | None, rows: Sequence[int], n_rows: int
 ) -> mx.array | None:
-    """``a`` (``[B]``, ``None`` meaning zeros) with ``a[slots[i]] = src[rows[i]]`` (``src``
-    ``None`` meaning zeros), as mlx-lm's ``ArraysCache.extend`` pads a missing side."""
+    """``a`` with ``a[slots[i]] = src[rows[i]]`` (``None``: zeros)."""
     if a is None and src is None:
         return None
     dtype = (src if src is not None else a).dtype
@@ -94,15 +79,9 @@ def fill_slots(
     rows: Sequence[int],
     lengths: Sequence[int],
 ) -> None:
-    """Write joiner row ``rows[i]`` (``lengths[i]`` tokens, right-aligned at the
-    joiners' write index) into running slot ``slots[i]``, in place, lazily.
-
-    For a ``BatchKVCache`` layer the slot's keys and values over ``[0, _idx)`` become
-    zeros then the joiner's ``lengths[i]`` positions, right-aligned at the running
-    ``_idx``; ``left_padding[slot] = _idx - lengths[i]``, ``offset[slot] = lengths[i]``.
-    For an ``ArraysCache`` layer each state's slot row is replaced, and so are the
-    slot's ``left_padding`` / ``lengths`` entries where either side has them (a missing
-    side counts as zeros, as in mlx-lm's ``ArraysCache.extend``).
+    """Write joiner row ``rows[i]`` (``lengths[i]`` tokens) into running slot ``slots[i]``, in
+    place, lazily: right-aligned at ``_idx``, ``left_padding[slot] = _idx - lengths[i]``,
+    ``offset[slot] = lengths[i]``; an ``ArraysCache`` slot's states replaced.
 
     Raises:
         ValueError: when :func:`can_fill` is False (nothing is changed then).
@@ -134,9 +113,7 @@ def fill_slots(
 
 
 def _parts(keys: Any) -> tuple[mx.array, ...]:
-    """A cache's keys (or values) as a tuple: ``(keys,)`` for float keys, the
-    ``(packed, scales, biases)`` tuple itself for a quantized cache
-    (:mod:`workbench.engine.levers.quantized_kv`)."""
+    """``(keys,)`` for float keys, the ``(packed, scales, biases)`` tuple as is."""
     return tuple(keys) if isinstance(keys, (tuple, list)) else (keys,)
 
 
@@ -146,8 +123,7 @@ def write_index(cache: BatchKVCache) -> int:
 
 
 def set_write_index(cache: BatchKVCache, idx: int) -> None:
-    """Set a ``BatchKVCache``'s write index ``_idx`` (for its subclasses'
-    own storage, :class:`workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`)."""
+    """Set a ``BatchKVCache``'s write index ``_idx``."""
     cache._idx = int(idx)
 
 
@@ -158,10 +134,7 @@ def pending_right_padding(cache: BatchKVCache) -> mx.array | None:
 
 
 def view_rows(caches: LayerCaches, keep: Sequence[int]) -> LayerCaches:
-    """Shallow copies of ``caches`` with mlx-lm's ``filter(keep)`` applied to the copies:
-    the cache as compacting would leave it, for reading geometry (left padding, offsets,
-    masks). Nothing is evaluated or copied unless the copies' arrays are read; the
-    originals are unchanged."""
+    """Shallow copies of ``caches`` with ``filter(keep)`` applied (lazy; originals unchanged)."""
     out = []
     for c in caches:
         if isinstance(c, CacheList):
@@ -177,24 +150,14 @@ def view_rows(caches: LayerCaches, keep: Sequence[int]) -> LayerCaches:
 
 
 def fill_width(running: LayerCaches) -> int:
-    """Most tokens a joiner row may hold to fit a free slot without moving any row: the
-    smallest write index ``_idx`` over ``BatchKVCache`` layers (a large number when there
-    are none, e.g. a pure SSM model; ``0`` for an empty cache)."""
+    """Most tokens a joiner may hold to fit a free slot: the smallest ``_idx`` (``0``: empty)."""
     widths = [c._idx if c.keys is not None else 0 for c in _flat(running) if isinstance(c, BatchKVCache)]
     return min(widths) if widths else 2**62
 
 
 def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
-    """Drop left padding that every row shares once it is at least a quarter of the
-    width, as the end of mlx-lm's ``BatchKVCache.filter`` does ("shift left to reduce
-    padding"): ``keys[..., m:, :]``, ``_idx -= m``, ``left_padding -= m``.
-
-    Args:
-        longest_row_tokens: the most tokens any row holds (the scheduler's count).
-
-    Returns:
-        ``m``, the positions dropped (0 when below the threshold).
-    """
+    """Drop left padding every row shares once it is a quarter of the width (as the end of
+    ``BatchKVCache.filter``); returns the positions dropped."""
     width = fill_width(running)
     m = width - longest_row_tokens
     if m <= 0 or 4 * m < width or width == 2**62:
@@ -211,10 +174,7 @@ def trim_shared_padding(running: LayerCaches, longest_row_tokens: int) -> int:
 
 
 def complete_loaded_cache(cache: Any) -> Any:
-    """Give a cache rebuilt by mlx-lm's ``load_prompt_cache`` (``from_state``, which skips
-    ``__init__``) the fields its ``state`` leaves out, at their values between
-    ``prepare`` / ``finalize`` calls: a ``BatchKVCache``'s ``_right_padding`` and a
-    ``BatchRotatingKVCache``'s ``_lengths`` (``None``); ``CacheList`` members too. Returns it."""
+    """A cache from ``load_prompt_cache`` given the fields its ``state`` leaves out; returns it."""
     for sub in cache.caches if isinstance(cache, CacheList) else (cache,):
         if isinstance(sub, BatchKVCache) and not hasattr(sub, "_right_padding"):
             sub._right_padding = None
@@ -231,9 +191,7 @@ def ring_position(cache: BatchRotatingKVCache) -> tuple[bool, int]:
 
 
 def _handle(value: Any) -> Any:
-    """A new handle on ``value``'s MLX arrays (lists and tuples walked): ``mx.view``
-    shares the buffer and copies nothing, but mlx-lm's in-place updates of the original
-    (``keys[..., i:j, :] = ...``, ``offset += 1``) no longer reach it."""
+    """New handles (``mx.view``) on ``value``'s MLX arrays, out of reach of in-place updates."""
     if isinstance(value, mx.array):
         return mx.view(value, value.dtype)
     if isinstance(value, list):
@@ -250,12 +208,8 @@ APPEND_ONLY = (
 
 
 def clone_cache(cache: Any, share_appended: bool = False) -> Any:
-    """An independent copy of one mlx-lm cache object (any class, ``CacheList`` members
-    included): a shallow copy whose MLX arrays are new handles on the same buffers (see
-    :func:`_handle`) and whose Python fields (``_idx``, offsets as ints) are its own;
-    nothing is copied until the next write. With ``share_appended`` (the engine's per-call
-    savepoints) append-only caches' keys and values are the *same* array objects (why this
-    is safe: ``docs/lab/engine-notes.md``); ring buffers and states get new handles."""
+    """An independent copy of one mlx-lm cache object, copying no buffer until the next write;
+    ``share_appended`` (per-call savepoints): append-only keys and values shared as is."""
     out = object.__new__(type(cache))
     fields = dict(vars(cache))
     shared = ("keys", "values") if share_appended and isinstance(cache, APPEND_ONLY) else ()
@@ -278,9 +232,7 @@ def clone_caches(caches: LayerCaches | None, share_appended: bool = False) -> La
 
 
 def clone_prompt_cache(lru: LRUPromptCache) -> LRUPromptCache:
-    """An independent copy of an mlx-lm ``LRUPromptCache``: its trie and LRU order copied,
-    its entries shared (mlx-lm never changes a stored entry: ``fetch_nearest_cache``
-    returns deep copies)."""
+    """An independent copy of an ``LRUPromptCache`` (trie and order copied, entries shared)."""
     entries = {}
 
     def walk(node: dict) -> None:

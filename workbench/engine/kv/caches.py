@@ -1,13 +1,9 @@
-"""Cache adapter: build, join, evict and read mlx-lm's batch caches.
+"""Cache adapter: build, join, evict and read mlx-lm's batch caches (``mlx_lm.models.cache``).
 
-Knows: mlx-lm's cache classes (``mlx_lm.models.cache``) and their batch operations
-``merge / extend / filter / prepare / finalize / make_mask``. Must not know: requests,
-events, the scheduling policy.
-
-A *batch cache* here is the per-layer list a model's forward takes as ``cache=`` with
-batch size ``B``; for a full-attention layer it is a ``BatchKVCache`` whose keys are
-``[B, n_kv_heads, capacity, head_dim]`` of which the first ``kv_width`` positions are in
-use, each row left-padded by ``left_padding[b]`` positions.
+A *batch cache* is the per-layer list a forward takes as ``cache=`` with ``B`` rows; a
+full-attention layer's ``BatchKVCache`` keys are ``[B, n_kv_heads, capacity, head_dim]``, the
+first ``kv_width`` positions in use, row ``b`` left-padded by ``left_padding[b]``. Design notes:
+``docs/lab/engine-notes.md``, "kv/caches.py".
 """
 
 from __future__ import annotations
@@ -61,14 +57,8 @@ def check_batchable(model: Any, max_kv_size: int | None = None) -> None:
 
 
 def single_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> LayerCaches:
-    """The model's own single-sequence cache (``make_prompt_cache``), with every
-    ``RotatingKVCache`` rebuilt to keep ``keep`` sink tokens.
-
-    mlx-lm's ``make_prompt_cache(model, max_kv_size)`` keeps 4 sink tokens while its
-    ``BatchRotatingKVCache`` keeps none, so a row that is prefilled alone and then batched
-    (and the solo reference of a batched row) uses ``keep=0``; ``keep=4`` reproduces
-    mlx-lm's single-sequence default (a known semantic gap).
-    """
+    """The model's own single-sequence cache (``make_prompt_cache``), every ``RotatingKVCache``
+    keeping ``keep`` sink tokens (``0``: as the batch cache; ``4``: mlx-lm's single default)."""
     return [
         RotatingKVCache(c.max_size, keep=keep) if isinstance(c, RotatingKVCache) else c
         for c in make_prompt_cache(model, max_kv_size)
@@ -76,28 +66,16 @@ def single_cache(model: Any, max_kv_size: int | None = None, keep: int = 0) -> L
 
 
 def new_batch_cache(model: Any, n_rows: int, max_kv_size: int | None = None) -> LayerCaches:
-    """Empty batch caches for ``n_rows`` joining rows.
-
-    Mirrors mlx-lm's ``generate._merge_caches`` over fresh
-    ``make_prompt_cache(model, max_kv_size)`` caches: each layer's solo cache class
-    ``merge``s into its batch class (``KVCache`` -> ``BatchKVCache``, ``RotatingKVCache``
-    -> ``BatchRotatingKVCache``, ``ArraysCache`` -> ``ArraysCache``, ``CacheList`` ->
-    ``CacheList``).
-    """
+    """Empty batch caches for ``n_rows`` joining rows (mlx-lm's ``generate._merge_caches``
+    over fresh ``make_prompt_cache`` caches)."""
     return merge_rows([make_prompt_cache(model, max_kv_size) for _ in range(n_rows)])
 
 
 @dataclass(frozen=True)
 class CacheRecipe:
-    """How one engine's caches are made: the model's own per-layer caches (mlx-lm's
-    ``make_prompt_cache``), bounded to ``max_kv_size`` tokens (rotating; only for models
-    without ``make_cache``), quantized by ``kv_quant`` (a
-    :class:`~workbench.engine.levers.quantized_kv.KVQuant`; ``None``: float). mlx-lm keeps
-    the same as ``BatchGenerator._make_new_cache``.
-
-    ``recipe.single()`` ``[1, H, S, D]`` per layer, ``recipe.batch(n)`` ``[n, H, S, D]``,
-    ``recipe.profile()`` the per-layer bytes (:func:`workbench.engine.kv.profile.kv_profile`).
-    """
+    """How one engine's caches are made (mlx-lm's ``BatchGenerator._make_new_cache``): the model's
+    ``make_prompt_cache``, bounded to ``max_kv_size`` tokens, quantized by ``kv_quant``
+    (:class:`~workbench.engine.levers.quantized_kv.KVQuant`; ``None``: float)."""
 
     model: Any
     max_kv_size: int | None = None
@@ -117,15 +95,13 @@ class CacheRecipe:
 
 
 def merge_rows(solo: list[LayerCaches]) -> LayerCaches:
-    """One batch cache from per-row single-sequence caches (empty or holding a cached
-    prefix), layer by layer with each class's ``merge`` (left-padding shorter rows)."""
+    """One batch cache from per-row single-sequence caches (each class's ``merge``, left-padding)."""
     return [type(layer[0]).merge(list(layer)) for layer in zip(*solo)]
 
 
 def join(running: LayerCaches | None, joiners: LayerCaches) -> LayerCaches:
-    """Append the joiners' rows after the running rows, layer by layer, with mlx-lm's
-    in-place ``extend`` (never by re-merging the whole batch). Returns the running list
-    (or ``joiners`` when nothing was running)."""
+    """Append the joiners' rows after the running rows with mlx-lm's in-place ``extend``;
+    returns the running list (or ``joiners``)."""
     if running is None:
         return joiners
     for mine, theirs in zip(running, joiners):
@@ -134,9 +110,7 @@ def join(running: LayerCaches | None, joiners: LayerCaches) -> LayerCaches:
 
 
 def evict(running: LayerCaches, keep: Sequence[int]) -> LayerCaches | None:
-    """Keep only rows ``keep`` (sorted row indices) with mlx-lm's in-place ``filter``,
-    which also trims left padding shared by all kept rows. Returns ``None`` when no row
-    is kept."""
+    """Keep only rows ``keep`` (sorted) with mlx-lm's in-place ``filter``; ``None`` when none is kept."""
     if not keep:
         return None
     for c in running:
@@ -146,9 +120,7 @@ def evict(running: LayerCaches, keep: Sequence[int]) -> LayerCaches | None:
 
 
 def repeat_rows(caches: LayerCaches, rows: Sequence[int]) -> LayerCaches:
-    """Row ``b`` of the result = row ``rows[b]`` of ``caches`` (indices may repeat: a row
-    copied into several), in place, with mlx-lm's ``filter`` (a gather of every layer's
-    keys, values, offsets and padding, or states; shared left padding trimmed). Returns
+    """Row ``b`` becomes row ``rows[b]`` (may repeat), in place with mlx-lm's ``filter``; returns
     ``caches``. Example: ``rows = [0, 0, 0, 1]`` turns 2 rows into 4, the first three equal."""
     for c in caches:
         c.filter(list(rows))
@@ -157,12 +129,8 @@ def repeat_rows(caches: LayerCaches, rows: Sequence[int]) -> LayerCaches:
 
 
 def settle(caches: LayerCaches | None) -> None:
-    """Evaluate the caches now into buffers of their own, so the bytes they hold are their
-    ``nbytes``: mlx-lm's ``filter`` leaves a lazy gather that keeps the old buffer alive
-    until the next forward, and a slice (``keys[..., m:, :]``, shared left padding
-    dropped) that keeps the gathered buffer's dropped positions; ``extend`` leaves a lazy
-    concatenation holding both sides. ``mx.contiguous`` copies only such slices (the
-    next write into one would copy it anyway); the rest is evaluated in place."""
+    """Evaluate the caches into buffers of their own, so the bytes they hold are their ``nbytes``
+    (why: engine notes)."""
     if not caches:
         return
     for c in caches:
@@ -181,10 +149,7 @@ def kv_bytes(caches: LayerCaches | None) -> int:
 
 
 def keys_shape(cache: Any) -> tuple[int, ...]:
-    """Shape of an attention cache's key storage, ``[P, n_kv_heads, capacity, last]``:
-    the float keys' shape, or for a quantized cache
-    (:class:`workbench.engine.levers.quantized_kv.BatchQuantizedKVCache`, keys a
-    ``(packed, scales, biases)`` tuple) the packed part's (``last`` = packed words)."""
+    """``[P, n_kv_heads, capacity, last]`` of an attention cache's keys (quantized: the packed part's)."""
     keys = cache.keys[0] if isinstance(cache.keys, (tuple, list)) else cache.keys
     return tuple(keys.shape)
 
@@ -201,9 +166,7 @@ def _flat_layers(caches: LayerCaches) -> list[tuple[str, Any]]:
 
 
 def group_name(cache: Any) -> str:
-    """The layer group a batch cache belongs to: ``full`` (``BatchKVCache``),
-    ``window<W>`` (``BatchRotatingKVCache`` of ``W`` tokens), ``ssm`` (``ArraysCache``),
-    else the class name."""
+    """``full``, ``window<W>``, ``ssm`` or the class name of a batch cache."""
     if isinstance(cache, BatchKVCache):
         return "full"
     if isinstance(cache, BatchRotatingKVCache):
@@ -229,19 +192,11 @@ Geometry = Callable[[], dict[str, Any]]
 
 
 def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
-    """Per-row geometry of one attention layer's batch cache, and its next-step mask,
-    captured now and converted to numpy when the returned function is called.
-
-    Capturing evaluates nothing (a snapshot can be recorded right after a forward is
-    launched); the call evaluates, and may wait.
-
-    The dict has ``left_padding`` ``[B]`` (pad positions, tokens; for a ring that has
-    dropped old positions this can be negative, as in mlx-lm), ``offset`` ``[B]`` (RoPE
-    position of each row's next token), ``kv_width_tokens`` (positions in use),
-    ``capacity_tokens`` (allocated positions), ``mask`` ``[B, S]`` bool: what
-    ``cache.make_mask(1)`` gives the layer at the next step. For a rotating cache also
-    ``window_tokens``, ``write_index`` (the ring slot written next), ``wrapped`` and
-    ``mask_temporal`` (the mask rolled back to oldest-first order).
+    """Per-row geometry of one attention layer's batch cache, captured now (evaluating nothing)
+    and converted to numpy when the returned function is called: ``left_padding`` ``[B]``
+    (negative for a ring past its window), ``offset`` ``[B]`` (RoPE position next),
+    ``kv_width_tokens``, ``capacity_tokens``, ``mask`` ``[B, S]`` bool (``make_mask(1)``); a
+    ring adds ``window_tokens``, ``write_index``, ``wrapped``, ``mask_temporal`` (oldest first).
     """
     # new handles: mlx-lm's rotating cache updates these arrays in place (``-=``, ``+=``)
     left_padding, offset = cache.left_padding[:], cache.offset[:]
@@ -268,11 +223,8 @@ def attention_geometry(cache: BatchKVCache | BatchRotatingKVCache) -> Geometry:
 
 
 def ssm_geometry(cache: ArraysCache, n_rows: int) -> Geometry:
-    """State shapes of one ``ArraysCache`` layer (e.g. conv state ``[B, K-1, C]`` and SSM
-    state ``[B, n_heads, head_dim, state]``) and the mask its next step uses, as
-    ``[B, 1]`` bool (all True when mlx-lm gives none: every row's token enters the state).
-    Captured now, converted when the returned function is called (see
-    :func:`attention_geometry`)."""
+    """State shapes of one ``ArraysCache`` layer and its next-step mask ``[B, 1]`` bool, captured
+    as :func:`attention_geometry` does."""
     B = n_rows
     mask = cache.make_mask(1)
     shapes = tuple(tuple(a.shape) for a in cache.cache if a is not None)

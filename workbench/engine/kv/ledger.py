@@ -1,10 +1,6 @@
 """The KV ledger: the bytes the engine's caches hold now, the projection admission checks
 against ``kv_budget_bytes``, and the prompt cache trimmed to what the live batch leaves.
 
-Knows: :class:`workbench.engine.checkpoint.EngineState` (the batch, the prefilling group,
-the prompt cache), :mod:`workbench.engine.kv.allocation` (the projection), MLX's memory
-counters. Must not know: the policy, events.
-
 One ceiling for everything that holds KV bytes::
 
     batch caches (free slots included) + prefilling group's caches + prompt-cache entries
@@ -12,7 +8,7 @@ One ceiling for everything that holds KV bytes::
 
 Admission keeps the first two under it (:meth:`KVLedger.plan`); :meth:`KVLedger.make_room`
 drops shared prompts and trims the prompt cache (mlx-lm's ``LRUPromptCache.trim_to``) to the
-rest (when and in what order: ``docs/lab/engine-notes.md``).
+rest (when and in what order: ``docs/lab/engine-notes.md``, "kv/ledger.py").
 """
 
 from __future__ import annotations
@@ -28,15 +24,12 @@ from .allocation import KVPlan, RowTokens, plan_of, read_allocation
 
 
 def joiner_tokens(s: Any) -> RowTokens:
-    """A queued request (a :class:`~workbench.engine.state.RequestState`) as a joiner:
-    its input tokens (prompt, plus generated tokens when resuming) and the most it may hold
-    (prompt + ``max_tokens``)."""
+    """A queued request as a joiner: its input tokens and the most it may hold."""
     return RowTokens(s.uid, len(s.inputs), len(s.valid.prompt_ids) + s.valid.request.max_tokens)
 
 
 def row_tokens(s: Any) -> RowTokens:
-    """A running row: the tokens its cache holds and the most it may hold (what it holds,
-    once finished)."""
+    """A running row: the tokens its cache holds and the most it may hold."""
     held = s.context_tokens
     return RowTokens(
         s.uid, held, held if s.finished else len(s.valid.prompt_ids) + s.valid.request.max_tokens
@@ -45,10 +38,8 @@ def row_tokens(s: Any) -> RowTokens:
 
 @dataclass(frozen=True)
 class Held:
-    """Bytes held now: ``batch_bytes`` (the running batch's caches, free slots included),
-    ``prefill_bytes`` (the prefilling group's caches), ``prompt_cache_bytes`` (the stored
-    entries), ``shared_prompt_bytes`` (prompts held for queued ``submit_n`` samples); all
-    the sum of the arrays' ``nbytes``."""
+    """Bytes (``nbytes``) held now: ``batch_bytes`` (free slots included), ``prefill_bytes``,
+    ``prompt_cache_bytes``, ``shared_prompt_bytes``."""
 
     batch_bytes: int
     prefill_bytes: int
@@ -62,8 +53,7 @@ class Held:
 
 
 def measured_memory() -> tuple[int, int]:
-    """``(active, peak)`` bytes MLX reports (``mx.get_active_memory()``,
-    ``mx.get_peak_memory()``): every live array of the process, weights included."""
+    """``(active, peak)`` bytes MLX reports for the whole process, weights included."""
     return int(mx.get_active_memory()), int(mx.get_peak_memory())
 
 
@@ -72,12 +62,9 @@ class KVLedger:
 
     Args:
         profile: the model's ``kv_profile`` (:mod:`workbench.engine.kv.profile`).
-        config: the scheduler's settings (a :class:`~workbench.engine.config.SchedulerConfig`),
-            of which the ledger reads ``prefill_step_size``, ``kv_budget_bytes`` (the
-            ceiling; ``None``: none) and ``reuse_slots`` (joiners may be written into free slots).
-        exact_chunks: groups prefill in fixed chunks from fresh caches (no pacing, no
-            prompt cache, float KV), so their growth is computed exactly.
-        chunked_padding: right-padded groups run batched in chunks (``ModelRunner.chunks_padding``).
+        config: the scheduler's settings (``prefill_step_size``, ``kv_budget_bytes``, ``reuse_slots``).
+        exact_chunks: fixed chunks from fresh caches (no pacing, prompt cache, or ``kv_bits``).
+        chunked_padding: right-padded groups run batched in chunks.
     """
 
     def __init__(
@@ -93,12 +80,8 @@ class KVLedger:
         self.config = config
 
     def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> KVPlan:
-        """The :class:`KVPlan` of engine state ``st`` now (its batch's allocation and rows;
-        with a prompt cache, its entries bound the cached prefixes a joiner may copy; while
-        a shared prompt is held or a prefilling member starts from one, groups are bounded
-        as cached prefixes are, not computed exactly). ``held_prompts=False`` /
-        ``prompt_cache=False``: as if the shared prompts / the prompt-cache entries had
-        been dropped (what admission decides on once they yield)."""
+        """The :class:`KVPlan` of engine state ``st`` now; ``held_prompts=False`` /
+        ``prompt_cache=False``: as if those had yielded."""
         stored = 0
         if prompt_cache and st.prompt_cache is not None and self.base.full_token_bytes:
             stored = st.prompt_cache.nbytes // self.base.full_token_bytes
@@ -112,14 +95,12 @@ class KVLedger:
         )
 
     def projected_bytes(self, st: Any) -> int:
-        """Most bytes the batch and the prefilling group may hold from now on (0 when
-        idle): what admission counted, re-read from the state now."""
+        """Most bytes the batch and the prefilling group may hold from now on (0: idle)."""
         group = [joiner_tokens(s) for s in st.prefilling.states] if st.prefilling else []
         return self.plan(st).projected_bytes(group, started=bool(group))
 
     def alone_bytes(self, prompt_tokens: int, max_tokens: int) -> int:
-        """Bytes one request of ``prompt_tokens`` + ``max_tokens`` may hold alone on an idle
-        engine (what :meth:`refusal` compares with the budget)."""
+        """Bytes one request may hold alone on an idle engine (see :func:`alone_bytes`)."""
         return _alone(self.base, prompt_tokens, max_tokens)
 
     def refusal(self, prompt_tokens: int, max_tokens: int) -> str:
@@ -144,8 +125,7 @@ class KVLedger:
         )
 
     def room_bytes(self, st: Any) -> int | None:
-        """Bytes the budget leaves beside the projected live bytes, the prompt cache and the
-        shared prompts now: what a new shared prompt may take (``None``: no budget)."""
+        """Bytes the budget leaves for a new shared prompt now (``None``: no budget)."""
         if self.config.kv_budget_bytes is None:
             return None
         held = self.held(st)
@@ -157,11 +137,8 @@ class KVLedger:
         )
 
     def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
-        """Fit what may yield into ``budget - projected live bytes`` (the batch, the
-        prefilling group, ``joiners`` about to prefill, rows ``dropped`` left out): the shared
-        prompts are dropped when they alone do not fit, then the prompt cache is trimmed to
-        what is left (mlx-lm's ``LRUPromptCache.trim_to(n_bytes=)``). Returns the bytes
-        dropped (0 without a budget)."""
+        """Fit shared prompts and the prompt cache into ``budget - projected live bytes`` (with
+        ``joiners``, without rows ``dropped``); returns the bytes dropped."""
         if self.config.kv_budget_bytes is None or (st.prompt_cache is None and not st.shared_prompts):
             return 0
         group = [joiner_tokens(s) for s in list(joiners) + (st.prefilling.states if st.prefilling else [])]
@@ -177,8 +154,7 @@ class KVLedger:
 
 
 def shared_bytes(st: Any) -> int:
-    """Bytes of the prompts ``st`` holds for queued ``submit_n`` samples
-    (:mod:`workbench.engine.shared_prompts`)."""
+    """Bytes of the prompts ``st`` holds for queued ``submit_n`` samples."""
     return sum(h.nbytes for h in st.shared_prompts.values())
 
 
@@ -190,11 +166,8 @@ def alone_bytes(
     max_kv_size: int | None = None,
     exact_chunks: bool = True,
 ) -> int:
-    """Bytes one request (``prompt_tokens`` + ``max_tokens``) may hold alone on an idle
-    engine, as mlx-lm allocates its caches: the least ``kv_budget_bytes`` that admits it
-    (e.g. tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes = 524,288). Pass
-    ``exact_chunks=False`` for a scheduler with a prompt cache, pacing or ``kv_bits`` (see
-    :class:`KVLedger`). Builds the model's ``kv_profile`` (one probe forward)."""
+    """The least ``kv_budget_bytes`` that admits one request alone on an idle engine (e.g.
+    tiny-llama, 20 + 8 tokens: 256 positions x 2,048 bytes = 524,288); one probe forward."""
     from .profile import kv_profile
 
     return _alone(

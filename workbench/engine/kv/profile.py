@@ -56,10 +56,8 @@ def _layer_bytes(c: Any) -> list[LayerBytes]:
 
 
 def kv_profile(model: Any, max_kv_size: int | None = None, kv_quant: Any = None) -> list[LayerBytes]:
-    """Measure every layer's cache growth with a one-token probe forward; with
-    ``kv_quant`` (a :class:`workbench.engine.levers.quantized_kv.KVQuant`) the probe's caches are
-    quantized first (mlx-lm's ``maybe_quantize_kv_cache``), so a full-attention layer
-    counts its packed values, scales and biases per token."""
+    """Every layer's cache growth, by a one-token probe forward (with ``kv_quant``, its caches
+    quantized first by ``maybe_quantize_kv_cache``)."""
     caches = make_prompt_cache(model, max_kv_size)
     model(mx.array([[0]], dtype=mx.uint32), cache=caches)
     if kv_quant is not None:

@@ -14,11 +14,10 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 
 def trim_rows(caches: Sequence[Any], rejected: Sequence[int]) -> None:
-    """Drop the last ``rejected[b]`` positions of row ``b`` from every layer's
-    ``BatchKVCache``, in place (see the module docstring's worked example): ``trim(m)``
-    for the ``m`` all rows reject, then each row rolled right by the rest (mlx-lm's
-    ``prepare(right_padding=)`` + ``finalize()``), its offset (RoPE position) and left
-    padding moved with it.
+    """Drop the last ``rejected[b]`` positions of row ``b`` from every layer's ``BatchKVCache``,
+    in place: ``trim(m)`` for the ``m`` all rows reject, then each row rolled right by the rest
+    (``prepare(right_padding=)`` + ``finalize()``); a worked example: ``docs/lab/engine-notes.md``,
+    "levers/speculative.py".
 
     Args:
         caches: per-layer ``BatchKVCache`` over ``B`` rows (no free slots).

@@ -1,18 +1,14 @@
 """Structured output per row: ``Request(json_schema=...)``, ``Request(regex=...)``,
 ``Request(choices=[...])`` as a per-row logits mask, through llguidance.
 
-Knows: the three constraint fields and their limits, llguidance (``LLMatcher``,
-``LLTokenizer`` built from the Hugging Face tokenizer by ``llguidance.hf.from_tokenizer``),
-the model's vocabulary size. Must not know: the scheduler, caches, the batch's row order.
-
 Contract: :func:`constraint_of` checks and compiles at ``submit`` (``ValueError`` naming the
 field, before any state changes); the row's :class:`RowGrammar`, its last logits processor,
 sets refused tokens' logits to ``-inf`` in that row only (``[1, V]``); its state is a function
 of the row's generated tokens (:meth:`RowGrammar.sync`); a complete grammar finishes the row
 with ``stop``; a refused token raises :class:`GrammarError`, ending that row only (``error``).
-Why llguidance: ``docs/structured-output.md``; how and why in detail: ``docs/lab/engine-notes.md``.
-
-Axis letters: ``V`` vocabulary, ``T`` context tokens (prompt + generated).
+Why llguidance: ``docs/structured-output.md``; how and why in detail:
+``docs/lab/engine-notes.md``, "levers/constrained.py". Axis letters: ``V`` vocabulary,
+``T`` context tokens (prompt + generated).
 """
 
 from __future__ import annotations
@@ -42,8 +38,7 @@ _LIMIT_WORDS = ("too many", "fuel", "limit", "lexer error")
 
 
 class GrammarError(BadOutput):
-    """The row's grammar refused a token or has no continuation; the message (naming the
-    field) is the row's error."""
+    """The row's grammar refused a token or has no continuation (the row's error)."""
 
 
 def _llguidance() -> Any:
@@ -65,9 +60,8 @@ class Constraint:
 
     Attributes:
         field: ``"json_schema"``, ``"regex"`` or ``"choices"``.
-        source: the constraint as text: the schema as compact JSON, the regex, or the
-            choices as a JSON list.
-        grammar: llguidance's grammar (``LLMatcher.grammar_from_*``), valid for the tokenizer.
+        source: the schema as compact JSON, the regex, or the choices as a JSON list.
+        grammar: llguidance's grammar (``LLMatcher.grammar_from_*``).
     """
 
     field: str
@@ -93,8 +87,7 @@ def requested(request: Any) -> list[str]:
 
 
 def _source(field: str, value: Any) -> tuple[str, str]:
-    """``(source text, llguidance grammar)`` of one field's value. Raises: ValueError
-    naming the field and what it must be."""
+    """``(source text, llguidance grammar)`` of one field's value (ValueError naming the field)."""
     llg = _llguidance().LLMatcher
     if field == "json_schema":
         schema = value
@@ -135,10 +128,8 @@ def constraint_of(request: Any, tokenizer: Any, vocab_size: int) -> Constraint |
         vocab_size: ``V``, rows of the model's output.
 
     Raises:
-        ValueError: more than one of ``json_schema`` / ``regex`` / ``choices``; a field of
-            the wrong type or empty; a schema or regex llguidance refuses (its message) or
-            cannot compile within its limits (:func:`compiled`); a tokenizer llguidance
-            cannot map (not a fast tokenizer).
+        ValueError: naming the field: more than one set, wrong type or empty, refused by
+            llguidance or beyond its limits (:func:`compiled`), or a tokenizer it cannot map.
         ImportError: llguidance is not installed (naming the ``structured`` extra).
     """
     fields = requested(request)
@@ -160,31 +151,26 @@ _COMPILED: "OrderedDict[tuple[int, str], tuple[Any, Any]]" = OrderedDict()
 
 
 def limits_text() -> str:
-    """llguidance's parser limits (``LLParserLimits()``, its defaults, which the engine
-    keeps), for error messages: ``"initial_lexer_fuel=1,000,000, ..."``."""
+    """llguidance's default parser limits as text: ``"initial_lexer_fuel=1,000,000, ..."``."""
     limits = _llguidance().LLParserLimits()
     names = ("initial_lexer_fuel", "step_lexer_fuel", "max_lexer_states", "max_grammar_size")
     return ", ".join(f"{n}={getattr(limits, n):,}" for n in names)
 
 
 def _limit_error(error: str) -> str:
-    """The message (without the field) for llguidance's ``error`` that is a resource limit,
-    not a refusal: llguidance's first line and its limits."""
+    """The message for an llguidance resource-limit ``error``."""
     first = error.strip().splitlines()[0] if error.strip() else "unknown error"
     fuel = " (its lexer fuel ran out)" if "too many expressions" in first else ""
     return f"llguidance cannot compile it within its limits{fuel}: {first}; limits: {limits_text()}"
 
 
 def compiled(grammar: str, tokenizer: Any, field: str = "constraint") -> Any:
-    """llguidance's matcher for ``grammar`` on ``tokenizer`` (an ``LLTokenizer``) at the
-    start, its first mask computed: a template that :class:`RowGrammar` copies
-    (``LLMatcher.deep_copy``) for each row, built once per grammar and tokenizer (the
-    :data:`MAX_COMPILED` latest kept). A grammar beyond llguidance's limits
-    (:func:`limits_text`) is refused here, at ``submit``; a refusal is cached too.
+    """llguidance's template matcher for ``grammar`` on an ``LLTokenizer``, first mask computed,
+    cached (the :data:`MAX_COMPILED` latest, refusals too); each row copies it.
 
     Raises:
-        ValueError: naming ``field`` and llguidance's message (a grammar it refuses), or
-            its limits (a grammar beyond them), or that no token can start the grammar.
+        ValueError: naming ``field`` and llguidance's message, its limits, or that no token
+            can start the grammar.
     """
     key = (id(tokenizer), grammar)
     hit = _COMPILED.get(key)
@@ -200,8 +186,7 @@ def compiled(grammar: str, tokenizer: Any, field: str = "constraint") -> Any:
 
 
 def _compile(grammar: str, tokenizer: Any) -> Any:
-    """:func:`compiled` without the cache: the template matcher, or the message refusing
-    the grammar (a str, without the field)."""
+    """:func:`compiled` without the cache (a refusal as a str)."""
     llg = _llguidance().LLMatcher
     error = llg.validate_grammar(grammar, tokenizer)
     if error:
@@ -245,9 +230,7 @@ _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[int, Any]]" = weakref.WeakKeyD
 
 
 def ll_tokenizer(tokenizer: Any, vocab_size: int) -> Any:
-    """llguidance's ``LLTokenizer`` for mlx-lm's ``tokenizer`` and ``V`` = ``vocab_size``
-    (``llguidance.hf.from_tokenizer``, its EOS = the tokenizer's ``eos_token_ids``), built
-    once per tokenizer object and kept while it lives.
+    """llguidance's ``LLTokenizer`` for mlx-lm's ``tokenizer`` and ``V``, built once per tokenizer.
 
     Raises:
         ValueError: the tokenizer is not a Hugging Face fast tokenizer (nothing to map).
@@ -272,14 +255,10 @@ class RowGrammar:
     Args:
         constraint: the row's :class:`Constraint`.
         tokenizer: llguidance's ``LLTokenizer`` (:func:`ll_tokenizer`).
-        prompt_tokens: the row's prompt length; ``context[prompt_tokens:]`` are its
-            generated tokens (a preempted row's context is the same prompt + tokens).
+        prompt_tokens: the row's prompt length; ``context[prompt_tokens:]`` are generated.
 
     Attributes:
         mask_calls: masks computed so far (for the cost benchmark).
-
-    Interrupt-safe: an exception (``KeyboardInterrupt`` included) at any point leaves the
-    matcher and its consumed tokens as they were or drops both (the next call replays).
     """
 
     def __init__(self, constraint: Constraint, tokenizer: Any, prompt_tokens: int):
@@ -296,10 +275,8 @@ class RowGrammar:
         return compiled(self.constraint.grammar, self.tokenizer, self.constraint.field).deep_copy()
 
     def sync(self, tokens: Sequence[int]) -> Any:
-        """Bring the matcher to exactly ``tokens`` (the row's generated ids): roll back to
-        the common prefix with :attr:`consumed` (a fresh matcher when rollback fails), then
-        consume the rest. Returns the matcher. Raises: :class:`GrammarError` for a token
-        the grammar refuses (the matcher is dropped: the next call starts afresh)."""
+        """The matcher brought to exactly ``tokens`` (rolled back to the common prefix, then
+        consuming the rest). Raises :class:`GrammarError` for a refused token."""
         tokens = [int(t) for t in tokens]
         state, self._state = self._state, None  # detached while it changes
         matcher, consumed = state if state is not None else (self._fresh(), ())
@@ -338,8 +315,7 @@ class RowGrammar:
         return mask
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
-        """``logits`` ``[1, V]`` with every token the grammar refuses after the row's
-        generated tokens (``context[prompt_tokens:]``, evaluated here) set to ``-inf``."""
+        """``logits`` ``[1, V]`` with every token the grammar refuses set to ``-inf``."""
         generated = context[self.prompt_tokens :].tolist()
         mask = mx.array(self.allowed(generated, logits.shape[-1]))[None]  # [1, V] bool
         return mx.where(mask, logits, mx.array(-float("inf"), dtype=logits.dtype))
@@ -353,17 +329,15 @@ class RowGrammar:
 def row_grammar(
     constraint: Constraint | None, tokenizer: Any, vocab_size: int, prompt_tokens: int
 ) -> RowGrammar | None:
-    """A fresh :class:`RowGrammar` for ``constraint`` (``None`` for none), on the tokenizer
-    mapped by :func:`ll_tokenizer`."""
+    """A fresh :class:`RowGrammar` for ``constraint`` (``None`` for none)."""
     if constraint is None:
         return None
     return RowGrammar(constraint, ll_tokenizer(tokenizer, vocab_size), prompt_tokens)
 
 
 def after_token(grammar: RowGrammar | None, tokens: Sequence[int]) -> tuple[str, bool]:
-    """What a row's grammar says once ``tokens`` (its generated ids, the latest just read)
-    are its output: ``(error message or "", complete)``. Raises nothing: a refused token,
-    or any exception llguidance raises, is the row's error message."""
+    """``(error message or "", complete)`` of a row's grammar after its generated ``tokens``;
+    raises nothing."""
     if grammar is None:
         return "", False
     try:

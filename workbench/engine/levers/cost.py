@@ -2,10 +2,6 @@
 plan with (the per-iteration time budget, :mod:`workbench.engine.levers.pacing`) and the
 simulation replays with (:mod:`workbench.sim.costmodel`).
 
-Knows: the shapes of forward the scheduler runs (``[B, L]`` prefill chunks and
-``[B, 1]`` feeds: decode steps and joins; the packed layout's ``[1, T]``). Must not know:
-the engine; it runs nothing.
-
 Model (seconds; every coefficient ``>= 0``)::
 
     prefill chunk of B rows x k tokens, after s cached tokens (pads included):
@@ -20,9 +16,7 @@ Model (seconds; every coefficient ``>= 0``)::
                     + sum_c (p_token * k_c + p_pair * (k_c * s_c + k_c * (k_c + 1) / 2))
                     └─ one forward's fixed cost (the weights read once), each token its own
 
-Fitting the coefficients from measurements is :func:`nonnegative_lstsq` (used by
-:func:`workbench.sim.calibrate.fit_cost_model` and by the online fit of
-:class:`workbench.engine.levers.pacing.Pacer`).
+Fitting the coefficients from measurements is :func:`nonnegative_lstsq`. Runs nothing.
 """
 
 from __future__ import annotations
@@ -67,9 +61,8 @@ class CostModel:
         return float(decode_features([batch_size], [kv_width_tokens])[0] @ self._decode_coef)
 
     def packed_s(self, decode_kv_tokens: Sequence[int], prefill: Sequence[tuple[int, int]] = ()) -> float:
-        """Seconds for one packed ``[1, T]`` forward (module docstring): decode rows
-        attending ``decode_kv_tokens`` keys each (their own tokens, the new one included)
-        and prefill chunks ``(tokens, start_tokens)``; 0 for an empty forward."""
+        """Seconds for one packed ``[1, T]`` forward of decode rows attending
+        ``decode_kv_tokens`` keys each and prefill chunks ``(tokens, start_tokens)``."""
         fixed = max(
             self.decode_s_per_step if decode_kv_tokens else 0.0, self.prefill_s_per_chunk if prefill else 0.0
         )
@@ -144,9 +137,7 @@ def decode_features(batch_size: Iterable[int], kv_width_tokens: Iterable[int]) -
 
 
 def nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares ``X [N, F] @ c [F] ~ y [N]`` with ``c >= 0``: while a coefficient
-    is negative, fix the most negative at 0 and refit the others (exact for the 3-feature
-    fits here).
+    """Least squares ``X [N, F] @ c [F] ~ y [N]`` with ``c >= 0`` (the most negative fixed at 0, refit).
 
     Raises: ValueError when ``X`` has fewer rows than columns."""
     n, f = X.shape

@@ -1,22 +1,13 @@
 """The draft model of speculative decoding: a second, smaller mlx-lm model sharing the
 target's tokenizer, drafting greedily for every row with its own batch caches.
 
-Knows: mlx-lm's ``KVCache`` / ``BatchKVCache`` (``merge``, ``extend``, ``filter``,
-``trim``), the draft model's forward. Must not know: the queue, events, the target model.
-
-The draft caches (:class:`DraftCaches`, held in ``Batch.draft``) follow the running rows
-by uid: at each speculative step :meth:`DraftModel.propose` keeps the rows whose draft
-cache still holds a prefix of their context (filtered into the batch's row order), and
-prefills the others alone (a joiner, a resumed row, or one whose context went back, as
-after a ``restore``) — so joins, ``filter``, free slots, preemption and checkpoints need
-no hook of their own. Each row then feeds what its draft cache lacks (its latest tokens:
-one ``[B, N]`` forward, trimmed per row), and ``k - 1`` more ``[B, 1]`` forwards draft
-``k`` tokens. :meth:`DraftModel.settle` trims the drafts the target rejected.
-
-Mirrors mlx-lm's ``speculative_generate_step`` (``_draft_generate``, ``_rewind_cache``),
-per row.
-
-Axis letters: ``B`` rows, ``N`` most tokens any row feeds, ``V`` vocabulary.
+The draft caches (:class:`DraftCaches`, in ``Batch.draft``) follow the running rows by uid:
+:meth:`DraftModel.propose` keeps rows whose draft cache holds a prefix of their context and
+prefills the others alone, so joins, ``filter``, preemption and checkpoints need no hook.
+Each row feeds what its draft cache lacks (one ``[B, N]`` forward), then ``k - 1`` more
+``[B, 1]`` forwards draft ``k`` tokens; :meth:`DraftModel.settle` trims the rejected ones.
+Mirrors mlx-lm's ``speculative_generate_step`` (``_draft_generate``, ``_rewind_cache``), per
+row. Axis letters: ``B`` rows, ``N`` most tokens any row feeds, ``V`` vocabulary.
 """
 
 from __future__ import annotations
@@ -38,8 +29,7 @@ class DraftCaches:
 
     Attributes:
         uids: ``[B]`` the uid of each draft cache row.
-        held: per row the tokens its draft cache holds (a prefix of its context, then
-            the drafts fed this step until :meth:`DraftModel.settle`).
+        held: per row the tokens its draft cache holds.
         caches: per-layer ``BatchKVCache`` over ``B`` rows.
         fed: per row the drafts fed into its cache since the last :meth:`DraftModel.settle`.
     """
@@ -103,10 +93,8 @@ class DraftModel:
     def follow(
         self, state: DraftCaches | None, uids: Sequence[int], contexts: Sequence[Sequence[int]]
     ) -> DraftCaches:
-        """Draft caches whose rows are ``uids`` in order, each holding a prefix of its
-        context shorter than it: kept rows filtered (mlx-lm's ``filter``, which also
-        reorders), the others prefilled alone with all but their last token and joined
-        (``merge`` + ``extend``)."""
+        """Draft caches whose rows are ``uids`` in order, each holding a proper prefix of its
+        context (kept rows filtered, the others prefilled alone and joined)."""
         old = {u: i for i, u in enumerate(state.uids)} if state is not None else {}
         kept = [b for b, u in enumerate(uids) if u in old and _prefix(state.held[old[u]], contexts[b])]
         fresh = [b for b in range(len(uids)) if b not in kept]
@@ -140,8 +128,8 @@ class DraftModel:
 
         Args:
             batch: the running batch; ``batch.draft`` is replaced.
-            contexts: per row its tokens (prompt, then generated, the latest read one included).
-            caps: per row the most drafts it takes (every row drafts ``max(caps)``).
+            contexts: per row its tokens (prompt, then generated).
+            caps: per row the most drafts it takes.
         """
         state = self.follow(batch.draft, [r.uid for r in batch.rows], contexts)
         batch.draft = state
@@ -167,8 +155,7 @@ class DraftModel:
 
     @staticmethod
     def settle(batch: Any, accepted: Sequence[int]) -> None:
-        """Keep in the draft caches the fed drafts each row accepted (``accepted[b]``),
-        trim the rest (per row)."""
+        """Trim each row's fed drafts past ``accepted[b]``."""
         state = batch.draft
         if state is None or not state.fed:
             return

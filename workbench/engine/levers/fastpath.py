@@ -2,26 +2,18 @@
 kernel that honours each row's left padding without a mask (CUDA), and each layer's MLP
 under ``mx.compile``.
 
-Knows: mlx-lm's ``BatchKVCache`` (its write index and ``make_mask``) and the ``mlp``
-attribute of mlx-lm's transformer blocks. Must not know: requests, the queue, events.
+- **No mask.** A one-token step in which no row is left-padded passes ``None`` instead of
+  mlx-lm's all-True ``BatchKVCache.make_mask``: the same attention, on the CPU the same bits.
+- **Padded-rows kernel** (CUDA, default there):
+  :func:`workbench.engine.levers.padded_attention.padded_decode_attention` over padded rows
+  (within float rounding of the unfused path, not bit-equal).
+- **Compiled MLP** (opt-in, ``fast_decode=True``): each layer's MLP under ``mx.compile``;
+  decode only, never with per-row LoRA adapters.
 
-- **No mask.** mlx-lm's ``BatchKVCache.make_mask`` returns a mask for every step, also a
-  one-token step in which no row is left-padded (always at B = 1), where every cached
-  position is attended anyway; the step then passes ``None``: the same attention, and on
-  the CPU the same bits (``where(mask, scores, -inf)`` with an all-True mask).
-- **Padded-rows kernel** (CUDA, on by default there): over padded rows, attention by
-  :func:`workbench.engine.levers.padded_attention.padded_decode_attention`, which starts
-  each row at its padding (within float rounding of the unfused path, not bit-equal).
-- **Compiled MLP** (opt-in, ``fast_decode=True``): each layer's MLP as one
-  ``mx.compile`` function per input shape; decode only, never with per-row LoRA
-  adapters (their layers read a row selection at call time).
-
-What each bought, measured: ``docs/architecture.md`` ("Measurements behind the defaults").
-
-The swaps are made on this scheduler's model instance only (its caches, its blocks' ``mlp``,
-its attention layers' hooks: :mod:`workbench.engine.model_hooks`), only while the engine
-builds its own forward's graph (a ``with`` block), and undone after it, so another model, or
-an oracle or a user calling the same model meanwhile, runs mlx-lm's forward untouched.
+Swaps are made on this scheduler's model instance only (:mod:`workbench.engine.model_hooks`),
+while the engine builds its own forward's graph, and undone after. What each bought:
+``docs/architecture.md`` ("Measurements behind the defaults"); notes:
+``docs/lab/engine-notes.md``, "levers/fastpath.py".
 """
 
 from __future__ import annotations
@@ -50,8 +42,7 @@ class FastDecode:
         no_mask: attention without a mask in steps where no row is left-padded.
         compile_mlp: every layer's MLP under ``mx.compile`` (where :func:`compilable`).
         padded_kernel: the padded-rows attention kernel over left-padded rows (CUDA).
-        kernel_min_rows: the kernel serves steps of at least this many rows (fewer rows run
-            mlx-lm's masked attention): the measured crossover, :data:`PADDED_KERNEL_MIN_ROWS`.
+        kernel_min_rows: fewest rows the kernel serves (:data:`PADDED_KERNEL_MIN_ROWS`).
     """
 
     no_mask: bool
@@ -61,10 +52,8 @@ class FastDecode:
 
     @classmethod
     def of(cls, fast_decode: bool | None, adapters: Any = None) -> "FastDecode":
-        """From ``Scheduler(fast_decode=)``: ``None`` (default): no mask where it applies,
-        the padded-rows attention kernel on CUDA, MLPs not compiled; ``True``: all three;
-        ``False``: none. Never compiled with per-row LoRA ``adapters``
-        (their layers read a row selection at call time).
+        """From ``Scheduler(fast_decode=)``: ``None``: no mask and (CUDA) the kernel; ``True``: all
+        three (no compiled MLP with ``adapters``); ``False``: none.
 
         Raises:
             ValueError: ``fast_decode`` is not ``None``, ``True`` or ``False``.
@@ -83,19 +72,8 @@ class FastDecode:
 
 
 def unpadded(caches: LayerCaches | None, held: Sequence[int]) -> bool:
-    """True when no row of ``caches`` is left-padded, so a one-token step's mask would
-    attend every cached position of every row.
-
-    Args:
-        caches: per-layer batch caches over ``B`` rows (no free slots).
-        held: ``[B]`` tokens each row's cache holds before the step (``context_tokens``).
-
-    Returns:
-        True only if every layer is a ``BatchKVCache`` (or a subclass that keeps its
-        ``make_mask``) whose write index equals every row's ``held``: rotating (sliding
-        window), recurrent and list caches return False (their masks carry more than
-        padding).
-    """
+    """True when every layer is a ``BatchKVCache`` (keeping its ``make_mask``) whose write index
+    equals every row's ``held`` ``[B]`` (tokens before the step): no row is left-padded."""
     if not caches or not held:
         return False
     width = set(held)
@@ -108,8 +86,7 @@ def unpadded(caches: LayerCaches | None, held: Sequence[int]) -> bool:
 
 
 def _mask_is_padding(c: Any) -> bool:
-    """True for mlx-lm's ``BatchKVCache`` (or a subclass keeping its ``make_mask``): a
-    one-token step's mask is then each row's left padding and nothing more."""
+    """True for a cache whose one-token mask is only its rows' left padding."""
     return isinstance(c, BatchKVCache) and type(c).make_mask is BatchKVCache.make_mask
 
 
@@ -145,8 +122,7 @@ def _blocks(model: Any) -> list[Any]:
 
 
 def compilable(model: Any) -> bool:
-    """True when every transformer block of ``model`` has an ``mlp`` module (mlx-lm's
-    llama, qwen, gemma, mistral, phi3 blocks; not mixture-of-experts or recurrent ones)."""
+    """True when every transformer block of ``model`` has an ``mlp`` module."""
     import mlx.nn as nn
 
     blocks = _blocks(model)
@@ -157,11 +133,8 @@ def compilable(model: Any) -> bool:
 
 @contextlib.contextmanager
 def compiled_mlps(model: Any) -> Iterator[None]:
-    """Within the block, each block's ``mlp`` is its ``mx.compile``\\ d call (made once
-    per MLP module and kept while the model lives: weights changed in place afterwards are
-    not seen); restored after. Call only where :func:`compilable` holds.
-
-    Mirrors nothing in mlx-lm (which compiles only the SiLU gate, ``swiglu``)."""
+    """Within the block, each block's ``mlp`` runs ``mx.compile``\\ d (compiled once per module:
+    weights changed in place later are not seen); restored after. Mirrors nothing in mlx-lm."""
     blocks = _blocks(model)
     plain = [b.mlp for b in blocks]
     made = _COMPILED.get(id(model))
@@ -179,25 +152,21 @@ def compiled_mlps(model: Any) -> Iterator[None]:
 
 
 def plain_batch_caches(caches: LayerCaches | None) -> bool:
-    """True when every layer is mlx-lm's float ``BatchKVCache`` (its own ``make_mask``,
-    not quantized): a decode step's mask is then exactly each row's left padding."""
+    """True when every layer is mlx-lm's float ``BatchKVCache``."""
     return bool(caches) and all(
         _mask_is_padding(c) and not hasattr(c, "bits") and c.keys is not None for c in caches
     )
 
 
 def kernel_serves(caches: LayerCaches) -> bool:
-    """True when the padded-rows kernel serves every layer's cache: head dim in
-    :data:`workbench.engine.levers.padded_attention.HEAD_DIMS`, float16 / bfloat16 / float32 keys
-    (what :func:`workbench.engine.levers.padded_attention.supported` asks of a step's queries)."""
+    """True when the padded-rows kernel serves every layer (head dim and key dtype supported)."""
     from . import padded_attention as kernel
 
     return all(c.keys.shape[-1] in kernel.HEAD_DIMS and c.keys.dtype in kernel.DTYPES for c in caches)
 
 
 def _padded_kernel(original, queries, keys, values, cache, scale, mask, sinks=None):
-    """The ``attention`` hook running :func:`workbench.engine.levers.padded_attention.padded_decode_attention`
-    over a float ``BatchKVCache`` with a padding mask, and ``original`` for every other call."""
+    """The attention hook: the padded kernel where it serves, else ``original``."""
     from .padded_attention import padded_decode_attention, supported
 
     if (
@@ -214,15 +183,9 @@ def _padded_kernel(original, queries, keys, values, cache, scale, mask, sinks=No
 
 @contextlib.contextmanager
 def padded_attention(model: Any) -> Iterator[bool]:
-    """Within the block, ``model``'s one-query attention (this instance only) over a float
-    ``BatchKVCache`` with a padding mask runs
-    :func:`workbench.engine.levers.padded_attention.padded_decode_attention` (CUDA only: MLX's
-    fused kernel there takes no mask array); every other call runs mlx-lm's
-    ``scaled_dot_product_attention`` unchanged. Restored after.
-
-    Yields:
-        True when the model's attention layers could be hooked (mlx-lm's model files), False
-        (nothing changed) otherwise.
+    """Within the block, ``model``'s one-query attention over a padded float ``BatchKVCache``
+    runs :func:`~workbench.engine.levers.padded_attention.padded_decode_attention` (CUDA); other
+    calls run mlx-lm's ``scaled_dot_product_attention``. Yields whether it could hook the model.
     """
     hooks = hooks_of(model)
     if not hooks.attention_hooked:
@@ -240,11 +203,7 @@ def decode_fast_path(
 
     Args:
         held: ``[B]`` tokens each row holds before the step (see :func:`unpadded`).
-        paths: the paths allowed: :func:`without_mask` where :func:`unpadded` holds,
-            :func:`padded_attention` where rows are padded, the step has at least
-            ``paths.kernel_min_rows`` rows and :func:`plain_batch_caches` and
-            :func:`kernel_serves` hold, :func:`compiled_mlps` where :func:`compilable`
-            holds.
+        paths: the paths allowed (:class:`FastDecode`), each taken where its check holds.
 
     Yields:
         Which paths are on: ``""``, ``"no mask"`` or ``"padded kernel"``, ``"compiled

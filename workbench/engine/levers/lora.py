@@ -1,31 +1,23 @@
 """Per-request LoRA adapters in one batch: *available*, *loaded*, *selected*.
 
-Knows: mlx-lm's adapter format (``adapter_config.json`` + ``adapters.safetensors``, as
-written by ``mlx_lm.lora`` and read by ``mlx_lm.tuner.utils.load_adapters``), mlx-lm's
-``LoRALinear`` forward, the model's Linear layers. Must not know: the queue, caches, events.
-
 - **available**: an adapter folder on disk that fits the model (:func:`available_adapters`).
-- **loaded**: ``Scheduler(adapters={name: path})`` reads each folder, checks it against the
-  model (:func:`read_adapter`) and stacks every adapter's LoRA matrices per target layer
-  into one :class:`AdapterBank`; its :attr:`AdapterBank.nbytes` are what they hold.
+- **loaded**: ``Scheduler(adapters={name: path})`` checks each mlx-lm adapter folder
+  (``adapter_config.json`` + ``adapters.safetensors``) against the model (:func:`read_adapter`)
+  and stacks their LoRA matrices per target layer into one :class:`AdapterBank`.
 - **selected**: ``Request(adapter=name)`` picks one per request (``None``: the base model).
 
-Each targeted ``Linear`` is wrapped once by a :class:`RowLoRALinear` (weights unchanged,
-nothing fused); before every forward the runner sets, with :func:`selected`, each row's
-adapter for *that* forward, and the wrapper adds mlx-lm's LoRA term per row
-(``docs/adapters.md``)::
+Each targeted ``Linear`` is wrapped once by a :class:`RowLoRALinear` (weights unchanged); the
+runner sets each row's adapter per forward with :func:`selected`, and the wrapper adds mlx-lm's
+``LoRALinear`` term per row (``docs/adapters.md``)::
 
     y[b] = linear(x[b]) + scale[i_b] * ((x[b] @ A[i_b]) @ B[i_b])      i_b = index of row b's adapter
 
     x [B, L, I] @ A[idx] [B, I, R] -> [B, L, R] @ B[idx] [B, R, O] -> [B, L, O]
 
-Slot 0 of every stack is the base model (zeros: a row without adapter is the base model
-bit for bit); ranks are zero-padded to ``R``. A forward whose rows all use the base model,
-or any forward outside the scheduler, runs the plain ``Linear``.
-
-Axis letters: ``B`` rows of one forward, ``L`` tokens per row, ``I`` / ``O`` a Linear's
-input / output features, ``r`` one adapter's rank, ``R`` the largest loaded rank, ``N``
-loaded adapters (stacks have ``N + 1`` slots: slot 0 is the base model).
+Slot 0 of every stack is the base model (zeros: bit for bit the base model); ranks are
+zero-padded to ``R``. Axis letters: ``B`` rows, ``L`` tokens per row, ``I`` / ``O`` a Linear's
+input / output features, ``r`` one adapter's rank, ``R`` the largest, ``N`` loaded adapters.
+Notes: ``docs/lab/engine-notes.md``, "levers/lora.py".
 """
 
 from __future__ import annotations
@@ -48,13 +40,9 @@ FILES = ("adapter_config.json", "adapters.safetensors")
 
 
 class Selection:
-    """Which loaded adapter each row of the forward being built uses; one per model, shared
-    by all its :class:`RowLoRALinear` wrappers. Set only while :func:`selected` is active:
-    ``bank``, ``rows`` (``[B]`` int32 slots in the bank's stacks) and ``scale``
-    (``[B, 1, 1]`` float32, each row's adapter's ``scale``; built once per forward, not per
-    layer: a layer an adapter does not target has zero ``A`` and ``B`` there). ``per_token``:
-    the packed layout's ``[1, T, I]`` forward, ``rows`` ``[T]`` one slot per token
-    (:mod:`workbench.engine.packed.adapters`)."""
+    """Each row's adapter for the forward being built; one per model, shared by its wrappers, set
+    only while :func:`selected` is active: ``rows`` ``[B]`` int32 slots, ``scale`` ``[B, 1, 1]``
+    float32; ``per_token``: ``rows`` ``[T]`` for a packed ``[1, T, I]`` forward."""
 
     def __init__(self) -> None:
         self.bank: AdapterBank | None = None
@@ -69,8 +57,7 @@ class RowLoRALinear(nn.Module):
 
     Args:
         linear: the model's layer (kept as is, at ``.linear`` like mlx-lm's ``LoRALinear``).
-        path: its dotted name in the model (``model.layers.0.self_attn.q_proj``), the key
-            of its stacks in an :class:`AdapterBank`.
+        path: its dotted name (``model.layers.0.self_attn.q_proj``), its stacks' key.
         selection: the model's shared :class:`Selection`.
     """
 
@@ -81,8 +68,7 @@ class RowLoRALinear(nn.Module):
         self.selection = selection
 
     def __call__(self, x: mx.array) -> mx.array:
-        """``x`` ``[B, L, I]`` -> ``[B, L, O]``: ``linear(x)`` plus, when a selection is
-        active and its bank targets this layer, ``scale[idx] * (x @ A[idx]) @ B[idx]``.
+        """``x`` ``[B, L, I]`` -> ``[B, L, O]``: ``linear(x)`` plus the selected rows' LoRA term.
 
         Raises:
             RuntimeError: when the selection has another row count than ``x`` (a runner bug).
@@ -127,8 +113,7 @@ class Adapter:
 
 
 def _linear_dims(module: nn.Module) -> tuple[int, int] | None:
-    """``(I, O)`` of a ``Linear`` / ``QuantizedLinear`` (mirrors ``LoRALinear.from_base``),
-    else ``None``."""
+    """``(I, O)`` of a ``Linear`` / ``QuantizedLinear``, else ``None``."""
     if isinstance(module, RowLoRALinear):
         module = module.linear
     if not isinstance(module, (nn.Linear, nn.QuantizedLinear)):
@@ -181,23 +166,16 @@ def _check_pair(where: str, path: str, a: mx.array, b: mx.array, dims: tuple[int
 
 
 def read_adapter(name: str, path: str | Path, model: nn.Module) -> Adapter:
-    """Read one mlx-lm adapter folder and check it against ``model``, as mlx-lm's
-    ``load_adapters`` does (every tensor names an adapter parameter of a layer the model
-    has, with that layer's shape), without changing the model.
-
-    Args:
-        name: the adapter's name (what ``Request(adapter=...)`` selects).
-        path: a folder with ``adapter_config.json`` and ``adapters.safetensors``.
-        model: the mlx-lm model it must fit.
+    """Read one mlx-lm adapter folder and check it against ``model`` as mlx-lm's
+    ``load_adapters`` does, without changing the model. ``name``: what ``Request(adapter=)`` selects.
 
     Returns:
         The :class:`Adapter` (matrices as stored, float32 for mlx-lm's trainer).
 
     Raises:
-        ValueError: naming the adapter and the field: a missing file, a ``fine_tune_type``
-            other than ``lora`` (DoRA, full), a bad ``lora_parameters.rank`` / ``scale``, a
-            tensor for a layer the model lacks or that is not a Linear, a ``lora_a`` without
-            its ``lora_b``, shapes of another architecture, or a rank other than the config's.
+        ValueError: naming the adapter and the field: a missing file, ``fine_tune_type`` not
+            ``lora``, a bad rank / scale, a tensor for no Linear of the model, unpaired or
+            misshapen matrices.
     """
     folder = Path(path)
     where = f"adapter {name!r} ({folder})"
@@ -239,8 +217,7 @@ class AdapterBank:
 
     Attributes:
         names: the loaded adapters in load order; adapter ``names[i]`` is slot ``i + 1``.
-        adapters: name -> :class:`Adapter` (rank, scale, path, targets; its matrices
-            released: the stacks hold them).
+        adapters: name -> :class:`Adapter` (its matrices released to the stacks).
         layers: layer path -> ``(A [N+1, I, R], B [N+1, R, O])``, slot 0 zeros.
         scales: ``[N+1]`` each slot's ``lora_parameters.scale`` (slot 0: ``0.0``).
         selection: the model's shared :class:`Selection`.
@@ -284,9 +261,8 @@ def _selection_of(model: nn.Module) -> Selection:
 
 
 def wrap_layers(model: nn.Module, paths: Sequence[str]) -> Selection:
-    """Wrap each Linear at ``paths`` in a :class:`RowLoRALinear` (layers already wrapped
-    stay as they are), in place, like mlx-lm's ``linear_to_lora_layers`` (via
-    ``model.update_modules``). Returns the model's :class:`Selection`."""
+    """Wrap each Linear at ``paths`` in a :class:`RowLoRALinear` in place (mlx-lm's
+    ``linear_to_lora_layers``); returns the model's :class:`Selection`."""
     selection = _selection_of(model)
     modules = dict(model.named_modules())
     new = [
@@ -300,8 +276,7 @@ def wrap_layers(model: nn.Module, paths: Sequence[str]) -> Selection:
 
 
 def _stack(adapters: Sequence[Adapter], path: str, rank: int) -> tuple[mx.array, mx.array]:
-    """One layer's ``(A [N+1, I, R], B [N+1, R, O])``: slot 0 and adapters without this
-    layer zero, ranks zero-padded to ``R``."""
+    """One layer's ``(A [N+1, I, R], B [N+1, R, O])``, zero where absent or padded."""
     a0, b0 = next(ad.layers[path] for ad in adapters if path in ad.layers)
     I, O = a0.shape[0], b0.shape[1]  # noqa: E741 (the module's axis letters: I in, O out)
     a_rows, b_rows = [mx.zeros((I, rank), a0.dtype)], [mx.zeros((rank, O), b0.dtype)]
@@ -317,9 +292,8 @@ def load_adapters(
 ) -> AdapterBank | None:
     """Load ``adapters`` (name -> folder) for per-row selection on ``model``.
 
-    Reads and checks every folder first (:func:`read_adapter`), so a bad one changes
-    nothing; then wraps the union of their target layers (:func:`wrap_layers`) and stacks
-    their matrices. An :class:`AdapterBank` is returned as is (a fork shares its parent's).
+    Every folder is checked before the model is wrapped, so a bad one changes nothing; an
+    :class:`AdapterBank` is returned as is (a fork shares its parent's).
 
     Returns:
         The :class:`AdapterBank`, or ``None`` for ``None`` / ``{}``.
@@ -354,21 +328,12 @@ def load_adapters(
 def configure(
     model: nn.Module, adapters: Mapping[str, str | Path] | AdapterBank | None
 ) -> AdapterBank | None:
-    """The scheduler's adapters: :func:`load_adapters` (with a prompt cache, each entry is
-    keyed by the adapter its row ran with: :meth:`workbench.engine.kv.promptcache.PromptCache.key_of`).
-
-    Raises:
-        ValueError: as :func:`load_adapters`.
-    """
+    """The scheduler's adapters (:func:`load_adapters`; raises as it does)."""
     return load_adapters(model, adapters)
 
 
 def check_request(bank: AdapterBank | None, name: str | None) -> None:
-    """Refuse at ``submit`` a ``Request.adapter`` the scheduler has not loaded.
-
-    Raises:
-        ValueError: naming the field ``adapter``, the name, and the loaded adapters.
-    """
+    """Refuse at ``submit`` an unloaded ``Request.adapter`` (ValueError naming it and the loaded)."""
     if name is None:
         return
     if bank is None:
@@ -387,9 +352,7 @@ def names_of(states: Sequence[Any]) -> list[str | None]:
 @contextlib.contextmanager
 def selected(bank: AdapterBank | None, names: Sequence[str | None]) -> Iterator[None]:
     """While active, the forward built on the bank's model runs row ``b`` with adapter
-    ``names[b]`` (``None``: base). The graph captures the selection when it is built, so
-    an asynchronously evaluated forward (``mx.async_eval``) needs nothing afterwards. With
-    no bank, or only ``None`` names, nothing is set: the plain model runs."""
+    ``names[b]`` (``None``: base); the graph captures it, so ``mx.async_eval`` needs nothing after."""
     if bank is None or all(n is None for n in names):
         yield
         return
@@ -404,11 +367,8 @@ def selected(bank: AdapterBank | None, names: Sequence[str | None]) -> Iterator[
 
 
 def base_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
-    """Every parameter of ``model`` as ``(name, array)`` under its name in the unwrapped model:
-    a :class:`RowLoRALinear` at ``p`` holds its layer at ``p.linear``, named ``p`` here
-    (``model.layers.0.self_attn.q_proj.linear.weight`` -> ``...q_proj.weight``). The same
-    list whether or not any scheduler wrapped the model (a checkpoint's model identity,
-    :func:`workbench.engine.checkpoint_io.identity_of`)."""
+    """Every ``(name, array)`` of ``model`` named as in the unwrapped model (``...q_proj.linear.weight``
+    -> ``...q_proj.weight``): the same whether or not a scheduler wrapped it."""
     wrapped = {path + ".linear." for path, m in model.named_modules() if isinstance(m, RowLoRALinear)}
     out = []
     for name, p in tree_flatten(model.parameters()):
@@ -421,9 +381,8 @@ def base_parameters(model: nn.Module) -> list[tuple[str, mx.array]]:
 
 
 def weights_digest(bank: AdapterBank | None) -> str | None:
-    """A BLAKE2b digest of the loaded adapters' weights: per adapter (by name) its scale and
-    its slot of every target layer's stacks (``A``, ``B``, bytes and shapes); ``None``
-    without adapters. Equal for the same adapters loaded in any order."""
+    """A BLAKE2b digest of the loaded adapters' scales and weights, equal in any load order;
+    ``None`` without adapters."""
     if bank is None:
         return None
     digest = hashlib.blake2b(digest_size=16)
@@ -445,9 +404,8 @@ def snapshot_fields(bank: AdapterBank | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Available:
-    """An adapter folder found by :func:`available_adapters`: ``name`` (the folder's name),
-    ``path``, ``rank`` (0 when it does not fit) and ``problem`` (``""`` when it fits the model,
-    else the :class:`ValueError` text of :func:`read_adapter`)."""
+    """An adapter folder: ``name``, ``path``, ``rank`` (0 if unfit), ``problem`` (``""`` or the
+    :func:`read_adapter` error)."""
 
     name: str
     path: str
@@ -457,8 +415,7 @@ class Available:
 
 def available_adapters(folder: str | Path, model: nn.Module) -> list[Available]:
     """Every sub-folder of ``folder`` holding an mlx-lm adapter, checked against ``model``
-    (nothing is loaded or wrapped), sorted by name: the adapters *available* to a scheduler
-    on this model (those with an empty ``problem``)."""
+    (nothing loaded), sorted by name."""
     out = []
     for sub in sorted(Path(folder).iterdir()):
         if not (sub / FILES[0]).is_file():

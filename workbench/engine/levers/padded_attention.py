@@ -1,16 +1,8 @@
 """Decode attention over left-padded rows without a mask array, on CUDA: one fused kernel
-that starts each row at its own left padding.
-
-Knows: MLX's custom CUDA kernels (``mx.fast.cuda_kernel``) and mlx-lm's ``BatchKVCache``
-layout (``keys`` / ``values`` buffers ``[B, n_kv_heads, S, head_dim]``, ``left_padding``
-``[B]``, write index ``_idx``). Must not know: requests, the queue, events.
-
-Why: MLX's fused one-query attention on CUDA takes no array mask, so padded decode steps
-run the unfused fallback (``docs/architecture.md``); a decode mask only says "row ``b``
-attends columns ``left_padding[b] .. idx - 1``", which a kernel starting each row there
-needs no mask for. One block of ``WARPS`` warps per (row, query head) splits the columns
-(flash-decoding), online softmax in float32: ``mx.fast.scaled_dot_product_attention``
-with the padding mask, within float rounding.
+that starts each row at its own left padding (row ``b`` attends columns
+``left_padding[b] .. idx - 1`` of mlx-lm's ``BatchKVCache`` buffers), within float rounding
+of ``mx.fast.scaled_dot_product_attention`` with the padding mask. Why and how:
+``docs/lab/engine-notes.md``, "levers/padded_attention.py".
 """
 
 from __future__ import annotations
@@ -96,15 +88,13 @@ def _kernel() -> Any:
 def _step_constants(
     S: int, columns: int, n_q: int, n_kv: int, B: int, scale: float
 ) -> tuple[mx.array, mx.array]:
-    """The kernel's ``dims`` and ``scale`` inputs, made once per step and shared by every layer
-    (two small host arrays per step instead of two per layer and step)."""
+    """The kernel's ``dims`` and ``scale`` inputs, made once per step for every layer."""
     return mx.array([S, columns, n_q, n_kv, B], dtype=mx.int32), mx.array([scale], dtype=mx.float32)
 
 
 def supported(queries: mx.array, keys: mx.array) -> bool:
-    """True when :func:`padded_decode_attention` serves these shapes: one query per row
-    (decode), equal query and key head dims in :data:`HEAD_DIMS`, query heads a multiple
-    of the KV heads (GQA), and a float16 / bfloat16 / float32 dtype."""
+    """True when :func:`padded_decode_attention` serves these shapes (one query per row, head
+    dim in :data:`HEAD_DIMS`, GQA, float16 / bfloat16 / float32)."""
     return (
         queries.ndim == 4
         and queries.shape[2] == 1
@@ -121,10 +111,8 @@ def padded_decode_attention(
 ) -> mx.array:
     """One decode step's attention over left-padded rows, on CUDA, without a mask array.
 
-    Row ``b`` attends columns ``left_padding[b] .. columns - 1`` of its keys and values: the
-    same as ``mx.fast.scaled_dot_product_attention(queries, keys[..., :columns, :], values[...,
-    :columns, :], scale=scale, mask=M)`` with mlx-lm's ``BatchKVCache.make_mask(1)`` mask ``M``,
-    within float rounding (softmax in float32).
+    Row ``b`` attends columns ``left_padding[b] .. columns - 1``: the masked fused attention
+    with ``BatchKVCache.make_mask(1)``, within float rounding.
 
     Args:
         queries: ``[B, n_q_heads, 1, head_dim]``, the step's queries (RoPE applied).

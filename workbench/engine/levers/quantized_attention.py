@@ -1,24 +1,12 @@
 """Attention over a quantized KV cache where MLX has no quantized-matmul kernel for the shape.
 
-Knows: mlx-lm's ``quantized_scaled_dot_product_attention`` (``models.base``: what a model's
-attention calls when its cache has ``bits``), MLX's ``mx.quantize`` / ``mx.dequantize`` and
-``mx.fast.scaled_dot_product_attention``. Must not know: requests, the queue, the caches' rows.
-
-mlx-lm computes attention over quantized keys and values with ``mx.quantized_matmul``; MLX's
-CUDA backend has that kernel for some problem shapes only (none for head dim 32 with mlx
-0.32.4), so there a quantized cache cannot run. :func:`dequantized_attention` computes the same
-attention by dequantizing the step's keys and values (``mx.dequantize``, elementwise per
-position) and running MLX's fused attention on them: the cache keeps its quantized bytes,
-the step reads them and writes a float copy for the attention (more traffic per step than
-``quantized_matmul``, the same bytes held). Each position dequantizes on its own, so the path
-is as row-independent as the float one.
-
-Which path a scheduler takes is decided once, at construction
-(:func:`choose_attention`): ``"quantized_matmul"`` where MLX runs it at every probed shape,
-else ``"dequantize"`` where that runs, else a refusal naming the shape. On CUDA always
-``"dequantize"``: there MLX's ``quantized_matmul`` has kernels for some problem shapes only,
-and a shape no finite probe covers can fail in a step (head dim 64 ran every probed shape up to
-60 keys and failed at 257: ``docs/gpu.md``).
+mlx-lm computes attention over quantized keys and values with ``mx.quantized_matmul``, which
+MLX's CUDA backend has for some problem shapes only. :func:`dequantized_attention` computes
+the same attention by dequantizing the step's keys and values (per position, so as
+row-independent as the float path) and running MLX's fused attention: the cache keeps its
+quantized bytes, the step writes a float copy. :func:`choose_attention` picks the path once,
+at construction (on CUDA always ``"dequantize"``). Measurements and history:
+``docs/lab/engine-notes.md``, "levers/quantized_attention.py"; ``docs/gpu.md``.
 """
 
 from __future__ import annotations
@@ -48,8 +36,7 @@ def dequantized_attention(
     """Attention over quantized keys and values, dequantized first.
 
     Mirrors mlx-lm's ``models.base.quantized_scaled_dot_product_attention`` (same arguments,
-    same result within float rounding: softmax in MLX's fused attention instead of
-    ``precise=True`` over ``quantized_matmul`` scores).
+    same result within float rounding).
 
     Args:
         queries: ``[B, n_q_heads, L, D]``.
@@ -91,10 +78,8 @@ def _runs(
 
 def choose_attention(n_kv: int, dim: int, dtype: Any, group_size: int, bits: int) -> str:
     """The attention path for a quantized cache of ``n_kv`` heads of ``dim`` on the default
-    device: ``"quantized_matmul"`` (mlx-lm's) where MLX runs it at every probed shape (queries
-    1 and 8, keys 1 to 60, 1 and 3 query heads per KV head: MLX's CUDA kernels exist for some
-    shapes only, and a step must not be the first to find out), else ``"dequantize"``
-    (:func:`dequantized_attention`) where that runs.
+    device: ``"quantized_matmul"`` where MLX runs it at every probed shape
+    (:data:`PROBE_SHAPES`), else ``"dequantize"`` where that runs.
 
     Raises:
         ValueError: neither runs, naming ``kv_bits``, ``kv_group_size``, the head dim, the
@@ -119,10 +104,7 @@ def choose_attention(n_kv: int, dim: int, dtype: Any, group_size: int, bits: int
 @contextlib.contextmanager
 def attention_path(model: Any, path: str | None) -> Iterator[None]:
     """Within the block, ``model``'s attention over a quantized cache (this instance only)
-    takes ``path``: for ``"dequantize"``, :func:`dequantized_attention` stands in for mlx-lm's
-    ``models.base.quantized_scaled_dot_product_attention`` (restored after, also on an
-    exception); ``None`` or ``"quantized_matmul"``: nothing changes. Enter it only around
-    building a forward's graph."""
+    takes ``path`` (``"dequantize"``: :func:`dequantized_attention`; else unchanged)."""
     if path != "dequantize":
         yield
         return

@@ -2,23 +2,12 @@
 scales and biases) with ``BatchKVCache``'s rows (left padding, per-row offsets, ``extend``,
 ``filter``, ``extract``, ``merge``, ``prepare`` / ``finalize``, ``make_mask``).
 
-Knows: mlx-lm's ``BatchKVCache`` (subclassed: its masks, ``trim`` and ``size`` are reused),
-``QuantizedKVCache`` (the solo form ``extract`` returns and ``merge`` takes) and
-``mlx_lm.generate.maybe_quantize_kv_cache`` (when mlx-lm's ``generate_step`` quantizes).
-Must not know: requests, events, the queue, the prefill and join forwards
-(:mod:`workbench.engine.levers.quantized_prefill`). Its write index is mlx-lm's private ``_idx``,
-read and set only through :mod:`workbench.engine.kv.cache_internals`.
-
-Axis letters: ``B`` rows, ``H`` KV heads, ``S`` cache positions, ``D`` head dim,
-``D_p = D * bits / 32`` packed uint32 words, ``G = D / group_size`` groups.
-Keys and values are each a tuple ``(packed [B, H, S, D_p] uint32, scales [B, H, S, G],
-biases [B, H, S, G])``, scales and biases in the model's activation dtype, exactly what
-``mx.quantize(x, group_size, bits)`` returns for ``x`` ``[B, H, S, D]`` and what mlx-lm's
-``quantized_scaled_dot_product_attention`` reads. Groups run along ``D`` only, so each
-position is quantized on its own (padding, rolling and slicing commute with it).
-
 Mirrors ``generate_step(..., quantized_kv_start=0)``: a row's first forward on float keys,
-every later one on quantized keys (prompt-cache prefixes: ``docs/quantized-kv.md``).
+every later one on quantized keys (prompt-cache prefixes: ``docs/quantized-kv.md``). Axis
+letters: ``B`` rows, ``H`` KV heads, ``S`` positions, ``D`` head dim, ``D_p = D * bits / 32``
+packed uint32 words, ``G = D / group_size`` groups. Keys and values are each
+``(packed [B, H, S, D_p] uint32, scales [B, H, S, G], biases [B, H, S, G])``, what
+``mx.quantize`` returns and mlx-lm's ``quantized_scaled_dot_product_attention`` reads.
 
 Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``), after
 ``merge`` of a 3-token and a 1-token solo cache::
@@ -27,6 +16,8 @@ Worked example, 2 rows, 4 bits, ``group_size=32``, ``D=32`` (``D_p=4``, ``G=1``)
                           row 1  [0  0  k0]   left_padding 2   offset 1
     scales, biases [2, H, 3, 1]: 0 at padding, so a pad position dequantizes to 0 and
     the mask (``create_causal_mask(N, offset=3, left_padding=[0, 2])``) hides it.
+
+Notes: ``docs/lab/engine-notes.md``, "levers/quantized_kv.py".
 """
 
 from __future__ import annotations
@@ -57,11 +48,8 @@ Quantized = tuple[mx.array, mx.array, mx.array]  # (packed, scales, biases), see
 
 @dataclass(frozen=True)
 class KVQuant:
-    """A KV quantization setting: ``bits`` per value (4 or 8) and ``group_size`` values
-    sharing one scale and bias (32, 64 or 128; must divide the head dim); ``attention``: the
-    path attention over it takes (:mod:`workbench.engine.levers.quantized_attention`: mlx-lm's
-    ``"quantized_matmul"``, or ``"dequantize"`` where the device lacks that kernel), chosen
-    by :func:`check_model`."""
+    """``bits`` per value (4 or 8), ``group_size`` values per scale and bias (32, 64, 128;
+    divides the head dim), ``attention``: ``"quantized_matmul"`` or ``"dequantize"``."""
 
     bits: int
     group_size: int
@@ -90,16 +78,9 @@ def kv_quant_from(kv_bits: Any, kv_group_size: Any) -> KVQuant | None:
 
 
 def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> KVQuant:
-    """Refuse a model whose KV cache mlx-lm cannot quantize at ``quant``: a rotating
-    (sliding-window) layer (mlx-lm's ``RotatingKVCache.to_quantized`` raises
-    ``NotImplementedError``), a model with no ``KVCache`` layer at all (nothing would
-    change), or a head dim (keys ``[1, H, S, D]`` after a one-token probe
-    forward) that ``group_size`` does not divide (``mx.quantize`` raises). Recurrent
-    layers stay float, as in ``maybe_quantize_kv_cache``.
-
-    Returns:
-        ``quant`` with the attention path the device runs
-        (:func:`workbench.engine.levers.quantized_attention.choose_attention`).
+    """Refuse a model whose KV cache mlx-lm cannot quantize at ``quant`` (a rotating layer, no
+    ``KVCache`` layer, a head dim ``group_size`` does not divide); returns ``quant`` with the
+    device's attention path (:func:`~workbench.engine.levers.quantized_attention.choose_attention`).
 
     Raises:
         ValueError: naming the layer, its cache type or head dim, and the allowed values;
@@ -135,10 +116,8 @@ def check_model(model: Any, quant: KVQuant, max_kv_size: int | None = None) -> K
 def device_runs_quantized_attention(
     head_dim: int = 64, n_kv_heads: int = 2, kv_bits: int = 4, kv_group_size: int = 32
 ) -> bool:
-    """True when MLX on the default device runs mlx-lm's own quantized attention
-    (``quantized_matmul``) at every probed shape for this head dim (on the CPU always, on
-    CUDA not always: ``docs/gpu.md``); where it does not, a scheduler with ``kv_bits``
-    attends by dequantizing (:mod:`workbench.engine.levers.quantized_attention`)."""
+    """True when the default device runs mlx-lm's ``quantized_matmul`` attention at every probed
+    shape for this head dim (CUDA not always: ``docs/gpu.md``)."""
     try:
         return (
             choose_attention(n_kv_heads, head_dim, mx.float32, kv_group_size, kv_bits) == "quantized_matmul"
@@ -153,13 +132,8 @@ def _zeros_like_parts(parts: Quantized, B: int, S: int) -> Quantized:
 
 
 class BatchQuantizedKVCache(BatchKVCache):
-    """A batch KV cache holding keys and values quantized (see the module docstring).
-
-    Mirrors mlx-lm's ``BatchKVCache`` (rows left-padded, ``left_padding`` ``[B]``,
-    ``offset`` ``[B]``, growth by ``step`` positions) with mlx-lm's ``QuantizedKVCache``
-    storage and ``bits`` / ``group_size`` attributes, so mlx-lm's attention
-    (``models.base.scaled_dot_product_attention``) runs
-    ``quantized_scaled_dot_product_attention`` on it.
+    """mlx-lm's ``BatchKVCache`` with ``QuantizedKVCache`` storage and ``bits`` / ``group_size``,
+    so mlx-lm's attention runs ``quantized_scaled_dot_product_attention`` on it.
 
     Args:
         left_padding: pad positions per row (tokens), as ``BatchKVCache``.
@@ -175,9 +149,8 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     # -- the model's forward ----------------------------------------------------------
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Quantized, Quantized]:
-        """Quantize ``keys`` ``[B, H, N, D]`` and ``values`` and write them at the write
-        index; return every position up to it, as ``(packed, scales, biases)`` tuples
-        (mirrors ``QuantizedKVCache.update_and_fetch`` with ``BatchKVCache``'s offsets)."""
+        """Quantize and write ``keys`` / ``values`` ``[B, H, N, D]``; return all positions so far
+        (``QuantizedKVCache.update_and_fetch``)."""
         B, H, N, Dk = keys.shape  # [B, n_kv_heads, N, head_dim]
         prev = internals.write_index(self)
         if self.keys is None or prev + N > self.keys[0].shape[2]:
@@ -201,8 +174,7 @@ class BatchQuantizedKVCache(BatchKVCache):
         return self.keys_and_values()
 
     def _zeros(self, B: int, H: int, S: int, D: int, dtype: mx.Dtype) -> Quantized:
-        """Zero ``(packed [B, H, S, D_p], scales [B, H, S, G], biases)``, as
-        ``QuantizedKVCache``'s ``init_quant`` allocates them."""
+        """Zero ``(packed [B, H, S, D_p], scales [B, H, S, G], biases)``."""
         words = D * self.bits // 32
         return (
             mx.zeros((B, H, S, words), mx.uint32),
@@ -217,15 +189,13 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     # -- mlx-lm's right-padding protocol ----------------------------------------------
     def prepare(self, *, left_padding=None, lengths=None, right_padding=None) -> None:
-        """``BatchKVCache.prepare``: left padding on an empty cache; ``right_padding``
-        ``[B]`` remembered until :meth:`finalize`."""
+        """``BatchKVCache.prepare``."""
         super().prepare(left_padding=left_padding, lengths=lengths)
         if right_padding is not None and max(right_padding) > 0:
             self.right_padding = mx.array(right_padding)
 
     def finalize(self) -> None:
-        """Roll each row right by its right padding (packed, scales and biases alike) so
-        the padding moves left, as ``BatchKVCache.finalize`` rolls float keys."""
+        """``BatchKVCache.finalize``: roll each row right by its right padding."""
         if self.right_padding is None:
             return
         pad = self.right_padding
@@ -237,8 +207,7 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     # -- rows ---------------------------------------------------------------------------
     def filter(self, batch_indices: Sequence[int]) -> None:
-        """Keep rows ``batch_indices`` in place and drop left padding they all share
-        (``BatchKVCache.filter``)."""
+        """``BatchKVCache.filter``."""
         idx = mx.array(list(batch_indices), dtype=mx.int32)
         if self.keys is not None:
             self.keys = tuple(a[idx] for a in self.keys)
@@ -253,8 +222,7 @@ class BatchQuantizedKVCache(BatchKVCache):
             self.left_padding = self.left_padding - shared
 
     def extend(self, other: "BatchQuantizedKVCache") -> None:
-        """Append ``other``'s rows in place, right-aligning both at the larger write
-        index (``BatchKVCache.extend``).
+        """``BatchKVCache.extend``: append ``other``'s rows in place.
 
         Raises:
             ValueError: when ``other`` is not a :class:`BatchQuantizedKVCache` of the same
@@ -284,8 +252,7 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     @staticmethod
     def _aligned(c: "BatchQuantizedKVCache", ref: "BatchQuantizedKVCache", width: int, size: int):
-        """``c``'s keys, values and left padding padded to ``size`` positions with its
-        write index moved to ``width`` (zeros left of its rows, free capacity right)."""
+        """``c``'s parts padded to ``size`` positions, its write index moved to ``width``."""
         Bc = c.offset.shape[0]
         keys = c.keys if c.keys is not None else _zeros_like_parts(ref.keys, Bc, 0)
         values = c.values if c.values is not None else _zeros_like_parts(ref.values, Bc, 0)
@@ -301,8 +268,7 @@ class BatchQuantizedKVCache(BatchKVCache):
         return keys, values, c.left_padding + left
 
     def extract(self, idx: int) -> QuantizedKVCache:
-        """Row ``idx`` as mlx-lm's single-sequence ``QuantizedKVCache`` (its padding
-        dropped; ``BatchKVCache.extract``)."""
+        """``BatchKVCache.extract``: row ``idx`` as a ``QuantizedKVCache``."""
         out = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
         pad, end = int(self.left_padding[idx].item()), internals.write_index(self)
         out.keys = tuple(mx.contiguous(a[idx : idx + 1, :, pad:end]) for a in self.keys)
@@ -314,9 +280,7 @@ class BatchQuantizedKVCache(BatchKVCache):
     def merge(
         cls, caches: Sequence[Any], group_size: int | None = None, bits: int | None = None
     ) -> "BatchQuantizedKVCache":
-        """One batch cache from single-sequence ``QuantizedKVCache`` rows (empty
-        ``KVCache`` / ``QuantizedKVCache`` rows allowed), left-padding the shorter
-        (``BatchKVCache.merge``). ``group_size`` / ``bits`` default to the rows' own.
+        """``BatchKVCache.merge`` of ``QuantizedKVCache`` rows (empty rows allowed).
 
         Raises:
             ValueError: a row holding float keys, or rows of different quantizations, or
@@ -346,9 +310,7 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     @classmethod
     def from_float(cls, cache: BatchKVCache, group_size: int, bits: int) -> "BatchQuantizedKVCache":
-        """A float ``BatchKVCache``'s rows quantized (its whole buffer through
-        ``mx.quantize``, as mlx-lm's ``KVCache.to_quantized``); geometry and any pending
-        right padding kept. The float cache is not changed."""
+        """A float ``BatchKVCache`` quantized (``KVCache.to_quantized``); it is not changed."""
         out = cls([0], group_size, bits)
         out.left_padding, out.offset = cache.left_padding, cache.offset
         internals.set_write_index(out, internals.write_index(cache))
@@ -360,8 +322,7 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     @property
     def state(self):
-        """``(keys, values, offset, left_padding, write index)``, keys and values as
-        ``(packed, scales, biases)`` tuples (``BatchKVCache.state``)."""
+        """``BatchKVCache.state``, keys and values as ``(packed, scales, biases)``."""
         return self.keys, self.values, self.offset, self.left_padding, internals.write_index(self)
 
     @state.setter
@@ -371,8 +332,7 @@ class BatchQuantizedKVCache(BatchKVCache):
 
     @property
     def nbytes(self) -> int:
-        """Bytes allocated: packed values, scales and biases of keys and values, capacity
-        included."""
+        """Bytes allocated, capacity included."""
         if self.keys is None:
             return 0
         return int(sum(a.nbytes for a in self.keys + self.values))
@@ -384,11 +344,8 @@ def is_quantized(cache: Any) -> bool:
 
 
 def quantize_batch(caches: list[Any], quant: KVQuant) -> list[Any]:
-    """Every full-attention layer of a group's or batch's caches quantized after a forward
-    (mirrors ``maybe_quantize_kv_cache(caches, quantized_kv_start=0, ...)``): a float
-    ``BatchKVCache`` becomes a :class:`BatchQuantizedKVCache`, a solo ``KVCache`` mlx-lm's
-    ``QuantizedKVCache``; quantized, recurrent and ``CacheList`` layers are kept. Returns a
-    new list (the float caches are not changed)."""
+    """A new list with every float full-attention layer quantized (mirrors
+    ``maybe_quantize_kv_cache(caches, quantized_kv_start=0, ...)``); other layers kept."""
     out = []
     for c in caches:
         if type(c) is BatchKVCache:
@@ -402,9 +359,7 @@ def quantize_batch(caches: list[Any], quant: KVQuant) -> list[Any]:
 
 
 def merge_rows(solo: list[list[Any]], quant: KVQuant) -> list[Any]:
-    """One batch cache from per-row solo caches (``caches.merge_rows``), quantized layers
-    merged by :meth:`BatchQuantizedKVCache.merge` (rows that never ran, still an empty
-    ``KVCache``, become left padding)."""
+    """One batch cache from per-row solo caches, quantized layers by :meth:`BatchQuantizedKVCache.merge`."""
     out = []
     for layer in zip(*solo):
         if any(isinstance(c, QuantizedKVCache) for c in layer):
@@ -415,13 +370,8 @@ def merge_rows(solo: list[list[Any]], quant: KVQuant) -> list[Any]:
 
 
 def configure(model: Any, kv_bits: Any, kv_group_size: Any, max_kv_size: int | None = None) -> KVQuant | None:
-    """The scheduler's ``kv_bits`` / ``kv_group_size`` checked against the model
-    (:func:`kv_quant_from`, :func:`check_model`); ``None`` for a float cache.
-
-    Raises:
-        ValueError: a bad value (naming the field and the allowed values), or a model mlx-lm
-            cannot quantize.
-    """
+    """The scheduler's ``kv_bits`` / ``kv_group_size`` checked against the model; ``None``: float.
+    Raises ``ValueError`` as :func:`kv_quant_from` and :func:`check_model`."""
     quant = kv_quant_from(kv_bits, kv_group_size)
     if quant is None:
         return None

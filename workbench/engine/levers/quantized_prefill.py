@@ -1,12 +1,7 @@
 """Prefill and join of a quantized batch: each row's first forward on float keys, every
 later one on quantized keys, as mlx-lm's ``generate_step(kv_bits=, quantized_kv_start=0)``
-quantizes a single sequence (the rule and why: :mod:`workbench.engine.levers.quantized_kv`).
-
-Knows: :class:`workbench.engine.prefill.PrefillGroup` (subclassed: chunks, per-row mode),
-:func:`workbench.engine.forward.launch` (the join forward), the quantized batch cache and
-its conversions (:mod:`workbench.engine.levers.quantized_kv`), free slots
-(:func:`workbench.engine.kv.cache_internals.fill_slots`). Must not know: requests' queue,
-events, admission; LoRA adapters (the runner passes a ``select(rows)`` context).
+quantizes a single sequence (the rule: :mod:`workbench.engine.levers.quantized_kv`; notes:
+``docs/lab/engine-notes.md``, "levers/quantized_prefill.py").
 
 Axis letters: ``B`` / ``n`` rows of a group, ``f`` its fresh rows (no prompt token in the
 cache before the join forward), ``C`` chunk length.
@@ -28,31 +23,15 @@ from .quantized_kv import KVQuant, is_quantized, merge_rows, quantize_batch
 
 
 class QuantizedPrefillGroup(PrefillGroup):
-    """A :class:`workbench.engine.prefill.PrefillGroup` whose caches are quantized after
-    every chunk, as ``generate_step(..., kv_bits, quantized_kv_start=0)`` does: a row's
-    first chunk attends to float keys, later ones to quantized keys. Per-row groups
-    quantize each row's mlx-lm cache with ``maybe_quantize_kv_cache`` and merge them into a
-    :class:`BatchQuantizedKVCache`; a row with an empty tail keeps a float cache until its
-    join forward (:func:`join_forward`).
-
-    The first (float) forward decides the numbers, so each row's first chunk is exactly
-    ``first_tokens[b]`` tokens (the reference's ``min(prefill_step_size, prompt - 1)``),
-    whatever chunk the caller asks for; later chunks run as asked. A group whose rows
-    cannot share that first chunk runs per row.
-
-    A row starting from a prompt-cache hit (``caches[b]`` holding a prefix, mlx-lm's
-    ``QuantizedKVCache`` per full-attention layer) has no float forward: its tail runs on
-    the quantized prefix in chunks of ``min(prefill_step_size, tail)`` tokens, its join
-    forward too, as ``generate_step(tail + [last], prompt_cache=<the prefix>, kv_bits=)``
-    runs them. A group with a hit runs per row (the rows' caches differ in kind).
+    """A :class:`~workbench.engine.prefill.PrefillGroup` whose caches are quantized after every
+    chunk (``generate_step(..., kv_bits, quantized_kv_start=0)``); each row's first chunk is
+    exactly ``first_tokens[b]`` tokens on float keys, later chunks run as asked.
 
     Args:
-        recipe: the model, its ``max_kv_size`` and the quantization (``recipe.kv_quant``, a
-            :class:`KVQuant`). first_tokens: per row, tokens of its first forward (default
-            ``min(prefill_step_size, tail)``; a hit row's is always that). caches: per row
-            its single-sequence caches (a prompt-cache hit's quantized prefix, or fresh
-            float caches), or ``None``. ``fixed_chunks``: the batch-invariant mode's chunks,
-            every row alone. The others as :class:`PrefillGroup`.
+        recipe: the model, its ``max_kv_size`` and ``recipe.kv_quant``.
+        first_tokens: per row, tokens of its first forward (default ``min(prefill_step_size, tail)``).
+        caches: per row a prompt-cache hit's quantized prefix, fresh float caches, or ``None``.
+        The others as :class:`PrefillGroup`.
 
     Attributes:
         prefix_tokens: per row, the tokens its ``caches`` held at the start (0: fresh).
@@ -90,19 +69,16 @@ class QuantizedPrefillGroup(PrefillGroup):
 
     @staticmethod
     def _pads_safely(model: Any, max_kv_size: int | None) -> bool:
-        """Never: a padded group runs in one chunk (quantizing between chunks of a
-        right-padded group is not offered)."""
+        """Never: a padded group runs in one chunk."""
         return False
 
     def _shared_first_chunk(self, tails: list[int]) -> bool:
-        """True when one batched first chunk is every row's first forward: the same
-        length for all rows that run (a padded group runs each row's whole tail at once)."""
+        """True when one batched first chunk is every row's first forward."""
         ran = [f for f, n in zip(self.first_tokens, tails) if n]
         return ran == [n for n in tails if n] if self._padded else len(set(ran)) <= 1
 
     def run_chunk(self, tokens: int | None = None) -> list[int]:
-        """:meth:`PrefillGroup.run_chunk` (a row's first chunk sized to its first forward),
-        then every row that has run quantized."""
+        """:meth:`PrefillGroup.run_chunk`, first chunks sized, then rows that ran quantized."""
         done = self.rows_done_tokens
         if self.per_row:
             b = next(b for b, n in enumerate(self.lengths) if done[b] < n)
@@ -134,14 +110,12 @@ class QuantizedPrefillGroup(PrefillGroup):
 
 
 def prefix_tokens(caches: Sequence[Any]) -> int:
-    """Tokens a row's single-sequence caches hold (the first layer with an ``offset``;
-    0 for fresh caches)."""
+    """Tokens a row's single-sequence caches hold (0 for fresh caches)."""
     return next((int(c.offset) for c in caches if isinstance(getattr(c, "offset", None), int)), 0)
 
 
 def fresh_rows(group: PrefillGroup) -> list[int]:
-    """Rows of a done group whose caches hold none of their tokens yet (empty prompt
-    tail, no prompt-cache prefix): the join forward is their first forward."""
+    """Rows of a done group whose first forward is the join forward."""
     held = getattr(group, "prefix_tokens", None) or [0] * len(group.lengths)
     return [b for b, (n, h) in enumerate(zip(group.lengths, held)) if n == 0 and h == 0]
 
@@ -159,17 +133,8 @@ def join_forward(
         contextlib.nullcontext()
     ),
 ) -> Pending:
-    """The join forward (``[n, 1]``, each row's last prompt token) of a quantized group,
-    then its caches quantized (``maybe_quantize_kv_cache`` after the forward).
-
-    A row's first forward must attend to float keys, in every layer (a layer's keys depend
-    on the attention of the layers below it). When the group's caches are already
-    quantized (some rows ran prefill chunks) and some rows are fresh (:func:`fresh_rows`),
-    those rows run a second forward of just their tokens ``[f, 1]`` on fresh float caches
-    (what mlx-lm's first ``_step`` computes): their next-token results are taken from it,
-    and its caches, quantized, replace what the group forward wrote in their rows
-    (:func:`workbench.engine.kv.cache_internals.fill_slots`). ``select(rows)`` is entered
-    around that second forward (the runner selects those rows' LoRA adapters with it).
+    """The join forward (``[n, 1]``) of a quantized group, then its caches quantized; fresh rows
+    of a quantized group rerun ``[f, 1]`` on float caches (``select(rows)`` around it).
     Returns the :class:`Pending` of all ``n`` rows.
     """
     fresh = fresh_rows(group) if any(is_quantized(c) for c in group.caches) else []
@@ -196,7 +161,5 @@ def join_forward(
 
 
 def first_forward_tokens(states: Sequence[Any], prefill_step_size: int) -> list[int]:
-    """Per request state, the prompt tokens its reference's first forward covers:
-    ``generate_step`` prefills ``min(prefill_step_size, prompt - 1)`` tokens first, or
-    runs a one-token prompt's token alone (1)."""
+    """Per request state, its reference's first forward: ``max(1, min(prefill_step_size, prompt - 1))``."""
     return [max(1, min(prefill_step_size, len(s.valid.prompt_ids) - 1)) for s in states]

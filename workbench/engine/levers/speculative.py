@@ -1,52 +1,23 @@
 """Speculative decoding inside the batch: draft tokens per row, one batched verify
 forward, per-row acceptance, each row's cache trimmed to what it accepted.
 
-Knows: mlx-lm's ``BatchKVCache`` (and the quantized batch cache, ``kv_bits``, which rolls
-its packed values, scales and biases alike) through its public ``trim`` / ``prepare`` / ``finalize``,
-the model's forward over ``[B, 1 + K]`` tokens, each row's acceptance of what it would have
-chosen. Must not know: the queue, events, admission.
-
-``Scheduler(speculative="prompt-lookup", num_draft_tokens=k)`` drafts each row's next
-tokens from its own context (prompt and generated tokens) by n-gram lookup, no second
-model (vLLM's ``ngram`` speculative method, "prompt lookup decoding");
-``Scheduler(speculative=draft_model)`` drafts with a second mlx-lm model sharing the
-tokenizer, which keeps its own batch caches (:mod:`workbench.engine.levers.draft_model`).
-
-One speculative step (the row's pending token ``t0`` was sampled by the last forward)::
+``Scheduler(speculative="prompt-lookup", num_draft_tokens=k)`` drafts each row's next tokens
+from its own context by n-gram lookup (vLLM's ``ngram`` method); ``speculative=draft_model``
+drafts with a second mlx-lm model sharing the tokenizer
+(:mod:`workbench.engine.levers.draft_model`). Mirrors mlx-lm's ``speculative_generate_step``,
+batched. One step (the row's pending token ``t0`` was sampled by the last forward)::
 
     read t0 ─▶ drafts d[0..n_b) per row (n_b <= k; 0 for rows that cannot speculate)
             ─▶ one verify forward over [B, 1 + K] = [t0, d..., pad...]   (K = max n_b)
-            ─▶ choice[j] = the target's token after input position j (j = 0..K)
+            ─▶ choice[j] = the row's own token after input position j (j = 0..K)
             ─▶ accept d[j] while choice[j] == d[j]: a_b drafts; the next pending token
                is choice[a_b] (the "bonus" token: one more than accepted, always)
-            ─▶ trim row b's cache by K - a_b positions
+            ─▶ trim row b's cache by K - a_b positions (:func:`trim_rows`)
 
-A row accepts a draft while its own choice at the draft's position equals it: for a greedy row
-the argmax, for a sampled row its seeded draw for that token index (its processors over its
-context and the drafts before the position, then :meth:`RowSampler.choose` with the key of
-``(seed, token index)``), which is the draw a decode step without speculation makes after the
-same tokens. So both emit the tokens they emit without speculation, and a sampled row's
-output has the target's distribution. For a draft that is one token (prompt lookup, a greedy
-draft model: ``q`` one-hot at ``d``) the acceptance probability is ``p(d)``, what the
-rejection-sampling rule of speculative sampling (Leviathan et al.) accepts with
-(``min(1, p(d) / q(d))``), whose residual ``max(0, p - q)`` is ``p`` without ``d``: the same
-distribution with other draws. mlx-lm's ``speculative_generate_step`` compares the
-target's sampled token with the draft's the same way, through its one global PRNG state.
-Rows with a custom sampler, a user's logits processor or a grammar (callables that may keep
-state: they would see drafts that are then rejected) or top-k log-probs take no drafts.
-
-Per-row trimming (worked example, ``_idx = 6`` after the verify forward of ``K = 2``)::
-
-    row 0 accepted 2, rejects 0   [a b c t d d]  lp 0       [a b c t d d]  lp 0
-    row 1 accepted 0, rejects 2   [0 x y t r r]  lp 1  ──▶  [r r 0 x y t]  lp 3 (rolled right by 2)
-
-``trim(min rejected)`` moves the shared write index (``min`` is 0 here), then every other
-row is rolled right by what it rejected beyond that (mlx-lm's ``prepare(right_padding=)``
-+ ``finalize()``, the right-padding roll of its chunked prefill): its rejected positions
-wrap into its left padding, which the mask hides. Every row ends at the write index, so
-the KV width stays the longest row's tokens plus shared padding.
-
-Axis letters: ``B`` rows, ``K`` most drafts of any row, ``V`` vocabulary.
+A row's choice is its argmax (greedy) or its seeded draw for that token index (sampled), so
+every row emits the tokens it emits without speculation. Axis letters: ``B`` rows, ``K`` most
+drafts of any row, ``V`` vocabulary. Why the target's distribution is kept, and a per-row trim
+example: ``docs/lab/engine-notes.md``, "levers/speculative.py".
 """
 
 from __future__ import annotations
@@ -99,21 +70,16 @@ def configure(
     prefill_step_size: int = 2048,
     max_kv_size: int | None = None,
 ) -> Speculation | None:
-    """The scheduler's :class:`Speculation` from ``Scheduler(speculative=,
-    num_draft_tokens=)``, or ``None`` for ``speculative=None``.
+    """The scheduler's :class:`Speculation`, or ``None`` for ``speculative=None``.
 
     Args:
         speculative: ``"prompt-lookup"`` or a draft mlx-lm model sharing the target's
             tokenizer (same vocabulary size).
         vocab_size: the target's ``V``, which a draft model must have too.
-        batch_invariant: accepted (the mode runs the verify forward's positions each as a
-            one-token step computes them: :mod:`workbench.engine.levers.invariant_attention`).
 
     Raises:
-        ValueError: naming why the combination cannot speculate: a layer cache other than
-            ``KVCache`` in the target (with
-            ``max_kv_size``: rotating) or the draft model (:func:`check_cache`), a draft model
-            of another vocabulary size.
+        ValueError: a layer cache other than ``KVCache`` in the target (``max_kv_size``:
+            rotating) or the draft model (:func:`check_cache`); a draft of another vocabulary.
     """
     if speculative is None:
         return None
@@ -124,14 +90,8 @@ def configure(
 
 
 def draft_caps(rows: Sequence[Any], k: int) -> list[int]:
-    """Per row the most drafts it may take now: ``0`` for a finished row or one that
-    cannot speculate (:func:`speculates`), else ``k`` bounded by the tokens left to
-    ``max_tokens`` (an accepted draft is a generated token).
-
-    Args:
-        rows: the batch's :class:`~workbench.engine.state.RequestState` rows, their latest
-            read token already appended.
-    """
+    """Per row of :class:`~workbench.engine.state.RequestState` the most drafts it may take:
+    ``0`` if finished or not :func:`speculates`, else ``k`` bounded by tokens left to ``max_tokens``."""
     return [
         0
         if r.finished or not speculates(r.sampler, r.valid.request)
@@ -141,13 +101,8 @@ def draft_caps(rows: Sequence[Any], k: int) -> list[int]:
 
 
 def propose(spec: Speculation, batch: Any) -> list[list[int]]:
-    """Each running row's drafts for this step (prompt lookup over its prompt and
-    generated tokens, or the draft model's greedy tokens), at most :func:`draft_caps`.
-
-    Args:
-        batch: the running :class:`~workbench.engine.batch.Batch` (the draft model keeps
-            its caches in ``batch.draft``).
-    """
+    """Each running row's drafts of the :class:`~workbench.engine.batch.Batch` (prompt lookup, or
+    the draft model's greedy tokens, its caches in ``batch.draft``), at most :func:`draft_caps`."""
     caps = draft_caps(batch.rows, spec.num_draft_tokens)
     if not any(caps):
         return [[] for _ in caps]
@@ -164,11 +119,8 @@ def settle(spec: Speculation, batch: Any, verified: Verified) -> None:
 
 
 def speculates(sampler: RowSampler, request: Any) -> bool:
-    """Whether a row may take drafts: greedy or sampled through the row's own seeded draw,
-    whose processors are mlx-lm's (logit bias, penalties: functions of the tokens), with no
-    custom sampler, no logits processor of the user's, no grammar (they may keep state, and
-    would see drafts that are then rejected) and no top-k log-probs asked (an accepted draft
-    token's would need the verify forward's full distribution at its position)."""
+    """Whether a row may take drafts: no custom sampler, user logits processor, grammar (they
+    may keep state and would see rejected drafts) or top-k log-probs."""
     return (
         sampler.custom is None
         and sampler.constraint is None
@@ -235,8 +187,7 @@ class Verified:
 
     Attributes:
         drafted: ``[B]`` draft tokens each row fed. accepted: ``[B]`` drafts accepted.
-        tokens, logprobs: per row the accepted drafts
-            and their log-probabilities (natural log) under the target.
+        tokens, logprobs: per row the accepted drafts and their natural-log probabilities.
         pending: the next token per row (``choice[a_b]``), as the next step reads it.
     """
 
@@ -254,9 +205,7 @@ class Verified:
 
 
 def _choices(logits: mx.array, first: mx.array, first_lp: mx.array) -> tuple[list, list, list]:
-    """Per row and position of a verify forward's ``logits`` ``[B, 1 + K, V]``: the choice
-    (position 0: the row's own sample ``first``; later: the argmax), its log-prob and
-    whether the position's log-probs are finite; evaluated, as lists ``[B][1 + K]``."""
+    """Greedy choices, their log-probs and finiteness per row and position, as lists ``[B][1 + K]``."""
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [B, 1 + K, V]
     choices = mx.concatenate([first[:, None], mx.argmax(lp[:, 1:], axis=-1).astype(mx.uint32)], axis=1)
     picked = mx.take_along_axis(lp, choices[..., None].astype(mx.int32), axis=-1)[..., 0]  # [B, 1 + K]
@@ -280,12 +229,7 @@ def _sampled_choices(
     p: list,
     f: list,
 ) -> None:
-    """Each sampled row's own choice at verify positions ``1..n_b``, in place of the argmax
-    in ``c``, ``p``, ``f`` (as :func:`_choices` gives them): its processors over its context
-    and the drafts before the position, then its seeded draw for token ``token_index[b] + j``
-    (:meth:`RowSampler.choose`), the draw a decode step makes for that token after the same
-    tokens. A drafted token is accepted only where the row draws it, so a sampled row emits
-    the tokens it emits without speculation."""
+    """Overwrite ``c``, ``p``, ``f`` at positions ``1..n_b`` of sampled rows with the row's seeded draw."""
     for b, (d, s) in enumerate(zip(drafts, samplers)):
         if not d or s.shared_argmax:
             continue
@@ -311,14 +255,8 @@ def verify(
     contexts: Sequence[Any],
     token_index: Sequence[int],
 ) -> Verified:
-    """One verify forward over ``[B, 1 + K]`` (each row's pending token, its drafts,
-    then padding), a draft accepted while the row chose it, caches trimmed per row
-    (:func:`trim_rows`).
-
-    Position 0 of every row is sampled as a decode step samples it
-    (:func:`workbench.engine.sampling.sample_rows`: processors, seeded draws); at later
-    positions a greedy row's choice is the argmax of the log-softmax, a sampled row's its
-    own seeded draw (:func:`_sampled_choices`); only drafted rows read them.
+    """One verify forward over ``[B, 1 + K]`` (pending token, drafts, padding), then
+    :func:`decide` and each row's cache trimmed (:func:`trim_rows`).
 
     Args:
         caches: per-layer ``BatchKVCache`` (or the quantized
@@ -350,11 +288,9 @@ def decide(
     contexts: Sequence[Any],
     token_index: Sequence[int],
 ) -> Verified:
-    """What a verify forward's ``logits`` ``[B, 1 + K, V]`` decide, whichever layout ran it
-    (:func:`verify`: the padded ``[B, 1 + K]`` forward; the packed layout: each row's ``1 +
-    n_b`` positions of its ``[1, T]`` forward, padded to ``1 + K``): position 0 sampled as a
-    decode step samples it, a draft accepted while the row chose it (:func:`verify`'s rules).
-    Positions past a row's drafts are never read. Returns the evaluated :class:`Verified`."""
+    """The evaluated :class:`Verified` of a verify forward's ``logits`` ``[B, 1 + K, V]``, either
+    layout's: position 0 sampled as a decode step samples it (:func:`sample_rows`), a draft
+    accepted while the row chose it; positions past a row's drafts are never read."""
     first, first_lp, errors = sample_rows(logits[:, 0, :], samplers, contexts, token_index)  # [B], [B, V]
     c, p, f = _choices(logits, first, first_lp)
     _sampled_choices(logits, drafts, samplers, contexts, token_index, c, p, f)

@@ -1,22 +1,14 @@
 """LoRA adapters in a packed forward: each token's adapter, gathered per token.
 
-Knows: the :class:`~workbench.engine.levers.lora.AdapterBank` and its shared
-:class:`~workbench.engine.levers.lora.Selection`, the chunks of a packed forward. Must not
-know: the queue, pages, events.
-
-The padded layout selects one adapter per row of its ``[B, L]`` forward
-(:func:`workbench.engine.levers.lora.selected`); the packed forward is one ``[1, T]``
-sequence whose tokens belong to different requests, so each token gets its request's slot,
-as vLLM's punica kernels take a per-token adapter index (``token_lora_indices``)::
+The packed forward is one ``[1, T]`` sequence whose tokens belong to different requests, so
+each token gets its request's slot in the bank's stacks, as vLLM's punica kernels take a
+per-token adapter index (``token_lora_indices``); each
+:class:`~workbench.engine.levers.lora.RowLoRALinear` then runs its delta as ``T`` rows of one
+token (``x`` ``[1, T, I]`` seen as ``[T, 1, I]``)::
 
     chunks   uid 0 (base) decode 1 | uid 1 ("prose") decode 1 | uid 2 ("numbers") prefill 3
     rows     [0, 1, 2, 2, 2]                                      (slot per token, [T])
     y[t] = linear(x[t]) + scale[rows[t]] * (x[t] @ A[rows[t]]) @ B[rows[t]]
-
-Each :class:`~workbench.engine.levers.lora.RowLoRALinear` then runs its delta as ``T`` rows of
-one token (``x`` ``[1, T, I]`` seen as ``[T, 1, I]``): a token's delta is its own, so a row
-gets the numbers of its adapter whatever shares the forward. A forward whose tokens all use
-the base model runs the plain layers, as the padded layout's.
 
 Axis letters: ``T`` packed tokens, ``I`` / ``O`` a Linear's input / output features.
 """
@@ -45,11 +37,9 @@ def token_slots(bank, chunks: Sequence[Chunk], adapter_of: Mapping[int, str | No
 
 @contextlib.contextmanager
 def selected_tokens(bank, chunks: Sequence[Chunk], adapter_of: Mapping[int, str | None]) -> Iterator[None]:
-    """While active, the packed forward of ``chunks`` built on the bank's model runs each
-    token with its request's adapter (``adapter_of``: uid -> adapter name, ``None`` the base
-    model). The graph captures the selection when it is built (a pipelined forward needs
-    nothing later). With no bank, or only base-model tokens, nothing is set: the plain model
-    runs. Mirrors :func:`workbench.engine.levers.lora.selected` per token."""
+    """While active, the packed forward of ``chunks`` runs each token with its request's adapter
+    (``adapter_of``: uid -> name, ``None``: base); :func:`workbench.engine.levers.lora.selected`
+    per token."""
     if bank is None or all(adapter_of[c.uid] is None for c in chunks):
         yield
         return
@@ -64,9 +54,8 @@ def selected_tokens(bank, chunks: Sequence[Chunk], adapter_of: Mapping[int, str 
 
 
 def check_bank(bank) -> None:
-    """Refuse adapters the packed forward cannot serve: a target outside the decoder
-    layers (``lm_head``: the packed forward runs it on the sampled positions only, not on
-    the ``T`` tokens the selection has).
+    """Refuse adapters targeting a layer outside the decoder layers (``lm_head`` runs on
+    sampled positions only).
 
     Raises:
         ValueError: naming ``adapters``, the adapter and the layer.

@@ -1,19 +1,12 @@
 """The packed forward: mlx-lm's own layers over one ``[1, T]`` sequence of every
-scheduled token, each layer handed a paged cache object.
-
-Knows: how mlx-lm's llama-family ``Attention`` calls its cache
-(``rope(x, offset=cache.offset)``, ``cache.update_and_fetch(keys, values)``, the mask
-from ``create_attention_mask`` -> ``cache.make_mask``, then
-``scaled_dot_product_attention(queries, keys, values, cache=, scale=, mask=)``), and how
-``llama.Model`` ends (``model.model`` then the LM head). Must not know: requests, the queue, events.
+scheduled token, each layer handed a paged cache object (mlx-lm's cache protocol).
 
 Per layer, with the model's ``Attention`` unchanged: RoPE at each token's own position
 (:class:`PerTokenRoPE`), the ``T`` new keys and values written into the pool
 (:meth:`PagedLayer.update_and_fetch`), then attention by groups (default,
 :meth:`PagedLayer.attend`) or ``masked`` (the ``[T, S]`` block-diagonal mask, mlx-lm's
 attention unchanged: the reference). Only the sampled positions reach the LM head
-(:func:`lm_logits`). A decode-only forward runs as ``[R, 1]`` rows
-(:mod:`workbench.engine.packed.decode_rows`). Step by step: ``docs/lab/engine-notes.md``.
+(:func:`lm_logits`). Step by step: ``docs/lab/engine-notes.md``, "packed/attention.py".
 
 Axis letters: ``T`` packed tokens, ``S`` gathered key positions, ``R`` sampled rows,
 ``N`` pool slots (``capacity_pages * page_size``), ``H`` heads, ``D`` head dim, ``V`` vocabulary.
@@ -40,11 +33,8 @@ from .per_token import token_blocks
 
 
 class Pools:
-    """Every layer's key and value pool: ``keys[l]``, ``values[l]`` ``[N, n_kv_heads,
-    head_dim]``, made at the first write (the model's dtype), grown to ``slots``.
-
-    Writes update the arrays in place (MLX donates a buffer nothing else holds); a clone
-    holds new handles, so a write after it copies the pool once (:meth:`clone`)."""
+    """Every layer's key and value pool: ``keys[l]``, ``values[l]`` ``[N, n_kv_heads, head_dim]``,
+    made at the first write (the model's dtype), grown to ``slots``, written in place."""
 
     def __init__(self, n_layers: int):
         self.keys: list[mx.array | None] = [None] * n_layers
@@ -57,8 +47,7 @@ class Pools:
         return sum(int(a.nbytes) for a in self.keys + self.values if a is not None)
 
     def fit(self, layer: int, like: mx.array) -> None:
-        """Make layer ``layer``'s pools ``[slots, H, D]`` (zeros, ``like``'s dtype; ``like``
-        ``[T, H, D]``), keeping what they hold."""
+        """Grow layer ``layer``'s pools to ``[slots, H, D]`` in ``like``'s dtype."""
         for pool in (self.keys, self.values):
             have = pool[layer]
             n = 0 if have is None else have.shape[0]
@@ -67,10 +56,7 @@ class Pools:
                 pool[layer] = grow if have is None else mx.concatenate([have, grow])
 
     def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
-        """Copy each ``(source, copy)`` page's ``page_size`` slots into the copy's, in every
-        layer's keys and values (copy-on-write of a shared page), growing the pools to
-        ``slots`` first. The pages are read (evaluated) before they are written, so each
-        pool is written in place."""
+        """Copy each ``(source, copy)`` page's slots in every layer (copy-on-write), in place."""
         if not pairs:
             return
         src, dst = (
@@ -93,9 +79,7 @@ class Pools:
                 pool[layer][dst] = moved[id(pool), layer]
 
     def clone(self, share: bool = False) -> "Pools":
-        """A copy: the same array objects with ``share`` (an engine call's savepoint: the
-        live pools keep writing in place, only into slots the copy's page table calls
-        free), else new handles on the same buffers (a checkpoint)."""
+        """A copy: the same arrays with ``share`` (a savepoint), else new handles (a checkpoint)."""
         out = Pools(len(self.keys))
         handle = (lambda a: a) if share else (lambda a: None if a is None else mx.view(a, a.dtype))
         out.keys, out.values = [handle(a) for a in self.keys], [handle(a) for a in self.values]
@@ -104,22 +88,18 @@ class Pools:
 
 
 class PagedLayer:
-    """The cache one layer's ``Attention`` gets in a packed forward (mlx-lm's cache
-    protocol: ``offset``, ``update_and_fetch``, ``make_mask``; and ``attend``, which
-    :mod:`workbench.engine.model_hooks` calls instead of the masked
-    attention when ``groups`` are given).
+    """The cache one layer's ``Attention`` gets in a packed forward (``offset``,
+    ``update_and_fetch``, ``make_mask``, and ``attend`` for the grouped path).
 
     Args:
-        pools: the pools. layer: this layer's index. write: ``[T]`` int32 pool slot of
-        each packed token. positions: ``[T]`` int32 RoPE position of each token.
-        gather: ``[S]`` int32 pool slots of the keys and mask ``[T, S]`` bool (the masked
-        path), or groups (:class:`~workbench.engine.packed.grouped.Groups`, the grouped path).
-        decode: the decode rows for the CUDA kernel
-        (:class:`~workbench.engine.packed.cuda_attention.DecodePages`; ``groups`` then hold
-        the chunks after them), or ``None``.
-        per_token: ``(attention, blocks)``: every token attended on its own by ``attention(queries,
-        keys_pool, values_pool, blocks, scale)`` over its left-padded keys
-        (:func:`~workbench.engine.packed.per_token.token_blocks`: the batch-invariant mode), or ``None``.
+        pools, layer: the pools and this layer's index.
+        write, positions: ``[T]`` int32 pool slot and RoPE position of each packed token.
+        gather: ``[S]`` int32 key slots and mask ``[T, S]`` bool (masked path), or
+            :class:`~workbench.engine.packed.grouped.Groups`.
+        decode: :class:`~workbench.engine.packed.cuda_attention.DecodePages` for the CUDA
+            kernel, or ``None``.
+        per_token: ``(attention, blocks)`` attending each token on its own (batch-invariant
+            mode, :func:`~workbench.engine.packed.per_token.token_blocks`), or ``None``.
     """
 
     def __init__(
@@ -141,10 +121,8 @@ class PagedLayer:
             self.attend = None  # the masked path: mlx-lm's attention over the gathered keys
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` (or, in a decode-only
-        forward run as rows, ``[R, n_kv_heads, 1, head_dim]``) at their slots and return the
-        gathered context ``[1, n_kv_heads, S, head_dim]`` of each (the masked path), or
-        ``keys``, ``values`` as they are (by groups: :meth:`attend` reads the pools)."""
+        """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` (rows: ``[R, ., 1, .]``) at
+        their slots; return the gathered ``[1, n_kv_heads, S, head_dim]`` (masked) or them as is."""
         B, H, T, D = keys.shape  # [1, n_kv_heads, T, head_dim], or [R, n_kv_heads, 1, head_dim] (rows)
         if T == 1:  # one token a row (decode rows, or T = 1): [B, H, D] with no transpose
             k, v = keys.reshape(B, H, D), values.reshape(B, H, D)
@@ -159,12 +137,8 @@ class PagedLayer:
         return kp[self.gather].transpose(1, 0, 2)[None], vp[self.gather].transpose(1, 0, 2)[None]
 
     def attend(self, queries: mx.array, scale: float) -> mx.array:
-        """Attention of ``queries`` ``[1, H, T, D]`` over this layer's pools by groups
-        (:func:`~workbench.engine.packed.grouped.grouped_attention`), the decode rows by the
-        CUDA kernel when ``decode`` is set (:func:`~workbench.engine.packed.cuda_attention.packed_attention`).
-        Decode rows alone with queries ``[R, H, 1, D]`` (a forward run as rows, or one row):
-        one batched one-query attention over each row's gathered keys, queries and output
-        ``[R, H, 1, D]`` as they are (mlx-lm's batched decode attention, without padding)."""
+        """Attention of ``queries`` ``[1, H, T, D]`` (decode rows alone: ``[R, H, 1, D]``) over
+        this layer's pools by groups (:func:`~workbench.engine.packed.grouped.grouped_attention`)."""
         k, v = self.pools.keys[self.layer], self.pools.values[self.layer]
         if self.per_token is not None:
             attention, blocks = self.per_token
@@ -186,11 +160,8 @@ class PagedLayer:
 
 
 def paged_attention(original: Any, queries, keys, values, cache, scale, mask, sinks=None) -> mx.array:
-    """The attention each of ``model``'s hooked layers calls in a packed forward
-    (:meth:`~workbench.engine.model_hooks.ModelHooks.calling`, the signature of mlx-lm's
-    ``scaled_dot_product_attention`` after ``original``): a paged layer with ``attend``
-    attends by itself (:meth:`PagedLayer.attend`, over the pools); any other call (the masked
-    path, attention sinks) goes to ``original`` unchanged."""
+    """The attention hook of a packed forward (mlx-lm's ``scaled_dot_product_attention``
+    signature): :meth:`PagedLayer.attend` where the layer attends by groups, else ``original``."""
     attend = getattr(cache, "attend", None)
     if attend is None or sinks is not None:
         return original(queries, keys, values, cache, scale, mask, sinks)
@@ -198,11 +169,8 @@ def paged_attention(original: Any, queries, keys, values, cache, scale, mask, si
 
 
 class PerTokenRoPE:
-    """A layer's RoPE that also takes one position per token: for ``x`` ``[1, H, T, D]``
-    and an ``offset`` array of ``T`` positions, ``x`` is rotated as ``[T, H, 1, D]`` (mlx-lm's
-    RoPE takes one offset per batch row) and turned back; every other call (an int offset,
-    mlx-lm's ``[B]`` offsets) goes to the layer's RoPE unchanged. So a wrapper left in
-    place (an interrupt inside the restore) changes no other forward."""
+    """A layer's RoPE that also takes ``T`` positions for ``x`` ``[1, H, T, D]`` (rotated as
+    ``[T, H, 1, D]``); every other call goes to the layer's RoPE unchanged."""
 
     def __init__(self, rope: Any):
         self.rope = rope
@@ -220,9 +188,7 @@ class PerTokenRoPE:
 
 @contextlib.contextmanager
 def per_token_rope(inner: Any) -> Iterator[None]:
-    """Within the block, every layer's ``self_attn.rope`` is a :class:`PerTokenRoPE` around
-    the layer's own RoPE module (an instance attribute shadowing the Module's child);
-    removed after."""
+    """Within the block, every layer's ``self_attn.rope`` is a :class:`PerTokenRoPE`."""
     attns = [layer.self_attn for layer in inner.layers]
     try:
         for attn in attns:
@@ -234,9 +200,7 @@ def per_token_rope(inner: Any) -> Iterator[None]:
 
 
 def lm_logits(model: Any, h: mx.array) -> mx.array:
-    """The LM head of a llama-family ``Model`` on normed hidden states ``h`` ``[..., hidden]``
-    -> ``[..., V]``: the tied embedding's ``as_linear`` or ``lm_head``, as mlx-lm's
-    ``llama.Model.__call__`` ends."""
+    """``h`` ``[..., hidden]`` -> ``[..., V]`` through the LM head, as ``llama.Model.__call__`` ends."""
     if model.args.tie_word_embeddings:
         return model.model.embed_tokens.as_linear(h)
     return model.lm_head(h)
@@ -245,9 +209,7 @@ def lm_logits(model: Any, h: mx.array) -> mx.array:
 def layer_inputs(
     table: PageTable, chunks: Sequence[Chunk], index: ForwardIndex | None = None
 ) -> dict[str, np.ndarray]:
-    """The index arrays of one packed forward: ``write`` ``[T]``, ``positions`` ``[T]``
-    and ``sampled`` ``[R]`` (packed index of each sampling chunk's last token), from
-    ``index`` (:func:`~workbench.engine.packed.indices.forward_index`, made when ``None``).
+    """``write`` ``[T]``, ``positions`` ``[T]`` and ``sampled`` ``[R]`` of one packed forward.
 
     Raises:
         ValueError: a chunk beyond its request's pages."""
@@ -267,11 +229,7 @@ def paged_layers(
     index: ForwardIndex | None = None,
     token_attention: Any = None,
 ) -> list[PagedLayer]:
-    """One :class:`PagedLayer` per layer: by groups (default; with ``decode_kernel`` the
-    leading decode rows by :mod:`~workbench.engine.packed.cuda_attention`), or ``masked``
-    (every request's keys gathered, the block-diagonal mask: mlx-lm's attention as it is);
-    ``index``: the forward's :class:`~workbench.engine.packed.indices.ForwardIndex` (made
-    when ``None``); ``token_attention``: every token on its own (:class:`PagedLayer`'s ``per_token``)."""
+    """One :class:`PagedLayer` per layer, by groups (default) or ``masked``."""
     write, positions = mx.array(arrays["write"]), mx.array(arrays["positions"])
     if token_attention is not None:
         per_token = (token_attention, token_blocks(forward_index(table, chunks) if index is None else index))
@@ -289,10 +247,8 @@ def paged_layers(
 
 
 def selected(choice: bool | None, n_heads: int, pool: mx.array | None) -> bool:
-    """Whether a packed forward's decode rows go to the CUDA kernel
-    (:mod:`~workbench.engine.packed.cuda_attention`): ``choice`` ``False`` never, ``None``
-    (default) on CUDA where :func:`~workbench.engine.packed.cuda_attention.serves` holds,
-    ``True`` where it holds on any device (tests standing in for the kernel on the CPU)."""
+    """Whether decode rows go to the CUDA kernel: ``False`` never, ``None`` on CUDA where it
+    serves, ``True`` where it serves on any device."""
     from ...runtime.device import backend
 
     if choice is False or not cuda_attention.serves(n_heads, pool):
@@ -310,13 +266,9 @@ def packed_forward(
     decode_kernel: bool | None = None,
     token_attention: Any = None,
 ) -> mx.array:
-    """Run ``tokens`` ``[T]`` (the chunks' tokens, in order; ids or a uint32 array, maybe
-    lazy) through ``model`` as one
-    ``[1, T]`` forward over the pools (written in place), attention by groups (default)
-    or ``masked`` (:func:`paged_layers`). Returns the logits ``[R, V]`` at each sampling
-    chunk's last token (``R = 0``: an empty ``[0, V]``). ``decode_kernel``: the decode rows
-    by the CUDA kernel (:func:`selected`: ``None``
-    where it serves the model, ``False`` never); ``token_attention``: as :func:`paged_layers`.
+    """Run ``tokens`` ``[T]`` through ``model`` as one ``[1, T]`` forward over the pools
+    (written in place); returns the logits ``[R, V]`` at each sampling chunk's last token.
+    ``decode_kernel``: as :func:`selected`; ``token_attention``: per-token attention.
 
     Raises:
         ValueError: a chunk beyond its request's pages.
@@ -341,10 +293,7 @@ def packed_forward(
 def _decode_rows_forward(
     model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int] | mx.array
 ) -> mx.array:
-    """:func:`packed_forward` of one-token decode chunks that all sample
-    (:func:`~workbench.engine.packed.decode_rows.decode_only`), run as ``[R, 1]`` rows
-    (:mod:`workbench.engine.packed.decode_rows`): the same values as the ``[1, T]`` forward,
-    fewer graph nodes and host calls. Returns the logits ``[R, V]``, row order."""
+    """:func:`packed_forward` of decode chunks only, run as ``[R, 1]`` rows; logits ``[R, V]``."""
     ix = decode_index(table, chunks)
     mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]  # [R, 1, 1, L]
     groups = Groups(len(chunks), mx.array(ix.slots), mask, ())

@@ -1,19 +1,11 @@
 """The packed batch: the requests in flight (joining and running), their tokens in pages,
 and the pools, changed together.
 
-Knows: request states (:class:`workbench.engine.state.RequestState`), the page table,
-the pools, the packed forward. Must not know: the queue, admission, events.
-
-Each request of the batch has *known* tokens (its inputs: prompt plus generated) of
-which ``held`` are in its pages. A joining row (PREFILLING) has many unheld tokens, a
-running row exactly one (its latest token, fed by the next forward). It shares its
-read-only surface with :class:`workbench.engine.batch.Batch` (one scheduler loop for both
-layouts). With prefix caching a joiner starts from its longest cached prefix's pages
-(:mod:`workbench.engine.packed.prefix`); samples of one ``submit_n`` share one prefill, a
-*leader* and its *followers*; a launched forward records each row's *admission*
-(:meth:`PackedBatch.carried`). How and why: ``docs/lab/engine-notes.md``.
-
-Axis letters: ``B`` requests in the batch (row order = arrival in the batch).
+Each request has *known* tokens (prompt plus generated) of which ``held`` are in its pages:
+a joining row many unheld, a running row exactly one (fed by the next forward). Samples of one
+``submit_n`` share one prefill (a *leader* and its *followers*); a launched forward records
+each row's *admission* (:meth:`PackedBatch.carried`). How and why: ``docs/lab/engine-notes.md``,
+"packed/batch.py". Axis letters: ``B`` requests in the batch (row order = arrival).
 """
 
 from __future__ import annotations
@@ -38,21 +30,16 @@ GROWTH = 8  # the pools grow by at least 1/GROWTH of their pages (or what is nee
 
 @dataclass
 class Launched:
-    """A packed forward built (its evaluation started or about to be) whose sampled
-    tokens are not read yet: the packed layout's pipelining (the next forward is built
-    from these unread tokens before they are read, as the padded layout's decode step).
+    """A packed forward built whose sampled tokens are not read yet (pipelining).
 
     Attributes:
         chunks: its chunks. uids: the uid of each row it samples, in the order of
             ``pending``'s rows (a leader's followers after it).
         pending: the lazy :class:`~workbench.engine.forward.Pending` (``None``: no row samples).
         outputs: the arrays whose evaluation runs it (``pending``'s, or the pools).
-        deferred: chunks ending at a token unread when it was built; their full pages are
-            indexed once that token is read (:meth:`PackedBatch.after_read`).
-        paced: with pacing, the pacer's decision on it (its token cap, predicted and
-            budgeted seconds: ``workbench.engine.levers.packed_pacing.PacedForward``, frozen).
-        admitted: uid -> the admission (:attr:`PackedBatch.admitted`) of each row in the
-            batch when it was built: its tokens belong to those admissions only.
+        deferred: chunks ending at an unread token; pages indexed on read (:meth:`PackedBatch.after_read`).
+        paced: with pacing, the pacer's ``PacedForward`` on it.
+        admitted: uid -> the admission of each row when it was built.
     """
 
     chunks: tuple[Chunk, ...]
@@ -91,8 +78,7 @@ class PackedBatch:
 
     Attributes:
         rows: request states in row order. held: ``[B]`` tokens in each row's pages.
-        admitted: ``[B]`` each row's admission: a number the batch gives every row it
-            adds (0, 1, 2, ...; a uid preempted and admitted again gets a new one).
+        admitted: ``[B]`` each row's admission number (a re-admitted uid gets a new one).
         table: the :class:`PageTable`. pools: the :class:`Pools`.
         last_chunks: the chunks of the latest packed forward whose tokens were read.
         last_paced: with pacing, the pacer's decision on that forward (``None``: off).
@@ -153,9 +139,8 @@ class PackedBatch:
         return self.pools.slots // self.page_size * self.page_bytes
 
     def add(self, states: Sequence[RequestState]) -> None:
-        """Append joining rows: each takes the pages of its longest cached prefix (those
-        tokens held; ``cached_tokens`` set); a ``submit_n`` sample admitted with its
-        group's first member follows it (nothing of its own in pages)."""
+        """Append joining rows, each from its longest cached prefix; a ``submit_n`` sample
+        follows its group's first member."""
         leaders = shared_rows(states)
         for b, s in enumerate(states):
             hit = self.table.match(s.inputs) if leaders[b] == b else []
@@ -169,10 +154,8 @@ class PackedBatch:
             self.admissions += 1
 
     def carried(self, launched: Launched | None) -> dict[int, int]:
-        """uid -> its index in ``launched.uids`` (and ``launched.pending``'s rows) of each
-        row ``launched`` samples that is still in the batch as the admission it was built
-        for: the rows its tokens may be read for and fed to. A row that left since (and
-        may have been admitted again under its uid) is not carried. ``{}`` for ``None``.
+        """uid -> its index in ``launched.uids`` of each row ``launched`` samples that is still
+        the admission it was built for (``{}`` for ``None``).
 
         Example: ``launched.uids == (3, 5)``, uid 5 preempted and admitted again since
         -> ``{3: 0}``."""
@@ -182,8 +165,7 @@ class PackedBatch:
         return {u: i for i, u in enumerate(launched.uids) if u in now and launched.admitted.get(u) == now[u]}
 
     def _promote(self, leaving: Sequence[int] = ()) -> None:
-        """A follower whose leader finished or is ``leaving`` (uids) takes its leader's
-        pages and progress and leads the others; a finished follower stops following."""
+        """Followers of a finished or ``leaving`` leader: the next one leads."""
         if not self.follows:
             return
         alive = {r.uid for r in self.rows if not r.finished and r.uid not in set(leaving)}
@@ -200,9 +182,7 @@ class PackedBatch:
             self.follows.update({g: f for g, ld in self.follows.items() if ld == lead})
 
     def wants(self, unread: Collection[int] = ()) -> list[Want]:
-        """Each unfinished row's work (:class:`Want`), row order; a follower has none. A
-        row in ``unread`` (uids whose sampled token is not read yet) counts that token as
-        known and decodes it, unless it is its last (``max_tokens``: it finishes on the read)."""
+        """Each unfinished row's :class:`Want`; uids in ``unread`` count their unread token as known."""
         self._promote()
         return [
             Want(r.uid, h, r.n_inputs + (r.uid in unread), r.status is Status.RUNNING or r.uid in unread)
@@ -224,14 +204,8 @@ class PackedBatch:
         after: Launched | None = None,
         tokens: mx.array | None = None,
     ) -> mx.array:
-        """Copy the shared pages the chunks write into, reserve the chunks' pages (growing
-        the pools by at least 1/8 when the free list runs out), build the packed forward
-        (lazy), count the chunks' tokens as held and index the pages they filled; a
-        leader's followers take its pages at its sampling chunk. A chunk of a row that
-        ``after`` (a launched forward, not read yet) samples feeds that unread token.
-        ``tokens``: the chunks' tokens ``[T]`` where they are not all known (a verify
-        forward's drafts, :mod:`~workbench.engine.packed.verify`). Returns the logits ``[R, V]``
-        of the rows that sample (:attr:`sampled`: each sampling chunk's row, then its followers)."""
+        """Reserve the chunks' pages and build the packed forward (lazy), fed ``after``'s unread
+        tokens or ``tokens`` ``[T]`` (a verify's drafts); returns logits ``[R, V]`` of :attr:`sampled`."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
         copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
         have = self.pools.slots // self.page_size
@@ -259,8 +233,7 @@ class PackedBatch:
         return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
 
     def _tokens(self, chunks: Sequence[Chunk], after: Launched | None) -> mx.array:
-        """The chunks' tokens ``[T]`` uint32: their rows' inputs, and where a chunk ends
-        past them, the token ``after`` sampled for that row (unread, lazy)."""
+        """The chunks' tokens ``[T]`` uint32, unread ones from ``after``."""
         rows = {r.uid: r for r in self.rows}
         unread = self.carried(after)
         tokens, at, src = [], [], []
@@ -282,9 +255,7 @@ class PackedBatch:
         return out
 
     def after_read(self, launched: Launched | None) -> None:
-        """Once a forward's tokens are read: a row's held tokens are at most its known ones
-        (a token fed ahead that the row did not keep: an error, an abort), and the pages of
-        ``launched``'s deferred chunks are indexed where their rows kept that token."""
+        """After a read: held tokens cut to known ones, deferred chunks' pages indexed."""
         self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
         rows = {r.uid: r for r in self.rows}
         carried = self.carried(launched)
@@ -294,8 +265,7 @@ class PackedBatch:
                 self.table.register(c.uid, r.inputs, c.start, c.end)
 
     def _fan_out(self, logits: mx.array, sampling: list[int]) -> mx.array:
-        """Each sampling row's followers take its pages and its logits row; sets
-        :attr:`sampled`. Returns ``logits`` ``[R, V]`` with a row repeated per follower."""
+        """``logits`` ``[R, V]`` with a row repeated per follower; sets :attr:`sampled`."""
         if not self.follows:  # no sample waits for a leader: nothing to fan out
             self.sampled = list(sampling)
             return logits
@@ -322,10 +292,8 @@ class PackedBatch:
         sample: Callable[[mx.array, list[int]], Pending],
         after: Launched | None = None,
     ) -> Launched:
-        """Build the forward of ``chunks`` (:meth:`forward`, fed ``after``'s unread tokens)
-        and its sampling, ``sample(logits [R, V], row indices)`` -> a lazy
-        :class:`~workbench.engine.forward.Pending`. Returns the :class:`Launched`, not
-        started (``mx.async_eval(*launched.outputs)`` starts it)."""
+        """The :class:`Launched` of ``chunks`` and ``sample(logits [R, V], rows)`` -> ``Pending``,
+        not started (``mx.async_eval(*launched.outputs)``)."""
         known = {r.uid: r.n_inputs for r in self.rows}
         logits = self.forward(model, chunks, after)
         rows = list(self.sampled)
@@ -338,9 +306,7 @@ class PackedBatch:
         return Launched(tuple(chunks), uids, pending, outputs, deferred, admitted=admitted)
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
-        """Keep only rows ``keep`` (sorted row indices); the others' pages go back at
-        once (a count reaching 0: the free list, or the cached pages), a leaving leader's
-        to its next follower first (``reuse_slots`` has no meaning here)."""
+        """Keep only rows ``keep`` (sorted); the others' pages go back (``reuse_slots`` unused)."""
         keep = set(keep)
         self._promote([r.uid for b, r in enumerate(self.rows) if b not in keep])
         for b, r in enumerate(self.rows):
@@ -360,9 +326,7 @@ class PackedBatch:
     def clone(
         self, state_of: Callable[[RequestState], RequestState], share_appended: bool = False
     ) -> "PackedBatch":
-        """An independent copy (page table copied, its hand-out counts shared with
-        ``share_appended``; pools as :meth:`Pools.clone` with ``share=share_appended``);
-        ``state_of`` maps each row's state to the copy's."""
+        """An independent copy (``share_appended``: a savepoint); ``state_of`` maps row states."""
         out = PackedBatch(
             self.page_size,
             self.page_bytes,
@@ -385,8 +349,7 @@ class PackedBatch:
         return out
 
     def state(self, token_budget: int) -> PackedState:
-        """The frozen :class:`PackedState` now (with pacing, the latest forward's token cap
-        and its predicted and budgeted seconds from :attr:`last_paced`)."""
+        """The frozen :class:`PackedState` now."""
         held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
         pages = tuple((r.uid, tuple(self.table.pages[r.uid])) for r in self.rows if r.uid in self.table.pages)
         paced = self.last_paced
@@ -404,10 +367,7 @@ class PackedBatch:
         )
 
     def problems(self) -> list[str]:
-        """What disagrees in the books: a row's pages against its held tokens, a running
-        row with more than its latest token unheld (it would decode without its context), the page
-        table's own books (:meth:`PageTable.problems`), a follower holding pages or
-        following a uid not in the batch, pools smaller than the pages handed out."""
+        """What disagrees in the books (pages against held tokens, followers, pools); ``[]``: none."""
         out, uids = self.table.problems(), {r.uid for r in self.rows}
         for r, h in zip(self.rows, self.held, strict=True):
             n = len(self.table.pages.get(r.uid, []))

@@ -1,31 +1,12 @@
 """Paged attention for a packed forward's decode tokens, on CUDA: one fused kernel that reads
 each row's keys and values straight from the page pools through its page table (no gather
-into a padded block).
+into a padded block, as :mod:`workbench.engine.packed.grouped` does).
 
-Knows: MLX's custom CUDA kernels (``mx.fast.cuda_kernel``), the pools' layout (``[N,
-n_kv_heads, head_dim]``, slot ``page * page_size + position % page_size``), the page table,
-the packed forward's chunks (decode chunks first). Must not know: requests, the queue, events.
-
-Why: by groups (:mod:`workbench.engine.packed.grouped`) the decode rows' keys and values are
-first gathered from their pages into ``[R, n_kv_heads, L_max, head_dim]`` (right-padded,
-masked) and then attended: the gather writes and reads every key twice. The kernel attends
-over the pages where they are.
-
-The work is laid out as vLLM's ``paged_attention_v1`` / ``v2`` kernels
-(``csrc/attention/attention_kernels.cuh``: block tables ``[R, max pages]`` and sequence
-lengths ``[R]`` in; warps walk a row's pages, ``page += warps``; v2 splits a long row into
-partitions whose partial maxima, sums and outputs a reduce kernel merges) with FlashInfer's
-GQA grouping (its batch decode kernel: one block per KV head serves the query heads that
-share it, so each key is read once per KV head, not once per query head). Per block ``(row,
-KV head, split)``: the split's pages are walked by ``WARPS`` warps; within a warp ``32 / LPT``
-lane groups take one token each (``LPT = head_dim / VEC`` lanes, ``VEC`` elements a lane:
-16 bytes by default, :class:`Layout`), each group a dot product per query head reduced over
-its lanes, an online softmax in float32 (flash-decoding); the lane groups, then the warps,
-merge their states.
-One split writes the output; several write partial states that :data:`_REDUCE` merges.
-
-The same arithmetic in MLX ops: :func:`paged_decode_reference` (the CPU's stand-in in the
-dispatch tests, and the oracle of the GPU tests).
+Laid out as vLLM's ``paged_attention_v1`` / ``v2`` kernels (block tables ``[R, max pages]``
+and lengths ``[R]`` in; a long row split into partitions that a reduce kernel merges) with
+FlashInfer's GQA grouping (one block per KV head serves the query heads that share it), an
+online softmax in float32. The same arithmetic in MLX ops: :func:`paged_decode_reference`.
+Work layout in detail: ``docs/lab/engine-notes.md``, "packed/cuda_attention.py".
 
 Axis letters: ``R`` decode rows, ``P`` page-table width (pages of the longest row), ``N``
 pool slots, ``H`` query heads, ``Hkv`` KV heads, ``G = H / Hkv``, ``D`` head dim.
@@ -55,10 +36,8 @@ TARGET_BLOCKS = 264  # blocks that fill an H200's 132 SMs twice: rows x KV heads
 
 @dataclass(frozen=True)
 class Layout:
-    """How the kernel spreads a block's work: ``warps`` per block (row, KV head, split), each
-    walking every ``warps``-th page; ``lane_bytes`` of a key or value row per lane (a lane group
-    of ``head_dim * itemsize / lane_bytes`` lanes takes one token, at most 32). A split holds
-    at least ``warps`` pages (one per warp)."""
+    """How the kernel spreads a block's work: ``warps`` per block (row, KV head, split) and
+    ``lane_bytes`` of a key or value row per lane."""
 
     warps: int = 4
     lane_bytes: int = 16
@@ -263,9 +242,8 @@ class DecodePages:
 
     Attributes:
         n_rows: decode rows ``R`` (the leading 1-token decode chunks).
-        page_table: ``[R, P]`` int32 page ids of each row's pages in position order
-            (right-padded with page 0, never read: a row reads its ``lengths`` positions only).
-        lengths: ``[R]`` int32 keys of each row (tokens in its pages after the step, ``>= 1``).
+        page_table: ``[R, P]`` int32 page ids of each row's pages, right-padded with page 0.
+        lengths: ``[R]`` int32 keys of each row after the step (``>= 1``).
         page_size: positions per page. max_length: the longest row's length (host int).
     """
 
@@ -284,9 +262,7 @@ def leading_decodes(chunks: Sequence[Chunk]) -> int:
 def decode_pages(
     table: PageTable, chunks: Sequence[Chunk], index: ForwardIndex | None = None
 ) -> DecodePages | None:
-    """The :class:`DecodePages` of ``chunks``' leading decode rows over ``table``, from
-    ``index`` (the :class:`~workbench.engine.packed.indices.ForwardIndex` of ``chunks``; made
-    when ``None``); ``None`` when the forward has none.
+    """The :class:`DecodePages` of ``chunks``' leading decode rows over ``table`` (``None``: none).
 
     Raises:
         ValueError: a row whose length runs beyond its pages.
@@ -306,8 +282,7 @@ def decode_pages(
 
 def serves(n_heads: int, pool: mx.array | None) -> bool:
     """True when the kernel serves ``n_heads`` query heads over a pool ``[N, n_kv_heads,
-    head_dim]``: head dim in :data:`HEAD_DIMS`, dtype in :data:`DTYPES`, ``n_heads`` a
-    multiple of ``n_kv_heads`` by at most :data:`MAX_GROUP` (``None``: no pool yet, False)."""
+    head_dim]`` (:data:`HEAD_DIMS`, :data:`DTYPES`, :data:`MAX_GROUP`; ``None``: False)."""
     if pool is None or pool.ndim != 3:
         return False
     n_kv, D = pool.shape[1], pool.shape[2]
@@ -339,10 +314,8 @@ def _check(queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodeP
 def split_plan(
     n_rows: int, n_kv_heads: int, max_pages: int, splits: int | None = None, min_pages: int = LAYOUT.warps
 ) -> tuple[int, int]:
-    """``(splits, pages per split)`` of rows whose longest holds ``max_pages`` pages: one split
-    when ``rows x KV heads`` fills :data:`TARGET_BLOCKS` blocks, else as many as bring it
-    there with at least ``min_pages`` pages each (one per warp; ``splits``: asked for, capped
-    at ``max_pages``)."""
+    """``(splits, pages per split)`` for rows of at most ``max_pages`` pages, aiming at
+    :data:`TARGET_BLOCKS` blocks with at least ``min_pages`` pages a split."""
     want = splits if splits is not None else math.ceil(TARGET_BLOCKS / max(1, n_rows * n_kv_heads))
     want = max(1, min(want, max_pages))
     per = math.ceil(max_pages / want)
@@ -376,10 +349,8 @@ def paged_decode_attention(
     Row ``r`` (query ``queries[0, :, r]``) attends its positions ``0 .. lengths[r] - 1``,
     read from the pools at ``page_table[r, p // page_size] * page_size + p % page_size``;
     query head ``h`` uses KV head ``h // (H / n_kv_heads)``. Equals
-    :func:`paged_decode_reference` within float rounding (float32 accumulation, online
-    softmax; tested on the GPU). It stands in for mlx-lm's ``scaled_dot_product_attention``
-    (``mlx_lm.models.base``) over a gathered, length-masked block, as vLLM's
-    ``paged_attention_v1`` / ``v2`` do for a paged cache.
+    :func:`paged_decode_reference` within float rounding; stands in for mlx-lm's
+    ``scaled_dot_product_attention`` over a gathered, length-masked block.
 
     Args:
         queries: ``[1, H, R, D]`` the decode tokens' queries (RoPE applied).
@@ -439,13 +410,8 @@ def _split_and_reduce(args: dict, shape: tuple[int, int, int], n_splits: int, dt
 def paged_decode_reference(
     queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodePages, scale: float
 ) -> mx.array:
-    """What :func:`paged_decode_attention` computes, in MLX ops (any device): each row's keys
-    and values looked up through its page table, the scores ``(q * scale) . k`` in float32,
-    masked past the row's length (those values read as 0, as the kernel never reads them),
-    softmax, times the values, cast to the queries' dtype. The products are summed
-    elementwise, not by a matmul, so it stays float32 where MLX's float32 matmuls run at
-    TF32 (``MLX_ENABLE_TF32=1`` on CUDA: :mod:`workbench.runtime.precision`); it holds ``[R,
-    n_kv_heads, G, S, D]`` float32 products at once (``S``: the page table's positions).
+    """What :func:`paged_decode_attention` computes, in MLX ops on any device (float32 scores,
+    summed elementwise so TF32 matmuls do not touch them; holds ``[R, n_kv_heads, G, S, D]``).
 
     Args and returns: as :func:`paged_decode_attention` (``[1, H, R, D]``).
     """
@@ -467,11 +433,8 @@ def paged_decode_reference(
 def packed_attention(
     queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodePages, rest: Groups, scale: float
 ) -> mx.array:
-    """Attention of a packed forward's queries ``[1, H, T, D]``: the first ``R`` (decode rows)
-    by :func:`paged_decode_attention`, the others by groups
-    (:func:`~workbench.engine.packed.grouped.grouped_attention` with ``rest``, the groups of the
-    chunks after the decode rows, their first tokens counted from ``R``). Returns ``[1, H, T, D]``.
-    Called where mlx-lm's attention layer calls ``scaled_dot_product_attention``."""
+    """Attention of queries ``[1, H, T, D]``: the first ``R`` by :func:`paged_decode_attention`,
+    the rest by groups (``rest``). Returns ``[1, H, T, D]``."""
     R = pages.n_rows
     out = paged_decode_attention(queries[:, :, :R], k_pool, v_pool, pages, scale)
     if not rest.chunks:

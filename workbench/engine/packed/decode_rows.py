@@ -1,19 +1,10 @@
 """A packed forward of decode tokens only, run as ``[R, 1]`` rows: the fast path of the
 packed layout's steady state (every row decoding, no prefill chunk beside them).
 
-Knows: the page table's page ids per request, the chunks, numpy. Must not know: MLX, requests,
-the model.
-
-When every chunk of a forward is one decode token that samples, the ``[1, T]`` packed
-sequence is the ``[R, 1]`` batch the padded layout runs, without its padding: the same
-matmuls (MLX folds the leading axes of ``[R, 1, hidden]`` and ``[1, R, hidden]`` into one
-``[R, hidden]`` GEMM), each row's RoPE at its own position through mlx-lm's ``[B]`` offsets
-(no per-token transposes), the decode group's attention on queries ``[R, H, 1, D]`` as they
-come (no transpose in or out), and every row's hidden state to the LM head (no gather of
-sampled positions). :func:`decode_index` builds the forward's index arrays from the page table
-in a handful of numpy calls (the general :func:`~workbench.engine.packed.indices.forward_index`
-plus :meth:`~workbench.engine.packed.indices.ForwardIndex.slot_grid` take about four times as
-many, a few microseconds each on this project's CPU: host time that the device waits for).
+The ``[1, T]`` sequence is then the padded layout's ``[R, 1]`` batch without its padding:
+the same matmuls, RoPE at mlx-lm's ``[B]`` offsets, attention on ``[R, H, 1, D]`` queries as
+they come, every row to the LM head. :func:`decode_index` builds the index arrays in a handful
+of numpy calls (why it pays: ``docs/lab/engine-notes.md``, "packed/decode_rows.py").
 
 Example (page_size 4; uid 0 holds pages ``[0, 1]``, uid 1 holds ``[2]``)::
 
@@ -47,10 +38,8 @@ class DecodeIndex:
     Attributes:
         write: ``[R]`` int32 pool slot of each row's new token.
         positions: ``[R]`` int32 its RoPE position (the row's held tokens before the step).
-        slots: ``[R, L]`` int32 slots of each row's positions ``0 .. end - 1``, right-padded
-            with slot 0 (``L``: the longest row's end).
-        mask: ``[R, L]`` bool, position ``j`` below the row's end; ``None`` when every row is
-            as long (no padding).
+        slots: ``[R, L]`` int32 slots of each row's positions, right-padded with slot 0.
+        mask: ``[R, L]`` bool, position below the row's end; ``None`` when all are as long.
     """
 
     write: np.ndarray
@@ -60,13 +49,11 @@ class DecodeIndex:
 
 
 def decode_index(table: PageTable, chunks: Sequence[Chunk]) -> DecodeIndex:
-    """The :class:`DecodeIndex` of one-token decode ``chunks`` (:func:`decode_only`) over
-    ``table``'s pages: the same ``write``, ``positions`` and decode slot grid as
-    :func:`~workbench.engine.packed.indices.forward_index` and ``slot_grid`` give.
+    """The :class:`DecodeIndex` of one-token decode ``chunks`` over ``table``'s pages (what
+    :func:`~workbench.engine.packed.indices.forward_index` would give).
 
     Raises:
-        ValueError: a chunk beyond its request's pages (the message of
-            :meth:`~workbench.engine.packed.indices.ForwardIndex.check`)."""
+        ValueError: a chunk beyond its request's pages."""
     P = table.page_size
     pages = [table.pages.get(c.uid, ()) for c in chunks]
     starts = [c.start for c in chunks]

@@ -1,27 +1,14 @@
 """Attention over pages by groups: the decode tokens of a packed forward as one batched
 one-query attention, each prefill chunk as its own causal attention, so no token pays
-for other requests' keys.
+for other requests' keys (why, in numbers: ``docs/lab/engine-notes.md``, "packed/grouped.py").
 
-Knows: the page table, MLX's ``mx.fast.scaled_dot_product_attention``. Must not know:
-requests, the queue, how a layer's attention reaches it
-(:mod:`workbench.engine.model_hooks` hands a paged layer's call to ``cache.attend``).
-
-Why: one masked attention over every request's keys (the block-diagonal mask of
-:func:`workbench.observe.packed.packed_mask`) costs ``T x S``: with a 500-token prefill
-chunk beside 7 decoding rows of 300 tokens each, 500 x 2,600 scores of which 500 x 500 are
-kept. By groups it costs what each request needs:
-
-- the leading run of decode chunks (the plan puts them first): queries ``[R, H, 1, D]``
-  against each row's keys gathered from its pages into ``[R, n_kv_heads, L_max, D]``
-  (right-padded, masked where a row is shorter; no mask when all are as long) — the
-  padded layout's decode step, without its left padding;
+- the leading run of decode chunks: queries ``[R, H, 1, D]`` against each row's keys
+  gathered into ``[R, n_kv_heads, L_max, D]`` (right-padded, masked where a row is shorter):
+  mlx-lm's batched decode attention without left padding;
 - each other chunk: queries ``[1, H, n, D]`` against its request's keys ``[1, n_kv_heads,
-  end, D]`` with mlx-lm's ``"causal"`` mask (the chunk's positions are the last ``n`` of
-  the ``end`` keys), the very call mlx-lm's own chunked prefill makes.
+  end, D]`` with mlx-lm's ``"causal"`` mask, the call mlx-lm's chunked prefill makes.
 
-The outputs are concatenated in packed order. Within float rounding of the masked one
-(tested), and the decode group is the same computation as mlx-lm's batched decode.
-
+Outputs are concatenated in packed order, within float rounding of the masked attention.
 Axis letters: ``T`` packed tokens, ``R`` decode rows, ``L`` keys per row, ``H`` heads,
 ``D`` head dim.
 """
@@ -49,8 +36,7 @@ class Groups:
             with slot 0), or ``None`` when ``R == 0``.
         decode_mask: ``[R, 1, 1, L_max]`` bool, or ``None`` (every row as long).
         chunks: ``(first packed token, tokens, slots [end])`` of every other chunk.
-        flat: ``(id(slots), n_kv_heads)`` -> the flat-pool indices of those slots
-            (:func:`flat_indices`), made once per forward for every layer.
+        flat: ``(id(slots), n_kv_heads)`` -> :func:`flat_indices`, made once per forward.
     """
 
     n_decode: int
@@ -63,9 +49,7 @@ class Groups:
 def groups_of(
     table: PageTable, chunks: Sequence[Chunk], index: ForwardIndex | None = None, skip: int = 0
 ) -> Groups:
-    """The :class:`Groups` of ``chunks[skip:]`` over ``table``'s pages (their first tokens
-    counted from ``chunks[skip]``'s), from ``index`` (the
-    :class:`~workbench.engine.packed.indices.ForwardIndex` of all ``chunks``; made when ``None``).
+    """The :class:`Groups` of ``chunks[skip:]`` over ``table``'s pages (``index``: made when ``None``).
 
     Raises:
         ValueError: a chunk beyond its request's pages."""
@@ -96,10 +80,7 @@ def flat_indices(slots: mx.array, n_kv_heads: int) -> mx.array:
 
 def _gather(pool: mx.array, slots: mx.array, groups: Groups | None = None) -> mx.array:
     """``pool`` ``[N, n_kv_heads, D]`` at ``slots`` ``[..., L]`` -> ``[..., n_kv_heads, L, D]``,
-    row-contiguous: one gather over the flat pool at :func:`flat_indices` (memoized in
-    ``groups.flat``), so that the attention reads the block as it is. (A gather of the
-    ``[..., L, n_kv_heads, D]`` rows then a swap of axes leaves every ``[L, D]`` matrix
-    strided, which MLX's attention and matmuls copy first: the GPU's ``copy_g`` kernels.)"""
+    row-contiguous (one gather at :func:`flat_indices`)."""
     N, H, D = pool.shape
     key = (id(slots), H)
     flat = None if groups is None else groups.flat.get(key)
@@ -114,9 +95,7 @@ def grouped_attention(
     queries: mx.array, keys_pool: mx.array, values_pool: mx.array, groups: Groups, scale: float
 ) -> mx.array:
     """Attention of ``queries`` ``[1, H, T, D]`` (RoPE applied) over the pools ``[N,
-    n_kv_heads, D]`` by :class:`Groups`. Returns ``[1, H, T, D]``. (Decode rows alone with
-    queries ``[R, H, 1, D]``, a forward run as rows, attend in
-    :meth:`workbench.engine.packed.attention.PagedLayer.attend`.)"""
+    n_kv_heads, D]`` by :class:`Groups`. Returns ``[1, H, T, D]``."""
     outs = []
     R = groups.n_decode
     if R:

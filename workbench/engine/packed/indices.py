@@ -1,9 +1,6 @@
 """The index arrays of one packed forward, built once for every layer by a few numpy calls
 over the whole batch (no Python loop over tokens or positions).
 
-Knows: the page table's page ids per request (:class:`~workbench.engine.packed.pages.PageTable`),
-the chunks. Must not know: MLX, requests, the model.
-
 A request's position ``p`` lives at pool slot ``pages[p // page_size] * page_size + p %
 page_size`` (:meth:`PageTable.slots`). :func:`forward_index` lays each chunk's request's
 pages out as one zero-padded matrix ``[C, W]`` (``W``: pages of the longest chunk's
@@ -43,8 +40,7 @@ class ForwardIndex:
 
     Attributes:
         page_size: positions per page.
-        pages: ``[C, W]`` int32 page ids of each chunk's request, its first
-            ``ceil(end / page_size)`` pages, right-padded with page 0.
+        pages: ``[C, W]`` int32 page ids of each chunk's request, right-padded with page 0.
         held: ``[C]`` pages each chunk's request holds (all of them).
         starts, ends: ``[C]`` int64 first position and end (exclusive) of each chunk.
         samples: ``[C]`` bool, the chunk samples (its last token's logits are read).
@@ -58,8 +54,7 @@ class ForwardIndex:
     samples: np.ndarray
 
     def check(self, chunks: Sequence[Chunk]) -> None:
-        """Raise unless every chunk (of ``chunks``, the ones indexed) ends within its
-        request's pages.
+        """Raise unless every chunk indexed ends within its request's pages.
 
         Raises:
             ValueError: naming the first chunk beyond its pages (as :meth:`PageTable.slots`)."""
@@ -108,10 +103,8 @@ class ForwardIndex:
 
 
 def forward_index(table: PageTable, chunks: Sequence[Chunk]) -> ForwardIndex:
-    """The :class:`ForwardIndex` of ``chunks`` over ``table``'s pages (a chunk beyond its
-    pages is not raised here: :meth:`ForwardIndex.check`). mlx-lm has no paged cache; this
-    is what vLLM's attention metadata builders make per step (``slot_mapping`` [T] and
-    ``block_tables`` [R, W]), here in numpy over the whole batch."""
+    """The :class:`ForwardIndex` of ``chunks`` over ``table``'s pages (checked by
+    :meth:`ForwardIndex.check`): vLLM's ``slot_mapping`` [T] and ``block_tables`` [R, W]."""
     C, P = len(chunks), table.page_size
     lists = [table.pages.get(c.uid, ()) for c in chunks]
     starts = np.fromiter((c.start for c in chunks), np.int64, C)

@@ -1,25 +1,16 @@
 """The KV books of the packed layout, in pages: bytes held, the projection admission
-checks against ``kv_budget_bytes``, and refusals at ``submit``.
-
-Knows: the page size and bytes, request states' token counts, the batch's page table and
-``submit_n`` followers. Must not know: the policy, MLX.
+checks against ``kv_budget_bytes``, and refusals at ``submit``. No MLX.
 
 A request reserves the pages of everything it may hold, ``ceil((prompt + max_tokens) /
-page_size)``, from admission until ``filter()`` evicts it (a finished row: the pages it
-holds). So a step never runs out of pages and never preempts mid-forward; the pages it
-actually holds (``PackedBatch.kv_bytes``) grow one at a time as its tokens arrive. A page
-several requests share counts once::
+page_size)``, from admission until ``filter()`` evicts it, so a step never runs out of pages
+and never preempts mid-forward. A page several requests share counts once::
 
     projected = page_bytes * (|pages held by rows kept  U  pages joiners find cached|
                               + sum over rows kept of (reserve - pages held)
                               + sum over joiners of (reserve - pages found cached))
     held      = page_bytes * distinct pages handed out      <= projected <= kv_budget_bytes
 
-A row whose partly filled last page another holds too reserves one page more (its write
-copies the page first); a ``submit_n`` follower reserves the pages past its prompt (its
-leader's, which it will share) plus that copy, and so does its leader's copy. Cached pages
-no request holds (the prompt cache) are not reserved: a page taken when the pools are at
-the budget evicts the least recently used of them.
+Copies of shared pages and cached pages: ``docs/lab/engine-notes.md``, "packed/ledger.py".
 """
 
 from __future__ import annotations
@@ -43,10 +34,8 @@ class PagePlan:
     Attributes:
         page_size: positions per page. page_bytes: bytes of one page.
         rows: ``(uid, reserved pages)`` of each row in the batch.
-        held: ``(uid, pages held)`` of each row in the batch (``()``: none shared, the
-            reserve alone counts).
-        joining: joiners -> ``(pages they would share, pages they would add)``
-            (``None``: each joiner adds the pages of its ``final_tokens``).
+        held: ``(uid, pages held)`` of each row (``()``: none shared).
+        joining: joiners -> ``(pages shared, pages added)`` (``None``: their ``final_tokens``' pages).
     """
 
     page_size: int
@@ -66,8 +55,7 @@ class PagePlan:
     def projected_bytes(
         self, joiners: Sequence[RowTokens] = (), dropped: Sequence[int] = (), started: bool = False
     ) -> int:
-        """Bytes reserved by the rows not in ``dropped`` plus ``joiners``, a shared page
-        once. ``started`` is accepted for :class:`KVPlan`'s signature."""
+        """Bytes reserved by the rows not in ``dropped`` plus ``joiners``, a shared page once."""
         gone = set(dropped)
         held = {uid: pages for uid, pages in self.held if uid not in gone}
         distinct = {p for pages in held.values() for p in pages}
@@ -100,8 +88,7 @@ class PageLedger:
         return self._pages(len(s.valid.prompt_ids) + s.valid.request.max_tokens)
 
     def _follower(self, s: Any) -> int:
-        """Pages a ``submit_n`` follower adds to its leader's: past its prompt's, and the
-        copy of the shared last page when the prompt ends inside one."""
+        """Pages a ``submit_n`` follower adds to its leader's."""
         return self._final(s) - self._pages(len(s.inputs)) + bool(len(s.inputs) % self.page_size)
 
     def _reserve(self, s: Any, pages: Sequence[int], held: int, st: Any) -> int:
@@ -116,9 +103,7 @@ class PageLedger:
         return max(self._final(s), len(pages)) + bool(copy)
 
     def _joining(self, st: Any) -> Callable[[Sequence[RowTokens]], tuple[set[int], int]]:
-        """What joiners would add to ``st``'s batch: each takes its cached prefix
-        (:meth:`PageTable.match`), a ``submit_n`` sample admitted with its group's first
-        member follows it (:func:`workbench.engine.siblings.shared_rows`)."""
+        """What joiners would add to ``st``'s batch (cached prefixes, followers)."""
         table, found = st.batch.table, {}
 
         def joining(joiners: Sequence[RowTokens]) -> tuple[set[int], int]:
@@ -139,10 +124,7 @@ class PageLedger:
         return joining
 
     def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> PagePlan:
-        """The :class:`PagePlan` of engine state ``st`` (its batch's rows) now
-        (``held_prompts`` and ``prompt_cache`` are accepted for
-        :class:`~workbench.engine.kv.ledger.KVLedger`'s signature: the packed layout holds
-        no shared prompt, and cached pages no row holds are evicted as pages are taken)."""
+        """The :class:`PagePlan` of engine state ``st`` now (the flags: ``KVLedger``'s signature)."""
         batch = st.batch
         held = tuple((r.uid, tuple(batch.table.pages.get(r.uid, ()))) for r in batch.rows)
         rows = tuple(
@@ -173,11 +155,9 @@ class PageLedger:
         )
 
     def held(self, st: Any) -> Held:
-        """Bytes held now: the distinct pages handed out, and the cached pages no request
-        holds as the prompt cache's bytes (no prefilling group)."""
+        """Bytes held now (cached pages no request holds as the prompt cache's)."""
         return Held(st.batch.kv_bytes, 0, st.batch.cached_bytes)
 
     def make_room(self, st: Any, joiners: Sequence[Any] = (), dropped: Sequence[int] = ()) -> int:
-        """Nothing to trim: cached pages are evicted when a page is taken at the budget
-        (:meth:`workbench.engine.packed.pages.PageTable.reserve`). Returns 0."""
+        """Nothing to trim (cached pages are evicted as pages are taken). Returns 0."""
         return 0

@@ -1,18 +1,11 @@
 """The page table: fixed-size pages of KV positions, a free list, each request's pages,
-and (with prefix caching) pages shared by requests and cached after them.
-
-Knows: page ids and token counts only (no MLX). Must not know: the model, the pools.
+and (with prefix caching) pages shared by requests and cached after them. No MLX.
 
 A request's position ``p`` lives in page ``pages[uid][p // page_size]`` at slot
-``page * page_size + p % page_size`` of every layer's pool. A freed page goes to the
-front of the free list, so the next request that needs one reuses it at once (no left
-padding, no growth step). Mirrors vLLM's ``BlockManager`` / nano-vllm's
-``BlockManager.allocate / deallocate``.
-
-Prefix caching (``cache_pages`` not ``None``; vLLM's automatic prefix caching): full
-pages are indexed (:class:`~workbench.engine.packed.prefix.PrefixIndex`), shared by
-reference count (``refs``), kept LRU in :attr:`cached` once unreferenced, and copied before
-a shared write (:meth:`copy_on_write`). The page life cycle: ``docs/lab/engine-notes.md``.
+``page * page_size + p % page_size`` of every layer's pool; a freed page is reused first.
+Mirrors vLLM's ``BlockManager`` / nano-vllm's ``BlockManager.allocate / deallocate``; prefix
+caching (``cache_pages``) is vLLM's automatic prefix caching (life cycle:
+``docs/lab/engine-notes.md``, "packed/pages.py").
 
 Example (page_size 4)::
 
@@ -68,8 +61,7 @@ class PageTable:
         return len(self.refs)
 
     def _take(self) -> int:
-        """A page for new content: free, else new (under ``max_pages``), else the least
-        recently used cached page (evicted: its index entries and their subtree go)."""
+        """A page for new content: free, else new, else the LRU cached page evicted."""
         if self.free_list:
             page = self.free_list.pop(0)
         elif self.cached and self.max_pages is not None and self.capacity >= self.max_pages:
@@ -90,16 +82,14 @@ class PageTable:
                 self.free_list.insert(0, p)
 
     def reserve(self, uid: int, tokens: int) -> list[int]:
-        """Give ``uid`` pages for ``tokens`` positions in all (free pages first, then new
-        ones, then evicted cached ones). Returns the pages added."""
+        """Give ``uid`` pages for ``tokens`` positions in all; returns the pages added."""
         have = self.pages.setdefault(uid, [])
         added = [self._take() for _ in range(self.pages_for(tokens) - len(have))]
         have.extend(added)
         return added
 
     def match(self, tokens: Sequence[int]) -> list[int]:
-        """The cached or held pages of ``tokens``' longest indexed prefix of whole pages
-        (:meth:`PrefixIndex.match`; ``[]`` without prefix caching)."""
+        """The pages of ``tokens``' longest indexed prefix of whole pages (``[]``: none)."""
         if self.index is None:
             return []
         out = self.index.match(tokens, self.page_size, self.handouts)
@@ -109,8 +99,7 @@ class PageTable:
         return out
 
     def share(self, uid: int, pages: Sequence[int]) -> None:
-        """``uid`` (holding no page yet) takes ``pages`` (from :meth:`match` or another
-        request's), each count up by one; a cached page leaves the cached list."""
+        """``uid`` (holding no page yet) takes ``pages``, each count up by one."""
         for page in pages:
             self.refs[page] = self.refs.get(page, 0) + 1
             if page in self.cached:
@@ -124,9 +113,8 @@ class PageTable:
         self.share(dst, self.pages.get(src, []))
 
     def copy_on_write(self, uid: int, start: int, end: int) -> list[tuple[int, int]]:
-        """Before ``uid`` writes positions ``start .. end - 1``: each of its pages there
-        that another request holds too is replaced by a new page. Returns ``(source,
-        copy)`` pairs whose slots the caller copies before the write."""
+        """Replace ``uid``'s shared pages over positions ``start .. end - 1`` by new ones;
+        returns ``(source, copy)`` pairs for the caller to copy before the write."""
         pages, out = self.pages.get(uid, []), []
         for i in range(start // self.page_size, min(self.pages_for(end), len(pages))):
             if self.refs[pages[i]] > 1:
@@ -137,10 +125,7 @@ class PageTable:
         return out
 
     def prepare(self, spans: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
-        """Before a forward writes each ``(uid, start, end)`` span: :meth:`copy_on_write`
-        then :meth:`reserve` for each, in order (a span within one page its request holds
-        alone, a decode token's usual case, costs one look-up). Returns the ``(source,
-        copy)`` pairs of every span."""
+        """:meth:`copy_on_write` then :meth:`reserve` per ``(uid, start, end)`` span; the pairs."""
         P, out = self.page_size, []
         for uid, start, end in spans:
             pages = self.pages.get(uid, ())
@@ -152,9 +137,7 @@ class PageTable:
         return out
 
     def register(self, uid: int, tokens: Sequence[int], start: int, end: int) -> None:
-        """Index ``uid``'s pages filled by writing positions ``start .. end - 1`` (its
-        ``tokens`` are its known tokens); a page whose parent is not indexed, or whose key
-        another page holds, stays out (no-op without prefix caching)."""
+        """Index ``uid``'s pages filled by positions ``start .. end - 1`` of its ``tokens``."""
         if self.index is None:
             return
         P, pages = self.page_size, self.pages.get(uid, [])
@@ -163,11 +146,8 @@ class PageTable:
             self.index.add(pages[i], parent, tokens[i * P : (i + 1) * P], self.handouts.get(pages[i], 0))
 
     def free(self, uid: int, keep: int = 0) -> list[int]:
-        """``uid`` gives its pages back (all but its first ``keep``: a speculative row's
-        pages of rejected drafts): each count down by one; at 0 an indexed page goes
-        to the end of the cached pages (its last page first, so a prefix outlives its
-        tails), another to the front of the free list (in its page order). Returns the
-        pages whose count reached 0; a uid holding none frees nothing."""
+        """``uid`` gives back its pages but the first ``keep``, each count down by one; returns
+        those reaching 0 (indexed: cached, last page first; else: the free list's front)."""
         gone, held = [], self.pages.get(uid, [])
         back = held[keep:]
         if keep:
@@ -201,10 +181,7 @@ class PageTable:
         return [s for uid, end in spans for s in self.slots(uid, 0, end)]
 
     def clone(self, share_handouts: bool = False) -> "PageTable":
-        """An independent copy; with ``share_handouts`` the hand-out counts stay one
-        object with this table's (an engine call's savepoint, whose pools the live batch
-        keeps writing in place: a cached page the call hands out again is stale for the
-        copy too)."""
+        """An independent copy; ``share_handouts`` (a savepoint) keeps one hand-out count."""
         out = PageTable(self.page_size, self.max_pages, self.cache_pages)
         out.pages = {u: list(p) for u, p in self.pages.items()}
         out.refs, out.free_list, out.cached = dict(self.refs), list(self.free_list), list(self.cached)
@@ -214,8 +191,7 @@ class PageTable:
         return out
 
     def problems(self) -> list[str]:
-        """What disagrees in the books: counts against the pages held, a page both held
-        and free or cached, a cached page not indexed, more cached pages than allowed."""
+        """What disagrees in the books (counts, held/free/cached overlaps, index); ``[]``: none."""
         out, counts = [], {}
         for pages in self.pages.values():
             for p in pages:

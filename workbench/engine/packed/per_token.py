@@ -1,9 +1,7 @@
 """Per-token attention inputs of a packed forward: each token's own keys, left-padded, so
 that a batch-invariant attention can compute every token the way it computes it alone.
 
-Knows: the forward's index arrays (:class:`~workbench.engine.packed.indices.ForwardIndex`).
-Must not know: MLX's attention, the model, requests (the batch-invariant mode's attention,
-:mod:`workbench.engine.levers.invariant_packed`, consumes these through the model's hooks).
+Consumed by the batch-invariant mode's attention (:mod:`workbench.engine.levers.invariant_packed`).
 
 Token ``t`` (chunk ``c``, position ``p``) attends its request's positions ``0 .. p`` (its
 chunk's earlier tokens included: causal). Tokens go in blocks of at most ``BLOCK``; in a block

@@ -1,9 +1,6 @@
 """One iteration's chunks under the token budget: which tokens of which requests the next
 packed forward carries.
 
-Knows: per request how many of its known tokens are in pages and how many it has
-(:class:`Want`), the token budget. Must not know: MLX, pages, events.
-
 Schedules (``schedule=``):
 
 - ``"hybrid"`` (default; Sarathi-Serve's stall-free batches, vLLM's chunked prefill):
@@ -18,6 +15,8 @@ Example (budget 8; uid 0 decodes, uid 1 has 10 prompt tokens left)::
 
     plan_chunks([Want(0, 5, 6, True), Want(1, 0, 10, False)], 8)
       -> (Chunk(0, 5, 1, "decode"), Chunk(1, 0, 7, "prefill", samples=False))
+
+Whole first chunks: ``docs/lab/engine-notes.md``, "packed/plan.py".
 """
 
 from __future__ import annotations
@@ -32,14 +31,9 @@ SCHEDULES = ("hybrid", "prefill-first", "decode-first")
 
 @dataclass(frozen=True)
 class Want:
-    """A request's work before a step: ``held`` tokens in pages of ``known`` known
-    (prompt + generated); ``decoding`` for a running row (``known - held == 1``);
-    ``first``: with nothing held, the exact tokens of its first chunk, run whole in a
-    forward with room for it or not at all (quantized pages: a row's first forward is on
-    float keys, :mod:`workbench.engine.packed.quantized_pages`); ``0``: any chunk. A forward
-    where no prefill fits beside the decode tokens, while such a first chunk would fit the
-    budget alone, carries prefill only (the decode tokens wait one forward, as with
-    ``"prefill-first"``), so a long prompt's first chunk never waits for the batch to drain."""
+    """A request's work before a step: ``held`` tokens in pages of ``known`` known;
+    ``decoding`` for a running row; ``first``: with nothing held, the exact tokens of its first
+    chunk, run whole or not at all (quantized pages; ``0``: any chunk)."""
 
     uid: int
     held: int

@@ -1,20 +1,12 @@
 """The prefix index of the packed layout's pages: which page holds the KV of which full
 page of tokens after which prefix (vLLM's automatic prefix caching, nano-vllm's
-``hash_to_block_id``; SGLang's radix tree, at page granularity).
-
-Knows: page ids and token ids only. Must not know: the model, the pools, requests.
+``hash_to_block_id``; SGLang's radix tree, at page granularity). No model, pools or requests.
 
 A page is keyed by ``(parent page, its page_size tokens)``, the parent being the indexed
-page of the tokens before it (``-1`` for a prompt's first page). This is vLLM's chained
-block hash with the parent's page id in place of its hash, so a lookup is exact (no
-collision can hand a request another prefix's KV). A page id is reused once its page is
-evicted, so evicting a page also forgets every page keyed under it (its subtree): a key
-naming an evicted parent can never match again.
-
-A page's KV is valid only while its slots hold what was written when it was indexed: each
-entry notes the page's hand-out count (:attr:`PageTable.handouts`) at that moment, and a
-lookup skips an entry whose page was handed out again since (an engine call rolled back
-after its step overwrote a cached page, see :meth:`PageTable.clone`).
+page of the tokens before it (``-1`` for a prompt's first page): vLLM's chained block hash
+with the parent's page id in place of its hash, so a lookup is exact. Evicting a page forgets
+its subtree; an entry whose page was handed out again since it was indexed never matches
+(why: ``docs/lab/engine-notes.md``, "packed/prefix.py").
 
 Example (pages of 2 tokens; ``a b`` in page 0, ``c d`` in page 3)::
 
@@ -48,9 +40,8 @@ class PrefixIndex:
         return page in self.key_of
 
     def add(self, page: int, parent: int, tokens: Sequence[int], epoch: int) -> bool:
-        """Index ``page`` as holding ``tokens`` after ``parent``'s prefix (``-1``: none).
-        Returns False (indexing nothing) when the key is already another page's, the page
-        is indexed already, or the parent is not indexed."""
+        """Index ``page`` as holding ``tokens`` after ``parent``'s prefix (``-1``: none); False
+        (nothing indexed) for a taken key, an indexed page or an unindexed parent."""
         key = (parent, tuple(tokens))
         if key in self.page_of or page in self.key_of or (parent != -1 and parent not in self.key_of):
             return False
@@ -60,9 +51,7 @@ class PrefixIndex:
 
     def match(self, tokens: Sequence[int], page_size: int, handouts: Mapping[int, int]) -> list[int]:
         """The indexed pages of ``tokens``' longest cached prefix of whole pages, at most
-        ``len(tokens) - 1`` tokens (the last token is always computed: its logits give
-        the next token, as vLLM and nano-vllm leave the last block out). An entry whose
-        page was handed out since it was indexed ends the match and is forgotten."""
+        ``len(tokens) - 1`` tokens; a stale entry ends the match and is forgotten."""
         out, parent = [], -1
         for i in range((len(tokens) - 1) // page_size):
             page = self.page_of.get((parent, tuple(tokens[i * page_size : (i + 1) * page_size])))
@@ -76,8 +65,7 @@ class PrefixIndex:
         return out
 
     def forget(self, page: int) -> list[int]:
-        """Drop ``page`` and every page keyed under it. Returns the pages dropped (the
-        page first; ``[]`` for a page not indexed)."""
+        """Drop ``page`` and its subtree; returns the pages dropped (``page`` first)."""
         if page not in self.key_of:
             return []
         key = self.key_of.pop(page)

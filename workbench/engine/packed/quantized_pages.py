@@ -1,33 +1,15 @@
 """Quantized pages: the packed layout's pools holding keys and values as ``mx.quantize``
 stores them, attended with the padded quantized cache's semantics.
 
-Knows: the pools and paged layers of :mod:`workbench.engine.packed.attention`, the groups of
-:mod:`workbench.engine.packed.grouped`, a quantization (``bits``, ``group_size``: a
-:class:`~workbench.engine.levers.quantized_kv.KVQuant`) and an attention over quantized keys
-with the signature of mlx-lm's ``quantized_scaled_dot_product_attention`` (the layout passes
-mlx-lm's or :func:`~workbench.engine.levers.quantized_attention.dequantized_attention`). Must
-not know: the queue, events, admission, the levers.
-
 Storage: each layer's keys (and values) are three pools, ``(packed [N, n_kv_heads, D_p]
-uint32, scales [N, n_kv_heads, G], biases [N, n_kv_heads, G])``, what ``mx.quantize``
-returns for ``[N, n_kv_heads, D]`` (groups along ``D`` only, so each position is quantized
-on its own: a page holds exactly the parts mlx-lm's ``QuantizedKVCache`` holds for those
-positions, and gathering, copying or sharing pages commutes with quantizing).
+uint32, scales [N, n_kv_heads, G], biases [N, n_kv_heads, G])``, what ``mx.quantize`` returns
+for ``[N, n_kv_heads, D]`` (groups along ``D`` only, so pages commute with quantizing).
 
-Semantics: mlx-lm's ``generate_step(kv_bits=, quantized_kv_start=0)``, as the padded
-layout's quantized cache (:mod:`workbench.engine.levers.quantized_kv`): a row's **first
-forward** attends to float keys (the chunk's own keys, fresh from the projection, mlx-lm's
-float ``KVCache`` before ``maybe_quantize_kv_cache`` converts it), **every later one** to
-quantized keys (its own new keys included, quantized before they are read, as
-``QuantizedKVCache.update_and_fetch``). The first forward covers exactly
-``max(1, min(prefill_step_size, prompt - 1))`` tokens (:func:`first_forward`, the
-reference's first ``_model_call``), whatever the token budget or the other rows leave:
-:meth:`QuantizedPackedBatch.wants` asks the plan for that chunk whole
-(:attr:`~workbench.engine.packed.plan.Want.first`), and the plan runs it only in a forward
-with room for all of it. A chunk that starts at position 0 is a row's first forward (a
-preempted row starts again at 0 and prefills its prompt and tokens again: its first chunk is
-the same size, as in the padded layout); every other chunk and every decode token read the
-quantized pages.
+Semantics: mlx-lm's ``generate_step(kv_bits=, quantized_kv_start=0)``, as
+:mod:`workbench.engine.levers.quantized_kv`: a row's **first forward**
+(:func:`first_forward` tokens, run whole: a chunk starting at position 0) attends to its own
+float keys, **every later** chunk and decode token to quantized keys. Why and how:
+``docs/lab/engine-notes.md``, "packed/quantized_pages.py".
 
 Example (4 bits, group 32, head dim 32: ``D_p = 4``, ``G = 1``; one position of one KV head
 in one layer, keys + values)::
@@ -56,17 +38,13 @@ Parts = tuple[mx.array, mx.array, mx.array]  # (packed, scales, biases), [N, n_k
 
 
 def first_forward(prompt_tokens: int, prefill_step_size: int) -> int:
-    """Tokens of a row's first forward on float keys: ``min(prefill_step_size, prompt - 1)``
-    (``generate_step`` prefills all but the last prompt token, in chunks), or ``1`` for a
-    one-token prompt (its first ``_step``). The padded layout's
-    :func:`~workbench.engine.levers.quantized_prefill.first_forward_tokens`."""
+    """Tokens of a row's first forward on float keys: ``max(1, min(prefill_step_size, prompt - 1))``
+    (as :func:`~workbench.engine.levers.quantized_prefill.first_forward_tokens`)."""
     return max(1, min(prefill_step_size, prompt_tokens - 1))
 
 
 class QuantizedPools(Pools):
-    """Every layer's keys and values as quantized parts (see the module docstring):
-    ``keys[l]``, ``values[l]`` are :data:`Parts` tuples, made at the first write, grown to
-    ``slots``.
+    """Every layer's keys and values as quantized :data:`Parts` tuples.
 
     Args:
         n_layers: the model's layers. quant: the quantization (``bits``, ``group_size``).
@@ -92,8 +70,7 @@ class QuantizedPools(Pools):
         return tuple(mx.quantize(x, group_size=self.quant.group_size, bits=self.quant.bits))
 
     def fit(self, layer: int, like: Parts) -> None:
-        """Make layer ``layer``'s parts ``[slots, ...]`` (zeros, ``like``'s dtypes and
-        trailing shapes), keeping what they hold."""
+        """:meth:`Pools.fit`, part by part."""
         for pool in (self.keys, self.values):
             have = pool[layer]
             n = 0 if have is None else have[0].shape[0]
@@ -104,8 +81,7 @@ class QuantizedPools(Pools):
                 )
 
     def copy_pages(self, pairs: Sequence[tuple[int, int]], page_size: int) -> None:
-        """:meth:`Pools.copy_pages` over each part in turn (each read before it is written:
-        in place), the parts grown to ``slots`` first."""
+        """:meth:`Pools.copy_pages`, part by part."""
         if not pairs:
             return
         for layer, have in enumerate(self.keys):
@@ -133,13 +109,10 @@ class QuantizedPools(Pools):
 
 
 class QuantizedPagedLayer(PagedLayer):
-    """The paged layer over :class:`QuantizedPools`: writes each token's keys and values
-    quantized, attends by groups (the grouped path only) with the module docstring's
-    semantics.
+    """The paged layer over :class:`QuantizedPools` (grouped path only).
 
     Raises:
-        ValueError: built for the masked path (``groups`` ``None``), or with the CUDA
-            kernel's decode rows (neither reads quantized pages).
+        ValueError: built for the masked path or with the CUDA kernel's decode rows.
     """
 
     def __init__(self, pools: QuantizedPools, layer: int, write: mx.array, positions: mx.array, **kw: Any):
@@ -149,8 +122,7 @@ class QuantizedPagedLayer(PagedLayer):
         self.fresh: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Quantize ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` and write the parts
-        at their slots; keep the float ones for the rows' first forwards; return them."""
+        """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` quantized; return them (float)."""
         pools = self.pools
         k, v = pools.quantize(keys[0].transpose(1, 0, 2)), pools.quantize(values[0].transpose(1, 0, 2))
         pools.fit(self.layer, k)
@@ -161,10 +133,7 @@ class QuantizedPagedLayer(PagedLayer):
         return keys, values
 
     def attend(self, queries: mx.array, scale: float) -> mx.array:
-        """Attention of ``queries`` ``[1, H, T, D]`` by groups: the decode rows and every
-        chunk not starting at position 0 over the quantized pages (mlx-lm's quantized
-        attention, or dequantized where the device lacks it), a chunk starting at 0 (a
-        row's first forward) over its own float keys, causal. Returns ``[1, H, T, D]``."""
+        """``[1, H, T, D]`` attention by groups: first forwards on float keys, all else quantized."""
         pools, groups = self.pools, self.groups
         quant, attention = pools.quant, pools.attention
         kq, vq = pools.keys[self.layer], pools.values[self.layer]
@@ -198,13 +167,11 @@ QuantizedPools.layer_class = QuantizedPagedLayer
 
 
 class QuantizedPackedBatch(PackedBatch):
-    """A :class:`PackedBatch` over :class:`QuantizedPools` whose rows' first forwards are
-    exactly :func:`first_forward` tokens (the plan runs such a chunk whole or not at all).
+    """A :class:`PackedBatch` over :class:`QuantizedPools`, first forwards run whole.
 
     Args:
-        quant, attention: as :class:`QuantizedPools`. prefill_step_size: the scheduler's
-            (decides the first forward). The others as :class:`PackedBatch` (no CUDA decode
-            kernel: it reads float pools).
+        quant, attention: as :class:`QuantizedPools`. prefill_step_size: decides the first
+            forward. The others as :class:`PackedBatch` (no CUDA decode kernel).
     """
 
     def __init__(self, *args: Any, quant: Any, prefill_step_size: int, attention: Any = None, **kw: Any):
@@ -213,8 +180,7 @@ class QuantizedPackedBatch(PackedBatch):
         self.pools = QuantizedPools(self.n_layers, quant, attention)
 
     def wants(self, unread: Collection[int] = ()) -> list[Want]:
-        """:meth:`PackedBatch.wants`, a row with nothing in pages asking for its first
-        forward whole (:attr:`Want.first`)."""
+        """:meth:`PackedBatch.wants`, first forwards asked whole (:attr:`Want.first`)."""
         prompts = {r.uid: len(r.valid.prompt_ids) for r in self.rows}
         return [
             replace(w, first=first_forward(prompts[w.uid], self.prefill_step_size)) if w.held == 0 else w

@@ -1,24 +1,13 @@
 """Speculative decoding in the packed layout: a verify forward is more tokens of the same
 request in the ``[1, T]`` forward, and a row's rejected drafts leave its pages.
 
-Knows: chunks, the page table, the pools' books (:class:`~workbench.engine.packed.batch.PackedBatch`).
-Must not know: how drafts are made or accepted (the levers', :mod:`workbench.engine.levers.speculative`),
-the queue, events.
-
 As vLLM runs a verify: a running row whose latest token ``t`` is not in its pages yet and
-which drafted ``d_1 .. d_n`` feeds ``1 + n`` tokens ``[t, d_1, .., d_n]`` at positions
-``held .. held + n``. Each goes into the forward as its own one-token decode chunk
-(:func:`verify_chunks`), so the packed forward's decode group attends each over its row's
-pages up to its own position (the keys of the tokens before it in this forward are written
-before any layer attends: causal, with no change to the attention, its indices or the CUDA
-kernel) and returns logits at every position. :func:`position_logits` lays them out
-``[G, 1 + K, V]`` for the levers' decision; after it, :func:`truncate` keeps the row's
-``held + 1 + a`` tokens (its latest token and the ``a`` drafts it accepted) and gives back
-the pages that held only rejected drafts.
-
-Copy-on-write: the forward's :meth:`PageTable.prepare` copies a shared page before the
-verify writes into it (a ``submit_n`` sample's shared last page, a prefix hit's page), so
-rejected drafts only ever land in pages the row holds alone, and a trim frees only those.
+which drafted ``d_1 .. d_n`` feeds ``[t, d_1, .., d_n]`` at positions ``held .. held + n``,
+each as its own one-token decode chunk (:func:`verify_chunks`), so the forward returns logits
+at every position; :func:`position_logits` lays them out ``[G, 1 + K, V]`` for
+:func:`workbench.engine.levers.speculative.decide`, and :func:`truncate` drops the rejected
+drafts' pages. Why this is causal, and copy-on-write: ``docs/lab/engine-notes.md``,
+"packed/verify.py".
 
 Example (page_size 4, uid 0 holds 5 tokens in pages ``[0, 1]``, its 6th unheld, 3 drafts)::
 
@@ -42,9 +31,8 @@ from ...observe.packed import DECODE, Chunk
 
 
 def cap_drafts(drafts: Sequence[Sequence[int]], room: int) -> list[list[int]]:
-    """Each row's drafts cut so that all of them together are at most ``room`` tokens (the
-    token budget less one token per decoding row), in row order: vLLM's scheduler counts
-    draft tokens against ``max_num_batched_tokens`` the same way.
+    """Each row's drafts cut, in row order, to at most ``room`` tokens in all (as vLLM counts
+    drafts against ``max_num_batched_tokens``).
 
     >>> cap_drafts([[1, 2, 3], [4, 5], [6]], 4)
     [[1, 2, 3], [4], []]
@@ -58,9 +46,8 @@ def cap_drafts(drafts: Sequence[Sequence[int]], room: int) -> list[list[int]]:
 
 
 def verify_chunks(chunks: Sequence[Chunk], drafts: Mapping[int, Sequence[int]]) -> tuple[Chunk, ...]:
-    """``chunks`` with each decode chunk of a uid in ``drafts`` followed by one one-token
-    decode chunk per draft (positions ``start + 1 .. start + n``), every decode chunk before
-    the other chunks (the grouped attention's decode group leads the forward)."""
+    """``chunks`` with a one-token decode chunk per draft after its row's decode chunk, decode
+    chunks first."""
     decode, rest = [], []
     for c in chunks:
         if c.kind != DECODE:
@@ -72,9 +59,7 @@ def verify_chunks(chunks: Sequence[Chunk], drafts: Mapping[int, Sequence[int]]) 
 
 
 def observed_chunks(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
-    """:func:`verify_chunks`' chunks as the snapshot shows them: one chunk per request, a
-    row's token and drafts as one decode chunk of ``1 + n`` tokens (causal within it, as a
-    prefill chunk; what :func:`~workbench.observe.packed.packed_mask` draws).
+    """:func:`verify_chunks`' chunks as the snapshot shows them: one ``1 + n``-token chunk per row.
 
     >>> [(c.uid, c.start, c.n_tokens) for c in observed_chunks(
     ...     [Chunk(0, 5, 1, "decode"), Chunk(0, 6, 1, "decode"), Chunk(1, 2, 1, "decode")])]
@@ -92,9 +77,7 @@ def observed_chunks(chunks: Sequence[Chunk]) -> tuple[Chunk, ...]:
 def forward_tokens(
     rows: Mapping[int, Any], chunks: Sequence[Chunk], drafts: Mapping[int, Sequence[int]]
 ) -> mx.array:
-    """The tokens ``[T]`` uint32 of :func:`verify_chunks`' chunks: each chunk's known inputs
-    (``rows``: uid -> its :class:`~workbench.engine.state.RequestState`), a draft chunk its
-    draft (position ``n_inputs + j`` holds draft ``j``)."""
+    """The tokens ``[T]`` uint32 of :func:`verify_chunks`' chunks (known inputs, then drafts)."""
     out: list[int] = []
     for c in chunks:
         r = rows[c.uid]
@@ -105,8 +88,7 @@ def forward_tokens(
 
 
 def sampling_groups(sampled: Sequence[int]) -> list[tuple[int, int]]:
-    """``(row, positions)`` per sampling row from the forward's sampled rows ``[R]`` (a
-    verify row appears once per position, consecutively).
+    """``(row, positions)`` per sampling row from the forward's sampled rows ``[R]``.
 
     >>> sampling_groups([0, 0, 0, 2, 1, 1])
     [(0, 3), (2, 1), (1, 2)]
@@ -121,9 +103,8 @@ def sampling_groups(sampled: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def position_logits(logits: mx.array, groups: Sequence[tuple[int, int]]) -> mx.array:
-    """The forward's ``logits`` ``[R, V]`` as ``[G, 1 + K, V]``: row ``g``'s positions in
-    order, then its last position repeated to ``1 + K`` (never read: past its drafts; ``K >=
-    1``, as the decision takes an argmax past position 0 even where no row drafted)."""
+    """The forward's ``logits`` ``[R, V]`` as ``[G, 1 + K, V]`` (``K >= 1``), each row's last
+    position repeated past its drafts."""
     width = max([2, *(n for _, n in groups)])
     at, index = 0, []
     for _, n in groups:
@@ -133,10 +114,7 @@ def position_logits(logits: mx.array, groups: Sequence[tuple[int, int]]) -> mx.a
 
 
 def truncate(batch: Any, b: int, keep: int) -> list[int]:
-    """Row ``b`` of the packed ``batch`` keeps ``keep`` tokens in its pages (at most what it
-    holds: its rejected drafts leave); its pages past ``ceil(keep / page_size)`` go back
-    (:meth:`PageTable.free` with ``keep``: at a count of 0 to the free list). Returns the
-    pages whose count reached 0."""
+    """Row ``b`` keeps ``keep`` tokens in its pages, the rest going back; returns pages freed."""
     batch.held[b] = min(batch.held[b], keep)
     table = batch.table
     return table.free(batch.rows[b].uid, keep=table.pages_for(batch.held[b]))

@@ -13,6 +13,7 @@ from workbench.bench.latency_goals import (
     goal_verdicts,
     prefill_floors,
     run_parts,
+    ttft_floors,
     ttft_parts,
 )
 from workbench.bench.packed import PACKED, _run, factories
@@ -107,6 +108,8 @@ def test_the_floors_and_spans_of_a_live_packed_run(bundled):
     prompts = [tuple(prompt_of_length(tok, n, start=7 * n)) for n in (12, 40, 12)]
     floors = prefill_floors(model, prompts, repeats=1)
     assert sorted(floors) == [12, 40] and all(s > 0 for s in floors.values())
+    each = ttft_floors(model, prompts, repeats=1)  # only the prompts at or above the p90 length
+    assert each[0] == each[2] == 0.0 and each[1] > 0
     arrivals = [Arrival(p, 3, at_s=0.0) for p in prompts]
     events, _, spans = _run(factories(model, tok, (PACKED,))[PACKED], arrivals)
     # every prompt token but none twice went through a forward: the spans' prefill tokens

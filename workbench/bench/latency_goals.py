@@ -10,7 +10,8 @@ engines exist, how a run is driven or printed.
 Floors (measured in the run, right before the scenario's engines, lowest of a few runs):
 
 - **TTFT**: each prompt's pure prefill, the model's forward of that prompt alone on a fresh
-  mlx-lm cache with only the last position through the LM head (:func:`prefill_floors`).
+  mlx-lm cache with only the last position through the LM head (:func:`prefill_floors`;
+  :func:`ttft_floors` measures the longest prompts only, the others' floor is 0).
   Any engine's TTFT of a request is at least that (chunks only add forwards, other rows only
   add tokens), so the requests' p95 of it bounds every engine's TTFT p95 from below
   (:mod:`workbench.bench.floors` gives the quantile argument). Floor / mlx-lm's TTFT p95
@@ -88,6 +89,23 @@ def prefill_floors(model: Any, prompts: Iterable[Sequence[int]], repeats: int = 
             if i:  # the first pass warms each shape
                 best[n] = min(best[n], seconds)
     return best
+
+
+def ttft_floors(
+    model: Any, prompts: Sequence[Sequence[int]], repeats: int = 5, above_q: float = 0.9
+) -> list[float]:
+    """Each request's TTFT floor (seconds, in order): :func:`prefill_floors` for the prompts
+    at least as long as the ``above_q`` quantile of the lengths (the ones a p95 reads), ``0.0``
+    for the shorter ones (a floor too, so every quantile of these is still a floor, and only
+    a few lengths are measured, each ``repeats`` times).
+
+    Raises:
+        ValueError: what :func:`prefill_floors` raises, or an ``above_q`` outside ``[0, 1]``."""
+    if not 0 <= above_q <= 1:
+        raise ValueError(f"above_q must be in [0, 1], got {above_q!r}")
+    cut = float(np.quantile([len(p) for p in prompts], above_q))
+    floor_of = prefill_floors(model, [p for p in prompts if len(p) >= cut], repeats)
+    return [floor_of.get(len(p), 0.0) for p in prompts]
 
 
 def _prefill_s(model: Any, prompt: Sequence[int]) -> float:

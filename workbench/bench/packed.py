@@ -13,7 +13,10 @@ chunk and the packed layout's token budget both ``CHUNK_TOKENS``; pages of 16):
 - **decode**: ``B`` equal requests, alternating runs, decode tok/s over the window after
   the first token (:func:`workbench.bench.scenarios.decode_runs`);
 - **staggered**, **loaded**: the latency workload (:func:`staggered_arrivals`) one arrival
-  every 8 (3) decode steps at B = 8; TTFT p95, ITL p95 (``metrics.token_gaps``);
+  every 8 (3) decode steps at B = 8; TTFT p95, ITL p95 (``metrics.token_gaps``), through the
+  padded layout, the packed one, the packed one paced (:data:`PACKED_PACED`) and mlx-lm, with
+  the floors measured in the run and where each workbench run's time went
+  (:mod:`workbench.bench.latency_goals`);
 - **azure**: the conv trace 10:00 + 12 s (time x 0.3, lengths x 0.25, prompts <= 512,
   outputs <= 128: 59 requests), the same numbers, plus per workbench run the peak KV
   bytes the caches held (padded: the arrays' ``nbytes``, prefilling group included;
@@ -36,6 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..engine.levers.pacing import Pacing
 from ..observe.events import events_frame
 from ..observe.metrics import request_metrics, token_gaps
 from ..runtime.loading import load
@@ -45,6 +49,11 @@ from .latency_goals import Span, goal_verdicts, run_parts, ttft_floors
 from .scenarios import MLX_LM, WORKBENCH, alternating, decode_runs, equal_prompts, staggered_arrivals
 
 PADDED, PACKED = WORKBENCH, "workbench, packed"
+PACKED_PACED = "workbench, packed, paced"
+# the paced packed engine's time budget, in decode-only forwards: mlx-lm's ITL p95 is one of
+# its prefill stalls (a decode step and a prompt's prefill, several decode steps long), so the
+# hybrid forwards are kept within a few decode steps (docs/packed.md, "Latency goals")
+PACED_STEPS = 4.0
 CHUNK_TOKENS, PAGE_TOKENS, MAX_BATCH = 512, 16, 8
 SCHEDULE_NAMES = {
     "hybrid": "packed, hybrid (stall-free)",
@@ -93,7 +102,9 @@ def kv_sample(sched: Any) -> tuple[int, int, int]:
 
 def factories(model: Any, tokenizer: Any, names: Sequence[str]) -> dict[str, Callable[[], Any]]:
     """Fresh-engine factories: the padded workbench (:data:`PADDED`), the packed one
-    (:data:`PACKED`, hybrid), the packed one under each schedule (:data:`SCHEDULE_NAMES`)
+    (:data:`PACKED`, hybrid), the packed one paced (:data:`PACKED_PACED`: each forward's prefill
+    capped to a time budget of :data:`PACED_STEPS` decode-only forwards, learned from its own
+    forwards, :mod:`workbench.engine.levers.packed_pacing`), the packed one under each schedule (:data:`SCHEDULE_NAMES`)
     and mlx-lm, all at ``MAX_BATCH`` rows and ``CHUNK_TOKENS``."""
 
     def workbench(**kw: Any) -> Callable[[], Any]:
@@ -103,6 +114,7 @@ def factories(model: Any, tokenizer: Any, names: Sequence[str]) -> dict[str, Cal
     every = {
         PADDED: workbench(),
         PACKED: workbench(**packed),
+        PACKED_PACED: workbench(**packed, pacing=Pacing(itl_target_steps=PACED_STEPS)),
         MLX_LM: lambda: MlxLmEngine(model, MAX_BATCH, CHUNK_TOKENS),
     }
     every.update({name: workbench(**packed, packed_schedule=s) for s, name in SCHEDULE_NAMES.items()})
@@ -213,7 +225,7 @@ def run_packed_bench(quick: bool = False, echo: Callable[[str], None] = print) -
     at_8 = decode[decode.B == 8]
     step_s = at_8[at_8.engine == PADDED].step_s.median()
     itl_floor_s = float(at_8.groupby("engine").step_s.median().min())  # the decode step at B = 8
-    three = factories(model, tokenizer, (PADDED, PACKED, MLX_LM))
+    three = factories(model, tokenizer, (PADDED, PACKED, PACKED_PACED, MLX_LM))
     parts = []
 
     def scenario_run(scenario: str, arrivals: list[Arrival]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -362,7 +374,7 @@ def goal_lines(s: pd.DataFrame, kv: pd.DataFrame, dec: pd.DataFrame) -> list[str
     :func:`~workbench.bench.latency_goals.goal_verdicts`), then both at once."""
     out = []
     reference = s[s.engine == MLX_LM].set_index("scenario")
-    for engine in (PACKED, PADDED):  # the goals are the packed layout's; the padded one beside it
+    for engine in (PACKED, PACKED_PACED, PADDED):  # the goals are the packed layout's; padded beside
         for _, row in s[(s.engine == engine) & s.scenario.isin(reference.index)].iterrows():
             out += goal_verdicts(row, reference.loc[row.scenario])
     for _, row in dec.iterrows():

@@ -70,15 +70,10 @@ def row(scenario="staggered", engine=PACKED, **kw):
 
 
 def test_a_missed_goal_names_its_floor_and_where_the_time_went():
-    mine = row(
-        ttft_floor_p95_s=0.04,
-        itl_floor_s=0.004,
-        tail_queue_s=0.001,
-        tail_own_prefill_s=0.05,
-        tail_waiting_s=0.009,
-        itl_tail_behind_prefill=0.8,
-        itl_tail_prefill_tokens=150.0,
-    )
+    floors = {"ttft_floor_p95_s": 0.04, "itl_floor_s": 0.004}
+    parts = {"tail_queue_s": 0.001, "tail_own_prefill_s": 0.05, "tail_waiting_s": 0.009}
+    parts |= {"itl_tail_behind_prefill": 0.8, "itl_tail_prefill_tokens": 150.0}
+    mine = row(**floors, **parts)
     ref = row(engine="mlx-lm", ttft_p95_s=0.05, itl_p95_s=0.025)
     ttft, itl, both = goal_verdicts(mine, ref)
     assert ttft.startswith("- staggered, workbench, packed: TTFT p95 1.20x mlx-lm") and "missed" in ttft

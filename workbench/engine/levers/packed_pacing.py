@@ -30,7 +30,7 @@ latest forwards (:meth:`PackedPacer.measured_rates`)::
 
 else unknown (the forward runs the floor: a probe). Medians, not a least-squares fit of
 every term: on a shared CPU a forward now and then takes several times its cost, which pulls
-a fit's coefficients anywhere (``docs/pacing.md``, "The packed pacer without a prior"), while
+a fit's coefficients anywhere (``docs/packed.md``, "Pacing: a time budget per forward"), while
 a median moves only when most forwards do; the budget only needs the two rates at the sizes
 the engine runs. A forward's measured time runs from when it could start (when it was
 planned, or for one built from unread tokens the read of the one before) to its tokens

@@ -214,7 +214,7 @@ def observed(pacer, decode, prefill, seconds):
     pacer.observe(PacedForward(tuple(chunks), 512, None, math.inf, 0.0), seconds)
 
 
-def test_without_a_prior_the_forwards_cost_is_two_medians_of_measured_forwards():
+def test_without_a_prior_the_forwards_cost_is_medians_of_measured_forwards():
     pacer = PackedPacer(Pacing(min_chunk_tokens=4), token_budget=64)
     wants = [Want(0, 20, 21, True), Want(1, 0, 100, False)]
     assert pacer.forward_s(plan_chunks(wants, 64)) is None
@@ -230,19 +230,22 @@ def test_without_a_prior_the_forwards_cost_is_two_medians_of_measured_forwards()
     ]:
         observed(pacer, decode, prefill, seconds)
     d = 0.004  # the median of the forwards without prefill
-    c = sorted([(0.010 - d) / 30, (0.020 - d) / 64, (0.0045 - d) / 2])[1]
-    assert pacer.measured_rates() == pytest.approx((d, c))
+    # with prefill (30, 0.010), (64, 0.020), (2, 0.0045): the median of the three pairs' slopes
+    c = sorted([0.010 / 34, 0.0055 / 28, 0.0155 / 62])[1]
+    fixed = sorted([0.010 - 30 * c, 0.020 - 64 * c, 0.0045 - 2 * c])[1]
+    assert pacer.measured_rates() == pytest.approx((d, max(fixed, d), c))
     probe = [Chunk(0, 20, 1, "decode"), Chunk(1, 0, 33, "prefill")]
-    assert pacer.forward_s(probe) == pytest.approx(d + 33 * c)
+    assert pacer.forward_s(probe) == pytest.approx(max(fixed, d) + 33 * c)
     assert pacer.forward_s(probe[:1]) == pytest.approx(d)
     assert packed_features(probe).tolist() == [1, 1, 21, 33, 33 * 34 / 2]
 
 
 def test_two_measured_forwards_size_the_next_chunk_where_a_fit_would_still_probe():
     # one decode-only forward of 4 rows (4 ms) and one prefill of 200 tokens alone (40 ms):
-    # D = 4 ms, c = 0.18 ms a token. A 300-token joiner beside 4 running rows at a budget of
-    # 4 x D = 16 ms gets (16 - 4) / 0.18 = 66 tokens now, not the 16-token probe the five-term
-    # fit ran until five forwards of enough different shapes determined it.
+    # D = 4 ms, c = 0.18 ms a token (one token count: (40 - 4) / 200), F = D. A 300-token
+    # joiner beside 4 running rows at a budget of 4 x D = 16 ms gets (16 - 4) / 0.18 = 66
+    # tokens now, not the 16-token probe the five-term fit ran until five forwards of enough
+    # different shapes determined it.
     pacer = PackedPacer(Pacing(itl_target_steps=4.0), token_budget=512)
     observed(pacer, (30, 31, 32, 33), [], 0.004)
     observed(pacer, (), [(200, 0)], 0.040)
@@ -257,7 +260,7 @@ def test_a_forward_slowed_by_other_work_on_the_machine_does_not_move_the_predict
     pacer = PackedPacer(Pacing(itl_target_steps=4.0), token_budget=512)
     for seconds in (0.004, 0.004, 0.040, 0.004, 0.0041, 0.004):  # one 10x: the machine busy
         observed(pacer, (30, 31), [], seconds)
-    for k, seconds in ((100, 0.022), (120, 0.4), (80, 0.018)):  # one 20x
-        observed(pacer, (30, 31), [(k, 0)], seconds)
-    d, c = pacer.measured_rates()
-    assert d == pytest.approx(0.004) and c == pytest.approx(0.00018)
+    for k in (100, 120, 80, 60, 140):  # 4 ms + 0.18 ms a token, but the 120-token one 20x
+        observed(pacer, (30, 31), [(k, 0)], 0.4 if k == 120 else 0.004 + 0.00018 * k)
+    d, fixed, c = pacer.measured_rates()
+    assert d == pytest.approx(0.004) and fixed == pytest.approx(0.004) and c == pytest.approx(0.00018)

@@ -21,12 +21,15 @@ forward from a cost model corrected by this engine's own forwards::
                  at least that (over the budget when it must), so prefill always progresses
 
 A prediction is the prior ``cost_model``'s ``packed_s`` scaled by the median measured /
-predicted ratio of the latest forwards; without a prior, two medians of this engine's own
+predicted ratio of the latest forwards; without a prior, medians of this engine's own
 latest forwards (:meth:`PackedPacer.measured_rates`)::
 
-    forward_s  = D + c x prefill tokens
+    forward_s  = D                       a forward without prefill
+               = F + c x prefill tokens  a forward with prefill
     D          = median seconds of the latest forwards without prefill (decode rows only)
-    c          = median of (seconds - D) / prefill tokens over the latest forwards with prefill
+    c, F       = the Theil-Sen line through the latest forwards with prefill: c the median
+                 slope over pairs of different prefill tokens, F the median intercept (>= D;
+                 a mixed forward runs the general [1, T] path, dearer than decode rows alone)
 
 else unknown (the forward runs the floor: a probe). Medians, not a least-squares fit of
 every term: on a shared CPU a forward now and then takes several times its cost, which pulls
@@ -43,6 +46,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import combinations
 
 import numpy as np
 
@@ -85,6 +89,24 @@ class PacedForward:
         return self.predicted_s is None or self.predicted_s > self.budget_s
 
 
+def theil_sen(points: Sequence[tuple[int, float]], base_s: float) -> tuple[float, float]:
+    """``(c, F)``: the line ``seconds = F + c x tokens`` through ``points`` (``(prefill tokens,
+    seconds)``, tokens ``>= 1``) by Theil-Sen: ``c`` the median slope over the pairs of
+    different token counts (``>= 0``), ``F`` the median of ``seconds - c x tokens``. A few
+    points far off the line (a forward the machine slowed) move neither median. With one
+    token count only: ``c`` the median of ``(seconds - base_s) / tokens`` and ``F = base_s``.
+
+    >>> c, fixed = theil_sen([(10, 0.003), (20, 0.005), (40, 0.009), (30, 0.5)], 0.002)
+    >>> round(c, 6), round(fixed, 6)
+    (0.0002, 0.001)
+    """
+    slopes = [(s2 - s1) / (k2 - k1) for (k1, s1), (k2, s2) in combinations(points, 2) if k1 != k2]
+    if not slopes:
+        return max(float(np.median([(s - base_s) / k for k, s in points])), 0.0), base_s
+    c = max(float(np.median(slopes)), 0.0)
+    return c, float(np.median([s - c * k for k, s in points]))
+
+
 class PackedPacer(Pacer):
     """A :class:`Pacing`'s estimates for the packed layout: predicts packed forwards, learns
     from measured ones, and caps each forward's tokens (:meth:`choose`). Times are seconds of
@@ -122,9 +144,9 @@ class PackedPacer(Pacer):
         rates = self.measured_rates()
         if rates is None:
             return None
-        decode_s, token_s = rates
+        decode_s, fixed_s, token_s = rates
         prefill = sum(c.n_tokens for c in chunks if c.kind != DECODE)
-        return decode_s + token_s * prefill
+        return fixed_s + token_s * prefill if prefill else decode_s
 
     def forward_budget_s(self, chunks: Sequence[Chunk]) -> float:
         """The time budget of the forward of ``chunks`` (seconds): ``itl_target_s``, or
@@ -193,19 +215,19 @@ class PackedPacer(Pacer):
             self._packed_ratio = self._ratio(pairs)
         return self._packed_ratio
 
-    def measured_rates(self) -> tuple[float, float] | None:
-        """``(D, c)`` of the module docstring from the latest ``RECENT`` measured forwards
-        without prefill and the latest ``RECENT`` with (seconds, seconds per prefill token;
-        ``c >= 0``), computed once per new measurement; ``None`` until one of each was
-        measured."""
+    def measured_rates(self) -> tuple[float, float, float] | None:
+        """``(D, F, c)`` of the module docstring (seconds, seconds, seconds per prefill token;
+        ``c >= 0``, ``F >= D``) from the latest ``RECENT`` measured forwards without prefill
+        and the latest ``RECENT`` with, computed once per new measurement; ``None`` until one
+        of each was measured."""
         if self._rates is None:
             samples = list(self.packed_samples)
             decode = [s for f, _, s in samples if f[3] == 0][-RECENT:]
             mixed = [(f[3], s) for f, _, s in samples if f[3] > 0][-RECENT:]
             if decode and mixed:
                 d = float(np.median(decode))
-                c = float(np.median([(s - d) / k for k, s in mixed]))
-                self._rates = (d, max(c, 0.0))
+                c, fixed = theil_sen(mixed, d)
+                self._rates = (d, max(fixed, d), c)
         return self._rates
 
     def text(self) -> str:

@@ -6,7 +6,7 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.bench.engines import Arrival
+from workbench.bench.engines import Arrival, MlxLmEngine, drive
 from workbench.bench.latency_goals import (
     Span,
     gap_parts,
@@ -16,7 +16,7 @@ from workbench.bench.latency_goals import (
     ttft_floors,
     ttft_parts,
 )
-from workbench.bench.packed import PACKED, _run, factories
+from workbench.bench.packed import PACKED, TrackedWorkbench, _run, factories
 from workbench.observe.events import Event, events_frame
 from workbench.workloads.workload import prompt_of_length
 
@@ -113,3 +113,18 @@ def test_the_floors_and_spans_of_a_live_packed_run(bundled):
     assert len(t) == 3 and (t.own_prefill_s > 0).all()
     assert (t.queue_s + t.own_prefill_s + t.waiting_s).to_numpy() == pytest.approx(t.ttft_s.to_numpy())
     assert (t.waiting_s >= -1e-9).all()
+
+
+@pytest.mark.model
+def test_mlx_lm_holds_more_requests_in_flight_than_max_batch_and_the_workbench_does_not(bundled):
+    # 3 rows: two finish together while a prefilled prompt waits, so BatchGenerator takes two new
+    # prompts by the room it counted before moving that one in, and holds 4 requests at once
+    model, tok = bundled
+    lengths = (6, 3, 3, 8, 8, 8, 5)
+    arrivals = [Arrival(tuple(prompt_of_length(tok, 5 + i, 3 * i)), m) for i, m in enumerate(lengths)]
+    mlx = MlxLmEngine(model, 3, 64)
+    drive(mlx, arrivals)
+    packed = TrackedWorkbench(model, tok, 3, 64, layout="packed", page_size=16, max_num_batched_tokens=64)
+    drive(packed, arrivals)
+    assert mlx.peak_rows == 4
+    assert packed.peak_rows == 3  # the workbench never passes max_batch

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..engine.levers.pacing import Pacing
+from ..engine.state import Status
 from ..observe.events import events_frame
 from ..observe.metrics import request_metrics, token_gaps
 from ..runtime.loading import load
@@ -73,6 +74,7 @@ class TrackedWorkbench(WorkbenchEngine):
         super().__init__(*args, **kwargs)
         self.samples: list[tuple[int, int, int]] = []
         self.spans: list[Span] = []
+        self.peak_rows = 0  # the most requests admitted and not yet evicted after an iteration
 
     def iterate(self) -> int:
         """One iteration (``admit(); step(); filter()``), its span, then one KV sample."""
@@ -82,6 +84,10 @@ class TrackedWorkbench(WorkbenchEngine):
         prefill = sum(e.n_tokens for e in sched.events[first:] if e.kind == "prefill")
         self.spans.append(Span(start_s, sched.clock(), prefill))
         self.samples.append(kv_sample(sched))
+        in_flight = sum(
+            r.status in (Status.PREFILLING, Status.RUNNING) for r in sched.state.requests.values()
+        )
+        self.peak_rows = max(self.peak_rows, in_flight)
         return tokens
 
 
@@ -161,6 +167,7 @@ def latency(
         row = dict(run, requests=len(r), throughput_tok_per_s=int((events.kind == "token").sum()) / span_s)
         for q in (50, 95, 99):
             row[f"ttft_p{q}_s"], row[f"itl_p{q}_s"] = r.ttft_s.quantile(q / 100), g.gap_s.quantile(q / 100)
+        row["peak_rows"] = events.attrs.get("peak_rows", float("nan"))
         rows.append(row | run_parts(events, spans) | floors)
         if samples:
             held, tokens, allocated = zip(*samples)
@@ -183,8 +190,10 @@ def _run(factory: Callable[[], Any], arrivals: list[Arrival]) -> tuple[pd.DataFr
     engine = factory()
     try:
         drive(engine, arrivals)
+        events = events_frame(engine.events)
+        events.attrs["peak_rows"] = getattr(engine, "peak_rows", float("nan"))  # requests in flight
         return (
-            events_frame(engine.events),
+            events,
             list(getattr(engine, "samples", [])),
             list(getattr(engine, "spans", [])),
         )
@@ -378,6 +387,14 @@ def goal_lines(s: pd.DataFrame, kv: pd.DataFrame, dec: pd.DataFrame) -> list[str
     for engine in (PACKED, PACKED_PACED, PADDED):  # the goals are the packed layout's; padded beside
         for _, row in s[(s.engine == engine) & s.scenario.isin(reference.index)].iterrows():
             out += goal_verdicts(row, reference.loc[row.scenario])
+    if "peak_rows" in s:
+        for scenario, ref in reference.iterrows():
+            mine = s[(s.scenario == scenario) & (s.engine != MLX_LM)]
+            out.append(
+                f"- {scenario}: requests in flight at most: mlx-lm {ref.peak_rows:.0f}, the workbench "
+                f"{mine.peak_rows.max():.0f} (max_batch {MAX_BATCH}; mlx-lm's generation batch can pass "
+                "its completion_batch_size, see MlxLmEngine.peak_rows)"
+            )
     for _, row in dec.iterrows():
         out.append(
             f"- decode B={int(row.B)}: packed {row.packed_vs_padded:.2f}x the padded layout (goal >= "

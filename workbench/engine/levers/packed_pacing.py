@@ -128,7 +128,7 @@ class PackedPacer(Pacer):
         super().__init__(pacing, token_budget)
         self.token_budget = token_budget
         self.packed_samples: deque[tuple[np.ndarray, float, float]] = deque(maxlen=SAMPLES)
-        self._rates: tuple[float, float] | None = None  # measured_rates, until a new measurement
+        self._rates: tuple[float, float, float] | None = None  # measured_rates, until a new measurement
         self._packed_ratio: float | None = None
 
     # -- predicting --------------------------------------------------------------------

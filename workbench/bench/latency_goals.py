@@ -1,13 +1,13 @@
-"""The latency goals of ``workbench bench --packed`` (issue 40: TTFT p95 <= 0.6x and ITL p95
-<= 1.0x mlx-lm's, at once), each said met or missed with its number, the floor measured in
-the same run, and where an engine's time went.
+"""The latency goals of ``workbench bench --packed`` (:data:`GOALS`: TTFT p95 <= 0.6x and ITL
+p95 <= 1.0x mlx-lm's, at once), each said met or missed with its number, the floor measured in
+the same run, and where an engine's time went (``docs/packed.md``, "Latency goals").
 
 Knows: the event log's kinds (``submit``, ``admit``, ``prefill``, ``join``, ``token``),
 an engine's iteration spans (:class:`Span`, recorded by
 :class:`workbench.bench.packed.TrackedWorkbench`), mlx-lm's model call. Must not know: which
 engines exist, how a run is driven or printed.
 
-Floors (measured in the run, right before the scenario's engines, lowest of a few runs):
+Floors (measured in the run, before and after the scenario's engines, the lowest of a few runs):
 
 - **TTFT**: each prompt's pure prefill, the model's forward of that prompt alone on a fresh
   mlx-lm cache with only the last position through the LM head (:func:`prefill_floors`;

@@ -8,7 +8,7 @@ azure``; ``workbench.bench.packed``'s arrivals, the staggered and loaded interva
 cost model's decode step of 8 rows at a context of 100). Prints one table per scenario.
 """
 
-import sys
+import argparse
 
 from workbench.bench.packed import azure_arrivals, latency
 from workbench.bench.packed_cost import COST_MODEL, cost_factories, run_on_cost_clock
@@ -19,11 +19,16 @@ from workbench.sim.costmodel import CostModel
 import pandas as pd
 
 pd.set_option("display.width", 200)
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("scenario", nargs="*", help="staggered, loaded or azure (default: all three)")
+scenarios = parser.parse_args().scenario or ["staggered", "loaded", "azure"]
+if set(scenarios) - {"staggered", "loaded", "azure"}:
+    parser.error(f"scenarios are staggered, loaded and azure, got {scenarios}")
 model, tok = load("tiny-llama")
 cost = CostModel.load(COST_MODEL)
 fac = cost_factories(model, tok, cost, budgets=(512,), paced_steps=(2.0,))
 step_s = cost.decode_s(8, 100)
-for scenario in sys.argv[1:] or ["staggered", "loaded", "azure"]:
+for scenario in scenarios:
     every = 8 if scenario == "staggered" else 3
     arrivals = azure_arrivals(tok) if scenario == "azure" else staggered_arrivals(tok, 16, every * step_s)
     s, _ = latency(fac, arrivals, 1, scenario, lambda line: None, warm_up=False, run=run_on_cost_clock)

@@ -58,10 +58,13 @@ def test_the_tables_give_ratios_to_mlx_lm_and_to_the_padded_layout():
     k = kv_table(r).set_index("engine")
     assert k.loc[PACKED, "held_vs_tokens"] == 1.05 and k.loc[PADDED, "held_vs_tokens"] == 9.0
     lines = goal_lines(summary(r), kv_table(r), decode_table(r))
-    assert (
-        lines[0].endswith(": met") and "decode B=8: packed 0.94x" in lines[1] and lines[1].endswith("missed")
-    )
-    assert lines[2].startswith("- azure: packed peak KV bytes 1.050x") and lines[2].endswith("met")
+    # per engine (packed, then padded): TTFT, ITL, both at once
+    assert lines[0].startswith("- azure, workbench, packed: TTFT p95 0.50x") and lines[0].endswith(": met")
+    assert lines[2].endswith("both goals at once: met")
+    assert lines[3].startswith("- azure, workbench: TTFT p95 1.00x") and "no floor measured" in lines[3]
+    assert lines[5].endswith("both goals at once: missed")
+    assert "decode B=8: packed 0.94x" in lines[6] and lines[6].endswith("missed")
+    assert lines[7].startswith("- azure: packed peak KV bytes 1.050x") and lines[7].endswith("met")
 
 
 @pytest.mark.model

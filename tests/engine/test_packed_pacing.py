@@ -206,20 +206,61 @@ def test_choose_takes_the_most_tokens_whose_predicted_forward_fits():
     assert no_rows.token_cap == 256 and math.isinf(no_rows.budget_s)  # no running row waits
 
 
-def test_without_a_prior_the_forwards_cost_is_fitted_from_measured_forwards():
+def observed(pacer, decode, prefill, seconds):
+    """``pacer`` measures one forward: decode rows attending ``decode`` keys, prefill chunks
+    ``(tokens, start)``, ``seconds`` long."""
+    chunks = [Chunk(i, w - 1, 1, "decode") for i, w in enumerate(decode)]
+    chunks += [Chunk(10 + i, s, k, "prefill") for i, (k, s) in enumerate(prefill)]
+    pacer.observe(PacedForward(tuple(chunks), 512, None, math.inf, 0.0), seconds)
+
+
+def test_without_a_prior_the_forwards_cost_is_medians_of_measured_forwards():
     pacer = PackedPacer(Pacing(min_chunk_tokens=4), token_budget=64)
-    truth = CostModel(0.003, 0.0002, 2e-6, 0.003, 0.0005, 3e-6)  # one fixed cost: p_chunk = d_step
     wants = [Want(0, 20, 21, True), Want(1, 0, 100, False)]
     assert pacer.forward_s(plan_chunks(wants, 64)) is None
     first = pacer.choose(plan_of(wants), plan_chunks(wants, 64), 0.0)
     assert first.token_cap == 5 and first.predicted_s is None  # a probe: the floor
-    shapes = [((10, 40), [(8, 0)]), ((11,), [(16, 8)]), ((12, 30, 5), []), ((3,), [(30, 0)]), ((), [(64, 0)])]
-    shapes += [((7, 9), [(2, 50)])]
-    for decode, prefill in shapes:
-        chunks = [Chunk(i, w - 1, 1, "decode") for i, w in enumerate(decode)]
-        chunks += [Chunk(10 + i, s, k, "prefill") for i, (k, s) in enumerate(prefill)]
-        seconds = truth.packed_s(list(decode), prefill)
-        pacer.observe(PacedForward(tuple(chunks), 64, None, math.inf, 0.0), seconds)
+    for decode, prefill, seconds in [
+        ((10, 40), [], 0.004),
+        ((11,), [], 0.003),
+        ((12, 30, 5), [], 0.005),
+        ((3,), [(30, 0)], 0.010),  # (0.010 - D) / 30 per token
+        ((), [(64, 0)], 0.020),
+        ((7, 9), [(2, 50)], 0.0045),
+    ]:
+        observed(pacer, decode, prefill, seconds)
+    d = 0.004  # the median of the forwards without prefill
+    # with prefill (30, 0.010), (64, 0.020), (2, 0.0045): the median of the three pairs' slopes
+    c = sorted([0.010 / 34, 0.0055 / 28, 0.0155 / 62])[1]
+    fixed = sorted([0.010 - 30 * c, 0.020 - 64 * c, 0.0045 - 2 * c])[1]
+    assert pacer.measured_rates() == pytest.approx((d, max(fixed, d), c))
     probe = [Chunk(0, 20, 1, "decode"), Chunk(1, 0, 33, "prefill")]
-    assert pacer.forward_s(probe) == pytest.approx(truth.packed_s([21], [(33, 0)]), rel=1e-6)
+    assert pacer.forward_s(probe) == pytest.approx(max(fixed, d) + 33 * c)
+    assert pacer.forward_s(probe[:1]) == pytest.approx(d)
     assert packed_features(probe).tolist() == [1, 1, 21, 33, 33 * 34 / 2]
+
+
+def test_two_measured_forwards_size_the_next_chunk_where_a_fit_would_still_probe():
+    # one decode-only forward of 4 rows (4 ms) and one prefill of 200 tokens alone (40 ms):
+    # D = 4 ms, c = 0.18 ms a token (one token count: (40 - 4) / 200), F = D. A 300-token
+    # joiner beside 4 running rows at a budget of 4 x D = 16 ms gets (16 - 4) / 0.18 = 66
+    # tokens now, not the 16-token probe the five-term fit ran until five forwards of enough
+    # different shapes determined it.
+    pacer = PackedPacer(Pacing(itl_target_steps=4.0), token_budget=512)
+    observed(pacer, (30, 31, 32, 33), [], 0.004)
+    observed(pacer, (), [(200, 0)], 0.040)
+    wants = [Want(i, 29 + i, 30 + i, True) for i in range(4)] + [Want(9, 0, 300, False)]
+    paced = pacer.choose(plan_of(wants), plan_chunks(wants, 512), 0.0)
+    assert paced.budget_s == pytest.approx(0.016)
+    assert [c.n_tokens for c in paced.chunks if c.kind == "prefill"] == [66]
+    assert paced.predicted_s <= paced.budget_s and not paced.over_budget
+
+
+def test_a_forward_slowed_by_other_work_on_the_machine_does_not_move_the_prediction():
+    pacer = PackedPacer(Pacing(itl_target_steps=4.0), token_budget=512)
+    for seconds in (0.004, 0.004, 0.040, 0.004, 0.0041, 0.004):  # one 10x: the machine busy
+        observed(pacer, (30, 31), [], seconds)
+    for k in (100, 120, 80, 60, 140):  # 4 ms + 0.18 ms a token, but the 120-token one 20x
+        observed(pacer, (30, 31), [(k, 0)], 0.4 if k == 120 else 0.004 + 0.00018 * k)
+    d, fixed, c = pacer.measured_rates()
+    assert d == pytest.approx(0.004) and fixed == pytest.approx(0.004) and c == pytest.approx(0.00018)

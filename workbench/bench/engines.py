@@ -95,6 +95,13 @@ class MlxLmEngine:
             rows prefilling at once), as the workbench's ``max_batch``.
         prefill_step_size: mlx-lm's prompt chunk length in tokens.
         clock: stamps the recorded events.
+
+    Attributes:
+        peak_rows: the most requests in flight after any iteration (its generation batch
+            plus its prompt batch). It can pass ``max_batch``: ``BatchGenerator._next`` sizes
+            the prompts it takes by the generation batch *before* moving the prefilled
+            prompts into it, so after a few rows finish at once the generation batch grows
+            past ``completion_batch_size`` (measured: ``docs/packed.md``, "Latency goals").
     """
 
     name = "mlx-lm"
@@ -116,6 +123,7 @@ class MlxLmEngine:
         self.events: list[Event] = []
         self._active: set[int] = set()
         self._iterations = 0
+        self.peak_rows = 0
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
         """Insert one request into mlx-lm's ``BatchGenerator`` (mirrors ``insert``); returns its uid."""
@@ -129,6 +137,8 @@ class MlxLmEngine:
         events; returns the tokens produced."""
         responses = self.gen.next_generated()
         now_s = self.clock()
+        in_flight = len(self.gen._generation_batch) + len(self.gen._prompt_batch)  # mlx-lm's own books
+        self.peak_rows = max(self.peak_rows, in_flight)
         for r in responses:
             self.events.append(Event("token", r.uid, self._iterations, now_s, token=int(r.token)))
             if r.finish_reason is not None:

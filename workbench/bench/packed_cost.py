@@ -99,13 +99,18 @@ def cost_factories(
     return out
 
 
-def run_on_cost_clock(build: Build, arrivals: list[Arrival]) -> tuple[pd.DataFrame, list]:
+def run_on_cost_clock(build: Build, arrivals: list[Arrival]) -> tuple[pd.DataFrame, list, list]:
     """One fresh engine through ``arrivals`` on its virtual clock
-    (:func:`workbench.bench.pacing.drive_virtual`). Returns its events and KV samples."""
+    (:func:`workbench.bench.pacing.drive_virtual`). Returns its events, KV samples and
+    iteration spans (:class:`~workbench.bench.latency_goals.Span`, on the virtual clock)."""
     engine, clock, costed = build()
     try:
         drive_virtual(engine, arrivals, clock, costed)
-        return events_frame(engine.events), list(getattr(engine, "samples", []))
+        return (
+            events_frame(engine.events),
+            list(getattr(engine, "samples", [])),
+            list(getattr(engine, "spans", [])),
+        )
     finally:
         engine.close()
 

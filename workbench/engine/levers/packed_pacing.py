@@ -21,11 +21,23 @@ forward from a cost model corrected by this engine's own forwards::
                  at least that (over the budget when it must), so prefill always progresses
 
 A prediction is the prior ``cost_model``'s ``packed_s`` scaled by the median measured /
-predicted ratio of the latest forwards, else ``packed_features @ c`` with ``c >= 0`` fitted
-online (:func:`~workbench.engine.levers.cost.nonnegative_lstsq`) once the measured forwards
-determine it, else unknown (the forward runs the floor: a probe). A forward's measured time
-runs from when it could start (when it was planned, or for one built from unread tokens the
-read of the one before) to its tokens read: what a running row waits between two tokens.
+predicted ratio of the latest forwards; without a prior, medians of this engine's own
+latest forwards (:meth:`PackedPacer.measured_rates`)::
+
+    forward_s  = D                       a forward without prefill
+               = F + c x prefill tokens  a forward with prefill
+    D          = median seconds of the latest forwards without prefill (decode rows only)
+    c, F       = the Theil-Sen line through the latest forwards with prefill: c the median
+                 slope over pairs of different prefill tokens, F the median intercept (>= D;
+                 a mixed forward runs the general [1, T] path, dearer than decode rows alone)
+
+else unknown (the forward runs the floor: a probe). Medians, not a least-squares fit of
+every term: on a shared CPU a forward now and then takes several times its cost, which pulls
+a fit's coefficients anywhere (``docs/packed.md``, "Pacing: a time budget per forward"), while
+a median moves only when most forwards do; the budget only needs the two rates at the sizes
+the engine runs. A forward's measured time runs from when it could start (when it was
+planned, or for one built from unread tokens the read of the one before) to its tokens
+read: what a running row waits between two tokens.
 """
 
 from __future__ import annotations
@@ -34,14 +46,12 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from itertools import combinations
 
 import numpy as np
 
 from ...observe.packed import DECODE, Chunk
-from .cost import nonnegative_lstsq
 from .pacing import RECENT, SAMPLES, Pacer, Pacing
-
-FEATURES = 5  # 1, decode rows, their keys, prefill tokens, prefill causal pairs
 
 Plan = Callable[[int], Sequence[Chunk]]  # token budget -> the packed forward's chunks
 
@@ -79,6 +89,24 @@ class PacedForward:
         return self.predicted_s is None or self.predicted_s > self.budget_s
 
 
+def theil_sen(points: Sequence[tuple[int, float]], base_s: float) -> tuple[float, float]:
+    """``(c, F)``: the line ``seconds = F + c x tokens`` through ``points`` (``(prefill tokens,
+    seconds)``, tokens ``>= 1``) by Theil-Sen: ``c`` the median slope over the pairs of
+    different token counts (``>= 0``), ``F`` the median of ``seconds - c x tokens``. A few
+    points far off the line (a forward the machine slowed) move neither median. With one
+    token count only: ``c`` the median of ``(seconds - base_s) / tokens`` and ``F = base_s``.
+
+    >>> c, fixed = theil_sen([(10, 0.003), (20, 0.005), (40, 0.009), (30, 0.5)], 0.002)
+    >>> round(c, 6), round(fixed, 6)
+    (0.0002, 0.001)
+    """
+    slopes = [(s2 - s1) / (k2 - k1) for (k1, s1), (k2, s2) in combinations(points, 2) if k1 != k2]
+    if not slopes:
+        return max(float(np.median([(s - base_s) / k for k, s in points])), 0.0), base_s
+    c = max(float(np.median(slopes)), 0.0)
+    return c, float(np.median([s - c * k for k, s in points]))
+
+
 class PackedPacer(Pacer):
     """A :class:`Pacing`'s estimates for the packed layout: predicts packed forwards, learns
     from measured ones, and caps each forward's tokens (:meth:`choose`). Times are seconds of
@@ -100,20 +128,25 @@ class PackedPacer(Pacer):
         super().__init__(pacing, token_budget)
         self.token_budget = token_budget
         self.packed_samples: deque[tuple[np.ndarray, float, float]] = deque(maxlen=SAMPLES)
-        self._packed_coef: np.ndarray | None = None
+        self._rates: tuple[float, float, float] | None = None  # measured_rates, until a new measurement
         self._packed_ratio: float | None = None
 
     # -- predicting --------------------------------------------------------------------
     def forward_s(self, chunks: Sequence[Chunk]) -> float | None:
         """Predicted seconds of the packed forward of ``chunks`` (``0.0`` for none), or
-        ``None`` while nothing is known (no prior, the online fit not determined yet)."""
+        ``None`` while nothing is known (no prior, and no forward without prefill or none
+        with prefill measured yet: :meth:`measured_rates`)."""
         if not chunks:
             return 0.0
         prior = self.pacing.cost_model
         if prior is not None:
             return self._prior_s(chunks) * self._ratio_now()
-        coef = self._fit()
-        return None if coef is None else float(packed_features(chunks) @ coef)
+        rates = self.measured_rates()
+        if rates is None:
+            return None
+        decode_s, fixed_s, token_s = rates
+        prefill = sum(c.n_tokens for c in chunks if c.kind != DECODE)
+        return fixed_s + token_s * prefill if prefill else decode_s
 
     def forward_budget_s(self, chunks: Sequence[Chunk]) -> float:
         """The time budget of the forward of ``chunks`` (seconds): ``itl_target_s``, or
@@ -166,7 +199,7 @@ class PackedPacer(Pacer):
         prior = self._prior_s(paced.chunks) if self.pacing.cost_model is not None else math.nan
         self._note("packed", paced.predicted_s, seconds, prior)
         self.packed_samples.append((packed_features(paced.chunks), prior, seconds))
-        self._packed_coef = self._packed_ratio = None
+        self._rates = self._packed_ratio = None
 
     def _prior_s(self, chunks: Sequence[Chunk]) -> float:
         decode = [c.end for c in chunks if c.kind == DECODE]
@@ -182,16 +215,20 @@ class PackedPacer(Pacer):
             self._packed_ratio = self._ratio(pairs)
         return self._packed_ratio
 
-    def _fit(self) -> np.ndarray | None:
-        """The online fit ``c [5] >= 0``, or ``None`` until the measured forwards' features
-        (columns scaled to 1) have full rank."""
-        if self._packed_coef is None and len(self.packed_samples) >= FEATURES:
-            X = np.stack([f for f, _, _ in self.packed_samples])
-            y = np.array([s for _, _, s in self.packed_samples])
-            scale = np.maximum(np.abs(X).max(axis=0), 1e-12)
-            if np.linalg.matrix_rank(X / scale) == FEATURES:
-                self._packed_coef = nonnegative_lstsq(X, y)
-        return self._packed_coef
+    def measured_rates(self) -> tuple[float, float, float] | None:
+        """``(D, F, c)`` of the module docstring (seconds, seconds, seconds per prefill token;
+        ``c >= 0``, ``F >= D``) from the latest ``RECENT`` measured forwards without prefill
+        and the latest ``RECENT`` with, computed once per new measurement; ``None`` until one
+        of each was measured."""
+        if self._rates is None:
+            samples = list(self.packed_samples)
+            decode = [s for f, _, s in samples if f[3] == 0][-RECENT:]
+            mixed = [(f[3], s) for f, _, s in samples if f[3] > 0][-RECENT:]
+            if decode and mixed:
+                d = float(np.median(decode))
+                c, fixed = theil_sen(mixed, d)
+                self._rates = (d, max(fixed, d), c)
+        return self._rates
 
     def text(self) -> str:
         """One line: the predictions' basis (prior or learned) and the forwards measured."""

@@ -76,7 +76,8 @@ def per_row_attention(
         original: the attention the model would run (``(queries, keys, values, cache, scale,
             mask)``), used on CUDA for head dims the padded-rows kernel does not serve.
         one_query: the CPU's one-query per-row attention ``(queries [B, H, 1, D], keys,
-            values, starts [B], scale)`` (:func:`workbench.engine.levers.invariant.row_attention`).
+            values, starts [B], scale, longest)`` (``longest``: the most keys a row has;
+            :func:`workbench.engine.levers.invariant.row_attention`).
         queries: ``[B, H, L, D]`` (RoPE applied). keys, values: ``[B, n_kv_heads, S, D]`` as
             the cache returned them (``(packed, scales, biases)`` tuples for a quantized one).
         cache: the layer's ``BatchKVCache`` (or :class:`BatchQuantizedKVCache`, or
@@ -110,7 +111,14 @@ def per_row_attention(
     elif not cuda:
         first = mx.array(starts, dtype=mx.int32)
         outs = [
-            one_query(queries[:, :, j : j + 1], keys[:, :, :end], values[:, :, :end], first, scale)
+            one_query(
+                queries[:, :, j : j + 1],
+                keys[:, :, :end],
+                values[:, :, :end],
+                first,
+                scale,
+                end - min(starts),
+            )
             for j, end in enumerate(ends)
         ]
     else:

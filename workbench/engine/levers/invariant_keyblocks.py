@@ -1,0 +1,129 @@
+"""The batch-invariant mode's CPU attention in fixed key blocks: one-query attention whose
+bits depend only on the row's own keys, through the BLAS in calls of one fixed shape
+(``docs/batch-invariance.md``, "Cost").
+
+Knows: MLX's CPU matmul (a batched ``@`` is one BLAS call per matrix) and reductions. Must
+not know: caches, requests, the scheduler.
+
+A row's keys are cut into blocks of :data:`KEY_BLOCK` positions counted back from its last
+key (every row of a left-padded cache ends at the last column, so the blocks of a row fall on
+the same keys in any batch and alone). Per block, two BLAS calls of fixed shape: the scores
+``[R, D] @ [D, KB]`` and the weighted values ``[R, KB] @ [KB, D]`` (``R`` query heads per KV
+head), so the kernel never sees the batch size, the cache width or the padding. The
+normalizer is each block's sum over its ``KB`` positions (a reduction of fixed width), and
+the blocks are summed in order, first to last (MLX's CPU reduces a non-contiguous axis
+position by position). Positions before the row's first key are masked (weight exactly 0,
+adding 0 to every sum), so a longer batch only adds leading blocks of zeros. Worked example,
+``KB = 4``: row ``b``'s 7 keys ``k0..k6`` in columns 3..9 of a cache 10 wide whose longest
+row has 10 keys (3 blocks, 2 columns of padding added), and the same row alone (7 columns,
+2 blocks, 1 column added); ``.`` is masked::
+
+    in the batch   [. . . .] [. k0 k1 k2] [k3 k4 k5 k6]
+    alone                    [. k0 k1 k2] [k3 k4 k5 k6]
+
+The check (:func:`blocks_agree`) runs the attention on random rows of several lengths
+behind several paddings, each against its run alone, once per shape; where it fails the mode
+keeps :func:`workbench.engine.levers.invariant.strided_row_attention`.
+
+Axis letters: ``B`` rows, ``H`` query heads, ``Hkv`` KV heads, ``R = H / Hkv``, ``S``
+cached positions, ``D`` head dim, ``KB`` key positions per block, ``nb`` blocks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+KEY_BLOCK = 32  # key positions per block (the BLAS calls' fixed width); docs/batch-invariance.md
+_AGREE: dict = {}  # (R, D, dtype, block) -> whether the block attention passed blocks_agree
+
+
+def key_block_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    starts: mx.array,
+    scale: float,
+    longest: int | None = None,
+    block: int = KEY_BLOCK,
+) -> mx.array:
+    """One-query attention in which each row's bits depend only on its own keys (see the
+    module docstring); within float rounding of ``mx.fast.scaled_dot_product_attention``.
+
+    Args:
+        queries: ``[B, H, 1, D]`` (RoPE applied). keys, values: ``[B, Hkv, S, D]``, row
+            ``b``'s keys in columns ``starts[b]:``; the columns before may hold anything finite.
+        starts: ``[B]`` int, each row's first key.
+        scale: the softmax scale.
+        longest: the most keys a row has (``S - min(starts)``, a Python int so that nothing
+            waits on the device); ``None``: ``S``.
+        block: key positions per block.
+
+    Returns:
+        ``[B, H, 1, D]`` in the queries' dtype.
+    """
+    B, H, _, D = queries.shape
+    Hkv, S = keys.shape[1], keys.shape[2]
+    R, f32 = H // Hkv, mx.float32
+    nb = -(-(S if longest is None else longest) // block)
+    W = nb * block  # columns S - W .. S - 1, left-padded where W > S
+    if W > S:
+        pad = [(0, 0), (0, 0), (W - S, 0), (0, 0)]
+        keys, values = mx.pad(keys, pad), mx.pad(values, pad)
+    elif W < S:
+        keys, values = keys[:, :, S - W :], values[:, :, S - W :]
+    k = keys.astype(f32).reshape(B, Hkv, nb, block, D)
+    v = values.astype(f32).reshape(B, Hkv, nb, block, D)
+    q = (queries.astype(f32) * scale).reshape(B, Hkv, 1, R, D)
+    scores = q @ k.swapaxes(-1, -2)  # [B, Hkv, nb, R, KB]: one [R, D] @ [D, KB] call per block
+    valid = (mx.arange(W)[None, :] >= (starts + (W - S))[:, None]).reshape(B, 1, nb, 1, block)
+    scores = mx.where(valid, scores, -mx.inf)
+    e = mx.exp(scores - scores.max(-1, keepdims=True).max(2, keepdims=True))  # 0 where masked
+    num = (e @ v).sum(2)  # [B, Hkv, R, D]: one [R, KB] @ [KB, D] call per block, blocks in order
+    den = e.sum(-1, keepdims=True).sum(2)  # [B, Hkv, R, 1]
+    return (num / den).reshape(B, H, 1, D).astype(queries.dtype)
+
+
+def blocks_agree(
+    heads_per_kv: int,
+    head_dim: int,
+    dtype: Any,
+    block: int = KEY_BLOCK,
+    lengths: tuple[int, ...] = (1, 5, 31, 32, 33, 64, 97, 200),
+    pads: tuple[int, ...] = (0, 1, 7, 40, 99),
+) -> bool:
+    """True when :func:`key_block_attention` gives each of rows of ``lengths`` keys, inside
+    one batch behind each of ``pads`` columns of left padding (and behind the other rows'
+    lengths), the bits of the same row alone. Evidence for this BLAS and shape (the calls'
+    shapes are covered, not every value); memoized per ``(heads_per_kv, head_dim, dtype,
+    block)``. A few tens of milliseconds."""
+    key = (heads_per_kv, head_dim, str(dtype), block)
+    if key not in _AGREE:
+        _AGREE[key] = _check(heads_per_kv, head_dim, dtype, block, lengths, pads)
+    return _AGREE[key]
+
+
+def _check(R: int, D: int, dtype: Any, block: int, lengths, pads) -> bool:
+    B, Hkv, n = len(lengths), 2, max(lengths) + max(pads)
+    k0, k1, k2 = mx.random.split(mx.random.key(11), 3)
+    q = mx.random.normal((B, Hkv * R, 1, D), key=k0).astype(dtype)  # [B, H, 1, D]
+    k = mx.random.normal((B, Hkv, n, D), key=k1).astype(dtype)  # row b's keys: columns n - m ..
+    v = mx.random.normal((B, Hkv, n, D), key=k2).astype(dtype)  # (before them: other values)
+
+    def own(x: mx.array, b: int, width: int) -> mx.array:
+        return x[b : b + 1, :, n - width :]
+
+    alone = [
+        key_block_attention(q[b : b + 1], own(k, b, m), own(v, b, m), mx.array([0]), 0.125, m, block)
+        for b, m in enumerate(lengths)
+    ]
+    for p in pads:
+        S = max(lengths) + p  # every row ends at column S - 1, the longest behind p columns
+        starts = mx.array([S - m for m in lengths])
+        keys, values = (mx.concatenate([own(x, b, S) for b in range(B)]) for x in (k, v))
+        for longest in (max(lengths), None):  # None: blocks over the whole width, more leading zeros
+            out = key_block_attention(q, keys, values, starts, 0.125, longest, block)
+            if not all(mx.array_equal(out[b], a[0]).item() for b, a in enumerate(alone)):
+                return False
+    return True

@@ -67,20 +67,19 @@ def key_block_attention(
     Hkv, S = keys.shape[1], keys.shape[2]
     R, f32 = H // Hkv, mx.float32
     nb = -(-(S if longest is None else longest) // block)
-    W = nb * block  # columns S - W .. S - 1, left-padded where W > S
-    if W > S:
-        pad = [(0, 0), (0, 0), (W - S, 0), (0, 0)]
-        keys, values = mx.pad(keys, pad), mx.pad(values, pad)
-    elif W < S:
-        keys, values = keys[:, :, S - W :], values[:, :, S - W :]
-    k = keys.astype(f32).reshape(B, Hkv, nb, block, D)
-    v = values.astype(f32).reshape(B, Hkv, nb, block, D)
+    W = nb * block  # columns S - W .. S - 1: a first block reaching left of column 0 is padded
+    kv = [(k.astype(f32), v.astype(f32)) for k, v in _blocks(keys, values, S, W, block)]
     q = (queries.astype(f32) * scale).reshape(B, Hkv, 1, R, D)
-    scores = q @ k.swapaxes(-1, -2)  # [B, Hkv, nb, R, KB]: one [R, D] @ [D, KB] call per block
+    scores = [q @ k.swapaxes(-1, -2) for k, _ in kv]  # one [R, D] @ [D, KB] call per block
+    scores = scores[0] if len(scores) == 1 else mx.concatenate(scores, axis=2)  # [B, Hkv, nb, R, KB]
     valid = (mx.arange(W)[None, :] >= (starts + (W - S))[:, None]).reshape(B, 1, nb, 1, block)
     scores = mx.where(valid, scores, -mx.inf)
     e = mx.exp(scores - scores.max(-1, keepdims=True).max(2, keepdims=True))  # 0 where masked
-    num = (e @ v).sum(2)  # [B, Hkv, R, D]: one [R, KB] @ [KB, D] call per block, blocks in order
+    pv, first = [], 0
+    for k, v in kv:  # one [R, KB] @ [KB, D] call per block
+        pv.append(e[:, :, first : first + k.shape[2]] @ v)
+        first += k.shape[2]
+    num = (pv[0] if len(pv) == 1 else mx.concatenate(pv, axis=2)).sum(2)  # [B, Hkv, R, D], in order
     den = e.sum(-1, keepdims=True).sum(2)  # [B, Hkv, R, 1]
     return (num / den).reshape(B, H, 1, D).astype(queries.dtype)
 
@@ -127,3 +126,19 @@ def _check(R: int, D: int, dtype: Any, block: int, lengths, pads) -> bool:
             if not all(mx.array_equal(out[b], a[0]).item() for b, a in enumerate(alone)):
                 return False
     return True
+
+
+def _blocks(keys: mx.array, values: mx.array, S: int, W: int, block: int) -> list[tuple[mx.array, mx.array]]:
+    """Columns ``S - W .. S - 1`` of ``keys`` and ``values`` (``[B, Hkv, S, D]``) as
+    ``[B, Hkv, n, KB, D]`` blocks, first to last: one view where ``W <= S``; else the first
+    block left-padded with zeros (a copy of ``KB`` columns) and the others a view (no copy
+    of the whole cache)."""
+    B, Hkv, _, D = keys.shape
+    if W <= S:
+        return [tuple(x[:, :, S - W :].reshape(B, Hkv, W // block, block, D) for x in (keys, values))]
+    w = S - (W - block)  # the first block's columns inside the cache (1 .. KB - 1)
+    pad = [(0, 0), (0, 0), (block - w, 0), (0, 0)]
+    out = [tuple(mx.pad(x[:, :, :w], pad).reshape(B, Hkv, 1, block, D) for x in (keys, values))]
+    if W > block:
+        out.append(tuple(x[:, :, w:].reshape(B, Hkv, W // block - 1, block, D) for x in (keys, values)))
+    return out

@@ -21,9 +21,11 @@ row has 10 keys (3 blocks, 2 columns of padding added), and the same row alone (
     in the batch   [. . . .] [. k0 k1 k2] [k3 k4 k5 k6]
     alone                    [. k0 k1 k2] [k3 k4 k5 k6]
 
-The check (:func:`blocks_agree`) runs the attention on random rows of several lengths
-behind several paddings, each against its run alone, once per shape; where it fails the mode
-keeps :func:`workbench.engine.levers.invariant.strided_row_attention`.
+The check (:func:`blocks_agree`, once per shape and process) sweeps the block's two BLAS
+calls over batch counts and positions (:func:`unstable_block_counts`) and runs the attention
+on random rows of several lengths behind several paddings against their runs alone
+(:func:`rows_alone_agree`); where either fails the mode keeps
+:func:`workbench.engine.levers.invariant.strided_row_attention`.
 
 Axis letters: ``B`` rows, ``H`` query heads, ``Hkv`` KV heads, ``R = H / Hkv``, ``S``
 cached positions, ``D`` head dim, ``KB`` key positions per block, ``nb`` blocks.
@@ -31,6 +33,7 @@ cached positions, ``D`` head dim, ``KB`` key positions per block, ``nb`` blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -84,45 +87,90 @@ def key_block_attention(
     return (num / den).reshape(B, H, 1, D).astype(queries.dtype)
 
 
-def blocks_agree(
+def blocks_agree(heads_per_kv: int, head_dim: int, dtype: Any, block: int = KEY_BLOCK) -> bool:
+    """Whether the mode may attend in key blocks for this shape on this BLAS: the block's
+    two BLAS calls give a block the same bits in a batched call of any count and position
+    (:func:`unstable_block_counts` finds none) and whole rows get the bits of their run
+    alone (:func:`rows_alone_agree`). Evidence (the calls' shapes are covered, not every
+    value); memoized per ``(heads_per_kv, head_dim, dtype, block)``, a few tens of ms."""
+    key = (heads_per_kv, head_dim, str(dtype), block)
+    if key not in _AGREE:
+        _AGREE[key] = not unstable_block_counts(heads_per_kv, head_dim, dtype, block) and rows_alone_agree(
+            heads_per_kv, head_dim, dtype, block
+        )
+    return _AGREE[key]
+
+
+def unstable_block_counts(
     heads_per_kv: int,
     head_dim: int,
     dtype: Any,
     block: int = KEY_BLOCK,
-    lengths: tuple[int, ...] = (1, 5, 31, 32, 33, 64, 97, 200),
-    pads: tuple[int, ...] = (0, 1, 7, 40, 99),
+    counts: Sequence[int] = (1, 2, 3, 5, 8, 13, 32, 33, 100),
+) -> list[int]:
+    """The kernel-threshold sweep of the block's two BLAS calls: for each ``count``, a probe
+    block (its queries ``[R, D]``, keys and values ``[KB, D]``, weights ``[R, KB]``) at a
+    position moving with the count among random neighbours in one batched ``@`` of
+    ``count`` blocks, against the probe's calls alone. Returns the counts at which the
+    probe's scores or weighted values differ (``[]``: the kernel is bit-stable for this
+    block shape: the batch count, the position and the neighbours never reach a block's
+    bits)."""
+    R, D, K = heads_per_kv, head_dim, block
+    k0, k1, k2, k3 = mx.random.split(mx.random.key(3), 4)
+    n = max(counts)
+    q = mx.random.normal((n, R, D), key=k0).astype(dtype).astype(mx.float32)
+    k = mx.random.normal((n, K, D), key=k1).astype(dtype).astype(mx.float32)
+    v = mx.random.normal((n, K, D), key=k2).astype(dtype).astype(mx.float32)
+    e = mx.exp(mx.random.normal((n, R, K), key=k3))  # weights in (0, inf), as after the softmax's exp
+    bad = []
+    for count in counts:
+        at = (count - 1) * 2 // 3  # the probe's position, moving with the count
+        idx = mx.array([(i - at) % n for i in range(count)])  # row `at` of the call holds block 0
+        scores = q[idx] @ k[idx].swapaxes(-1, -2)  # [count, R, K]
+        weighted = e[idx] @ v[idx]  # [count, R, D]
+        if not (
+            mx.array_equal(scores[at], (q[:1] @ k[:1].swapaxes(-1, -2))[0]).item()
+            and mx.array_equal(weighted[at], (e[:1] @ v[:1])[0]).item()
+        ):
+            bad.append(count)
+    return bad
+
+
+def rows_alone_agree(
+    heads_per_kv: int,
+    head_dim: int,
+    dtype: Any,
+    block: int = KEY_BLOCK,
+    lengths: Sequence[int] = (1, 5, 31, 32, 33, 64, 97, 200),
+    pads: Sequence[int] = (0, 1, 7, 40, 99),
+    attend: Callable[..., mx.array] | None = None,
 ) -> bool:
-    """True when :func:`key_block_attention` gives each of rows of ``lengths`` keys, inside
-    one batch behind each of ``pads`` columns of left padding (and behind the other rows'
-    lengths), the bits of the same row alone. Evidence for this BLAS and shape (the calls'
-    shapes are covered, not every value); memoized per ``(heads_per_kv, head_dim, dtype,
-    block)``. A few tens of milliseconds."""
-    key = (heads_per_kv, head_dim, str(dtype), block)
-    if key not in _AGREE:
-        _AGREE[key] = _check(heads_per_kv, head_dim, dtype, block, lengths, pads)
-    return _AGREE[key]
-
-
-def _check(R: int, D: int, dtype: Any, block: int, lengths, pads) -> bool:
-    B, Hkv, n = len(lengths), 2, max(lengths) + max(pads)
+    """True when ``attend`` (default :func:`key_block_attention`) gives each of rows of
+    ``lengths`` keys, in one batch behind each of ``pads`` columns of left padding (the
+    longest row's; the others' padding holds other finite values), the bits of the same row
+    alone (its keys only, no padding), with ``longest`` given and not (more leading blocks).
+    ``attend``: ``(queries, keys, values, starts, scale, longest, block)``."""
+    attend = attend or key_block_attention
+    R, D, B, Hkv = heads_per_kv, head_dim, len(lengths), 2
+    n = max(lengths) + max(pads)
     k0, k1, k2 = mx.random.split(mx.random.key(11), 3)
     q = mx.random.normal((B, Hkv * R, 1, D), key=k0).astype(dtype)  # [B, H, 1, D]
-    k = mx.random.normal((B, Hkv, n, D), key=k1).astype(dtype)  # row b's keys: columns n - m ..
-    v = mx.random.normal((B, Hkv, n, D), key=k2).astype(dtype)  # (before them: other values)
+    k = mx.random.normal((B, Hkv, n, D), key=k1).astype(dtype)  # row b's keys: its last columns
+    v = mx.random.normal((B, Hkv, n, D), key=k2).astype(dtype)
 
     def own(x: mx.array, b: int, width: int) -> mx.array:
         return x[b : b + 1, :, n - width :]
 
     alone = [
-        key_block_attention(q[b : b + 1], own(k, b, m), own(v, b, m), mx.array([0]), 0.125, m, block)
+        attend(q[b : b + 1], own(k, b, m), own(v, b, m), mx.array([0]), 0.125, m, block)
         for b, m in enumerate(lengths)
     ]
     for p in pads:
         S = max(lengths) + p  # every row ends at column S - 1, the longest behind p columns
         starts = mx.array([S - m for m in lengths])
         keys, values = (mx.concatenate([own(x, b, S) for b in range(B)]) for x in (k, v))
-        for longest in (max(lengths), None):  # None: blocks over the whole width, more leading zeros
-            out = key_block_attention(q, keys, values, starts, 0.125, longest, block)
+        for longest in (max(lengths), None):
+            out = attend(q, keys, values, starts, 0.125, longest, block)
             if not all(mx.array_equal(out[b], a[0]).item() for b, a in enumerate(alone)):
                 return False
     return True

@@ -22,12 +22,12 @@ import time
 from types import SimpleNamespace
 
 import workbench  # noqa: F401  (loads the optimized BLAS before mlx)
-import mlx.core as mx
-
 from workbench.bench import model as bench_model
 from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of
 from workbench.engine.levers import invariant
 from workbench.engine.levers.invariant_keyblocks import key_block_attention
+
+import mlx.core as mx
 
 NEW = invariant.row_attention
 

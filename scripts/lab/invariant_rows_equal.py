@@ -12,11 +12,11 @@ import time
 from types import SimpleNamespace
 
 import workbench as wb
-import mlx.core as mx
-
 from workbench.bench import model as bench_model
 from workbench.runtime.blas import STATUS
 from workbench.verify import invariance
+
+import mlx.core as mx
 
 CHUNK = 64
 
@@ -28,7 +28,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=12)
     args = ap.parse_args()
     if args.model == "bench":
-        model, tok = bench_model.make_model(bench_model.FULL, dtype=mx.float32), SimpleNamespace(eos_token_ids=[])
+        model, tok = (
+            bench_model.make_model(bench_model.FULL, dtype=mx.float32),
+            SimpleNamespace(eos_token_ids=[]),
+        )
         vocab = bench_model.FULL.vocab_size
     else:
         model, tok = wb.load()
@@ -48,7 +51,9 @@ def main():
     print(f"{STATUS.note}\nalone: {len(reqs)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     for max_batch in (1, 8, 32):
         for arrivals in (None, [i // 3 * 2 for i in range(len(reqs))]):
-            sched = wb.Scheduler(model, tok, max_batch=max_batch, prefill_step_size=CHUNK, batch_invariant=True)
+            sched = wb.Scheduler(
+                model, tok, max_batch=max_batch, prefill_step_size=CHUNK, batch_invariant=True
+            )
             if arrivals is None:
                 uids = [sched.submit(r) for r in reqs]
                 sched.run()

@@ -15,7 +15,8 @@ import textwrap
 import mlx.core as mx
 import pytest
 
-from workbench.engine.levers import invariant, invariant_keyblocks as kb
+from workbench.engine.levers import invariant
+from workbench.engine.levers import invariant_keyblocks as kb
 from workbench.runtime.blas import find_blas
 
 SHAPES = ((4, 64), (2, 32), (1, 64), (3, 128))  # (query heads per KV head, head dim): bench, bundled, ...
@@ -88,7 +89,11 @@ def test_with_openblas_the_block_kernel_is_bit_stable_and_the_mode_takes_the_blo
     if find_blas() is None:
         pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
     done = subprocess.run(
-        [sys.executable, "-c", OPENBLAS_SCRIPT], capture_output=True, text=True, env=dict(os.environ), timeout=600
+        [sys.executable, "-c", OPENBLAS_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])

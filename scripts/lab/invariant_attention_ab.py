@@ -6,10 +6,10 @@ Per B: three schedulers hold the same B prompts of 64-68 tokens (the bench's lla
 float32 unless ``--shape quick``): the default path, the mode with
 ``strided_row_attention`` (main before this change) and the mode with
 ``key_block_attention``; then ``--pairs`` rounds of one step each, the order rotated every
-round, each ended by ``mx.synchronize()``. Prints the median ms per step and the median of
-the per-round ratios to the default step; then the attention alone at B rows over 90 keys
-(llama-155m's heads: 16 query heads, 4 KV heads, head dim 64) per layer, the three side by
-side. ``--out FILE`` appends JSON lines.
+round, each ended by ``mx.synchronize()``. Prints the median ms per step, the median of
+the per-round ratios to the default step and the ratio of process CPU seconds over the
+rounds; then the attention alone at B rows over 90 keys (llama-155m's heads: 16 query heads,
+4 KV heads, head dim 64) per layer, the three side by side. ``--out FILE`` appends JSON lines.
 
     python scripts/lab/invariant_attention_ab.py --batch-sizes 1 8 32 --pairs 24
 """
@@ -49,14 +49,16 @@ def steps(model, tok, B, pairs):
         invariant.row_attention = use[name]
         _prefilled(sched, prompts, pairs + 3)
     ms = {name: [] for name in scheds}
+    cpu = dict.fromkeys(scheds, 0.0)
     names = list(scheds)
     for i in range(pairs):
         for name in names[i % 3 :] + names[: i % 3]:
             invariant.row_attention = use[name]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             scheds[name].step()
             mx.synchronize()
             ms[name].append((time.perf_counter() - t0) * 1e3)
+            cpu[name] += time.process_time() - c0
     invariant.row_attention = NEW
     out = {"B": B, "pairs": pairs, "load": os.getloadavg()[0]}
     for name in names:
@@ -65,6 +67,7 @@ def steps(model, tok, B, pairs):
             ratios = [a / b for a, b in zip(ms[name], ms["default"])]
             out[f"{name}_ratio"] = round(statistics.median(ratios), 3)
             out[f"{name}_quartiles"] = [round(q, 3) for q in statistics.quantiles(ratios, n=4)]
+            out[f"{name}_cpu_ratio"] = round(cpu[name] / cpu["default"], 3)
     return out
 
 

@@ -8,8 +8,8 @@ float32 unless ``--shape quick``): the default path, the mode with
 ``key_block_attention``; then ``--pairs`` rounds of one step each, the order rotated every
 round, each ended by ``mx.synchronize()``. Prints the median ms per step, the median of
 the per-round ratios to the default step and the ratio of process CPU seconds over the
-rounds; then the attention alone at B rows over 90 keys (llama-155m's heads: 16 query heads,
-4 KV heads, head dim 64) per layer, the three side by side. ``--out FILE`` appends JSON lines.
+rounds; then the attention alone at B rows over ``--keys`` keys (default 90; llama-155m's
+heads: 16 query heads, 4 KV heads, head dim 64) per layer, the three side by side. ``--out FILE`` appends JSON lines.
 
     python scripts/lab/invariant_attention_ab.py --batch-sizes 1 8 32 --pairs 24
 """
@@ -75,9 +75,10 @@ def attention_alone(B, reps=30, H=16, Hkv=4, D=64, S=90):
     k0, k1, k2 = mx.random.split(mx.random.key(0), 3)
     q = mx.random.normal((B, H, 1, D), key=k0)
     k, v = mx.random.normal((B, Hkv, S, D), key=k1), mx.random.normal((B, Hkv, S, D), key=k2)
-    starts = mx.array([(7 * b) % 5 for b in range(B)], dtype=mx.int32)
+    pads = [(7 * b) % max(S // 18, 1) for b in range(B)]  # up to 5 columns at 90 keys, 16 at 300
+    starts = mx.array(pads, dtype=mx.int32)
     mask = (mx.arange(S)[None, :] >= starts[:, None])[:, None, None, :]
-    longest = S - min((7 * b) % 5 for b in range(B))
+    longest = S - min(pads)
     mx.eval(q, k, v, starts, mask)
     fs = {
         "fused (default path)": lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask),
@@ -98,17 +99,20 @@ def main():
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--pairs", type=int, default=24)
     ap.add_argument("--shape", choices=["full", "quick"], default="full")
+    ap.add_argument("--keys", type=int, nargs="+", default=[90], help="keys of the attention alone")
+    ap.add_argument("--attention-only", action="store_true", help="only the attention alone")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     shape = {"full": bench_model.FULL, "quick": bench_model.QUICK}[args.shape]
     model, tok = bench_model.make_model(shape, dtype=mx.float32), SimpleNamespace(eos_token_ids=[])
     lines = []
-    for B in args.batch_sizes:
+    for B in [] if args.attention_only else args.batch_sizes:
         lines.append(steps(model, tok, B, args.pairs))
         print(json.dumps(lines[-1]), flush=True)
-    for B in args.batch_sizes:
-        lines.append(attention_alone(B))
-        print(json.dumps(lines[-1]), flush=True)
+    for S in args.keys:
+        for B in args.batch_sizes:
+            lines.append(attention_alone(B, S=S))
+            print(json.dumps(lines[-1]), flush=True)
     if args.out:
         with open(args.out, "a") as f:
             f.writelines(json.dumps({"shape": shape.name, **line}) + "\n" for line in lines)

@@ -50,20 +50,18 @@ def main():
     solo = [invariance.alone(model, tok, r, CHUNK) for r in reqs]
     print(f"{STATUS.note}\nalone: {len(reqs)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
     for max_batch in (1, 8, 32):
-        for arrivals in (None, [i // 3 * 2 for i in range(len(reqs))]):
+        for how, arrivals in (
+            ("at once", [0] * len(reqs)),
+            ("staggered", [i // 3 * 2 for i in range(len(reqs))]),
+        ):
             sched = wb.Scheduler(
                 model, tok, max_batch=max_batch, prefill_step_size=CHUNK, batch_invariant=True
             )
-            if arrivals is None:
-                uids = [sched.submit(r) for r in reqs]
-                sched.run()
-            else:
-                sched.run(arrivals=list(zip(arrivals, reqs)))
-                uids = sorted(sched.requests)
+            sched.run(arrivals=list(zip(arrivals, reqs)))
+            uids = sorted(sched.requests)
             got = [(sched.tokens(u), sched.logprobs(u)) for u in uids]
             equal = sum(g == s for g, s in zip(got, solo))
             tokens = sum(g[0] == s[0] for g, s in zip(got, solo))
-            how = "at once" if arrivals is None else "staggered"
             print(
                 f"max_batch={max_batch:2d} {how:9s}: {equal}/{len(reqs)} rows bit-equal alone "
                 f"(tokens and log-probs), {tokens}/{len(reqs)} tokens",

@@ -46,7 +46,7 @@ def key_block_attention(
     queries: mx.array,
     keys: mx.array,
     values: mx.array,
-    starts: mx.array,
+    first_key: mx.array,
     scale: float,
     longest: int | None = None,
     block: int = KEY_BLOCK,
@@ -56,10 +56,11 @@ def key_block_attention(
 
     Args:
         queries: ``[B, H, 1, D]`` (RoPE applied). keys, values: ``[B, Hkv, S, D]``, row
-            ``b``'s keys in columns ``starts[b]:``; the columns before may hold anything finite.
-        starts: ``[B]`` int, each row's first key.
+            ``b``'s keys in columns ``first_key[b]:``; the columns before may hold anything
+            finite.
+        first_key: ``[B]`` int, each row's first key column.
         scale: the softmax scale.
-        longest: the most keys a row has (``S - min(starts)``, a Python int so that nothing
+        longest: the most keys a row has (``S - min(first_key)``, a Python int so that nothing
             waits on the device); ``None``: ``S``.
         block: key positions per block.
 
@@ -75,7 +76,7 @@ def key_block_attention(
     q = (queries.astype(f32) * scale).reshape(B, Hkv, 1, R, D)
     scores = [q @ k.swapaxes(-1, -2) for k, _ in kv]  # one [R, D] @ [D, KB] call per block
     scores = scores[0] if len(scores) == 1 else mx.concatenate(scores, axis=2)  # [B, Hkv, nb, R, KB]
-    valid = (mx.arange(W)[None, :] >= (starts + (W - S))[:, None]).reshape(B, 1, nb, 1, block)
+    valid = (mx.arange(W)[None, :] >= (first_key + (W - S))[:, None]).reshape(B, 1, nb, 1, block)
     scores = mx.where(valid, scores, -mx.inf)
     e = mx.exp(scores - scores.max(-1, keepdims=True).max(2, keepdims=True))  # 0 where masked
     pv, first = [], 0

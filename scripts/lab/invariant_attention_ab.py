@@ -9,7 +9,8 @@ float32 unless ``--shape quick``): the default path, the mode with
 round, each ended by ``mx.synchronize()``. Prints the median ms per step, the median of
 the per-round ratios to the default step and the ratio of process CPU seconds over the
 rounds; then the attention alone at B rows over ``--keys`` keys (default 90; llama-155m's
-heads: 16 query heads, 4 KV heads, head dim 64) per layer, the three side by side. ``--out FILE`` appends JSON lines.
+heads: 16 query heads, 4 KV heads, head dim 64) per layer, the three side by side; then llama-155m's KV projection
+at B rows padded to 4 (the mode), in blocks of 1-3 rows and plain. ``--out FILE`` appends JSON lines.
 
     python scripts/lab/invariant_attention_ab.py --batch-sizes 1 8 32 --pairs 24
 """
@@ -94,6 +95,27 @@ def attention_alone(B, reps=30, H=16, Hkv=4, D=64, S=90):
     return {"B": B, "S": S, "attention_ms": {n: round(statistics.median(t), 3) for n, t in ts.items()}}
 
 
+def kv_projection_alone(B, reps=100, N=256, K=1024):
+    """llama-155m's KV projection (256x1024, OpenBLAS switches kernels at 4 rows) at B rows:
+    as the mode runs it (rows padded to 4), in blocks of 1-3 rows, and plain (the default)."""
+    from workbench.engine.levers.invariant import RowBlocks, blocked
+
+    w, x = mx.random.normal((N, K), key=mx.random.key(1)), mx.random.normal((B, K), key=mx.random.key(2))
+    mx.eval(w, x)
+    fs = {
+        "padded to 4 (the mode)": lambda: blocked(lambda r: r @ w.T, x, RowBlocks(4, 32)),
+        "blocks of 1-3": lambda: blocked(lambda r: r @ w.T, x, RowBlocks(1, 3)),
+        "plain (default path)": lambda: x @ w.T,
+    }
+    ts = {name: [] for name in fs}
+    for _ in range(reps):
+        for name, f in fs.items():
+            t0 = time.perf_counter()
+            mx.eval(f())
+            ts[name].append((time.perf_counter() - t0) * 1e3)
+    return {"B": B, "kv_projection_ms": {n: round(statistics.median(t), 4) for n, t in ts.items()}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
@@ -113,6 +135,9 @@ def main():
         for B in args.batch_sizes:
             lines.append(attention_alone(B, S=S))
             print(json.dumps(lines[-1]), flush=True)
+    for B in args.batch_sizes:
+        lines.append(kv_projection_alone(B))
+        print(json.dumps(lines[-1]), flush=True)
     if args.out:
         with open(args.out, "a") as f:
             f.writelines(json.dumps({"shape": shape.name, **line}) + "\n" for line in lines)

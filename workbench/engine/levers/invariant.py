@@ -305,10 +305,34 @@ def _blocked_projection(
 
 
 def row_attention(
-    queries: mx.array, keys: mx.array, values: mx.array, starts: mx.array, scale: float
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    starts: mx.array,
+    scale: float,
+    longest: int | None = None,
 ) -> mx.array:
     """One-query attention in which each row's bits depend only on its own keys (the CPU's
     batch-invariant attention): row ``b`` attends positions ``starts[b]:`` of its keys.
+
+    In fixed key blocks through the BLAS
+    (:func:`~workbench.engine.levers.invariant_keyblocks.key_block_attention`) where that
+    passed its check for this shape on this BLAS
+    (:func:`~workbench.engine.levers.invariant_keyblocks.blocks_agree`), else
+    :func:`strided_row_attention`. Arguments and result as theirs (``longest``: the most
+    keys a row has, ``S - min(starts)``; ``None``: ``S``)."""
+    from .invariant_keyblocks import blocks_agree, key_block_attention
+
+    if blocks_agree(queries.shape[1] // keys.shape[1], queries.shape[-1], keys.dtype):
+        return key_block_attention(queries, keys, values, starts, scale, longest)
+    return strided_row_attention(queries, keys, values, starts, scale)
+
+
+def strided_row_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, starts: mx.array, scale: float
+) -> mx.array:
+    """One-query attention in which each row's bits depend only on its own keys, by
+    reductions alone (no BLAS): row ``b`` attends positions ``starts[b]:`` of its keys.
 
     The sums run so that leading padding cannot regroup them: scores are per-key dot
     products (a reduction over ``D`` only), the softmax's normalizer and the weighted sum of

@@ -76,7 +76,8 @@ def per_row_attention(
         original: the attention the model would run (``(queries, keys, values, cache, scale,
             mask)``), used on CUDA for head dims the padded-rows kernel does not serve.
         one_query: the CPU's one-query per-row attention ``(queries [B, H, 1, D], keys,
-            values, starts [B], scale)`` (:func:`workbench.engine.levers.invariant.row_attention`).
+            values, starts [B], scale, longest)`` (``longest``: the most keys a row has;
+            :func:`workbench.engine.levers.invariant.row_attention`).
         queries: ``[B, H, L, D]`` (RoPE applied). keys, values: ``[B, n_kv_heads, S, D]`` as
             the cache returned them (``(packed, scales, biases)`` tuples for a quantized one).
         cache: the layer's ``BatchKVCache`` (or :class:`BatchQuantizedKVCache`, or
@@ -108,14 +109,22 @@ def per_row_attention(
     if cuda and supported(queries, keys):
         outs = _kernel_positions(queries, keys, values, cache, starts, ends, scale)
     elif not cuda:
-        first = mx.array(starts, dtype=mx.int32)
-        outs = [
-            one_query(queries[:, :, j : j + 1], keys[:, :, :end], values[:, :, :end], first, scale)
-            for j, end in enumerate(ends)
-        ]
+        outs = _one_query_positions(one_query, queries, keys, values, starts, ends, scale)
     else:
         outs = _alone_positions(original, queries, keys, values, cache, starts, ends, scale)
     return outs[0] if L == 1 else mx.concatenate(outs, axis=2)
+
+
+def _one_query_positions(one_query, queries, keys, values, starts, ends, scale) -> list[mx.array]:
+    """Each query position through the CPU's one-query attention over the columns up to its
+    own (``keys[:, :, :end]``), told the most keys a row has there (``end - min(starts)``)."""
+    first = mx.array(starts, dtype=mx.int32)
+    return [
+        one_query(
+            queries[:, :, j : j + 1], keys[:, :, :end], values[:, :, :end], first, scale, end - min(starts)
+        )
+        for j, end in enumerate(ends)
+    ]
 
 
 def _as_stored(cache: Any) -> bool:

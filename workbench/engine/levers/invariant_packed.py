@@ -52,8 +52,8 @@ def paged_row_attention(
     """Each packed token's attention over its own keys, computed as it is computed alone:
     ``queries`` ``[1, H, T, D]`` (RoPE applied), the layer's pools ``[N, n_kv_heads, D]``,
     ``blocks`` the forward's token blocks (``first``, ``n``, left-padded ``slots`` ``[n, L]``,
-    ``starts`` ``[n]``). On the CPU one :func:`row_attention` per block (its sums over the keys
-    run position by position, so the left padding changes no bit); elsewhere
+    ``starts`` ``[n]``). On the CPU one :func:`row_attention` per block (its key blocks are
+    counted back from each token's own last key, so the left padding changes no bit); elsewhere
     (``one_call_per_token``, default: on any backend but the CPU, whose reductions may group by
     width) one ``mx.fast.scaled_dot_product_attention`` call per token over exactly its keys:
     the call it makes alone. Returns ``[1, H, T, D]``."""

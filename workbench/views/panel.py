@@ -35,8 +35,8 @@ Widgets (``panel.widget`` is the whole box)::
                                                                    latest DRAFT_STEPS steps (wb-drafts)
     > text masks (ASCII)                                       <- folded: the nbval-style text form
 
-The latency view reads the events of the decode steps the shown snapshot had completed
-(:func:`~workbench.views.live.events_before`), so it follows the engine as it steps and the
+The latency view reads the events of the decode steps the shown snapshot had completed, and
+the arrivals it had seen (:func:`~workbench.views.live.events_seen`), so it follows the engine as it steps and the
 slider as it moves back: a row's TTFT bar appears with its first token.
 
 The images are PNGs at ``IMAGE_DPI``, ``IMAGE_WIDTH_IN`` inches wide: 470 pixels, two side
@@ -91,7 +91,7 @@ from . import style
 from .attention import render_attention
 from .follow import seen_by
 from .kv import bytes_text, render_kv
-from .live import events_before, live_latency_text, render_itl, render_step_rates, render_ttft
+from .live import events_seen, live_latency_text, render_itl, render_step_rates, render_ttft
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .phases import render_phases
@@ -731,9 +731,9 @@ class Panel:
 
     def latency_events(self, snap: Snapshot) -> pd.DataFrame:
         """The events the latency view of ``snap`` reads: those of the decode steps ``snap``
-        had completed (:func:`~workbench.views.live.events_before`) of the latest
-        ``TIMELINE_UIDS`` uids, from the last ``TIMELINE_EVENTS`` events."""
-        ev = events_before(events_frame(self.source.events[-TIMELINE_EVENTS:]), snap.step)
+        had completed and the arrivals it had seen (:func:`~workbench.views.live.events_seen`)
+        of the latest ``TIMELINE_UIDS`` uids, from the last ``TIMELINE_EVENTS`` events."""
+        ev = events_seen(events_frame(self.source.events[-TIMELINE_EVENTS:]), snap)
         return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 
     @property

@@ -5,6 +5,7 @@ back."""
 
 from __future__ import annotations
 
+import html
 import re
 from collections import Counter, defaultdict
 
@@ -275,6 +276,7 @@ def test_requests_the_shown_snapshot_holds_are_waiting_until_their_first_token(l
     assert "waiting: uid 0, 1, 2" in said()[0]
     panel.buttons["Step"].click()
     text, title = said()
+    assert html.escape(panel_module.BY_HAND) in text  # a step clicked: its wall time has the pause
     assert "waiting: uid 2" in text and "waiting" in title and "0" not in title.split("waiting")[1]
 
 

@@ -110,6 +110,10 @@ TIMELINE_UIDS = 24
 DRAFT_STEPS = 16  # the draft view shows the latest decode steps: it moves as the user steps
 FOLLOW_S = 0.5  # Panel(server): seconds between two copies of the served engine (a redraw at most that often)
 COPY_TIMEOUT_S = 30.0  # how long the panel waits for the engine thread to hand over a copy
+BY_HAND = (  # under the latency text while the panel drives the engine (a step's wall_s: views.live)
+    "stepped by hand, a step's wall time (from the previous\n"
+    "step's end) includes the pause between two clicks;\nRun N steps times the engine alone"
+)
 
 
 VIEWS = ("batch", "latency")  # what the panel's images show: the toggle in its second row of buttons
@@ -652,6 +656,7 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         if latency:
             text = live_latency_text(self.latency_events(snap))
+            text += f"\n{BY_HAND}" if self._copy is None else ""  # a served engine steps itself
             self.latency_ascii.value = f"<pre style='font-size:11px'>{html.escape(text)}</pre>"
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"

@@ -17,7 +17,7 @@ from tests.conftest import FakeClock
 from workbench.cli import build_parser, main
 from workbench.observe.events import events_frame
 from workbench.views.export import export_html
-from workbench.views.live import events_before, ttft_parts, waiting_uids
+from workbench.views.live import events_seen, ttft_parts, waiting_uids
 from workbench.workloads import workload as workload_module
 from workbench.workloads.workload import prompt_maker
 
@@ -72,12 +72,26 @@ def test_a_run_exports_one_frame_per_snapshot_with_embedded_pngs_and_nothing_out
 def test_a_frames_ttft_image_changes_only_when_a_first_token_lands_or_a_request_arrives(run, exported):
     _, _, frames, _ = page_data(exported)
     ev = events_frame(run.events)
-    seen = [events_before(ev, s.step) for s in run.history]
+    seen = [events_seen(ev, s) for s in run.history]
     drawn = [(len(ttft_parts(e)), tuple(waiting_uids(e))) for e in seen]
     for i in range(1, len(frames)):
         assert (frames[i]["ttft"] == frames[i - 1]["ttft"]) == (drawn[i] == drawn[i - 1]), i
     assert len({f["ttft"] for f in frames}) == len(set(drawn)) < len(frames)
     assert frames[-1]["text"].startswith("uid   TTFT ms")
+
+
+def test_a_frames_latency_text_names_the_rows_it_shows_before_their_first_token(run, exported):
+    """Issue 43's replay of notebook 01 read "(no request yet)" at its first frame beside a
+    status of "1 row(s): uid 0": a request the snapshot holds is waiting, never absent."""
+    _, _, frames, _ = page_data(exported)
+    ev = events_frame(run.events)
+    for frame, snap in zip(frames, run.history):
+        tokened = set(ev.uid[(ev.kind == "token") & (ev.step < snap.step)])
+        held = {u for u in [*snap.uids, *snap.queue, *(p[0] for p in snap.prefilling)] if u not in tokened}
+        waiting = re.search(r"waiting: uid ([\d, ]+)", frame["text"])
+        assert ({int(u) for u in waiting.group(1).split(",")} if waiting else set()) == held, frame["status"]
+        assert ("(no request yet)" in frame["text"]) == (not held and not tokened), frame["status"]
+    assert "waiting: uid 0, 1" in frames[0]["text"]
 
 
 def test_the_veil_of_a_step_sits_on_that_step_of_the_whole_run_figures(exported):

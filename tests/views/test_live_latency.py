@@ -5,6 +5,8 @@ back."""
 
 from __future__ import annotations
 
+import html
+import re
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -118,6 +120,8 @@ def test_the_figures_say_what_is_empty_with_no_bare_axes():
     empty = events_frame([])
     for fig in (live.render_ttft(empty), live.render_itl(empty), live.render_step_rates(empty)):
         assert all(not ax.axison for ax in fig.axes) and any(ax.texts for ax in fig.axes)
+        said = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+        assert not re.search(r"[Ss]ubmit|[Aa]dmit|\bStep\b", said), said  # the replay has no buttons
 
 
 def test_render_live_latency_draws_the_three_views_side_by_side(log):
@@ -254,6 +258,26 @@ def test_the_latency_view_follows_the_engine_step_by_step_and_the_slider_back(la
         assert_matches(values, expected(panel.sched.events, snap.step))
         assert bytes(panel.itl_image.value) != latest
     assert 2 not in values["ttft"]  # moved back before uid 2's first token: no bar for it
+
+
+def test_requests_the_shown_snapshot_holds_are_waiting_until_their_first_token(latency_panel):
+    """Before the first step the panel's latency text read "(no request yet)" while its rows
+    listed the submitted requests (issue 43, checked in JupyterLab): they are waiting."""
+    panel = latency_panel
+
+    def said() -> tuple[str, str]:
+        _, figures = panel.drawn[-1]
+        return panel.latency_ascii.value, figures[panel.ttft_image]._suptitle.get_text()
+
+    text, title = said()
+    assert "waiting: uid 0, 1, 2" in text and "no request yet" not in text
+    assert title.endswith("waiting: 0, 1, 2")
+    panel.buttons["Admit"].click()  # uids 0 and 1 join, before their first token; uid 2 queued
+    assert "waiting: uid 0, 1, 2" in said()[0]
+    panel.buttons["Step"].click()
+    text, title = said()
+    assert html.escape(panel_module.BY_HAND) in text  # a step clicked: its wall time has the pause
+    assert "waiting: uid 2" in text and "waiting" in title and "0" not in title.split("waiting")[1]
 
 
 def test_the_latency_view_is_drawn_only_while_shown_and_the_batch_view_comes_back(latency_panel):

@@ -12,8 +12,8 @@ What a frame (one snapshot of the history) shows, as the panel does:
   forward's mask and the page table (:func:`~workbench.views.packed.render_packed_mask`,
   :func:`~workbench.views.packed.render_page_table`);
 - each row's TTFT and its parts (:func:`~workbench.views.live.render_ttft`) and the live
-  latency text, from the events of the steps it had completed
-  (:func:`~workbench.views.live.events_before`);
+  latency text, from the events of the steps it had completed and the arrivals it had seen
+  (:func:`~workbench.views.live.events_seen`);
 - the row timeline with each step's prefill and decode phases
   (:func:`~workbench.views.phases.render_phases`: a prefill as wide as its tokens on the step
   axis and as its seconds on the wall axis, side by side; a decoding row waiting through
@@ -50,7 +50,7 @@ from ..observe.snapshot import Snapshot
 from .follow import seen_by
 from .kv import bytes_text, render_kv
 from .live import (
-    events_before,
+    events_seen,
     live_latency_text,
     render_itl,
     render_step_rates,
@@ -218,7 +218,7 @@ def export_html(
     phases = step_phases(ev)
     frames, ttft = [], {}  # TTFT figures by what they draw: one per first token landing
     for i, snap in enumerate(snaps):
-        seen = events_before(ev, snap.step)
+        seen = events_seen(ev, snap)
         cut = phases_seen(phases, ev[seen_by(ev, snap)])
         drawn = (tuple(ttft_parts(seen).itertuples(index=False)), tuple(waiting_uids(seen)))
         if drawn not in ttft:

@@ -46,6 +46,7 @@ from matplotlib.figure import Figure
 
 from ..observe.metrics import token_gaps
 from . import style
+from .follow import seen_by
 
 TTFT_COLUMNS = ["uid", "queued_s", "prefill_s", "first_token_s", "ttft_s", "first_token_step"]
 TTFT_PARTS = (
@@ -71,6 +72,20 @@ def events_before(events: pd.DataFrame, step: int) -> pd.DataFrame:
     taken after ``step`` decode steps had seen of its completed steps (the panel's slider
     passes the shown snapshot's ``step``)."""
     return events[events.step < step]
+
+
+SEEN_ARRIVALS = ("submit", "admit", "join")  # a request's events before its first token
+
+
+def events_seen(events: pd.DataFrame, snap) -> pd.DataFrame:
+    """What the latency views of snapshot ``snap`` read: the events of the decode steps it
+    completed (:func:`events_before`) and, of step ``snap.step`` itself, the submit, admit
+    and join events it had seen (:func:`~workbench.views.follow.seen_by`). A request the
+    snapshot shows queued or in the batch before its first token is then named as waiting
+    (never "no request yet" beside a batch that holds it); TTFT, ITL and the per-step rates
+    still read completed steps only. ``events``: a log frame in log order."""
+    arrivals = ((events.step == snap.step) & events.kind.isin(SEEN_ARRIVALS)).to_numpy()
+    return events[(events.step < snap.step).to_numpy() | (arrivals & seen_by(events, snap))]
 
 
 def _first(events: pd.DataFrame, kind: str, col: str = "time_s") -> pd.Series:
@@ -204,7 +219,7 @@ def _draw_ttft(fig, events: pd.DataFrame, title: str) -> None:
     )
     fig.suptitle(f"{title} (ms)" + (f" · {note}" if note else ""), fontsize="medium")
     if parts.empty:
-        style.empty(ax, "no first token yet: submit, Admit, Step")
+        style.empty(ax, "no first token yet: a row's first decode step gives it")
         return
     y = np.arange(len(parts))
     left = np.zeros(len(parts))
@@ -252,7 +267,7 @@ def _draw_itl(fig, events: pd.DataFrame, steps: tuple[int, int] | None, title: s
     ax = fig.add_subplot()
     fig.suptitle(title or "ITL per row and step (ms)", fontsize="medium")
     if cells.empty:
-        style.empty(ax, "no row has two tokens yet: Step")
+        style.empty(ax, "no row has two tokens yet")
         return
     uids = list(dict.fromkeys(events[events.kind == "submit"].uid.tolist() + cells.uid.tolist()))
     uids = [u for u in uids if u in set(cells.uid)]
@@ -296,7 +311,7 @@ def _draw_step_rates(fig, events: pd.DataFrame, steps: tuple[int, int] | None, t
     rates = step_rates(events)
     fig.suptitle(title or "tokens per second per step (log), and the step's wall time", fontsize="medium")
     if rates.empty:
-        style.empty(fig.add_subplot(), "no step yet: submit, Admit, Step")
+        style.empty(fig.add_subplot(), "no decode step yet")
         return
     rate_ax, wall_ax = fig.subplots(2, 1, sharex=True, height_ratios=[1.4, 1])
     x = rates.step.to_numpy() + 0.5

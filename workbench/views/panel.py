@@ -35,8 +35,8 @@ Widgets (``panel.widget`` is the whole box)::
                                                                    latest DRAFT_STEPS steps (wb-drafts)
     > text masks (ASCII)                                       <- folded: the nbval-style text form
 
-The latency view reads the events of the decode steps the shown snapshot had completed
-(:func:`~workbench.views.live.events_before`), so it follows the engine as it steps and the
+The latency view reads the events of the decode steps the shown snapshot had completed, and
+the arrivals it had seen (:func:`~workbench.views.live.events_seen`), so it follows the engine as it steps and the
 slider as it moves back: a row's TTFT bar appears with its first token.
 
 The images are PNGs at ``IMAGE_DPI``, ``IMAGE_WIDTH_IN`` inches wide: 470 pixels, two side
@@ -91,7 +91,7 @@ from . import style
 from .attention import render_attention
 from .follow import seen_by
 from .kv import bytes_text, render_kv
-from .live import events_before, live_latency_text, render_itl, render_step_rates, render_ttft
+from .live import events_seen, live_latency_text, render_itl, render_step_rates, render_ttft
 from .mask import mask_text, render_masks
 from .packed import packed_text, render_packed_mask, render_page_table
 from .phases import render_phases
@@ -110,6 +110,10 @@ TIMELINE_UIDS = 24
 DRAFT_STEPS = 16  # the draft view shows the latest decode steps: it moves as the user steps
 FOLLOW_S = 0.5  # Panel(server): seconds between two copies of the served engine (a redraw at most that often)
 COPY_TIMEOUT_S = 30.0  # how long the panel waits for the engine thread to hand over a copy
+BY_HAND = (  # under the latency text while the panel drives the engine (a step's wall_s: views.live)
+    "stepped by hand, a step's wall time (from the previous\n"
+    "step's end) includes the pause between two clicks;\nRun N steps times the engine alone"
+)
 
 
 VIEWS = ("batch", "latency")  # what the panel's images show: the toggle in its second row of buttons
@@ -652,6 +656,7 @@ class Panel:
             image.value = style.figure_png(fig, dpi=IMAGE_DPI)
         if latency:
             text = live_latency_text(self.latency_events(snap))
+            text += f"\n{BY_HAND}" if self._copy is None else ""  # a served engine steps itself
             self.latency_ascii.value = f"<pre style='font-size:11px'>{html.escape(text)}</pre>"
         text = mask_text(snap) if snap.packed is None else packed_text(snap)
         self.mask_ascii.value = f"<pre>{html.escape(text)}</pre>"
@@ -731,9 +736,9 @@ class Panel:
 
     def latency_events(self, snap: Snapshot) -> pd.DataFrame:
         """The events the latency view of ``snap`` reads: those of the decode steps ``snap``
-        had completed (:func:`~workbench.views.live.events_before`) of the latest
-        ``TIMELINE_UIDS`` uids, from the last ``TIMELINE_EVENTS`` events."""
-        ev = events_before(events_frame(self.source.events[-TIMELINE_EVENTS:]), snap.step)
+        had completed and the arrivals it had seen (:func:`~workbench.views.live.events_seen`)
+        of the latest ``TIMELINE_UIDS`` uids, from the last ``TIMELINE_EVENTS`` events."""
+        ev = events_seen(events_frame(self.source.events[-TIMELINE_EVENTS:]), snap)
         return ev[ev.uid.isin(ev.uid.unique()[-TIMELINE_UIDS:])]
 
     @property

@@ -6,7 +6,8 @@ Run it after editing a notebook, review the output diff, commit. Kernels run wit
 users' BLAS (``"workbench": {"blas": "optimized"}``; ``notebooks/conftest.py`` gives nbval
 the same rule), and every kernel gets ``OPENBLAS_NUM_THREADS=1`` unless it is set (as under
 nbval: one BLAS thread per kernel). Widget state is not stored, so a static HTML export of a notebook loads no
-widget script from a CDN.
+widget script from a CDN. Each executed notebook's cover (``scripts/notebook_covers.py``) is
+rewritten from its first figure of this run.
 """
 
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from notebook_covers import write_cover  # scripts/ is sys.path[0] when this script runs
 
 # the same numerics as the test suite (tests/conftest.py): MLX's own BLAS, bit-exact oracles
 os.environ.setdefault("WORKBENCH_BLAS", "off")
@@ -34,4 +36,5 @@ for name in sys.argv[1:]:
         resources={"metadata": {"path": str(path.parent)}},
     ).execute(env=env)
     nbformat.write(nb, path)
+    write_cover(path)  # its cover is its first figure of this run (docs/covers/)
     print(f"executed {path}" + (" (with the users' BLAS)" if optimized else ""))

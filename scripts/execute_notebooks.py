@@ -14,9 +14,10 @@ import os
 import sys
 from pathlib import Path
 
+from notebook_covers import write_cover  # scripts/ is sys.path[0] when this script runs
+
 import nbformat
 from nbclient import NotebookClient
-from notebook_covers import write_cover  # scripts/ is sys.path[0] when this script runs
 
 # the same numerics as the test suite (tests/conftest.py): MLX's own BLAS, bit-exact oracles
 os.environ.setdefault("WORKBENCH_BLAS", "off")

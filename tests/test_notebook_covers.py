@@ -38,7 +38,9 @@ def test_a_notebook_opens_with_a_cover_from_its_own_stored_run(path):
     title, _, rest = first.partition("\n")
     assert title.startswith("# "), f"{path.name}: the first cell opens with its title"
     line = _covers().cover_line(path.stem)
-    assert rest.lstrip("\n").startswith(line), f"{path.name}: no cover under the title (scripts/notebook_covers.py)"
+    assert rest.lstrip("\n").startswith(line), (
+        f"{path.name}: no cover under the title (scripts/notebook_covers.py)"
+    )
     png = (ROOT / "docs" / "covers" / f"{path.stem}.png").read_bytes()
     assert png in _stored_pngs(nb), (
         f"{path.name}: docs/covers/{path.stem}.png is no figure of the stored run: "
@@ -53,7 +55,9 @@ def test_the_cover_is_the_tagged_figure_else_the_first(tmp_path):
         return {
             "cell_type": "code",
             "metadata": {"tags": list(tags)},
-            "outputs": [{"output_type": "display_data", "data": {"image/png": base64.b64encode(data).decode()}}],
+            "outputs": [
+                {"output_type": "display_data", "data": {"image/png": base64.b64encode(data).decode()}}
+            ],
             "source": "",
             "execution_count": 1,
         }
@@ -61,7 +65,12 @@ def test_the_cover_is_the_tagged_figure_else_the_first(tmp_path):
     import nbformat
 
     nb = nbformat.from_dict(
-        {"cells": [fig(b"first"), fig(b"second", ["cover"])], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+        {
+            "cells": [fig(b"first"), fig(b"second", ["cover"])],
+            "metadata": {},
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
     )
     assert covers.first_figure(nb) == b"second"
     nb.cells[1].metadata.tags = []

@@ -86,13 +86,19 @@ def attention_alone(B, reps=30, H=16, Hkv=4, D=64, S=90):
         "strided": lambda: invariant.strided_row_attention(q, k, v, starts, 0.125),
         "key_blocks": lambda: key_block_attention(q, k, v, starts, 0.125, longest),
     }
+    ts = timed(fs, reps)
+    return {"B": B, "S": S, "attention_ms": {n: round(statistics.median(t), 3) for n, t in ts.items()}}
+
+
+def timed(fs, reps):
+    """Milliseconds per call of each function in ``fs``, ``reps`` rounds, interleaved."""
     ts = {name: [] for name in fs}
     for _ in range(reps):
         for name, f in fs.items():
             t0 = time.perf_counter()
             mx.eval(f())
             ts[name].append((time.perf_counter() - t0) * 1e3)
-    return {"B": B, "S": S, "attention_ms": {n: round(statistics.median(t), 3) for n, t in ts.items()}}
+    return ts
 
 
 def kv_projection_alone(B, reps=100, N=256, K=1024):
@@ -107,12 +113,7 @@ def kv_projection_alone(B, reps=100, N=256, K=1024):
         "blocks of 1-3": lambda: blocked(lambda r: r @ w.T, x, RowBlocks(1, 3)),
         "plain (default path)": lambda: x @ w.T,
     }
-    ts = {name: [] for name in fs}
-    for _ in range(reps):
-        for name, f in fs.items():
-            t0 = time.perf_counter()
-            mx.eval(f())
-            ts[name].append((time.perf_counter() - t0) * 1e3)
+    ts = timed(fs, reps)
     return {"B": B, "kv_projection_ms": {n: round(statistics.median(t), 4) for n, t in ts.items()}}
 
 

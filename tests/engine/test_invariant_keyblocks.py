@@ -103,3 +103,18 @@ def test_with_openblas_the_block_kernel_is_bit_stable_and_the_mode_takes_the_blo
 
 def test_the_mode_attends_in_key_blocks_for_the_bundled_and_the_bench_shapes():
     assert kb.blocks_agree(2, 32, mx.float32) and kb.blocks_agree(4, 64, mx.float32)  # bundled, llama-155m
+
+
+def test_the_attention_finding_names_the_route_the_mode_takes_here():
+    """``workbench invariance`` (and notebook 15) say how the mode attends: on the CPU in
+    key blocks wherever :func:`blocks_agree` passed for the shape, which is what
+    ``row_attention`` then runs."""
+    from workbench.engine.levers.invariant_keyblocks import KEY_BLOCK, blocks_agree
+    from workbench.verify.invariance import attention_findings
+
+    (finding,) = attention_findings(heads=4, kv_heads=2, head_dim=32)
+    if blocks_agree(2, 32, mx.float32):
+        assert finding.mode_choice == f"each row's keys in fixed blocks of {KEY_BLOCK}, from its last key"
+    else:
+        assert finding.mode_choice == "each row on its own keys, no mask"
+    assert finding.mode_diff == 0.0

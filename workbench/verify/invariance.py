@@ -225,9 +225,20 @@ def attention_findings(
             tuple(pads),
             worst,
             mode,
-            "each row on its own keys, no mask",
+            _attention_route(heads // kv_heads, head_dim, dtype),
         )
     ]
+
+
+def _attention_route(heads_per_kv: int, head_dim: int, dtype: Any) -> str:
+    """How the mode attends one row (the finding's last column): on the CPU in fixed key
+    blocks where they passed their check for this shape, else the row's own keys, no mask."""
+    if _cpu():
+        from ..engine.levers.invariant_keyblocks import KEY_BLOCK, blocks_agree
+
+        if blocks_agree(heads_per_kv, head_dim, dtype):
+            return f"each row's keys in fixed blocks of {KEY_BLOCK}, from its last key"
+    return "each row on its own keys, no mask"
 
 
 def _cpu() -> bool:

@@ -12,7 +12,8 @@ both removed here (why: ``docs/batch-invariance.md``):
   (:class:`RowBlocks`: ``B`` rows cut into blocks of ``max_rows``, each zero-padded to at
   least ``min_rows``), so the kernel never sees the batch size;
 - **attention** runs each row on its own keys (``[left_padding_b:]``, no mask): the call
-  it makes alone at ``B = 1``.
+  it makes alone at ``B = 1``; on the CPU in fixed blocks of key positions counted back from
+  the row's last key (:mod:`.invariant_keyblocks`).
 
 Prefill runs every prompt alone in chunks of exactly ``prefill_step_size`` tokens
 (:mod:`workbench.engine.prefill`); row-wise operations do not mix rows.

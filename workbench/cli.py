@@ -118,6 +118,14 @@ def _gallery(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.device == "gpu" and args.packed:
+        if args.model is not None:
+            raise SystemExit(
+                "workbench bench --device gpu --packed: --model is not supported (the 1B-shaped llama)"
+            )
+        from .bench.gpu_packed import packed_gpu_bench_job
+
+        return packed_gpu_bench_job(args.quick, Path(args.out))
     if args.device == "gpu":
         from .bench.gpu import gpu_bench_job
 

@@ -59,6 +59,8 @@ from workbench.bench.gpu import (
     gpu_runs,
     prompt_lengths,
 )
+from workbench.bench.gpu_packed import PACKED_SETTINGS
+from workbench.bench.host_time import step_anatomy
 from workbench.bench.model import QUICK, make_model
 from workbench.runtime.loading import load
 from workbench.workloads.workload import prompt_of_length
@@ -68,7 +70,6 @@ import mlx.nn as nn
 import numpy as np
 
 DECODE_TOKENS = 48
-PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)
 NO_KERNEL = {
     "Broadcast",
     "Reshape",
@@ -89,31 +90,6 @@ def emit(part: str, **fields) -> None:
     print(json.dumps({"part": part, **fields}), flush=True)
 
 
-@contextlib.contextmanager
-def timed_mlx_calls(totals: dict[str, float]):
-    """Within the block, ``mx.async_eval`` and ``mx.eval`` add their seconds to
-    ``totals["launch"]`` / ``totals["wait"]``, and the calling thread's CPU seconds in them
-    to ``totals["mlx_cpu"]``."""
-    real = {"launch": mx.async_eval, "wait": mx.eval}
-
-    def wrap(key):
-        def call(*args, **kwargs):
-            start, cpu = time.perf_counter(), time.thread_time()
-            try:
-                return real[key](*args, **kwargs)
-            finally:
-                totals[key] += time.perf_counter() - start
-                totals["mlx_cpu"] += time.thread_time() - cpu
-
-        return call
-
-    mx.async_eval, mx.eval = wrap("launch"), wrap("wait")
-    try:
-        yield
-    finally:
-        mx.async_eval, mx.eval = real["launch"], real["wait"]
-
-
 def arrivals_for(cfg, tokenizer, rows: int, decode_tokens: int) -> list[Arrival]:
     """The GPU benchmark's prompts for ``rows`` rows."""
     return [
@@ -122,33 +98,7 @@ def arrivals_for(cfg, tokenizer, rows: int, decode_tokens: int) -> list[Arrival]
     ]
 
 
-def anatomy_run(engine, arrivals: list[Arrival]) -> dict[str, float]:
-    """Submit every arrival, iterate until idle; medians (ms) of the full-batch decode
-    iterations' total, launch, wait and python time, and ``python_cpu_ms``: the calling
-    thread's CPU time outside MLX's evaluations (the host's Python work, which other
-    processes' load does not inflate as it does wall time)."""
-    for a in arrivals:
-        engine.submit(a.prompt, a.max_tokens)
-    rows, B = [], len(arrivals)
-    while not engine.idle:
-        totals = collections.defaultdict(float)
-        start, cpu = time.perf_counter(), time.thread_time()
-        with timed_mlx_calls(totals):
-            made = engine.iterate()
-        total, cpu = time.perf_counter() - start, time.thread_time() - cpu - totals["mlx_cpu"]
-        rows.append((made, total, totals["launch"], totals["wait"], cpu))
-    full = [r for prev, r in zip(rows, rows[1:]) if r[0] == B and prev[0] == B]
-    if not full:  # a warm-up too short for two full-batch iterations
-        return {"steps": 0}
-    med = lambda i: 1e3 * statistics.median(r[i] for r in full)  # noqa: E731
-    return {
-        "steps": len(full),
-        "step_ms": med(1),
-        "launch_ms": med(2),
-        "wait_ms": med(3),
-        "python_ms": 1e3 * statistics.median(r[1] - r[2] - r[3] for r in full),
-        "python_cpu_ms": med(4),
-    }
+anatomy_run = step_anatomy  # the reading lives in the package (workbench.bench.host_time)
 
 
 def engine_makers(model, tokenizer, cfg, packed: bool = False) -> dict:

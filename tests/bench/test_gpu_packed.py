@@ -1,0 +1,132 @@
+"""``workbench bench --device gpu --packed``: the goals from measured frames (pure), the quick
+config through the same code on the CPU, the CLI's refusal on the CPU, and the real command on
+a GPU (``gpu`` marker). No timing thresholds: the measured numbers are in docs/gpu.md."""
+
+import collections
+
+import pandas as pd
+import pytest
+
+from tests.cli_process import run_workbench
+from workbench.bench.engines import Arrival
+from workbench.bench.gpu import GPU_QUICK_CONFIG
+from workbench.bench.gpu_packed import (
+    MLX_LM,
+    PACKED,
+    PADDED,
+    goal_lines,
+    packed_gpu_markdown,
+    packed_gpu_table,
+    run_packed_gpu_bench,
+)
+from workbench.bench.host_time import step_anatomy, timed_mlx_calls
+from workbench.runtime.device import on_gpu
+
+pytestmark = pytest.mark.model
+
+
+def _runs(step: dict[str, list[float]], host: dict[str, float], B: int) -> list[dict]:
+    return [
+        {"engine": e, "B": B, "pair": p, "step_ms": s, "host_ms": host[e]}
+        for e, steps in step.items()
+        for p, s in enumerate(steps)
+    ]
+
+
+def test_goals_are_met_or_missed_from_the_measured_medians_and_bounds():
+    runs = pd.DataFrame(
+        _runs(
+            {PACKED: [2.0, 2.2], PADDED: [2.5, 2.0], MLX_LM: [3.0, 3.0]},
+            {PACKED: 0.4, PADDED: 1, MLX_LM: 2},
+            1,
+        )
+        + _runs(
+            {PACKED: [5.0, 4.5], PADDED: [4.0, 4.0], MLX_LM: [6.0, 6.0]},
+            {PACKED: 1.5, PADDED: 1, MLX_LM: 2},
+            128,
+        )
+    )
+    table = packed_gpu_table(runs, {1: 1.0, 128: 3.0})
+    one = table[table.B == 1].iloc[0]
+    assert one.packed_over_padded == pytest.approx((2.0 / 2.5 + 2.2 / 2.0) / 2)
+    assert one.packed_share_of_bound == pytest.approx(1.0 / 2.1)
+    first = pd.DataFrame(
+        [{"engine": e, "B": b, "first_run_s": s} for e, b, s in [(PACKED, 1, 3.0), (PACKED, 128, 12.0)]]
+        + [{"engine": e, "B": 1, "first_run_s": 1.0} for e in (PADDED, MLX_LM)]
+    )
+    lines = goal_lines(table, first)
+    assert lines[0].startswith(
+        "B=1: packed step <= padded: met (2.10 / 2.25 ms, ratio 0.95, pairs 0.80..1.10)"
+    )
+    assert lines[1].startswith("B=128: packed step <= padded: MISSED") and "ratio 1.19" in lines[1]
+    assert lines[2] == "B=128: packed step <= 4 ms: MISSED (4.75 ms)"
+    assert lines[3].startswith("B=1: packed step >= 40% of the bound: met (48%")
+    assert lines[4].startswith("B=128: packed host time <= 1 ms a step: MISSED (1.50 ms")
+    assert (
+        lines[5].startswith("first run of a batch (kernel compilation) < 10 s: MISSED")
+        and "B=128: 12.0 s" in lines[5]
+    )
+
+
+def test_step_anatomy_splits_an_iteration_into_launch_wait_and_python():
+    import mlx.core as mx
+
+    class Engine:  # two rows, four full-batch iterations, each with one launch and one wait
+        def __init__(self):
+            self.left, self.idle = 4, False
+
+        def submit(self, prompt, max_tokens):
+            pass
+
+        def iterate(self):
+            x = mx.ones((64, 64)) @ mx.ones((64, 64))
+            mx.async_eval(x)
+            mx.eval(x)
+            self.left -= 1
+            self.idle = self.left == 0
+            return 2
+
+    reading = step_anatomy(Engine(), [Arrival((1, 2), 4), Arrival((3,), 4)])
+    assert reading["steps"] == 3
+    assert reading["step_ms"] >= reading["host_ms"] >= reading["launch_ms"] >= 0
+    assert reading["host_ms"] == pytest.approx(reading["step_ms"] - reading["wait_ms"], abs=0.05)
+    totals = collections.defaultdict(float)
+    real = mx.eval
+    with pytest.raises(RuntimeError), timed_mlx_calls(totals):
+        raise RuntimeError("restored on the way out")
+    assert mx.eval is real
+
+
+@pytest.mark.skipif(on_gpu(), reason="the GPU runs the real command below")
+def test_quick_config_runs_the_packed_gpu_bench_on_the_cpu_with_equal_tokens():
+    result = run_packed_gpu_bench(GPU_QUICK_CONFIG, echo=lambda _: None, require_gpu=False)
+    assert result.runs.same_tokens.dropna().eq(1.0).all()
+    assert result.table.B.tolist() == [1, 8] and (result.table.packed_step_ms > 0).all()
+    assert (
+        set(result.first_runs.engine) == {PACKED, PADDED, MLX_LM}
+        and (result.first_runs.first_run_s > 0).all()
+    )
+    text = packed_gpu_markdown(result)
+    assert "Goals (issue 40, GPU):" in text and text.count("- B=") == 5
+
+
+def test_device_gpu_packed_on_the_cpu_is_refused_with_a_one_line_error(tmp_path):
+    if on_gpu():
+        pytest.skip("this machine has a GPU")
+    out = run_workbench("bench", "--device", "gpu", "--packed", "--quick", "--out", str(tmp_path))
+    assert out.returncode == 2 and "--device gpu --packed needs a GPU" in out.stderr
+
+
+@pytest.mark.gpu
+def test_quick_packed_gpu_bench_runs_on_the_gpu_and_writes_its_files(tmp_path):
+    out = run_workbench(
+        "bench", "--device", "gpu", "--packed", "--quick", "--out", str(tmp_path), timeout_s=600
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Goals (issue 40, GPU):" in out.stdout
+    assert {p.name for p in (tmp_path / "gpu-packed-bench").iterdir()} == {
+        "runs.csv",
+        "first_runs.csv",
+        "table.csv",
+    }
+    assert pd.read_csv(tmp_path / "gpu-packed-bench" / "runs.csv").same_tokens.dropna().eq(1.0).all()

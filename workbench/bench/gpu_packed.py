@@ -1,0 +1,306 @@
+"""``workbench bench --device gpu --packed``: the packed layout against the padded one and
+mlx-lm's ``BatchGenerator`` on a GPU (issue 40's GPU goals), on the GPU benchmark's
+1B-shaped bf16 llama and prompts (:mod:`workbench.bench.gpu`) at B = 1, 8, 32, 128.
+
+Knows: the GPU benchmark's sizes and prompts (:mod:`workbench.bench.gpu`), the engines
+(:mod:`workbench.bench.engines`), the host-time split (:mod:`workbench.bench.host_time`),
+the roofline (:mod:`workbench.bench.roofline`). Must not know: any engine's internals.
+
+For each B, every engine first runs once untimed with 4 new tokens (its *first run*: MLX
+compiles the kernels of that B's shapes, so it is timed and reported, the goal being that
+it does not stall for tens of seconds), then the engines alternate (A B C, C B A, ...) for
+``pairs`` rounds; each run's full-batch decode iterations are split by
+:func:`~workbench.bench.host_time.step_anatomy` into the device wait and the host's share
+(MLX's launch and the engine's Python). The goals printed, met or missed with their numbers
+(issue 40): the packed step <= the padded step at every B (median of per-round ratios);
+B = 128 <= 4 ms; B = 1 >= 40% of the decode-step bound (``bound_s`` of
+:class:`~workbench.bench.roofline.DecodeCost`: weight and KV bytes over the measured copy
+bandwidth, or flops over the matmul rate, whichever is larger); host time <= 1 ms a step at
+the largest B; a first run under ``FIRST_RUN_GOAL_S``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pandas as pd
+
+from ..runtime import precision
+from ..runtime.device import device_report, on_gpu
+from ..runtime.loading import load
+from ..workloads.workload import prompt_of_length
+from .engines import Arrival, MlxLmEngine, WorkbenchEngine
+from .gpu import GPU_CONFIG, GPU_QUICK_CONFIG, GpuBenchConfig, _versions, prompt_lengths
+from .host_time import step_anatomy
+from .model import make_model, parameter_count
+from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
+from .scenarios import alternating, events_frame, tokens_by_uid, with_same_tokens
+
+PADDED, PACKED, MLX_LM = "padded", "packed", "mlx-lm"
+# The packed engine as the GPU lab measured it (scripts/lab/gpu_step_anatomy.py).
+PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)
+STEP_GOAL_MS = 4.0  # B = 128 (the largest B of the full run)
+BOUND_GOAL = 0.40  # B = 1: share of the decode-step bound
+HOST_GOAL_MS = 1.0  # host time per step at the largest B
+FIRST_RUN_GOAL_S = 10.0  # "does not stall for tens of seconds"
+DECODE_TOKENS = 48  # per row in a measured run: enough full-batch steps for a median
+
+
+def engine_makers(model: Any, tokenizer: Any, cfg: GpuBenchConfig) -> dict[str, Callable[[int], Any]]:
+    """name -> ``B -> engine``: the padded and packed layouts (``history_size=64``, as the GPU
+    benchmark runs the workbench) and mlx-lm's ``BatchGenerator``."""
+    return {
+        PADDED: lambda B: WorkbenchEngine(model, tokenizer, B, cfg.prefill_step_size, history_size=64),
+        PACKED: lambda B: (
+            WorkbenchEngine(  # prefill chunks are max_num_batched_tokens: step size at its default
+                model, tokenizer, B, 2048, history_size=64, **PACKED_SETTINGS
+            )
+        ),
+        MLX_LM: lambda B: MlxLmEngine(model, B, cfg.prefill_step_size),
+    }
+
+
+def _measured(make: Callable[[int], Any], arrivals: list[Arrival]) -> tuple[dict[str, float], list]:
+    engine = make(len(arrivals))
+    try:
+        reading = step_anatomy(engine, arrivals)
+        return reading, tokens_by_uid(events_frame(engine.events))
+    finally:
+        engine.close()
+
+
+def packed_gpu_runs(
+    makers: dict[str, Callable[[int], Any]],
+    arrivals: list[Arrival],
+    pairs: int,
+    echo: Callable[[str], None] = print,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """For ``B = len(arrivals)`` rows: each engine's timed first run (4 new tokens a row,
+    ``first_run_s`` in seconds) and ``pairs`` alternating measured runs. Returns
+    ``(runs, first_runs)``: ``runs`` one row per measured run (``engine``, ``B``, ``pair``,
+    the :func:`~workbench.bench.host_time.step_anatomy` readings in ms, ``same_tokens``
+    against the padded run of the same pair), ``first_runs`` one row per engine."""
+    B, first = len(arrivals), []
+    for name, make in makers.items():
+        start = time.perf_counter()
+        _measured(make, [Arrival(a.prompt, 4) for a in arrivals])
+        first.append({"engine": name, "B": B, "first_run_s": time.perf_counter() - start})
+    rows, tokens = [], {}
+    for pair, name in alternating(list(makers), pairs):
+        reading, tokens[pair, name] = _measured(makers[name], arrivals)
+        rows.append({"engine": name, "B": B, "pair": pair, **reading})
+        echo(
+            f"  B={B:<4} {name:<7} pair {pair}: step {reading.get('step_ms', np.nan):7.2f} ms, host "
+            f"{reading.get('host_ms', np.nan):6.2f} ms (launch {reading.get('launch_ms', np.nan):.2f}, "
+            f"Python {reading.get('python_ms', np.nan):.2f}), wait {reading.get('wait_ms', np.nan):.2f} ms"
+        )
+    return with_same_tokens(rows, tokens, PADDED), pd.DataFrame(first)
+
+
+def _col(engine: str) -> str:
+    return engine.replace("-", "_")
+
+
+def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.DataFrame:
+    """One row per B: each engine's median ``step_ms`` and ``host_ms``, the packed / padded
+    step ratio (median of per-pair ratios, with its range), the packed / mlx-lm ratio, the
+    decode-step bound (ms) and the packed step's share of it."""
+    out = []
+    for B, at in runs.groupby("B"):
+        step = at.pivot_table(index="pair", columns="engine", values="step_ms")
+        host = at.groupby("engine").host_ms.median()
+        med = at.groupby("engine").step_ms.median()
+        vs_padded, vs_mlx = step[PACKED] / step[PADDED], step[PACKED] / step[MLX_LM]
+        out.append(
+            {
+                "B": int(B),
+                **{f"{_col(e)}_step_ms": med[e] for e in (PACKED, PADDED, MLX_LM)},
+                **{f"{_col(e)}_host_ms": host[e] for e in (PACKED, PADDED, MLX_LM)},
+                "packed_over_padded": vs_padded.median(),
+                "packed_over_padded_range": f"{vs_padded.min():.2f}..{vs_padded.max():.2f}",
+                "packed_over_mlx_lm": vs_mlx.median(),
+                "bound_ms": bounds_ms[int(B)],
+                "packed_share_of_bound": bounds_ms[int(B)] / med[PACKED],
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
+    """Issue 40's GPU goals, one line each, ``met`` or ``MISSED`` with the measured number."""
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    lines = []
+    for _, r in table.iterrows():
+        ok = r.packed_over_padded <= 1.0
+        lines.append(
+            f"B={r.B}: packed step <= padded: {verdict(ok)} ({r.packed_step_ms:.2f} / {r.padded_step_ms:.2f} ms, "
+            f"ratio {r.packed_over_padded:.2f}, pairs {r.packed_over_padded_range})"
+        )
+    big, small = table.loc[table.B.idxmax()], table.loc[table.B.idxmin()]
+    lines.append(
+        f"B={big.B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(big.packed_step_ms <= STEP_GOAL_MS)} "
+        f"({big.packed_step_ms:.2f} ms)"
+    )
+    lines.append(
+        f"B={small.B}: packed step >= {BOUND_GOAL:.0%} of the bound: "
+        f"{verdict(small.packed_share_of_bound >= BOUND_GOAL)} ({small.packed_share_of_bound:.0%}: bound "
+        f"{small.bound_ms:.2f} ms, step {small.packed_step_ms:.2f} ms)"
+    )
+    lines.append(
+        f"B={big.B}: packed host time <= {HOST_GOAL_MS:g} ms a step: {verdict(big.packed_host_ms <= HOST_GOAL_MS)} "
+        f"({big.packed_host_ms:.2f} ms; padded {big.padded_host_ms:.2f}, mlx-lm {big.mlx_lm_host_ms:.2f})"
+    )
+    worst = first_runs.loc[first_runs[first_runs.engine == PACKED].first_run_s.idxmax()]
+    lines.append(
+        f"first run of a batch (kernel compilation) < {FIRST_RUN_GOAL_S:g} s: "
+        f"{verdict(worst.first_run_s < FIRST_RUN_GOAL_S)} (packed, worst at B={worst.B}: {worst.first_run_s:.1f} s; "
+        + ", ".join(
+            f"{e} {first_runs[first_runs.engine == e].first_run_s.max():.1f} s" for e in (PADDED, MLX_LM)
+        )
+        + ")"
+    )
+    return lines
+
+
+@dataclass
+class PackedGpuResult:
+    """What one run measured: ``runs`` (per measured run), ``first_runs`` (per engine and B),
+    ``table`` (per B, :func:`packed_gpu_table`), ``goals`` (lines) and ``meta``."""
+
+    config: GpuBenchConfig
+    runs: pd.DataFrame
+    first_runs: pd.DataFrame
+    table: pd.DataFrame
+    goals: list[str]
+    meta: dict[str, Any]
+
+
+def run_packed_gpu_bench(
+    cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] = print, require_gpu: bool = True
+) -> PackedGpuResult:
+    """Run the packed GPU benchmark of ``cfg`` (module docstring); ``require_gpu=False`` lets
+    a CPU test run the quick config through the same code.
+
+    Raises:
+        ValueError: when MLX's default device is not a GPU and ``require_gpu``.
+    """
+    if require_gpu and not on_gpu():
+        raise ValueError(
+            f"--device gpu --packed needs a GPU, but MLX runs on {device_report().text()} "
+            f'(NVIDIA: pip install -e ".[cuda]", docs/gpu.md)'
+        )
+    started = time.perf_counter()
+    echo(f"device: {device_report().text()}; {precision.describe()}")
+    model = make_model(cfg.shape, dtype=getattr(mx, cfg.dtype))
+    _, tokenizer = load()  # the bundled tokenizer: prompts are cut from its prompt set
+    echo(f"model {cfg.shape.describe()}, {parameter_count(model) / 1e6:,.1f}M parameters, {cfg.dtype}")
+    makers = engine_makers(model, tokenizer, cfg)
+    decode_tokens = min(DECODE_TOKENS, cfg.decode_tokens)
+    runs, firsts, bounds = [], [], {}
+    bandwidth = copy_bandwidth_bytes_per_s(cfg.bandwidth_bytes, backend="mlx")
+    flops = matmul_flops_per_s(cfg.matmul_n, 5, cfg.dtype)
+    cost = decode_cost(model)
+    for B in cfg.batch_sizes:
+        lengths = prompt_lengths(cfg, B)
+        arrivals = [
+            Arrival(tuple(prompt_of_length(tokenizer, n, start=97 * b)), decode_tokens)
+            for b, n in enumerate(lengths)
+        ]
+        context = float(np.mean(lengths)) + decode_tokens / 2
+        bounds[B] = 1e3 * max(
+            cost.bytes_per_step(B, context) / bandwidth, cost.flops_per_step(B, context) / flops
+        )
+        r, f = packed_gpu_runs(makers, arrivals, cfg.pairs, echo)
+        runs.append(r)
+        firsts.append(f)
+    runs_f, first_f = pd.concat(runs, ignore_index=True), pd.concat(firsts, ignore_index=True)
+    table = packed_gpu_table(runs_f, bounds)
+    same = runs_f.same_tokens.dropna()
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        **_versions(),
+        "device": device_report().text(),
+        "precision": precision.describe(),
+        "model": cfg.shape.describe(),
+        "dtype": cfg.dtype,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "matmul_flops_per_s": flops,
+        "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
+        "decode_tokens": decode_tokens,
+        "wall_s": time.perf_counter() - started,
+        **{
+            k: v
+            for k, v in asdict(cfg).items()
+            if k not in ("name", "shape", "model", "dtype", "decode_tokens")
+        },
+    }
+    return PackedGpuResult(cfg, runs_f, first_f, table, goal_lines(table, first_f), meta)
+
+
+def packed_gpu_markdown(result: PackedGpuResult) -> str:
+    """The result as markdown: what ran, the table, the goals, the first runs."""
+    m, cfg = result.meta, result.config
+    lines = [
+        f"Measured {m['date']} on {m['device']}; mlx {m['mlx']}, mlx-cuda-13 {m['mlx-cuda-13']}, mlx-lm "
+        f"{m['mlx-lm']}; {m['precision']}. Model {m['model']} ({m['dtype']}); prompts {cfg.prompt_tokens_min}-"
+        f"{cfg.prompt_tokens_max} tokens, {m['decode_tokens']} new tokens, {cfg.pairs} alternating rounds; packed "
+        f"tokens equal the padded layout's in {m['same_tokens_runs']} runs.",
+        "",
+        "| B | packed step | padded step | mlx-lm step | packed / padded (range) | packed / mlx-lm "
+        "| host ms packed / padded / mlx-lm | bound | packed % of bound |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for _, r in result.table.iterrows():
+        lines.append(
+            f"| {r.B} | {r.packed_step_ms:.2f} ms | {r.padded_step_ms:.2f} ms | {r.mlx_lm_step_ms:.2f} ms "
+            f"| {r.packed_over_padded:.2f} ({r.packed_over_padded_range}) | {r.packed_over_mlx_lm:.2f} "
+            f"| {r.packed_host_ms:.2f} / {r.padded_host_ms:.2f} / {r.mlx_lm_host_ms:.2f} | {r.bound_ms:.2f} ms "
+            f"| {100 * r.packed_share_of_bound:.0f}% |"
+        )
+    lines += ["", "Goals (issue 40, GPU):", *[f"- {g}" for g in result.goals], ""]
+    lines.append(
+        "Host ms = step minus the wait inside `mx.eval` (MLX's launch plus the engine's Python); mlx-lm reads "
+        "its tokens with `tolist`, so its wait counts as host there. First runs (s, 4 new tokens a row, MLX "
+        "compiling that B's kernels): "
+        + "; ".join(f"{r.engine} B={r.B} {r.first_run_s:.1f}" for _, r in result.first_runs.iterrows())
+        + "."
+    )
+    return "\n".join(lines)
+
+
+def packed_gpu_bench_job(
+    quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print
+) -> int:
+    """The job behind ``workbench bench --device gpu --packed``: run :func:`run_packed_gpu_bench`
+    (``quick``: the tiny model at B = 1 and 8), write ``gpu-packed-bench.md`` and
+    ``gpu-packed-bench/{runs,first_runs,table}.csv`` under ``out_dir`` (default
+    ``workbench-out``), print the markdown. Returns 0.
+
+    Raises:
+        ValueError: when MLX's default device is not a GPU (before anything runs).
+        OSError: when ``out_dir`` cannot be created (before anything runs).
+    """
+    out = Path(out_dir) if out_dir is not None else Path("workbench-out")
+    (out / "gpu-packed-bench").mkdir(parents=True, exist_ok=True)
+    result = run_packed_gpu_bench(GPU_QUICK_CONFIG if quick else GPU_CONFIG, echo)
+    for name, frame in {
+        "runs.csv": result.runs,
+        "first_runs.csv": result.first_runs,
+        "table.csv": result.table,
+    }.items():
+        frame.to_csv(out / "gpu-packed-bench" / name, index=False)
+    text = packed_gpu_markdown(result)
+    (out / "gpu-packed-bench.md").write_text(text + "\n")
+    echo(text)
+    echo(f"wrote {out / 'gpu-packed-bench.md'} and {out / 'gpu-packed-bench'}/")
+    return 0

@@ -12,6 +12,7 @@ from workbench.bench.engines import Arrival
 from workbench.bench.gpu import GPU_QUICK_CONFIG
 from workbench.bench.gpu_packed import (
     MLX_LM,
+    OFF,
     PACKED,
     PADDED,
     goal_lines,
@@ -108,6 +109,7 @@ def test_quick_config_runs_the_packed_gpu_bench_on_the_cpu_with_equal_tokens():
     )
     text = packed_gpu_markdown(result)
     assert "Goals (issue 40, GPU):" in text and text.count("- B=") == 5
+    assert "- packed: recording <= 3% of a step at every B:" in text and "- padded: recording" in text
 
 
 def test_device_gpu_packed_on_the_cpu_is_refused_with_a_one_line_error(tmp_path):

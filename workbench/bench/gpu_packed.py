@@ -16,7 +16,8 @@ it does not stall for tens of seconds), then the engines alternate (A B C, C B A
 B = 128 <= 4 ms; B = 1 >= 40% of the decode-step bound (``bound_s`` of
 :class:`~workbench.bench.roofline.DecodeCost`: weight and KV bytes over the measured copy
 bandwidth, or flops over the matmul rate, whichever is larger); host time <= 1 ms a step at
-the largest B; a first run under ``FIRST_RUN_GOAL_S``.
+the largest B; recording (snapshots, ``history_size=64`` against 0) <= 3% of a step in each
+layout at every B; a first run under ``FIRST_RUN_GOAL_S``.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_
 from .scenarios import alternating, events_frame, tokens_by_uid, with_same_tokens
 
 PADDED, PACKED, MLX_LM = "padded", "packed", "mlx-lm"
+OFF = ", recording off"  # the same engine with history_size=0: no snapshots (events are always kept)
 # The packed engine as the GPU lab measured it (scripts/lab/gpu_step_anatomy.py).
 PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)
+RECORDING_GOAL = 0.03  # the recorded snapshots' share of a step, each layout at every B
 STEP_GOAL_MS = 4.0  # B = 128 (the largest B of the full run)
 BOUND_GOAL = 0.40  # B = 1: share of the decode-step bound
 HOST_GOAL_MS = 1.0  # host time per step at the largest B
@@ -55,15 +58,23 @@ DECODE_TOKENS = 48  # per row in a measured run: enough full-batch steps for a m
 
 def engine_makers(model: Any, tokenizer: Any, cfg: GpuBenchConfig) -> dict[str, Callable[[int], Any]]:
     """name -> ``B -> engine``: the padded and packed layouts (``history_size=64``, as the GPU
-    benchmark runs the workbench) and mlx-lm's ``BatchGenerator``."""
+    benchmark runs the workbench), mlx-lm's ``BatchGenerator``, and both layouts again with
+    ``history_size=0`` (``+ OFF``: what recording the snapshots costs)."""
+
+    def padded(history: int) -> Callable[[int], Any]:
+        return lambda B: WorkbenchEngine(model, tokenizer, B, cfg.prefill_step_size, history_size=history)
+
+    def packed(
+        history: int,
+    ) -> Callable[[int], Any]:  # prefill chunks are max_num_batched_tokens: step size 2048
+        return lambda B: WorkbenchEngine(model, tokenizer, B, 2048, history_size=history, **PACKED_SETTINGS)
+
     return {
-        PADDED: lambda B: WorkbenchEngine(model, tokenizer, B, cfg.prefill_step_size, history_size=64),
-        PACKED: lambda B: (
-            WorkbenchEngine(  # prefill chunks are max_num_batched_tokens: step size at its default
-                model, tokenizer, B, 2048, history_size=64, **PACKED_SETTINGS
-            )
-        ),
+        PADDED: padded(64),
+        PACKED: packed(64),
         MLX_LM: lambda B: MlxLmEngine(model, B, cfg.prefill_step_size),
+        PADDED + OFF: padded(0),
+        PACKED + OFF: packed(0),
     }
 
 
@@ -126,6 +137,11 @@ def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.Data
                 "packed_over_padded": vs_padded.median(),
                 "packed_over_padded_range": f"{vs_padded.min():.2f}..{vs_padded.max():.2f}",
                 "packed_over_mlx_lm": vs_mlx.median(),
+                **{
+                    f"{_col(e)}_recording": med[e] / med[e + OFF] - 1
+                    for e in (PACKED, PADDED)
+                    if e + OFF in med
+                },
                 "bound_ms": bounds_ms[int(B)],
                 "packed_share_of_bound": bounds_ms[int(B)] / med[PACKED],
             }
@@ -160,6 +176,15 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
         f"B={big.B}: packed host time <= {HOST_GOAL_MS:g} ms a step: {verdict(big.packed_host_ms <= HOST_GOAL_MS)} "
         f"({big.packed_host_ms:.2f} ms; padded {big.padded_host_ms:.2f}, mlx-lm {big.mlx_lm_host_ms:.2f})"
     )
+    for e in (PACKED, PADDED):
+        cost = table.get(f"{_col(e)}_recording")
+        if cost is not None:
+            lines.append(
+                f"{e}: recording <= {RECORDING_GOAL:.0%} of a step at every B: "
+                f"{verdict(bool((cost <= RECORDING_GOAL).all()))} ("
+                + ", ".join(f"B={b} {c:+.1%}" for b, c in zip(table.B, cost))
+                + ")"
+            )
     worst = first_runs.loc[first_runs[first_runs.engine == PACKED].first_run_s.idxmax()]
     lines.append(
         f"first run of a batch (kernel compilation) < {FIRST_RUN_GOAL_S:g} s: "

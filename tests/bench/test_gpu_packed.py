@@ -103,10 +103,9 @@ def test_quick_config_runs_the_packed_gpu_bench_on_the_cpu_with_equal_tokens():
     result = run_packed_gpu_bench(GPU_QUICK_CONFIG, echo=lambda _: None, require_gpu=False)
     assert result.runs.same_tokens.dropna().eq(1.0).all()
     assert result.table.B.tolist() == [1, 8] and (result.table.packed_step_ms > 0).all()
-    assert (
-        set(result.first_runs.engine) == {PACKED, PADDED, MLX_LM}
-        and (result.first_runs.first_run_s > 0).all()
-    )
+    engines = {PACKED, PADDED, MLX_LM, PACKED + OFF, PADDED + OFF}
+    assert set(result.first_runs.engine) == engines and (result.first_runs.first_run_s > 0).all()
+    assert set(result.runs.engine) == engines and result.table.packed_recording.notna().all()
     text = packed_gpu_markdown(result)
     assert "Goals (issue 40, GPU):" in text and text.count("- B=") == 5
     assert "- packed: recording <= 3% of a step at every B:" in text and "- padded: recording" in text

@@ -266,6 +266,8 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
             _SWEPT[sgemm] = RowBlocks(*run) if ok else None
         if _SWEPT[sgemm] is not None:
             return _SWEPT[sgemm]
+    if first is not None and first.max_rows > first.min_rows:
+        first = clean_range(f, K, dtype, first)  # GPU: a kernel may switch inside the range
     apart = rows_apart_linear(module)
     if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
         first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)
@@ -273,6 +275,36 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
         if rows_agree(f, K, dtype, choice, rows_apart=apart if choice == ONE_ROW else None):
             return choice
     return ONE_ROW
+
+
+def clean_range(f: Callable[[mx.array], mx.array], K: int, dtype: Any, blocks: RowBlocks) -> RowBlocks:
+    """``blocks`` cut to the row counts that keep a row's bits: ``RowBlocks(lo, hi')`` with
+    ``hi'`` the largest count up to ``blocks.max_rows`` such that at every ``M`` in
+    ``lo .. hi'`` a probe row of ``f`` (a projection ``[M, K] -> [M, N]``) has the bits it has
+    at ``M = lo``, whatever its neighbours and its place in the call
+    (:func:`~.invariant_blocks.sweep` with ``neighbours=True``: three calls per ``M``).
+
+    Why: :func:`rows_agree` checks three row counts, and a GPU's kernel choice can switch
+    between them and ``max_rows``. Measured on an H100 (mlx 0.32.4, bf16, 2026-12-07,
+    ``scripts/lab/invariance_proof.py``): the 1B-shaped llama's ``down_proj`` (``K`` = 8192)
+    gives a row other bits at ``M`` = 73, 80, 81, 96, 97, 144, ... than at ``M`` = 2 .. 72, its
+    other projections the same bits at every ``M`` from 2 to 300. So with ``RowBlocks(2, 256)``
+    a row decoding among 73 or more rows differed from its run alone; now such a projection
+    runs blocks of at most 72 rows. One sweep per projection shape and device, at
+    :meth:`Invariance.calibrate`.
+
+    Raises:
+        nothing: a range that is clean only at ``lo`` gives ``RowBlocks(lo, lo)``.
+    """
+    from .invariant_blocks import sweep
+
+    swept = sweep(f, K, dtype, rows=tuple(range(blocks.min_rows, blocks.max_rows + 1)), neighbours=True)
+    hi = blocks.min_rows
+    for M, group, leak, moved in zip(swept.rows, swept.group, swept.leak, swept.moved):
+        if group != swept.group[0] or leak or moved:
+            break
+        hi = M
+    return RowBlocks(blocks.min_rows, hi)
 
 
 def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:

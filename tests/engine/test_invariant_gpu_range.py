@@ -1,0 +1,57 @@
+"""The mode's row blocks on a GPU keep only the row counts that give a row its bits alone
+(``invariant.clean_range``): a kernel that switches between the three counts
+``rows_agree`` checks and the range's top (the H100's ``down_proj`` at ``M = 73``) is caught
+at calibration. The GPU is stood in for by a projection that switches where we say."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from workbench.engine.levers import invariant
+from workbench.engine.levers.invariant import RowBlocks, clean_range
+
+W = mx.random.normal((24, 64), key=mx.random.key(5))  # [N, K]
+
+
+def switching_at(m: int):
+    def f(x):  # another summation order from m rows on: the bits change, by rounding only
+        return x @ W.T if x.shape[0] < m else (x[:, ::-1] @ W[:, ::-1].T)
+
+    return f
+
+
+def leaking(x):  # a neighbour's values reach every row
+    return x @ W.T + 1e-3 * x.sum(0, keepdims=True)[:, :24]
+
+
+def test_the_range_stops_below_the_first_row_count_that_switches_kernel():
+    assert clean_range(switching_at(25), 64, mx.float32, RowBlocks(2, 40)) == RowBlocks(2, 24)
+    assert clean_range(switching_at(73), 64, mx.float32, RowBlocks(2, 72)) == RowBlocks(2, 72)
+    assert clean_range(leaking, 64, mx.float32, RowBlocks(2, 16)) == RowBlocks(2, 2)
+
+
+def test_calibration_on_a_gpu_keeps_no_row_count_past_a_switch_the_three_checked_counts_miss(monkeypatch):
+    layer = nn.Linear(64, 24, bias=False)
+    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")
+    monkeypatch.setattr(invariant, "_plain_call", lambda module: switching_at(25))
+    monkeypatch.setattr(invariant, "ROWS_APART_BYTES", 0)  # as for a weight too large to stay in cache
+    # rows_agree's counts (3, 9, 20) sit below the switch: it alone would keep RowBlocks(2, 40)
+    assert invariant.rows_agree(switching_at(25), 64, mx.float32, RowBlocks(2, 40))
+    blocks = invariant._first_agreeing(layer, RowBlocks(2, 40))
+    assert blocks == RowBlocks(2, 24)
+    x = mx.random.normal((40, 64), key=mx.random.key(9))
+    alone = invariant.blocked(switching_at(25), x[30:31], blocks)[0]
+    among = invariant.blocked(switching_at(25), x, blocks)[30]
+    assert mx.array_equal(alone, among).item()  # a row among 40 has its bits alone
+
+
+@pytest.mark.parametrize("fixed", [RowBlocks(4, 4), RowBlocks(8, 8)])
+def test_fixed_blocks_are_not_swept(fixed):
+    calls = []
+
+    def f(x):
+        calls.append(x.shape[0])
+        return x @ W.T
+
+    assert clean_range(f, 64, mx.float32, RowBlocks(fixed.min_rows, fixed.max_rows)) == fixed
+    assert set(calls) <= {1, fixed.min_rows}

@@ -5,6 +5,10 @@ the bench's llama-155m (float32), with this process's BLAS (OpenBLAS unless
 key blocks of the mode's attention at different places (``docs/batch-invariance.md``).
 
     python scripts/lab/invariant_rows_equal.py [--model bench] [--rows 32] [--max-tokens 12]
+
+On a GPU (issue 39's kernel switch inside a row block: ``invariant.clean_range``), e.g.
+``--model 1b --dtype bfloat16 --rows 96 --batches 96 --at-once`` with and without
+``--no-clean-range`` (the blocks as before the range check: ``RowBlocks(2, 256)`` kept).
 """
 
 import argparse
@@ -13,6 +17,8 @@ from types import SimpleNamespace
 
 import workbench as wb
 from workbench.bench import model as bench_model
+from workbench.bench.gpu import LLAMA_1B
+from workbench.engine.levers import invariant
 from workbench.runtime.blas import STATUS
 from workbench.verify import invariance
 
@@ -23,16 +29,25 @@ CHUNK = 64
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=["bundled", "bench"], default="bundled")
+    ap.add_argument("--model", choices=["bundled", "bench", "1b"], default="bundled")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="max_batch values")
+    ap.add_argument("--at-once", action="store_true", help="only the all-at-once schedule")
+    ap.add_argument(
+        "--no-clean-range", action="store_true", help="keep range blocks uncut (the old calibration)"
+    )
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=12)
     args = ap.parse_args()
-    if args.model == "bench":
+    if args.no_clean_range:
+        invariant.clean_range = lambda f, K, dtype, blocks: blocks
+    if args.model in ("bench", "1b"):
+        shape = bench_model.FULL if args.model == "bench" else LLAMA_1B
         model, tok = (
-            bench_model.make_model(bench_model.FULL, dtype=mx.float32),
+            bench_model.make_model(shape, dtype=getattr(mx, args.dtype)),
             SimpleNamespace(eos_token_ids=[]),
         )
-        vocab = bench_model.FULL.vocab_size
+        vocab = shape.vocab_size
     else:
         model, tok = wb.load()
         vocab = model.args.vocab_size
@@ -49,11 +64,9 @@ def main():
     t0 = time.perf_counter()
     solo = [invariance.alone(model, tok, r, CHUNK) for r in reqs]
     print(f"{STATUS.note}\nalone: {len(reqs)} rows in {time.perf_counter() - t0:.0f} s", flush=True)
-    for max_batch in (1, 8, 32):
-        for how, arrivals in (
-            ("at once", [0] * len(reqs)),
-            ("staggered", [i // 3 * 2 for i in range(len(reqs))]),
-        ):
+    schedules = [("at once", [0] * len(reqs)), ("staggered", [i // 3 * 2 for i in range(len(reqs))])]
+    for max_batch in args.batches:
+        for how, arrivals in schedules[:1] if args.at_once else schedules:
             sched = wb.Scheduler(
                 model, tok, max_batch=max_batch, prefill_step_size=CHUNK, batch_invariant=True
             )
@@ -62,9 +75,12 @@ def main():
             got = [(sched.tokens(u), sched.logprobs(u)) for u in uids]
             equal = sum(g == s for g, s in zip(got, solo))
             tokens = sum(g[0] == s[0] for g, s in zip(got, solo))
+            blocks = sorted(
+                {f"{b.min_rows}-{b.max_rows}" if b else "plain" for b in invariant._CALIBRATED.values()}
+            )
             print(
                 f"max_batch={max_batch:2d} {how:9s}: {equal}/{len(reqs)} rows bit-equal alone "
-                f"(tokens and log-probs), {tokens}/{len(reqs)} tokens",
+                f"(tokens and log-probs), {tokens}/{len(reqs)} tokens; blocks {blocks}",
                 flush=True,
             )
 

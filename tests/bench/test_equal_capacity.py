@@ -50,6 +50,22 @@ def test_mlx_lm_capped_at_max_batch_holds_no_more_and_gives_every_request_its_to
 
 
 @pytest.mark.model
+def test_the_cap_takes_a_held_prompt_in_the_iteration_a_row_ends_as_mlx_lm_does(bundled):
+    # 2 rows, 3 requests: the third joins when the second ends, and mlx-lm as shipped never
+    # holds more than 2 here, so the cap must change nothing: the same tokens at the same
+    # iterations (a cap that inserted only after the ending row left would start its prefill
+    # one iteration later)
+    model, tok = bundled
+    work = [Arrival(tuple(prompt_of_length(tok, 6 + i, 5 * i)), m) for i, m in enumerate((10, 3, 4))]
+    shipped, capped = MlxLmEngine(model, 2, 64), MlxLmEngine(model, 2, 64, max_in_flight=2)
+    drive(shipped, work)
+    drive(capped, work)
+    assert shipped.peak_rows == 2 and capped.peak_rows == 2
+    steps = lambda e: [(x.kind, x.uid, x.step, x.token) for x in e.events]  # noqa: E731
+    assert steps(capped) == steps(shipped)
+
+
+@pytest.mark.model
 def test_a_held_request_waits_in_the_adapter_and_its_ttft_counts_the_wait(bundled):
     model, tok = bundled
     engine = MlxLmEngine(model, 2, 64, max_in_flight=1)

@@ -99,7 +99,12 @@ class MlxLmEngine:
         max_in_flight: ``None`` (mlx-lm as shipped), or the most requests the adapter keeps
             inserted and unfinished in the ``BatchGenerator`` (prefilling or decoding); the
             others wait in the adapter's queue, first come first served, and are inserted
-            at the start of the first iteration with room. A request's ``submit`` is stamped
+            before the first iteration with room, counting as room the rows that the
+            iteration's decode step ends at their ``max_tokens`` (they leave the generation
+            batch inside that step, before ``BatchGenerator._next`` takes new prompts, so a
+            held prompt starts its prefill in the same iteration as it would with the cap
+            inside mlx-lm; no stop tokens here, so no row ends sooner, and the cap holds
+            after every iteration). A request's ``submit`` is stamped
             when :meth:`submit` is called, so its TTFT counts that wait, as the
             workbench's counts its queue. ``max_in_flight=max_batch`` is the workbench's
             capacity: at most ``max_batch`` requests admitted (vLLM's ``max_num_seqs``).
@@ -144,6 +149,7 @@ class MlxLmEngine:
         self._held: deque[tuple[int, list[int], int]] = deque()  # (uid, prompt, max_tokens) not inserted
         self._uid_of: dict[int, int] = {}  # the BatchGenerator's uid -> this adapter's
         self._active: set[int] = set()  # inserted, unfinished (adapter uids)
+        self._left: dict[int, int] = {}  # adapter uid -> tokens still to come
         self._next_uid = 0
         self._iterations = 0
         self.peak_rows = 0
@@ -153,13 +159,16 @@ class MlxLmEngine:
         ``insert``) if ``max_in_flight`` leaves room; returns its uid."""
         uid, self._next_uid = self._next_uid, self._next_uid + 1
         self._held.append((uid, list(prompt_ids), max_tokens))
+        self._left[uid] = max_tokens
         self.events.append(Event("submit", uid, self._iterations, self.clock(), n_tokens=len(prompt_ids)))
         self._insert_held()
         return uid
 
     def _insert_held(self) -> None:
-        """Insert held requests, oldest first, while ``max_in_flight`` leaves room."""
-        while self._held and (self.max_in_flight is None or len(self._active) < self.max_in_flight):
+        """Insert held requests, oldest first, while ``max_in_flight`` leaves room in the
+        coming iteration (the class docstring)."""
+        ending = sum(self._left[self._uid_of[g]] == 1 for g in self.gen._generation_batch.uids)
+        while self._held and (self.max_in_flight is None or len(self._active) - ending < self.max_in_flight):
             uid, prompt, max_tokens = self._held.popleft()
             self._uid_of[self.gen.insert([prompt], max_tokens=[max_tokens])[0]] = uid
             self._active.add(uid)
@@ -175,6 +184,7 @@ class MlxLmEngine:
         self.peak_rows = max(self.peak_rows, in_flight)
         for r in responses:
             uid = self._uid_of[r.uid]
+            self._left[uid] -= 1
             self.events.append(Event("token", uid, self._iterations, now_s, token=int(r.token)))
             if r.finish_reason is not None:
                 self.events.append(

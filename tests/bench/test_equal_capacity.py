@@ -20,8 +20,10 @@ from workbench.bench.packed import (
     kv_table,
     summary,
 )
+from workbench.bench.packed_cost import COST_MODEL, cost_factories, run_on_cost_clock
 from workbench.observe.events import events_frame
 from workbench.observe.metrics import request_metrics
+from workbench.sim.costmodel import CostModel
 from workbench.workloads.workload import prompt_of_length
 
 # 3 rows: two finish together while a prefilled prompt waits, so mlx-lm as shipped holds 4
@@ -154,3 +156,17 @@ def test_a_run_without_the_equal_capacity_engine_says_its_reference_is_mlx_lm_as
     assert "mlx-lm as shipped (this run has no equal-capacity mlx-lm)" in lines[0]
     assert lines[1].startswith("- azure, workbench, packed: TTFT p95 1.00x mlx-lm (")
     assert not [x for x in lines if "against mlx-lm as shipped" in x]
+
+
+@pytest.mark.model
+def test_the_cost_clock_runs_mlx_lm_at_equal_capacity_and_reports_its_requests_in_flight(bundled):
+    model, tok = bundled
+    fac = cost_factories(model, tok, CostModel.load(COST_MODEL), (16,), paced_steps=())
+    work = [Arrival(tuple(prompt_of_length(tok, 8 + i, 7 * i)), 3 + i % 4, at_s=0.001 * i) for i in range(12)]
+    shipped, _, _ = run_on_cost_clock(fac[MLX_LM], work)
+    equal, _, _ = run_on_cost_clock(fac[MLX_LM_EQUAL], work)
+    assert shipped.attrs["peak_rows"] > MAX_BATCH  # 12 requests at once: mlx-lm as shipped passes 8
+    assert equal.attrs["peak_rows"] == MAX_BATCH
+    assert (
+        (equal.kind == "token").sum() == (shipped.kind == "token").sum() == sum(3 + i % 4 for i in range(12))
+    )

@@ -12,7 +12,8 @@ once:
 - ``WorkbenchEngine``: ``admit(); step(); filter()`` (the body of ``Scheduler.run``): at
   most one prefill chunk (``interleave_prefill``), one ``[B, 1]`` decode step, evictions.
 - ``MlxLmEngine``: one ``next_generated()``: one decode step and at most one prompt chunk
-  (mlx-lm's ``BatchGenerator._next``), evictions inside.
+  (mlx-lm's ``BatchGenerator._next``), evictions inside; with ``max_in_flight``, the
+  requests it has room for are inserted first (the rest wait in the adapter's queue).
 
 Both decode greedily with no stop ids (every request runs to ``max_tokens``). The
 workbench's ``events`` are its own log; mlx-lm has none, so its adapter records the same
@@ -167,8 +168,11 @@ class MlxLmEngine:
     def _insert_held(self) -> None:
         """Insert held requests, oldest first, while ``max_in_flight`` leaves room in the
         coming iteration (the class docstring)."""
-        ending = sum(self._left[self._uid_of[g]] == 1 for g in self.gen._generation_batch.uids)
-        while self._held and (self.max_in_flight is None or len(self._active) - ending < self.max_in_flight):
+        room = len(self._held)
+        if self.max_in_flight is not None:
+            ending = sum(self._left[self._uid_of[g]] == 1 for g in self.gen._generation_batch.uids)
+            room = self.max_in_flight - (len(self._active) - ending)
+        for _ in range(min(room, len(self._held))):
             uid, prompt, max_tokens = self._held.popleft()
             self._uid_of[self.gen.insert([prompt], max_tokens=[max_tokens])[0]] = uid
             self._active.add(uid)

@@ -16,8 +16,8 @@ chunk and the packed layout's token budget both ``CHUNK_TOKENS``; pages of 16):
   every 8 (3) decode steps at B = 8; TTFT p95, ITL p95 (``metrics.token_gaps``), through the
   padded layout, the packed one, the packed one paced (:data:`PACKED_PACED`), mlx-lm as shipped
   and mlx-lm with at most ``MAX_BATCH`` requests in flight (:data:`MLX_LM_EQUAL`, equal
-  capacity: the goals' reference), with the floors measured in the run and where each workbench run's time went
-  (:mod:`workbench.bench.latency_goals`);
+  capacity: the goals' reference), with the floors measured in the run and where each
+  workbench run's time went (:mod:`workbench.bench.latency_goals`);
 - **azure**: the conv trace 10:00 + 12 s (time x 0.3, lengths x 0.25, prompts <= 512,
   outputs <= 128: 59 requests), the same numbers, plus per workbench run the peak KV
   bytes the caches held (padded: the arrays' ``nbytes``, prefilling group included;

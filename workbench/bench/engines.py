@@ -12,7 +12,8 @@ once:
 - ``WorkbenchEngine``: ``admit(); step(); filter()`` (the body of ``Scheduler.run``): at
   most one prefill chunk (``interleave_prefill``), one ``[B, 1]`` decode step, evictions.
 - ``MlxLmEngine``: one ``next_generated()``: one decode step and at most one prompt chunk
-  (mlx-lm's ``BatchGenerator._next``), evictions inside.
+  (mlx-lm's ``BatchGenerator._next``), evictions inside; with ``max_in_flight``, the
+  requests it has room for are inserted first (the rest wait in the adapter's queue).
 
 Both decode greedily with no stop ids (every request runs to ``max_tokens``). The
 workbench's ``events`` are its own log; mlx-lm has none, so its adapter records the same
@@ -23,6 +24,7 @@ returned, and :mod:`workbench.observe.metrics` reads both logs alike.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,13 +97,29 @@ class MlxLmEngine:
             rows prefilling at once), as the workbench's ``max_batch``.
         prefill_step_size: mlx-lm's prompt chunk length in tokens.
         clock: stamps the recorded events.
+        max_in_flight: ``None`` (mlx-lm as shipped), or the most requests the adapter keeps
+            inserted and unfinished in the ``BatchGenerator`` (prefilling or decoding); the
+            others wait in the adapter's queue, first come first served, and are inserted
+            before the first iteration with room, counting as room the rows that the
+            iteration's decode step ends at their ``max_tokens`` (they leave the generation
+            batch inside that step, before ``BatchGenerator._next`` takes new prompts, so a
+            held prompt starts its prefill in the same iteration as it would with the cap
+            inside mlx-lm; no stop tokens here, so no row ends sooner, and the cap holds
+            after every iteration). A request's ``submit`` is stamped
+            when :meth:`submit` is called, so its TTFT counts that wait, as the
+            workbench's counts its queue. ``max_in_flight=max_batch`` is the workbench's
+            capacity: at most ``max_batch`` requests admitted (vLLM's ``max_num_seqs``).
 
     Attributes:
         peak_rows: the most requests in flight after any iteration (its generation batch
-            plus its prompt batch). It can pass ``max_batch``: ``BatchGenerator._next`` sizes
-            the prompts it takes by the generation batch *before* moving the prefilled
-            prompts into it, so after a few rows finish at once the generation batch grows
-            past ``completion_batch_size`` (measured: ``docs/packed.md``, "Latency goals").
+            plus its prompt batch). Without ``max_in_flight`` it can pass ``max_batch``:
+            ``BatchGenerator._next`` sizes the prompts it takes by the generation batch
+            *before* moving the prefilled prompts into it, so after a few rows finish at
+            once the generation batch grows past ``completion_batch_size`` (measured:
+            ``docs/packed.md``, "Latency goals").
+
+    Raises:
+        ValueError: ``max_in_flight`` neither ``None`` nor an int >= 1.
     """
 
     name = "mlx-lm"
@@ -112,7 +130,14 @@ class MlxLmEngine:
         max_batch: int,
         prefill_step_size: int,
         clock: Callable[[], float] = time.perf_counter,
+        max_in_flight: int | None = None,
     ):
+        if max_in_flight is not None and (
+            not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1
+        ):
+            raise ValueError(
+                f"max_in_flight must be an int >= 1 (requests) or None (mlx-lm as shipped), got {max_in_flight!r}"
+            )
         self.gen = BatchGenerator(
             model,
             completion_batch_size=max_batch,
@@ -120,39 +145,63 @@ class MlxLmEngine:
             prefill_step_size=prefill_step_size,
         )
         self.clock = clock
+        self.max_in_flight = max_in_flight
         self.events: list[Event] = []
-        self._active: set[int] = set()
+        self._held: deque[tuple[int, list[int], int]] = deque()  # (uid, prompt, max_tokens) not inserted
+        self._uid_of: dict[int, int] = {}  # the BatchGenerator's uid -> this adapter's
+        self._active: set[int] = set()  # inserted, unfinished (adapter uids)
+        self._left: dict[int, int] = {}  # adapter uid -> tokens still to come
+        self._next_uid = 0
         self._iterations = 0
         self.peak_rows = 0
 
     def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> int:
-        """Insert one request into mlx-lm's ``BatchGenerator`` (mirrors ``insert``); returns its uid."""
-        uid = self.gen.insert([list(prompt_ids)], max_tokens=[max_tokens])[0]
-        self._active.add(uid)
+        """Queue one request and insert it into mlx-lm's ``BatchGenerator`` (mirrors
+        ``insert``) if ``max_in_flight`` leaves room; returns its uid."""
+        uid, self._next_uid = self._next_uid, self._next_uid + 1
+        self._held.append((uid, list(prompt_ids), max_tokens))
+        self._left[uid] = max_tokens
         self.events.append(Event("submit", uid, self._iterations, self.clock(), n_tokens=len(prompt_ids)))
+        self._insert_held()
         return uid
 
+    def _insert_held(self) -> None:
+        """Insert held requests, oldest first, while ``max_in_flight`` leaves room in the
+        coming iteration (the class docstring)."""
+        room = len(self._held)
+        if self.max_in_flight is not None:
+            ending = sum(self._left[self._uid_of[g]] == 1 for g in self.gen._generation_batch.uids)
+            room = self.max_in_flight - (len(self._active) - ending)
+        for _ in range(min(room, len(self._held))):
+            uid, prompt, max_tokens = self._held.popleft()
+            self._uid_of[self.gen.insert([prompt], max_tokens=[max_tokens])[0]] = uid
+            self._active.add(uid)
+
     def iterate(self) -> int:
-        """One ``BatchGenerator.next_generated()`` call, its tokens stamped as token/finish
-        events; returns the tokens produced."""
+        """Insert what ``max_in_flight`` has room for, then one
+        ``BatchGenerator.next_generated()`` call, its tokens stamped as token/finish events;
+        returns the tokens produced."""
+        self._insert_held()
         responses = self.gen.next_generated()
         now_s = self.clock()
         in_flight = len(self.gen._generation_batch) + len(self.gen._prompt_batch)  # mlx-lm's own books
         self.peak_rows = max(self.peak_rows, in_flight)
         for r in responses:
-            self.events.append(Event("token", r.uid, self._iterations, now_s, token=int(r.token)))
+            uid = self._uid_of[r.uid]
+            self._left[uid] -= 1
+            self.events.append(Event("token", uid, self._iterations, now_s, token=int(r.token)))
             if r.finish_reason is not None:
                 self.events.append(
-                    Event("finish", r.uid, self._iterations, now_s, finish_reason=r.finish_reason)
+                    Event("finish", uid, self._iterations, now_s, finish_reason=r.finish_reason)
                 )
-                self._active.discard(r.uid)
+                self._active.discard(uid)
         self._iterations += 1
         return len(responses)
 
     @property
     def idle(self) -> bool:
-        """True when every inserted request has finished."""
-        return not self._active
+        """True when every submitted request has finished."""
+        return not self._active and not self._held
 
     def close(self) -> None:
         """Close the ``BatchGenerator`` (mirrors its ``close``)."""

@@ -176,12 +176,13 @@ def run_parts(events: pd.DataFrame, spans: Sequence[Span]) -> dict[str, float]:
     }
 
 
-def goal_verdicts(row: Mapping[str, Any], reference: Mapping[str, Any]) -> list[str]:
+def goal_verdicts(row: Mapping[str, Any], reference: Mapping[str, Any], against: str = "mlx-lm") -> list[str]:
     """The latency goals of one scenario as Markdown list items: per measure (TTFT, ITL) the
-    engine's p95 over ``reference``'s (mlx-lm's), met or missed, and for a missed one its
-    floor's ratio (``ttft_floor_p95_s``, ``itl_floor_s`` over the reference's p95: above
-    the goal, out of reach of any schedule) and where the engine's time went
-    (:data:`PART_COLUMNS`, NaN parts left out); then whether both were met at once.
+    engine's p95 over ``reference``'s (an mlx-lm engine, named ``against`` in the lines), met
+    or missed, and for a missed one its floor's ratio (``ttft_floor_p95_s``, ``itl_floor_s``
+    over the reference's p95: above the goal, out of reach of any schedule) and where the
+    engine's time went (:data:`PART_COLUMNS`, NaN parts left out); then whether both were
+    met at once.
 
     ``row`` and ``reference``: a scenario's summary rows (``scenario``, ``engine``,
     ``ttft_p95_s``, ``itl_p95_s``, the floors and the parts; seconds)."""
@@ -192,7 +193,7 @@ def goal_verdicts(row: Mapping[str, Any], reference: Mapping[str, Any]) -> list[
         met = bool(ratio <= goal)
         met_all &= met
         line = (
-            f"- {who}: {measure.upper()} p95 {ratio:.2f}x mlx-lm "
+            f"- {who}: {measure.upper()} p95 {ratio:.2f}x {against} "
             f"({row[f'{measure}_p95_s'] * 1e3:.1f} against {reference[f'{measure}_p95_s'] * 1e3:.1f} ms; "
             f"goal <= {goal}x): {'met' if met else 'missed'}"
         )

@@ -36,7 +36,16 @@ from ..sim.clocks import VirtualClock
 from ..sim.costmodel import CostedModel, CostModel
 from .engines import Arrival, MlxLmEngine
 from .pacing import drive_virtual
-from .packed import CHUNK_TOKENS, MAX_BATCH, PADDED, PAGE_TOKENS, TrackedWorkbench, azure_arrivals, latency
+from .packed import (
+    CHUNK_TOKENS,
+    MAX_BATCH,
+    MLX_LM_EQUAL,
+    PADDED,
+    PAGE_TOKENS,
+    TrackedWorkbench,
+    azure_arrivals,
+    latency,
+)
 from .packed_sweep import sweep_table
 from .scenarios import MLX_LM
 
@@ -58,8 +67,9 @@ def cost_factories(
     """Builders of fresh engines on a fresh virtual clock: the packed layout under each of
     :data:`SCHEDULES` at each budget (``"hybrid, 64"``) and the hybrid one paced at each of
     ``paced_steps`` (``"hybrid, 64, paced 2x"``: ``Pacing(itl_target_steps=t,
-    cost_model=cost)``), then the padded layout and mlx-lm (chunks of :data:`CHUNK_TOKENS`);
-    ``MAX_BATCH`` rows, pages of ``PAGE_TOKENS``."""
+    cost_model=cost)``), then the padded layout, mlx-lm as shipped and mlx-lm with at most
+    ``MAX_BATCH`` requests in flight (:data:`~workbench.bench.packed.MLX_LM_EQUAL`; chunks of
+    :data:`CHUNK_TOKENS`); ``MAX_BATCH`` rows, pages of ``PAGE_TOKENS``."""
 
     def build(make: Callable[[CostedModel, VirtualClock], Any]) -> Build:
         def fresh() -> tuple[Any, VirtualClock, CostedModel]:
@@ -96,6 +106,9 @@ def cost_factories(
         lambda m, c: TrackedWorkbench(m, tokenizer, MAX_BATCH, CHUNK_TOKENS, clock=c, history_size=0)
     )
     out[MLX_LM] = build(lambda m, c: MlxLmEngine(m, MAX_BATCH, CHUNK_TOKENS, clock=c))
+    out[MLX_LM_EQUAL] = build(
+        lambda m, c: MlxLmEngine(m, MAX_BATCH, CHUNK_TOKENS, clock=c, max_in_flight=MAX_BATCH)
+    )
     return out
 
 
@@ -106,8 +119,10 @@ def run_on_cost_clock(build: Build, arrivals: list[Arrival]) -> tuple[pd.DataFra
     engine, clock, costed = build()
     try:
         drive_virtual(engine, arrivals, clock, costed)
+        events = events_frame(engine.events)
+        events.attrs["peak_rows"] = getattr(engine, "peak_rows", float("nan"))  # requests in flight
         return (
-            events_frame(engine.events),
+            events,
             list(getattr(engine, "samples", [])),
             list(getattr(engine, "spans", [])),
         )

@@ -55,3 +55,31 @@ def test_fixed_blocks_are_not_swept(fixed):
 
     assert clean_range(f, 64, mx.float32, RowBlocks(fixed.min_rows, fixed.max_rows)) == fixed
     assert set(calls) <= {1, fixed.min_rows}
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_row_among_96_has_its_bits_alone_on_the_1b_shape():
+    """The case the H100 sweep found (docs/gpu.md, 2026-12-07): ``down_proj``'s kernel switches at
+    ``M = 73``, so 96 rows decoding together cross it; every row must still equal its run alone."""
+    from types import SimpleNamespace
+
+    import workbench as wb
+    from workbench.bench.gpu import LLAMA_1B
+    from workbench.bench.model import make_model
+    from workbench.verify.invariance import alone
+
+    model, tok = make_model(LLAMA_1B, dtype=mx.bfloat16), SimpleNamespace(eos_token_ids=[])
+    vocab = LLAMA_1B.vocab_size
+    reqs = [
+        wb.Request(
+            prompt=[(11 * i + 7 * j) % (vocab - 1) + 1 for j in range(1 + (37 * i) % 150)],
+            max_tokens=4,
+            stop_ids=[],
+        )
+        for i in range(96)
+    ]
+    sched = wb.Scheduler(model, tok, max_batch=96, prefill_step_size=64, batch_invariant=True)
+    sched.run(arrivals=[(0, r) for r in reqs])
+    got = [(sched.tokens(u), sched.logprobs(u)) for u in sorted(sched.requests)]
+    solo = [alone(model, tok, r, 64) for r in reqs]
+    assert sum(g == s for g, s in zip(got, solo)) == len(reqs)

@@ -61,3 +61,22 @@ def test_the_command_prints_the_step_ratios_and_the_prefill_ratio(capsys, tmp_pa
     assert [line.split(":")[0] for line in lines] == ["B =   1", "B =   2", lines[2].split(":")[0]]
     assert lines[2].startswith("prefill of 1 prompts of ") and "invariant/default" in lines[2]
     assert [json.loads(x).get("B") for x in out.read_text().splitlines()] == [1, 2, None]
+
+
+def test_rotated_steps_turns_the_order_by_one_every_round_and_times_each_engine():
+    order = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self):
+            order.append(self.name)
+
+    ms, cpu = invariance_cost.rotated_steps({n: Engine(n) for n in "abc"}, 4)
+    assert order == list("abcbcacababc")  # each engine first, second and last alike
+    assert {n: len(t) for n, t in ms.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for ts in ms.values() for t in ts) and set(cpu) == set("abc")
+    order.clear()
+    invariance_cost.rotated_steps({n: Engine(n) for n in "de"}, 3)
+    assert order == list("deedde")  # two engines: swapped every round (step_cost's pairs)

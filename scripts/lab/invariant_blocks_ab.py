@@ -9,7 +9,8 @@ float32 unless ``--shape quick``): the default path, the mode with the blocks th
 (blocks of 1-3 rows, unpadded); then ``--pairs`` rounds of one step each, the order rotated
 every round (:func:`workbench.bench.invariance_cost.rotated_steps`). Prints the median ms per
 step, the median of the per-round ratios to the default step, their quartiles, the ratio of
-process CPU seconds and the 1-minute load. ``--out FILE`` appends JSON lines.
+process CPU seconds, the median ratio of this change's step to main's in the same round, and
+the 1-minute load. ``--out FILE`` appends JSON lines.
 
     python scripts/lab/invariant_blocks_ab.py --batch-sizes 1 8 32 --pairs 36
 """
@@ -69,6 +70,9 @@ def steps(model, tok, B, pairs):
             out[f"{name}_quartiles"] = [round(q, 3) for q in statistics.quantiles(ratios, n=4)]
             out[f"{name}_cpu_ratio"] = round(cpu[name] / cpu["default"], 3)
             out[f"{name}_kv_blocks"] = kv_blocks(scheds[name])
+    vs = [a / b for a, b in zip(ms["by_size"], ms["main"])]  # this change against main, round by round
+    out["by_size_vs_main"] = round(statistics.median(vs), 3)
+    out["by_size_vs_main_quartiles"] = [round(q, 3) for q in statistics.quantiles(vs, n=4)]
     return out
 
 

@@ -8,6 +8,9 @@ import pytest
 import workbench as wb
 from workbench.bench import invariance_cost
 from workbench.cli import main
+from workbench.verify import invariant_coverage
+
+ISSUE = invariant_coverage.ISSUE_FEATURES
 
 pytestmark = pytest.mark.model
 
@@ -80,3 +83,14 @@ def test_rotated_steps_turns_the_order_by_one_every_round_and_times_each_engine(
     order.clear()
     invariance_cost.rotated_steps({n: Engine(n) for n in "de"}, 3)
     assert order == list("deedde")  # two engines: swapped every round (step_cost's pairs)
+
+
+def test_the_command_prints_the_cost_and_the_coverage_from_the_same_run(capsys):
+    args = ["invariance", "--cost", "--bench-shape", "quick", "--batch-sizes", "1", "--pairs", "1"]
+    assert main([*args, "--prefill-batch", "0", "--device", "cpu", "--coverage"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("B =   1: step ms default") and lines[1].startswith("with the mode (")
+    table = dict(line.split("  ", 1) for line in lines[2:])
+    assert [k.strip() for k in table] == [" + ".join(s) for s in invariant_coverage.combinations(ISSUE)]
+    for features, verdict in table.items():  # the engine's own: rows == alone, or its refusal
+        assert verdict.strip().startswith(("every row equal alone (", "refused at construction: ")), features

@@ -37,3 +37,9 @@ def test_coverage_runs_the_rows_against_alone_or_prints_the_engines_refusal():
 def test_an_unknown_feature_is_named():
     with pytest.raises(KeyError, match="sets: \\['fast'\\] not among the features"):
         invariant_coverage.coverage(None, None, sets=[("fast",)])
+
+
+def test_the_sets_can_be_the_features_issue_39_names():
+    sets = invariant_coverage.combinations(invariant_coverage.ISSUE_FEATURES)
+    assert sets[:4] == [("packed",), ("speculative",), ("kv_bits",), ("kv_budget",)] and len(sets) == 7
+    assert all(n in compose.FEATURES for s in sets for n in s)

@@ -26,13 +26,15 @@ from .compose import FEATURES, PairResult, check_pair, short_reason
 
 MODE = "batch_invariant"
 PACKED_WITH = ("speculative", "kv_bits", "adapters")  # three-way runs the packed layout may refuse
+ISSUE_FEATURES = ("packed", "speculative", "kv_bits", "kv_budget")  # issue 39's coverage (preemption: kv_budget)
 
 
-def combinations() -> list[tuple[str, ...]]:
-    """The feature sets :func:`coverage` checks with the mode: each other feature of
-    :data:`~workbench.verify.compose.FEATURES` alone, then ``("packed", x)`` for each of
-    :data:`PACKED_WITH`."""
-    return [(name,) for name in FEATURES if name != MODE] + [("packed", x) for x in PACKED_WITH]
+def combinations(names: Sequence[str] | None = None) -> list[tuple[str, ...]]:
+    """The feature sets :func:`coverage` checks with the mode: each of ``names`` alone
+    (default: every other feature of :data:`~workbench.verify.compose.FEATURES`; issue 39
+    names :data:`ISSUE_FEATURES`), then ``("packed", x)`` for each of :data:`PACKED_WITH`."""
+    singles = [n for n in FEATURES if n != MODE] if names is None else list(names)
+    return [(name,) for name in singles] + [("packed", x) for x in PACKED_WITH]
 
 
 def coverage(

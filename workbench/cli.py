@@ -64,7 +64,9 @@ def _invariance_coverage(args: argparse.Namespace) -> int:
     from .verify import invariant_coverage as cov
 
     model, tokenizer = load(args.model) if args.model else load()
-    print(f"with the mode ({args.model or 'the bundled model'}; every row == alone, or the engine's refusal):")
+    print(
+        f"with the mode ({args.model or 'the bundled model'}; every row == alone, or the engine's refusal):"
+    )
     results = cov.coverage(model, tokenizer, cov.combinations(cov.ISSUE_FEATURES))
     print(cov.coverage_text(results), flush=True)
     return 1 if any(r.result == "wrong" for r in results) else 0

@@ -26,7 +26,8 @@ from .compose import FEATURES, PairResult, check_pair, short_reason
 
 MODE = "batch_invariant"
 PACKED_WITH = ("speculative", "kv_bits", "adapters")  # three-way runs the packed layout may refuse
-ISSUE_FEATURES = ("packed", "speculative", "kv_bits", "kv_budget")  # issue 39's coverage (preemption: kv_budget)
+# issue 39's coverage: the packed layout, speculative decoding, quantized KV, preemption (a KV budget)
+ISSUE_FEATURES = ("packed", "speculative", "kv_bits", "kv_budget")
 
 
 def combinations(names: Sequence[str] | None = None) -> list[tuple[str, ...]]:

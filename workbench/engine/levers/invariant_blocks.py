@@ -37,12 +37,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from .invariant import ROWS_APART_BYTES
-
 ROWS_SWEPT = 32  # row counts M = 1 .. ROWS_SWEPT are swept; larger batches run blocks of at most this
 CALL_ROWS = 4  # the cost of one call in rows, when choosing between runs (its dispatch, a weight read)
 CACHED_CALL_ROWS = 1  # ... for a weight that stays in cache (its dispatch only)
-CACHED_BYTES = ROWS_APART_BYTES  # float weights up to this size stay in cache (4 MiB)
+CACHED_BYTES = 4 << 20  # float weights up to this size stay in cache (``invariant.ROWS_APART_BYTES``)
 
 
 @dataclass(frozen=True)

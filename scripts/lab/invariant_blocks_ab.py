@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import workbench  # noqa: F401  (loads the optimized BLAS before mlx)
 from workbench.bench import model as bench_model
-from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps
+from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps, summary
 from workbench.engine.levers import invariant, invariant_blocks
 
 import mlx.core as mx
@@ -61,15 +61,13 @@ def steps(model, tok, B, pairs):
         _prefilled(sched, prompts_of(model.args.vocab_size, B, 64, 68), pairs + 3)
     load0 = os.getloadavg()[0]
     ms, cpu = rotated_steps(scheds, pairs)
-    out = {"B": B, "pairs": pairs, "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
-    for name in scheds:
-        out[f"{name}_ms"] = round(statistics.median(ms[name]), 2)
-        if name != "default":
-            ratios = [a / b for a, b in zip(ms[name], ms["default"])]
-            out[f"{name}_ratio"] = round(statistics.median(ratios), 3)
-            out[f"{name}_quartiles"] = [round(q, 3) for q in statistics.quantiles(ratios, n=4)]
-            out[f"{name}_cpu_ratio"] = round(cpu[name] / cpu["default"], 3)
-            out[f"{name}_kv_blocks"] = kv_blocks(scheds[name])
+    out = {
+        "B": B,
+        "pairs": pairs,
+        "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        **summary(ms, cpu),
+    }
+    out.update({f"{name}_kv_blocks": kv_blocks(scheds[name]) for name in ("main", "by_size")})
     vs = [a / b for a, b in zip(ms["by_size"], ms["main"])]  # this change against main, round by round
     out["by_size_vs_main"] = round(statistics.median(vs), 3)
     out["by_size_vs_main_quartiles"] = [round(q, 3) for q in statistics.quantiles(vs, n=4)]

@@ -14,9 +14,9 @@ the mode's ``RowBlocks(lo, hi)``: ``B`` rows run in calls of at most ``hi`` rows
 to at least ``lo``, so every row is computed by a kernel of that one group, alone or in any
 batch. One call per projection for ``B <= hi`` instead of the fixed blocks of 8 or one call
 per row before (which read a large weight ``B / 8`` or ``B`` times a step). A weight that
-stays in cache (up to :data:`CACHED_BYTES`) runs in the group of ``M = 1`` where a run above
-would pad a lone row to its switch: its calls cost their dispatch only, and a row alone then
-runs unpadded, as on the default path.
+stays in cache (up to :data:`CACHED_BYTES`) costs a call its dispatch only, so one of about
+1 MiB runs in the group of ``M = 1`` where a run above would pad a lone row to its switch: a
+request alone then runs it unpadded, as on the default path.
 
 The sweep also tells the two things issue 39 asks to keep apart (:class:`Sweep`): a
 *leak* (the probe row's bits change with its neighbours' values at one ``M`` and position:
@@ -39,7 +39,7 @@ import mlx.core as mx
 
 ROWS_SWEPT = 32  # row counts M = 1 .. ROWS_SWEPT are swept; larger batches run blocks of at most this
 CALL_ROWS = 4  # the cost of one call in rows, when choosing between runs (its dispatch, a weight read)
-CACHED_CALL_ROWS = 1  # ... for a weight that stays in cache (its dispatch only)
+DISPATCH_BYTES = 1 << 20  # a call's dispatch, in a weight in cache: about one row of a 1 MiB float32 weight
 CACHED_BYTES = 4 << 20  # float weights up to this size stay in cache (``invariant.ROWS_APART_BYTES``)
 
 
@@ -149,17 +149,22 @@ def block_from(result: Sweep, weight_bytes: int | None = None) -> tuple[int, int
     Args:
         result: the projection's :func:`sweep`.
         weight_bytes: the weight's size. Up to :data:`CACHED_BYTES` (it stays in cache) a
-            call costs :data:`CACHED_CALL_ROWS` (its dispatch: the weight is not read from
-            memory again), so the run holding ``M = 1`` wins where a run above it would pad
-            one row to its switch (llama-155m's KV projections, 256x1024: one row padded to
-            4 rows, 0.35 ms a call against 0.06 ms for blocks of 1-3 rows); larger or
-            ``None``: :data:`CALL_ROWS` (a weight read).
+            call costs its dispatch only, a fixed time: ``DISPATCH_BYTES / weight_bytes``
+            rows, at least 1 (the weight is not read from memory again). So a weight of about
+            1 MiB runs in the group of ``M = 1`` where a run above would pad a lone row to its
+            switch (llama-155m's KV projections, 256x1024: one row padded to 4 rows cost
+            0.35 ms a call, blocks of 1-3 rows 0.06 ms), while a much smaller one, whose rows
+            cost less than a call, keeps few calls. Larger or ``None``: :data:`CALL_ROWS` (a
+            weight read).
 
     >>> s = Sweep(tuple(range(1, 33)), (0,) * 3 + (1,) * 29, (False,) * 32, (False,) * 32, (0.0,) * 32)
-    >>> block_from(s), block_from(s, weight_bytes=1 << 20)
-    ((4, 32), (1, 3))
+    >>> block_from(s), block_from(s, weight_bytes=1 << 20), block_from(s, weight_bytes=64 << 10)
+    ((4, 32), (1, 3), (4, 32))
     """
-    call = CALL_ROWS if weight_bytes is None or weight_bytes > CACHED_BYTES else CACHED_CALL_ROWS
+    if weight_bytes is None or weight_bytes > CACHED_BYTES:
+        call = float(CALL_ROWS)
+    else:
+        call = max(1.0, DISPATCH_BYTES / max(weight_bytes, 1))
 
     def cost(lo: int, hi: int) -> float:
         total = 0.0

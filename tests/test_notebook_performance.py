@@ -70,3 +70,28 @@ def test_notebook_10_says_what_it_loads_before_the_load_and_when_the_first_token
         r"the first token landed (\d+\.\d+) s after .* the last (\d+\.\d) s after it", printed(first)
     )
     assert landed and 0 < float(landed.group(1)) <= float(landed.group(2)), printed(first)
+
+
+def test_notebook_15_measures_the_modes_cost_in_a_cell_and_prints_its_coverage_from_the_engine():
+    nb = nbformat.read(NOTEBOOKS / "15_batch_invariance.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    timing = [c for c in code if "invariance_cost.measure(" in c.source]
+    assert len(timing) == 1, "the mode's cost is measured in the notebook, not quoted"
+    assert "nbval-ignore-output" in timing[0].metadata.get("tags", [])  # timings vary by machine and load
+    ratios = re.findall(
+        r"B = +(\d+): step ms default [\d.]+, invariant [\d.]+; invariant/default (\d+\.\d+)x",
+        printed(timing[0]),
+    )
+    assert [int(b) for b, _ in ratios] == [1, 8] and all(float(r) > 0 for _, r in ratios)
+    covering = [c for c in code if "invariant_coverage.coverage(" in c.source]
+    assert len(covering) == 1 and "nbval-ignore-output" not in covering[0].metadata.get("tags", [])
+    verdicts = printed(covering[0]).splitlines()
+    from workbench.verify import invariant_coverage
+
+    assert [line.split("  ")[0].strip() for line in verdicts] == [
+        " + ".join(s) for s in invariant_coverage.combinations(invariant_coverage.ISSUE_FEATURES)
+    ]
+    assert all(("every row equal alone (" in v) or ("refused at construction: " in v) for v in verdicts)
+    prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "still refuses, at construction: the packed layout" not in prose  # it composes (the cell says)
+    assert not re.search(r"\d\.\d+x", prose), "the cost is the cell's, not a number typed in the prose"

@@ -46,14 +46,30 @@ def _invariance(args: argparse.Namespace) -> int:
 
         mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
     if args.cost:
-        return _invariance_cost(args)
+        return max(_invariance_cost(args), _invariance_coverage(args) if args.coverage else 0)
     model, tokenizer = load(args.model) if args.model else load()
     batch_sizes = args.batch_sizes or [8, 32]
     B = max(batch_sizes)
     prompts = [prompt_of_length(tokenizer, 3 + (17 * i) % 60, 11 * i + 1) for i in range(B)]
     result = audit(model, tokenizer, prompts, batch_sizes=tuple(batch_sizes), max_tokens=args.max_tokens)
     print(result.text())
-    return 0 if all(eq == n for (mode, _), (eq, n) in result.end_to_end.items() if mode == "invariant") else 1
+    held = all(eq == n for (mode, _), (eq, n) in result.end_to_end.items() if mode == "invariant")
+    return max(0 if held else 1, _invariance_coverage(args) if args.coverage else 0)
+
+
+def _invariance_coverage(args: argparse.Namespace) -> int:
+    """``workbench invariance --coverage``: issue 39's features with the mode on ``--model``
+    (:mod:`workbench.verify.invariant_coverage`); 1 if a row differs from its run alone."""
+    from .runtime.loading import load
+    from .verify import invariant_coverage as cov
+
+    model, tokenizer = load(args.model) if args.model else load()
+    print(
+        f"with the mode ({args.model or 'the bundled model'}; every row == alone, or the engine's refusal):"
+    )
+    results = cov.coverage(model, tokenizer, cov.combinations(cov.ISSUE_FEATURES))
+    print(cov.coverage_text(results), flush=True)
+    return 1 if any(r.result == "wrong" for r in results) else 0
 
 
 def _invariance_cost(args: argparse.Namespace) -> int:
@@ -592,6 +608,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --cost: the prefill prompts' tokens (default 160 512)",
     )
     iv.add_argument("--out", default=None, help="with --cost: append JSON lines to this file")
+    iv.add_argument(
+        "--coverage",
+        action="store_true",
+        help="also build the mode with the packed layout, speculative decoding, kv_bits and a KV budget "
+        "(and packed with each of three more) on --model: every row == alone, or the engine's refusal",
+    )
     iv.add_argument(
         "--device", choices=("cpu", "gpu"), default=None, help="MLX device (default: MLX's default)"
     )

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import workbench  # noqa: F401  (loads the optimized BLAS before mlx)
 from workbench.bench import model as bench_model
-from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of
+from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps, summary
 from workbench.engine.levers import invariant
 from workbench.engine.levers.invariant_keyblocks import key_block_attention
 
@@ -49,27 +49,9 @@ def steps(model, tok, B, pairs):
     for name, sched in scheds.items():
         invariant.row_attention = use[name]
         _prefilled(sched, prompts, pairs + 3)
-    ms = {name: [] for name in scheds}
-    cpu = dict.fromkeys(scheds, 0.0)
-    names = list(scheds)
-    for i in range(pairs):
-        for name in names[i % 3 :] + names[: i % 3]:
-            invariant.row_attention = use[name]
-            t0, c0 = time.perf_counter(), time.process_time()
-            scheds[name].step()
-            mx.synchronize()
-            ms[name].append((time.perf_counter() - t0) * 1e3)
-            cpu[name] += time.process_time() - c0
+    ms, cpu = rotated_steps(scheds, pairs, before=lambda name: setattr(invariant, "row_attention", use[name]))
     invariant.row_attention = NEW
-    out = {"B": B, "pairs": pairs, "load": os.getloadavg()[0]}
-    for name in names:
-        out[f"{name}_ms"] = round(statistics.median(ms[name]), 2)
-        if name != "default":
-            ratios = [a / b for a, b in zip(ms[name], ms["default"])]
-            out[f"{name}_ratio"] = round(statistics.median(ratios), 3)
-            out[f"{name}_quartiles"] = [round(q, 3) for q in statistics.quantiles(ratios, n=4)]
-            out[f"{name}_cpu_ratio"] = round(cpu[name] / cpu["default"], 3)
-    return out
+    return {"B": B, "pairs": pairs, "load": os.getloadavg()[0], **summary(ms, cpu)}
 
 
 def attention_alone(B, reps=30, H=16, Hkv=4, D=64, S=90):

@@ -8,6 +8,9 @@ import pytest
 import workbench as wb
 from workbench.bench import invariance_cost
 from workbench.cli import main
+from workbench.verify import invariant_coverage
+
+ISSUE = invariant_coverage.ISSUE_FEATURES
 
 pytestmark = pytest.mark.model
 
@@ -61,3 +64,41 @@ def test_the_command_prints_the_step_ratios_and_the_prefill_ratio(capsys, tmp_pa
     assert [line.split(":")[0] for line in lines] == ["B =   1", "B =   2", lines[2].split(":")[0]]
     assert lines[2].startswith("prefill of 1 prompts of ") and "invariant/default" in lines[2]
     assert [json.loads(x).get("B") for x in out.read_text().splitlines()] == [1, 2, None]
+
+
+def test_rotated_steps_turns_the_order_by_one_every_round_and_times_each_engine():
+    order = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def step(self):
+            order.append(self.name)
+
+    ms, cpu = invariance_cost.rotated_steps({n: Engine(n) for n in "abc"}, 4)
+    assert order == list("abcbcacababc")  # each engine first, second and last alike
+    assert {n: len(t) for n, t in ms.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for ts in ms.values() for t in ts) and set(cpu) == set("abc")
+    order.clear()
+    invariance_cost.rotated_steps({n: Engine(n) for n in "de"}, 3, before=lambda n: order.append(n.upper()))
+    assert order == list("DdEeEeDdDdEe")  # two engines: swapped every round; each set up before its step
+
+
+def test_the_command_prints_the_cost_and_the_coverage_from_the_same_run(capsys):
+    args = ["invariance", "--cost", "--bench-shape", "quick", "--batch-sizes", "1", "--pairs", "1"]
+    assert main([*args, "--prefill-batch", "0", "--device", "cpu", "--coverage"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("B =   1: step ms default") and lines[1].startswith("with the mode (")
+    table = dict(line.split("  ", 1) for line in lines[2:])
+    assert [k.strip() for k in table] == [" + ".join(s) for s in invariant_coverage.combinations(ISSUE)]
+    for features, verdict in table.items():  # the engine's own: rows == alone, or its refusal
+        assert verdict.strip().startswith(("every row equal alone (", "refused at construction: ")), features
+
+
+def test_summary_gives_each_engines_median_step_and_its_ratios_to_the_default():
+    ms = {"default": [10.0, 20.0, 10.0, 20.0], "mode": [11.0, 22.0, 12.0, 24.0]}
+    out = invariance_cost.summary(ms, {"default": 2.0, "mode": 3.0})
+    assert out["default_ms"] == 15.0 and out["mode_ms"] == 17.0 and "default_ratio" not in out
+    assert out["mode_ratio"] == 1.15 and out["mode_cpu_ratio"] == 1.5  # ratios 1.1, 1.1, 1.2, 1.2
+    assert out["mode_quartiles"][0] <= out["mode_ratio"] <= out["mode_quartiles"][2]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -118,34 +118,77 @@ def _prefilled(sched: Any, prompts: Sequence[Sequence[int]], max_tokens: int) ->
     mx.synchronize()
 
 
-def step_cost(model: Any, tok: Any, prompts: Sequence[Sequence[int]], pairs: int) -> StepCost:
-    """The decode step at ``B = len(prompts)``: ``pairs`` alternating default / invariant
-    steps after both engines prefilled ``prompts`` (see the module docstring)."""
+def rotated_steps(
+    scheds: dict[str, Any], pairs: int, before: Callable[[str], None] | None = None
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """``pairs`` rounds of one decode step of each prefilled scheduler in ``scheds``, the
+    order rotated by one every round (two schedulers: swapped), each step ended by
+    ``mx.synchronize()``, so that a shared machine's load falls on every engine alike.
+
+    Args:
+        before: called with an engine's name before its step, untimed (a lab script's
+            switch of the code that engine runs); ``None``: nothing.
+
+    Returns:
+        per name, the milliseconds of each of its steps; and its process CPU seconds (all
+        threads) summed over them.
+    """
     import mlx.core as mx
 
-    B = len(prompts)
-    scheds = {"default": _scheduler(model, tok, B, False), "invariant": _scheduler(model, tok, B, True)}
-    for sched in scheds.values():
-        _prefilled(sched, prompts, pairs + 3)
-    ms: dict[str, list[float]] = {"default": [], "invariant": []}
-    cpu = {"default": 0.0, "invariant": 0.0}
+    names = list(scheds)
+    ms: dict[str, list[float]] = {name: [] for name in names}
+    cpu = dict.fromkeys(names, 0.0)
     for i in range(pairs):
-        for name in ("default", "invariant") if i % 2 == 0 else ("invariant", "default"):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            if before is not None:
+                before(name)
             t0, c0 = time.perf_counter(), time.process_time()
             scheds[name].step()
             mx.synchronize()
             ms[name].append((time.perf_counter() - t0) * 1e3)
             cpu[name] += time.process_time() - c0
-    ratios = [a / b for a, b in zip(ms["invariant"], ms["default"])]
+    return ms, cpu
+
+
+def summary(ms: dict[str, list[float]], cpu: dict[str, float], base: str = "default") -> dict[str, Any]:
+    """:func:`rotated_steps`' result as JSON-ready numbers: per engine ``<name>_ms`` (the
+    median step), and for each engine but ``base`` ``<name>_ratio`` (the median of its
+    per-round ratios to ``base``'s step), ``<name>_quartiles`` and ``<name>_cpu_ratio``."""
+    out: dict[str, Any] = {}
+    for name, times in ms.items():
+        out[f"{name}_ms"] = round(statistics.median(times), 2)
+        if name != base:
+            ratios = [a / b for a, b in zip(times, ms[base])]
+            out[f"{name}_ratio"] = round(statistics.median(ratios), 3)
+            out[f"{name}_quartiles"] = [round(q, 3) for q in statistics.quantiles(ratios, n=4)]
+            out[f"{name}_cpu_ratio"] = round(cpu[name] / max(cpu[base], 1e-9), 3)
+    return out
+
+
+def step_cost(model: Any, tok: Any, prompts: Sequence[Sequence[int]], pairs: int) -> StepCost:
+    """The decode step at ``B = len(prompts)``: ``pairs`` alternating default / invariant
+    steps after both engines prefilled ``prompts`` (see the module docstring)."""
+    B = len(prompts)
+    scheds = {"default": _scheduler(model, tok, B, False), "invariant": _scheduler(model, tok, B, True)}
+    for sched in scheds.values():
+        _prefilled(sched, prompts, pairs + 3)
+    ms, cpu = rotated_steps(scheds, pairs)
+    return _step_cost(B, ms["default"], ms["invariant"], cpu["default"], cpu["invariant"])
+
+
+def _step_cost(B: int, default_ms: list[float], ms: list[float], default_cpu: float, cpu: float) -> StepCost:
+    """A :class:`StepCost` from per-round milliseconds and CPU seconds of the two engines."""
+    ratios = [a / b for a, b in zip(ms, default_ms)]
     return StepCost(
         B,
-        statistics.median(ms["default"]),
-        statistics.median(ms["invariant"]),
+        statistics.median(default_ms),
+        statistics.median(ms),
         statistics.median(ratios),
         tuple(statistics.quantiles(ratios, n=4)) if len(ratios) > 1 else tuple(ratios),
-        pairs,
+        len(ratios),
         os.getloadavg()[0],
-        cpu["invariant"] / max(cpu["default"], 1e-9),
+        cpu / max(default_cpu, 1e-9),
     )
 
 

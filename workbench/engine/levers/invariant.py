@@ -41,6 +41,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from ..model_hooks import hooks_of
+from .invariant_blocks import CACHED_BYTES
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
     ("cuda", "half"): RowBlocks(2, 256),
     ("cuda", "quantized"): RowBlocks(4, 4),
 }
-ROWS_APART_BYTES = 4 << 20  # CPU float weights up to this size run one-row calls (they stay in cache)
+ROWS_APART_BYTES = CACHED_BYTES  # CPU float weights up to this size run one-row calls (they stay in cache)
 FALLBACK_ROWS = (8, 4, 2, 1)  # fixed blocks tried in order where the first choice fails its check
 PROJECTIONS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 _METHOD = {
@@ -261,7 +262,7 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
 
         sgemm = (tuple(module["weight"].shape), str(dtype), "bias" in module)  # Linear or as_linear alike
         if sgemm not in _SWEPT:
-            run = block_from(sweep(f, K, dtype))
+            run = block_from(sweep(f, K, dtype), module["weight"].nbytes)
             ok = run is not None and rows_agree(f, K, dtype, RowBlocks(*run), counts=(run[1] + 1,))
             _SWEPT[sgemm] = RowBlocks(*run) if ok else None
         if _SWEPT[sgemm] is not None:

@@ -13,7 +13,10 @@ projection at ``M = 1 .. ROWS_SWEPT`` and groups the row counts by the bits a pr
 the mode's ``RowBlocks(lo, hi)``: ``B`` rows run in calls of at most ``hi`` rows, each padded
 to at least ``lo``, so every row is computed by a kernel of that one group, alone or in any
 batch. One call per projection for ``B <= hi`` instead of the fixed blocks of 8 or one call
-per row before (which read a large weight ``B / 8`` or ``B`` times a step).
+per row before (which read a large weight ``B / 8`` or ``B`` times a step). A weight that
+stays in cache (up to :data:`CACHED_BYTES`) costs a call its dispatch only, so one of about
+1 MiB runs in the group of ``M = 1`` where a run above would pad a lone row to its switch: a
+request alone then runs it unpadded, as on the default path.
 
 The sweep also tells the two things issue 39 asks to keep apart (:class:`Sweep`): a
 *leak* (the probe row's bits change with its neighbours' values at one ``M`` and position:
@@ -36,6 +39,8 @@ import mlx.core as mx
 
 ROWS_SWEPT = 32  # row counts M = 1 .. ROWS_SWEPT are swept; larger batches run blocks of at most this
 CALL_ROWS = 4  # the cost of one call in rows, when choosing between runs (its dispatch, a weight read)
+DISPATCH_BYTES = 1 << 20  # a call's dispatch, in a weight in cache: about one row of a 1 MiB float32 weight
+CACHED_BYTES = 4 << 20  # float weights up to this size stay in cache (``invariant.ROWS_APART_BYTES``)
 
 
 @dataclass(frozen=True)
@@ -134,17 +139,39 @@ def sweep(
     return Sweep(tuple(rows), tuple(group), tuple(leak), tuple(moved), tuple(diff))
 
 
-def block_from(result: Sweep) -> tuple[int, int] | None:
+def block_from(result: Sweep, weight_bytes: int | None = None) -> tuple[int, int] | None:
     """The ``(lo, hi)`` of the mode's ``RowBlocks`` for a swept projection: of the runs of
-    :meth:`Sweep.runs`, the one costing least over ``B = 1, 8, 32`` rows (calls times
-    :data:`CALL_ROWS` plus rows computed, padding included); ``None`` where no row count was
-    clean (the caller falls back to one row per call)."""
+    :meth:`Sweep.runs`, the one whose step costs least against a plain call, summed over
+    ``B = 1, 8, 32`` rows (the issue's goals are ratios per ``B``): per ``B``, calls times a
+    call's cost in rows plus rows computed (padding included), over one plain call of ``B``
+    rows. ``None`` where no row count was clean (the caller falls back to one row per call).
 
-    def cost(lo: int, hi: int) -> int:
-        total = 0
+    Args:
+        result: the projection's :func:`sweep`.
+        weight_bytes: the weight's size. Up to :data:`CACHED_BYTES` (it stays in cache) a
+            call costs its dispatch only, a fixed time: ``DISPATCH_BYTES / weight_bytes``
+            rows, at least 1 (the weight is not read from memory again). So a weight of about
+            1 MiB runs in the group of ``M = 1`` where a run above would pad a lone row to its
+            switch (llama-155m's KV projections, 256x1024: one row padded to 4 rows cost
+            0.35 ms a call, blocks of 1-3 rows 0.06 ms), while a much smaller one, whose rows
+            cost less than a call, keeps few calls. Larger or ``None``: :data:`CALL_ROWS` (a
+            weight read).
+
+    >>> s = Sweep(tuple(range(1, 33)), (0,) * 3 + (1,) * 29, (False,) * 32, (False,) * 32, (0.0,) * 32)
+    >>> block_from(s), block_from(s, weight_bytes=1 << 20), block_from(s, weight_bytes=64 << 10)
+    ((4, 32), (1, 3), (4, 32))
+    """
+    if weight_bytes is None or weight_bytes > CACHED_BYTES:
+        call = float(CALL_ROWS)
+    else:
+        call = max(1.0, DISPATCH_BYTES / max(weight_bytes, 1))
+
+    def cost(lo: int, hi: int) -> float:
+        total = 0.0
         for B in (1, 8, 32):
             calls, last = divmod(B, hi)
-            total += (calls + bool(last)) * CALL_ROWS + calls * hi + (max(last, lo) if last else 0)
+            rows = calls * hi + (max(last, lo) if last else 0)
+            total += ((calls + bool(last)) * call + rows) / (call + B)
         return total
 
     runs = result.runs()

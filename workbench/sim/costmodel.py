@@ -44,7 +44,7 @@ class CostedModel:
     def __init__(self, model: Any, clock: Any, cost: CostModel):
         self._model, self._clock, self._cost = model, clock, cost
         self.__wrapped__ = model
-        self._fed: dict[int, int] = {}  # id(first layer cache) -> tokens fed, for caches held_keys cannot read
+        self._fed: dict[int, int] = {}  # id(first layer cache) -> tokens fed (caches held_keys cannot read)
         self._charging = False
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not set in __init__

@@ -9,12 +9,12 @@ Usage: ``python scripts/lab/packed_latency_cost.py [scenario ...]`` (default ``s
 azure``; ``workbench.bench.packed``'s arrivals, the staggered and loaded intervals 8 and 3 x the
 cost model's decode step of 8 rows at a context of 100). Prints one table per scenario.
 
-``--prefill-from-empty``: charge every ``[B, L > 1]`` forward as a prefill into an empty cache.
-``CostedModel`` prices a forward's keys by the tokens fed into that cache object so far, and
-mlx-lm's prompt batch keeps one cache object across the prompts that pass through it, so its
-later prompt chunks are charged as if after thousands of keys (up to 12k on the Azure window:
-docs/packed.md, "Latency goals at equal capacity"). Every prompt of these scenarios fits one
-512-token chunk, so an empty cache is each chunk's true start here.
+``--prefill-from-empty``: does nothing now (kept so the commands in docs/benchmarks.md still
+run). It charged every ``[B, L > 1]`` forward as a prefill into an empty cache, a workaround for
+``CostedModel`` pricing a forward's keys by the tokens ever fed into that cache object (mlx-lm's
+prompt batch keeps its cache objects across prompts: up to 12k keys charged on the Azure window).
+``CostedModel`` now prices each forward by the keys its cache holds (``held_keys``), which is
+each prompt chunk's true start without the flag (docs/packed.md, "The cost clock's correction").
 """
 
 import argparse
@@ -23,7 +23,7 @@ from workbench.bench.packed import MLX_LM_EQUAL, azure_arrivals, latency
 from workbench.bench.packed_cost import COST_MODEL, cost_factories, run_on_cost_clock
 from workbench.bench.scenarios import staggered_arrivals
 from workbench.runtime.loading import load
-from workbench.sim.costmodel import CostedModel, CostModel
+from workbench.sim.costmodel import CostModel
 
 import pandas as pd
 
@@ -31,20 +31,19 @@ pd.set_option("display.width", 200)
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("scenario", nargs="*", help="staggered, loaded or azure (default: all three)")
 parser.add_argument(
-    "--prefill-from-empty", action="store_true", help="charge each prompt chunk from an empty cache"
+    "--prefill-from-empty",
+    action="store_true",
+    help="does nothing (the cost clock charges what each cache holds)",
 )
 args = parser.parse_args()
 scenarios = args.scenario or ["staggered", "loaded", "azure"]
 if set(scenarios) - {"staggered", "loaded", "azure"}:
     parser.error(f"scenarios are staggered, loaded and azure, got {scenarios}")
 if args.prefill_from_empty:
-    counted = CostedModel.forward_s
-
-    def forward_s(self, rows, tokens, cache):
-        seconds = counted(self, rows, tokens, cache)  # keeps its count of tokens fed
-        return self._cost.prefill_s(tokens, 0, rows) if tokens > 1 else seconds
-
-    CostedModel.forward_s = forward_s
+    print(
+        "--prefill-from-empty does nothing now: each forward is charged by the keys its cache holds",
+        flush=True,
+    )
 model, tok = load("tiny-llama")
 cost = CostModel.load(COST_MODEL)
 fac = cost_factories(model, tok, cost, budgets=(512,), paced_steps=(2.0,))

@@ -4,6 +4,7 @@ and measuring this machine produces fittable data."""
 import numpy as np
 import pandas as pd
 import pytest
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache
 
 from workbench.engine.levers.cost import nonnegative_lstsq
 from workbench.sim.calibrate import DECODE_COLUMNS, PREFILL_COLUMNS, fit_cost_model, measure_costs
@@ -127,3 +128,86 @@ def test_measuring_this_machine_gives_rows_a_cost_model_can_be_fitted_from(bundl
     assert sorted(set(decode.kv_width_tokens)) == [9, 10, 25, 26]  # width W + 1 after the warm-up step
     fitted = fit_cost_model(prefill, decode)
     assert fitted.decode_s(1, 10) > 0 and fitted.prefill_s(16) > 0
+
+
+class _WritingModel:
+    """Writes each forward's keys into every layer cache (as an attention layer does), so
+    the caches hold what a real forward would leave; returns the input shape."""
+
+    layers = ("layer", "layer")
+
+    def __call__(self, inputs, cache=None):
+        import mlx.core as mx
+
+        rows, tokens = inputs.shape
+        for c in cache:
+            if not isinstance(c, ArraysCache):
+                c.update_and_fetch(mx.zeros((rows, 1, tokens, 4)), mx.zeros((rows, 1, tokens, 4)))
+        return inputs.shape
+
+
+def _charged(model, clock, rows, tokens, cache):
+    before = clock()
+    with model.charging():
+        model(_Shape(rows, tokens), cache=cache)
+    return clock() - before
+
+
+def test_a_filtered_batch_cache_is_charged_by_the_padded_width_it_still_holds():
+    """mlx-lm's ``BatchKVCache.filter`` drops the rows that left and their common left padding:
+    the next forwards attend the narrower width, not every column ever fed into the object."""
+    from workbench.sim.clocks import VirtualClock
+
+    clock = VirtualClock()
+    model = CostedModel(_WritingModel(), clock, TRUE)
+    cache = [BatchKVCache([0, 200]), BatchKVCache([0, 200])]  # prompts of 300 and 100 tokens
+    assert _charged(model, clock, 2, 300, cache) == pytest.approx(TRUE.prefill_s(300, 0, rows=2))
+    assert _charged(model, clock, 2, 1, cache) == pytest.approx(TRUE.decode_s(2, 300))
+    for c in cache:
+        c.filter([1])  # the 300-token row finished: the 100-token row's 101 keys remain
+    # decode charges grow with the row's keys, from what it holds
+    assert [_charged(model, clock, 1, 1, cache) for _ in range(3)] == pytest.approx(
+        [TRUE.decode_s(1, w) for w in (101, 102, 103)]
+    )
+
+
+def test_a_fresh_prompt_in_a_reused_cache_object_is_charged_from_its_own_start():
+    """mlx-lm's prompt batch keeps its cache objects across the prompts that pass through it;
+    a prompt fed after the last one left (filtered out, or trimmed away) starts where the cache
+    stands, not after every token the object has seen (the 2.8 s for a lone 511-token chunk)."""
+    from workbench.sim.clocks import VirtualClock
+
+    clock = VirtualClock()
+    model = CostedModel(_WritingModel(), clock, TRUE)
+    solo = [KVCache(), KVCache()]
+    _charged(model, clock, 1, 400, solo)
+    for c in solo:
+        c.trim(400)  # the prompt left; the same objects take the next one
+    assert _charged(model, clock, 1, 200, solo) == pytest.approx(TRUE.prefill_s(200, 0))
+    batch = [BatchKVCache([0]), BatchKVCache([0])]
+    for _ in range(3):  # 511-token prompts through one prompt batch: join the batch, the last one leaves
+        for c in batch:
+            c.extend(BatchKVCache([0]))  # an empty row joins, left-padded to the width held
+            c.filter([len(c.left_padding) - 1])  # the previous prompt's row leaves with its keys
+        assert _charged(model, clock, 1, 511, batch) == pytest.approx(TRUE.prefill_s(511, 0))
+
+
+def test_a_copied_cache_and_layers_of_other_kinds_are_charged_by_the_keys_they_hold():
+    """A deep copy (mlx-lm's ``PromptProcessingBatch.split``) holds its rows' keys from birth;
+    state layers (``ArraysCache``) hold none; ``QuantizedKVCache`` tells by ``offset``; a cache
+    that tells nothing is priced by the tokens fed into it."""
+    import copy
+
+    from workbench.sim.clocks import VirtualClock
+
+    clock = VirtualClock()
+    model = CostedModel(_WritingModel(), clock, TRUE)
+    cache = [ArraysCache(2), KVCache()]
+    _charged(model, clock, 1, 64, cache)
+    assert _charged(model, clock, 1, 1, copy.deepcopy(cache)) == pytest.approx(TRUE.decode_s(1, 64))
+    from workbench.sim.costmodel import held_keys
+
+    assert held_keys(cache) == 64
+    quantized = KVCache().to_quantized(group_size=64, bits=8)
+    quantized.offset = 130
+    assert held_keys([ArraysCache(2), quantized]) == 130 and held_keys([ArraysCache(2)]) is None

@@ -134,3 +134,31 @@ def test_quick_packed_gpu_bench_runs_on_the_gpu_and_writes_its_files(tmp_path):
     # differently, so greedy rows of the random-weight model may part (docs/gpu.md); the count is printed
     assert pd.read_csv(tmp_path / "gpu-packed-bench" / "runs.csv").same_tokens.notna().any()
     assert "packed tokens equal the padded layout's in" in out.stdout
+
+
+def test_the_packed_layouts_token_agreement_counts_its_own_runs_only():
+    """The H100 run (docs/benchmarks/gpu_2026-12-07/packed_runs.csv): mlx-lm and the padded layout
+    with recording off agreed with the padded layout in all 24 of their runs, the packed layout in 6
+    of its 24 (B = 1 only); one count over every engine said 30/48 for the packed layout."""
+    from pathlib import Path
+
+    from workbench.bench.gpu_packed import PackedGpuResult, token_agreement
+
+    runs = pd.read_csv(Path(__file__).parents[2] / "docs/benchmarks/gpu_2026-12-07/packed_runs.csv")
+    counts = token_agreement(runs)
+    assert counts == {
+        "same_tokens_runs": "6/24",
+        "mlx_lm_same_tokens_runs": "12/12",
+        "padded_off_same_tokens_runs": "12/12",
+    }
+    meta = dict.fromkeys(
+        ("date", "device", "mlx", "mlx-cuda-13", "mlx-lm", "precision", "model", "dtype"), "x"
+    )
+    result = PackedGpuResult(
+        GPU_QUICK_CONFIG, runs, pd.DataFrame(), pd.DataFrame(), [], {**meta, **counts, "decode_tokens": 48}
+    )
+    text = packed_gpu_markdown(result)
+    assert (
+        "packed tokens equal the padded layout's in 6/24 runs (both recording settings; mlx-lm's in 12/12"
+        in text
+    )

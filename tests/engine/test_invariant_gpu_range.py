@@ -57,6 +57,17 @@ def test_fixed_blocks_are_not_swept(fixed):
     assert set(calls) <= {1, fixed.min_rows}
 
 
+@pytest.mark.parametrize("fixed", [RowBlocks(4, 4), RowBlocks(8, 8)])
+def test_calibration_does_not_sweep_fixed_blocks(monkeypatch, fixed):
+    def swept(*args):
+        raise AssertionError(f"clean_range called for fixed blocks {fixed}")
+
+    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")
+    monkeypatch.setattr(invariant, "clean_range", swept)
+    monkeypatch.setattr(invariant, "ROWS_APART_BYTES", 0)
+    assert invariant._first_agreeing(nn.Linear(64, 24, bias=False), fixed) == fixed
+
+
 @pytest.mark.gpu
 def test_on_cuda_a_row_among_96_has_its_bits_alone_on_the_1b_shape():
     """The case the H100 sweep found (docs/gpu.md, 2026-12-07): ``down_proj``'s kernel switches at

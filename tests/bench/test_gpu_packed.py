@@ -162,3 +162,13 @@ def test_the_packed_layouts_token_agreement_counts_its_own_runs_only():
         "packed tokens equal the padded layout's in 6/24 runs (both recording settings; mlx-lm's in 12/12"
         in text
     )
+
+
+def test_the_4_ms_goal_is_b_128s_and_a_run_without_b_128_says_so():
+    runs = pd.DataFrame(
+        _runs({PACKED: [2.0], PADDED: [2.5], MLX_LM: [3.0]}, {PACKED: 0.4, PADDED: 1, MLX_LM: 2}, 1)
+        + _runs({PACKED: [3.0], PADDED: [3.5], MLX_LM: [4.0]}, {PACKED: 0.5, PADDED: 1, MLX_LM: 2}, 8)
+    )
+    first = pd.DataFrame([{"engine": e, "B": 1, "first_run_s": 1.0} for e in (PACKED, PADDED, MLX_LM)])
+    lines = goal_lines(packed_gpu_table(runs, {1: 1.0, 8: 1.0}), first)
+    assert lines[2] == "B=128: packed step <= 4 ms: not run (B = 1, 8)"  # not "B=8: ... met (3.00 ms)"

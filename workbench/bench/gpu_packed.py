@@ -49,7 +49,7 @@ OFF = ", recording off"  # the same engine with history_size=0: no snapshots (ev
 # The packed engine as the GPU lab measured it (scripts/lab/gpu_step_anatomy.py).
 PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)
 RECORDING_GOAL = 0.03  # the recorded snapshots' share of a step, each layout at every B
-STEP_GOAL_MS = 4.0  # B = 128 (the largest B of the full run)
+STEP_GOAL_MS, STEP_GOAL_B = 4.0, 128  # the packed step at B = 128 (the largest B of the full run)
 BOUND_GOAL = 0.40  # B = 1: share of the decode-step bound
 HOST_GOAL_MS = 1.0  # host time per step at the largest B
 FIRST_RUN_GOAL_S = 10.0  # "does not stall for tens of seconds"
@@ -150,7 +150,9 @@ def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.Data
 
 
 def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
-    """Issue 40's GPU goals, one line each, ``met`` or ``MISSED`` with the measured number."""
+    """Issue 40's GPU goals, one line each, ``met`` or ``MISSED`` with the measured number
+    (the 4 ms step goal is B = 128's: ``not run`` where ``table`` has no B = 128, as the quick
+    run's B = 1 and 8)."""
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
@@ -163,10 +165,17 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
             f"ratio {r.packed_over_padded:.2f}, pairs {r.packed_over_padded_range})"
         )
     big, small = table.loc[table.B.idxmax()], table.loc[table.B.idxmin()]
-    lines.append(
-        f"B={big.B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(big.packed_step_ms <= STEP_GOAL_MS)} "
-        f"({big.packed_step_ms:.2f} ms)"
-    )
+    at = table[table.B == STEP_GOAL_B]
+    if len(at):
+        step_ms = at.packed_step_ms.iloc[0]
+        lines.append(
+            f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(step_ms <= STEP_GOAL_MS)} "
+            f"({step_ms:.2f} ms)"
+        )
+    else:  # the goal is B = 128's; a smaller largest B (the quick run) does not meet or miss it
+        lines.append(
+            f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: not run (B = {', '.join(map(str, table.B))})"
+        )
     lines.append(
         f"B={small.B}: packed step >= {BOUND_GOAL:.0%} of the bound: "
         f"{verdict(small.packed_share_of_bound >= BOUND_GOAL)} ({small.packed_share_of_bound:.0%}: bound "

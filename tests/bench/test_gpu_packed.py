@@ -134,3 +134,41 @@ def test_quick_packed_gpu_bench_runs_on_the_gpu_and_writes_its_files(tmp_path):
     # differently, so greedy rows of the random-weight model may part (docs/gpu.md); the count is printed
     assert pd.read_csv(tmp_path / "gpu-packed-bench" / "runs.csv").same_tokens.notna().any()
     assert "packed tokens equal the padded layout's in" in out.stdout
+
+
+def test_the_packed_layouts_token_agreement_counts_its_own_runs_only():
+    """The H100 run (docs/benchmarks/gpu_2026-12-07/packed_runs.csv): mlx-lm and the padded layout
+    with recording off agreed with the padded layout in all 24 of their runs, the packed layout in 6
+    of its 24 (B = 1 only); one count over every engine said 30/48 for the packed layout."""
+    from pathlib import Path
+
+    from workbench.bench.gpu_packed import PackedGpuResult, token_agreement
+
+    runs = pd.read_csv(Path(__file__).parents[2] / "docs/benchmarks/gpu_2026-12-07/packed_runs.csv")
+    counts = token_agreement(runs)
+    assert counts == {
+        "same_tokens_runs": "6/24",
+        "mlx_lm_same_tokens_runs": "12/12",
+        "padded_off_same_tokens_runs": "12/12",
+    }
+    meta = dict.fromkeys(
+        ("date", "device", "mlx", "mlx-cuda-13", "mlx-lm", "precision", "model", "dtype"), "x"
+    )
+    result = PackedGpuResult(
+        GPU_QUICK_CONFIG, runs, pd.DataFrame(), pd.DataFrame(), [], {**meta, **counts, "decode_tokens": 48}
+    )
+    text = packed_gpu_markdown(result)
+    assert (
+        "packed tokens equal the padded layout's in 6/24 runs (both recording settings; mlx-lm's in 12/12"
+        in text
+    )
+
+
+def test_the_4_ms_goal_is_b_128s_and_a_run_without_b_128_says_so():
+    runs = pd.DataFrame(
+        _runs({PACKED: [2.0], PADDED: [2.5], MLX_LM: [3.0]}, {PACKED: 0.4, PADDED: 1, MLX_LM: 2}, 1)
+        + _runs({PACKED: [3.0], PADDED: [3.5], MLX_LM: [4.0]}, {PACKED: 0.5, PADDED: 1, MLX_LM: 2}, 8)
+    )
+    first = pd.DataFrame([{"engine": e, "B": 1, "first_run_s": 1.0} for e in (PACKED, PADDED, MLX_LM)])
+    lines = goal_lines(packed_gpu_table(runs, {1: 1.0, 8: 1.0}), first)
+    assert lines[2] == "B=128: packed step <= 4 ms: not run (B = 1, 8)"  # not "B=8: ... met (3.00 ms)"

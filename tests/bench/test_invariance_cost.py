@@ -102,3 +102,8 @@ def test_summary_gives_each_engines_median_step_and_its_ratios_to_the_default():
     assert out["default_ms"] == 15.0 and out["mode_ms"] == 17.0 and "default_ratio" not in out
     assert out["mode_ratio"] == 1.15 and out["mode_cpu_ratio"] == 1.5  # ratios 1.1, 1.1, 1.2, 1.2
     assert out["mode_quartiles"][0] <= out["mode_ratio"] <= out["mode_quartiles"][2]
+
+
+def test_summary_of_one_round_gives_its_ratio_as_its_quartiles():
+    out = invariance_cost.summary({"default": [10.0], "mode": [12.0]}, {"default": 1.0, "mode": 1.0})
+    assert out["mode_ratio"] == 1.2 and out["mode_quartiles"] == [1.2]  # as step_cost's StepCost at one pair

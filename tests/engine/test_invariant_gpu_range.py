@@ -57,6 +57,17 @@ def test_fixed_blocks_are_not_swept(fixed):
     assert set(calls) <= {1, fixed.min_rows}
 
 
+@pytest.mark.parametrize("fixed", [RowBlocks(4, 4), RowBlocks(8, 8)])
+def test_calibration_does_not_sweep_fixed_blocks(monkeypatch, fixed):
+    def swept(*args):
+        raise AssertionError(f"clean_range called for fixed blocks {fixed}")
+
+    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")
+    monkeypatch.setattr(invariant, "clean_range", swept)
+    monkeypatch.setattr(invariant, "ROWS_APART_BYTES", 0)
+    assert invariant._first_agreeing(nn.Linear(64, 24, bias=False), fixed) == fixed
+
+
 @pytest.mark.gpu
 def test_on_cuda_a_row_among_96_has_its_bits_alone_on_the_1b_shape():
     """The case the H100 sweep found (docs/gpu.md, 2026-12-07): ``down_proj``'s kernel switches at
@@ -83,3 +94,15 @@ def test_on_cuda_a_row_among_96_has_its_bits_alone_on_the_1b_shape():
     got = [(sched.tokens(u), sched.logprobs(u)) for u in sorted(sched.requests)]
     solo = [alone(model, tok, r, 64) for r in reqs]
     assert sum(g == s for g, s in zip(got, solo)) == len(reqs)
+
+
+def test_a_weight_run_one_row_per_call_is_not_swept(monkeypatch):
+    """A small float weight runs one-row calls (``ROWS_APART_BYTES``); sweeping its range first
+    (up to 255 row counts, three calls each) was thrown away."""
+
+    def swept(*args):
+        raise AssertionError("clean_range called for a weight that runs one row per call")
+
+    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")
+    monkeypatch.setattr(invariant, "clean_range", swept)
+    assert invariant._first_agreeing(nn.Linear(64, 24, bias=False), RowBlocks(2, 256)) == invariant.ONE_ROW

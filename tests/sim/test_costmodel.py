@@ -211,3 +211,16 @@ def test_a_copied_cache_and_layers_of_other_kinds_are_charged_by_the_keys_they_h
     quantized = KVCache().to_quantized(group_size=64, bits=8)
     quantized.offset = 130
     assert held_keys([ArraysCache(2), quantized]) == 130 and held_keys([ArraysCache(2)]) is None
+
+
+def test_a_cache_that_tells_no_keys_is_priced_by_the_tokens_fed_into_it():
+    """The fallback of ``held_keys() is None`` (only state layers here): the tokens every forward
+    fed into that cache list so far, charged or not."""
+    from workbench.sim.clocks import VirtualClock
+
+    clock = VirtualClock()
+    model = CostedModel(_WritingModel(), clock, TRUE)
+    states = [ArraysCache(2), ArraysCache(2)]
+    model(_Shape(1, 64), cache=states)  # not charged, but counted
+    assert _charged(model, clock, 1, 1, states) == pytest.approx(TRUE.decode_s(1, 64))
+    assert _charged(model, clock, 1, 16, states) == pytest.approx(TRUE.prefill_s(16, 65))

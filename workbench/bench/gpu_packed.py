@@ -49,7 +49,7 @@ OFF = ", recording off"  # the same engine with history_size=0: no snapshots (ev
 # The packed engine as the GPU lab measured it (scripts/lab/gpu_step_anatomy.py).
 PACKED_SETTINGS = dict(layout="packed", page_size=16, max_num_batched_tokens=8192)
 RECORDING_GOAL = 0.03  # the recorded snapshots' share of a step, each layout at every B
-STEP_GOAL_MS = 4.0  # B = 128 (the largest B of the full run)
+STEP_GOAL_MS, STEP_GOAL_B = 4.0, 128  # the packed step at B = 128 (the largest B of the full run)
 BOUND_GOAL = 0.40  # B = 1: share of the decode-step bound
 HOST_GOAL_MS = 1.0  # host time per step at the largest B
 FIRST_RUN_GOAL_S = 10.0  # "does not stall for tens of seconds"
@@ -150,7 +150,9 @@ def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.Data
 
 
 def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
-    """Issue 40's GPU goals, one line each, ``met`` or ``MISSED`` with the measured number."""
+    """Issue 40's GPU goals, one line each, ``met`` or ``MISSED`` with the measured number
+    (the 4 ms step goal is B = 128's: ``not run`` where ``table`` has no B = 128, as the quick
+    run's B = 1 and 8)."""
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
@@ -163,10 +165,17 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
             f"ratio {r.packed_over_padded:.2f}, pairs {r.packed_over_padded_range})"
         )
     big, small = table.loc[table.B.idxmax()], table.loc[table.B.idxmin()]
-    lines.append(
-        f"B={big.B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(big.packed_step_ms <= STEP_GOAL_MS)} "
-        f"({big.packed_step_ms:.2f} ms)"
-    )
+    at = table[table.B == STEP_GOAL_B]
+    if len(at):
+        step_ms = at.packed_step_ms.iloc[0]
+        lines.append(
+            f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(step_ms <= STEP_GOAL_MS)} "
+            f"({step_ms:.2f} ms)"
+        )
+    else:  # the goal is B = 128's; a smaller largest B (the quick run) does not meet or miss it
+        lines.append(
+            f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: not run (B = {', '.join(map(str, table.B))})"
+        )
     lines.append(
         f"B={small.B}: packed step >= {BOUND_GOAL:.0%} of the bound: "
         f"{verdict(small.packed_share_of_bound >= BOUND_GOAL)} ({small.packed_share_of_bound:.0%}: bound "
@@ -195,6 +204,25 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
         + ")"
     )
     return lines
+
+
+def token_agreement(runs: pd.DataFrame) -> dict[str, str]:
+    """How many measured runs' tokens equal the padded layout's of the same round
+    (``runs.same_tokens``, :func:`packed_gpu_runs`), as ``"equal/runs"`` per engine group:
+    ``same_tokens_runs`` the packed layout's (``history_size`` 64 and 0),
+    ``mlx_lm_same_tokens_runs`` mlx-lm's, ``padded_off_same_tokens_runs`` the padded
+    layout's with recording off. Each group apart: a count over every engine would credit the
+    packed layout with mlx-lm's agreement."""
+
+    def count(*engines: str) -> str:
+        same = runs[runs.engine.isin(engines)].same_tokens.dropna()
+        return f"{int(same.sum())}/{len(same)}"
+
+    return {
+        "same_tokens_runs": count(PACKED, PACKED + OFF),
+        "mlx_lm_same_tokens_runs": count(MLX_LM),
+        "padded_off_same_tokens_runs": count(PADDED + OFF),
+    }
 
 
 @dataclass
@@ -250,7 +278,6 @@ def run_packed_gpu_bench(
         firsts.append(f)
     runs_f, first_f = pd.concat(runs, ignore_index=True), pd.concat(firsts, ignore_index=True)
     table = packed_gpu_table(runs_f, bounds)
-    same = runs_f.same_tokens.dropna()
     meta = {
         "date": datetime.date.today().isoformat(),
         **_versions(),
@@ -260,7 +287,7 @@ def run_packed_gpu_bench(
         "dtype": cfg.dtype,
         "copy_bandwidth_bytes_per_s": bandwidth,
         "matmul_flops_per_s": flops,
-        "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
+        **token_agreement(runs_f),
         "decode_tokens": decode_tokens,
         "wall_s": time.perf_counter() - started,
         **{
@@ -279,7 +306,9 @@ def packed_gpu_markdown(result: PackedGpuResult) -> str:
         f"Measured {m['date']} on {m['device']}; mlx {m['mlx']}, mlx-cuda-13 {m['mlx-cuda-13']}, mlx-lm "
         f"{m['mlx-lm']}; {m['precision']}. Model {m['model']} ({m['dtype']}); prompts {cfg.prompt_tokens_min}-"
         f"{cfg.prompt_tokens_max} tokens, {m['decode_tokens']} new tokens, {cfg.pairs} alternating rounds; packed "
-        f"tokens equal the padded layout's in {m['same_tokens_runs']} runs.",
+        f"tokens equal the padded layout's in {m['same_tokens_runs']} runs (both recording settings; "
+        f"mlx-lm's in {m['mlx_lm_same_tokens_runs']}, the padded layout's with recording off in "
+        f"{m['padded_off_same_tokens_runs']}).",
         "",
         "| B | packed step | padded step | mlx-lm step | packed / padded (range) | packed / mlx-lm "
         "| host ms packed / padded / mlx-lm | bound | packed % of bound |",

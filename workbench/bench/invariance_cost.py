@@ -154,14 +154,16 @@ def rotated_steps(
 def summary(ms: dict[str, list[float]], cpu: dict[str, float], base: str = "default") -> dict[str, Any]:
     """:func:`rotated_steps`' result as JSON-ready numbers: per engine ``<name>_ms`` (the
     median step), and for each engine but ``base`` ``<name>_ratio`` (the median of its
-    per-round ratios to ``base``'s step), ``<name>_quartiles`` and ``<name>_cpu_ratio``."""
+    per-round ratios to ``base``'s step), ``<name>_quartiles`` (the ratio itself where one
+    round ran, as :class:`StepCost`) and ``<name>_cpu_ratio``."""
     out: dict[str, Any] = {}
     for name, times in ms.items():
         out[f"{name}_ms"] = round(statistics.median(times), 2)
         if name != base:
             ratios = [a / b for a, b in zip(times, ms[base])]
             out[f"{name}_ratio"] = round(statistics.median(ratios), 3)
-            out[f"{name}_quartiles"] = [round(q, 3) for q in statistics.quantiles(ratios, n=4)]
+            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios  # one round: itself
+            out[f"{name}_quartiles"] = [round(q, 3) for q in quartiles]
             out[f"{name}_cpu_ratio"] = round(cpu[name] / max(cpu[base], 1e-9), 3)
     return out
 

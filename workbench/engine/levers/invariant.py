@@ -267,11 +267,11 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
             _SWEPT[sgemm] = RowBlocks(*run) if ok else None
         if _SWEPT[sgemm] is not None:
             return _SWEPT[sgemm]
-    if first is not None and first.max_rows > first.min_rows:
-        first = clean_range(f, K, dtype, first)  # GPU: a kernel may switch inside the range
     apart = rows_apart_linear(module)
     if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
         first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)
+    if first is not None and first.max_rows > first.min_rows:  # swept only where a range is kept
+        first = clean_range(f, K, dtype, first)  # GPU: a kernel may switch inside the range
     for choice in (first, *(RowBlocks(r, r) for r in FALLBACK_ROWS)):
         if rows_agree(f, K, dtype, choice, rows_apart=apart if choice == ONE_ROW else None):
             return choice

@@ -30,6 +30,7 @@ from .grouped import Groups, _gather, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 from .per_token import token_blocks
+from .row_prefill import row_prefill, row_prefill_forward
 
 
 class Pools:
@@ -279,6 +280,8 @@ def packed_forward(
     float_pools = getattr(pools, "layer_class", PagedLayer) is PagedLayer  # quantized pools: their own layer
     if not masked and not kernel and token_attention is None and float_pools and decode_only(chunks):
         return _decode_rows_forward(model, pools, table, chunks, tokens)
+    if not masked and not kernel and token_attention is None and float_pools and row_prefill(chunks):
+        return row_prefill_forward(model, pools, table, chunks[0], tokens, lm_logits)
     index = forward_index(table, chunks)
     arrays = layer_inputs(table, chunks, index)
     caches = paged_layers(

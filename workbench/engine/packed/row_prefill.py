@@ -36,8 +36,9 @@ from .pages import PageTable
 
 
 def row_prefill(chunks: Sequence[Chunk]) -> bool:
-    """Whether ``chunks`` are one chunk of more than one token (one row's prefill)."""
-    return len(chunks) == 1 and chunks[0].n_tokens > 1
+    """Whether ``chunks`` are one chunk: one row's prefill (a lone decode chunk that samples
+    runs as a decode row first: :func:`~workbench.engine.packed.decode_rows.decode_only`)."""
+    return len(chunks) == 1
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 import workbench as wb
 from tests.engine.test_packed import check_books, packed
 from workbench.engine.packed import attention, grouped
+from workbench.engine.packed import row_prefill as row_prefill_mod
 from workbench.engine.packed.attention import Pools, packed_forward
 from workbench.engine.packed.pages import PageTable
 from workbench.engine.packed.row_prefill import row_index, row_prefill
@@ -130,4 +131,49 @@ def test_prompts_alone_take_the_row_path_with_rows_equal_to_their_runs_alone(bun
     assert not by_groups and not per_token
     assert [e.n_tokens for e in sched.events if e.kind == "prefill"] == [3, 16, 16, 8, 16, 1]
     check = oracle.solo_check(model, sched, uids, atol=1e-4)
+    assert check.ok, check.text()
+
+
+@pytest.mark.model
+def test_a_long_sampling_chunk_runs_its_last_token_alone_with_mlx_lms_logits(bundled, monkeypatch):
+    """A chunk past ``SPLIT_TOKENS`` that samples: its first ``T - 1`` tokens for their keys, then
+    its last token alone (as mlx-lm's ``generate_step``); logits as mlx-lm's and the masked
+    path's, every position's keys in the pools."""
+    model, tok = bundled
+    ids = prompt_of_length(tok, row_prefill_mod.SPLIT_TOKENS + 30, 5)
+    runs, run = [], row_prefill_mod._run
+    monkeypatch.setattr(row_prefill_mod, "_run", lambda *a: runs.append(a[3]) or run(*a))
+
+    def forward(masked):
+        table, pools = PageTable(4), Pools(len(model.model.layers))
+        table.reserve(9, 12)
+        table.reserve(0, len(ids))
+        table.free(9)
+        return (
+            packed_forward(model, pools, table, [Chunk(0, 0, len(ids), "prefill")], ids, masked),
+            pools,
+            table,
+        )
+
+    (got, pools, table), (ref, ref_pools, _) = forward(False), forward(True)
+    n = len(ids)
+    assert [(c.start, c.n_tokens, c.samples) for c in runs] == [(0, n - 1, False), (n - 1, 1, True)]
+    assert mx.allclose(got[0], model(mx.array(ids)[None])[0, -1], atol=1e-4).item()
+    assert mx.allclose(got, ref, atol=1e-5).item()
+    at = mx.array(table.slots(0, 0, n))
+    for a, b in zip(pools.keys + pools.values, ref_pools.keys + ref_pools.values, strict=True):
+        assert mx.allclose(a[at], b[at], atol=1e-5).item()
+
+
+@pytest.mark.model
+def test_a_long_prompt_alone_in_one_forward_gives_its_row_equal_to_its_run_alone(bundled):
+    model, tok = bundled
+    sched = packed(model, tok, max_num_batched_tokens=256, history_size=4)
+    uid = sched.submit(wb.Request(prompt=prompt_of_length(tok, 150, 3), max_tokens=6, stop_ids=[]))
+    while not sched.idle:
+        for call in (sched.admit, sched.step, sched.filter):
+            call()
+            check_books(sched)
+    assert [e.n_tokens for e in sched.events if e.kind == "prefill"] == [150]
+    check = oracle.solo_check(model, sched, [uid], atol=1e-4)
     assert check.ok, check.text()

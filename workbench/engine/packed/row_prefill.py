@@ -24,7 +24,7 @@ Axis letters: ``T`` the chunk's tokens, ``L`` its request's positions up to the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
@@ -33,6 +33,11 @@ import numpy as np
 from ...observe.packed import Chunk
 from .grouped import Groups, _gather
 from .pages import PageTable
+
+# a sampling chunk longer than this runs as T - 1 tokens, then its last one: the second forward's
+# fixed cost against the last layer's work saved (break-even near 64 tokens on tiny-llama, this
+# CPU: docs/packed.md, "One row's prefill as mlx-lm runs it")
+SPLIT_TOKENS = 64
 
 
 def row_prefill(chunks: Sequence[Chunk]) -> bool:
@@ -123,13 +128,32 @@ def row_prefill_forward(
     (written in place); returns the logits ``[1, V]`` of its last token when the chunk samples,
     else ``[0, hidden]``. ``head``: ``(model, h [R, hidden]) -> [R, V]`` (the LM head).
 
+    A chunk of more than :data:`SPLIT_TOKENS` that samples runs as mlx-lm's ``generate_step``
+    runs a prompt: its first ``T - 1`` tokens for their keys and values only, then its last
+    token alone over every key, so the last layer's attention and MLP run for that one token,
+    not for ``T`` (MLX never computes what no output reads: the first part's last layer past
+    its key and value projections).
+
     Raises:
         ValueError: the chunk ends beyond its request's pages."""
+    ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+    if not chunk.samples:
+        return _run(model, pools, table, chunk, ids)[:0]
+    if chunk.n_tokens <= SPLIT_TOKENS:  # a short chunk: one forward, the LM head on its last token
+        return head(model, _run(model, pools, table, chunk, ids)[-1:])
+    _run(  # the keys and values of all but the last token
+        model, pools, table, replace(chunk, n_tokens=chunk.n_tokens - 1, samples=False), ids[:-1]
+    )
+    last = replace(chunk, start=chunk.end - 1, n_tokens=1)
+    return head(model, _run(model, pools, table, last, ids[-1:])[-1:])
+
+
+def _run(model: Any, pools: Any, table: PageTable, chunk: Chunk, ids: mx.array) -> mx.array:
+    """``ids`` ``[T]`` of ``chunk`` through the model's layers over the pools; ``[T, hidden]``
+    (normed, lazy: the pools' writes are made as it is read, or as a later forward reads them)."""
     index = row_index(table, chunk)
     write = index.write if isinstance(index.write, slice) else mx.array(index.write)
     keys = None if index.keys is None else Groups(1, mx.array(index.keys)[None], None, ())
     inner = model.model
     caches = [RowPrefillLayer(pools, i, index, write, keys) for i in range(len(inner.layers))]
-    ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-    h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed; the model's own attention
-    return head(model, h[-1:]) if chunk.samples else h[:0]
+    return inner(ids[None], cache=caches)[0]  # the model's own attention

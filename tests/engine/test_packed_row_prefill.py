@@ -135,33 +135,40 @@ def test_prompts_alone_take_the_row_path_with_rows_equal_to_their_runs_alone(bun
 
 
 @pytest.mark.model
-def test_a_long_sampling_chunk_runs_its_last_token_alone_with_mlx_lms_logits(bundled, monkeypatch):
-    """A chunk past ``SPLIT_TOKENS`` that samples: its first ``T - 1`` tokens for their keys, then
-    its last token alone (as mlx-lm's ``generate_step``); logits as mlx-lm's and the masked
-    path's, every position's keys in the pools."""
+def test_the_last_layer_of_a_sampling_chunk_attends_for_its_last_token_only(bundled, monkeypatch):
+    """In a chunk that samples only the last layer takes the last-query attention (the LM head
+    reads its last token alone); the logits are mlx-lm's and the masked path's, every position's
+    keys are in the pools; a chunk that does not sample attends every query in every layer."""
     model, tok = bundled
-    ids = prompt_of_length(tok, row_prefill_mod.SPLIT_TOKENS + 30, 5)
-    runs, run = [], row_prefill_mod._run
-    monkeypatch.setattr(row_prefill_mod, "_run", lambda *a: runs.append(a[3]) or run(*a))
+    ids = prompt_of_length(tok, 90, 5)
+    n_layers = len(model.model.layers)
+    calls, attend = [], row_prefill_mod.RowPrefillLayer.last_query_attention
+    monkeypatch.setattr(
+        row_prefill_mod.RowPrefillLayer,
+        "last_query_attention",
+        lambda self, q, scale: calls.append((self.layer, q.shape[2])) or attend(self, q, scale),
+    )
 
-    def forward(masked):
-        table, pools = PageTable(4), Pools(len(model.model.layers))
+    def forward(masked, samples=True):
+        table, pools = PageTable(4), Pools(n_layers)
         table.reserve(9, 12)
         table.reserve(0, len(ids))
         table.free(9)
-        return (
-            packed_forward(model, pools, table, [Chunk(0, 0, len(ids), "prefill")], ids, masked),
-            pools,
-            table,
-        )
+        chunk = Chunk(0, 0, len(ids), "prefill", samples=samples)
+        return packed_forward(model, pools, table, [chunk], ids, masked), pools, table
 
     (got, pools, table), (ref, ref_pools, _) = forward(False), forward(True)
-    n = len(ids)
-    assert [(c.start, c.n_tokens, c.samples) for c in runs] == [(0, n - 1, False), (n - 1, 1, True)]
+    assert calls == [(n_layers - 1, len(ids))]
     assert mx.allclose(got[0], model(mx.array(ids)[None])[0, -1], atol=1e-4).item()
     assert mx.allclose(got, ref, atol=1e-5).item()
-    at = mx.array(table.slots(0, 0, n))
+    at = mx.array(table.slots(0, 0, len(ids)))
     for a, b in zip(pools.keys + pools.values, ref_pools.keys + ref_pools.values, strict=True):
+        assert mx.allclose(a[at], b[at], atol=1e-5).item()
+    calls.clear()
+    quiet, quiet_pools, _ = forward(False, samples=False)
+    mx.eval(quiet_pools.keys, quiet_pools.values)
+    assert quiet.shape[0] == 0 and not calls
+    for a, b in zip(quiet_pools.keys + quiet_pools.values, pools.keys + pools.values, strict=True):
         assert mx.allclose(a[at], b[at], atol=1e-5).item()
 
 

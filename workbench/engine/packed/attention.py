@@ -281,7 +281,8 @@ def packed_forward(
     if not masked and not kernel and token_attention is None and float_pools and decode_only(chunks):
         return _decode_rows_forward(model, pools, table, chunks, tokens)
     if not masked and not kernel and token_attention is None and float_pools and row_prefill(chunks):
-        return row_prefill_forward(model, pools, table, chunks[0], tokens, lm_logits)
+        with hooks_of(model).calling(paged_attention):  # the last layer's attend: the last query only
+            return row_prefill_forward(model, pools, table, chunks[0], tokens, lm_logits)
     index = forward_index(table, chunks)
     arrays = layer_inputs(table, chunks, index)
     caches = paged_layers(

@@ -9,8 +9,10 @@ keys and values go into the pool as one slice where their slots are contiguous (
 otherwise), and attention is one causal ``mx.fast.scaled_dot_product_attention`` (mlx-lm's
 own call, ``mask="causal"``): over the new keys as they come when the chunk starts the request
 (``start == 0``), else over the request's keys ``0 .. end - 1`` gathered from the pool once per
-forward for every layer (a later chunk of a long prompt, or after a cached prefix). Only the
-last token reaches the LM head, and only when the chunk samples. Why it pays, in numbers:
+forward for every layer (a later chunk of a long prompt, or after a cached prefix). In a chunk
+that samples, only its last token reaches the LM head, so the last layer attends for that token
+alone (as mlx-lm's ``generate_step`` feeds a prompt's last token by itself, and the padded
+layout's prefill never runs its last layer's attention over the prompt). Why it pays, in numbers:
 ``docs/packed.md``, "One row's prefill as mlx-lm runs it".
 
 Example (page_size 4; uid 0 holds pages ``[2, 3]``)::
@@ -24,7 +26,7 @@ Axis letters: ``T`` the chunk's tokens, ``L`` its request's positions up to the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -33,11 +35,6 @@ import numpy as np
 from ...observe.packed import Chunk
 from .grouped import Groups, _gather
 from .pages import PageTable
-
-# a sampling chunk longer than this runs as T - 1 tokens, then its last one: the second forward's
-# fixed cost against the last layer's work saved (break-even near 64 tokens on tiny-llama, this
-# CPU: docs/packed.md, "One row's prefill as mlx-lm runs it")
-SPLIT_TOKENS = 64
 
 
 def row_prefill(chunks: Sequence[Chunk]) -> bool:
@@ -94,9 +91,22 @@ class RowPrefillLayer:
             ``index.keys`` (its flat indices built once for every layer), or ``None``.
     """
 
-    def __init__(self, pools: Any, layer: int, index: RowIndex, write: Any, keys: Groups | None):
+    attend = None  # mlx-lm's attention over what update_and_fetch returns (but last_query's layer)
+
+    def __init__(
+        self,
+        pools: Any,
+        layer: int,
+        index: RowIndex,
+        write: Any,
+        keys: Groups | None,
+        last_query: bool = False,
+    ):
         self.pools, self.layer, self.index, self.write, self.keys = pools, layer, index, write, keys
         self.offset = index.start
+        self.fetched: tuple[mx.array, mx.array] | None = None
+        if last_query:
+            self.attend = self.last_query_attention
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` (RoPE applied) at the
@@ -107,10 +117,21 @@ class RowPrefillLayer:
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
         vp[self.write] = v
-        if self.keys is None:
-            return keys, values
         g = self.keys
-        return _gather(kp, g.decode_slots, g), _gather(vp, g.decode_slots, g)  # [1, n_kv, L, D]
+        self.fetched = (
+            (keys, values) if g is None else (_gather(kp, g.decode_slots, g), _gather(vp, g.decode_slots, g))
+        )  # [1, n_kv, L, D]
+        return self.fetched
+
+    def last_query_attention(self, queries: mx.array, scale: float) -> mx.array:
+        """The last layer of a chunk that samples: only its last token's output reaches the LM
+        head, so only that query attends (over every key of the request: no mask), as mlx-lm's
+        ``generate_step`` feeds a prompt's last token alone. ``queries`` ``[1, H, T, D]`` ->
+        ``[1, H, T, D]``: the last token's output broadcast over the ``T`` positions (the
+        others' are never read)."""
+        keys, values = self.fetched
+        last = mx.fast.scaled_dot_product_attention(queries[:, :, -1:], keys, values, scale=scale)
+        return mx.broadcast_to(last, queries.shape)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> Any:
         """``"causal"`` (MLX aligns it to the last keys: query ``i`` sees positions
@@ -126,34 +147,20 @@ def row_prefill_forward(
 ) -> mx.array:
     """``tokens`` ``[T]`` of one row's prefill ``chunk`` through ``model`` over the pools
     (written in place); returns the logits ``[1, V]`` of its last token when the chunk samples,
-    else ``[0, hidden]``. ``head``: ``(model, h [R, hidden]) -> [R, V]`` (the LM head).
-
-    A chunk of more than :data:`SPLIT_TOKENS` that samples runs as mlx-lm's ``generate_step``
-    runs a prompt: its first ``T - 1`` tokens for their keys and values only, then its last
-    token alone over every key, so the last layer's attention and MLP run for that one token,
-    not for ``T`` (MLX never computes what no output reads: the first part's last layer past
-    its key and value projections).
+    else ``[0, hidden]``. ``head``: ``(model, h [R, hidden]) -> [R, V]`` (the LM head). Run it
+    under the packed forward's attention hook (``paged_attention``), which calls a layer's
+    ``attend``: in a chunk that samples, the last layer attends for its last token only
+    (:meth:`RowPrefillLayer.last_query_attention`); without the hook every query attends, the
+    same logits.
 
     Raises:
         ValueError: the chunk ends beyond its request's pages."""
-    ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-    if not chunk.samples:
-        return _run(model, pools, table, chunk, ids)[:0]
-    if chunk.n_tokens <= SPLIT_TOKENS:  # a short chunk: one forward, the LM head on its last token
-        return head(model, _run(model, pools, table, chunk, ids)[-1:])
-    _run(  # the keys and values of all but the last token
-        model, pools, table, replace(chunk, n_tokens=chunk.n_tokens - 1, samples=False), ids[:-1]
-    )
-    last = replace(chunk, start=chunk.end - 1, n_tokens=1)
-    return head(model, _run(model, pools, table, last, ids[-1:])[-1:])
-
-
-def _run(model: Any, pools: Any, table: PageTable, chunk: Chunk, ids: mx.array) -> mx.array:
-    """``ids`` ``[T]`` of ``chunk`` through the model's layers over the pools; ``[T, hidden]``
-    (normed, lazy: the pools' writes are made as it is read, or as a later forward reads them)."""
     index = row_index(table, chunk)
     write = index.write if isinstance(index.write, slice) else mx.array(index.write)
     keys = None if index.keys is None else Groups(1, mx.array(index.keys)[None], None, ())
-    inner = model.model
-    caches = [RowPrefillLayer(pools, i, index, write, keys) for i in range(len(inner.layers))]
-    return inner(ids[None], cache=caches)[0]  # the model's own attention
+    n = len(model.model.layers)
+    last_query = chunk.samples and chunk.n_tokens > 1
+    caches = [RowPrefillLayer(pools, i, index, write, keys, last_query and i == n - 1) for i in range(n)]
+    ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+    h = model.model(ids[None], cache=caches)[0]  # [T, hidden], normed: the model's own layers
+    return head(model, h[-1:]) if chunk.samples else h[:0]

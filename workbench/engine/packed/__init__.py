@@ -18,6 +18,9 @@ Modules (each one concept):
 - :mod:`.batch` the running requests, their pages and the pools, with
   ``filter`` / ``clone`` like :class:`workbench.engine.batch.Batch`;
 - :mod:`.decode_rows` a forward of decode tokens only, run as ``[R, 1]`` rows (the steady state);
+- :mod:`.row_prefill` a forward whose only chunk is one row's prefill, run as mlx-lm runs a
+  prompt (a prompt alone: scalar RoPE offset, one causal attention, the last layer for the
+  last token);
 - :mod:`.ledger` the KV books in pages; :mod:`.families` which models it admits;
 - :mod:`.adapters` LoRA adapters per packed token; :mod:`.quantized_pages` pools of
   quantized keys and values (``kv_bits``), a row's first forward on float keys.

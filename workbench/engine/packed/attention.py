@@ -25,11 +25,12 @@ from ...observe.packed import Chunk, packed_mask
 from ..model_hooks import hooks_of
 from . import cuda_attention
 from .cuda_attention import DecodePages
-from .decode_rows import decode_index, decode_only
-from .grouped import Groups, _gather, grouped_attention, groups_of
+from .decode_rows import DecodeRowsLayer, decode_index, decode_only
+from .grouped import Groups, _gather, flat_indices, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 from .per_token import token_blocks
+from .row_prefill import row_prefill, row_prefill_forward
 
 
 class Pools:
@@ -279,6 +280,9 @@ def packed_forward(
     float_pools = getattr(pools, "layer_class", PagedLayer) is PagedLayer  # quantized pools: their own layer
     if not masked and not kernel and token_attention is None and float_pools and decode_only(chunks):
         return _decode_rows_forward(model, pools, table, chunks, tokens)
+    if not masked and not kernel and token_attention is None and float_pools and row_prefill(chunks):
+        with hooks_of(model).calling(paged_attention):  # the last layer's attend: the last query only
+            return row_prefill_forward(model, pools, table, chunks[0], tokens, lm_logits)
     index = forward_index(table, chunks)
     arrays = layer_inputs(table, chunks, index)
     caches = paged_layers(
@@ -293,13 +297,14 @@ def packed_forward(
 def _decode_rows_forward(
     model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int] | mx.array
 ) -> mx.array:
-    """:func:`packed_forward` of decode chunks only, run as ``[R, 1]`` rows; logits ``[R, V]``."""
+    """:func:`packed_forward` of decode chunks only, run as ``[R, 1]`` rows
+    (:class:`~workbench.engine.packed.decode_rows.DecodeRowsLayer`); logits ``[R, V]``."""
     ix = decode_index(table, chunks)
     mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]  # [R, 1, 1, L]
-    groups = Groups(len(chunks), mx.array(ix.slots), mask, ())
     write, positions = mx.array(ix.write), mx.array(ix.positions)
     inner = model.model
-    caches = [PagedLayer(pools, i, write, positions, groups=groups) for i in range(len(inner.layers))]
+    flat = flat_indices(mx.array(ix.slots), inner.layers[0].self_attn.n_kv_heads)  # [R, n_kv, L]
+    caches = [DecodeRowsLayer(pools, i, write, positions, flat, mask) for i in range(len(inner.layers))]
     ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
     with hooks_of(model).calling(paged_attention):
         h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets

@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ...observe.packed import Chunk, PackedState
+from ...observe.packed import DECODE, Chunk, PackedState
 from ..forward import Pending
 from ..siblings import shared_rows
 from ..state import RequestState, Status
@@ -300,6 +300,8 @@ class PackedBatch:
         pending = sample(logits, rows) if rows else None
         pools = [a for a in self.pools.keys + self.pools.values if a is not None]
         outputs = pending.arrays() if pending is not None else pools  # a prefill forward: its writes
+        if pending is not None and any(c.kind != DECODE for c in chunks):
+            outputs = [*outputs, *pools]  # a row prefill's logits read none of its writes: made with them
         deferred = tuple(c for c in chunks if c.end > known[c.uid])
         admitted = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
         uids = tuple(self.rows[b].uid for b in rows)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
 from ...observe.packed import DECODE, Chunk
@@ -70,3 +72,62 @@ def decode_index(table: PageTable, chunks: Sequence[Chunk]) -> DecodeIndex:
         mask = np.arange(L)[None, :] <= np.array(starts)[:, None]
         slots = np.where(mask, slots, 0).astype(np.int32)
     return DecodeIndex(write, np.array(starts, np.int32), np.ascontiguousarray(slots), mask)
+
+
+class DecodeRowsLayer:
+    """The cache one layer's ``Attention`` gets in a decode-only forward (mlx-lm's cache
+    protocol, and ``attend`` for the model hooks): the least Python a layer can take, every
+    index array made once per forward for every layer.
+
+    Args:
+        pools: the :class:`~workbench.engine.packed.attention.Pools`; layer: this layer's index.
+        write: ``[R]`` int32 pool slot of each row's new token; positions: ``[R]`` int32 its
+            RoPE position (``offset``: mlx-lm's ``[B]`` offsets).
+        flat: ``[R, n_kv_heads, L]`` int32 rows of the flat pool ``[N * n_kv_heads, D]`` of each
+            row's keys (:func:`~workbench.engine.packed.grouped.flat_indices` of
+            :attr:`DecodeIndex.slots`); mask: ``[R, 1, 1, L]`` bool, or ``None``.
+    """
+
+    def __init__(
+        self, pools: Any, layer: int, write: mx.array, positions: mx.array, flat: mx.array, mask: Any
+    ):
+        self.pools, self.layer, self.write, self.offset, self.flat, self.mask = (
+            pools,
+            layer,
+            write,
+            positions,
+            flat,
+            mask,
+        )
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write ``keys``, ``values`` ``[R, n_kv_heads, 1, head_dim]`` at the rows' slots;
+        return them as they are (:meth:`attend` reads the pools)."""
+        R, H, _, D = keys.shape
+        k, v = keys.reshape(R, H, D), values.reshape(R, H, D)
+        pools, layer = self.pools, self.layer
+        kp = pools.keys[layer]
+        if kp is None or kp.shape[0] < pools.slots:
+            pools.fit(layer, k)
+            kp = pools.keys[layer]
+        vp = pools.values[layer]
+        kp[self.write] = k
+        vp[self.write] = v
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        """One-query attention of ``queries`` ``[R, H, 1, D]`` over each row's keys, gathered
+        row-contiguous from the flat pools; ``[R, H, 1, D]``."""
+        kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
+        N, H, D = kp.shape
+        return mx.fast.scaled_dot_product_attention(
+            queries,
+            kp.reshape(N * H, D)[self.flat],
+            vp.reshape(N * H, D)[self.flat],
+            scale=scale,
+            mask=self.mask,
+        )
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> None:
+        """``None``: one query a row (the rows' lengths are :meth:`attend`'s ``mask``)."""
+        return None

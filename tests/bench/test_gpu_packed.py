@@ -105,6 +105,7 @@ def test_quick_config_runs_the_packed_gpu_bench_on_the_cpu_with_equal_tokens():
     assert result.table.B.tolist() == [1, 8] and (result.table.packed_step_ms > 0).all()
     engines = {PACKED, PADDED, MLX_LM, PACKED + OFF, PADDED + OFF}
     assert set(result.first_runs.engine) == engines and (result.first_runs.first_run_s > 0).all()
+    assert result.first_runs.engine.iloc[0] == PACKED  # its first run compiles its own kernels
     assert set(result.runs.engine) == engines and result.table.packed_recording.notna().all()
     text = packed_gpu_markdown(result)
     assert "Goals (issue 40, GPU):" in text and text.count("- B=") == 5

@@ -255,21 +255,32 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def run_gpu_bench(
-    cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] = print, require_gpu: bool = True
-) -> GpuBenchResult:
-    """Run the GPU benchmark of ``cfg`` (see the module docstring), echoing progress
-    (``require_gpu=False`` lets a CPU test run the quick config through the same code).
+def needs_gpu(command: str) -> None:
+    """Refuse a GPU benchmark before it starts where MLX's default device is not a GPU.
 
     Raises:
-        ValueError: when MLX's default device is not a GPU and ``require_gpu``.
+        ValueError: ``"<command> needs a GPU, but MLX runs on <device>"`` with the install hint.
     """
-    if require_gpu and not on_gpu():
+    if not on_gpu():
         raise ValueError(
-            f"--device gpu needs a GPU, but MLX runs on {device_report().text()} "
+            f"{command} needs a GPU, but MLX runs on {device_report().text()} "
             f'(NVIDIA: pip install -e ".[cuda]", docs/gpu.md)'
         )
-    started_s = time.perf_counter()
+
+
+def start_gpu_bench(
+    cfg: GpuBenchConfig, echo: Callable[[str], None], command: str | None
+) -> tuple[Any, Any, str, str]:
+    """What every GPU benchmark does first: refuse without a GPU (:func:`needs_gpu`, unless
+    ``command`` is None), echo the device and precision, build ``cfg``'s model (the random
+    ``cfg.shape`` in ``cfg.dtype``, or ``cfg.model`` loaded as it is) and the tokenizer its
+    prompts are cut with, echo the model. Returns ``(model, tokenizer, described, dtype)``.
+
+    Raises:
+        ValueError: from :func:`needs_gpu`.
+    """
+    if command is not None:
+        needs_gpu(command)
     echo(f"device: {device_report().text()}; {precision.describe()}")
     if cfg.model is None:
         model = make_model(cfg.shape, dtype=getattr(mx, cfg.dtype))
@@ -283,6 +294,42 @@ def run_gpu_bench(
         )
     dtype = cfg.dtype if cfg.model is None else "weights as loaded"
     echo(f"model {described}, {parameter_count(model) / 1e6:,.1f}M parameters, {dtype}")
+    return model, tokenizer, described, dtype
+
+
+def bench_meta(
+    cfg: GpuBenchConfig, model: tuple[str, str], rates: tuple[float, float], started_s: float, **measured: Any
+) -> dict[str, Any]:
+    """A GPU benchmark's ``meta``: date, package versions, device, precision, the model
+    (``(described, dtype)``), the measured ``rates`` (copy bandwidth in bytes/s, matmul rate in
+    flop/s), ``measured`` (the benchmark's own readings; they replace ``cfg``'s fields of the
+    same name), the wall seconds since ``started_s`` (``time.perf_counter``) and ``cfg``'s sizes."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        **_versions(),
+        "device": device_report().text(),
+        "precision": precision.describe(),
+        "model": model[0],
+        "dtype": model[1],
+        "copy_bandwidth_bytes_per_s": rates[0],
+        "matmul_flops_per_s": rates[1],
+        **measured,
+        "wall_s": time.perf_counter() - started_s,
+        **{k: v for k, v in asdict(cfg).items() if k not in ("name", "shape", "model", "dtype", *measured)},
+    }
+
+
+def run_gpu_bench(
+    cfg: GpuBenchConfig = GPU_CONFIG, echo: Callable[[str], None] = print, require_gpu: bool = True
+) -> GpuBenchResult:
+    """Run the GPU benchmark of ``cfg`` (see the module docstring), echoing progress
+    (``require_gpu=False`` lets a CPU test run the quick config through the same code).
+
+    Raises:
+        ValueError: when MLX's default device is not a GPU and ``require_gpu``.
+    """
+    started_s = time.perf_counter()
+    model, tokenizer, described, dtype = start_gpu_bench(cfg, echo, "--device gpu" if require_gpu else None)
     frames = []
     for B in cfg.batch_sizes:
         arrivals = [
@@ -302,20 +349,14 @@ def run_gpu_bench(
     flops = matmul_flops_per_s(cfg.matmul_n, 5, cfg.dtype)
     roofline = gpu_roofline(model, cfg, runs, bandwidth, flops)
     same = runs.same_tokens.dropna()
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        **_versions(),
-        "device": device_report().text(),
-        "precision": precision.describe(),
-        "model": described,
-        "dtype": dtype,
-        "parameters": parameter_count(model),
-        "copy_bandwidth_bytes_per_s": bandwidth,
-        "matmul_flops_per_s": flops,
-        "same_tokens_runs": f"{int(same.sum())}/{len(same)}",
-        "wall_s": time.perf_counter() - started_s,
-        **{k: v for k, v in asdict(cfg).items() if k not in ("name", "shape", "model", "dtype")},
-    }
+    meta = bench_meta(
+        cfg,
+        (described, dtype),
+        (bandwidth, flops),
+        started_s,
+        parameters=parameter_count(model),
+        same_tokens_runs=f"{int(same.sum())}/{len(same)}",
+    )
     return GpuBenchResult(cfg, runs, roofline, gpu_table(runs, roofline), meta)
 
 
@@ -354,6 +395,24 @@ def gpu_markdown(result: GpuBenchResult) -> str:
     return "\n".join(lines)
 
 
+def write_bench(
+    out: Path, name: str, frames: dict[str, pd.DataFrame], text: str, echo: Callable[[str], None]
+) -> int:
+    """Write ``out/<name>.md`` (``text``) and ``out/<name>/<key>.csv`` for each frame, echo the
+    text and where it went. Returns 0 (the job's exit status).
+
+    Raises:
+        OSError: when a file cannot be written.
+    """
+    (out / name).mkdir(parents=True, exist_ok=True)
+    for key, frame in frames.items():
+        frame.to_csv(out / name / f"{key}.csv", index=False)
+    (out / f"{name}.md").write_text(text + "\n")
+    echo(text)
+    echo(f"wrote {out / (name + '.md')} and {out / name}/ ({', '.join(frames)} CSV)")
+    return 0
+
+
 def gpu_bench_job(
     quick: bool = False,
     out_dir: Path | None = None,
@@ -376,15 +435,6 @@ def gpu_bench_job(
     if model is not None:
         cfg = replace(cfg, name=f"{cfg.name}-{Path(model).name}", model=model)
     result = run_gpu_bench(cfg, echo)
-    for name, frame in {
-        "runs.csv": result.runs,
-        "roofline.csv": result.roofline,
-        "table.csv": result.table,
-        "meta.csv": pd.DataFrame({"key": list(result.meta), "value": list(result.meta.values())}),
-    }.items():
-        frame.to_csv(out / "gpu-bench" / name, index=False)
-    text = gpu_markdown(result)
-    (out / "gpu-bench.md").write_text(text + "\n")
-    echo(text)
-    echo(f"wrote {out / 'gpu-bench.md'} and {out / 'gpu-bench'}/ (runs, roofline, table, meta CSV)")
-    return 0
+    frames = {"runs": result.runs, "roofline": result.roofline, "table": result.table}
+    frames["meta"] = pd.DataFrame({"key": list(result.meta), "value": list(result.meta.values())})
+    return write_bench(out, "gpu-bench", frames, gpu_markdown(result), echo)

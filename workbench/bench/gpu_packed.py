@@ -22,25 +22,27 @@ layout at every B; a first run under ``FIRST_RUN_GOAL_S``.
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import numpy as np
 import pandas as pd
 
-from ..runtime import precision
-from ..runtime.device import device_report, on_gpu
-from ..runtime.loading import load
 from ..workloads.workload import prompt_of_length
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine
-from .gpu import GPU_CONFIG, GPU_QUICK_CONFIG, GpuBenchConfig, _versions, prompt_lengths
+from .gpu import (
+    GPU_CONFIG,
+    GPU_QUICK_CONFIG,
+    GpuBenchConfig,
+    bench_meta,
+    prompt_lengths,
+    start_gpu_bench,
+    write_bench,
+)
 from .host_time import step_anatomy
-from .model import make_model, parameter_count
 from .roofline import copy_bandwidth_bytes_per_s, decode_cost, matmul_flops_per_s
 from .scenarios import alternating, events_frame, tokens_by_uid, with_same_tokens
 
@@ -250,16 +252,10 @@ def run_packed_gpu_bench(
     Raises:
         ValueError: when MLX's default device is not a GPU and ``require_gpu``.
     """
-    if require_gpu and not on_gpu():
-        raise ValueError(
-            f"--device gpu --packed needs a GPU, but MLX runs on {device_report().text()} "
-            f'(NVIDIA: pip install -e ".[cuda]", docs/gpu.md)'
-        )
     started = time.perf_counter()
-    echo(f"device: {device_report().text()}; {precision.describe()}")
-    model = make_model(cfg.shape, dtype=getattr(mx, cfg.dtype))
-    _, tokenizer = load()  # the bundled tokenizer: prompts are cut from its prompt set
-    echo(f"model {cfg.shape.describe()}, {parameter_count(model) / 1e6:,.1f}M parameters, {cfg.dtype}")
+    model, tokenizer, described, dtype = start_gpu_bench(
+        cfg, echo, "--device gpu --packed" if require_gpu else None
+    )
     makers = engine_makers(model, tokenizer, cfg)
     decode_tokens = min(DECODE_TOKENS, cfg.decode_tokens)
     runs, firsts, bounds = [], [], {}
@@ -281,24 +277,10 @@ def run_packed_gpu_bench(
         firsts.append(f)
     runs_f, first_f = pd.concat(runs, ignore_index=True), pd.concat(firsts, ignore_index=True)
     table = packed_gpu_table(runs_f, bounds)
-    meta = {
-        "date": datetime.date.today().isoformat(),
-        **_versions(),
-        "device": device_report().text(),
-        "precision": precision.describe(),
-        "model": cfg.shape.describe(),
-        "dtype": cfg.dtype,
-        "copy_bandwidth_bytes_per_s": bandwidth,
-        "matmul_flops_per_s": flops,
-        **token_agreement(runs_f),
-        "decode_tokens": decode_tokens,
-        "wall_s": time.perf_counter() - started,
-        **{
-            k: v
-            for k, v in asdict(cfg).items()
-            if k not in ("name", "shape", "model", "dtype", "decode_tokens")
-        },
-    }
+    agreement = token_agreement(runs_f)
+    meta = bench_meta(
+        cfg, (described, dtype), (bandwidth, flops), started, **agreement, decode_tokens=decode_tokens
+    )
     return PackedGpuResult(cfg, runs_f, first_f, table, goal_lines(table, first_f), meta)
 
 
@@ -350,14 +332,5 @@ def packed_gpu_bench_job(
     out = Path(out_dir) if out_dir is not None else Path("workbench-out")
     (out / "gpu-packed-bench").mkdir(parents=True, exist_ok=True)
     result = run_packed_gpu_bench(GPU_QUICK_CONFIG if quick else GPU_CONFIG, echo)
-    for name, frame in {
-        "runs.csv": result.runs,
-        "first_runs.csv": result.first_runs,
-        "table.csv": result.table,
-    }.items():
-        frame.to_csv(out / "gpu-packed-bench" / name, index=False)
-    text = packed_gpu_markdown(result)
-    (out / "gpu-packed-bench.md").write_text(text + "\n")
-    echo(text)
-    echo(f"wrote {out / 'gpu-packed-bench.md'} and {out / 'gpu-packed-bench'}/")
-    return 0
+    frames = {"runs": result.runs, "first_runs": result.first_runs, "table": result.table}
+    return write_bench(out, "gpu-packed-bench", frames, packed_gpu_markdown(result), echo)

@@ -79,19 +79,24 @@ def test_notebook_15_measures_the_modes_cost_in_a_cell_and_prints_its_coverage_f
     assert len(timing) == 1, "the mode's cost is measured in the notebook, not quoted"
     assert "nbval-ignore-output" in timing[0].metadata.get("tags", [])  # timings vary by machine and load
     ratios = re.findall(
-        r"B = +(\d+): step ms default [\d.]+, invariant [\d.]+; invariant/default (\d+\.\d+)x",
+        r"B = +(\d+): decode step [\d.]+ ms in the mode, [\d.]+ ms by default: (\d+\.\d+)x",
         printed(timing[0]),
     )
     assert [int(b) for b, _ in ratios] == [1, 8] and all(float(r) > 0 for _, r in ratios)
     covering = [c for c in code if "invariant_coverage.coverage(" in c.source]
     assert len(covering) == 1 and "nbval-ignore-output" not in covering[0].metadata.get("tags", [])
-    verdicts = printed(covering[0]).splitlines()
+    header, *table = printed(covering[0]).splitlines()
+    verdicts = [line for line in table if not line.startswith(" ")]  # a refusal's reason is indented below it
     from workbench.verify import invariant_coverage
 
+    assert header.split() == ["with", "the", "mode", "result"]
     assert [line.split("  ")[0].strip() for line in verdicts] == [
         " + ".join(s) for s in invariant_coverage.combinations(invariant_coverage.ISSUE_FEATURES)
     ]
-    assert all(("every row equal alone (" in v) or ("refused at construction: " in v) for v in verdicts)
+    assert all(
+        ("every row equal to its run alone (" in v) or v.endswith("refused at construction:")
+        for v in verdicts
+    )
     prose = "".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "still refuses, at construction: the packed layout" not in prose  # it composes (the cell says)
     assert not re.search(r"\d\.\d+x", prose), "the cost is the cell's, not a number typed in the prose"

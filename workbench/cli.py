@@ -65,7 +65,8 @@ def _invariance_coverage(args: argparse.Namespace) -> int:
 
     model, tokenizer = load(args.model) if args.model else load()
     print(
-        f"with the mode ({args.model or 'the bundled model'}; every row == alone, or the engine's refusal):"
+        f"the mode's coverage on {args.model or 'the bundled model'} (every row == its run alone, or the engine's "
+        "refusal):"
     )
     results = cov.coverage(model, tokenizer, cov.combinations(cov.ISSUE_FEATURES))
     print(cov.coverage_text(results), flush=True)
@@ -576,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cost",
         action="store_true",
         help="instead: time the mode against the default path in one run, alternating: the decode step "
-        "at each B and the prefill (submit to first token) of --prefill-batch prompts (issue 39)",
+        "at each B and the prefill (submit to first token) of --prefill-batch prompts",
     )
     iv.add_argument(
         "--bench-shape",
@@ -612,7 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--coverage",
         action="store_true",
         help="also build the mode with the packed layout, speculative decoding, kv_bits and a KV budget "
-        "(and packed with each of three more) on --model: every row == alone, or the engine's refusal",
+        "(and packed with each of speculative, kv_bits, adapters) on --model: every row == its run alone, or the "
+        "engine's refusal",
     )
     iv.add_argument(
         "--device", choices=("cpu", "gpu"), default=None, help="MLX device (default: MLX's default)"

@@ -27,8 +27,9 @@ def test_measure_times_each_b_in_alternating_pairs_and_the_prefill():
     assert len(report.prefill.lengths) == 2 and all(20 <= n <= 40 for n in report.prefill.lengths)
     assert len(report.prefill.rounds) == 3 and report.prefill.ratio > 0
     text = report.text().splitlines()
-    assert text[0].startswith("B =   1: step ms default") and "invariant/default" in text[1]
-    assert text[2].startswith("prefill of 2 prompts of ")
+    assert text[0].startswith("B =   1: decode step ") and "ms by default: " in text[0]
+    assert "alternating rounds, middle half" in text[1] and text[2].startswith("B =   3: ")
+    assert text[4].startswith("prefill of 2 prompts of ") and "1-min load average" in text[5]
     assert [r.get("B") for r in report.records()] == [1, 3, None]
 
 
@@ -61,8 +62,9 @@ def test_the_command_prints_the_step_ratios_and_the_prefill_ratio(capsys, tmp_pa
         == 0
     )
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split(":")[0] for line in lines] == ["B =   1", "B =   2", lines[2].split(":")[0]]
-    assert lines[2].startswith("prefill of 1 prompts of ") and "invariant/default" in lines[2]
+    heads = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    assert heads == ["B =   1", "B =   2", heads[2]] and len(lines) == 6
+    assert lines[4].startswith("prefill of 1 prompts of ") and "s by default: " in lines[4]
     assert [json.loads(x).get("B") for x in out.read_text().splitlines()] == [1, 2, None]
 
 
@@ -89,11 +91,16 @@ def test_the_command_prints_the_cost_and_the_coverage_from_the_same_run(capsys):
     args = ["invariance", "--cost", "--bench-shape", "quick", "--batch-sizes", "1", "--pairs", "1"]
     assert main([*args, "--prefill-batch", "0", "--device", "cpu", "--coverage"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("B =   1: step ms default") and lines[1].startswith("with the mode (")
-    table = dict(line.split("  ", 1) for line in lines[2:])
+    assert lines[0].startswith("B =   1: decode step ") and lines[2].startswith("the mode's coverage on ")
+    assert lines[3].split() == ["with", "the", "mode", "result"]
+    table = dict(
+        line.split("  ", 1) for line in lines[4:] if not line.startswith(" ")
+    )  # reasons are indented
     assert [k.strip() for k in table] == [" + ".join(s) for s in invariant_coverage.combinations(ISSUE)]
     for features, verdict in table.items():  # the engine's own: rows == alone, or its refusal
-        assert verdict.strip().startswith(("every row equal alone (", "refused at construction: ")), features
+        assert verdict.strip().startswith(
+            ("every row equal to its run alone (", "refused at construction:")
+        ), features
 
 
 def test_summary_gives_each_engines_median_step_and_its_ratios_to_the_default():

@@ -24,14 +24,18 @@ def test_coverage_runs_the_rows_against_alone_or_prints_the_engines_refusal():
     assert runs.rows >= 8 and runs.equal == runs.rows  # every row of the mixed workload == alone
     assert refused.result == "refused" and "reuse_slots" in refused.refused
     text = invariant_coverage.coverage_text([runs, refused]).splitlines()
-    assert text[0].startswith("speculative ") and text[0].endswith(
-        f"every row equal alone ({runs.rows} of {runs.rows})"
+    assert text[0].split() == ["with", "the", "mode", "result"]  # the table's header
+    assert text[1].startswith("speculative ") and text[1].endswith(
+        f"every row equal to its run alone ({runs.rows} of {runs.rows})"
     )
-    assert text[1].startswith("packed + no_reuse_slots  refused at construction: reuse_slots=False")
+    assert text[2].startswith("packed + no_reuse_slots  refused at construction:")
+    assert text[3].startswith(" " * 8) and text[3].strip().startswith(
+        "reuse_slots=False"
+    )  # the reason, indented
     wrong = compose.PairResult(
         ("batch_invariant", "kv_bits"), rows=3, equal=2, wrong={"seeded (uid 1)": "log-probs differ"}
     )
-    assert "1 of 3 rows differ from alone" in invariant_coverage.coverage_text([wrong])
+    assert "1 of 3 rows differ from their runs alone" in invariant_coverage.coverage_text([wrong])
 
 
 def test_an_unknown_feature_is_named():

@@ -77,20 +77,24 @@ class CostReport:
     prefill: PrefillCost | None
 
     def text(self) -> str:
-        """One line per ``B`` and one for the prefill."""
-        lines = [
-            f"B = {s.B:3d}: step ms default {s.default_ms:.2f}, invariant {s.invariant_ms:.2f}; "
-            f"invariant/default {s.ratio:.2f}x (median of {s.pairs} alternating pairs, quartiles "
-            f"{', '.join(f'{q:.2f}' for q in s.quartiles)}; CPU time {s.cpu_ratio:.2f}x; load {s.load:.1f})"
-            for s in self.steps
-        ]
+        """Two lines per ``B`` (the steps, then how the rounds spread) and two for the prefill."""
+        lines = []
+        for s in self.steps:
+            q = s.quartiles or (s.ratio,)
+            lines += [
+                f"B = {s.B:3d}: decode step {s.invariant_ms:.2f} ms in the mode, {s.default_ms:.2f} ms by "
+                f"default: {s.ratio:.2f}x",
+                f"        (median of {s.pairs} alternating rounds, middle half {q[0]:.2f}..{q[-1]:.2f}; "
+                f"CPU time {s.cpu_ratio:.2f}x; 1-min load average {s.load:.1f})",
+            ]
         if self.prefill is not None:
             p = self.prefill
-            lines.append(
-                f"prefill of {len(p.lengths)} prompts of {min(p.lengths)}-{max(p.lengths)} tokens: default "
-                f"{p.default_s:.2f} s, invariant {p.invariant_s:.2f} s; invariant/default {p.ratio:.2f}x "
-                f"(rounds {', '.join(f'{r:.2f}' for r in p.rounds)}; CPU time {p.cpu_ratio:.2f}x; load {p.load:.1f})"
-            )
+            lines += [
+                f"prefill of {len(p.lengths)} prompts of {min(p.lengths)}-{max(p.lengths)} tokens: "
+                f"{p.invariant_s:.2f} s in the mode, {p.default_s:.2f} s by default: {p.ratio:.2f}x",
+                f"        (rounds {', '.join(f'{r:.2f}' for r in p.rounds)}; CPU time {p.cpu_ratio:.2f}x; "
+                f"1-min load average {p.load:.1f})",
+            ]
         return "\n".join(lines)
 
     def records(self) -> list[dict]:

@@ -12,13 +12,15 @@ of :data:`~workbench.verify.compose.FEATURES` (and with the packed layout plus e
 same request alone (tokens, log-probs, top-k log-probs, finish reason: ``==`` on the CPU);
 :func:`coverage_text` is the table::
 
-    with the mode            result
-    speculative              every row equal alone (8 of 8)
-    packed + kv_bits         refused at construction: layout='packed' with batch_invariant ...
+    with the mode     result
+    speculative       every row equal to its run alone (8 of 8)
+    packed + kv_bits  refused at construction:
+                        layout='packed' with batch_invariant does not take kv_bits yet: ...
 """
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,17 +65,23 @@ def coverage(
 
 
 def coverage_text(results: Sequence[PairResult]) -> str:
-    """One line per result: the features beside the mode, and either ``every row equal alone
-    (n of n)``, the rows that differ, or ``refused at construction: <the reason>``."""
-    width = max((len(" + ".join(r.pair[1:])) for r in results), default=0)
-    lines = []
+    """A header, then one line per result: the features beside the mode, and either ``every row
+    equal to its run alone (n of n)`` or the rows that differ; a refused set says ``refused at
+    construction:`` with the engine's reason indented on the next line."""
+    width = max([len("with the mode"), *(len(" + ".join(r.pair[1:])) for r in results)])
+    lines = [f"{'with the mode'.ljust(width)}  result"]
     for r in results:
         names = " + ".join(r.pair[1:]).ljust(width)
         if r.result == "refused":
-            verdict = f"refused at construction: {short_reason(r.refused)}"
-        elif r.result == "wrong":
-            verdict = f"{r.rows - r.equal} of {r.rows} rows differ from alone: {dict(r.wrong)}"
+            lines.append(f"{names}  refused at construction:")
+            pad = " " * (width + 4)
+            lines.append(
+                textwrap.fill(short_reason(r.refused), 100, initial_indent=pad, subsequent_indent=pad)
+            )
+            continue
+        if r.result == "wrong":
+            verdict = f"{r.rows - r.equal} of {r.rows} rows differ from their runs alone: {dict(r.wrong)}"
         else:
-            verdict = f"every row equal alone ({r.equal} of {r.rows})"
+            verdict = f"every row equal to its run alone ({r.equal} of {r.rows})"
         lines.append(f"{names}  {verdict}")
     return "\n".join(lines)

@@ -84,7 +84,8 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
         (
             "speculative with batch_invariant",
             config.speculative is not None and config.batch_invariant,
-            "each pair runs, but the packed verify forward is not run under the mode's per-token path",
+            "packed + speculative and packed + batch_invariant each run, but the packed verify forward "
+            "is not run under the mode's per-token path",
         ),
         (
             "prompt_cache",
@@ -97,13 +98,21 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")
-    levers = (("speculative", config.speculative is not None), ("batch_invariant", config.batch_invariant))
-    others = (("kv_bits", config.kv_bits is not None), ("adapters", adapters is not None))
-    for lever, other in [(lv, o) for lv, on in levers for o, there in others if on and there]:
-        raise ValueError(  # each pair composes in the packed layout; these three-way runs are not verified
-            f"layout='packed' with {lever} does not take {other} yet: the packed {lever} path does not "
-            f"run {other}'s pages or per-token selection (use layout='padded', or drop one)"
-        )
+    levers = (
+        ("speculative", config.speculative is not None, "the packed verify forward"),
+        ("batch_invariant", config.batch_invariant, "the mode's per-token path"),
+    )
+    others = (
+        ("kv_bits", config.kv_bits is not None, "does not read quantized pages"),
+        ("adapters", adapters is not None, "does not pick an adapter per token"),
+    )
+    for lever, on, path in levers:
+        for other, there, lacks in others:
+            if on and there:  # each pair composes in the packed layout; these three-way runs are not verified
+                raise ValueError(
+                    f"layout='packed' with {lever} does not take {other} yet: {path} {lacks} "
+                    f"(packed + {lever} and packed + {other} each run, alone: use layout='padded', or drop one)"
+                )
 
 
 def _pages(prompt_cache: Any) -> bool:

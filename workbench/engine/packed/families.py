@@ -98,6 +98,16 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     for name, bad, why in refused:
         if bad:
             raise ValueError(f"layout='packed' does not take {name}: {why} (use layout='padded')")
+    _refuse_three_way(config, adapters)
+
+
+def _refuse_three_way(config: Any, adapters: Any) -> None:
+    """Refuse speculative decoding or the batch-invariant mode beside ``kv_bits`` or adapters in
+    the packed layout: each pair composes, these three-way runs are not verified.
+
+    Raises:
+        ValueError: naming the lever, the other setting and what the lever's path lacks.
+    """
     levers = (
         ("speculative", config.speculative is not None, "the packed verify forward"),
         ("batch_invariant", config.batch_invariant, "the mode's per-token path"),
@@ -108,7 +118,7 @@ def check_settings(config: Any, prompt_cache: Any = None, adapters: Any = None) 
     )
     for lever, on, path in levers:
         for other, there, lacks in others:
-            if on and there:  # each pair composes in the packed layout; these three-way runs are not verified
+            if on and there:
                 raise ValueError(
                     f"layout='packed' with {lever} does not take {other} yet: {path} {lacks} "
                     f"(packed + {lever} and packed + {other} each run, alone: use layout='padded', or drop one)"

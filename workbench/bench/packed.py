@@ -195,17 +195,20 @@ def latency(
     return pd.DataFrame(rows), pd.DataFrame(kv)
 
 
+def readings(engine: Any) -> tuple[pd.DataFrame, list, list[Span]]:
+    """What a driven engine recorded: its events frame (``attrs["peak_rows"]``: the most
+    requests it held in flight, NaN where it does not count them), its KV samples and its
+    iteration spans (empty where it records none)."""
+    events = events_frame(engine.events)
+    events.attrs["peak_rows"] = getattr(engine, "peak_rows", float("nan"))  # requests in flight
+    return events, list(getattr(engine, "samples", [])), list(getattr(engine, "spans", []))
+
+
 def _run(factory: Callable[[], Any], arrivals: list[Arrival]) -> tuple[pd.DataFrame, list, list[Span]]:
     engine = factory()
     try:
         drive(engine, arrivals)
-        events = events_frame(engine.events)
-        events.attrs["peak_rows"] = getattr(engine, "peak_rows", float("nan"))  # requests in flight
-        return (
-            events,
-            list(getattr(engine, "samples", [])),
-            list(getattr(engine, "spans", [])),
-        )
+        return readings(engine)
     finally:
         engine.close()
 

@@ -30,7 +30,6 @@ from typing import Any
 import pandas as pd
 
 from ..engine.levers.pacing import Pacing
-from ..observe.events import events_frame
 from ..runtime.loading import DATA_DIR, load
 from ..sim.clocks import VirtualClock
 from ..sim.costmodel import CostedModel, CostModel
@@ -45,6 +44,7 @@ from .packed import (
     TrackedWorkbench,
     azure_arrivals,
     latency,
+    readings,
 )
 from .packed_sweep import sweep_table
 from .scenarios import MLX_LM
@@ -119,13 +119,7 @@ def run_on_cost_clock(build: Build, arrivals: list[Arrival]) -> tuple[pd.DataFra
     engine, clock, costed = build()
     try:
         drive_virtual(engine, arrivals, clock, costed)
-        events = events_frame(engine.events)
-        events.attrs["peak_rows"] = getattr(engine, "peak_rows", float("nan"))  # requests in flight
-        return (
-            events,
-            list(getattr(engine, "samples", [])),
-            list(getattr(engine, "spans", [])),
-        )
+        return readings(engine)
     finally:
         engine.close()
 

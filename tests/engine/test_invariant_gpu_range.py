@@ -96,13 +96,33 @@ def test_on_cuda_a_row_among_96_has_its_bits_alone_on_the_1b_shape():
     assert sum(g == s for g, s in zip(got, solo)) == len(reqs)
 
 
-def test_a_weight_run_one_row_per_call_is_not_swept(monkeypatch):
-    """A small float weight runs one-row calls (``ROWS_APART_BYTES``); sweeping its range first
-    (up to 255 row counts, three calls each) was thrown away."""
+def test_on_cuda_a_small_weight_runs_the_range_blocks_not_one_row_calls(monkeypatch):
+    """The weight-size rule (one-row calls for a float weight up to ``ROWS_APART_BYTES``, which
+    stays in cache) is the CPU's: on CUDA one-row products are a batched matrix-vector kernel
+    reading the weight once per row, so a small weight keeps the swept range (one call for B
+    rows, a lone row padded to 2 beside the other projections that read its input)."""
+    swept = []
 
+    def clean(f, K, dtype, blocks):
+        swept.append(blocks)
+        return blocks
+
+    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")
+    monkeypatch.setattr(invariant, "clean_range", clean)
+    assert invariant._first_agreeing(nn.Linear(64, 24, bias=False), RowBlocks(2, 256)) == RowBlocks(2, 256)
+    assert swept == [RowBlocks(2, 256)]
+
+
+def test_on_the_cpu_a_small_weight_without_a_swept_run_runs_one_row_calls_unswept(monkeypatch):
     def swept(*args):
         raise AssertionError("clean_range called for a weight that runs one row per call")
 
-    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")
+    monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cpu")
     monkeypatch.setattr(invariant, "clean_range", swept)
-    assert invariant._first_agreeing(nn.Linear(64, 24, bias=False), RowBlocks(2, 256)) == invariant.ONE_ROW
+    monkeypatch.setattr("workbench.engine.levers.invariant_blocks.block_from", lambda *a, **k: None)
+    invariant._SWEPT.clear()
+    try:
+        layer = nn.Linear(64, 24, bias=False)
+        assert invariant._first_agreeing(layer, RowBlocks(2, 256)) == invariant.ONE_ROW
+    finally:
+        invariant._SWEPT.clear()

@@ -103,6 +103,11 @@ ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
     ("cuda", "quantized"): RowBlocks(4, 4),
 }
 ROWS_APART_BYTES = CACHED_BYTES  # CPU float weights up to this size run one-row calls (they stay in cache)
+# Where that rule holds: on the CPU a one-row call wakes no BLAS threads and its weight stays in
+# cache. Not on CUDA, where one-row products are a batched matrix-vector kernel reading the
+# weight once per row (the 1B-shaped llama's 2 MiB k_proj / v_proj at B = 128: 128 reads) and
+# RowBlocks(2, 256) runs them in one call (docs/gpu.md, the kernel-threshold sweep).
+ROWS_APART_BACKENDS = ("cpu",)
 FALLBACK_ROWS = (8, 4, 2, 1)  # fixed blocks tried in order where the first choice fails its check
 PROJECTIONS = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 _METHOD = {
@@ -121,6 +126,7 @@ def blocked(
     x: mx.array,
     blocks: RowBlocks | None,
     rows_apart: Callable[[mx.array], mx.array] | None = None,
+    pad: Callable[[mx.array, int], mx.array] | None = None,
 ) -> mx.array:
     """``f(x)`` for a row-wise ``f`` (a projection ``[..., K] -> [..., N]``), computed in
     calls of :meth:`RowBlocks.plan`'s shapes: equal to ``f(x)`` up to the kernel chosen, and
@@ -131,6 +137,13 @@ def blocked(
         blocks: the row blocks, ``None``: one call as it is.
         rows_apart: for :data:`ONE_ROW` blocks, ``[M, K] -> [M, N]`` computing every row
             in a call of its own at once (:func:`rows_apart_linear`); ``None``: ``M`` calls.
+        pad: ``(rows [M, K], call) -> [call, K]``, the rows with zero rows after them for a
+            call of ``M < blocks.min_rows`` rows (:func:`zero_padded`, the default; a hook may
+            share one padded input among the projections that read the same ``x``).
+
+    The host work is kept to what the blocks need (on a GPU a decode step is host-bound): a
+    call of ``min_rows .. max_rows`` rows runs as it is, and a short one is padded with zero
+    rows kept from earlier calls (:func:`zero_rows`), not made anew.
     """
     if blocks is None:
         return f(x)
@@ -139,15 +152,37 @@ def blocked(
     M = rows.shape[0]
     if blocks == ONE_ROW and rows_apart is not None and M > 1:
         y = rows_apart(rows)
-        return y.reshape(*lead, y.shape[-1])
-    parts = []
-    for start, kept, call in blocks.plan(M):
-        block = rows[start : start + kept]
-        if call > kept:
-            block = mx.concatenate([block, mx.zeros((call - kept, K), dtype=block.dtype)])
-        parts.append(f(block)[:kept])  # [kept, N]
-    y = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    elif blocks.min_rows <= M <= blocks.max_rows:
+        y = f(rows)  # one call, unpadded: the plan's only block
+    elif M < blocks.min_rows:
+        y = f((pad or zero_padded)(rows, blocks.min_rows))[:M]
+    else:
+        parts = []
+        for start, kept, call in blocks.plan(M):
+            block = rows[start : start + kept]
+            parts.append(f(block if call == kept else zero_padded(block, call))[:kept])  # [kept, N]
+        y = mx.concatenate(parts)
     return y.reshape(*lead, y.shape[-1])
+
+
+_ZERO_ROWS: dict = {}  # (rows, K, dtype) -> an evaluated [rows, K] zeros array
+
+
+def zero_rows(n: int, K: int, dtype: Any) -> mx.array:
+    """``[n, K]`` zeros of ``dtype``, evaluated once per shape and reused (a constant input to
+    the calls that pad with it, not a new node per call)."""
+    key = (n, K, dtype)
+    z = _ZERO_ROWS.get(key)
+    if z is None:
+        z = _ZERO_ROWS[key] = mx.zeros((n, K), dtype=dtype)
+        mx.eval(z)
+    return z
+
+
+def zero_padded(rows: mx.array, call: int) -> mx.array:
+    """``rows`` ``[M, K]`` followed by ``call - M`` zero rows: ``[call, K]``."""
+    M, K = rows.shape
+    return mx.concatenate([rows, zero_rows(call - M, K, rows.dtype)])
 
 
 def rows_agree(
@@ -268,7 +303,8 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
         if _SWEPT[sgemm] is not None:
             return _SWEPT[sgemm]
     apart = rows_apart_linear(module)
-    if first is not None and apart is not None and module["weight"].nbytes <= ROWS_APART_BYTES:
+    small = module["weight"].nbytes <= ROWS_APART_BYTES and backend() in ROWS_APART_BACKENDS
+    if first is not None and apart is not None and small:
         first = ONE_ROW  # a weight that stays in cache: one-row calls, no threads to wake (CPU)
     if first is not None and first.max_rows > first.min_rows:  # swept only where a range is kept
         first = clean_range(f, K, dtype, first)  # GPU: a kernel may switch inside the range
@@ -331,9 +367,22 @@ def _blocked_projection(
     """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) running
     each projection ``plain(module, x)`` in :func:`blocked` row blocks."""
 
+    last: list = [None, 0, None]  # the input padded last, its call rows, the padded rows
+
+    def shared_pad(rows: mx.array, call: int) -> mx.array:
+        """The padded input of the last projection that read these rows (q / k / v and gate /
+        up read one ``x``): one pad for them all."""
+        if last[0] is not None and last[0] is current[0] and last[1] == call:
+            return last[2]
+        last[:] = [current[0], call, zero_padded(rows, call)]
+        return last[2]
+
+    current: list = [None]
+
     def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:
         blocks, apart = inv.plan_for(module)
-        return blocked(lambda b: plain(module, b), x, blocks, apart)
+        current[0] = x
+        return blocked(lambda b: plain(module, b), x, blocks, apart, shared_pad)
 
     return project
 

@@ -115,10 +115,22 @@ def per_row_attention(
     return outs[0] if L == 1 else mx.concatenate(outs, axis=2)
 
 
+_STARTS: list = [None]  # (the last starts asked for, as a tuple, their [B] int32 array)
+
+
+def starts_array(starts: Sequence[int]) -> mx.array:
+    """``starts`` as a ``[B]`` int32 array, the last one kept: every layer of a forward
+    attends from the same starts, so a decode step makes one array, not one per layer."""
+    key, hit = tuple(starts), _STARTS[0]  # one read: another thread may replace it
+    if hit is None or hit[0] != key:
+        hit = _STARTS[0] = (key, mx.array(key, dtype=mx.int32))
+    return hit[1]
+
+
 def _one_query_positions(one_query, queries, keys, values, starts, ends, scale) -> list[mx.array]:
     """Each query position through the CPU's one-query attention over the columns up to its
     own (``keys[:, :, :end]``), told the most keys a row has there (``end - min(starts)``)."""
-    first = mx.array(starts, dtype=mx.int32)
+    first = starts_array(starts)
     return [
         one_query(
             queries[:, :, j : j + 1], keys[:, :, :end], values[:, :, :end], first, scale, end - min(starts)
@@ -141,7 +153,7 @@ def _kernel_positions(queries, keys, values, cache, starts, ends, scale) -> list
     stored = _as_stored(cache)
     kbuf, vbuf = (cache.keys, cache.values) if stored else (keys, values)
     shift = internals.write_index(cache) - keys.shape[-2] if stored else 0
-    first = mx.array(starts, dtype=mx.int32)
+    first = starts_array(starts)
     return [
         padded_decode_attention(
             mx.contiguous(queries[:, :, j : j + 1]), kbuf, vbuf, first, end + shift, scale

@@ -173,7 +173,7 @@ _BODY = """
 """
 
 _WRITE_OUT = """
-        out[((size_t)h * R + r) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
+        out[((size_t)r * Hq + h) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
     }
 """
 
@@ -200,7 +200,7 @@ _REDUCE = """
         lsum += ml[2 * s + 1] * c;
         o += pa[(size_t)s * D + d] * c;
     }
-    out[((size_t)h * R + r) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
+    out[((size_t)r * Hq + h) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
 """
 
 _INPUTS = ["q", "k_pool", "v_pool", "page_table", "lengths", "dims", "scale"]
@@ -362,7 +362,8 @@ def paged_decode_attention(
         layout: warps per block and bytes per lane (:class:`Layout`).
 
     Returns:
-        ``[1, H, R, D]`` in the queries' dtype (``[R, H, 1, D]`` for rows: a view).
+        ``[1, H, R, D]`` in the queries' dtype (a view of the ``[R, H, 1, D]`` the kernel
+        writes), or ``[R, H, 1, D]`` for rows.
 
     Raises:
         ValueError: shapes or dtypes it does not serve (see :func:`serves`).
@@ -387,16 +388,16 @@ def paged_decode_attention(
         grid=(R * n_kv * n_splits * 32 * layout.warps, 1, 1),
         threadgroup=(32 * layout.warps, 1, 1),
     )
-    if n_splits == 1:
-        out = _kernel(False)(**args, output_shapes=[(1, H, R, D)], output_dtypes=[queries.dtype])[0]
+    if n_splits == 1:  # written [R, H, 1, D]
+        out = _kernel(False)(**args, output_shapes=[(R, H, 1, D)], output_dtypes=[queries.dtype])[0]
     else:
         out = _split_and_reduce(args, (R, H, D), n_splits, queries.dtype)
-    return out.transpose(2, 1, 0, 3) if rows else out
+    return out if rows or R == 1 else out.transpose(2, 1, 0, 3)  # [1, H, R, D]: a view
 
 
 def _split_and_reduce(args: dict, shape: tuple[int, int, int], n_splits: int, dtype: mx.Dtype) -> mx.array:
     """The split kernel's partial states ``[R, H, splits, 2]`` (maximum, sum) and ``[R, H,
-    splits, D]`` (float32), merged by :data:`_REDUCE` into ``[1, H, R, D]`` ``dtype``."""
+    splits, D]`` (float32), merged by :data:`_REDUCE` into ``[R, H, 1, D]`` ``dtype``."""
     R, H, D = shape
     ml, acc = _kernel(True)(
         **args, output_shapes=[(R, H, n_splits, 2), (R, H, n_splits, D)], output_dtypes=[mx.float32] * 2
@@ -406,7 +407,7 @@ def _split_and_reduce(args: dict, shape: tuple[int, int, int], n_splits: int, dt
         template=[("T", dtype), ("D", D)],
         grid=(R * H * D, 1, 1),
         threadgroup=(D, 1, 1),
-        output_shapes=[(1, H, R, D)],
+        output_shapes=[(R, H, 1, D)],
         output_dtypes=[dtype],
     )[0]
 

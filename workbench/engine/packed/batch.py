@@ -262,9 +262,11 @@ class PackedBatch:
     def after_read(self, launched: Launched | None) -> None:
         """After a read: held tokens cut to known ones, deferred chunks' pages indexed."""
         self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
+        if launched is None or self.table.index is None or not launched.deferred:
+            return  # nothing to index (no prefix caching, or no chunk ended at an unread token)
         rows = {r.uid: r for r in self.rows}
         carried = self.carried(launched)
-        for c in () if launched is None or self.table.index is None else launched.deferred:
+        for c in launched.deferred:
             r = rows.get(c.uid)
             if c.uid in carried and not r.finished and r.n_inputs >= c.end:
                 self.table.register(c.uid, r.inputs, c.start, c.end)

@@ -27,6 +27,7 @@ import mlx.core as mx
 
 from .engines import Arrival
 from .gpu import GPU_QUICK_CONFIG, GpuBenchConfig, prompt_lengths
+from .host_time import wrapped_evals
 from .model import ModelShape
 
 # The 1B-shaped llama (workbench.bench.gpu.LLAMA_1B: 16 layers, 8 KV heads of dim 64, tied
@@ -61,22 +62,18 @@ def counted_evals(counts: collections.Counter) -> Iterator[collections.Counter]:
     arguments' graph nodes to ``counts`` (:func:`graph_nodes`); MLX's functions are put back
     on exit. A graph evaluated implicitly (``tolist`` of an array no eval call started) is
     not counted."""
-    real = {"async": mx.async_eval, "sync": mx.eval}
 
-    def wrap(key: str) -> Any:
+    def wrap(_: str, real: Any) -> Any:
         def call(*args: Any) -> Any:
             mx.synchronize()
             flat = [a for x in args for a in (x if isinstance(x, (list, tuple)) else [x])]
             counts.update(graph_nodes(flat))
-            return real[key](*args)
+            return real(*args)
 
         return call
 
-    mx.async_eval, mx.eval = wrap("async"), wrap("sync")
-    try:
+    with wrapped_evals(wrap):
         yield counts
-    finally:
-        mx.async_eval, mx.eval = real["async"], real["sync"]
 
 
 def step_nodes(engine: Any, arrivals: Sequence[Arrival], skip: int = 2) -> collections.Counter:

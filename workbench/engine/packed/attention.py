@@ -295,16 +295,11 @@ def packed_forward(
 
 
 def _decode_rows_forward(
-    model: Any,
-    pools: Pools,
-    table: PageTable,
-    chunks: Sequence[Chunk],
-    tokens: Sequence[int] | mx.array,
-    kernel: bool = False,
+    model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Any, kernel: bool
 ) -> mx.array:
     """:func:`packed_forward` of decode chunks only, run as ``[R, 1]`` rows
-    (:class:`~workbench.engine.packed.decode_rows.DecodeRowsLayer`; ``kernel``: attending by
-    the CUDA kernel); logits ``[R, V]``."""
+    (:class:`~workbench.engine.packed.decode_rows.DecodeRowsLayer`; ``tokens``: ``[R]`` ids,
+    as :func:`packed_forward`'s; ``kernel``: attending by the CUDA kernel); logits ``[R, V]``."""
     ix = decode_index(table, chunks, slots=not kernel)
     write, positions = mx.array(ix.write[0] if len(chunks) == 1 else ix.write), mx.array(ix.positions)
     inner = model.model

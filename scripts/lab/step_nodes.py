@@ -1,17 +1,18 @@
 """Graph nodes and host Python of one full-batch decode step, per layout and B (issue 40: on an
 H100 the packed step is host-bound at every B, so what it costs is its nodes and its Python).
 
-On ``TINY_16`` (:mod:`workbench.bench.step_nodes`: the 1B-shaped llama's 16 layers, head dim and
-GQA at tiny width, float32, random weights) with the GPU benchmark's quick prompts (16-64
-tokens), per ``B``:
+On ``TINY_16`` (:mod:`workbench.bench.step_nodes`: the 1B-shaped llama's 16 layers and 8 KV
+heads of dim 64 at a quarter of its width, float32, random weights) with the GPU benchmark's
+quick prompts (16-64 tokens), per ``B``:
 
 - ``nodes``: the primitives of one full-batch decode iteration's graph (every ``mx.async_eval``
   / ``mx.eval`` argument's unevaluated graph, :func:`~workbench.bench.step_nodes.step_nodes`),
   total and the most frequent kinds;
 - ``python_ms`` / ``python_cpu_ms``: the iteration's wall / main-thread CPU time outside MLX's
   evaluation calls (:func:`~workbench.bench.host_time.step_anatomy`: building the graph and the
-  engine's bookkeeping), ``launch_ms`` the wall time inside ``mx.async_eval``; medians over the
-  full-batch iterations of ``--rounds`` runs, the layouts alternating.
+  engine's bookkeeping), ``launch_ms`` the wall time inside ``mx.async_eval``: each run's median
+  over its full-batch iterations (``--tokens`` new tokens a row), the lowest of ``--rounds`` runs
+  (the machine's cores are shared: the lowest is the least disturbed).
 
 Layouts: ``padded``, ``packed`` and ``mlx-lm`` (``BatchGenerator``), each on two paths:
 ``cpu`` (what runs here: MLX's fast ops as their CPU fallback graphs, the packed layout's
@@ -21,8 +22,8 @@ device answering ``"cuda"`` so both layouts take their CUDA kernels; its Python 
 path's, less MLX's kernel calls). Prints one line per layout, path and B, then the packed /
 padded ratios per path.
 
-Usage: ``python scripts/lab/step_nodes.py [--batch 1 8 32 128] [--rounds 3] [--layouts ...]
-[--out FILE]`` (JSON lines to ``FILE`` as well).
+Usage: ``python scripts/lab/step_nodes.py [--batch 1 8 32 128] [--rounds 3] [--tokens 24]
+[--layouts ...] [--paths cpu cuda] [--out FILE]`` (JSON lines to ``FILE`` as well).
 """
 
 from __future__ import annotations

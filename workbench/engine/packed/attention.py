@@ -127,8 +127,8 @@ class PagedLayer:
         B, H, T, D = keys.shape  # [1, n_kv_heads, T, head_dim], or [R, n_kv_heads, 1, head_dim] (rows)
         if T == 1:  # one token a row (decode rows, or T = 1): [B, H, D] with no transpose
             k, v = keys.reshape(B, H, D), values.reshape(B, H, D)
-        else:
-            k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)  # [T, H, D]
+        else:  # mx.squeeze, not keys[0]: MLX makes an integer index a gather (a copy) and a squeeze
+            k, v = (mx.squeeze(a, 0).transpose(1, 0, 2) for a in (keys, values))  # [T, H, D]
         self.pools.fit(self.layer, k)
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
@@ -290,7 +290,7 @@ def packed_forward(
     )
     with hooks_of(model).calling(paged_attention), per_token_rope(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-        h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
+        h = mx.squeeze(inner(ids[None], cache=caches), 0)  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]
 
 

@@ -17,7 +17,6 @@ forward is built from this one's unread tokens and started as soon as they are r
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Generator, Iterator, Sequence
 from functools import partial
 from types import SimpleNamespace
@@ -200,19 +199,11 @@ class PackedLayout(Layout):
             index = [len(r.tokens) + (r.uid in unread) for r in rows]
             return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
-        with self._levers(batch, chunks):  # each token its request's adapter
+        adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
+        with self.levers.applied(Forward.of_chunks(chunks, adapter_of)):  # each token its request's adapter
             launched = batch.launch(self.model, chunks, sample, after, unread)
         launched.paced = paced
         return launched
-
-    def _levers(self, batch: Any, chunks: Sequence[Any], drafts: Any = None) -> Any:
-        """The context a forward of ``chunks`` is built in: :meth:`levers` applied to it
-        (:meth:`ForwardLevers.applied`), or nothing to apply when there are neither adapters nor
-        the invariant mode (no per-chunk description built: host time per step, issue 40)."""
-        if self.adapters is None and self.invariance is None:
-            return contextlib.nullcontext()
-        adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
-        return self.levers.applied(Forward.of_chunks(chunks, adapter_of, drafts))
 
     def _read(self, st: Any, current: Any, read: tuple | None, recorder: Recorder) -> Iterator[Read]:
         """The reads of a read packed forward: ``prefill`` per prefill chunk (logged), then
@@ -252,7 +243,8 @@ class PackedLayout(Layout):
         verified, groups = None, []
         if chunks:
             rows = {r.uid: r for r in batch.rows}
-            with self._levers(batch, chunks, drafts):
+            adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
+            with self.levers.applied(Forward.of_chunks(chunks, adapter_of, drafts)):
                 logits = batch.forward(self.model, chunks, tokens=verify.forward_tokens(rows, chunks, drafts))
             groups = verify.sampling_groups(batch.sampled)
             sampling = [batch.rows[b] for b, _ in groups]

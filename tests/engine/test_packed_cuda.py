@@ -284,11 +284,13 @@ def test_the_kernel_source_run_by_a_cpu_emulation_equals_the_reference(case):
     table, chunks, q, k, v = decode_case(page_size, lengths, H, n_kv, D, dtype, seed=case)
     pages = ca.decode_pages(table, chunks)
     want = reference32(q, k, v, pages, D**-0.5)
+    rows = mx.contiguous(q.transpose(2, 1, 0, 3))  # [R, H, 1, D]: the decode rows' queries
     with emulated(shifts, caches=(ca._kernel, ca._reduce_kernel)):
         for n in splits:
-            assert_close(
-                ca.paged_decode_attention(q, k, v, pages, D**-0.5, splits=n, layout=layout), want, dtype
-            )
+            got = ca.paged_decode_attention(q, k, v, pages, D**-0.5, splits=n, layout=layout)
+            assert_close(got, want, dtype)
+            by_rows = ca.paged_decode_attention(rows, k, v, pages, D**-0.5, splits=n, layout=layout)
+            assert by_rows.shape == rows.shape and mx.array_equal(by_rows, got.transpose(2, 1, 0, 3)).item()
 
 
 # -- on the GPU: the kernel against the reference --

@@ -12,12 +12,25 @@ import collections
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
 
 from .engines import Arrival
+
+
+@contextlib.contextmanager
+def wrapped_evals(wrap: Callable[[str, Any], Any]) -> Iterator[None]:
+    """Within the block, ``mx.async_eval`` is ``wrap("launch", mx.async_eval)`` and ``mx.eval``
+    is ``wrap("wait", mx.eval)`` (each wrapper calls the function it is given); MLX's own are
+    put back on exit, also on an exception."""
+    real = {"launch": mx.async_eval, "wait": mx.eval}
+    mx.async_eval, mx.eval = wrap("launch", real["launch"]), wrap("wait", real["wait"])
+    try:
+        yield
+    finally:
+        mx.async_eval, mx.eval = real["launch"], real["wait"]
 
 
 @contextlib.contextmanager
@@ -30,24 +43,20 @@ def timed_mlx_calls(totals: dict[str, float]) -> Iterator[dict[str, float]]:
     Args:
         totals: seconds by key, e.g. a ``collections.defaultdict(float)``; updated in place.
     """
-    real = {"launch": mx.async_eval, "wait": mx.eval}
 
-    def wrap(key: str) -> Any:
+    def wrap(key: str, real: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             start, cpu = time.perf_counter(), time.thread_time()
             try:
-                return real[key](*args, **kwargs)
+                return real(*args, **kwargs)
             finally:
                 totals[key] += time.perf_counter() - start
                 totals["mlx_cpu"] += time.thread_time() - cpu
 
         return call
 
-    mx.async_eval, mx.eval = wrap("launch"), wrap("wait")
-    try:
+    with wrapped_evals(wrap):
         yield totals
-    finally:
-        mx.async_eval, mx.eval = real["launch"], real["wait"]
 
 
 def step_anatomy(engine: Any, arrivals: Sequence[Arrival]) -> dict[str, float]:

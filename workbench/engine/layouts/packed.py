@@ -201,7 +201,7 @@ class PackedLayout(Layout):
 
         adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
         with self.levers.applied(Forward.of_chunks(chunks, adapter_of)):  # each token its request's adapter
-            launched = batch.launch(self.model, chunks, sample, after)
+            launched = batch.launch(self.model, chunks, sample, after, unread)
         launched.paced = paced
         return launched
 

@@ -127,8 +127,8 @@ class PagedLayer:
         B, H, T, D = keys.shape  # [1, n_kv_heads, T, head_dim], or [R, n_kv_heads, 1, head_dim] (rows)
         if T == 1:  # one token a row (decode rows, or T = 1): [B, H, D] with no transpose
             k, v = keys.reshape(B, H, D), values.reshape(B, H, D)
-        else:
-            k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)  # [T, H, D]
+        else:  # mx.squeeze, not keys[0]: MLX makes an integer index a gather (a copy) and a squeeze
+            k, v = (mx.squeeze(a, 0).transpose(1, 0, 2) for a in (keys, values))  # [T, H, D]
         self.pools.fit(self.layer, k)
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
@@ -278,8 +278,8 @@ def packed_forward(
     inner = model.model
     kernel = not masked and selected(decode_kernel, inner.layers[0].self_attn.n_heads, pools.keys[0])
     float_pools = getattr(pools, "layer_class", PagedLayer) is PagedLayer  # quantized pools: their own layer
-    if not masked and not kernel and token_attention is None and float_pools and decode_only(chunks):
-        return _decode_rows_forward(model, pools, table, chunks, tokens)
+    if not masked and token_attention is None and float_pools and decode_only(chunks):
+        return _decode_rows_forward(model, pools, table, chunks, tokens, kernel)
     if not masked and not kernel and token_attention is None and float_pools and row_prefill(chunks):
         with hooks_of(model).calling(paged_attention):  # the last layer's attend: the last query only
             return row_prefill_forward(model, pools, table, chunks[0], tokens, lm_logits)
@@ -290,21 +290,31 @@ def packed_forward(
     )
     with hooks_of(model).calling(paged_attention), per_token_rope(inner):
         ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-        h = inner(ids[None], cache=caches)[0]  # [T, hidden], normed
+        h = mx.squeeze(inner(ids[None], cache=caches), 0)  # [T, hidden], normed
     return lm_logits(model, h[mx.array(arrays["sampled"])]) if len(arrays["sampled"]) else h[:0]  # [R, V]
 
 
 def _decode_rows_forward(
-    model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Sequence[int] | mx.array
+    model: Any, pools: Pools, table: PageTable, chunks: Sequence[Chunk], tokens: Any, kernel: bool
 ) -> mx.array:
     """:func:`packed_forward` of decode chunks only, run as ``[R, 1]`` rows
-    (:class:`~workbench.engine.packed.decode_rows.DecodeRowsLayer`); logits ``[R, V]``."""
-    ix = decode_index(table, chunks)
-    mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]  # [R, 1, 1, L]
-    write, positions = mx.array(ix.write), mx.array(ix.positions)
+    (:class:`~workbench.engine.packed.decode_rows.DecodeRowsLayer`; ``tokens``: ``[R]`` ids,
+    as :func:`packed_forward`'s; ``kernel``: attending by the CUDA kernel); logits ``[R, V]``."""
+    ix = decode_index(table, chunks, slots=not kernel)
+    write, positions = mx.array(ix.write[0] if len(chunks) == 1 else ix.write), mx.array(ix.positions)
     inner = model.model
-    flat = flat_indices(mx.array(ix.slots), inner.layers[0].self_attn.n_kv_heads)  # [R, n_kv, L]
-    caches = [DecodeRowsLayer(pools, i, write, positions, flat, mask) for i in range(len(inner.layers))]
+    flat, mask, decode = None, None, None
+    if kernel:  # the kernel reads the page table: no slot grid, no mask
+        ends = ix.positions + 1
+        decode = DecodePages(
+            len(chunks), mx.array(ix.pages), mx.array(ends), table.page_size, int(ends.max())
+        )
+    else:
+        mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]  # [R, 1, 1, L]
+        flat = flat_indices(mx.array(ix.slots), inner.layers[0].self_attn.n_kv_heads)  # [R, n_kv, L]
+    caches = [
+        DecodeRowsLayer(pools, i, write, positions, flat, mask, decode) for i in range(len(inner.layers))
+    ]
     ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
     with hooks_of(model).calling(paged_attention):
         h = inner(ids[:, None], cache=caches)[:, 0]  # [R, hidden], normed; RoPE at each row's [R] offsets

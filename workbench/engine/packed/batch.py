@@ -203,9 +203,11 @@ class PackedBatch:
         chunks: Sequence[Chunk],
         after: Launched | None = None,
         tokens: mx.array | None = None,
+        unread: dict[int, int] | None = None,
     ) -> mx.array:
         """Reserve the chunks' pages and build the packed forward (lazy), fed ``after``'s unread
-        tokens or ``tokens`` ``[T]`` (a verify's drafts); returns logits ``[R, V]`` of :attr:`sampled`."""
+        tokens or ``tokens`` ``[T]`` (a verify's drafts); returns logits ``[R, V]`` of :attr:`sampled`.
+        ``unread``: :meth:`carried` of ``after`` when the caller has it (else made here)."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
         copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
         have = self.pools.slots // self.page_size
@@ -221,7 +223,7 @@ class PackedBatch:
             self.pools,
             self.table,
             chunks,
-            self._tokens(chunks, after) if tokens is None else tokens,
+            self._tokens(chunks, after, unread) if tokens is None else tokens,
             decode_kernel=self.decode_kernel,
             token_attention=self.token_attention,
         )
@@ -232,10 +234,13 @@ class PackedBatch:
                 self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
         return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
 
-    def _tokens(self, chunks: Sequence[Chunk], after: Launched | None) -> mx.array:
-        """The chunks' tokens ``[T]`` uint32, unread ones from ``after``."""
+    def _tokens(
+        self, chunks: Sequence[Chunk], after: Launched | None, unread: dict[int, int] | None = None
+    ) -> mx.array:
+        """The chunks' tokens ``[T]`` uint32, unread ones from ``after`` (``unread``: its
+        :meth:`carried`, made when ``None``)."""
         rows = {r.uid: r for r in self.rows}
-        unread = self.carried(after)
+        unread = self.carried(after) if unread is None else unread
         tokens, at, src = [], [], []
         for c in chunks:
             r = rows[c.uid]
@@ -257,9 +262,11 @@ class PackedBatch:
     def after_read(self, launched: Launched | None) -> None:
         """After a read: held tokens cut to known ones, deferred chunks' pages indexed."""
         self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
+        if launched is None or self.table.index is None or not launched.deferred:
+            return  # nothing to index (no prefix caching, or no chunk ended at an unread token)
         rows = {r.uid: r for r in self.rows}
         carried = self.carried(launched)
-        for c in () if launched is None or self.table.index is None else launched.deferred:
+        for c in launched.deferred:
             r = rows.get(c.uid)
             if c.uid in carried and not r.finished and r.n_inputs >= c.end:
                 self.table.register(c.uid, r.inputs, c.start, c.end)
@@ -291,11 +298,12 @@ class PackedBatch:
         chunks: Sequence[Chunk],
         sample: Callable[[mx.array, list[int]], Pending],
         after: Launched | None = None,
+        unread: dict[int, int] | None = None,
     ) -> Launched:
         """The :class:`Launched` of ``chunks`` and ``sample(logits [R, V], rows)`` -> ``Pending``,
-        not started (``mx.async_eval(*launched.outputs)``)."""
+        not started (``mx.async_eval(*launched.outputs)``); ``unread``: as :meth:`forward`'s."""
         known = {r.uid: r.n_inputs for r in self.rows}
-        logits = self.forward(model, chunks, after)
+        logits = self.forward(model, chunks, after, unread=unread)
         rows = list(self.sampled)
         pending = sample(logits, rows) if rows else None
         pools = [a for a in self.pools.keys + self.pools.values if a is not None]

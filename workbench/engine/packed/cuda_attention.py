@@ -173,7 +173,7 @@ _BODY = """
 """
 
 _WRITE_OUT = """
-        out[((size_t)h * R + r) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
+        out[((size_t)r * Hq + h) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
     }
 """
 
@@ -200,7 +200,7 @@ _REDUCE = """
         lsum += ml[2 * s + 1] * c;
         o += pa[(size_t)s * D + d] * c;
     }
-    out[((size_t)h * R + r) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
+    out[((size_t)r * Hq + h) * D + d] = static_cast<T>(lsum > 0.f ? o / lsum : 0.f);
 """
 
 _INPUTS = ["q", "k_pool", "v_pool", "page_table", "lengths", "dims", "scale"]
@@ -295,8 +295,7 @@ def _check(queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodeP
     """Raise ``ValueError`` unless the shapes and dtypes are what :func:`paged_decode_attention` serves."""
     ok = (
         queries.ndim == 4
-        and queries.shape[0] == 1
-        and queries.shape[2] == pages.n_rows
+        and (queries.shape[0], queries.shape[2]) in ((1, pages.n_rows), (pages.n_rows, 1))
         and v_pool.shape == k_pool.shape
         and queries.shape[-1] == k_pool.shape[-1]
         and serves(queries.shape[1], k_pool)
@@ -304,7 +303,8 @@ def _check(queries: mx.array, k_pool: mx.array, v_pool: mx.array, pages: DecodeP
     )
     if not ok:
         raise ValueError(
-            f"paged_decode_attention serves queries [1, H, {pages.n_rows}, D] over pools [N, n_kv_heads, D] "
+            f"paged_decode_attention serves queries [1, H, {pages.n_rows}, D] or [{pages.n_rows}, H, 1, D] "
+            f"over pools [N, n_kv_heads, D] "
             f"of one dtype in {DTYPES}, D in {HEAD_DIMS}, H a multiple of n_kv_heads by at most "
             f"{MAX_GROUP}; got queries {queries.shape} {queries.dtype}, pools {k_pool.shape} {k_pool.dtype} "
             f"and {v_pool.shape} {v_pool.dtype}"
@@ -353,7 +353,8 @@ def paged_decode_attention(
     ``scaled_dot_product_attention`` over a gathered, length-masked block.
 
     Args:
-        queries: ``[1, H, R, D]`` the decode tokens' queries (RoPE applied).
+        queries: ``[1, H, R, D]`` the decode tokens' queries (RoPE applied), or ``[R, H, 1, D]``
+            (decode rows, :mod:`~workbench.engine.packed.decode_rows`: read as they are, no copy).
         k_pool, v_pool: one layer's pools ``[N, n_kv_heads, D]``, row-contiguous.
         pages: the rows' :class:`DecodePages`.
         scale: the softmax scale (``head_dim ** -0.5`` for llama).
@@ -361,7 +362,8 @@ def paged_decode_attention(
         layout: warps per block and bytes per lane (:class:`Layout`).
 
     Returns:
-        ``[1, H, R, D]`` in the queries' dtype.
+        ``[1, H, R, D]`` in the queries' dtype (a view of the ``[R, H, 1, D]`` the kernel
+        writes), or ``[R, H, 1, D]`` for rows.
 
     Raises:
         ValueError: shapes or dtypes it does not serve (see :func:`serves`).
@@ -372,11 +374,12 @@ def paged_decode_attention(
         out = paged_decode_attention(queries[:, :, : pages.n_rows], k_pool, v_pool, pages, head_dim**-0.5)
     """
     _check(queries, k_pool, v_pool, pages)
-    _, H, R, D = queries.shape
+    R, H, D = pages.n_rows, queries.shape[1], queries.shape[3]
+    rows = queries.shape[0] == R > 1  # [R, H, 1, D]: already the kernel's [R, H, D] order
     n_kv = k_pool.shape[1]
     n_splits, per = split_plan(R, n_kv, pages.page_table.shape[1], splits, layout.warps)
     dims = _dims(R, n_kv, pages.page_table.shape[1], per, n_splits)
-    q = mx.swapaxes(queries[0], 0, 1)  # [R, H, D]
+    q = queries if rows or R == 1 else mx.swapaxes(mx.squeeze(queries, 0), 0, 1)  # [R, H, (1,) D]
     template = [("T", queries.dtype), ("D", D), ("G", H // n_kv), ("PS", pages.page_size)]
     template += [("VEC", layout.vec(queries.dtype, D)), ("WARPS", layout.warps)]
     args = dict(
@@ -385,14 +388,16 @@ def paged_decode_attention(
         grid=(R * n_kv * n_splits * 32 * layout.warps, 1, 1),
         threadgroup=(32 * layout.warps, 1, 1),
     )
-    if n_splits == 1:
-        return _kernel(False)(**args, output_shapes=[(1, H, R, D)], output_dtypes=[queries.dtype])[0]
-    return _split_and_reduce(args, (R, H, D), n_splits, queries.dtype)
+    if n_splits == 1:  # written [R, H, 1, D]
+        out = _kernel(False)(**args, output_shapes=[(R, H, 1, D)], output_dtypes=[queries.dtype])[0]
+    else:
+        out = _split_and_reduce(args, (R, H, D), n_splits, queries.dtype)
+    return out if rows or R == 1 else out.transpose(2, 1, 0, 3)  # [1, H, R, D]: a view
 
 
 def _split_and_reduce(args: dict, shape: tuple[int, int, int], n_splits: int, dtype: mx.Dtype) -> mx.array:
     """The split kernel's partial states ``[R, H, splits, 2]`` (maximum, sum) and ``[R, H,
-    splits, D]`` (float32), merged by :data:`_REDUCE` into ``[1, H, R, D]`` ``dtype``."""
+    splits, D]`` (float32), merged by :data:`_REDUCE` into ``[R, H, 1, D]`` ``dtype``."""
     R, H, D = shape
     ml, acc = _kernel(True)(
         **args, output_shapes=[(R, H, n_splits, 2), (R, H, n_splits, D)], output_dtypes=[mx.float32] * 2
@@ -402,7 +407,7 @@ def _split_and_reduce(args: dict, shape: tuple[int, int, int], n_splits: int, dt
         template=[("T", dtype), ("D", D)],
         grid=(R * H * D, 1, 1),
         threadgroup=(D, 1, 1),
-        output_shapes=[(1, H, R, D)],
+        output_shapes=[(R, H, 1, D)],
         output_dtypes=[dtype],
     )[0]
 
@@ -413,8 +418,12 @@ def paged_decode_reference(
     """What :func:`paged_decode_attention` computes, in MLX ops on any device (float32 scores,
     summed elementwise so TF32 matmuls do not touch them; holds ``[R, n_kv_heads, G, S, D]``).
 
-    Args and returns: as :func:`paged_decode_attention` (``[1, H, R, D]``).
+    Args and returns: as :func:`paged_decode_attention` (``[1, H, R, D]``, or ``[R, H, 1, D]``).
     """
+    if queries.shape[0] == pages.n_rows > 1:  # decode rows [R, H, 1, D]
+        return paged_decode_reference(queries.transpose(2, 1, 0, 3), k_pool, v_pool, pages, scale).transpose(
+            2, 1, 0, 3
+        )
     _, H, R, D = queries.shape
     n_kv, P = k_pool.shape[1], pages.page_size
     pos = mx.arange(pages.page_table.shape[1] * P)

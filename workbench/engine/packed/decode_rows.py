@@ -40,19 +40,25 @@ class DecodeIndex:
     Attributes:
         write: ``[R]`` int32 pool slot of each row's new token.
         positions: ``[R]`` int32 its RoPE position (the row's held tokens before the step).
-        slots: ``[R, L]`` int32 slots of each row's positions, right-padded with slot 0.
-        mask: ``[R, L]`` bool, position below the row's end; ``None`` when all are as long.
+        slots: ``[R, L]`` int32 slots of each row's positions, right-padded with slot 0
+            (``None`` when not asked for: the CUDA kernel reads :attr:`pages`).
+        mask: ``[R, L]`` bool, position below the row's end; ``None`` when all are as long
+            (or with no ``slots``).
+        pages: ``[R, W]`` int32 each row's first ``W`` page ids, right-padded with page 0 (the
+            CUDA kernel's page table, :class:`~workbench.engine.packed.cuda_attention.DecodePages`).
     """
 
     write: np.ndarray
     positions: np.ndarray
-    slots: np.ndarray
+    slots: np.ndarray | None
     mask: np.ndarray | None
+    pages: np.ndarray
 
 
-def decode_index(table: PageTable, chunks: Sequence[Chunk]) -> DecodeIndex:
+def decode_index(table: PageTable, chunks: Sequence[Chunk], slots: bool = True) -> DecodeIndex:
     """The :class:`DecodeIndex` of one-token decode ``chunks`` over ``table``'s pages (what
-    :func:`~workbench.engine.packed.indices.forward_index` would give).
+    :func:`~workbench.engine.packed.indices.forward_index` would give; ``slots=False``: no
+    slot grid nor mask, what the CUDA kernel needs).
 
     Raises:
         ValueError: a chunk beyond its request's pages."""
@@ -65,13 +71,15 @@ def decode_index(table: PageTable, chunks: Sequence[Chunk]) -> DecodeIndex:
         if c.start >= len(held) * P:
             raise ValueError(f"uid {c.uid}: positions up to {c.start} but only {len(held)} page(s) of {P}")
     grid = np.array([list(p[:W]) + [0] * (W - len(p)) if len(p) < W else p[:W] for p in pages], np.int32)
-    slots = (grid[:, :, None] * P + np.arange(P, dtype=np.int32)).reshape(len(chunks), W * P)[:, :L]
     write = np.array([held[s // P] * P + s % P for held, s in zip(pages, starts, strict=True)], np.int32)
+    if not slots:
+        return DecodeIndex(write, np.array(starts, np.int32), None, None, grid)
+    grid_slots = (grid[:, :, None] * P + np.arange(P, dtype=np.int32)).reshape(len(chunks), W * P)[:, :L]
     mask = None
     if min(starts) + 1 < L:
         mask = np.arange(L)[None, :] <= np.array(starts)[:, None]
-        slots = np.where(mask, slots, 0).astype(np.int32)
-    return DecodeIndex(write, np.array(starts, np.int32), np.ascontiguousarray(slots), mask)
+        grid_slots = np.where(mask, grid_slots, 0).astype(np.int32)
+    return DecodeIndex(write, np.array(starts, np.int32), np.ascontiguousarray(grid_slots), mask, grid)
 
 
 class DecodeRowsLayer:
@@ -81,34 +89,40 @@ class DecodeRowsLayer:
 
     Args:
         pools: the :class:`~workbench.engine.packed.attention.Pools`; layer: this layer's index.
-        write: ``[R]`` int32 pool slot of each row's new token; positions: ``[R]`` int32 its
-            RoPE position (``offset``: mlx-lm's ``[B]`` offsets).
+        write: ``[R]`` int32 pool slot of each row's new token (one row: a scalar, ``[]``);
+            positions: ``[R]`` int32 its RoPE position (``offset``: mlx-lm's ``[B]`` offsets).
         flat: ``[R, n_kv_heads, L]`` int32 rows of the flat pool ``[N * n_kv_heads, D]`` of each
             row's keys (:func:`~workbench.engine.packed.grouped.flat_indices` of
             :attr:`DecodeIndex.slots`); mask: ``[R, 1, 1, L]`` bool, or ``None``.
+        decode: the rows' :class:`~workbench.engine.packed.cuda_attention.DecodePages`: they
+            attend by the CUDA kernel, straight from the pools (``flat`` and ``mask`` unused), or
+            ``None``.
     """
 
     def __init__(
-        self, pools: Any, layer: int, write: mx.array, positions: mx.array, flat: mx.array, mask: Any
+        self,
+        pools: Any,
+        layer: int,
+        write: mx.array,
+        positions: mx.array,
+        flat: mx.array | None,
+        mask: Any,
+        decode: Any = None,
     ):
-        self.pools, self.layer, self.write, self.offset, self.flat, self.mask = (
-            pools,
-            layer,
-            write,
-            positions,
-            flat,
-            mask,
-        )
+        self.pools, self.layer, self.write, self.offset = pools, layer, write, positions
+        self.flat, self.mask, self.decode = flat, mask, decode
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write ``keys``, ``values`` ``[R, n_kv_heads, 1, head_dim]`` at the rows' slots;
         return them as they are (:meth:`attend` reads the pools)."""
         R, H, _, D = keys.shape
-        k, v = keys.reshape(R, H, D), values.reshape(R, H, D)
+        # one row: a scalar slot and [H, D] (a [1] index has MLX squeeze and broadcast the update)
+        shape = (H, D) if self.write.ndim == 0 else (R, H, D)
+        k, v = keys.reshape(shape), values.reshape(shape)
         pools, layer = self.pools, self.layer
         kp = pools.keys[layer]
         if kp is None or kp.shape[0] < pools.slots:
-            pools.fit(layer, k)
+            pools.fit(layer, keys.reshape(R, H, D))
             kp = pools.keys[layer]
         vp = pools.values[layer]
         kp[self.write] = k
@@ -119,6 +133,10 @@ class DecodeRowsLayer:
         """One-query attention of ``queries`` ``[R, H, 1, D]`` over each row's keys, gathered
         row-contiguous from the flat pools; ``[R, H, 1, D]``."""
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
+        if self.decode is not None:  # the CUDA kernel reads each row's pages where they are
+            from . import cuda_attention
+
+            return cuda_attention.paged_decode_attention(queries, kp, vp, self.decode, scale)
         N, H, D = kp.shape
         return mx.fast.scaled_dot_product_attention(
             queries,

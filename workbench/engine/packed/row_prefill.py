@@ -112,7 +112,8 @@ class RowPrefillLayer:
         """Write ``keys``, ``values`` ``[1, n_kv_heads, T, head_dim]`` (RoPE applied) at the
         chunk's slots; return them as they are (the chunk starts its request) or the request's
         ``[1, n_kv_heads, L, head_dim]`` read back from the pool."""
-        k, v = keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2)  # [T, n_kv_heads, head_dim]
+        # [T, n_kv_heads, head_dim]; mx.squeeze, not keys[0] (MLX's integer index is a gather: a copy)
+        k, v = (mx.squeeze(a, 0).transpose(1, 0, 2) for a in (keys, values))
         self.pools.fit(self.layer, k)
         kp, vp = self.pools.keys[self.layer], self.pools.values[self.layer]
         kp[self.write] = k
@@ -162,5 +163,5 @@ def row_prefill_forward(
     last_query = chunk.samples and chunk.n_tokens > 1
     caches = [RowPrefillLayer(pools, i, index, write, keys, last_query and i == n - 1) for i in range(n)]
     ids = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
-    h = model.model(ids[None], cache=caches)[0]  # [T, hidden], normed: the model's own layers
+    h = mx.squeeze(model.model(ids[None], cache=caches), 0)  # [T, hidden], normed: the model's own layers
     return head(model, h[-1:]) if chunk.samples else h[:0]

@@ -1,0 +1,210 @@
+"""The batch-invariant mode's prefill of several prompts in one forward: each prompt's next
+chunk of exactly ``prefill_step_size`` tokens, every row's bits those of its prefill alone.
+
+Knows: :class:`~workbench.engine.levers.invariant_preempt.ReplayPrefillGroup` (subclassed:
+its chunk schedule and its replay of a resumed row's decode steps),
+:func:`~workbench.engine.levers.invariant.invariant_forward` (row-blocked projections),
+mlx-lm's single-sequence ``KVCache`` and ``mx.fast.scaled_dot_product_attention``. Must not
+know: requests, the queue, events.
+
+The mode's alone prefill is this path too (a group of one), so a prompt computes the same
+bits whatever else prefills beside it:
+
+- **projections** run in the mode's row blocks (:func:`~.invariant.blocked`): within a
+  calibrated block a row's bits do not depend on its neighbours, its place in the call or the
+  call's row count, so the ``B' x C`` rows of a forward get the bits each gets in the prompt's
+  forward alone (``1 x C`` rows);
+- **attention** runs per prompt (:class:`PromptChunks`): its chunk's queries over its own
+  single-sequence cache's keys, causally, one ``mx.fast.scaled_dot_product_attention`` call of
+  the shapes it has alone (queries made contiguous, keys as its ``KVCache`` returns them);
+- **RoPE** at each prompt's own offset (``offset`` an ``[B']`` array, the call alone makes
+  with ``[1]``); norms, the MLP and the residuals are row-wise;
+- **the chunk schedule** is the alone one: chunk ``j`` of a prompt is its tail's tokens
+  ``[j * C, (j + 1) * C)``, so each chunk attends the keys it attends alone.
+
+Example, ``C = 8``, tails of 3, 8 and 19 tokens: three forwards instead of five, the rows
+right-padded to the longest chunk in each (padding rows are computed, never stored)::
+
+    forward 1  [3, 8]   rows: a[0:3]+pad, b[0:8], c[0:8]
+    forward 2  [1, 8]   rows: c[8:16]
+    forward 3  [1, 3]   rows: c[16:19]
+
+A resumed row's replayed tail (its decode steps, :mod:`.invariant_preempt`) runs after its
+chunks, one token per forward, as before. Axis letters: ``B'`` prompts in a forward, ``C``
+the longest chunk among them, ``H`` query heads, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from ..kv import caches as kv
+from ..model_hooks import hooks_of
+from .invariant import invariant_forward
+from .invariant_preempt import ReplayPrefillGroup
+
+
+def serves(model: Any, max_kv_size: int | None = None) -> bool:
+    """Whether ``model`` prefills in the mode's batched forwards: every layer's
+    single-sequence cache is mlx-lm's plain ``KVCache`` (full attention: no ring, no
+    recurrent state) and its attention layers are hooked (:mod:`workbench.engine.model_hooks`).
+    Other models prefill each prompt alone (:class:`ReplayPrefillGroup`)."""
+    plain = all(type(c) is KVCache for c in kv.single_cache(model, max_kv_size))
+    return plain and hooks_of(model, projections=True).attention_hooked
+
+
+class PromptChunks:
+    """One layer's cache for a forward of several prompts' chunks ``[B', C]``: row ``b``
+    writes its first ``lengths[b]`` positions into its own single-sequence ``KVCache`` and
+    attends that cache alone (:meth:`attend`, the seam :class:`~workbench.engine.model_hooks.ModelHooks`
+    calls instead of the model file's attention).
+
+    Args:
+        rows: ``[B']`` each prompt's ``KVCache`` of this layer (written in place).
+        lengths: ``[B']`` each prompt's chunk length (``1 .. C``; the rest is padding).
+
+    Attributes:
+        offset: ``[B']`` int32, the tokens each row's cache holds before this forward (RoPE).
+
+    Raises:
+        TypeError: a row's cache is not a plain ``KVCache``.
+    """
+
+    def __init__(self, rows: Sequence[Any], lengths: Sequence[int]):
+        bad = [type(c).__name__ for c in rows if type(c) is not KVCache]
+        if bad:
+            raise TypeError(f"the mode's batched prefill writes KVCache layers only, got {bad}")
+        self.rows, self.lengths = list(rows), list(lengths)
+        self.offset = mx.array([c.offset for c in rows], dtype=mx.int32)  # [B']
+        self._fetched: list[tuple[mx.array, mx.array]] = []
+
+    def make_mask(self, *args: Any, **kwargs: Any) -> None:
+        """No mask: :meth:`attend` masks each row causally on its own keys."""
+        return None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write row ``b``'s first ``lengths[b]`` positions of ``keys``, ``values`` ``[B',
+        n_kv_heads, C, D]`` into its cache; returns them unchanged (:meth:`attend` reads the
+        caches)."""
+        self._fetched = [
+            c.update_and_fetch(keys[b : b + 1, :, :n], values[b : b + 1, :, :n])
+            for b, (c, n) in enumerate(zip(self.rows, self.lengths))
+        ]
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        """``[B', H, C, D]``: row ``b``'s ``lengths[b]`` queries over its own cache's keys,
+        causally (no mask for one query), as its prefill alone calls
+        ``mx.fast.scaled_dot_product_attention``; padding positions are zeros."""
+        C, outs = queries.shape[2], []
+        for b, ((k, v), n) in enumerate(zip(self._fetched, self.lengths)):
+            q = mx.contiguous(queries[b : b + 1, :, :n])  # [1, H, n, D], the layout alone has
+            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if n > 1 else None)
+            if n < C:
+                o = mx.concatenate([o, mx.zeros((1, o.shape[1], C - n, o.shape[3]), dtype=o.dtype)], axis=2)
+            outs.append(o)
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+
+class BatchedReplayPrefillGroup(ReplayPrefillGroup):
+    """:class:`ReplayPrefillGroup` whose prompts' chunks run together: each
+    :meth:`run_chunk` is one forward of the next chunk of every row with prompt chunks left
+    (see the module docstring); then each resumed row's replayed tokens as before.
+
+    Args:
+        as :class:`ReplayPrefillGroup` (``caches``: per row single-sequence ``KVCache`` layers).
+
+    Attributes:
+        forwards: model forwards run so far (chunks and replayed tokens).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._done_tokens: list[int] = []
+        super().__init__(*args, **kwargs)
+        self._done_tokens = [0] * len(self.prompts)
+        self.forwards = 0
+
+    @property
+    def rows_done_tokens(self) -> list[int]:
+        """Per row, its tail tokens already in its cache."""
+        return list(self.lengths) if self.done else list(self._done_tokens)
+
+    def clone(self, share_appended: bool = False) -> "BatchedReplayPrefillGroup":
+        """An independent copy (see :meth:`PrefillGroup.clone`)."""
+        out = super().clone(share_appended)
+        out._done_tokens = list(self._done_tokens)
+        return out
+
+    def _chunked(self, b: int) -> int:
+        """Row ``b``'s tail tokens that prefill in chunks (the rest replay)."""
+        return self.lengths[b] - self.replay[b]
+
+    def _chunk_rows(self) -> list[int]:
+        return [b for b, k in enumerate(self._done_tokens) if k < self._chunked(b)]
+
+    def next_rows(self) -> list[int]:
+        """The rows the next :meth:`run_chunk` runs: every row with a chunk left, else the
+        first with replayed tokens left; ``[]`` once done."""
+        if self.done:
+            return []
+        rows = self._chunk_rows()
+        return rows or [next(b for b, k in enumerate(self._done_tokens) if k < self.lengths[b])]
+
+    def next_chunk(self) -> tuple[int, int, int]:
+        """``(rows, start, remaining)``: the rows of the next forward, the most tokens one of
+        them holds, the most it has left; ``(0, 0, 0)`` once done."""
+        rows = self.next_rows()
+        if not rows:
+            return 0, 0, 0
+        done = [self._done_tokens[b] for b in rows]
+        return len(rows), max(done), max(self.lengths[b] - k for b, k in zip(rows, done))
+
+    def run_chunk(self, tokens: int | None = None) -> list[int]:
+        """One forward: the next chunk of exactly ``prefill_step_size`` tokens (fewer at a
+        tail's end) of every row with chunks left (``[B', C]``), or once none has, one row's
+        replayed tokens (``tokens`` is ignored: the schedule is fixed).
+
+        Returns:
+            Tokens per row this call put in the caches.
+
+        Raises:
+            RuntimeError: the group is already done.
+        """
+        if self.done:
+            raise RuntimeError("prefill group is done; nothing left to run")
+        rows = self._chunk_rows()
+        real = [0] * len(self.prompts)
+        if rows:
+            for b, n in zip(rows, self._run_chunks(rows)):
+                real[b] = n
+            self.forwards += 1
+        else:
+            b = self.next_rows()[0]
+            real[b] = self._replay_forwards(b, self._done_tokens[b], self.step_size)
+            self.forwards += real[b]
+        for b, n in enumerate(real):
+            self._done_tokens[b] += n
+        self.position += sum(real)
+        if self.position >= sum(self.lengths):
+            self._finish()
+        return real
+
+    def _run_chunks(self, rows: list[int]) -> list[int]:
+        """One forward of each of ``rows``' next chunk into its own caches; its chunk lengths."""
+        starts = [self._done_tokens[b] for b in rows]
+        chunks = [
+            self.prompts[b][k : min(k + self.step_size, self._chunked(b))] for b, k in zip(rows, starts)
+        ]
+        C = max(map(len, chunks))
+        tokens = mx.array([c + [0] * (C - len(c)) for c in chunks], dtype=mx.uint32)  # [B', C]
+        lengths = [len(c) for c in chunks]
+        layers = [PromptChunks([self._solo[b][i] for b in rows], lengths) for i in range(len(self._solo[0]))]
+        held = [self.held[b] + k for b, k in zip(rows, starts)]
+        with invariant_forward(self.model, self.invariance, held):
+            self.model(tokens, cache=layers)  # logits unused (never evaluated)
+        mx.eval([c.state for b in rows for c in self._solo[b]])
+        return lengths

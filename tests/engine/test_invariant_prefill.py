@@ -81,32 +81,59 @@ def test_a_group_prefills_in_fewer_forwards_than_prompts_with_every_row_bit_equa
     assert count[0] < sum(map(_chunks, reqs)), count[0]  # the prompts' chunks, each alone
 
 
-def test_prefill_caches_batched_hold_the_bits_of_each_prompt_alone():
-    model, tok = variant("llama-trained")
-    inv = invariant.configure(model, True)
-    assert invariant_prefill.serves(model)
-    tails = [list(range(5, 5 + n)) for n in (0, 1, 7, 8, 19)]
+def _prefill(model, inv, prompts):
+    group = invariant_prefill.BatchedReplayPrefillGroup(
+        model, prompts, CHUNK, None, None, [0] * len(prompts), [0] * len(prompts), inv
+    )
+    while not group.done:
+        group.run_chunk(3)  # the chunk asked for is ignored: the schedule is fixed
+    return group
 
-    def prefill(prompts):
-        group = invariant_prefill.BatchedReplayPrefillGroup(
-            model, prompts, CHUNK, None, None, [0] * len(prompts), [0] * len(prompts), inv
-        )
-        while not group.done:
-            group.run_chunk(3)  # the chunk asked for is ignored: the schedule is fixed
-        return group
 
-    together = prefill(tails)
-    assert together.forwards == 3 and together.rows_done_tokens == [len(t) for t in tails]
+def _assert_rows_equal_alone(model, inv, tails):
+    together = _prefill(model, inv, tails)
+    assert together.forwards == max(_chunks(wb.Request(prompt=t + [0])) for t in tails)
+    assert together.rows_done_tokens == [len(t) for t in tails]
     for b, t in enumerate(tails):
         if not t:
             continue
-        alone = prefill([t])
+        alone = _prefill(model, inv, [t])
         assert alone.forwards == _chunks(wb.Request(prompt=t + [0]))
         for mine, its in zip(together.caches, alone.caches):  # each layer: row b batched, the row alone
             a, one = mine.extract(b), its.extract(0)
             assert a.offset == one.offset == len(t)
             for x, y in zip(a.state[:2], one.state[:2]):
                 assert mx.array_equal(x[..., : len(t), :], y[..., : len(t), :]).item()
+
+
+TAILS = [list(range(5, 5 + n)) for n in (0, 1, 7, 8, 19)]
+
+
+def test_prefill_caches_batched_hold_the_bits_of_each_prompt_alone():
+    model, _ = variant("llama-trained")
+    inv = invariant.configure(model, True)
+    assert invariant_prefill.serves(model)
+    _assert_rows_equal_alone(model, inv, TAILS)
+
+
+@pytest.mark.parametrize("family", ["llama-trained", "llama-bf16"])
+def test_off_the_cpu_one_row_projections_prefill_in_the_devices_row_blocks(monkeypatch, family):
+    """CUDA's calibration runs weights of up to 4 MiB as one-row products (``ONE_ROW``): a
+    prefill's thousands of rows run in the device's blocks instead (RowBlocks(2, 256) for
+    bf16, here cut to 24 rows to keep the range's sweep short), its bits still each prompt's
+    alone. Checked here on the CPU with the CUDA table."""
+    monkeypatch.setitem(invariant.ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 24))
+    monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
+    model, _ = variant(family)
+    invariant.configure(model, True)  # hooks the model
+    inv = invariant.Invariance("cuda", {})  # no projection calibrated: each one-row (ONE_ROW)
+    q = model.model.layers[0].self_attn.q_proj
+    assert inv.plan_for(q)[0] == invariant.ONE_ROW
+    want = invariant.RowBlocks(8, 8) if family == "llama-trained" else invariant.RowBlocks(2, 24)
+    assert invariant_prefill.prefill_plan(inv, q) == (want, None)
+    cpu = invariant.Invariance("cpu", {})
+    assert invariant_prefill.prefill_plan(cpu, q)[0] == invariant.ONE_ROW  # the CPU keeps the step's plan
+    _assert_rows_equal_alone(model, inv, TAILS)
 
 
 def test_models_with_rings_or_recurrent_state_prefill_each_prompt_alone():

@@ -3,17 +3,17 @@ chunk of exactly ``prefill_step_size`` tokens, every row's bits those of its pre
 
 Knows: :class:`~workbench.engine.levers.invariant_preempt.ReplayPrefillGroup` (subclassed:
 its chunk schedule and its replay of a resumed row's decode steps),
-:func:`~workbench.engine.levers.invariant.invariant_forward` (row-blocked projections),
+:mod:`~workbench.engine.levers.invariant`'s row blocks (:func:`~.invariant.blocked`),
 mlx-lm's single-sequence ``KVCache`` and ``mx.fast.scaled_dot_product_attention``. Must not
 know: requests, the queue, events.
 
 The mode's alone prefill is this path too (a group of one), so a prompt computes the same
 bits whatever else prefills beside it:
 
-- **projections** run in the mode's row blocks (:func:`~.invariant.blocked`): within a
-  calibrated block a row's bits do not depend on its neighbours, its place in the call or the
-  call's row count, so the ``B' x C`` rows of a forward get the bits each gets in the prompt's
-  forward alone (``1 x C`` rows);
+- **projections** run in the mode's row blocks (:func:`~.invariant.blocked`, the plan of
+  :func:`prefill_plan`): within a calibrated block a row's bits do not depend on its
+  neighbours, its place in the call or the call's row count, so the ``B' x C`` rows of a
+  forward get the bits each gets in the prompt's forward alone (``1 x C`` rows);
 - **attention** runs per prompt (:class:`PromptChunks`): its chunk's queries over its own
   single-sequence cache's keys, causally, one ``mx.fast.scaled_dot_product_attention`` call of
   the shapes it has alone (queries made contiguous, keys as its ``KVCache`` returns them);
@@ -36,7 +36,8 @@ the longest chunk among them, ``H`` query heads, ``D`` head dim.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -44,8 +45,11 @@ from mlx_lm.models.cache import KVCache
 
 from ..kv import caches as kv
 from ..model_hooks import hooks_of
-from .invariant import invariant_forward
+from . import invariant
+from .invariant import ONE_ROW, ROW_BLOCKS, Invariance, RowBlocks, blocked, rows_agree
 from .invariant_preempt import ReplayPrefillGroup
+
+_PREFILL_BLOCKS: dict = {}  # (backend, signature) -> RowBlocks or None, for one-row projections off the CPU
 
 
 def serves(model: Any, max_kv_size: int | None = None) -> bool:
@@ -55,6 +59,56 @@ def serves(model: Any, max_kv_size: int | None = None) -> bool:
     Other models prefill each prompt alone (:class:`ReplayPrefillGroup`)."""
     plain = all(type(c) is KVCache for c in kv.single_cache(model, max_kv_size))
     return plain and hooks_of(model, projections=True).attention_hooked
+
+
+def prefill_plan(inv: Invariance, module: Any) -> tuple[RowBlocks | None, Any]:
+    """``(blocks, rows_apart)`` of ``module`` for :func:`~.invariant.blocked` in a prefill
+    forward: the decode step's (:meth:`Invariance.plan_for`), except where that is one-row
+    products (:data:`~.invariant.ONE_ROW`, a weight of up to ``ROWS_APART_BYTES``) off the CPU:
+    there a prefill's ``B' x C`` rows (thousands) would be as many one-row products, so they
+    run in the device's row blocks (:data:`~.invariant.ROW_BLOCKS`, e.g. ``RowBlocks(2, 256)``
+    for bf16 on CUDA), cut to a clean range (:func:`~.invariant.clean_range`) and checked
+    (:func:`~.invariant.rows_agree`) once per projection shape; kept one-row where the check
+    fails. Prefill bits need not be the decode step's, only the same alone and batched."""
+    blocks, apart = inv.plan_for(module)
+    if blocks != ONE_ROW or inv.backend == "cpu":
+        return blocks, apart
+    key = (inv.backend, invariant.signature(module))
+    if key not in _PREFILL_BLOCKS:
+        _PREFILL_BLOCKS[key] = _device_blocks(module, inv.backend)
+    found = _PREFILL_BLOCKS[key]
+    return (blocks, apart) if found is None else (found, None)
+
+
+def _device_blocks(module: Any, backend: str) -> RowBlocks | None:
+    """The device's row blocks for ``module`` (:func:`prefill_plan`), or ``None`` where
+    they do not keep a row's bits."""
+    first = ROW_BLOCKS.get((backend, invariant._kind(module)))
+    if first is None:
+        return None
+    f, K = invariant._plain_call(module), invariant._in_features(module)
+    dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
+    if first.max_rows > first.min_rows:
+        first = invariant.clean_range(f, K, dtype, first)
+    return first if rows_agree(f, K, dtype, first) else None
+
+
+@contextlib.contextmanager
+def prefill_forward(model: Any, inv: Invariance) -> Iterator[None]:
+    """Within the block a forward of ``model`` over :class:`PromptChunks` caches runs its
+    projections in :func:`prefill_plan`'s row blocks; its attention is each cache's own
+    (:meth:`PromptChunks.attend`). Attention with sinks (which the seam does not take) is
+    refused: ``RuntimeError`` naming the mode."""
+
+    def project(module: Any, plain: Any, x: mx.array) -> mx.array:
+        blocks, apart = prefill_plan(inv, module)
+        return blocked(lambda b: plain(module, b), x, blocks, apart)
+
+    def refuse(*args: Any, **kwargs: Any) -> mx.array:
+        raise RuntimeError("the batch-invariant mode's batched prefill has no attention with sinks")
+
+    with hooks_of(model, projections=True).using(projections=project, attention=refuse):
+        yield
 
 
 class PromptChunks:
@@ -203,8 +257,7 @@ class BatchedReplayPrefillGroup(ReplayPrefillGroup):
         tokens = mx.array([c + [0] * (C - len(c)) for c in chunks], dtype=mx.uint32)  # [B', C]
         lengths = [len(c) for c in chunks]
         layers = [PromptChunks([self._solo[b][i] for b in rows], lengths) for i in range(len(self._solo[0]))]
-        held = [self.held[b] + k for b, k in zip(rows, starts)]
-        with invariant_forward(self.model, self.invariance, held):
+        with prefill_forward(self.model, self.invariance):
             self.model(tokens, cache=layers)  # logits unused (never evaluated)
         mx.eval([c.state for b in rows for c in self._solo[b]])
         return lengths

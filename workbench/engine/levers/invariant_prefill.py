@@ -23,7 +23,8 @@ bits whatever else prefills beside it:
   ``[j * C, (j + 1) * C)``, so each chunk attends the keys it attends alone.
 
 Example, ``C = 8``, tails of 3, 8 and 19 tokens: three forwards instead of five, the rows
-right-padded to the longest chunk in each (padding rows are computed, never stored)::
+right-padded to the longest chunk in each (a projection runs only the real rows; padding is
+never projected, attended or stored)::
 
     forward 1  [3, 8]   rows: a[0:3]+pad, b[0:8], c[0:8]
     forward 2  [1, 8]   rows: c[8:16]
@@ -37,6 +38,7 @@ the longest chunk among them, ``H`` query heads, ``D`` head dim.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -94,21 +96,39 @@ def _device_blocks(module: Any, backend: str) -> RowBlocks | None:
 
 
 @contextlib.contextmanager
-def prefill_forward(model: Any, inv: Invariance) -> Iterator[None]:
+def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None = None) -> Iterator[None]:
     """Within the block a forward of ``model`` over :class:`PromptChunks` caches runs its
     projections in :func:`prefill_plan`'s row blocks; its attention is each cache's own
-    (:meth:`PromptChunks.attend`). Attention with sinks (which the seam does not take) is
-    refused: ``RuntimeError`` naming the mode."""
+    (:meth:`PromptChunks.attend`). ``lengths``: ``[B']`` each row's real tokens of the
+    ``[B', C]`` input; a projection then runs only those rows (gathered, the padding rows'
+    outputs zeros), so padding costs no matmul rows and no extra blocks. Attention with sinks
+    (which the seam does not take) is refused: ``RuntimeError`` naming the mode."""
+    keep = _real_rows(lengths) if lengths else None
 
     def project(module: Any, plain: Any, x: mx.array) -> mx.array:
         blocks, apart = prefill_plan(inv, module)
-        return blocked(lambda b: plain(module, b), x, blocks, apart)
+        lead, K = x.shape[:-1], x.shape[-1]
+        if keep is None or math.prod(lead) != len(lengths) * max(lengths):
+            return blocked(lambda b: plain(module, b), x, blocks, apart)
+        y = blocked(lambda b: plain(module, b), x.reshape(-1, K)[keep], blocks, apart)  # [T, N]
+        out = mx.zeros((math.prod(lead), y.shape[-1]), dtype=y.dtype)
+        out[keep] = y
+        return out.reshape(*lead, y.shape[-1])
 
     def refuse(*args: Any, **kwargs: Any) -> mx.array:
         raise RuntimeError("the batch-invariant mode's batched prefill has no attention with sinks")
 
     with hooks_of(model, projections=True).using(projections=project, attention=refuse):
         yield
+
+
+def _real_rows(lengths: Sequence[int]) -> mx.array | None:
+    """The flat indices of the real tokens of a right-padded ``[B', C]`` input (``C`` the
+    longest of ``lengths``), ``None`` where no row is padded."""
+    C = max(lengths)
+    if all(n == C for n in lengths):
+        return None
+    return mx.array([b * C + j for b, n in enumerate(lengths) for j in range(n)], dtype=mx.int32)
 
 
 class PromptChunks:
@@ -257,7 +277,7 @@ class BatchedReplayPrefillGroup(ReplayPrefillGroup):
         tokens = mx.array([c + [0] * (C - len(c)) for c in chunks], dtype=mx.uint32)  # [B', C]
         lengths = [len(c) for c in chunks]
         layers = [PromptChunks([self._solo[b][i] for b in rows], lengths) for i in range(len(self._solo[0]))]
-        with prefill_forward(self.model, self.invariance):
+        with prefill_forward(self.model, self.invariance, lengths):
             self.model(tokens, cache=layers)  # logits unused (never evaluated)
         mx.eval([c.state for b in rows for c in self._solo[b]])
         return lengths

@@ -3,8 +3,6 @@ prompts prefills in fewer forwards than prompts (each forward runs every prompt'
 and every row's tokens and log-probs stay ``==`` its run alone, at once and staggered, with
 the reference BLAS (this process) and with OpenBLAS (a subprocess)."""
 
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -13,9 +11,9 @@ import pytest
 
 import workbench as wb
 from tests.engine.test_invariant import variant
+from tests.engine.test_invariant_blocks import _in_a_process_with_openblas
 from workbench.engine.levers import invariant, invariant_prefill
 from workbench.engine.runner import ModelRunner
-from workbench.runtime.blas import find_blas
 from workbench.verify import invariance
 from workbench.workloads.workload import prompt_of_length
 
@@ -151,29 +149,24 @@ OPENBLAS_SCRIPT = textwrap.dedent("""
     from workbench.runtime import blas
     from workbench.verify import invariance
     from workbench.workloads.workload import prompt_of_length
+    import json
     assert blas.STATUS.library, blas.STATUS.note
     model, tok = wb.load()
     lengths = (1, 2, 3, 8, 9, 10, 14, 20, 27, 40)
     reqs = [wb.Request(prompt=prompt_of_length(tok, n, 13 * n + 1), max_tokens=6) for n in lengths]
     reqs.append(wb.Request(prompt=prompt_of_length(tok, 12, 5), max_tokens=6, temperature=0.8, seed=3))
     alone = [invariance.alone(model, tok, r, 8) for r in reqs]
+    equal = {}
     for name, max_batch, arrivals in (("at once", 11, [0] * 11), ("staggered", 4, [i // 3 * 2 for i in range(11)])):
         sched = wb.Scheduler(model, tok, max_batch=max_batch, prefill_step_size=8, batch_invariant=True)
         sched.run(arrivals=list(zip(arrivals, reqs)))
         got = [(sched.tokens(u), sched.logprobs(u)) for u in sorted(sched.requests)]
-        print(f"{name}|{sum(g == a for g, a in zip(got, alone))}/{len(reqs)}")
+        equal[name] = [sum(g == a for g, a in zip(got, alone)), len(reqs)]
+    print(json.dumps(equal))
 """)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
 def test_with_openblas_batched_prefill_keeps_every_row_bit_equal_alone(monkeypatch):
-    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)  # the suite itself runs with it off
-    if find_blas() is None:
-        pytest.skip("no optimized BLAS installed here (.ci/run installs Debian's libopenblas0-pthread)")
-    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_BLAS"}
-    out = subprocess.run(
-        [sys.executable, "-c", OPENBLAS_SCRIPT], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    counts = dict(line.split("|") for line in out.stdout.strip().splitlines())
-    assert counts == {"at once": "11/11", "staggered": "11/11"}, out.stdout
+    got = _in_a_process_with_openblas(OPENBLAS_SCRIPT, monkeypatch)
+    assert got == {"at once": [11, 11], "staggered": [11, 11]}, got

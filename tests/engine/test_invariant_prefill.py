@@ -114,6 +114,26 @@ def test_prefill_caches_batched_hold_the_bits_of_each_prompt_alone():
     _assert_rows_equal_alone(model, inv, TAILS)
 
 
+def test_a_clone_mid_prefill_runs_on_apart_from_its_original():
+    model, _ = variant("llama-trained")
+    inv = invariant.configure(model, True)
+    group = invariant_prefill.BatchedReplayPrefillGroup(
+        model, TAILS, CHUNK, None, None, [0] * 5, [0] * 5, inv
+    )
+    assert group.run_chunk() == [0, 1, 7, 8, 8] and group.next_chunk() == (1, 8, 11)
+    copy = group.clone()
+    assert copy.run_chunk() == [0, 0, 0, 0, 8] and group.rows_done_tokens == [0, 1, 7, 8, 8]
+    while not group.done:
+        group.run_chunk()
+    while not copy.done:
+        copy.run_chunk()
+    assert group.forwards == copy.forwards == 3 and copy.next_rows() == [] and copy.next_chunk() == (0, 0, 0)
+    for a, b in zip(group.caches, copy.caches):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a.state[:2], b.state[:2]))
+    with pytest.raises(RuntimeError, match="done"):
+        group.run_chunk()
+
+
 @pytest.mark.parametrize("family", ["llama-trained", "llama-bf16"])
 def test_off_the_cpu_one_row_projections_prefill_in_the_devices_row_blocks(monkeypatch, family):
     """CUDA's calibration runs weights of up to 4 MiB as one-row products (``ONE_ROW``): a

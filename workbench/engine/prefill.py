@@ -158,6 +158,15 @@ class PrefillGroup:
             row, pos = row + 1, 0
         return 1, pos, self.lengths[row] - pos
 
+    def next_rows(self) -> list[int]:
+        """The rows the next :meth:`run_chunk` runs: all of them batched, the first with
+        prompt tokens left per row; ``[]`` once :attr:`done`."""
+        if self._done:
+            return []
+        if not self.per_row:
+            return list(range(len(self.prompts)))
+        return [next(b for b, (k, n) in enumerate(zip(self.rows_done_tokens, self.lengths)) if k < n)]
+
     def run_chunk(self, tokens: int | None = None) -> list[int]:
         """Run the next chunk (``[B, C]`` batched, ``[1, C]`` per row), evaluated before
         returning.

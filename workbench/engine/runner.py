@@ -19,7 +19,7 @@ from .batch import Batch
 from .forward import DECODE, JOIN, PREFILL, VERIFY, Forward, ForwardLevers, Pending, launch
 from .kv.caches import CacheRecipe, repeat_rows
 from .kv.promptcache import PromptCache
-from .levers import speculative
+from .levers import invariant_prefill, speculative
 from .levers.fastpath import FastDecode
 from .levers.invariant import Invariance
 from .levers.invariant_preempt import QuantizedReplayPrefillGroup, ReplayPrefillGroup
@@ -176,9 +176,9 @@ class ModelRunner:
             if recipe.kv_quant is not None:
                 first = first_forward_tokens(states, step)
                 return QuantizedReplayPrefillGroup(recipe, tails, step, first, replay, held, self.invariant)
-            return ReplayPrefillGroup(
-                recipe.model, tails, step, recipe.max_kv_size, caches, replay, held, self.invariant
-            )
+            batched = self.adapters is None and invariant_prefill.serves(recipe.model, recipe.max_kv_size)
+            group = invariant_prefill.BatchedReplayPrefillGroup if batched else ReplayPrefillGroup
+            return group(recipe.model, tails, step, recipe.max_kv_size, caches, replay, held, self.invariant)
         if recipe.kv_quant is None:
             return PrefillGroup(recipe.model, tails, step, recipe.max_kv_size, caches)
         return QuantizedPrefillGroup(recipe, tails, step, caches, first_forward_tokens(states, step))
@@ -275,17 +275,10 @@ class ModelRunner:
 
     def run_chunk(self, group: Prefilling, *args: Any) -> list[int]:
         """The group's next prefill chunk (``PrefillGroup.run_chunk(*args)``), with the
-        adapters of the rows it runs: all of them (``[B, C]``), or one (``[1, C]`` per row)."""
+        adapters of the rows it runs (``PrefillGroup.next_rows``): all of them (``[B, C]``),
+        one (``[1, C]`` per row), or the mode's rows with a chunk left."""
         prefill = group.prefill
-        rows = range(len(group.prefilled))
-        if prefill.per_row:  # the first row with prompt tokens left, as PrefillGroup runs them
-            rows = [
-                next(
-                    b
-                    for b, (done, n) in enumerate(zip(prefill.rows_done_tokens, prefill.lengths))
-                    if done < n
-                )
-            ]
+        rows = prefill.next_rows()
         states = [group.prefilled[b] for b in rows]
         so_far = prefill.rows_done_tokens
         held = [s.cached_tokens + so_far[b] for s, b in zip(states, rows)]

@@ -64,13 +64,9 @@ class _Replays:
         """The one-row caches after a replayed forward (a quantized group quantizes them)."""
         return caches
 
-    def _run_row_chunk(self, size: int) -> list[int]:
-        while self._row_pos >= self.lengths[self._row]:
-            self._row, self._row_pos = self._row + 1, 0
-        b, start = self._row, self._row_pos
-        chunked = self.lengths[b] - self.replay[b]
-        if start < chunked:  # the prompt's chunks, the last one ending where the replay starts
-            return super()._run_row_chunk(min(size, chunked - start))
+    def _replay_forwards(self, b: int, start: int, size: int) -> int:
+        """Row ``b``'s tail tokens ``[start, start + size)`` (all in its replayed part), one
+        per forward as the mode's decode step runs them, into ``_solo[b]``; returns how many ran."""
         tokens = self.prompts[b][start : start + size]
         caches = self._one_row(self._solo[b])  # the decode step's cache, this row alone
         for i, t in enumerate(tokens):
@@ -79,7 +75,16 @@ class _Replays:
             caches = self._settle(caches)
             mx.eval([c.state for c in caches])
         self._solo[b] = [c.extract(0) for c in caches]
-        n = len(tokens)
+        return len(tokens)
+
+    def _run_row_chunk(self, size: int) -> list[int]:
+        while self._row_pos >= self.lengths[self._row]:
+            self._row, self._row_pos = self._row + 1, 0
+        b, start = self._row, self._row_pos
+        chunked = self.lengths[b] - self.replay[b]
+        if start < chunked:  # the prompt's chunks, the last one ending where the replay starts
+            return super()._run_row_chunk(min(size, chunked - start))
+        n = self._replay_forwards(b, start, size)
         self._row_pos, self.position = self._row_pos + n, self.position + n
         if self.position >= sum(self.lengths):  # every row's tail in its cache
             self._finish()

@@ -1,0 +1,283 @@
+"""The batch-invariant mode's prefill of several prompts in one forward: each prompt's next
+chunk of exactly ``prefill_step_size`` tokens, every row's bits those of its prefill alone.
+
+Knows: :class:`~workbench.engine.levers.invariant_preempt.ReplayPrefillGroup` (subclassed:
+its chunk schedule and its replay of a resumed row's decode steps),
+:mod:`~workbench.engine.levers.invariant`'s row blocks (:func:`~.invariant.blocked`),
+mlx-lm's single-sequence ``KVCache`` and ``mx.fast.scaled_dot_product_attention``. Must not
+know: requests, the queue, events.
+
+The mode's alone prefill is this path too (a group of one), so a prompt computes the same
+bits whatever else prefills beside it:
+
+- **projections** run in the mode's row blocks (:func:`~.invariant.blocked`, the plan of
+  :func:`prefill_plan`): within a calibrated block a row's bits do not depend on its
+  neighbours, its place in the call or the call's row count, so the ``B' x C`` rows of a
+  forward get the bits each gets in the prompt's forward alone (``1 x C`` rows);
+- **attention** runs per prompt (:class:`PromptChunks`): its chunk's queries over its own
+  single-sequence cache's keys, causally, one ``mx.fast.scaled_dot_product_attention`` call of
+  the shapes it has alone (queries made contiguous, keys as its ``KVCache`` returns them);
+- **RoPE** at each prompt's own offset (``offset`` an ``[B']`` array, the call alone makes
+  with ``[1]``); norms, the MLP and the residuals are row-wise;
+- **the chunk schedule** is the alone one: chunk ``j`` of a prompt is its tail's tokens
+  ``[j * C, (j + 1) * C)``, so each chunk attends the keys it attends alone.
+
+Example, ``C = 8``, tails of 3, 8 and 19 tokens: three forwards instead of five, the rows
+right-padded to the longest chunk in each (a projection runs only the real rows; padding is
+never projected, attended or stored)::
+
+    forward 1  [3, 8]   rows: a[0:3]+pad, b[0:8], c[0:8]
+    forward 2  [1, 8]   rows: c[8:16]
+    forward 3  [1, 3]   rows: c[16:19]
+
+A resumed row's replayed tail (its decode steps, :mod:`.invariant_preempt`) runs after its
+chunks, one token per forward, as before. Axis letters: ``B'`` prompts in a forward, ``C``
+the longest chunk among them, ``H`` query heads, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+from ..kv import caches as kv
+from ..model_hooks import hooks_of
+from . import invariant
+from .invariant import ONE_ROW, ROW_BLOCKS, Invariance, RowBlocks, blocked, rows_agree
+from .invariant_preempt import ReplayPrefillGroup
+
+_PREFILL_BLOCKS: dict = {}  # (backend, signature) -> RowBlocks or None, for one-row projections off the CPU
+
+
+def serves(model: Any, max_kv_size: int | None = None) -> bool:
+    """Whether ``model`` prefills in the mode's batched forwards: every layer's
+    single-sequence cache is mlx-lm's plain ``KVCache`` (full attention: no ring, no
+    recurrent state) and its attention layers are hooked (:mod:`workbench.engine.model_hooks`).
+    Other models prefill each prompt alone (:class:`ReplayPrefillGroup`)."""
+    plain = all(type(c) is KVCache for c in kv.single_cache(model, max_kv_size))
+    return plain and hooks_of(model, projections=True).attention_hooked
+
+
+def prefill_plan(inv: Invariance, module: Any) -> tuple[RowBlocks | None, Any]:
+    """``(blocks, rows_apart)`` of ``module`` for :func:`~.invariant.blocked` in a prefill
+    forward: the decode step's (:meth:`Invariance.plan_for`), except where that is one-row
+    products (:data:`~.invariant.ONE_ROW`, a weight of up to ``ROWS_APART_BYTES``) off the CPU:
+    there a prefill's ``B' x C`` rows (thousands) would be as many one-row products, so they
+    run in the device's row blocks (:data:`~.invariant.ROW_BLOCKS`, e.g. ``RowBlocks(2, 256)``
+    for bf16 on CUDA), cut to a clean range (:func:`~.invariant.clean_range`) and checked
+    (:func:`~.invariant.rows_agree`) once per projection shape; kept one-row where the check
+    fails. Prefill bits need not be the decode step's, only the same alone and batched."""
+    blocks, apart = inv.plan_for(module)
+    if blocks != ONE_ROW or inv.backend == "cpu":
+        return blocks, apart
+    key = (inv.backend, invariant.signature(module))
+    if key not in _PREFILL_BLOCKS:
+        _PREFILL_BLOCKS[key] = _device_blocks(module, inv.backend)
+    found = _PREFILL_BLOCKS[key]
+    return (blocks, apart) if found is None else (found, None)
+
+
+def _device_blocks(module: Any, backend: str) -> RowBlocks | None:
+    """The device's row blocks for ``module`` (:func:`prefill_plan`), or ``None`` where
+    they do not keep a row's bits."""
+    first = ROW_BLOCKS.get((backend, invariant._kind(module)))
+    if first is None:
+        return None
+    f, K = invariant._plain_call(module), invariant._in_features(module)
+    dtype = module["scales"].dtype if "scales" in module else module["weight"].dtype
+    if first.max_rows > first.min_rows:
+        first = invariant.clean_range(f, K, dtype, first)
+    return first if rows_agree(f, K, dtype, first) else None
+
+
+@contextlib.contextmanager
+def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None = None) -> Iterator[None]:
+    """Within the block a forward of ``model`` over :class:`PromptChunks` caches runs its
+    projections in :func:`prefill_plan`'s row blocks; its attention is each cache's own
+    (:meth:`PromptChunks.attend`). ``lengths``: ``[B']`` each row's real tokens of the
+    ``[B', C]`` input; a projection then runs only those rows (gathered, the padding rows'
+    outputs zeros), so padding costs no matmul rows and no extra blocks. Attention with sinks
+    (which the seam does not take) is refused: ``RuntimeError`` naming the mode."""
+    keep = _real_rows(lengths) if lengths else None
+
+    def project(module: Any, plain: Any, x: mx.array) -> mx.array:
+        blocks, apart = prefill_plan(inv, module)
+        lead, K = x.shape[:-1], x.shape[-1]
+        if keep is None or math.prod(lead) != len(lengths) * max(lengths):
+            return blocked(lambda b: plain(module, b), x, blocks, apart)
+        y = blocked(lambda b: plain(module, b), x.reshape(-1, K)[keep], blocks, apart)  # [T, N]
+        out = mx.zeros((math.prod(lead), y.shape[-1]), dtype=y.dtype)
+        out[keep] = y
+        return out.reshape(*lead, y.shape[-1])
+
+    def refuse(*args: Any, **kwargs: Any) -> mx.array:
+        raise RuntimeError("the batch-invariant mode's batched prefill has no attention with sinks")
+
+    with hooks_of(model, projections=True).using(projections=project, attention=refuse):
+        yield
+
+
+def _real_rows(lengths: Sequence[int]) -> mx.array | None:
+    """The flat indices of the real tokens of a right-padded ``[B', C]`` input (``C`` the
+    longest of ``lengths``), ``None`` where no row is padded."""
+    C = max(lengths)
+    if all(n == C for n in lengths):
+        return None
+    return mx.array([b * C + j for b, n in enumerate(lengths) for j in range(n)], dtype=mx.int32)
+
+
+class PromptChunks:
+    """One layer's cache for a forward of several prompts' chunks ``[B', C]``: row ``b``
+    writes its first ``lengths[b]`` positions into its own single-sequence ``KVCache`` and
+    attends that cache alone (:meth:`attend`, the seam :class:`~workbench.engine.model_hooks.ModelHooks`
+    calls instead of the model file's attention).
+
+    Args:
+        rows: ``[B']`` each prompt's ``KVCache`` of this layer (written in place).
+        lengths: ``[B']`` each prompt's chunk length (``1 .. C``; the rest is padding).
+
+    Attributes:
+        offset: ``[B']`` int32, the tokens each row's cache holds before this forward (RoPE).
+
+    Raises:
+        TypeError: a row's cache is not a plain ``KVCache``.
+    """
+
+    def __init__(self, rows: Sequence[Any], lengths: Sequence[int]):
+        bad = [type(c).__name__ for c in rows if type(c) is not KVCache]
+        if bad:
+            raise TypeError(f"the mode's batched prefill writes KVCache layers only, got {bad}")
+        self.rows, self.lengths = list(rows), list(lengths)
+        self.offset = mx.array([c.offset for c in rows], dtype=mx.int32)  # [B']
+        self._fetched: list[tuple[mx.array, mx.array]] = []
+
+    def make_mask(self, *args: Any, **kwargs: Any) -> None:
+        """No mask: :meth:`attend` masks each row causally on its own keys."""
+        return None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write row ``b``'s first ``lengths[b]`` positions of ``keys``, ``values`` ``[B',
+        n_kv_heads, C, D]`` into its cache; returns them unchanged (:meth:`attend` reads the
+        caches)."""
+        self._fetched = [
+            c.update_and_fetch(keys[b : b + 1, :, :n], values[b : b + 1, :, :n])
+            for b, (c, n) in enumerate(zip(self.rows, self.lengths))
+        ]
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        """``[B', H, C, D]``: row ``b``'s ``lengths[b]`` queries over its own cache's keys,
+        causally (no mask for one query), as its prefill alone calls
+        ``mx.fast.scaled_dot_product_attention``; padding positions are zeros."""
+        C, outs = queries.shape[2], []
+        for b, ((k, v), n) in enumerate(zip(self._fetched, self.lengths)):
+            q = mx.contiguous(queries[b : b + 1, :, :n])  # [1, H, n, D], the layout alone has
+            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if n > 1 else None)
+            if n < C:
+                o = mx.concatenate([o, mx.zeros((1, o.shape[1], C - n, o.shape[3]), dtype=o.dtype)], axis=2)
+            outs.append(o)
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+
+class BatchedReplayPrefillGroup(ReplayPrefillGroup):
+    """:class:`ReplayPrefillGroup` whose prompts' chunks run together: each
+    :meth:`run_chunk` is one forward of the next chunk of every row with prompt chunks left
+    (see the module docstring); then each resumed row's replayed tokens as before.
+
+    Args:
+        as :class:`ReplayPrefillGroup` (``caches``: per row single-sequence ``KVCache`` layers).
+
+    Attributes:
+        forwards: model forwards run so far (chunks and replayed tokens).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._done_tokens: list[int] = []
+        super().__init__(*args, **kwargs)
+        self._done_tokens = [0] * len(self.prompts)
+        self.forwards = 0
+
+    @property
+    def rows_done_tokens(self) -> list[int]:
+        """Per row, its tail tokens already in its cache."""
+        return list(self.lengths) if self.done else list(self._done_tokens)
+
+    def clone(self, share_appended: bool = False) -> "BatchedReplayPrefillGroup":
+        """An independent copy (see :meth:`PrefillGroup.clone`)."""
+        out = super().clone(share_appended)
+        out._done_tokens = list(self._done_tokens)
+        return out
+
+    def _chunked(self, b: int) -> int:
+        """Row ``b``'s tail tokens that prefill in chunks (the rest replay)."""
+        return self.lengths[b] - self.replay[b]
+
+    def _chunk_rows(self) -> list[int]:
+        return [b for b, k in enumerate(self._done_tokens) if k < self._chunked(b)]
+
+    def next_rows(self) -> list[int]:
+        """The rows the next :meth:`run_chunk` runs: every row with a chunk left, else the
+        first with replayed tokens left; ``[]`` once done."""
+        if self.done:
+            return []
+        rows = self._chunk_rows()
+        return rows or [next(b for b, k in enumerate(self._done_tokens) if k < self.lengths[b])]
+
+    def next_chunk(self) -> tuple[int, int, int]:
+        """``(rows, start, remaining)``: the rows of the next forward, the most tokens one of
+        them holds, the most it has left; ``(0, 0, 0)`` once done."""
+        rows = self.next_rows()
+        if not rows:
+            return 0, 0, 0
+        done = [self._done_tokens[b] for b in rows]
+        return len(rows), max(done), max(self.lengths[b] - k for b, k in zip(rows, done))
+
+    def run_chunk(self, tokens: int | None = None) -> list[int]:
+        """One forward: the next chunk of exactly ``prefill_step_size`` tokens (fewer at a
+        tail's end) of every row with chunks left (``[B', C]``), or once none has, one row's
+        replayed tokens (``tokens`` is ignored: the schedule is fixed).
+
+        Returns:
+            Tokens per row this call put in the caches.
+
+        Raises:
+            RuntimeError: the group is already done.
+        """
+        if self.done:
+            raise RuntimeError("prefill group is done; nothing left to run")
+        rows = self._chunk_rows()
+        real = [0] * len(self.prompts)
+        if rows:
+            for b, n in zip(rows, self._run_chunks(rows)):
+                real[b] = n
+            self.forwards += 1
+        else:
+            b = self.next_rows()[0]
+            real[b] = self._replay_forwards(b, self._done_tokens[b], self.step_size)
+            self.forwards += real[b]
+        for b, n in enumerate(real):
+            self._done_tokens[b] += n
+        self.position += sum(real)
+        if self.position >= sum(self.lengths):
+            self._finish()
+        return real
+
+    def _run_chunks(self, rows: list[int]) -> list[int]:
+        """One forward of each of ``rows``' next chunk into its own caches; its chunk lengths."""
+        starts = [self._done_tokens[b] for b in rows]
+        chunks = [
+            self.prompts[b][k : min(k + self.step_size, self._chunked(b))] for b, k in zip(rows, starts)
+        ]
+        C = max(map(len, chunks))
+        tokens = mx.array([c + [0] * (C - len(c)) for c in chunks], dtype=mx.uint32)  # [B', C]
+        lengths = [len(c) for c in chunks]
+        layers = [PromptChunks([self._solo[b][i] for b in rows], lengths) for i in range(len(self._solo[0]))]
+        with prefill_forward(self.model, self.invariance, lengths):
+            self.model(tokens, cache=layers)  # logits unused (never evaluated)
+        mx.eval([c.state for b in rows for c in self._solo[b]])
+        return lengths

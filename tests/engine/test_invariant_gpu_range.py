@@ -10,7 +10,18 @@ import pytest
 from workbench.engine.levers import invariant
 from workbench.engine.levers.invariant import RowBlocks, clean_range
 
-W = mx.random.normal((24, 64), key=mx.random.key(5))  # [N, K]
+W = mx.random.normal((24, 64), key=mx.random.key(5), stream=mx.cpu)  # [N, K]
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(request):
+    """These tests stand a GPU's kernels in with the CPU's (on a GPU machine too): the CPU
+    device, except for the tests marked ``gpu``."""
+    if request.node.get_closest_marker("gpu"):
+        yield
+        return
+    with mx.stream(mx.cpu):
+        yield
 
 
 def switching_at(m: int):

@@ -15,8 +15,9 @@ both removed here (why: ``docs/batch-invariance.md``):
   it makes alone at ``B = 1``; on the CPU in fixed blocks of key positions counted back from
   the row's last key (:mod:`.invariant_keyblocks`).
 
-Prefill runs every prompt alone in chunks of exactly ``prefill_step_size`` tokens
-(:mod:`workbench.engine.prefill`); row-wise operations do not mix rows.
+Prefill runs every prompt in chunks of exactly ``prefill_step_size`` tokens, the group's
+chunks in one forward with these row blocks and each prompt attending its own keys
+(:mod:`.invariant_prefill`); row-wise operations do not mix rows.
 
 Example (CPU, float32, ``max_rows = min_rows = 16``): a step over ``B = 20`` rows runs
 each projection as two calls of 16 rows (the second holding 4 rows and 12 zero rows);

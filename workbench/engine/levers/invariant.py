@@ -175,8 +175,9 @@ def zero_rows(n: int, K: int, dtype: Any) -> mx.array:
     key = (n, K, dtype)
     z = _ZERO_ROWS.get(key)
     if z is None:
-        z = _ZERO_ROWS[key] = mx.zeros((n, K), dtype=dtype)
-        mx.eval(z)
+        z = mx.zeros((n, K), dtype=dtype)
+        mx.eval(z)  # before it is shared: another thread's forward never evaluates it too
+        _ZERO_ROWS[key] = z
     return z
 
 

@@ -106,3 +106,21 @@ def test_every_layer_of_a_forward_attends_from_one_starts_array():
     a, b = starts_array([3, 0, 5]), starts_array([3, 0, 5])
     assert a is b and a.tolist() == [3, 0, 5] and a.dtype == mx.int32
     assert starts_array([3, 0, 6]).tolist() == [3, 0, 6]
+
+
+def test_zero_rows_are_shared_only_once_evaluated(monkeypatch):
+    """A zeros array another thread's forward may take from the shared cache is evaluated
+    before it is put there (5421f89 put it there first, then evaluated it: two threads could
+    evaluate one array at once)."""
+    monkeypatch.setattr(invariant, "_ZERO_ROWS", {})
+    real, published_at_eval = mx.eval, []
+
+    def eval_(*args):
+        published_at_eval.append(bool(invariant._ZERO_ROWS))
+        return real(*args)
+
+    monkeypatch.setattr(mx, "eval", eval_)
+    z = invariant.zero_rows(3, 5, mx.bfloat16)
+    assert published_at_eval == [False]
+    assert invariant.zero_rows(3, 5, mx.bfloat16) is z and published_at_eval == [False]
+    assert z.shape == (3, 5) and z.dtype == mx.bfloat16 and not mx.any(z).item()

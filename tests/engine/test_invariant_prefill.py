@@ -136,8 +136,8 @@ def test_a_clone_mid_prefill_runs_on_apart_from_its_original():
 
 @pytest.mark.parametrize("family", ["llama-trained", "llama-bf16"])
 def test_off_the_cpu_one_row_projections_prefill_in_the_devices_row_blocks(monkeypatch, family):
-    """CUDA's calibration runs weights of up to 4 MiB as one-row products (``ONE_ROW``): a
-    prefill's thousands of rows run in the device's blocks instead (RowBlocks(2, 256) for
+    """Off the CPU a projection the decode step runs as one-row products (``ONE_ROW``: none
+    calibrated here) prefills its thousands of rows in the device's blocks instead (RowBlocks(2, 256) for
     bf16, here cut to 24 rows to keep the range's sweep short), its bits still each prompt's
     alone. Checked here on the CPU with the CUDA table."""
     monkeypatch.setitem(invariant.ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 24))

@@ -17,7 +17,8 @@ both removed here (why: ``docs/batch-invariance.md``):
 
 Prefill runs every prompt in chunks of exactly ``prefill_step_size`` tokens, the group's
 chunks in one forward with these row blocks and each prompt attending its own keys
-(:mod:`.invariant_prefill`); row-wise operations do not mix rows.
+(:mod:`.invariant_prefill`, for full-attention models without adapters or ``kv_bits``; others
+run each prompt alone, :mod:`.invariant_preempt`); row-wise operations do not mix rows.
 
 Example (CPU, float32, ``max_rows = min_rows = 16``): a step over ``B = 20`` rows runs
 each projection as two calls of 16 rows (the second holding 4 rows and 12 zero rows);
@@ -175,8 +176,9 @@ def zero_rows(n: int, K: int, dtype: Any) -> mx.array:
     key = (n, K, dtype)
     z = _ZERO_ROWS.get(key)
     if z is None:
-        z = _ZERO_ROWS[key] = mx.zeros((n, K), dtype=dtype)
-        mx.eval(z)
+        z = mx.zeros((n, K), dtype=dtype)
+        mx.eval(z)  # before it is shared: another thread's forward never evaluates it too
+        _ZERO_ROWS[key] = z
     return z
 
 

@@ -92,10 +92,12 @@ class _Replays:
 
 
 class ReplayPrefillGroup(_Replays, PrefillGroup):
-    """The mode's prefill group (:class:`PrefillGroup` with ``fixed_chunks``): each row's
-    tail in chunks of exactly ``prefill_step_size``, except its last ``replay[b]`` tokens
-    (a resumed row's, see the module docstring), which run one per forward as the mode's
-    decode step runs them.
+    """The mode's float-cache prefill group where the batched one
+    (:class:`~.invariant_prefill.BatchedReplayPrefillGroup`) does not serve: adapters, rings
+    or recurrent state (:func:`~.invariant_prefill.serves`). :class:`PrefillGroup` with
+    ``fixed_chunks``: each row's tail in chunks of exactly ``prefill_step_size``, except its
+    last ``replay[b]`` tokens (a resumed row's, see the module docstring), which run one per
+    forward as the mode's decode step runs them.
 
     Args:
         model, prompts, prefill_step_size, max_kv_size, caches: as :class:`PrefillGroup`.

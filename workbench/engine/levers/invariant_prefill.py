@@ -66,12 +66,14 @@ def serves(model: Any, max_kv_size: int | None = None) -> bool:
 def prefill_plan(inv: Invariance, module: Any) -> tuple[RowBlocks | None, Any]:
     """``(blocks, rows_apart)`` of ``module`` for :func:`~.invariant.blocked` in a prefill
     forward: the decode step's (:meth:`Invariance.plan_for`), except where that is one-row
-    products (:data:`~.invariant.ONE_ROW`, a weight of up to ``ROWS_APART_BYTES``) off the CPU:
-    there a prefill's ``B' x C`` rows (thousands) would be as many one-row products, so they
-    run in the device's row blocks (:data:`~.invariant.ROW_BLOCKS`, e.g. ``RowBlocks(2, 256)``
-    for bf16 on CUDA), cut to a clean range (:func:`~.invariant.clean_range`) and checked
-    (:func:`~.invariant.rows_agree`) once per projection shape; kept one-row where the check
-    fails. Prefill bits need not be the decode step's, only the same alone and batched."""
+    products (:data:`~.invariant.ONE_ROW`) off the CPU (where the weight-size one-row rule
+    does not apply, :data:`~.invariant.ROWS_APART_BACKENDS`, that is a projection for which no
+    block passed its check, or one not calibrated): there a prefill's ``B' x C`` rows
+    (thousands) would be as many one-row products, so they run in the device's row blocks
+    (:data:`~.invariant.ROW_BLOCKS`, e.g. ``RowBlocks(2, 256)`` for bf16 on CUDA), cut to a
+    clean range (:func:`~.invariant.clean_range`) and checked (:func:`~.invariant.rows_agree`)
+    once per projection shape; kept one-row where the check fails. Prefill bits need not be
+    the decode step's, only the same alone and batched."""
     blocks, apart = inv.plan_for(module)
     if blocks != ONE_ROW or inv.backend == "cpu":
         return blocks, apart

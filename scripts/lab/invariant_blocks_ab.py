@@ -16,13 +16,13 @@ the 1-minute load. ``--out FILE`` appends JSON lines.
 """
 
 import argparse
-import json
 import os
 import statistics
 from types import SimpleNamespace
 
 import workbench  # noqa: F401  (loads the optimized BLAS before mlx)
 from workbench.bench import model as bench_model
+from workbench.bench.files import print_json_line
 from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps, summary
 from workbench.engine.levers import invariant, invariant_blocks
 
@@ -85,10 +85,7 @@ def main():
     model, tok = bench_model.make_model(shape, dtype=mx.float32), SimpleNamespace(eos_token_ids=[])
     for B in args.batch_sizes:
         line = {"shape": shape.name, **steps(model, tok, B, args.pairs)}
-        print(json.dumps(line), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(line) + "\n")
+        print_json_line(line, args.out)
 
 
 if __name__ == "__main__":

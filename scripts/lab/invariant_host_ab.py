@@ -26,7 +26,6 @@ nodes of one step's graph per engine (``mx.export_to_dot``), and one step per en
 
 import argparse
 import collections
-import json
 import os
 import re
 import statistics
@@ -37,6 +36,7 @@ from types import SimpleNamespace
 
 import workbench  # noqa: F401  (loads the optimized BLAS before mlx)
 from workbench.bench import model as bench_model
+from workbench.bench.files import print_json_line
 from workbench.bench.host_time import timed_mlx_calls
 from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps, summary
 from workbench.engine.levers import invariant, invariant_attention
@@ -191,10 +191,7 @@ def main():
             "device": args.device,
             **run(model, tok, B, args.pairs),
         }
-        print(json.dumps(line), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(line) + "\n")
+        print_json_line(line, args.out)
 
 
 if __name__ == "__main__":

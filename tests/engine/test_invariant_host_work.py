@@ -59,15 +59,21 @@ def _cuda_like(model):
     return inv
 
 
-def test_a_lone_row_is_padded_once_per_input_not_once_per_projection(tmp_path):
+def _hooked_forward(tmp_path, rows: int, seed: int):
+    """A :class:`Block`'s forward over ``rows`` rows in the mode's hooks with the CUDA-like
+    blocks: ``(model, inv, x, primitives of its graph)``."""
     model = Block()
     mx.eval(model.parameters())
     inv = _cuda_like(model)
-    x = mx.random.normal((1, 1, 64), key=mx.random.key(1))
+    x = mx.random.normal((rows, 1, 64), key=mx.random.key(seed))
     mx.eval(x)
-    with invariant_forward(model, inv, held=[0]):
+    with invariant_forward(model, inv, held=[0] * rows):
         y = model(x)
-    seen = _primitives(tmp_path, y)
+    return model, inv, x, _primitives(tmp_path, y)
+
+
+def test_a_lone_row_is_padded_once_per_input_not_once_per_projection(tmp_path):
+    model, inv, x, seen = _hooked_forward(tmp_path, 1, 1)
     # four inputs (x, a, the SwiGLU product ... and h read by gate / up): x -> q, k, v; the sum -> o;
     # a -> gate, up; the product -> down. Seven projections, four pads (ebb841a: seven, each with
     # a zeros array made anew)
@@ -82,14 +88,7 @@ def test_a_lone_row_is_padded_once_per_input_not_once_per_projection(tmp_path):
 
 
 def test_a_call_within_the_blocks_runs_as_it_is(tmp_path):
-    model = Block()
-    mx.eval(model.parameters())
-    inv = _cuda_like(model)
-    x = mx.random.normal((5, 1, 64), key=mx.random.key(2))
-    mx.eval(x)
-    with invariant_forward(model, inv, held=[0] * 5):
-        y = model(x)
-    seen = _primitives(tmp_path, y)
+    seen = _hooked_forward(tmp_path, 5, 2)[3]
     assert seen["Concatenate"] == 0 and seen["Slice"] == 0, seen
     assert seen["Matmul"] == 7
 

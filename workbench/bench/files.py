@@ -64,3 +64,15 @@ def read_meta(folder: str | Path = DOCS_BENCHMARKS) -> dict[str, str]:
         FileNotFoundError: when the file is missing.
     """
     return {str(k): str(v) for k, v in read_frame("meta.csv", folder).values}
+
+
+def print_json_line(line: dict, out: str | Path | None = None) -> None:
+    """Print ``line`` as one JSON line (flushed, for a lab script's progress) and, with ``out``,
+    append it to that file (JSON lines, one reading per line)."""
+    import json
+
+    text = json.dumps(line)
+    print(text, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(text + "\n")

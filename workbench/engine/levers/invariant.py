@@ -370,21 +370,15 @@ def _blocked_projection(
     """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) running
     each projection ``plain(module, x)`` in :func:`blocked` row blocks."""
 
-    last: list = [None, 0, None]  # the input padded last, its call rows, the padded rows
-
-    def shared_pad(rows: mx.array, call: int) -> mx.array:
-        """The padded input of the last projection that read these rows (q / k / v and gate /
-        up read one ``x``): one pad for them all."""
-        if last[0] is not None and last[0] is current[0] and last[1] == call:
-            return last[2]
-        last[:] = [current[0], call, zero_padded(rows, call)]
-        return last[2]
-
-    current: list = [None]
+    last: dict = {}  # the input padded last ("x", held so its identity stays its own), "call", "padded"
 
     def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:
+        def shared_pad(rows: mx.array, call: int) -> mx.array:  # q / k / v and gate / up read one x
+            if last.get("x") is not x or last["call"] != call:
+                last.update(x=x, call=call, padded=zero_padded(rows, call))
+            return last["padded"]
+
         blocks, apart = inv.plan_for(module)
-        current[0] = x
         return blocked(lambda b: plain(module, b), x, blocks, apart, shared_pad)
 
     return project

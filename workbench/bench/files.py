@@ -68,7 +68,10 @@ def read_meta(folder: str | Path = DOCS_BENCHMARKS) -> dict[str, str]:
 
 def print_json_line(line: dict, out: str | Path | None = None) -> None:
     """Print ``line`` as one JSON line (flushed, for a lab script's progress) and, with ``out``,
-    append it to that file (JSON lines, one reading per line)."""
+    append it to that file (JSON lines, one reading per line; no mlx-lm counterpart).
+
+    Raises:
+        TypeError: a value ``json.dumps`` cannot write; OSError: ``out`` cannot be opened."""
     import json
 
     text = json.dumps(line)

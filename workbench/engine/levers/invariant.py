@@ -171,8 +171,10 @@ _ZERO_ROWS: dict = {}  # (rows, K, dtype) -> an evaluated [rows, K] zeros array
 
 
 def zero_rows(n: int, K: int, dtype: Any) -> mx.array:
-    """``[n, K]`` zeros of ``dtype``, evaluated once per shape and reused (a constant input to
-    the calls that pad with it, not a new node per call)."""
+    """``[n, K]`` zeros of ``dtype`` (``mx.zeros``; no mlx-lm counterpart), evaluated once per
+    shape and reused (a constant input to the calls that pad with it, not a new node per call).
+    ``n``, ``K``: rows and features (counts). Raises what ``mx.zeros`` raises (e.g. ``ValueError``
+    for a negative size)."""
     key = (n, K, dtype)
     z = _ZERO_ROWS.get(key)
     if z is None:
@@ -183,7 +185,11 @@ def zero_rows(n: int, K: int, dtype: Any) -> mx.array:
 
 
 def zero_padded(rows: mx.array, call: int) -> mx.array:
-    """``rows`` ``[M, K]`` followed by ``call - M`` zero rows: ``[call, K]``."""
+    """``rows`` ``[M, K]`` followed by ``call - M`` zero rows (:func:`zero_rows`): ``[call, K]``,
+    ``call >= M`` rows. No mlx-lm counterpart (mlx-lm never pads a projection's rows).
+
+    Raises:
+        ValueError: ``call < M`` (from ``mx.zeros``'s negative size)."""
     M, K = rows.shape
     return mx.concatenate([rows, zero_rows(call - M, K, rows.dtype)])
 

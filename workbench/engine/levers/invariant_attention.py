@@ -119,8 +119,10 @@ _STARTS: list = [None]  # (the last starts asked for, as a tuple, their [B] int3
 
 
 def starts_array(starts: Sequence[int]) -> mx.array:
-    """``starts`` as a ``[B]`` int32 array, the last one kept: every layer of a forward
-    attends from the same starts, so a decode step makes one array, not one per layer."""
+    """``starts`` (``[B]`` column indices, in cache positions) as a ``[B]`` int32 array, the last
+    one kept: every layer of a forward attends from the same starts, so a decode step makes one
+    array, not one per layer. No mlx-lm counterpart (``BatchKVCache.left_padding`` plays this part
+    there). Raises nothing of its own."""
     key, hit = tuple(starts), _STARTS[0]  # one read: another thread may replace it
     if hit is None or hit[0] != key:
         hit = _STARTS[0] = (key, mx.array(key, dtype=mx.int32))

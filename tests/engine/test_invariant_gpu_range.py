@@ -41,6 +41,29 @@ def test_the_range_stops_below_the_first_row_count_that_switches_kernel():
     assert clean_range(leaking, 64, mx.float32, RowBlocks(2, 16)) == RowBlocks(2, 2)
 
 
+def test_the_range_is_swept_in_windows_and_stops_at_the_window_of_the_first_switch(monkeypatch):
+    """A prefill's blocks of up to 2,048 rows (``invariant_prefill.PREFILL_ROW_BLOCKS``) are cut
+    in windows of ``CLEAN_WINDOW`` row counts: a switch at 25 costs the first window only, a
+    range clean to its top is swept whole, and the cut is the one a single sweep gives."""
+    from workbench.engine.levers import invariant_blocks
+
+    swept_rows: list = []
+    real = invariant_blocks.sweep
+
+    def counting(f, K, dtype, rows, neighbours=False):
+        swept_rows.append(tuple(rows))
+        return real(f, K, dtype, rows=rows, neighbours=neighbours)
+
+    monkeypatch.setattr(invariant_blocks, "sweep", counting)
+    monkeypatch.setattr(invariant, "CLEAN_WINDOW", 8)
+    assert clean_range(switching_at(25), 64, mx.float32, RowBlocks(2, 60)) == RowBlocks(2, 24)
+    assert [r[0] for r in swept_rows] == [2, 2, 2] and max(swept_rows[-1]) == 26  # 3 windows, not 59 counts
+    assert swept_rows[1] == (2, *range(11, 19))  # later windows carry lo first: the reference bits
+    swept_rows.clear()
+    assert clean_range(switching_at(99), 64, mx.float32, RowBlocks(2, 40)) == RowBlocks(2, 40)
+    assert sorted({m for r in swept_rows for m in r}) == list(range(2, 41))
+
+
 def test_calibration_on_a_gpu_keeps_no_row_count_past_a_switch_the_three_checked_counts_miss(monkeypatch):
     layer = nn.Linear(64, 24, bias=False)
     monkeypatch.setattr("workbench.runtime.device.backend", lambda: "cuda")

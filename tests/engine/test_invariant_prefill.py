@@ -137,10 +137,10 @@ def test_a_clone_mid_prefill_runs_on_apart_from_its_original():
 @pytest.mark.parametrize("family", ["llama-trained", "llama-bf16"])
 def test_off_the_cpu_one_row_projections_prefill_in_the_devices_row_blocks(monkeypatch, family):
     """Off the CPU a projection the decode step runs as one-row products (``ONE_ROW``: none
-    calibrated here) prefills its thousands of rows in the device's blocks instead (RowBlocks(2, 256) for
-    bf16, here cut to 24 rows to keep the range's sweep short), its bits still each prompt's
-    alone. Checked here on the CPU with the CUDA table."""
-    monkeypatch.setitem(invariant.ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 24))
+    calibrated here) prefills its thousands of rows in the device's prefill blocks instead
+    (``PREFILL_ROW_BLOCKS``: RowBlocks(2, 2048) for bf16, here cut to 24 rows to keep the range's
+    sweep short), its bits still each prompt's alone. Checked here on the CPU with the CUDA table."""
+    monkeypatch.setitem(invariant_prefill.PREFILL_ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 24))
     monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
     model, _ = variant(family)
     invariant.configure(model, True)  # hooks the model
@@ -151,6 +151,23 @@ def test_off_the_cpu_one_row_projections_prefill_in_the_devices_row_blocks(monke
     assert invariant_prefill.prefill_plan(inv, q) == (want, None)
     cpu = invariant.Invariance("cpu", {})
     assert invariant_prefill.prefill_plan(cpu, q)[0] == invariant.ONE_ROW  # the CPU keeps the step's plan
+    _assert_rows_equal_alone(model, inv, TAILS)
+
+
+def test_off_the_cpu_a_prefill_runs_larger_blocks_than_the_decode_step(monkeypatch):
+    """The decode step's calibrated ``RowBlocks(2, 8)`` (bf16 on CUDA: ``RowBlocks(2, 256)``)
+    would cut a prefill's rows into many calls; a prefill runs the device's prefill blocks
+    (here ``RowBlocks(2, 40)``, cut by ``clean_range``: MLX's CPU bf16 kernel keeps every count),
+    a projection whose clean range is shorter keeps its cut, and every prompt's rows keep the
+    bits of its prefill alone (the prefill's own plan, alone and batched alike)."""
+    monkeypatch.setitem(invariant_prefill.PREFILL_ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 40))
+    monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
+    model, _ = variant("llama-bf16")
+    invariant.configure(model, True)
+    attn = model.model.layers[0].self_attn
+    inv = invariant.Invariance("cuda", {invariant.signature(attn.q_proj): invariant.RowBlocks(2, 8)})
+    assert inv.plan_for(attn.q_proj)[0] == invariant.RowBlocks(2, 8)
+    assert invariant_prefill.prefill_plan(inv, attn.q_proj) == (invariant.RowBlocks(2, 40), None)
     _assert_rows_equal_alone(model, inv, TAILS)
 
 

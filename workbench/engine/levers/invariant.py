@@ -337,20 +337,30 @@ def clean_range(f: Callable[[mx.array], mx.array], K: int, dtype: Any, blocks: R
     other projections the same bits at every ``M`` from 2 to 300. So with ``RowBlocks(2, 256)``
     a row decoding among 73 or more rows differed from its run alone; now such a projection
     runs blocks of at most 72 rows. One sweep per projection shape and device, at
-    :meth:`Invariance.calibrate`.
+    :meth:`Invariance.calibrate` (and for a prefill's larger blocks at its first prefill,
+    :func:`~.invariant_prefill.prefill_plan`), in windows of :data:`CLEAN_WINDOW` counts: a
+    switch at 73 rows costs one window, not a sweep to 2,048.
 
     Raises:
         nothing: a range that is clean only at ``lo`` gives ``RowBlocks(lo, lo)``.
     """
     from .invariant_blocks import sweep
 
-    swept = sweep(f, K, dtype, rows=tuple(range(blocks.min_rows, blocks.max_rows + 1)), neighbours=True)
-    hi = blocks.min_rows
-    for M, group, leak, moved in zip(swept.rows, swept.group, swept.leak, swept.moved):
-        if group != swept.group[0] or leak or moved:
+    lo = hi = blocks.min_rows
+    while hi < blocks.max_rows or hi == lo:  # windows of CLEAN_WINDOW counts, each with lo first
+        top = min(hi + CLEAN_WINDOW, blocks.max_rows)
+        rows = tuple(range(lo, top + 1)) if hi == lo else (lo, *range(hi + 1, top + 1))
+        swept = sweep(f, K, dtype, rows=rows, neighbours=True)
+        for M, group, leak, moved in zip(swept.rows, swept.group, swept.leak, swept.moved):
+            if group != swept.group[0] or leak or moved:
+                return RowBlocks(lo, hi)
+            hi = M
+        if top == blocks.max_rows:
             break
-        hi = M
-    return RowBlocks(blocks.min_rows, hi)
+    return RowBlocks(lo, hi)
+
+
+CLEAN_WINDOW = 256  # clean_range sweeps this many row counts at a time: it stops at the first switch
 
 
 def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:

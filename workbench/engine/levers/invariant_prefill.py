@@ -51,7 +51,14 @@ from . import invariant
 from .invariant import ONE_ROW, ROW_BLOCKS, Invariance, RowBlocks, blocked, rows_agree
 from .invariant_preempt import ReplayPrefillGroup
 
-_PREFILL_BLOCKS: dict = {}  # (backend, signature) -> RowBlocks or None, for one-row projections off the CPU
+_PREFILL_BLOCKS: dict = {}  # (backend, signature) -> RowBlocks or None, off the CPU
+
+# A prefill's first choice of row blocks off the CPU, before :func:`~.invariant.clean_range`
+# cuts it: on an H100 (mlx 0.32.4, bf16, 2026-12-07, ``scripts/lab/gpu_batched_blocks.py``) the
+# 1B-shaped llama's projections of K = 2048 kept a row's bits in one call of up to 1,400 rows
+# (sampled), where the decode step's ``RowBlocks(2, 256)`` cut a 1,218-row prefill into 5 calls;
+# its ``down_proj`` (K = 8192) stays at its clean range (72 rows), batched or not.
+PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {("cuda", "half"): RowBlocks(2, 2048)}
 
 
 def serves(model: Any, max_kv_size: int | None = None) -> bool:
@@ -65,17 +72,16 @@ def serves(model: Any, max_kv_size: int | None = None) -> bool:
 
 def prefill_plan(inv: Invariance, module: Any) -> tuple[RowBlocks | None, Any]:
     """``(blocks, rows_apart)`` of ``module`` for :func:`~.invariant.blocked` in a prefill
-    forward: the decode step's (:meth:`Invariance.plan_for`), except where that is one-row
-    products (:data:`~.invariant.ONE_ROW`) off the CPU (where the weight-size one-row rule
-    does not apply, :data:`~.invariant.ROWS_APART_BACKENDS`, that is a projection for which no
-    block passed its check, or one not calibrated): there a prefill's ``B' x C`` rows
-    (thousands) would be as many one-row products, so they run in the device's row blocks
-    (:data:`~.invariant.ROW_BLOCKS`, e.g. ``RowBlocks(2, 256)`` for bf16 on CUDA), cut to a
+    forward. On the CPU the decode step's (:meth:`Invariance.plan_for`). Off the CPU a
+    prefill's ``B' x C`` rows (thousands) run in the device's prefill blocks
+    (:data:`PREFILL_ROW_BLOCKS`, else :data:`~.invariant.ROW_BLOCKS`: e.g. ``RowBlocks(2,
+    2048)`` for bf16 on CUDA, where the decode step keeps ``RowBlocks(2, 256)``), cut to a
     clean range (:func:`~.invariant.clean_range`) and checked (:func:`~.invariant.rows_agree`)
-    once per projection shape; kept one-row where the check fails. Prefill bits need not be
-    the decode step's, only the same alone and batched."""
+    once per projection shape; where the check fails, the decode step's plan. Prefill bits
+    need not be the decode step's, only the same alone and batched (every prompt's prefill
+    runs this plan, alone or beside others)."""
     blocks, apart = inv.plan_for(module)
-    if blocks != ONE_ROW or inv.backend == "cpu":
+    if inv.backend == "cpu":
         return blocks, apart
     key = (inv.backend, invariant.signature(module))
     if key not in _PREFILL_BLOCKS:
@@ -85,9 +91,10 @@ def prefill_plan(inv: Invariance, module: Any) -> tuple[RowBlocks | None, Any]:
 
 
 def _device_blocks(module: Any, backend: str) -> RowBlocks | None:
-    """The device's row blocks for ``module`` (:func:`prefill_plan`), or ``None`` where
-    they do not keep a row's bits."""
-    first = ROW_BLOCKS.get((backend, invariant._kind(module)))
+    """The device's prefill row blocks for ``module`` (:func:`prefill_plan`), or ``None``
+    where they do not keep a row's bits."""
+    kind = invariant._kind(module)
+    first = PREFILL_ROW_BLOCKS.get((backend, kind), ROW_BLOCKS.get((backend, kind)))
     if first is None:
         return None
     f, K = invariant._plain_call(module), invariant._in_features(module)

@@ -48,7 +48,7 @@ from mlx_lm.models.cache import KVCache
 from ..kv import caches as kv
 from ..model_hooks import hooks_of
 from . import invariant
-from .invariant import ONE_ROW, ROW_BLOCKS, Invariance, RowBlocks, blocked, rows_agree
+from .invariant import ROW_BLOCKS, Invariance, RowBlocks, blocked, rows_agree
 from .invariant_preempt import ReplayPrefillGroup
 
 _PREFILL_BLOCKS: dict = {}  # (backend, signature) -> RowBlocks or None, off the CPU

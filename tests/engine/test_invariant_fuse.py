@@ -181,3 +181,22 @@ def test_fused_every_row_is_bit_equal_to_its_run_alone_at_once_and_staggered(mon
         assert len(sched.batch_invariant.fused) == 5 * len(model.layers)  # q, k, v, gate, up
         differ = [i for i, (a, b) in enumerate(zip(got, solo)) if a != b]
         assert not differ, f"{name} fused, max_batch={max_batch}: rows {differ} differ from alone"
+
+
+@pytest.mark.model
+def test_fused_in_the_packed_layout_every_row_is_bit_equal_to_its_run_alone(fusing, monkeypatch):
+    from tests.engine.test_packed_invariant import PROMPTS, run
+
+    model, tok = _model("tiny-llama")
+    calls = []
+    real = invariant_fuse.FusedGroup.__call__
+    monkeypatch.setattr(
+        invariant_fuse.FusedGroup, "__call__", lambda g, x: calls.append(x.shape) or real(g, x)
+    )
+    sched, together = run(model, tok, PROMPTS, max_batch=4, page_size=4, max_num_batched_tokens=9)
+    assert len(sched.batch_invariant.fused) == 5 * len(model.layers) and calls  # the packed forward fused
+    for prompt, row in zip(PROMPTS, together):
+        for budget in (9, 5):
+            assert run(model, tok, [prompt], max_batch=4, page_size=4, max_num_batched_tokens=budget)[1] == [
+                row
+            ]

@@ -114,7 +114,12 @@ def run(model, tok, B, pairs):
         _prefilled(sched, prompts_of(model.args.vocab_size, B, 64, 68), 3 * pairs + 10)
     load0 = os.getloadavg()[0]
     ms, cpu = rotated_steps(scheds, pairs)
-    out = {"B": B, "pairs": pairs, "load": [round(load0, 2), round(os.getloadavg()[0], 2)], **summary(ms, cpu)}
+    out = {
+        "B": B,
+        "pairs": pairs,
+        "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        **summary(ms, cpu),
+    }
     out["fused_vs_unfused"] = round(statistics.median(a / b for a, b in zip(ms["fused"], ms["unfused"])), 3)
     for name in ("unfused", "fused"):
         out[f"{name}_projections"] = projection_calls(scheds[name])

@@ -15,6 +15,10 @@ both removed here (why: ``docs/batch-invariance.md``):
   it makes alone at ``B = 1``; on the CPU in fixed blocks of key positions counted back from
   the row's last key (:mod:`.invariant_keyblocks`).
 
+On CUDA and Metal the projections that read one input (q / k / v, gate / up) run as one
+matmul over their concatenated weights (:mod:`.invariant_fuse`): fewer launches for a
+host-bound step, the same fused kernel alone and batched.
+
 Prefill runs every prompt in chunks of exactly ``prefill_step_size`` tokens, the group's
 chunks in one forward with these row blocks and each prompt attending its own keys
 (:mod:`.invariant_prefill`, for full-attention models without adapters or ``kv_bits``; others

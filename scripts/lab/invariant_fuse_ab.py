@@ -26,18 +26,14 @@ row of a batched run in the fused mode (all at once, ``max_batch`` = B) against 
 import argparse
 import contextlib
 import gc
-import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import workbench as wb
-from workbench.bench import model as bench_model
 from workbench.bench.files import print_json_line
-from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps, summary
+from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of
 from workbench.engine.levers import invariant, invariant_fuse
 from workbench.runtime.device import backend
 from workbench.verify import invariance
@@ -45,7 +41,7 @@ from workbench.verify import invariance
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from invariant_host_ab import host_split, nodes  # noqa: E402  (the sibling lab script's measures)
+from invariant_host_ab import alternated, host_split, nodes, parsed_model  # noqa: E402  (the sibling lab script's measures)
 
 CHUNK = 64
 
@@ -112,14 +108,7 @@ def run(model, tok, B, pairs):
     scheds["fused"] = fused_scheduler(model, tok, B, prefill_step_size=2048)
     for sched in scheds.values():
         _prefilled(sched, prompts_of(model.args.vocab_size, B, 64, 68), 3 * pairs + 10)
-    load0 = os.getloadavg()[0]
-    ms, cpu = rotated_steps(scheds, pairs)
-    out = {
-        "B": B,
-        "pairs": pairs,
-        "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
-        **summary(ms, cpu),
-    }
+    ms, out = alternated(scheds, B, pairs)
     out["fused_vs_unfused"] = round(statistics.median(a / b for a, b in zip(ms["fused"], ms["unfused"])), 3)
     for name in ("unfused", "fused"):
         out[f"{name}_projections"] = projection_calls(scheds[name])
@@ -164,25 +153,9 @@ def rows_check(model, tok, batches, max_tokens):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--check-batches", type=int, nargs="*", default=[8, 96])
     ap.add_argument("--check-tokens", type=int, default=8)
-    ap.add_argument("--pairs", type=int, default=16)
-    ap.add_argument("--shape", choices=["tiny", "full", "1b"], default="tiny")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
-    from workbench.bench.gpu import LLAMA_1B
-
-    shape = {
-        "tiny": bench_model.QUICK,
-        "full": bench_model.FULL,
-        "1b": replace(LLAMA_1B, tie_word_embeddings=False),
-    }[args.shape]
-    model = bench_model.make_model(shape, dtype=getattr(mx, args.dtype))
-    tok = SimpleNamespace(eos_token_ids=[])
+    args, shape, model, tok = parsed_model(ap, shapes=("tiny", "full", "1b"), default="tiny")
     head = {"shape": shape.name, "dtype": args.dtype, "device": args.device, "mlx": mx.__version__}
     print_json_line({**head, "fusion": fuse_once(model)}, args.out)
     for B in args.batch_sizes:

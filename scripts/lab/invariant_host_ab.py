@@ -143,14 +143,7 @@ def run(model, tok, B, pairs):
     for name, sched in scheds.items():
         use(BEFORE if name == "before" else AFTER)
         _prefilled(sched, prompts_of(model.args.vocab_size, B, 64, 68), 3 * pairs + 8)
-    load0 = os.getloadavg()[0]
-    ms, cpu = rotated_steps(scheds, pairs, before=lambda name: use(BEFORE if name == "before" else AFTER))
-    out = {
-        "B": B,
-        "pairs": pairs,
-        "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
-        **summary(ms, cpu),
-    }
+    ms, out = alternated(scheds, B, pairs, before=lambda name: use(BEFORE if name == "before" else AFTER))
     vs = [a / b for a, b in zip(ms["after"], ms["before"])]
     out["after_vs_before"] = round(statistics.median(vs), 3)
     for name, sched in scheds.items():
@@ -165,11 +158,22 @@ def run(model, tok, B, pairs):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def alternated(scheds, B, pairs, before=None):
+    """``rotated_steps(scheds, pairs, before)``: the per-engine ms and the line's numbers
+    (``B``, ``pairs``, the 1-minute load before and after, :func:`summary`)."""
+    load0 = os.getloadavg()[0]
+    ms, cpu = rotated_steps(scheds, pairs, before=before)
+    load = [round(load0, 2), round(os.getloadavg()[0], 2)]
+    return ms, {"B": B, "pairs": pairs, "load": load, **summary(ms, cpu)}
+
+
+def parsed_model(ap, shapes=("full", "quick", "1b"), default="quick"):
+    """``ap`` with the A/B scripts' arguments (``--batch-sizes --pairs --shape --dtype
+    --device --out``) parsed; returns ``(args, shape, model, tok)``: a random-weight llama of
+    the shape on the device (``quick`` or ``tiny``: llama-tiny; ``1b``: untied read-out)."""
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--pairs", type=int, default=16)
-    ap.add_argument("--shape", choices=["full", "quick", "1b"], default="quick")
+    ap.add_argument("--shape", choices=list(shapes), default=default)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--out", default=None)
@@ -180,10 +184,15 @@ def main():
     shape = {
         "full": bench_model.FULL,
         "quick": bench_model.QUICK,
+        "tiny": bench_model.QUICK,
         "1b": replace(LLAMA_1B, tie_word_embeddings=False),
     }[args.shape]
     model = bench_model.make_model(shape, dtype=getattr(mx, args.dtype))
-    tok = SimpleNamespace(eos_token_ids=[])
+    return args, shape, model, SimpleNamespace(eos_token_ids=[])
+
+
+def main():
+    args, shape, model, tok = parsed_model(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     for B in args.batch_sizes:
         line = {
             "shape": shape.name,

@@ -15,6 +15,10 @@ both removed here (why: ``docs/batch-invariance.md``):
   it makes alone at ``B = 1``; on the CPU in fixed blocks of key positions counted back from
   the row's last key (:mod:`.invariant_keyblocks`).
 
+On CUDA and Metal the projections that read one input (q / k / v, gate / up) run as one
+matmul over their concatenated weights (:mod:`.invariant_fuse`): fewer launches for a
+host-bound step, the same fused kernel alone and batched.
+
 Prefill runs every prompt in chunks of exactly ``prefill_step_size`` tokens, the group's
 chunks in one forward with these row blocks and each prompt attending its own keys
 (:mod:`.invariant_prefill`, for full-attention models without adapters or ``kv_bits``; others
@@ -244,10 +248,14 @@ class Invariance:
         blocks: :func:`signature` of each projection -> its :class:`RowBlocks` (``None``:
             any row count gives the same rows). A projection not listed runs one row per
             call (always invariant, slow).
+        fused: ``id(projection)`` -> ``(group, index)`` for the projections computed as one
+            matmul with their siblings (:class:`~.invariant_fuse.FusedGroup`, where the
+            backend is in :data:`~.invariant_fuse.FUSE_BACKENDS`; empty: none fused).
     """
 
     backend: str
     blocks: dict
+    fused: dict = field(default_factory=dict, compare=False, repr=False)
     _plans: dict = field(
         default_factory=dict, compare=False, repr=False
     )  # id(module) -> (weight, blocks, apart)
@@ -257,19 +265,25 @@ class Invariance:
         """Check :data:`ROW_BLOCKS`' choice on each distinct projection of ``model``
         (:func:`rows_agree`, with the layer's own weights) and keep it, or the first of
         :data:`FALLBACK_ROWS` that agrees (one row per call always does). A few calls per
-        distinct projection shape."""
+        distinct projection shape. Where the backend is in
+        :data:`~.invariant_fuse.FUSE_BACKENDS`, sibling projections that read one input are
+        fused first (:func:`~.invariant_fuse.fuse`: their weights rebound to rows of one
+        concatenated array) and each fused layer is calibrated like a projection."""
         from ...runtime.device import backend
+        from . import invariant_fuse
 
         dev = backend()
+        groups = invariant_fuse.fuse(model) if dev in invariant_fuse.FUSE_BACKENDS else []
         blocks: dict = {}
-        for _, m in model.named_modules():
+        for m in [m for _, m in model.named_modules()] + [g.module for g in groups]:
             if not isinstance(m, PROJECTIONS) or "weight" not in m or signature(m) in blocks:
                 continue
             key = (dev, signature(m))
             if key not in _CALIBRATED:
                 _CALIBRATED[key] = _first_agreeing(m, ROW_BLOCKS.get((dev, _kind(m)), RowBlocks(8, 8)))
             blocks[signature(m)] = _CALIBRATED[key]
-        return cls(dev, blocks)
+        fused = {id(m): (g, i) for g in groups for i, m in enumerate(g.members)}
+        return cls(dev, blocks, fused)
 
     def blocks_for(self, module: Any) -> RowBlocks | None:
         """The row blocks of ``module`` (one row per call if it was not calibrated)."""
@@ -384,9 +398,13 @@ def _blocked_projection(
     inv: Invariance,
 ) -> Callable[[Any, Callable[[Any, mx.array], mx.array], mx.array], mx.array]:
     """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) running
-    each projection ``plain(module, x)`` in :func:`blocked` row blocks."""
+    each projection ``plain(module, x)`` in :func:`blocked` row blocks; a member of a fused
+    group (:attr:`Invariance.fused`) gets its columns of the group's projection of ``x``,
+    computed at the group's first call with ``x`` (whichever member calls first) and served
+    to the others called with the same ``x`` array."""
 
     last: dict = {}  # the input padded last ("x", held so its identity stays its own), "call", "padded"
+    done: dict = {}  # id(group) -> (x, the group's projection of x): x held, as above
 
     def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:
         def shared_pad(rows: mx.array, call: int) -> mx.array:  # q / k / v and gate / up read one x
@@ -394,6 +412,17 @@ def _blocked_projection(
                 last.update(x=x, call=call, padded=zero_padded(rows, call))
             return last["padded"]
 
+        member = inv.fused.get(id(module))
+        if member is not None:
+            group, i = member
+            got = done.get(id(group))
+            if got is None or got[0] is not x:
+                if group.intact():  # else (weights reloaded since): each member on its own
+                    blocks, apart = inv.plan_for(group.module)
+                    got = done[id(group)] = (x, blocked(group, x, blocks, apart, shared_pad))
+            if got is not None and got[0] is x:
+                start, stop = group.bounds[i]
+                return got[1][..., start:stop]
         blocks, apart = inv.plan_for(module)
         return blocked(lambda b: plain(module, b), x, blocks, apart, shared_pad)
 

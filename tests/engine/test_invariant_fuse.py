@@ -16,6 +16,15 @@ from workbench.engine.levers.invariant import Invariance, RowBlocks, invariant_f
 from workbench.verify import invariance
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """These tests stand a GPU's fusion in with the CPU's kernels (turned on by ``fusing``), on a
+    GPU machine too: the CPU device. On CUDA, fusion is checked by ``test_invariant_gpu_range``'s
+    96-row test and ``scripts/lab/invariant_fuse_ab.py`` (docs/gpu.md)."""
+    with mx.stream(mx.cpu):
+        yield
+
+
 @pytest.fixture
 def fusing(monkeypatch):
     """Fusion on for the CPU (off by default)."""

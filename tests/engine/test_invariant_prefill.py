@@ -141,6 +141,7 @@ def test_off_the_cpu_one_row_projections_prefill_in_the_devices_row_blocks(monke
     (``PREFILL_ROW_BLOCKS``: RowBlocks(2, 2048) for bf16, here cut to 24 rows to keep the range's
     sweep short), its bits still each prompt's alone. Checked here on the CPU with the CUDA table."""
     monkeypatch.setitem(invariant_prefill.PREFILL_ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 24))
+    monkeypatch.setattr(invariant_prefill, "PREFILL_FIXED_ROWS", {})  # ranges only (fixed calls: below)
     monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
     model, _ = variant(family)
     invariant.configure(model, True)  # hooks the model
@@ -161,6 +162,7 @@ def test_off_the_cpu_a_prefill_runs_larger_blocks_than_the_decode_step(monkeypat
     a projection whose clean range is shorter keeps its cut, and every prompt's rows keep the
     bits of its prefill alone (the prefill's own plan, alone and batched alike)."""
     monkeypatch.setitem(invariant_prefill.PREFILL_ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 40))
+    monkeypatch.setattr(invariant_prefill, "PREFILL_FIXED_ROWS", {})
     monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
     model, _ = variant("llama-bf16")
     invariant.configure(model, True)
@@ -169,6 +171,41 @@ def test_off_the_cpu_a_prefill_runs_larger_blocks_than_the_decode_step(monkeypat
     assert inv.plan_for(attn.q_proj)[0] == invariant.RowBlocks(2, 8)
     assert invariant_prefill.prefill_plan(inv, attn.q_proj) == (invariant.RowBlocks(2, 40), None)
     _assert_rows_equal_alone(model, inv, TAILS)
+
+
+def test_off_the_cpu_a_projection_with_a_short_clean_range_prefills_in_fixed_calls(monkeypatch):
+    """A projection whose clean range is cut short (the H100's ``down_proj`` at 72 rows: a
+    5,000-row prefill would be 70 calls) prefills in fixed calls of ``PREFILL_FIXED_ROWS`` rows
+    (here 32) where every row keeps its bits wherever it sits, and every prompt's rows keep the
+    bits of its prefill alone; with the range long enough it keeps the range."""
+    monkeypatch.setitem(invariant_prefill.PREFILL_ROW_BLOCKS, ("cuda", "half"), invariant.RowBlocks(2, 6))
+    monkeypatch.setitem(invariant_prefill.PREFILL_FIXED_ROWS, "cuda", 32)
+    monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
+    model, _ = variant("llama-bf16")
+    invariant.configure(model, True)
+    inv = invariant.Invariance("cuda", {})
+    mlp = model.model.layers[0].mlp
+    assert invariant_prefill.prefill_plan(inv, mlp.down_proj) == (invariant.RowBlocks(32, 32), None)
+    _assert_rows_equal_alone(model, inv, TAILS)
+    monkeypatch.setitem(invariant_prefill.PREFILL_FIXED_ROWS, "cuda", 4)  # below the range: the range
+    monkeypatch.setattr(invariant_prefill, "_PREFILL_BLOCKS", {})
+    assert invariant_prefill.prefill_plan(inv, mlp.down_proj) == (invariant.RowBlocks(2, 6), None)
+
+
+def test_a_fixed_call_holds_only_if_every_row_keeps_its_bits_wherever_it_sits():
+    """A kernel that rounds some of a call's rows otherwise (a tile split apart, as stream-K may)
+    passes ``rows_agree``'s three rows (first, middle, last) but not ``fixed_block_holds``,
+    which checks every row at other places; a row-wise kernel passes both."""
+    W = mx.random.normal((24, 64), key=mx.random.key(5))
+
+    def tiled(x):  # rows 10..19 of every call summed in another order: bits by position
+        y = x @ W.T
+        odd = x[10:20, ::-1] @ W[:, ::-1].T
+        return mx.concatenate([y[:10], odd, y[20:]])
+
+    assert invariant.rows_agree(tiled, 64, mx.float32, invariant.RowBlocks(64, 64))
+    assert not invariant_prefill.fixed_block_holds(tiled, 64, mx.float32, 64)
+    assert invariant_prefill.fixed_block_holds(lambda x: x @ W.T, 64, mx.bfloat16, 64)
 
 
 def test_models_with_rings_or_recurrent_state_prefill_each_prompt_alone():

@@ -23,7 +23,8 @@ from ..siblings import shared_rows
 from ..state import RequestState, Status
 from .attention import Pools, packed_forward
 from .pages import PageTable
-from .plan import Want, plan_chunks
+from .plan import SCHEDULES, Want, plan_chunks
+from .steady import decode_plan
 
 GROWTH = 8  # the pools grow by at least 1/GROWTH of their pages (or what is needed)
 
@@ -194,7 +195,12 @@ class PackedBatch:
 
     def plan(self, budget: int, schedule: str = "hybrid", unread: Collection[int] = ()) -> tuple[Chunk, ...]:
         """The next forward's chunks (:func:`workbench.engine.packed.plan.plan_chunks`)
-        over :meth:`wants` with ``unread``."""
+        over :meth:`wants` with ``unread``; while no row joins nor follows, the same chunks
+        without the wants (:func:`~workbench.engine.packed.steady.decode_plan`)."""
+        if schedule in SCHEDULES and not self.follows:
+            chunks = decode_plan(self.rows, self.held, unread, budget)
+            if chunks is not None:
+                return chunks
         return plan_chunks(self.wants(unread), budget, schedule)
 
     def forward(
@@ -228,11 +234,15 @@ class PackedBatch:
             token_attention=self.token_attention,
         )
         indexing = self.table.index is not None  # prefix caching: index the pages filled
+        held, sampling = self.held, []
         for c in chunks:
-            self.held[by_uid[c.uid]] = c.end
-            if indexing and c.end <= self.rows[by_uid[c.uid]].n_inputs:
-                self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
-        return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
+            b, end = by_uid[c.uid], c.start + c.n_tokens
+            held[b] = end
+            if c.samples:
+                sampling.append(b)
+            if indexing and end <= self.rows[b].n_inputs:
+                self.table.register(c.uid, self.rows[b].inputs, c.start, end)
+        return self._fan_out(logits, sampling)
 
     def _tokens(
         self, chunks: Sequence[Chunk], after: Launched | None, unread: dict[int, int] | None = None
@@ -244,7 +254,8 @@ class PackedBatch:
         tokens, at, src = [], [], []
         for c in chunks:
             r = rows[c.uid]
-            known = r.inputs_slice(c.start, c.end) if c.start < r.n_inputs else []
+            n = len(r.valid.prompt_ids) + len(r.tokens)  # its known tokens (``n_inputs``)
+            known = r.inputs_slice(c.start, c.start + c.n_tokens) if c.start < n else []
             tokens += known
             if len(known) < c.n_tokens:  # a decode chunk of the row's unread token
                 at.append(len(tokens))
@@ -260,8 +271,13 @@ class PackedBatch:
         return out
 
     def after_read(self, launched: Launched | None) -> None:
-        """After a read: held tokens cut to known ones, deferred chunks' pages indexed."""
-        self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
+        """After a read: held tokens cut to known ones, each row's ``fed`` (its generated tokens
+        in its pages) set, deferred chunks' pages indexed."""
+        held = self.held
+        for b, r in enumerate(self.rows):  # one pass, no property: the step's per-row work
+            n = len(r.valid.prompt_ids)
+            h = held[b] = min(held[b], n + len(r.tokens))
+            r.fed = max(0, h - n)
         if launched is None or self.table.index is None or not launched.deferred:
             return  # nothing to index (no prefix caching, or no chunk ended at an unread token)
         rows = {r.uid: r for r in self.rows}
@@ -302,7 +318,8 @@ class PackedBatch:
     ) -> Launched:
         """The :class:`Launched` of ``chunks`` and ``sample(logits [R, V], rows)`` -> ``Pending``,
         not started (``mx.async_eval(*launched.outputs)``); ``unread``: as :meth:`forward`'s."""
-        known = {r.uid: r.n_inputs for r in self.rows}
+        known = {r.uid: len(r.valid.prompt_ids) + len(r.tokens) for r in self.rows}  # ``n_inputs``
+        deferred = tuple(c for c in chunks if c.start + c.n_tokens > known[c.uid])
         logits = self.forward(model, chunks, after, unread=unread)
         rows = list(self.sampled)
         pending = sample(logits, rows) if rows else None
@@ -310,9 +327,9 @@ class PackedBatch:
         outputs = pending.arrays() if pending is not None else pools  # a prefill forward: its writes
         if pending is not None and any(c.kind != DECODE for c in chunks):
             outputs = [*outputs, *pools]  # a row prefill's logits read none of its writes: made with them
-        deferred = tuple(c for c in chunks if c.end > known[c.uid])
-        admitted = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
-        uids = tuple(self.rows[b].uid for b in rows)
+        all_uids = [r.uid for r in self.rows]
+        admitted = dict(zip(all_uids, self.admitted, strict=True))
+        uids = tuple([all_uids[b] for b in rows])
         return Launched(tuple(chunks), uids, pending, outputs, deferred, admitted=admitted)
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:

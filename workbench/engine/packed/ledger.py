@@ -126,12 +126,18 @@ class PageLedger:
     def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> PagePlan:
         """The :class:`PagePlan` of engine state ``st`` now (the flags: ``KVLedger``'s signature)."""
         batch = st.batch
-        held = tuple((r.uid, tuple(batch.table.pages.get(r.uid, ()))) for r in batch.rows)
-        rows = tuple(
-            (r.uid, self._reserve(r, pages, h, st))
-            for r, (_, pages), h in zip(batch.rows, held, batch.held, strict=True)
-        )
-        return PagePlan(self.page_size, self.page_bytes, rows, held, self._joining(st))
+        get, P, refs = batch.table.pages.get, self.page_size, batch.table.refs
+        held, rows = [], []
+        for r, h in zip(batch.rows, batch.held, strict=True):
+            pages = tuple(get(r.uid, ()))
+            held.append((r.uid, pages))
+            if batch.follows or r.finished or (h % P and refs.get(pages[-1], 0) > 1):
+                rows.append((r.uid, self._reserve(r, pages, h, st)))
+            else:  # the common row (no follower, no shared last page): _reserve's last line
+                rows.append(
+                    (r.uid, max(-(-(len(r.valid.prompt_ids) + r.valid.request.max_tokens) // P), len(pages)))
+                )
+        return PagePlan(self.page_size, self.page_bytes, tuple(rows), tuple(held), self._joining(st))
 
     def projected_bytes(self, st: Any) -> int:
         """Bytes the batch's rows reserve now (0 when idle)."""

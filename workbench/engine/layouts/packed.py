@@ -184,7 +184,7 @@ class PackedLayout(Layout):
         if unread is None:  # rows that left since ``after`` was built take none of its tokens
             unread = batch.carried(after)
         chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
-        if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
+        if not chunks or (after is not None and any([c.kind != DECODE for c in chunks])):
             return None
         paced = None
         if self.pacer is not None:  # prefill tokens capped to the time budget
@@ -193,14 +193,13 @@ class PackedLayout(Layout):
             chunks = paced.chunks
 
         def sample(logits: mx.array, sampled: list[int]) -> Pending:
-            samplers, contexts, index = [], [], []
-            for b in sampled:  # one pass: per row its sampler, context and token index
-                r = batch.rows[b]
-                i = unread.get(r.uid)
-                samplers.append(r.sampler)
-                contexts.append(row_context(r, None if i is None else after.pending, i or 0))
-                index.append(len(r.tokens) + (i is not None))
-            return sample_pending(logits, samplers, contexts, index, asynchronous=None)
+            rows = [batch.rows[b] for b in sampled]
+            at = [unread[r.uid] if r.uid in unread else None for r in rows]  # its row in ``after``
+            contexts = [
+                row_context(r, None if i is None else after.pending, i or 0) for r, i in zip(rows, at)
+            ]
+            index = [len(r.tokens) + (i is not None) for r, i in zip(rows, at)]
+            return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
         adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
         with self.levers.applied(Forward.of_chunks(chunks, adapter_of)):  # each token its request's adapter

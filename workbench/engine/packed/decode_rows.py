@@ -30,7 +30,7 @@ from .pages import PageTable
 
 def decode_only(chunks: Sequence[Chunk]) -> bool:
     """Whether ``chunks`` are all one-token decode chunks that sample (at least one)."""
-    return bool(chunks) and all(c.n_tokens == 1 and c.kind == DECODE and c.samples for c in chunks)
+    return bool(chunks) and all([c.n_tokens == 1 and c.kind == DECODE and c.samples for c in chunks])
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class PagePlan:
         gone = set(dropped)
         held = {uid: pages for uid, pages in self.held if uid not in gone}
         distinct = {p for pages in held.values() for p in pages}
-        future = sum(n - len(held.get(uid, ())) for uid, n in self.rows if uid not in gone)
+        future = sum([n - len(held.get(uid, ())) for uid, n in self.rows if uid not in gone])
         if self.joining is not None and joiners:
             shared, added = self.joining(joiners)
             distinct |= shared

@@ -9,11 +9,13 @@ Counted, not timed: the Python function calls (and calls of C functions from Pyt
 (:func:`~workbench.bench.step_nodes.cuda_like`: the packed layout's paged-kernel path). What a
 row adds is the slope between B = 4 and B = 16.
 
-Counts at 7a28f4f (the code before this change): per row, packed 61.5 and padded 35.2 calls.
+Counts at 7a28f4f (the code before this change): per row, packed 106.5 and padded 58.0 calls;
+after it, packed 48.0 (these prompts; more rows' page hand-outs in the counted steps add calls).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -25,6 +27,9 @@ from workbench.engine.packed import batch as packed_batch
 from workbench.runtime.loading import load
 
 SMALL, LARGE = 4, 16
+# Prompts of 17-24 tokens (quick to prefill): the counted steps (tokens 3 and 4 of 8) cross no
+# page boundary (pages of 16 positions), whose page hand-out is a row's cost once in 16 steps.
+SHORT = dataclasses.replace(STEP_CONFIG, prompt_tokens_min=17, prompt_tokens_max=24)
 
 
 def calls_of(call) -> int:
@@ -44,17 +49,23 @@ def calls_of(call) -> int:
 
 
 @pytest.fixture(scope="module")
-def per_step():
-    """``(layout, B) -> calls`` of one full-batch decode iteration (the mean of two)."""
+def makers():
+    """``(layout -> B -> engine, tokenizer)``: the GPU benchmark's engines on the 16-layer tiny llama."""
     model, tokenizer = make_model(STEP_CONFIG.shape), load()[1]
-    makers = engine_makers(model, tokenizer, STEP_CONFIG)
+    return engine_makers(model, tokenizer, STEP_CONFIG), tokenizer
+
+
+@pytest.fixture(scope="module")
+def per_step(makers):
+    """``(layout, B) -> calls`` of one full-batch decode iteration (the mean of two)."""
+    makers, tokenizer = makers
     seen = {}
 
     def count(layout: str, B: int) -> float:
         if (layout, B) not in seen:
             with cuda_like():
                 engine = makers[layout](B)
-                for a in step_arrivals(tokenizer, B, 12):
+                for a in step_arrivals(tokenizer, B, 8, SHORT):
                     engine.submit(a.prompt, a.max_tokens)
                 while engine.iterate() != B:  # until every row decodes
                     pass
@@ -77,20 +88,20 @@ def per_row(count, layout: str) -> float:
 
 def test_a_packed_decode_row_costs_no_more_python_calls_than_a_padded_row(per_step):
     """Per row: the packed layout's plan, index arrays, launch, reads and books take no more
-    calls than the padded layout's step (61.5 against 35.2 before)."""
+    calls than the padded layout's step (106.5 against 58.0 before this change, 48.0 after)."""
     packed, padded = per_row(per_step, PACKED), per_row(per_step, PADDED)
     assert 0 < packed <= padded, f"packed {packed:.1f} calls a row, padded {padded:.1f}"
 
 
-def test_a_steady_packed_decode_step_plans_without_wants(per_step, monkeypatch):
+def test_a_steady_packed_decode_step_plans_without_wants(makers, monkeypatch):
     """Every row decoding, no row joining: the plan builds no ``Want`` (``plan_chunks`` is
     not called; :func:`workbench.engine.packed.steady.decode_plan` plans)."""
     called = []
     real = packed_batch.plan_chunks
     monkeypatch.setattr(packed_batch, "plan_chunks", lambda *a, **k: called.append(1) or real(*a, **k))
-    model, tokenizer = make_model(STEP_CONFIG.shape), load()[1]
-    engine = engine_makers(model, tokenizer, STEP_CONFIG)[PACKED](SMALL)
-    for a in step_arrivals(tokenizer, SMALL, 8):
+    makers, tokenizer = makers
+    engine = makers[PACKED](SMALL)
+    for a in step_arrivals(tokenizer, SMALL, 8, SHORT):
         engine.submit(a.prompt, a.max_tokens)
     while engine.iterate() != SMALL:
         pass

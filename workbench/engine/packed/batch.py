@@ -24,7 +24,7 @@ from ..state import RequestState, Status
 from .attention import Pools, packed_forward
 from .pages import PageTable
 from .plan import SCHEDULES, Want, plan_chunks
-from .steady import decode_plan
+from .steady import decode_plan, known_tokens, lengths
 
 GROWTH = 8  # the pools grow by at least 1/GROWTH of their pages (or what is needed)
 
@@ -291,9 +291,8 @@ class PackedBatch:
         """After a read: held tokens cut to known ones, each row's ``fed`` (its generated tokens
         in its pages) set, deferred chunks' pages indexed."""
         held = self.held
-        for b, r in enumerate(self.rows):  # one pass, no property nor min/max: per-row work
-            n, h = len(r.valid.prompt_ids), held[b]
-            k = n + len(r.tokens)
+        for b, (r, n, m) in enumerate(zip(self.rows, *lengths(self.rows))):  # no call a row
+            h, k = held[b], n + m
             if h > k:
                 h = held[b] = k
             r.fed = h - n if h > n else 0
@@ -337,7 +336,7 @@ class PackedBatch:
     ) -> Launched:
         """The :class:`Launched` of ``chunks`` and ``sample(logits [R, V], rows)`` -> ``Pending``,
         not started (``mx.async_eval(*launched.outputs)``); ``unread``: as :meth:`forward`'s."""
-        known = {r.uid: len(r.valid.prompt_ids) + len(r.tokens) for r in self.rows}  # ``n_inputs``
+        known = dict(zip([r.uid for r in self.rows], known_tokens(self.rows)))  # uid -> ``n_inputs``
         deferred = tuple([c for c in chunks if c.start + c.n_tokens > known[c.uid]])
         logits = self.forward(model, chunks, after, unread=unread, known=known)
         rows = list(self.sampled)

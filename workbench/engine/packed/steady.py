@@ -18,18 +18,30 @@ token, holding 3 of its 3 read ones)::
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from operator import add
 
 from ...observe.packed import DECODE, Chunk
 from ..state import RequestState, Status
 
 
-def decode_chunks(uids: Iterable[int], starts: Iterable[int]) -> tuple[Chunk, ...]:
-    """``Chunk(uid, start, 1, "decode")`` per ``(uid, start)`` pair, in order: equal to (and
-    hashed as) those :class:`~workbench.observe.packed.Chunk` builds, made by one ``__dict__``
-    update each instead of five ``object.__setattr__`` calls (the frozen dataclass's
-    ``__init__``; a third of the time)."""
+def lengths(rows: Sequence[RequestState]) -> tuple[list[int], list[int]]:
+    """``([B] prompt tokens, [B] generated tokens)`` of ``rows`` (their sum: ``n_inputs``), each
+    by one C-level ``map(len, ...)`` rather than a Python call a row."""
+    return list(map(len, [r.valid.prompt_ids for r in rows])), list(map(len, [r.tokens for r in rows]))
+
+
+def known_tokens(rows: Sequence[RequestState]) -> list[int]:
+    """``[B]`` each row's known tokens (``n_inputs``: prompt plus generated), as :func:`lengths`."""
+    return list(map(add, *lengths(rows)))
+
+
+def decode_chunks(spans: Iterable[tuple[int, int]]) -> tuple[Chunk, ...]:
+    """``Chunk(uid, start, 1, "decode")`` per ``(uid, start)`` of ``spans``, in order: equal to
+    (and hashed as) those :class:`~workbench.observe.packed.Chunk` builds, made by one
+    ``__dict__`` update each instead of five ``object.__setattr__`` calls (the frozen
+    dataclass's ``__init__``; a third of the time)."""
     new, out = object.__new__, []
-    for uid, start in zip(uids, starts, strict=True):
+    for uid, start in spans:
         c = new(Chunk)
         c.__dict__.update(uid=uid, start=start, n_tokens=1, kind=DECODE, samples=True)
         out.append(c)
@@ -53,24 +65,22 @@ def decode_plan(
     Raises:
         ValueError: more decoding rows than ``budget`` (as ``plan_chunks``).
     """
-    uids, starts = [], []
+    spans = []
     finished, running = Status.FINISHED, Status.RUNNING
-    for r, h in zip(rows, held, strict=True):
+    for r, h, p, n in zip(rows, held, *lengths(rows), strict=True):
         status = r.status
         if status is finished:
             continue
-        n, valid = len(r.tokens), r.valid
         if r.uid in unread:
-            if n + 1 >= valid.request.max_tokens:
+            if n + 1 >= r.valid.request.max_tokens:
                 continue  # its unread token is its last
             n += 1
         elif status is not running:  # joining: prefill to plan, unless it has none left
-            if len(valid.prompt_ids) + n > h:
+            if p + n > h:
                 return None
             continue
-        if len(valid.prompt_ids) + n > h:
-            uids.append(r.uid)
-            starts.append(h)
-    if len(uids) > budget:
-        raise ValueError(f"{len(uids)} decoding rows but a token budget of {budget}")
-    return decode_chunks(uids, starts)
+        if p + n > h:
+            spans.append((r.uid, h))
+    if len(spans) > budget:
+        raise ValueError(f"{len(spans)} decoding rows but a token budget of {budget}")
+    return decode_chunks(spans)

@@ -6,7 +6,10 @@ At B = 128 the packed step's Python was 1.15-1.20x the padded step's on CUDA, it
 step host-bound; the difference was per-row bookkeeping: a ``Want`` and a ``Chunk`` per row,
 and maps rebuilt per step (``docs/packed.md``, eighteenth session). Here the decode plan
 builds no ``Want`` and its ``Chunk`` s without the frozen dataclass's per-field
-``object.__setattr__`` (:func:`decode_chunks`: the same fields, equal and hashed alike).
+``object.__setattr__`` (the same fields, equal and hashed alike), and the rows' lengths are
+counted by C-level ``map(len, ...)`` rather than a Python call a row. Each function here is a
+leaf (it calls no workbench function), so one decode step still reads in five files
+(``docs/architecture.md``, ``tests/architecture/test_step_files.py``).
 
 Example (rows uid 0 running, holding 5 of its 6 known tokens; uid 1 running with an unread
 token, holding 3 of its 3 read ones)::
@@ -17,7 +20,7 @@ token, holding 3 of its 3 read ones)::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from operator import add
 
 from ...observe.packed import DECODE, Chunk
@@ -31,21 +34,9 @@ def lengths(rows: Sequence[RequestState]) -> tuple[list[int], list[int]]:
 
 
 def known_tokens(rows: Sequence[RequestState]) -> list[int]:
-    """``[B]`` each row's known tokens (``n_inputs``: prompt plus generated), as :func:`lengths`."""
-    return list(map(add, *lengths(rows)))
-
-
-def decode_chunks(spans: Iterable[tuple[int, int]]) -> tuple[Chunk, ...]:
-    """``Chunk(uid, start, 1, "decode")`` per ``(uid, start)`` of ``spans``, in order: equal to
-    (and hashed as) those :class:`~workbench.observe.packed.Chunk` builds, made by one
-    ``__dict__`` update each instead of five ``object.__setattr__`` calls (the frozen
-    dataclass's ``__init__``; a third of the time)."""
-    new, out = object.__new__, []
-    for uid, start in spans:
-        c = new(Chunk)
-        c.__dict__.update(uid=uid, start=start, n_tokens=1, kind=DECODE, samples=True)
-        out.append(c)
-    return tuple(out)
+    """``[B]`` each row's known tokens (``n_inputs``: prompt plus generated), counted as
+    :func:`lengths` counts them."""
+    return list(map(add, map(len, [r.valid.prompt_ids for r in rows]), map(len, [r.tokens for r in rows])))
 
 
 def decode_plan(
@@ -67,7 +58,8 @@ def decode_plan(
     """
     spans = []
     finished, running = Status.FINISHED, Status.RUNNING
-    for r, h, p, n in zip(rows, held, *lengths(rows), strict=True):
+    prompts, generated = map(len, [r.valid.prompt_ids for r in rows]), map(len, [r.tokens for r in rows])
+    for r, h, p, n in zip(rows, held, prompts, generated, strict=True):
         status = r.status
         if status is finished:
             continue
@@ -83,4 +75,9 @@ def decode_plan(
             spans.append((r.uid, h))
     if len(spans) > budget:
         raise ValueError(f"{len(spans)} decoding rows but a token budget of {budget}")
-    return decode_chunks(spans)
+    new, chunks = object.__new__, []
+    for uid, start in spans:  # Chunk(uid, start, 1, "decode") without its __init__'s five setattrs
+        c = new(Chunk)
+        c.__dict__.update(uid=uid, start=start, n_tokens=1, kind=DECODE, samples=True)
+        chunks.append(c)
+    return tuple(chunks)

@@ -115,19 +115,19 @@ class Forward:
         Raises:
             KeyError: a chunk's uid missing from ``adapter_of``.
         """
-        drafts, first = drafts or {}, set()
-        verifies = []
-        for c in chunks:
+        first, verifies = set(), []
+        for c in chunks if drafts else ():
             verifies.append(0 if c.uid in first else len(drafts.get(c.uid, ())))
             first.add(c.uid)
+        uids = tuple([c.uid for c in chunks])
         return cls(
             PACKED,
-            tuple(c.uid for c in chunks),
-            tuple(adapter_of[c.uid] for c in chunks),
-            tuple(c.start for c in chunks),
-            tuple(c.n_tokens for c in chunks),
-            tuple(bool(c.samples) for c in chunks),
-            tuple(verifies),
+            uids,
+            tuple(map(adapter_of.__getitem__, uids)),
+            tuple([c.start for c in chunks]),
+            tuple([c.n_tokens for c in chunks]),
+            tuple([bool(c.samples) for c in chunks]),
+            tuple(verifies) if drafts else (0,) * len(uids),
         )
 
     def token_adapters(self) -> list[str | None]:

@@ -158,7 +158,8 @@ class PackedLayout(Layout):
             if current is None:
                 return False
             mx.async_eval(*current.outputs)
-        nxt = self._launch(st, recorder, current) if cfg.pipeline and current.uids else None
+        carried = batch.carried(current)  # the rows are the same until the reads are taken
+        nxt = self._launch(st, recorder, current, carried) if cfg.pipeline and current.uids else None
         read = current.pending.read() if current.pending is not None else mx.eval(*current.outputs)
         if self.pacer is not None:  # the forward's measured time; the next one's starts now
             read_s = recorder.clock()
@@ -168,22 +169,22 @@ class PackedLayout(Layout):
         if nxt is not None:
             mx.async_eval(*nxt.outputs)  # after the read: the pools are written in place then
         batch.launched = nxt
-        yield from self._read(st, current, read, recorder)
-        batch.after_read(nxt)
+        yield from self._read(st, current, read, recorder, carried)
+        batch.after_read(nxt)  # each row's held tokens and ``fed`` set
         batch.last_chunks, batch.last_paced = current.chunks, current.paced
-        for row, held in zip(batch.rows, batch.held):
-            row.fed = max(0, held - len(row.valid.prompt_ids))
         return True
 
-    def _launch(self, st: Any, recorder: Recorder, after: Any = None) -> Any:
+    def _launch(self, st: Any, recorder: Recorder, after: Any = None, unread: dict | None = None) -> Any:
         """Build the next packed forward and its sampling (lazy: not started), or ``None``
         when nothing is planned. ``after``: a launched forward whose tokens are unread; the
         next one counts them as known and feeds them, and is built only when it carries
-        decode tokens alone (a joiner admitted meanwhile waits one forward)."""
+        decode tokens alone (a joiner admitted meanwhile waits one forward). ``unread``:
+        ``batch.carried(after)`` when the caller has it."""
         batch, cfg = st.batch, self.config
-        unread = batch.carried(after)  # rows that left since ``after`` was built take none of its tokens
+        if unread is None:  # rows that left since ``after`` was built take none of its tokens
+            unread = batch.carried(after)
         chunks = batch.plan(cfg.token_budget, cfg.packed_schedule, unread)
-        if not chunks or (after is not None and any(c.kind != "decode" for c in chunks)):
+        if not chunks or (after is not None and any([c.kind != DECODE for c in chunks])):
             return None
         paced = None
         if self.pacer is not None:  # prefill tokens capped to the time budget
@@ -193,10 +194,11 @@ class PackedLayout(Layout):
 
         def sample(logits: mx.array, sampled: list[int]) -> Pending:
             rows = [batch.rows[b] for b in sampled]
+            at = [unread[r.uid] if r.uid in unread else None for r in rows]  # its row in ``after``
             contexts = [
-                row_context(r, after.pending if r.uid in unread else None, unread.get(r.uid, 0)) for r in rows
+                row_context(r, None if i is None else after.pending, i or 0) for r, i in zip(rows, at)
             ]
-            index = [len(r.tokens) + (r.uid in unread) for r in rows]
+            index = [len(r.tokens) + (i is not None) for r, i in zip(rows, at)]
             return sample_pending(logits, [r.sampler for r in rows], contexts, index, asynchronous=None)
 
         adapter_of = {r.uid: r.valid.request.adapter for r in batch.rows}
@@ -205,29 +207,36 @@ class PackedLayout(Layout):
         launched.paced = paced
         return launched
 
-    def _read(self, st: Any, current: Any, read: tuple | None, recorder: Recorder) -> Iterator[Read]:
+    def _read(
+        self, st: Any, current: Any, read: tuple | None, recorder: Recorder, carried: dict[int, int]
+    ) -> Iterator[Read]:
         """The reads of a read packed forward: ``prefill`` per prefill chunk (logged), then
         per sampling row (``join`` logged for a joiner) its token, or its error. Rows that
         left the batch or finished since it was launched are skipped, and so is a uid admitted
-        again since (preempted, then re-queued and admitted: :meth:`PackedBatch.carried`)."""
+        again since (preempted, then re-queued and admitted: ``carried``, its
+        :meth:`PackedBatch.carried`)."""
         batch = st.batch
         for c in current.chunks:
-            if c.kind != "decode":
+            if c.kind != DECODE:
                 recorder.log("prefill", c.uid, st.step_index, n_tokens=c.n_tokens)
         if read is None:
             return
         toks, lps, finite = read
         tops = current.pending.read_top()
+        errors = current.pending.errors
         rows = {r.uid: b for b, r in enumerate(batch.rows)}
-        carried = batch.carried(current)
+        finished, prefilling = Status.FINISHED, Status.PREFILLING
         for i, uid in enumerate(current.uids):
-            b = rows.get(uid)
-            if uid not in carried or batch.rows[b].finished:
+            if uid not in carried:
                 continue
+            b = rows[uid]
             row = batch.rows[b]
-            _join(st, row, b, recorder)
-            message = current.pending.errors.get(i) or ("" if finite[i] else NON_FINITE)
-            yield Read(row, b, toks[i], lps[i], message, tops.get(i, ()))
+            if row.status is finished:
+                continue
+            if row.status is prefilling:
+                _join(st, row, b, recorder)
+            message = (errors.get(i) if errors else None) or ("" if finite[i] else NON_FINITE)
+            yield Read(row, b, toks[i], lps[i], message, tops.get(i, ()) if tops else ())
 
     def _step_speculative(self, st: Any, recorder: Recorder) -> Generator[Read | Event, None, bool]:
         """``step()`` with speculation: one ``[1, T]`` forward carries every running row's
@@ -271,10 +280,8 @@ class PackedLayout(Layout):
         if verified is not None:
             yield from _verified_reads(st, batch, groups, verified, recorder)
             _keep_accepted(batch, groups, verified, held)
-        batch.after_read(None)
+        batch.after_read(None)  # each row's held tokens and ``fed`` set
         batch.last_chunks, batch.last_paced = verify.observed_chunks(chunks), paced
-        for row, h in zip(batch.rows, batch.held):
-            row.fed = max(0, h - len(row.valid.prompt_ids))
         return True
 
     def _plan_speculative(self, st: Any, recorder: Recorder) -> tuple:

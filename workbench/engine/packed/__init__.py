@@ -10,7 +10,8 @@ Modules (each one concept):
   vLLM's ``BlockManager``, nano-vllm's ``block_manager``); :mod:`.prefix` the prefix index of
   full pages (prefix caching);
 - :mod:`.plan` one iteration's chunks under the token budget (decode first, then
-  prefill chunks: Sarathi-Serve's stall-free batches);
+  prefill chunks: Sarathi-Serve's stall-free batches); :mod:`.steady` the same plan when every
+  row decodes, and the rows' lengths, without a Python call a row (the step's host cost);
 - :mod:`.attention` the packed forward: the paged cache object each layer's own ``Attention``
   calls (``update_and_fetch`` / ``make_mask``), per-token RoPE positions, and each layer's
   attention chosen (by groups, :mod:`.grouped`; decode rows alone; the CUDA kernel,

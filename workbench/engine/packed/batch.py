@@ -23,7 +23,8 @@ from ..siblings import shared_rows
 from ..state import RequestState, Status
 from .attention import Pools, packed_forward
 from .pages import PageTable
-from .plan import Want, plan_chunks
+from .plan import SCHEDULES, Want, plan_chunks
+from .steady import decode_plan, known_tokens, lengths
 
 GROWTH = 8  # the pools grow by at least 1/GROWTH of their pages (or what is needed)
 
@@ -161,8 +162,8 @@ class PackedBatch:
         -> ``{3: 0}``."""
         if launched is None:
             return {}
-        now = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
-        return {u: i for i, u in enumerate(launched.uids) if u in now and launched.admitted.get(u) == now[u]}
+        now, then = dict(zip([r.uid for r in self.rows], self.admitted, strict=True)), launched.admitted
+        return {u: i for i, u in enumerate(launched.uids) if u in now and u in then and then[u] == now[u]}
 
     def _promote(self, leaving: Sequence[int] = ()) -> None:
         """Followers of a finished or ``leaving`` leader: the next one leads."""
@@ -194,7 +195,12 @@ class PackedBatch:
 
     def plan(self, budget: int, schedule: str = "hybrid", unread: Collection[int] = ()) -> tuple[Chunk, ...]:
         """The next forward's chunks (:func:`workbench.engine.packed.plan.plan_chunks`)
-        over :meth:`wants` with ``unread``."""
+        over :meth:`wants` with ``unread``; while no row joins nor follows, the same chunks
+        without the wants (:func:`~workbench.engine.packed.steady.decode_plan`)."""
+        if schedule in SCHEDULES and not self.follows:
+            chunks = decode_plan(self.rows, self.held, unread, budget)
+            if chunks is not None:
+                return chunks
         return plan_chunks(self.wants(unread), budget, schedule)
 
     def forward(
@@ -204,12 +210,14 @@ class PackedBatch:
         after: Launched | None = None,
         tokens: mx.array | None = None,
         unread: dict[int, int] | None = None,
+        known: dict[int, int] | None = None,
     ) -> mx.array:
         """Reserve the chunks' pages and build the packed forward (lazy), fed ``after``'s unread
         tokens or ``tokens`` ``[T]`` (a verify's drafts); returns logits ``[R, V]`` of :attr:`sampled`.
-        ``unread``: :meth:`carried` of ``after`` when the caller has it (else made here)."""
+        ``unread``: :meth:`carried` of ``after`` when the caller has it (else made here);
+        ``known``: uid -> its known tokens (``n_inputs``) when the caller has them."""
         by_uid = {r.uid: b for b, r in enumerate(self.rows)}
-        copies = self.table.prepare([(c.uid, c.start, c.end) for c in chunks])
+        copies = self.table.prepare([(c.uid, c.start, c.start + c.n_tokens) for c in chunks])
         have = self.pools.slots // self.page_size
         if self.table.capacity > have:
             grown = max(self.table.capacity, have + math.ceil(have / GROWTH))
@@ -223,45 +231,71 @@ class PackedBatch:
             self.pools,
             self.table,
             chunks,
-            self._tokens(chunks, after, unread) if tokens is None else tokens,
+            self._tokens(chunks, after, unread, known) if tokens is None else tokens,
             decode_kernel=self.decode_kernel,
             token_attention=self.token_attention,
         )
         indexing = self.table.index is not None  # prefix caching: index the pages filled
+        held = self.held
         for c in chunks:
-            self.held[by_uid[c.uid]] = c.end
-            if indexing and c.end <= self.rows[by_uid[c.uid]].n_inputs:
-                self.table.register(c.uid, self.rows[by_uid[c.uid]].inputs, c.start, c.end)
+            b, end = by_uid[c.uid], c.start + c.n_tokens
+            held[b] = end
+            if indexing and end <= self.rows[b].n_inputs:
+                self.table.register(c.uid, self.rows[b].inputs, c.start, end)
         return self._fan_out(logits, [by_uid[c.uid] for c in chunks if c.samples])
 
     def _tokens(
-        self, chunks: Sequence[Chunk], after: Launched | None, unread: dict[int, int] | None = None
+        self,
+        chunks: Sequence[Chunk],
+        after: Launched | None,
+        unread: dict[int, int] | None = None,
+        known: dict[int, int] | None = None,
     ) -> mx.array:
         """The chunks' tokens ``[T]`` uint32, unread ones from ``after`` (``unread``: its
-        :meth:`carried`, made when ``None``)."""
+        :meth:`carried`, made when ``None``; ``known``: uid -> ``n_inputs``, made when ``None``)."""
         rows = {r.uid: r for r in self.rows}
         unread = self.carried(after) if unread is None else unread
+        known = {u: r.n_inputs for u, r in rows.items()} if known is None else known
+        if chunks and unread and not [c for c in chunks if c.n_tokens != 1 or c.start < known[c.uid]]:
+            src = [unread[c.uid] for c in chunks]  # each chunk its row's unread token (a pipelined step)
+        else:
+            at, src, tokens = self._known_tokens(chunks, rows, unread, known)
+            if not at or len(at) < len(tokens):  # some known token: scatter the unread ones
+                out = mx.array(tokens, dtype=mx.uint32)
+                if at:
+                    out[mx.array(at)] = after.pending.tokens[mx.array(src)].astype(mx.uint32)
+                return out
+        unread_tokens = after.pending.tokens  # every token unread: no scatter
+        same = src == list(range(unread_tokens.shape[0]))
+        return (unread_tokens if same else unread_tokens[mx.array(src)]).astype(mx.uint32)
+
+    @staticmethod
+    def _known_tokens(
+        chunks: Sequence[Chunk], rows: dict[int, RequestState], unread: dict[int, int], known: dict[int, int]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """``(at, src, tokens)``: the chunks' known tokens ``[T]`` (0 at an unread one), where
+        each unread token goes and its row in ``after``'s pending tokens."""
         tokens, at, src = [], [], []
         for c in chunks:
             r = rows[c.uid]
-            known = r.inputs_slice(c.start, c.end) if c.start < r.n_inputs else []
-            tokens += known
-            if len(known) < c.n_tokens:  # a decode chunk of the row's unread token
+            n = known[c.uid]
+            got = r.inputs_slice(c.start, c.start + c.n_tokens) if c.start < n else []
+            tokens += got
+            if len(got) < c.n_tokens:  # a decode chunk of the row's unread token
                 at.append(len(tokens))
                 src.append(unread[c.uid])
                 tokens.append(0)
-        if at and len(at) == len(tokens):  # every token unread (a pipelined decode step): no scatter
-            unread_tokens = after.pending.tokens
-            same = src == list(range(unread_tokens.shape[0]))
-            return (unread_tokens if same else unread_tokens[mx.array(src)]).astype(mx.uint32)
-        out = mx.array(tokens, dtype=mx.uint32)
-        if at:
-            out[mx.array(at)] = after.pending.tokens[mx.array(src)].astype(mx.uint32)
-        return out
+        return at, src, tokens
 
     def after_read(self, launched: Launched | None) -> None:
-        """After a read: held tokens cut to known ones, deferred chunks' pages indexed."""
-        self.held[:] = [min(h, r.n_inputs) for h, r in zip(self.held, self.rows, strict=True)]
+        """After a read: held tokens cut to known ones, each row's ``fed`` (its generated tokens
+        in its pages) set, deferred chunks' pages indexed."""
+        held = self.held
+        for b, (r, n, m) in enumerate(zip(self.rows, *lengths(self.rows))):  # no call a row
+            h, k = held[b], n + m
+            if h > k:
+                h = held[b] = k
+            r.fed = h - n if h > n else 0
         if launched is None or self.table.index is None or not launched.deferred:
             return  # nothing to index (no prefix caching, or no chunk ended at an unread token)
         rows = {r.uid: r for r in self.rows}
@@ -302,17 +336,18 @@ class PackedBatch:
     ) -> Launched:
         """The :class:`Launched` of ``chunks`` and ``sample(logits [R, V], rows)`` -> ``Pending``,
         not started (``mx.async_eval(*launched.outputs)``); ``unread``: as :meth:`forward`'s."""
-        known = {r.uid: r.n_inputs for r in self.rows}
-        logits = self.forward(model, chunks, after, unread=unread)
+        known = dict(zip([r.uid for r in self.rows], known_tokens(self.rows)))  # uid -> ``n_inputs``
+        deferred = tuple([c for c in chunks if c.start + c.n_tokens > known[c.uid]])
+        logits = self.forward(model, chunks, after, unread=unread, known=known)
         rows = list(self.sampled)
         pending = sample(logits, rows) if rows else None
         pools = [a for a in self.pools.keys + self.pools.values if a is not None]
         outputs = pending.arrays() if pending is not None else pools  # a prefill forward: its writes
-        if pending is not None and any(c.kind != DECODE for c in chunks):
+        if pending is not None and any([c.kind != DECODE for c in chunks]):
             outputs = [*outputs, *pools]  # a row prefill's logits read none of its writes: made with them
-        deferred = tuple(c for c in chunks if c.end > known[c.uid])
-        admitted = dict(zip((r.uid for r in self.rows), self.admitted, strict=True))
-        uids = tuple(self.rows[b].uid for b in rows)
+        all_uids = [r.uid for r in self.rows]
+        admitted = dict(zip(all_uids, self.admitted, strict=True))
+        uids = tuple([all_uids[b] for b in rows])
         return Launched(tuple(chunks), uids, pending, outputs, deferred, admitted=admitted)
 
     def filter(self, keep: Sequence[int], reuse_slots: bool | None = None) -> None:
@@ -360,8 +395,9 @@ class PackedBatch:
 
     def state(self, token_budget: int) -> PackedState:
         """The frozen :class:`PackedState` now."""
-        held = dict(zip((r.uid for r in self.rows), self.held, strict=True))
-        pages = tuple((r.uid, tuple(self.table.pages[r.uid])) for r in self.rows if r.uid in self.table.pages)
+        held = dict(zip([r.uid for r in self.rows], self.held, strict=True))
+        table = self.table.pages
+        pages = tuple([(r.uid, tuple(table[r.uid])) for r in self.rows if r.uid in table])
         paced = self.last_paced
         return PackedState(
             self.page_size,
@@ -369,7 +405,7 @@ class PackedBatch:
             self.pools.slots // self.page_size,
             pages,
             tuple(self.table.free_list),
-            tuple((u, held[u]) for u, _ in pages),
+            tuple([(u, held[u]) for u, _ in pages]),
             self.last_chunks,
             token_budget,
             None if self.table.index is None else tuple(self.table.cached),

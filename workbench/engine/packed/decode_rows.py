@@ -30,7 +30,7 @@ from .pages import PageTable
 
 def decode_only(chunks: Sequence[Chunk]) -> bool:
     """Whether ``chunks`` are all one-token decode chunks that sample (at least one)."""
-    return bool(chunks) and all(c.n_tokens == 1 and c.kind == DECODE and c.samples for c in chunks)
+    return bool(chunks) and all([c.n_tokens == 1 and c.kind == DECODE and c.samples for c in chunks])
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,17 @@ def decode_index(table: PageTable, chunks: Sequence[Chunk], slots: bool = True) 
 
     Raises:
         ValueError: a chunk beyond its request's pages."""
-    P = table.page_size
-    pages = [table.pages.get(c.uid, ()) for c in chunks]
+    P, held = table.page_size, table.pages
+    pages = [held[c.uid] if c.uid in held else () for c in chunks]
     starts = [c.start for c in chunks]
+    n_pages = list(map(len, pages))  # one call for all rows (the step's per-row work is its cost)
     L = max(starts) + 1
     W = -(-L // P)
-    for c, held in zip(chunks, pages, strict=True):
-        if c.start >= len(held) * P:
-            raise ValueError(f"uid {c.uid}: positions up to {c.start} but only {len(held)} page(s) of {P}")
-    grid = np.array([list(p[:W]) + [0] * (W - len(p)) if len(p) < W else p[:W] for p in pages], np.int32)
+    beyond = [b for b, (s, n) in enumerate(zip(starts, n_pages)) if s >= n * P]
+    if beyond:
+        c, n = chunks[beyond[0]], n_pages[beyond[0]]
+        raise ValueError(f"uid {c.uid}: positions up to {c.start} but only {n} page(s) of {P}")
+    grid = np.array([p[:W] if n >= W else [*p, *[0] * (W - n)] for p, n in zip(pages, n_pages)], np.int32)
     write = np.array([held[s // P] * P + s % P for held, s in zip(pages, starts, strict=True)], np.int32)
     if not slots:
         return DecodeIndex(write, np.array(starts, np.int32), None, None, grid)

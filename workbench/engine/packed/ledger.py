@@ -24,6 +24,7 @@ from typing import Any
 from ..kv.allocation import RowTokens
 from ..kv.ledger import Held
 from ..siblings import shared_rows
+from ..state import Status
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class PagePlan:
         gone = set(dropped)
         held = {uid: pages for uid, pages in self.held if uid not in gone}
         distinct = {p for pages in held.values() for p in pages}
-        future = sum(n - len(held.get(uid, ())) for uid, n in self.rows if uid not in gone)
+        have = dict(zip(held, map(len, held.values())))  # uid -> its pages, counted by one map
+        future = sum([n - (have[uid] if uid in have else 0) for uid, n in self.rows if uid not in gone])
         if self.joining is not None and joiners:
             shared, added = self.joining(joiners)
             distinct |= shared
@@ -126,10 +128,26 @@ class PageLedger:
     def plan(self, st: Any, held_prompts: bool = True, prompt_cache: bool = True) -> PagePlan:
         """The :class:`PagePlan` of engine state ``st`` now (the flags: ``KVLedger``'s signature)."""
         batch = st.batch
-        held = tuple((r.uid, tuple(batch.table.pages.get(r.uid, ()))) for r in batch.rows)
+        table, P, refs, follows = batch.table.pages, self.page_size, batch.table.refs, batch.follows
+        held = tuple([(r.uid, tuple(table[r.uid]) if r.uid in table else ()) for r in batch.rows])
+        finished, prompts = Status.FINISHED, map(len, [r.valid.prompt_ids for r in batch.rows])
+        final = [-(-(p + r.valid.request.max_tokens) // P) for r, p in zip(batch.rows, prompts)]
         rows = tuple(
-            (r.uid, self._reserve(r, pages, h, st))
-            for r, (_, pages), h in zip(batch.rows, held, batch.held, strict=True)
+            [
+                (
+                    r.uid,
+                    self._reserve(r, pages, h, st)
+                    if follows
+                    or r.status is finished
+                    or (h % P and pages[-1] in refs and refs[pages[-1]] > 1)
+                    else f
+                    if f > n
+                    else n,
+                )  # the common row (no follower, no shared last page): _reserve's last line
+                for r, (_, pages), h, f, n in zip(
+                    batch.rows, held, batch.held, final, map(len, [p for _, p in held]), strict=True
+                )
+            ]
         )
         return PagePlan(self.page_size, self.page_bytes, rows, held, self._joining(st))
 

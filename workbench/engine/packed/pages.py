@@ -127,12 +127,14 @@ class PageTable:
     def prepare(self, spans: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
         """:meth:`copy_on_write` then :meth:`reserve` per ``(uid, start, end)`` span; the pairs."""
         P, out = self.page_size, []
+        held = self.pages
         for uid, start, end in spans:
-            pages = self.pages.get(uid, ())
-            first, last = start // P, min(-(-end // P), len(pages))
+            pages = held[uid] if uid in held else ()
+            n, first, last = len(pages), start // P, -(-end // P)
+            last = n if last > n else last  # no min(): a call per span
             if last - first > 1 or (last > first and self.refs[pages[first]] > 1):
                 out += self.copy_on_write(uid, start, end)
-            if len(pages) * P < end:
+            if n * P < end:
                 self.reserve(uid, end)
         return out
 

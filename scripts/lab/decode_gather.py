@@ -8,7 +8,17 @@ forward is repeated (it writes the same slots), each variant ``--reps`` times a 
 variants alternating block by block. Prints per ``R`` each variant's median time per forward
 (evaluated with the pools' writes), the median of its per-block ratios to ``vectors``, on the
 wall clock and on the process CPU time, whether its logits equal ``vectors``' bit for bit, and
-the load average.
+the load average. Then per ``R`` the host side, each right after an evaluated forward (the
+state a step's Python meets): the median time to build the forward's graph (no evaluation),
+packed and padded, and of it the packed index arrays (``decode_index`` and their four
+``mx.array`` copies), over ``--blocks * --reps`` forwards.
+
+``--head-major L ...``: then the attention alone (tiny-llama's heads, random keys, pages of 16
+handed out shuffled) at each ``L``, ``R`` rows: the engine's gather of vectors from a pool
+``[N, n_kv_heads, head_dim]`` against whole pages gathered from a head-major pool
+``[n_kv_heads, N, head_dim]`` (viewed ``[R, n_kv_heads, L, head_dim]`` with rows of
+``head_dim`` contiguous: MLX's CPU matmul takes it without a copy and with the transpose flag
+the gathered keys get), median µs beyond an evaluation's own and bit-equality.
 
 Variants of :meth:`DecodeRowsLayer.attend <workbench.engine.packed.decode_rows.DecodeRowsLayer.attend>`:
 
@@ -42,6 +52,7 @@ parser.add_argument("--rows", type=int, nargs="*", default=[1, 8, 32])
 parser.add_argument("--length", type=int, default=40, help="positions each row attends to")
 parser.add_argument("--blocks", type=int, default=15)
 parser.add_argument("--reps", type=int, default=30)
+parser.add_argument("--head-major", type=int, nargs="*", default=[], metavar="L")
 args = parser.parse_args()
 
 P = 16
@@ -92,11 +103,16 @@ def packed_case(R: int):
         table.reserve(u, held + 1)
     chunks = [Chunk(u, held, 1, "decode") for u in range(R)]
     ids = mx.array([5] * R, dtype=mx.uint32)
-    return lambda: [
-        packed_forward(model, pools, table, chunks, ids, decode_kernel=False),
-        *pools.keys,
-        *pools.values,
-    ]
+
+    def forward():
+        return [
+            packed_forward(model, pools, table, chunks, ids, decode_kernel=False),
+            *pools.keys,
+            *pools.values,
+        ]
+
+    forward.table, forward.chunks = table, chunks
+    return forward
 
 
 def padded_case(R: int):
@@ -112,6 +128,31 @@ def padded_case(R: int):
         return [model(ids, cache=caches)[:, -1], *(c.keys for c in caches), *(c.values for c in caches)]
 
     return forward
+
+
+def host_us(R: int, packed, padded) -> str:
+    """Median µs, each right after an evaluated forward: the packed graph's build, its index
+    arrays alone, the padded graph's build."""
+    decode_rows.DecodeRowsLayer.attend = VECTORS
+    table, chunks = packed.table, packed.chunks
+    heads = model.model.layers[0].self_attn.n_kv_heads
+    got = {"packed build": [], "packed index arrays": [], "padded build": []}
+    for _ in range(args.blocks * args.reps):
+        for name, run in (
+            ("packed build", packed),
+            ("packed index arrays", lambda: _index_arrays(table, chunks, heads)),
+            ("padded build", padded),
+        ):
+            mx.eval(packed() if name != "padded build" else padded())
+            start = time.perf_counter()
+            run()
+            got[name].append(time.perf_counter() - start)
+    return ", ".join(f"{k} {1e6 * np.median(v):.0f} us" for k, v in got.items())
+
+
+def _index_arrays(table, chunks, heads):
+    ix = decode_rows.decode_index(table, chunks, heads=heads)
+    return [mx.array(a) for a in (ix.write, ix.positions, ix.flat, ix.mask) if a is not None]
 
 
 def timed(name: str, forward) -> np.ndarray:
@@ -147,4 +188,55 @@ for R in args.rows:
             f"load {min(loads):.2f}-{max(loads):.2f}",
             flush=True,
         )
+    print(
+        f"R={R} L={args.length} host, after an evaluated forward: {host_us(R, cases['vectors'], cases['padded'])}"
+    )
 decode_rows.DecodeRowsLayer.attend = VECTORS
+
+
+def head_major(R: int, L: int) -> str:
+    """The attention alone at ``L``: vectors from ``[N, H, D]`` against pages from ``[H, N, D]``."""
+    a = model.model.layers[0].self_attn
+    H, D, W = a.n_kv_heads, model.args.head_dim, -(-L // P)
+    pages, rng = R * W + 3, np.random.default_rng(0)
+    N = pages * P
+    kp, vp = (mx.array(rng.standard_normal((N, H, D)).astype(np.float32)) for _ in range(2))
+    kh, vh = (mx.contiguous(p.transpose(1, 0, 2)) for p in (kp, vp))  # [H, N, D]
+    grid_np = rng.permutation(pages)[: R * W].reshape(R, W).astype(np.int32)
+    slots = (grid_np[:, :, None] * P + np.arange(P)).reshape(R, W * P)[:, :L]
+    grid, flat = mx.array(grid_np), mx.array((slots[:, None, :] * H + np.arange(H)[:, None]).astype(np.int32))
+    q = mx.array(rng.standard_normal((R, a.n_heads, 1, D)).astype(np.float32))
+    mx.eval(kp, vp, kh, vh, grid, flat, q)
+
+    def vectors():
+        k, v = (p.reshape(N * H, D)[flat] for p in (kp, vp))
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=a.scale)
+
+    def pages_of_heads():
+        k, v = (
+            p.reshape(H, pages, P * D)[:, grid].reshape(H, R, W * P, D)[:, :, :L].transpose(1, 0, 2, 3)
+            for p in (kh, vh)
+        )
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=a.scale)
+
+    def us(f) -> float:
+        mx.eval(f())
+        best = []
+        for _ in range(args.blocks):
+            start = time.perf_counter()
+            for _ in range(args.reps):
+                mx.eval(f())
+            best.append((time.perf_counter() - start) / args.reps)
+        return 1e6 * float(np.median(best))
+
+    base = us(lambda: q + 1)
+    same = mx.array_equal(vectors(), pages_of_heads()).item()
+    return (
+        f"vectors {us(vectors) - base:.0f} us, head-major pages {us(pages_of_heads) - base:.0f} us "
+        f"(beyond an evaluation's {base:.0f} us); bit-equal {same}"
+    )
+
+
+for L in args.head_major:
+    for R in args.rows:
+        print(f"attention alone R={R} L={L}: {head_major(R, L)}; load {os.getloadavg()[0]:.2f}", flush=True)

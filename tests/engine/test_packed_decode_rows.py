@@ -1,6 +1,7 @@
 """The packed layout's decode-only forward run as ``[R, 1]`` rows (``packed/decode_rows.py``):
-its index arrays equal the general ones (``packed/indices.py``), its logits equal the
-``[1, T]`` forward's bit for bit, and its host work per forward does not grow with the rows."""
+its index arrays equal the general ones (``packed/indices.py``) and are made on the host, its
+logits equal the ``[1, T]`` forward's bit for bit, and its host work per forward does not grow
+with the rows."""
 
 import mlx.core as mx
 import numpy as np
@@ -8,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workbench.bench.step_nodes import graph_nodes
 from workbench.engine.packed import attention
 from workbench.engine.packed.attention import Pools, packed_forward
-from workbench.engine.packed.decode_rows import decode_index, decode_only
+from workbench.engine.packed.decode_rows import DecodeRowsLayer, decode_index, decode_only
+from workbench.engine.packed.grouped import flat_indices
 from workbench.engine.packed.indices import forward_index
 from workbench.engine.packed.pages import PageTable
 from workbench.observe.packed import Chunk
@@ -52,6 +55,18 @@ def test_the_decode_index_equals_the_general_index_arrays(case):
         assert ix.mask.tolist() == (np.arange(ends.max())[None, :] < ends[:, None]).tolist()
     else:
         assert ix.mask is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(decode_tables(), st.integers(1, 4))
+def test_the_decode_index_makes_the_flat_gather_rows_on_the_host(case, heads):
+    """``flat`` is :func:`flat_indices` of the slot grid, made in numpy: the forward's graph
+    gets it as one input array, with no index arithmetic of its own."""
+    t, chunks = case
+    ix = decode_index(t, chunks, heads=heads)
+    assert ix.flat.dtype == np.int32 and ix.flat.shape == (len(chunks), heads, ix.slots.shape[1])
+    assert ix.flat.tolist() == flat_indices(mx.array(ix.slots), heads).tolist()
+    assert decode_index(t, chunks).flat is None
 
 
 def test_only_one_token_decode_chunks_that_sample_run_as_rows():
@@ -179,3 +194,48 @@ def test_a_pipelined_decode_step_feeds_the_unread_tokens_without_building_an_arr
     assert built == []
     want = [after.pending.tokens[unread[c.uid]].item() for c in chunks]
     assert tokens.dtype == mx.uint32 and tokens.tolist() == want
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("lengths", [(9, 9, 9), (5, 9, 14)])
+def test_the_rows_gather_rows_and_mask_reach_the_layers_made_on_the_host(random_llama, lengths, monkeypatch):
+    """The CPU rows path: each layer gets its gather rows ``[R, n_kv_heads, L]`` and mask
+    ``[R, 1, 1, L]`` as plain input arrays (no graph of their own: before, ``flat_indices``
+    and the mask's reshape were 6-8 MLX nodes a step), and the rows' logits stay those of
+    the gather rows made by :func:`flat_indices` from the slot grid, bit for bit."""
+    model, _ = random_llama
+    table, pools = PageTable(4), Pools(len(model.model.layers))
+    for u, n in enumerate(lengths):
+        table.reserve(u, n)
+    prefill = [Chunk(u, 0, n, "prefill") for u, n in enumerate(lengths)]
+    mx.eval(packed_forward(model, pools, table, prefill, [7] * sum(lengths)), pools.keys, pools.values)
+    for u, n in enumerate(lengths):
+        table.reserve(u, n + 1)
+    decode = [Chunk(u, n, 1, "decode") for u, n in enumerate(lengths)]
+    tokens = mx.array([9, 10, 11], dtype=mx.uint32)
+    seen = []
+    real = DecodeRowsLayer.attend
+
+    def attend(self, queries, scale):
+        seen.append((graph_nodes([self.flat]), self.mask is None or not graph_nodes([self.mask])))
+        return real(self, queries, scale)
+
+    with monkeypatch.context() as m:
+        m.setattr(DecodeRowsLayer, "attend", attend)
+        rows = packed_forward(model, pools, table, decode, tokens, decode_kernel=False)
+    assert len(seen) == len(model.model.layers)
+    assert all(not flat and mask_is_input for flat, mask_is_input in seen)
+
+    ix = decode_index(table, decode)  # the gather rows as MLX ops made them before
+    flat = flat_indices(mx.array(ix.slots), model.model.layers[0].self_attn.n_kv_heads)
+    mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]
+    assert (mask is None) == (len(set(lengths)) == 1)
+
+    def by_ops(self, pools_, layer, write, positions, flat_, mask_, decode_=None):
+        real_init(self, pools_, layer, write, positions, flat, mask, decode_)
+
+    real_init = DecodeRowsLayer.__init__
+    with monkeypatch.context() as m:
+        m.setattr(DecodeRowsLayer, "__init__", by_ops)
+        before = packed_forward(model, pools, table, decode, tokens, decode_kernel=False)
+    assert mx.array_equal(rows, before).item()

@@ -26,7 +26,7 @@ from ..model_hooks import hooks_of
 from . import cuda_attention
 from .cuda_attention import DecodePages
 from .decode_rows import DecodeRowsLayer, decode_index, decode_only
-from .grouped import Groups, _gather, flat_indices, grouped_attention, groups_of
+from .grouped import Groups, _gather, grouped_attention, groups_of
 from .indices import ForwardIndex, forward_index
 from .pages import PageTable
 from .per_token import token_blocks
@@ -300,9 +300,9 @@ def _decode_rows_forward(
     """:func:`packed_forward` of decode chunks only, run as ``[R, 1]`` rows
     (:class:`~workbench.engine.packed.decode_rows.DecodeRowsLayer`; ``tokens``: ``[R]`` ids,
     as :func:`packed_forward`'s; ``kernel``: attending by the CUDA kernel); logits ``[R, V]``."""
-    ix = decode_index(table, chunks, slots=not kernel)
-    write, positions = mx.array(ix.write[0] if len(chunks) == 1 else ix.write), mx.array(ix.positions)
     inner = model.model
+    ix = decode_index(table, chunks, slots=not kernel, heads=inner.layers[0].self_attn.n_kv_heads)
+    write, positions = mx.array(ix.write[0] if len(chunks) == 1 else ix.write), mx.array(ix.positions)
     flat, mask, decode = None, None, None
     if kernel:  # the kernel reads the page table: no slot grid, no mask
         ends = ix.positions + 1
@@ -310,8 +310,9 @@ def _decode_rows_forward(
             len(chunks), mx.array(ix.pages), mx.array(ends), table.page_size, int(ends.max())
         )
     else:
-        mask = None if ix.mask is None else mx.array(ix.mask)[:, None, None, :]  # [R, 1, 1, L]
-        flat = flat_indices(mx.array(ix.slots), inner.layers[0].self_attn.n_kv_heads)  # [R, n_kv, L]
+        # made on the host: no index arithmetic nor reshape in the step's graph
+        mask = None if ix.mask is None else mx.array(ix.mask[:, None, None, :])  # [R, 1, 1, L]
+        flat = mx.array(ix.flat)  # [R, n_kv, L]: flat_indices(slots, n_kv)
     caches = [
         DecodeRowsLayer(pools, i, write, positions, flat, mask, decode) for i in range(len(inner.layers))
     ]

@@ -17,6 +17,7 @@ Axis letters: ``R`` decode rows, ``W`` pages of the longest row, ``L`` its posit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ class DecodeIndex:
             (or with no ``slots``).
         pages: ``[R, W]`` int32 each row's first ``W`` page ids, right-padded with page 0 (the
             CUDA kernel's page table, :class:`~workbench.engine.packed.cuda_attention.DecodePages`).
+        flat: ``[R, heads, L]`` int32 rows of the flat pool ``[N * heads, D]`` of each row's
+            keys (``slot * heads + head``: :func:`~workbench.engine.packed.grouped.flat_indices`
+            of :attr:`slots`, made on the host), or ``None`` when ``heads`` was not given.
     """
 
     write: np.ndarray
@@ -53,12 +57,27 @@ class DecodeIndex:
     slots: np.ndarray | None
     mask: np.ndarray | None
     pages: np.ndarray
+    flat: np.ndarray | None = None
 
 
-def decode_index(table: PageTable, chunks: Sequence[Chunk], slots: bool = True) -> DecodeIndex:
+@functools.lru_cache(maxsize=64)
+def _columns(L: int, P: int, heads: int) -> tuple[np.ndarray, ...]:
+    """``(positions [L], their page column [L], offset in the page [L], heads [heads, 1])``
+    int32 of positions ``0 .. L - 1`` (read-only: shared by every forward of that length)."""
+    j = np.arange(L, dtype=np.int32)
+    out = (j, j // P, j % P, np.arange(heads, dtype=np.int32)[:, None])
+    for a in out:
+        a.flags.writeable = False
+    return out
+
+
+def decode_index(
+    table: PageTable, chunks: Sequence[Chunk], slots: bool = True, heads: int | None = None
+) -> DecodeIndex:
     """The :class:`DecodeIndex` of one-token decode ``chunks`` over ``table``'s pages (what
     :func:`~workbench.engine.packed.indices.forward_index` would give; ``slots=False``: no
-    slot grid nor mask, what the CUDA kernel needs).
+    slot grid nor mask, what the CUDA kernel needs; ``heads``: also :attr:`DecodeIndex.flat`
+    for that many KV heads).
 
     Raises:
         ValueError: a chunk beyond its request's pages."""
@@ -73,15 +92,19 @@ def decode_index(table: PageTable, chunks: Sequence[Chunk], slots: bool = True) 
         c, n = chunks[beyond[0]], n_pages[beyond[0]]
         raise ValueError(f"uid {c.uid}: positions up to {c.start} but only {n} page(s) of {P}")
     grid = np.array([p[:W] if n >= W else [*p, *[0] * (W - n)] for p, n in zip(pages, n_pages)], np.int32)
-    write = np.array([held[s // P] * P + s % P for held, s in zip(pages, starts, strict=True)], np.int32)
+    positions = np.array(starts, np.int32)
     if not slots:
-        return DecodeIndex(write, np.array(starts, np.int32), None, None, grid)
-    grid_slots = (grid[:, :, None] * P + np.arange(P, dtype=np.int32)).reshape(len(chunks), W * P)[:, :L]
+        write = np.array([p[s // P] * P + s % P for p, s in zip(pages, starts, strict=True)], np.int32)
+        return DecodeIndex(write, positions, None, None, grid)
+    j, column, offset, head = _columns(L, P, heads or 1)
+    grid_slots = grid[:, column] * P + offset  # [R, L]
+    write = grid_slots[np.arange(len(chunks)), positions]
     mask = None
     if min(starts) + 1 < L:
-        mask = np.arange(L)[None, :] <= np.array(starts)[:, None]
-        grid_slots = np.where(mask, grid_slots, 0).astype(np.int32)
-    return DecodeIndex(write, np.array(starts, np.int32), np.ascontiguousarray(grid_slots), mask, grid)
+        mask = j[None, :] <= positions[:, None]
+        grid_slots *= mask  # slot 0 past each row's end
+    flat = None if heads is None else grid_slots[:, None, :] * heads + head  # [R, heads, L]
+    return DecodeIndex(write, positions, grid_slots, mask, grid, flat)
 
 
 class DecodeRowsLayer:

@@ -259,6 +259,9 @@ class Invariance:
     _plans: dict = field(
         default_factory=dict, compare=False, repr=False
     )  # id(module) -> (weight, blocks, apart)
+    runners: dict = field(
+        default_factory=dict, compare=False, repr=False
+    )  # id(module) -> (weight, its projection in the mode's hook: invariant_hook.runner)
 
     @classmethod
     def calibrate(cls, model: Any) -> "Invariance":
@@ -394,41 +397,6 @@ def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:
     return apart
 
 
-def _blocked_projection(
-    inv: Invariance,
-) -> Callable[[Any, Callable[[Any, mx.array], mx.array], mx.array], mx.array]:
-    """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) running
-    each projection ``plain(module, x)`` in :func:`blocked` row blocks; a member of a fused
-    group (:attr:`Invariance.fused`) gets its columns of the group's projection of ``x``,
-    computed at the group's first call with ``x`` (whichever member calls first) and served
-    to the others called with the same ``x`` array."""
-
-    last: dict = {}  # the input padded last ("x", held so its identity stays its own), "call", "padded"
-    done: dict = {}  # id(group) -> (x, the group's projection of x): x held, as above
-
-    def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:
-        def shared_pad(rows: mx.array, call: int) -> mx.array:  # q / k / v and gate / up read one x
-            if last.get("x") is not x or last["call"] != call:
-                last.update(x=x, call=call, padded=zero_padded(rows, call))
-            return last["padded"]
-
-        member = inv.fused.get(id(module))
-        if member is not None:
-            group, i = member
-            got = done.get(id(group))
-            if got is None or got[0] is not x:
-                if group.intact():  # else (weights reloaded since): each member on its own
-                    blocks, apart = inv.plan_for(group.module)
-                    got = done[id(group)] = (x, blocked(group, x, blocks, apart, shared_pad))
-            if got is not None and got[0] is x:
-                start, stop = group.bounds[i]
-                return got[1][..., start:stop]
-        blocks, apart = inv.plan_for(module)
-        return blocked(lambda b: plain(module, b), x, blocks, apart, shared_pad)
-
-    return project
-
-
 def row_attention(
     queries: mx.array,
     keys: mx.array,
@@ -494,11 +462,14 @@ def _per_row(held: Sequence[int]) -> Callable[..., mx.array]:
     from .invariant_attention import per_row_attention
 
     cuda = backend() == "cuda"
+    memo: dict = {}  # this forward's columns per cache width (per_row_attention's memo)
 
     def sdpa(original, queries, keys, values, cache, scale, mask, sinks=None):
         if not isinstance(cache, (BatchKVCache, BatchRotatingKVCache)) or sinks is not None:
             raise RuntimeError("batch-invariant attention runs over BatchKVCache rows only")
-        return per_row_attention(original, row_attention, queries, keys, values, cache, scale, held, cuda)
+        return per_row_attention(
+            original, row_attention, queries, keys, values, cache, scale, held, cuda, memo
+        )
 
     return sdpa
 
@@ -513,8 +484,10 @@ def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -
     if inv is None:
         yield
         return
+    from .invariant_hook import blocked_projection
+
     with hooks_of(model, projections=True).using(
-        projections=_blocked_projection(inv), attention=_per_row(held)
+        projections=blocked_projection(inv), attention=_per_row(held)
     ):
         yield
 

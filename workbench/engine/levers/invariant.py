@@ -153,10 +153,10 @@ def blocked(
     """
     if blocks is None:
         return f(x)
-    lead, K = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, K)  # [M, K]
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])  # [M, K]
     M = rows.shape[0]
-    if blocks == ONE_ROW and rows_apart is not None and M > 1:
+    if rows_apart is not None and M > 1 and blocks == ONE_ROW:
         y = rows_apart(rows)
     elif blocks.min_rows <= M <= blocks.max_rows:
         y = f(rows)  # one call, unpadded: the plan's only block
@@ -168,7 +168,7 @@ def blocked(
             block = rows[start : start + kept]
             parts.append(f(block if call == kept else zero_padded(block, call))[:kept])  # [kept, N]
         y = mx.concatenate(parts)
-    return y.reshape(*lead, y.shape[-1])
+    return y.reshape(*shape[:-1], y.shape[-1])
 
 
 _ZERO_ROWS: dict = {}  # (rows, K, dtype) -> an evaluated [rows, K] zeros array

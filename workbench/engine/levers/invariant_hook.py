@@ -67,7 +67,8 @@ def _member(inv: invariant.Invariance, group: Any, i: int, alone: Runner) -> Run
     the group's first call with ``x`` (whichever member calls first) and served to the others;
     ``alone`` where the group's weights were replaced since it was fused."""
     blocks, apart = inv.plan_for(group.module)
-    start, stop = group.bounds[i]
+    columns = slice(*group.bounds[i])
+    decode = (slice(None), slice(None), columns)  # y[:, :, start:stop] for a [B, L, N] output
     key = id(group)
 
     def run(x: mx.array, fwd: _Forward) -> mx.array:
@@ -77,7 +78,9 @@ def _member(inv: invariant.Invariance, group: Any, i: int, alone: Runner) -> Run
                 return alone(x, fwd)
             got = fwd.done[key] = (x, invariant.blocked(group, x, blocks, apart, fwd.pad))
         y = got[1]
-        return y[(slice(None),) * (y.ndim - 1) + (slice(start, stop),)]  # y[..., start:stop]
+        return (
+            y[decode] if y.ndim == 3 else y[(slice(None),) * (y.ndim - 1) + (columns,)]
+        )  # y[..., start:stop]
 
     return run
 

@@ -38,6 +38,7 @@ Axis letters: ``B`` rows, ``K`` input features, ``N`` output features, ``H`` que
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,6 +252,9 @@ class Invariance:
         fused: ``id(projection)`` -> ``(group, index)`` for the projections computed as one
             matmul with their siblings (:class:`~.invariant_fuse.FusedGroup`, where the
             backend is in :data:`~.invariant_fuse.FUSE_BACKENDS`; empty: none fused).
+        runners: ``id(projection)`` -> ``(weight, runner)``: what the mode's projection hook
+            runs for it, made at its first call and kept while its weight array is the same
+            (:func:`~.invariant_hook.runner`).
     """
 
     backend: str
@@ -487,7 +491,7 @@ def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -
     from .invariant_hook import blocked_projection
 
     with hooks_of(model, projections=True).using(
-        projections=blocked_projection(inv), attention=_per_row(held)
+        projections=blocked_projection(inv, sys.modules[__name__]), attention=_per_row(held)
     ):
         yield
 

@@ -2,8 +2,10 @@
 (``docs/batch-invariance.md``, "Cost", the eighteenth session).
 
 Knows: :func:`workbench.engine.levers.invariant.blocked` and the mode's
-:class:`~workbench.engine.levers.invariant.Invariance` (row blocks, fused groups). Must not
-know: requests, the scheduler.
+:class:`~workbench.engine.levers.invariant.Invariance` (row blocks, fused groups), both reached
+through the ``ops`` module :mod:`.invariant` passes in (this module imports nothing from it, so
+no import circle, and a lab script's stand-in for ``invariant.blocked`` is seen). Must not know:
+requests, the scheduler.
 
 Why: on CUDA a decode step is host-bound, and the hook runs for every projection of every
 layer (113 calls a step on a 16-layer llama, 65 of them matmuls where q / k / v and gate / up
@@ -20,11 +22,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
-
-from . import invariant
 
 
 class _Forward:
@@ -32,9 +33,10 @@ class _Forward:
     read one ``x``; the input held so that its identity stays its own) and each fused group's
     output ``id(group) -> (x, [..., N] output)``."""
 
-    __slots__ = ("x", "padded_for", "call", "padded", "done")
+    __slots__ = ("ops", "x", "padded_for", "call", "padded", "done")
 
-    def __init__(self) -> None:
+    def __init__(self, ops: ModuleType) -> None:
+        self.ops = ops  # :mod:`.invariant`
         self.x = self.padded_for = self.padded = None
         self.call = 0
         self.done: dict = {}
@@ -44,25 +46,25 @@ class _Forward:
         input and call size."""
         if self.padded_for is not self.x or self.call != call:
             self.padded_for, self.call = self.x, call
-            self.padded = invariant.zero_padded(rows, call)
+            self.padded = self.ops.zero_padded(rows, call)
         return self.padded
 
 
 Runner = Callable[[mx.array, _Forward], mx.array]  # (x [..., K], the forward) -> [..., N]
 
 
-def _alone(inv: invariant.Invariance, module: Any, plain: Callable[[Any, mx.array], mx.array]) -> Runner:
+def _alone(inv: Any, module: Any, plain: Callable[[Any, mx.array], mx.array]) -> Runner:
     """``module`` projected on its own in :func:`~.invariant.blocked` row blocks."""
     blocks, apart = inv.plan_for(module)
     f = functools.partial(plain, module)
 
     def run(x: mx.array, fwd: _Forward) -> mx.array:
-        return invariant.blocked(f, x, blocks, apart, fwd.pad)
+        return fwd.ops.blocked(f, x, blocks, apart, fwd.pad)
 
     return run
 
 
-def _member(inv: invariant.Invariance, group: Any, i: int, alone: Runner) -> Runner:
+def _member(inv: Any, group: Any, i: int, alone: Runner) -> Runner:
     """Member ``i`` of fused ``group``: its columns of the group's projection of ``x``, made at
     the group's first call with ``x`` (whichever member calls first) and served to the others;
     ``alone`` where the group's weights were replaced since it was fused."""
@@ -76,7 +78,7 @@ def _member(inv: invariant.Invariance, group: Any, i: int, alone: Runner) -> Run
         if got is None or got[0] is not x:
             if not group.intact():
                 return alone(x, fwd)
-            got = fwd.done[key] = (x, invariant.blocked(group, x, blocks, apart, fwd.pad))
+            got = fwd.done[key] = (x, fwd.ops.blocked(group, x, blocks, apart, fwd.pad))
         y = got[1]
         return (
             y[decode] if y.ndim == 3 else y[(slice(None),) * (y.ndim - 1) + (columns,)]
@@ -85,9 +87,10 @@ def _member(inv: invariant.Invariance, group: Any, i: int, alone: Runner) -> Run
     return run
 
 
-def runner(inv: invariant.Invariance, module: Any, plain: Callable[[Any, mx.array], mx.array]) -> Runner:
+def runner(inv: Any, module: Any, plain: Callable[[Any, mx.array], mx.array]) -> Runner:
     """The :data:`Runner` of projection ``module`` (``plain(module, x)``: MLX's own call), made
-    once per module and weight array and kept in ``inv.runners``."""
+    once per module and weight array and kept in ``inv.runners`` (``inv``: the mode's
+    :class:`~.invariant.Invariance`)."""
     weight = module["weight"]
     known = inv.runners.get(id(module))
     if known is None or known[0] is not weight:
@@ -100,13 +103,15 @@ def runner(inv: invariant.Invariance, module: Any, plain: Callable[[Any, mx.arra
 
 
 def blocked_projection(
-    inv: invariant.Invariance,
+    inv: Any, ops: ModuleType
 ) -> Callable[[Any, Callable[[Any, mx.array], mx.array], mx.array], mx.array]:
     """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) of one
     forward: each projection ``plain(module, x)`` in :func:`~.invariant.blocked` row blocks, a
     member of a fused group (:attr:`~.invariant.Invariance.fused`) served its columns of the
-    group's projection of ``x``. Make one per forward."""
-    fwd = _Forward()
+    group's projection of ``x``. Make one per forward (``inv``: the mode's
+    :class:`~.invariant.Invariance`; ``ops``: :mod:`.invariant`, whose ``blocked`` and
+    ``zero_padded`` it calls)."""
+    fwd = _Forward(ops)
     runners = inv.runners
 
     def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:

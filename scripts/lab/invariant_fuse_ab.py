@@ -119,7 +119,10 @@ def run(model, tok, B, pairs):
 
 
 def rows_check(model, tok, batches, max_tokens):
-    """Per B in ``batches``: rows of a fused batched run bit-equal to their runs alone."""
+    """Per B in ``batches``: rows of a fused batched run bit-equal to their runs alone (none
+    for ``--check-batches`` given no B)."""
+    if not batches:
+        return
     vocab = model.args.vocab_size
     reqs = [
         wb.Request(

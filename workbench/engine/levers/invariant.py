@@ -38,6 +38,7 @@ Axis letters: ``B`` rows, ``K`` input features, ``N`` output features, ``H`` que
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,10 +154,10 @@ def blocked(
     """
     if blocks is None:
         return f(x)
-    lead, K = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, K)  # [M, K]
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])  # [M, K]
     M = rows.shape[0]
-    if blocks == ONE_ROW and rows_apart is not None and M > 1:
+    if rows_apart is not None and M > 1 and blocks == ONE_ROW:
         y = rows_apart(rows)
     elif blocks.min_rows <= M <= blocks.max_rows:
         y = f(rows)  # one call, unpadded: the plan's only block
@@ -168,7 +169,7 @@ def blocked(
             block = rows[start : start + kept]
             parts.append(f(block if call == kept else zero_padded(block, call))[:kept])  # [kept, N]
         y = mx.concatenate(parts)
-    return y.reshape(*lead, y.shape[-1])
+    return y.reshape(*shape[:-1], y.shape[-1])
 
 
 _ZERO_ROWS: dict = {}  # (rows, K, dtype) -> an evaluated [rows, K] zeros array
@@ -251,6 +252,9 @@ class Invariance:
         fused: ``id(projection)`` -> ``(group, index)`` for the projections computed as one
             matmul with their siblings (:class:`~.invariant_fuse.FusedGroup`, where the
             backend is in :data:`~.invariant_fuse.FUSE_BACKENDS`; empty: none fused).
+        runners: ``id(projection)`` -> ``(weight, runner)``: what the mode's projection hook
+            runs for it, made at its first call and kept while its weight array is the same
+            (:func:`~.invariant_hook.runner`).
     """
 
     backend: str
@@ -259,6 +263,9 @@ class Invariance:
     _plans: dict = field(
         default_factory=dict, compare=False, repr=False
     )  # id(module) -> (weight, blocks, apart)
+    runners: dict = field(
+        default_factory=dict, compare=False, repr=False
+    )  # id(module) -> (weight, its projection in the mode's hook: invariant_hook.runner)
 
     @classmethod
     def calibrate(cls, model: Any) -> "Invariance":
@@ -394,41 +401,6 @@ def rows_apart_linear(module: Any) -> Callable[[mx.array], mx.array] | None:
     return apart
 
 
-def _blocked_projection(
-    inv: Invariance,
-) -> Callable[[Any, Callable[[Any, mx.array], mx.array], mx.array], mx.array]:
-    """The ``projections`` hook (:class:`workbench.engine.model_hooks.ModelHooks`) running
-    each projection ``plain(module, x)`` in :func:`blocked` row blocks; a member of a fused
-    group (:attr:`Invariance.fused`) gets its columns of the group's projection of ``x``,
-    computed at the group's first call with ``x`` (whichever member calls first) and served
-    to the others called with the same ``x`` array."""
-
-    last: dict = {}  # the input padded last ("x", held so its identity stays its own), "call", "padded"
-    done: dict = {}  # id(group) -> (x, the group's projection of x): x held, as above
-
-    def project(module: Any, plain: Callable[[Any, mx.array], mx.array], x: mx.array) -> mx.array:
-        def shared_pad(rows: mx.array, call: int) -> mx.array:  # q / k / v and gate / up read one x
-            if last.get("x") is not x or last["call"] != call:
-                last.update(x=x, call=call, padded=zero_padded(rows, call))
-            return last["padded"]
-
-        member = inv.fused.get(id(module))
-        if member is not None:
-            group, i = member
-            got = done.get(id(group))
-            if got is None or got[0] is not x:
-                if group.intact():  # else (weights reloaded since): each member on its own
-                    blocks, apart = inv.plan_for(group.module)
-                    got = done[id(group)] = (x, blocked(group, x, blocks, apart, shared_pad))
-            if got is not None and got[0] is x:
-                start, stop = group.bounds[i]
-                return got[1][..., start:stop]
-        blocks, apart = inv.plan_for(module)
-        return blocked(lambda b: plain(module, b), x, blocks, apart, shared_pad)
-
-    return project
-
-
 def row_attention(
     queries: mx.array,
     keys: mx.array,
@@ -494,11 +466,14 @@ def _per_row(held: Sequence[int]) -> Callable[..., mx.array]:
     from .invariant_attention import per_row_attention
 
     cuda = backend() == "cuda"
+    memo: dict = {}  # this forward's columns per cache width (per_row_attention's memo)
 
     def sdpa(original, queries, keys, values, cache, scale, mask, sinks=None):
         if not isinstance(cache, (BatchKVCache, BatchRotatingKVCache)) or sinks is not None:
             raise RuntimeError("batch-invariant attention runs over BatchKVCache rows only")
-        return per_row_attention(original, row_attention, queries, keys, values, cache, scale, held, cuda)
+        return per_row_attention(
+            original, row_attention, queries, keys, values, cache, scale, held, cuda, memo
+        )
 
     return sdpa
 
@@ -513,8 +488,10 @@ def invariant_forward(model: Any, inv: Invariance | None, held: Sequence[int]) -
     if inv is None:
         yield
         return
+    from .invariant_hook import blocked_projection
+
     with hooks_of(model, projections=True).using(
-        projections=_blocked_projection(inv), attention=_per_row(held)
+        projections=blocked_projection(inv, sys.modules[__name__]), attention=_per_row(held)
     ):
         yield
 

@@ -35,6 +35,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchRotatingKVCache
 
 from ..kv import cache_internals as internals
+from .padded_attention import padded_decode_attention, supported
 
 
 def dequantized_parts(keys: Any, values: Any, cache: Any, dtype: Any) -> tuple[mx.array, mx.array]:
@@ -68,6 +69,7 @@ def per_row_attention(
     scale: float,
     held: Sequence[int],
     cuda: bool,
+    memo: dict | None = None,
 ) -> mx.array:
     """Attention in which each row's bits depend only on its own keys, for ``L >= 1`` query
     positions per row (see the module docstring).
@@ -84,6 +86,8 @@ def per_row_attention(
             ``BatchRotatingKVCache``), written.
         held: ``[B]`` tokens each row's cache held before this forward.
         cuda: run the CUDA padded-rows kernel where it serves.
+        memo: one forward's store of its rows' columns (every layer of a forward attends
+            from the same ones: worked out once, not per layer); ``None``: none kept.
 
     Returns:
         ``[B, H, L, D]`` in the queries' dtype.
@@ -92,27 +96,46 @@ def per_row_attention(
         RuntimeError: ``held`` does not have ``B`` rows, or a row claims more tokens than
             the cache is wide.
     """
-    from .padded_attention import supported
-
     B, _, L, _ = queries.shape
     if len(held) != B:
         raise RuntimeError(f"batch-invariant attention got {len(held)} held counts for {B} rows")
     keys, values = dequantized_parts(keys, values, cache, queries.dtype)
+    window = None
     if isinstance(cache, BatchRotatingKVCache):  # a sliding window: each row's last `max_size` tokens
         keys, values = temporal_order(keys, cache), temporal_order(values, cache)
-        held = [min(n, cache.max_size - L) for n in held]
-    S = keys.shape[-2]
+        window = cache.max_size
+    columns = (memo if memo is not None else {}).get((keys.shape[-2], L, window))
+    if columns is None:
+        columns = _columns(held, keys.shape[-2], L, window, memo)
+    starts, ends, first = columns
+    if cuda and supported(queries, keys):
+        outs = _kernel_positions(queries, keys, values, cache, first, ends, scale)
+    elif not cuda:
+        outs = _one_query_positions(one_query, queries, keys, values, starts, first, ends, scale)
+    else:
+        outs = _alone_positions(original, queries, keys, values, cache, starts, ends, scale)
+    return outs[0] if L == 1 else mx.concatenate(outs, axis=2)
+
+
+def _columns(
+    held: Sequence[int], S: int, L: int, window: int | None, memo: dict | None
+) -> tuple[list[int], list[int], mx.array]:
+    """``(starts [B], ends [L], starts as a [B] int32 array)``: row ``b``'s query ``j`` attends
+    columns ``starts[b] .. ends[j] - 1`` of a cache ``S`` wide (a sliding window of ``window``
+    tokens keeps each row's last ones), kept in ``memo`` under ``(S, L, window)``.
+
+    Raises:
+        RuntimeError: a row claims more tokens than the cache is wide."""
+    if window is not None:
+        held = [min(n, window - L) for n in held]
     starts = [S - n - L for n in held]  # each row's own tokens are its last held[b] + L
     if min(starts) < 0:
         raise RuntimeError(f"rows claim {[n + L for n in held]} tokens in a cache {S} wide")
     ends = [S - L + 1 + j for j in range(L)]  # query j attends columns starts[b] .. ends[j] - 1
-    if cuda and supported(queries, keys):
-        outs = _kernel_positions(queries, keys, values, cache, starts, ends, scale)
-    elif not cuda:
-        outs = _one_query_positions(one_query, queries, keys, values, starts, ends, scale)
-    else:
-        outs = _alone_positions(original, queries, keys, values, cache, starts, ends, scale)
-    return outs[0] if L == 1 else mx.concatenate(outs, axis=2)
+    columns = (starts, ends, starts_array(starts))
+    if memo is not None:
+        memo[(S, L, window)] = columns
+    return columns
 
 
 _STARTS: list = [None]  # (the last starts asked for, as a tuple, their [B] int32 array)
@@ -129,10 +152,10 @@ def starts_array(starts: Sequence[int]) -> mx.array:
     return hit[1]
 
 
-def _one_query_positions(one_query, queries, keys, values, starts, ends, scale) -> list[mx.array]:
+def _one_query_positions(one_query, queries, keys, values, starts, first, ends, scale) -> list[mx.array]:
     """Each query position through the CPU's one-query attention over the columns up to its
-    own (``keys[:, :, :end]``), told the most keys a row has there (``end - min(starts)``)."""
-    first = starts_array(starts)
+    own (``keys[:, :, :end]``), told the most keys a row has there (``end - min(starts)``;
+    ``first``: ``starts`` as a ``[B]`` array)."""
     return [
         one_query(
             queries[:, :, j : j + 1], keys[:, :, :end], values[:, :, :end], first, scale, end - min(starts)
@@ -147,15 +170,15 @@ def _as_stored(cache: Any) -> bool:
     return not hasattr(cache, "bits") and not isinstance(cache, BatchRotatingKVCache)
 
 
-def _kernel_positions(queries, keys, values, cache, starts, ends, scale) -> list[mx.array]:
+def _kernel_positions(queries, keys, values, cache, first, ends, scale) -> list[mx.array]:
     """Each query position through the CUDA padded-rows kernel, which reads whole buffers up
-    to a column count: the cache's own buffers, or the dequantized / reordered keys."""
-    from .padded_attention import padded_decode_attention
-
+    to a column count: the cache's own buffers, or the dequantized / reordered keys (``first``:
+    the ``[B]`` starts array)."""
     stored = _as_stored(cache)
     kbuf, vbuf = (cache.keys, cache.values) if stored else (keys, values)
     shift = internals.write_index(cache) - keys.shape[-2] if stored else 0
-    first = starts_array(starts)
+    if len(ends) == 1:  # a decode step: the queries as they are (no slice of their one position)
+        return [padded_decode_attention(mx.contiguous(queries), kbuf, vbuf, first, ends[0] + shift, scale)]
     return [
         padded_decode_attention(
             mx.contiguous(queries[:, :, j : j + 1]), kbuf, vbuf, first, end + shift, scale

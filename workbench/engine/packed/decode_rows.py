@@ -17,7 +17,6 @@ Axis letters: ``R`` decode rows, ``W`` pages of the longest row, ``L`` its posit
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,15 +59,7 @@ class DecodeIndex:
     flat: np.ndarray | None = None
 
 
-@functools.lru_cache(maxsize=64)
-def _columns(L: int, P: int, heads: int) -> tuple[np.ndarray, ...]:
-    """``(positions [L], their page column [L], offset in the page [L], heads [heads, 1])``
-    int32 of positions ``0 .. L - 1`` (read-only: shared by every forward of that length)."""
-    j = np.arange(L, dtype=np.int32)
-    out = (j, j // P, j % P, np.arange(heads, dtype=np.int32)[:, None])
-    for a in out:
-        a.flags.writeable = False
-    return out
+_COLUMNS: dict = {}  # (L, P, heads) -> decode_index's read-only position columns, shared by forwards
 
 
 def decode_index(
@@ -96,7 +87,15 @@ def decode_index(
     if not slots:
         write = np.array([p[s // P] * P + s % P for p, s in zip(pages, starts, strict=True)], np.int32)
         return DecodeIndex(write, positions, None, None, grid)
-    j, column, offset, head = _columns(L, P, heads or 1)
+    key = (L, P, heads or 1)  # the columns of positions 0 .. L - 1, made once per length (inline: a leaf)
+    if key not in _COLUMNS:
+        if len(_COLUMNS) >= 64:
+            _COLUMNS.clear()
+        j = np.arange(L, dtype=np.int32)
+        _COLUMNS[key] = (j, j // P, j % P, np.arange(key[2], dtype=np.int32)[:, None])
+        for a in _COLUMNS[key]:
+            a.flags.writeable = False  # read-only: shared by every forward of that length
+    j, column, offset, head = _COLUMNS[key]
     grid_slots = grid[:, column] * P + offset  # [R, L]
     write = grid_slots[np.arange(len(chunks)), positions]
     mask = None

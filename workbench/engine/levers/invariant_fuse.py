@@ -68,7 +68,7 @@ class FusedGroup:
     views: tuple
 
     def intact(self) -> bool:
-        """Whether every member still holds the rows it was given (not reloaded since)."""
+        """Whether every member still holds the rows it was given (not reloaded since). Raises nothing."""
         return all(m.get(k) is v for m, arrays in zip(self.members, self.views) for k, v in arrays.items())
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -103,7 +103,8 @@ def sibling_groups(model: Any) -> list[tuple[Any, tuple[str, ...]]]:
     not evaluated). A projection in two groups stays in its first only. A model the probe
     cannot call with one token alone (``model(tokens [1, 1])``) has none.
 
-    No mlx-lm counterpart (mlx-lm never fuses a model's projections)."""
+    No mlx-lm counterpart (mlx-lm never fuses a model's projections). Raises nothing: a
+    probe forward that fails finds no groups."""
     hooks = hooks_of(model, projections=True)
     inputs: dict[int, list] = {}  # id(x) -> the modules called with x, in call order
     held: list = []  # the inputs, so that no id is reused during the probe
@@ -145,7 +146,8 @@ def fused_group(parent: Any, names: Sequence[str]) -> FusedGroup:
     concatenated, each member rebound to its rows of them) and kept on ``parent``, so another
     scheduler on the same model reuses it; made again where a member's arrays were replaced.
 
-    No mlx-lm counterpart."""
+    No mlx-lm counterpart. Raises what ``mx.concatenate`` raises for arrays that do not stack
+    (the grouping keeps one kind and one input width, so they do)."""
     kept = parent.__dict__.setdefault(FUSED, {})
     group = kept.get(tuple(names))
     if group is not None and group.intact():
@@ -179,5 +181,5 @@ def fused_group(parent: Any, names: Sequence[str]) -> FusedGroup:
 
 def fuse(model: Any) -> list[FusedGroup]:
     """Every :class:`FusedGroup` of ``model`` (:func:`sibling_groups`, :func:`fused_group`).
-    No mlx-lm counterpart."""
+    No mlx-lm counterpart. Raises what :func:`fused_group` raises."""
     return [fused_group(parent, names) for parent, names in sibling_groups(model)]

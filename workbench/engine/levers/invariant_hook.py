@@ -43,7 +43,8 @@ class _Forward:
 
     def pad(self, rows: mx.array, call: int) -> mx.array:
         """:func:`~.invariant.zero_padded` of ``rows`` (the reshaped :attr:`x`), made once per
-        input and call size."""
+        input and call size: ``[call, K]``. Raises ``ValueError`` for ``call`` below the
+        rows (:func:`~.invariant.zero_padded`)."""
         if self.padded_for is not self.x or self.call != call:
             self.padded_for, self.call = self.x, call
             self.padded = self.ops.zero_padded(rows, call)
@@ -90,7 +91,8 @@ def _member(inv: Any, group: Any, i: int, alone: Runner) -> Runner:
 def runner(inv: Any, module: Any, plain: Callable[[Any, mx.array], mx.array]) -> Runner:
     """The :data:`Runner` of projection ``module`` (``plain(module, x)``: MLX's own call), made
     once per module and weight array and kept in ``inv.runners`` (``inv``: the mode's
-    :class:`~.invariant.Invariance`)."""
+    :class:`~.invariant.Invariance`). No mlx-lm counterpart. Raises nothing (the runner
+    raises what ``plain`` raises)."""
     weight = module["weight"]
     known = inv.runners.get(id(module))
     if known is None or known[0] is not weight:
@@ -110,7 +112,8 @@ def blocked_projection(
     member of a fused group (:attr:`~.invariant.Invariance.fused`) served its columns of the
     group's projection of ``x``. Make one per forward (``inv``: the mode's
     :class:`~.invariant.Invariance`; ``ops``: :mod:`.invariant`, whose ``blocked`` and
-    ``zero_padded`` it calls)."""
+    ``zero_padded`` it calls). No mlx-lm counterpart (mlx-lm calls each projection as
+    is). Raises nothing (the hook raises what a projection raises)."""
     fwd = _Forward(ops)
     runners = inv.runners
 

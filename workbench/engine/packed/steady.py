@@ -29,13 +29,14 @@ from ..state import RequestState, Status
 
 def lengths(rows: Sequence[RequestState]) -> tuple[list[int], list[int]]:
     """``([B] prompt tokens, [B] generated tokens)`` of ``rows`` (their sum: ``n_inputs``), each
-    by one C-level ``map(len, ...)`` rather than a Python call a row."""
+    by one C-level ``map(len, ...)`` rather than a Python call a row (tokens). No mlx-lm
+    counterpart. Raises nothing."""
     return list(map(len, [r.valid.prompt_ids for r in rows])), list(map(len, [r.tokens for r in rows]))
 
 
 def known_tokens(rows: Sequence[RequestState]) -> list[int]:
     """``[B]`` each row's known tokens (``n_inputs``: prompt plus generated), counted as
-    :func:`lengths` counts them."""
+    :func:`lengths` counts them. No mlx-lm counterpart. Raises nothing."""
     return list(map(add, map(len, [r.valid.prompt_ids for r in rows]), map(len, [r.tokens for r in rows])))
 
 

@@ -108,3 +108,37 @@ def test_a_steady_packed_decode_step_plans_without_wants(makers, monkeypatch):
     called.clear()
     assert [engine.iterate() for _ in range(3)] == [SMALL] * 3
     assert called == []
+
+
+def test_the_steady_plan_is_the_full_plan_field_for_field(makers, monkeypatch):
+    """:func:`~workbench.engine.packed.steady.decode_plan` builds its ``Chunk`` s without their
+    ``__init__``: each must equal, field for field (``vars``, so a field added to ``Chunk`` and
+    not set there fails), what ``plan_chunks`` over the batch's ``Want`` s plans at that step."""
+    checked = []
+    real = packed_batch.decode_plan
+
+    def both(rows, held, unread, budget):
+        fast = real(rows, held, unread, budget)
+        if fast is not None:
+            batch = next(b for b in live if b.rows is rows)
+            full = packed_batch.plan_chunks(batch.wants(unread), budget, "hybrid")
+            assert [vars(c) for c in fast] == [vars(c) for c in full] and fast == full
+            checked.append(len(fast))
+        return fast
+
+    live = []
+    real_plan = packed_batch.PackedBatch.plan
+
+    def plan(self, *a, **k):
+        live[:] = [self]
+        return real_plan(self, *a, **k)
+
+    monkeypatch.setattr(packed_batch, "decode_plan", both)
+    monkeypatch.setattr(packed_batch.PackedBatch, "plan", plan)
+    makers, tokenizer = makers
+    engine = makers[PACKED](SMALL)
+    for a in step_arrivals(tokenizer, SMALL, 8, SHORT):
+        engine.submit(a.prompt, a.max_tokens)
+    for _ in range(12):
+        engine.iterate()
+    assert checked and max(checked) == SMALL

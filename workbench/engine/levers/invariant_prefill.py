@@ -48,6 +48,7 @@ from mlx_lm.models.cache import KVCache
 from ..kv import caches as kv
 from ..model_hooks import hooks_of
 from . import invariant
+from . import invariant_prefill_attention as prefill_attention
 from .invariant import ROW_BLOCKS, Invariance, RowBlocks, blocked, rows_agree
 from .invariant_preempt import ReplayPrefillGroup
 
@@ -179,6 +180,9 @@ class PromptChunks:
     Args:
         rows: ``[B']`` each prompt's ``KVCache`` of this layer (written in place).
         lengths: ``[B']`` each prompt's chunk length (``1 .. C``; the rest is padding).
+        backend: the device (``"cuda"``, ``"metal"``, ``"cpu"``) whose fused attention may
+            take rows of one offset in one call (:mod:`.invariant_prefill_attention`);
+            ``None``: every row attends alone.
 
     Attributes:
         offset: ``[B']`` int32, the tokens each row's cache holds before this forward (RoPE).
@@ -187,13 +191,15 @@ class PromptChunks:
         TypeError: a row's cache is not a plain ``KVCache``.
     """
 
-    def __init__(self, rows: Sequence[Any], lengths: Sequence[int]):
+    def __init__(self, rows: Sequence[Any], lengths: Sequence[int], backend: str | None = None):
         bad = [type(c).__name__ for c in rows if type(c) is not KVCache]
         if bad:
             raise TypeError(f"the mode's batched prefill writes KVCache layers only, got {bad}")
-        self.rows, self.lengths = list(rows), list(lengths)
-        self.offset = mx.array([c.offset for c in rows], dtype=mx.int32)  # [B']
+        self.rows, self.lengths, self.backend = list(rows), list(lengths), backend
+        self.offsets = [c.offset for c in rows]  # [B'] ints
+        self.offset = mx.array(self.offsets, dtype=mx.int32)  # [B']
         self._fetched: list[tuple[mx.array, mx.array]] = []
+        self._fresh: tuple[mx.array, mx.array] | None = None
 
     def make_mask(self, *args: Any, **kwargs: Any) -> None:
         """No mask: :meth:`attend` masks each row causally on its own keys."""
@@ -204,23 +210,36 @@ class PromptChunks:
         n_kv_heads, C, D]`` into its cache; returns them unchanged (:meth:`attend` reads the
         caches)."""
         self._fetched = [
-            c.update_and_fetch(keys[b : b + 1, :, :n], values[b : b + 1, :, :n])
+            _write(c, keys[b : b + 1, :, :n], values[b : b + 1, :, :n])
             for b, (c, n) in enumerate(zip(self.rows, self.lengths))
         ]
+        self._fresh = (keys, values)
         return keys, values
 
     def attend(self, queries: mx.array, scale: float) -> mx.array:
         """``[B', H, C, D]``: row ``b``'s ``lengths[b]`` queries over its own cache's keys,
-        causally (no mask for one query), as its prefill alone calls
-        ``mx.fast.scaled_dot_product_attention``; padding positions are zeros."""
-        C, outs = queries.shape[2], []
-        for b, ((k, v), n) in enumerate(zip(self._fetched, self.lengths)):
-            q = mx.contiguous(queries[b : b + 1, :, :n])  # [1, H, n, D], the layout alone has
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal" if n > 1 else None)
-            if n < C:
-                o = mx.concatenate([o, mx.zeros((1, o.shape[1], C - n, o.shape[3]), dtype=o.dtype)], axis=2)
-            outs.append(o)
-        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+        causally (no mask for one query). Rows of one offset share one
+        ``mx.fast.scaled_dot_product_attention`` call where the device keeps each row's bits
+        that way (:mod:`.invariant_prefill_attention`); any other row calls it as its prefill
+        alone does. A padding position is zeros (alone) or finite and never read (shared)."""
+        n_q, D = queries.shape[1], queries.shape[3]
+        batched = self.backend is not None and prefill_attention.batched_attention_holds(
+            self.backend, n_q, self._fresh[0].shape[1], D, queries.dtype
+        )
+        return prefill_attention.attend(
+            queries, self._fresh, self._fetched, self.offsets, self.lengths, scale, batched
+        )
+
+
+def _write(cache: KVCache, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    """``cache.update_and_fetch(keys, values)`` (``[1, n_kv_heads, n, D]``); an empty cache
+    takes row-contiguous copies of exactly ``n`` positions instead of zeroed buffers of
+    mlx-lm's 256-token steps written into (two graph nodes a layer, not six: the same values;
+    a later chunk grows them as ``update_and_fetch`` does)."""
+    if cache.keys is not None:
+        return cache.update_and_fetch(keys, values)
+    cache.keys, cache.values, cache.offset = mx.contiguous(keys), mx.contiguous(values), keys.shape[2]
+    return cache.keys, cache.values
 
 
 class BatchedReplayPrefillGroup(ReplayPrefillGroup):
@@ -315,7 +334,11 @@ class BatchedReplayPrefillGroup(ReplayPrefillGroup):
         C = max(map(len, chunks))
         tokens = mx.array([c + [0] * (C - len(c)) for c in chunks], dtype=mx.uint32)  # [B', C]
         lengths = [len(c) for c in chunks]
-        layers = [PromptChunks([self._solo[b][i] for b in rows], lengths) for i in range(len(self._solo[0]))]
+        backend = self.invariance.backend
+        layers = [
+            PromptChunks([self._solo[b][i] for b in rows], lengths, backend)
+            for i in range(len(self._solo[0]))
+        ]
         with prefill_forward(self.model, self.invariance, lengths):
             self.model(tokens, cache=layers)  # logits unused (never evaluated)
         mx.eval([c.state for b in rows for c in self._solo[b]])

@@ -128,18 +128,25 @@ def main():
             per = []
             for b, n in enumerate(lengths):
                 q = mx.contiguous(qb[b : b + 1, :, :n])
-                o = mx.fast.scaled_dot_product_attention(q, kb[b : b + 1, :, :n], vb[b : b + 1, :, :n], scale=scale, mask="causal")
+                o = mx.fast.scaled_dot_product_attention(
+                    q, kb[b : b + 1, :, :n], vb[b : b + 1, :, :n], scale=scale, mask="causal"
+                )
                 per.append(pad_to(o, L))
             outs.append(mx.concatenate(per))
         return outs
 
     def one_call():
-        return [mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask="causal") for _ in range(16)]
+        return [
+            mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=scale, mask="causal") for _ in range(16)
+        ]
 
     for name, fn in (("per prompt", per_prompt), ("one call", one_call)):
         fn()
         launch, total = timed(fn, args.reps)
-        print(json.dumps(dict(head, timing=name, prompts=16, layers=16, launch_ms=launch, total_ms=total)), flush=True)
+        print(
+            json.dumps(dict(head, timing=name, prompts=16, layers=16, launch_ms=launch, total_ms=total)),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,94 @@
+"""Where the batch-invariant mode's prefill time goes (issue 39, prefill on CUDA): in one
+process, the default path, the mode with its prompts' attention in shared calls
+(``invariant_prefill_attention``) and the mode with every prompt attending alone (the shared
+call turned off), alternating, each the prefill of the same P prompts (submit to every row's
+first token, as ``workbench invariance --cost`` times it). Per engine: the wall time, the
+model forwards' graph building (Python until the forward returns, nothing evaluated), the
+fused-attention calls and whether the device check held. JSON lines.
+
+    python scripts/lab/invariant_prefill_profile.py --device gpu --prompts 16 --rounds 4
+"""
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import workbench  # noqa: F401
+from workbench.bench import invariance_cost as ic
+from workbench.bench.files import print_json_line
+from workbench.bench.gpu import LLAMA_1B
+from workbench.bench.model import ModelShape, make_model
+from workbench.engine.levers import invariant_prefill_attention as pa
+
+import mlx.core as mx
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
+    ap.add_argument("--prompts", type=int, nargs="+", default=[16])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument(
+        "--shape", choices=["1b", "small"], default="1b", help="small: a 2-layer llama, a smoke run"
+    )
+    args = ap.parse_args()
+    mx.set_default_device(mx.gpu if args.device == "gpu" else mx.cpu)
+    shape = LLAMA_1B if args.shape == "1b" else ModelShape.from_proportions("llama-2-layers", 512, 2, 8, 512)
+    model, tok = make_model(shape, dtype=mx.bfloat16), SimpleNamespace(eos_token_ids=[])
+    build, calls, real_call, real_sdpa = (
+        [0.0],
+        [0],
+        type(model).__call__,
+        mx.fast.scaled_dot_product_attention,
+    )
+
+    def timed_call(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return real_call(self, *a, **k)
+        finally:
+            build[0] += time.perf_counter() - t0
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return real_sdpa(*a, **k)
+
+    type(model).__call__ = timed_call
+    mx.fast.scaled_dot_product_attention = counted
+    backends = pa.BACKENDS
+    for P in args.prompts:
+        prompts = ic.prompts_of(shape.vocab_size, P, 160, 512, seed=5)
+        runs = {"default": [], "shared": [], "alone": []}
+        for r in range(args.rounds + 1):  # the first round warms up, not kept
+            names = list(runs) if r % 2 == 0 else list(reversed(runs))
+            for name in names:
+                pa.BACKENDS = () if name == "alone" else backends
+                sched = ic._scheduler(model, tok, P, name != "default")
+                mx.synchronize()
+                build[0], calls[0] = 0.0, 0
+                t0 = time.perf_counter()
+                ic._prefilled(sched, prompts, 2)
+                wall = time.perf_counter() - t0
+                if r:
+                    runs[name].append((wall, build[0], calls[0]))
+        base = statistics.median(w for w, _, _ in runs["default"])
+        for name, rows in runs.items():
+            wall = statistics.median(w for w, _, _ in rows)
+            print_json_line(
+                {
+                    "device": args.device,
+                    "mlx": mx.__version__,
+                    "prompts": P,
+                    "engine": name,
+                    "wall_ms": round(wall * 1e3, 2),
+                    "vs_default": round(wall / base, 3),
+                    "forward_build_ms": round(statistics.median(b for _, b, _ in rows) * 1e3, 2),
+                    "attention_calls": rows[-1][2],
+                    "check": {str(k): v for k, v in pa._HOLDS.items()},
+                }
+            )
+
+
+if __name__ == "__main__":
+    main()

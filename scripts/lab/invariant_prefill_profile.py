@@ -20,8 +20,28 @@ from workbench.bench.files import print_json_line
 from workbench.bench.gpu import LLAMA_1B
 from workbench.bench.model import ModelShape, make_model
 from workbench.engine.levers import invariant_prefill_attention as pa
+from workbench.engine.levers.invariant_prefill import BatchedReplayPrefillGroup
+from workbench.engine.prefill import PrefillGroup
 
 import mlx.core as mx
+
+
+def _timed_method(owner, name, into):
+    """Wrap ``owner.name`` so its wall seconds add up in ``into["Owner.name"]`` (nested calls of
+    the same method counted once)."""
+    real, label, depth = getattr(owner, name), f"{owner.__name__}.{name}", [0]
+
+    def timed(self, *a, **k):
+        depth[0] += 1
+        t0 = time.perf_counter()
+        try:
+            return real(self, *a, **k)
+        finally:
+            depth[0] -= 1
+            if not depth[0]:
+                into[label] = into.get(label, 0.0) + time.perf_counter() - t0
+
+    setattr(owner, name, timed)
 
 
 def main():
@@ -55,6 +75,13 @@ def main():
         return real_sdpa(*a, **k)
 
     type(model).__call__ = timed_call
+    phases: dict[str, float] = {}
+    for owner, name in (
+        (BatchedReplayPrefillGroup, "_run_chunks"),
+        (PrefillGroup, "_finish"),
+        (PrefillGroup, "run_chunk"),
+    ):
+        _timed_method(owner, name, phases)
     mx.fast.scaled_dot_product_attention = counted
     backends = pa.BACKENDS
     for P in args.prompts:
@@ -67,14 +94,16 @@ def main():
                 sched = ic._scheduler(model, tok, P, name != "default")
                 mx.synchronize()
                 build[0], calls[0] = 0.0, 0
+                phases.clear()
                 t0 = time.perf_counter()
                 ic._prefilled(sched, prompts, 2)
                 wall = time.perf_counter() - t0
                 if r:
-                    runs[name].append((wall, build[0], calls[0]))
-        base = statistics.median(w for w, _, _ in runs["default"])
+                    runs[name].append((wall, build[0], calls[0], dict(phases)))
+        base = statistics.median(w for w, *_ in runs["default"])
         for name, rows in runs.items():
-            wall = statistics.median(w for w, _, _ in rows)
+            wall = statistics.median(w for w, *_ in rows)
+            keys = sorted({k for *_, p in rows for k in p})
             print_json_line(
                 {
                     "device": args.device,
@@ -83,7 +112,10 @@ def main():
                     "engine": name,
                     "wall_ms": round(wall * 1e3, 2),
                     "vs_default": round(wall / base, 3),
-                    "forward_build_ms": round(statistics.median(b for _, b, _ in rows) * 1e3, 2),
+                    "forward_build_ms": round(statistics.median(r[1] for r in rows) * 1e3, 2),
+                    "phase_ms": {
+                        k: round(statistics.median(r[3].get(k, 0.0) for r in rows) * 1e3, 2) for k in keys
+                    },
                     "attention_calls": rows[-1][2],
                     "check": {str(k): v for k, v in pa._HOLDS.items()},
                 }

@@ -1,10 +1,12 @@
 """Where the batch-invariant mode's prefill time goes (issue 39, prefill on CUDA): in one
-process, the default path, the mode with its prompts' attention in shared calls
-(``invariant_prefill_attention``) and the mode with every prompt attending alone (the shared
-call turned off), alternating, each the prefill of the same P prompts (submit to every row's
-first token, as ``workbench invariance --cost`` times it). Per engine: the wall time, the
-model forwards' graph building (Python until the forward returns, nothing evaluated), the
-fused-attention calls and whether the device check held. JSON lines.
+process, the default path, the mode as it is (its prompts' attention in shared calls,
+``invariant_prefill_attention``; off the CPU the padding rows projected too), the mode with
+projections of the real rows only (``invariant_prefill.REAL_ROWS_ONLY``), and with that and
+every prompt attending alone (the eighteenth session's path), alternating, each the prefill
+of the same P prompts (submit to every row's first token, as ``workbench invariance --cost``
+times it). Per engine: the wall time, the model forwards' graph building (Python until the
+forward returns, nothing evaluated), the time in the prefill's phases, the fused-attention
+calls and whether the device check held. JSON lines.
 
     python scripts/lab/invariant_prefill_profile.py --device gpu --prompts 16 --rounds 4
 """
@@ -19,9 +21,11 @@ from workbench.bench import invariance_cost as ic
 from workbench.bench.files import print_json_line
 from workbench.bench.gpu import LLAMA_1B
 from workbench.bench.model import ModelShape, make_model
+from workbench.engine.levers import invariant_prefill
 from workbench.engine.levers import invariant_prefill_attention as pa
 from workbench.engine.levers.invariant_prefill import BatchedReplayPrefillGroup
 from workbench.engine.prefill import PrefillGroup
+from workbench.runtime.device import backend
 
 import mlx.core as mx
 
@@ -83,14 +87,21 @@ def main():
     ):
         _timed_method(owner, name, phases)
     mx.fast.scaled_dot_product_attention = counted
-    backends = pa.BACKENDS
+    backends, device = pa.BACKENDS, "cpu" if args.device == "cpu" else backend()
+    # engine -> (the shared attention's backends, the backends projecting only real rows)
+    engines = {
+        "default": (backends, invariant_prefill.REAL_ROWS_ONLY),
+        "shared": (backends, invariant_prefill.REAL_ROWS_ONLY),
+        "shared, real rows only": (backends, {"cpu", device}),
+        "alone, real rows only": ((), {"cpu", device}),
+    }
     for P in args.prompts:
         prompts = ic.prompts_of(shape.vocab_size, P, 160, 512, seed=5)
-        runs = {"default": [], "shared": [], "alone": []}
+        runs = {name: [] for name in engines}
         for r in range(args.rounds + 1):  # the first round warms up, not kept
             names = list(runs) if r % 2 == 0 else list(reversed(runs))
             for name in names:
-                pa.BACKENDS = () if name == "alone" else backends
+                pa.BACKENDS, invariant_prefill.REAL_ROWS_ONLY = engines[name]
                 sched = ic._scheduler(model, tok, P, name != "default")
                 mx.synchronize()
                 build[0], calls[0] = 0.0, 0

@@ -10,6 +10,7 @@ import pytest
 import workbench as wb
 from tests.engine.test_invariant import variant
 from tests.engine.test_invariant_prefill import _requests
+from workbench.engine.levers import invariant_prefill
 from workbench.engine.levers import invariant_prefill_attention as pa
 from workbench.verify import invariance
 
@@ -108,3 +109,7 @@ def test_with_the_shared_call_every_row_is_bit_equal_alone_in_fewer_attention_ca
     layers = len(model.layers)
     # at least a forward's 5 rows of 9-16 queries in one call a layer instead of 5
     assert per_row - (shared - check) >= 4 * layers, (per_row, shared)
+    # off the CPU the padding rows are projected too (no gather and scatter): still every row's bits
+    monkeypatch.setattr(invariant_prefill, "REAL_ROWS_ONLY", set())
+    got, _ = run()
+    assert [i for i, (a, b) in enumerate(zip(got, solo)) if a != b] == []

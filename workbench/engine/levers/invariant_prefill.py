@@ -23,8 +23,8 @@ bits whatever else prefills beside it:
   ``[j * C, (j + 1) * C)``, so each chunk attends the keys it attends alone.
 
 Example, ``C = 8``, tails of 3, 8 and 19 tokens: three forwards instead of five, the rows
-right-padded to the longest chunk in each (a projection runs only the real rows; padding is
-never projected, attended or stored)::
+right-padded to the longest chunk in each (on the CPU a projection runs only the real rows;
+padding is never attended or stored)::
 
     forward 1  [3, 8]   rows: a[0:3]+pad, b[0:8], c[0:8]
     forward 2  [1, 8]   rows: c[8:16]
@@ -65,6 +65,11 @@ PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {("cuda", "half"): RowBlo
 # zero-padded), if every row of such a call keeps its bits wherever it sits and whatever its
 # neighbours (:func:`fixed_block_holds`). 512 rows of a 1B ``down_proj`` cost the GPU ~0.03 ms.
 PREFILL_FIXED_ROWS: dict[str, int] = {"cuda": 512, "metal": 512}
+# Where a prefill forward projects only its real rows (the padding gathered out, its outputs
+# scattered back as zeros): the CPU, where a row costs its matmul. Elsewhere the padding rows are
+# projected too (finite values no real query attends, as the default path's padded prefill),
+# which saves the gather, zeros and scatter of every projection: a host-bound GPU launches fewer.
+REAL_ROWS_ONLY = {"cpu"}
 PERMUTATIONS = 4  # fixed_block_holds: each row checked at this many other places besides its own
 
 
@@ -141,9 +146,10 @@ def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None =
     projections in :func:`prefill_plan`'s row blocks; its attention is each cache's own
     (:meth:`PromptChunks.attend`). ``lengths``: ``[B']`` each row's real tokens of the
     ``[B', C]`` input; a projection then runs only those rows (gathered, the padding rows'
-    outputs zeros), so padding costs no matmul rows and no extra blocks. Attention with sinks
+    outputs zeros) on a backend in :data:`REAL_ROWS_ONLY`, so padding costs no matmul rows
+    and no extra blocks there. Attention with sinks
     (which the seam does not take) is refused: ``RuntimeError`` naming the mode."""
-    keep = _real_rows(lengths) if lengths else None
+    keep = _real_rows(lengths) if lengths and inv.backend in REAL_ROWS_ONLY else None
 
     def project(module: Any, plain: Any, x: mx.array) -> mx.array:
         blocks, apart = prefill_plan(inv, module)

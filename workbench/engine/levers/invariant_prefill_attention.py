@@ -43,7 +43,8 @@ def batched_attention_holds(backend: str, n_q: int, n_kv: int, head_dim: int, dt
     and shape: :data:`CHECK_LENGTHS` rows at offset 0 and at :data:`CHECK_OFFSET` (the alone
     call's keys then a slice of a longer buffer, as a ``KVCache`` returns them), each compared
     with its call alone. ``False`` on a backend outside :data:`BACKENDS`. Evidence, not proof
-    (as :func:`~.invariant.rows_agree`): it covers the shapes' kernel choices, not values.
+    (as :func:`~.invariant.rows_agree`): it covers the shapes' kernel choices, not values. No
+    mlx-lm counterpart.
 
     Raises:
         nothing: a mismatch is ``False``."""
@@ -87,7 +88,10 @@ def causal(queries: mx.array, keys: mx.array, values: mx.array, scale: float) ->
 def padded(rows: Sequence[mx.array], S: int) -> mx.array:
     """``[len(rows), n_kv, S, D]``: each row's ``[1, n_kv, s_b, D]`` (``s_b <= S``) right-padded
     with zeros to ``S`` positions, concatenated (never attended by a real query: see the module
-    docstring)."""
+    docstring). No mlx-lm counterpart (its prefill left-pads one batch).
+
+    Raises:
+        ValueError: from MLX, rows whose head counts or head dims differ."""
     out = []
     for r in rows:
         gap = S - r.shape[2]
@@ -102,7 +106,7 @@ def padded(rows: Sequence[mx.array], S: int) -> mx.array:
 def groups(offsets: Sequence[int], lengths: Sequence[int], batched: bool) -> list[list[int]]:
     """The rows of a forward in attention calls: rows of one cache offset with more than
     :data:`SOLO_QUERIES` queries share a call when ``batched``; every other row is a call of
-    its own. ``[[row, ...], ...]`` in first-row order.
+    its own. ``[[row, ...], ...]`` in first-row order. No mlx-lm counterpart.
 
     Raises:
         nothing."""
@@ -136,7 +140,8 @@ def attend(
 
     Returns:
         ``[B', n_q, C, D]``; a padding position is zeros in a row attending alone, and
-        finite values never read in a shared call.
+        finite values never read in a shared call. Mirrors, per row, mlx-lm's
+        ``scaled_dot_product_attention`` of a causal prefill.
 
     Raises:
         ValueError: from MLX, on shapes it refuses."""

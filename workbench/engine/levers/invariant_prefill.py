@@ -241,11 +241,24 @@ def _write(cache: KVCache, keys: mx.array, values: mx.array) -> tuple[mx.array, 
     """``cache.update_and_fetch(keys, values)`` (``[1, n_kv_heads, n, D]``); an empty cache
     takes row-contiguous copies of exactly ``n`` positions instead of zeroed buffers of
     mlx-lm's 256-token steps written into (two graph nodes a layer, not six: the same values;
-    a later chunk grows them as ``update_and_fetch`` does)."""
+    a later chunk grows them as ``update_and_fetch`` does from mlx-lm's buffer: where that
+    chunk fits the buffer of ``step`` multiples mlx-lm's first write made, the copies take its
+    zeroed rest first, so the cache holds never more positions than mlx-lm's and the KV ledger
+    (:func:`~workbench.engine.kv.allocation.group_capacity_tokens`, which counts mlx-lm's
+    growth) still bounds the bytes held)."""
     if cache.keys is not None:
+        held, n = cache.offset, keys.shape[2]
+        rest = -held % cache.step  # positions mlx-lm's buffer holds past the exact copies
+        if cache.keys.shape[2] == held and 0 < n <= rest:
+            cache.keys, cache.values = (_zero_padded(a, rest) for a in (cache.keys, cache.values))
         return cache.update_and_fetch(keys, values)
     cache.keys, cache.values, cache.offset = mx.contiguous(keys), mx.contiguous(values), keys.shape[2]
     return cache.keys, cache.values
+
+
+def _zero_padded(a: mx.array, n: int) -> mx.array:
+    """``a`` (``[1, n_kv_heads, S, D]``) followed by ``n`` zero positions on axis 2."""
+    return mx.concatenate([a, mx.zeros((*a.shape[:2], n, a.shape[3]), a.dtype)], axis=2)
 
 
 class BatchedReplayPrefillGroup(ReplayPrefillGroup):

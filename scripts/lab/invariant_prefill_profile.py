@@ -1,8 +1,8 @@
 """Where the batch-invariant mode's prefill time goes (issue 39, prefill on CUDA): in one
 process, the default path, the mode as it is (its prompts' attention in shared calls,
-``invariant_prefill_attention``; off the CPU the padding rows projected too), the mode with
-projections of the real rows only (``invariant_prefill.REAL_ROWS_ONLY``), and with that and
-every prompt attending alone (the eighteenth session's path), alternating, each the prefill
+``invariant_prefill_attention``), the mode with the padding rows projected too
+(``invariant_prefill.REAL_ROWS_ONLY`` without the device), and the mode with every prompt
+attending alone (the eighteenth session's path), alternating, each the prefill
 of the same P prompts (submit to every row's first token, as ``workbench invariance --cost``
 times it). Per engine: the wall time, the model forwards' graph building (Python until the
 forward returns, nothing evaluated), the time in the prefill's phases, the fused-attention
@@ -92,8 +92,8 @@ def main():
     engines = {
         "default": (backends, invariant_prefill.REAL_ROWS_ONLY),
         "shared": (backends, invariant_prefill.REAL_ROWS_ONLY),
-        "shared, real rows only": (backends, {"cpu", device}),
-        "alone, real rows only": ((), {"cpu", device}),
+        "shared, padding projected": (backends, invariant_prefill.REAL_ROWS_ONLY - {device}),
+        "alone": ((), invariant_prefill.REAL_ROWS_ONLY),
     }
     for P in args.prompts:
         prompts = ic.prompts_of(shape.vocab_size, P, 160, 512, seed=5)

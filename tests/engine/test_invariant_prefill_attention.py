@@ -109,7 +109,7 @@ def test_with_the_shared_call_every_row_is_bit_equal_alone_in_fewer_attention_ca
     layers = len(model.layers)
     # at least a forward's 5 rows of 9-16 queries in one call a layer instead of 5
     assert per_row - (shared - check) >= 4 * layers, (per_row, shared)
-    # off the CPU the padding rows are projected too (no gather and scatter): still every row's bits
+    # with the padding rows projected too (no gather and scatter): still every row's bits
     monkeypatch.setattr(invariant_prefill, "REAL_ROWS_ONLY", set())
     got, _ = run()
     assert [i for i, (a, b) in enumerate(zip(got, solo)) if a != b] == []

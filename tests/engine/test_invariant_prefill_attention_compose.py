@@ -5,8 +5,8 @@ hit beside fresh rows in one forward (groups out of row order), preempted rows r
 an abort, a checkpoint and a fork mid-prefill, qwen3 and 4-bit weights. Every row's tokens and
 log-probs ``==`` its run alone (:func:`workbench.verify.invariance.alone`), with the shared call
 on (bf16 on the CPU, where :func:`~.invariant_prefill_attention.batched_attention_holds` holds)
-and with the padding rows projected (``REAL_ROWS_ONLY`` empty: the GPU's default). And the KV
-ledger's projection still bounds the bytes a multi-chunk prefill's exact first copies
+and with the padding rows projected (``REAL_ROWS_ONLY`` empty: a lever not yet measured on a
+GPU). And the KV ledger's projection still bounds the bytes a multi-chunk prefill's exact first copies
 (``invariant_prefill._write``) grow to."""
 
 import mlx.core as mx

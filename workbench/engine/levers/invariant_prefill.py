@@ -23,8 +23,8 @@ bits whatever else prefills beside it:
   ``[j * C, (j + 1) * C)``, so each chunk attends the keys it attends alone.
 
 Example, ``C = 8``, tails of 3, 8 and 19 tokens: three forwards instead of five, the rows
-right-padded to the longest chunk in each (on the CPU a projection runs only the real rows;
-padding is never attended or stored)::
+right-padded to the longest chunk in each (a projection runs only the real rows, unless
+:data:`REAL_ROWS_ONLY` says otherwise; padding is never attended or stored)::
 
     forward 1  [3, 8]   rows: a[0:3]+pad, b[0:8], c[0:8]
     forward 2  [1, 8]   rows: c[8:16]
@@ -66,10 +66,12 @@ PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {("cuda", "half"): RowBlo
 # neighbours (:func:`fixed_block_holds`). 512 rows of a 1B ``down_proj`` cost the GPU ~0.03 ms.
 PREFILL_FIXED_ROWS: dict[str, int] = {"cuda": 512, "metal": 512}
 # Where a prefill forward projects only its real rows (the padding gathered out, its outputs
-# scattered back as zeros): the CPU, where a row costs its matmul. Elsewhere the padding rows are
-# projected too (finite values no real query attends, as the default path's padded prefill),
-# which saves the gather, zeros and scatter of every projection: a host-bound GPU launches fewer.
-REAL_ROWS_ONLY = {"cpu"}
+# scattered back as zeros): every backend by default. Off it, the padding rows are projected too
+# (finite values no real query attends, as the default path's padded prefill): no gather, zeros
+# and scatter per projection (fewer launches for a host-bound GPU) for more matmul rows (16
+# prompts of 160-486 tokens: 7,776 rows against 5,100). Which wins on a GPU is not measured yet
+# (``scripts/lab/invariant_prefill_profile.py`` A/Bs it); the rows keep their bits either way.
+REAL_ROWS_ONLY = {"cpu", "cuda", "metal"}
 PERMUTATIONS = 4  # fixed_block_holds: each row checked at this many other places besides its own
 
 

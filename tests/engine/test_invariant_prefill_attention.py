@@ -75,6 +75,9 @@ def test_the_check_passes_a_kernel_that_keeps_padded_rows_bits_and_fails_one_tha
     monkeypatch.setattr(pa, "_HOLDS", {})
     # measured: MLX's CPU attention keeps a padded bf16 row's bits (float32's with OpenBLAS not)
     assert pa.batched_attention_holds("cpu", 2, 1, 64, mx.bfloat16)
+    monkeypatch.setattr(pa, "BACKENDS", ())  # a backend taken out is out, whatever was checked
+    assert not pa.batched_attention_holds("cpu", 2, 1, 64, mx.bfloat16)
+    monkeypatch.setattr(pa, "BACKENDS", ("cpu",))
     real = mx.fast.scaled_dot_product_attention
 
     def rounds_a_shared_call_otherwise(q, k, v, **kwargs):  # one ulp off in the last row of a batch

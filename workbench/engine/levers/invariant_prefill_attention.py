@@ -48,11 +48,11 @@ def batched_attention_holds(backend: str, n_q: int, n_kv: int, head_dim: int, dt
 
     Raises:
         nothing: a mismatch is ``False``."""
+    if backend not in BACKENDS:
+        return False
     key = (backend, n_q, n_kv, head_dim, str(dtype))
     if key not in _HOLDS:
-        _HOLDS[key] = backend in BACKENDS and all(
-            _offset_holds(n_q, n_kv, head_dim, dtype, offset) for offset in (0, CHECK_OFFSET)
-        )
+        _HOLDS[key] = all(_offset_holds(n_q, n_kv, head_dim, dtype, offset) for offset in (0, CHECK_OFFSET))
     return _HOLDS[key]
 
 

@@ -40,11 +40,12 @@ def batched_attention_holds(backend: str, n_q: int, n_kv: int, head_dim: int, dt
     """Whether one causal ``scaled_dot_product_attention`` call over right-padded rows gives
     every real query its bits alone, for ``[*, n_q, *, head_dim]`` queries over ``n_kv`` key
     heads in ``dtype`` on ``backend`` (``"cuda"``, ``"metal"``, ``"cpu"``), once per process
-    and shape: :data:`CHECK_LENGTHS` rows at offset 0 and at :data:`CHECK_OFFSET` (the alone
-    call's keys then a slice of a longer buffer, as a ``KVCache`` returns them), each compared
-    with its call alone. ``False`` on a backend outside :data:`BACKENDS`. Evidence, not proof
-    (as :func:`~.invariant.rows_agree`): it covers the shapes' kernel choices, not values. No
-    mlx-lm counterpart.
+    and shape: :data:`CHECK_LENGTHS` rows at offset 0 and at :data:`CHECK_OFFSET`, each compared
+    with its call alone, the alone call's keys both a slice of a longer buffer (as a ``KVCache``
+    returns them) and exact contiguous copies (as a first chunk's cache holds them). ``False``
+    on a backend outside :data:`BACKENDS`. Evidence, not proof (as
+    :func:`~.invariant.rows_agree`): it covers the shapes' kernel choices, not values. No mlx-lm
+    counterpart.
 
     Raises:
         nothing: a mismatch is ``False``."""
@@ -67,9 +68,11 @@ def _offset_holds(n_q: int, n_kv: int, head_dim: int, dtype: Any, offset: int) -
     values = [v[b : b + 1, :, : offset + m] for b, m in enumerate(n)]
     out = causal(q, padded(keys, offset + L), padded(values, offset + L), scale)
     for b, m in enumerate(n):
-        alone = causal(mx.contiguous(q[b : b + 1, :, :m]), keys[b], values[b], scale)
-        if not mx.array_equal(out[b : b + 1, :, :m], alone).item():
-            return False
+        q_b = mx.contiguous(q[b : b + 1, :, :m])
+        for k_b, v_b in ((keys[b], values[b]), (mx.contiguous(keys[b]), mx.contiguous(values[b]))):
+            # the alone call's keys as a cache's slice and as exact copies (``invariant_prefill._write``)
+            if not mx.array_equal(out[b : b + 1, :, :m], causal(q_b, k_b, v_b, scale)).item():
+                return False
     return True
 
 

@@ -252,15 +252,12 @@ def _write(cache: KVCache, keys: mx.array, values: mx.array) -> tuple[mx.array, 
         held, n = cache.offset, keys.shape[2]
         rest = -held % cache.step  # positions mlx-lm's buffer holds past the exact copies
         if cache.keys.shape[2] == held and 0 < n <= rest:
-            cache.keys, cache.values = (_zero_padded(a, rest) for a in (cache.keys, cache.values))
+            cache.keys, cache.values = (
+                prefill_attention.padded([a], held + rest) for a in (cache.keys, cache.values)
+            )
         return cache.update_and_fetch(keys, values)
     cache.keys, cache.values, cache.offset = mx.contiguous(keys), mx.contiguous(values), keys.shape[2]
     return cache.keys, cache.values
-
-
-def _zero_padded(a: mx.array, n: int) -> mx.array:
-    """``a`` (``[1, n_kv_heads, S, D]``) followed by ``n`` zero positions on axis 2."""
-    return mx.concatenate([a, mx.zeros((*a.shape[:2], n, a.shape[3]), a.dtype)], axis=2)
 
 
 class BatchedReplayPrefillGroup(ReplayPrefillGroup):

@@ -6,12 +6,14 @@ attending alone (the eighteenth session's path), alternating, each the prefill
 of the same P prompts (submit to every row's first token, as ``workbench invariance --cost``
 times it). Per engine: the wall time, the model forwards' graph building (Python until the
 forward returns, nothing evaluated), the time in the prefill's phases, the fused-attention
-calls and whether the device check held. JSON lines.
+calls, the graph nodes evaluated (one more run, untimed) and whether the device check held.
+JSON lines.
 
     python scripts/lab/invariant_prefill_profile.py --device gpu --prompts 16 --rounds 4
 """
 
 import argparse
+import collections
 import statistics
 import time
 from types import SimpleNamespace
@@ -21,6 +23,7 @@ from workbench.bench import invariance_cost as ic
 from workbench.bench.files import print_json_line
 from workbench.bench.gpu import LLAMA_1B
 from workbench.bench.model import ModelShape, make_model
+from workbench.bench.step_nodes import counted_evals
 from workbench.engine.levers import invariant_prefill
 from workbench.engine.levers import invariant_prefill_attention as pa
 from workbench.engine.levers.invariant_prefill import BatchedReplayPrefillGroup
@@ -111,6 +114,13 @@ def main():
                 wall = time.perf_counter() - t0
                 if r:
                     runs[name].append((wall, build[0], calls[0], dict(phases)))
+        nodes = {}
+        for name in engines:  # one more run each, its evaluated graphs' nodes counted (not timed)
+            pa.BACKENDS, invariant_prefill.REAL_ROWS_ONLY = engines[name]
+            sched = ic._scheduler(model, tok, P, name != "default")
+            with counted_evals(collections.Counter()) as counts:
+                ic._prefilled(sched, prompts, 2)
+            nodes[name] = counts
         base = statistics.median(w for w, *_ in runs["default"])
         for name, rows in runs.items():
             wall = statistics.median(w for w, *_ in rows)
@@ -128,6 +138,8 @@ def main():
                         k: round(statistics.median(r[3].get(k, 0.0) for r in rows) * 1e3, 2) for k in keys
                     },
                     "attention_calls": rows[-1][2],
+                    "graph_nodes": sum(nodes[name].values()),
+                    "top_nodes": dict(nodes[name].most_common(8)),
                     "check": {str(k): v for k, v in pa._HOLDS.items()},
                 }
             )

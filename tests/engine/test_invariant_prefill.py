@@ -208,6 +208,21 @@ def test_a_fixed_call_holds_only_if_every_row_keeps_its_bits_wherever_it_sits():
     assert invariant_prefill.fixed_block_holds(lambda x: x @ W.T, 64, mx.bfloat16, 64)
 
 
+def test_the_real_rows_go_back_to_their_places_and_padding_copies_its_rows_last_token():
+    """``_real_rows`` of right-padded rows of 3, 1 and 4 tokens: ``keep`` picks the 8 real
+    positions of the ``[3, 4]`` input, and ``y[spread]`` puts each real row's output back at its
+    own place, every padding position a copy of its row's last real token (finite)."""
+    keep, spread = invariant_prefill._real_rows([3, 1, 4])
+    assert keep.tolist() == [0, 1, 2, 4, 8, 9, 10, 11]
+    assert spread.tolist() == [0, 1, 2, 2, 3, 3, 3, 3, 4, 5, 6, 7]
+    x = mx.arange(12 * 2, dtype=mx.float32).reshape(12, 2)  # [B' * C, N]
+    back = (x[keep] * 2)[spread]
+    real = mx.array([0, 1, 2, 4, 8, 9, 10, 11])
+    assert mx.array_equal(back[real], x[real] * 2).item()
+    assert mx.array_equal(back[3], x[2] * 2).item() and mx.array_equal(back[5:8], mx.repeat(x[4:5] * 2, 3, 0)).item()
+    assert invariant_prefill._real_rows([5, 5]) == (None, None)
+
+
 def test_models_with_rings_or_recurrent_state_prefill_each_prompt_alone():
     for family in ("mamba2", "qwen3next"):
         model, _ = variant(family)

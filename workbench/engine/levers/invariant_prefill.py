@@ -65,10 +65,11 @@ PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {("cuda", "half"): RowBlo
 # zero-padded), if every row of such a call keeps its bits wherever it sits and whatever its
 # neighbours (:func:`fixed_block_holds`). 512 rows of a 1B ``down_proj`` cost the GPU ~0.03 ms.
 PREFILL_FIXED_ROWS: dict[str, int] = {"cuda": 512, "metal": 512}
-# Where a prefill forward projects only its real rows (the padding gathered out, its outputs
-# scattered back as zeros): every backend by default. Off it, the padding rows are projected too
-# (finite values no real query attends, as the default path's padded prefill): no gather, zeros
-# and scatter per projection (fewer launches for a host-bound GPU) for more matmul rows (16
+# Where a prefill forward projects only its real rows (the padding gathered out, the outputs
+# gathered back, a padding position a copy of its row's last real token): every backend by
+# default. Off it, the padding rows are projected too (finite values no real query attends, as
+# the default path's padded prefill): no gathers per projection (fewer launches for a
+# host-bound GPU) for more matmul rows (16
 # prompts of 160-486 tokens: 7,776 rows against 5,100). Which wins on a GPU is not measured yet
 # (``scripts/lab/invariant_prefill_profile.py`` A/Bs it); the rows keep their bits either way.
 REAL_ROWS_ONLY = {"cpu", "cuda", "metal"}
@@ -147,11 +148,12 @@ def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None =
     """Within the block a forward of ``model`` over :class:`PromptChunks` caches runs its
     projections in :func:`prefill_plan`'s row blocks; its attention is each cache's own
     (:meth:`PromptChunks.attend`). ``lengths``: ``[B']`` each row's real tokens of the
-    ``[B', C]`` input; a projection then runs only those rows (gathered, the padding rows'
-    outputs zeros) on a backend in :data:`REAL_ROWS_ONLY`, so padding costs no matmul rows
-    and no extra blocks there. Attention with sinks
+    ``[B', C]`` input; a projection then runs only those rows (gathered; each padding
+    position's output a copy of its row's last real one: finite, never attended nor stored)
+    on a backend in :data:`REAL_ROWS_ONLY`, so padding costs no matmul rows and no extra
+    blocks there. Attention with sinks
     (which the seam does not take) is refused: ``RuntimeError`` naming the mode."""
-    keep = _real_rows(lengths) if lengths and inv.backend in REAL_ROWS_ONLY else None
+    keep, spread = _real_rows(lengths) if lengths and inv.backend in REAL_ROWS_ONLY else (None, None)
 
     def project(module: Any, plain: Any, x: mx.array) -> mx.array:
         blocks, apart = prefill_plan(inv, module)
@@ -159,9 +161,7 @@ def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None =
         if keep is None or math.prod(lead) != len(lengths) * max(lengths):
             return blocked(lambda b: plain(module, b), x, blocks, apart)
         y = blocked(lambda b: plain(module, b), x.reshape(-1, K)[keep], blocks, apart)  # [T, N]
-        out = mx.zeros((math.prod(lead), y.shape[-1]), dtype=y.dtype)
-        out[keep] = y
-        return out.reshape(*lead, y.shape[-1])
+        return y[spread].reshape(*lead, y.shape[-1])  # [B', C, N]: a gather, no zeros nor scatter
 
     def refuse(*args: Any, **kwargs: Any) -> mx.array:
         raise RuntimeError("the batch-invariant mode's batched prefill has no attention with sinks")
@@ -170,13 +170,23 @@ def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None =
         yield
 
 
-def _real_rows(lengths: Sequence[int]) -> mx.array | None:
-    """The flat indices of the real tokens of a right-padded ``[B', C]`` input (``C`` the
-    longest of ``lengths``), ``None`` where no row is padded."""
+def _real_rows(lengths: Sequence[int]) -> tuple[mx.array | None, mx.array | None]:
+    """``(keep, spread)`` of a right-padded ``[B', C]`` input (``C`` the longest of
+    ``lengths``): ``keep`` ``[T]`` the flat indices of its ``T`` real tokens, ``spread``
+    ``[B' * C]`` for each flat position the index in ``keep`` of its own token, or of its row's
+    last real token for a padding position (``y[spread]`` takes ``[T, N]`` back to ``[B' * C,
+    N]``: a gather, which MLX runs several times faster than zeros and a scatter); ``(None,
+    None)`` where no row is padded."""
     C = max(lengths)
     if all(n == C for n in lengths):
-        return None
-    return mx.array([b * C + j for b, n in enumerate(lengths) for j in range(n)], dtype=mx.int32)
+        return None, None
+    keep = [b * C + j for b, n in enumerate(lengths) for j in range(n)]
+    spread, first = [], 0
+    for n in lengths:
+        spread += range(first, first + n)
+        spread += [first + n - 1] * (C - n)
+        first += n
+    return mx.array(keep, dtype=mx.int32), mx.array(spread, dtype=mx.int32)
 
 
 class PromptChunks:

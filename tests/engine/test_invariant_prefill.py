@@ -219,7 +219,10 @@ def test_the_real_rows_go_back_to_their_places_and_padding_copies_its_rows_last_
     back = (x[keep] * 2)[spread]
     real = mx.array([0, 1, 2, 4, 8, 9, 10, 11])
     assert mx.array_equal(back[real], x[real] * 2).item()
-    assert mx.array_equal(back[3], x[2] * 2).item() and mx.array_equal(back[5:8], mx.repeat(x[4:5] * 2, 3, 0)).item()
+    assert (
+        mx.array_equal(back[3], x[2] * 2).item()
+        and mx.array_equal(back[5:8], mx.repeat(x[4:5] * 2, 3, 0)).item()
+    )
     assert invariant_prefill._real_rows([5, 5]) == (None, None)
 
 

@@ -29,6 +29,16 @@ def count_calls(monkeypatch):
     return count
 
 
+@pytest.fixture(autouse=True)
+def _on_the_cpu():
+    """These tests stand a GPU's shared call in with the CPU's kernels (``BACKENDS`` patched to
+    the CPU), on a GPU machine too: the CPU device. On CUDA the shared call is checked by
+    ``test_invariant_gpu_range``'s 96-row test (it asserts the device check held) and
+    ``scripts/lab/invariant_prefill_profile.py`` (docs/gpu.md)."""
+    with mx.stream(mx.cpu):
+        yield
+
+
 def test_rows_of_one_offset_share_a_call_and_short_or_lone_rows_attend_alone():
     assert pa.groups([0, 0, 0, 16, 16, 0, 16], [12, 3, 20, 9, 20, 1, 10], batched=True) == [
         [0, 2],

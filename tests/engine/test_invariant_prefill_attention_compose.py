@@ -5,8 +5,8 @@ hit beside fresh rows in one forward (groups out of row order), preempted rows r
 an abort, a checkpoint and a fork mid-prefill, qwen3 and 4-bit weights. Every row's tokens and
 log-probs ``==`` its run alone (:func:`workbench.verify.invariance.alone`), with the shared call
 on (bf16 on the CPU, where :func:`~.invariant_prefill_attention.batched_attention_holds` holds)
-and with the padding rows projected (``REAL_ROWS_ONLY`` empty: a lever not yet measured on a
-GPU). And the KV ledger's projection still bounds the bytes a multi-chunk prefill's exact first copies
+and with the padding rows projected (``REAL_ROWS_ONLY`` empty: what CUDA and Metal run, measured
+faster on an H100). And the KV ledger's projection still bounds the bytes a multi-chunk prefill's exact first copies
 (``invariant_prefill._write``) grow to."""
 
 import mlx.core as mx
@@ -14,6 +14,7 @@ import pytest
 
 import workbench as wb
 from tests.engine.test_invariant import _model, variant
+from tests.engine.test_invariant_prefill_attention import _on_the_cpu  # noqa: F401  (autouse: the CPU device)
 from workbench.engine.levers import invariant_prefill
 from workbench.engine.levers import invariant_prefill_attention as pa
 from workbench.verify import invariance

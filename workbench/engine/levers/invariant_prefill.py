@@ -66,13 +66,16 @@ PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {("cuda", "half"): RowBlo
 # neighbours (:func:`fixed_block_holds`). 512 rows of a 1B ``down_proj`` cost the GPU ~0.03 ms.
 PREFILL_FIXED_ROWS: dict[str, int] = {"cuda": 512, "metal": 512}
 # Where a prefill forward projects only its real rows (the padding gathered out, the outputs
-# gathered back, a padding position a copy of its row's last real token): every backend by
-# default. Off it, the padding rows are projected too (finite values no real query attends, as
-# the default path's padded prefill): no gathers per projection (fewer launches for a
-# host-bound GPU) for more matmul rows (16
-# prompts of 160-486 tokens: 7,776 rows against 5,100). Which wins on a GPU is not measured yet
-# (``scripts/lab/invariant_prefill_profile.py`` A/Bs it); the rows keep their bits either way.
-REAL_ROWS_ONLY = {"cpu", "cuda", "metal"}
+# gathered back, a padding position a copy of its row's last real token): the CPU, compute-bound,
+# where padding rows would be matmul rows (16 prompts of 160-486 tokens: 7,776 rows against
+# 5,100); there the gather back (not zeros and a scatter) took the prefill of 4 / 16 prompts
+# from 1.08x, 1.09x / 1.04x, 1.07x to 1.02x, 1.03x / 1.00x, 0.99x the default path (llama-155m,
+# 2026-12-07). Off it the padding rows are projected too (finite values no real query attends, as
+# the default path's padded prefill): no gathers, fewer nodes for a host-bound GPU. On an H100
+# (1B bf16, one process, ``scripts/lab/invariant_prefill_profile.py``) projecting the padding
+# took the mode's prefill from 1.25x / 1.37x / 1.24x to 1.02x / 1.11x / 0.98x the default path's
+# at 4 / 16 / 64 prompts. The rows keep their bits either way.
+REAL_ROWS_ONLY = {"cpu"}
 PERMUTATIONS = 4  # fixed_block_holds: each row checked at this many other places besides its own
 
 

@@ -74,7 +74,7 @@ PREFILL_FIXED_ROWS: dict[str, int] = {"cuda": 512, "metal": 512}
 # the default path's padded prefill): no gathers, fewer nodes for a host-bound GPU. On an H100
 # (1B bf16, one process, ``scripts/lab/invariant_prefill_profile.py``) projecting the padding
 # took the mode's prefill from 1.25x / 1.37x / 1.24x to 1.02x / 1.11x / 0.98x the default path's
-# at 4 / 16 / 64 prompts. The rows keep their bits either way.
+# at 4 / 16 / 64 prompts (Metal follows CUDA here, unmeasured). The rows keep their bits either way.
 REAL_ROWS_ONLY = {"cpu"}
 PERMUTATIONS = 4  # fixed_block_holds: each row checked at this many other places besides its own
 

@@ -40,7 +40,11 @@ import mlx.nn as nn
 
 from ..model_hooks import HOOKS, hooked_class_of, hooks_of
 
-FUSE_BACKENDS = ("cuda", "metal")  # where the mode fuses (off on the CPU: docs/batch-invariance.md)
+# Where the mode fuses. The CPU since 2026-12-07: on llama-155m with OpenBLAS its fused q / k / v
+# runs in the sweep's blocks where k / v alone ran 1-3 rows a call, and the step at B = 1 / 8 / 32
+# went from 1.04x / 1.07x / 1.15x to 1.05x / 1.05x / 1.09x the default path's (two runs,
+# ``scripts/lab/invariant_fuse_ab.py --device cpu --shape full``; docs/batch-invariance.md).
+FUSE_BACKENDS = ("cpu", "cuda", "metal")
 FUSED = "_workbench_fused"  # a parent's attribute: member names -> its FusedGroup (kept across schedulers)
 ARRAYS = (
     "weight",

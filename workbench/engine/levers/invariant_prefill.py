@@ -157,13 +157,16 @@ def prefill_forward(model: Any, inv: Invariance, lengths: Sequence[int] | None =
     blocks there. Attention with sinks
     (which the seam does not take) is refused: ``RuntimeError`` naming the mode."""
     keep, spread = _real_rows(lengths) if lengths and inv.backend in REAL_ROWS_ONLY else (None, None)
+    last: list = [None, None]  # (input, its real rows): q / k / v and gate / up read one input
 
     def project(module: Any, plain: Any, x: mx.array) -> mx.array:
         blocks, apart = prefill_plan(inv, module)
         lead, K = x.shape[:-1], x.shape[-1]
         if keep is None or math.prod(lead) != len(lengths) * max(lengths):
             return blocked(lambda b: plain(module, b), x, blocks, apart)
-        y = blocked(lambda b: plain(module, b), x.reshape(-1, K)[keep], blocks, apart)  # [T, N]
+        if last[0] is not x:
+            last[:] = [x, x.reshape(-1, K)[keep]]  # [T, K], gathered once per input
+        y = blocked(lambda b: plain(module, b), last[1], blocks, apart)  # [T, N]
         return y[spread].reshape(*lead, y.shape[-1])  # [B', C, N]: a gather, no zeros nor scatter
 
     def refuse(*args: Any, **kwargs: Any) -> mx.array:

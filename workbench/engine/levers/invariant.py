@@ -327,7 +327,7 @@ def _first_agreeing(module: Any, first: RowBlocks | None) -> RowBlocks | None:
 
         sgemm = (tuple(module["weight"].shape), str(dtype), "bias" in module)  # Linear or as_linear alike
         if sgemm not in _SWEPT:
-            run = block_from(sweep(f, K, dtype), module["weight"].nbytes)
+            run = block_from(sweep(f, K, dtype))
             ok = run is not None and rows_agree(f, K, dtype, RowBlocks(*run), counts=(run[1] + 1,))
             _SWEPT[sgemm] = RowBlocks(*run) if ok else None
         if _SWEPT[sgemm] is not None:

@@ -13,10 +13,9 @@ projection at ``M = 1 .. ROWS_SWEPT`` and groups the row counts by the bits a pr
 the mode's ``RowBlocks(lo, hi)``: ``B`` rows run in calls of at most ``hi`` rows, each padded
 to at least ``lo``, so every row is computed by a kernel of that one group, alone or in any
 batch. One call per projection for ``B <= hi`` instead of the fixed blocks of 8 or one call
-per row before (which read a large weight ``B / 8`` or ``B`` times a step). A weight that
-stays in cache (up to :data:`CACHED_BYTES`) costs a call its dispatch only, so one of about
-1 MiB runs in the group of ``M = 1`` where a run above would pad a lone row to its switch: a
-request alone then runs it unpadded, as on the default path.
+per row before (which read a large weight ``B / 8`` or ``B`` times a step). A call costs
+:data:`CALL_ROWS` rows whatever the weight's size (measured: a call re-reads its weight, from
+memory or from cache alike; :func:`block_from`).
 
 The sweep also tells the two things issue 39 asks to keep apart (:class:`Sweep`): a
 *leak* (the probe row's bits change with its neighbours' values at one ``M`` and position:
@@ -39,7 +38,6 @@ import mlx.core as mx
 
 ROWS_SWEPT = 32  # row counts M = 1 .. ROWS_SWEPT are swept; larger batches run blocks of at most this
 CALL_ROWS = 4  # the cost of one call in rows, when choosing between runs (its dispatch, a weight read)
-DISPATCH_BYTES = 1 << 20  # a call's dispatch, in a weight in cache: about one row of a 1 MiB float32 weight
 CACHED_BYTES = 4 << 20  # float weights up to this size stay in cache (``invariant.ROWS_APART_BYTES``)
 
 
@@ -139,32 +137,30 @@ def sweep(
     return Sweep(tuple(rows), tuple(group), tuple(leak), tuple(moved), tuple(diff))
 
 
-def block_from(result: Sweep, weight_bytes: int | None = None) -> tuple[int, int] | None:
+def block_from(result: Sweep) -> tuple[int, int] | None:
     """The ``(lo, hi)`` of the mode's ``RowBlocks`` for a swept projection: of the runs of
     :meth:`Sweep.runs`, the one whose step costs least against a plain call, summed over
     ``B = 1, 8, 32`` rows (the issue's goals are ratios per ``B``): per ``B``, calls times a
-    call's cost in rows plus rows computed (padding included), over one plain call of ``B``
-    rows. ``None`` where no row count was clean (the caller falls back to one row per call).
+    call's cost in rows (:data:`CALL_ROWS`) plus rows computed (padding included), over one
+    plain call of ``B`` rows. ``None`` where no row count was clean (the caller falls back to
+    one row per call).
 
-    Args:
-        result: the projection's :func:`sweep`.
-        weight_bytes: the weight's size. Up to :data:`CACHED_BYTES` (it stays in cache) a
-            call costs its dispatch only, a fixed time: ``DISPATCH_BYTES / weight_bytes``
-            rows, at least 1 (the weight is not read from memory again). So a weight of about
-            1 MiB runs in the group of ``M = 1`` where a run above would pad a lone row to its
-            switch (llama-155m's KV projections, 256x1024: one row padded to 4 rows cost
-            0.35 ms a call, blocks of 1-3 rows 0.06 ms), while a much smaller one, whose rows
-            cost less than a call, keeps few calls. Larger or ``None``: :data:`CALL_ROWS` (a
-            weight read).
+    A call costs :data:`CALL_ROWS` rows for every weight size. Until the twenty-first session a
+    weight of up to :data:`CACHED_BYTES` was charged its dispatch only (about one row for 1 MiB),
+    which kept a lone row unpadded but ran B = 32 in many calls, each reading the weight again
+    from cache. Measured with OpenBLAS, 30 (4-8) copies of the weight, median us per layer at
+    B = 1 / 8 / 32 (``python scripts/lab/invariant_call_cost.py``; ``docs/batch-invariance.md``,
+    "The row blocks' call cost"), the old rule's choice, then this one's: SmolLM2-135M's
+    ``o_proj`` shape (576x576, 1.3 MiB) 53 / 170 / 572 in blocks of 1-2 rows, **92 / 97 / 148**
+    in one call padded to 3 (plain 51 / 97 / 141); llama-155m's ``[256, 1024]`` 42 / 107 / 356
+    in blocks of 1-3, **92 / 82 / 123** padded to 4; the bundled model's ``[128, 128]`` 16 / 16 /
+    20 padded to 10, **6 / 8 / 35** in blocks of 1-9.
 
     >>> s = Sweep(tuple(range(1, 33)), (0,) * 3 + (1,) * 29, (False,) * 32, (False,) * 32, (0.0,) * 32)
-    >>> block_from(s), block_from(s, weight_bytes=1 << 20), block_from(s, weight_bytes=64 << 10)
-    ((4, 32), (1, 3), (4, 32))
+    >>> block_from(s)
+    (4, 32)
     """
-    if weight_bytes is None or weight_bytes > CACHED_BYTES:
-        call = float(CALL_ROWS)
-    else:
-        call = max(1.0, DISPATCH_BYTES / max(weight_bytes, 1))
+    call = float(CALL_ROWS)
 
     def cost(lo: int, hi: int) -> float:
         total = 0.0

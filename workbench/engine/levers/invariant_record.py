@@ -59,7 +59,7 @@ def calibrated_blocks(model: Any) -> dict[str, tuple[int, int] | None]:
     per :func:`record_key` (``python -m workbench.engine.levers.invariant_record`` writes it
     for the bundled model)."""
     return {
-        sig: block_from(sweep(_plain_call(m), _in_features(m), m["weight"].dtype), m["weight"].nbytes)
+        sig: block_from(sweep(_plain_call(m), _in_features(m), m["weight"].dtype))
         for sig, m in _float_projections(model).items()
     }
 

@@ -37,20 +37,25 @@ def median_ms(fn, n=15):
     return statistics.median(times) * 1e3
 
 
+def layer_us(ws, x, blocks=None):
+    """Median microseconds per layer of ``x @ w.T`` over the weights ``ws`` (``blocks``:
+    through :func:`blocked` in those row blocks; ``None``: one plain call)."""
+    if blocks is None:
+        return median_ms(lambda: [x @ w.T for w in ws]) * 1e3 / len(ws)
+    return median_ms(lambda: [blocked(lambda r, w=w: r @ w.T, x, blocks) for w in ws]) * 1e3 / len(ws)
+
+
 def main():
     for N, K, layers in SHAPES:
         ws = [mx.random.normal((N, K)) * 0.02 for _ in range(layers)]
         mx.eval(ws)
-        runs = sweep(lambda x: x @ ws[0].T, K, mx.float32).runs()
+        runs = sweep(lambda x, w=ws[0]: x @ w.T, K, mx.float32).runs()
         line = f"({N},{K}) x{layers}: runs {runs}"
         for B in (1, 8, 32):
             x = mx.random.normal((B, K))
             mx.eval(x)
-            parts = [f"plain {median_ms(lambda: [x @ w.T for w in ws]) * 1e3 / layers:.0f}"]
-            for lo, hi in runs:
-                rb = RowBlocks(lo, hi)
-                us = median_ms(lambda: [blocked(lambda r, w=w: r @ w.T, x, rb) for w in ws]) * 1e3 / layers
-                parts.append(f"{(lo, hi)} {us:.0f}")
+            parts = [f"plain {layer_us(ws, x):.0f}"]
+            parts += [f"{(lo, hi)} {layer_us(ws, x, RowBlocks(lo, hi)):.0f}" for lo, hi in runs]
             line += f" | B={B}: " + ", ".join(parts)
         print(line, "us/layer", flush=True)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from ..observe.events import events_frame
 from ..observe.metrics import request_metrics, token_gaps
 from ..runtime.loading import load
 from ..workloads.traces import conv_window
+from .decode_profile import decode_goal_lines, decode_profiles
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine, drive
 from .latency_goals import Span, goal_verdicts, run_parts, ttft_floors
 from .scenarios import MLX_LM, WORKBENCH, alternating, decode_runs, equal_prompts, staggered_arrivals
@@ -68,7 +69,15 @@ SCHEDULE_NAMES = {
     "prefill-first": "packed, prefill-first",
     "decode-first": "packed, decode-first",
 }
-GOALS = {"ttft_p95": 0.6, "itl_p95": 1.0, "decode": 0.97, "kv_peak": 1.1}  # issue 27
+GOALS = {
+    "ttft_p95": 0.6,
+    "itl_p95": 1.0,
+    "kv_peak": 1.1,
+}  # issue 27 (decode: decode_profile.DECODE_GOAL, issue 40)
+DECODE_REFERENCES = {
+    PADDED: ("packed_vs_padded", "the padded layout"),
+    MLX_LM: ("packed_vs_mlx_lm", "mlx-lm"),
+}
 
 
 class TrackedWorkbench(WorkbenchEngine):
@@ -113,24 +122,26 @@ def kv_sample(sched: Any) -> tuple[int, int, int]:
     return held.batch_bytes + held.prefill_bytes, tokens * per_token, held.batch_bytes + held.prefill_bytes
 
 
-def factories(model: Any, tokenizer: Any, names: Sequence[str]) -> dict[str, Callable[[], Any]]:
+def factories(
+    model: Any, tokenizer: Any, names: Sequence[str], rows: int = MAX_BATCH
+) -> dict[str, Callable[[], Any]]:
     """Fresh-engine factories: the padded workbench (:data:`PADDED`), the packed one
     (:data:`PACKED`, hybrid), the packed one paced (:data:`PACKED_PACED`: each forward's prefill
     capped to a time budget of :data:`PACED_STEPS` decode-only forwards, learned from its own
     forwards, :mod:`workbench.engine.levers.packed_pacing`), the packed one under each schedule
     (:data:`SCHEDULE_NAMES`), mlx-lm as shipped (:data:`MLX_LM`) and mlx-lm with at most
-    ``MAX_BATCH`` requests in flight (:data:`MLX_LM_EQUAL`), all at ``MAX_BATCH`` rows and
-    ``CHUNK_TOKENS``."""
+    ``MAX_BATCH`` requests in flight (:data:`MLX_LM_EQUAL`), all at ``rows`` rows (``max_batch``;
+    mlx-lm's ``completion_batch_size`` and ``prefill_batch_size``) and ``CHUNK_TOKENS``."""
 
     def workbench(**kw: Any) -> Callable[[], Any]:
-        return lambda: TrackedWorkbench(model, tokenizer, MAX_BATCH, CHUNK_TOKENS, history_size=64, **kw)
+        return lambda: TrackedWorkbench(model, tokenizer, rows, CHUNK_TOKENS, history_size=64, **kw)
 
     packed = dict(layout="packed", page_size=PAGE_TOKENS, max_num_batched_tokens=CHUNK_TOKENS)
     every = {
         PADDED: workbench(),
         PACKED: workbench(**packed),
         PACKED_PACED: workbench(**packed, pacing=Pacing(itl_target_steps=PACED_STEPS)),
-        MLX_LM: lambda: MlxLmEngine(model, MAX_BATCH, CHUNK_TOKENS),
+        MLX_LM: lambda: MlxLmEngine(model, rows, CHUNK_TOKENS),
         MLX_LM_EQUAL: lambda: MlxLmEngine(model, MAX_BATCH, CHUNK_TOKENS, max_in_flight=MAX_BATCH),
     }
     every.update({name: workbench(**packed, packed_schedule=s) for s, name in SCHEDULE_NAMES.items()})
@@ -216,30 +227,48 @@ def _run(factory: Callable[[], Any], arrivals: list[Arrival]) -> tuple[pd.DataFr
 @dataclass(frozen=True)
 class PackedBenchResult:
     """What :func:`run_packed_bench` measured: ``decode`` (decode runs), ``latency`` (one
-    row per run), ``kv`` (KV peaks per workbench run), ``meta`` (sizes, load, seconds)."""
+    row per run), ``kv`` (KV peaks per workbench run), ``meta`` (sizes, load, seconds),
+    ``profile`` (per ``B`` and engine, where the decode step's time went:
+    :func:`~workbench.bench.decode_profile.decode_profiles`; empty for runs written before it)."""
 
     decode: pd.DataFrame
     latency: pd.DataFrame
     kv: pd.DataFrame
     meta: dict
+    profile: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def run_packed_bench(quick: bool = False, echo: Callable[[str], None] = print) -> PackedBenchResult:
     """Every section of the module docstring (``quick``: one pair / round each, B = 8
-    only). Returns the measured frames."""
+    only; else B = 1, 8 and 32), and after the decode runs each B's step profile
+    (:func:`~workbench.bench.decode_profile.decode_profiles`, 1 run per engine quick, else 3).
+    Returns the measured frames."""
     started_s, loads = time.perf_counter(), [os.getloadavg()[0]]
     model, tokenizer = load("tiny-llama")
-    pairs, rounds, sizes = (1, 1, (8,)) if quick else (3, 2, (1, 8))
+    pairs, rounds, sizes = (1, 1, (8,)) if quick else (3, 2, (1, 8, 32))
     echo("decode throughput (alternating runs)")
     decode = pd.concat(
         [
             decode_runs(
-                factories(model, tokenizer, (PADDED, PACKED, MLX_LM)),
+                factories(model, tokenizer, (PADDED, PACKED, MLX_LM), max(B, MAX_BATCH)),
                 equal_prompts(tokenizer, B, 16),
                 24,
                 pairs,
                 lambda s: None,
             ).assign(B=B)
+            for B in sizes
+        ],
+        ignore_index=True,
+    )
+    echo("decode step profile (where a full-batch step's time goes)")
+    profile = pd.concat(
+        [
+            decode_profiles(
+                factories(model, tokenizer, (PADDED, PACKED, MLX_LM), max(B, MAX_BATCH)),
+                equal_prompts(tokenizer, B, 16),
+                24,
+                repeats=1 if quick else 3,
+            )
             for B in sizes
         ],
         ignore_index=True,
@@ -294,6 +323,7 @@ def run_packed_bench(quick: bool = False, echo: Callable[[str], None] = print) -
         pd.concat([p[0] for p in parts], ignore_index=True),
         pd.concat([p[1] for p in parts], ignore_index=True),
         meta,
+        profile,
     )
 
 
@@ -358,11 +388,15 @@ def read_result(folder: Path) -> PackedBenchResult:
 
     sub = Path(folder) / "packed-bench"
     meta = json.loads((sub / "meta.json").read_text()) if (sub / "meta.json").exists() else {}
-    return PackedBenchResult(*(pd.read_csv(sub / f"{n}.csv") for n in ("decode", "latency", "kv")), meta)
+    profile = pd.read_csv(sub / "profile.csv") if (sub / "profile.csv").exists() else pd.DataFrame()
+    return PackedBenchResult(
+        *(pd.read_csv(sub / f"{n}.csv") for n in ("decode", "latency", "kv")), meta, profile
+    )
 
 
 def report_text(result: PackedBenchResult) -> str:
-    """The markdown ``packed-bench.md``: the three tables and the goals of issue 27."""
+    """The markdown ``packed-bench.md``: the three tables, the goals of issues 27 and 40, and
+    the decode step profile."""
     s, kv, dec = summary(result), kv_table(result), decode_table(result)
     m = {
         "mode": "?",
@@ -397,14 +431,25 @@ def report_text(result: PackedBenchResult) -> str:
         "## Goals (issues 27 and 40)",
         "",
     ]
-    lines += goal_lines(s, kv, dec)
+    lines += goal_lines(s, kv, dec, result.profile)
+    if len(result.profile):
+        lines += [
+            "",
+            "## Decode step profile (median full-batch step; ms)",
+            "",
+            frame_markdown(result.profile),
+        ]
     return "\n".join(lines) + "\n"
 
 
-def goal_lines(s: pd.DataFrame, kv: pd.DataFrame, dec: pd.DataFrame) -> list[str]:
+def goal_lines(
+    s: pd.DataFrame, kv: pd.DataFrame, dec: pd.DataFrame, profile: pd.DataFrame | None = None
+) -> list[str]:
     """One line per goal: the packed layout's value, the goal, met or not; per latency
     scenario each measure's line (for a missed one its floor and where the time went:
-    :func:`~workbench.bench.latency_goals.goal_verdicts`), then both at once."""
+    :func:`~workbench.bench.latency_goals.goal_verdicts`), then both at once; per decode ``B``
+    the packed layout against the padded one and mlx-lm (for a missed one its floor and
+    ``profile``'s split: :func:`~workbench.bench.decode_profile.decode_goal_lines`)."""
     against = goal_reference(s)
     out = [_reference_line(against)]
     reference = s[s.engine == against].set_index("scenario")
@@ -423,11 +468,9 @@ def goal_lines(s: pd.DataFrame, kv: pd.DataFrame, dec: pd.DataFrame) -> list[str
                 f"{here.drop(list(mlx_engines), errors='ignore').max():.0f} (max_batch {MAX_BATCH}; mlx-lm's "
                 "generation batch can pass its completion_batch_size, see MlxLmEngine.peak_rows)"
             )
-    for _, row in dec.iterrows():
-        out.append(
-            f"- decode B={int(row.B)}: packed {row.packed_vs_padded:.2f}x the padded layout (goal >= "
-            f"{GOALS['decode']}): {'met' if row.packed_vs_padded >= GOALS['decode'] else 'missed'}"
-        )
+    out += decode_goal_lines(
+        dec, profile if profile is not None else pd.DataFrame(), PACKED, DECODE_REFERENCES
+    )
     for _, row in kv[kv.engine == PACKED].iterrows():
         out.append(
             f"- {row.scenario}: packed peak KV bytes {row.held_vs_tokens:.3f}x the bytes of the tokens held "
@@ -475,14 +518,14 @@ def packed_bench_job(
     quick: bool = False, out_dir: Path | None = None, echo: Callable[[str], None] = print
 ) -> int:
     """``workbench bench --packed``: run, write ``packed-bench.md`` and
-    ``packed-bench/{decode,latency,kv}.csv`` under ``out_dir`` (default
+    ``packed-bench/{decode,latency,kv,profile}.csv`` under ``out_dir`` (default
     ``workbench-out``), print the report. Returns the exit code (0)."""
     out = Path(out_dir) if out_dir is not None else Path("workbench-out")
     (out / "packed-bench").mkdir(parents=True, exist_ok=True)
     result = run_packed_bench(quick, echo)
     import json
 
-    for name in ("decode", "latency", "kv"):
+    for name in ("decode", "latency", "kv", "profile"):
         getattr(result, name).to_csv(out / "packed-bench" / f"{name}.csv", index=False)
     (out / "packed-bench" / "meta.json").write_text(json.dumps(result.meta, indent=1, default=str))
     text = report_text(result)

@@ -68,19 +68,24 @@ def sweeps(model, rows):
         }
 
 
+_LAST = [object()]  # the blocks the calibration memo holds now
+
+
 def mode_scheduler(model, tok, B, blocks, **kw):
     """A batch-invariant scheduler calibrated with ``blocks`` first for quantized weights
-    (``None``: the mode's own choice), the calibration memo cleared before and after."""
+    (``None``: the mode's own choice); the calibration memo is cleared where the last scheduler
+    was calibrated with other blocks (so a run of schedulers in one choice calibrates once)."""
     key = (backend(), "quantized")
     saved = invariant.ROW_BLOCKS[key]
-    invariant._CALIBRATED.clear()
+    if _LAST[0] != blocks:
+        invariant._CALIBRATED.clear()
+        _LAST[0] = blocks
     if blocks is not None:
         invariant.ROW_BLOCKS[key] = blocks
     try:
         return wb.Scheduler(model, tok, max_batch=B, batch_invariant=True, **kw)
     finally:
         invariant.ROW_BLOCKS[key] = saved
-        invariant._CALIBRATED.clear()
 
 
 def quantized_blocks(sched):
@@ -149,7 +154,7 @@ def main():
     ap.add_argument("--device", choices=("cpu", "gpu"), default="gpu")
     ap.add_argument("--rows", type=int, default=300, help="sweep M = 1 .. rows")
     ap.add_argument("--lo", type=int, default=6, help="the candidate's RowBlocks(lo, 256)")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 8, 32, 128])
     ap.add_argument("--pairs", type=int, default=12)
     ap.add_argument("--check-batches", type=int, nargs="*", default=[32])
     ap.add_argument("--check-tokens", type=int, default=12)

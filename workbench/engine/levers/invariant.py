@@ -100,14 +100,17 @@ def signature(module: Any) -> tuple:
 # on its position in the call), so float32 needs one fixed M whose rows do not depend on
 # their position (8); MLX's own bf16/fp16 and quantized CPU kernels give the same rows at
 # every M; on CUDA bf16 M = 1 differs from M = 2..256 (all equal), float32 is equal for
-# M = 2..8, 4-bit quantized for M = 1..5.
+# M = 2..8; quantized (4- and 8-bit, group 32, SmolLM2-135M's every projection on an H100,
+# mlx 0.32.4: scripts/lab/quantized_blocks_ab.py) M = 1..7 in one group (the matrix-vector
+# kernel) and M = 8..300 in another, no neighbour or position effect: one call of 8-256 rows
+# (RowBlocks(4, 4) before: 32 calls a projection at B = 128).
 ROW_BLOCKS: dict[tuple[str, str], RowBlocks | None] = {
     ("cpu", "float32"): RowBlocks(8, 8),
     ("cpu", "half"): None,
     ("cpu", "quantized"): None,
     ("cuda", "float32"): RowBlocks(8, 8),
     ("cuda", "half"): RowBlocks(2, 256),
-    ("cuda", "quantized"): RowBlocks(4, 4),
+    ("cuda", "quantized"): RowBlocks(8, 256),
 }
 ROWS_APART_BYTES = CACHED_BYTES  # CPU float weights up to this size run one-row calls (they stay in cache)
 # Where that rule holds: on the CPU a one-row call wakes no BLAS threads and its weight stays in

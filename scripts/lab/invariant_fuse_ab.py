@@ -118,21 +118,26 @@ def run(model, tok, B, pairs):
     return out
 
 
-def rows_check(model, tok, batches, max_tokens):
-    """Per B in ``batches``: rows of a fused batched run bit-equal to their runs alone (none
-    for ``--check-batches`` given no B)."""
-    if not batches:
-        return
-    vocab = model.args.vocab_size
-    reqs = [
+def mixed_requests(vocab, count, max_tokens):
+    """``count`` requests of 1-150 prompt tokens (ids below ``vocab``), every fifth seeded at
+    temperature 0.8, the others greedy; no stop ids."""
+    return [
         wb.Request(
             prompt=[(11 * i + 7 * j) % (vocab - 1) + 1 for j in range(1 + (37 * i) % 150)],
             max_tokens=max_tokens,
             stop_ids=[],
             **({"temperature": 0.8, "seed": 5 + i} if i % 5 == 4 else {}),
         )
-        for i in range(max(batches))
+        for i in range(count)
     ]
+
+
+def rows_check(model, tok, batches, max_tokens):
+    """Per B in ``batches``: rows of a fused batched run bit-equal to their runs alone (none
+    for ``--check-batches`` given no B)."""
+    if not batches:
+        return
+    reqs = mixed_requests(model.args.vocab_size, max(batches), max_tokens)
     t0 = time.perf_counter()
     with fusion(True):
         solo = [invariance.alone(model, tok, r, CHUNK) for r in reqs]

@@ -21,7 +21,8 @@ Milliseconds per 30 layers, the lower of two medians of 30 evaluations.
 
 import argparse
 import statistics
-import time
+import sys
+from pathlib import Path
 
 import workbench  # noqa: F401  (loads the optimized BLAS before mlx)
 from workbench.bench.invariance_cost import _prefilled, _scheduler, prompts_of, rotated_steps
@@ -30,6 +31,9 @@ from workbench.engine.levers.invariant_keyblocks import key_block_attention
 from workbench.runtime.loading import load
 
 import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from invariant_call_cost import median_ms  # noqa: E402  (the sibling lab script's timer)
 
 REAL = {"blocked": invariant.blocked, "per_row": invariant._per_row}
 
@@ -93,17 +97,8 @@ def chained(fn, q, ks, vs, *args):
 
 
 def lowest_median_ms(fn, n=30):
-    best = float("inf")
-    for _ in range(2):
-        for _ in range(3):
-            mx.eval(fn())
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            mx.eval(fn())
-            times.append(time.perf_counter() - start)
-        best = min(best, statistics.median(times) * 1e3)
-    return best
+    """The lower of two medians of ``n`` evaluations of ``fn`` (ms)."""
+    return min(median_ms(fn, n) for _ in range(2))
 
 
 def one_shape(B, S, heads, kv_heads, layers, D=64):

@@ -24,7 +24,9 @@ the default path, in ONE process, alternating (``docs/batch-invariance.md``, "Co
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import workbench as wb
 from workbench.bench.files import print_json_line
@@ -37,6 +39,9 @@ from workbench.runtime.loading import load
 
 import mlx.core as mx
 import mlx.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from invariant_fuse_ab import mixed_requests  # noqa: E402  (the sibling lab script's requests)
 
 QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 CHUNK = 64
@@ -116,16 +121,7 @@ def steps(model, tok, B, pairs, candidate):
 
 
 def proof(model, tok, B, max_tokens, candidate):
-    vocab = model.args.vocab_size
-    reqs = [
-        wb.Request(
-            prompt=[(11 * i + 7 * j) % (vocab - 1) + 1 for j in range(1 + (37 * i) % 150)],
-            max_tokens=max_tokens,
-            stop_ids=[],
-            **({"temperature": 0.8, "seed": 5 + i} if i % 5 == 4 else {}),
-        )
-        for i in range(B)
-    ]
+    reqs = mixed_requests(model.args.vocab_size, B, max_tokens)
     t0 = time.perf_counter()
     solo = []
     for r in reqs:  # each alone in the candidate's blocks

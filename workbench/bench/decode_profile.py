@@ -68,20 +68,12 @@ def decode_profiles(
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in factories}
     for _ in range(repeats):
         for name, make in factories.items():
-            engine = make()
-            try:
-                split = step_anatomy(engine, arrivals)
-            finally:
-                engine.close()
+            split = _on_fresh(make, lambda engine: step_anatomy(engine, arrivals))
             if split.get("steps"):
                 runs[name].append(split)
     rows = []
     for name, make in factories.items():
-        engine = make()
-        try:
-            nodes = step_nodes(engine, arrivals)
-        finally:
-            engine.close()
+        nodes = _on_fresh(make, lambda engine: step_nodes(engine, arrivals))
         med = _medians(runs[name])
         rows.append(
             {
@@ -96,6 +88,15 @@ def decode_profiles(
             }
         )
     return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
+
+
+def _on_fresh(make: Callable[[], Any], measure: Callable[[Any], Any]) -> Any:
+    """``measure`` of a fresh engine from ``make``, the engine closed after (also on an error)."""
+    engine = make()
+    try:
+        return measure(engine)
+    finally:
+        engine.close()
 
 
 def _medians(runs: Sequence[Mapping[str, float]]) -> Callable[[str], float]:

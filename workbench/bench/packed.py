@@ -238,6 +238,21 @@ class PackedBenchResult:
     profile: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
+def _decode_sections(
+    model: Any, tokenizer: Any, sizes: Sequence[int], pairs: int, repeats: int
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per ``B`` in ``sizes``: the decode runs (``pairs`` alternating pairs) and the step
+    profile (``repeats`` runs per engine) of the padded layout, the packed one and mlx-lm, each
+    with ``max(B, MAX_BATCH)`` rows, on ``B`` equal prompts of 16 tokens decoding 24."""
+    decode, profile = [], []
+    for B in sizes:
+        engines = factories(model, tokenizer, (PADDED, PACKED, MLX_LM), max(B, MAX_BATCH))
+        prompts = equal_prompts(tokenizer, B, 16)
+        decode.append(decode_runs(engines, prompts, 24, pairs, lambda s: None).assign(B=B))
+        profile.append(decode_profiles(engines, prompts, 24, repeats=repeats))
+    return pd.concat(decode, ignore_index=True), pd.concat(profile, ignore_index=True)
+
+
 def run_packed_bench(quick: bool = False, echo: Callable[[str], None] = print) -> PackedBenchResult:
     """Every section of the module docstring (``quick``: one pair / round each, B = 8
     only; else B = 1, 8 and 32), and after the decode runs each B's step profile
@@ -246,33 +261,8 @@ def run_packed_bench(quick: bool = False, echo: Callable[[str], None] = print) -
     started_s, loads = time.perf_counter(), [os.getloadavg()[0]]
     model, tokenizer = load("tiny-llama")
     pairs, rounds, sizes = (1, 1, (8,)) if quick else (3, 2, (1, 8, 32))
-    echo("decode throughput (alternating runs)")
-    decode = pd.concat(
-        [
-            decode_runs(
-                factories(model, tokenizer, (PADDED, PACKED, MLX_LM), max(B, MAX_BATCH)),
-                equal_prompts(tokenizer, B, 16),
-                24,
-                pairs,
-                lambda s: None,
-            ).assign(B=B)
-            for B in sizes
-        ],
-        ignore_index=True,
-    )
-    echo("decode step profile (where a full-batch step's time goes)")
-    profile = pd.concat(
-        [
-            decode_profiles(
-                factories(model, tokenizer, (PADDED, PACKED, MLX_LM), max(B, MAX_BATCH)),
-                equal_prompts(tokenizer, B, 16),
-                24,
-                repeats=1 if quick else 3,
-            )
-            for B in sizes
-        ],
-        ignore_index=True,
-    )
+    echo("decode throughput (alternating runs), then each B's step profile")
+    decode, profile = _decode_sections(model, tokenizer, sizes, pairs, repeats=1 if quick else 3)
     at_8 = decode[decode.B == 8]
     step_s = at_8[at_8.engine == PADDED].step_s.median()
     itl_floor_s = float(at_8.groupby("engine").step_s.median().min())  # the decode step at B = 8

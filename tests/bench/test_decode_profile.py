@@ -54,3 +54,16 @@ def test_the_profile_of_live_engines_splits_each_step(bundled):
         assert row.runs == 1 and row.nodes > 0 and row.step_ms > 0, row
         # medians of the parts: they add up to about the median step (each is a median over the steps)
         assert row.python_ms + row.mlx_ms == pytest.approx(row.step_ms, rel=0.3), row
+
+
+@pytest.mark.model
+def test_the_packed_bench_decode_sections_give_runs_and_a_profile_per_batch_size(bundled):
+    from workbench.bench.packed import _decode_sections
+
+    model, tok = bundled
+    decode, prof = _decode_sections(model, tok, (9,), pairs=1, repeats=1)
+    # B = 9 is above max_batch 8: the engines get 9 rows, so every request decodes at once
+    assert set(decode.B) == set(prof.B) == {9}
+    assert set(decode.engine) == set(prof.engine) == {PADDED, PACKED, MLX_LM}
+    assert decode.same_tokens.dropna().all()  # the layouts and mlx-lm agree on every token
+    assert (prof.runs == 1).all() and (prof.nodes > 0).all()

@@ -28,7 +28,16 @@ pytestmark = pytest.mark.model
 
 def _runs(step: dict[str, list[float]], host: dict[str, float], B: int) -> list[dict]:
     return [
-        {"engine": e, "B": B, "pair": p, "step_ms": s, "host_ms": host[e]}
+        {
+            "engine": e,
+            "B": B,
+            "pair": p,
+            "step_ms": s,
+            "host_ms": host[e],
+            "launch_ms": host[e] / 2,
+            "python_ms": host[e] / 2,
+            "wait_ms": s - host[e],
+        }
         for e, steps in step.items()
         for p, s in enumerate(steps)
     ]
@@ -66,6 +75,31 @@ def test_goals_are_met_or_missed_from_the_measured_medians_and_bounds():
     assert (
         lines[5].startswith("first run of a batch (kernel compilation) < 10 s: MISSED")
         and "B=128: 12.0 s" in lines[5]
+    )
+    # with the compiled step's floors measured, a missed goal says whether any engine could meet it
+    floors = {
+        1: {"floor_step_ms": 1.5, "floor_launch_ms": 0.8},
+        128: {"floor_step_ms": 4.4, "floor_launch_ms": 1.2},
+    }
+    lines = goal_lines(packed_gpu_table(runs, {1: 1.0, 128: 3.0}, floors), first)
+    assert lines[2] == (
+        "B=128: packed step <= 4 ms: MISSED (4.75 ms); floor: the whole step compiled 4.40 ms: "
+        "out of reach of any engine's code on this MLX"
+    )
+    assert lines[4].endswith(
+        "; floor: MLX's launch of the compiled step 1.20 ms: out of reach of any engine's code on this MLX"
+    )
+    assert lines[1].endswith(
+        "packed launch 0.75 + Python 0.75 + wait 3.25, padded launch 0.50 + Python 0.50 + wait 3.00"
+    )
+    assert (
+        lines[3].startswith("B=1: packed step >= 40% of the bound: met") and "floor" not in lines[3]
+    )  # met: no floor
+    floors[1]["floor_step_ms"] = 3.0  # the compiled step at 33% of a 1.0 ms bound: below 40% too
+    table = packed_gpu_table(runs, {1: 1.0, 128: 3.0}, floors)
+    table.loc[table.B == 1, "packed_share_of_bound"] = 0.2
+    assert goal_lines(table, first)[3].endswith(
+        "; floor: the compiled step's share 33%: out of reach of any engine's code on this MLX"
     )
 
 
@@ -109,6 +143,8 @@ def test_quick_config_runs_the_packed_gpu_bench_on_the_cpu_with_equal_tokens():
     assert set(result.runs.engine) == engines and result.table.packed_recording.notna().all()
     text = packed_gpu_markdown(result)
     assert "Goals (issue 40, GPU):" in text and text.count("- B=") == 5
+    assert (result.table.floor_step_ms > 0).all() and (result.table.floor_launch_ms > 0).all()
+    assert result.meta["compiled_floor_tokens_equal_mlx_lm"] is True  # the floor is of the same computation
     assert "- packed: recording <= 3% of a step at every B:" in text and "- padded: recording" in text
 
 

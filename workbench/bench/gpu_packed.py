@@ -17,7 +17,9 @@ B = 128 <= 4 ms; B = 1 >= 40% of the decode-step bound (``bound_s`` of
 :class:`~workbench.bench.roofline.DecodeCost`: weight and KV bytes over the measured copy
 bandwidth, or flops over the matmul rate, whichever is larger); host time <= 1 ms a step at
 the largest B; recording (snapshots, ``history_size=64`` against 0) <= 3% of a step in each
-layout at every B; a first run under ``FIRST_RUN_GOAL_S``.
+layout at every B; a first run under ``FIRST_RUN_GOAL_S``. Per B also the floor of this MLX
+(:func:`~workbench.bench.compiled_floor.step_floor`: the whole step compiled, no Python per
+layer), which a missed goal's line compares with the goal.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from ..workloads.workload import prompt_of_length
+from .compiled_floor import agrees_with_mlx_lm, step_floor
 from .engines import Arrival, MlxLmEngine, WorkbenchEngine
 from .gpu import (
     GPU_CONFIG,
@@ -124,15 +127,27 @@ def _col(engine: str) -> str:
     return engine.replace("-", "_")
 
 
-def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.DataFrame:
-    """One row per B: each engine's median ``step_ms`` and ``host_ms``, the packed / padded
-    step ratio (median of per-pair ratios, with its range), the packed / mlx-lm ratio, the
-    decode-step bound (ms) and the packed step's share of it."""
+def packed_gpu_table(
+    runs: pd.DataFrame, bounds_ms: dict[int, float], floors: dict[int, dict[str, float]] | None = None
+) -> pd.DataFrame:
+    """One row per B: each engine's median ``step_ms`` and ``host_ms``, the packed and padded
+    layouts' ``launch_ms`` / ``python_ms`` / ``wait_ms`` medians (where the step's time goes),
+    the packed / padded step ratio (median of per-pair ratios, with its range), the packed /
+    mlx-lm ratio, the decode-step bound (ms), the packed step's share of it, and where
+    ``floors`` has the B the compiled step's floor (``floor_step_ms``, ``floor_launch_ms``:
+    :func:`~workbench.bench.compiled_floor.step_floor`; NaN elsewhere)."""
     out = []
     for B, at in runs.groupby("B"):
         step = at.pivot_table(index="pair", columns="engine", values="step_ms")
         host = at.groupby("engine").host_ms.median()
         med = at.groupby("engine").step_ms.median()
+        parts = {
+            f"{_col(e)}_{part}": at[at.engine == e][part].median()
+            for e in (PACKED, PADDED)
+            for part in ("launch_ms", "python_ms", "wait_ms")
+            if part in at
+        }
+        floor = (floors or {}).get(int(B), {})
         vs_padded, vs_mlx = step[PACKED] / step[PADDED], step[PACKED] / step[MLX_LM]
         out.append(
             {
@@ -149,6 +164,9 @@ def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.Data
                 },
                 "bound_ms": bounds_ms[int(B)],
                 "packed_share_of_bound": bounds_ms[int(B)] / med[PACKED],
+                **parts,
+                "floor_step_ms": floor.get("floor_step_ms", np.nan),
+                "floor_launch_ms": floor.get("floor_launch_ms", np.nan),
             }
         )
     return pd.DataFrame(out)
@@ -157,7 +175,10 @@ def packed_gpu_table(runs: pd.DataFrame, bounds_ms: dict[int, float]) -> pd.Data
 def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
     """Issue 40's GPU goals, one line each, ``met`` or ``MISSED`` with the measured number
     (the 4 ms step goal is B = 128's: ``not run`` where ``table`` has no B = 128, as the quick
-    run's B = 1 and 8)."""
+    run's B = 1 and 8). A missed one says where ``table`` has them its floor (the compiled
+    step's, :mod:`workbench.bench.compiled_floor`: out of reach on this MLX where the floor
+    itself misses the goal) and, for the packed step against the padded one, where each step's
+    time went (MLX's launch, the engine's Python, the wait on the device)."""
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
@@ -168,27 +189,38 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
         lines.append(
             f"B={r.B}: packed step <= padded: {verdict(ok)} ({r.packed_step_ms:.2f} / {r.padded_step_ms:.2f} ms, "
             f"ratio {r.packed_over_padded:.2f}, pairs {r.packed_over_padded_range})"
+            + ("" if ok else _where_the_time_went(r))
         )
     big, small = table.loc[table.B.idxmax()], table.loc[table.B.idxmin()]
     at = table[table.B == STEP_GOAL_B]
     if len(at):
         step_ms = at.packed_step_ms.iloc[0]
+        floor = at.floor_step_ms.iloc[0] if "floor_step_ms" in at else np.nan
         lines.append(
             f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(step_ms <= STEP_GOAL_MS)} "
             f"({step_ms:.2f} ms)"
+            + _floor_text(
+                step_ms <= STEP_GOAL_MS, floor, floor <= STEP_GOAL_MS, "the whole step compiled", "ms"
+            )
         )
     else:  # the goal is B = 128's; a smaller largest B (the quick run) does not meet or miss it
         lines.append(
             f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: not run (B = {', '.join(map(str, table.B))})"
         )
+    met = small.packed_share_of_bound >= BOUND_GOAL
+    floor_share = small.bound_ms / small.floor_step_ms if "floor_step_ms" in small else np.nan
     lines.append(
         f"B={small.B}: packed step >= {BOUND_GOAL:.0%} of the bound: "
-        f"{verdict(small.packed_share_of_bound >= BOUND_GOAL)} ({small.packed_share_of_bound:.0%}: bound "
+        f"{verdict(met)} ({small.packed_share_of_bound:.0%}: bound "
         f"{small.bound_ms:.2f} ms, step {small.packed_step_ms:.2f} ms)"
+        + _floor_text(met, floor_share, floor_share >= BOUND_GOAL, "the compiled step's share", "%")
     )
+    met = big.packed_host_ms <= HOST_GOAL_MS
+    floor = big.floor_launch_ms if "floor_launch_ms" in big else np.nan
     lines.append(
-        f"B={big.B}: packed host time <= {HOST_GOAL_MS:g} ms a step: {verdict(big.packed_host_ms <= HOST_GOAL_MS)} "
+        f"B={big.B}: packed host time <= {HOST_GOAL_MS:g} ms a step: {verdict(met)} "
         f"({big.packed_host_ms:.2f} ms; padded {big.padded_host_ms:.2f}, mlx-lm {big.mlx_lm_host_ms:.2f})"
+        + _floor_text(met, floor, floor <= HOST_GOAL_MS, "MLX's launch of the compiled step", "ms")
     )
     for e in (PACKED, PADDED):
         cost = table.get(f"{_col(e)}_recording")
@@ -209,6 +241,25 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
         + ")"
     )
     return lines
+
+
+def _floor_text(met: bool, floor: float, floor_meets: bool, what: str, unit: str) -> str:
+    """For a missed goal with a measured floor: ``"; floor: <what> <floor>: <verdict>"``."""
+    if met or floor is None or np.isnan(floor):
+        return ""
+    number = f"{floor:.0%}" if unit == "%" else f"{floor:.2f} ms"
+    verdict = "not ruled out" if floor_meets else "out of reach of any engine's code on this MLX"
+    return f"; floor: {what} {number}: {verdict}"
+
+
+def _where_the_time_went(r: Any) -> str:
+    """``"; where the time goes: ..."`` from the table row's launch / Python / wait medians."""
+    if "packed_launch_ms" not in r or np.isnan(r.packed_launch_ms):
+        return ""
+    return "; where the time goes (median ms a step): " + ", ".join(
+        f"{e} launch {r[f'{e}_launch_ms']:.2f} + Python {r[f'{e}_python_ms']:.2f} + wait {r[f'{e}_wait_ms']:.2f}"
+        for e in (PACKED, PADDED)
+    )
 
 
 def token_agreement(runs: pd.DataFrame) -> dict[str, str]:
@@ -258,7 +309,7 @@ def run_packed_gpu_bench(
     )
     makers = engine_makers(model, tokenizer, cfg)
     decode_tokens = min(DECODE_TOKENS, cfg.decode_tokens)
-    runs, firsts, bounds = [], [], {}
+    runs, firsts, bounds, floors = [], [], {}, {}
     bandwidth = copy_bandwidth_bytes_per_s(cfg.bandwidth_bytes, backend="mlx")
     flops = matmul_flops_per_s(cfg.matmul_n, 5, cfg.dtype)
     cost = decode_cost(model)
@@ -275,9 +326,14 @@ def run_packed_gpu_bench(
         r, f = packed_gpu_runs(makers, arrivals, cfg.pairs, echo)
         runs.append(r)
         firsts.append(f)
+        floors[B] = step_floor(model, B, max(1, round(context)))
+        echo(
+            f"  B={B:<4} floor: the compiled step {floors[B]['floor_step_ms']:.2f} ms "
+            f"(launch {floors[B]['floor_launch_ms']:.2f} ms)"
+        )
     runs_f, first_f = pd.concat(runs, ignore_index=True), pd.concat(firsts, ignore_index=True)
-    table = packed_gpu_table(runs_f, bounds)
-    agreement = token_agreement(runs_f)
+    table = packed_gpu_table(runs_f, bounds, floors)
+    agreement = token_agreement(runs_f) | {"compiled_floor_tokens_equal_mlx_lm": agrees_with_mlx_lm(model)}
     meta = bench_meta(
         cfg, (described, dtype), (bandwidth, flops), started, **agreement, decode_tokens=decode_tokens
     )
@@ -296,17 +352,23 @@ def packed_gpu_markdown(result: PackedGpuResult) -> str:
         f"{m['padded_off_same_tokens_runs']}).",
         "",
         "| B | packed step | padded step | mlx-lm step | packed / padded (range) | packed / mlx-lm "
-        "| host ms packed / padded / mlx-lm | bound | packed % of bound |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| host ms packed / padded / mlx-lm | bound | packed % of bound | compiled floor (launch) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for _, r in result.table.iterrows():
         lines.append(
             f"| {r.B} | {r.packed_step_ms:.2f} ms | {r.padded_step_ms:.2f} ms | {r.mlx_lm_step_ms:.2f} ms "
             f"| {r.packed_over_padded:.2f} ({r.packed_over_padded_range}) | {r.packed_over_mlx_lm:.2f} "
             f"| {r.packed_host_ms:.2f} / {r.padded_host_ms:.2f} / {r.mlx_lm_host_ms:.2f} | {r.bound_ms:.2f} ms "
-            f"| {100 * r.packed_share_of_bound:.0f}% |"
+            f"| {100 * r.packed_share_of_bound:.0f}% | {r.get('floor_step_ms', np.nan):.2f} ms "
+            f"({r.get('floor_launch_ms', np.nan):.2f}) |"
         )
     lines += ["", "Goals (issue 40, GPU):", *[f"- {g}" for g in result.goals], ""]
+    lines.append(
+        "Compiled floor: the whole one-token step under `mx.compile`, no Python per layer "
+        "(workbench/bench/compiled_floor.py), its greedy tokens equal mlx-lm's model's: "
+        f"{m.get('compiled_floor_tokens_equal_mlx_lm', 'not checked')}."
+    )
     lines.append(
         "Host ms = step minus the wait inside `mx.eval` (MLX's launch plus the engine's Python); mlx-lm reads "
         "its tokens with `tolist`, so its wait counts as host there. First runs (s, 4 new tokens a row, MLX "

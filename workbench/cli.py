@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 OUT = "workbench-out"  # the default output folder of every command that writes files
 
@@ -73,6 +74,24 @@ def _invariance_coverage(args: argparse.Namespace) -> int:
     return 1 if any(r.result == "wrong" for r in results) else 0
 
 
+def _cost_header(args: argparse.Namespace, model: Any) -> str:
+    """The first line of ``workbench invariance --cost``: what was measured, on what (the model,
+    its weights' dtype, the device, mlx, and on the CPU the BLAS)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from .engine.levers.invariant_record import blas_id
+    from .runtime.device import backend
+
+    name = f"--bench-shape {args.bench_shape}" if args.bench_shape else (args.model or "the bundled model")
+    weights = {str(p.dtype).removeprefix("mlx.core.") for _, p in tree_flatten(model.parameters())}
+    blas = f", BLAS {blas_id()}" if backend() == "cpu" else ""
+    return (
+        f"the batch-invariant mode against the default path: {name}, weights {'/'.join(sorted(weights))}, "
+        f"{mx.default_device()}, mlx {mx.__version__}{blas}"
+    )
+
+
 def _invariance_cost(args: argparse.Namespace) -> int:
     import json
     from types import SimpleNamespace
@@ -99,6 +118,7 @@ def _invariance_cost(args: argparse.Namespace) -> int:
         model, tokenizer = load(args.model) if args.model else load()
         if dtype is not None:
             model.set_dtype(dtype)
+    print(_cost_header(args, model), flush=True)
     report = measure(
         model,
         tokenizer,
@@ -583,8 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--bench-shape",
         choices=("full", "quick", "1b"),
         default=None,
-        help="with --cost: the bench's random llama (full: llama-155m; 1b: the GPU bench's 1B shape) "
-        "instead of --model",
+        help="with --cost: the bench's random llama instead of --model (full: llama-155m; quick: a 4-layer "
+        "256-wide llama, for a check in seconds; 1b: the GPU bench's 1B shape)",
     )
     iv.add_argument(
         "--dtype",

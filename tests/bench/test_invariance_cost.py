@@ -61,7 +61,12 @@ def test_the_command_prints_the_step_ratios_and_the_prefill_ratio(capsys, tmp_pa
         )
         == 0
     )
-    lines = capsys.readouterr().out.strip().splitlines()
+    header, *lines = capsys.readouterr().out.strip().splitlines()
+    # what was measured on what: the model, its weights' dtype, the device, mlx, the CPU's BLAS
+    assert header.startswith(
+        "the batch-invariant mode against the default path: --bench-shape quick, weights float32, "
+    )
+    assert "Device(cpu, 0), mlx " in header and ", BLAS " in header
     heads = [line.split(":")[0] for line in lines if not line.startswith(" ")]
     assert heads == ["B =   1", "B =   2", heads[2]] and len(lines) == 6
     assert lines[4].startswith("prefill of 1 prompts of ") and "s by default: " in lines[4]
@@ -90,7 +95,7 @@ def test_rotated_steps_turns_the_order_by_one_every_round_and_times_each_engine(
 def test_the_command_prints_the_cost_and_the_coverage_from_the_same_run(capsys):
     args = ["invariance", "--cost", "--bench-shape", "quick", "--batch-sizes", "1", "--pairs", "1"]
     assert main([*args, "--prefill-batch", "0", "--device", "cpu", "--coverage"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    lines = capsys.readouterr().out.strip().splitlines()[1:]  # after the header line
     assert lines[0].startswith("B =   1: decode step ") and lines[2].startswith("the mode's coverage on ")
     assert lines[3].split() == ["with", "the", "mode", "result"]
     table = dict(

@@ -7,7 +7,9 @@ size: a call re-reads its weight, from memory or from cache alike.
 Per shape ``(N, K)``, ``L`` random float32 weights (as ``L`` layers hold, so the cache holds what
 a step's does), and per B the median over 15 evaluations of the ``L`` projections, printed in
 microseconds per layer: ``plain`` (one call of B rows, the default path) and each run
-``(lo, hi)`` (:func:`workbench.engine.levers.invariant.blocked` with ``RowBlocks(lo, hi)``).
+``(lo, hi)`` (:func:`workbench.engine.levers.invariant.blocked` with ``RowBlocks(lo, hi)``);
+first the runs of the product as ``x @ W.T`` and as ``(W @ x.T).T`` (whether the other
+orientation escapes the ``M = 1`` kernel group: it does not, on OpenBLAS 0.3.21).
 
     python scripts/lab/invariant_call_cost.py
 """
@@ -50,7 +52,9 @@ def main():
         ws = [mx.random.normal((N, K)) * 0.02 for _ in range(layers)]
         mx.eval(ws)
         runs = sweep(lambda x, w=ws[0]: x @ w.T, K, mx.float32).runs()
-        line = f"({N},{K}) x{layers}: runs {runs}"
+        # the same product the other way round, (W @ x.T).T: another orientation for the BLAS
+        turned = sweep(lambda x, w=ws[0]: (w @ x.T).T, K, mx.float32).runs()
+        line = f"({N},{K}) x{layers}: runs {runs}, as (W @ x.T).T {turned}"
         for B in (1, 8, 32):
             x = mx.random.normal((B, K))
             mx.eval(x)

@@ -13,9 +13,29 @@ REFS = {PADDED: ("packed_vs_padded", "the padded layout"), MLX_LM: ("packed_vs_m
 
 def profile(packed_mlx_ms, padded_step_ms=2.0):
     rows = [
-        (PACKED, 8, 3, packed_mlx_ms + 0.5, 0.5, packed_mlx_ms, 120, "Gather:8"),
-        (PADDED, 8, 3, padded_step_ms, 0.4, padded_step_ms - 0.4, 100, "Matmul:20"),
-        (MLX_LM, 8, 3, 1.0, 1.0, 0.0, 90, "Matmul:20"),
+        (
+            PACKED,
+            8,
+            3,
+            packed_mlx_ms + 0.5,
+            0.5,
+            packed_mlx_ms,
+            120,
+            "Gather:8",
+            "Matmul:20 Gather:8 Scatter:8",
+        ),
+        (
+            PADDED,
+            8,
+            3,
+            padded_step_ms,
+            0.4,
+            padded_step_ms - 0.4,
+            100,
+            "Matmul:20",
+            "Matmul:20 SliceUpdate:8",
+        ),
+        (MLX_LM, 8, 3, 1.0, 1.0, 0.0, 90, "Matmul:20", "Matmul:20"),
     ]
     return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
 
@@ -27,6 +47,9 @@ def test_a_missed_goal_says_its_floor_and_where_the_time_went():
     assert padded.startswith("- decode B=8: packed 0.90x the padded layout's tok/s (goal >= 1): missed")
     assert "MLX work alone 2.10 ms against the padded layout's whole step 2.00 ms: out of reach" in padded
     assert "packed 2.60 = Python 0.50 + MLX 2.10, 120 graph nodes (Gather:8)" in padded
+    assert padded.endswith(
+        "; node kinds the packed step has beyond the padded layout's: Gather +8, Scatter +8, SliceUpdate -8"
+    )
     assert mlx == "- decode B=8: packed 1.20x mlx-lm's tok/s (goal >= 1): met"
     # below it: cutting the packed layout's Python could still reach the goal
     (padded, _) = decode_goal_lines(decode, profile(1.5), PACKED, REFS)
@@ -67,3 +90,12 @@ def test_the_packed_bench_decode_sections_give_runs_and_a_profile_per_batch_size
     assert set(decode.engine) == set(prof.engine) == {PADDED, PACKED, MLX_LM}
     assert decode.same_tokens.dropna().all()  # the layouts and mlx-lm agree on every token
     assert (prof.runs == 1).all() and (prof.nodes > 0).all()
+    kinds = prof.set_index("engine").node_kinds  # every kind, counted: they add up to the nodes
+    assert all(
+        sum(int(x.rsplit(":", 1)[1]) for x in kinds[e].split()) == n for e, n in zip(prof.engine, prof.nodes)
+    )
+    # the packed step reads its rows' keys and values from the pools (gathers); the padded one slices
+    gathers = {
+        e: dict(x.rsplit(":", 1) for x in kinds[e].split()).get("Gather", "0") for e in (PACKED, PADDED)
+    }
+    assert int(gathers[PACKED]) > int(gathers[PADDED]), gathers

@@ -34,7 +34,17 @@ from .host_time import step_anatomy
 from .step_nodes import step_nodes
 
 DECODE_GOAL = 1.0  # issue 40: packed decode tok/s >= 1.0x the padded layout's and mlx-lm's
-PROFILE_COLUMNS = ("engine", "B", "runs", "step_ms", "python_ms", "mlx_ms", "nodes", "top_nodes")
+PROFILE_COLUMNS = (
+    "engine",
+    "B",
+    "runs",
+    "step_ms",
+    "python_ms",
+    "mlx_ms",
+    "nodes",
+    "top_nodes",
+    "node_kinds",
+)
 
 
 def decode_profiles(
@@ -54,7 +64,8 @@ def decode_profiles(
 
     Returns:
         one row per engine: :data:`PROFILE_COLUMNS` (milliseconds; ``nodes`` the graph nodes of
-        one step, ``top_nodes`` ``"Primitive:count"`` of its five most frequent kinds).
+        one step, ``top_nodes`` ``"Primitive:count"`` of its five most frequent kinds,
+        ``node_kinds`` the same for every kind).
 
     Raises:
         ValueError: no factories or prompts, ``decode_tokens < 4`` or ``repeats < 1``.
@@ -85,6 +96,7 @@ def decode_profiles(
                 "mlx_ms": med("launch_ms") + med("wait_ms"),
                 "nodes": sum(nodes.values()),
                 "top_nodes": " ".join(f"{k}:{v}" for k, v in nodes.most_common(5)),
+                "node_kinds": " ".join(f"{k}:{v}" for k, v in nodes.most_common()),
             }
         )
     return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
@@ -148,5 +160,24 @@ def _floor_and_profile(here: pd.DataFrame, packed: str, ref: str, label: str) ->
         f"{r.step_ms:.2f} ms: {reach}; where the time goes (median full-batch step, ms): packed "
         f"{p.step_ms:.2f} = Python {p.python_ms:.2f} + MLX {p.mlx_ms:.2f}, {p.nodes:.0f} graph nodes "
         f"({p.top_nodes}); {label} {r.step_ms:.2f} = Python {r.python_ms:.2f} + MLX {r.mlx_ms:.2f}, "
-        f"{r.nodes:.0f} nodes ({r.top_nodes})"
+        f"{r.nodes:.0f} nodes ({r.top_nodes})" + _kinds_apart(p, r, label)
     )
+
+
+def _kinds(text: Any) -> dict[str, int]:
+    """``"Kind:count ..."`` as a dict (empty for a missing or NaN cell)."""
+    if not isinstance(text, str):
+        return {}
+    return {k: int(v) for k, v in (item.rsplit(":", 1) for item in text.split())}
+
+
+def _kinds_apart(p: pd.Series, r: pd.Series, label: str) -> str:
+    """``"; node kinds the packed step has beyond <label>'s: Gather +8, ..."`` (most apart first;
+    empty where the profile has no ``node_kinds``)."""
+    mine, theirs = _kinds(p.get("node_kinds")), _kinds(r.get("node_kinds"))
+    apart = {k: mine.get(k, 0) - theirs.get(k, 0) for k in mine.keys() | theirs.keys()}
+    apart = {k: d for k, d in apart.items() if d}
+    if not (mine and theirs) or not apart:
+        return ""
+    items = sorted(apart.items(), key=lambda kv: (-abs(kv[1]), kv[0]))
+    return f"; node kinds the packed step has beyond {label}'s: " + ", ".join(f"{k} {d:+d}" for k, d in items)

@@ -67,7 +67,9 @@ def pipelined(launch: Callable[[mx.array], mx.array], B: int, steps: int, warm: 
     """Run ``warm + steps`` pipelined steps (launch step ``t + 1``, then read step ``t``'s
     tokens with ``tolist``, as the engines do) of ``launch`` (``tokens [B] -> next tokens``).
     Returns the medians over the last ``steps`` of the step's wall time and of the time inside
-    ``mx.async_eval`` (MLX's launch), in seconds."""
+    ``mx.async_eval`` (MLX's launch), in seconds. Mirrors the pipelining of mlx-lm's
+    ``BatchGenerator._next`` (the next step launched before the current tokens are read).
+    Raises what ``launch`` raises."""
     times, launches = [], []
     nxt = launch(mx.zeros((B,), dtype=mx.uint32))
     mx.async_eval(nxt)
@@ -89,7 +91,10 @@ def step_floor(model: Any, B: int, context: int, steps: int = 40, warm: int = 5)
     graph, the host's floor), in milliseconds.
 
     Raises:
-        ValueError: ``B``, ``context`` or ``steps`` below 1, or ``warm`` below 0."""
+        ValueError: ``B``, ``context`` or ``steps`` below 1, or ``warm`` below 0.
+
+    No mlx-lm counterpart: mlx-lm runs its model uncompiled (``agrees_with_mlx_lm`` checks the
+    two give the same tokens)."""
     if B < 1 or context < 1 or steps < 1 or warm < 0:
         raise ValueError(
             f"step_floor needs B, context, steps >= 1 and warm >= 0, got {B}, {context}, {steps}, {warm}"
@@ -121,8 +126,10 @@ def step_floor(model: Any, B: int, context: int, steps: int = 40, warm: int = 5)
 def agrees_with_mlx_lm(model: Any, B: int = 4, context: int = 20) -> bool:
     """One step of :func:`compiled_step` and of mlx-lm's model over the same keys and values
     (the compiled step's buffers hold them in their first ``context`` columns): True when the
-    greedy tokens are equal (the floor is of the same computation). Raises what the model's
-    forward raises."""
+    greedy tokens are equal (the floor is of the same computation); the tokens ``[B]``, the
+    keys and values ``[B, n_kv_heads, context, head_dim]`` random in the model's dtype. Mirrors
+    mlx-lm's model called over ``BatchKVCache`` s as ``BatchGenerator`` calls it. Raises what
+    the model's forward raises."""
     from mlx_lm.models.cache import BatchKVCache
 
     args, dtype = model.args, model.model.embed_tokens.weight.dtype

@@ -69,6 +69,8 @@ def decode_profiles(
 
     Raises:
         ValueError: no factories or prompts, ``decode_tokens < 4`` or ``repeats < 1``.
+
+    No mlx-lm counterpart (mlx-lm's ``BatchGenerator`` is one of the engines profiled).
     """
     if not factories or not prompts or decode_tokens < 4 or repeats < 1:
         raise ValueError(
@@ -131,7 +133,7 @@ def decode_goal_lines(
             lines, e.g. ``"the padded layout"``).
 
     Returns:
-        lines (Markdown list items). Raises nothing."""
+        lines (Markdown list items). Raises nothing. No mlx-lm counterpart."""
     out = []
     for _, row in decode.iterrows():
         B = int(row.B)

@@ -150,7 +150,8 @@ def block_from(result: Sweep) -> tuple[int, int] | None:
     which kept a lone row unpadded but ran B = 32 in many calls, each reading the weight again
     from cache. Measured with OpenBLAS, 30 (4-8) copies of the weight, median us per layer at
     B = 1 / 8 / 32 (``python scripts/lab/invariant_call_cost.py``; ``docs/batch-invariance.md``,
-    "The row blocks' call cost"), the old rule's choice, then this one's: SmolLM2-135M's
+    "The real chat model, on the CPU and at 4 bits on CUDA"), the old rule's choice, then this
+    one's: SmolLM2-135M's
     ``o_proj`` shape (576x576, 1.3 MiB) 53 / 170 / 572 in blocks of 1-2 rows, **92 / 97 / 148**
     in one call padded to 3 (plain 51 / 97 / 141); llama-155m's ``[256, 1024]`` 42 / 107 / 356
     in blocks of 1-3, **92 / 82 / 123** padded to 4; the bundled model's ``[128, 128]`` 16 / 16 /

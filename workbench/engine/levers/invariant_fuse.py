@@ -6,8 +6,8 @@ matmul over their weights concatenated along the output axis (``docs/batch-invar
 Why: on CUDA a decode step is host-bound and every matmul the mode launches costs the host
 time (an ``M >= 2`` launch about 13 us more than the default path's ``M = 1`` kernel); a
 16-layer llama runs 113 projections a step unfused, 65 fused. On the CPU, OpenBLAS's sweep can
-keep a small sibling (llama-155m's ``[256, 1024]`` ``k_proj``) to runs of 1-3 rows a call, where
-the fused weight takes one call of up to 32 rows. The fused kernel has another
+give a small sibling a kernel switch a few rows above one (llama-155m's ``[256, 1024]`` ``k_proj``
+at 4 rows), where the fused weight runs one call of up to 32 rows unpadded. The fused kernel has another
 ``N`` than each sibling's, so a row's bits differ from the unfused mode's, but alone and
 batched alike: every forward of the mode on a model runs the same fused projections.
 

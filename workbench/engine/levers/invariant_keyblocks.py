@@ -94,8 +94,8 @@ def _valid(first_key: mx.array, S: int, W: int, block: int) -> mx.array:
     """``[B, 1, nb, 1, KB]`` bool: which of columns ``S - W .. S - 1``, as blocks, are a row's
     keys (at or after ``first_key[b]``). The last one made is kept: every layer of a forward
     attends from the same ``first_key`` array (:func:`~.invariant_attention.starts_array`), so
-    a decode step builds the mask once, not once per layer (about 1 point of a step at B = 1 on
-    SmolLM2-135M's 30 layers). Raises nothing of its own."""
+    a decode step builds the mask once, not once per layer (three graph nodes a layer fewer;
+    within the noise of ``workbench invariance --cost``). Raises nothing of its own."""
     hit = _VALID[0]  # one read: another thread may replace it
     if hit is not None and hit[0] is first_key and hit[1:4] == (S, W, block):
         return hit[4]

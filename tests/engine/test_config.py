@@ -27,11 +27,28 @@ from workbench.engine.prefill import PrefillGroup
         ("kv_budget_bytes", True, "kv_budget_bytes must be an int >= 1, got True"),
         ("history_checkpoints", -1, "history_checkpoints must be an int >= 0, got -1"),
         ("policy", "lifo", "policy must be one of"),
+        ("seed", -1, "seed must be an int >= 0, got -1"),
+        ("seed", "x", "seed must be an int >= 0, got 'x'"),
+        ("seed", 1.5, "seed must be an int >= 0, got 1.5"),
+        ("pipeline", "false", "pipeline must be True or False, got 'false'"),
+        ("interleave_prefill", "no", "interleave_prefill must be True or False, got 'no'"),
+        ("reuse_slots", 1, "reuse_slots must be True or False, got 1"),
     ],
 )
 def test_a_config_outside_its_limits_is_refused_naming_the_field_and_limit(field, value, message):
     with pytest.raises(ValueError, match=message):
         SchedulerConfig(**{field: value})
+
+
+def test_numpy_integers_are_plain_ints_in_the_config_and_none_seeds_from_fresh_entropy():
+    import numpy as np
+
+    cfg = SchedulerConfig(
+        max_batch=np.int64(4), seed=np.int64(3), history_size=np.int32(0), pipeline=np.bool_(False)
+    )
+    assert (cfg.max_batch, cfg.seed, cfg.history_size, cfg.pipeline) == (4, 3, 0, False)
+    assert {type(cfg.max_batch), type(cfg.seed), type(cfg.history_size), type(cfg.pipeline)} == {int, bool}
+    assert SchedulerConfig(seed=None).seed is None
 
 
 def test_a_config_is_frozen_and_a_change_is_a_validated_replace():

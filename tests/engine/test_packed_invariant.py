@@ -162,6 +162,57 @@ def test_with_openblas_packed_rows_are_bit_equal_alone_only_in_the_mode(monkeypa
     assert equal["default"] < len(PROMPTS), f"the default path differs from alone somewhere: {equal}"
 
 
+# A short row beside rows of 31-70 tokens of context, joining while they decode, and a 70-token
+# prompt alone cut by budgets of 8-2048 tokens; printed "rows EQUAL OF" and "budgets EQUAL OF".
+LONG_CONTEXT_SCRIPT = """
+import workbench as wb
+model, tok = wb.load()
+cfg = dict(layout="packed", batch_invariant=True, max_batch=3)
+def alone(req, **kw):
+    s = wb.Scheduler(model, tok, **(cfg | kw)); u = s.submit(req); s.run()
+    return s.tokens(u), s.logprobs(u)
+equal = total = 0
+for L in (31, 33, 40, 64, 70):
+    reqs = [wb.Request(prompt=list(range(100, 100 + L)), max_tokens=4, stop_ids=[]),
+            wb.Request(prompt=[5, 6], max_tokens=4, stop_ids=[])]
+    s = wb.Scheduler(model, tok, **cfg)
+    uids = [s.submit(reqs[0])]
+    s.admit(); s.step(); s.step()
+    uids.append(s.submit(reqs[1]))
+    s.run()
+    for u, r in zip(uids, reqs):
+        equal += (s.tokens(u), s.logprobs(u)) == alone(r)
+        total += 1
+print("rows", equal, total)
+req = wb.Request(prompt=list(range(100, 170)), max_tokens=6, stop_ids=[])
+runs = [alone(req, max_batch=1, max_num_batched_tokens=b, prefill_step_size=b) for b in (8, 16, 31, 33, 64, 2048)]
+print("budgets", sum(r == runs[-1] for r in runs), len(runs))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
+def test_with_openblas_rows_beside_long_contexts_and_any_budget_stay_bit_equal_alone(monkeypatch):
+    """A token's keys gathered as ``pool[slots].transpose(...)`` (positions ``n_kv_heads * D``
+    apart) went through OpenBLAS otherwise than a left-padded first key block, so its log-prob
+    moved with the longest context in its block of tokens (a row beside a neighbour of 32+
+    tokens, a prompt cut by another budget: 5e-7 to 4e-6 off, tokens equal; found by a
+    break-it pass). The reference BLAS the suite runs on rounds both paths alike, so a child
+    process with OpenBLAS checks it."""
+    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)
+    if not find_blas():
+        pytest.skip("no optimized BLAS here (.ci/run installs Debian's libopenblas0-pthread)")
+    child = subprocess.run(
+        [sys.executable, "-c", LONG_CONTEXT_SCRIPT],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    got = {line.split()[0]: line.split()[1:] for line in child.stdout.splitlines() if line.strip()}
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert got["rows"][0] == got["rows"][1] == "10" and got["budgets"] == ["6", "6"], got
+
+
 def test_the_compose_pair_runs_with_every_row_equal_alone(bundled):
     model, tok = bundled
     result = check_pair(model, tok, ("packed", "batch_invariant"))

@@ -35,6 +35,10 @@ BAD = [
     (dict(prompt=[1], logit_bias={5: float("nan")}), r"logit_bias\[5\] must be a finite number"),
     (dict(prompt=[1], logit_bias={OUTSIDE: 1.0}), r"logit_bias\[0\] = 1000000 is outside the vocabulary"),
     (dict(prompt=[1], logit_bias=[1, 2]), "logit_bias must be a mapping"),
+    (
+        dict(prompt=[1], logit_bias={9: 1e39}),  # overflowed float32: the row ended in error mid-run
+        r"logit_bias\[9\] must be a finite number in \[-100, 100\] \(MAX_LOGIT_BIAS\)",
+    ),
     (dict(prompt=[1], seed=-2), "seed must be an int >= 0"),
     (dict(prompt=[1], min_p=0.1), "min_p needs temperature > 0"),
     (dict(prompt=[1], temperature=0.5, min_p=1.5), r"min_p must be a number in \[0, 1\)"),
@@ -111,6 +115,21 @@ def test_numpy_token_ids_are_accepted_as_plain_ints(make_sched):
     uid = sched.submit(wb.Request(prompt=np.array([5, 9, 11]), max_tokens=2, stop_ids=[np.int64(0)]))
     assert sched.request_of(uid).prompt_ids == (5, 9, 11)
     assert all(type(t) is int for t in sched.request_of(uid).prompt_ids)
+
+
+def test_numpy_scalars_are_accepted_for_the_sampling_numbers(make_sched):
+    import numpy as np
+
+    sched = make_sched()
+    uid = sched.submit(
+        wb.Request(
+            prompt=[5, 9], max_tokens=np.int64(3), temperature=np.float32(0.5), top_p=np.float32(0.9), seed=3
+        )
+    )
+    sched.run()
+    assert len(sched.tokens(uid)) == 3 and sched.finish_reason(uid) == "length"
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        sched.submit(wb.Request(prompt=[5], temperature=np.float32("nan")))
 
 
 def test_unknown_field_in_a_submitted_dict_is_refused(make_sched):

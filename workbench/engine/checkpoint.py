@@ -242,14 +242,17 @@ def sigint_deferred():
             previous(signal.SIGINT, held[0])
 
 
-def transactional(prompt_cache: bool = False, idle: str | None = None) -> Callable:
+def transactional(prompt_cache: bool = False, idle: str | None = None, guarded: bool = False) -> Callable:
     """Decorate a public engine call: any exception escaping it (``KeyboardInterrupt`` too)
     first rolls the engine back to before the call; ``idle``: return ``[]`` at once when
-    ``scheduler._nothing_to(idle)``."""
+    ``scheduler._nothing_to(idle)``; ``guarded``: first refuse a call from inside a request's
+    ``on_token`` (``scheduler._refuse_inside_on_token``), idle or not."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if guarded:
+                self._refuse_inside_on_token(method.__name__)
             if idle is not None and self._nothing_to(idle):
                 return []
             with self._transaction(prompt_cache):

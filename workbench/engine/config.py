@@ -16,8 +16,11 @@ again)::
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .admission import policy_from
 from .packed.plan import SCHEDULES
@@ -79,7 +82,8 @@ class SchedulerConfig:
         clear_cache_every (default ``256``): mx.clear_cache() every this many steps, >= 1
         history_size (default ``64``): snapshots kept in Scheduler.history (0: no recording)
         history_checkpoints (default ``0``): checkpoints kept with the latest snapshots
-        seed (default ``0``): draws the PRNG seed of sampled requests submitted without one
+        seed (default ``0``): draws the PRNG seed of sampled requests submitted without one (an
+            int >= 0; ``None``: numpy's fresh entropy, not reproducible)
         layout (default ``"padded"``): "padded" (mlx-lm's left-padded batch caches) or "packed"
             (engine/packed/)
         page_size (default ``16``): packed layout: token positions per KV page, 1..128
@@ -115,7 +119,9 @@ class SchedulerConfig:
     clear_cache_every: int = _setting(256, fork=True)  # mx.clear_cache() every this many steps, >= 1
     history_size: int = _setting(64, fork=True)  # snapshots kept in Scheduler.history (0: no recording)
     history_checkpoints: int = _setting(0, fork=True)  # checkpoints kept with the latest snapshots
-    seed: int = 0  # draws the PRNG seed of sampled requests submitted without one
+    seed: int | None = (
+        0  # draws the PRNG seed of sampled requests without one (int >= 0; None: fresh entropy)
+    )
     layout: str = "padded"  # "padded" (mlx-lm's left-padded batch caches) or "packed" (engine/packed/)
     page_size: int = 16  # packed layout: token positions per KV page, 1..128
     max_num_batched_tokens: int | None = None  # packed: most tokens per forward (vLLM's)
@@ -125,14 +131,19 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "prefill_step_size", "clear_cache_every"):
-            _check_int(name, getattr(self, name), 1)
+            object.__setattr__(self, name, _check_int(name, getattr(self, name), 1))
         for name in ("prompt_concurrency", "max_kv_size", "kv_budget_bytes"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), 1)
+                object.__setattr__(self, name, _check_int(name, getattr(self, name), 1))
         for name in ("history_size", "history_checkpoints"):
-            _check_int(name, getattr(self, name), 0)
+            object.__setattr__(self, name, _check_int(name, getattr(self, name), 0))
+        if self.seed is not None:  # None: numpy's fresh entropy (not reproducible)
+            object.__setattr__(self, "seed", _check_int("seed", self.seed, 0))
         for name in ("interleave_prefill", "pipeline", "reuse_slots"):
-            object.__setattr__(self, name, bool(getattr(self, name)))
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):  # "false" would be truthy
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+            object.__setattr__(self, name, bool(value))
         policy_from(self.policy)  # raises for an unknown name
         self._check_layout()
         self._check_speculative()
@@ -277,6 +288,8 @@ UNHONOURED: tuple[tuple[str, str, Any, str], ...] = (
 )
 
 
-def _check_int(name: str, value: Any, least: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+def _check_int(name: str, value: Any, least: int) -> int:
+    """``value`` as a Python int (a numpy integer too), or ValueError naming ``name`` and ``least``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < least:
         raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    return int(value)

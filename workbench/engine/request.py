@@ -33,6 +33,9 @@ MAX_PENALTY = 2.0
 # positive logit by it (multiplies a negative one), so a tiny or huge value overflows the logits to
 # inf and the row could only end in error; the usual values are 1.0-2.0.
 MAX_REPETITION_PENALTY = 100.0
+# logit_bias values lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS] (OpenAI's range, which vLLM clamps to):
+# -100 already bans a token and +100 forces it; 1e39 overflowed float32 and ended the row in error.
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class Request:
         seed: PRNG seed of a sampled row (``>= 0``; ``None``: drawn from the scheduler's).
         repetition_penalty, presence_penalty, frequency_penalty, logit_bias: mlx-lm's
             ``make_logits_processors`` options (``repetition_penalty`` in ``[0.01, 100]``; presence
-            and frequency penalties in ``[-2, 2]``), over the row's own tokens.
+            and frequency penalties in ``[-2, 2]``; ``logit_bias`` values in ``[-100, 100]``), over
+            the row's own tokens.
         logits_processors: extra ``(tokens [T], logits [1, V]) -> logits [1, V]`` callables
             (an ``mx.array`` of a floating dtype).
         sampler: a custom ``(logprobs [1, V]) -> token [1]`` callable replacing sampling
@@ -167,7 +171,12 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite int or float, numpy's scalars too (``np.float32(0.5)``), never a bool."""
+    return (
+        isinstance(x, (int, float, np.integer, np.floating))
+        and not isinstance(x, (bool, np.bool_))
+        and (math.isfinite(x))
+    )
 
 
 def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
@@ -225,9 +234,31 @@ def validate(
     _check_sampling(r)
     _check_processors(r, vocab_size)
     _check_top_logprobs(r, vocab_size)
+    r = _plain_numbers(r)
     return ValidRequest(
         request=r, prompt_ids=ids, stop_ids=_stop_ids(r, tokenizer, vocab_size), stop=_stop_strings(r)
     )
+
+
+_NUMBER_FIELDS = (
+    "max_tokens", "priority", "temperature", "top_p", "top_k", "min_p", "seed", "top_logprobs",
+    "repetition_penalty", "presence_penalty", "frequency_penalty",
+)  # fmt: skip
+
+
+def _plain_numbers(r: Request) -> Request:
+    """``r`` with numpy scalars (``np.float32(0.5)``, ``np.int64(3)``) in its number fields and
+    ``logit_bias`` as Python ints and floats: mlx-lm's compiled samplers take only those
+    (a ``np.float32`` temperature ended the row in ``[compile]`` error). ``r`` itself when it
+    has none (the usual case)."""
+    changes = {
+        name: type(value.item())(value)
+        for name in _NUMBER_FIELDS
+        if isinstance(value := getattr(r, name), np.generic)
+    }
+    if r.logit_bias is not None and any(isinstance(x, np.generic) for kv in r.logit_bias.items() for x in kv):
+        changes["logit_bias"] = {int(t): float(b) for t, b in r.logit_bias.items()}
+    return dataclasses.replace(r, **changes) if changes else r
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -361,8 +392,11 @@ def _check_processors(r: Request, vocab_size: int) -> None:
             )
         _check_ids("logit_bias", list(r.logit_bias), vocab_size)
         for t, b in r.logit_bias.items():
-            if not _is_real(b):
-                raise ValueError(f"logit_bias[{t}] must be a finite number, got {b!r}")
+            if not _is_real(b) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias[{t}] must be a finite number in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
+                    f"(MAX_LOGIT_BIAS), got {b!r}"
+                )
     if not isinstance(r.logits_processors, (list, tuple)) or not all(
         callable(f) for f in r.logits_processors
     ):

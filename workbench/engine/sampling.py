@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 from .request import Request
@@ -66,11 +67,20 @@ def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
     check)``; the token is 0 where the check fails, which is read with the tokens.
 
     Raises:
-        BadOutput: a value ``mx.array`` refuses, or of size other than 1 (naming type or shape).
+        BadOutput: a value ``mx.array`` refuses, of size other than 1, or a Python or numpy integer
+            outside ``[0, vocab_size)`` (naming type, shape or value).
     """
+    if (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+        and not 0 <= value < vocab_size
+    ):
+        raise BadOutput(
+            f"sampler returned {int(value)!r}; a token id must be an integer in [0, {vocab_size})"
+        )
     try:
         array = value if isinstance(value, mx.array) else mx.array(value)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:  # RuntimeError: MLX's std::bad_cast
         raise BadOutput(f"sampler returned {type(value).__name__}, not a token id ({exc})") from None
     if array.size != 1:
         raise BadOutput(

@@ -31,6 +31,7 @@ import bisect
 import contextlib
 import inspect
 import itertools
+import numbers
 import time
 import warnings
 from collections import deque
@@ -159,6 +160,7 @@ class Scheduler:
         rng = np.random.default_rng(cfg.seed)
         self.state = EngineState(self.layout.new_batch(), rng, prompt_cache=self.layout.prompt_cache())
         self._in_call = False
+        self._in_on_token: int | None = None  # the uid whose on_token runs now (inside step())
 
     runner = property(lambda self: self.layout.runner, doc="The padded layout's :class:`ModelRunner`.")
 
@@ -179,6 +181,22 @@ class Scheduler:
             raise
         finally:
             self._in_call = False
+
+    def _refuse_inside_on_token(self, call: str) -> None:
+        """Raise where ``call`` comes from a request's ``on_token`` while ``step()`` delivers
+        tokens: the step is half-read (rows after this one not yet given their tokens), so a
+        nested step, admission, eviction, preemption or restore would corrupt it. Contained as
+        any ``on_token`` exception: only the calling row ends (``submit`` and ``abort`` stay
+        allowed there: they queue or mark, and the step reads on).
+
+        Raises:
+            RuntimeError: naming the call, the row and what to do instead."""
+        if self._in_on_token is not None:
+            raise RuntimeError(
+                f"Scheduler.{call}() called from inside uid {self._in_on_token}'s on_token while step() "
+                "delivers this step's tokens; only submit() and abort() may be called there: call "
+                f"{call}() after step() returns"
+            )
 
     # -- read-only views of the state ---------------------------------------------------
     clock = property(lambda self: self.recorder.clock, doc="The injected clock ``() -> seconds``.")
@@ -266,7 +284,7 @@ class Scheduler:
         Raises:
             ValueError: ``n`` not an int in ``[1, 1024]``, or what :meth:`submit` raises.
         """
-        check_samples(n)
+        n = check_samples(n)
         if isinstance(request, dict):
             request = Request.from_dict(request)
         if not isinstance(request, Request):
@@ -278,11 +296,14 @@ class Scheduler:
         return uids
 
     # -- the engine calls -------------------------------------------------------------
-    @transactional(prompt_cache=True, idle="admit")
+    @transactional(prompt_cache=True, idle="admit", guarded=True)
     def admit(self) -> list[Event]:
         """Admission and prefill: the layout prefills and joins groups the admission
         chose (:mod:`workbench.engine.layouts`). Returns this call's events (``admit``,
         ``prefill``, ``join``, and ``preempt`` for rows preempted to make room).
+
+        Raises:
+            RuntimeError: called from a request's ``on_token`` during ``step()``.
         """
         start = len(self.events)
         for limit in self.layout.admit(self.state, self.recorder):  # the layout asks for a group
@@ -319,11 +340,14 @@ class Scheduler:
             self._log("admit", s.uid, n_tokens=len(s.inputs), n_cached=s.cached_tokens)
         return True
 
-    @transactional()
+    @transactional(guarded=True)
     def step(self) -> list[Event]:
         """One decode forward: read one token per unfinished row and feed it. Returns the
         token events, then any finish events. With no running row (or, under a KV budget, only
         finished ones) a no-op returning ``[]``, warning when requests wait unadmitted.
+
+        Raises:
+            RuntimeError: called from a request's ``on_token`` during ``step()``.
         """
         st, batch = self.state, self.state.batch
         if not batch.rows and st.queue and st.prefilling is None:
@@ -388,23 +412,29 @@ class Scheduler:
                 self._log("finish", row.uid, row=b, finish_reason=row.finish_reason, message=row.message)
             )
 
-    @staticmethod
-    def _call_on_token(row: RequestState, token: int) -> str:
-        """Run the request's ``on_token`` callback; its exception becomes the row's error."""
+    def _call_on_token(self, row: RequestState, token: int) -> str:
+        """Run the request's ``on_token`` callback; its exception becomes the row's error
+        (the engine's state-changing calls are refused inside it: :meth:`_refuse_inside_on_token`)."""
         callback = row.valid.request.on_token
         if callback is None:
             return ""
+        self._in_on_token = row.uid
         try:
             callback(row.uid, token)
         except Exception as exc:  # contained: only this row ends
             return f"on_token raised {type(exc).__name__}: {exc}"
+        finally:
+            self._in_on_token = None
         return ""
 
-    @transactional(prompt_cache=True, idle="filter")
+    @transactional(prompt_cache=True, idle="filter", guarded=True)
     def filter(self) -> list[Event]:
         """Evict finished rows (mlx-lm's ``filter``; with ``reuse_slots`` their cache rows
         stay as free slots). Returns the evict events (old rows). With a prompt cache, a
-        row finished by ``stop`` or ``length`` is stored there first."""
+        row finished by ``stop`` or ``length`` is stored there first.
+
+        Raises:
+            RuntimeError: called from a request's ``on_token`` during ``step()``."""
         st, batch = self.state, self.state.batch
         gone = [b for b, r in enumerate(batch.rows) if r.finished]
         if not gone:
@@ -440,7 +470,7 @@ class Scheduler:
         s.finish("abort")
         return [self._log("finish", uid, finish_reason="abort")]
 
-    @transactional()
+    @transactional(guarded=True)
     def preempt(self, uid: int) -> list[Event]:
         """Drop running row ``uid``'s cache row and re-queue it (arrival order) to resume
         from its prompt plus its tokens; greedy output equals an uninterrupted run. Returns the
@@ -449,6 +479,7 @@ class Scheduler:
         Raises:
             KeyError: unknown uid. ValueError: ``uid`` is not a running, unfinished row, or
                 its prompt and tokens so far would not fit ``kv_budget_bytes`` alone.
+            RuntimeError: called from a request's ``on_token`` during ``step()``.
         """
         s = self._state_of(uid)
         left = len(s.valid.prompt_ids) + s.valid.request.max_tokens - s.n_inputs
@@ -474,7 +505,32 @@ class Scheduler:
     def run(self, arrivals: Iterable[tuple[int, Request]] = (), max_steps: int | None = None) -> Report:
         """Drive ``admit(); step(); filter()`` until idle (or ``max_steps`` decode steps),
         submitting ``arrivals`` ``(step, request)`` at their step; returns the :class:`Report`.
-        Raises RuntimeError when admission is wedged."""
+
+        Raises:
+            RuntimeError: admission is wedged, or called from a request's ``on_token``.
+            ValueError: ``max_steps`` not a whole number >= 0, or an arrival not a
+                ``(step, Request)`` pair with a whole-number step >= 0."""
+        self._refuse_inside_on_token("run")
+        if max_steps is not None and (
+            isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 0
+        ):
+            raise ValueError(
+                f"run(): max_steps must be a whole number >= 0 decode steps or None, got {max_steps!r}"
+            )
+        arrivals = list(arrivals)
+        for a in arrivals:
+            if not (
+                isinstance(a, (tuple, list))
+                and len(a) == 2
+                and isinstance(a[0], numbers.Integral)
+                and not isinstance(a[0], bool)
+                and a[0] >= 0
+                and isinstance(a[1], (Request, dict))
+            ):
+                raise ValueError(
+                    "run(): each arrival must be a (step, Request) pair with a whole-number step >= 0, "
+                    f"got {a!r:.200}"
+                )
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
         while max_steps is None or self.step_index - start < max_steps:
@@ -524,7 +580,12 @@ class Scheduler:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """Return to ``checkpoint`` exactly (it stays valid): continuing gives the same
-        tokens and events (times aside). Raises: ValueError for another scheduler's or model's."""
+        tokens and events (times aside).
+
+        Raises:
+            ValueError: another scheduler's or model's checkpoint.
+            RuntimeError: called from a request's ``on_token`` during ``step()``."""
+        self._refuse_inside_on_token("restore")
         check_owner(checkpoint, self.id, self.model)
         self.state, self.recorder = checkpoint.state.clone(), checkpoint.recorder.clone()
         if (

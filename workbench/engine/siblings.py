@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .state import RequestState
 
 MAX_SAMPLES = 1024  # most samples one submit_n may ask (each is a row of the batch)
@@ -35,11 +37,11 @@ def shared_rows(states: Sequence[RequestState]) -> list[int]:
 
 
 def check_samples(n: object) -> int:
-    """``n`` of ``submit_n``: an int in ``[1, MAX_SAMPLES]``.
+    """``n`` of ``submit_n``: an int in ``[1, MAX_SAMPLES]`` (a numpy integer returned as a Python int).
 
     Raises:
         ValueError: naming ``n`` and its limits.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)) or not 1 <= n <= MAX_SAMPLES:
         raise ValueError(f"submit_n: n must be an int in [1, {MAX_SAMPLES}] (MAX_SAMPLES), got {n!r}")
-    return n
+    return int(n)

@@ -79,6 +79,22 @@ class PaddedLayout(Layout):
         )
 
     @staticmethod
+    def check(model: Any, config: SchedulerConfig, prompt_cache: Any, adapters: Any) -> None:
+        """Refuse a ``prompt_cache`` that is neither ``None``, an mlx-lm ``LRUPromptCache``
+        nor its ``max_size`` (an int >= 0 entries) before it fails the first ``admit()``.
+
+        Raises:
+            ValueError: naming ``prompt_cache``, what it got and what it takes."""
+        from mlx_lm.models.cache import LRUPromptCache
+
+        size = isinstance(prompt_cache, int) and not isinstance(prompt_cache, bool) and prompt_cache >= 0
+        if prompt_cache is not None and not size and not isinstance(prompt_cache, LRUPromptCache):
+            raise ValueError(
+                "prompt_cache must be an mlx-lm LRUPromptCache, its max_size (an int >= 0 entries) or "
+                f"None, got {type(prompt_cache).__name__} {prompt_cache!r:.80}"
+            )
+
+    @staticmethod
     def serial_reason(model: Any, config: SchedulerConfig) -> str:
         """Why the model cannot batch rows of different lengths
         (:func:`workbench.engine.probe.probe`), probed when ``max_batch > 1``."""

@@ -73,10 +73,25 @@ def paged_row_attention(
                     mx.fast.scaled_dot_product_attention(q[i : i + 1], k, v, scale=scale)[0]
                 )  # [H, 1, D]
             continue
-        k = keys_pool[block.slots].transpose(0, 2, 1, 3)  # [n, n_kv_heads, L, D]
-        v = values_pool[block.slots].transpose(0, 2, 1, 3)
+        k, v = (
+            _head_major(keys_pool, block.slots),
+            _head_major(values_pool, block.slots),
+        )  # [n, n_kv_heads, L, D]
         outs.append(row_attention(q, k, v, block.starts, scale)[:, :, 0].transpose(1, 0, 2))  # [H, n, D]
     return (outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1))[None]
+
+
+def _head_major(pool: mx.array, slots: mx.array) -> mx.array:
+    """``[n, n_kv_heads, L, D]`` row-contiguous: the keys (or values) of ``pool``
+    ``[N, n_kv_heads, D]`` at ``slots`` ``[n, L]``, gathered as ``head_dim`` vectors of the flat
+    pool ``[N * n_kv_heads, D]`` (one gather, each head's positions contiguous, as a padded
+    cache holds them). Not ``pool[slots].transpose(0, 2, 1, 3)``: that view's positions are
+    ``n_kv_heads * D`` apart, so the key blocks' BLAS calls get them by another path than a
+    left-padded first block (a contiguous copy) and round otherwise: a token's log-prob then
+    moved with the length of the longest token beside it in its block."""
+    N, H, D = pool.shape
+    flat = slots[:, None, :] * H + mx.arange(H, dtype=slots.dtype)[None, :, None]  # [n, H, L]
+    return pool.reshape(N * H, D)[flat]
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ choice is the decode step's ``RowBlocks(8, 256)``: 16 prompts of 160-486 tokens 
 rows) are then about 10 calls per projection of 512 rows where the default path makes one.
 
 1. **Blocks**: per variant (``current``; ``wide``: ``RowBlocks(8, --hi)`` first for this
-   backend's quantized weights), the prefill blocks each quantized projection got.
+   backend's quantized weights), the prefill blocks each quantized projection got and its first
+   prefill's seconds (the blocks' calibration, ``clean_range``'s sweep, included).
 2. **Prefill**: per round the default path, ``current`` and ``wide`` each prefill the same
    ``--prompts`` prompts (submit to every row's first token, as ``workbench invariance --cost``
    times it; the order reversed every round; round 0 warms up and is not kept): medians and the
@@ -112,6 +113,7 @@ def main():
         "prompts": a.prompts,
     }
     times: dict[str, list[float]] = {"default": [], "current": [], "wide": []}
+    first: dict[str, float] = {}  # round 0: each variant's first prefill, its blocks' calibration included
     for r in range(a.rounds + 1):
         names = list(times) if r % 2 == 0 else list(reversed(times))
         for name in names:
@@ -122,10 +124,21 @@ def main():
                     s = prefill_once(model, tok, prompts, True)
             if r:
                 times[name].append(s)
+            else:
+                first[name] = round(s, 2)
         if r == 0:
             for name, v in variants.items():
                 blocks = {str(k[1]): (b.min_rows, b.max_rows) if b else None for k, b in v.memo.items()}
-                print_json_line({**head, "what": "blocks", "variant": name, "blocks": blocks}, a.out)
+                print_json_line(
+                    {
+                        **head,
+                        "what": "blocks",
+                        "variant": name,
+                        "first_prefill_s": first[name],
+                        "blocks": blocks,
+                    },
+                    a.out,
+                )
     line = {**head, "what": "prefill", "rounds": a.rounds}
     for name, ts in times.items():
         line[f"{name}_s"] = round(statistics.median(ts), 4)

@@ -43,12 +43,15 @@ def compiled_step(model: Any, S_max: int, logits: bool = False) -> Callable[...,
     def step(tokens: mx.array, pos: mx.array, keys: list, values: list) -> tuple[mx.array, list, list]:
         B = tokens.shape[0]
         h = inner.embed_tokens(tokens)  # [B, D]
+        offset = mx.broadcast_to(
+            pos, (B,)
+        )  # [B]: CUDA's RoPE reads an array offset per row (a [1] one: row 0 only)
         new_k, new_v = [], []
         for layer, K, V in zip(inner.layers, keys, values):
             a, m = layer.self_attn, layer.mlp
             x = layer.input_layernorm(h)
-            q = a.rope(a.q_proj(x).reshape(B, H, 1, hd), offset=pos)
-            k = a.rope(a.k_proj(x).reshape(B, Hkv, 1, hd), offset=pos)
+            q = a.rope(a.q_proj(x).reshape(B, H, 1, hd), offset=offset)
+            k = a.rope(a.k_proj(x).reshape(B, Hkv, 1, hd), offset=offset)
             v = a.v_proj(x).reshape(B, Hkv, 1, hd)
             K = mx.slice_update(K, k, pos, axes=(2,))
             V = mx.slice_update(V, v, pos, axes=(2,))

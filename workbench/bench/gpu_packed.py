@@ -195,13 +195,11 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
     at = table[table.B == STEP_GOAL_B]
     if len(at):
         step_ms = at.packed_step_ms.iloc[0]
-        floor = at.floor_step_ms.iloc[0] if "floor_step_ms" in at else np.nan
+        floor, what = _step_floor(at.iloc[0])
         lines.append(
             f"B={STEP_GOAL_B}: packed step <= {STEP_GOAL_MS:g} ms: {verdict(step_ms <= STEP_GOAL_MS)} "
             f"({step_ms:.2f} ms)"
-            + _floor_text(
-                step_ms <= STEP_GOAL_MS, floor, floor <= STEP_GOAL_MS, "the whole step compiled", "ms"
-            )
+            + _floor_text(step_ms <= STEP_GOAL_MS, floor, floor <= STEP_GOAL_MS, what, "ms")
         )
     else:  # the goal is B = 128's; a smaller largest B (the quick run) does not meet or miss it
         lines.append(
@@ -241,6 +239,21 @@ def goal_lines(table: pd.DataFrame, first_runs: pd.DataFrame) -> list[str]:
         + ")"
     )
     return lines
+
+
+def _step_floor(r: Any) -> tuple[float, str]:
+    """``(ms, what)``: the floor of a step at the table row's B. The compiled step's own time
+    where it is at most the padded step's; else MLX's launch of it (the host's floor): there the
+    compiled step spends its time in MLX's one-query attention on the GPU (1B bf16 at B = 128 on
+    an H100: 8.5 ms against the padded layout's 6.2 ms on its own attention kernel), which an
+    engine's kernel avoids, so its whole time floors nothing."""
+    step = r.get("floor_step_ms", np.nan)
+    if np.isnan(step) or step <= r.padded_step_ms:
+        return step, "the whole step compiled"
+    return r.get("floor_launch_ms", np.nan), (
+        f"MLX's launch of the compiled step (its whole {step:.2f} ms is MLX's attention on the GPU, "
+        f"above the padded step's {r.padded_step_ms:.2f} ms)"
+    )
 
 
 def _floor_text(met: bool, floor: float, floor_meets: bool, what: str, unit: str) -> str:

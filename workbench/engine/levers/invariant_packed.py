@@ -81,6 +81,9 @@ def paged_row_attention(
     return (outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1))[None]
 
 
+_FLAT: dict = {}  # (id(slots), n_kv_heads) -> (slots, flat): a forward's blocks, shared by its layers
+
+
 def _head_major(pool: mx.array, slots: mx.array) -> mx.array:
     """``[n, n_kv_heads, L, D]`` row-contiguous: the keys (or values) of ``pool``
     ``[N, n_kv_heads, D]`` at ``slots`` ``[n, L]``, gathered as ``head_dim`` vectors of the flat
@@ -88,10 +91,16 @@ def _head_major(pool: mx.array, slots: mx.array) -> mx.array:
     cache holds them). Not ``pool[slots].transpose(0, 2, 1, 3)``: that view's positions are
     ``n_kv_heads * D`` apart, so the key blocks' BLAS calls get them by another path than a
     left-padded first block (a contiguous copy) and round otherwise: a token's log-prob then
-    moved with the length of the longest token beside it in its block."""
+    moved with the length of the longest token beside it in its block. The flat rows are made
+    once per block and forward (every layer's keys and values share them)."""
     N, H, D = pool.shape
-    flat = slots[:, None, :] * H + mx.arange(H, dtype=slots.dtype)[None, :, None]  # [n, H, L]
-    return pool.reshape(N * H, D)[flat]
+    hit = _FLAT.get((id(slots), H))
+    if hit is None or hit[0] is not slots:
+        if len(_FLAT) >= 16:
+            _FLAT.clear()
+        flat = slots[:, None, :] * H + mx.arange(H, dtype=slots.dtype)[None, :, None]  # [n, H, L]
+        hit = _FLAT[id(slots), H] = (slots, flat)
+    return pool.reshape(N * H, D)[hit[1]]
 
 
 @contextlib.contextmanager

@@ -31,7 +31,6 @@ import bisect
 import contextlib
 import inspect
 import itertools
-import numbers
 import time
 import warnings
 from collections import deque
@@ -47,7 +46,7 @@ from ..observe.events import Event
 from ..observe.recorder import Recorder
 from ..observe.report import Report, build_report
 from ..observe.snapshot import Snapshot
-from . import shared_prompts
+from . import call_checks, shared_prompts
 from .admission import Admission, policy_from
 from .capture import engine_capture
 from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
@@ -183,20 +182,8 @@ class Scheduler:
             self._in_call = False
 
     def _refuse_inside_on_token(self, call: str) -> None:
-        """Raise where ``call`` comes from a request's ``on_token`` while ``step()`` delivers
-        tokens: the step is half-read (rows after this one not yet given their tokens), so a
-        nested step, admission, eviction, preemption or restore would corrupt it. Contained as
-        any ``on_token`` exception: only the calling row ends (``submit`` and ``abort`` stay
-        allowed there: they queue or mark, and the step reads on).
-
-        Raises:
-            RuntimeError: naming the call, the row and what to do instead."""
-        if self._in_on_token is not None:
-            raise RuntimeError(
-                f"Scheduler.{call}() called from inside uid {self._in_on_token}'s on_token while step() "
-                "delivers this step's tokens; only submit() and abort() may be called there: call "
-                f"{call}() after step() returns"
-            )
+        """:func:`~workbench.engine.call_checks.refuse_inside_on_token` for this scheduler."""
+        call_checks.refuse_inside_on_token(self._in_on_token, call)
 
     # -- read-only views of the state ---------------------------------------------------
     clock = property(lambda self: self.recorder.clock, doc="The injected clock ``() -> seconds``.")
@@ -511,26 +498,7 @@ class Scheduler:
             ValueError: ``max_steps`` not a whole number >= 0, or an arrival not a
                 ``(step, Request)`` pair with a whole-number step >= 0."""
         self._refuse_inside_on_token("run")
-        if max_steps is not None and (
-            isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or max_steps < 0
-        ):
-            raise ValueError(
-                f"run(): max_steps must be a whole number >= 0 decode steps or None, got {max_steps!r}"
-            )
-        arrivals = list(arrivals)
-        for a in arrivals:
-            if not (
-                isinstance(a, (tuple, list))
-                and len(a) == 2
-                and isinstance(a[0], numbers.Integral)
-                and not isinstance(a[0], bool)
-                and a[0] >= 0
-                and isinstance(a[1], (Request, dict))
-            ):
-                raise ValueError(
-                    "run(): each arrival must be a (step, Request) pair with a whole-number step >= 0, "
-                    f"got {a!r:.200}"
-                )
+        arrivals = call_checks.run_arguments(arrivals, max_steps)
         pending = deque(sorted(arrivals, key=lambda a: a[0]))
         start = self.step_index
         while max_steps is None or self.step_index - start < max_steps:

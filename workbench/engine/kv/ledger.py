@@ -109,9 +109,15 @@ class KVLedger:
         budget = self.config.kv_budget_bytes
         if budget is None or need <= budget:
             return ""
+        why = (
+            ""
+            if self.base.exact_chunks
+            else "; with pacing, a prompt cache or kv_bits a prefill need not start on the chunk grid, "
+            "so the projection takes its larger chunks"
+        )
         return (
             f"request projects {need:,} KV bytes (prompt {prompt_tokens} + max_tokens {max_tokens} tokens, "
-            f"as mlx-lm's batch caches allocate them: 256-token growth steps) but kv_budget_bytes is "
+            f"as mlx-lm's batch caches allocate them: 256-token growth steps{why}) but kv_budget_bytes is "
             f"{budget:,}, so {budget:,} bytes are available even on an idle engine; it could never be admitted"
         )
 

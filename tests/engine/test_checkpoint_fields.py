@@ -297,6 +297,15 @@ def test_saving_onto_a_folder_is_refused_and_writes_nothing(bundled, tmp_path):
         wb.Checkpoint.load(tmp_path / "x.safetensors", sched)
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc: a folder that takes no new file")
+def test_saving_into_a_folder_that_takes_no_file_names_the_path_not_mlxs_temporary(bundled):
+    cp = wb.Scheduler(*bundled, **SETTINGS).checkpoint()
+    with pytest.raises(
+        PermissionError, match=r"Checkpoint.save: cannot write /proc/x.safetensors: its folder /proc"
+    ):
+        cp.save("/proc/x")
+
+
 # -- identity and adapters ---------------------------------------------------------------------
 ADAPTERS = {"prose": str(ROOT / "data/adapters/prose"), "numbers": str(ROOT / "data/adapters/numbers")}
 

@@ -8,6 +8,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -107,11 +108,55 @@ def test_over_the_kv_budget_or_the_context_is_413_and_a_full_queue_429(bundled):
         with pytest.raises(openai.APIStatusError) as long:
             client.completions.create(model="m", prompt=PROMPT, max_tokens=600)
         assert long.value.status_code == 413 and "context of 512 tokens" in long.value.message
-        with pytest.raises(openai.RateLimitError) as busy:
+        with pytest.raises(openai.BadRequestError) as never:  # no retry could take it: 400, not 429
             client.completions.create(model="m", prompt=PROMPT, max_tokens=4, n=3)
-        assert "max_queued is 2" in busy.value.message
+        assert (
+            never.value.body["param"] == "n"
+            and "queues at most 2 requests (max_queued)" in never.value.message
+        )
         ok = client.completions.create(model="m", prompt=PROMPT, max_tokens=4, n=2)
         assert len(ok.choices) == 2  # the server goes on
+
+
+def test_a_full_queue_is_429_retry_later(bundled):
+    sched = wb.Scheduler(*bundled, max_batch=1)
+    with wb.serve(sched, port=0, max_queued=1) as srv:
+        client = openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0, timeout=60)
+        running = client.completions.create(model="m", prompt=PROMPT, max_tokens=400, stream=True, stop=[])
+        next(iter(running))  # the one row decodes
+        waiting = threading.Thread(
+            target=lambda: client.completions.create(model="m", prompt=PROMPT, max_tokens=2), daemon=True
+        )
+        waiting.start()
+        wait_until(lambda: len(sched.queue) == 1, what="a request waiting in the queue")
+        with pytest.raises(openai.RateLimitError) as busy:
+            client.completions.create(model="m", prompt=PROMPT, max_tokens=2)
+        assert "the queue holds 1 requests and max_queued is 1; retry later" in busy.value.message
+        running.close()
+        waiting.join(60)
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"\xff\xfe{", "not valid JSON"),  # UTF-16 by its BOM, then not
+        (b'{"prompt":"\xff","max_tokens":2}', "not valid JSON"),  # not UTF-8
+        (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),
+    ],
+)
+def test_a_body_not_utf8_or_nested_too_deep_is_400_not_500(server, content, words):
+    r = httpx.post(f"{server.url}/completions", content=content, timeout=30)
+    assert (
+        r.status_code == 400
+        and r.json()["error"]["param"] == "body"
+        and words in r.json()["error"]["message"]
+    )
+    assert httpx.get(f"{server.url.removesuffix('/v1')}/health", timeout=30).status_code == 200
+
+
+def test_a_string_seed_with_n_is_400_naming_seed(server):
+    r = httpx.post(f"{server.url}/completions", json={"prompt": PROMPT, "max_tokens": 2, "n": 2, "seed": "1"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.json()
 
 
 def _stream_then_hang_up(url: str, body: dict, chunks: int) -> None:

@@ -143,6 +143,7 @@ def save(checkpoint: Any, path: str | Path) -> Path:
     Raises:
         ValueError: a running request's callable field (naming uid and field), a quantized KV
             cache, the packed layout, no identity, or a ``path`` that is or is under no file.
+        PermissionError: ``path``'s folder takes no new file (read-only, or ``/proc``), naming ``path``.
     """
     if checkpoint.identity is None:
         raise ValueError("this checkpoint does not know its scheduler (take it with Scheduler.checkpoint())")
@@ -175,7 +176,14 @@ def save(checkpoint: Any, path: str | Path) -> Path:
     )  # short: any legal target name fits
     try:
         caches = checkpoint.state.batch.caches or []
-        save_prompt_cache(str(temporary), caches, {"workbench": json.dumps(document)})
+        try:
+            save_prompt_cache(str(temporary), caches, {"workbench": json.dumps(document)})
+        except RuntimeError as exc:  # MLX names only its temporary file ("Failed to open file ...")
+            if "Failed to open" not in str(exc):
+                raise
+            raise PermissionError(
+                f"Checkpoint.save: cannot write {target}: its folder {target.parent} does not take a new file ({exc})"
+            ) from None
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)

@@ -276,6 +276,9 @@ class Scheduler:
             request = Request.from_dict(request)
         if not isinstance(request, Request):
             raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
+        validate(
+            request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field
+        )  # seed + i
         seed = request.seed if request.seed is not None else int(self.state.rng.integers(2**31))
         uids = [self.submit(replace(request, seed=seed + i)) for i in range(n)]
         for uid in uids:

@@ -145,8 +145,10 @@ def build_app(
     async def generate(http: HTTPRequest, chat: bool) -> Response:
         try:
             body = json.loads(await http.body() or b"null")
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not UTF-8/16/32 text
             return refusal(BadField("body", f"the body is not valid JSON: {exc}"))
+        except RecursionError:
+            return refusal(BadField("body", "the body's JSON nests too deeply to parse"))
         try:
             prepared = translate(body, chat, eos_ids, default_max_tokens, chat_template)
         except BadField as exc:

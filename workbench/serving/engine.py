@@ -262,6 +262,12 @@ class EngineThread:
                     "priority changes nothing on this server (policy 'fcfs' and no kv_budget_bytes: "
                     "no preemption); serve with policy='priority' or leave priority out",
                 )
+            if prepared.n > self.max_queued:  # no retry could ever take it: not a 429
+                raise BadField(
+                    "n",
+                    f"n is {prepared.n} but this server queues at most {self.max_queued} requests "
+                    "(max_queued): ask for at most that many samples",
+                )
             if len(self.sched.queue) + prepared.n > self.max_queued:
                 raise Busy(
                     f"the queue holds {len(self.sched.queue)} requests and max_queued is {self.max_queued}; "

@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -184,3 +185,30 @@ def test_the_invariance_audit_command_prints_the_operations_and_exits_0_when_the
     assert main(["invariance", "--batch-sizes", "3", "--max-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "operation | rows tried" in out and "attention" in out and "invariant B =   3: 3/3" in out
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["calibrate", "--out", "{dir}"], "is a folder; give a file name"),
+        (["invariance", "--cost", "--out", "{dir}"], "is a folder; give a file name"),
+        (["demo", "--out", "{file}"], "is a file; give a folder"),
+        (["replay-html", "--out", "{file}"], "is a file; give a folder"),
+        (["goldens", "--out", "{file}/sub"], "{file} is a file, not a folder to write into"),
+    ],
+)
+def test_an_unwritable_out_is_refused_before_any_work_naming_the_flag(tmp_path, capsys, argv, words):
+    """A break-it pass (2026-12-07): ``calibrate`` worked ~20 s, ``replay-html`` 44 s, before an
+    ``--out`` they could not write failed with an ``[Errno]`` that did not name ``--out``."""
+    (tmp_path / "f").write_text("x")
+    filled = [a.format(dir=tmp_path, file=tmp_path / "f") for a in argv]
+    assert main(filled) == 2
+    err = capsys.readouterr().err
+    words = words.format(file=tmp_path / "f")
+    assert f"error: --out {filled[-1]}: {words}" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux's /proc: a folder that takes no new file")
+def test_an_out_in_a_folder_that_takes_no_file_is_refused_naming_it(capsys):
+    assert main(["demo", "--out", "/proc/x"]) == 2
+    assert "error: --out /proc/x: /proc takes no new file" in capsys.readouterr().err

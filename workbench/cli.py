@@ -11,7 +11,9 @@ stderr and exit code 130; a bad argument, model or folder with one line and exit
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -406,6 +408,30 @@ def _out(p: argparse.ArgumentParser, what: str) -> None:
         default=OUT,
         help=f"output folder for {what} (default ./{OUT}; --out docs rewrites the repo's documented copy)",
     )
+    p.set_defaults(out_kind="folder")
+
+
+def check_out(out: str | os.PathLike, kind: str) -> None:
+    """Refuse an ``--out`` that could not be written, before any work: a ``kind`` ``"folder"``
+    that is an existing file, a ``"file"`` that is an existing folder, or a path whose nearest
+    existing folder takes no new file (read-only, ``/proc``; tried with a temporary file,
+    removed at once), or that lies under a file.
+
+    Raises:
+        ValueError: naming ``--out``, the path and why (``main`` prints it on one line, exit 2)."""
+    path = Path(out).expanduser()
+    if kind == "folder" and path.exists() and not path.is_dir():
+        raise ValueError(f"--out {out}: is a file; give a folder")
+    if kind == "file" and path.is_dir():
+        raise ValueError(f"--out {out}: is a folder; give a file name")
+    nearest = next((q for q in (path, *path.parents) if q.exists()), Path("."))
+    if not nearest.is_dir():
+        raise ValueError(f"--out {out}: {nearest} is a file, not a folder to write into")
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--out {out}: {nearest} takes no new file ({exc.strerror or exc})") from None
 
 
 def _model(p: argparse.ArgumentParser, default: str = "bundled") -> None:
@@ -462,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model(g)
     g.add_argument("--out", default="goldens", help="output folder (default ./goldens)")
+    g.set_defaults(out_kind="folder")
     _command(
         sub,
         "gallery",
@@ -561,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model(ca, "the bundled tiny-llama")
     ca.add_argument("--out", default=None, help=f"the JSON file (default ./{OUT}/<model>-<machine>.json)")
+    ca.set_defaults(out_kind="file")
     bl = _command(
         sub,
         "blas",
@@ -629,6 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --cost: the prefill prompts' tokens (default 160 512)",
     )
     iv.add_argument("--out", default=None, help="with --cost: append JSON lines to this file")
+    iv.set_defaults(out_kind="file")
     iv.add_argument(
         "--coverage",
         action="store_true",
@@ -704,6 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         command = f"workbench {args.command}"
+        if getattr(args, "out", None) is not None and getattr(args, "out_kind", None):
+            check_out(args.out, args.out_kind)
         return args.func(args)
     except KeyboardInterrupt:
         print(f"\n{command}: interrupted (Ctrl-C)", file=sys.stderr)

@@ -5,6 +5,7 @@ the others untouched), 200 concurrent streams (each greedy answer equal to the r
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -49,11 +50,13 @@ PROMPT = "def add(a, b):"
         ({"prompt": PROMPT, "frobnicate": 1}, "frobnicate", "unknown field"),
         ({"prompt": PROMPT, "echo": True}, "echo", "not served"),
         ({"max_tokens": 3}, "prompt", "required"),
+        ({"prompt": "ab\ud800", "max_tokens": 2}, "prompt", "valid Unicode text: a lone surrogate"),
         ({"prompt": PROMPT, "response_format": {"type": "xml"}}, "response_format", "json_schema"),
     ],
 )
 def test_a_bad_field_is_400_naming_the_field_and_its_limit(server, body, field, words):
-    r = httpx.post(f"{server.url}/completions", json={"model": "m", **body}, timeout=30)
+    content = json.dumps({"model": "m", **body})  # ASCII: a lone surrogate travels escaped, as JSON allows
+    r = httpx.post(f"{server.url}/completions", content=content, timeout=30)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == field and words in error["message"], error
@@ -68,6 +71,7 @@ def test_a_bad_field_is_400_naming_the_field_and_its_limit(server, body, field, 
         ({"messages": [{"role": 5, "content": "hi"}]}, "messages[0].role", "non-empty str"),
         ({"messages": [{"content": "hi"}]}, "messages[0].role", "non-empty str"),
         ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "at least one text part"),
+        ({"max_completion_tokens": 3, "max_tokens": "a"}, "max_tokens", ">= 1"),  # not dropped silently
     ],
 )
 def test_a_bad_chat_field_is_400_naming_the_field_the_client_sent(server, body, field, words):

@@ -281,6 +281,7 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
     if isinstance(r.prompt, str):
         if not r.prompt:
             raise ValueError("prompt must be a non-empty str or list of token ids, got ''")
+        _check_unicode("prompt", r.prompt)
         ids = tuple(encode_text(tokenizer, r.prompt))
         if not ids:
             raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
@@ -290,6 +291,20 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
             raise ValueError("prompt must have at least 1 token id, got an empty list")
         return _check_ids("prompt", r.prompt, vocab_size)
     raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
+
+
+def _check_unicode(name: str, text: str) -> None:
+    """Refuse text the tokenizer cannot take: a lone surrogate (``"\\ud800"``, which JSON can
+    carry) has no UTF-8 form, and the tokenizer's own error names no field.
+
+    Raises:
+        ValueError: naming ``name`` and the character's position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} must be valid Unicode text: a lone surrogate {text[exc.start]!r} at character {exc.start}"
+        ) from None
 
 
 def _chat_ids(messages: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
@@ -305,6 +320,7 @@ def _chat_ids(messages: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]
             or not isinstance(m.get("content"), str)
         ):
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
+        _check_unicode(f"messages[{i}].content", m["content"])
     if not getattr(tokenizer, "has_chat_template", False):
         raise ValueError(
             "messages need a tokenizer with a chat template, and this model's tokenizer has none "

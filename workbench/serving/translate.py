@@ -261,8 +261,9 @@ def translate(
             raise BadField("top_logprobs", "top_logprobs needs logprobs: true")
         fields["top_logprobs"] = top
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if body.get("max_completion_tokens") is not None:
-            _int(body, "max_completion_tokens", 1, 1)  # the field the client sent, named
+        for name in ("max_completion_tokens", "max_tokens"):  # both checked: neither is silently dropped
+            if body.get(name) is not None:
+                _int(body, name, 1, 1)  # the field the client sent, named
     else:
         if "prompt" not in body:
             raise BadField("prompt", "prompt is required (a str or a list of token ids)")

@@ -225,7 +225,8 @@ def translate(
 
     Raises:
         BadField: an unknown field, a field of the wrong type, or one not served (``echo``,
-            ``suffix``, ``best_of`` other than ``n``, ``min_tokens`` with ``ignore_eos``).
+            ``suffix``, ``best_of`` other than ``n``; ``min_tokens`` with ``ignore_eos`` is served:
+            no stop id to hold back, so it changes nothing).
             Limits (``max_tokens >= 1``, ``top_p`` in ``(0, 1]``, ...) are checked at submit.
     """
     if not isinstance(body, dict):

@@ -84,7 +84,7 @@ def test_submit_n_takes_a_numpy_count(make_sched):
     assert len(uids) == 2
 
 
-@pytest.mark.parametrize("returned", [2**70, np.uint64(2**63), -1])
+@pytest.mark.parametrize("returned", [2**70, np.uint64(2**63), -(2**40)])  # beyond an MLX integer
 def test_a_sampler_returning_an_integer_out_of_range_ends_its_row_naming_the_value(make_sched, returned):
     sched = make_sched()
     good = sched.submit(wb.Request(prompt=[5, 9], max_tokens=3))

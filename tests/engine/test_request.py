@@ -35,7 +35,10 @@ BAD = [
     (dict(prompt=[1], logit_bias={5: float("nan")}), r"logit_bias\[5\] must be a finite number"),
     (dict(prompt=[1], logit_bias={OUTSIDE: 1.0}), r"logit_bias\[0\] = 1000000 is outside the vocabulary"),
     (dict(prompt=[1], logit_bias=[1, 2]), "logit_bias must be a mapping"),
-    (dict(prompt="ab\ud800c"), r"prompt must be valid Unicode text: a lone surrogate '\\ud800' at character 2"),
+    (
+        dict(prompt="ab\ud800c"),
+        r"prompt must be valid Unicode text: a lone surrogate '\\ud800' at character 2",
+    ),
     (
         dict(prompt=[1], logit_bias={9: 1e39}),  # overflowed float32: the row ended in error mid-run
         r"logit_bias\[9\] must be a finite number in \[-100, 100\] \(MAX_LOGIT_BIAS\)",

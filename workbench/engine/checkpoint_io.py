@@ -175,19 +175,27 @@ def save(checkpoint: Any, path: str | Path) -> Path:
         f".{secrets.token_hex(6)}.partial{SUFFIX}"
     )  # short: any legal target name fits
     try:
-        caches = checkpoint.state.batch.caches or []
-        try:
-            save_prompt_cache(str(temporary), caches, {"workbench": json.dumps(document)})
-        except RuntimeError as exc:  # MLX names only its temporary file ("Failed to open file ...")
-            if "Failed to open" not in str(exc):
-                raise
-            raise PermissionError(
-                f"Checkpoint.save: cannot write {target}: its folder {target.parent} does not take a new file ({exc})"
-            ) from None
+        _write(temporary, target, checkpoint.state.batch.caches or [], document)
         os.replace(temporary, target)
     finally:
         temporary.unlink(missing_ok=True)
     return target
+
+
+def _write(temporary: Path, target: Path, caches: list, document: dict) -> None:
+    """mlx-lm's ``save_prompt_cache`` of ``caches`` and ``document`` into ``temporary``.
+
+    Raises:
+        PermissionError: the folder takes no new file, naming ``target`` (MLX names only its
+            temporary file: ``Failed to open file ...``)."""
+    try:
+        save_prompt_cache(str(temporary), caches, {"workbench": json.dumps(document)})
+    except RuntimeError as exc:
+        if "Failed to open" not in str(exc):
+            raise
+        raise PermissionError(
+            f"Checkpoint.save: cannot write {target}: its folder {target.parent} does not take a new file ({exc})"
+        ) from None
 
 
 def _document(checkpoint: Any, identity: dict) -> dict:

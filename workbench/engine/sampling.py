@@ -73,7 +73,7 @@ def sampler_token(value: Any, vocab_size: int) -> tuple[mx.array, TokenCheck]:
     if (
         isinstance(value, (int, np.integer))
         and not isinstance(value, (bool, np.bool_))
-        and not 0 <= value < vocab_size
+        and not -(2**31) <= value < 2**32  # beyond an MLX integer: mx.array raised std::bad_cast
     ):
         raise BadOutput(
             f"sampler returned {int(value)!r}; a token id must be an integer in [0, {vocab_size})"

@@ -8,13 +8,11 @@ aborts and seeded sampled rows."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import pytest
 
-from workbench.runtime.blas import find_blas
+from tests.openblas_child import run_with_openblas
 
 pytestmark = pytest.mark.model
 
@@ -61,14 +59,8 @@ for name, cfg in settings.items():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
 def test_random_schedules_under_openblas_keep_every_row_bit_equal_alone(monkeypatch):
-    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)
-    if not find_blas():
-        pytest.skip("no optimized BLAS here (.ci/run installs Debian's libopenblas0-pthread)")
-    child = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=dict(os.environ), capture_output=True, text=True, timeout=900
-    )
-    assert child.returncode == 0, child.stdout + child.stderr
-    got = {line.split()[0]: line.split()[1:] for line in child.stdout.splitlines() if line.strip()}
+    stdout = run_with_openblas(monkeypatch, SCRIPT)
+    got = {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.strip()}
     for layout in ("padded", "packed"):
         equal, total = got[layout]
         assert int(total) >= 12 and equal == total, got

@@ -8,8 +8,6 @@ count) the default packed path is not bit-equal alone and the mode is."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 
 import mlx.core as mx
@@ -17,13 +15,13 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from tests.openblas_child import run_with_openblas
 from workbench.engine.levers.invariant_packed import paged_row_attention
 from workbench.engine.packed.grouped import grouped_attention, groups_of
 from workbench.engine.packed.indices import forward_index
 from workbench.engine.packed.pages import PageTable
 from workbench.engine.packed.per_token import token_blocks
 from workbench.observe.packed import Chunk
-from workbench.runtime.blas import find_blas
 from workbench.verify import oracle
 from workbench.verify.compose import check_pair
 
@@ -147,18 +145,9 @@ for mode, name in ((False, "default"), (True, "invariant")):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OpenBLAS is the Linux CPU's optimized BLAS")
 def test_with_openblas_packed_rows_are_bit_equal_alone_only_in_the_mode(monkeypatch):
     """The suite runs with ``WORKBENCH_BLAS=off``; a child process without it loads OpenBLAS."""
-    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)
-    if not find_blas():
-        pytest.skip("no optimized BLAS here (.ci/run installs Debian's libopenblas0-pthread)")
-    child = subprocess.run(
-        [sys.executable, "-c", OPENBLAS_SCRIPT],
-        env=dict(os.environ),  # WORKBENCH_BLAS deleted above
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    equal = {name: int(n) for name, n in (line.split() for line in child.stdout.split("\n") if line.strip())}
-    assert child.returncode == 0 and equal.get("invariant") == len(PROMPTS), child.stdout + child.stderr
+    stdout = run_with_openblas(monkeypatch, OPENBLAS_SCRIPT)
+    equal = {name: int(n) for name, n in (line.split() for line in stdout.split("\n") if line.strip())}
+    assert equal.get("invariant") == len(PROMPTS), stdout
     assert equal["default"] < len(PROMPTS), f"the default path differs from alone somewhere: {equal}"
 
 
@@ -198,18 +187,8 @@ def test_with_openblas_rows_beside_long_contexts_and_any_budget_stay_bit_equal_a
     tokens, a prompt cut by another budget: 5e-7 to 4e-6 off, tokens equal; found by a
     break-it pass). The reference BLAS the suite runs on rounds both paths alike, so a child
     process with OpenBLAS checks it."""
-    monkeypatch.delenv("WORKBENCH_BLAS", raising=False)
-    if not find_blas():
-        pytest.skip("no optimized BLAS here (.ci/run installs Debian's libopenblas0-pthread)")
-    child = subprocess.run(
-        [sys.executable, "-c", LONG_CONTEXT_SCRIPT],
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    got = {line.split()[0]: line.split()[1:] for line in child.stdout.splitlines() if line.strip()}
-    assert child.returncode == 0, child.stdout + child.stderr
+    stdout = run_with_openblas(monkeypatch, LONG_CONTEXT_SCRIPT)
+    got = {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.strip()}
     assert got["rows"][0] == got["rows"][1] == "10" and got["budgets"] == ["6", "6"], got
 
 

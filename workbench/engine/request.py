@@ -373,8 +373,16 @@ def _check_sampling(r: Request) -> None:
         raise ValueError(f"min_p must be a number in [0, 1), got {r.min_p!r}")
     if r.temperature == 0 and r.min_p > 0:
         raise ValueError("min_p needs temperature > 0; temperature 0 is greedy decoding")
-    if r.seed is not None and (not _is_int(r.seed) or r.seed < 0):
-        raise ValueError(f"seed must be an int >= 0 or None, got {r.seed!r}")
+    check_seed(r.seed)
+
+
+def check_seed(seed: Any) -> None:
+    """A request's ``seed``: an int ``>= 0`` or ``None``.
+
+    Raises:
+        ValueError: naming ``seed`` and its limit."""
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
 
 
 def _check_top_logprobs(r: Request, vocab_size: int) -> None:

@@ -58,7 +58,7 @@ from .layouts.layout import Read
 from .layouts.packed import PackedLayout
 from .layouts.padded import PaddedLayout
 from .levers import constrained, invariant, lora, quantized_kv
-from .request import Request, ValidRequest, context_limit, validate
+from .request import Request, ValidRequest, check_seed, context_limit, validate
 from .sampling import RowSampler
 from .siblings import check_samples
 from .state import RequestState, Status
@@ -276,9 +276,7 @@ class Scheduler:
             request = Request.from_dict(request)
         if not isinstance(request, Request):
             raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
-        validate(
-            request, self.tokenizer, self.vocab_size, self.context_tokens, self.context_field
-        )  # seed + i
+        check_seed(request.seed)  # before seed + i (submit validates the rest)
         seed = request.seed if request.seed is not None else int(self.state.rng.integers(2**31))
         uids = [self.submit(replace(request, seed=seed + i)) for i in range(n)]
         for uid in uids:

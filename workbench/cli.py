@@ -415,7 +415,7 @@ def check_out(out: str | os.PathLike, kind: str) -> None:
     """Refuse an ``--out`` that could not be written, before any work: a ``kind`` ``"folder"``
     that is an existing file, a ``"file"`` that is an existing folder, or a path whose nearest
     existing folder takes no new file (read-only, ``/proc``; tried with a temporary file,
-    removed at once), or that lies under a file.
+    removed at once), or that lies under a file. No mlx-lm counterpart.
 
     Raises:
         ValueError: naming ``--out``, the path and why (``main`` prints it on one line, exit 2)."""

@@ -377,7 +377,8 @@ def _check_sampling(r: Request) -> None:
 
 
 def check_seed(seed: Any) -> None:
-    """A request's ``seed``: an int ``>= 0`` or ``None``.
+    """A request's ``seed``: an int ``>= 0`` or ``None`` (numpy's ``SeedSequence`` takes no
+    negative seed). No mlx-lm counterpart (mlx-lm seeds one global PRNG).
 
     Raises:
         ValueError: naming ``seed`` and its limit."""

@@ -83,6 +83,40 @@ def test_a_bad_chat_field_is_400_naming_the_field_the_client_sent(server, body, 
     assert server.sched.idle
 
 
+CHAT = {"messages": [{"role": "user", "content": PROMPT}]}
+
+
+@pytest.mark.parametrize(
+    "chat, body, status, field",
+    [
+        (False, {"prompt": PROMPT, "max_tokens": 10**23}, 413, "max_tokens"),  # not the prompt
+        (False, {"prompt": list(range(600)), "max_tokens": 2}, 413, "prompt"),  # the prompt alone is too long
+        (True, {"max_completion_tokens": 10**23}, 413, "max_completion_tokens"),
+        (True, {"max_completion_tokens": None, "max_tokens": 10**23}, 413, "max_tokens"),
+        (False, {"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": "y"}}, 400, None),
+        (False, {"prompt": PROMPT, "stream_options": {"continuous_usage_stats": "y"}}, 400, None),
+        (False, {"prompt": PROMPT, "top_k": 3}, 400, "top_k"),  # top_k with greedy decoding
+        (False, {"prompt": PROMPT, "top_p": 0.5}, 400, "top_p"),
+        (False, {"prompt": None, "max_tokens": 2}, 400, "prompt"),
+        (False, {"prompt": PROMPT, "min_tokens": -1}, 400, "min_tokens"),
+        (False, {"prompt": PROMPT, "seed": 1.5}, 400, "seed"),
+        (False, {"prompt": PROMPT, "stop": ["a", ""]}, 400, "stop"),
+        (False, {"prompt": PROMPT, "logit_bias": {"1": "a"}}, 400, "logit_bias"),
+        (True, {"max_tokens": 2, "temperature": 1, "min_p": 3}, 400, "min_p"),
+        (True, {"max_tokens": 2, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ],
+)
+def test_every_refusal_names_the_field_the_client_sent(server, chat, body, status, field):
+    stream_options = body.get("stream_options", {})
+    field = field or f"stream_options.{next(iter(stream_options))}"  # OpenAI's dotted path
+    body = {"model": "m", **(CHAT if chat else {}), **body}
+    r = httpx.post(f"{server.url}/{'chat/' if chat else ''}completions", content=json.dumps(body), timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == field, error
+    assert server.sched.idle
+
+
 def test_a_row_that_ended_in_error_carries_its_message_streamed_or_not():
     shaper = Shaper(chat=False, model="m", decode=lambda ids: "")
     done = [Done(0, "length", "", 3, 2), Done(1, "error", "non-finite logits at step 4", 3, 4)]
@@ -109,6 +143,7 @@ def test_over_the_kv_budget_or_the_context_is_413_and_a_full_queue_429(bundled):
         with pytest.raises(openai.APIStatusError) as big:
             client.completions.create(model="m", prompt=PROMPT, max_tokens=400)
         assert big.value.status_code == 413 and "kv_budget_bytes" in big.value.message
+        assert big.value.body["param"] == "max_tokens"  # the prompt alone would fit
         with pytest.raises(openai.APIStatusError) as long:
             client.completions.create(model="m", prompt=PROMPT, max_tokens=600)
         assert long.value.status_code == 413 and "context of 512 tokens" in long.value.message

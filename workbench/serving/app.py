@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import Any
 
 from starlette.applications import Starlette
@@ -34,10 +33,9 @@ from starlette.routing import Route
 from .engine import Busy, Done, EngineThread, Piece, Submit
 from .metrics import EngineMetrics
 from .responses import Shaper, error_body, sse
-from .translate import BadField, Prepared, translate
+from .translate import BadField, Prepared, field_of, translate
 
-_FIELD = re.compile(r"^(?:Request: )?(?:the field )?'?([a-z_]+)")
-TOO_LARGE = ("kv_budget_bytes", "exceeds the model's context")
+TOO_LARGE = ("could never be admitted", "exceeds the model's context")  # the KV budget's, the context's
 
 
 class Disconnected(Exception):
@@ -45,16 +43,15 @@ class Disconnected(Exception):
 
 
 def refusal(exc: Exception) -> JSONResponse:
-    """The HTTP response of a refused request: 400 / 413 / 429 / 501 with OpenAI's error body."""
+    """The HTTP response of a refused request: 400 / 413 / 429 / 501 with OpenAI's error body,
+    ``param`` the body's field (a :class:`BadField`'s ``field``; else the field the message
+    starts with). mlx-lm: none."""
     message = str(exc)
-    if isinstance(exc, BadField):
-        return JSONResponse(error_body(message, exc.field), 400)
     if isinstance(exc, Busy):
         return JSONResponse(error_body(message, None, "rate_limit_exceeded"), 429)
     if isinstance(exc, ImportError):  # response_format without the structured extra
         return JSONResponse(error_body(message, "response_format", "not_implemented"), 501)
-    match = _FIELD.match(message)
-    field = match.group(1) if match else None
+    field = exc.field if isinstance(exc, BadField) else field_of(message)
     if any(t in message for t in TOO_LARGE):
         return JSONResponse(error_body(message, field, "request_too_large"), 413)
     return JSONResponse(error_body(message, field), 400)

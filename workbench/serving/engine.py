@@ -33,7 +33,7 @@ import mlx.core as mx
 
 from ..engine.request import Request, validate
 from ..engine.scheduler import Scheduler
-from .translate import BadField, Prepared
+from .translate import BadField, Prepared, field_of
 
 if TYPE_CHECKING:  # prometheus-client is the serve extra's: imported where a server starts
     from .metrics import EngineMetrics
@@ -274,8 +274,9 @@ class EngineThread:
                     "retry later"
                 )
             uids = self.sched.submit_n(self._capped(prepared), prepared.n)
-        except Exception as exc:  # the refusal goes to the handler: ValueError, ImportError, Busy
-            command.uids.set_exception(exc)
+        except Exception as exc:  # the refusal goes to the handler: BadField, ImportError, Busy
+            named = isinstance(exc, BadField) or not isinstance(exc, ValueError)
+            command.uids.set_exception(exc if named else BadField(self._blame(str(exc), prepared), str(exc)))
             return
         finally:
             self.metrics.observe(self.sched)
@@ -284,6 +285,31 @@ class EngineThread:
         for i, uid in enumerate(uids):
             self.rows[uid] = _Row(i, command)
         command.uids.set_result(uids)
+
+    def _blame(self, message: str, prepared: Prepared) -> str:
+        """The body's field that ``submit`` refused with ``message`` (:meth:`Prepared.field`
+        of the field the message starts with). A refusal of the prompt or of the request as a
+        whole (prompt + ``max_tokens`` over the model's context or the KV budget) blames
+        ``max_tokens`` when the same request with ``max_tokens`` 1 would be taken, else the
+        prompt; ``top_p / top_k need temperature > 0`` blames the one that was set."""
+        name, request = field_of(message) or "body", prepared.request
+        if name in ("prompt", "request"):
+            name = "prompt" if self._refused(replace(request, max_tokens=1)) else "max_tokens"
+        elif name == "top_p" and message.startswith("top_p / top_k") and request.top_p == 1:
+            name = "top_k"
+        return prepared.field(name)
+
+    def _refused(self, request: Request) -> bool:
+        """Whether ``submit`` would refuse ``request`` (validated and checked against the KV
+        budget; nothing is queued)."""
+        sched = self.sched
+        try:
+            valid = validate(
+                request, sched.tokenizer, sched.vocab_size, sched.context_tokens, sched.context_field
+            )
+        except ValueError:
+            return True
+        return bool(sched.ledger.refusal(len(valid.prompt_ids), request.max_tokens))
 
     def _capped(self, prepared: Prepared) -> Request:
         """The request, its default ``max_tokens`` capped at the context the prompt leaves

@@ -27,6 +27,8 @@ at the model's context left after the prompt).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,19 @@ CHAT = COMMON | {"messages", "top_logprobs", "max_completion_tokens"}
 COMPLETIONS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
+# The field a refusal's message starts with: ``max_tokens must ...``, ``Request: the field 'prompt' ...``,
+# ``messages[0].content must ...``, ``stop[1] must ...`` (-> ``stop``), ``submit_n: n must ...`` (-> ``n``).
+_FIELD = re.compile(r"^(?:Request: |submit_n: )?(?:the field )?'?([a-z_]+(?:\[\d+\]\.[a-z_]+)?)")
+
+
+def field_of(message: str) -> str | None:
+    """The field a refusal's ``message`` names first (``None`` if it names none): the words of
+    :func:`workbench.engine.request.validate` start with the field, e.g.
+    ``field_of("top_k must be an int >= 0, got -1") == "top_k"``. mlx-lm: none."""
+    match = _FIELD.match(message)
+    return match.group(1) if match else None
+
+
 class BadField(ValueError):
     """A request body's field that cannot be served: ``field`` names it (``"body"`` for the
     body as a whole), the message says why and the limit. HTTP 400."""
@@ -78,7 +93,9 @@ class Prepared:
     whether to return log-probs (``logprobs``), ``min_tokens`` (the processor in
     ``request.logits_processors``; it needs the prompt length: :meth:`MinTokens.bind`), and
     whether ``max_tokens`` is the server's default (``default_max_tokens``: the engine thread
-    then caps it at the context left after the prompt, as OpenAI's default is)."""
+    then caps it at the context left after the prompt, as OpenAI's default is), and ``names``:
+    the body's field of each :class:`Request` field named otherwise (``{"json_schema":
+    "response_format"}``; chat's ``prompt`` is ``messages``), read by :meth:`field`."""
 
     request: Request
     n: int = 1
@@ -87,6 +104,12 @@ class Prepared:
     logprobs: bool = False
     min_tokens: MinTokens | None = None
     default_max_tokens: bool = False
+    names: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def field(self, name: str) -> str:
+        """The body's field that became :class:`Request` field ``name`` (a refusal at submit
+        names the field the client sent: ``"top_logprobs"`` is completions' ``"logprobs"``)."""
+        return self.names.get(name, name)
 
 
 class MinTokens:
@@ -112,12 +135,14 @@ class MinTokens:
         return mx.where(barred, mx.array(-float("inf"), dtype=logits.dtype), logits)
 
 
-def _bool(body: dict, name: str, default: bool = False) -> bool:
+def _bool(body: dict, name: str, default: bool = False, parent: str = "") -> bool:
+    """``body[name]`` as a bool; a refusal names it by its path (``parent`` + ``name``:
+    ``stream_options.include_usage``)."""
     value = body.get(name, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise BadField(name, f"{name} must be a bool, got {value!r}")
+        raise BadField(parent + name, f"{parent + name} must be a bool, got {value!r}")
     return value
 
 
@@ -239,13 +264,14 @@ def translate(
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
         raise BadField("stream_options", f"stream_options must be {{'include_usage': bool}}, got {options!r}")
-    include_usage = _bool(options, "include_usage")
-    if _bool(options, "continuous_usage_stats"):
+    include_usage = _bool(options, "include_usage", parent="stream_options.")
+    if _bool(options, "continuous_usage_stats", parent="stream_options."):
         raise BadField(
             "stream_options.continuous_usage_stats",
             "stream_options.continuous_usage_stats is not served (usage comes in the last chunk: include_usage)",
         )
     fields: dict[str, Any] = {}
+    names = {"json_schema": "response_format", "stop_ids": "ignore_eos", "logits_processors": "min_tokens"}
     if chat:
         if "messages" not in body:
             raise BadField("messages", "messages is required (a non-empty list of {role, content})")
@@ -256,17 +282,22 @@ def translate(
             from mlx_lm.server import convert_chat
 
             fields["prompt"] = convert_chat(messages)
+            names["prompt"] = "messages"
         logprobs = _bool(body, "logprobs")
         top = _int(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
         if top and not logprobs:
             raise BadField("top_logprobs", "top_logprobs needs logprobs: true")
         fields["top_logprobs"] = top
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        else:
+            names["max_tokens"] = "max_completion_tokens"
         for name in ("max_completion_tokens", "max_tokens"):  # both checked: neither is silently dropped
             if body.get(name) is not None:
                 _int(body, name, 1, 1)  # the field the client sent, named
     else:
-        if "prompt" not in body:
+        if body.get("prompt") is None:
             raise BadField("prompt", "prompt is required (a str or a list of token ids)")
         fields["prompt"] = _prompt(body)
         for name in ("echo", "suffix"):
@@ -277,6 +308,7 @@ def translate(
         k = body.get("logprobs")
         logprobs = k is not None and k is not False
         fields["top_logprobs"] = 0 if not logprobs else _int(body, "logprobs", 0, 0, MAX_TOP_LOGPROBS)
+        names["top_logprobs"] = "logprobs"
         max_tokens = body.get("max_tokens")
     fields["max_tokens"] = default_max_tokens if max_tokens is None else max_tokens
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repetition_penalty", "priority"):
@@ -299,5 +331,6 @@ def translate(
     try:
         request = Request(**fields)
     except ValueError as exc:
-        raise BadField("body", str(exc)) from None
-    return Prepared(request, n, stream, include_usage, logprobs, min_tokens, max_tokens is None)
+        name = field_of(str(exc)) or "body"
+        raise BadField(names.get(name, name), str(exc)) from None
+    return Prepared(request, n, stream, include_usage, logprobs, min_tokens, max_tokens is None, names)

@@ -9,17 +9,18 @@ cut by ``clean_range`` where a kernel switches inside, then fixed calls of
 choice is the decode step's ``RowBlocks(8, 256)``: 16 prompts of 160-486 tokens (about 5,100
 rows) are then about 10 calls per projection of 512 rows where the default path makes one.
 
-1. **Blocks**: per variant (``current``; ``wide``: ``RowBlocks(8, --hi)`` first for this
-   backend's quantized weights), the prefill blocks each quantized projection got and its first
-   prefill's seconds (the blocks' calibration, ``clean_range``'s sweep, included).
-2. **Prefill**: per round the default path, ``current`` and ``wide`` each prefill the same
+1. **Blocks**: per variant (``current``; ``hi<N>``: ``RowBlocks(8, N)`` first for this
+   backend's quantized weights, one variant per ``--hi`` value), the prefill blocks each
+   quantized projection got and its first prefill's seconds (the blocks' calibration,
+   ``clean_range``'s sweep, included).
+2. **Prefill**: per round the default path and every variant each prefill the same
    ``--prompts`` prompts (submit to every row's first token, as ``workbench invariance --cost``
    times it; the order reversed every round; round 0 warms up and is not kept): medians and the
    median of the per-round ratios to the default path.
-3. **Proof**: in ``wide``, each prompt run alone against all of them at once (``--check-tokens``
+3. **Proof**: in every variant, each prompt run alone against all of them at once (``--check-tokens``
    tokens, greedy; tokens and log-probs, ``==``).
 
-    python scripts/lab/quantized_prefill_ab.py --model <smollm2-135m folder> --device gpu --hi 2048
+    python scripts/lab/quantized_prefill_ab.py --model <smollm2-135m folder> --device gpu --hi 256 8192
 """
 
 import argparse
@@ -96,7 +97,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="a quantized mlx-lm model (path or name)")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="gpu")
-    ap.add_argument("--hi", type=int, default=2048, help="the wide variant's RowBlocks(8, hi)")
+    ap.add_argument("--hi", type=int, nargs="+", default=[2048], help="one variant of RowBlocks(8, hi) each")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--check-tokens", type=int, default=6)
@@ -105,14 +106,14 @@ def main():
     mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
     model, tok = load(a.model, dequantize=False)
     prompts = prompts_of(model.args.vocab_size, a.prompts, 160, 512, seed=5)
-    variants = {"current": Variant(None), "wide": Variant(RowBlocks(8, a.hi))}
+    variants = {"current": Variant(None), **{f"hi{h}": Variant(RowBlocks(8, h)) for h in a.hi}}
     head = {
         "model": str(a.model),
         "device": str(mx.default_device()),
         "mlx": mx.__version__,
         "prompts": a.prompts,
     }
-    times: dict[str, list[float]] = {"default": [], "current": [], "wide": []}
+    times: dict[str, list[float]] = {"default": [], **{name: [] for name in variants}}
     first: dict[str, float] = {}  # round 0: each variant's first prefill, its blocks' calibration included
     for r in range(a.rounds + 1):
         names = list(times) if r % 2 == 0 else list(reversed(times))
@@ -147,18 +148,19 @@ def main():
             line[f"{name}_ratio"] = round(statistics.median(ratios), 3)
             line[f"{name}_ratios"] = [round(x, 2) for x in ratios]
     print_json_line(line, a.out)
-    with variants["wide"]:
-        t0 = time.perf_counter()
-        p = proof(model, tok, prompts, a.check_tokens)
-    print_json_line(
-        {
-            **head,
-            "what": "proof: wide blocks, rows bit-equal alone",
-            **p,
-            "seconds": round(time.perf_counter() - t0, 1),
-        },
-        a.out,
-    )
+    for name, v in variants.items():
+        with v:
+            t0 = time.perf_counter()
+            p = proof(model, tok, prompts, a.check_tokens)
+        print_json_line(
+            {
+                **head,
+                "what": f"proof: {name}'s blocks, rows bit-equal alone",
+                **p,
+                "seconds": round(time.perf_counter() - t0, 1),
+            },
+            a.out,
+        )
 
 
 if __name__ == "__main__":

@@ -127,6 +127,10 @@ FIELD_EDITS = {  # edit of the JSON document -> what the refusal names
         _set(("events", 0, "kind"), "boom"),
         r"events\[0\]: Event\.kind must be one of",
     ),
+    "an event of no saved request": (
+        _set(("events", 3, "uid"), 41),
+        r"checkpoint field events\[3\]\.uid: 41 is no request's uid",
+    ),
     "a lost request": (
         lambda d: d["queue"].pop(),
         r"requests\[uid \d\]\.status: queued but not in the queue",

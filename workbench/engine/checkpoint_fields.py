@@ -15,7 +15,8 @@ times finite; every request in the place its status says (queue, batch row, or e
 every cache layer of this model's class with its arrays' shapes and dtypes (a one-token probe
 on the scheduler's own fresh caches), ``B`` rows plus free slots, each row's offset equal to
 its token count and, for full attention, left padding + offset = KV width; the seed
-generator's state one numpy accepts; every event's fields of their types.
+generator's state one numpy accepts; every event's fields of their types and its uid one of
+the saved requests'.
 """
 
 from __future__ import annotations
@@ -197,6 +198,12 @@ class FieldReader:
         except (TypeError, ValueError, KeyError, OverflowError) as exc:
             raise ValueError(f"checkpoint field rng: {exc}") from None
         events = [self.event(e, f"events[{i}]") for i, e in enumerate(_list(document["events"], "events"))]
+        for i, e in enumerate(events):  # every event is of a saved request
+            need(
+                e.uid in requests,
+                f"events[{i}].uid",
+                f"{e.uid} is no request's uid (0 .. {len(requests) - 1})",
+            )
         return Loaded(batch, requests, queue, dict(counters), state, events)
 
     # -- requests

@@ -160,6 +160,25 @@ def test_loading_into_a_scheduler_with_other_settings_or_another_model_is_refuse
     assert other.idle and llama.idle, "a refused load changes nothing"
 
 
+def test_loading_across_prompt_cache_settings_is_refused_naming_the_prompt_cache(bundled, tmp_path):
+    model, tok = bundled
+    cached = wb.Scheduler(model, tok, **SETTINGS, prompt_cache=8)
+    cached.submit(wb.Request(prompt=[5, 6, 7], max_tokens=4))
+    cached.admit()
+    path = cached.checkpoint().save(tmp_path / "a.safetensors")
+    plain = wb.Scheduler(model, tok, **SETTINGS)
+    with pytest.raises(ValueError, match=r"settings\.prompt_cache: true saved, false here"):
+        wb.Checkpoint.load(path, plain)
+    assert plain.idle
+    wb.Checkpoint.load(path, wb.Scheduler(model, tok, **SETTINGS, prompt_cache=4))  # its size is not compared
+    arrays, metadata = mx.load(str(path), return_metadata=True)
+    document = json.loads(metadata["0.workbench"])
+    del document["identity"]["settings"]["prompt_cache"]  # a file saved before it was recorded
+    old = tmp_path / "old.safetensors"
+    mx.save_safetensors(str(old), arrays, {**metadata, "0.workbench": json.dumps(document)})
+    wb.Checkpoint.load(old, wb.Scheduler(model, tok, **SETTINGS, prompt_cache=8))
+
+
 def test_a_file_of_another_format_or_version_is_refused(bundled, tmp_path):
     model, tok = bundled
     sched = wb.Scheduler(model, tok)

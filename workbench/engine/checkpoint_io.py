@@ -61,7 +61,8 @@ def identity_of(
 ) -> dict:
     """What a checkpoint on disk records of the scheduler that saved it, and loading compares:
     the model (class, ``model.args``, a BLAKE2b digest of every weight), the tokenizer
-    (vocabulary size, EOS ids), the settings and the loaded adapters.
+    (vocabulary size, EOS ids), the settings, whether a prompt cache is on (``prompt_cache``:
+    it changes the KV bytes each request projects) and the loaded adapters.
 
     Args:
         parameters: ``(name, array)`` of every base weight
@@ -78,6 +79,9 @@ def identity_of(
     args = {k: _plain(v) for k, v in sorted(vars(args).items())} if args is not None else {}
     settings = {f.name: _plain(getattr(sched.config, f.name)) for f in dataclasses.fields(sched.config)}
     settings["adapters"] = sorted(sched.adapters.names) if sched.adapters else []
+    settings["prompt_cache"] = (
+        sched.prompt_cache is not None
+    )  # not a config field; it changes the KV projection
     return {
         "model": {
             "class": f"{type(model).__module__}.{type(model).__name__}",
@@ -312,7 +316,7 @@ def read(path: str | Path, sched: Any) -> Loaded:
         )
     need(set(document) == DOCUMENT_FIELDS, "(document)", f"fields {fields_differ(document, DOCUMENT_FIELDS)}")
     need(isinstance(document["identity"], dict), "identity", "not an object")
-    differ = differences(document["identity"], sched._identity())
+    differ = differences(document["identity"], _identity_here(document["identity"], sched))
     if differ:
         raise ValueError(
             f"checkpoint {path} was saved by a scheduler unlike this one: "
@@ -326,6 +330,16 @@ def read(path: str | Path, sched: Any) -> Loaded:
             "files (Checkpoint.save refuses them); its checkpoints restore in memory"
         )
     return FieldReader(sched).read(document, caches)
+
+
+def _identity_here(saved: dict, sched: Any) -> dict:
+    """``sched``'s identity to compare with a file's ``saved`` one: without
+    ``settings.prompt_cache`` where the file records none (saved before it was recorded; a
+    differing prompt cache is then refused by the requests' ``projected_bytes``)."""
+    here = sched._identity()
+    if isinstance(saved.get("settings"), dict) and "prompt_cache" not in saved["settings"]:
+        here = {**here, "settings": {k: v for k, v in here["settings"].items() if k != "prompt_cache"}}
+    return here
 
 
 def _check_safetensors(path: Path) -> None:

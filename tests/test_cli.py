@@ -212,3 +212,18 @@ def test_an_unwritable_out_is_refused_before_any_work_naming_the_flag(tmp_path, 
 def test_an_out_in_a_folder_that_takes_no_file_is_refused_naming_it(capsys):
     assert main(["demo", "--out", "/proc/x"]) == 2
     assert "error: --out /proc/x: /proc takes no new file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port, shown", [("99999", "99999"), ("-1", "-1"), ("http", "'http'")])
+def test_serve_refuses_a_port_outside_0_65535_at_parse_time_naming_the_flag(monkeypatch, capsys, port, shown):
+    """A break-it pass (2026-12-07): ``--port 99999`` failed only after the model loaded, not naming ``--port``."""
+    import workbench.serving.server as server
+
+    monkeypatch.setattr(server, "serve_command", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", port])
+    assert exc.value.code == 2
+    assert (
+        f"argument --port: must be an int in [0, 65535] (0: a free one), got {shown}"
+        in capsys.readouterr().err
+    )

@@ -379,6 +379,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, an int in ``[0, 65535]`` (0: the OS picks a free one), so a
+    bad ``--port`` is refused at parse time, before any model loads.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or outside ``[0, 65535]`` (argparse names the flag).
+
+    mlx-lm: none (``mlx_lm.server``'s ``--port`` is a plain ``int``).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an int in [0, 65535] (0: a free one), got {text!r}"
+        ) from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an int in [0, 65535] (0: a free one), got {value}")
+    return value
+
+
 def _command(
     sub: argparse._SubParsersAction,
     name: str,
@@ -679,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         "model", nargs="?", default=None, help="as --model of the other commands (default: bundled)"
     )
     se.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    se.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
+    se.add_argument("--port", type=port_number, default=8000, help="port (default 8000; 0: a free one)")
     se.add_argument(
         "--max-batch", type=positive_int, default=8, help="most rows decoding at once (default 8)"
     )

@@ -157,6 +157,12 @@ def test_over_the_kv_budget_or_the_context_is_413_and_a_full_queue_429(bundled):
         assert len(ok.choices) == 2  # the server goes on
 
 
+@pytest.mark.parametrize("port", [70000, -1, "8000", True])
+def test_wb_serve_refuses_a_port_outside_0_65535_before_it_starts(bundled, port):
+    with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\] \(0: a free one\), got "):
+        wb.serve(wb.Scheduler(*bundled), port=port)
+
+
 def test_a_full_queue_is_429_retry_later(bundled):
     sched = wb.Scheduler(*bundled, max_batch=1)
     with wb.serve(sched, port=0, max_queued=1) as srv:

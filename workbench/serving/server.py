@@ -119,6 +119,7 @@ def serve(
         The running :class:`Server` (``server.url`` is a client's ``base_url``).
 
     Raises:
+        ValueError: ``port`` not an int in ``[0, 65535]`` (before anything starts).
         ImportError: without the ``serve`` extra (``pip install -e ".[serve]"``).
         OSError: the port is taken, or the server did not start within ``start_timeout_s``.
 
@@ -129,6 +130,8 @@ def serve(
             model="workbench", prompt="def add(a, b):", max_tokens=16)
         server.stop()
     """
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an int in [0, 65535] (0: a free one), got {port!r}")
     try:  # the serve extra (Starlette, uvicorn, prometheus-client): imported here, named if missing
         import uvicorn
 

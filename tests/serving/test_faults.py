@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -249,6 +251,34 @@ async def _other_beside(server, body, stream, known):
                 await task
     await asyncio.to_thread(wait_until, lambda: server.sched.idle, 60, "the engine to go idle")
     return await other
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_client_that_leaves_while_sending_its_body_ends_quietly_without_a_traceback(server, path):
+    """A break-it pass (2026-12-07): a client that hung up mid-body left ``Exception in ASGI
+    application`` and starlette's ``ClientDisconnect`` traceback in the server's log."""
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with socket.create_connection((server.host, server.port), timeout=30) as s:
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            s.sendall(head.encode() + b'{"prompt": "def add')  # 1000 bytes announced, 19 sent
+            wait_until(lambda: server._uvicorn.server_state.tasks, what="the handler reading the body")
+        wait_until(lambda: not server._uvicorn.server_state.tasks, what="the handler to end")
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert not [r for r in logged if r.exc_info or r.levelno >= logging.ERROR], [
+        r.getMessage() for r in logged
+    ]
+    assert (
+        server.sched.idle
+        and httpx.get(f"{server.url.removesuffix('/v1')}/health", timeout=30).status_code == 200
+    )
 
 
 PROMPTS = [f"def f{i}(x):\n    return x + {i}" for i in range(20)]

@@ -16,7 +16,8 @@ its limit: the same words as ``Request`` validation); 413 a request the KV budge
 model's context can never hold; 429 the queue is full (``max_queued``); 501 ``response_format``
 without the ``structured`` extra. An engine call that raises (the scheduler is then as before
 it) ends the live rows with finish reason ``error``. A client that disconnects (mid-stream or
-while waiting for a whole body) has its rows aborted: they finish ``abort`` and the next ``filter()`` frees their KV.
+while waiting for a whole body) has its rows aborted: they finish ``abort`` and the next ``filter()`` frees their KV;
+one that disconnects while sending its request body reaches no engine and logs nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -142,6 +144,8 @@ def build_app(
     async def generate(http: HTTPRequest, chat: bool) -> Response:
         try:
             body = json.loads(await http.body() or b"null")
+        except ClientDisconnect:  # the client left while sending its body: nothing to answer, nothing to log
+            return Response(status_code=499)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not UTF-8/16/32 text
             return refusal(BadField("body", f"the body is not valid JSON: {exc}"))
         except RecursionError:

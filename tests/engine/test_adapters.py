@@ -116,7 +116,7 @@ def test_checkpoint_restore_and_fork_keep_the_adapters(loaded):
     sched.admit()
     sched.step()
     cp = sched.checkpoint()
-    fork = sched.fork(max_batch=2)
+    fork = sched.fork(max_batch=6)  # a changed setting; below the 4 rows it holds is refused
     sched.run()
     first = [sched.tokens(u) for u in uids]
     sched.restore(cp)

@@ -148,6 +148,30 @@ def test_a_fork_may_change_the_admission_policy_only(make_sched, prompt):
         sched.fork(max_kv_size=8)
 
 
+def test_a_fork_with_max_batch_below_the_rows_it_would_hold_is_refused_naming_both(make_sched, prompt):
+    """A break-it pass (2026-12-07): ``fork(max_batch=1)`` of a scheduler with 3 running rows
+    decoded on with 3 rows, above its limit; it sheds no row, so it is refused."""
+    sched = make_sched(max_batch=4, prefill_step_size=4)
+    for i in range(3):
+        sched.submit(wb.Request(prompt=prompt(4, 30 * i), max_tokens=6, stop_ids=[]))
+    sched.admit()  # three rows join
+    sched.submit(wb.Request(prompt=prompt(12, 100), max_tokens=6, stop_ids=[]))
+    sched.admit()  # the fourth prefills its first 4-token chunk of 12
+    assert len(sched.batch.rows) == 3 and sched.state.prefilling is not None
+    n = len(sched.events)
+    for max_batch in (1, 3):
+        with pytest.raises(
+            ValueError,
+            match=rf"fork: max_batch={max_batch} is below the 4 rows this scheduler holds \(3 in the batch "
+            r"unfinished, 0 finished until filter\(\), 1 prefilling\)",
+        ):
+            sched.fork(max_batch=max_batch)
+    assert len(sched.events) == n and len(sched.batch.rows) == 3  # nothing changed
+    fork = sched.fork(max_batch=4)
+    fork.run()
+    assert all(len(fork.tokens(u)) == 6 for u in fork.requests)
+
+
 def test_a_fork_that_keeps_checkpoints_keeps_one_of_the_state_it_starts_from(make_sched, prompt):
     sched = make_sched(max_batch=2, history_size=16)  # keeps no checkpoint itself
     sched.submit(wb.Request(prompt=prompt(5), max_tokens=8, stop_ids=[]))

@@ -225,6 +225,27 @@ def check_owner(checkpoint: Any, scheduler_id: str, model: Any) -> None:
         )
 
 
+def check_fork_rows(state: EngineState, max_batch: int) -> None:
+    """Refuse a fork whose ``max_batch`` is below the rows it would start with: the batch's
+    rows (running, or finished until ``filter()`` evicts them) plus a prefilling group's (they
+    join next). A fork starts in ``state`` and sheds no row by itself, so it would decode above
+    its limit. mlx-lm: none (its ``BatchGenerator`` has no fork).
+
+    Raises:
+        ValueError: naming ``max_batch``, the rows held (of each kind) and how to make room.
+    """
+    rows = state.batch.rows
+    prefilling = len(state.prefilling.states) if state.prefilling is not None else 0
+    held, finished = len(rows) + prefilling, sum(s.finished for s in rows)
+    if held > max_batch:
+        raise ValueError(
+            f"fork: max_batch={max_batch} is below the {held} rows this scheduler holds ({len(rows) - finished} "
+            f"in the batch unfinished, {finished} finished until filter(), {prefilling} prefilling); a fork "
+            f"starts in this state and sheds no row: fork with max_batch >= {held}, or preempt(), abort() and "
+            "filter() rows first"
+        )
+
+
 @contextlib.contextmanager
 def sigint_deferred():
     """Hold SIGINT while the body runs and deliver it after (main thread only)."""

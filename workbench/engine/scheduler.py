@@ -49,7 +49,7 @@ from ..observe.snapshot import Snapshot
 from . import call_checks, shared_prompts
 from .admission import Admission, policy_from
 from .capture import engine_capture
-from .checkpoint import Checkpoint, EngineState, check_owner, sigint_deferred, transactional
+from .checkpoint import Checkpoint, EngineState, check_fork_rows, check_owner, sigint_deferred, transactional
 from .checkpoint_io import identity_of
 from .config import SchedulerConfig
 from .integrity import Integrity, check_state
@@ -569,13 +569,15 @@ class Scheduler:
         checkpoint of the state it starts from, so :meth:`restore` can return to where it forked.
 
         Raises:
-            ValueError: for a setting a fork may not change, or an invalid value.
+            ValueError: a setting a fork may not change, an invalid value, or a ``max_batch``
+                below the rows this scheduler holds (batch and prefilling; nothing is preempted).
         """
         allowed = [*SchedulerConfig.fork_fields(), "clock"]
         unknown = sorted(set(changes) - set(allowed))
         if unknown:
             raise ValueError(f"fork: cannot change {unknown}; a fork may change {allowed}")
         other = self.fresh(**changes)
+        check_fork_rows(self.state, other.config.max_batch)
         other.state = self.state.clone()
         other.recorder = self.recorder.clone(other.clock, other.history.maxlen)
         if other.config.history_checkpoints and not other.recorder.stale:

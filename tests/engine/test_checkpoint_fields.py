@@ -366,3 +366,18 @@ def test_no_import_circle_runs_through_the_checkpoint_modules():
 
     for module in ("checkpoint", "checkpoint_io", "checkpoint_fields", "integrity"):
         assert reaches(module, module) is None, f"import circle: {' -> '.join(reaches(module, module))}"
+
+
+def test_weights_changed_in_place_go_unseen_by_the_scheduler_that_saved_and_a_fork_sees_them(tmp_path):
+    """The documented limit (``checkpoint_io.identity_of``): a scheduler's identity is computed
+    once; after weights change in place, a fork (or a new scheduler) computes it anew and
+    refuses a file saved under the old weights."""
+    from mlx.utils import tree_map
+
+    model, tok = wb.load(wb.BUNDLED_MODEL)  # a private copy: its weights change below
+    sched = wb.Scheduler(model, tok, **SETTINGS)
+    path = sched.checkpoint().save(tmp_path / "before.safetensors")
+    model.update(tree_map(lambda a: a * 2 if mx.issubdtype(a.dtype, mx.floating) else a, model.parameters()))
+    wb.Checkpoint.load(path, sched)  # its identity was computed before the change: still loads
+    with pytest.raises(ValueError, match=r"model\.weights_blake2b: .* saved, .* here"):
+        wb.Checkpoint.load(path, sched.fork())

@@ -64,6 +64,14 @@ def identity_of(
     (vocabulary size, EOS ids), the settings, whether a prompt cache is on (``prompt_cache``:
     it changes the KV bytes each request projects) and the loaded adapters.
 
+    A scheduler computes it once, at its first checkpoint save or load (``Scheduler._identity``),
+    and keeps it: the digest is a pass over every weight's bytes, too slow to repeat at every save
+    of a large model. So weights changed in place afterwards (``model.load_weights``,
+    ``model.update``, an array's item assignment) are not seen by that scheduler, whose files then
+    claim the old weights; after changing them, save and load with a new scheduler
+    (``Scheduler(...)``, ``sched.fresh()`` or ``sched.fork()``: each computes it anew).
+    mlx-lm: none.
+
     Args:
         parameters: ``(name, array)`` of every base weight
             (:func:`workbench.engine.levers.lora.base_parameters`; ``None``: the model's own).

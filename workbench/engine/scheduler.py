@@ -540,7 +540,7 @@ class Scheduler:
         )
 
     def _identity(self) -> dict:
-        """The model, tokenizer and settings a checkpoint on disk records (computed once)."""
+        """What a checkpoint on disk records: ``identity_of``, computed once (weights changed later go unseen)."""
         if "_identity_cache" not in self.__dict__:
             self._identity_cache = identity_of(
                 self, lora.base_parameters(self.model), lora.weights_digest(self.adapters)

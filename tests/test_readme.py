@@ -53,6 +53,25 @@ def test_the_readme_install_includes_what_its_panel_line_needs():
     extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(dep.startswith("ipywidgets") for dep in extras["notebooks"])
     assert any(dep.startswith("jupyterlab") for dep in extras["notebooks"])  # `jupyter lab notebooks/`
+    # notebooks 16 (Request(json_schema=...)) and 18 (wb.serve), run in order, need these extras too
+    assert set(extras["structured"]) | set(extras["serve"]) <= set(extras["notebooks"])
+
+
+def test_the_dev_extra_installs_every_other_extra_but_cuda():
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name in set(extras) - {"dev", "cuda"}:
+        assert set(extras[name]) <= set(extras["dev"]), name
+
+
+def test_the_readme_names_every_workbench_command():
+    from workbench.cli import build_parser
+
+    found = re.search(r"`workbench --help`: the commands \(([^)]*)\)", README.read_text())
+    assert found, "the README's list of commands is missing"
+    listed = re.findall(r"`([\w-]+)`", found.group(1))
+    assert sorted(listed) == sorted(build_parser()._subparsers._group_actions[0].choices)
 
 
 @pytest.mark.model
@@ -66,6 +85,9 @@ def test_the_30_second_example_runs_to_its_last_line_the_panel():
     with contextlib.redirect_stdout(io.StringIO()) as out:
         exec(code.replace("wb.views.Panel(sched)", "panel = wb.views.Panel(sched)"), scope)
     assert "step 1: 2 row(s), KV width 8 tokens" in out.getvalue()
+    listed = re.search(r"report\.requests\.to_string\(\)\)  # (.*)", code).group(1).split(", ")
+    listed = listed[:-1] if listed[-1] == "..." else listed
+    assert listed == list(scope["report"].requests.columns)[: len(listed)]  # the comment names real columns
     assert type(scope["panel"]).__name__ == "Panel"
 
 

@@ -227,3 +227,35 @@ def test_serve_refuses_a_port_outside_0_65535_at_parse_time_naming_the_flag(monk
         f"argument --port: must be an int in [0, 65535] (0: a free one), got {shown}"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    "argv, extra, module",
+    [
+        (["serve"], "serve", "uvicorn"),
+        (["serve"], "serve", "starlette"),
+        (["invariance", "--coverage"], "structured", "llguidance"),
+        (["compose"], "structured", "llguidance"),
+    ],
+)
+def test_a_command_without_its_extra_says_so_in_one_line_before_loading_the_model(
+    monkeypatch, capsys, argv, extra, module
+):
+    """A new user's run (2026-12-08): ``invariance --coverage`` printed the audit, then died in a
+    traceback without llguidance; ``serve`` loaded the model, then died without uvicorn."""
+    import workbench.runtime.loading as loading
+
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` fails, as when it is not installed
+    monkeypatch.setattr(loading, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"workbench {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert f"needs the {extra} extra: pip install -e '.[{extra}]'" in err and module in err
+
+
+def test_invariance_help_says_the_batch_sizes_set_only_the_end_to_end_rows():
+    from workbench.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices["invariance"]
+    text = " ".join(sub.format_help().split())
+    assert "batch sizes B of the end-to-end rows" in text and "per-operation table keeps its own" in text

@@ -457,3 +457,19 @@ def test_the_prompt_cache_is_keyed_by_adapter_and_every_row_equals_alone(loaded)
                 expected.top_logprobs,
             ), (name, uid)
     assert sched.tokens(out["prose"][0]) != sched.tokens(out["numbers"][0])  # the adapters differ here
+
+
+def test_the_docs_first_example_shows_what_it_returns(monkeypatch):
+    """docs/adapters.md's first snippet, run: each ``sched.snapshot().<field>  # ...: <shown>`` line
+    returns what it shows (a break-it pass, 2026-12-08: it read ``adapters`` after ``run()``, ``()``)."""
+    import re
+
+    code = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "adapters.md").read_text(), re.S).group(1)
+    shown = re.findall(r"^(sched\.snapshot\(\)\.\w+)  # [^:]*: (.+)$", code, re.M)
+    assert [expr for expr, _ in shown] == ["sched.snapshot().adapters", "sched.snapshot().adapter_bytes"]
+    for expr, _ in shown:
+        code = code.replace(expr + "  #", f"seen.append({expr})  #", 1)
+    monkeypatch.chdir(ROOT)  # its adapter folders are relative to the repo
+    scope = {"seen": []}
+    exec(code, scope)
+    assert [repr(v) if isinstance(v, tuple) else f"{v:,}" for v in scope["seen"]] == [v for _, v in shown]

@@ -287,3 +287,24 @@ def test_save_paths_name_a_file_or_are_refused_naming_the_path(bundled, tmp_path
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cp.save("~/x") == tmp_path / "home" / "x.safetensors"
     assert wb.Checkpoint.load("~/x", wb.Scheduler(*bundled)) is not None
+
+
+def test_loading_a_folder_is_refused_as_saving_one_is(bundled, tmp_path, monkeypatch):
+    """A new user's run (2026-12-08): ``Checkpoint.load("run1", s)`` on a folder said ``no
+    checkpoint at run1.safetensors`` where ``save`` says ``run1 is a folder; give a file name``."""
+    sched = wb.Scheduler(*bundled)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run1").mkdir()
+    (tmp_path / "run2.safetensors").mkdir()
+    for path, folder in (
+        ("run1", "run1"),
+        ("run2", "run2.safetensors"),
+        ("run2.safetensors", "run2.safetensors"),
+    ):
+        words = rf"Checkpoint\.load: {folder} is a folder; give a file name, e\.g\. {folder}/checkpoint\.safetensors"
+        with pytest.raises(ValueError, match=words):
+            wb.Checkpoint.load(path, sched)
+        with pytest.raises(ValueError, match=words.replace("load", "save")):
+            sched.checkpoint().save(path)
+    sched.checkpoint().save("run1.safetensors")  # a file beside the folder: "run1" loads it
+    assert wb.Checkpoint.load("run1", sched) is not None

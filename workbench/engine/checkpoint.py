@@ -164,9 +164,10 @@ class Checkpoint:
         the tokens the saving run would have produced. Every field is checked first.
 
         Raises:
-            FileNotFoundError: no file there. ValueError: not a (sound) workbench checkpoint,
-                another format version, a differing model / tokenizer / setting, or a field
-                out of range (``checkpoint field <where>: <what>``).
+            FileNotFoundError: no file there. ValueError: a folder ``path`` (naming it, as
+                :meth:`save` does), not a (sound) workbench checkpoint, another format version,
+                a differing model / tokenizer / setting, or a field out of range
+                (``checkpoint field <where>: <what>``).
         """
         parts = checkpoint_io.read(path, sched)
         state = EngineState(

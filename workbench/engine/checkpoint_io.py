@@ -299,15 +299,19 @@ def read(path: str | Path, sched: Any) -> Loaded:
 
     Raises:
         FileNotFoundError: no file at :func:`file_of` ``(path)``.
-        ValueError: a folder, a damaged or foreign file, another version, a differing model /
-            tokenizer / setting (each named), or a field out of range
+        ValueError: a folder (``path``, where no checkpoint file is beside it, or its
+            ``.safetensors`` name), said as :func:`save` says it; a damaged or foreign file, another
+            version, a differing model / tokenizer / setting (each named), or a field out of range
             (``checkpoint field <where>: <what>``).
     """
-    path = file_of(path)
+    given, path = Path(os.fspath(path)).expanduser(), file_of(path)
+    for p in dict.fromkeys((given, path)):
+        if p.is_dir() and not path.is_file():
+            raise ValueError(
+                f"Checkpoint.load: {p} is a folder; give a file name, e.g. {p / ('checkpoint' + SUFFIX)}"
+            )
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    if path.is_dir():
-        raise ValueError(f"{path} is a folder, not a checkpoint file")
     _check_safetensors(path)
     try:
         caches, metadata = load_prompt_cache(str(path), return_metadata=True)

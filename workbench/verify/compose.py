@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
+from .invariance import run_alone
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS = {"prose": str(ROOT / "data/adapters/prose"), "numbers": str(ROOT / "data/adapters/numbers")}
@@ -182,21 +183,17 @@ def check_pair(model: Any, tokenizer: Any, names: Sequence[str]) -> PairResult:
     except ValueError as refusal:
         result.refused = str(refusal)
         return result
-    rows: list[tuple[str, Request, int]] = []
+    rows: list[tuple[str, int]] = []
     for kind, request, n in workload("adapters" in names):
         try:
             uids = sched.submit_n(request, n) if n > 1 else [sched.submit(request)]
         except ValueError as refusal:
             result.submit_refused[kind] = str(refusal)
             continue
-        for i, uid in enumerate(uids):
-            seed = None if request.seed is None else request.seed + i
-            rows.append((kind, _replace_seed(request, seed), uid))
+        rows += [(kind, uid) for uid in uids]
     sched.run()
-    for kind, request, uid in rows:
-        alone = _build(model, tokenizer, settings)
-        solo = alone.submit(request)
-        alone.run()
+    for kind, uid in rows:
+        alone, solo = run_alone(sched, uid)  # the same settings (max_batch too), the seed the row drew
         why = difference(_record(sched, uid), _record(alone, solo))
         result.rows += 1
         if why:
@@ -211,12 +208,6 @@ def check_pair(model: Any, tokenizer: Any, names: Sequence[str]) -> PairResult:
             continue
         result.wrong[kind] = f"refused at submit in the batch ({message}), accepted alone"
     return result
-
-
-def _replace_seed(request: Request, seed: int | None) -> Request:
-    from dataclasses import replace
-
-    return replace(request, seed=seed)
 
 
 def all_pairs(names: Sequence[str] | None = None) -> list[tuple[str, str]]:

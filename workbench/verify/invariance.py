@@ -4,8 +4,9 @@ Knows: the scheduler's public contract, :mod:`workbench.engine.levers.invariant`
 not know: views.
 
 - :func:`bit_check`: every finished row of a ``Scheduler(batch_invariant=True)`` run
-  against the same request run alone in the mode (``max_batch=1``, the same
-  ``prefill_step_size``): tokens and log-probs compared bit for bit, no tolerance.
+  against the same request run alone in the mode (:func:`run_alone`: the scheduler's own
+  settings, adapters and the row's seed, ``max_batch=1``): tokens and log-probs compared bit
+  for bit, no tolerance.
 - :func:`audit`: for a model on this device, which operations change a row's bits when
   the row count or the left padding changes (row alone vs inside ``B`` rows), by how much,
   and whether the mode's choices remove it; and end to end, how many rows of a batch equal
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,7 +84,12 @@ def alone(
     **settings: Any,
 ) -> tuple[list[int], list[float]]:
     """``(tokens, log-probs)`` of ``request`` run alone: ``Scheduler(max_batch=1,
-    batch_invariant=..., prefill_step_size=..., **settings)`` (e.g. ``kv_bits``)."""
+    batch_invariant=..., prefill_step_size=..., **settings)`` (e.g. ``kv_bits``). For a row of
+    a scheduler you have, :func:`run_alone` takes all its settings. Mirrors: none.
+
+    Raises:
+        ValueError: what ``Scheduler(...)`` and ``Scheduler.submit`` raise.
+    """
     sched = Scheduler(
         model,
         tokenizer,
@@ -91,19 +98,59 @@ def alone(
         batch_invariant=batch_invariant,
         **settings,
     )
-    uid = sched.submit(dataclasses.replace(request, on_token=None))  # the batched run's callback stays there
-    sched.run()
+    uid = _run_one(sched, request)
     return sched.tokens(uid), sched.logprobs(uid)
+
+
+def _run_one(sched: Scheduler, request: Request) -> int:
+    """Submit ``request`` to the empty ``sched`` without its ``on_token`` (the batched run's
+    callback stays there) and run it to its end; its uid there."""
+    uid = sched.submit(dataclasses.replace(request, on_token=None))
+    sched.run()
+    return uid
+
+
+def run_alone(sched: Scheduler, uid: int, **changes: Any) -> tuple[Scheduler, int]:
+    """Request ``uid`` of ``sched`` run again by itself on ``sched.fresh(**changes)``: the same
+    model, settings (``SchedulerConfig``: layout, ``page_size``, ``kv_bits``, ``max_kv_size``,
+    ``prefill_step_size``, ...), adapters, prompt cache (a size: a new, empty one; an mlx-lm
+    cache: shared) and clock, ``changes`` replacing some (:data:`ALONE_CHANGES` for
+    :func:`bit_check`), with the seed the row drew (``sched.requests[uid].seed``: a sampled
+    request submitted without one, or a ``submit_n`` sample, draws what it drew there).
+
+    Returns:
+        ``(other, v)``: the scheduler it ran on and its uid there (``other.tokens(v)``, ...).
+
+    Raises:
+        KeyError: a ``uid`` ``sched`` does not know. ValueError: what ``Scheduler.fresh`` and
+        ``submit`` raise for ``changes`` or the request.
+
+    Mirrors: none.
+    """
+    request = dataclasses.replace(sched.request_of(uid).request, seed=sched.requests[uid].seed)
+    other = sched.fresh(**changes)
+    return other, _run_one(other, request)
+
+
+# What differs for a run alone, beside max_batch=1 (the rest is the checked scheduler's own: docs'
+# "alone" is Scheduler(batch_invariant=True, max_batch=1) in the same settings). No prompt cache:
+# nothing of the batched run is reused (in the mode a hit keeps a row's bits, so its reference is its
+# whole prefill) and a user's mlx-lm cache is left as it was. The real clock: an injected one is not
+# advanced (pacing decides when a chunk runs, never its bits). A KV budget stays: one request alone
+# always fits it (submit refuses one that could not).
+ALONE_CHANGES = dict(max_batch=1, prompt_cache=None, clock=time.perf_counter)
 
 
 def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
     """Each finished row of ``sched`` (default: every finished request) against the same
-    request run alone in the mode (:func:`alone`, with ``sched``'s KV quantization and
-    ``max_kv_size``), bit for bit. Speculation and preemption need no alone run of their own: in the mode they leave
-    every row the bits it has without them.
+    request run alone in the mode: :func:`run_alone` with :data:`ALONE_CHANGES` (``sched``'s
+    settings, adapters and the row's seed; ``max_batch=1``, no prompt cache), bit for bit. Speculation
+    and preemption need no alone run of their own: in the mode they leave every row the bits it
+    has without them. Mirrors: none.
 
     Raises:
         ValueError: ``sched`` is not in the batch-invariant mode.
+        KeyError: a uid of ``uids`` ``sched`` does not know.
     """
     if sched.batch_invariant is None:
         raise ValueError(
@@ -112,17 +159,11 @@ def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
         )
     if uids is None:
         uids = [u for u, s in sched.requests.items() if s.finished]
-    quant = sched.recipe.kv_quant
-    settings = {} if quant is None else dict(kv_bits=quant.bits, kv_group_size=quant.group_size)
-    if sched.recipe.max_kv_size is not None:  # a sliding window of the scheduler's own
-        settings["max_kv_size"] = sched.recipe.max_kv_size
     rows = []
     for u in uids:
-        tokens, logprobs = alone(
-            sched.model, sched.tokenizer, sched.request_of(u).request, sched.prefill_step_size, **settings
-        )
-        got_t, got_l = sched.tokens(u), sched.logprobs(u)
-        d = first_difference(list(zip(got_t, got_l)), list(zip(tokens, logprobs)))
+        solo, v = run_alone(sched, u, **ALONE_CHANGES)
+        got = list(zip(sched.tokens(u), sched.logprobs(u)))
+        d = first_difference(got, list(zip(solo.tokens(v), solo.logprobs(v))))
         rows.append(BitRow(u, d is None, d))
     return BitReport(rows)
 

@@ -15,11 +15,13 @@ from workbench.demo import run_demo
 pytestmark = pytest.mark.model
 
 
-def test_demo_prints_table_and_oracle_and_writes_outputs(tmp_path):
+def test_demo_prints_table_and_oracle_and_writes_outputs(tmp_path, capsys):
     lines = []
-    code = run_demo(out_dir=tmp_path, echo=lines.append)
+    code = run_demo(out_dir=tmp_path, echo=lines.append, progress=True)
     text = "\n".join(lines)
     assert code == 0
+    bar = capsys.readouterr().err  # not a terminal (a log): the bar's last state stays, ended by a newline
+    assert "demo: 100%" in bar and bar.endswith("]\n"), repr(bar[-200:])
     assert "oracle: 14/14 rows match solo, 14/14 match mlx-lm BatchGenerator" in text
     assert "summary: 14 requests" in text and "tok/s" in text
     requests = pd.read_csv(tmp_path / "requests.csv")

@@ -7,6 +7,7 @@ argument parsing (see :mod:`workbench.cli`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -66,7 +67,9 @@ def run_demo(
         dequantize: load a quantized model's layers as float32
             (:func:`workbench.runtime.loading.load`: ``None``, the default, does so on the
             CPU, where it is faster; ``False`` keeps them quantized).
-        progress: a tqdm bar (stderr) over the generated tokens while the workload runs.
+        progress: a tqdm bar (stderr) over the generated tokens while the workload runs;
+            a terminal clears it at the end, elsewhere (a log) its last state stays, ended
+            by a newline, so the table does not join the bar's last line.
         batch_invariant: run ``Scheduler(batch_invariant=True)`` and also check every row
             bit for bit against itself alone in the mode
             (:func:`workbench.verify.invariance.bit_check`).
@@ -102,7 +105,7 @@ def run_demo(
         desc="demo",
         unit="tok",
         disable=not progress,
-        leave=False,
+        leave=not getattr(sys.stderr, "isatty", lambda: False)(),  # a log keeps the bar and its newline
     ) as bar:
         workload = [(step, replace(r, on_token=lambda uid, token: bar.update(1))) for step, r in workload]
         report = sched.run(workload)

@@ -76,6 +76,7 @@ def test_gallery_writes_one_png_per_view_and_a_markdown_page_that_shows_them(tmp
         assert f"](views/{name})" in md
         assert (tmp_path / "views" / name).stat().st_size > 10_000
     assert "uid 2 | . . # # # # # @" in md  # the joiner (5 prompt tokens) in temporal window order
+    assert md.count("measured by `workbench gallery` on ") == 2  # the latency views say where and when
 
 
 SUBCOMMANDS = (

@@ -70,6 +70,29 @@ def random_llama():
     return wb.load(RANDOM_MODEL)
 
 
+# A chat template that refuses through raise_exception, as real ones do ("Conversation roles must alternate").
+REFUSING_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] not in ['user', 'assistant', 'system'] %}{{ raise_exception('bad role ' + m['role']) }}{% endif %}"
+    "{% if loop.first and m['role'] == 'assistant' %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ m['content'] }}{% endfor %}"
+)
+
+
+@pytest.fixture(scope="session")
+def refusing_tokenizer():
+    """The bundled tokenizer (a copy of its own) with :data:`REFUSING_TEMPLATE` as its chat template."""
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from workbench.runtime.loading import BUNDLED_MODEL
+
+    tokenizer = load_tokenizer(Path(BUNDLED_MODEL))
+    tokenizer._tokenizer.chat_template = REFUSING_TEMPLATE
+    tokenizer.has_chat_template = True
+    return tokenizer
+
+
 @pytest.fixture
 def make_sched(bundled):
     """``make_sched(**kwargs)`` -> a Scheduler on the bundled model."""

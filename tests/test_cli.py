@@ -217,7 +217,19 @@ def test_an_out_in_a_folder_that_takes_no_file_is_refused_naming_it(capsys):
     assert "error: --out /proc/x: /proc takes no new file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("port, shown", [("99999", "99999"), ("-1", "-1"), ("http", "'http'")])
+@pytest.mark.parametrize(
+    "port, shown",
+    [
+        ("99999", "99999"),
+        ("-1", "-1"),
+        ("http", "'http'"),
+        # int() took these (a break-it pass, 2026-12-08): ASCII digits only.
+        (" 80 ", "' 80 '"),
+        ("8_000", "'8_000'"),
+        ("+80", "'+80'"),
+        ("\uff18\uff10", "'\uff18\uff10'"),  # full-width 80
+    ],
+)
 def test_serve_refuses_a_port_outside_0_65535_at_parse_time_naming_the_flag(monkeypatch, capsys, port, shown):
     """A break-it pass (2026-12-07): ``--port 99999`` failed only after the model loaded, not naming ``--port``."""
     import workbench.serving.server as server

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -421,16 +422,14 @@ def port_number(text: str) -> int:
     bad ``--port`` is refused at parse time, before any model loads.
 
     Raises:
-        argparse.ArgumentTypeError: not an int, or outside ``[0, 65535]`` (argparse names the flag).
+        argparse.ArgumentTypeError: not an int in ASCII digits (an optional ``-``), or outside
+            ``[0, 65535]`` (argparse names the flag).
 
     mlx-lm: none (``mlx_lm.server``'s ``--port`` is a plain ``int``).
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be an int in [0, 65535] (0: a free one), got {text!r}"
-        ) from None
+    if not re.fullmatch(r"-?[0-9]{1,16}", text):  # int() would take " 80 ", "8_000", "+80", full-width digits
+        raise argparse.ArgumentTypeError(f"must be an int in [0, 65535] (0: a free one), got {text!r}")
+    value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be an int in [0, 65535] (0: a free one), got {value}")
     return value

@@ -124,6 +124,27 @@ def test_malformed_messages_are_refused_naming_the_bad_turn(bundled, bos_tokeniz
         wb.Scheduler(model, bos_tokenizer).submit(wb.Request(messages=messages))
 
 
+@pytest.mark.parametrize(
+    "messages, words",
+    [
+        ([{"role": "bot", "content": "hi"}], "bad role bot"),
+        ([{"role": "assistant", "content": "hi"}], "Conversation roles must alternate"),
+    ],
+)
+def test_a_chat_template_that_raises_is_a_value_error_naming_messages(
+    bundled, refusing_tokenizer, messages, words
+):
+    """A break-it pass (2026-12-08): the template's raise_exception left submit as a jinja2.TemplateError."""
+    from jinja2 import TemplateError
+
+    sched = wb.Scheduler(bundled[0], refusing_tokenizer)
+    with pytest.raises(ValueError, match=f"^messages: the chat template refuses them: {words}") as refused:
+        sched.submit(wb.Request(messages=messages))
+    assert isinstance(refused.value.__cause__, TemplateError)
+    assert sched.idle and sched.state.next_uid == 0
+    assert sched.submit(wb.Request(messages=[{"role": "user", "content": "hi"}], max_tokens=1)) == 0
+
+
 def test_messages_for_a_tokenizer_without_a_chat_template_get_a_clear_error(make_sched):
     sched = make_sched()
     assert not sched.tokenizer.has_chat_template

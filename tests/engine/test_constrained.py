@@ -138,6 +138,16 @@ def test_the_constraint_shows_in_the_request_view_and_the_snapshot(make_sched, p
         (dict(choices="yes"), r"choices must be a non-empty list"),
         (dict(choices=["a", ""]), r"choices\[1\] must be a non-empty str, got ''"),
         (dict(choices=["a", 2]), r"choices\[1\] must be a non-empty str, got 2"),
+        # A break-it pass (2026-12-08): llguidance's serde message named no field; the others a bare
+        # UnicodeEncodeError.
+        (dict(json_schema={"type": "\ud800"}), r"^json_schema must be valid Unicode text: a lone surrogate"),
+        (dict(json_schema='{"type": "\\ud800"}'), r"^json_schema must be valid Unicode text"),  # the escape
+        (dict(json_schema={"maximum": float("nan")}), r"^json_schema: llguidance refuses it: expected value"),
+        (
+            dict(regex="a\ud800"),
+            r"^regex must be valid Unicode text: a lone surrogate '\\ud800' at character 1",
+        ),
+        (dict(choices=["a", "\udfff"]), r"^choices\[1\] must be valid Unicode text: a lone surrogate"),
     ],
 )
 def test_a_bad_constraint_is_refused_at_submit_naming_the_field_and_nothing_changes(

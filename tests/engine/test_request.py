@@ -70,6 +70,32 @@ BAD = [
         dict(prompt=[1], stop=["x" * 257]),
         r"stop\[0\] is 257 characters long; at most 256 \(MAX_STOP_LENGTH\)",
     ),
+    # A break-it pass (2026-12-08): these raised a bare UnicodeEncodeError / took the stop string.
+    (dict(prompt=[1], stop=["ok", "a\ud800"]), r"stop\[1\] must be valid Unicode text: a lone surrogate"),
+    (
+        dict(messages=[{"role": "\ud800", "content": "hi"}]),
+        r"messages\[0\]\.role must be valid Unicode text: a lone surrogate '\\ud800' at character 0",
+    ),
+    # An int beyond float's range raised OverflowError ("int too large to convert to float").
+    (
+        dict(prompt=[1], temperature=10**400),
+        r"^temperature must be a finite number >= 0, got an int of 401 digits$",
+    ),
+    (
+        dict(prompt=[1], temperature=1, top_p=10**400),
+        r"^top_p must be a number in \(0, 1\], got an int of 401",
+    ),
+    (
+        dict(prompt=[1], temperature=1, min_p=-(10**400)),
+        r"^min_p must be a number .*got a negative int of 401",
+    ),
+    (dict(prompt=[1], presence_penalty=10**400), r"^presence_penalty must be a finite number in \[-2, 2\]"),
+    (dict(prompt=[1], frequency_penalty=10**400), r"^frequency_penalty must be a finite number in \[-2, 2\]"),
+    (dict(prompt=[1], repetition_penalty=10**400), r"^repetition_penalty must be a number in \[0.01, 100\]"),
+    (dict(prompt=[1], logit_bias={5: 10**400}), r"^logit_bias\[5\] must be a finite number in \[-100, 100\]"),
+    # Beyond 4,300 digits Python refuses to write an int: the message still names the field.
+    (dict(prompt=[1], max_tokens=10**5000), r"^prompt \(1 tokens\) \+ max_tokens \(an int of 5001 digits\)"),
+    (dict(prompt=[1], logit_bias={10**5000: 1}), r"^logit_bias\[0\] = an int of 5001 digits is outside"),
 ]
 
 
@@ -199,3 +225,23 @@ def test_the_smallest_temperature_samples_the_greedy_tokens_in_float32_and_float
     for temperature in (1e-5, MIN_TEMPERATURE):  # 1 / 1e-5 is past float16's largest (65504)
         sampler = RowSampler(wb.Request(prompt=[1], temperature=temperature), seed=0, vocab_size=4096)
         assert [sampler.choose(logprobs, i).item() for i in range(4)] == [4095] * 4, temperature
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (10**400, "an int of 401 digits"),
+        (10**400 - 1, "an int of 400 digits"),
+        (-(2**1025), "a negative int of 309 digits"),
+        (2**1024, "an int of 309 digits"),
+        (2**1023, repr(2**1023)),
+        (1.5, "1.5"),
+        (True, "True"),
+    ],
+)
+def test_a_number_beyond_floats_range_is_shown_by_its_digit_count(value, shown):
+    from workbench.engine.request import _shown
+
+    assert _shown(value) == shown
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        assert f"{len(str(abs(value)))} digits" in shown  # the count is exact

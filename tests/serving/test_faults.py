@@ -5,6 +5,7 @@ the others untouched), 200 concurrent streams (each greedy answer equal to the r
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import signal
@@ -15,12 +16,15 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
 import workbench as wb
-from workbench.serving.engine import Done
+from workbench.serving.app import refusal
+from workbench.serving.engine import Busy, Done
 from workbench.serving.responses import Shaper
+from workbench.serving.translate import BadField
 
 from .conftest import wait_until
 
@@ -54,6 +58,32 @@ PROMPT = "def add(a, b):"
         ({"max_tokens": 3}, "prompt", "required"),
         ({"prompt": "ab\ud800", "max_tokens": 2}, "prompt", "valid Unicode text: a lone surrogate"),
         ({"prompt": PROMPT, "response_format": {"type": "xml"}}, "response_format", "json_schema"),
+        # A break-it pass (2026-12-08): a lone surrogate in a field's name was HTTP 500 (its param unencodable).
+        ({"prompt": PROMPT, "max_tokens": 2, "\ud800": 1}, "\\ud800", "unknown field '\\ud800'"),
+        ({"prompt": PROMPT, "stop": ["ok", "\ud800"]}, "stop", "stop[1] must be valid Unicode text"),
+        # An int beyond float's range was 400 with param "int" ("int too large to convert to float").
+        ({"prompt": PROMPT, "temperature": 10**400}, "temperature", ">= 0, got an int of 401 digits"),
+        ({"prompt": PROMPT, "temperature": 1, "top_p": 10**400}, "top_p", "(0, 1], got an int of 401"),
+        ({"prompt": PROMPT, "temperature": 1, "min_p": 10**400}, "min_p", "[0, 1), got an int of 401"),
+        ({"prompt": PROMPT, "presence_penalty": -(10**400)}, "presence_penalty", "got a negative int of 401"),
+        ({"prompt": PROMPT, "frequency_penalty": 10**400}, "frequency_penalty", "[-2, 2]"),
+        ({"prompt": PROMPT, "repetition_penalty": 10**400}, "repetition_penalty", "[0.01, 100]"),
+        ({"prompt": PROMPT, "logit_bias": {"5": 10**400}}, "logit_bias", "[-100, 100]"),
+        # stream_options is an object or null, and only with stream: true (OpenAI's); falsy ones passed.
+        *[
+            ({"prompt": PROMPT, "stream": True, "stream_options": v}, "stream_options", "an object")
+            for v in ([], 0, False, "")
+        ],
+        (
+            {"prompt": PROMPT, "stream_options": {"include_usage": True}},
+            "stream_options",
+            "when stream is true",
+        ),
+        # logit_bias keys: ASCII digits only (int() took these).
+        *[
+            ({"prompt": PROMPT, "logit_bias": {k: 1}}, "logit_bias", "ASCII digits")
+            for k in ("5_0", " 5", "+5", "-5", "\u0665")
+        ],
     ],
 )
 def test_a_bad_field_is_400_naming_the_field_and_its_limit(server, body, field, words):
@@ -159,10 +189,17 @@ def test_over_the_kv_budget_or_the_context_is_413_and_a_full_queue_429(bundled):
         assert len(ok.choices) == 2  # the server goes on
 
 
-@pytest.mark.parametrize("port", [70000, -1, "8000", True])
+@pytest.mark.parametrize("port", [70000, -1, "8000", True, np.int64(70000), np.bool_(True), 80.0])
 def test_wb_serve_refuses_a_port_outside_0_65535_before_it_starts(bundled, port):
     with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\] \(0: a free one\), got "):
         wb.serve(wb.Scheduler(*bundled), port=port)
+
+
+def test_wb_serve_takes_a_numpy_int_port_as_scheduler_config_takes_numpy_ints(bundled):
+    """A break-it pass (2026-12-08): ``port=np.int64(8000)`` was refused."""
+    with wb.serve(wb.Scheduler(*bundled), port=np.int64(0)) as srv:
+        assert type(srv.port) is int and srv.port > 0
+        assert httpx.get(f"{srv.url.removesuffix('/v1')}/health", timeout=30).status_code == 200
 
 
 def test_a_full_queue_is_429_retry_later(bundled):
@@ -189,6 +226,7 @@ def test_a_full_queue_is_429_retry_later(bundled):
         (b"\xff\xfe{", "not valid JSON"),  # UTF-16 by its BOM, then not
         (b'{"prompt":"\xff","max_tokens":2}', "not valid JSON"),  # not UTF-8
         (b"[" * 100_000 + b"]" * 100_000, "nests too deeply"),
+        (b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}", "Exceeds the limit (4300 digits)"),  # a 500
     ],
 )
 def test_a_body_not_utf8_or_nested_too_deep_is_400_not_500(server, content, words):
@@ -199,6 +237,54 @@ def test_a_body_not_utf8_or_nested_too_deep_is_400_not_500(server, content, word
         and words in r.json()["error"]["message"]
     )
     assert httpx.get(f"{server.url.removesuffix('/v1')}/health", timeout=30).status_code == 200
+
+
+def test_a_chat_templates_refusal_is_400_naming_messages(bundled, refusing_tokenizer):
+    """A break-it pass (2026-12-08): a template's raise_exception was 400 naming ``bad`` (the message's first
+    word) or nothing; a role with a lone surrogate, which the message would echo, is refused before it."""
+    chat = [
+        ([{"role": "bot", "content": "hi"}], "messages", "the chat template refuses them: bad role bot"),
+        ([{"role": "assistant", "content": "hi"}], "messages", "Conversation roles must alternate"),
+        ([{"role": "\ud800", "content": "hi"}], "messages[0].role", "a lone surrogate '\\ud800'"),
+    ]
+    with wb.serve(wb.Scheduler(bundled[0], refusing_tokenizer), port=0) as srv:
+        for messages, field, words in chat:
+            content = json.dumps({"model": "m", "messages": messages, "max_tokens": 2})
+            r = httpx.post(f"{srv.url}/chat/completions", content=content, timeout=30)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == field and words in r.json()["error"]["message"], r.json()
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        ok = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=30)
+        assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(
+    "exc, field",
+    [
+        (BadField("\udfff", "unknown field \udfff"), "\\udfff"),
+        (ValueError("messages: the chat template refuses them: bad role \ud800"), "messages"),
+        (Busy("queue \ud800"), None),
+    ],
+)
+def test_a_refusals_text_with_a_lone_surrogate_is_escaped_not_a_500(exc, field):
+    """The error body is rendered whatever its text echoes (a lone surrogate has no UTF-8 form)."""
+    error = json.loads(refusal(exc).body)["error"]
+    assert error["param"] == field and "\\ud" in error["message"], error  # the escape, six characters
+    error["message"].encode("utf-8")  # no lone surrogate left
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llguidance") is None, reason="needs the structured extra")
+def test_a_lone_surrogate_in_a_json_schema_is_400_naming_response_format(server):
+    """A break-it pass (2026-12-08): llguidance's message (``unexpected end of hex escape``) gave param
+    ``unexpected``."""
+    schema = {"type": "object", "properties": {"\ud800": {"type": "string"}}}
+    body = {"prompt": PROMPT, "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+    r = httpx.post(f"{server.url}/completions", content=json.dumps(body), timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (
+        error["param"] == "response_format" and "json_schema must be valid Unicode text" in error["message"]
+    )
 
 
 def test_a_string_seed_with_n_is_400_naming_seed(server):

@@ -171,12 +171,26 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_real(x: Any) -> bool:
-    """A finite int or float, numpy's scalars too (``np.float32(0.5)``), never a bool."""
-    return (
-        isinstance(x, (int, float, np.integer, np.floating))
-        and not isinstance(x, (bool, np.bool_))
-        and (math.isfinite(x))
-    )
+    """A finite int or float, numpy's scalars too (``np.float32(0.5)``), never a bool; an int
+    beyond float's range (``10**400``: ``math.isfinite`` raises OverflowError on it) is none."""
+    if not isinstance(x, (int, float, np.integer, np.floating)) or isinstance(x, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def _shown(x: Any) -> str:
+    """``repr(x)`` for a refusal's message, but an int beyond float's range as its digit count
+    (``"an int of 401 digits"``): its repr would be hundreds of digits, and beyond 4,300 Python
+    refuses to write it (a ValueError naming no field)."""
+    if not isinstance(x, int) or isinstance(x, bool) or x.bit_length() <= 1024:
+        return repr(x)
+    n = abs(x)
+    digits = int((n.bit_length() - 1) * math.log10(2)) + 1  # the digits of 2**(bit_length - 1)
+    digits += n >= 10**digits
+    return f"{'a negative' if x < 0 else 'an'} int of {digits} digits"
 
 
 def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...]:
@@ -184,7 +198,7 @@ def _check_ids(name: str, ids: Sequence[Any], vocab_size: int) -> tuple[int, ...
         if not _is_int(t):
             raise ValueError(f"{name}[{i}] must be an int token id, got {type(t).__name__}")
         if not 0 <= t < vocab_size:
-            raise ValueError(f"{name}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+            raise ValueError(f"{name}[{i}] = {_shown(t)} is outside the vocabulary [0, {vocab_size})")
     return tuple(int(t) for t in ids)
 
 
@@ -211,22 +225,25 @@ def validate(
     Raises:
         ValueError: naming the field and its allowed range (:class:`Request`'s limits), also for
             ``top_p``/``top_k`` with ``temperature == 0``, ``prompt + max_tokens`` over
-            ``context_tokens``, both or neither of ``prompt`` and ``messages``, or
-            ``messages`` without a chat template.
+            ``context_tokens``, both or neither of ``prompt`` and ``messages``, ``messages``
+            without a chat template or refused by it (its ``raise_exception``: the ValueError
+            names ``messages``, chained from jinja2's ``TemplateError``), text with a lone
+            surrogate (prompt, roles, contents, stop strings), or a number beyond float's range.
     """
     if not isinstance(request, Request):
         raise ValueError(f"request must be a workbench.Request, got {type(request).__name__}")
     r = request
     ids = _prompt_ids(r, tokenizer, vocab_size)
     if not _is_int(r.max_tokens) or r.max_tokens < 1:
-        raise ValueError(f"max_tokens must be an int >= 1, got {r.max_tokens!r}")
+        raise ValueError(f"max_tokens must be an int >= 1, got {_shown(r.max_tokens)}")
     if context_tokens is not None and len(ids) + r.max_tokens > context_tokens:
         raise ValueError(
-            f"prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) = {len(ids) + r.max_tokens} "
+            f"prompt ({len(ids)} tokens) + max_tokens ({_shown(r.max_tokens)}) = "
+            f"{_shown(len(ids) + r.max_tokens)} "
             f"exceeds the model's context of {context_tokens} tokens ({context_field})"
         )
     if not _is_int(r.priority):
-        raise ValueError(f"priority must be an int, got {r.priority!r}")
+        raise ValueError(f"priority must be an int, got {_shown(r.priority)}")
     if r.adapter is not None and (not isinstance(r.adapter, str) or not r.adapter):
         raise ValueError(
             f"adapter must be a loaded adapter's name (a non-empty str) or None, got {r.adapter!r}"
@@ -281,7 +298,7 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
     if isinstance(r.prompt, str):
         if not r.prompt:
             raise ValueError("prompt must be a non-empty str or list of token ids, got ''")
-        _check_unicode("prompt", r.prompt)
+        check_unicode("prompt", r.prompt)
         ids = tuple(encode_text(tokenizer, r.prompt))
         if not ids:
             raise ValueError(f"prompt {r.prompt!r} tokenizes to zero tokens; need >= 1")
@@ -293,9 +310,11 @@ def _prompt_ids(r: Request, tokenizer: Any, vocab_size: int) -> tuple[int, ...]:
     raise ValueError(f"prompt must be a str or a list of int token ids, got {type(r.prompt).__name__}")
 
 
-def _check_unicode(name: str, text: str) -> None:
-    """Refuse text the tokenizer cannot take: a lone surrogate (``"\\ud800"``, which JSON can
-    carry) has no UTF-8 form, and the tokenizer's own error names no field.
+def check_unicode(name: str, text: str) -> None:
+    """Refuse text the tokenizer (or llguidance) cannot take: a lone surrogate (``"\\ud800"``,
+    which JSON can carry) has no UTF-8 form, and the tokenizer's own error names no field.
+    Checked for the prompt, chat messages' roles and contents, stop strings and the structured
+    output fields. mlx-lm: none (its tokenizer raises UnicodeEncodeError).
 
     Raises:
         ValueError: naming ``name`` and the character's position."""
@@ -320,13 +339,19 @@ def _chat_ids(messages: Any, tokenizer: Any, vocab_size: int) -> tuple[int, ...]
             or not isinstance(m.get("content"), str)
         ):
             raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
-        _check_unicode(f"messages[{i}].content", m["content"])
+        check_unicode(f"messages[{i}].role", m["role"])
+        check_unicode(f"messages[{i}].content", m["content"])
     if not getattr(tokenizer, "has_chat_template", False):
         raise ValueError(
             "messages need a tokenizer with a chat template, and this model's tokenizer has none "
             "(tokenizer.has_chat_template is False); pass prompt= (text or token ids) instead"
         )
-    ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True)
+    from jinja2 import TemplateError  # transformers' template engine (mlx-lm depends on it)
+
+    try:
+        ids = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True)
+    except TemplateError as exc:  # its raise_exception ("roles must alternate"), or a broken template
+        raise ValueError(f"messages: the chat template refuses them: {exc}") from exc
     if not ids:
         raise ValueError("messages encode to zero tokens through the chat template; need >= 1")
     return _check_ids("messages (chat template)", list(ids), vocab_size)
@@ -346,6 +371,7 @@ def _stop_strings(r: Request) -> tuple[str, ...]:
     for i, s in enumerate(stops):
         if not isinstance(s, str) or not s:
             raise ValueError(f"stop[{i}] must be a non-empty str, got {s!r}")
+        check_unicode(f"stop[{i}]", s)
         if len(s) > MAX_STOP_LENGTH:
             raise ValueError(
                 f"stop[{i}] is {len(s)} characters long; at most {MAX_STOP_LENGTH} (MAX_STOP_LENGTH) "
@@ -357,20 +383,20 @@ def _stop_strings(r: Request) -> tuple[str, ...]:
 def _check_sampling(r: Request) -> None:
     """temperature, top_p, top_k, min_p and seed within their ranges."""
     if not _is_real(r.temperature) or r.temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got {r.temperature!r}")
+        raise ValueError(f"temperature must be a finite number >= 0, got {_shown(r.temperature)}")
     if 0 < r.temperature < MIN_TEMPERATURE:
         raise ValueError(
             f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (1 / temperature must be "
-            f"finite in float32), got {r.temperature!r}"
+            f"finite in float32), got {_shown(r.temperature)}"
         )
     if not _is_real(r.top_p) or not 0 < r.top_p <= 1:
-        raise ValueError(f"top_p must be a number in (0, 1], got {r.top_p!r}")
+        raise ValueError(f"top_p must be a number in (0, 1], got {_shown(r.top_p)}")
     if not _is_int(r.top_k) or r.top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0, got {r.top_k!r}")
+        raise ValueError(f"top_k must be an int >= 0, got {_shown(r.top_k)}")
     if r.temperature == 0 and (r.top_p < 1 or r.top_k > 0):
         raise ValueError("top_p / top_k need temperature > 0; temperature 0 is greedy decoding")
     if not _is_real(r.min_p) or not 0 <= r.min_p < 1:
-        raise ValueError(f"min_p must be a number in [0, 1), got {r.min_p!r}")
+        raise ValueError(f"min_p must be a number in [0, 1), got {_shown(r.min_p)}")
     if r.temperature == 0 and r.min_p > 0:
         raise ValueError("min_p needs temperature > 0; temperature 0 is greedy decoding")
     check_seed(r.seed)
@@ -383,7 +409,7 @@ def check_seed(seed: Any) -> None:
     Raises:
         ValueError: naming ``seed`` and its limit."""
     if seed is not None and (not _is_int(seed) or seed < 0):
-        raise ValueError(f"seed must be an int >= 0 or None, got {seed!r}")
+        raise ValueError(f"seed must be an int >= 0 or None, got {_shown(seed)}")
 
 
 def _check_top_logprobs(r: Request, vocab_size: int) -> None:
@@ -392,7 +418,8 @@ def _check_top_logprobs(r: Request, vocab_size: int) -> None:
     if not _is_int(r.top_logprobs) or not 0 <= r.top_logprobs <= most:
         limit = "MAX_TOP_LOGPROBS" if most == MAX_TOP_LOGPROBS else "the vocabulary size"
         raise ValueError(
-            f"top_logprobs must be an int in [0, {most}] ({limit}) or None (none), got {r.top_logprobs!r}"
+            f"top_logprobs must be an int in [0, {most}] ({limit}) or None (none), "
+            f"got {_shown(r.top_logprobs)}"
         )
 
 
@@ -402,13 +429,14 @@ def _check_processors(r: Request, vocab_size: int) -> None:
     if rp is not None and (not _is_real(rp) or not 1 / most <= rp <= most):
         raise ValueError(
             f"repetition_penalty must be a number in [{1 / most:g}, {most:g}] (MAX_REPETITION_PENALTY) "
-            f"or None, got {rp!r}"
+            f"or None, got {_shown(rp)}"
         )
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(r, name)
         if not _is_real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
             raise ValueError(
-                f"{name} must be a finite number in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}] (MAX_PENALTY), got {value!r}"
+                f"{name} must be a finite number in [{-MAX_PENALTY:g}, {MAX_PENALTY:g}] (MAX_PENALTY), "
+                f"got {_shown(value)}"
             )
     if r.logit_bias is not None:
         if not isinstance(r.logit_bias, Mapping):
@@ -420,7 +448,7 @@ def _check_processors(r: Request, vocab_size: int) -> None:
             if not _is_real(b) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
                 raise ValueError(
                     f"logit_bias[{t}] must be a finite number in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] "
-                    f"(MAX_LOGIT_BIAS), got {b!r}"
+                    f"(MAX_LOGIT_BIAS), got {_shown(b)}"
                 )
     if not isinstance(r.logits_processors, (list, tuple)) or not all(
         callable(f) for f in r.logits_processors

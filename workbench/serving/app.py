@@ -148,6 +148,8 @@ def build_app(
             return Response(status_code=499)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # not JSON, or not UTF-8/16/32 text
             return refusal(BadField("body", f"the body is not valid JSON: {exc}"))
+        except ValueError as exc:  # an int of more digits than Python converts (4,300)
+            return refusal(BadField("body", f"the body's JSON cannot be read: {exc}"))
         except RecursionError:
             return refusal(BadField("body", "the body's JSON nests too deeply to parse"))
         try:

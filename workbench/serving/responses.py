@@ -25,8 +25,19 @@ FINGERPRINT = "workbench"
 
 
 def error_body(message: str, field: str | None, kind: str = "invalid_request_error") -> dict:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": kind, "param": field, "code": None}}
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``, its text
+    encodable whatever it echoes: a lone surrogate (``"\\ud800"``, which a JSON body can carry
+    in a field's name, or a chat template's message can repeat) has no UTF-8 form, and the
+    response would fail to render (HTTP 500); each is written as its escape, the six
+    characters ``\\ud800``. mlx-lm: none."""
+    return {"error": {"message": _escaped(message), "type": kind, "param": _escaped(field), "code": None}}
+
+
+def _escaped(text: str | None) -> str | None:
+    """``text`` with each lone surrogate as its backslash escape (``"\\ud800"`` -> ``"\\\\ud800"``)."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def sse(payload: dict | str) -> str:

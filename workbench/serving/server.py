@@ -14,6 +14,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..engine.scheduler import Scheduler
 from .engine import EngineThread
 
@@ -119,7 +121,7 @@ def serve(
         The running :class:`Server` (``server.url`` is a client's ``base_url``).
 
     Raises:
-        ValueError: ``port`` not an int in ``[0, 65535]`` (before anything starts).
+        ValueError: ``port`` not an int (a numpy int too) in ``[0, 65535]`` (before anything starts).
         ImportError: without the ``serve`` extra (``pip install -e ".[serve]"``).
         OSError: the port is taken, or the server did not start within ``start_timeout_s``.
 
@@ -130,8 +132,13 @@ def serve(
             model="workbench", prompt="def add(a, b):", max_tokens=16)
         server.stop()
     """
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+    if (
+        not isinstance(port, (int, np.integer))
+        or isinstance(port, (bool, np.bool_))
+        or not 0 <= port <= 65535
+    ):
         raise ValueError(f"port must be an int in [0, 65535] (0: a free one), got {port!r}")
+    port = int(port)  # a numpy int (np.int64(8000)), as SchedulerConfig takes one
     try:  # the serve extra (Starlette, uvicorn, prometheus-client): imported here, named if missing
         import uvicorn
 

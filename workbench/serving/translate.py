@@ -210,6 +210,30 @@ def _response_format(value: Any) -> Any:
     )
 
 
+def _stream_options(options: Any, stream: bool) -> bool:
+    """``include_usage`` of a ``stream_options`` (OpenAI's: an object or null, and only with
+    ``stream: true``)."""
+    if options is None:
+        return False
+    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        raise BadField(
+            "stream_options",
+            f"stream_options must be an object {{'include_usage': bool}} or null, got {options!r}",
+        )
+    include_usage = _bool(options, "include_usage", parent="stream_options.")
+    if _bool(options, "continuous_usage_stats", parent="stream_options."):
+        raise BadField(
+            "stream_options.continuous_usage_stats",
+            "stream_options.continuous_usage_stats is not served (usage comes in the last chunk: include_usage)",
+        )
+    if not stream:
+        raise BadField("stream_options", "stream_options is only allowed when stream is true (as OpenAI's)")
+    return include_usage
+
+
+_TOKEN_ID = re.compile(r"[0-9]+")  # ASCII digits only: int() also takes " 5", "5_0", "+5" and "٥"
+
+
 def _logit_bias(value: Any) -> dict[int, float] | None:
     if value is None:
         return None
@@ -218,9 +242,13 @@ def _logit_bias(value: Any) -> dict[int, float] | None:
     out = {}
     for key, bias in value.items():
         try:
+            if not isinstance(key, str) or not _TOKEN_ID.fullmatch(key):
+                raise ValueError
             out[int(key)] = bias
-        except (TypeError, ValueError):
-            raise BadField("logit_bias", f"logit_bias key {key!r} must be a token id (an int)") from None
+        except ValueError:  # not digits, or more digits than Python converts (4,300)
+            raise BadField(
+                "logit_bias", f"logit_bias key {key!r} must be a token id (an int >= 0 in ASCII digits)"
+            ) from None
     return out
 
 
@@ -261,15 +289,7 @@ def translate(
     if unknown:
         raise BadField(unknown[0], f"unknown field {unknown[0]!r}; served fields: {sorted(allowed)}")
     stream, n = _bool(body, "stream"), _int(body, "n", 1, 1, MAX_SAMPLES)
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
-        raise BadField("stream_options", f"stream_options must be {{'include_usage': bool}}, got {options!r}")
-    include_usage = _bool(options, "include_usage", parent="stream_options.")
-    if _bool(options, "continuous_usage_stats", parent="stream_options."):
-        raise BadField(
-            "stream_options.continuous_usage_stats",
-            "stream_options.continuous_usage_stats is not served (usage comes in the last chunk: include_usage)",
-        )
+    include_usage = _stream_options(body.get("stream_options"), stream)
     fields: dict[str, Any] = {}
     names = {"json_schema": "response_format", "stop_ids": "ignore_eos", "logits_processors": "min_tokens"}
     if chat:

@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..request import check_unicode
 from ..sampling import BadOutput
 
 FIELDS = ("json_schema", "regex", "choices")
@@ -87,7 +88,21 @@ def requested(request: Any) -> list[str]:
 
 
 def _source(field: str, value: Any) -> tuple[str, str]:
-    """``(source text, llguidance grammar)`` of one field's value (ValueError naming the field)."""
+    """``(source text, llguidance grammar)`` of one field's value (ValueError naming the field;
+    llguidance's own, a schema it cannot parse, prefixed with it)."""
+    source, build = _checked(field, value)
+    try:
+        return source, build()
+    except ValueError as exc:  # grammar_from_json_schema's serde error names no field
+        raise ValueError(f"{field}: llguidance refuses it: {exc}") from None
+
+
+def _checked(field: str, value: Any) -> tuple[str, Any]:
+    """``(source text, a call building its llguidance grammar)`` of one field's value, checked:
+    its type, and valid Unicode (a lone surrogate, ``"\\ud800"``, has no UTF-8 form for llguidance).
+
+    Raises:
+        ValueError: naming the field (``choices[i]`` for one choice)."""
     llg = _llguidance().LLMatcher
     if field == "json_schema":
         schema = value
@@ -104,19 +119,22 @@ def _source(field: str, value: Any) -> tuple[str, str]:
                 f"json_schema must be a JSON schema object (a dict or its JSON text), got "
                 f"{type(schema).__name__}"
             )
+        check_unicode("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
         source = json.dumps(schema, separators=(",", ":"))
-        return source, llg.grammar_from_json_schema(source, defaults=JSON_DEFAULTS)
+        return source, lambda: llg.grammar_from_json_schema(source, defaults=JSON_DEFAULTS)
     if field == "regex":
         if not isinstance(value, str) or not value:
             raise ValueError(f"regex must be a non-empty str, got {value!r}")
-        return value, llg.grammar_from_regex(value)
+        check_unicode("regex", value)
+        return value, lambda: llg.grammar_from_regex(value)
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"choices must be a non-empty list of non-empty str, got {value!r}")
     for i, c in enumerate(value):
         if not isinstance(c, str) or not c:
             raise ValueError(f"choices[{i}] must be a non-empty str, got {c!r}")
+        check_unicode(f"choices[{i}]", c)
     unique = list(dict.fromkeys(value))
-    return json.dumps(unique, ensure_ascii=False), llg.grammar_from_regex(choices_regex(unique))
+    return json.dumps(unique, ensure_ascii=False), lambda: llg.grammar_from_regex(choices_regex(unique))
 
 
 def constraint_of(request: Any, tokenizer: Any, vocab_size: int) -> Constraint | None:

@@ -59,13 +59,12 @@ _PREFILL_BLOCKS: dict = {}  # (backend, signature) -> RowBlocks or None, off the
 # 1B-shaped llama's projections of K = 2048 kept a row's bits in one call of up to 1,400 rows
 # (sampled), where the decode step's ``RowBlocks(2, 256)`` cut a 1,218-row prefill into 5 calls;
 # its ``down_proj`` (K = 8192) stays at its clean range (72 rows), batched or not.
-# Quantized weights (SmolLM2-135M at 4 bits on an H100, 2026-12-07, ``scripts/lab/quantized_prefill_ab.py``):
-# every projection clean from 8 to 2,048 rows; the decode step's ``RowBlocks(8, 256)`` left fixed
-# calls of 512 rows, 1.57x the default path's prefill of 16 prompts against 1.26x for these blocks.
-PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {
-    ("cuda", "half"): RowBlocks(2, 2048),
-    ("cuda", "quantized"): RowBlocks(8, 2048),
-}
+# Quantized weights keep the decode step's ``RowBlocks(8, 256)`` (then fixed calls of 512 rows):
+# ``RowBlocks(8, 2048)`` took SmolLM2-135M's 4-bit prefill of 16 prompts on an H100 from 1.57x to
+# 1.26x the default path's, every row bit-equal alone (2026-12-07, ``scripts/lab/quantized_prefill_ab.py``),
+# but its calibration (``clean_range`` to 2,048 rows, the tied read-out of 49,152 outputs included)
+# runs at the first prefill and was not timed: not adopted until it is.
+PREFILL_ROW_BLOCKS: dict[tuple[str, str], RowBlocks] = {("cuda", "half"): RowBlocks(2, 2048)}
 # Where that range is cut below this many rows (``down_proj`` at 72: a prefill of 5,000 rows
 # would be 70 calls), a prefill runs fixed calls of exactly this many rows instead (the last one
 # zero-padded), if every row of such a call keeps its bits wherever it sits and whatever its

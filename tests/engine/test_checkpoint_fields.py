@@ -122,6 +122,14 @@ FIELD_EDITS = {  # edit of the JSON document -> what the refusal names
         r"requests: \d entries, \d expected",
     ),
     "a missing field": (lambda d: d["requests"][0].pop("fed"), r"requests\[0\]: fields missing \['fed'\]"),
+    "a field not_restored names no callable": (
+        _set(("requests", 0, "not_restored"), ["seed"]),
+        r"requests\[0\]\.not_restored\[0\]: \"seed\" not one of \['logits_processors', 'sampler', 'on_token'\]",
+    ),
+    "not_restored naming one twice": (
+        _set(("requests", 0, "not_restored"), ["sampler", "sampler"]),
+        r"requests\[0\]\.not_restored: a name appears twice",
+    ),
     "a seed generator numpy refuses": (_set(("rng", "state"), "x"), r"checkpoint field rng"),
     "an unknown event kind": (
         _set(("events", 0, "kind"), "boom"),
@@ -149,6 +157,16 @@ def assert_refused(bundled, base: Path, out: Path, message: str, **change) -> No
 def test_each_bad_field_is_refused_with_a_value_error_naming_it(bundled, base, tmp_path, edit):
     change, message = FIELD_EDITS[edit]
     assert_refused(bundled, base, tmp_path / "bad.safetensors", message, document=change)
+
+
+def test_a_file_saved_before_not_restored_was_written_loads_with_nothing_lost(bundled, base, tmp_path):
+    def drop(doc):
+        for record in doc["requests"]:
+            assert record.pop("not_restored") == []
+
+    sched = wb.Scheduler(*bundled, **SETTINGS)
+    sched.restore(wb.Checkpoint.load(edited(base, tmp_path / "old.safetensors", document=drop), sched))
+    assert all(s.not_restored == () for s in sched.requests.values())
 
 
 def _layer(i: int, j: int, change) -> callable:

@@ -55,6 +55,8 @@ STATE_FIELDS = (
     "sample_group",
 )
 _RECORD_FIELDS = frozenset(STATE_FIELDS) | {"request", "prompt_ids", "status", "top_logprobs"}
+# A record's optional field: the callables the request had when saved (a file saved before it has none).
+_NOT_RESTORED = "not_restored"
 DOCUMENT_FIELDS = frozenset(
     {"format", "version", "identity", "counters", "rng", "requests", "queue", "batch", "events"}
 )
@@ -239,7 +241,7 @@ class FieldReader:
 
     def request_state(self, record: Any, where: str, counters: dict) -> RequestState:
         """A request state from its record (every field checked)."""
-        _object(record, where, _RECORD_FIELDS)
+        _object(record, where, _record_fields(record))
         uid = _int(record["uid"], f"{where}.uid", 0, counters["next_uid"] - 1)
         request, valid = self.request(record, where)
         ids = _list(record["prompt_ids"], f"{where}.prompt_ids")
@@ -285,7 +287,20 @@ class FieldReader:
             cached_tokens=_int(record["cached_tokens"], f"{where}.cached_tokens", 0, len(ids)),
             join_order=_int(record["join_order"], f"{where}.join_order", -1, counters["joins"] - 1),
             evicted=record["evicted"],
+            not_restored=self.not_restored(record.get(_NOT_RESTORED, []), f"{where}.{_NOT_RESTORED}"),
         )
+
+    @staticmethod
+    def not_restored(value: Any, where: str) -> tuple[str, ...]:
+        """A record's ``not_restored``: distinct names of :data:`CALLABLE_FIELDS` (the callables
+        its request had when saved, which the file does not hold)."""
+        names = _list(value, where)
+        for j, name in enumerate(names):
+            need(
+                name in CALLABLE_FIELDS, f"{where}[{j}]", f"{short(name)} not one of {list(CALLABLE_FIELDS)}"
+            )
+        need(len(set(names)) == len(names), where, "a name appears twice")
+        return tuple(names)
 
     def generated(self, record: dict, where: str, top_k: int) -> dict:
         """A record's ``tokens``, ``logprobs`` and ``top_logprobs``, checked."""
@@ -533,6 +548,16 @@ class FieldReader:
             return Event(**record)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint field {where}: {exc}") from None
+
+
+def _record_fields(record: Any) -> frozenset:
+    """The fields a request record must have: :data:`_RECORD_FIELDS`, and ``not_restored``
+    where it has one (a file saved before that field was written has none: read as ``[]``)."""
+    return (
+        _RECORD_FIELDS | {_NOT_RESTORED}
+        if isinstance(record, dict) and _NOT_RESTORED in record
+        else _RECORD_FIELDS
+    )
 
 
 def _ring(where: str, capacity: int, window: int, written: int, idx: int, rotated: bool) -> None:

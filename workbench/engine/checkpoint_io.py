@@ -240,7 +240,8 @@ def _document(checkpoint: Any, identity: dict) -> dict:
 
 
 def _request_record(s: RequestState, live: bool) -> dict:
-    """One request state as JSON data (its request's fields without callables)."""
+    """One request state as JSON data (its request's fields without callables; ``not_restored``
+    names those it had)."""
     r = s.valid.request
     for name in CALLABLE_FIELDS:
         if live and getattr(r, name):
@@ -265,6 +266,8 @@ def _request_record(s: RequestState, live: bool) -> dict:
         prompt_ids=list(s.valid.prompt_ids),
         status=s.status.value,
         top_logprobs=[[list(p) for p in pairs] for pairs in s.top_logprobs],
+        # a finished row's callables are not saved: the file says which it had (and a loaded row lost)
+        not_restored=[n for n in CALLABLE_FIELDS if n in s.not_restored or getattr(r, n)],
     )
     return record
 

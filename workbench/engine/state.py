@@ -51,6 +51,9 @@ class RequestState:
         cached_tokens: prompt tokens found in the prompt cache at its last admission.
         join_order: order of joining the running batch (-1 before), for preemption.
         evicted: True once ``filter()`` removed its row (or it never had one).
+        not_restored: the callable fields of its request (``sampler``, ``logits_processors``,
+            ``on_token``) it had when saved to a checkpoint file, which cannot hold them: loaded
+            from one, its request has ``None`` there, its tokens made with them (``()``: none lost).
         text_state: its :class:`workbench.engine.text.RowText`, rebuilt from ``tokens`` by :meth:`text`.
     """
 
@@ -71,6 +74,7 @@ class RequestState:
     cached_tokens: int = 0
     join_order: int = -1
     evicted: bool = False
+    not_restored: tuple[str, ...] = ()
     text_state: RowText | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -193,7 +193,10 @@ def check_pair(model: Any, tokenizer: Any, names: Sequence[str]) -> PairResult:
         rows += [(kind, uid) for uid in uids]
     sched.run()
     for kind, uid in rows:
-        alone, solo = run_alone(sched, uid)  # the same settings (max_batch too), the seed the row drew
+        # The same settings (max_batch and speculation too: docs/compose.md's "alone in the same
+        # settings"; outside the mode speculation need not keep a row's bits), the seed the row drew.
+        # That speculation changes no bit in the mode is bit_check's (its run alone does not speculate).
+        alone, solo = run_alone(sched, uid)
         why = difference(_record(sched, uid), _record(alone, solo))
         result.rows += 1
         if why:

@@ -3,10 +3,10 @@
 Knows: the scheduler's public contract, :mod:`workbench.engine.levers.invariant`, MLX ops. Must
 not know: views.
 
-- :func:`bit_check`: every finished row of a ``Scheduler(batch_invariant=True)`` run
-  against the same request run alone in the mode (:func:`run_alone`: the scheduler's own
-  settings, adapters and the row's seed, ``max_batch=1``): tokens and log-probs compared bit
-  for bit, no tolerance.
+- :func:`bit_check`: every row of a ``Scheduler(batch_invariant=True)`` run finished by
+  ``stop`` or ``length`` against the same request run alone in the plain mode (:func:`run_alone`:
+  the scheduler's own settings, adapters and the row's seed, ``max_batch=1``, no speculation or
+  pacing): tokens and log-probs compared bit for bit, no tolerance.
 - :func:`audit`: for a model on this device, which operations change a row's bits when
   the row count or the left padding changes (row alone vs inside ``B`` rows), by how much,
   and whether the mode's choices remove it; and end to end, how many rows of a batch equal
@@ -29,23 +29,38 @@ import mlx.core as mx
 from ..engine.levers import invariant
 from ..engine.request import Request
 from ..engine.scheduler import Scheduler
+from .oracle import DECIDING_CALLABLES, checkable_uids
 
 
 @dataclass(frozen=True)
 class BitRow:
-    """One row's comparison: ``uid``, ``equal`` (tokens and log-probs bit for bit) and the
-    first generated-token index where tokens or log-probs differ (``None`` if equal)."""
+    """One row's comparison: ``uid``, ``equal`` (tokens and log-probs bit for bit), the first
+    generated-token index where tokens or log-probs differ (``None`` if equal), and ``stopped``:
+    ``"abort"`` or ``"error"`` for a row named to :func:`bit_check` that ended so, compared up
+    to where it stopped (its run alone goes on), else ``None``."""
 
     uid: int
     equal: bool
     first_difference: int | None
+    stopped: str | None = None
+
+
+# Why bit_check leaves a row out by default, as its report counts it ("1 aborted row").
+SKIPPED = {
+    "abort": "aborted",
+    "error": "errored",
+    "unfinished": "unfinished",
+    "not restored": "whose sampler or logits processors a checkpoint file did not restore",
+}
 
 
 @dataclass(frozen=True)
 class BitReport:
-    """Rows of a batched run against their runs alone. ``text()`` is one line."""
+    """Rows of a batched run against their runs alone, and ``skipped``: ``(uid, why)`` of the
+    rows not checked (``why`` a key of :data:`SKIPPED`). ``text()`` is one line."""
 
     rows: list[BitRow] = field(default_factory=list)
+    skipped: tuple[tuple[int, str], ...] = ()
 
     @property
     def n_equal(self) -> int:
@@ -54,16 +69,29 @@ class BitReport:
 
     @property
     def ok(self) -> bool:
-        """Whether every row is bit-equal to its run alone."""
+        """Whether every checked row is bit-equal to its run alone (skipped rows aside)."""
         return self.n_equal == len(self.rows)
 
     def text(self) -> str:
-        """E.g. ``bit-exact: 14/14 rows equal to their run alone (tokens and log-probs)``."""
-        out = (
-            f"bit-exact: {self.n_equal}/{len(self.rows)} rows equal to their run alone (tokens and log-probs)"
-        )
+        """E.g. ``bit-exact: 14/14 rows equal to their run alone (tokens and log-probs)``, with
+        the rows compared up to where they stopped and those not checked, e.g. ``(tokens and
+        log-probs; 1 aborted row not checked)``."""
+        notes = ["tokens and log-probs"] + [
+            f"uid {r.uid} up to its {r.stopped}" for r in self.rows if r.stopped
+        ]
+        whys = [why for _, why in self.skipped]
+        if whys:
+            counts = [(n, SKIPPED[why]) for why in SKIPPED if (n := whys.count(why))]
+            notes.append(", ".join(_rows(n, what) for n, what in counts) + " not checked")
+        out = f"bit-exact: {self.n_equal}/{len(self.rows)} rows equal to their run alone ({'; '.join(notes)})"
         bad = [f"uid {r.uid} from token {r.first_difference}" for r in self.rows if not r.equal]
         return out + (": differ " + ", ".join(bad) if bad else "")
+
+
+def _rows(n: int, what: str) -> str:
+    """``"1 aborted row"``, ``"2 aborted rows"``, ``"1 row whose ..."``."""
+    rows = "row" if n == 1 else "rows"
+    return f"{n} {rows} {what}" if what.startswith("whose") else f"{n} {what} {rows}"
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
@@ -132,24 +160,53 @@ def run_alone(sched: Scheduler, uid: int, **changes: Any) -> tuple[Scheduler, in
     return other, _run_one(other, request)
 
 
-# What differs for a run alone, beside max_batch=1 (the rest is the checked scheduler's own: docs'
-# "alone" is Scheduler(batch_invariant=True, max_batch=1) in the same settings). No prompt cache:
-# nothing of the batched run is reused (in the mode a hit keeps a row's bits, so its reference is its
-# whole prefill) and a user's mlx-lm cache is left as it was. The real clock: an injected one is not
-# advanced (pacing decides when a chunk runs, never its bits). A KV budget stays: one request alone
-# always fits it (submit refuses one that could not).
-ALONE_CHANGES = dict(max_batch=1, prompt_cache=None, clock=time.perf_counter)
+# What differs for a run alone, beside max_batch=1. The run alone is the plain mode in the checked
+# scheduler's settings: docs' "alone" is Scheduler(batch_invariant=True, max_batch=1), and the docs
+# (docs/batch-invariance.md) promise that speculation, pacing and when a row's forwards run change no
+# bit, so the settings that still act on a row alone and only decide those go back to their defaults
+# (a default is never refused beside other settings), and the check holds them to that promise
+# instead of comparing a row with itself under them:
+# - speculative=None: no speculation (a draft model is the `speculative` value itself;
+#   num_draft_tokens then acts on nothing and stays);
+# - pacing=None: fixed chunks (in the mode a prompt's chunks are fixed; pacing decides when they run);
+# - pipeline=True, interleave_prefill=True, packed_schedule="hybrid": when a forward or a chunk runs,
+#   and what shares a packed forward.
+# No prompt cache: nothing of the batched run is reused (in the mode a hit keeps a row's bits, so its
+# reference is its whole prefill) and a user's mlx-lm cache is left as it was. The real clock: an
+# injected one is not advanced. Kept as the scheduler has them: what makes a row's bits
+# (prefill_step_size, layout, page_size, max_num_batched_tokens, kv_bits, kv_group_size, max_kv_size,
+# the adapters) and what does nothing to one row alone (policy, prompt_concurrency, reuse_slots,
+# fast_decode, clear_cache_every, history; a KV budget: one request alone always fits it, submit
+# refuses one that could not; seed: the row's own is passed).
+ALONE_CHANGES = dict(
+    max_batch=1,
+    prompt_cache=None,
+    clock=time.perf_counter,
+    speculative=None,
+    pacing=None,
+    pipeline=True,
+    interleave_prefill=True,
+    packed_schedule="hybrid",
+)
 
 
 def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
-    """Each finished row of ``sched`` (default: every finished request) against the same
-    request run alone in the mode: :func:`run_alone` with :data:`ALONE_CHANGES` (``sched``'s
-    settings, adapters and the row's seed; ``max_batch=1``, no prompt cache), bit for bit. Speculation
-    and preemption need no alone run of their own: in the mode they leave every row the bits it
-    has without them. Mirrors: none.
+    """Rows of ``sched`` against the same request run alone in the plain mode: :func:`run_alone`
+    with :data:`ALONE_CHANGES` (``sched``'s settings, adapters and the row's seed; ``max_batch=1``,
+    no prompt cache, no speculation or pacing), tokens and log-probs bit for bit. Speculation,
+    pacing and preemption leave every row the bits it has without them, so the run alone has
+    none. Mirrors: none.
+
+    By default the rows :func:`~workbench.verify.oracle.checkable_uids` gives (finished by
+    ``stop`` or ``length``, sampled too); the others are the report's ``skipped`` (aborted,
+    errored, unfinished, or loaded from a checkpoint file without their sampler or logits
+    processors). A row named in ``uids`` that was aborted or errored is compared up to where it
+    stopped (``BitRow.stopped``): its tokens and log-probs equal its run alone's first as many.
 
     Raises:
-        ValueError: ``sched`` is not in the batch-invariant mode.
+        ValueError: ``sched`` is not in the batch-invariant mode; a uid of ``uids`` that is not
+            finished (naming it and its status), or whose sampler or logits processors a
+            checkpoint file did not restore.
         KeyError: a uid of ``uids`` ``sched`` does not know.
     """
     if sched.batch_invariant is None:
@@ -158,14 +215,48 @@ def bit_check(sched: Scheduler, uids: Sequence[int] | None = None) -> BitReport:
             "compared with a tolerance (workbench.verify.oracle.solo_check)"
         )
     if uids is None:
-        uids = [u for u, s in sched.requests.items() if s.finished]
+        uids = checkable_uids(sched, greedy_only=False)
+        checked = set(uids)
+        skipped = tuple((u, _why_skipped(s)) for u, s in sched.requests.items() if u not in checked)
+    else:
+        skipped = ()
+        for u in uids:
+            _refuse_unchecked(sched, u)
     rows = []
     for u in uids:
         solo, v = run_alone(sched, u, **ALONE_CHANGES)
-        got = list(zip(sched.tokens(u), sched.logprobs(u)))
-        d = first_difference(got, list(zip(solo.tokens(v), solo.logprobs(v))))
-        rows.append(BitRow(u, d is None, d))
-    return BitReport(rows)
+        got, stopped = list(zip(sched.tokens(u), sched.logprobs(u))), sched.finish_reason(u)
+        ref = list(zip(solo.tokens(v), solo.logprobs(v)))
+        stopped = stopped if stopped in ("abort", "error") else None
+        d = first_difference(got, ref[: len(got)] if stopped else ref)
+        rows.append(BitRow(u, d is None, d, stopped))
+    return BitReport(rows, skipped)
+
+
+def _why_skipped(s: Any) -> str:
+    """Why the request state ``s`` is no row :func:`bit_check` checks by default (a key of
+    :data:`SKIPPED`)."""
+    if not s.finished:
+        return "unfinished"
+    return s.finish_reason if s.finish_reason in ("abort", "error") else "not restored"
+
+
+def _refuse_unchecked(sched: Scheduler, uid: int) -> None:
+    """Refuse a ``uid`` named to :func:`bit_check` that has no run alone to compare with:
+    unfinished (KeyError for an unknown one), or its sampler or logits processors lost."""
+    status = sched.status(uid)  # KeyError naming an unknown uid
+    s = sched.requests[uid]
+    if not s.finished:
+        raise ValueError(
+            f"bit_check: uid {uid} is {status.value}, not finished: only a finished row (or one "
+            "aborted or errored, compared up to where it stopped) has all the tokens it will have"
+        )
+    lost = [n for n in DECIDING_CALLABLES if n in s.not_restored]
+    if lost:
+        raise ValueError(
+            f"bit_check: uid {uid} was loaded from a checkpoint file without its {' and '.join(lost)} "
+            "(a callable is never saved): run alone now it would not choose its tokens as it did"
+        )
 
 
 # -- the audit ---------------------------------------------------------------------------

@@ -327,13 +327,22 @@ def scheduler_trace(sched: Any, uid: int) -> TokenTrace:
     return TokenTrace(tokens=sched.tokens(uid), logprobs=sched.logprobs(uid))
 
 
-def checkable_uids(sched: Any) -> list[int]:
-    """Uids of ``sched`` that finished by ``stop`` or ``length`` (evicted or not) and were
-    decoded greedily, in uid order: the rows an oracle can check."""
+# A request's callables that decide its tokens: a row loaded from a checkpoint file without them
+# (``RequestState.not_restored``) cannot be run again as it ran.
+DECIDING_CALLABLES = ("sampler", "logits_processors")
+
+
+def checkable_uids(sched: Any, greedy_only: bool = True) -> list[int]:
+    """Uids of ``sched`` that finished by ``stop`` or ``length`` (evicted or not), with the
+    request they ran (none of :data:`DECIDING_CALLABLES` lost to a checkpoint file) and, with
+    ``greedy_only``, decoded greedily, in uid order: the rows an oracle can check (an aborted
+    or errored row stopped where its run alone goes on). Mirrors: none."""
     return [
         u
         for u, s in sched.requests.items()
-        if s.valid.request.greedy and s.finish_reason in ("stop", "length")
+        if s.finish_reason in ("stop", "length")
+        and not set(DECIDING_CALLABLES) & set(s.not_restored)
+        and (s.valid.request.greedy or not greedy_only)
     ]
 
 

@@ -87,9 +87,8 @@ def identity_of(
     args = {k: _plain(v) for k, v in sorted(vars(args).items())} if args is not None else {}
     settings = {f.name: _plain(getattr(sched.config, f.name)) for f in dataclasses.fields(sched.config)}
     settings["adapters"] = sorted(sched.adapters.names) if sched.adapters else []
-    settings["prompt_cache"] = (
-        sched.prompt_cache is not None
-    )  # not a config field; it changes the KV projection
+    # not a config field, but it changes the KV bytes each request projects
+    settings["prompt_cache"] = sched.prompt_cache is not None
     return {
         "model": {
             "class": f"{type(model).__module__}.{type(model).__name__}",

@@ -15,10 +15,12 @@ import weakref
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .kv import caches as kv
 
+EMBEDDINGS = (nn.Embedding, nn.QuantizedEmbedding)
 PROMPT_LENGTHS = (3, 5)  # two rows of different lengths, of ordinary mid-vocabulary token ids
 TOLERANCE = (
     5e-2  # max |Δ log-prob|: generous for reduced-precision weights; wrong positions differ by far more
@@ -27,10 +29,20 @@ LIKELY_LOGPROB = -9.0  # compare tokens the solo run gives at least ~1e-4 probab
 LOW_PRECISION_TOLERANCE = 1.0  # for 16-bit or quantized weights: one step of bf16 noise reaches ~0.4 nats
 
 
+def _vocab(model: Any) -> int:
+    """The token ids a forward takes: ``model.args.vocab_size``, else the fewest rows of the
+    model's embeddings (phixtral's args call it ``num_vocab``: an id beyond them reads memory
+    outside the table, and the probe's verdict then changed from one build to the next)."""
+    size = getattr(getattr(model, "args", None), "vocab_size", None)
+    if size:
+        return int(size)
+    rows = [m.weight.shape[0] for _, m in model.named_modules() if isinstance(m, EMBEDDINGS)]
+    return int(min(rows)) if rows else 4096
+
+
 def _prompts(model: Any) -> list[list[int]]:
     """Ordinary token ids from the middle of the vocabulary (not special tokens)."""
-    vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 4096)
-    third = max(vocab // 3, 1)
+    third = max(_vocab(model) // 3, 1)
     return [[third + 97 * (n + 7 * i) % third for i in range(n)] for n in PROMPT_LENGTHS]
 
 
